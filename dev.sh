@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The two set-up commands of the README, usable on a fresh machine:
+#   ./dev.sh doctor   install what is missing, then run the main job (rocm-mla doctor)
+#   ./dev.sh test     install what is missing, then run the test suite
+# Python: $PYTHON (default python3). A torch that is already installed (ROCm or CUDA build) is
+# kept; otherwise the CPU build torch==2.13.0 is installed (a plain `torch` would pull a
+# multi-GB CUDA build). apt installs clang-19/lld-19/ROCm device libs for the gfx942 HIP check.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+
+setup() {
+  if ! "$PY" -c "import torch" 2>/dev/null; then
+    echo "[setup] installing torch==2.13.0 (CPU) and triton==3.7.1" >&2
+    "$PY" -m pip install -q torch==2.13.0 triton==3.7.1
+  fi
+  "$PY" -c "import triton" 2>/dev/null || "$PY" -m pip install -q triton==3.7.1
+  "$PY" -c "import pytest" 2>/dev/null || "$PY" -m pip install -q "pytest>=7"
+  "$PY" -c "import matplotlib" 2>/dev/null || "$PY" -m pip install -q matplotlib || echo "[setup] matplotlib unavailable: benchmarks will skip plots" >&2
+  # Editable, no build isolation: uses the torch above, so a GPU torch gets the HIP extension built now.
+  "$PY" -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
+  bash .ci/install_gfx942_toolchain.sh
+}
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+  doctor) setup; exec "$PY" -m rocm_mla.tools.cli doctor "$@" ;;
+  test) setup; exec "$PY" -m pytest -q tests "$@" ;;
+  *) echo "usage: ./dev.sh doctor|test [extra args]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,20 @@
+// ISA-report translation unit: every kernel instantiation the launcher
+// (../merge_attn_states.cu) can choose, compiled alone for gfx942 (clang-19) and sm_90 (nvcc).
+#include "../kernels/merge_attn_states.cuh"
+
+namespace rocm_mla {
+#define MLA_INSTANTIATE(TAG, VEC)                                                              \
+  template __global__ void merge_attn_states_kernel<TAG, VEC, uint32_t>(                       \
+      elem<TAG>::storage*, float*, const elem<TAG>::storage*, const float*,                    \
+      const elem<TAG>::storage*, const float*, const MergeParams);                             \
+  template __global__ void merge_attn_states_kernel<TAG, VEC, int64_t>(                        \
+      elem<TAG>::storage*, float*, const elem<TAG>::storage*, const float*,                    \
+      const elem<TAG>::storage*, const float*, const MergeParams);
+MLA_INSTANTIATE(bf16_t, 8)
+MLA_INSTANTIATE(bf16_t, 1)
+MLA_INSTANTIATE(f16_t, 8)
+MLA_INSTANTIATE(f16_t, 1)
+MLA_INSTANTIATE(f32_t, 4)
+MLA_INSTANTIATE(f32_t, 1)
+#undef MLA_INSTANTIATE
+}  // namespace rocm_mla

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Benchmark merge_attn_states: rocm_mla HIP and Triton vs vLLM 0.33's Triton merge and the torch
+reference, as GB/s and % of the copy bandwidth measured in the same run.
+
+    python perf/bench_merge.py [--out results] [--peers .peers] [--quick]
+
+Bytes counted per call: prefix + suffix read and output written (T*N*D elements each) plus the
+two lse reads and the output_lse write (T*N float32 each). Shapes: T in {4096, 32768}, N in
+{16, 128}, D in {128, 512}; "contiguous" rows, or "strided" rows padded to D+64 (the pad_v view
+[T, N, 192][..., :128] at D=128; [T, N, 576][..., :512] at D=512). bf16.
+vLLM's merge is made importable by ../shared/peers/get_vllm_peers.sh .peers (never committed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rocm_mla import __version__  # noqa: E402
+from rocm_mla.ops import merge_attn_states  # noqa: E402
+from rocm_mla.ops._dispatch import unavailable  # noqa: E402
+from rocm_mla.reference import merge_attn_states_ref  # noqa: E402
+from rocm_mla.tools.benchutil import (Record, bar_plot, copy_bandwidth_gbs, device_name,  # noqa: E402
+                                      print_table, time_ms, write_csv)
+
+
+def load_vllm_peer(peers: str):
+    if not Path(peers, "vllm").is_dir():
+        return None
+    sys.path.insert(0, peers)
+    try:
+        from vllm.v1.attention.ops.triton_merge_attn_states import merge_attn_states as vllm_merge
+
+        return vllm_merge
+    except Exception as exc:  # a peer that cannot load is reported, not fatal
+        print(f"vLLM peer unavailable: {exc}")
+        return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="results", help="folder for merge.csv and merge.png")
+    ap.add_argument("--peers", default=".peers", help="folder made by get_vllm_peers.sh")
+    ap.add_argument("--quick", action="store_true", help="T=4096 only")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_merge: needs a GPU")
+        return 2
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    name = device_name(dev)
+    copy = copy_bandwidth_gbs(dev)
+    print(f"device: {name}; copy ceiling (read+write) {copy:.0f} GB/s")
+    vllm_merge = load_vllm_peer(args.peers)
+    providers = {}
+    for b in ("hip", "triton"):
+        why = unavailable(b, dev)
+        if why:
+            print(f"rocm_mla-{b} skipped: {why}")
+        else:
+            providers[f"rocm_mla-{b}"] = lambda o, po, pl, so, sl, ol, b=b: merge_attn_states(o, po, pl, so, sl, ol, backend=b)
+    if vllm_merge is not None:
+        providers["vllm-0.33-triton"] = lambda o, po, pl, so, sl, ol: vllm_merge(o, po, pl, so, sl, ol)
+
+    def torch_ref(o, po, pl, so, sl, ol):
+        r, rl = merge_attn_states_ref(po, pl, so, sl)
+        o.copy_(r)
+        ol.copy_(rl)
+
+    providers["torch-reference"] = torch_ref
+
+    records, rows, groups = [], [], []
+    series: dict[str, list[float]] = {p: [] for p in providers}
+    for T in ([4096] if args.quick else [4096, 32768]):
+        for N in (16, 128):
+            for D in (128, 512):
+                for layout in ("contiguous", "strided"):
+                    width = D if layout == "contiguous" else D + 64
+                    mk = lambda: torch.randn(T, N, width, device=dev, dtype=torch.bfloat16)[..., :D]  # noqa: E731
+                    po, so, out = mk(), mk(), mk()
+                    pl, sl, ol = (torch.randn(N, T, device=dev) * 3 for _ in range(3))
+                    nbytes = 3 * T * N * D * 2 + 3 * T * N * 4
+                    shape = f"T={T} N={N} D={D} {layout}"
+                    groups.append(shape)
+                    ref, _ = merge_attn_states_ref(po, pl, so, sl)
+                    row = [shape]
+                    for pname, fn in providers.items():
+                        if pname == "torch-reference" and T * N * D > 4096 * 128 * 512:
+                            row.append("-")  # float32 temporaries of ~50 GB: not informative
+                            series[pname].append(0.0)
+                            continue
+                        out.fill_(float("nan"))
+                        fn(out, po, pl, so, sl, ol)
+                        err = (out.float() - ref).abs().max().item()
+                        if not err <= 3e-2:
+                            print(f"  {pname} {shape}: WRONG (max err {err})")
+                        ms = time_ms(lambda: fn(out, po, pl, so, sl, ol))
+                        gbs = nbytes / ms / 1e6
+                        row.append(f"{gbs:.0f} ({100 * gbs / copy:.0f}%)")
+                        series[pname].append(gbs)
+                        for metric, val in (("time_us", ms * 1e3), ("GB/s", gbs), ("pct_copy", 100 * gbs / copy)):
+                            records.append(Record("merge_attn_states", pname, shape, metric, val, name, __version__))
+                    rows.append(row)
+                    del po, so, out, ref
+                    torch.cuda.empty_cache()
+    records.append(Record("copy", "torch", "2 GiB", "GB/s", copy, name, torch.__version__))
+    print(f"\nmerge_attn_states, bf16: GB/s (% of the {copy:.0f} GB/s copy ceiling)")
+    print_table(["shape", *providers], rows)
+    out_dir = Path(args.out)
+    write_csv(out_dir / "merge.csv", records)
+    bar_plot(out_dir / "merge.png", f"merge_attn_states bf16 on {name}", groups, series, "GB/s",
+             hline=copy, hline_label="copy ceiling")
+    print(f"wrote {out_dir / 'merge.csv'} and {out_dir / 'merge.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""What the package can launch, described for ahead-of-time compilation.
+
+Every op module that launches Triton kernels exposes ``triton_variants(arch) -> list[TritonVariant]``
+listing each (kernel, specialisation, launch options) its wrapper can choose on ``arch``. The ISA
+report (``rocm_mla.tools.isa_report``) compiles exactly these, so what it reports is what runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TritonVariant:
+    """One launchable Triton configuration.
+
+    kernel: op-level kernel name, e.g. ``"merge_attn_states"``.
+    config: short human label of the specialisation, e.g. ``"bf16 D=128 rows=16 w4"``.
+    fn: the ``@triton.jit`` function.
+    signature: argument name -> Triton type (``"*bf16"``, ``"i32"``, ``"fp32"``, ``"constexpr"``).
+    constexprs: values of the constexpr arguments.
+    options: compile options (``num_warps``, ``num_stages``; on AMD ``waves_per_eu``,
+        ``matrix_instr_nonkdim``, ``kpack``).
+    divisible_by_16: argument names the launcher sees 16-divisible on real tensors (aligned pointers,
+        strides that are multiples of 16); the AOT compile gets the same hint.
+    expects_mfma: True when the kernel contains a ``tl.dot`` (the report fails a variant without
+        matrix instructions).
+    """
+
+    kernel: str
+    config: str
+    fn: Any
+    signature: dict[str, str]
+    constexprs: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    divisible_by_16: tuple[str, ...] = ()
+    expects_mfma: bool = False
+
+
+def all_triton_variants(arch: str) -> list[TritonVariant]:
+    """Every Triton variant of every op on ``arch`` (``"gfx942"``, ``"gfx950"``, ``"sm90"``)."""
+    from . import merge
+
+    out: list[TritonVariant] = []
+    for mod in (merge,):
+        out.extend(mod.triton_variants(arch))
+    return out

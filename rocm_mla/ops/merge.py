@@ -1,0 +1,134 @@
+"""merge_attn_states: LSE merge of two partial attentions, in place, any strides.
+
+Kernels: hip_src/kernels/merge_attn_states.cuh (HIP), rocm_mla/kernels/merge_attn_states.py
+(Triton). Reference: rocm_mla/reference/merge.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from .. import _ext, _platform
+from ..configs import config_for
+from ..kernels.merge_attn_states import merge_attn_states_kernel
+from ..reference.merge import merge_attn_states_ref
+from ._checks import FLOAT_DTYPES, Checker
+from ._dispatch import select
+from ._variants import TritonVariant
+
+OP = "merge_attn_states"
+
+
+def merge_attn_states(output: torch.Tensor, prefix_output: torch.Tensor, prefix_lse: torch.Tensor,
+                      suffix_output: torch.Tensor, suffix_lse: torch.Tensor,
+                      output_lse: torch.Tensor | None = None, *, backend: str | None = None) -> None:
+    """Merge two partial attention results by their log-sum-exps, writing ``output`` in place.
+
+    Args:
+        output: ``[T, N, D]`` destination, float32/float16/bfloat16, any strides (e.g. the
+            ``[T, N, 192][..., :128]`` pad_v view, or a head slice of a wider buffer). Only the
+            elements of this view are written; every one of them is.
+        prefix_output, suffix_output: ``[T, N, D]``, output's dtype, any strides.
+        prefix_lse, suffix_lse: ``[N, T]`` float32 natural-log LSEs, any strides (e.g. the
+            transpose of a ``[T, N]`` buffer). +inf is read as -inf ("saw no key").
+        output_lse: optional ``[N, T]`` float32 destination for the merged LSE.
+        backend: ``"hip"``, ``"triton"`` or ``"reference"`` to force one (default: fastest
+            available; see ``rocm_mla.ops._dispatch``).
+
+    Per row: ``out = w_p * prefix + w_s * suffix`` with ``w = softmax([lse_p, lse_s])``; a side
+    with weight 0 is not read; both sides -inf gives 0 and lse -inf. Any head size D >= 1.
+
+    Raises:
+        TypeError / ValueError naming the argument, what was expected and what came.
+    """
+    c = Checker(OP)
+    c.tensor("output", output, ndim=3, layout="[T, N, D]", dtypes=FLOAT_DTYPES)
+    T, N, D = output.shape
+    c.tensor("prefix_output", prefix_output, shape=(T, N, D), layout="[T, N, D]", like="output's")
+    c.tensor("suffix_output", suffix_output, shape=(T, N, D), layout="[T, N, D]", like="output's")
+    c.same_dtype("output", output, prefix_output=prefix_output, suffix_output=suffix_output)
+    f32 = (torch.float32,)
+    c.tensor("prefix_lse", prefix_lse, shape=(N, T), layout="[N, T]", dtypes=f32, like="output's N, T")
+    c.tensor("suffix_lse", suffix_lse, shape=(N, T), layout="[N, T]", dtypes=f32, like="output's N, T")
+    if output_lse is not None:
+        c.tensor("output_lse", output_lse, shape=(N, T), layout="[N, T]", dtypes=f32, like="output's N, T")
+        c.writable("output_lse", output_lse)
+    c.same_device(output=output, prefix_output=prefix_output, prefix_lse=prefix_lse,
+                  suffix_output=suffix_output, suffix_lse=suffix_lse, output_lse=output_lse)
+    c.writable("output", output)
+
+    impl = select(OP, output.device, backend)
+    if output.numel() == 0 and (output_lse is None or output_lse.numel() == 0):
+        return
+    if impl == "hip":
+        cfg = config_for(OP, _platform.device_arch(output.device))["hip"]
+        _ext.load().merge_attn_states(output, output_lse, prefix_output, prefix_lse, suffix_output,
+                                      suffix_lse, int(cfg["waves_per_block"]))
+    elif impl == "triton":
+        _launch_triton(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse)
+    else:
+        out, lse = merge_attn_states_ref(prefix_output, prefix_lse, suffix_output, suffix_lse)
+        output.copy_(out)
+        if output_lse is not None:
+            output_lse.copy_(lse)
+
+
+def _triton_meta(head_size: int, arch: str) -> tuple[dict, dict]:
+    """Constexprs and compile options the wrapper uses for ``head_size`` on ``arch``."""
+    cfg = config_for(OP, arch)["triton"]
+    block_d = triton.next_power_of_2(head_size)
+    block_rows = max(1, cfg["tile_elems"] // block_d)
+    options = {"num_warps": cfg["num_warps"]}
+    if arch.startswith("gfx") and cfg.get("waves_per_eu"):
+        options["waves_per_eu"] = cfg["waves_per_eu"]
+    return {"HEAD_SIZE": head_size, "BLOCK_D": block_d, "BLOCK_ROWS": block_rows}, options
+
+
+def _launch_triton(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse):
+    T, N, D = output.shape
+    num_rows = T * N
+    consts, options = _triton_meta(D, _platform.device_arch(output.device))
+    grid = (triton.cdiv(num_rows, consts["BLOCK_ROWS"]),)
+    olse = output_lse if output_lse is not None else prefix_lse  # unused when HAS_OUT_LSE=False
+    olse_strides = output_lse.stride() if output_lse is not None else (0, 0)
+    merge_attn_states_kernel[grid](
+        output, olse, prefix_output, prefix_lse, suffix_output, suffix_lse,
+        num_rows, N,
+        *output.stride(), *prefix_output.stride(), *suffix_output.stride(),
+        *prefix_lse.stride(), *suffix_lse.stride(), *olse_strides,
+        HAS_OUT_LSE=output_lse is not None, **consts, **options)
+
+
+_TRITON_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def triton_variants(arch: str) -> list[TritonVariant]:
+    """The Triton specialisations the wrapper launches for MLA's head sizes (128: prefill V,
+    512: decode latent) with contiguous rows and inner stride 1, each dtype, with and without
+    output_lse."""
+    variants = []
+    for dtype, tname in _TRITON_DTYPE.items():
+        for head in (128, 512):
+            for has_lse in (True, False):
+                consts, options = _triton_meta(head, arch)
+                sig = {"out": f"*{tname}", "out_lse": "*fp32", "pre": f"*{tname}", "pre_lse": "*fp32",
+                       "suf": f"*{tname}", "suf_lse": "*fp32", "num_rows": "i32", "num_heads": "i32",
+                       "out_st": "i32", "out_sh": "i32", "out_sd": "constexpr",
+                       "pre_st": "i32", "pre_sh": "i32", "pre_sd": "constexpr",
+                       "suf_st": "i32", "suf_sh": "i32", "suf_sd": "constexpr",
+                       "plse_sh": "i32", "plse_st": "constexpr", "slse_sh": "i32", "slse_st": "constexpr",
+                       "olse_sh": "i32", "olse_st": "constexpr",
+                       "HEAD_SIZE": "constexpr", "BLOCK_D": "constexpr", "BLOCK_ROWS": "constexpr",
+                       "HAS_OUT_LSE": "constexpr"}
+                # Inner strides are 1 on real tensors, and Triton specialises ints equal to 1.
+                ones = {k: 1 for k in ("out_sd", "pre_sd", "suf_sd", "plse_st", "slse_st", "olse_st")}
+                variants.append(TritonVariant(
+                    kernel=OP, config=f"{tname} D={head} rows={consts['BLOCK_ROWS']} "
+                    f"w{options['num_warps']}{' lse' if has_lse else ''}",
+                    fn=merge_attn_states_kernel, signature=sig,
+                    constexprs={**consts, **ones, "HAS_OUT_LSE": has_lse}, options=options,
+                    divisible_by_16=("out", "out_lse", "pre", "pre_lse", "suf", "suf_lse", "out_st",
+                                     "out_sh", "pre_st", "pre_sh", "suf_st", "suf_sh", "plse_sh",
+                                     "slse_sh", "olse_sh")))
+    return variants

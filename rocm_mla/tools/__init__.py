@@ -1,0 +1,1 @@
+"""Command-line tools: ``rocm-mla doctor`` (self-check) and ``rocm-mla isa-report``."""

@@ -1,0 +1,111 @@
+"""Timing and reporting helpers shared by perf/ and ``rocm-mla doctor``.
+
+Ceilings are measured in the same run as the kernels they judge: a large device-to-device copy
+(bytes read + written) for bandwidth, a large bf16 matmul for compute. Kernel times are medians of
+CUDA-event timings with the L2 flushed between runs (``triton.testing.do_bench``).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+
+def time_ms(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 100) -> float:
+    """Median time of ``fn`` in milliseconds (events; L2 flushed before each run)."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def copy_bandwidth_gbs(device: torch.device, nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy rate in GB/s, counting bytes read plus bytes written."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_()
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src))
+    del src, dst
+    return 2 * nbytes / ms / 1e6
+
+
+def matmul_tflops(device: torch.device, n: int = 8192) -> float:
+    """bf16 matmul rate in TFLOP/s (random data: zeros run faster than real inputs)."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    ms = time_ms(lambda: a @ b)
+    return 2 * n**3 / ms / 1e9
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or "cpu"
+
+
+@dataclass
+class Record:
+    """One long-format result row."""
+
+    kernel: str
+    provider: str
+    shape: str
+    metric: str
+    value: float
+    device: str
+    version: str
+
+
+def write_csv(path: str | os.PathLike, records: list[Record]) -> None:
+    """Write long-format CSV: kernel, provider, shape, metric, value, device, version."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["kernel", "provider", "shape", "metric", "value", "device", "version"])
+        for r in records:
+            w.writerow([r.kernel, r.provider, r.shape, r.metric, f"{r.value:.6g}", r.device, r.version])
+
+
+def print_table(headers: list[str], rows: list[list[object]]) -> None:
+    """Aligned plain-text table."""
+    cells = [[str(h) for h in headers]] + [[f"{c:.1f}" if isinstance(c, float) else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    for k, r in enumerate(cells):
+        print("  ".join(c.rjust(w) if k and i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        if k == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def bar_plot(path: str | os.PathLike, title: str, groups: list[str], series: dict[str, list[float]],
+             ylabel: str, hline: float | None = None, hline_label: str = "") -> bool:
+    """Grouped bar chart (one bar per provider per shape). Returns False if matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"(matplotlib not installed: no plot written to {path})")
+        return False
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(groups) * max(1, len(series))), 4.5))
+    width = 0.8 / max(1, len(series))
+    for i, (name, vals) in enumerate(series.items()):
+        xs = [g + i * width for g in range(len(groups))]
+        ax.bar(xs, vals, width, label=name)
+    ax.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))])
+    ax.set_xticklabels(groups, rotation=30, ha="right", fontsize=8)
+    if hline:
+        ax.axhline(hline, color="k", linestyle="--", linewidth=1, label=hline_label)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True

@@ -1,0 +1,44 @@
+"""The ``rocm-mla`` command: ``doctor`` (the main job) and ``isa-report``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _use_interpreter_if_no_gpu(no_gpu: bool) -> None:
+    # Must happen before any rocm_mla kernel module is imported (Triton reads it at decoration).
+    import torch
+
+    if no_gpu or not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``rocm-mla`` console script."""
+    parser = argparse.ArgumentParser(prog="rocm-mla", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    doc = sub.add_parser("doctor", help="versions, device, HIP extension, self-check of every op, "
+                         "gfx942 compile report (and a quick benchmark on a GPU)")
+    doc.add_argument("--no-gpu", action="store_true", help="check on the CPU (Triton interpreter) even with a GPU")
+    doc.add_argument("--arch", default="gfx942", help="arch of the compile report (gfx942, sm90)")
+    doc.add_argument("--skip-isa", action="store_true", help="skip the compile report")
+    doc.add_argument("--no-bench", dest="bench", action="store_false", help="skip the quick GPU benchmark")
+    sub.add_parser("isa-report", add_help=False,
+                         help="compile every kernel config ahead of time and report registers/spills/LDS/MFMA")
+    args, rest = parser.parse_known_args(argv)
+    if args.cmd == "isa-report":
+        from rocm_mla.tools.isa_report import main as isa_main
+
+        return isa_main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    _use_interpreter_if_no_gpu(args.no_gpu)
+    from rocm_mla.tools.doctor import main as doctor_main
+
+    return doctor_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

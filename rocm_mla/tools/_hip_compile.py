@@ -1,0 +1,217 @@
+"""Compiling the HIP ISA translation units (``hip_src/isa/*.cu``) without a GPU.
+
+gfx942: Debian's clang-19 with a private device-library folder (see ``device_lib_dir``);
+sm90: nvcc to PTX, then ``ptxas -v``. Only runs the compilers and hands back text; the ISA
+report parses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+INSTALL_HINT = "run .ci/install_gfx942_toolchain.sh"
+
+# Where distributions put the AMD device libraries (Debian/Ubuntu's rocm-device-libs, ROCm).
+_DEVICE_LIB_CANDIDATES = (
+    "/usr/lib/x86_64-linux-gnu/amdgcn/bitcode",
+    "/usr/lib/aarch64-linux-gnu/amdgcn/bitcode",
+    "/usr/lib/amdgcn/bitcode",
+    "/opt/rocm/amdgcn/bitcode",
+)
+
+_MARKER = re.compile(r"//\s*isa-report:\s*expects-mfma\s+(.+?)\s*$", re.MULTILINE)
+
+
+def hip_src_dir() -> Path | None:
+    """``hip_src/``: the installed copy inside the package, else the source checkout's."""
+    pkg = Path(__file__).resolve().parents[1]  # .../rocm_mla
+    for cand in (pkg / "hip_src", pkg.parent / "hip_src"):
+        if (cand / "isa").is_dir():
+            return cand
+    return None
+
+
+def isa_sources(hip_src: Path | None = None) -> list[Path]:
+    """Every ISA translation unit, sorted (each instantiates what the launchers can choose)."""
+    root = hip_src or hip_src_dir()
+    return sorted((root / "isa").glob("*.cu")) if root else []
+
+
+def mfma_markers(src: Path) -> list[str]:
+    """Kernel-name substrings opted into the MFMA gate by ``// isa-report: expects-mfma SUBSTR``."""
+    return _MARKER.findall(src.read_text(errors="replace"))
+
+
+def cache_dir() -> Path:
+    """Per-user cache for derived toolchain files ($ROCM_MLA_CACHE_DIR, else XDG)."""
+    env = os.environ.get("ROCM_MLA_CACHE_DIR")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rocm_mla"
+
+
+def find_clang() -> str | None:
+    """clang++ able to target gfx942: $ROCM_MLA_CLANG, else clang++-19 on PATH.
+
+    Debian's hipcc is not used: it wraps clang-15, which rejects gfx942.
+    """
+    env = os.environ.get("ROCM_MLA_CLANG")
+    if env:
+        return shutil.which(env) or (env if Path(env).exists() else None)
+    return shutil.which("clang++-19")
+
+
+def find_nvcc() -> str | None:
+    """nvcc for the sm90 path ($ROCM_MLA_NVCC, else PATH)."""
+    return shutil.which(os.environ.get("ROCM_MLA_NVCC", "nvcc"))
+
+
+def _llvm_tool(clang: str, tool: str) -> str | None:
+    """An LLVM tool of the same release as ``clang`` (clang++-19 -> llvm-dis-19)."""
+    m = re.search(r"(-\d+)$", Path(clang).name)
+    suffix = m.group(1) if m else ""
+    here = Path(clang).resolve().parent
+    for name in (tool + suffix, tool):
+        for cand in (here / name, shutil.which(name)):
+            if cand and Path(cand).exists():
+                return str(cand)
+    return None
+
+
+def system_device_libs() -> Path | None:
+    """The installed AMD device-library folder ($ROCM_MLA_DEVICE_LIBS overrides)."""
+    env = os.environ.get("ROCM_MLA_DEVICE_LIBS")
+    cands = [env] if env else list(_DEVICE_LIB_CANDIDATES)
+    for c in cands:
+        if c and (Path(c) / "ocml.bc").exists():
+            return Path(c)
+    return None
+
+
+def device_lib_dir(clang: str) -> Path:
+    """A device-library folder that has gfx942's ISA-version file; built lazily, then cached.
+
+    Debian's rocm-device-libs stop at gfx940, and clang refuses to link a HIP kernel without
+    ``oclc_isa_version_942.bc``. That file holds a single constant (the ISA version), so a copy
+    of the 940 one with 9400 -> 9402 is exact. The folder is symlinks to the system files plus
+    that copy, in the user cache. It is built here rather than by the install script so that
+    a machine that got the packages some other way also works.
+    """
+    sys_dir = system_device_libs()
+    if sys_dir is None:
+        raise FileNotFoundError(f"AMD device libraries (ocml.bc) not found; {INSTALL_HINT}")
+    if (sys_dir / "oclc_isa_version_942.bc").exists():
+        return sys_dir  # ROCm, or a newer distribution: nothing to patch
+    src940 = sys_dir / "oclc_isa_version_940.bc"
+    # Keyed on the system folder and the 940 file's mtime: a reinstall or upgrade gets a fresh
+    # folder, and a finished folder is never modified or deleted (safe for concurrent runs).
+    key = hashlib.sha1(f"{sys_dir.resolve()}:{src940.stat().st_mtime_ns}".encode()).hexdigest()[:12]
+    out = cache_dir() / "bitcode" / key
+    if (out / "oclc_isa_version_942.bc").exists() and (out / "ocml.bc").exists():
+        return out
+
+    dis, asm = _llvm_tool(clang, "llvm-dis"), _llvm_tool(clang, "llvm-as")
+    if not (dis and asm):
+        raise FileNotFoundError(f"llvm-dis/llvm-as (llvm-19) not found; {INSTALL_HINT}")
+    text = subprocess.run([dis, str(src940), "-o", "-"], capture_output=True, text=True, check=True).stdout
+    patched, n = re.subn(r"\bi32 9400\b", "i32 9402", text)
+    if n != 1:
+        raise RuntimeError(f"{src940}: expected one 'i32 9400' constant to patch, found {n}")
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Build beside the target and rename into place, so that a concurrent run never sees a
+    # half-built folder.
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out.parent))
+    try:
+        for f in sys_dir.iterdir():
+            (tmp / f.name).symlink_to(f)
+        subprocess.run([asm, "-", "-o", str(tmp / "oclc_isa_version_942.bc")], input=patched, text=True,
+                       capture_output=True, check=True)
+        try:
+            tmp.rename(out)
+        except OSError:  # another process won the race; its folder is identical
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def compile_gfx942(src: Path, clang: str) -> str:
+    """AMDGCN assembly text of one translation unit for gfx942.
+
+    ``-S`` alone is enough: the text carries the same per-kernel resource block that
+    ``-Rpass-analysis=kernel-resource-usage`` prints (both come from the AMDGPU asm printer),
+    plus the instructions for counting MFMA, so one compile serves both.
+    """
+    libs = device_lib_dir(clang)
+    with tempfile.TemporaryDirectory(prefix="rocm_mla_hip_") as tmp:
+        out = Path(tmp) / "k.s"
+        cmd = [clang, "-x", "hip", "--offload-arch=gfx942", "--cuda-device-only", "--no-gpu-bundle-output",
+               "-O3", "-std=c++17", "-S", str(src), "-o", str(out), f"--rocm-device-lib-path={libs}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"clang failed on {src.name}:\n{proc.stderr.strip()[-3000:]}")
+        return out.read_text()
+
+
+def compile_sm90(src: Path, nvcc: str) -> tuple[str, str]:
+    """(PTX text, ``ptxas -v`` log) of one translation unit for sm_90.
+
+    PTX first (to count ``mma``/``wgmma``), then the ptxas of the same CUDA install: nvcc's PTX
+    version may be newer than what Triton's bundled ptxas accepts.
+    """
+    from ._triton_compile import run_ptxas
+
+    ptxas = Path(nvcc).resolve().parent / "ptxas"
+    ptxas_path = str(ptxas) if ptxas.exists() else shutil.which("ptxas")
+    if ptxas_path is None:
+        raise FileNotFoundError("ptxas not found next to nvcc or on PATH")
+    with tempfile.TemporaryDirectory(prefix="rocm_mla_cu_") as tmp:
+        out = Path(tmp) / "k.ptx"
+        cmd = [nvcc, "-arch=sm_90", "-O3", "-std=c++17", "-x", "cu", "-ptx", str(src), "-o", str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"nvcc failed on {src.name}:\n{proc.stderr.strip()[-3000:]}")
+        ptx = out.read_text()
+    return ptx, run_ptxas(ptx, ptxas_path)
+
+
+def demangle(names: list[str]) -> dict[str, str]:
+    """Itanium-demangled names (identity when no demangler is installed)."""
+    tool = shutil.which("llvm-cxxfilt-19") or shutil.which("llvm-cxxfilt") or shutil.which("c++filt")
+    if not tool or not names:
+        return {n: n for n in names}
+    proc = subprocess.run([tool], input="\n".join(names) + "\n", capture_output=True, text=True)
+    lines = proc.stdout.splitlines()
+    if proc.returncode != 0 or len(lines) != len(names):
+        return {n: n for n in names}
+    return dict(zip(names, lines))
+
+
+def short_name(demangled: str) -> tuple[str, str]:
+    """``void rocm_mla::k<rocm_mla::bf16_t, 8, unsigned int>(...)`` -> ``("k", "<bf16_t, 8, unsigned int>")``.
+
+    Drops the return type, the parameter list and the project namespace: the template
+    arguments are what tell two instantiations apart.
+    """
+    s = demangled.replace("rocm_mla::", "")
+    depth, cut = 0, len(s)
+    for i, ch in enumerate(s):  # the parameter list is the first '(' outside template brackets
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth == 0:
+            cut = i
+            break
+    s = s[:cut]
+    lt = s.find("<")
+    head, targs = (s[:lt], s[lt:]) if lt >= 0 else (s, "")
+    head = head.split()[-1] if head.split() else head  # drop "void"
+    return head, targs or "-"

@@ -1,0 +1,148 @@
+"""Ahead-of-time compilation of one Triton variant, without a GPU or driver.
+
+Only runs the compiler and hands back its text outputs; what those outputs mean (registers,
+spills, MFMA count) is parsed in ``isa_report``, which shares one AMDGCN parser between Triton
+and HIP.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# isa_report architecture name -> (triton backend, arch, warp size) for GPUTarget.
+TARGETS = {
+    "gfx942": ("hip", "gfx942", 64),
+    "sm90": ("cuda", 90, 32),
+}
+
+
+@dataclass
+class TritonArtifacts:
+    """What one Triton compile produced (text only; the ISA report parses it)."""
+
+    isa: str  # AMDGCN text (hip) or PTX text (cuda)
+    shared: int  # LDS / shared bytes Triton allocates dynamically (metadata.shared)
+    num_warps: int
+    ptxas_log: str = ""  # sm90 only: ``ptxas -v`` output for the PTX
+
+
+def build_attrs(fn: Any, divisible_by_16: tuple[str, ...]) -> dict[tuple[int, ...], list[list[Any]]]:
+    """``ASTSource.attrs`` for the given argument names.
+
+    triton 3.7.1 keys attributes by the argument's path: ``(index in fn.arg_names,)``, with
+    constexpr arguments counted (``ast_to_ttir`` walks every argument).
+    """
+    attrs = {}
+    for name in divisible_by_16:
+        if name not in fn.arg_names:
+            raise ValueError(f"divisible_by_16 names {name!r}, which is not an argument of {fn.__name__}")
+        attrs[(fn.arg_names.index(name),)] = [["tt.divisibility", 16]]
+    return attrs
+
+
+def full_signature(fn: Any, signature: dict[str, str], constexprs: dict[str, Any]) -> dict[str, str]:
+    """The signature with every argument typed, in argument order.
+
+    triton 3.7.1 wants constexpr arguments in the signature too (as ``"constexpr"``); variants
+    may leave them out, so add them here. An argument with neither a type nor a constexpr value
+    would crash deep inside the code generator, so say which one it is instead.
+    """
+    out = {}
+    for name in fn.arg_names:
+        if name in signature:
+            out[name] = signature[name]
+        elif name in constexprs:
+            out[name] = "constexpr"
+        else:
+            raise ValueError(f"argument {name!r} of {fn.__name__} has no type in the signature "
+                             "and no constexpr value")
+    extra = set(signature) - set(fn.arg_names)
+    if extra:
+        raise ValueError(f"signature names {sorted(extra)}, not arguments of {fn.__name__}")
+    return out
+
+
+def find_ptxas() -> str | None:
+    """The ptxas that matches Triton's PTX version: Triton's own, else one on PATH."""
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        path = get_ptxas(90).path
+        if path and Path(path).exists():
+            return path
+    except Exception:  # an older/newer triton layout: fall back to PATH
+        pass
+    return shutil.which("ptxas")
+
+
+def run_ptxas(ptx: str, ptxas: str) -> str:
+    """``ptxas -v`` on PTX text; returns its resource log (registers, spills, smem per entry).
+
+    The GPU name comes from the PTX's ``.target`` line (Triton emits ``sm_90a`` for wgmma).
+    """
+    m = re.search(r"^\s*\.target\s+(sm_\w+)", ptx, re.MULTILINE)
+    gpu = m.group(1) if m else "sm_90a"
+    with tempfile.TemporaryDirectory(prefix="rocm_mla_ptx_") as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(ptx)
+        proc = subprocess.run([ptxas, "-v", "--gpu-name", gpu, str(src), "-o", str(Path(tmp) / "k.cubin")],
+                              capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ptxas failed:\n{proc.stderr.strip()[-2000:]}")
+    return proc.stdout + proc.stderr
+
+
+def as_jit(fn: Any) -> Any:
+    """A ``JITFunction`` for ``fn``.
+
+    Under ``TRITON_INTERPRET=1`` (the CPU test set-up) ``@triton.jit`` makes an
+    ``InterpretedFunction``, which ``triton.compile`` cannot take. Re-wrapping the Python
+    function works for a self-contained kernel; one that calls other ``@triton.jit`` helpers
+    still fails (they are interpreted too), and ``compile_variant`` says why.
+    """
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    if isinstance(fn, InterpretedFunction):
+        return JITFunction(fn.fn, **fn.kwargs)
+    return fn
+
+
+def compile_variant(variant: Any, arch: str) -> TritonArtifacts:
+    """Compile one ``TritonVariant`` for ``arch`` ("gfx942" or "sm90") ahead of time.
+
+    Uses ``triton.compile`` directly: ``python -m triton.tools.compile`` needs a live driver.
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    backend, target_arch, warp = TARGETS[arch]
+    fn = as_jit(variant.fn)
+    src = triton.compiler.ASTSource(
+        fn=fn,
+        signature=full_signature(fn, dict(variant.signature), dict(variant.constexprs)),
+        constexprs=dict(variant.constexprs),
+        attrs=build_attrs(fn, tuple(variant.divisible_by_16)),
+    )
+    try:
+        k = triton.compile(src, target=GPUTarget(backend, target_arch, warp), options=dict(variant.options))
+    except RuntimeError as e:
+        if "InterpretedFunction" in str(e):
+            raise RuntimeError(f"{e}\nTRITON_INTERPRET=1 was set when the kernels were imported; run the "
+                               "report in a process without it (rocm-mla isa-report does)") from e
+        raise
+    num_warps = int(getattr(k.metadata, "num_warps", variant.options.get("num_warps", 4)))
+    shared = int(getattr(k.metadata, "shared", 0) or 0)
+    if backend == "hip":
+        return TritonArtifacts(isa=k.asm["amdgcn"], shared=shared, num_warps=num_warps)
+    ptxas = find_ptxas()
+    if ptxas is None:
+        raise FileNotFoundError("ptxas not found (neither Triton's bundled one nor on PATH)")
+    ptx = k.asm["ptx"]
+    return TritonArtifacts(isa=ptx, shared=shared, num_warps=num_warps, ptxas_log=run_ptxas(ptx, ptxas))

@@ -1,0 +1,213 @@
+"""rocm-mla isa-report: real ahead-of-time compiles (no mocks) of tiny kernels and the HIP sources.
+
+Each compile takes ~0.5-1 s; results are shared through module-scoped fixtures so the file
+stays well under a minute on two cores. Triton's cache (~/.triton/cache) makes reruns faster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+
+import pytest
+
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
+
+from rocm_mla.ops._variants import TritonVariant  # noqa: E402
+from rocm_mla.tools import _hip_compile as hipc  # noqa: E402
+from rocm_mla.tools import _triton_compile as tc  # noqa: E402
+from rocm_mla.tools import isa_report  # noqa: E402
+from rocm_mla.tools.isa_report import collect, failures, main, summary  # noqa: E402
+
+
+# The kernels are wrapped in JITFunction explicitly instead of @triton.jit: conftest turns on
+# TRITON_INTERPRET on CPU-only machines, and @triton.jit would then make InterpretedFunctions.
+def _add(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + tl.load(y_ptr + offs, mask=mask), mask=mask)
+
+
+def _dot(a_ptr, b_ptr, c_ptr, BLOCK: tl.constexpr):
+    r = tl.arange(0, BLOCK)
+    a = tl.load(a_ptr + r[:, None] * BLOCK + r[None, :])
+    b = tl.load(b_ptr + r[:, None] * BLOCK + r[None, :])
+    tl.store(c_ptr + r[:, None] * BLOCK + r[None, :], tl.dot(a, b))
+
+
+add_kernel = JITFunction(_add)
+dot_kernel = JITFunction(_dot)
+
+ADD = TritonVariant(kernel="add", config="fp32 B=1024 w4", fn=add_kernel,
+                    signature={"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32",
+                               "BLOCK": "constexpr"},
+                    constexprs={"BLOCK": 1024}, options={"num_warps": 4},
+                    divisible_by_16=("x_ptr", "y_ptr", "out_ptr"))
+# Same kernel, wrongly declared as containing a dot: the gate must catch the missing MFMA.
+ADD_CLAIMS_DOT = dataclasses.replace(ADD, config="claims dot", expects_mfma=True)
+DOT = TritonVariant(kernel="dot", config="bf16 64x64 w4", fn=dot_kernel,
+                    signature={"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*fp32"},  # BLOCK left out on purpose
+                    constexprs={"BLOCK": 64}, options={"num_warps": 4, "num_stages": 2},
+                    divisible_by_16=("a_ptr", "b_ptr", "c_ptr"), expects_mfma=True)
+# Planted spill: one wave holds a 64x64 fp32 accumulator (64 VGPRs/lane on its own) while
+# waves_per_eu=8 caps the kernel at 64 VGPRs -> the register allocator spills to scratch.
+SPILL = TritonVariant(kernel="dot", config="fp32 64x64 w1 wpe8 (planted spill)", fn=dot_kernel,
+                      signature={"a_ptr": "*fp32", "b_ptr": "*fp32", "c_ptr": "*fp32", "BLOCK": "constexpr"},
+                      constexprs={"BLOCK": 64}, options={"num_warps": 1, "num_stages": 1, "waves_per_eu": 8},
+                      divisible_by_16=("a_ptr", "b_ptr", "c_ptr"), expects_mfma=True)
+
+HAS_CLANG = hipc.find_clang() is not None
+needs_clang = pytest.mark.skipif(not HAS_CLANG, reason="clang++-19 not found (run .ci/install_gfx942_toolchain.sh)")
+
+
+@pytest.fixture(autouse=True)
+def _keep_interpreter_setting(monkeypatch):
+    # main() drops TRITON_INTERPRET for its process (it needs the compiler); the other test
+    # files need it back, and monkeypatch restores it at teardown.
+    if "TRITON_INTERPRET" in os.environ:
+        monkeypatch.setenv("TRITON_INTERPRET", os.environ["TRITON_INTERPRET"])
+
+
+def _by_config(rows):
+    return {r.config: r for r in rows}
+
+
+@pytest.fixture(scope="module")
+def gfx942_triton_rows():
+    return _by_config(collect("gfx942", triton_variants=[ADD, ADD_CLAIMS_DOT, DOT, SPILL], hip_sources=[],
+                              progress=False))
+
+
+def test_triton_gfx942_add_parses_clean(gfx942_triton_rows):
+    r = gfx942_triton_rows[ADD.config]
+    assert r.error == "", r.error
+    assert r.vgprs > 0 and r.sgprs > 0
+    assert r.scratch == 0 and r.spills == 0 and r.mfma == 0
+    assert 1 <= r.occupancy <= 8
+    assert r.status == "ok" and not r.failed
+
+
+def test_triton_gfx942_dot_has_mfma(gfx942_triton_rows):
+    r = gfx942_triton_rows[DOT.config]
+    assert r.error == "", r.error
+    assert r.mfma > 0, "a 64x64 bf16 tl.dot must become v_mfma on gfx942"
+    assert r.scratch == 0 and r.spills == 0
+    assert r.lds > 0  # operands staged through LDS; Triton allocates it dynamically (metadata.shared)
+    assert r.status == "ok"
+
+
+def test_missing_mfma_is_flagged(gfx942_triton_rows):
+    r = gfx942_triton_rows[ADD_CLAIMS_DOT.config]
+    assert r.mfma == 0 and r.failed
+    assert any("MFMA" in p for p in r.problems)
+
+
+def test_planted_triton_spill_fails_gate(gfx942_triton_rows):
+    r = gfx942_triton_rows[SPILL.config]
+    assert r.error == "", r.error
+    assert r.scratch > 0 and r.spills > 0
+    assert r.failed and any("scratch" in p for p in r.problems)
+    # The asm's Occupancy ignores Triton's dynamic LDS; the report folds it in.
+    assert r.occupancy == isa_report.gfx942_occupancy(8, r.lds, 1) < 8
+    text = summary(list(gfx942_triton_rows.values()))
+    assert "failing" in text and "planted spill" in text
+
+
+def test_occupancy_and_names():
+    assert isa_report.gfx942_occupancy(8, 0, 4) == 8
+    assert isa_report.gfx942_occupancy(8, 32 * 1024, 4) == 2  # 2 workgroups x 4 waves over 4 SIMDs
+    assert isa_report.gfx942_occupancy(8, 64 * 1024 + 1, 4) == 0
+    assert hipc.short_name("void rocm_mla::k<rocm_mla::bf16_t, 8, unsigned int>(rocm_mla::elem<rocm_mla::bf16_t>"
+                           "::storage*, float*)") == ("k", "<bf16_t, 8, unsigned int>")
+    assert hipc.short_name("scratch_kernel(float*, int const*)") == ("scratch_kernel", "-")
+
+
+PLANTED_CU = r"""
+#include <hip/hip_runtime.h>
+// isa-report: expects-mfma plain_kernel
+// isa-report: expects-mfma mfma_kernel
+typedef float v4f __attribute__((ext_vector_type(4)));
+// A 1 KiB per-thread array indexed by a runtime value cannot live in registers -> scratch.
+__global__ void scratch_kernel(float* out, const int* idx) {
+  float buf[256];
+  for (int i = 0; i < 256; ++i) buf[i] = out[i * blockDim.x + threadIdx.x];
+  out[threadIdx.x] = buf[idx[threadIdx.x] & 255];
+}
+__global__ void plain_kernel(float* out) { out[threadIdx.x] += 1.0f; }
+__global__ void mfma_kernel(float* out, const float* a) {
+  v4f c = {0.f, 0.f, 0.f, 0.f};
+  c = __builtin_amdgcn_mfma_f32_4x4x1f32(a[threadIdx.x], a[threadIdx.x + 64], c, 0, 0, 0);
+  out[threadIdx.x] = c[0] + c[1] + c[2] + c[3];
+}
+"""
+
+
+@needs_clang
+def test_planted_hip_kernels(tmp_path):
+    src = tmp_path / "planted.cu"
+    src.write_text(PLANTED_CU)
+    rows = {r.kernel: r for r in collect("gfx942", triton_variants=[], hip_sources=[src], progress=False)}
+    assert set(rows) == {"scratch_kernel", "plain_kernel", "mfma_kernel"}, rows
+    assert rows["scratch_kernel"].scratch > 0 and rows["scratch_kernel"].failed
+    assert rows["plain_kernel"].expects_mfma and rows["plain_kernel"].mfma == 0 and rows["plain_kernel"].failed
+    assert rows["mfma_kernel"].mfma >= 1 and rows["mfma_kernel"].status == "ok"
+
+
+@needs_clang
+def test_hip_isa_sources_compile_clean_for_gfx942(tmp_path, capsys):
+    """The real hip_src/isa/*.cu, through the CLI: every instantiation, no scratch, JSON out."""
+    sources = hipc.isa_sources()
+    assert sources, "hip_src/isa/*.cu not found"
+    out = tmp_path / "rows.json"
+    rc = main(["--arch", "gfx942", "--filter", "hip", "--json", str(out), "--strict", "-q"])
+    table = capsys.readouterr().out
+    rows = json.loads(out.read_text())
+    assert rc == 0, table
+    assert rows and all(r["backend"] == "hip" for r in rows)
+    for r in rows:
+        assert r["scratch"] == 0 and r["spills"] == 0 and r["vgprs"] > 0, r
+    assert "merge_attn_states_kernel" in table and "<bf16_t, 8, unsigned int>" in table
+
+
+def test_missing_clang_skips_unless_strict(monkeypatch, capsys):
+    monkeypatch.setattr(hipc, "find_clang", lambda: None)
+    rows = collect("gfx942", triton_variants=[], progress=False)
+    assert rows and all(r.skipped.startswith("clang-19 not found") for r in rows)
+    assert "install_gfx942_toolchain.sh" in rows[0].skipped
+    assert failures(rows) == [] and len(failures(rows, strict=True)) == len(rows)
+    assert main(["--arch", "gfx942", "--filter", "hip", "-q"]) == 0
+    assert main(["--arch", "gfx942", "--filter", "hip", "-q", "--strict"]) == 1
+    assert "skipped" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(tc.find_ptxas() is None, reason="no ptxas (Triton's bundled one or on PATH)")
+def test_triton_sm90_via_ptxas():
+    rows = _by_config(collect("sm90", triton_variants=[ADD, DOT], hip_sources=[], progress=False))
+    add, dot = rows[ADD.config], rows[DOT.config]
+    for r in (add, dot):
+        assert r.error == "", r.error
+        assert r.vgprs > 0 and r.spills == 0 and r.scratch == 0 and r.occupancy >= 1
+        assert r.sgprs is None  # no SGPRs on NVIDIA
+    assert add.mfma == 0 and dot.mfma > 0  # wgmma.mma_async (or mma.sync) in the PTX
+    assert dot.lds > 0 and dot.status == "ok"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_hip_isa_sources_sm90():
+    rows = collect("sm90", triton_variants=[], progress=False)
+    assert rows and all(r.error == "" and r.vgprs > 0 and r.scratch == 0 for r in rows), rows
+
+
+def test_filter_matching_nothing_fails(capsys):
+    assert main(["--arch", "gfx942", "--filter", "no-such-kernel-xyz", "-q"]) == 1
+    assert "no kernel matches" in capsys.readouterr().err
+
+
+def test_variant_errors_are_rows_not_crashes():
+    bad = TritonVariant(kernel="add", config="bad signature", fn=add_kernel, signature={"x_ptr": "*fp32"})
+    (row,) = collect("gfx942", triton_variants=[bad], hip_sources=[], progress=False)
+    assert row.status == "error" and row.failed and "y_ptr" in row.error

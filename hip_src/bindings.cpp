@@ -5,7 +5,7 @@
 namespace rocm_mla {
 void merge_attn_states(at::Tensor out, c10::optional<at::Tensor> out_lse, at::Tensor prefix,
                        at::Tensor prefix_lse, at::Tensor suffix, at::Tensor suffix_lse,
-                       int64_t waves_per_block);
+                       int64_t waves_per_block, int64_t vecs_per_thread);
 }  // namespace rocm_mla
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -15,7 +15,7 @@
 namespace rocm_mla {
 namespace {
 
-template <typename Tag, int VEC, typename Index>
+template <typename Tag, int VEC, int UNROLL, typename Index>
 void launch(at::Tensor& out, float* out_lse, const at::Tensor& prefix, const float* prefix_lse,
             const at::Tensor& suffix, const float* suffix_lse, const MergeParams& p,
             int64_t total, int threads) {
@@ -23,7 +23,7 @@ void launch(at::Tensor& out, float* out_lse, const at::Tensor& prefix, const flo
   // Grid-stride loop in the kernel covers whatever a capped grid leaves.
   const int64_t blocks = std::min<int64_t>((total + threads - 1) / threads, std::numeric_limits<int32_t>::max());
   auto stream = c10::cuda::getCurrentCUDAStream();
-  merge_attn_states_kernel<Tag, VEC, Index><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
+  merge_attn_states_kernel<Tag, VEC, UNROLL, Index><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
       reinterpret_cast<S*>(out.data_ptr()), out_lse,
       reinterpret_cast<const S*>(prefix.data_ptr()), prefix_lse,
       reinterpret_cast<const S*>(suffix.data_ptr()), suffix_lse, p);
@@ -34,35 +34,50 @@ bool aligned16(const at::Tensor& x) {
   return reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
 }
 
+template <typename Tag, int VEC, int UNROLL>
+void launch_index(at::Tensor& out, float* out_lse, const at::Tensor& prefix, const float* prefix_lse,
+                  const at::Tensor& suffix, const float* suffix_lse, const MergeParams& p, int threads) {
+  const int64_t total = p.num_tokens * p.num_heads * (p.head_size / (VEC * UNROLL));
+  if (total == 0) return;
+  // uint32 indices while idx + grid stride cannot wrap.
+  if (2 * (total + threads) < static_cast<int64_t>(std::numeric_limits<uint32_t>::max()))
+    launch<Tag, VEC, UNROLL, uint32_t>(out, out_lse, prefix, prefix_lse, suffix, suffix_lse, p, total, threads);
+  else
+    launch<Tag, VEC, UNROLL, int64_t>(out, out_lse, prefix, prefix_lse, suffix, suffix_lse, p, total, threads);
+}
+
 template <typename Tag>
 void dispatch(at::Tensor& out, float* out_lse, const at::Tensor& prefix, const float* prefix_lse,
               const at::Tensor& suffix, const float* suffix_lse, const MergeParams& p,
-              int threads) {
+              int threads, int max_unroll) {
   using S = typename elem<Tag>::storage;
   constexpr int kVec = vec_traits<S>::kElems;
   const bool vec = p.head_size % kVec == 0 && p.out_sd == 1 && p.pre_sd == 1 && p.suf_sd == 1 &&
                    p.out_st % kVec == 0 && p.out_sh % kVec == 0 && p.pre_st % kVec == 0 &&
                    p.pre_sh % kVec == 0 && p.suf_st % kVec == 0 && p.suf_sh % kVec == 0 &&
                    aligned16(out) && aligned16(prefix) && aligned16(suffix);
-  const int64_t per_row = vec ? p.head_size / kVec : p.head_size;
-  const int64_t total = p.num_tokens * p.num_heads * per_row;
-  if (total == 0) return;
-  // uint32 indices while idx + grid stride cannot wrap.
-  const bool small = 2 * (total + threads) < static_cast<int64_t>(std::numeric_limits<uint32_t>::max());
-  if (vec && small) launch<Tag, kVec, uint32_t>(out, out_lse, prefix, prefix_lse, suffix, suffix_lse, p, total, threads);
-  else if (vec) launch<Tag, kVec, int64_t>(out, out_lse, prefix, prefix_lse, suffix, suffix_lse, p, total, threads);
-  else if (small) launch<Tag, 1, uint32_t>(out, out_lse, prefix, prefix_lse, suffix, suffix_lse, p, total, threads);
-  else launch<Tag, 1, int64_t>(out, out_lse, prefix, prefix_lse, suffix, suffix_lse, p, total, threads);
+  if (!vec) {
+    launch_index<Tag, 1, 1>(out, out_lse, prefix, prefix_lse, suffix, suffix_lse, p, threads);
+    return;
+  }
+  const int64_t vecs = p.head_size / kVec;  // 16-byte vectors per row
+  if (max_unroll >= 4 && vecs % 4 == 0)
+    launch_index<Tag, kVec, 4>(out, out_lse, prefix, prefix_lse, suffix, suffix_lse, p, threads);
+  else if (max_unroll >= 2 && vecs % 2 == 0)
+    launch_index<Tag, kVec, 2>(out, out_lse, prefix, prefix_lse, suffix, suffix_lse, p, threads);
+  else
+    launch_index<Tag, kVec, 1>(out, out_lse, prefix, prefix_lse, suffix, suffix_lse, p, threads);
 }
 
 }  // namespace
 
 // out/prefix/suffix: [T, N, D] any strides, one dtype (f32/f16/bf16);
 // *_lse: [N, T] float32 any strides; out_lse optional.
-// waves_per_block: block size in waves of the platform's width (rocm_mla/configs, per arch).
+// waves_per_block: block size in waves of the platform's width; vecs_per_thread: 16-byte
+// vectors per operand a thread moves (1, 2 or 4) — both from rocm_mla/configs, per arch.
 void merge_attn_states(at::Tensor out, c10::optional<at::Tensor> out_lse, at::Tensor prefix,
                        at::Tensor prefix_lse, at::Tensor suffix, at::Tensor suffix_lse,
-                       int64_t waves_per_block) {
+                       int64_t waves_per_block, int64_t vecs_per_thread) {
   TORCH_CHECK(out.dim() == 3 && prefix.sizes() == out.sizes() && suffix.sizes() == out.sizes(),
               "merge_attn_states: output, prefix_output, suffix_output must share one [T, N, D] shape");
   TORCH_CHECK(prefix.scalar_type() == out.scalar_type() && suffix.scalar_type() == out.scalar_type(),
@@ -96,10 +111,11 @@ void merge_attn_states(at::Tensor out, c10::optional<at::Tensor> out_lse, at::Te
   const float* plse = prefix_lse.data_ptr<float>();
   const float* slse = suffix_lse.data_ptr<float>();
   const int t = static_cast<int>(threads64);
+  const int u = static_cast<int>(vecs_per_thread);
   switch (out.scalar_type()) {
-    case at::kFloat: dispatch<f32_t>(out, olse, prefix, plse, suffix, slse, p, t); break;
-    case at::kHalf: dispatch<f16_t>(out, olse, prefix, plse, suffix, slse, p, t); break;
-    case at::kBFloat16: dispatch<bf16_t>(out, olse, prefix, plse, suffix, slse, p, t); break;
+    case at::kFloat: dispatch<f32_t>(out, olse, prefix, plse, suffix, slse, p, t, u); break;
+    case at::kHalf: dispatch<f16_t>(out, olse, prefix, plse, suffix, slse, p, t, u); break;
+    case at::kBFloat16: dispatch<bf16_t>(out, olse, prefix, plse, suffix, slse, p, t, u); break;
     default: TORCH_CHECK(false, "merge_attn_states: unsupported dtype ", out.scalar_type());
   }
 }

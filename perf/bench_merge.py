@@ -47,6 +47,7 @@ def main() -> int:
     ap.add_argument("--out", default="results", help="folder for merge.csv and merge.png")
     ap.add_argument("--peers", default=".peers", help="folder made by get_vllm_peers.sh")
     ap.add_argument("--quick", action="store_true", help="T=4096 only")
+    ap.add_argument("--tune", action="store_true", help="also sweep the launch candidates of configs/merge_attn_states.json")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_merge: needs a GPU")
@@ -116,7 +117,36 @@ def main() -> int:
     bar_plot(out_dir / "merge.png", f"merge_attn_states bf16 on {name}", groups, series, "GB/s",
              hline=copy, hline_label="copy ceiling")
     print(f"wrote {out_dir / 'merge.csv'} and {out_dir / 'merge.png'}")
+    if args.tune:
+        tune(dev, copy)
     return 0
+
+
+def tune(dev, copy: float) -> None:
+    """Sweep every candidate launch config (configs/merge_attn_states.json "tune") at two shapes."""
+    import itertools
+
+    from rocm_mla.configs import tune_space
+    from rocm_mla.ops.merge import _run
+
+    cands = tune_space("merge_attn_states")
+    rows = []
+    for T, N, D in ((32768, 128, 128), (4096, 16, 128)):
+        mk = lambda: torch.randn(T, N, D + 64, device=dev, dtype=torch.bfloat16)[..., :D]  # noqa: E731
+        po, so, out = mk(), mk(), mk()
+        pl, sl, ol = (torch.randn(N, T, device=dev) for _ in range(3))
+        nbytes = 3 * T * N * D * 2 + 3 * T * N * 4
+        for impl, space in cands.items():
+            if unavailable(impl, dev):
+                continue
+            keys = list(space)
+            for values in itertools.product(*(space[k] for k in keys)):
+                cfg = dict(zip(keys, values))
+                ms = time_ms(lambda: _run(impl, cfg, out, po, pl, so, sl, ol))
+                gbs = nbytes / ms / 1e6
+                rows.append([f"T={T} N={N} D={D} strided", impl, str(cfg), f"{gbs:.0f} ({100 * gbs / copy:.0f}%)"])
+    print("\ntuning sweep (bf16):")
+    print_table(["shape", "impl", "config", "GB/s"], rows)
 
 
 if __name__ == "__main__":

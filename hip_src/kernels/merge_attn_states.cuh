@@ -5,7 +5,7 @@
 // lse +inf is read as -inf (FlashAttention's "saw no key"); both -inf -> row 0, lse -inf.
 // A side whose weight is 0 is not read at all, so an unwritten (NaN) side cannot leak.
 //
-// Thread mapping: one thread owns VEC consecutive elements of one (token, head) row;
+// Thread mapping: one thread owns VEC x UNROLL consecutive elements of one (token, head) row;
 // rows are token-major so neighbouring threads touch neighbouring heads of one token.
 // The launcher lives in ../merge_attn_states.cu; rocm_mla/ops/merge.py is the only caller.
 #pragma once
@@ -29,11 +29,13 @@ struct MergeParams {
 
 MLA_DEVICE float mla_inf() { return __int_as_float(0x7f800000); }
 
-// VEC == 1: any dim stride. VEC > 1: dim stride 1, rows and pointers 16-byte aligned
-// (the launcher checks this), one 16-byte load per operand.
+// VEC == 1: any dim stride, UNROLL 1. VEC > 1: dim stride 1, rows and pointers 16-byte
+// aligned (the launcher checks this); a thread moves UNROLL consecutive 16-byte vectors of one
+// row per operand, all loads issued before any math, so each thread keeps 2 x UNROLL x 16 bytes
+// in flight and computes the row's weights once.
 // Index: uint32_t when every flat index fits (the launcher decides), because the row/chunk
 // divisions are a few instructions in 32 bits and a library call in 64.
-template <typename Tag, int VEC, typename Index>
+template <typename Tag, int VEC, int UNROLL, typename Index>
 __global__ void merge_attn_states_kernel(typename elem<Tag>::storage* __restrict__ out,
                                          float* __restrict__ out_lse,
                                          const typename elem<Tag>::storage* __restrict__ prefix,
@@ -43,14 +45,17 @@ __global__ void merge_attn_states_kernel(typename elem<Tag>::storage* __restrict
                                          const MergeParams p) {
   using E = elem<Tag>;
   using S = typename E::storage;
-  const Index chunks = static_cast<Index>((p.head_size + VEC - 1) / VEC);
+  static_assert(VEC == 1 || VEC * sizeof(S) == 16, "vector path moves 16 bytes");
+  static_assert(VEC > 1 || UNROLL == 1, "the any-stride path is not unrolled");
+  constexpr int kPerThread = VEC * UNROLL;
+  const Index groups = static_cast<Index>((p.head_size + kPerThread - 1) / kPerThread);
   const Index heads = static_cast<Index>(p.num_heads);
-  const Index total = static_cast<Index>(p.num_tokens) * heads * chunks;
+  const Index total = static_cast<Index>(p.num_tokens) * heads * groups;
   const Index stride = static_cast<Index>(gridDim.x) * blockDim.x;
   for (Index idx = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += stride) {
-    const Index row = idx / chunks;
-    const int64_t c = idx - row * chunks;
+    const Index row = idx / groups;
+    const int64_t g = idx - row * groups;
     const int64_t t = row / heads;
     const int64_t h = row - static_cast<Index>(t) * heads;
 
@@ -69,25 +74,36 @@ __global__ void merge_attn_states_kernel(typename elem<Tag>::storage* __restrict
       ws = es / sum;
       lse = __logf(sum) + m;
     }
-    if (out_lse != nullptr && c == 0) out_lse[h * p.olse_sh + t * p.olse_st] = lse;
+    if (out_lse != nullptr && g == 0) out_lse[h * p.olse_sh + t * p.olse_st] = lse;
 
-    const int64_t d0 = c * VEC;
+    const int64_t d0 = g * kPerThread;
     if constexpr (VEC > 1) {
-      static_assert(VEC * sizeof(S) == 16, "vector path moves 16 bytes");
-      vec16_t vp = {}, vs = {}, vo;
-      if (wp != 0.f) vp = *reinterpret_cast<const vec16_t*>(prefix + t * p.pre_st + h * p.pre_sh + d0);
-      if (ws != 0.f) vs = *reinterpret_cast<const vec16_t*>(suffix + t * p.suf_st + h * p.suf_sh + d0);
-      const S* ep = reinterpret_cast<const S*>(&vp);
-      const S* es = reinterpret_cast<const S*>(&vs);
-      S* eo = reinterpret_cast<S*>(&vo);
+      const vec16_t* src_p = reinterpret_cast<const vec16_t*>(prefix + t * p.pre_st + h * p.pre_sh + d0);
+      const vec16_t* src_s = reinterpret_cast<const vec16_t*>(suffix + t * p.suf_st + h * p.suf_sh + d0);
+      vec16_t* dst = reinterpret_cast<vec16_t*>(out + t * p.out_st + h * p.out_sh + d0);
+      vec16_t vp[UNROLL], vs[UNROLL];
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        // select, not multiply: a zero-weight side contributes exactly 0 (never 0 * NaN).
-        const float a = (wp != 0.f) ? wp * E::to_float(ep[i]) : 0.f;
-        const float b = (ws != 0.f) ? ws * E::to_float(es[i]) : 0.f;
-        eo[i] = E::from_float(a + b);
+      for (int u = 0; u < UNROLL; ++u) {
+        vp[u] = {};
+        vs[u] = {};
+        if (wp != 0.f) vp[u] = src_p[u];
+        if (ws != 0.f) vs[u] = src_s[u];
       }
-      *reinterpret_cast<vec16_t*>(out + t * p.out_st + h * p.out_sh + d0) = vo;
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        const S* ep = reinterpret_cast<const S*>(&vp[u]);
+        const S* es = reinterpret_cast<const S*>(&vs[u]);
+        vec16_t vo;
+        S* eo = reinterpret_cast<S*>(&vo);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) {
+          // select, not multiply: a zero-weight side contributes exactly 0 (never 0 * NaN).
+          const float a = (wp != 0.f) ? wp * E::to_float(ep[i]) : 0.f;
+          const float b = (ws != 0.f) ? ws * E::to_float(es[i]) : 0.f;
+          eo[i] = E::from_float(a + b);
+        }
+        dst[u] = vo;
+      }
     } else {
       const float a = (wp != 0.f) ? wp * E::to_float(prefix[t * p.pre_st + h * p.pre_sh + d0 * p.pre_sd]) : 0.f;
       const float b = (ws != 0.f) ? ws * E::to_float(suffix[t * p.suf_st + h * p.suf_sh + d0 * p.suf_sd]) : 0.f;

@@ -52,4 +52,9 @@ def config_for(op: str, arch: str) -> dict[str, Any]:
 
 def known_arches(op: str) -> list[str]:
     """Arch keys with explicit data for ``op`` (for the ISA report)."""
-    return [k for k in _table(op) if k != "default" and not k.startswith("_")]
+    return [k for k in _table(op) if k.startswith(("gfx", "sm"))]
+
+
+def tune_space(op: str) -> dict[str, Any]:
+    """Candidate launch values per implementation that ``perf/bench_<op> --tune`` sweeps."""
+    return _table(op).get("tune", {})

@@ -61,12 +61,19 @@ def merge_attn_states(output: torch.Tensor, prefix_output: torch.Tensor, prefix_
     impl = select(OP, output.device, backend)
     if output.numel() == 0 and (output_lse is None or output_lse.numel() == 0):
         return
+    _run(impl, None, output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse)
+
+
+def _run(impl: str, cfg: dict | None, output, prefix_output, prefix_lse, suffix_output, suffix_lse,
+         output_lse) -> None:
+    """Launch ``impl`` on validated arguments; ``cfg`` overrides the arch's launch data (tuning)."""
+    if cfg is None and impl != "reference":
+        cfg = config_for(OP, _platform.device_arch(output.device))[impl]
     if impl == "hip":
-        cfg = config_for(OP, _platform.device_arch(output.device))["hip"]
         _ext.load().merge_attn_states(output, output_lse, prefix_output, prefix_lse, suffix_output,
-                                      suffix_lse, int(cfg["waves_per_block"]))
+                                      suffix_lse, int(cfg["waves_per_block"]), int(cfg["vecs_per_thread"]))
     elif impl == "triton":
-        _launch_triton(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse)
+        _launch_triton(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, cfg)
     else:
         out, lse = merge_attn_states_ref(prefix_output, prefix_lse, suffix_output, suffix_lse)
         output.copy_(out)
@@ -74,9 +81,9 @@ def merge_attn_states(output: torch.Tensor, prefix_output: torch.Tensor, prefix_
             output_lse.copy_(lse)
 
 
-def _triton_meta(head_size: int, arch: str) -> tuple[dict, dict]:
+def _triton_meta(head_size: int, arch: str, cfg: dict | None = None) -> tuple[dict, dict]:
     """Constexprs and compile options the wrapper uses for ``head_size`` on ``arch``."""
-    cfg = config_for(OP, arch)["triton"]
+    cfg = cfg or config_for(OP, arch)["triton"]
     block_d = triton.next_power_of_2(head_size)
     block_rows = max(1, cfg["tile_elems"] // block_d)
     options = {"num_warps": cfg["num_warps"]}
@@ -85,10 +92,10 @@ def _triton_meta(head_size: int, arch: str) -> tuple[dict, dict]:
     return {"HEAD_SIZE": head_size, "BLOCK_D": block_d, "BLOCK_ROWS": block_rows}, options
 
 
-def _launch_triton(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse):
+def _launch_triton(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, cfg):
     T, N, D = output.shape
     num_rows = T * N
-    consts, options = _triton_meta(D, _platform.device_arch(output.device))
+    consts, options = _triton_meta(D, _platform.device_arch(output.device), cfg)
     grid = (triton.cdiv(num_rows, consts["BLOCK_ROWS"]),)
     olse = output_lse if output_lse is not None else prefix_lse  # unused when HAS_OUT_LSE=False
     olse_strides = output_lse.stride() if output_lse is not None else (0, 0)

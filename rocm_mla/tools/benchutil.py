@@ -92,7 +92,7 @@ def bar_plot(path: str | os.PathLike, title: str, groups: list[str], series: dic
     except ImportError:
         print(f"(matplotlib not installed: no plot written to {path})")
         return False
-    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(groups) * max(1, len(series))), 4.5))
+    fig, ax = plt.subplots(figsize=(min(18, max(8, 0.22 * len(groups) * max(1, len(series)))), 5))
     width = 0.8 / max(1, len(series))
     for i, (name, vals) in enumerate(series.items()):
         xs = [g + i * width for g in range(len(groups))]

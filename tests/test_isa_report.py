@@ -170,7 +170,7 @@ def test_hip_isa_sources_compile_clean_for_gfx942(tmp_path, capsys):
     assert rows and all(r["backend"] == "hip" for r in rows)
     for r in rows:
         assert r["scratch"] == 0 and r["spills"] == 0 and r["vgprs"] > 0, r
-    assert "merge_attn_states_kernel" in table and "<bf16_t, 8, unsigned int>" in table
+    assert "merge_attn_states_kernel" in table and "<bf16_t, 8, 4, unsigned int>" in table
 
 
 def test_missing_clang_skips_unless_strict(monkeypatch, capsys):

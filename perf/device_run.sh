@@ -5,7 +5,7 @@
 #   bash perf/device_run.sh [--sanitize PYTEST_K_EXPR] [--tests PYTEST_ARGS] bench_merge [bench_x ...]
 # Logs and CSV/PNG go to $OUT (the device tool's output folder) or ./results.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-results}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-} ROCM_MLA_CACHE=${ROCM_MLA_CACHE:-/tmp/rocm_mla_cache}
 sanitize="merge and (hip or triton) and not large"

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Serve a model with vLLM through rocm-mla's attention backend: the entrypoint of docker/Dockerfile,
+# usable outside the image too. Arguments are passed on to `vllm serve` after the ones below (for
+# vLLM's argparse the later of two equal options wins, so they can override these).
+#
+# Environment (defaults in brackets):
+#   MODEL                   model to serve [deepseek-ai/DeepSeek-V2-Lite-Chat]
+#   TP                      --tensor-parallel-size [1]
+#   HOST, PORT              where to listen [0.0.0.0, 8000]
+#   ATTENTION_BACKEND       --attention-backend [ROCM_MLA]; empty: let vLLM choose
+#   MAX_MODEL_LEN           --max-model-len [8192]; empty: the model's own
+#   GPU_MEMORY_UTILIZATION  --gpu-memory-utilization [0.9]
+#   TRUST_REMOTE_CODE       1: --trust-remote-code [1]
+#   VLLM_EXTRA_ARGS         more `vllm serve` arguments, split on whitespace [none]
+#   ROCM_MLA_PLUGIN         rocm-mla's entry-point name in vllm.general_plugins [rocm_mla]
+#   VLLM_PLUGINS            vLLM's plugin allow-list: set to ROCM_MLA_PLUGIN when unset, and
+#                           ROCM_MLA_PLUGIN is appended when a list without it is given
+#   ROCM_MLA_EXPECT_VLLM    vLLM version prefix that rocm-mla is written for [0.33.]; empty: any
+#   ROCM_MLA_SERVE_CHECK_ONLY=1  run the start-up checks and exit (the image build does this)
+#   DRY_RUN=1               print the command instead of running it (no checks)
+set -euo pipefail
+
+MODEL=${MODEL:-deepseek-ai/DeepSeek-V2-Lite-Chat}
+TP=${TP:-1}
+HOST=${HOST:-0.0.0.0}
+PORT=${PORT:-8000}
+ATTENTION_BACKEND=${ATTENTION_BACKEND-ROCM_MLA}
+MAX_MODEL_LEN=${MAX_MODEL_LEN-8192}
+GPU_MEMORY_UTILIZATION=${GPU_MEMORY_UTILIZATION:-0.9}
+TRUST_REMOTE_CODE=${TRUST_REMOTE_CODE:-1}
+ROCM_MLA_PLUGIN=${ROCM_MLA_PLUGIN:-rocm_mla}
+ROCM_MLA_EXPECT_VLLM=${ROCM_MLA_EXPECT_VLLM-0.33.}
+
+# vLLM loads every general plugin when VLLM_PLUGINS is unset and only the listed ones when it is
+# set. Setting it to ours makes what runs explicit; a list given without ours would silently
+# leave ROCM_MLA unregistered, and vLLM would then reject --attention-backend ROCM_MLA.
+if [[ -z ${VLLM_PLUGINS+set} ]]; then
+  VLLM_PLUGINS=$ROCM_MLA_PLUGIN
+elif [[ ",$VLLM_PLUGINS," != *",$ROCM_MLA_PLUGIN,"* ]]; then
+  VLLM_PLUGINS=${VLLM_PLUGINS:+$VLLM_PLUGINS,}$ROCM_MLA_PLUGIN
+fi
+export VLLM_PLUGINS
+
+cmd=(vllm serve "$MODEL" --tensor-parallel-size "$TP" --host "$HOST" --port "$PORT"
+     --gpu-memory-utilization "$GPU_MEMORY_UTILIZATION")
+[[ -n $ATTENTION_BACKEND ]] && cmd+=(--attention-backend "$ATTENTION_BACKEND")
+[[ -n $MAX_MODEL_LEN ]] && cmd+=(--max-model-len "$MAX_MODEL_LEN")
+[[ $TRUST_REMOTE_CODE == 1 ]] && cmd+=(--trust-remote-code)
+read -r -a extra <<< "${VLLM_EXTRA_ARGS:-}"
+cmd+=("${extra[@]}" "$@")
+
+if [[ ${DRY_RUN:-0} == 1 ]]; then
+  echo "VLLM_PLUGINS=$VLLM_PLUGINS"
+  printf '%q ' "${cmd[@]}"
+  echo
+  exit 0
+fi
+
+# Start-up checks: package metadata only (importing vllm here would initialise the GPU platform,
+# which cannot happen at image build time). Each failure says what to do.
+check() {
+  python3 - "$ROCM_MLA_PLUGIN" "$ROCM_MLA_EXPECT_VLLM" "$ATTENTION_BACKEND" <<'PY'
+import sys
+from importlib.metadata import PackageNotFoundError, entry_points, version
+
+plugin, expect, backend = sys.argv[1:4]
+problems = []
+try:
+    v = version("vllm")
+    if expect and not v.startswith(expect):
+        problems.append(f"vLLM {v} is installed; rocm-mla's backend is written for {expect}x "
+                        "(set ROCM_MLA_EXPECT_VLLM= to skip this check)")
+except PackageNotFoundError:
+    problems.append("vLLM is not installed in this Python")
+try:
+    ours = version("rocm-mla")
+except PackageNotFoundError:
+    ours = None
+    problems.append("rocm-mla is not installed (pip install --no-build-isolation --no-deps .)")
+names = sorted(e.name for e in entry_points(group="vllm.general_plugins"))
+if ours and plugin not in names:
+    problems.append(f"no vllm.general_plugins entry point named {plugin!r} (found: {names or 'none'}); "
+                    "ROCM_MLA_PLUGIN must name rocm-mla's entry point in pyproject.toml")
+if problems:
+    print("serve.sh: start-up check failed:", *problems, sep="\n  ", file=sys.stderr)
+    sys.exit(1)
+print(f"serve.sh: vLLM {v}, rocm-mla {ours}, plugin {plugin!r}, attention backend {backend or '(vLLM default)'}")
+PY
+}
+
+check
+if [[ ${ROCM_MLA_SERVE_CHECK_ONLY:-0} == 1 ]]; then
+  exit 0
+fi
+echo "VLLM_PLUGINS=$VLLM_PLUGINS"
+printf '%q ' "${cmd[@]}"
+echo
+exec "${cmd[@]}"

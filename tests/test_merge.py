@@ -144,6 +144,19 @@ def test_in_place_over_prefix():
         torch.testing.assert_close(buf, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_aliasing_rules():
+    """output may be an input itself; partial overlaps and an output_lse aliasing an input lse are
+    rejected (threads of one row read the lse while one of them writes it)."""
+    T, N, D = 4, 2, 16
+    buf = rand((T + 1, N, D), torch.float32)
+    pl, sl = rand((N, T), torch.float32), rand((N, T), torch.float32)
+    so = rand((T, N, D), torch.float32)
+    with pytest.raises(ValueError, match="output: expected no memory in common .*prefix_output"):
+        rocm_mla.merge_attn_states(buf[1:], buf[:-1], pl, so, sl)
+    with pytest.raises(ValueError, match="output_lse: expected no memory in common with prefix_lse"):
+        rocm_mla.merge_attn_states(torch.empty_like(so), buf[:-1], pl, so, sl, pl)
+
+
 # ---------------------------------------------------------------- bad input
 def _good(T=3, N=2, D=8):
     o = rand((T, N, D), torch.float32)

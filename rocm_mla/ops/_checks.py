@@ -68,3 +68,26 @@ class Checker:
         if overlap:
             self.fail(name, "a destination whose elements do not overlap (no stride 0 in a "
                       "dimension of size > 1)", f"shape {tuple(x.shape)} strides {x.stride()}")
+
+    def disjoint(self, name: str, x: torch.Tensor, other_name: str, other: torch.Tensor | None, *,
+                 allow_identical: bool = False):
+        """A destination may not share memory with an input that other threads still read:
+        either no byte in common or, when ``allow_identical``, exactly the same view (each element
+        is then read and written by the same thread)."""
+        if other is None or x.numel() == 0 or other.numel() == 0:
+            return
+        if x.untyped_storage().data_ptr() != other.untyped_storage().data_ptr():
+            return
+        if (allow_identical and x.data_ptr() == other.data_ptr() and x.stride() == other.stride()
+                and x.shape == other.shape):
+            return
+
+        def span(t: torch.Tensor) -> tuple[int, int]:
+            lo = t.data_ptr()
+            hi = lo + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0) * t.element_size()
+            return lo, hi + t.element_size()
+
+        (a0, a1), (b0, b1) = span(x), span(other)
+        if a0 < b1 and b0 < a1:
+            what = "no memory in common (or the very same view)" if allow_identical else "no memory in common"
+            self.fail(name, f"{what} with {other_name}", "overlapping views of one buffer")

@@ -28,11 +28,13 @@ def merge_attn_states(output: torch.Tensor, prefix_output: torch.Tensor, prefix_
     Args:
         output: ``[T, N, D]`` destination, float32/float16/bfloat16, any strides (e.g. the
             ``[T, N, 192][..., :128]`` pad_v view, or a head slice of a wider buffer). Only the
-            elements of this view are written; every one of them is.
+            elements of this view are written; every one of them is. It may be prefix_output or
+            suffix_output itself (the same view), but not a view overlapping them otherwise.
         prefix_output, suffix_output: ``[T, N, D]``, output's dtype, any strides.
         prefix_lse, suffix_lse: ``[N, T]`` float32 natural-log LSEs, any strides (e.g. the
             transpose of a ``[T, N]`` buffer). +inf is read as -inf ("saw no key").
-        output_lse: optional ``[N, T]`` float32 destination for the merged LSE.
+        output_lse: optional ``[N, T]`` float32 destination for the merged LSE; it may not share
+            memory with prefix_lse or suffix_lse.
         backend: ``"hip"``, ``"triton"`` or ``"reference"`` to force one (default: fastest
             available; see ``rocm_mla.ops._dispatch``).
 
@@ -57,6 +59,12 @@ def merge_attn_states(output: torch.Tensor, prefix_output: torch.Tensor, prefix_
     c.same_device(output=output, prefix_output=prefix_output, prefix_lse=prefix_lse,
                   suffix_output=suffix_output, suffix_lse=suffix_lse, output_lse=output_lse)
     c.writable("output", output)
+    for src_name, src in (("prefix_output", prefix_output), ("suffix_output", suffix_output)):
+        c.disjoint("output", output, src_name, src, allow_identical=True)
+    # Several threads read a row's lse while one writes it: output_lse may not alias an input lse.
+    for src_name, src in (("prefix_lse", prefix_lse), ("suffix_lse", suffix_lse)):
+        if output_lse is not None:
+            c.disjoint("output_lse", output_lse, src_name, src)
 
     impl = select(OP, output.device, backend)
     if output.numel() == 0 and (output_lse is None or output_lse.numel() == 0):

@@ -2,19 +2,26 @@
 # One call on a lent GPU machine (the session's device tool): build the HIP extension, run the
 # whole test suite (GPU tests included), run the GPU kernels' tests under compute-sanitizer
 # (memcheck; racecheck for kernels that use shared memory), then the named benchmarks.
-#   bash perf/device_run.sh [--sanitize PYTEST_K_EXPR] [--tests PYTEST_ARGS] bench_merge [bench_x ...]
-# Logs and CSV/PNG go to $OUT (the device tool's output folder) or ./results.
+#   bash perf/device_run.sh [--sanitize PYTEST_K_EXPR] [--tests PYTEST_ARGS] [--no-tests] \
+#       bench_merge [bench_prefill:--tune ...]      (text after ':' = the bench's own arguments)
+# Logs and CSV/PNG go to $OUT/run/ (the device tool's output folder, or ./results) and are packed
+# into $OUT/run.tgz (the device tool brings back only a few files). FlashInfer (the decode peer) is
+# unpacked from .peers/flashinfer when present (../shared/peers/get_flashinfer_peer.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-OUT=${OUT:-results}; mkdir -p "$OUT"
+TOP=${OUT:-results}
+OUT=$TOP/run; mkdir -p "$OUT"
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-300}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-} ROCM_MLA_CACHE=${ROCM_MLA_CACHE:-/tmp/rocm_mla_cache}
 sanitize="merge and (hip or triton) and not large"
 tests="tests"
+run_tests=1
 benches=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --sanitize) sanitize=$2; shift 2 ;;
     --tests) tests=$2; shift 2 ;;
+    --no-tests) run_tests=0; sanitize=""; shift ;;
     *) benches+=("$1"); shift ;;
   esac
 done
@@ -24,19 +31,33 @@ echo "== build HIP extension"
 start=$(date +%s)
 python3 -c "from rocm_mla import _ext; m = _ext.load(); print('extension:', m, _ext.unavailable_reason())" 2>&1 | tail -20
 echo "build: $(( $(date +%s) - start )) s"
-echo "== tests"
-# shellcheck disable=SC2086
-python3 -m pytest -q $tests 2>&1 | tee "$OUT/pytest.log" | tail -25
+if [ -f .peers/flashinfer/flashinfer.tar.xz ]; then
+  mkdir -p /tmp/fi && tar -xJf .peers/flashinfer/flashinfer.tar.xz -C /tmp/fi \
+    && python3 -m pip install -q --no-index --no-deps --target /tmp/fi .peers/flashinfer/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/fi FLASHINFER_WORKSPACE_BASE=/tmp/fiws TVM_FFI_CACHE_DIR=/tmp/tvmffi
+fi
+if [ "$run_tests" = 1 ]; then
+  echo "== tests"
+  # shellcheck disable=SC2086
+  python3 -m pytest -q $tests 2>&1 | tee "$OUT/pytest.log" | tail -25
+fi
 if [ -n "$sanitize" ] && command -v compute-sanitizer >/dev/null; then
   echo "== compute-sanitizer memcheck: -k '$sanitize'"
-  compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -x tests -k "$sanitize" 2>&1 | tee "$OUT/memcheck.log" | tail -8
+  timeout "${SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -x tests -k "$sanitize" 2>&1 | tee "$OUT/memcheck.log" | tail -8
   if [ -n "${RACECHECK:-}" ]; then
     echo "== compute-sanitizer racecheck: -k '$RACECHECK'"
-    compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest -q -x tests -k "$RACECHECK" 2>&1 | tee "$OUT/racecheck.log" | tail -8
+    timeout "${SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest -q -x tests -k "$RACECHECK" 2>&1 | tee "$OUT/racecheck.log" | tail -8
   fi
 fi
-for b in "${benches[@]}"; do
-  echo "== perf/$b.py"
-  python3 "perf/$b.py" --out "$OUT" 2>&1 | tee "$OUT/$b.log" | tail -40
+for spec in "${benches[@]}"; do
+  b=${spec%%:*}
+  extra=""
+  [ "$spec" != "$b" ] && extra=${spec#*:}
+  echo "== perf/$b.py $extra"
+  # shellcheck disable=SC2086
+  timeout "$BENCH_TIMEOUT" python3 "perf/$b.py" --out "$OUT" $extra 2>&1 | tee "$OUT/$b.log" | tail -60
 done
-python3 -m rocm_mla.tools.cli doctor --skip-isa 2>&1 | tail -12
+if [ "$run_tests" = 1 ]; then
+  python3 -m rocm_mla.tools.cli doctor --skip-isa 2>&1 | tail -30
+fi
+tar -czf "$TOP/run.tgz" -C "$TOP" run

@@ -3,6 +3,16 @@ Triton, that write their outputs in place.
 
 Public API (see each function's docstring for shapes and layouts):
     merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None)
+    mla_prefill(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, *, sm_scale, causal=True, out=None,
+                lse=None, max_seqlen_q=None, max_seqlen_k=None) -> (out, lse)
+    mla_prefill_with_context(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, context_chunks, *,
+                             sm_scale, out=None, lse=None) -> (out, lse)
+    mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, *, sm_scale, out=None, lse=None,
+               kv_cache_dtype="auto", k_scale=None, num_kv_splits=None) -> (out, lse)
+    fused_rope_mla_kv_write(positions, q_pe, k_pe, kv_c, cos_sin_cache, kv_cache, slot_mapping, *,
+                            is_neox, kv_cache_dtype="auto", k_scale=None) -> None (in place)
+    concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, *, kv_cache_dtype="auto",
+                         k_scale=None) -> None (in place)
 
 The ops are imported lazily: ``rocm_mla.tools`` can set TRITON_INTERPRET (which Triton reads when a
 kernel is decorated) before any kernel module loads.
@@ -10,7 +20,8 @@ kernel is decorated) before any kernel module loads.
 
 __version__ = "0.1.0"
 
-__all__ = ["merge_attn_states", "__version__"]
+__all__ = ["mla_decode", "merge_attn_states", "mla_prefill", "mla_prefill_with_context",
+           "fused_rope_mla_kv_write", "concat_and_cache_mla", "__version__"]
 
 
 def __getattr__(name):

@@ -40,9 +40,9 @@ class TritonVariant:
 
 def all_triton_variants(arch: str) -> list[TritonVariant]:
     """Every Triton variant of every op on ``arch`` (``"gfx942"``, ``"gfx950"``, ``"sm90"``)."""
-    from . import merge
+    from . import decode, merge, prefill, rope_kv
 
     out: list[TritonVariant] = []
-    for mod in (merge,):
+    for mod in (merge, prefill, decode, rope_kv):
         out.extend(mod.triton_variants(arch))
     return out

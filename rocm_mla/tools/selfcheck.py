@@ -66,7 +66,153 @@ def check_merge(device: torch.device, backends: list[str]) -> list[CheckRow]:
     return rows
 
 
-CHECKS = [check_merge]
+def check_prefill(device: torch.device, backends: list[str]) -> list[CheckRow]:
+    """mla_prefill on a small varlen batch (uneven lengths, lq != lk, an empty sequence), k_nope/v
+    as views of one [Tk, N, 256] buffer, k_pe a slice of a [Tk, 576] buffer, out written into a
+    NaN-poisoned [T, N*128 + pad] buffer and lse into a [T, N] buffer's transpose."""
+    from rocm_mla.ops import mla_prefill
+    from rocm_mla.reference import mla_prefill_ref
+
+    rows = []
+    lq, lk, N = [37, 0, 20, 5], [37, 6, 45, 5], 16
+    def cu(ls):
+        return torch.tensor([sum(ls[:i]) for i in range(len(ls) + 1)], dtype=torch.int32, device=device)
+
+    Tq, Tk = sum(lq), sum(lk)
+    for backend in backends:
+        if backend == "hip":
+            continue  # mla_prefill has no HIP kernel
+        for dtype in _dtypes(device):
+            case = f"B={len(lq)} N={N} causal strided"
+            try:
+                q = torch.randn(Tq, N, 192, device=device).to(dtype)
+                kv = torch.randn(Tk, N, 256, device=device).to(dtype)
+                k_pe = torch.randn(Tk, 576, device=device).to(dtype)[:, 512:].unsqueeze(1)
+                out = torch.full((Tq, N * 128 + 8), float("nan"), dtype=dtype, device=device)[:, : N * 128]
+                out = out.view(Tq, N, 128)
+                lse = torch.full((Tq, N), float("nan"), device=device).t()
+                args = (q, kv[..., :128], k_pe, kv[..., 128:], cu(lq), cu(lk))
+                mla_prefill(*args, sm_scale=192 ** -0.5, out=out, lse=lse, backend=backend)
+                ref, ref_lse = mla_prefill_ref(*args, 192 ** -0.5, True)
+                rows.append(_compare("mla_prefill", backend, dtype, case, out, ref, TOL[dtype]))
+                rows.append(_compare("mla_prefill", backend, dtype, case + " lse", lse, ref_lse, 1e-4))
+            except Exception as exc:  # report, keep checking the rest
+                rows.append(CheckRow("mla_prefill", backend, str(dtype), case, float("nan"), 0.0, False,
+                                     f"{type(exc).__name__}: {exc}"))
+    return rows
+
+
+def check_decode(device: torch.device, backends: list[str]) -> list[CheckRow]:
+    """mla_decode on a small paged batch: 3 requests (37, 5, 70 keys) with q_len 2 (causal MTP
+    rows), N=16, block 16, shuffled page ids, every cache slot past seq_lens NaN, q_nope/q_pe as
+    slices of one [rows, N, 584] buffer, out/lse written into NaN-poisoned buffers; once with the
+    heuristic's split count and once with 3 splits (stage 2)."""
+    from rocm_mla.ops import mla_decode
+    from rocm_mla.reference import mla_decode_ref
+
+    rows = []
+    lens, N, q_len, bs = [37, 5, 70], 16, 2, 16
+    B = len(lens)
+    nblk = [-(-L // bs) for L in lens]
+    g = torch.Generator().manual_seed(0)
+    perm = torch.randperm(sum(nblk) + 1, generator=g)  # the last page stays NaN
+    kv32 = torch.full((sum(nblk) + 1, bs, 576), float("nan"))
+    bt = torch.full((B, max(nblk) + 1), int(perm[-1]), dtype=torch.int32)
+    k = 0
+    for b, L in enumerate(lens):
+        pages = perm[k:k + nblk[b]]
+        k += nblk[b]
+        bt[b, :nblk[b]] = pages.int()
+        tok = torch.arange(L)
+        kv32[pages[tok // bs], tok % bs] = torch.randn(L, 576, generator=g)
+    for backend in backends:
+        if backend == "hip":
+            continue  # mla_decode has no HIP kernel
+        for dtype in _dtypes(device):
+            for splits in (None, 3):
+                case = f"B={B} N={N} q_len={q_len} block={bs} splits={splits or 'auto'}"
+                try:
+                    kv = kv32.to(dtype).to(device)
+                    q = torch.randn(B * q_len, N, 584, device=device).to(dtype)
+                    out = torch.full((B * q_len, N, 520), float("nan"), dtype=dtype, device=device)[..., :512]
+                    lse = torch.full((N, B * q_len), float("nan"), device=device).t()
+                    args = (q[..., :512], q[..., 512:576], kv, bt.to(device),
+                            torch.tensor(lens, dtype=torch.int32, device=device))
+                    mla_decode(*args, sm_scale=192 ** -0.5, out=out, lse=lse, num_kv_splits=splits,
+                               backend=backend)
+                    ref, ref_lse = mla_decode_ref(*args, 192 ** -0.5)
+                    rows.append(_compare("mla_decode", backend, dtype, case, out, ref, TOL[dtype]))
+                    rows.append(_compare("mla_decode", backend, dtype, case + " lse", lse, ref_lse, 1e-4))
+                except Exception as exc:  # report, keep checking the rest
+                    rows.append(CheckRow("mla_decode", backend, str(dtype), case, float("nan"), 0.0, False,
+                                         f"{type(exc).__name__}: {exc}"))
+    return rows
+
+
+
+def check_rope_kv(device: torch.device, backends: list[str]) -> list[CheckRow]:
+    """fused_rope_mla_kv_write on DeepSeek's layout: q_pe a [T, N, 192][..., 128:] slice, k_pe a
+    [T, 576][:, 512:] slice, GPT-J style, block 16, shuffled slots with one -1, a NaN-poisoned
+    cache; q_pe, k_pe and the written rows against the reference, plus "untouched": the rows
+    without a slot still NaN. Then an FP8 cache (the platform's E4M3 kind, k_scale 0.5) in the
+    q dtype's place, dequantised (tolerance: half an FP8 step, 2^-4 relative)."""
+    from rocm_mla.ops import fused_rope_mla_kv_write
+    from rocm_mla.reference.rope_kv import fused_rope_mla_kv_write_ref
+
+    rows = []
+    T, N, bs, max_pos = 37, 16, 16, 4096
+    fp8 = torch.float8_e4m3fnuz if device.type == "cuda" and torch.version.hip else torch.float8_e4m3fn
+    for backend in backends:
+        for dtype in _dtypes(device):
+            for cache_kind in ("auto", "fp8"):
+                case = f"T={T} N={N} block={bs} gptj strided cache={cache_kind}"
+                try:
+                    g = torch.Generator().manual_seed(0)
+                    q = torch.randn(T, N, 192, generator=g).to(dtype).to(device)
+                    kv_a = torch.randn(T, 576, generator=g).to(dtype).to(device)
+                    kv_c = torch.randn(T, 512, generator=g).to(dtype).to(device)
+                    pos = torch.randint(0, max_pos, (T,), generator=g).to(device)
+                    theta = torch.outer(torch.arange(max_pos, dtype=torch.float32),
+                                        10000.0 ** (-torch.arange(0, 64, 2) / 64))
+                    cos_sin = torch.cat((theta.cos(), theta.sin()), dim=-1).to(device)
+                    nblk = T // bs + 2
+                    slots = torch.randperm(nblk * bs, generator=g)[:T].to(device)
+                    slots[3] = -1
+                    cdt = fp8 if cache_kind == "fp8" else dtype
+                    cache = torch.full((nblk, bs, 576), float("nan")).to(cdt).to(device)
+                    k_scale = torch.tensor([0.5], device=device)
+                    q_ref, k_ref, row_ref = fused_rope_mla_kv_write_ref(pos, q[..., 128:], kv_a[:, 512:], kv_c,
+                                                                        cos_sin, is_neox=False)
+                    fused_rope_mla_kv_write(pos, q[..., 128:], kv_a[:, 512:].unsqueeze(1), kv_c, cos_sin, cache,
+                                            slots, is_neox=False, kv_cache_dtype=cache_kind, k_scale=k_scale,
+                                            backend=backend)
+                    valid = slots >= 0
+                    # gather bytes, then convert: float8 indexing is missing from some torch builds
+                    got = cache.view(torch.uint8)[slots[valid] // bs, slots[valid] % bs].view(cdt).float()
+                    if cache_kind == "fp8":
+                        got = got * k_scale
+                    tol = 0.07 if cache_kind == "fp8" else TOL[dtype]
+                    rows.append(_compare("fused_rope_mla_kv_write", backend, dtype, case + " rows", got,
+                                         row_ref[valid], tol))
+                    if cache_kind == "auto":
+                        rows.append(_compare("fused_rope_mla_kv_write", backend, dtype, case + " q_pe",
+                                             q[..., 128:], q_ref, TOL[dtype]))
+                        rows.append(_compare("fused_rope_mla_kv_write", backend, dtype, case + " k_pe",
+                                             kv_a[:, 512:], k_ref, TOL[dtype]))
+                    written = torch.zeros(nblk * bs, dtype=torch.bool, device=device)
+                    written[slots[valid]] = True
+                    rest = cache.view(torch.uint8).view(nblk * bs, -1)[~written].view(cdt).float()
+                    ok = bool(torch.isnan(rest).all())
+                    rows.append(CheckRow("fused_rope_mla_kv_write", backend, str(dtype).replace("torch.", ""),
+                                         case + " untouched", 0.0 if ok else float("nan"), 0.0, ok,
+                                         "" if ok else "wrote a cache row it had no slot for"))
+                except Exception as exc:  # report, keep checking the rest
+                    rows.append(CheckRow("fused_rope_mla_kv_write", backend, str(dtype), case, float("nan"), 0.0,
+                                         False, f"{type(exc).__name__}: {exc}"))
+    return rows
+
+
+CHECKS = [check_merge, check_prefill, check_decode, check_rope_kv]
 
 
 def run_all(device: torch.device) -> list[CheckRow]:

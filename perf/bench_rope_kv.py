@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""Benchmark fused_rope_mla_kv_write: rocm_mla HIP and Triton vs the unfused two-step path vLLM 0.33
+runs for DeepSeek on ROCm, as GB/s and % of the copy bandwidth measured in the same run.
+
+    python perf/bench_rope_kv.py [--out results] [--quick]
+
+Unfused path ("unfused-torch"): DeepseekScalingRotaryEmbedding.forward_native of vLLM 0.33 (its
+forward_static, verbatim in torch: gather cos/sin, repeat_interleave, rotate_gptj, mul/add in the
+model dtype), the rotated q_pe copied back into q (the model's ``q[..., 128:] = ...``), then the
+cache write as torch ops: cat([kv_c, k_pe]) (FP8: / k_scale, clamp, convert) and index_copy_ into
+the flattened cache. The fused kernels do all of it in one pass, k_pe rotated in place.
+
+Layout (DeepSeek-V3, bf16 model): q [T, N, 192] with q_pe = q[..., 128:] (strided); k_pe =
+kv_a[:, 512:] of a [T, 576] buffer (strided); kv_c [T, 512] contiguous; cos_sin_cache
+[163840, 64] bf16 (vLLM keeps it in the model dtype); random positions; cache
+[num_blocks, 64, 576] bf16 or FP8 (e4m3fn on NVIDIA, e4m3fnuz on gfx94x) with k_scale; shuffled
+slots. T in {1, 64, 4096, 32768}, N in {16, 128}.
+
+Bytes counted per call (the same for every provider: it is the op's work, not a provider's
+traffic): q_pe read + write (T*N*64*2 each), k_pe read + write (T*64*2 each), kv_c read (T*512*2),
+cache row write (T*576*cache element), positions and slots (T*8 each), cos_sin rows (T*64*2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rocm_mla import __version__  # noqa: E402
+from rocm_mla.ops import fused_rope_mla_kv_write  # noqa: E402
+from rocm_mla.ops._dispatch import unavailable  # noqa: E402
+from rocm_mla.ops.rope_kv import _platform_fp8  # noqa: E402
+from rocm_mla.reference.rope_kv import FP8_MAX, fused_rope_mla_kv_write_ref, quantize_fp8_ref  # noqa: E402
+from rocm_mla.tools.benchutil import (Record, bar_plot, copy_bandwidth_gbs, device_name,  # noqa: E402
+                                      print_table, time_ms, write_csv)
+
+MAX_POS = 163840  # DeepSeek-V3: 4096 positions x YaRN factor 40
+BLOCK_SIZE = 64
+
+
+def _rotate_gptj(x):
+    x1 = x[..., ::2]
+    x2 = x[..., 1::2]
+    x = torch.stack((-x2, x1), dim=-1)
+    return x.flatten(-2)
+
+
+def vllm_forward_static(positions, query, key, cos_sin_cache):
+    """vLLM 0.33 DeepseekScalingRotaryEmbedding.forward_static, rotary_dim == head_size == 64, GPT-J."""
+    cos_sin = cos_sin_cache[positions]
+    cos, sin = cos_sin.chunk(2, dim=-1)
+    cos = cos.repeat_interleave(2, dim=-1).unsqueeze(-2)
+    sin = sin.repeat_interleave(2, dim=-1).unsqueeze(-2)
+    query = query * cos + _rotate_gptj(query) * sin
+    key = key * cos + _rotate_gptj(key) * sin
+    return query, key
+
+
+def unfused(positions, q, kv_a, kv_c, cos_sin, cache, slots, fp8, k_scale):
+    """The two-step path: torch RoPE (then the model's copy back into q), then a torch cache write."""
+    q_rot, k_rot = vllm_forward_static(positions, q[..., 128:], kv_a[:, 512:].unsqueeze(1), cos_sin)
+    q[..., 128:] = q_rot
+    row = torch.cat((kv_c, k_rot.squeeze(1)), dim=-1)
+    flat = cache.view(-1, 576)
+    if fp8 is not None:
+        m = FP8_MAX[fp8]
+        row = (row.float() / k_scale).clamp(-m, m).to(fp8).view(torch.uint8)
+        flat = flat.view(torch.uint8)
+    flat.index_copy_(0, slots, row)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="results", help="folder for rope_kv.csv and rope_kv.png")
+    ap.add_argument("--quick", action="store_true", help="T=4096 only")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_rope_kv: needs a GPU")
+        return 2
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    name = device_name(dev)
+    copy = copy_bandwidth_gbs(dev)
+    print(f"device: {name}; copy ceiling (read+write) {copy:.0f} GB/s")
+    fp8_kind = _platform_fp8(dev)
+
+    providers = {}
+    for b in ("hip", "triton"):
+        why = unavailable(b, dev)
+        if why:
+            print(f"rocm_mla-{b} skipped: {why}")
+        else:
+            def fused(pos, q, kv_a, kv_c, cs, cache, slots, fp8, ks, b=b):
+                fused_rope_mla_kv_write(pos, q[..., 128:], kv_a[:, 512:].unsqueeze(1), kv_c, cs, cache, slots,
+                                        is_neox=False, kv_cache_dtype="fp8" if fp8 is not None else "auto",
+                                        k_scale=ks, backend=b)
+            providers[f"rocm_mla-{b}"] = fused
+    providers["unfused-torch"] = unfused
+
+    theta = torch.outer(torch.arange(MAX_POS, dtype=torch.float32, device=dev),
+                        10000.0 ** (-torch.arange(0, 64, 2, device=dev) / 64))
+    cos_sin = torch.cat((theta.cos(), theta.sin()), dim=-1).to(torch.bfloat16)  # |rotation| = 1: stable when repeated
+    k_scale = torch.tensor([0.05], device=dev)
+
+    records, rows, groups = [], [], []
+    series: dict[str, list[float]] = {p: [] for p in providers}
+    for cache_name in ("bf16", "fp8"):
+        fp8 = fp8_kind if cache_name == "fp8" else None
+        for T in ([4096] if args.quick else [1, 64, 4096, 32768]):
+            for N in (16, 128):
+                shape = f"T={T} N={N} {cache_name}"
+                groups.append(shape)
+                q = torch.randn(T, N, 192, device=dev, dtype=torch.bfloat16)
+                kv_a = torch.randn(T, 576, device=dev, dtype=torch.bfloat16)
+                kv_c = torch.randn(T, 512, device=dev, dtype=torch.bfloat16)
+                pos = torch.randint(0, MAX_POS, (T,), device=dev)
+                num_blocks = (T * 5 // 4 + BLOCK_SIZE - 1) // BLOCK_SIZE + 1
+                slots = torch.randperm(num_blocks * BLOCK_SIZE, device=dev)[:T]
+                cache = torch.zeros(num_blocks, BLOCK_SIZE, 576, device=dev, dtype=torch.bfloat16)
+                if fp8 is not None:
+                    cache = cache.to(fp8)
+                elem = cache.element_size()
+                nbytes = (2 * T * N * 64 * 2 + 2 * T * 64 * 2 + T * 512 * 2 + T * 576 * elem
+                          + 2 * T * 8 + T * 64 * 2)
+                q_ref, _, rows_ref = fused_rope_mla_kv_write_ref(pos, q[..., 128:], kv_a[:, 512:], kv_c, cos_sin,
+                                                                 is_neox=False)
+                want = rows_ref if fp8 is None else quantize_fp8_ref(rows_ref, k_scale, fp8).float() * k_scale
+                row = [shape]
+                times = {}
+                q_work, kv_work = q.clone(), kv_a.clone()  # the timed calls rotate these over and over
+                for pname, fn in providers.items():
+                    # Correctness first, on fresh copies of the untouched inputs.
+                    qc, kc, cc = q.clone(), kv_a.clone(), cache.clone()
+                    fn(pos, qc, kc, kv_c, cos_sin, cc, slots, fp8, k_scale)
+                    if fp8 is not None:  # gather bytes: float8 indexing is not in every torch build
+                        got = cc.view(torch.uint8)[slots // BLOCK_SIZE, slots % BLOCK_SIZE].view(fp8).float() * k_scale
+                    else:
+                        got = cc[slots // BLOCK_SIZE, slots % BLOCK_SIZE].float()
+                    err_q = ((qc[..., 128:].float() - q_ref).abs() / (1 + q_ref.abs())).max().item()
+                    err_c = ((got - want).abs() / (1 + want.abs())).max().item()
+                    # FP8: one code step (2^-3 relative) apart is right (the unfused path quantises the
+                    # bf16-rounded k_pe, the fused kernels the float32 rotation).
+                    if not (err_q <= 3e-2 and err_c <= (0.13 if fp8 is not None else 3e-2)):
+                        print(f"  {pname} {shape}: WRONG (q_pe err {err_q:.3g}, cache err {err_c:.3g})")
+                    del qc, kc, cc
+                    ms = time_ms(functools.partial(fn, pos, q_work, kv_work, kv_c, cos_sin, cache, slots, fp8, k_scale))
+                    times[pname] = ms
+                    gbs = nbytes / ms / 1e6
+                    row.append(f"{gbs:.0f} ({100 * gbs / copy:.0f}%) {ms * 1e3:.1f}us")
+                    series[pname].append(gbs)
+                    for metric, val in (("time_us", ms * 1e3), ("GB/s", gbs), ("pct_copy", 100 * gbs / copy)):
+                        records.append(Record("fused_rope_mla_kv_write", pname, shape, metric, val, name, __version__))
+                fused_times = [v for k, v in times.items() if k != "unfused-torch"]
+                if fused_times:
+                    speedup = times["unfused-torch"] / min(fused_times)
+                    row.append(f"{speedup:.1f}x")
+                    records.append(Record("fused_rope_mla_kv_write", "best-fused", shape, "speedup_vs_unfused",
+                                          speedup, name, __version__))
+                else:
+                    row.append("-")
+                rows.append(row)
+                del q, kv_a, q_work, kv_work, kv_c, cache, q_ref, rows_ref, want
+                torch.cuda.empty_cache()
+    records.append(Record("copy", "torch", "2 GiB", "GB/s", copy, name, torch.__version__))
+    print(f"\nfused_rope_mla_kv_write, bf16 model, GPT-J: GB/s (% of the {copy:.0f} GB/s copy ceiling) time;"
+          f" fp8 = {str(fp8_kind).replace('torch.', '')}")
+    print_table(["shape", *providers, "best fused / unfused"], rows)
+    out_dir = Path(args.out)
+    write_csv(out_dir / "rope_kv.csv", records)
+    bar_plot(out_dir / "rope_kv.png", f"fused RoPE + MLA KV write on {name}", groups, series, "GB/s",
+             hline=copy, hline_label="copy ceiling")
+    print(f"wrote {out_dir / 'rope_kv.csv'} and {out_dir / 'rope_kv.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

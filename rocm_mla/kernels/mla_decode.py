@@ -1,0 +1,262 @@
+"""Triton bodies of mla_decode (wrapper: rocm_mla/ops/decode.py; reference: rocm_mla/reference/decode.py).
+
+Split-KV ("flash-decoding") paged MQA over the MLA latent cache, in two kernels:
+
+stage 1  ``mla_decode_stage1_kernel``: one program = (one request b, one KV split s, one block of
+         BLOCK_H query rows of that request). A request's query rows are its q_len new tokens x N
+         heads, numbered m = t * N + h (t: token within the request, h: head). Every row of the block
+         reads the same KV tiles, so each KV byte is loaded once per (split, row block) -- for
+         q_len * N <= BLOCK_H once per split -- instead of once per 16 heads. Per KV tile of BLOCK_N
+         tokens it computes
+             s = q_nope . k_nope^T + q_pe . k_pe^T      two tl.dot (512 + 64)
+             online softmax in base 2 (exp2; qk_scale already holds log2(e))
+             acc += p . v                               tl.dot, v = the first 512 columns of the
+                                                        same tile (MLA's K and V share the row)
+         and writes either the final output and lse (DIRECT: one split, no stage 2) or a
+         normalised partial output plus its base-2 lse into the workspace.
+stage 2  ``mla_decode_reduce_kernel``: merges the S partials of each (row, head) by their lse and
+         writes out/lse into the caller's buffers.
+
+Causality (MTP / spec-decode verification): row t of a request with seq_len keys sees keys
+j < seq_len - q_len + t + 1. Tokens at or beyond seq_len are never loaded (masked loads give 0),
+so NaN in unused pages or page tails cannot leak. A row that sees no key (seq_len == 0 padding
+requests) gets out 0 and lse -inf.
+
+Split ranges are computed per request from its own seq_len (split_len = cdiv(seq_len, S) rounded
+up to BLOCK_N), so the host never needs the lengths and the split count is only a load-balancing
+choice: correctness does not depend on it. Addresses that scale with the cache size are int64
+(num_blocks x block_size x 576 exceeds 2^31).
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _xcd_local_order(pid, num_pids, NUM_XCDS: tl.constexpr):
+    """Logical program id for hardware id ``pid`` when workgroups are dealt round-robin to
+    NUM_XCDS dies (hardware id i runs on die i % NUM_XCDS): die x gets the contiguous logical ids
+    [x * per, (x + 1) * per) (one fewer on the dies past ``num_pids % NUM_XCDS``), so programs
+    with neighbouring logical ids share an L2. A bijection on [0, num_pids)."""
+    per = tl.cdiv(num_pids, NUM_XCDS)
+    full = num_pids % NUM_XCDS  # dies that get `per` programs; 0 means all of them
+    full = tl.where(full == 0, NUM_XCDS, full)
+    xcd = pid % NUM_XCDS
+    local = pid // NUM_XCDS
+    return tl.where(xcd < full, xcd * per + local, full * per + (xcd - full) * (per - 1) + local)
+
+
+# Counts that are often 1 (q_len, splits, head blocks, page size) are not specialised: one compiled
+# kernel per config serves every batch, and the ISA report's variants are exactly what runs.
+@triton.jit(do_not_specialize=["num_heads", "q_len", "num_splits", "num_head_blocks", "page_size", "capacity"])
+def mla_decode_stage1_kernel(
+    q_nope, q_pe, kv, block_table, seq_lens, k_scale_ptr,
+    out, lse, part_o, part_lse,
+    qk_scale, out_scale,
+    num_heads, q_len, num_splits, num_head_blocks, page_size, capacity,
+    s_qn_r, s_qn_h, s_qn_d,
+    s_qp_r, s_qp_h, s_qp_d,
+    s_kv_blk, s_kv_tok,
+    s_bt_b, s_sl,
+    s_o_r, s_o_h, s_o_d,
+    s_l_r, s_l_h,
+    s_po_s, s_pl_s,
+    D_NOPE: tl.constexpr, D_PE: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    DIRECT: tl.constexpr, HAS_K_SCALE_PTR: tl.constexpr, IEEE: tl.constexpr, D_SPLIT: tl.constexpr,
+    RELOAD_K: tl.constexpr, NUM_XCDS: tl.constexpr,
+):
+    """Stage 1; see the module docstring.
+
+    q_nope [rows, N, D_NOPE], q_pe [rows, N, D_PE]: any strides (s_qn_*, s_qp_*).
+    kv [num_blocks, page_size, D_NOPE + D_PE]: last dim contiguous; s_kv_blk/s_kv_tok in elements.
+    block_table [B, max_blocks] int32 (row stride s_bt_b, column stride 1); seq_lens [B] int32
+    (stride s_sl), clamped to capacity = max_blocks x page_size so that a bad length can never
+    read past the table (the wrapper's debug mode reports it instead).
+    DIRECT: out [rows, N, D_NOPE] (q's dtype, strides s_o_*) and lse [rows, N] float32 (s_l_*),
+        natural log. Otherwise part_o [S, rows * N, D_NOPE] float32 (row stride D_NOPE) and
+        part_lse [S, rows * N] float32, base-2 log, -inf where the split saw no key.
+    qk_scale = sm_scale * log2(e) (times k_scale when given as a number); out_scale = k_scale as a
+    number (or 1). HAS_K_SCALE_PTR: multiply both by the float32 at k_scale_ptr (fp8 caches).
+    D_SPLIT (1 or 2): handle the 512 latent columns whole, or as two halves each with its own q
+    slice, K/V tile and accumulator -- the same work, but every layout conversion and register
+    block half as big (on gfx942 the q staging through LDS drops from 64 to 32 KiB at
+    BLOCK_H=64; on sm90 ptxas allocates the whole-tile form better). Chosen per arch in the config.
+    RELOAD_K: read K^T for q.k^T as its own (transposed) load instead of transposing the V tile
+    (see the loop); used for fp8 caches on sm90.
+    NUM_XCDS: dies that the hardware deals consecutive workgroups to round-robin, each with its
+    own L2 (8 on MI300X); 1 elsewhere.
+    """
+    pid = tl.program_id(0)
+    if NUM_XCDS > 1:
+        pid = _xcd_local_order(pid, tl.num_programs(0), NUM_XCDS)
+    # Row blocks of one (request, split) get consecutive logical ids: they read the same KV tiles,
+    # and run at about the same time on the same L2, so only the first one reads HBM.
+    hb = pid % num_head_blocks
+    rest = pid // num_head_blocks
+    split = rest % num_splits
+    b = rest // num_splits
+
+    seq_len = tl.minimum(tl.load(seq_lens + b * s_sl), capacity)
+    m_rows = q_len * num_heads
+    offs_m = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    row_ok = offs_m < m_rows
+    t = offs_m // num_heads
+    h = offs_m % num_heads
+    q_row = (b * q_len + t).to(tl.int64)
+    # Key j is visible to row t when j < row_end[t] (causal among the request's new tokens).
+    row_end = tl.where(row_ok, seq_len - q_len + 1 + t, 0)
+
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    # The rows of this block see nothing past their largest row_end: stop loading there.
+    end = tl.minimum(start + split_len, tl.max(row_end, axis=0))
+
+    # Column chunk a = [0, CHUNK), chunk b = [CHUNK, 2 CHUNK) (only when D_SPLIT == 2).
+    CHUNK: tl.constexpr = D_NOPE // D_SPLIT
+    offs_a = tl.arange(0, CHUNK)
+    offs_b = CHUNK + tl.arange(0, CHUNK)
+    offs_pe = tl.arange(0, D_PE)
+    offs_n = tl.arange(0, BLOCK_N)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc_a = tl.zeros([BLOCK_H, CHUNK], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK_H, CHUNK], dtype=tl.float32)  # dead (removed) when D_SPLIT == 1
+
+    if end > start:
+        qn_row = q_nope + q_row[:, None] * s_qn_r + h[:, None] * s_qn_h
+        qa = tl.load(qn_row + offs_a[None, :] * s_qn_d, mask=row_ok[:, None], other=0.0)
+        if D_SPLIT == 2:
+            qb = tl.load(qn_row + offs_b[None, :] * s_qn_d, mask=row_ok[:, None], other=0.0)
+        qp = tl.load(q_pe + q_row[:, None] * s_qp_r + h[:, None] * s_qp_h + offs_pe[None, :] * s_qp_d,
+                     mask=row_ok[:, None], other=0.0)
+        sc = qk_scale
+        if HAS_K_SCALE_PTR:
+            sc = sc * tl.load(k_scale_ptr)
+        bt_row = block_table + b.to(tl.int64) * s_bt_b
+        for n0 in range(start, end, BLOCK_N):
+            tok = n0 + offs_n
+            tok_ok = tok < end
+            page = tl.load(bt_row + tok // page_size, mask=tok_ok, other=0).to(tl.int64)
+            tok_ptr = kv + page * s_kv_blk + (tok % page_size).to(tl.int64) * s_kv_tok  # [BLOCK_N]
+            tok_ptr2 = tok_ptr[:, None]
+            ok2 = tok_ok[:, None]
+            # Masked tokens load 0, never the cache's NaN/garbage: 0 * NaN would poison p . v.
+            # fp8 caches: the dots run in q's dtype; the scale is folded into sc and out_scale.
+            va = tl.load(tok_ptr2 + offs_a[None, :], mask=ok2, other=0.0).to(qa.dtype)  # [BLOCK_N, CHUNK]
+            if D_SPLIT == 2:
+                vb = tl.load(tok_ptr2 + offs_b[None, :], mask=ok2, other=0.0).to(qa.dtype)
+            if RELOAD_K:
+                # K^T read a second time, already transposed: each load then has one consumer, which
+                # lets the software pipeliner stage fp8 tiles in shared memory (a tile converted once
+                # and used by both dots is not pipelined on sm90). The re-read hits L1/L2.
+                ka_t = tl.load(tok_ptr[None, :] + offs_a[:, None], mask=tok_ok[None, :], other=0.0).to(qa.dtype)
+                if D_SPLIT == 2:
+                    kb_t = tl.load(tok_ptr[None, :] + offs_b[:, None], mask=tok_ok[None, :], other=0.0).to(qa.dtype)
+            else:
+                ka_t = tl.trans(va)
+                if D_SPLIT == 2:
+                    kb_t = tl.trans(vb)
+            kp_t = tl.load(tok_ptr[None, :] + D_NOPE + offs_pe[:, None], mask=tok_ok[None, :],
+                           other=0.0).to(qa.dtype)  # [D_PE, BLOCK_N]
+            if IEEE:
+                s = tl.dot(qa, ka_t, input_precision="ieee")
+                if D_SPLIT == 2:
+                    s += tl.dot(qb, kb_t, input_precision="ieee")
+                s += tl.dot(qp, kp_t, input_precision="ieee")
+            else:
+                s = tl.dot(qa, ka_t)
+                if D_SPLIT == 2:
+                    s += tl.dot(qb, kb_t)
+                s += tl.dot(qp, kp_t)
+            s = tl.where(tok[None, :] < row_end[:, None], s * sc, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            # A row with no visible key yet keeps m = -inf; subtracting 0 instead avoids -inf - -inf.
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_use)
+            p = tl.exp2(s - m_use[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            if IEEE:
+                acc_a = acc_a * alpha[:, None] + tl.dot(p, va, input_precision="ieee")
+                if D_SPLIT == 2:
+                    acc_b = acc_b * alpha[:, None] + tl.dot(p, vb, input_precision="ieee")
+            else:
+                pv = p.to(va.dtype)
+                acc_a = acc_a * alpha[:, None] + tl.dot(pv, va)
+                if D_SPLIT == 2:
+                    acc_b = acc_b * alpha[:, None] + tl.dot(pv, vb)
+            m_i = m_new
+
+    has_key = l_i > 0.0
+    osc = out_scale
+    if HAS_K_SCALE_PTR:
+        osc = osc * tl.load(k_scale_ptr)
+    inv = (osc / tl.where(has_key, l_i, 1.0))[:, None]
+    lse2 = tl.where(has_key, m_i + tl.log2(tl.where(has_key, l_i, 1.0)), float("-inf"))
+    if DIRECT:
+        o_row = out + q_row[:, None] * s_o_r + h[:, None] * s_o_h
+        tl.store(o_row + offs_a[None, :] * s_o_d, (acc_a * inv).to(out.dtype.element_ty), mask=row_ok[:, None])
+        if D_SPLIT == 2:
+            tl.store(o_row + offs_b[None, :] * s_o_d, (acc_b * inv).to(out.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(lse + q_row * s_l_r + h * s_l_h, lse2 * 0.6931471805599453, mask=row_ok)
+    else:
+        r = (b * m_rows + offs_m).to(tl.int64)  # == q_row * num_heads + h
+        split64 = split.to(tl.int64)  # S x rows x N x 512 can pass 2^31
+        tl.store(part_lse + split64 * s_pl_s + r, lse2, mask=row_ok)
+        if end > start:
+            # An empty split writes only its lse (-inf); stage 2 never reads its partial output.
+            po_row = part_o + split64 * s_po_s + r[:, None] * D_NOPE
+            tl.store(po_row + offs_a[None, :], acc_a * inv, mask=row_ok[:, None])
+            if D_SPLIT == 2:
+                tl.store(po_row + offs_b[None, :], acc_b * inv, mask=row_ok[:, None])
+
+
+@triton.jit(do_not_specialize=["num_heads", "num_splits"])
+def mla_decode_reduce_kernel(
+    part_o, part_lse, out, lse,
+    num_heads, num_splits,
+    s_po_s, s_pl_s,
+    s_o_r, s_o_h, s_o_d,
+    s_l_r, s_l_h,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    """Stage 2: out[r] = sum_s w_s * part_o[s, r] with w = softmax_s(part_lse[s, r]).
+
+    One program = one (row, head) pair r = row * N + h and BLOCK_D of the D columns. Splits are
+    read BLOCK_S at a time ([BLOCK_S, BLOCK_D] tiles: many loads in flight); a split whose lse is
+    -inf has weight 0 and its partial is not read (it may be unwritten workspace). Writes out in
+    out's dtype (any strides) and lse (natural log; -inf when no split saw a key, out then 0).
+    """
+    r = tl.program_id(0).to(tl.int64)
+    dblk = tl.program_id(1)
+    row = r // num_heads
+    h = r % num_heads
+    offs_s = tl.arange(0, BLOCK_S).to(tl.int64)  # split x (rows x N x 512) can pass 2^31
+    offs_d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
+
+    m = tl.full([BLOCK_S], float("-inf"), dtype=tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        ls = tl.load(part_lse + (s0 + offs_s) * s_pl_s + r, mask=s0 + offs_s < num_splits,
+                     other=float("-inf"))
+        m = tl.maximum(m, ls)
+    m_max = tl.max(m, axis=0)
+    m_use = tl.where(m_max == float("-inf"), 0.0, m_max)
+
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    wsum = tl.zeros([BLOCK_S], dtype=tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        sp = s0 + offs_s
+        ls = tl.load(part_lse + sp * s_pl_s + r, mask=sp < num_splits, other=float("-inf"))
+        w = tl.exp2(ls - m_use)
+        wsum += w
+        po = tl.load(part_o + sp[:, None] * s_po_s + r * D + offs_d[None, :],
+                     mask=(w > 0.0)[:, None], other=0.0)
+        acc += tl.sum(w[:, None] * po, axis=0)
+    total = tl.sum(wsum, axis=0)
+    has_key = total > 0.0
+    o = acc / tl.where(has_key, total, 1.0)
+    tl.store(out + row * s_o_r + h * s_o_h + offs_d * s_o_d, o.to(out.dtype.element_ty))
+    if dblk == 0:
+        lse2 = tl.where(has_key, m_use + tl.log2(tl.where(has_key, total, 1.0)), float("-inf"))
+        tl.store(lse + row * s_l_r + h * s_l_h, lse2 * 0.6931471805599453)

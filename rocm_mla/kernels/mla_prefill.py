@@ -1,0 +1,182 @@
+"""Triton body of mla_prefill (wrapper: rocm_mla/ops/prefill.py).
+
+FlashAttention-2 forward for MLA prefill, varlen, reading the model's tensors where they lie:
+
+    q       [Tq, N, D_NOPE + D_ROPE]   nope part then rope part of each head (192 = 128 + 64)
+    k_nope  [Tk, N, D_NOPE]            e.g. kv_b_proj(...)[Tk, N, 256][..., :128] (strided view)
+    k_pe    [Tk, 1 or N, D_ROPE]       one rope head broadcast over N (head stride 0), or a slice
+                                       of the [Tk, 576] latent buffer
+    v       [Tk, N, D_V]               e.g. the same [Tk, N, 256] buffer [..., 128:]
+    out     [Tq, N, D_V]               written in place, any strides
+    lse     [N, Tq] float32            natural-log LSE, written in place, any strides
+
+so there is no ``cat(k_nope, k_pe.expand)``, no padding of v to 192 and no slice copy of the output.
+Scores are two dots accumulated into one tile: ``q_nope @ k_nope^T + q_pe @ k_pe^T``.
+
+Grid: (q-block slots, heads). Slot -> (sequence, q block) needs no host table and no host sync:
+sequence b owns the slots ``first(b) = cu_seqlens_q[b] // BLOCK_M + b`` onward. ``first`` grows by
+at least ceil(lq_b / BLOCK_M) from one sequence to the next, so the ranges never overlap, and
+``Tq // BLOCK_M + B`` slots cover every sequence (a slot between ranges exits at once). A program
+finds its sequence by counting the ``first(b) <= slot`` with vector loads of SEQ_CHUNK entries of
+cu_seqlens_q (one pass for B <= SEQ_CHUNK). Within a sequence the last (causally heaviest) q block
+takes the lowest slot, so long programs start first and short ones fill the tail.
+
+Per program (BLOCK_M queries of one sequence, one head), keys are visited in two loops:
+  1. blocks every row of the tile fully sees: no mask at all (loads, scores);
+  2. the causal diagonal and the ragged end of the sequence: masked.
+Causal masking is bottom-right aligned (query i of a sequence with lq queries and lk keys sees
+keys j <= i + lk - lq); blocks beyond the diagonal are never loaded. The online softmax runs in
+fp32 in the exp2 domain (log2(e) folded into the score scale); a row that sees no key ends with
+l == 0 and is written as 0 with lse -inf.
+
+Addresses: a sequence's base is computed in int64 (Tk x token stride passes 2^31 at ~64k tokens
+with N=128) and advanced per key block as a scalar pointer; the per-tile offsets stay int32 and loop
+invariant, so a key block costs one scalar add per operand, not a 64-bit multiply per element
+(gfx942 with triton 3.7.1: 16-byte global_load_dwordx4 for K and V). The kernel calls no other
+@triton.jit function so that the ISA report can compile it from a process that imported it under
+TRITON_INTERPRET=1 (rocm_mla.tools._triton_compile.as_jit).
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def mla_prefill_kernel(
+    Q, KN, KPE, V, O, LSE, CU_Q, CU_K,
+    qk_scale,  # sm_scale * log2(e): scores go straight into exp2
+    num_seqs,
+    q_st, q_sh, q_sd,
+    kn_st, kn_sh, kn_sd,
+    kpe_st, kpe_sh, kpe_sd,
+    v_st, v_sh, v_sd,
+    o_st, o_sh, o_sd,
+    lse_sh, lse_st,
+    cuq_s, cuk_s,
+    D_NOPE: tl.constexpr, D_ROPE: tl.constexpr, D_V: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SEQ_CHUNK: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    slot = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+
+    # ---- which sequence owns this slot: count sequences whose first slot is <= ours.
+    owners = 0
+    for c in range(0, num_seqs, SEQ_CHUNK):
+        idx = c + tl.arange(0, SEQ_CHUNK)
+        ok = idx < num_seqs
+        starts = tl.load(CU_Q + idx * cuq_s, mask=ok, other=0)
+        first = starts // BLOCK_M + idx
+        owners += tl.sum((ok & (first <= slot)).to(tl.int32), axis=0)
+    seq = owners - 1
+    if seq < 0:
+        return
+    q_start = tl.load(CU_Q + seq * cuq_s)
+    q_end = tl.load(CU_Q + (seq + 1) * cuq_s)
+    k_start = tl.load(CU_K + seq * cuk_s)
+    k_end = tl.load(CU_K + (seq + 1) * cuk_s)
+    lq = q_end - q_start
+    lk = k_end - k_start
+    n_mblocks = (lq + BLOCK_M - 1) // BLOCK_M
+    j = slot - (q_start // BLOCK_M + seq)
+    if j >= n_mblocks:
+        return  # a slot between two sequences' ranges (or past the last one)
+    m0 = (n_mblocks - 1 - j) * BLOCK_M  # heaviest causal block first
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    d_nope = tl.arange(0, D_NOPE)
+    d_rope = tl.arange(0, D_ROPE)
+    d_v = tl.arange(0, D_V)
+    rows = m0 + offs_m  # query index within the sequence
+    row_ok = rows < lq
+
+    # ---- Q tile, loaded once: nope [BLOCK_M, D_NOPE] and rope [BLOCK_M, D_ROPE] parts.
+    q_base = Q + (q_start + m0).to(tl.int64) * q_st + h * q_sh
+    q_nope = tl.load(q_base + offs_m[:, None] * q_st + d_nope[None, :] * q_sd, mask=row_ok[:, None], other=0.0)
+    q_pe = tl.load(q_base + offs_m[:, None] * q_st + (D_NOPE + d_rope)[None, :] * q_sd,
+                   mask=row_ok[:, None], other=0.0)
+
+    # K is read transposed ([D, BLOCK_N] tiles) so the score dot needs no permute.
+    kn_base = KN + k_start.to(tl.int64) * kn_st + h * kn_sh
+    kpe_base = KPE + k_start.to(tl.int64) * kpe_st + h * kpe_sh  # kpe_sh == 0: one head for all
+    v_base = V + k_start.to(tl.int64) * v_st + h * v_sh
+    kn_off = d_nope[:, None] * kn_sd + offs_n[None, :] * kn_st
+    kpe_off = d_rope[:, None] * kpe_sd + offs_n[None, :] * kpe_st
+    v_off = offs_n[:, None] * v_st + d_v[None, :] * v_sd
+
+    # ---- key ranges. diag: query i sees keys j <= i + diag.
+    diag = lk - lq
+    if CAUSAL:
+        seen_by_all = tl.minimum(m0 + diag + 1, lk)  # keys the tile's first row sees
+        hi = tl.minimum(m0 + BLOCK_M + diag, lk)  # keys its last row sees
+    else:
+        seen_by_all = lk
+        hi = lk
+    n_full = tl.maximum(seen_by_all, 0) // BLOCK_N * BLOCK_N
+    hi = tl.maximum(hi, n_full)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, D_V], dtype=tl.float32)
+
+    # ---- loop 1: key blocks that every row sees in full -- no masks.
+    # Scalar base pointers walk the key blocks (int64 arithmetic); the tile offsets stay int32.
+    kn_ptr = kn_base
+    kpe_ptr = kpe_base
+    v_ptr = v_base
+    for start_n in range(0, n_full, BLOCK_N):
+        kt = tl.load(kn_ptr + kn_off)
+        s = tl.dot(q_nope, kt, input_precision=DOT_PREC)
+        kt_pe = tl.load(kpe_ptr + kpe_off)
+        s = tl.dot(q_pe, kt_pe, s, input_precision=DOT_PREC)
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        vt = tl.load(v_ptr + v_off)
+        acc = tl.dot(p.to(vt.dtype), vt, acc, input_precision=DOT_PREC)
+        m_i = m_new
+        kn_ptr += BLOCK_N * kn_st
+        kpe_ptr += BLOCK_N * kpe_st
+        v_ptr += BLOCK_N * v_st
+
+    # ---- loop 2: the causal diagonal and the sequence's ragged end -- masked.
+    # Loop 1 left the pointers at key n_full whether or not it ran.
+    for start_n in range(n_full, hi, BLOCK_N):
+        cols = start_n + offs_n
+        col_ok = cols < lk
+        kt = tl.load(kn_ptr + kn_off, mask=col_ok[None, :], other=0.0)
+        s = tl.dot(q_nope, kt, input_precision=DOT_PREC)
+        kt_pe = tl.load(kpe_ptr + kpe_off, mask=col_ok[None, :], other=0.0)
+        s = tl.dot(q_pe, kt_pe, s, input_precision=DOT_PREC)
+        keep = col_ok[None, :]
+        if CAUSAL:
+            keep = keep & (cols[None, :] <= rows[:, None] + diag)
+        s = tl.where(keep, s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row with no visible key so far keeps m = -inf; subtracting 0 keeps its p at 0, not NaN.
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_use[:, None])
+        alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        vt = tl.load(v_ptr + v_off, mask=col_ok[:, None], other=0.0)
+        acc = tl.dot(p.to(vt.dtype), vt, acc, input_precision=DOT_PREC)
+        m_i = m_new
+        kn_ptr += BLOCK_N * kn_st
+        kpe_ptr += BLOCK_N * kpe_st
+        v_ptr += BLOCK_N * v_st
+
+    # ---- epilogue: l == 0 exactly when the row saw no key (the row max contributes exp2(0) = 1).
+    seen = l_i > 0.0
+    inv_l = tl.where(seen, 1.0 / tl.where(seen, l_i, 1.0), 0.0)
+    out = acc * inv_l[:, None]
+    o_base = O + (q_start + m0).to(tl.int64) * o_st + h * o_sh
+    tl.store(o_base + offs_m[:, None] * o_st + d_v[None, :] * o_sd, out.to(O.dtype.element_ty),
+             mask=row_ok[:, None])
+    # Back from the log2 domain: lse = ln(2) * (m + log2(l)).
+    lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+    lse_base = LSE + h * lse_sh + (q_start + m0).to(tl.int64) * lse_st
+    tl.store(lse_base + offs_m * lse_st, lse, mask=row_ok)

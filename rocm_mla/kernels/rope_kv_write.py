@@ -1,0 +1,165 @@
+"""Triton body of fused_rope_mla_kv_write / concat_and_cache_mla (wrapper: rocm_mla/ops/rope_kv.py).
+
+One pass. A program owns TOKENS consecutive tokens: it rotates their q_pe heads in place, walking
+the (token, head) rows in [BLOCK_R, 64] tiles (full tiles whatever N is: 16 heads x 8 tokens
+is one 128-row sweep), rotates their k_pe in place ([TOKENS, 64]), and writes their cache rows
+[kv_c | rope(k_pe)] ([TOKENS, 512] + [TOKENS, 64]) at slot_mapping[t], masked where the slot is
+negative or t >= len(slot_mapping). Rotation is float32 with one rounding per store.
+
+GPT-J pairs (2i, 2i+1) are neighbours: the tile is loaded whole (contiguous, 16-byte accesses),
+reshaped [.., 32, 2] and split, so a pair lives in one thread's registers. NeoX pairs (i, i+32)
+are the two halves of the head: loaded as two [.., 32] tiles, no shuffle at all.
+
+FP8 caches are written as their bit patterns through a uint8 view, by the same integer code as
+hip_src/kernels/fp8.cuh (round to nearest even, saturating, fnuz without -0): identical on every
+vendor and in the CPU interpreter, and independent of which fp8 types a Triton backend knows
+(NVIDIA's has no e4m3fnuz). Addresses are int64 (slot x row stride passes 2^31 on big caches).
+"""
+
+import triton
+import triton.language as tl
+
+# CACHE_KIND values (the wrapper's names).
+CACHE_SAME = 0  # the q dtype
+CACHE_FP8_E4M3FN = 1
+CACHE_FP8_E4M3FNUZ = 2
+
+
+@triton.jit
+def _fp8_e4m3_bits(x, BIAS: tl.constexpr, MAX_BITS: tl.constexpr, MAX_CODE: tl.constexpr,
+                   FNUZ: tl.constexpr):
+    """float32 -> E4M3 code (uint8): saturating, round to nearest even (see fp8.cuh).
+
+    e4m3fn: BIAS 7, MAX_BITS 0x43E00000 (448.0), MAX_CODE 0x7E;
+    e4m3fnuz: BIAS 8, MAX_BITS 0x43700000 (240.0), MAX_CODE 0x7F.
+    """
+    bits = x.to(tl.int32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    u = bits & 0x7FFFFFFF  # non-negative: signed shifts and compares are safe from here on
+    e = u >> 23
+    # Normal: keep 3 mantissa bits, round half to even on the 20 dropped ones.
+    normal = ((u + 0x7FFFF + ((u >> 20) & 1)) >> 20) - ((127 - BIAS) << 3)
+    # Subnormal: round(m / 2^shift), m = mantissa with its hidden bit; shift >= 25 rounds to 0.
+    shift = 148 - BIAS - e
+    sh = tl.minimum(tl.maximum(shift, 1), 24)
+    m = (u & 0x7FFFFF) | 0x800000
+    q = m >> sh
+    rem = m & ((1 << sh) - 1)
+    half = 1 << (sh - 1)
+    up = (rem > half) | ((rem == half) & ((q & 1) == 1))
+    sub = tl.where(shift >= 25, 0, q + up.to(tl.int32))
+    code = tl.where(e >= 128 - BIAS, normal, sub)
+    code = tl.where(u >= MAX_BITS, MAX_CODE, code)
+    if FNUZ:
+        res = tl.where(code == 0, 0, sign | code)  # 0x80 is NaN in fnuz: zero has no sign
+        res = tl.where(u > 0x7F800000, 0x80, res)
+    else:
+        res = tl.where(u > 0x7F800000, sign | 0x7F, sign | code)
+    return res.to(tl.uint8)
+
+
+@triton.jit
+def _to_cache(x, k_scale, cache_ty, CACHE_KIND: tl.constexpr):
+    """float32 values -> what the cache stores (its dtype, or FP8 codes of x / k_scale)."""
+    if CACHE_KIND == 0:
+        return x.to(cache_ty)
+    else:
+        # Correctly rounded division (Triton's `/` is approximate on NVIDIA): the code matches
+        # torch's x / k_scale exactly.
+        y = tl.math.div_rn(x, k_scale)
+        if CACHE_KIND == 2:
+            return _fp8_e4m3_bits(y, 8, 0x43700000, 0x7F, True)
+        else:
+            return _fp8_e4m3_bits(y, 7, 0x43E00000, 0x7E, False)
+
+
+@triton.jit
+def _rotate(x1, x2, cos, sin):
+    return x1 * cos - x2 * sin, x2 * cos + x1 * sin
+
+
+@triton.jit
+def rope_mla_kv_write_kernel(
+    positions, q_pe, k_pe, kv_c, cos_sin, cache, slot_mapping, k_scale,
+    num_tokens, num_heads, num_cached, block_size,
+    q_st, q_sh, q_sd, k_st, k_sd, c_st, c_sd, cs_sp, cs_sd, kv_sb, kv_so, kv_sd,
+    ROPE: tl.constexpr, IS_NEOX: tl.constexpr, TOKENS: tl.constexpr, BLOCK_R: tl.constexpr,
+    CACHE_KIND: tl.constexpr,
+):
+    t0 = tl.program_id(0).to(tl.int64) * TOKENS
+    d32 = tl.arange(0, 32)
+    d64 = tl.arange(0, 64)
+    q_ty = k_pe.dtype.element_ty
+    cache_ty = cache.dtype.element_ty
+    scale = 1.0
+    if CACHE_KIND != 0:
+        scale = tl.load(k_scale)  # on the device: no host sync, CUDA graphs see its current value
+
+    tok = t0 + tl.arange(0, TOKENS)
+    tmask = tok < num_tokens
+    slot = tl.load(slot_mapping + tok, mask=tok < num_cached, other=-1)
+    smask = slot >= 0
+    slot = tl.where(smask, slot, 0)
+    blk = slot // block_size
+    dst = cache + blk * kv_sb + (slot - blk * block_size) * kv_so  # [TOKENS] row pointers
+    k_rows = k_pe + tok * k_st
+
+    if ROPE:
+        # q_pe: the program's TOKENS x N rows, BLOCK_R at a time.
+        # int32 rows: r // num_heads below is then a 32-bit division (64-bit ones are long on GPUs).
+        n_rows = (tl.minimum(num_tokens - t0, TOKENS) * num_heads).to(tl.int32)
+        for r0 in range(0, n_rows, BLOCK_R):
+            r = r0 + tl.arange(0, BLOCK_R)
+            rmask = r < n_rows
+            tr = t0 + r // num_heads
+            hr = r % num_heads
+            cs = cos_sin + tl.load(positions + tr, mask=rmask, other=0) * cs_sp
+            cos = tl.load(cs[:, None] + d32[None, :] * cs_sd, mask=rmask[:, None]).to(tl.float32)
+            sin = tl.load(cs[:, None] + (d32[None, :] + 32) * cs_sd, mask=rmask[:, None]).to(tl.float32)
+            rows = q_pe + tr * q_st + hr * q_sh
+            m2 = rmask[:, None]
+            if IS_NEOX:
+                p1 = rows[:, None] + d32[None, :] * q_sd
+                p2 = rows[:, None] + (d32[None, :] + 32) * q_sd
+                o1, o2 = _rotate(tl.load(p1, mask=m2).to(tl.float32), tl.load(p2, mask=m2).to(tl.float32),
+                                 cos, sin)
+                tl.store(p1, o1.to(q_ty), mask=m2)
+                tl.store(p2, o2.to(q_ty), mask=m2)
+            else:
+                pq = rows[:, None] + d64[None, :] * q_sd
+                xe, xo = tl.split(tl.reshape(tl.load(pq, mask=m2).to(tl.float32), (BLOCK_R, 32, 2)))
+                oe, oo = _rotate(xe, xo, cos, sin)
+                tl.store(pq, tl.reshape(tl.join(oe, oo), (BLOCK_R, 64)).to(q_ty), mask=m2)
+
+        # k_pe: rotated in place whatever the slot; its float32 rotation also feeds the cache.
+        cs = cos_sin + tl.load(positions + tok, mask=tmask, other=0) * cs_sp
+        km = tmask[:, None]
+        cos = tl.load(cs[:, None] + d32[None, :] * cs_sd, mask=km).to(tl.float32)
+        sin = tl.load(cs[:, None] + (d32[None, :] + 32) * cs_sd, mask=km).to(tl.float32)
+        if IS_NEOX:
+            p1 = k_rows[:, None] + d32[None, :] * k_sd
+            p2 = k_rows[:, None] + (d32[None, :] + 32) * k_sd
+            r1, r2 = _rotate(tl.load(p1, mask=km).to(tl.float32), tl.load(p2, mask=km).to(tl.float32), cos, sin)
+            tl.store(p1, r1.to(q_ty), mask=km)
+            tl.store(p2, r2.to(q_ty), mask=km)
+        else:
+            pk = k_rows[:, None] + d64[None, :] * k_sd
+            ke, ko = tl.split(tl.reshape(tl.load(pk, mask=km).to(tl.float32), (TOKENS, 32, 2)))
+            re, ro = _rotate(ke, ko, cos, sin)
+            k_rot = tl.reshape(tl.join(re, ro), (TOKENS, 64))
+            tl.store(pk, k_rot.to(q_ty), mask=km)
+
+    # Cache rows: [kv_c | k], only where the slot is valid.
+    cm = smask[:, None]
+    d512 = tl.arange(0, 512)
+    kvc = tl.load(kv_c + tok[:, None] * c_st + d512[None, :] * c_sd, mask=cm).to(tl.float32)
+    tl.store(dst[:, None] + d512[None, :] * kv_sd, _to_cache(kvc, scale, cache_ty, CACHE_KIND), mask=cm)
+    kdst = dst[:, None] + 512 * kv_sd
+    if ROPE and IS_NEOX:
+        tl.store(kdst + d32[None, :] * kv_sd, _to_cache(r1, scale, cache_ty, CACHE_KIND), mask=cm)
+        tl.store(kdst + (d32[None, :] + 32) * kv_sd, _to_cache(r2, scale, cache_ty, CACHE_KIND), mask=cm)
+    elif ROPE:
+        tl.store(kdst + d64[None, :] * kv_sd, _to_cache(k_rot, scale, cache_ty, CACHE_KIND), mask=cm)
+    else:
+        k_in = tl.load(k_rows[:, None] + d64[None, :] * k_sd, mask=cm).to(tl.float32)
+        tl.store(kdst + d64[None, :] * kv_sd, _to_cache(k_in, scale, cache_ty, CACHE_KIND), mask=cm)

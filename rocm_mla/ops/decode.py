@@ -1,0 +1,538 @@
+"""mla_decode: paged MQA over the MLA latent cache (absorbed-weight decode), split-KV, in place.
+
+Kernels: rocm_mla/kernels/mla_decode.py (Triton, stage 1 + stage 2). Reference:
+rocm_mla/reference/decode.py. Launch data: rocm_mla/configs/mla_decode.json.
+
+What the wrapper decides on the host, without reading any device value (so the call can be
+captured in a CUDA/HIP graph):
+  * the stage-1 tier (BLOCK_H query rows per program) from M = q_len x N;
+  * the split count S (``choose_num_splits``): a small cost model over the CU/SM count, the
+    batch, the row blocks and an upper bound of the longest sequence (the ``max_seq_len`` hint,
+    else the block table's capacity ``max_blocks x block_size``);
+  * S == 1: stage 1 writes out/lse directly (one launch); S > 1: partials go to a float32
+    workspace (``torch.empty`` per call, or the caller's ``workspace=``) and stage 2 merges them.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from typing import Any
+
+import torch
+import triton
+
+from .. import _platform
+from ..configs import config_for
+from ..kernels.mla_decode import mla_decode_reduce_kernel, mla_decode_stage1_kernel
+from ..reference.decode import mla_decode_ref
+from ._checks import FLOAT_DTYPES, Checker
+from ._dispatch import select
+from ._variants import TritonVariant
+
+OP = "mla_decode"
+D_NOPE = 512  # kv_lora_rank: V width and the nope part of K
+D_PE = 64  # qk_rope_head_dim
+D_KV = D_NOPE + D_PE
+LOG2E = 1.4426950408889634
+
+_FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n))
+_FP8_NAMES = ("fp8", "fp8_e4m3")  # vLLM's kv_cache_dtype strings for e4m3 caches
+_DTYPE_TAGS = ("fp8", "fp32", "fp16+fp8")  # per-dtype override objects inside a stage-1 config
+_KV_DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32", *_FP8_NAMES)
+
+
+def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
+               block_table: torch.Tensor, seq_lens: torch.Tensor, *, sm_scale: float,
+               out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+               kv_cache_dtype: str = "auto", k_scale: float | torch.Tensor | None = None,
+               num_kv_splits: int | None = None, max_seq_len: int | None = None,
+               workspace: torch.Tensor | None = None, backend: str | None = None,
+               launch_config: dict[str, Any] | None = None, debug: bool | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Paged multi-query attention of MLA decode over the latent cache; returns ``(out, lse)``.
+
+    Args:
+        q_nope: ``[rows, N, 512]`` (q_nope absorbed through W_UK), float16/bfloat16/float32, any
+            strides. rows = B x q_len: request b owns rows ``b*q_len .. b*q_len + q_len - 1``, its
+            last q_len tokens in order (q_len >= 1 uniform: decode 1, MTP / spec-decode more).
+        q_pe: ``[rows, N, 64]`` rotary part, q_nope's dtype, any strides (e.g. a slice of q).
+            Read in place: no concatenation, no copy.
+        kv_cache: ``[num_blocks, block_size, 576]`` paged latent cache; a row is
+            ``[kv_c (512) | k_pe (64)]``; K is all 576 columns, V the first 512. Any block size;
+            the last dim must be contiguous (block and token strides free). dtype q's, or fp8:
+            float8_e4m3fn / float8_e4m3fnuz, or uint8 storage with ``kv_cache_dtype="fp8"``.
+        block_table: ``[B, max_blocks]`` int32, page ids in any order; token j of request b is
+            ``kv_cache[block_table[b, j // block_size], j % block_size]``. Column stride 1.
+        seq_lens: ``[B]`` int32, keys per request including the new tokens. Row t of request b
+            sees keys ``j <= seq_len - q_len + t`` (causal among the new tokens). A row that sees
+            no key (e.g. seq_len 0 padding) gets out 0 and lse -inf. Lengths must be <= the
+            table's capacity ``max_blocks x block_size``: checking that needs a host sync, so only
+            ``debug=True`` does; without it the kernel clamps to the capacity (never reads past
+            the table).
+        sm_scale: softmax scale applied to q.k.
+        out: optional ``[rows, N, 512]`` destination in q's dtype, any non-overlapping strides;
+            every element is written (no memset needed). Allocated when None.
+        lse: optional ``[rows, N]`` float32 destination (natural log), any strides. Allocated
+            when None.
+        kv_cache_dtype: "auto" (the cache's dtype; float8 dtypes mean fp8), "bfloat16",
+            "float16", "float32" (must match the cache), or "fp8" / "fp8_e4m3" (uint8 storage is
+            viewed as the platform's e4m3: e4m3fnuz on gfx942, e4m3fn elsewhere).
+        k_scale: fp8 dequant scale, value = stored x k_scale (K and V share it). A float, or a
+            float32 tensor of one element on the device (read by the kernel: no host sync).
+            Ignored for 16/32-bit caches (vLLM passes 1.0 there). None means 1.
+        num_kv_splits: force the split count S (>= 1). Default: ``choose_num_splits``. Only
+            load balance depends on it, never the result.
+        max_seq_len: optional host-side upper bound of max(seq_lens) (vLLM's
+            ``attn_metadata.max_seq_len``); sharpens the split choice. Default: the block table's
+            capacity ``max_blocks x block_size``. A wrong hint costs speed, not correctness.
+        workspace: optional float32 tensor (contiguous) for split partials, at least
+            ``mla_decode_workspace_numel(rows, N, S)`` elements; without it each call with S > 1
+            does one ``torch.empty`` (no memset). With a workspace and no num_kv_splits, S is
+            capped to what it holds.
+        backend: "triton" or "reference" to force one (default: configs' backend_order; see
+            ``rocm_mla.ops._dispatch``; ``ROCM_MLA_BACKEND_MLA_DECODE`` in the environment).
+            No HIP or aiter kernel exists for decode yet.
+        launch_config: override the stage-1 launch config (``BLOCK_H``, ``BLOCK_N``,
+            ``num_warps``, ``num_stages``, AMD options, ``ctas_per_cu``); for tuning.
+        debug: validate seq_lens and block-table entries against the cache (reads device values:
+            a host sync, so not capturable). Default: ``ROCM_MLA_DEBUG=1`` in the environment.
+
+    Returns:
+        ``(out, lse)``: the destinations (given or allocated).
+
+    Raises:
+        TypeError / ValueError naming the argument, what was expected and what came.
+    """
+    c = Checker(OP)
+    c.tensor("q_nope", q_nope, ndim=3, layout="[rows, N, 512]", dtypes=FLOAT_DTYPES)
+    rows, N, dq = q_nope.shape
+    if dq != D_NOPE:
+        c.fail("q_nope", f"last dim {D_NOPE} (kv_lora_rank) in [rows, N, 512]", f"shape {tuple(q_nope.shape)}")
+    c.tensor("q_pe", q_pe, shape=(rows, N, D_PE), layout="[rows, N, 64]", like="q_nope's rows, N")
+    c.same_dtype("q_nope", q_nope, q_pe=q_pe)
+    c.tensor("kv_cache", kv_cache, ndim=3, layout="[num_blocks, block_size, 576]")
+    if kv_cache.shape[2] != D_KV:
+        c.fail("kv_cache", f"last dim {D_KV} (512 + 64) in [num_blocks, block_size, 576]",
+               f"shape {tuple(kv_cache.shape)}")
+    if kv_cache.stride(2) != 1 and kv_cache.shape[2] > 1:
+        c.fail("kv_cache", "a contiguous last dim (stride 1)", f"strides {kv_cache.stride()}")
+    kv, is_fp8 = _kv_view(c, kv_cache, kv_cache_dtype, q_nope.dtype)
+    c.tensor("block_table", block_table, ndim=2, layout="[B, max_blocks]", dtypes=(torch.int32,))
+    B, max_blocks = block_table.shape
+    if block_table.stride(1) != 1 and max_blocks > 1:
+        c.fail("block_table", "column stride 1", f"strides {block_table.stride()}")
+    c.tensor("seq_lens", seq_lens, shape=(B,), layout="[B]", like="block_table's B", dtypes=(torch.int32,))
+    if B == 0 and rows != 0:
+        c.fail("q_nope", "0 rows for an empty batch (block_table has B = 0)", f"{rows} rows")
+    if B and rows % B:
+        c.fail("q_nope", f"rows = B x q_len with uniform q_len (B = {B} from block_table)", f"{rows} rows")
+    q_len = rows // B if B else 1
+    if not isinstance(sm_scale, (int, float)) or isinstance(sm_scale, bool) or not math.isfinite(sm_scale):
+        c.fail("sm_scale", "a finite float", repr(sm_scale), TypeError)
+    if out is None:
+        out = torch.empty(rows, N, D_NOPE, dtype=q_nope.dtype, device=q_nope.device)
+    else:
+        c.tensor("out", out, shape=(rows, N, D_NOPE), layout="[rows, N, 512]", dtypes=(q_nope.dtype,),
+                 like="q_nope's")
+        c.writable("out", out)
+    if lse is None:
+        lse = torch.empty(rows, N, dtype=torch.float32, device=q_nope.device)
+    else:
+        c.tensor("lse", lse, shape=(rows, N), layout="[rows, N]", dtypes=(torch.float32,), like="q_nope's rows, N")
+        c.writable("lse", lse)
+    scale_t = _check_k_scale(c, k_scale, q_nope.device)
+    if num_kv_splits is not None and (not isinstance(num_kv_splits, int) or isinstance(num_kv_splits, bool)
+                                      or num_kv_splits < 1):
+        c.fail("num_kv_splits", "None or an int >= 1", repr(num_kv_splits))
+    if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len < 0):
+        c.fail("max_seq_len", "None or an int >= 0", repr(max_seq_len))
+    c.same_device(q_nope=q_nope, q_pe=q_pe, kv_cache=kv_cache, block_table=block_table, seq_lens=seq_lens,
+                  out=out, lse=lse, k_scale=scale_t, workspace=workspace)
+    if debug if debug is not None else os.environ.get("ROCM_MLA_DEBUG", "0") == "1":
+        _debug_checks(c, kv, block_table, seq_lens, q_len)
+
+    impl = select(OP, q_nope.device, backend)
+    if out.numel() == 0 and lse.numel() == 0:
+        return out, lse
+    if impl == "hip":
+        raise RuntimeError(f"{OP}: backend 'hip' was requested but there is no HIP kernel for {OP}; "
+                           "use 'triton' or 'reference'")
+    ks_float = None
+    if is_fp8 and k_scale is not None and scale_t is None:
+        ks_float = float(k_scale)
+    if impl == "triton":
+        _launch_triton(q_nope, q_pe, kv, block_table, seq_lens, out, lse, float(sm_scale), q_len,
+                       is_fp8, ks_float, scale_t if is_fp8 else None, num_kv_splits, max_seq_len,
+                       workspace, launch_config)
+    else:
+        ref_scale = (scale_t if scale_t is not None else ks_float) if is_fp8 else None
+        o, l = mla_decode_ref(q_nope, q_pe, kv, block_table, seq_lens, float(sm_scale), ref_scale)
+        out.copy_(o)
+        lse.copy_(l)
+    return out, lse
+
+
+# --------------------------------------------------------------------------- validation helpers
+
+def fp8_dtype_for(arch: str) -> torch.dtype:
+    """The e4m3 dtype a uint8 fp8 cache holds on ``arch`` (configs' ``fp8_dtype``; vLLM's
+    current_platform.fp8_dtype(): e4m3fnuz on gfx942, e4m3fn on gfx950 and NVIDIA)."""
+    name = config_for(OP, arch).get("fp8_dtype", "float8_e4m3fn")
+    return getattr(torch, name)
+
+
+def _kv_view(c: Checker, kv_cache: torch.Tensor, kv_cache_dtype: str, q_dtype: torch.dtype
+             ) -> tuple[torch.Tensor, bool]:
+    """The cache as the kernel reads it (uint8 fp8 viewed as e4m3), and whether it is fp8."""
+    if kv_cache_dtype not in _KV_DTYPE_NAMES:
+        c.fail("kv_cache_dtype", f"one of {', '.join(map(repr, _KV_DTYPE_NAMES))}", repr(kv_cache_dtype))
+    dt = kv_cache.dtype
+    if kv_cache_dtype in _FP8_NAMES:
+        if dt == torch.uint8:
+            return kv_cache.view(fp8_dtype_for(_platform.device_arch(kv_cache.device))), True
+        if dt in _FP8_DTYPES:
+            return kv_cache, True
+        c.fail("kv_cache", f"dtype uint8, float8_e4m3fn or float8_e4m3fnuz (kv_cache_dtype={kv_cache_dtype!r})",
+               str(dt).replace("torch.", ""), TypeError)
+    if dt in _FP8_DTYPES:
+        if kv_cache_dtype != "auto":
+            c.fail("kv_cache_dtype", f"'auto' or 'fp8' for a {str(dt).replace('torch.', '')} cache",
+                   repr(kv_cache_dtype))
+        return kv_cache, True
+    if dt == torch.uint8:
+        c.fail("kv_cache_dtype", "'fp8' or 'fp8_e4m3' for a uint8 cache", repr(kv_cache_dtype))
+    if kv_cache_dtype != "auto" and str(dt) != f"torch.{kv_cache_dtype}":
+        c.fail("kv_cache", f"dtype {kv_cache_dtype} (kv_cache_dtype)", str(dt).replace("torch.", ""), TypeError)
+    if dt != q_dtype:
+        c.fail("kv_cache", f"dtype {str(q_dtype).replace('torch.', '')} (like q_nope) or fp8",
+               str(dt).replace("torch.", ""), TypeError)
+    return kv_cache, False
+
+
+def _check_k_scale(c: Checker, k_scale, device: torch.device) -> torch.Tensor | None:
+    """A tensor scale (returned, read on the device) or a number / None (returns None)."""
+    if k_scale is None or (isinstance(k_scale, (int, float)) and not isinstance(k_scale, bool)):
+        if k_scale is not None and not (math.isfinite(k_scale) and k_scale > 0):
+            c.fail("k_scale", "a finite positive scale", repr(k_scale))
+        return None
+    if not isinstance(k_scale, torch.Tensor):
+        c.fail("k_scale", "None, a float or a float32 tensor of one element", type(k_scale).__name__, TypeError)
+    if k_scale.dtype != torch.float32:
+        c.fail("k_scale", "dtype float32", str(k_scale.dtype).replace("torch.", ""), TypeError)
+    if k_scale.numel() != 1:
+        c.fail("k_scale", "one element", f"shape {tuple(k_scale.shape)}")
+    return k_scale
+
+
+def _debug_checks(c: Checker, kv: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                  q_len: int) -> None:
+    """Checks that read device values (one host sync): lengths within the table's capacity and
+    used page ids within the cache."""
+    B, max_blocks = block_table.shape
+    if B == 0:
+        return
+    cap = max_blocks * kv.shape[1]
+    sl = seq_lens.long().cpu()
+    bad = ((sl < 0) | (sl > cap)).nonzero()
+    if bad.numel():
+        b = int(bad[0, 0])
+        c.fail("seq_lens", f"0 <= seq_len <= block-table capacity {cap} (max_blocks {max_blocks} x "
+               f"block_size {kv.shape[1]})", f"seq_lens[{b}] = {int(sl[b])}")
+    used = (torch.arange(max_blocks)[None, :] * kv.shape[1]) < sl[:, None]
+    pages = block_table.cpu()[used]
+    if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= kv.shape[0]):
+        c.fail("block_table", f"page ids in [0, {kv.shape[0]}) for every used block",
+               f"ids from {int(pages.min())} to {int(pages.max())}")
+
+
+def mla_decode_workspace_numel(rows: int, num_heads: int, num_kv_splits: int) -> int:
+    """float32 elements a ``workspace=`` needs for ``num_kv_splits`` splits (0 for one split):
+    partial outputs ``[S, rows*N, 512]`` then partial lses ``[S, rows*N]``."""
+    if num_kv_splits <= 1:
+        return 0
+    return num_kv_splits * rows * num_heads * (D_NOPE + 1)
+
+
+# --------------------------------------------------------------------------- launch decisions
+
+@functools.lru_cache(maxsize=None)
+def _num_cus(device_index: int) -> int:
+    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
+
+
+def num_compute_units(device: torch.device) -> int:
+    """CUs (AMD) / SMs (NVIDIA) of ``device``; 4 for the CPU interpreter (no hardware to fill)."""
+    if device.type != "cuda":
+        return 4
+    return _num_cus(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def stage1_config(arch: str, rows_per_request: int, q_dtype: torch.dtype, fp8: bool,
+                  override: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The stage-1 launch config for ``rows_per_request`` = q_len x N query rows.
+
+    The first tier (configs' ``stage1``, sorted by BLOCK_H) that holds every row of a request;
+    else the largest tier, with several row blocks per request. ``override`` (a tuning candidate,
+    or ``launch_config=``) replaces the tier. The chosen object's sub-objects then override fields,
+    in this order: ``fp8`` (fp8 cache), ``fp32`` (float32 q), ``fp16+fp8`` (float16 q, fp8 cache).
+    """
+    if override is not None:
+        tier = override
+    else:
+        tiers = config_for(OP, arch)["stage1"]
+        tier = next((t for t in tiers if t["BLOCK_H"] >= rows_per_request), tiers[-1])
+    cfg = {k: v for k, v in tier.items() if k not in _DTYPE_TAGS}
+    tags = (["fp8"] if fp8 else []) + (["fp32"] if q_dtype == torch.float32 else []) \
+        + (["fp16+fp8"] if fp8 and q_dtype == torch.float16 else [])
+    for tag in tags:
+        cfg.update(tier.get(tag, {}))
+    cfg.setdefault("ctas_per_cu", 1)
+    for key in ("BLOCK_H", "BLOCK_N", "num_warps", "num_stages"):
+        if key not in cfg:
+            raise ValueError(f"{OP}: launch_config: expected a {key} entry, got keys {sorted(cfg)}")
+    return cfg
+
+
+@functools.lru_cache(maxsize=4096)
+def choose_num_splits(batch: int, row_blocks: int, max_seq_len: int, block_n: int, block_h: int,
+                      kv_elem_bytes: int, num_cus: int, ctas_per_cu: int, min_tokens_per_split: int,
+                      max_splits: int, fixed_tiles: float, launch_tiles: float) -> int:
+    """Split count S that minimises a modelled time, in units of one program streaming one KV tile.
+
+    Programs = batch x row_blocks x S run in waves of ``num_cus x ctas_per_cu`` slots; each
+    streams ``cdiv(tiles, S)`` tiles (tiles = cdiv(max_seq_len, block_n)) plus ``fixed_tiles`` of
+    prologue/epilogue. S > 1 adds, per program, the float32 partial written and read back
+    (2 x block_h x 513 x 4 bytes, in tiles of block_n x 576 x kv_elem_bytes) and one stage-2
+    launch (``launch_tiles``). S ranges over 1 .. min(max_splits, cdiv(max_seq_len,
+    min_tokens_per_split)); ties go to fewer splits. Examples with the sm90 config (132 SMs,
+    1 program/SM, block_n 64, max_splits 64): B=128, N=16, seq 4096 -> 1 (one launch: 128
+    programs already fill the GPU); B=32 -> 4 (128 programs); B=1 -> 64 (one tile per program:
+    latency-bound, two launches).
+    """
+    if batch <= 0 or max_seq_len <= 0:
+        return 1
+    slots = max(1, num_cus * ctas_per_cu)
+    tiles = triton.cdiv(max_seq_len, block_n)
+    s_max = max(1, min(max_splits, triton.cdiv(max_seq_len, max(1, min_tokens_per_split)), tiles))
+    partial_tiles = 2.0 * block_h * (D_NOPE + 1) * 4 / (block_n * D_KV * kv_elem_bytes)
+    best_s, best = 1, math.inf
+    for s in range(1, s_max + 1):
+        waves = triton.cdiv(batch * row_blocks * s, slots)
+        per_prog = triton.cdiv(tiles, s) + fixed_tiles + (partial_tiles if s > 1 else 0.0)
+        cost = waves * per_prog + (launch_tiles if s > 1 else 0.0)
+        if cost < best - 1e-9:
+            best_s, best = s, cost
+    return best_s
+
+
+def _num_xcds(arch: str) -> int:
+    """Dies dealt workgroups round-robin (configs' ``num_xcds``; 1 = no remap). The remap is
+    applied whatever the row-block count (harmless with one), so one compiled kernel per config."""
+    return int(config_for(OP, arch).get("num_xcds", 1))
+
+
+def _amd_options(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
+    if not arch.startswith("gfx"):
+        return {}
+    return {k: cfg[k] for k in ("waves_per_eu", "matrix_instr_nonkdim", "kpack") if k in cfg}
+
+
+def _stage2_meta(num_splits: int, arch: str) -> tuple[dict, dict]:
+    """Reduce tile: BLOCK_S splits x BLOCK_D columns with BLOCK_S x BLOCK_D <= tile_elems, so a
+    long split list is read in few, wide steps (each step waits for its loads once)."""
+    cfg = config_for(OP, arch)["stage2"]
+    block_s = min(triton.next_power_of_2(max(1, num_splits)), int(cfg["max_block_s"]))
+    block_d = max(64, min(D_NOPE, int(cfg["tile_elems"]) // block_s))
+    options = {"num_warps": int(cfg["num_warps"])}
+    if arch.startswith("gfx") and cfg.get("waves_per_eu"):
+        options["waves_per_eu"] = cfg["waves_per_eu"]
+    return {"D": D_NOPE, "BLOCK_D": block_d, "BLOCK_S": block_s}, options
+
+
+def decode_plan(*, batch: int, num_heads: int, q_len: int, max_blocks: int, block_size: int,
+                q_dtype: torch.dtype, kv_fp8: bool, kv_elem_bytes: int, device: torch.device,
+                max_seq_len: int | None = None, num_kv_splits: int | None = None,
+                launch_config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a call with these shapes launches, decided on the host from shapes alone:
+    ``{"config": stage-1 config, "row_blocks": int, "num_kv_splits": S, "launches": 1 or 2}``.
+    (perf/bench_decode.py prints it next to each timing.)"""
+    arch = _platform.device_arch(device)
+    m_rows = q_len * num_heads
+    cfg = stage1_config(arch, m_rows, q_dtype, kv_fp8, launch_config)
+    row_blocks = triton.cdiv(m_rows, int(cfg["BLOCK_H"]))
+    S = num_kv_splits
+    if S is None:
+        sp = config_for(OP, arch)["split"]
+        cap = max_blocks * block_size
+        bound = cap if max_seq_len is None else min(max_seq_len, cap)
+        S = choose_num_splits(batch, row_blocks, bound, int(cfg["BLOCK_N"]), int(cfg["BLOCK_H"]), kv_elem_bytes,
+                              num_compute_units(device), int(cfg["ctas_per_cu"]),
+                              int(sp["min_tokens_per_split"]), int(sp["max_splits"]),
+                              float(sp["fixed_tiles"]), float(sp["launch_tiles"]))
+    return {"config": cfg, "row_blocks": row_blocks, "num_kv_splits": S, "launches": 1 if S == 1 else 2}
+
+
+def _launch_triton(q_nope, q_pe, kv, block_table, seq_lens, out, lse, sm_scale, q_len, is_fp8, ks_float,
+                   ks_tensor, num_kv_splits, max_seq_len, workspace, launch_config):
+    rows, N, _ = q_nope.shape
+    B, max_blocks = block_table.shape
+    page_size = kv.shape[1]
+    arch = _platform.device_arch(q_nope.device)
+    R = rows * N
+    plan = decode_plan(batch=B, num_heads=N, q_len=q_len, max_blocks=max_blocks, block_size=page_size,
+                       q_dtype=q_nope.dtype, kv_fp8=is_fp8, kv_elem_bytes=kv.element_size(), device=q_nope.device,
+                       max_seq_len=max_seq_len, num_kv_splits=num_kv_splits, launch_config=launch_config)
+    cfg, row_blocks, S = plan["config"], plan["row_blocks"], plan["num_kv_splits"]
+    block_h, block_n = int(cfg["BLOCK_H"]), int(cfg["BLOCK_N"])
+    if num_kv_splits is None and workspace is not None:
+        S = max(1, min(S, workspace.numel() // max(1, R * (D_NOPE + 1))))
+    direct = S == 1
+    if direct:
+        part_o = part_lse = lse  # unused placeholders (DIRECT=True never touches them)
+        s_po = s_pl = 0
+    else:
+        need = mla_decode_workspace_numel(rows, N, S)
+        if workspace is None:
+            ws = torch.empty(need, dtype=torch.float32, device=q_nope.device)
+        else:
+            if workspace.dtype != torch.float32 or not workspace.is_contiguous() or workspace.numel() < need:
+                raise ValueError(f"{OP}: workspace: expected a contiguous float32 tensor of >= {need} elements "
+                                 f"(S={S} splits x {R} rows x 513), got {workspace.dtype} "
+                                 f"{'contiguous' if workspace.is_contiguous() else 'non-contiguous'} "
+                                 f"of {workspace.numel()} elements")
+            ws = workspace.reshape(-1)
+        part_o = ws[: S * R * D_NOPE]
+        part_lse = ws[S * R * D_NOPE: need]
+        s_po, s_pl = R * D_NOPE, R
+
+    qk_scale = sm_scale * LOG2E * (ks_float if ks_float is not None else 1.0)
+    out_scale = ks_float if ks_float is not None else 1.0
+    scale_ptr = ks_tensor if ks_tensor is not None else lse  # unused when HAS_K_SCALE_PTR=False
+    options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **_amd_options(cfg, arch)}
+    grid = (B * S * row_blocks,)
+    mla_decode_stage1_kernel[grid](
+        q_nope, q_pe, kv, block_table, seq_lens, scale_ptr,
+        out, lse, part_o, part_lse,
+        qk_scale, out_scale,
+        N, q_len, S, row_blocks, page_size, max_blocks * page_size,
+        *q_nope.stride(), *q_pe.stride(),
+        kv.stride(0), kv.stride(1),
+        block_table.stride(0), seq_lens.stride(0),
+        *out.stride(), *lse.stride(),
+        s_po, s_pl,
+        D_NOPE=D_NOPE, D_PE=D_PE, BLOCK_H=block_h, BLOCK_N=block_n,
+        DIRECT=direct, HAS_K_SCALE_PTR=ks_tensor is not None, IEEE=q_nope.dtype == torch.float32,
+        D_SPLIT=int(cfg.get("D_SPLIT", 1)), RELOAD_K=bool(cfg.get("RELOAD_K", False)),
+        NUM_XCDS=_num_xcds(arch), **options)
+    if direct:
+        return
+    consts, options2 = _stage2_meta(S, arch)
+    mla_decode_reduce_kernel[(R, D_NOPE // consts["BLOCK_D"])](
+        part_o, part_lse, out, lse,
+        N, S, s_po, s_pl,
+        *out.stride(), *lse.stride(),
+        **consts, **options2)
+
+
+# --------------------------------------------------------------------------- ISA report
+
+_TNAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
+          torch.uint8: "u8"}
+
+
+def _fp8_tname(arch: str) -> str:
+    return "fp8e4b8" if fp8_dtype_for(arch) == getattr(torch, "float8_e4m3fnuz", None) else "fp8e4nv"
+
+
+def _stage1_variant(arch: str, cfg: dict[str, Any], qname: str, kvname: str, direct: bool,
+                    scale_ptr: bool, tag: str) -> TritonVariant:
+    sig = {"q_nope": f"*{qname}", "q_pe": f"*{qname}", "kv": f"*{kvname}", "block_table": "*i32",
+           "seq_lens": "*i32", "k_scale_ptr": "*fp32", "out": f"*{qname}", "lse": "*fp32",
+           "part_o": "*fp32", "part_lse": "*fp32", "qk_scale": "fp32", "out_scale": "fp32"}
+    for name in ("num_heads", "q_len", "num_splits", "num_head_blocks", "page_size", "capacity", "s_qn_r", "s_qn_h",
+                 "s_qp_r", "s_qp_h", "s_kv_blk", "s_kv_tok", "s_bt_b", "s_o_r", "s_o_h", "s_l_r",
+                 "s_po_s", "s_pl_s"):
+        sig[name] = "i32"
+    # Inner strides are 1 on real tensors (Triton specialises ints equal to 1).
+    ones = {"s_qn_d": 1, "s_qp_d": 1, "s_o_d": 1, "s_l_h": 1, "s_sl": 1}
+    consts = {**ones, "D_NOPE": D_NOPE, "D_PE": D_PE, "BLOCK_H": int(cfg["BLOCK_H"]),
+              "BLOCK_N": int(cfg["BLOCK_N"]), "DIRECT": direct, "HAS_K_SCALE_PTR": scale_ptr,
+              "IEEE": qname == "fp32", "D_SPLIT": int(cfg.get("D_SPLIT", 1)),
+              "RELOAD_K": bool(cfg.get("RELOAD_K", False)), "NUM_XCDS": _num_xcds(arch)}
+    options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **_amd_options(cfg, arch)}
+    amd = "".join(f" {k[:4]}{v}" for k, v in _amd_options(cfg, arch).items())
+    label = (f"{tag}q={qname} kv={kvname} H{cfg['BLOCK_H']} N{cfg['BLOCK_N']} d{cfg.get('D_SPLIT', 1)}"
+             f"{'r' if cfg.get('RELOAD_K') else ''} "
+             f"w{cfg['num_warps']} "
+             f"s{cfg['num_stages']}{amd} {'direct' if direct else 'split'}{' kscale*' if scale_ptr else ''}")
+    # float32 q runs IEEE dots: MFMA has f32 instructions, NVIDIA tensor cores do not (FMA there).
+    return TritonVariant(
+        kernel="mla_decode_stage1", config=label, fn=mla_decode_stage1_kernel, signature=sig,
+        constexprs=consts, options=options, expects_mfma=qname != "fp32" or arch.startswith("gfx"),
+        divisible_by_16=("q_nope", "q_pe", "kv", "block_table", "seq_lens", "out", "lse", "part_o",
+                         "part_lse", "s_qn_r", "s_qn_h", "s_qp_r", "s_qp_h", "s_kv_blk", "s_kv_tok",
+                         "s_o_r", "s_o_h", "s_po_s", "s_pl_s"))
+
+
+def triton_variants(arch: str) -> list[TritonVariant]:
+    """Every stage-1 config the wrapper can pick on ``arch`` (each tier, with its fp8/fp32
+    overrides, and the tuning candidates), for each q dtype and cache dtype, direct and split,
+    fp8 with a tensor or a number scale; and the stage-2 reduce for each output dtype and tile."""
+    table = config_for(OP, arch)
+    fp8 = _fp8_tname(arch)
+    variants: list[TritonVariant] = []
+    seen: set[str] = set()
+
+    def add(v: TritonVariant):
+        if v.config not in seen:
+            seen.add(v.config)
+            variants.append(v)
+
+    combos = [(torch.bfloat16, "bf16", False), (torch.float16, "fp16", False), (torch.float32, "fp32", False),
+              (torch.bfloat16, fp8, True), (torch.float16, fp8, True)]
+    for tier in table["stage1"]:
+        for qdt, kvname, is_fp8 in combos:
+            cfg = stage1_config(arch, tier["BLOCK_H"], qdt, is_fp8)
+            for direct in (True, False):
+                for sptr in ((False, True) if is_fp8 else (False,)):
+                    add(_stage1_variant(arch, cfg, _TNAME[qdt], kvname if is_fp8 else _TNAME[qdt], direct,
+                                        sptr, ""))
+    # Tuning candidates: the dtypes the benchmark tunes (bf16 and fp8 caches with bf16 q).
+    for cand in table.get("candidates", []):
+        for qdt, kvname, is_fp8 in combos[:1] + combos[3:4]:
+            cfg = stage1_config(arch, 0, qdt, is_fp8, cand)
+            for direct in (True, False):
+                add(_stage1_variant(arch, cfg, _TNAME[qdt], kvname if is_fp8 else _TNAME[qdt], direct,
+                                    is_fp8, "cand "))
+    s_values = sorted({1 << i for i in range(0, 7)} | {int(table["split"]["max_splits"])})
+    for qdt in (torch.bfloat16, torch.float16, torch.float32):
+        tiles = sorted({(c["BLOCK_S"], c["BLOCK_D"]) for c in (_stage2_meta(s, arch)[0] for s in s_values if s > 1)})
+        for block_s, block_d in tiles:
+            consts = {"D": D_NOPE, "BLOCK_D": block_d, "BLOCK_S": block_s, "s_o_d": 1, "s_l_h": 1}
+            _, options = _stage2_meta(block_s, arch)
+            sig = {"part_o": "*fp32", "part_lse": "*fp32", "out": f"*{_TNAME[qdt]}", "lse": "*fp32",
+                   "num_heads": "i32", "num_splits": "i32", "s_po_s": "i32", "s_pl_s": "i32",
+                   "s_o_r": "i32", "s_o_h": "i32", "s_l_r": "i32"}
+            add(TritonVariant(kernel="mla_decode_reduce", config=f"out={_TNAME[qdt]} S{block_s} D{block_d} "
+                              f"w{options['num_warps']}", fn=mla_decode_reduce_kernel, signature=sig,
+                              constexprs=consts, options=options,
+                              divisible_by_16=("part_o", "part_lse", "out", "lse", "s_po_s", "s_pl_s",
+                                               "s_o_r", "s_o_h")))
+    return variants
+
+
+def tuning_candidates(arch: str) -> list[dict[str, Any]]:
+    """Stage-1 configs ``perf/bench_decode.py --tune`` times (pass each as ``launch_config=``):
+    every tier plus ``candidates``, with their fp8/fp32 sub-objects."""
+    table = config_for(OP, arch)
+    out: list[dict[str, Any]] = []
+    for cfg in [*table["stage1"], *table.get("candidates", [])]:
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+__all__ = ["mla_decode", "mla_decode_workspace_numel", "choose_num_splits", "stage1_config", "decode_plan",
+           "triton_variants", "tuning_candidates", "fp8_dtype_for"]

@@ -1,0 +1,400 @@
+"""mla_prefill: varlen MLA prefill attention (Dqk = 128 + 64, Dv = 128) reading k_nope, k_pe and v
+in place, writing out and lse in place; and mla_prefill_with_context, the chunked-context path.
+
+Kernel: rocm_mla/kernels/mla_prefill.py (Triton; there is no HIP kernel for this op).
+Reference: rocm_mla/reference/prefill.py.
+
+Host syncs: none. The grid is sized from Tq and B (tensor shapes), not from cu_seqlens' values,
+so the GPU path never reads cu_seqlens on the host; max_seqlen_q / max_seqlen_k are accepted for
+FlashAttention-style call sites and not needed. The reference backend reads cu_seqlens on the host.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable
+from typing import NamedTuple
+
+import torch
+
+from .. import _platform
+from ..configs import config_for
+from ..kernels.mla_prefill import mla_prefill_kernel
+from ..reference.prefill import mla_prefill_ref
+from ._checks import FLOAT_DTYPES, Checker
+from ._dispatch import select
+from ._variants import TritonVariant
+from .merge import merge_attn_states
+
+OP = "mla_prefill"
+LOG2E = 1.4426950408889634
+# cu_seqlens_q entries a program reads per vector step when it looks up its sequence (B <= this:
+# one step). 256 int32 is one element per lane at 4 waves of 64 or 8 warps of 32.
+SEQ_CHUNK = 256
+
+
+class ContextChunk(NamedTuple):
+    """Keys/values of one chunk of cached context, for :func:`mla_prefill_with_context`.
+
+    k_nope ``[Tc, N, P]``, k_pe ``[Tc, 1, R]`` (or ``[Tc, N, R]``), v ``[Tc, N, V]`` (any strides, e.g.
+    views of the chunk's up-projected ``[Tc, N, P + V]`` buffer); cu_seqlens_k ``[B + 1]`` int32:
+    sequence b's keys of this chunk are rows ``cu_seqlens_k[b]:cu_seqlens_k[b+1]`` (may be empty).
+    """
+
+    k_nope: torch.Tensor
+    k_pe: torch.Tensor
+    v: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_k: int | None = None
+
+
+def mla_prefill(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
+                cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, *, sm_scale: float,
+                causal: bool = True, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+                max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+                backend: str | None = None, config: dict | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Varlen MLA prefill attention, no concat, no padding, output and LSE in place.
+
+    Args:
+        q: ``[Tq, N, P + R]`` (MLA: 192 = 128 nope then 64 rope), float16/bfloat16/float32, any strides.
+        k_nope: ``[Tk, N, P]``, q's dtype, any strides (e.g. ``kv[..., :128]`` of the
+            ``[Tk, N, 256]`` kv_b_proj output).
+        k_pe: ``[Tk, 1, R]``: one rope head broadcast over the N heads (e.g. a slice of the
+            ``[Tk, 576]`` latent buffer, unsqueezed); ``[Tk, N, R]`` is also taken (e.g.
+            ``k_pe.expand(Tk, N, R)``, head stride 0, or a real per-head tensor). q's dtype, any strides.
+        v: ``[Tk, N, V]`` (MLA: 128), q's dtype, any strides (e.g. ``kv[..., 128:]``).
+        cu_seqlens_q, cu_seqlens_k: ``[B + 1]`` int32 prefix sums: sequence b owns q rows
+            ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` and k/v rows ``cu_seqlens_k[b]:cu_seqlens_k[b+1]``.
+            Lengths may differ between q and k and may be 0. They must start at 0-or-more, not
+            decrease, and end at most at Tq / Tk; q rows outside every sequence are not written.
+            (Checked for CPU tensors only: on a GPU it would cost a host sync.)
+        sm_scale: softmax scale (> 0), e.g. ``1 / sqrt(192)`` times the yarn mscale correction.
+        causal: bottom-right aligned causal mask: query i of a sequence with lq queries and lk keys
+            sees keys ``j <= i + lk - lq`` (FlashAttention's convention). False: every key.
+        out: optional ``[Tq, N, V]`` destination, q's dtype, any strides (e.g. the layer's
+            ``[T, N * 128]`` output viewed as ``[T, N, 128]``). Allocated when None.
+        lse: optional ``[N, Tq]`` float32 destination of the natural-log LSE, any strides (e.g. the
+            transpose of a ``[Tq, N]`` buffer). Allocated when None.
+        max_seqlen_q, max_seqlen_k: accepted for FlashAttention-style call sites; not needed.
+        backend: ``"triton"`` or ``"reference"`` to force one (see ``rocm_mla.ops._dispatch``);
+            there is no HIP kernel for this op, so ``"hip"`` raises.
+        config: override of the Triton launch data (keys as in ``configs/mla_prefill.json``:
+            BLOCK_M, BLOCK_N, num_warps, num_stages, and on gfx9 waves_per_eu,
+            matrix_instr_nonkdim, kpack); for tuning and tests.
+
+    Returns:
+        ``(out, lse)``: the destinations (the caller's own tensors when passed). Every element of
+        the rows of every sequence is written; a query that sees no key gets 0 and lse -inf.
+
+    Raises:
+        TypeError / ValueError naming the argument, what was expected and what came.
+    """
+    c = Checker(OP)
+    dims = _check(c, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, sm_scale, causal, out, lse,
+                  max_seqlen_q, max_seqlen_k)
+    impl = _select(q.device, backend)
+    if impl == "triton":
+        _check_triton_dims(c, dims)
+    if out is None:
+        out = torch.empty(q.shape[0], q.shape[1], dims[2], dtype=q.dtype, device=q.device)
+    if lse is None:
+        lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
+    _run(impl, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, float(sm_scale), bool(causal), out, lse,
+         config)
+    return out, lse
+
+
+def mla_prefill_with_context(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
+                             cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                             context_chunks: Iterable[ContextChunk | tuple] = (), *, sm_scale: float,
+                             out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
+                             max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+                             backend: str | None = None, config: dict | None = None
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prefill with cached context, as vLLM's chunked-context MLA path computes it, in place.
+
+    The new tokens attend to themselves causally (``k_nope, k_pe, v, cu_seqlens_k``: the new
+    tokens' keys, usually ``cu_seqlens_k == cu_seqlens_q``) and to every key of each context
+    chunk (non-causal); the partial results are folded with :func:`rocm_mla.merge_attn_states`.
+    The result equals one causal :func:`mla_prefill` over each sequence's [context, new] keys.
+
+    Data path: the causal pass writes straight into ``out``; each chunk's attention goes to one
+    chunk buffer ``[Tq, N, V]`` (+ its ``[N, Tq]`` lse), allocated once and reused, and is merged
+    into ``out`` in place (``merge_attn_states(out, out, ...)``). The running lse ping-pongs
+    between ``lse`` and one ``[N, Tq]`` float32 buffer (merge must not write the lse it reads);
+    the start side is picked from ``len(context_chunks)`` so that the last merge lands in
+    ``lse``. Only an unsized iterable with an odd number of chunks costs one ``[N, Tq]`` copy.
+
+    Args:
+        q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, sm_scale, out, lse, max_seqlen_q,
+            max_seqlen_k, backend, config: as in :func:`mla_prefill` (``causal`` is always True
+            for the new tokens).
+        context_chunks: iterable of :class:`ContextChunk` or tuples ``(k_nope, k_pe, v,
+            cu_seqlens_k[, max_seqlen_k])``, each with its own number of rows and the same B. May
+            be a generator: each chunk is drawn just before use (gather from the cache and
+            up-project lazily, so one chunk's K/V is alive at a time). ``backend`` is passed on
+            to merge_attn_states as well.
+
+    Returns:
+        ``(out, lse)``: attention over context + new tokens, lse the natural-log LSE over both.
+    """
+    c = Checker("mla_prefill_with_context")
+    dims = _check(c, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, sm_scale, True, out, lse,
+                  max_seqlen_q, max_seqlen_k)
+    impl = _select(q.device, backend)
+    if impl == "triton":
+        _check_triton_dims(c, dims)
+    Tq, N, V = q.shape[0], q.shape[1], dims[2]
+    if out is None:
+        out = torch.empty(Tq, N, V, dtype=q.dtype, device=q.device)
+    if lse is None:
+        lse = torch.empty(N, Tq, dtype=torch.float32, device=q.device)
+    sm_scale = float(sm_scale)
+
+    n_chunks = len(context_chunks) if hasattr(context_chunks, "__len__") else None  # type: ignore[arg-type]
+    new_lse = lambda: torch.empty(N, Tq, dtype=torch.float32, device=q.device)  # noqa: E731
+    lse_bufs: list[torch.Tensor | None] = [lse, None]
+    cur = (n_chunks % 2) if n_chunks else 0
+    if cur:
+        lse_bufs[1] = new_lse()
+    _run(impl, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, sm_scale, True, out, lse_bufs[cur], config)
+
+    chunk_out = chunk_lse = None
+    for i, chunk in enumerate(context_chunks):
+        cc = Checker(f"mla_prefill_with_context: context_chunks[{i}]")
+        if not isinstance(chunk, (tuple, list)) or len(chunk) not in (4, 5):
+            got = type(chunk).__name__ + (f" of length {len(chunk)}" if isinstance(chunk, (tuple, list)) else "")
+            cc.fail("chunk", "a ContextChunk or a tuple (k_nope, k_pe, v, cu_seqlens_k[, max_seqlen_k])", got,
+                    TypeError)
+        ck = ContextChunk(*chunk)
+        cdims = _check(cc, q, ck.k_nope, ck.k_pe, ck.v, cu_seqlens_q, ck.cu_seqlens_k, sm_scale, False,
+                       None, None, max_seqlen_q, ck.max_seqlen_k)
+        if cdims != dims:
+            cc.fail("k_nope/k_pe/v", f"head dims (P, R, V) = {dims} like the new tokens'", cdims)
+        if chunk_out is None:
+            chunk_out = torch.empty(Tq, N, V, dtype=q.dtype, device=q.device)
+            chunk_lse = new_lse()
+        _run(impl, q, ck.k_nope, ck.k_pe, ck.v, cu_seqlens_q, ck.cu_seqlens_k, sm_scale, False,
+             chunk_out, chunk_lse, config)
+        nxt = 1 - cur
+        if lse_bufs[nxt] is None:
+            lse_bufs[nxt] = new_lse()
+        merge_attn_states(out, out, lse_bufs[cur], chunk_out, chunk_lse, lse_bufs[nxt], backend=backend)
+        cur = nxt
+    if cur:
+        lse.copy_(lse_bufs[cur])  # only an unsized iterable with an odd chunk count gets here
+    return out, lse
+
+
+# --------------------------------------------------------------------------- validation
+
+def _check(c: Checker, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, causal, out, lse,
+           max_seqlen_q, max_seqlen_k) -> tuple[int, int, int]:
+    """Validate one call; returns the head dims (P, R, V)."""
+    c.tensor("q", q, ndim=3, layout="[Tq, N, P + R]", dtypes=FLOAT_DTYPES)
+    Tq, N, Dqk = q.shape
+    c.tensor("k_nope", k_nope, ndim=3, layout="[Tk, N, P]")
+    Tk, P = k_nope.shape[0], k_nope.shape[2]
+    c.tensor("k_nope", k_nope, shape=(None, N, None), layout="[Tk, N, P]", like="q's N")
+    c.tensor("k_pe", k_pe, ndim=3, layout="[Tk, 1, R]")
+    if k_pe.shape[0] != Tk or k_pe.shape[1] not in (1, N):
+        c.fail("k_pe", f"shape [Tk, 1, R] = ({Tk}, 1, *) (k_nope's Tk; [Tk, N, R] also taken)",
+               tuple(k_pe.shape))
+    R = k_pe.shape[2]
+    c.tensor("v", v, shape=(Tk, N, None), layout="[Tk, N, V]", like="k_nope's Tk, N")
+    V = v.shape[2]
+    if Dqk != P + R:
+        c.fail("q", f"shape [Tq, N, P + R] = (*, {N}, {P + R}) (k_nope's P={P} + k_pe's R={R})", tuple(q.shape))
+    c.same_dtype("q", q, k_nope=k_nope, k_pe=k_pe, v=v)
+    for name, x in (("P", P), ("R", R), ("V", V)):
+        if x == 0:
+            c.fail({"P": "k_nope", "R": "k_pe", "V": "v"}[name], f"a non-empty last dim {name}", 0)
+    ints = (torch.int32,)
+    c.tensor("cu_seqlens_q", cu_q, ndim=1, layout="[B + 1]", dtypes=ints)
+    if cu_q.shape[0] < 1:
+        c.fail("cu_seqlens_q", "shape [B + 1] with B >= 0 (at least one entry)", tuple(cu_q.shape))
+    c.tensor("cu_seqlens_k", cu_k, shape=(cu_q.shape[0],), layout="[B + 1]", dtypes=ints,
+             like="cu_seqlens_q's B + 1")
+    if out is not None:
+        c.tensor("out", out, shape=(Tq, N, V), layout="[Tq, N, V]", like="q's Tq, N and v's V")
+        c.same_dtype("q", q, out=out)
+        c.writable("out", out)
+    if lse is not None:
+        c.tensor("lse", lse, shape=(N, Tq), layout="[N, Tq]", dtypes=(torch.float32,), like="q's N, Tq")
+        c.writable("lse", lse)
+    c.same_device(q=q, k_nope=k_nope, k_pe=k_pe, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, out=out, lse=lse)
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
+        c.fail("sm_scale", "a float", type(sm_scale).__name__, TypeError)
+    if not (math.isfinite(float(sm_scale)) and float(sm_scale) > 0):
+        c.fail("sm_scale", "a finite number > 0", sm_scale)
+    if not isinstance(causal, bool):
+        c.fail("causal", "a bool", type(causal).__name__, TypeError)
+    for name, val in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if val is None:
+            continue
+        if isinstance(val, bool) or not isinstance(val, numbers.Integral):
+            c.fail(name, "None or an int >= 0", repr(val), TypeError)
+        if val < 0:
+            c.fail(name, "None or an int >= 0", val)
+    if cu_q.device.type == "cpu":  # free here; on a GPU reading them would be a host sync
+        _check_offsets(c, "cu_seqlens_q", cu_q, Tq, "Tq")
+        _check_offsets(c, "cu_seqlens_k", cu_k, Tk, "Tk")
+    return P, R, V
+
+
+def _check_offsets(c: Checker, name: str, cu: torch.Tensor, total: int, total_name: str) -> None:
+    vals = cu.tolist()
+    bad = vals[0] < 0 or any(b < a for a, b in zip(vals, vals[1:])) or vals[-1] > total
+    if bad:
+        shown = vals if len(vals) <= 12 else vals[:6] + ["..."] + vals[-5:]
+        c.fail(name, f"non-decreasing offsets in [0, {total_name}={total}]", shown)
+
+
+def _check_triton_dims(c: Checker, dims: tuple[int, int, int]) -> None:
+    # tl.arange needs powers of two, tl.dot tiles of at least 16; MLA is (128, 64, 128).
+    for arg, name, x in zip(("k_nope", "k_pe", "v"), ("P", "R", "V"), dims):
+        if x < 16 or x & (x - 1):
+            c.fail(arg, f"last dim {name} a power of two >= 16 for the Triton kernel (MLA: P=128, R=64, "
+                   "V=128; the reference backend takes any)", x)
+
+
+def _select(device: torch.device, backend: str | None) -> str:
+    impl = select(OP, device, backend)
+    if impl == "hip":
+        raise RuntimeError(f"{OP}: backend 'hip' was requested but cannot run: {OP} has no HIP kernel "
+                           "(use 'triton' or 'reference')")
+    return impl
+
+
+# --------------------------------------------------------------------------- launch
+
+def _run(impl, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, causal, out, lse, config):
+    if impl == "triton":
+        launch_triton(q, k_nope, k_pe, v, cu_q, cu_k, out, lse, sm_scale=sm_scale, causal=causal, config=config)
+    else:
+        ref_out, ref_lse = mla_prefill_ref(q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, causal)
+        out.copy_(ref_out)
+        lse.copy_(ref_lse)
+
+
+def launch_config(arch: str, dtype: torch.dtype) -> dict:
+    """The launch data the wrapper uses for ``dtype`` on ``arch`` (see configs/mla_prefill.json)."""
+    cfg = config_for(OP, arch)
+    return cfg["triton_fp32" if dtype == torch.float32 else "triton"]
+
+
+def _triton_meta(cfg: dict, arch: str, dims: tuple[int, int, int], causal: bool, fp32: bool
+                 ) -> tuple[dict, dict]:
+    """Constexprs and compile options for one launch config on ``arch``."""
+    P, R, V = dims
+    consts = {"D_NOPE": P, "D_ROPE": R, "D_V": V, "BLOCK_M": int(cfg["BLOCK_M"]), "BLOCK_N": int(cfg["BLOCK_N"]),
+              "SEQ_CHUNK": SEQ_CHUNK, "CAUSAL": bool(causal),
+              # fp32 inputs: exact products (NVIDIA would use TF32 by default); 16-bit inputs: default.
+              "DOT_PREC": "ieee" if fp32 else None}
+    options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg.get("num_stages", 2))}
+    if arch.startswith("gfx"):
+        for k in ("waves_per_eu", "matrix_instr_nonkdim", "kpack"):
+            if cfg.get(k):
+                options[k] = int(cfg[k])
+    return consts, options
+
+
+def launch_triton(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, *, sm_scale: float,
+                  causal: bool, config: dict | None = None) -> None:
+    """Launch the Triton kernel on validated arguments (``mla_prefill`` checks them first).
+
+    Exposed for the benchmark's ``--tune`` (it times each candidate config); everything else
+    should call :func:`mla_prefill`.
+    """
+    Tq, N, _ = q.shape
+    Tk = k_nope.shape[0]
+    B = cu_seqlens_q.shape[0] - 1
+    if Tq == 0 or N == 0 or B == 0:
+        return  # no row of any sequence: nothing to write
+    arch = _platform.device_arch(q.device)
+    cfg = config if config is not None else launch_config(arch, q.dtype)
+    dims = (k_nope.shape[2], k_pe.shape[2], v.shape[2])
+    consts, options = _triton_meta(cfg, arch, dims, causal, q.dtype == torch.float32)
+    # Slot count: Tq // BLOCK_M + B covers every sequence's q blocks (see the kernel's docstring).
+    grid = (Tq // consts["BLOCK_M"] + B, N)
+    kn_st, kn_sh, kn_sd = k_nope.stride()
+    kpe_st, kpe_sh, kpe_sd = k_pe.stride()
+    kpe_sh = 0 if k_pe.shape[1] == 1 else kpe_sh  # one rope head serves every head
+    v_st, v_sh, v_sd = v.stride()
+    kn, kpe, vv = k_nope, k_pe, v
+    if Tk == 0:
+        # Every sequence has lk == 0, so no key is ever loaded; empty tensors may carry a null
+        # pointer, which the launcher rejects: hand it q's (never read).
+        kn = kpe = vv = q
+        kn_st = kn_sh = kn_sd = kpe_st = kpe_sh = kpe_sd = v_st = v_sh = v_sd = 0
+    mla_prefill_kernel[grid](
+        q, kn, kpe, vv, out, lse, cu_seqlens_q, cu_seqlens_k,
+        float(sm_scale) * LOG2E, B,
+        *q.stride(),
+        kn_st, kn_sh, kn_sd,
+        kpe_st, kpe_sh, kpe_sd,
+        v_st, v_sh, v_sd,
+        *out.stride(),
+        *lse.stride(),
+        cu_seqlens_q.stride(0), cu_seqlens_k.stride(0),
+        **consts, **options)
+
+
+# --------------------------------------------------------------------------- ISA report
+
+_TRITON_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+MLA_DIMS = (128, 64, 128)
+
+
+def _configs_for(arch: str, dtype: torch.dtype) -> list[tuple[dict, bool]]:
+    """(config, is_candidate) the wrapper or ``bench_prefill.py --tune`` can launch."""
+    main = launch_config(arch, dtype)
+    out = [(main, False)]
+    if dtype == torch.bfloat16:  # candidates are tuned in bf16 (the serving dtype)
+        for cand in config_for(OP, arch).get("candidates", []):
+            if all(cand.get(k) == main.get(k) for k in set(cand) | set(main)):
+                continue
+            out.append((cand, True))
+    return out
+
+
+def config_label(cfg: dict) -> str:
+    """Short text of a launch config, e.g. ``M128 N64 w4 s2 wpe2 mi16``."""
+    s = f"M{cfg['BLOCK_M']} N{cfg['BLOCK_N']} w{cfg['num_warps']} s{cfg.get('num_stages', 2)}"
+    for key, tag in (("waves_per_eu", "wpe"), ("matrix_instr_nonkdim", "mi"), ("kpack", "kp")):
+        if cfg.get(key):
+            s += f" {tag}{cfg[key]}"
+    return s
+
+
+def triton_variants(arch: str) -> list[TritonVariant]:
+    """The Triton specialisations launched for MLA's dims (P=128, R=64, V=128), causal and not,
+    bf16/fp16/fp32, with the launch config of ``arch`` (and, for bf16, each tuning candidate):
+    innermost strides 1, head/token strides and pointers 16-divisible, k_pe head stride 0."""
+    variants = []
+    for dtype, tname in _TRITON_DTYPE.items():
+        for cfg, cand in _configs_for(arch, dtype):
+            for causal in (True, False):
+                consts, options = _triton_meta(cfg, arch, MLA_DIMS, causal, dtype == torch.float32)
+                ptr = f"*{tname}"
+                sig = {"Q": ptr, "KN": ptr, "KPE": ptr, "V": ptr, "O": ptr, "LSE": "*fp32",
+                       "CU_Q": "*i32", "CU_K": "*i32", "qk_scale": "fp32", "num_seqs": "i32"}
+                strides = ["q_st", "q_sh", "kn_st", "kn_sh", "kpe_st", "kpe_sh", "v_st", "v_sh",
+                           "o_st", "o_sh", "lse_sh"]
+                sig.update({s: "i32" for s in strides})
+                # Innermost strides are 1 on real tensors, and Triton specialises ints equal to 1.
+                ones = {k: 1 for k in ("q_sd", "kn_sd", "kpe_sd", "v_sd", "o_sd", "lse_st", "cuq_s", "cuk_s")}
+                sig.update({k: "constexpr" for k in ones})
+                sig.update({k: "constexpr" for k in consts})
+                variants.append(TritonVariant(
+                    kernel=OP,
+                    config=f"{tname} {'causal' if causal else 'full'} {config_label(cfg)}{' cand' if cand else ''}",
+                    fn=mla_prefill_kernel, signature=sig, constexprs={**consts, **ones}, options=options,
+                    # lse_sh is Tq (any value): not claimed 16-divisible.
+                    divisible_by_16=("Q", "KN", "KPE", "V", "O", "LSE", "CU_Q", "CU_K", "q_st", "q_sh",
+                                     "kn_st", "kn_sh", "kpe_st", "kpe_sh", "v_st", "v_sh", "o_st", "o_sh"),
+                    # NVIDIA has no exact-fp32 tensor-core op: fp32 dots run on FMA there by design.
+                    expects_mfma=not (dtype == torch.float32 and arch.startswith("sm"))))
+    return variants

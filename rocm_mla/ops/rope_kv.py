@@ -1,0 +1,364 @@
+"""fused_rope_mla_kv_write and concat_and_cache_mla: RoPE of q_pe / k_pe in place plus the latent
+KV-cache write, in one kernel.
+
+Kernels: hip_src/kernels/rope_kv_write.cuh (HIP), rocm_mla/kernels/rope_kv_write.py (Triton).
+Reference: rocm_mla/reference/rope_kv.py. Both ops share one kernel family, one config
+(configs/rope_kv_write.json) and one backend switch: ``ROCM_MLA_BACKEND_ROPE_KV_WRITE``.
+
+Decisions (documented on the functions too):
+- positions and slot_mapping must be int64 (vLLM's dtype); int32 is rejected with a TypeError,
+  because a silent conversion would allocate on every call.
+- slot_mapping may be shorter than the batch (vLLM pads the token count for CUDA graphs and passes
+  the unpadded slot_mapping): tokens past its end are rotated but not cached. Any negative slot
+  (-1 in vLLM) means "not cached".
+- An FP8 cache is a float8_e4m3fn / float8_e4m3fnuz tensor, or uint8 storage (as vLLM passes it)
+  with the kind named by kv_cache_dtype. Values stored: x / k_scale saturated to +-max finite
+  (448 / 240), round to nearest even; a finite input never stores NaN.
+- ``ROCM_MLA_DEBUG=1`` checks positions and slots against their ranges on the host (a device
+  sync per call): out-of-range values are otherwise out-of-bounds memory accesses.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+
+from .. import _ext, _platform
+from ..configs import config_for
+from ..kernels.rope_kv_write import rope_mla_kv_write_kernel
+from ..reference.rope_kv import cache_rows_ref, rope_ref, write_cache_ref
+from ._checks import FLOAT_DTYPES, Checker
+from ._dispatch import select
+from ._variants import TritonVariant
+
+OP = "rope_kv_write"  # config file, backend switch (ROCM_MLA_BACKEND_ROPE_KV_WRITE)
+ROPE_DIM = 64
+LATENT_DIM = 512
+ROW_DIM = LATENT_DIM + ROPE_DIM
+
+# kv_cache_dtype values: "auto" (the q dtype), or an FP8 E4M3 kind.
+_FP8_NAMES = {"fp8": None, "fp8_e4m3": None,
+              "fp8_e4m3fn": torch.float8_e4m3fn, "fp8_e4m3fnuz": torch.float8_e4m3fnuz}
+KV_CACHE_DTYPES = ("auto", *_FP8_NAMES)
+_FP8_KIND = {torch.float8_e4m3fn: 1, torch.float8_e4m3fnuz: 2}  # the kernels' CACHE_KIND
+
+
+def fused_rope_mla_kv_write(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor,
+                            kv_c: torch.Tensor, cos_sin_cache: torch.Tensor, kv_cache: torch.Tensor,
+                            slot_mapping: torch.Tensor, *, is_neox: bool, kv_cache_dtype: str = "auto",
+                            k_scale: torch.Tensor | None = None, backend: str | None = None) -> None:
+    """Rotate ``q_pe`` and ``k_pe`` in place and write ``[kv_c | rope(k_pe)]`` into the paged cache.
+
+    Args:
+        positions: ``[T]`` int64 token positions, each in ``[0, max_pos)`` (int32 is rejected).
+        q_pe: ``[T, N, 64]`` float32/float16/bfloat16, any strides (typically the strided slice
+            ``q[..., 128:]`` of the ``[T, N, 192]`` query); rotated in place. Any N >= 1.
+        k_pe: ``[T, 1, 64]`` or ``[T, 64]``, q_pe's dtype, any strides (e.g. a slice of the
+            ``[T, 576]`` kv_a output); rotated in place.
+        kv_c: ``[T, 512]``, q_pe's dtype, any strides: the latent part of the cache row.
+        cos_sin_cache: ``[max_pos, 64]`` = ``cat(cos[32], sin[32])`` per position (vLLM's layout;
+            YaRN's mscale folded in), float32 or q_pe's dtype, any strides.
+        kv_cache: ``[num_blocks, block_size, 576]``, any strides (e.g. a non-contiguous block
+            stride). dtype: q_pe's (``kv_cache_dtype="auto"``); or FP8 -- a float8_e4m3fn /
+            float8_e4m3fnuz tensor, or uint8 storage holding the codes (as vLLM passes it) whose
+            kind ``kv_cache_dtype`` names: ``"fp8_e4m3fn"``, ``"fp8_e4m3fnuz"``, or ``"fp8"`` /
+            ``"fp8_e4m3"`` = the platform's kind (e4m3fnuz on gfx94x, e4m3fn elsewhere).
+        slot_mapping: ``[S]`` int64 with ``S <= T``; token t's row goes to block
+            ``slot // block_size``, offset ``slot % block_size``. A negative slot (-1) and tokens
+            ``t >= S`` (vLLM's CUDA-graph padding) are rotated but not cached. Slots must be
+            distinct (two tokens writing one row race).
+        is_neox: False: GPT-J style, pairs (2i, 2i+1) (DeepSeek); True: NeoX style, pairs (i, i+32).
+        kv_cache_dtype: ``"auto"`` (cache dtype == q_pe's) or one of the FP8 names above.
+        k_scale: FP8 only (ignored otherwise, so vLLM may always pass it): a 1-element float32
+            tensor on the cache's device; the cache stores ``x / k_scale``, saturated to the
+            format's largest finite value (448 e4m3fn, 240 e4m3fnuz), round to nearest even.
+            Read on the device: no host sync, safe under CUDA-graph capture.
+        backend: ``"hip"``, ``"triton"`` or ``"reference"`` to force one (default: fastest
+            available; ``ROCM_MLA_BACKEND_ROPE_KV_WRITE`` forces one for both rope/cache ops).
+
+    Rotation: ``x' = x cos_i - y sin_i, y' = y cos_i + x sin_i`` in float32, rounded once per store;
+    the cache gets the float32 rotation rounded (or quantised) once to its own type. Nothing else
+    in the cache is touched. q_pe, k_pe, kv_c and kv_cache must not overlap.
+
+    With ``ROCM_MLA_DEBUG=1`` positions and slots are range-checked on the host first (a device
+    sync); otherwise an out-of-range position or slot is an out-of-bounds access.
+
+    Raises:
+        TypeError / ValueError naming the argument, what was expected and what came.
+    """
+    c = Checker("fused_rope_mla_kv_write")
+    c.tensor("q_pe", q_pe, ndim=3, layout="[T, N, 64]", dtypes=FLOAT_DTYPES)
+    T, N, D = q_pe.shape
+    if D != ROPE_DIM:
+        c.fail("q_pe", f"shape [T, N, 64] = (*, *, {ROPE_DIM})", tuple(q_pe.shape))
+    if N < 1:
+        c.fail("q_pe", "at least one head (N >= 1)", tuple(q_pe.shape))
+    c.tensor("positions", positions, shape=(T,), layout="[T]", like="q_pe's T")
+    _check_index_dtype(c, "positions", positions)
+    k2 = _check_common(c, T, k_pe, kv_c, kv_cache, slot_mapping, q_pe.dtype, "q_pe")
+    c.tensor("cos_sin_cache", cos_sin_cache, ndim=2, layout="[max_pos, 64]",
+             dtypes=tuple(dict.fromkeys((torch.float32, q_pe.dtype))))
+    if cos_sin_cache.shape[1] != ROPE_DIM:
+        c.fail("cos_sin_cache", "shape [max_pos, 64] = (*, 64) (cat(cos[32], sin[32]))",
+               tuple(cos_sin_cache.shape))
+    fp8 = _fp8_dtype(c, kv_cache, kv_cache_dtype, q_pe.dtype)
+    _check_scale(c, fp8, k_scale)
+    c.same_device(q_pe=q_pe, positions=positions, k_pe=k_pe, kv_c=kv_c, cos_sin_cache=cos_sin_cache,
+                  kv_cache=kv_cache, slot_mapping=slot_mapping,
+                  k_scale=k_scale if fp8 is not None else None)
+    c.writable("q_pe", q_pe)
+    c.writable("k_pe", k2)
+    c.writable("kv_cache", kv_cache)
+    if _debug():
+        _debug_ranges(c, "positions", positions, cos_sin_cache.shape[0], "cos_sin_cache's max_pos")
+        _debug_slots(c, slot_mapping, kv_cache)
+    _run(positions, q_pe, k2, kv_c, cos_sin_cache, kv_cache, slot_mapping, is_neox, fp8, k_scale, backend)
+
+
+def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
+                         slot_mapping: torch.Tensor, *, kv_cache_dtype: str = "auto",
+                         k_scale: torch.Tensor | None = None, backend: str | None = None) -> None:
+    """Write ``[kv_c | k_pe]`` into the paged cache, no rotation (k_pe already rotated elsewhere).
+
+    Same contract as ``fused_rope_mla_kv_write`` without ``positions``, ``q_pe`` and
+    ``cos_sin_cache`` (vLLM's ``concat_and_cache_mla``): kv_c ``[T, 512]``, k_pe ``[T, 1, 64]`` or
+    ``[T, 64]`` (kv_c's dtype, read only), kv_cache ``[num_blocks, block_size, 576]`` of kv_c's
+    dtype or FP8 (see there), slot_mapping ``[S <= T]`` int64 (negative = skip).
+
+    Raises:
+        TypeError / ValueError naming the argument, what was expected and what came.
+    """
+    c = Checker("concat_and_cache_mla")
+    c.tensor("kv_c", kv_c, shape=(None, LATENT_DIM), layout="[T, 512]", dtypes=FLOAT_DTYPES)
+    T = kv_c.shape[0]
+    k2 = _check_common(c, T, k_pe, kv_c, kv_cache, slot_mapping, kv_c.dtype, "kv_c")
+    fp8 = _fp8_dtype(c, kv_cache, kv_cache_dtype, kv_c.dtype)
+    _check_scale(c, fp8, k_scale)
+    c.same_device(kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache, slot_mapping=slot_mapping,
+                  k_scale=k_scale if fp8 is not None else None)
+    c.writable("kv_cache", kv_cache)
+    if _debug():
+        _debug_slots(c, slot_mapping, kv_cache)
+    _run(None, None, k2, kv_c, None, kv_cache, slot_mapping, False, fp8, k_scale, backend)
+
+
+# ---------------------------------------------------------------- validation helpers
+
+def _check_index_dtype(c: Checker, name: str, x: torch.Tensor) -> None:
+    if x.dtype != torch.int64:
+        c.fail(name, "dtype int64 (int32 is not accepted: converting would allocate per call)",
+               str(x.dtype).replace("torch.", ""), TypeError)
+
+
+def _check_common(c: Checker, T: int, k_pe, kv_c, kv_cache, slot_mapping, dtype, dtype_src) -> torch.Tensor:
+    """Checks shared by both ops; returns k_pe as a ``[T, 64]`` view."""
+    c.tensor("k_pe", k_pe, layout="[T, 1, 64] or [T, 64]")
+    if k_pe.dim() == 3 and k_pe.shape[1] == 1 and k_pe.shape[0] == T and k_pe.shape[2] == ROPE_DIM:
+        k2 = k_pe.select(1, 0)
+    elif k_pe.dim() == 2 and tuple(k_pe.shape) == (T, ROPE_DIM):
+        k2 = k_pe
+    else:
+        c.fail("k_pe", f"shape [T, 1, 64] = ({T}, 1, 64) or [T, 64] = ({T}, 64) ({dtype_src}'s T)",
+               tuple(k_pe.shape))
+    want = str(dtype).replace("torch.", "")
+    for name, x in (("k_pe", k_pe), ("kv_c", kv_c)):
+        if isinstance(x, torch.Tensor) and x.dtype != dtype:
+            c.fail(name, f"dtype {want} (like {dtype_src})", str(x.dtype).replace("torch.", ""), TypeError)
+    c.tensor("kv_c", kv_c, shape=(T, LATENT_DIM), layout="[T, 512]", like=f"{dtype_src}'s T")
+    c.tensor("kv_cache", kv_cache, ndim=3, layout="[num_blocks, block_size, 576]")
+    if kv_cache.shape[2] != ROW_DIM:
+        c.fail("kv_cache", f"shape [num_blocks, block_size, 576] = (*, *, {ROW_DIM})", tuple(kv_cache.shape))
+    if kv_cache.shape[0] * kv_cache.shape[1] >= 1 << 32:
+        c.fail("kv_cache", "fewer than 2^32 slots (num_blocks x block_size)", tuple(kv_cache.shape))
+    c.tensor("slot_mapping", slot_mapping, ndim=1, layout="[S <= T]")
+    if slot_mapping.shape[0] > T:
+        c.fail("slot_mapping", f"shape [S] with S <= T = {T}", tuple(slot_mapping.shape))
+    _check_index_dtype(c, "slot_mapping", slot_mapping)
+    return k2
+
+
+def _platform_fp8(device: torch.device) -> torch.dtype:
+    """The FP8 E4M3 kind a plain "fp8" means on ``device``: e4m3fnuz on gfx94x (MI300), else e4m3fn."""
+    return torch.float8_e4m3fnuz if _platform.device_arch(device).startswith("gfx94") else torch.float8_e4m3fn
+
+
+def _fp8_dtype(c: Checker, kv_cache: torch.Tensor, kv_cache_dtype: str, q_dtype: torch.dtype) -> torch.dtype | None:
+    """The cache's FP8 kind (None: it stores the q dtype), from kv_cache_dtype and its dtype."""
+    if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in KV_CACHE_DTYPES:
+        c.fail("kv_cache_dtype", f"one of {', '.join(repr(k) for k in KV_CACHE_DTYPES)}", repr(kv_cache_dtype))
+    cache_name = str(kv_cache.dtype).replace("torch.", "")
+    if kv_cache_dtype == "auto":
+        if kv_cache.dtype != q_dtype:
+            q_name = str(q_dtype).replace("torch.", "")
+            hint = " (an FP8 cache needs kv_cache_dtype='fp8')" if kv_cache.dtype in (torch.uint8, *_FP8_KIND) else ""
+            c.fail("kv_cache", f"dtype {q_name} (kv_cache_dtype='auto' means the q dtype){hint}",
+                   cache_name, TypeError)
+        return None
+    named = _FP8_NAMES[kv_cache_dtype]
+    if kv_cache.dtype in _FP8_KIND:
+        if named is not None and named != kv_cache.dtype:
+            c.fail("kv_cache", f"dtype {str(named).replace('torch.', '')} (kv_cache_dtype={kv_cache_dtype!r})",
+                   cache_name, TypeError)
+        return kv_cache.dtype
+    if kv_cache.dtype == torch.uint8:
+        return named if named is not None else _platform_fp8(kv_cache.device)
+    c.fail("kv_cache", f"dtype float8_e4m3fn, float8_e4m3fnuz or uint8 (kv_cache_dtype={kv_cache_dtype!r})",
+           cache_name, TypeError)
+    return None
+
+
+def _check_scale(c: Checker, fp8: torch.dtype | None, k_scale) -> None:
+    """An FP8 cache needs k_scale: a 1-element float32 tensor (its device is checked with the rest)."""
+    if fp8 is None:
+        return
+    if k_scale is None:
+        c.fail("k_scale", "a 1-element float32 tensor (an FP8 cache needs its scale)", "None", TypeError)
+    c.tensor("k_scale", k_scale, layout="(1 element)", dtypes=(torch.float32,))
+    if k_scale.numel() != 1:
+        c.fail("k_scale", "a 1-element float32 tensor", f"shape {tuple(k_scale.shape)}")
+
+
+def _debug() -> bool:
+    return os.environ.get("ROCM_MLA_DEBUG", "0") == "1"
+
+
+def _debug_ranges(c: Checker, name: str, x: torch.Tensor, hi: int, what: str) -> None:
+    bad = ((x < 0) | (x >= hi)).nonzero()
+    if bad.numel():
+        i = int(bad[0, 0])
+        c.fail(name, f"values in [0, {hi}) ({what}; ROCM_MLA_DEBUG=1 check)",
+               f"{int(x[i])} at index {i} ({bad.shape[0]} out of range)")
+
+
+def _debug_slots(c: Checker, slots: torch.Tensor, kv_cache: torch.Tensor) -> None:
+    n = kv_cache.shape[0] * kv_cache.shape[1]
+    bad = (slots >= n).nonzero()
+    if bad.numel():
+        i = int(bad[0, 0])
+        c.fail("slot_mapping", f"values < num_blocks x block_size = {n} or negative (ROCM_MLA_DEBUG=1 check)",
+               f"{int(slots[i])} at index {i} ({bad.shape[0]} out of range)")
+    valid = slots[slots >= 0]
+    if valid.numel() != valid.unique().numel():
+        c.fail("slot_mapping", "distinct non-negative slots (ROCM_MLA_DEBUG=1 check)",
+               f"{valid.numel() - valid.unique().numel()} repeated")
+
+
+# ---------------------------------------------------------------- dispatch
+
+def _run(positions, q_pe, k_pe, kv_c, cos_sin_cache, kv_cache, slot_mapping, is_neox, fp8, k_scale, backend):
+    """Validated arguments (k_pe as [T, 64]; q_pe None = no rope) -> the selected implementation."""
+    impl = select(OP, kv_cache.device, backend)
+    if k_pe.shape[0] == 0:
+        return
+    rope = q_pe is not None
+    # Kernels write FP8 codes through a uint8 view (one code path for float8 and uint8 caches).
+    cache = kv_cache.view(torch.uint8) if fp8 is not None else kv_cache
+    kind = _FP8_KIND[fp8] if fp8 is not None else 0
+    if impl == "hip":
+        cfg = config_for(OP, _platform.device_arch(kv_cache.device))["hip"]
+        _ext.load().rope_mla_kv_write(positions, q_pe, k_pe, kv_c, cos_sin_cache, cache, slot_mapping,
+                                      k_scale if fp8 is not None else None, bool(is_neox), kind,
+                                      int(cfg["waves_per_block"]), int(cfg["units_per_thread"]),
+                                      int(cfg["min_blocks_per_cu"]))
+    elif impl == "triton":
+        _launch_triton(positions, q_pe, k_pe, kv_c, cos_sin_cache, cache, slot_mapping, k_scale,
+                       bool(is_neox), kind)
+    else:
+        if rope:
+            q_rot = rope_ref(positions, q_pe, cos_sin_cache, is_neox=is_neox)
+            k_rot = rope_ref(positions, k_pe, cos_sin_cache, is_neox=is_neox)
+            q_pe.copy_(q_rot)
+            k_pe.copy_(k_rot)
+        else:
+            k_rot = k_pe
+        write_cache_ref(kv_cache, slot_mapping, cache_rows_ref(kv_c, k_rot), fp8_dtype=fp8, k_scale=k_scale)
+
+
+def _triton_meta(num_heads: int, arch: str) -> tuple[dict, dict]:
+    """Constexprs (TOKENS, BLOCK_R) and compile options for ``num_heads`` heads on ``arch``.
+
+    TOKENS: tokens per program, so that a program moves about ``rows_per_program`` q_pe rows
+    (16 heads -> 8 tokens, 128 heads -> 1), at most ``max_tokens`` (its [TOKENS, 512] kv_c tile
+    lives in registers).
+    """
+    cfg = config_for(OP, arch)["triton"]
+    tokens = max(1, min(cfg["max_tokens"], cfg["rows_per_program"] // max(1, num_heads)))
+    tokens = 1 << (tokens.bit_length() - 1)  # a power of two (tl.arange)
+    block_r = min(cfg["block_rows"], triton.next_power_of_2(max(1, tokens * num_heads)))
+    options = {"num_warps": cfg["num_warps"]}
+    if arch.startswith("gfx") and cfg.get("waves_per_eu"):
+        options["waves_per_eu"] = cfg["waves_per_eu"]
+    return {"TOKENS": tokens, "BLOCK_R": block_r}, options
+
+
+def _launch_triton(positions, q_pe, k_pe, kv_c, cos_sin_cache, cache, slot_mapping, k_scale, is_neox, kind):
+    T = k_pe.shape[0]
+    rope = q_pe is not None
+    N = q_pe.shape[1] if rope else 0
+    consts, options = _triton_meta(N, _platform.device_arch(cache.device))
+    grid = (triton.cdiv(T, consts["TOKENS"]),)
+    # Unused pointers get a live tensor of the right kind (never read: ROPE / CACHE_KIND are constexpr).
+    pos = positions if rope else slot_mapping
+    q = q_pe if rope else k_pe.unsqueeze(1)
+    cs = cos_sin_cache if rope else k_pe
+    ks = k_scale if kind else kv_c
+    q_strides = q.stride() if rope else (0, 0, 0)
+    cs_strides = cs.stride() if rope else (0, 0)
+    rope_mla_kv_write_kernel[grid](
+        pos, q, k_pe, kv_c, cs, cache, slot_mapping, ks,
+        T, N, slot_mapping.shape[0], cache.shape[1],
+        *q_strides, *k_pe.stride(), *kv_c.stride(), *cs_strides, *cache.stride(),
+        ROPE=rope, IS_NEOX=is_neox and rope, CACHE_KIND=kind, **consts, **options)
+
+
+# ---------------------------------------------------------------- ISA report
+
+_TRITON_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def triton_variants(arch: str) -> list[TritonVariant]:
+    """The Triton specialisations the wrapper launches for DeepSeek's shapes on ``arch``.
+
+    Per q dtype (bf16, fp16): GPT-J and NeoX, cos_sin_cache float32 or the q dtype, cache in the
+    q dtype or FP8 (the arch's kind: e4m3fnuz on gfx94x, e4m3fn elsewhere), at N = 16 and 128
+    (TOKENS 8 and 1); plus concat_and_cache_mla (no rope) per cache kind. Contiguous rows of
+    vLLM's layouts: inner strides 1, the rest multiples of 16, block_size 64.
+    """
+    fp8_kind = 2 if arch.startswith("gfx94") else 1
+    variants = []
+    for dtype, tname in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
+        cases = []
+        for kind in (0, fp8_kind):
+            for cs in ("fp32", tname):
+                for neox in (False, True):
+                    for n in (16, 128):
+                        cases.append((True, kind, cs, neox, n))
+            cases.append((False, kind, tname, False, 0))
+        for rope, kind, cs, neox, n in cases:
+            consts, options = _triton_meta(n, arch)
+            cache_t = "u8" if kind else tname
+            sig = {"positions": "*i64", "q_pe": f"*{tname}", "k_pe": f"*{tname}", "kv_c": f"*{tname}",
+                   "cos_sin": f"*{cs}", "cache": f"*{cache_t}", "slot_mapping": "*i64", "k_scale": "*fp32",
+                   "num_tokens": "i32", "num_heads": "i32", "num_cached": "i32", "block_size": "i32",
+                   "q_st": "i32", "q_sh": "i32", "q_sd": "constexpr", "k_st": "i32", "k_sd": "constexpr",
+                   "c_st": "i32", "c_sd": "constexpr", "cs_sp": "i32", "cs_sd": "constexpr",
+                   "kv_sb": "i32", "kv_so": "i32", "kv_sd": "constexpr",
+                   "ROPE": "constexpr", "IS_NEOX": "constexpr", "TOKENS": "constexpr",
+                   "BLOCK_R": "constexpr", "CACHE_KIND": "constexpr"}
+            # Inner strides are 1 on real tensors, and Triton specialises ints equal to 1.
+            ones = {k: 1 for k in ("q_sd", "k_sd", "c_sd", "cs_sd", "kv_sd")}
+            kind_name = {0: tname, 1: "fp8e4m3fn", 2: "fp8e4m3fnuz"}[kind]
+            label = (f"{tname} cs={cs} cache={kind_name} {'neox' if neox else 'gptj'} N={n} "
+                     f"tok={consts['TOKENS']} rows={consts['BLOCK_R']} w{options['num_warps']}"
+                     if rope else f"concat {tname} cache={kind_name} w{options['num_warps']}")
+            variants.append(TritonVariant(
+                kernel="fused_rope_mla_kv_write" if rope else "concat_and_cache_mla", config=label,
+                fn=rope_mla_kv_write_kernel, signature=sig,
+                constexprs={**consts, **ones, "ROPE": rope, "IS_NEOX": neox, "CACHE_KIND": kind},
+                options=options,
+                divisible_by_16=("positions", "q_pe", "k_pe", "kv_c", "cos_sin", "cache", "slot_mapping",
+                                 "k_scale", "block_size", "q_st", "q_sh", "k_st", "c_st", "cs_sp",
+                                 "kv_sb", "kv_so")))
+    return variants

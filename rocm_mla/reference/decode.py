@@ -1,0 +1,66 @@
+"""Float32 reference of mla_decode: gather each request's pages, dense softmax attention.
+
+Deliberately plain (a Python loop over requests, no splits, no online softmax) so that it is an
+independent yardstick for the split-KV kernels; tests/test_decode.py checks it in turn against a
+float64 SDPA formulation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+KV_LORA_RANK = 512  # V = the first 512 columns of each cache row; K = all 576
+
+
+def mla_decode_ref(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
+                   block_table: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float,
+                   k_scale: float | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Paged MQA over the MLA latent cache, in float32.
+
+    q_nope ``[rows, N, 512]``, q_pe ``[rows, N, 64]``: rows = B x q_len, request-major (the rows of
+    request b are ``b*q_len .. b*q_len + q_len - 1``, its last q_len tokens in order).
+    kv_cache ``[num_blocks, block_size, 576]`` (any float dtype, float8 included; value = stored x
+    k_scale when k_scale is given). block_table ``[B, max_blocks]`` int: token j of request b lives
+    at ``kv_cache[block_table[b, j // block_size], j % block_size]``. seq_lens ``[B]``: keys per
+    request, the new tokens included. Row t of request b sees keys ``j <= seq_len - q_len + t``.
+
+    Returns ``(out [rows, N, 512] float32, lse [rows, N] float32)``, lse the natural-log
+    sum-exp of the scaled scores. A row that sees no key gets out 0 and lse -inf. Cache slots
+    outside each request's first seq_len tokens are never read.
+    """
+    rows, N, _ = q_nope.shape
+    B = block_table.shape[0]
+    q_len = rows // B if B else 1
+    block_size = kv_cache.shape[1]
+    q = torch.cat([q_nope.float(), q_pe.float()], dim=-1)  # [rows, N, 576]
+    scale = 1.0 if k_scale is None else (float(k_scale.float().reshape(-1)[0])
+                                         if isinstance(k_scale, torch.Tensor) else float(k_scale))
+    out = torch.zeros(rows, N, KV_LORA_RANK, dtype=torch.float32, device=q_nope.device)
+    lse = torch.full((rows, N), float("-inf"), dtype=torch.float32, device=q_nope.device)
+    for b in range(B):
+        L = int(seq_lens[b])
+        if L <= 0:
+            continue
+        tok = torch.arange(L, device=kv_cache.device)
+        pages = block_table[b, tok // block_size].long()
+        k = kv_cache[pages, tok % block_size].float() * scale  # [L, 576]
+        v = k[:, :KV_LORA_RANK]
+        qb = q[b * q_len:(b + 1) * q_len]  # [q_len, N, 576]
+        s = torch.einsum("tnd,jd->tnj", qb, k) * sm_scale
+        limit = L - q_len + torch.arange(q_len, device=s.device)  # last visible key per row
+        visible = tok.to(s.device)[None, :] <= limit[:, None]  # [q_len, L]
+        s = s.masked_fill(~visible[:, None, :], float("-inf"))
+        row_lse = torch.logsumexp(s, dim=-1)  # [q_len, N]
+        seen = row_lse > float("-inf")
+        p = torch.exp(s - torch.where(seen, row_lse, 0.0)[..., None])
+        p = torch.where(seen[..., None], p, 0.0)
+        out[b * q_len:(b + 1) * q_len] = torch.einsum("tnj,jd->tnd", p, v)
+        lse[b * q_len:(b + 1) * q_len] = row_lse
+    return out, lse
+
+
+def default_sm_scale(qk_nope_head_dim: int = 128, qk_rope_head_dim: int = 64) -> float:
+    """DeepSeek's softmax scale before yarn mscale: 1/sqrt(qk_nope + qk_rope) = 1/sqrt(192)."""
+    return 1.0 / math.sqrt(qk_nope_head_dim + qk_rope_head_dim)

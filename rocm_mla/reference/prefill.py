@@ -1,0 +1,51 @@
+"""Float32 reference of mla_prefill: per sequence, explicit k = cat(k_nope, k_pe broadcast), dense
+softmax with a bottom-right aligned causal mask."""
+
+from __future__ import annotations
+
+import torch
+
+
+def mla_prefill_ref(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
+                    cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, sm_scale: float,
+                    causal: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Varlen MLA prefill attention in float32.
+
+    q: ``[Tq, N, P + R]`` (nope part, then rope part); k_nope: ``[Tk, N, P]``; k_pe: ``[Tk, 1, R]``
+    (broadcast over heads) or ``[Tk, N, R]``; v: ``[Tk, N, V]``; cu_seqlens_q, cu_seqlens_k: ``[B + 1]``
+    integer prefix sums (sequence b owns q rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` and k/v rows
+    ``cu_seqlens_k[b]:cu_seqlens_k[b+1]``). Any strides.
+
+    Causal is bottom-right aligned: query i of a sequence with lq queries and lk keys sees keys
+    ``j <= i + lk - lq``. A query that sees no key gets output 0 and lse -inf.
+    Rows of q outside every sequence are left 0 in ``out`` and -inf in ``lse``.
+
+    Returns ``(out [Tq, N, V] float32, lse [N, Tq] float32)``, lse in natural log.
+    """
+    Tq, N, _ = q.shape
+    V = v.shape[-1]
+    out = torch.zeros(Tq, N, V, dtype=torch.float32, device=q.device)
+    lse = torch.full((N, Tq), float("-inf"), dtype=torch.float32, device=q.device)
+    cq = [int(x) for x in cu_seqlens_q.tolist()]
+    ck = [int(x) for x in cu_seqlens_k.tolist()]
+    for b in range(len(cq) - 1):
+        q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
+        lq, lk = q1 - q0, k1 - k0
+        if lq == 0:
+            continue
+        qb = q[q0:q1].float()
+        kpe = k_pe[k0:k1].float().expand(lk, N, k_pe.shape[-1])
+        kb = torch.cat([k_nope[k0:k1].float(), kpe], dim=-1)  # [lk, N, P + R]
+        vb = v[k0:k1].float()
+        s = torch.einsum("ind,jnd->nij", qb, kb) * sm_scale  # [N, lq, lk]
+        i = torch.arange(lq, device=q.device)[:, None]
+        j = torch.arange(lk, device=q.device)[None, :]
+        visible = (j <= i + (lk - lq)) if causal else torch.ones(lq, lk, dtype=torch.bool, device=q.device)
+        s = s.masked_fill(~visible, float("-inf"))
+        row_lse = torch.logsumexp(s, dim=-1) if lk else torch.full((N, lq), float("-inf"), device=q.device)
+        seen = row_lse > float("-inf")  # [N, lq]
+        p = torch.exp(s - torch.where(seen, row_lse, torch.zeros_like(row_lse))[..., None])
+        p = torch.where(seen[..., None], p, torch.zeros_like(p))
+        out[q0:q1] = torch.einsum("nij,jnd->ind", p, vb)
+        lse[:, q0:q1] = row_lse
+    return out, lse

@@ -1,0 +1,92 @@
+"""Float32 reference of fused_rope_mla_kv_write and concat_and_cache_mla.
+
+Semantics (DESIGN §3): ``cos, sin = cos_sin_cache[positions].chunk(2)`` (32 each); GPT-J style
+(``is_neox=False``, DeepSeek) rotates pairs (2i, 2i+1), NeoX style pairs (i, i+32):
+``x' = x cos_i - y sin_i, y' = y cos_i + x sin_i``. The cache row of token t, written at
+``slot_mapping[t]`` (slot = block * block_size + offset; negative = not written), is
+``[kv_c[t] | rope(k_pe[t])]``, 576 wide. An FP8 cache stores ``clamp(x / k_scale, -max, max)``
+(max 448 for e4m3fn, 240 for e4m3fnuz), rounded to nearest even; NaN stays NaN.
+
+Everything is computed in float32 from the inputs as given and rounded once on store -- the
+kernels do the same; vLLM's unfused path rounds after every torch op in the model dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ROPE_DIM = 64
+LATENT_DIM = 512
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0}
+
+
+def rope_ref(positions: torch.Tensor, x: torch.Tensor, cos_sin_cache: torch.Tensor, *,
+             is_neox: bool) -> torch.Tensor:
+    """Rotate ``x [T, ..., 64]`` by the angles of ``positions [T]``; returns float32, x's shape.
+
+    ``cos_sin_cache [max_pos, 64]`` holds ``cat(cos[32], sin[32])`` per position (vLLM's layout).
+    """
+    cs = cos_sin_cache.float()[positions.long()]  # [T, 64]
+    cos, sin = cs[:, :32], cs[:, 32:]
+    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (32,)
+    cos, sin = cos.reshape(shape), sin.reshape(shape)
+    xf = x.float()
+    if is_neox:
+        a, b = xf[..., :32], xf[..., 32:]
+        return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+    a, b = xf[..., 0::2], xf[..., 1::2]
+    return torch.stack((a * cos - b * sin, b * cos + a * sin), dim=-1).flatten(-2)
+
+
+def quantize_fp8_ref(x: torch.Tensor, k_scale: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
+    """``x / k_scale`` saturated to ``fp8_dtype``'s largest finite value, as ``fp8_dtype``.
+
+    torch's own conversion turns out-of-range values into NaN (the formats have no inf): the clamp
+    is what makes a finite input stay finite.
+    """
+    m = FP8_MAX[fp8_dtype]
+    return (x.float() / k_scale.float().reshape(())).clamp(-m, m).to(fp8_dtype)
+
+
+def cache_rows_ref(kv_c: torch.Tensor, k_pe_rotated: torch.Tensor) -> torch.Tensor:
+    """The 576-wide cache rows ``[kv_c | k_pe]`` of every token, float32 ``[T, 576]``."""
+    return torch.cat((kv_c.float(), k_pe_rotated.float().reshape(kv_c.shape[0], ROPE_DIM)), dim=-1)
+
+
+def write_cache_ref(kv_cache: torch.Tensor, slot_mapping: torch.Tensor, rows: torch.Tensor, *,
+                    fp8_dtype: torch.dtype | None = None, k_scale: torch.Tensor | None = None) -> None:
+    """Store ``rows [T, 576]`` (float32) at ``slot_mapping [S <= T]`` of ``kv_cache``, in place.
+
+    kv_cache: ``[num_blocks, block_size, 576]`` of its own dtype (any strides); with ``fp8_dtype``,
+    a tensor of that dtype (or a uint8 view of one) that gets ``quantize_fp8_ref(row, k_scale)``.
+    Negative slots and tokens t >= S are not written; nothing else in the cache is touched.
+    """
+    S = slot_mapping.shape[0]
+    slots = slot_mapping.long()
+    keep = (slots >= 0).nonzero().flatten()
+    if keep.numel() == 0:
+        return
+    slots = slots[keep]
+    bs = kv_cache.shape[1]
+    blk, off = slots // bs, slots % bs
+    sel = rows[:S][keep]
+    if fp8_dtype is not None:
+        assert k_scale is not None
+        # Scatter bytes: indexing ops lack float8 kernels in some torch builds (CUDA index_put).
+        kv_cache.view(torch.uint8)[blk, off] = quantize_fp8_ref(sel, k_scale, fp8_dtype).view(torch.uint8)
+    else:
+        kv_cache[blk, off] = sel.to(kv_cache.dtype)
+
+
+def fused_rope_mla_kv_write_ref(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor,
+                                kv_c: torch.Tensor, cos_sin_cache: torch.Tensor, *, is_neox: bool
+                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The op's results, in float32, without touching any input.
+
+    positions ``[T]``; q_pe ``[T, N, 64]``; k_pe ``[T, 1, 64]`` or ``[T, 64]``; kv_c ``[T, 512]``;
+    cos_sin_cache ``[max_pos, 64]``. Returns ``(q_pe rotated [T, N, 64], k_pe rotated (k_pe's
+    shape), cache rows [T, 576])``; store the rows with ``write_cache_ref``.
+    """
+    q_rot = rope_ref(positions, q_pe, cos_sin_cache, is_neox=is_neox)
+    k_rot = rope_ref(positions, k_pe, cos_sin_cache, is_neox=is_neox)
+    return q_rot, k_rot, cache_rows_ref(kv_c, k_rot)

@@ -1,0 +1,103 @@
+"""vLLM 0.33 integration: the ``ROCM_MLA`` attention backend and the ``ROCM_MLA`` MLA prefill backend.
+
+Users install rocm-mla next to vLLM and run::
+
+    vllm serve deepseek-ai/DeepSeek-V3 --attention-backend ROCM_MLA
+
+vLLM finds this package through the ``vllm.general_plugins`` entry point ``rocm_mla`` (see
+pyproject.toml) and calls :func:`register` in every process it starts: the API server
+(``EngineArgs.__post_init__`` / ``AsyncEngineArgs.add_cli_args``), the engine core
+(``EngineCore.__init__``) and each worker (``WorkerWrapperBase``). ``VLLM_PLUGINS``, when set, is an
+allow-list of entry-point names: it must then contain ``rocm_mla``.
+
+Importing this module does not import vLLM (only :func:`register` and ``rocm_mla.vllm.backend`` do),
+so ``import rocm_mla`` stays free of vLLM, as the package layering requires.
+
+What :func:`register` does, and why (vllm/v1/attention/backends/registry.py):
+
+* ``register_backend("ROCM_MLA", path)`` adds a new member to ``AttentionBackendEnum``
+  (``AttentionBackendEnum.register``). ``--attention-backend ROCM_MLA`` and
+  ``-ac.backend=ROCM_MLA`` then parse, because vLLM turns the string into the enum with
+  ``AttentionBackendEnum[name]`` (``AttentionConfig.validate_backend_before``) after loading the
+  general plugins. ``register_backend`` with a string raises if the name exists, so a second call
+  (vLLM loads plugins once per process, but tests and users may call again) overrides the
+  existing member instead: :func:`register` is re-entrant.
+* Enum members pickle by *value* (``Enum.__reduce_ex__``), and a dynamically added member's value
+  exists only in processes that ran :func:`register`. vLLM ships its ``VllmConfig`` to the engine
+  core and the workers as ``multiprocessing`` arguments; with the ``spawn`` start method (forced by
+  vLLM when CUDA/HIP is already initialised, under Ray, or with ``--numa-bind``) the child unpickles
+  the config *before* it loads any plugin, and ``AttentionBackendEnum('rocm_mla....')`` would fail.
+  So the member pickles by name through :func:`_restore_member`, which registers first. (With
+  ``fork`` the child inherits the registration and nothing is unpickled.)
+* ``AttentionBackendEnum.CUSTOM`` is pointed at the same class unless another plugin already
+  claimed it, so ``--attention-backend CUSTOM`` works too.
+* ``register_mla_prefill_backend("ROCM_MLA", ...)`` adds rocm_mla's varlen prefill to vLLM's MLA
+  prefill registry (``-ac.mla_prefill_backend=ROCM_MLA``): any MLA decode backend can then run its
+  prefill on it, and it is the prefill object ROCM_MLA layers hold (see backend.py).
+"""
+
+from __future__ import annotations
+
+import logging
+
+BACKEND_NAME = "ROCM_MLA"
+BACKEND_CLASS = "rocm_mla.vllm.backend.RocmMLABackend"
+PREFILL_BACKEND_NAME = "ROCM_MLA"
+PREFILL_BACKEND_CLASS = "rocm_mla.vllm.prefill.RocmMLAPrefillBackend"
+PLUGIN_NAME = "rocm_mla"  # the entry-point name VLLM_PLUGINS must list when it is set
+
+__all__ = ["BACKEND_NAME", "BACKEND_CLASS", "PREFILL_BACKEND_NAME", "PREFILL_BACKEND_CLASS",
+           "PLUGIN_NAME", "register"]
+
+logger = logging.getLogger(__name__)
+
+
+def register() -> None:
+    """Register ROCM_MLA with vLLM's attention-backend and MLA-prefill registries (re-entrant).
+
+    The ``vllm.general_plugins`` entry point of this package; safe to call any number of times,
+    in any process. Requires vLLM 0.33 (``register_backend`` accepting a new name).
+    """
+    from vllm.v1.attention.backends.mla.prefill.registry import (
+        MLAPrefillBackendEnum,
+        register_mla_prefill_backend,
+    )
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    if BACKEND_NAME in AttentionBackendEnum.__members__:
+        # Already a member (an earlier call, or a future vLLM that names it): point it at us.
+        register_backend(AttentionBackendEnum[BACKEND_NAME], BACKEND_CLASS)
+    else:
+        register_backend(BACKEND_NAME, BACKEND_CLASS)
+    _pickle_by_name(AttentionBackendEnum[BACKEND_NAME], "attention")
+
+    custom = AttentionBackendEnum.CUSTOM
+    if not custom.is_overridden() or custom.get_path() == BACKEND_CLASS:
+        register_backend(custom, BACKEND_CLASS)
+    else:
+        logger.info("rocm_mla: AttentionBackendEnum.CUSTOM is already %s; use --attention-backend "
+                    "%s for rocm_mla", custom.get_path(), BACKEND_NAME)
+
+    if PREFILL_BACKEND_NAME in MLAPrefillBackendEnum.__members__:
+        register_mla_prefill_backend(MLAPrefillBackendEnum[PREFILL_BACKEND_NAME], PREFILL_BACKEND_CLASS)
+    else:
+        register_mla_prefill_backend(PREFILL_BACKEND_NAME, PREFILL_BACKEND_CLASS)
+    _pickle_by_name(MLAPrefillBackendEnum[PREFILL_BACKEND_NAME], "mla_prefill")
+
+
+def _restore_member(kind: str, name: str):
+    """Unpickle hook of the members added by :func:`register`: register (a no-op when already
+    done in this process), then return the member by name."""
+    register()
+    if kind == "attention":
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum as enum_cls
+    else:
+        from vllm.v1.attention.backends.mla.prefill.registry import MLAPrefillBackendEnum as enum_cls
+    return enum_cls[name]
+
+
+def _pickle_by_name(member, kind: str) -> None:
+    # pickle looks __reduce_ex__ up on the object first, so an instance attribute takes precedence
+    # over Enum.__reduce_ex__ (by value); deepcopy keeps using Enum.__deepcopy__ (returns self).
+    name = member.name
+    member.__reduce_ex__ = lambda protocol: (_restore_member, (kind, name))

@@ -1,0 +1,313 @@
+"""ROCM_MLA: vLLM 0.33's MLA attention running on rocm_mla's kernels, with no extra copies.
+
+Subclasses of vLLM's MLA common classes (vllm/model_executor/layers/attention/mla_attention.py);
+vLLM's ``MLAAttention`` layer keeps doing what is not attention (q/k/v projections, the absorbed
+``W_UK`` bmm before decode and the ``W_UV`` bmm after it, output quantisation); this module
+replaces the four attention steps:
+
+* KV write (``do_kv_cache_update``): ``rocm_mla.concat_and_cache_mla`` writes ``[kv_c | k_pe]``
+  straight from the model's strided views into the paged cache (fp8: ``x / k_scale``).
+* Decode (``forward_mqa``): ``rocm_mla.mla_decode`` reads ``ql_nope`` and ``q_pe`` as the two
+  tensors vLLM hands over (no ``torch.cat``), writes out and LSE into buffers it never memsets
+  (every element is written), and takes uniform multi-token rows (MTP / spec-decode
+  verification: rows = B x q_len, causal within each request) without expanding block tables.
+* Prefill (``forward_mha``): ``rocm_mla.mla_prefill`` reads ``k_nope``/``v`` as strided views of
+  the ``kv_b_proj`` output and ``k_pe`` as one ``[T, 1, 64]`` head broadcast over N (no cat, no
+  pad), and writes the layer's output rows in place. Cached context: each chunk is gathered
+  (``context_gather``), up-projected, attended into one reusable chunk buffer, and folded into
+  the output rows in place with the strided ``rocm_mla.merge_attn_states`` (no partial copies).
+
+What vLLM 0.33 does not let a backend reach (README, "vLLM integration"): the fused RoPE + KV
+write. RoPE is applied by the model (``MultiHeadLatentAttentionWrapper.forward`` in
+vllm/model_executor/layers/mla.py) before ``MLAAttention`` is called, and ``do_kv_cache_update``
+receives neither positions nor ``q_pe`` nor the cos/sin cache; the ``fuse_rope_kvcache_cat_mla``
+compile pass (vllm/compilation/passes/fusion/mla_rope_kvcache_cat_fusion.py) rewrites the graph to
+``torch.ops.vllm.fused_rope_unified_mla_kv_cache_update``, whose implementation calls vLLM's own
+``ops.concat_and_cache_mla_rope_fused`` directly, with no backend hook.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from vllm.config.cache import CacheDType
+from vllm.model_executor.layers.attention.mla_attention import (
+    MLACommonBackend,
+    MLACommonImpl,
+    MLACommonMetadata,
+    MLACommonMetadataBuilder,
+    MLACommonPrefillMetadata,
+    QueryLenSupport,
+    _get_kv_b_proj_input_dtype,
+)
+from vllm.platforms import current_platform
+from vllm.v1.attention.backend import AttentionCGSupport, AttentionLayer, AttentionType, MultipleOf
+from vllm.v1.kv_cache_interface import is_quantized_kv_cache
+
+from rocm_mla.ops import concat_and_cache_mla, merge_attn_states, mla_decode, mla_prefill
+
+from .context_gather import gather_context_chunk
+
+# The decode kernel's fixed latent geometry (DESIGN §3): kv_lora_rank 512, rope 64.
+KV_LORA_RANK = 512
+QK_ROPE_HEAD_DIM = 64
+_FP8_CACHE_DTYPES = ("fp8", "fp8_e4m3")
+_16BIT_CACHE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class RocmMLABackend(MLACommonBackend):
+    """vLLM attention backend ``ROCM_MLA`` (selected with ``--attention-backend ROCM_MLA``)."""
+
+    # The kernels take fp16, bf16 and fp32 activations (fp32 mostly for tests).
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
+    # 16-bit caches must hold the model dtype (the kernels do not convert between 16-bit types:
+    # see supports_combination); fp8 = e4m3 of the platform (e4m3fnuz on gfx942), per-tensor k_scale.
+    supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = [
+        "auto", "bfloat16", "float16", "fp8", "fp8_e4m3"]
+
+    @staticmethod
+    def get_name() -> str:
+        return "ROCM_MLA"
+
+    @staticmethod
+    def get_impl_cls() -> type[RocmMLAImpl]:
+        return RocmMLAImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[RocmMLAMetadataBuilder]:
+        return RocmMLAMetadataBuilder
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return [KV_LORA_RANK + QK_ROPE_HEAD_DIM]  # 576: one latent "head" of [kv_c | k_pe]
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
+        # Decode, KV write and context gather index pages with any block size (1, 16, 64, ...).
+        return [MultipleOf(1)]
+
+    @classmethod
+    def supports_compute_capability(cls, capability) -> bool:
+        # Triton kernels: compiled for gfx942 (MI300) in CI, run on the lent H200 (sm90).
+        return True
+
+    @classmethod
+    def supports_combination(cls, head_size, dtype, kv_cache_dtype, block_size, use_mla, has_sink,
+                             use_sparse, use_mm_prefix, device_capability) -> str | None:
+        want = _16BIT_CACHE_DTYPES.get(kv_cache_dtype or "auto")
+        if want is not None and want != dtype:
+            return (f"kv_cache_dtype {kv_cache_dtype} with a {str(dtype).replace('torch.', '')} model "
+                    "(a 16-bit cache must hold the model dtype; use auto or fp8)")
+        return None
+
+
+class RocmMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
+    """vLLM's MLA metadata, unchanged: ``decode.block_table`` and ``decode.seq_lens`` are exactly
+    what ``mla_decode`` takes, and the prefill/context-chunk metadata is what the prefill uses."""
+
+    # mla_decode reads uniform multi-token decode blocks as rows = B x q_len, causal inside each
+    # request, from seq_lens alone: no host sync, no per-row tensors -> capturable, any q_len.
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
+    query_len_support: ClassVar[QueryLenSupport] = QueryLenSupport.UNIFORM
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        # The decode metadata only references the runner's persistent block_table/seq_lens
+        # buffers (nothing derived), so draft steps need no rebuild. DCP local lengths are not
+        # advanced between draft steps (as for TRITON_MLA).
+        self.supports_draft_decode_metadata_update = self.dcp_world_size == 1
+
+    def update_draft_decode_metadata(self, metadata: MLACommonMetadata) -> None:
+        """Nothing to refresh: see ``supports_draft_decode_metadata_update``."""
+
+
+class RocmMLAImpl(MLACommonImpl[MLACommonMetadata]):
+    """The attention steps of an MLA layer on rocm_mla's kernels (see the module docstring)."""
+
+    # forward_mqa always returns the natural-log LSE, which decode context parallelism combines.
+    can_return_lse_for_decode: bool = True
+    supports_dcp: bool = True
+
+    def __init__(self, num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
+                 kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name, **mla_args):
+        super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
+                         kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name,
+                         **mla_args)
+        if any((alibi_slopes, sliding_window, logits_soft_cap)):
+            raise NotImplementedError("ROCM_MLA does not support alibi_slopes, sliding_window or "
+                                      "logits_soft_cap")
+        if attn_type != AttentionType.DECODER:
+            raise NotImplementedError(f"ROCM_MLA supports decoder self-attention only, got {attn_type}")
+        if self.kv_lora_rank != KV_LORA_RANK or self.qk_rope_head_dim != QK_ROPE_HEAD_DIM:
+            raise NotImplementedError(
+                f"ROCM_MLA's decode kernel is built for kv_lora_rank {KV_LORA_RANK} and "
+                f"qk_rope_head_dim {QK_ROPE_HEAD_DIM}, got {self.kv_lora_rank} and {self.qk_rope_head_dim}")
+        # With an fp8 cache the decode kernel reads bf16/fp16 queries and dequantises K/V in
+        # registers. A pre-quantised query would cost vLLM's _DecodeConcatQuantFP8 (a torch.cat of
+        # ql_nope and q_pe plus a quant kernel) and then a dequant here: keep the tuple path.
+        self.supports_quant_query_input = False
+        self._fp8_cache = is_quantized_kv_cache(kv_cache_dtype)
+        # The activation dtype: vLLM builds layers under set_default_torch_dtype(model dtype), as
+        # MLAAttention.__init__ itself relies on.
+        self._act_dtype = torch.get_default_dtype()
+
+    # ------------------------------------------------------------------ KV cache write
+
+    def do_kv_cache_update(self, kv_c_normed: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
+                           slot_mapping: torch.Tensor, kv_cache_dtype: str, k_scale: torch.Tensor,
+                           skip_scale: bool = False) -> None:
+        """Write ``[kv_c | k_pe]`` of each token into its cache slot (slot -1: skipped).
+
+        ``kv_cache`` is the layer's raw cache (uint8 storage for fp8): it is viewed as
+        ``current_platform.fp8_dtype()``, the same view ``MLAAttention.forward_impl`` gives the
+        decode, so writer and reader agree on e4m3fn vs e4m3fnuz by construction. ``skip_scale``
+        (vLLM's hint that k_scale is 1.0) needs no special case: dividing by the device scale is free.
+        """
+        if kv_cache.numel() == 0:
+            return
+        if kv_cache_dtype in _FP8_CACHE_DTYPES:
+            if kv_cache.dtype == torch.uint8:
+                kv_cache = kv_cache.view(current_platform.fp8_dtype())
+            concat_and_cache_mla(kv_c_normed, k_pe, kv_cache, slot_mapping.flatten(),
+                                 kv_cache_dtype="fp8", k_scale=k_scale.reshape(1))
+        else:
+            concat_and_cache_mla(kv_c_normed, k_pe, kv_cache, slot_mapping.flatten(), kv_cache_dtype="auto")
+
+    # ------------------------------------------------------------------ decode
+
+    def forward_mqa(self, q: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_c_and_k_pe_cache: torch.Tensor,
+                    attn_metadata: MLACommonMetadata, layer: AttentionLayer
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Paged MQA over the latent cache for the decode rows; returns ``(out [rows, N, 512],
+        lse [rows, N] float32, natural log)``.
+
+        ``q`` is ``(ql_nope [rows, N, 512], q_pe [rows, N, 64])`` as ``forward_impl`` hands it
+        (q_pe a strided slice of the layer's q), read in place. Under decode context parallelism
+        vLLM concatenates and all-gathers it first, so one ``[rows, N, 576]`` tensor arrives: its
+        two slices are read in place the same way. A pre-quantised fp8 query (only if
+        ``supports_quant_query_input`` were turned on) is dequantised with the layer's q scale.
+        """
+        assert attn_metadata.decode is not None
+        if isinstance(q, tuple):
+            q_nope, q_pe = q
+        else:
+            if q.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+                q = (q.to(torch.float32) * layer._q_scale.reshape(())).to(self._act_dtype)
+            q_nope, q_pe = q[..., :KV_LORA_RANK], q[..., KV_LORA_RANK:]
+        rows, num_heads = q_nope.shape[0], q_nope.shape[1]
+        # torch.empty, not zeros: the kernel writes every element of out and lse.
+        out = torch.empty(rows, num_heads, KV_LORA_RANK, dtype=q_nope.dtype, device=q_nope.device)
+        lse = torch.empty(rows, num_heads, dtype=torch.float32, device=q_nope.device)
+        mla_decode(q_nope, q_pe, kv_c_and_k_pe_cache, attn_metadata.decode.block_table,
+                   attn_metadata.decode.seq_lens, sm_scale=self.scale, out=out, lse=lse,
+                   kv_cache_dtype="fp8" if self._fp8_cache else "auto",
+                   k_scale=layer._k_scale.reshape(1) if self._fp8_cache else None,
+                   max_seq_len=int(attn_metadata.max_seq_len))
+        return out, lse
+
+    # ------------------------------------------------------------------ prefill
+
+    def forward_mha(self, q: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor,
+                    kv_c_and_k_pe_cache: torch.Tensor, attn_metadata: MLACommonMetadata,
+                    k_scale: torch.Tensor, output: torch.Tensor,
+                    output_scale: torch.Tensor | None = None) -> None:
+        """Prefill rows: causal attention over the new tokens, then each cached-context chunk
+        folded in, all written into ``output`` ``[T, N * V]`` in place.
+
+        Decode context parallelism needs vLLM's KV all-gather of the context
+        (``_context_parallel_compute_prefill_context``): that case runs vLLM's common prefill,
+        through the layer's MLA prefill backend.
+        """
+        prefill = attn_metadata.prefill
+        assert prefill is not None
+        if self.dcp_world_size > 1:
+            return super().forward_mha(q, kv_c_normed, k_pe, kv_c_and_k_pe_cache, attn_metadata,
+                                       k_scale, output, output_scale)
+        if output_scale is not None:
+            raise NotImplementedError("ROCM_MLA's prefill does not fuse output quantisation")
+        if prefill.q_data_type not in (None, q.dtype):
+            raise NotImplementedError(f"ROCM_MLA's prefill runs in the model dtype, not {prefill.q_data_type}")
+        T, N = q.shape[0], self.num_heads
+        P, V = self.qk_nope_head_dim, self.v_head_dim
+        kv_nope = self.kv_b_proj(kv_c_normed)[0].view(T, N, P + V)
+        out = output.view(T, N, V)
+        chunked = prefill.chunked_context
+        lse = torch.empty(N, T, dtype=torch.float32, device=q.device) if chunked is not None else None
+        mla_prefill(q, kv_nope[..., :P], k_pe, kv_nope[..., P:], prefill.query_start_loc,
+                    prefill.query_start_loc, sm_scale=self.scale, causal=True, out=out, lse=lse,
+                    max_seqlen_q=prefill.max_query_len, max_seqlen_k=prefill.max_query_len)
+        if chunked is not None:
+            self._fold_in_context(q, kv_c_and_k_pe_cache, prefill, k_scale, out, lse)
+
+    def _fold_in_context(self, q: torch.Tensor, kv_cache: torch.Tensor, prefill: MLACommonPrefillMetadata,
+                         k_scale: torch.Tensor, out: torch.Tensor, lse_new: torch.Tensor) -> None:
+        """Merge attention over every cached-context chunk into ``out`` (``[T, N, V]``, already
+        holding the new-token attention whose LSE is ``lse_new`` ``[N, T]``), in place.
+
+        vLLM's chunk plan (``build_mla_chunked_context_metadata``): a chunk covers a run of
+        prefill requests (query rows ``token_slice``); only its first request can continue a
+        request split across chunks (rows ``[token_slice.start, continuation_token_end)``), and
+        requests without context are in no chunk (their rows stay as the new-token pass wrote them).
+
+        A row's running LSE is needed again only if a later chunk continues its request. The
+        merge must not write the LSE it reads (the HIP kernel reads it from several threads), so
+        continued rows alternate between ``lse_new`` and one more ``[N, T]`` buffer; nothing is
+        ever copied. Per chunk: one gather, one up-projection GEMM, one attention, one or two merges.
+        """
+        chunked = prefill.chunked_context
+        assert chunked is not None
+        chunks = chunked.chunks
+        N, P, V = self.num_heads, self.qk_nope_head_dim, self.v_head_dim
+        L = self.kv_lora_rank
+        fp8 = self._fp8_cache
+        proj_dtype = _get_kv_b_proj_input_dtype(self.kv_b_proj, False)
+        rows_max = max(c.token_slice.stop - c.token_slice.start for c in chunks)
+        chunk_out = torch.empty(rows_max, N, V, dtype=q.dtype, device=q.device)
+        chunk_lse = torch.empty(N, rows_max, dtype=torch.float32, device=q.device)
+        lse_alt: torch.Tensor | None = None
+        tail = lse_new  # where the running LSE of the previous chunk's last request lives
+        for i, chunk in enumerate(chunks):
+            toks = chunk.num_context_tokens
+            ws = chunked.workspace[:toks]
+            gather_context_chunk(kv_cache, prefill.block_table[chunk.request_slice], chunk.cu_seq_lens,
+                                 chunk.starts, chunk.token_to_seq, ws,
+                                 k_scale=k_scale.reshape(1) if fp8 else None)
+            kv_c = ws[:, :L]
+            if proj_dtype is not None and proj_dtype != kv_c.dtype:
+                kv_c = kv_c.to(proj_dtype)  # only for checkpoints whose kv_b_proj wants another dtype
+            kv_nope = self.kv_b_proj(kv_c)[0].view(toks, N, P + V)
+            s, e = chunk.token_slice.start, chunk.token_slice.stop
+            n = e - s
+            mla_prefill(q[s:e], kv_nope[..., :P], ws[:, L:].unsqueeze(1), kv_nope[..., P:],
+                        chunk.query_start_loc, chunk.cu_seq_lens, sm_scale=self.scale, causal=False,
+                        out=chunk_out[:n], lse=chunk_lse[:, :n],
+                        max_seqlen_q=chunk.max_query_len, max_seqlen_k=chunk.max_seq_len)
+            keep = i + 1 < len(chunks) and chunks[i + 1].is_continuation
+            cont_end = chunk.continuation_token_end if chunk.is_continuation else s
+            # The continued request's rows [s, cont_end): running LSE in `tail`.
+            if cont_end > s:
+                dst = None
+                if keep and cont_end == e:  # the same request continues again: keep its LSE
+                    if lse_alt is None:
+                        lse_alt = torch.empty_like(lse_new)
+                    dst = lse_alt if tail is lse_new else lse_new
+                self._merge(out, tail, chunk_out, chunk_lse, s, s, cont_end, dst)
+                if dst is not None:
+                    tail = dst
+            # Rows of requests this chunk starts [cont_end, e): running LSE is still lse_new.
+            if cont_end < e:
+                dst = None
+                if keep:  # the chunk's last request continues in the next chunk
+                    if lse_alt is None:
+                        lse_alt = torch.empty_like(lse_new)
+                    dst = lse_alt
+                self._merge(out, lse_new, chunk_out, chunk_lse, s, cont_end, e, dst)
+                if dst is not None:
+                    tail = dst
+
+    @staticmethod
+    def _merge(out, prefix_lse, chunk_out, chunk_lse, s, a, b, dst_lse) -> None:
+        # Rows [a, b) of the batch; the chunk buffers are indexed from the chunk's first row s.
+        merge_attn_states(out[a:b], out[a:b], prefix_lse[:, a:b], chunk_out[a - s:b - s],
+                          chunk_lse[:, a - s:b - s], None if dst_lse is None else dst_lse[:, a:b])

@@ -1,0 +1,342 @@
+"""One MLA layer step through a vLLM 0.33 attention backend, on vLLM's own objects, with a float32
+reference: what the tests, ``perf/bench_layer_copies.py`` and a GPU check run.
+
+A :class:`LayerStep` builds the pieces a serving step has, with vLLM's own code:
+
+* a ``VllmConfig`` of a DeepSeek-V3-shaped model (``kv_lora_rank`` 512, rope 64, nope 128, v 128;
+  a ``config.json`` written to a temporary folder: nothing is downloaded), with
+  ``attention_config.backend`` / ``mla_prefill_backend`` naming the backend under test;
+* vLLM's ``MLAAttention`` layer with that backend and a real ``ColumnParallelLinear`` ``kv_b_proj``
+  (a one-process gloo "distributed" group, as vLLM's CPU tests use), weights processed by
+  ``process_weights_after_loading`` (``W_UK_T`` / ``W_UV``);
+* a paged cache (NaN-filled, shuffled block tables) holding each request's cached context, written
+  through the backend's own KV write;
+* ``CommonAttentionMetadata`` of the batch and the backend's metadata builder's ``build`` output.
+
+:meth:`LayerStep.run` is one layer step as vLLM's ``MLAAttention.forward`` does it:
+``update_kv_cache`` (new tokens into the cache) then ``forward_impl`` (decode rows through
+``forward_mqa``, prefill rows through ``forward_mha``, plus vLLM's W_UK / W_UV bmms).
+:meth:`LayerStep.reference` is the same attention in float32, straight from the definition
+(up-projected keys and values, softmax over each token's visible keys), reading cached keys back
+from the cache (dequantised for fp8) exactly where the backend reads them from the cache.
+
+Requires vLLM 0.33 and a platform set before vLLM modules are imported (tests: a simulated gfx942
+``RocmPlatform``; a real ROCm box: the real one).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import tempfile
+from dataclasses import dataclass
+
+import torch
+
+# DeepSeek-V3 per-layer attention geometry (DESIGN §1); N is per GPU rank and chosen per step.
+KV_LORA_RANK, QK_NOPE, QK_ROPE, V_HEAD = 512, 128, 64, 128
+_FP8_NAMES = ("fp8", "fp8_e4m3")
+
+_model_dir: str | None = None
+
+
+def use_simulated_gfx942_platform() -> None:
+    """Make vLLM's ``current_platform`` a ROCm platform that reports an MI300 (gfx942), on a
+    machine without one. Call before importing any vLLM module that binds ``current_platform``
+    (``vllm.model_executor...``, ``vllm.config`` users): they keep the object they imported.
+
+    vllm/platforms/rocm.py asks torch for the GPU arch at import (patched for that import only)
+    and for the device capability (patched to gfx942's 9.4, as ``RocmPlatform`` reports it).
+    Two more host facts are made to match the machine rather than an MI300, each because the
+    real value cannot work here:
+
+    * ``fp8_dtype``: gfx942 stores fp8 as e4m3fnuz, which neither the Triton CPU interpreter
+      nor an NVIDIA GPU implements; e4m3fn (gfx950's and NVIDIA's kind) is used unless the
+      device really is a gfx94x. The backend follows ``current_platform.fp8_dtype()`` for
+      both its cache writes and reads, so the choice is consistent either way.
+    * ``is_pin_memory_available``: pinned host memory needs a GPU driver.
+    """
+    import types
+    from unittest import mock
+
+    import vllm.platforms as platforms
+    from vllm.platforms.interface import DeviceCapability
+
+    from .. import _platform
+
+    if isinstance(platforms._current_platform, _SimulatedMarker):
+        return
+    with mock.patch.object(torch.cuda, "get_device_properties",
+                           lambda *a, **k: types.SimpleNamespace(gcnArchName="gfx942:sramecc+:xnack-")):
+        from vllm.platforms.rocm import RocmPlatform
+
+    real_gfx94 = torch.cuda.is_available() and _platform.device_arch(torch.device("cuda")).startswith("gfx94")
+    fp8 = torch.float8_e4m3fnuz if real_gfx94 else torch.float8_e4m3fn
+
+    class SimulatedGfx942Platform(RocmPlatform, _SimulatedMarker):
+        @classmethod
+        def get_device_capability(cls, device_id: int = 0) -> DeviceCapability:
+            return DeviceCapability(9, 4)
+
+        @classmethod
+        def fp8_dtype(cls) -> torch.dtype:
+            return fp8
+
+        @classmethod
+        def is_pin_memory_available(cls) -> bool:
+            return torch.cuda.is_available()
+
+    platforms._current_platform = SimulatedGfx942Platform()
+
+
+class _SimulatedMarker:
+    """Marks the simulated platform (so a second call is a no-op)."""
+
+
+def _tiny_deepseek_v3_dir() -> str:
+    """A folder with the config.json of a one-layer DeepSeek-V3-shaped model (no weights)."""
+    global _model_dir
+    if _model_dir is None:
+        d = tempfile.mkdtemp(prefix="rocm_mla_dsv3_")
+        cfg = {
+            "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+            "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 128,
+            "num_hidden_layers": 1, "num_attention_heads": 128, "num_key_value_heads": 128,
+            "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2,
+            "first_k_dense_replace": 1, "kv_lora_rank": KV_LORA_RANK, "q_lora_rank": 128,
+            "qk_nope_head_dim": QK_NOPE, "qk_rope_head_dim": QK_ROPE, "v_head_dim": V_HEAD,
+            "vocab_size": 1024, "max_position_embeddings": 4096, "rope_theta": 10000,
+            "torch_dtype": "bfloat16", "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+        }
+        with open(f"{d}/config.json", "w") as f:
+            json.dump(cfg, f)
+        _model_dir = d
+    return _model_dir
+
+
+def _ensure_single_process_group(vllm_config) -> None:
+    """vLLM's tensor/decode-parallel groups of world size 1 (gloo), once per process."""
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import parallel_state as ps
+
+    if ps.model_parallel_is_initialized():
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with set_current_vllm_config(vllm_config):
+        ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                        distributed_init_method=f"tcp://127.0.0.1:{port}")
+        ps.initialize_model_parallel(1, 1)
+
+
+@dataclass
+class Request:
+    """One request of the batch: ``context`` tokens already cached, ``query`` new tokens."""
+
+    context: int
+    query: int
+
+
+class LayerStep:
+    """A batch of requests through one MLA layer with a given vLLM attention backend.
+
+    Args:
+        backend: the attention backend class (e.g. ``RocmMLABackend``).
+        requests: decode-shaped requests first (vLLM's runner orders the batch that way).
+        num_heads: heads on this rank (N).
+        dtype: model dtype; kv_cache_dtype: vLLM's string ("auto", "fp8", ...).
+        decode_threshold: widest query still run as decode (1; 1 + speculative tokens for MTP).
+        workspace_rows: chunked-context workspace rows (small values force several context chunks
+            and requests split across chunks); default vLLM's.
+        k_scale: the layer's fp8 KV scale.
+        prefill_backend: vLLM's ``mla_prefill_backend`` name ("ROCM_MLA" by default).
+    """
+
+    def __init__(self, backend, requests: list[Request], *, num_heads: int, dtype: torch.dtype,
+                 device: torch.device | str, kv_cache_dtype: str = "auto", block_size: int = 16,
+                 decode_threshold: int = 1, workspace_rows: int | None = None, k_scale: float = 1.0,
+                 prefill_backend: str = "ROCM_MLA", seed: int = 0):
+        from vllm.config import CacheConfig, DeviceConfig, ModelConfig, VllmConfig, set_current_vllm_config
+        from vllm.config.attention import AttentionConfig
+        from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+        from vllm.model_executor.layers.linear import ColumnParallelLinear
+        from vllm.v1.attention.backend import CommonAttentionMetadata
+
+        self.device = torch.device(device)
+        self.dtype, self.N, self.bs = dtype, num_heads, block_size
+        self.kv_cache_dtype, self.fp8 = kv_cache_dtype, kv_cache_dtype in _FP8_NAMES
+        self.requests = requests
+        gen = torch.Generator().manual_seed(seed)
+
+        def randn(*shape, scale=1.0):
+            return (torch.randn(*shape, generator=gen) * scale).to(device=self.device)
+
+        dev_type = "cpu" if self.device.type == "cpu" else "cuda"
+        model_config = ModelConfig(model=_tiny_deepseek_v3_dir(), skip_tokenizer_init=True,
+                                   max_model_len=4096, dtype=dtype)
+        cache_config = CacheConfig(block_size=block_size, cache_dtype=kv_cache_dtype)
+        self.vllm_config = vc = VllmConfig(
+            model_config=model_config, cache_config=cache_config, device_config=DeviceConfig(device=dev_type),
+            attention_config=AttentionConfig(backend=backend.get_name(), mla_prefill_backend=prefill_backend))
+        _ensure_single_process_group(vc)
+
+        self.scale = 1.0 / math.sqrt(QK_NOPE + QK_ROPE)
+        prev_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)  # vLLM builds layers under the model dtype
+        try:
+            with set_current_vllm_config(vc), torch.device(self.device):
+                kvb = ColumnParallelLinear(KV_LORA_RANK, num_heads * (QK_NOPE + V_HEAD), bias=False,
+                                           prefix="model.layers.0.self_attn.kv_b_proj")
+                kvb.weight.data.copy_(randn(*kvb.weight.shape, scale=KV_LORA_RANK ** -0.5))
+                self.layer = MLAAttention(
+                    num_heads=num_heads, scale=self.scale, qk_nope_head_dim=QK_NOPE, qk_rope_head_dim=QK_ROPE,
+                    v_head_dim=V_HEAD, q_lora_rank=None, kv_lora_rank=KV_LORA_RANK, kv_b_proj=kvb,
+                    cache_config=cache_config, prefix="model.layers.0.self_attn.attn", attn_backend=backend)
+                self.layer.process_weights_after_loading(dtype)
+                if self.fp8:
+                    self.layer._k_scale.fill_(k_scale)
+                    self.layer._k_scale_float = k_scale
+                spec = self.layer.get_kv_cache_spec(vc)
+                self.builder = backend.get_builder_cls()(spec, [self.layer.layer_name], vc, self.device)
+        finally:
+            torch.set_default_dtype(prev_dtype)
+        self.builder.reorder_batch_threshold = decode_threshold
+        if workspace_rows is not None:
+            self.builder.chunked_prefill_workspace_size = workspace_rows
+            self.builder.chunked_prefill_workspace = torch.empty(
+                workspace_rows, KV_LORA_RANK + QK_ROPE, dtype=self.builder.chunked_prefill_workspace.dtype,
+                device=self.device)
+
+        # Paged cache: NaN everywhere a token was never written (fp8: the all-ones byte, NaN in
+        # e4m3fn and e4m3fnuz alike), pages handed out in a shuffled order.
+        blocks_per_req = [math.ceil((r.context + r.query) / block_size) for r in requests]
+        num_blocks = sum(blocks_per_req) + 3
+        if self.fp8:
+            self.kv_cache = torch.full((num_blocks, block_size, KV_LORA_RANK + QK_ROPE), 0xFF,
+                                       dtype=torch.uint8, device=self.device)
+        else:
+            self.kv_cache = torch.full((num_blocks, block_size, KV_LORA_RANK + QK_ROPE), float("nan"),
+                                       dtype=dtype, device=self.device)
+        perm = torch.randperm(num_blocks, generator=gen)
+        max_blocks = max(blocks_per_req)
+        self.block_table = torch.zeros(len(requests), max_blocks + 1, dtype=torch.int32)
+        used = 0
+        for i, nb in enumerate(blocks_per_req):
+            self.block_table[i, :nb] = perm[used:used + nb].to(torch.int32)
+            used += nb
+        self.block_table = self.block_table.to(self.device)
+
+        # Per request: the latent rows of its whole sequence (context + new) and its new queries.
+        self.kv_c = [randn(r.context + r.query, KV_LORA_RANK).to(dtype) for r in requests]
+        self.k_pe = [randn(r.context + r.query, QK_ROPE).to(dtype) for r in requests]
+        self.q = [randn(r.query, num_heads, QK_NOPE + QK_ROPE, scale=0.5).to(dtype) for r in requests]
+
+        def slots(i: int, lo: int, hi: int) -> torch.Tensor:
+            pos = torch.arange(lo, hi, device=self.device)
+            return (self.block_table[i, pos // block_size].long() * block_size + pos % block_size)
+
+        # Cached context, through the backend's KV write (as the earlier steps wrote it).
+        for i, r in enumerate(requests):
+            if r.context:
+                self.layer.impl.do_kv_cache_update(
+                    self.kv_c[i][:r.context], self.k_pe[i][:r.context, None, :], self.kv_cache,
+                    slots(i, 0, r.context), kv_cache_dtype, self.layer._k_scale)
+
+        # This step's inputs, laid out as the model hands them over: q [T, N, 192] with q_pe a
+        # strided slice, k_pe [T, 1, 64] a slice of the kv_a output row.
+        self.q_all = torch.cat(self.q)
+        kv_a = torch.cat([torch.cat([c[r.context:], p[r.context:]], dim=-1)
+                          for c, p, r in zip(self.kv_c, self.k_pe, requests)])
+        self.kv_c_new = kv_a[:, :KV_LORA_RANK]
+        self.k_pe_new = kv_a[:, KV_LORA_RANK:].unsqueeze(1)
+        self.slot_mapping = torch.cat([slots(i, r.context, r.context + r.query) for i, r in enumerate(requests)])
+        qlens = [r.query for r in requests]
+        seq_lens = [r.context + r.query for r in requests]
+        qsl = torch.tensor([0, *torch.tensor(qlens).cumsum(0).tolist()], dtype=torch.int32)
+        self.num_tokens = int(qsl[-1])
+        self.common = CommonAttentionMetadata(
+            query_start_loc=qsl.to(self.device), query_start_loc_cpu=qsl,
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=self.device),
+            num_reqs=len(requests), num_actual_tokens=self.num_tokens, max_query_len=max(qlens),
+            max_seq_len=max(seq_lens), block_table_tensor=self.block_table, slot_mapping=self.slot_mapping,
+            seq_lens_cpu_upper_bound=torch.tensor(seq_lens, dtype=torch.int32))
+        self.metadata = self.builder.build(0, self.common)
+        self.output = torch.empty(self.num_tokens, num_heads * V_HEAD, dtype=dtype, device=self.device)
+
+    # ------------------------------------------------------------------ the step
+
+    def capture_backend_calls(self) -> list[tuple[str, tuple, dict]]:
+        """Run the step once and record the calls ``forward_impl`` / ``update_kv_cache`` made into
+        the backend impl (``do_kv_cache_update``, ``forward_mqa``, ``forward_mha``) with their
+        exact arguments, so that they can be replayed alone (e.g. under a profiler)."""
+        impl = self.layer.impl
+        calls: list[tuple[str, tuple, dict]] = []
+        names = ("do_kv_cache_update", "forward_mqa", "forward_mha")
+        for name in names:
+            bound = getattr(impl, name)
+
+            def wrapper(*args, __name=name, __bound=bound, **kwargs):
+                calls.append((__name, args, kwargs))
+                return __bound(*args, **kwargs)
+
+            setattr(impl, name, wrapper)
+        try:
+            self.run()
+        finally:
+            for name in names:
+                delattr(impl, name)
+        return calls
+
+    def replay(self, calls: list[tuple[str, tuple, dict]]) -> None:
+        """Run recorded backend calls again (same tensors: the KV write and the outputs are
+        idempotent)."""
+        for name, args, kwargs in calls:
+            getattr(self.layer.impl, name)(*args, **kwargs)
+
+    def run(self) -> torch.Tensor:
+        """One layer step: KV write of the new tokens, then attention; returns ``[T, N * 128]``."""
+        self.layer.update_kv_cache(self.kv_c_new, self.k_pe_new, self.kv_cache, self.slot_mapping,
+                                   self.metadata, self.kv_cache_dtype, self.layer._k_scale)
+        self.layer.forward_impl(self.q_all, self.kv_c_new, self.k_pe_new, self.kv_cache, self.metadata,
+                                output=self.output)
+        return self.output
+
+    # ------------------------------------------------------------------ float32 reference
+
+    def cached_rows(self, i: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Request i's tokens [lo, hi) as the cache holds them, in float32 (fp8 dequantised)."""
+        from vllm.platforms import current_platform
+
+        pos = torch.arange(lo, hi, device=self.device)
+        rows = self.kv_cache[self.block_table[i, pos // self.bs].long(), pos % self.bs]
+        if self.fp8:
+            rows = rows.view(current_platform.fp8_dtype()).float() * float(self.layer._k_scale)
+        rows = rows.float()
+        return rows[:, :KV_LORA_RANK], rows[:, KV_LORA_RANK:]
+
+    def reference(self) -> torch.Tensor:
+        """The step's attention output ``[T, N * 128]`` in float32, from the definition."""
+        N = self.N
+        w = self.layer.kv_b_proj.weight.float().T.reshape(KV_LORA_RANK, N, QK_NOPE + V_HEAD)
+        w_uk, w_uv = w[..., :QK_NOPE], w[..., QK_NOPE:]
+        num_decodes = self.metadata.num_decodes
+        outs = []
+        for i, r in enumerate(self.requests):
+            S = r.context + r.query
+            if i < num_decodes:  # decode reads every key (new ones too) back from the cache
+                kv_c, k_pe = self.cached_rows(i, 0, S)
+            else:  # prefill: context from the cache, new tokens from the activations
+                c_kv, c_pe = self.cached_rows(i, 0, r.context)
+                kv_c = torch.cat([c_kv, self.kv_c[i][r.context:].float()])
+                k_pe = torch.cat([c_pe, self.k_pe[i][r.context:].float()])
+            k_nope = torch.einsum("sl,lnd->snd", kv_c, w_uk)
+            v = torch.einsum("sl,lnd->snd", kv_c, w_uv)
+            q = self.q[i].float()
+            s = (torch.einsum("tnd,snd->nts", q[..., :QK_NOPE], k_nope)
+                 + torch.einsum("tnd,sd->nts", q[..., QK_NOPE:], k_pe)) * self.scale
+            t = torch.arange(r.query, device=self.device)[:, None] + r.context
+            s = s.masked_fill(torch.arange(S, device=self.device)[None, :] > t, float("-inf"))
+            outs.append(torch.einsum("nts,snd->tnd", s.softmax(-1), v).reshape(r.query, N * V_HEAD))
+        return torch.cat(outs)

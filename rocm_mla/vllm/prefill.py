@@ -1,0 +1,82 @@
+"""``ROCM_MLA`` in vLLM's MLA prefill registry (vllm/v1/attention/backends/mla/prefill/).
+
+vLLM 0.33's common prefill (``MLACommonBaseImpl.forward_mha`` in
+vllm/model_executor/layers/attention/mla_attention.py) up-projects the new tokens, concatenates
+``k = cat(k_nope, k_pe.expand(N))`` itself, and then calls the layer's prefill backend with
+``(q, k, v)``. This backend runs that call on :func:`rocm_mla.mla_prefill`: ``k`` is read as two
+strided views (``k[..., :128]`` and ``k[..., 128:]``), ``v`` (a strided slice of the kv_b_proj
+output) is not padded to 192, and the output is ``[T, N, 128]`` written in place when ``out`` is
+given — so FlashAttention's pad-v and the ``[..., :128]`` slice copy disappear. The concatenation
+of ``k`` stays: it happens in vLLM before this backend is called. The ROCM_MLA attention backend
+(backend.py) therefore does not route its own prefill through this API; it overrides
+``forward_mha`` and feeds ``k_nope``, ``k_pe`` and ``v`` to the kernel with no concatenation at all.
+
+Select it for any MLA decode backend with ``-ac.mla_prefill_backend=ROCM_MLA`` (vLLM honours an
+explicit MLA prefill backend on GPU platforms: ``get_mla_prefill_backend`` in
+vllm/v1/attention/backends/mla/prefill/selector.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from vllm.v1.attention.backends.mla.prefill.base import MLADimensions, MLAPrefillBackend
+
+from rocm_mla.ops import mla_prefill
+
+if TYPE_CHECKING:
+    from vllm.model_executor.layers.attention.mla_attention import MLACommonPrefillMetadata
+
+
+def _triton_dim(x: int) -> bool:
+    # The Triton prefill kernel tiles each head dim with tl.arange: powers of two >= 16.
+    return x >= 16 and x & (x - 1) == 0
+
+
+class RocmMLAPrefillBackend(MLAPrefillBackend):
+    """MLA prefill on :func:`rocm_mla.mla_prefill`: varlen, Dqk = P + R and Dv = V natively (no
+    padding), k/v read through their strides, output and LSE written in place."""
+
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
+
+    @staticmethod
+    def get_name() -> str:
+        return "ROCM_MLA"
+
+    @classmethod
+    def supports_mla_dimensions(cls, mla_dimensions: MLADimensions) -> bool:
+        # DeepSeek-V2/V3/R1 and Kimi-K2 are (128, 64, 128); (64, 64, 128) also tiles. Not
+        # (192, 64, 256) (DeepSeek-V3.2's sparse layout): 192 is not a power of two.
+        return all(_triton_dim(d) for d in (mla_dimensions.qk_nope_head_dim,
+                                            mla_dimensions.qk_rope_head_dim,
+                                            mla_dimensions.v_head_dim))
+
+    def supports_out(self) -> bool:
+        # Every call honours `out` ([T, N, v_head_dim], any strides) and returns it.
+        return True
+
+    def run_prefill_new_tokens(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               return_softmax_lse: bool, out: torch.Tensor | None = None,
+                               output_scale: torch.Tensor | None = None
+                               ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Causal attention of the new tokens over themselves. ``q``/``k`` ``[T, N, P + R]``,
+        ``v`` ``[T, N, V]``; returns out ``[T, N, V]`` (and lse ``[N, T]`` natural log)."""
+        if output_scale is not None:
+            raise NotImplementedError("RocmMLAPrefillBackend does not fuse output quantisation "
+                                      "(supports_quant_output is False)")
+        m: MLACommonPrefillMetadata = self._prefill_metadata
+        P = self.qk_nope_head_dim
+        out, lse = mla_prefill(q, k[..., :P], k[..., P:], v, m.query_start_loc, m.query_start_loc,
+                               sm_scale=self.scale, causal=True, out=out,
+                               max_seqlen_q=m.max_query_len, max_seqlen_k=m.max_query_len)
+        return (out, lse) if return_softmax_lse else out
+
+    def run_prefill_context_chunk(self, chunk: MLACommonPrefillMetadata.ContextChunk, q: torch.Tensor,
+                                  k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None = None
+                                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Non-causal attention of the chunk's queries over one gathered context chunk."""
+        P = self.qk_nope_head_dim
+        return mla_prefill(q, k[..., :P], k[..., P:], v, chunk.query_start_loc, chunk.cu_seq_lens,
+                           sm_scale=self.scale, causal=False, out=out,
+                           max_seqlen_q=chunk.max_query_len, max_seqlen_k=chunk.max_seq_len)

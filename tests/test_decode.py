@@ -1,0 +1,493 @@
+"""mla_decode: Triton against the float32 reference, the reference against an independent dense
+formulation, the data paths that go wrong (strides, poisoned pages, splits, causal MTP rows), the
+split heuristic, and bad input.
+
+Every cache slot not covered by seq_lens holds NaN (page tails and whole unused pages), and
+unused block-table entries point at all-NaN pages: one stray read poisons the output.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import rocm_mla
+from rocm_mla.ops.decode import (choose_num_splits, mla_decode_workspace_numel, stage1_config,
+                                 triton_variants, tuning_candidates)
+from rocm_mla.reference import mla_decode_ref
+
+from _util import DEVICE, HAS_GPU, backends, outside_untouched, poisoned_view
+
+NAN = float("nan")
+BACKENDS = [b for b in ("triton", "reference") if b in backends()]  # no HIP decode kernel
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if HAS_GPU else [])
+# (rtol, atol) on out; lse is compared with 1e-3 abs (fp32 accumulation of exact products).
+TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (4e-3, 4e-3), torch.bfloat16: (2e-2, 2e-2)}
+FP8 = torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn
+# The interpreter converts e4m3fn only; GPU runs use the platform's flavour (gfx942: e4m3fnuz).
+FP8_HERE = FP8 if HAS_GPU else torch.float8_e4m3fn
+
+
+class Case:
+    """One decode batch: paged cache (NaN wherever seq_lens does not reach), shuffled block table,
+    q_nope/q_pe as strided slices, and the logical (unpaged) per-request K rows for the
+    independent check."""
+
+    def __init__(self, B, N, q_len, block_size, lens, dtype, *, kv_dtype=None, k_scale=None, seed=0,
+                 spare_cols=1, q_layout="one_buffer"):
+        assert len(lens) == B
+        g = torch.Generator().manual_seed(seed)
+        self.B, self.N, self.q_len, self.lens, self.dtype = B, N, q_len, list(lens), dtype
+        nblk = [math.ceil(L / block_size) for L in lens]
+        used = sum(nblk)
+        num_pages = used + 3  # 3 all-NaN pages for unused table entries
+        perm = torch.randperm(num_pages, generator=g)
+        max_blocks = max(nblk + [1]) + spare_cols
+        kv = torch.full((num_pages, block_size, 576), NAN)
+        bt = torch.empty(B, max_blocks, dtype=torch.int32)
+        self.logical = []
+        k = 0
+        scale = 1.0 if k_scale is None else float(k_scale)
+        for b, L in enumerate(lens):
+            pages = perm[k:k + nblk[b]]
+            k += nblk[b]
+            bt[b, :nblk[b]] = pages.int()
+            bt[b, nblk[b]:] = perm[used + (b % 3)].int()
+            vals = torch.randn(L, 576, generator=g)
+            if kv_dtype is not None and kv_dtype.is_floating_point and kv_dtype.itemsize == 1:
+                vals = (vals / scale).to(kv_dtype).float() * scale  # what the cache can hold
+            tok = torch.arange(L)
+            kv[pages[tok // block_size], tok % block_size] = vals / scale
+            self.logical.append(vals)
+        kvd = kv_dtype or dtype
+        self.kv = kv.to(kvd).to(DEVICE)
+        self.block_table = bt.to(DEVICE)
+        self.seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+        rows = B * q_len
+        if q_layout == "one_buffer":  # [rows, N, 576 + 8]: nope and pe are slices of one row
+            base = torch.randn(rows, N, 584, generator=g).to(dtype).to(DEVICE)
+            self.q_nope, self.q_pe = base[..., :512], base[..., 512:576]
+        else:  # separate buffers, q_pe a [.., 192][..., 128:] slice and token-strided
+            self.q_nope = torch.randn(rows, N, 512, generator=g).to(dtype).to(DEVICE)
+            qb = torch.randn(rows + 1, N, 192, generator=g).to(dtype).to(DEVICE)
+            self.q_pe = qb[1:, :, 128:]
+        self.k_scale = k_scale
+        self.sm_scale = 1.0 / math.sqrt(192)
+
+    def run(self, **kw):
+        return rocm_mla.mla_decode(self.q_nope, self.q_pe, self.kv, self.block_table, self.seq_lens,
+                                   sm_scale=self.sm_scale, **kw)
+
+    def ref(self):
+        return mla_decode_ref(self.q_nope, self.q_pe, self.kv, self.block_table, self.seq_lens,
+                              self.sm_scale, self.k_scale)
+
+
+def _check(case, out, lse, ref=None, tol=None):
+    ro, rl = ref if ref is not None else case.ref()
+    rtol, atol = tol or TOL[case.dtype]
+    assert not torch.isnan(out.float()).any(), "NaN in out: an element not written, or a poisoned slot read"
+    assert not torch.isnan(lse).any(), "NaN in lse"
+    torch.testing.assert_close(out.float(), ro, rtol=rtol, atol=atol)
+    torch.testing.assert_close(lse, rl, rtol=0, atol=1e-3)
+
+
+# ---------------------------------------------------------------- the reference itself
+def _dense_attention(case):
+    """Independent formulation in float64: per request, the logical (never paged) K rows and
+    SDPA with an explicit causal mask; lse from logsumexp of explicit scores."""
+    q = torch.cat([case.q_nope, case.q_pe], -1).double().cpu()
+    outs, lses = [], []
+    for b, L in enumerate(case.lens):
+        k = case.logical[b].double()
+        qb = q[b * case.q_len:(b + 1) * case.q_len].transpose(0, 1)  # [N, q_len, 576]
+        pos = torch.arange(case.q_len) + L - case.q_len
+        mask = torch.arange(L)[None, :] <= pos[:, None]  # [q_len, L]
+        o = torch.nn.functional.scaled_dot_product_attention(
+            qb, k[None].expand(case.N, L, 576), k[None, :, :512].expand(case.N, L, 512),
+            attn_mask=mask, scale=case.sm_scale)
+        s = (qb @ k.T) * case.sm_scale
+        lses.append(torch.logsumexp(s.masked_fill(~mask, -math.inf), -1).transpose(0, 1))
+        outs.append(o.transpose(0, 1))
+    return torch.cat(outs).float(), torch.cat(lses).float()
+
+
+@pytest.mark.parametrize("q_len,block_size,lens", [(1, 16, (37, 5)), (3, 4, (9, 3)), (2, 1, (6, 2))])
+def test_reference_equals_dense_attention(q_len, block_size, lens):
+    case = Case(len(lens), 3, q_len, block_size, lens, torch.float32, seed=1)
+    ro, rl = case.ref()
+    do, dl = _dense_attention(case)
+    torch.testing.assert_close(ro.cpu(), do, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rl.cpu(), dl, rtol=1e-5, atol=1e-5)
+
+
+def test_reference_row_without_keys():
+    case = Case(2, 2, 1, 16, (0, 4), torch.float32)
+    ro, rl = case.ref()
+    assert torch.equal(ro[0], torch.zeros_like(ro[0])) and bool((rl[0] == -math.inf).all())
+
+
+# ---------------------------------------------------------------- kernel vs reference
+CASES = {
+    # name: (B, N, q_len, block_size, lens)
+    "n16_b16": (2, 16, 1, 16, (37, 5)),
+    "n1_block1": (3, 1, 1, 1, (7, 1, 3)),
+    "n3_mtp2_block64": (2, 3, 2, 64, (70, 2)),
+    "n24_block16": (2, 24, 1, 16, (33, 60)),
+    "n5_mtp4": (3, 5, 4, 16, (19, 4, 40)),
+    "seq1": (2, 8, 1, 16, (1, 1)),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("splits", [None, 1, 7])
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_reference(backend, dtype, splits, name):
+    if backend == "reference" and splits not in (None,):
+        pytest.skip("the reference has no splits")
+    B, N, q_len, bs, lens = CASES[name]
+    case = Case(B, N, q_len, bs, lens, dtype, q_layout="one_buffer" if splits != 7 else "separate")
+    out, lse = case.run(num_kv_splits=splits, backend=backend)
+    assert out.shape == (B * q_len, N, 512) and out.dtype == dtype
+    assert lse.shape == (B * q_len, N) and lse.dtype == torch.float32
+    _check(case, out, lse)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_many_heads_several_row_blocks(splits):
+    """N=128 with q_len=2: 256 rows per request, several row blocks sharing each KV tile."""
+    case = Case(1, 128, 2, 16, (21,), torch.float16, seed=3)
+    out, lse = case.run(num_kv_splits=splits, backend="triton")
+    _check(case, out, lse)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_strided_outputs_written_in_place(splits):
+    """out a token- and dim-padded view, lse the transpose of an [N, rows] buffer: every element
+    of both views written (by stage 1 directly, or by stage 2), nothing around them touched, and
+    the given tensors returned."""
+    case = Case(2, 6, 2, 16, (25, 9), torch.float16, q_layout="separate")
+    out_base, out = poisoned_view((4, 6, 512), torch.float16, pad_last=64, token_pad=2)
+    lse_base, lse = poisoned_view((4, 6), torch.float32, transpose01=True)
+    o2, l2 = case.run(out=out, lse=lse, num_kv_splits=splits)
+    assert o2 is out and l2 is lse
+    _check(case, out, lse)
+    assert outside_untouched(out_base, out) and outside_untouched(lse_base, lse)
+
+
+@pytest.mark.parametrize("splits", [1, None, 5])
+def test_mixed_lengths_one_much_longer(splits):
+    case = Case(3, 4, 1, 16, (3, 300, 9), torch.float16, seed=5)
+    _check(case, *case.run(num_kv_splits=splits, max_seq_len=300))
+
+
+def test_more_splits_than_tokens_and_empty_requests():
+    """seq_len 0 (a padding request) gives out 0 and lse -inf; splits past a request's end write
+    nothing the reduction reads."""
+    case = Case(3, 4, 1, 16, (0, 2, 17), torch.float16)
+    out, lse = case.run(num_kv_splits=9)
+    assert torch.equal(out[0].float(), torch.zeros(4, 512, device=DEVICE))
+    assert bool((lse[0] == -math.inf).all())
+    ro, rl = case.ref()
+    torch.testing.assert_close(out[1:].float(), ro[1:], rtol=4e-3, atol=4e-3)
+    torch.testing.assert_close(lse[1:], rl[1:], rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_rows_without_keys_in_a_multi_token_block(splits):
+    """seq_len 2 with q_len 3: row 0 sees no key (out 0, lse -inf) while rows 1 and 2 of the same
+    program do -- the online softmax must not turn the empty row into NaN."""
+    case = Case(2, 4, 3, 16, (2, 20), torch.float32)
+    out, lse = case.run(num_kv_splits=splits)
+    assert torch.equal(out[0], torch.zeros_like(out[0])) and bool((lse[0] == -math.inf).all())
+    ro, rl = case.ref()
+    torch.testing.assert_close(out[1:], ro[1:], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(lse[1:], rl[1:], rtol=0, atol=1e-4)
+
+
+def test_split_count_does_not_change_result():
+    case = Case(2, 16, 1, 16, (90, 47), torch.float32, seed=7)
+    ref = case.run(num_kv_splits=1)
+    for s in (2, 4, 6):
+        out, lse = case.run(num_kv_splits=s)
+        torch.testing.assert_close(out, ref[0], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(lse, ref[1], rtol=0, atol=1e-5)
+
+
+def test_causal_rows_see_their_own_prefix():
+    """MTP rows: row t must not see the keys of later new tokens. A huge value on the last key
+    would dominate every row that (wrongly) saw it."""
+    case = Case(1, 2, 3, 16, (10,), torch.float32)
+    page = int(case.block_table[0, 0])
+    case.kv[page, 9, :] = 0.0
+    case.kv[page, 9, :512] = 50.0  # V of the last token: only row 2 may see it
+    case.kv[page, 9, 512:] = 0.0
+    out, _ = case.run(num_kv_splits=2)
+    assert float(out[:2].abs().max()) < 10.0 < float(out[2].abs().max())
+    _check(case, out, _)
+
+
+# ---------------------------------------------------------------- fp8 caches
+@pytest.mark.parametrize("scale_kind", ["tensor", "float"])
+@pytest.mark.parametrize("storage,kv_name", [("float8", "auto"), ("float8", "fp8"), ("uint8", "fp8"),
+                                             ("uint8", "fp8_e4m3")])
+def test_fp8_cache(scale_kind, storage, kv_name):
+    """fp8 caches as vLLM hands them over: a float8 tensor, or uint8 storage plus the
+    kv_cache_dtype string (viewed as the platform's e4m3: e4m3fnuz on gfx942, e4m3fn elsewhere)."""
+    dtype = torch.bfloat16 if HAS_GPU else torch.float16
+    case = Case(2, 8, 2, 16, (40, 6), dtype, kv_dtype=FP8_HERE, k_scale=0.5, seed=11)
+    ks = torch.tensor(0.5, device=DEVICE) if scale_kind == "tensor" else 0.5
+    kv = case.kv.view(torch.uint8) if storage == "uint8" else case.kv
+    for splits in (1, 3):
+        out, lse = rocm_mla.mla_decode(case.q_nope, case.q_pe, kv, case.block_table, case.seq_lens,
+                                       sm_scale=case.sm_scale, kv_cache_dtype=kv_name, k_scale=ks,
+                                       num_kv_splits=splits)
+        _check(case, out, lse, tol=TOL[dtype])
+    # The same values against the dense formulation (the scale really applied, to K and V).
+    do, dl = _dense_attention(case)
+    torch.testing.assert_close(out.float().cpu(), do, rtol=TOL[dtype][0], atol=TOL[dtype][1])
+
+
+def test_k_scale_ignored_for_16bit_cache():
+    """vLLM passes layer._k_scale (1.0) for every cache; a 16-bit cache is not scaled."""
+    case = Case(1, 4, 1, 16, (20,), torch.float16)
+    a = case.run(k_scale=torch.tensor(3.0, device=DEVICE))
+    _check(case, *a)
+
+
+# ---------------------------------------------------------------- workspace, dispatch
+def test_workspace_reused_and_capped():
+    case = Case(2, 4, 1, 16, (50, 20), torch.float32)
+    need = mla_decode_workspace_numel(2, 4, 4)
+    ws = torch.full((need,), NAN, device=DEVICE)
+    _check(case, *case.run(num_kv_splits=4, workspace=ws))
+    small = torch.empty(mla_decode_workspace_numel(2, 4, 2), device=DEVICE)
+    _check(case, *case.run(workspace=small))  # S capped to what the workspace holds
+    with pytest.raises(ValueError, match="workspace: expected a contiguous float32 tensor of >= "):
+        case.run(num_kv_splits=4, workspace=small)
+
+
+def test_forced_backend_env(monkeypatch):
+    case = Case(1, 4, 1, 16, (9,), torch.float32)
+    monkeypatch.setenv("ROCM_MLA_BACKEND_MLA_DECODE", "reference")
+    _check(case, *case.run())
+    # No HIP decode kernel: forcing it raises (on CPU because HIP cannot run at all).
+    with pytest.raises(RuntimeError, match="backend 'hip' was requested but"):
+        case.run(backend="hip")
+
+
+def test_empty_batch():
+    case = Case(1, 4, 1, 16, (3,), torch.float32)
+    qn, qp = case.q_nope[:0], case.q_pe[:0]
+    out, lse = rocm_mla.mla_decode(qn, qp, case.kv, case.block_table[:0], case.seq_lens[:0], sm_scale=0.1)
+    assert out.shape == (0, 4, 512) and lse.shape == (0, 4)
+
+
+# ---------------------------------------------------------------- the split heuristic
+H200 = dict(block_n=32, block_h=16, kv_elem_bytes=2, num_cus=132, ctas_per_cu=1, min_tokens_per_split=64,
+            max_splits=64, fixed_tiles=2.0, launch_tiles=3.0)
+
+
+def test_split_heuristic_examples():
+    assert choose_num_splits(128, 1, 4096, **H200) == 1  # the GPU is already full: one launch
+    assert choose_num_splits(1, 1, 4096, **H200) == 64  # latency-bound: two tiles a program
+    h64 = dict(H200, block_n=64)  # the sm90 N=16 tier (the docstring's examples)
+    assert [choose_num_splits(b, 1, 4096, **h64) for b in (128, 32, 1)] == [1, 4, 64]
+    assert choose_num_splits(1, 1, 40, **H200) == 1  # too short to split
+    s8 = choose_num_splits(8, 1, 160_000, **H200)
+    assert 8 <= s8 <= 64 and 8 * s8 <= 2 * 132  # fills about one wave
+    big = dict(H200, block_h=64)
+    assert choose_num_splits(128, 2, 4096, **big) == 1
+    assert choose_num_splits(0, 1, 4096, **H200) == 1
+
+
+def test_stage1_config_tiers_and_overrides():
+    fp16 = torch.float16
+    assert stage1_config("sm90", 16, fp16, False)["BLOCK_H"] == 16
+    assert stage1_config("sm90", 17, fp16, False)["BLOCK_H"] == 32
+    assert stage1_config("sm90", 256, fp16, False)["BLOCK_H"] == 64
+    assert stage1_config("sm90", 256, fp16, True)["BLOCK_H"] == 32  # fp8 override
+    assert stage1_config("sm90", 16, fp16, True).get("RELOAD_K") is True
+    cand = tuning_candidates("sm90")[-1]
+    assert stage1_config("sm90", 16, fp16, False, cand)["BLOCK_N"] == cand["BLOCK_N"]
+    with pytest.raises(ValueError, match="launch_config: expected a BLOCK_N entry"):
+        stage1_config("sm90", 16, fp16, False, {"BLOCK_H": 16, "num_warps": 4, "num_stages": 1})
+
+
+def test_launch_config_override_runs():
+    case = Case(2, 4, 1, 16, (30, 12), torch.float16)
+    cfg = {"BLOCK_H": 32, "BLOCK_N": 32, "D_SPLIT": 2, "num_warps": 4, "num_stages": 1}
+    _check(case, *case.run(launch_config=cfg, num_kv_splits=2))
+
+
+def _arch_configs():
+    """Every stage-1 config of the GPU arches (tiers and tuning candidates), for fp16 and fp8
+    caches, as (id, config, fp8) -- the interpreter runs each code path (BLOCK_H/BLOCK_N, D_SPLIT,
+    RELOAD_K) that the GPUs compile."""
+    out = []
+    for arch in ("gfx942", "sm90"):
+        for i, tier in enumerate(tuning_candidates(arch)):
+            for fp8 in (False, True):
+                cfg = stage1_config(arch, 0, torch.float16, fp8, tier)
+                out.append(pytest.param(cfg, fp8, id=f"{arch}-{i}-{'fp8' if fp8 else 'fp16'}"))
+    return out
+
+
+@pytest.mark.parametrize("cfg,fp8", _arch_configs())
+def test_every_arch_config_is_right(cfg, fp8):
+    case = Case(2, 20, 1, 16, (45, 7), torch.float16, kv_dtype=FP8_HERE if fp8 else None,
+                k_scale=0.5 if fp8 else None, seed=13)
+    for splits in (1, 2):
+        _check(case, *case.run(launch_config=cfg, num_kv_splits=splits, k_scale=0.5 if fp8 else None))
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "sm90"])
+def test_variants_cover_every_config(arch):
+    """The ISA report's list holds each tier's config for each dtype, direct and split."""
+    vs = triton_variants(arch)
+    s1 = [v for v in vs if v.kernel == "mla_decode_stage1"]
+    assert len({v.config for v in vs}) == len(vs)
+    for fp8 in (False, True):
+        for m in (1, 24, 256):
+            cfg = stage1_config(arch, m, torch.bfloat16, fp8)
+            hits = [v for v in s1 if v.constexprs["BLOCK_H"] == cfg["BLOCK_H"]
+                    and v.constexprs["BLOCK_N"] == cfg["BLOCK_N"] and v.options["num_warps"] == cfg["num_warps"]
+                    and v.signature["q_nope"] == "*bf16" and (v.signature["kv"] != "*bf16") == fp8]
+            assert {v.constexprs["DIRECT"] for v in hits} >= {True, False}, (arch, fp8, m)
+    assert all(v.expects_mfma for v in s1 if "fp32" not in v.config)
+    assert any(v.kernel == "mla_decode_reduce" for v in vs)
+
+
+# ---------------------------------------------------------------- bad input
+def _good():
+    c = Case(2, 4, 1, 16, (9, 3), torch.float32)
+    return dict(q_nope=c.q_nope, q_pe=c.q_pe, kv_cache=c.kv, block_table=c.block_table, seq_lens=c.seq_lens,
+                sm_scale=0.1)
+
+
+def _z(*shape, dtype=torch.float32):
+    return torch.zeros(shape, dtype=dtype, device=DEVICE)
+
+
+@pytest.mark.parametrize("change,exc,words", [
+    (lambda a: dict(q_nope=_z(2, 4, 511)), ValueError, ["q_nope", "last dim 512", "(2, 4, 511)"]),
+    (lambda a: dict(q_pe=_z(2, 4, 32)), ValueError, ["q_pe", "(2, 4, 64)", "(2, 4, 32)"]),
+    (lambda a: dict(q_pe=a["q_pe"].half()), TypeError, ["q_pe", "float32", "float16"]),
+    (lambda a: dict(kv_cache=_z(5, 16, 575)), ValueError, ["kv_cache", "last dim 576", "(5, 16, 575)"]),
+    (lambda a: dict(kv_cache=a["kv_cache"].half()), TypeError, ["kv_cache", "float32 (like q_nope) or fp8", "float16"]),
+    (lambda a: dict(kv_cache=a["kv_cache"].view(torch.uint8)[..., :576]), ValueError, ["kv_cache_dtype", "'fp8'", "'auto'"]),
+    (lambda a: dict(kv_cache_dtype="fp8_e5m2"), ValueError, ["kv_cache_dtype", "'fp8_e4m3'", "fp8_e5m2"]),
+    (lambda a: dict(kv_cache_dtype="fp8"), TypeError, ["kv_cache", "uint8", "float32"]),
+    (lambda a: dict(kv_cache_dtype="float16"), TypeError, ["kv_cache", "float16 (kv_cache_dtype)", "float32"]),
+    (lambda a: dict(block_table=a["block_table"].long()), TypeError, ["block_table", "int32", "int64"]),
+    (lambda a: dict(seq_lens=a["seq_lens"][:1]), ValueError, ["seq_lens", "(2,)", "(1,)"]),
+    (lambda a: dict(seq_lens=a["seq_lens"].long()), TypeError, ["seq_lens", "int32", "int64"]),
+    (lambda a: dict(q_nope=_z(3, 4, 512), q_pe=_z(3, 4, 64)), ValueError, ["q_nope", "uniform q_len", "3 rows"]),
+    (lambda a: dict(out=_z(2, 4, 512, dtype=torch.float16)), TypeError, ["out", "float32", "float16"]),
+    (lambda a: dict(out=_z(2, 1, 512).expand(2, 4, 512)), ValueError, ["out", "overlap", "stride"]),
+    (lambda a: dict(lse=_z(4, 2)), ValueError, ["lse", "(2, 4)", "(4, 2)"]),
+    (lambda a: dict(k_scale=torch.tensor([1.0, 2.0], device=DEVICE)), ValueError, ["k_scale", "one element", "(2,)"]),
+    (lambda a: dict(k_scale=torch.tensor(1.0, dtype=torch.float64, device=DEVICE)), TypeError, ["k_scale", "float32", "float64"]),
+    (lambda a: dict(num_kv_splits=0), ValueError, ["num_kv_splits", "int >= 1", "0"]),
+    (lambda a: dict(sm_scale="x"), TypeError, ["sm_scale", "finite float", "'x'"]),
+    (lambda a: dict(q_nope=[1]), TypeError, ["q_nope", "torch.Tensor", "list"]),
+    (lambda a: dict(kv_cache=_z(5, 576, 16).transpose(1, 2)), ValueError,
+     ["kv_cache", "contiguous last dim", "strides"]),
+])
+def test_bad_input_names_argument(change, exc, words):
+    args = _good()
+    args.update(change(args))
+    with pytest.raises(exc) as err:
+        rocm_mla.mla_decode(**args)
+    for w in words:
+        assert w in str(err.value), (w, str(err.value))
+
+
+# The no-debug call below reads request 1's all-NaN spare page on purpose (interpreter warns).
+@pytest.mark.filterwarnings("ignore:All-NaN slice encountered")
+def test_debug_checks_seq_lens_and_pages():
+    """The syncing checks (debug=True / ROCM_MLA_DEBUG=1): lengths past the table's capacity, and
+    page ids outside the cache for blocks in use."""
+    args = _good()
+    cap = args["block_table"].shape[1] * args["kv_cache"].shape[1]
+    bad = args["seq_lens"].clone()
+    bad[1] = cap + 1
+    with pytest.raises(ValueError) as err:
+        rocm_mla.mla_decode(**{**args, "seq_lens": bad}, debug=True)
+    for w in ("seq_lens", f"capacity {cap}", f"seq_lens[1] = {cap + 1}"):
+        assert w in str(err.value)
+    bt = args["block_table"].clone()
+    bt[0, 0] = 10_000
+    with pytest.raises(ValueError, match=r"block_table: expected page ids in \[0, 5\).*10000"):
+        rocm_mla.mla_decode(**{**args, "block_table": bt}, debug=True)
+    # Without debug: no sync, no check; the kernel clamps the bad length to the capacity, so it
+    # reads nothing past the table (request 1 then reads its poisoned spare page: garbage in,
+    # garbage out), and the other request is unaffected.
+    out, lse = rocm_mla.mla_decode(**{**args, "seq_lens": bad})
+    ro, rl = mla_decode_ref(args["q_nope"], args["q_pe"], args["kv_cache"], args["block_table"],
+                            args["seq_lens"], 0.1)
+    torch.testing.assert_close(out[0], ro[0], rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------- GPU
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["bf16", "fp8"])
+@pytest.mark.parametrize("N,q_len", [(16, 1), (128, 1), (24, 2), (64, 3)])
+def test_gpu_large(kv, N, q_len):
+    lens = (4000, 17, 1500, 1) if q_len == 1 else (4000, 17, 1500, 3)
+    kv_dtype = FP8 if kv == "fp8" else None
+    case = Case(4, N, q_len, 64, lens, torch.bfloat16, kv_dtype=kv_dtype,
+                k_scale=0.25 if kv == "fp8" else None, seed=2, q_layout="separate")
+    ks = torch.tensor(0.25, device=DEVICE) if kv == "fp8" else None
+    out_base, out = poisoned_view((4 * q_len, N, 512), torch.bfloat16, token_pad=1)
+    for splits in (None, 1, 16):
+        out.fill_(NAN)
+        o, lse = case.run(out=out, k_scale=ks, num_kv_splits=splits)
+        _check(case, o, lse)
+        assert outside_untouched(out_base, out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_size", [1, 16, 128])
+def test_gpu_block_sizes(block_size):
+    case = Case(3, 16, 1, block_size, (700, 5, 129), torch.bfloat16, seed=4)
+    _check(case, *case.run())
+
+
+@pytest.mark.gpu
+def test_gpu_no_host_sync_and_cuda_graph():
+    """No synchronising call (torch's sync debug mode raises on one), and a captured graph
+    replays with new q values in place."""
+    case = Case(4, 16, 1, 64, (900, 33, 4096, 70), torch.bfloat16, q_layout="separate")
+    out = torch.empty(4, 16, 512, dtype=torch.bfloat16, device=DEVICE)
+    lse = torch.empty(4, 16, device=DEVICE)
+    case.run(out=out, lse=lse, max_seq_len=4096)  # compile outside the checks
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        case.run(out=out, lse=lse, max_seq_len=4096)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        case.run(out=out, lse=lse, max_seq_len=4096)
+    torch.cuda.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        case.run(out=out, lse=lse, max_seq_len=4096)
+    case.q_nope.copy_(torch.randn_like(case.q_nope, dtype=torch.float32).to(torch.bfloat16))
+    out.fill_(NAN)
+    g.replay()
+    torch.cuda.synchronize()
+    _check(case, out, lse)
+
+
+@pytest.mark.gpu
+def test_gpu_default_dispatch_is_triton():
+    from rocm_mla.ops._dispatch import select
+
+    assert select("mla_decode", DEVICE) == "triton"

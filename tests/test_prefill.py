@@ -1,0 +1,503 @@
+"""mla_prefill / mla_prefill_with_context: the Triton kernel against the float32 reference, the
+reference against dense attention on an explicitly concatenated k, varlen batches (uneven,
+lq != lk, empty sequences, rows that see no key), strided inputs and NaN-poisoned output views,
+the chunked-context helper against one-shot attention, bad input.
+
+CPU: the Triton interpreter (conftest sets TRITON_INTERPRET=1), fp32/fp16, small sizes and the
+"default" config (BLOCK_M 32, BLOCK_N 16) so that short sequences cross several blocks.
+GPU (@pytest.mark.gpu): bf16/fp16/fp32 at serving sizes with the arch's config, int64 addressing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import rocm_mla
+from rocm_mla.ops.prefill import ContextChunk
+from rocm_mla.reference import mla_prefill_ref
+
+from _util import DEVICE, DTYPES, HAS_GPU, backends, outside_untouched, poisoned_view, rand
+
+P, R, V = 128, 64, 128
+SCALE = 1.0 / math.sqrt(P + R)
+# Attention output error in fp16 is a few ulps of the largest |v| (~4): 2e-3 relative is too tight.
+TOL = {torch.float32: (2e-5, 2e-5), torch.float16: (4e-3, 4e-3), torch.bfloat16: (2e-2, 2e-2)}
+KERNEL_BACKENDS = [b for b in backends() if b == "triton"]
+
+
+def cu(lengths) -> torch.Tensor:
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return torch.tensor(out, dtype=torch.int32, device=DEVICE)
+
+
+def make_inputs(lq, lk, N, dtype, *, kpe_layout="latent"):
+    """q [Tq, N, 192]; k_nope, v as views of one [Tk, N, 256] kv_b_proj-shaped buffer; k_pe as
+    ``latent``: [Tk, 576][:, 512:] unsqueezed to [Tk, 1, 64]; ``expand``: [Tk, 1, 64].expand(N) (head
+    stride 0); ``per_head_copy``: a real [Tk, N, 64] tensor with every head equal."""
+    Tq, Tk = sum(lq), sum(lk)
+    q = rand((Tq, N, P + R), dtype)
+    kv = rand((Tk, N, P + V), dtype)
+    latent = rand((Tk, 512 + R), dtype)
+    k_pe = latent[:, 512:].unsqueeze(1)
+    if kpe_layout == "expand":
+        k_pe = k_pe.expand(Tk, N, R)
+    elif kpe_layout == "per_head_copy":
+        k_pe = k_pe.expand(Tk, N, R).contiguous()
+    return q, kv[..., :P], k_pe, kv[..., P:], cu(lq), cu(lk)
+
+
+def assert_matches(out, lse, ref, ref_lse, dtype):
+    rtol, atol = TOL[dtype]
+    assert not torch.isnan(out.float()).any(), "an output element was not written (NaN)"
+    assert not torch.isnan(lse).any(), "an lse element was not written (NaN)"
+    torch.testing.assert_close(out.float(), ref, rtol=rtol, atol=atol)
+    # -inf where the reference has -inf (rows that see no key), close elsewhere.
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)), "lse -inf pattern differs"
+    fin = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse[fin], ref_lse[fin], rtol=1e-4 if dtype != torch.float32 else 1e-5,
+                               atol=1e-4 if dtype != torch.float32 else 1e-5)
+
+
+# ---------------------------------------------------------------- the reference itself
+
+def _dense_attention_f64(q, k_nope, k_pe, v, lq, lk, scale, causal):
+    """Independent formula: all sequences at once, explicit cat(k_nope, k_pe) in float64, a
+    [Tq, Tk] mask from segment ids (same sequence; bottom-right causal), SDPA with a boolean mask
+    for the output and logsumexp for the lse. Rows that see no key: out 0, lse -inf."""
+    Tq, N, _ = q.shape
+    Tk = k_nope.shape[0]
+    k = torch.cat([k_nope.double(), k_pe.double().expand(Tk, N, R)], dim=-1)
+    qseg = torch.repeat_interleave(torch.arange(len(lq)), torch.tensor(lq))
+    kseg = torch.repeat_interleave(torch.arange(len(lk)), torch.tensor(lk))
+    qpos = torch.cat([torch.arange(n) for n in lq]) if Tq else torch.zeros(0, dtype=torch.long)
+    kpos = torch.cat([torch.arange(n) for n in lk]) if Tk else torch.zeros(0, dtype=torch.long)
+    offset = (torch.tensor(lk) - torch.tensor(lq))[qseg]  # lk - lq of each query's sequence
+    mask = qseg[:, None] == kseg[None, :]
+    if causal:
+        mask &= kpos[None, :] <= (qpos + offset)[:, None]
+    mask = mask.to(q.device)
+    qh, kh, vh = q.double().transpose(0, 1), k.transpose(0, 1), v.double().transpose(0, 1)  # [N, T, D]
+    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, scale=scale).transpose(0, 1)
+    s = torch.einsum("nid,njd->nij", qh, kh) * scale
+    lse = torch.logsumexp(s.masked_fill(~mask, float("-inf")), dim=-1)  # [N, Tq]
+    out = torch.where(mask.any(-1)[:, None, None], out, torch.zeros_like(out))  # SDPA gives NaN there
+    return out, lse
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_reference_matches_dense_attention(causal):
+    g = torch.Generator().manual_seed(0)
+    lq, lk, N = [5, 0, 9, 6, 3], [5, 4, 12, 2, 0], 3  # equal, lq=0, lq<lk, lq>lk, lk=0
+    Tq, Tk = sum(lq), sum(lk)
+    q = torch.randn(Tq, N, P + R, generator=g).to(DEVICE)
+    kn = torch.randn(Tk, N, P, generator=g).to(DEVICE)
+    kpe = torch.randn(Tk, 1, R, generator=g).to(DEVICE)
+    v = torch.randn(Tk, N, V, generator=g).to(DEVICE)
+    out, lse = mla_prefill_ref(q, kn, kpe, v, cu(lq), cu(lk), 0.07, causal)
+    dout, dlse = _dense_attention_f64(q, kn, kpe, v, lq, lk, 0.07, causal)
+    torch.testing.assert_close(out, dout.float(), rtol=1e-5, atol=1e-5)
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(dlse.float()))
+    # Sequence 3 (lq=6 > lk=2, q rows 14..19): causal rows 0..3 see no key.
+    assert bool(torch.isneginf(lse[:, 14:18]).all()) == causal and torch.isfinite(lse[:, 18:20]).all()
+    assert torch.isneginf(lse[:, 20:]).all()  # sequence 4 has no keys
+    fin = torch.isfinite(dlse)
+    torch.testing.assert_close(lse[fin], dlse[fin].float(), rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- kernel vs reference (CPU and GPU)
+
+CASES = {
+    # name: (lq, lk, N)
+    "uneven": ([37, 5, 70], [37, 5, 70], 16),  # self-attention, lengths cross blocks raggedly
+    "lq_lt_lk": ([10, 33, 4], [50, 33, 17], 4),  # new tokens after a prefix
+    "lq_gt_lk": ([40, 7, 3], [9, 0, 3], 4),  # causal rows that see nothing; lk = 0
+    "empty_seqs": ([0, 12, 0, 1], [5, 12, 0, 1], 2),  # lq = 0 with keys, both 0, single token
+    "N128": ([20, 9], [20, 9], 128),
+    "N1": ([100, 37], [100, 37], 1),
+}
+
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_reference(backend, dtype, causal, case):
+    lq, lk, N = CASES[case]
+    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, dtype)
+    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, causal=causal, backend=backend)
+    assert out.shape == (sum(lq), N, V) and out.dtype == dtype and lse.shape == (N, sum(lq))
+    ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, causal)
+    assert_matches(out, lse, ref, ref_lse, dtype)
+
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+def test_more_sequences_than_one_lookup_step(backend):
+    """B > SEQ_CHUNK: a program finds its sequence over several vector steps of cu_seqlens_q."""
+    from rocm_mla.ops.prefill import SEQ_CHUNK
+
+    g = torch.Generator().manual_seed(1)
+    B = SEQ_CHUNK + 40
+    lq = torch.randint(0, 4, (B,), generator=g).tolist()
+    lq[SEQ_CHUNK + 7] = 70  # a multi-block sequence in the second step
+    lk = [n + int(x) for n, x in zip(lq, torch.randint(0, 3, (B,), generator=g))]
+    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, 1, torch.float32)
+    out = torch.full((sum(lq), 1, V), float("nan"), device=DEVICE)
+    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, out=out, backend=backend)
+    ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, True)
+    assert_matches(out, lse, ref, ref_lse, torch.float32)
+
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("bm,bn", [(16, 16), (16, 64), (64, 16)])
+def test_block_shapes(backend, bm, bn):
+    """BLOCK_N > BLOCK_M and BLOCK_M > BLOCK_N put the causal diagonal across several key blocks;
+    lk - lq not a multiple of either block puts it mid-block."""
+    lq, lk, N = [45, 3, 70], [58, 20, 70], 2
+    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, torch.float32)
+    cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4, "num_stages": 1}
+    ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, True)
+    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, backend=backend, config=cfg)
+    assert_matches(out, lse, ref, ref_lse, torch.float32)
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_rows_that_see_no_key_are_zero_and_minus_inf(backend):
+    if backend == "hip":
+        pytest.skip("no HIP kernel for mla_prefill")
+    lq, lk, N = [6, 3], [2, 0], 2  # causal, seq 0: rows 0..3 see nothing; seq 1: no keys at all
+    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, torch.float32)
+    out = torch.full((9, N, V), float("nan"), device=DEVICE)
+    lse = torch.full((N, 9), float("nan"), device=DEVICE)
+    rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, out=out, lse=lse, backend=backend)
+    blind = [0, 1, 2, 3, 6, 7, 8]
+    assert torch.equal(out[blind], torch.zeros_like(out[blind]))
+    assert torch.isneginf(lse[:, blind]).all()
+    assert torch.isfinite(lse[:, [4, 5]]).all()
+    # row 4 sees key 0 only: its output is v[0] exactly (weight 1)
+    torch.testing.assert_close(out[4], v[0], rtol=1e-6, atol=1e-6)
+
+
+# ---------------------------------------------------------------- strided inputs, output views
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kpe_layout", ["latent", "expand", "per_head_copy"])
+def test_strided_inputs_and_poisoned_output_views(backend, dtype, kpe_layout):
+    lq, lk, N = [19, 40, 2], [30, 40, 2], 3
+    Tq = sum(lq)
+    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, dtype, kpe_layout=kpe_layout)
+    # q as a head slice of a wider buffer (token stride != N * 192)
+    q_buf = rand((Tq, N + 2, P + R + 8), dtype)
+    q_view = q_buf[:, 1:N + 1, : P + R]
+    q_view.copy_(q)
+    # out: the layer's [T, N*128 (+pad)] buffer viewed as [T, N, 128]; lse: [N, Tq] view of [Tq, N]
+    out_base = torch.full((Tq, N * V + 24), float("nan"), dtype=dtype, device=DEVICE)
+    out = out_base[:, : N * V].view(Tq, N, V)
+    lse_base, lse = poisoned_view((N, Tq), torch.float32, transpose01=True, token_pad=1)
+    got, got_lse = rocm_mla.mla_prefill(q_view, kn, kpe, v, cq, ck, sm_scale=SCALE, out=out, lse=lse,
+                                        backend=backend)
+    assert got is out and got_lse is lse, "must return the caller's buffers"
+    ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, True)
+    assert_matches(out, lse, ref, ref_lse, dtype)
+    assert outside_untouched(out_base, out), "wrote outside the out view"
+    assert outside_untouched(lse_base, lse), "wrote outside the lse view"
+
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+def test_pad_v_style_output_and_inner_strides(backend):
+    """out as the [T, N, 192][..., :128] view, inputs with an inner stride of 2 (Triton's generic
+    path), cu_seqlens as strided views."""
+    lq, lk, N = [9, 14], [9, 20], 2
+    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, torch.float32)
+    q2 = torch.zeros(q.shape[0], N, 2 * (P + R), device=DEVICE)[..., ::2]
+    q2.copy_(q)
+    kn2 = torch.zeros(kn.shape[0], N, 2 * P, device=DEVICE)[..., ::2]
+    kn2.copy_(kn)
+    cq2 = torch.stack([cq, torch.zeros_like(cq)], 1)[:, 0]
+    ck2 = torch.stack([ck, torch.zeros_like(ck)], 1)[:, 0]
+    out_base, out = poisoned_view((sum(lq), N, V), torch.float32, pad_last=64)
+    rocm_mla.mla_prefill(q2, kn2, kpe, v, cq2, ck2, sm_scale=SCALE, out=out, backend=backend)
+    ref, _ = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, True)
+    torch.testing.assert_close(out, ref, rtol=2e-5, atol=2e-5)
+    assert outside_untouched(out_base, out)
+
+
+# ---------------------------------------------------------------- chunked context
+
+def _context_case(lq, ctx_splits, N, dtype):
+    """New tokens (lq per sequence) and context chunks: ctx_splits[c][b] = keys of sequence b in
+    chunk c. Returns the helper's inputs and the one-shot inputs (keys = [context..., new])."""
+    B = len(lq)
+    q, kn, kpe, v, cq, ck = make_inputs(lq, lq, N, dtype)
+    chunks, per_seq = [], [[] for _ in range(B)]  # per_seq[b]: list of (kn, kpe, v) pieces in order
+    for split in ctx_splits:
+        c_q, c_kn, c_kpe, c_v, _, c_ck = make_inputs(lq, split, N, dtype)
+        chunks.append(ContextChunk(c_kn, c_kpe, c_v, c_ck))
+        for b in range(B):
+            s, e = int(c_ck[b]), int(c_ck[b + 1])
+            per_seq[b].append((c_kn[s:e], c_kpe[s:e], c_v[s:e]))
+    for b in range(B):
+        s, e = int(ck[b]), int(ck[b + 1])
+        per_seq[b].append((kn[s:e], kpe[s:e], v[s:e]))
+    full = [torch.cat([piece[i] for b in range(B) for piece in per_seq[b]]) for i in range(3)]
+    total = [lq[b] + sum(split[b] for split in ctx_splits) for b in range(B)]
+    return (q, kn, kpe, v, cq, ck, chunks), (q, *full, cq, cu(total))
+
+
+CTX = {
+    # name: (lq, ctx_splits, N)
+    "two_chunks": ([7, 0, 20], [[20, 5, 0], [10, 7, 0]], 4),
+    "three_chunks_odd": ([5, 16], [[3, 0], [0, 30], [11, 2]], 2),
+    "no_context": ([9, 4], [], 2),
+}
+
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", list(CTX))
+@pytest.mark.parametrize("as_generator", [False, True], ids=["list", "generator"])
+def test_chunked_context_equals_one_shot(backend, dtype, case, as_generator):
+    lq, splits, N = CTX[case]
+    (q, kn, kpe, v, cq, ck, chunks), one_shot = _context_case(lq, splits, N, dtype)
+    Tq = sum(lq)
+    out_base, out = poisoned_view((Tq, N, V), dtype, pad_last=64)
+    lse_base, lse = poisoned_view((N, Tq), torch.float32, transpose01=True)
+    arg = (c for c in chunks) if as_generator else chunks
+    got, got_lse = rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, ck, arg, sm_scale=SCALE, out=out,
+                                                     lse=lse, backend=backend)
+    assert got is out and got_lse is lse
+    ref, ref_lse = mla_prefill_ref(*one_shot, SCALE, True)
+    assert_matches(out, lse, ref, ref_lse, dtype)
+    assert outside_untouched(out_base, out) and outside_untouched(lse_base, lse)
+    # and the kernel's one-shot path agrees with the helper
+    one, one_lse = rocm_mla.mla_prefill(*one_shot, sm_scale=SCALE, backend=backend)
+    assert_matches(out, lse, one.float(), one_lse, dtype)
+
+
+@pytest.mark.parametrize("n_chunks", [1, 2, 3])
+def test_chunked_context_merges_in_place_into_the_callers_lse(monkeypatch, n_chunks):
+    """The data path: every merge writes ``out`` over itself, never writes the lse it reads (the
+    HIP merge reads an lse row from several threads), and with a sized chunk list the last merge
+    lands in the caller's ``lse`` (no final copy)."""
+    import rocm_mla.ops.prefill as prefill_mod
+
+    calls = []
+    real = prefill_mod.merge_attn_states
+
+    def spy(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None, **kw):
+        calls.append((output, prefix_output, prefix_lse, output_lse))
+        return real(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, **kw)
+
+    monkeypatch.setattr(prefill_mod, "merge_attn_states", spy)
+    lq = [4, 6]
+    splits = [[3, 2], [0, 5], [7, 1]][:n_chunks]
+    (q, kn, kpe, v, cq, ck, chunks), one_shot = _context_case(lq, splits, 2, torch.float32)
+    lse = torch.full((2, 10), float("nan"), device=DEVICE)
+    out, _ = rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, ck, chunks, sm_scale=SCALE, lse=lse)
+    assert len(calls) == n_chunks
+    for output, prefix_output, prefix_lse, output_lse in calls:
+        assert output is out and prefix_output is out
+        assert output_lse.data_ptr() != prefix_lse.data_ptr()
+    assert calls[-1][3] is lse
+    ref, ref_lse = mla_prefill_ref(*one_shot, SCALE, True)
+    assert_matches(out, lse, ref, ref_lse, torch.float32)
+
+
+def test_chunked_context_rejects_bad_chunk():
+    lq = [3, 2]
+    (q, kn, kpe, v, cq, ck, chunks), _ = _context_case(lq, [[4, 1]], 2, torch.float32)
+    bad = chunks[0]._replace(cu_seqlens_k=torch.tensor([0, 5], dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match=r"context_chunks\[1\].*cu_seqlens_k.*\(3,\).*\(2,\)"):
+        rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, ck, [chunks[0], bad], sm_scale=SCALE)
+    with pytest.raises(TypeError, match=r"context_chunks\[0\].*tuple.*int"):
+        rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, ck, [3], sm_scale=SCALE)
+
+
+# ---------------------------------------------------------------- edge shapes, dispatch
+
+@pytest.mark.parametrize("backend", backends())
+def test_no_tokens_no_sequences(backend):
+    if backend == "hip":
+        pytest.skip("no HIP kernel for mla_prefill")
+    q, kn, kpe, v, cq, ck = make_inputs([0, 0], [3, 0], 2, torch.float32)
+    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, backend=backend)
+    assert out.shape == (0, 2, V) and lse.shape == (2, 0)
+    q, kn, kpe, v, _, _ = make_inputs([], [], 2, torch.float32)
+    z = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, z, z.clone(), sm_scale=SCALE, backend=backend)
+    assert out.shape == (0, 2, V)
+    # keys empty everywhere (Tk = 0): every row is blind
+    q, kn, kpe, v, cq, ck = make_inputs([4, 1], [0, 0], 2, torch.float32)
+    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, causal=False, backend=backend)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
+
+
+def test_forced_hip_raises_clearly():
+    q, kn, kpe, v, cq, ck = make_inputs([2], [2], 1, torch.float32)
+    if "hip" in backends():
+        with pytest.raises(RuntimeError, match="mla_prefill.*'hip'.*no HIP kernel"):
+            rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, backend="hip")
+    else:
+        with pytest.raises(RuntimeError, match="'hip' was requested but cannot run"):
+            rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, backend="hip")
+
+
+def test_forced_reference_by_environment(monkeypatch):
+    q, kn, kpe, v, cq, ck = make_inputs([5, 3], [5, 6], 2, torch.float32)
+    monkeypatch.setenv("ROCM_MLA_BACKEND_MLA_PREFILL", "reference")
+    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE)
+    ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, True)
+    assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+
+
+def test_default_dispatch():
+    from rocm_mla.ops._dispatch import select
+
+    assert select("mla_prefill", DEVICE) == "triton"  # GPU: backend_order; CPU: the interpreter
+
+
+# ---------------------------------------------------------------- bad input
+
+def _good(lq=(3, 2), lk=(4, 2), N=2):
+    q, kn, kpe, v, cq, ck = make_inputs(list(lq), list(lk), N, torch.float32)
+    return dict(q=q, k_nope=kn, k_pe=kpe, v=v, cu_seqlens_q=cq, cu_seqlens_k=ck)
+
+
+CPU_OFFSETS_ONLY = pytest.mark.skipif(HAS_GPU, reason="offsets are checked for CPU cu_seqlens only "
+                                      "(reading GPU ones would be a host sync)")
+
+
+def _t(*shape, dtype=torch.float32):
+    return torch.zeros(*shape, dtype=dtype, device=DEVICE)
+
+
+@pytest.mark.parametrize("change,exc,words", [
+    (dict(q=_t(5, 2, 190)), ValueError, ["q", "(*, 2, 192)", "(5, 2, 190)", "P=128", "R=64"]),
+    (dict(q=_t(5, 2, 192, dtype=torch.float64)), TypeError, ["q", "float64"]),
+    (dict(q=_t(5, 192)), ValueError, ["q", "3-D", "(5, 192)"]),
+    (dict(k_nope=_t(6, 3, 128)), ValueError, ["k_nope", "q's N", "(6, 3, 128)"]),
+    (dict(k_nope=_t(6, 2, 128, dtype=torch.float16)), TypeError, ["k_nope", "float32", "float16"]),
+    (dict(k_pe=_t(6, 3, 64)), ValueError, ["k_pe", "[Tk, 1, R]", "(6, 3, 64)"]),
+    (dict(k_pe=_t(5, 1, 64)), ValueError, ["k_pe", "(6, 1, *)", "(5, 1, 64)"]),
+    (dict(v=_t(6, 2, 64, dtype=torch.float16)), TypeError, ["v", "float16"]),
+    (dict(v=_t(7, 2, 128)), ValueError, ["v", "[Tk, N, V] = (6, 2,", "k_nope's Tk, N", "(7, 2, 128)"]),
+    (dict(cu_seqlens_q=torch.tensor([0, 3, 5], dtype=torch.int64)), TypeError, ["cu_seqlens_q", "int32", "int64"]),
+    (dict(cu_seqlens_k=torch.tensor([0, 6], dtype=torch.int32)), ValueError, ["cu_seqlens_k", "(3,)", "(2,)"]),
+    pytest.param(dict(cu_seqlens_q=torch.tensor([0, 3, 9], dtype=torch.int32)), ValueError,
+                 ["cu_seqlens_q", "Tq=5", "[0, 3, 9]"], marks=CPU_OFFSETS_ONLY),
+    pytest.param(dict(cu_seqlens_k=torch.tensor([0, 4, 2], dtype=torch.int32)), ValueError,
+                 ["cu_seqlens_k", "non-decreasing", "[0, 4, 2]"], marks=CPU_OFFSETS_ONLY),
+    (dict(out=_t(5, 2, 192)), ValueError, ["out", "(5, 2, 128)", "(5, 2, 192)"]),
+    (dict(out=_t(5, 2, 128, dtype=torch.float16)), TypeError, ["out", "float32", "float16"]),
+    (dict(out=_t(5, 2, 1).expand(5, 2, 128)), ValueError, ["out", "overlap", "stride"]),
+    (dict(lse=_t(5, 2)), ValueError, ["lse", "[N, Tq]", "(2, 5)", "(5, 2)"]),
+    (dict(lse=_t(2, 5, dtype=torch.float16)), TypeError, ["lse", "float32", "float16"]),
+    (dict(sm_scale=-1.0), ValueError, ["sm_scale", "> 0", "-1.0"]),
+    (dict(sm_scale="0.1"), TypeError, ["sm_scale", "float", "str"]),
+    (dict(causal=1), TypeError, ["causal", "bool", "int"]),
+    (dict(max_seqlen_q=2.5), TypeError, ["max_seqlen_q", "int", "2.5"]),
+    (dict(k_nope=[1, 2]), TypeError, ["k_nope", "torch.Tensor", "list"]),
+])
+def test_bad_input_names_argument(change, exc, words):
+    args = _good()
+    for k, val in change.items():
+        args[k] = val.to(DEVICE) if isinstance(val, torch.Tensor) else val
+    args.setdefault("sm_scale", SCALE)
+    with pytest.raises(exc) as err:
+        rocm_mla.mla_prefill(**args)
+    for w in words:
+        assert w in str(err.value), (w, str(err.value))
+    assert str(err.value).startswith("mla_prefill: ")
+
+
+def test_triton_rejects_non_power_of_two_dims():
+    lq = [3]
+    q = rand((3, 2, 100 + 64), torch.float32)
+    kn, kpe, v = rand((3, 2, 100), torch.float32), rand((3, 1, 64), torch.float32), rand((3, 2, 128), torch.float32)
+    with pytest.raises(ValueError, match=r"k_nope: expected last dim P a power of two >= 16.*got 100"):
+        rocm_mla.mla_prefill(q, kn, kpe, v, cu(lq), cu(lq), sm_scale=SCALE, backend="triton")
+    # the reference takes any dims
+    out, _ = rocm_mla.mla_prefill(q, kn, kpe, v, cu(lq), cu(lq), sm_scale=SCALE, backend="reference")
+    assert out.shape == (3, 2, 128)
+
+
+def test_mixed_devices_message_without_gpu():
+    args = _good()
+    args["lse"] = torch.empty(2, 5, device="meta")
+    with pytest.raises(ValueError, match="lse.*device"):
+        rocm_mla.mla_prefill(**args, sm_scale=SCALE)
+
+
+# ---------------------------------------------------------------- GPU only (bf16, serving sizes)
+
+gpu = pytest.mark.gpu
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("N", [1, 16, 128])
+def test_gpu_varlen(dtype, causal, N):
+    lq = [700, 1, 0, 1500, 129]
+    lk = [700, 64, 9, 1500, 300]
+    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, dtype)
+    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, causal=causal, backend="triton")
+    ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, causal)
+    assert_matches(out, lse, ref, ref_lse, dtype)
+
+
+@gpu
+@pytest.mark.parametrize("N", [16, 128])
+@pytest.mark.parametrize("kpe_layout", ["latent", "expand"])
+def test_gpu_strided_bf16_poisoned(N, kpe_layout):
+    lq, lk = [1000, 37, 2048], [1000, 500, 2048]
+    Tq = sum(lq)
+    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, torch.bfloat16, kpe_layout=kpe_layout)
+    out_base = torch.full((Tq, N * V + 64), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    out = out_base[:, : N * V].view(Tq, N, V)
+    lse_base, lse = poisoned_view((N, Tq), torch.float32, transpose01=True)
+    rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, out=out, lse=lse, backend="triton")
+    ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, True)
+    assert_matches(out, lse, ref, ref_lse, torch.bfloat16)
+    assert outside_untouched(out_base, out) and outside_untouched(lse_base, lse)
+
+
+@gpu
+def test_gpu_chunked_context_bf16():
+    (q, kn, kpe, v, cq, ck, chunks), one_shot = _context_case(
+        [300, 0, 1024], [[2000, 64, 0], [512, 700, 0], [5, 0, 0]], 16, torch.bfloat16)
+    out, lse = rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, ck, chunks, sm_scale=SCALE)
+    ref, ref_lse = mla_prefill_ref(*one_shot, SCALE, True)
+    assert_matches(out, lse, ref, ref_lse, torch.bfloat16)
+
+
+@gpu
+def test_gpu_int64_addressing():
+    """A sequence whose last key row sits past 2^31 elements of k_nope/v (N=128, 256 wide rows)."""
+    N, lq, lk = 128, [16, 16], [1000, 69000]
+    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, torch.bfloat16)
+    assert (sum(lk) - 1) * kn.stride(0) > 2**31
+    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, causal=False, backend="triton")
+    ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, False)
+    assert_matches(out, lse, ref, ref_lse, torch.bfloat16)
+
+
+@gpu
+def test_gpu_no_host_sync():
+    """The Triton path must not read cu_seqlens on the host (a sync would serialise the stream)."""
+    q, kn, kpe, v, cq, ck = make_inputs([300, 200], [300, 250], 16, torch.bfloat16)
+    rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, backend="triton")  # compile first
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, backend="triton")
+        rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, cq, [(kn, kpe, v, ck)], sm_scale=SCALE,
+                                          backend="triton")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -1,0 +1,458 @@
+"""The ROCM_MLA vLLM backend against the real vLLM 0.33.0 package.
+
+Needs vLLM 0.33.0 importable (CI: .ci/install_vllm_cpu.sh, called by ./dev.sh test); the whole
+module is skipped, with the reason, when it is not. No MI300 here: vLLM's ROCm platform is
+simulated as gfx942 (``rocm_mla.vllm.harness.use_simulated_gfx942_platform``: only the host
+queries are patched) before any vLLM module that binds ``current_platform`` is imported.
+Kernels run in the Triton CPU interpreter (conftest sets TRITON_INTERPRET=1; fp32/fp16) or on a
+GPU (``gpu`` marker; bf16 and N=128 there).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from _util import DEVICE, HAS_GPU
+
+try:
+    import vllm
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: F401
+except Exception as e:  # not installed, or installed without its pinned dependencies
+    pytest.skip(f"vLLM 0.33.0 is not importable ({type(e).__name__}: {e}); "
+                ".ci/install_vllm_cpu.sh installs it", allow_module_level=True)
+if vllm.__version__ != "0.33.0":
+    pytest.skip(f"the ROCM_MLA backend is written against vLLM 0.33.0, found {vllm.__version__}",
+                allow_module_level=True)
+
+from rocm_mla.vllm.harness import LayerStep, Request, use_simulated_gfx942_platform  # noqa: E402
+
+use_simulated_gfx942_platform()
+
+import rocm_mla.vllm as rocm_vllm  # noqa: E402
+from vllm.v1.attention.backends.mla.prefill.registry import MLAPrefillBackendEnum  # noqa: E402
+
+rocm_vllm.register()
+
+from rocm_mla.vllm.backend import RocmMLABackend, RocmMLAImpl, RocmMLAMetadataBuilder  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+CPU_DTYPES = [torch.float32, torch.float16]
+GPU_DTYPES = [torch.bfloat16, torch.float16]
+TOL = {torch.float32: 2e-4, torch.float16: 1e-2, torch.bfloat16: 4e-2}
+
+
+def _python(code: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (a process that has loaded no plugin yet)."""
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=300, cwd=REPO)
+
+
+# ---------------------------------------------------------------- registration and plugin loading
+
+def test_entry_point_is_declared():
+    from importlib.metadata import entry_points
+
+    eps = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
+    assert eps.get(rocm_vllm.PLUGIN_NAME) == "rocm_mla.vllm:register", (
+        "the vllm.general_plugins entry point is missing: reinstall rocm-mla (pip install -e .)")
+
+
+def test_load_general_plugins_registers_in_a_fresh_process():
+    code = """
+import vllm.plugins
+from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+from vllm.v1.attention.backends.mla.prefill.registry import MLAPrefillBackendEnum as P
+assert "ROCM_MLA" not in E.__members__
+vllm.plugins.load_general_plugins()
+print(E["ROCM_MLA"].get_path(), E.CUSTOM.get_path(), P["ROCM_MLA"].get_path())
+"""
+    r = _python(code)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == [rocm_vllm.BACKEND_CLASS, rocm_vllm.BACKEND_CLASS, rocm_vllm.PREFILL_BACKEND_CLASS]
+    # VLLM_PLUGINS is an allow-list of entry-point names: without "rocm_mla" nothing registers.
+    code_off = """
+import vllm.plugins
+from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+vllm.plugins.load_general_plugins()
+print("ROCM_MLA" in E.__members__)
+"""
+    assert _python(code_off, {"VLLM_PLUGINS": "lora_filesystem_resolver"}).stdout.strip() == "False"
+    assert _python(code_off, {"VLLM_PLUGINS": "rocm_mla"}).stdout.strip() == "True"
+
+
+def test_register_is_reentrant_and_pickles_by_name():
+    rocm_vllm.register()
+    rocm_vllm.register()
+    member = AttentionBackendEnum["ROCM_MLA"]
+    assert member.get_class() is RocmMLABackend
+    assert AttentionBackendEnum.CUSTOM.get_class() is RocmMLABackend
+    assert MLAPrefillBackendEnum["ROCM_MLA"].get_path() == rocm_vllm.PREFILL_BACKEND_CLASS
+    assert list(AttentionBackendEnum.__members__).count("ROCM_MLA") == 1
+    assert pickle.loads(pickle.dumps(member)) is member
+    assert pickle.loads(pickle.dumps(MLAPrefillBackendEnum["ROCM_MLA"])) is MLAPrefillBackendEnum["ROCM_MLA"]
+
+
+def test_spawned_process_unpickles_the_config_before_loading_plugins(tmp_path):
+    """vLLM's engine core / workers under the spawn start method unpickle the VllmConfig before
+    they load plugins: the registered member must come back by name."""
+    from vllm.config.attention import AttentionConfig
+
+    cfg = AttentionConfig(backend="ROCM_MLA", mla_prefill_backend="ROCM_MLA")
+    path = tmp_path / "cfg.pkl"
+    path.write_bytes(pickle.dumps(cfg))
+    code = f"""
+import pickle
+from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+assert "ROCM_MLA" not in E.__members__
+cfg = pickle.loads(open({str(path)!r}, "rb").read())
+print(cfg.backend is E["ROCM_MLA"], cfg.backend.get_path(), cfg.mla_prefill_backend.name)
+"""
+    r = _python(code, {"VLLM_PLUGINS": ""})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["True", rocm_vllm.BACKEND_CLASS, "ROCM_MLA"]
+
+
+# ---------------------------------------------------------------- argument parsing and selection
+
+def test_cli_parses_attention_backend():
+    from vllm.config.attention import AttentionConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    args = parser.parse_args(["--model", "x", "--attention-backend", "ROCM_MLA"])
+    ea = EngineArgs.from_cli_args(args)
+    # create_engine_config converts it exactly so (vllm/engine/arg_utils.py).
+    assert AttentionConfig.validate_backend_before(ea.attention_backend) is AttentionBackendEnum["ROCM_MLA"]
+    args = parser.parse_args(["--model", "x", "-ac.backend=ROCM_MLA", "-ac.mla_prefill_backend=ROCM_MLA"])
+    ea = EngineArgs.from_cli_args(args)
+    assert ea.attention_config.backend is AttentionBackendEnum["ROCM_MLA"]
+    assert ea.attention_config.mla_prefill_backend is MLAPrefillBackendEnum["ROCM_MLA"]
+    assert AttentionConfig(backend="custom").backend is AttentionBackendEnum.CUSTOM
+
+
+def test_engine_args_create_engine_config_on_rocm():
+    from vllm.engine.arg_utils import EngineArgs
+
+    from rocm_mla.vllm.harness import _tiny_deepseek_v3_dir
+
+    ea = EngineArgs(model=_tiny_deepseek_v3_dir(), attention_backend="ROCM_MLA", skip_tokenizer_init=True,
+                    max_model_len=512)
+    cfg = ea.create_engine_config()
+    assert cfg.attention_config.backend is AttentionBackendEnum["ROCM_MLA"]
+    assert pickle.loads(pickle.dumps(cfg)).attention_config.backend is AttentionBackendEnum["ROCM_MLA"]
+
+
+@pytest.mark.parametrize("num_heads", [8, 16, 128])
+@pytest.mark.parametrize("block_size", [1, 16, 64])
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8", "fp8_e4m3"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_rocm_platform_selects_rocm_mla(dtype, kv_cache_dtype, block_size, num_heads):
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+    sel = AttentionSelectorConfig(head_size=576, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
+                                  block_size=block_size, use_mla=True)
+    for member in (AttentionBackendEnum["ROCM_MLA"], AttentionBackendEnum.CUSTOM):
+        path = current_platform.get_attn_backend_cls(member, sel, num_heads=num_heads)
+        assert path == rocm_vllm.BACKEND_CLASS
+
+
+def test_rocm_platform_rejects_what_the_kernels_cannot_do():
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+    member = AttentionBackendEnum["ROCM_MLA"]
+    cases = {
+        "head_size": AttentionSelectorConfig(head_size=320, dtype=torch.bfloat16, kv_cache_dtype="auto",
+                                             block_size=16, use_mla=True),
+        "kv_cache_dtype float16": AttentionSelectorConfig(head_size=576, dtype=torch.bfloat16,
+                                                          kv_cache_dtype="float16", block_size=16, use_mla=True),
+        "sparse": AttentionSelectorConfig(head_size=576, dtype=torch.bfloat16, kv_cache_dtype="auto",
+                                          block_size=64, use_mla=True, use_sparse=True),
+        "non-causal": AttentionSelectorConfig(head_size=576, dtype=torch.bfloat16, kv_cache_dtype="auto",
+                                              block_size=16, use_mla=True, use_non_causal=True),
+    }
+    for reason, sel in cases.items():
+        with pytest.raises(ValueError, match=reason.split()[0]):
+            current_platform.get_attn_backend_cls(member, sel, num_heads=16)
+
+
+def test_backend_declarations():
+    assert RocmMLABackend.get_supported_head_sizes() == [576]
+    assert set(RocmMLABackend.supported_kv_cache_dtypes) == {"auto", "bfloat16", "float16", "fp8", "fp8_e4m3"}
+    assert all(RocmMLABackend.supports_block_size(b) for b in (1, 3, 16, 64, 256))
+    from vllm.model_executor.layers.attention.mla_attention import QueryLenSupport
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    assert RocmMLAMetadataBuilder.query_len_support is QueryLenSupport.UNIFORM
+    assert RocmMLAMetadataBuilder._cudagraph_support is AttentionCGSupport.UNIFORM_BATCH
+    assert RocmMLAImpl.can_return_lse_for_decode
+
+
+def test_selector_builds_an_mla_layer_with_rocm_mla():
+    """vLLM's own selection path of MLAAttention (no attn_backend passed) with the config's backend."""
+    from vllm.config import CacheConfig, VllmConfig, set_current_vllm_config
+    from vllm.config.attention import AttentionConfig
+    from vllm.v1.attention.selector import get_attn_backend
+
+    vc = VllmConfig(cache_config=CacheConfig(block_size=64),
+                    attention_config=AttentionConfig(backend="ROCM_MLA"))
+    with set_current_vllm_config(vc):
+        backend = get_attn_backend(576, torch.bfloat16, "fp8", use_mla=True, num_heads=128)
+    assert backend is RocmMLABackend
+
+
+# ---------------------------------------------------------------- forward on vLLM's objects
+
+# (cached context, new tokens) per request, decodes first.
+DECODE = [Request(40, 1), Request(17, 1), Request(0, 1), Request(90, 1)]
+MTP = [Request(30, 2), Request(9, 2), Request(64, 2)]
+# With workspace_rows=48 vLLM plans 7 context chunks: chunks spanning requests, a request without
+# context, requests split over two and over four chunks (70 and 120 cached tokens), a split request
+# that ends a multi-request chunk: every branch of the in-place LSE bookkeeping runs.
+PREFILL = [Request(37, 5), Request(0, 9), Request(10, 3), Request(70, 3), Request(20, 4), Request(120, 2)]
+MIXED = [Request(25, 1), Request(6, 1), Request(33, 4), Request(0, 7)]
+BATCHES = {"decode": (DECODE, 1), "mtp": (MTP, 2), "prefill_context": (PREFILL, 1), "mixed": (MIXED, 1)}
+
+
+def _step(batch: str, dtype, kv_cache_dtype, block_size, num_heads, **kw) -> LayerStep:
+    reqs, threshold = BATCHES[batch]
+    return LayerStep(RocmMLABackend, reqs, num_heads=num_heads, dtype=dtype, device=DEVICE,
+                     kv_cache_dtype=kv_cache_dtype, block_size=block_size, decode_threshold=threshold,
+                     workspace_rows=48, k_scale=0.05, **kw)
+
+
+def _check_forward(batch, dtype, kv_cache_dtype, block_size, num_heads):
+    step = _step(batch, dtype, kv_cache_dtype, block_size, num_heads)
+    md = step.metadata
+    if batch in ("decode", "mtp"):
+        assert md.num_prefills == 0 and md.num_decodes == len(step.requests)
+    if batch == "prefill_context":
+        chunks = md.prefill.chunked_context.chunks
+        assert len(chunks) >= 6 and sum(c.is_continuation for c in chunks) == 4
+    out = step.run()
+    ref = step.reference()
+    assert torch.isfinite(out).all()
+    err = (out.float() - ref).abs().max().item()
+    assert err <= TOL[dtype] * max(1.0, ref.abs().max().item()), f"max |err| {err}"
+    # The KV write put the new tokens where the decode and later steps read them.
+    for i, r in enumerate(step.requests):
+        got = torch.cat(step.cached_rows(i, r.context, r.context + r.query), dim=-1)
+        want = torch.cat([step.kv_c[i][r.context:], step.k_pe[i][r.context:]], dim=-1).float()
+        if step.fp8:  # e4m3: 3 mantissa bits (relative step 1/16), scale 0.05
+            assert ((got - want).abs() <= want.abs() / 16 + 0.05 * 2 ** -7).all()
+        else:
+            assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("batch", list(BATCHES))
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+def test_forward_matches_reference(batch, dtype, kv_cache_dtype):
+    if HAS_GPU:
+        pytest.skip("CPU variant (interpreter); the gpu-marked test covers the GPU")
+    _check_forward(batch, dtype, kv_cache_dtype, block_size=16, num_heads=16)
+
+
+@pytest.mark.parametrize("batch", ["decode", "prefill_context"])
+def test_forward_block_size_1_and_8_heads(batch):
+    if HAS_GPU:
+        pytest.skip("CPU variant (interpreter); the gpu-marked test covers the GPU")
+    _check_forward(batch, torch.float16, "auto", block_size=1, num_heads=8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_heads", [16, 128])
+@pytest.mark.parametrize("block_size", [1, 64])
+@pytest.mark.parametrize("batch", list(BATCHES))
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+def test_forward_matches_reference_gpu(batch, dtype, kv_cache_dtype, block_size, num_heads):
+    _check_forward(batch, dtype, kv_cache_dtype, block_size, num_heads)
+
+
+def test_fp8_cache_keeps_the_tuple_query_path():
+    """supports_quant_query_input stays False with an fp8 cache: forward_impl hands forward_mqa
+    the (ql_nope, q_pe) tuple, q_pe still a strided view of the layer's q (no cat, no quant)."""
+    step = _step("decode", torch.float16, "fp8", 16, 16)
+    assert step.layer.impl.supports_quant_query_input is False
+    (name, args, _), = [c for c in step.capture_backend_calls() if c[0] == "forward_mqa"]
+    q = args[0]
+    assert isinstance(q, tuple) and q[1].data_ptr() == step.q_all.data_ptr() + 128 * step.q_all.element_size()
+
+
+@pytest.mark.parametrize("form", ["concatenated", "fp8_quantized"])
+def test_forward_mqa_single_tensor_query(form):
+    """One [rows, N, 576] query, as vLLM sends it under decode context parallelism (concatenated)
+    or if supports_quant_query_input were on (fp8 with the layer's q scale): same result as the tuple."""
+    step = _step("decode", torch.float16 if not HAS_GPU else torch.bfloat16, "fp8", 16, 16)
+    calls = step.capture_backend_calls()
+    (_, (q, cache, md, layer), _), = [c for c in calls if c[0] == "forward_mqa"]
+    o_ref, lse_ref = step.layer.impl.forward_mqa(q, cache, md, layer)
+    full = torch.cat(q, dim=-1)
+    tol = 2e-2
+    if form == "fp8_quantized":
+        from vllm.platforms import current_platform
+
+        q_scale = full.float().abs().max() / 200
+        layer._q_scale.fill_(q_scale)
+        full = (full.float() / q_scale).to(current_platform.fp8_dtype())
+        tol = 0.15
+    o, lse = step.layer.impl.forward_mqa(full, cache, md, layer)
+    assert (o.float() - o_ref.float()).abs().max() <= tol * o_ref.abs().max()
+    assert (lse - lse_ref).abs().max() <= tol * 10
+
+
+def test_forward_mqa_returns_natural_log_lse():
+    step = _step("decode", torch.float32, "auto", 16, 16)
+    (_, (q, cache, md, layer), _), = [c for c in step.capture_backend_calls() if c[0] == "forward_mqa"]
+    _, lse = step.layer.impl.forward_mqa(q, cache, md, layer)
+    w = step.layer.kv_b_proj.weight.float().T.reshape(512, 16, 256)
+    for i, r in enumerate(step.requests):
+        kv_c, k_pe = step.cached_rows(i, 0, r.context + r.query)
+        qq = step.q[i].float()[0]
+        s = (torch.einsum("nd,snd->ns", qq[:, :128], torch.einsum("sl,lnd->snd", kv_c, w[..., :128]))
+             + torch.einsum("nd,sd->ns", qq[:, 128:], k_pe)) * step.scale
+        torch.testing.assert_close(lse[i], torch.logsumexp(s, -1), atol=1e-3, rtol=1e-4)
+
+
+def test_kv_write_with_gfx942_fp8_kind():
+    """On an MI300 vLLM's fp8 is e4m3fnuz: the KV write follows current_platform.fp8_dtype()."""
+    from vllm.platforms import current_platform
+
+    from rocm_mla import _platform
+
+    if HAS_GPU and not _platform.device_arch(DEVICE).startswith("gfx94"):
+        pytest.skip("e4m3fnuz runs in the CPU interpreter and on gfx94x, not on this GPU")
+
+    cls = type(current_platform)
+    orig = cls.fp8_dtype
+    cls.fp8_dtype = classmethod(lambda c: torch.float8_e4m3fnuz)
+    try:
+        impl = _step("decode", torch.float32, "auto", 16, 8).layer.impl
+        cache = torch.zeros(4, 16, 576, dtype=torch.uint8, device=DEVICE)
+        kv_c = torch.randn(5, 512, device=DEVICE)
+        k_pe = torch.randn(5, 1, 64, device=DEVICE)
+        slots = torch.tensor([3, 17, -1, 40, 63], device=DEVICE)
+        scale = torch.tensor([0.02], device=DEVICE)
+        impl.do_kv_cache_update(kv_c, k_pe, cache, slots, "fp8", scale)
+        rows = cache.view(-1, 576).view(torch.float8_e4m3fnuz).float() * 0.02
+        for t, s in enumerate(slots.tolist()):
+            if s >= 0:
+                assert (rows[s, :512] - kv_c[t]).abs().max() <= 0.07 * kv_c[t].abs().max() + 0.02
+                assert (rows[s, 512:] - k_pe[t, 0]).abs().max() <= 0.07 * k_pe[t].abs().max() + 0.02
+        assert cache.view(-1, 576)[[0, 1, 2]].eq(0).all()  # untouched rows
+    finally:
+        cls.fp8_dtype = orig
+
+
+# ---------------------------------------------------------------- the MLA prefill backend
+
+@pytest.mark.parametrize("dtype", [torch.float32] if not HAS_GPU else [torch.bfloat16])
+def test_prefill_backend_through_vllm_common_path(dtype, monkeypatch):
+    """ROCM_MLA as vLLM's MLA prefill backend under vLLM's own forward_mha (MLACommonBaseImpl):
+    k arrives concatenated, v strided; results match the reference."""
+    from vllm.model_executor.layers.attention.mla_attention import MLACommonBaseImpl
+
+    from rocm_mla.vllm.prefill import RocmMLAPrefillBackend
+
+    step = _step("prefill_context", dtype, "auto", 16, 16)
+    assert isinstance(step.layer.prefill_backend, RocmMLAPrefillBackend)
+    assert step.metadata.prefill.prefill_backend.supports_out()
+    impl = step.layer.impl
+    impl.forward_mha = MLACommonBaseImpl.forward_mha.__get__(impl)  # vLLM's common prefill
+    impl._compute_prefill_context = _compute_context_with(impl, step)
+    # vLLM's merge dispatches to its compiled op on ROCm, which cannot load here: rocm_mla's merge
+    # stands in for that one call.
+    import rocm_mla
+    from vllm.model_executor.layers.attention import mla_attention
+
+    monkeypatch.setattr(mla_attention, "merge_attn_states", rocm_mla.merge_attn_states)
+    out = step.run()
+    err = (out.float() - step.reference()).abs().max().item()
+    assert err <= TOL[dtype] * 4
+
+
+def _compute_context_with(impl, step):
+    """vLLM's _compute_prefill_context gathers through vLLM's compiled gather op, which cannot
+    load here; the same loop with rocm_mla's gather, calling the registered prefill backend."""
+    from vllm.model_executor.layers.attention.mla_attention import (
+        accumulate_mla_context_chunk,
+        init_mla_context_partial,
+    )
+
+    from rocm_mla.vllm.context_gather import gather_context_chunk
+
+    def compute(q, kv_cache, attn_metadata, k_scale):
+        prefill = attn_metadata.prefill
+        chunked = prefill.chunked_context
+        out = lse = None
+        for chunk in chunked.chunks:
+            ws = chunked.workspace[:chunk.num_context_tokens]
+            gather_context_chunk(kv_cache, prefill.block_table[chunk.request_slice], chunk.cu_seq_lens,
+                                 chunk.starts, chunk.token_to_seq, ws)
+            kv_nope = impl.kv_b_proj(ws[:, :512])[0].view(-1, impl.num_heads, 256)
+            k = impl._concat_k_nope_k_pe(kv_nope[..., :128], ws[:, 512:].unsqueeze(1))
+            o, l = prefill.prefill_backend.run_prefill_context_chunk(chunk=chunk, q=q[chunk.token_slice], k=k,
+                                                                     v=kv_nope[..., 128:])
+            if out is None:
+                out, lse = init_mla_context_partial(chunked, o, l, num_tokens=q.shape[0])
+            _accumulate(chunk, o, l, out, lse)
+        return out, lse
+
+    def _accumulate(chunk, o, l, out, lse):
+        # accumulate_mla_context_chunk with rocm_mla's merge (vLLM's merge needs its GPU build).
+        from rocm_mla.ops import merge_attn_states
+
+        s, e = chunk.token_slice.start, chunk.token_slice.stop
+        start = chunk.continuation_token_end if chunk.is_continuation else s
+        if start > s:
+            prev = lse[:, s:start].clone()
+            merge_attn_states(out[s:start], out[s:start], prev, o[:start - s], l[:, :start - s], lse[:, s:start])
+        out[start:e].copy_(o[start - s:])
+        lse[:, start:e].copy_(l[:, start - s:])
+
+    assert accumulate_mla_context_chunk is not None  # the vLLM function mirrored above exists
+    return compute
+
+
+# ---------------------------------------------------------------- no copies in the attention path
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_layer_copies", REPO / "perf" / "bench_layer_copies.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_attention_path_launches_no_copy_kernels(kv_cache_dtype):
+    """Profile the backend calls of one decode step and one prefill-with-context step: ROCM_MLA
+    moves no data outside its kernels; the upstream-shaped composition (TRITON_MLA + FA prefill
+    data movement, same kernels) does, and both are correct."""
+    bench = _bench()
+    dtype = torch.bfloat16 if HAS_GPU else torch.float16
+    res = bench.compare(num_heads=16, dtype=dtype, kv_cache_dtype=kv_cache_dtype, device=DEVICE)
+    for step in ("decode", "prefill+context"):
+        ours, up = res[(step, "ROCM_MLA")], res[(step, "upstream-shaped")]
+        assert ours["max_abs_err"] <= TOL[dtype] * 4 and up["max_abs_err"] <= TOL[dtype] * 4
+        assert sum(ours["ops"].values()) == 0, (step, ours["ops"])
+        if HAS_GPU:
+            assert sum(ours["kernels"].values()) == 0, (step, ours["kernel_names"])
+            assert sum(up["kernels"].values()) > 0
+        assert sum(up["ops"].values()) > 0, (step, up["ops"])
+    # What the upstream shape pays, by construction: decode cat q + 2 memsets; prefill cat k, pad v.
+    assert res[("decode", "upstream-shaped")]["ops"]["cat"] >= 1
+    assert res[("decode", "upstream-shaped")]["ops"]["fill"] >= 2
+    assert res[("prefill+context", "upstream-shaped")]["ops"]["pad"] >= 1

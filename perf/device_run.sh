@@ -27,10 +27,12 @@ while [ $# -gt 0 ]; do
 done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv 2>&1 | tee "$OUT/device.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
-echo "== build HIP extension"
-start=$(date +%s)
-python3 -c "from rocm_mla import _ext; m = _ext.load(); print('extension:', m, _ext.unavailable_reason())" 2>&1 | tail -20
-echo "build: $(( $(date +%s) - start )) s"
+if [ "$run_tests" = 1 ]; then  # benches that need it build it on first use
+  echo "== build HIP extension"
+  start=$(date +%s)
+  python3 -c "from rocm_mla import _ext; m = _ext.load(); print('extension:', m, _ext.unavailable_reason())" 2>&1 | tail -20
+  echo "build: $(( $(date +%s) - start )) s"
+fi
 if [ -f .peers/flashinfer/flashinfer.tar.xz ]; then
   mkdir -p /tmp/fi && tar -xJf .peers/flashinfer/flashinfer.tar.xz -C /tmp/fi \
     && python3 -m pip install -q --no-index --no-deps --target /tmp/fi .peers/flashinfer/*.whl \

@@ -35,13 +35,16 @@ finds its KV in HBM, as a decode step does after the other layers ran.
 
 --tune: additionally time every stage-1 candidate of configs/mla_decode.json for this arch
 (rocm_mla.ops.decode.tuning_candidates, passed as launch_config=) on every shape and dtype, print
-a table of times and the winner per shape, and write tune.csv. Move winners into the arch's
+a table of times and the winner per shape, and write tune.csv. --splits / --b1-splits also force
+split counts (a grid candidate x S per shape; 'auto' = the heuristic), --cands picks candidates by
+index, --shapes filters shapes; the winners are printed with their config object as JSON. Move winners into the arch's
 "stage1" tiers (by BLOCK_H, with fp8 overrides) by hand.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import sys
@@ -108,11 +111,11 @@ class Setup:
 
 # --------------------------------------------------------------------------- providers
 
-def ours(s: Setup, launch_config=None):
+def ours(s: Setup, launch_config=None, num_kv_splits=None):
     def call(i: int):
         mla_decode(s.ql_nope, s.q_pe, s.caches[i], s.tables[i], s.seq_lens, sm_scale=SCALE, out=s.out, lse=s.lse,
                    kv_cache_dtype="fp8" if s.fp8 else "auto", k_scale=s.k_scale, max_seq_len=s.seq,
-                   backend="triton", launch_config=launch_config)
+                   backend="triton", launch_config=launch_config, num_kv_splits=num_kv_splits)
         return s.out
     return call
 
@@ -250,6 +253,13 @@ def main() -> int:
     ap.add_argument("--tune", action="store_true", help="time every stage-1 candidate config too")
     ap.add_argument("--dtypes", default="bf16,fp8", help="cache dtypes, comma-separated: bf16, fp8")
     ap.add_argument("--no-flashinfer", action="store_true", help="skip the FlashInfer peer")
+    ap.add_argument("--no-vllm", action="store_true", help="skip the vLLM peer")
+    ap.add_argument("--splits", default="", help="--tune: also force these split counts for B > 1 "
+                    "(comma-separated; 'auto' = choose_num_splits), e.g. auto,1,2,4")
+    ap.add_argument("--b1-splits", default="", help="--tune: split counts for B = 1 (default: --splits)")
+    ap.add_argument("--shapes", default="", help="only shapes whose label contains one of these "
+                    "';'-separated substrings, e.g. 'bf16 B=128;fp8 B=128 seq=4096 N=16'")
+    ap.add_argument("--cands", default="", help="--tune: only these candidate indices (comma-separated)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_decode: needs a GPU")
@@ -264,7 +274,13 @@ def main() -> int:
     mm = matmul_tflops(dev)
     print(f"device: {name} ({sms} SMs/CUs, L2 {l2 >> 20} MiB); copy ceiling {copy:.0f} GB/s (read+write); "
           f"bf16 matmul {mm:.0f} TFLOP/s; torch {torch.__version__}")
-    vllm_fwd = load_vllm_peer(args.peers)
+    vllm_fwd = None if args.no_vllm else load_vllm_peer(args.peers)
+
+    def split_list(text: str) -> list:
+        return [None if t.strip() == "auto" else int(t) for t in text.split(",") if t.strip()] or [None]
+
+    splits_b, splits_1 = split_list(args.splits), split_list(args.b1_splits or args.splits)
+    shape_filter = [f.strip() for f in args.shapes.split(";") if f.strip()]
 
     Bs, seqs = ((1, 128), (4096,)) if args.quick else ((1, 32, 128), (1024, 4096, 16384))
     kinds = [k.strip() for k in args.dtypes.split(",") if k.strip()]
@@ -276,6 +292,8 @@ def main() -> int:
     tf_series: dict[str, list[float]] = {p: [] for p in providers}
     tune_rows, tune_records = [], []
     cands = tuning_candidates(_platform.device_arch(dev)) if args.tune else []
+    cand_ids = [int(c) for c in args.cands.split(",") if c.strip()] or list(range(len(cands)))
+    winners: list[tuple[str, int, object, float]] = []
     notes: list[str] = []
     fi_skipped: set[tuple[str, str]] = set()
 
@@ -283,6 +301,9 @@ def main() -> int:
         for N in (16, 128):
             for B in Bs:
                 for seq in seqs:
+                    lab = f"{kind} B={B} seq={seq} N={N}"
+                    if shape_filter and not any(f in lab for f in shape_filter):
+                        continue
                     s = Setup(B, seq, N, kind, dev, l2)
                     plan = decode_plan(batch=B, num_heads=N, q_len=1, max_blocks=s.tables[0].shape[1],
                                        block_size=BLOCK, q_dtype=torch.bfloat16, kv_fp8=s.fp8,
@@ -360,21 +381,33 @@ def main() -> int:
                     rows.append(row)
                     print(" | ".join(row), flush=True)
 
-                    for ci, cand in enumerate(cands):
-                        label = (f"c{ci}:H{cand['BLOCK_H']} N{cand['BLOCK_N']} d{cand.get('D_SPLIT', 1)} "
-                                 f"w{cand['num_warps']} s{cand['num_stages']}")
-                        try:
-                            fn = ours(s, cand)
-                            bad = check(label, fn(0), s, ref_rows)
-                            us = float("nan") if bad else graph_time_us(fn, s.R, min_ms=15, reps=3)
-                            if bad:
-                                notes.append(bad)
-                        except Exception as exc:
-                            notes.append(f"  tune {label} {s.label}: {type(exc).__name__}: {str(exc)[:160]}")
-                            us = float("nan")
-                        tune_rows.append((s.label, label, us))
-                        tune_records.append(Record("mla_decode_tune", label, s.label, "time_us", us, name,
-                                                   __version__))
+                    best = None
+                    for ci in cand_ids:
+                        cand = cands[ci]
+                        for S in (splits_1 if B == 1 else splits_b):
+                            p = decode_plan(batch=B, num_heads=N, q_len=1, max_blocks=s.tables[0].shape[1],
+                                            block_size=BLOCK, q_dtype=torch.bfloat16, kv_fp8=s.fp8,
+                                            kv_elem_bytes=1 if s.fp8 else 2, device=dev, max_seq_len=seq,
+                                            num_kv_splits=S, launch_config=cand)
+                            label = (f"c{ci}:H{cand['BLOCK_H']} N{cand['BLOCK_N']} d{cand.get('D_SPLIT', 1)} "
+                                     f"w{cand['num_warps']} s{cand['num_stages']}")
+                            col = f"{label} S={'a' if S is None else S}"
+                            try:
+                                fn = ours(s, cand, S)
+                                bad = check(label, fn(0), s, ref_rows)
+                                us = float("nan") if bad else graph_time_us(fn, s.R, min_ms=15, reps=3)
+                                if bad:
+                                    notes.append(bad)
+                            except Exception as exc:
+                                notes.append(f"  tune {col} {s.label}: {type(exc).__name__}: {str(exc)[:160]}")
+                                us = float("nan")
+                            tune_rows.append((s.label, ci, S, p["num_kv_splits"], us))
+                            tune_records.append(Record("mla_decode_tune", col, s.label, "time_us", us, name,
+                                                       __version__))
+                            if us == us and (best is None or us < best[3]):
+                                best = (s.label, ci, p["num_kv_splits"], us)
+                    if best is not None:
+                        winners.append(best)
                     del s, fns
                     torch.cuda.empty_cache()
 
@@ -391,18 +424,27 @@ def main() -> int:
              hline=mm, hline_label="bf16 matmul")
     print(f"wrote {out_dir / 'decode.csv'}, decode_gbs.png, decode_tflops.png")
     if cands:
-        print("\n--tune: per-call time (us) of every stage-1 candidate, winner per shape")
-        labels = sorted({c for _, c, _ in tune_rows}, key=lambda c: int(c.split(":")[0][1:]))
-        shapes = list(dict.fromkeys(sh for sh, _, _ in tune_rows))
-        table = []
+        print("\n--tune: per-call us of each stage-1 candidate (rows) x forced split count S (a = the "
+              "heuristic; [n] = the S it picked); best per shape marked *")
+        shapes = list(dict.fromkeys(sh for sh, *_ in tune_rows))
         for sh in shapes:
-            vals = {c: us for s2, c, us in tune_rows if s2 == sh}
-            ok = {c: v for c, v in vals.items() if v == v}
-            win = min(ok, key=ok.get) if ok else "-"
-            table.append([sh, *(f"{vals[c]:.1f}" if vals.get(c) == vals.get(c) else "x" for c in labels), win])
-        print_table(["shape", *labels, "winner"], table)
-        for ci, cand in enumerate(cands):
-            print(f"  c{ci} = {cand}")
+            rows_sh = [r for r in tune_rows if r[0] == sh]
+            svals = list(dict.fromkeys(r[2] for r in rows_sh))
+            bst = min((r[4] for r in rows_sh if r[4] == r[4]), default=float("nan"))
+            table = []
+            for ci in dict.fromkeys(r[1] for r in rows_sh):
+                c = cands[ci]
+                line = [f"c{ci} H{c['BLOCK_H']} N{c['BLOCK_N']} w{c['num_warps']} s{c['num_stages']}"]
+                for S in svals:
+                    r = next(r for r in rows_sh if r[1] == ci and r[2] == S)
+                    txt = "x" if r[4] != r[4] else f"{r[4]:.1f}{'*' if r[4] == bst else ''}"
+                    line.append(txt + (f" [{r[3]}]" if S is None else ""))
+                table.append(line)
+            print(f"\n{sh}")
+            print_table(["cand", *(f"S={'a' if S is None else S}" for S in svals)], table)
+        print("\nwinners (shape: candidate, S, us) and the config object to move into the stage1 tiers:")
+        for sh, ci, S, us in winners:
+            print(f"  {sh}: c{ci} S={S} {us:.1f}us  {json.dumps(cands[ci], separators=(',', ':'))}")
         write_csv(out_dir / "tune.csv", tune_records)
         print(f"wrote {out_dir / 'tune.csv'}")
     return 0

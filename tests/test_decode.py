@@ -323,6 +323,17 @@ def test_launch_config_override_runs():
     _check(case, *case.run(launch_config=cfg, num_kv_splits=2))
 
 
+def test_fp8_cache_f16_dots_with_bf16_q():
+    """F16_DOT (sm90 fp8 tiers): a bfloat16 q and an fp8 cache run both dots in float16; the
+    result stays within the bf16 tolerance, split or not, and q beyond the f16 range saturates
+    instead of turning into inf/NaN."""
+    case = Case(2, 20, 1, 16, (45, 7), torch.bfloat16, kv_dtype=FP8_HERE, k_scale=0.5, seed=21)
+    cfg = {"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "RELOAD_K": True, "F16_DOT": True}
+    for splits in (1, 2):
+        _check(case, *case.run(launch_config=cfg, num_kv_splits=splits, k_scale=0.5))
+    assert stage1_config("sm90", 16, torch.bfloat16, True)["F16_DOT"] is True
+
+
 def _arch_configs():
     """Every stage-1 config of the GPU arches (tiers and tuning candidates), for fp16 and fp8
     caches, as (id, config, fp8) -- the interpreter runs each code path (BLOCK_H/BLOCK_N, D_SPLIT,

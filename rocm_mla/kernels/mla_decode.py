@@ -64,7 +64,7 @@ def mla_decode_stage1_kernel(
     D_NOPE: tl.constexpr, D_PE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     DIRECT: tl.constexpr, HAS_K_SCALE_PTR: tl.constexpr, IEEE: tl.constexpr, D_SPLIT: tl.constexpr,
-    RELOAD_K: tl.constexpr, NUM_XCDS: tl.constexpr,
+    RELOAD_K: tl.constexpr, NUM_XCDS: tl.constexpr, F16_DOT: tl.constexpr = False,
 ):
     """Stage 1; see the module docstring.
 
@@ -86,6 +86,12 @@ def mla_decode_stage1_kernel(
     (see the loop); used for fp8 caches on sm90.
     NUM_XCDS: dies that the hardware deals consecutive workgroups to round-robin, each with its
     own L2 (8 on MI300X); 1 elsewhere.
+    F16_DOT (fp8 caches with a bfloat16 q): run both dots in float16 instead of q's dtype. e4m3 ->
+    f16 is one hardware instruction per two values on sm90 (cvt.rn.f16x2.e4m3x2, exact), while
+    e4m3 -> bf16 goes e4m3 -> f16 -> bf16 (three conversions per two values, on the quarter-rate
+    conversion unit: that, not the bytes, bounded the fp8 kernel). q is rounded to f16 once
+    (saturated to +-65504; f16 has 3 more mantissa bits than bf16), p is rounded to f16 for p . v;
+    accumulation stays float32.
     """
     pid = tl.program_id(0)
     if NUM_XCDS > 1:
@@ -131,6 +137,11 @@ def mla_decode_stage1_kernel(
             qb = tl.load(qn_row + offs_b[None, :] * s_qn_d, mask=row_ok[:, None], other=0.0)
         qp = tl.load(q_pe + q_row[:, None] * s_qp_r + h[:, None] * s_qp_h + offs_pe[None, :] * s_qp_d,
                      mask=row_ok[:, None], other=0.0)
+        if F16_DOT:
+            qa = tl.clamp(qa.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+            if D_SPLIT == 2:
+                qb = tl.clamp(qb.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+            qp = tl.clamp(qp.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
         sc = qk_scale
         if HAS_K_SCALE_PTR:
             sc = sc * tl.load(k_scale_ptr)

@@ -425,7 +425,7 @@ def _launch_triton(q_nope, q_pe, kv, block_table, seq_lens, out, lse, sm_scale, 
         D_NOPE=D_NOPE, D_PE=D_PE, BLOCK_H=block_h, BLOCK_N=block_n,
         DIRECT=direct, HAS_K_SCALE_PTR=ks_tensor is not None, IEEE=q_nope.dtype == torch.float32,
         D_SPLIT=int(cfg.get("D_SPLIT", 1)), RELOAD_K=bool(cfg.get("RELOAD_K", False)),
-        NUM_XCDS=_num_xcds(arch), **options)
+        NUM_XCDS=_num_xcds(arch), F16_DOT=bool(is_fp8 and q_nope.dtype == torch.bfloat16 and cfg.get("F16_DOT", False)), **options)
     if direct:
         return
     consts, options2 = _stage2_meta(S, arch)
@@ -460,11 +460,12 @@ def _stage1_variant(arch: str, cfg: dict[str, Any], qname: str, kvname: str, dir
     consts = {**ones, "D_NOPE": D_NOPE, "D_PE": D_PE, "BLOCK_H": int(cfg["BLOCK_H"]),
               "BLOCK_N": int(cfg["BLOCK_N"]), "DIRECT": direct, "HAS_K_SCALE_PTR": scale_ptr,
               "IEEE": qname == "fp32", "D_SPLIT": int(cfg.get("D_SPLIT", 1)),
-              "RELOAD_K": bool(cfg.get("RELOAD_K", False)), "NUM_XCDS": _num_xcds(arch)}
+              "RELOAD_K": bool(cfg.get("RELOAD_K", False)), "NUM_XCDS": _num_xcds(arch),
+              "F16_DOT": bool(kvname.startswith("fp8") and qname == "bf16" and cfg.get("F16_DOT", False))}
     options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **_amd_options(cfg, arch)}
     amd = "".join(f" {k[:4]}{v}" for k, v in _amd_options(cfg, arch).items())
     label = (f"{tag}q={qname} kv={kvname} H{cfg['BLOCK_H']} N{cfg['BLOCK_N']} d{cfg.get('D_SPLIT', 1)}"
-             f"{'r' if cfg.get('RELOAD_K') else ''} "
+             f"{'r' if cfg.get('RELOAD_K') else ''}{'h' if consts['F16_DOT'] else ''} "
              f"w{cfg['num_warps']} "
              f"s{cfg['num_stages']}{amd} {'direct' if direct else 'split'}{' kscale*' if scale_ptr else ''}")
     # float32 q runs IEEE dots: MFMA has f32 instructions, NVIDIA tensor cores do not (FMA there).

@@ -3,6 +3,7 @@
 runs for DeepSeek on ROCm, as GB/s and % of the copy bandwidth measured in the same run.
 
     python perf/bench_rope_kv.py [--out results] [--quick]
+    python perf/bench_rope_kv.py --tune [--tune-rep 50]     # launch-data sweep only (see tune())
 
 Unfused path ("unfused-torch"): DeepseekScalingRotaryEmbedding.forward_native of vLLM 0.33 (its
 forward_static, verbatim in torch: gather cos/sin, repeat_interleave, rotate_gptj, mul/add in the
@@ -75,10 +76,55 @@ def unfused(positions, q, kv_a, kv_c, cos_sin, cache, slots, fp8, k_scale):
     flat.index_copy_(0, slots, row)
 
 
+def make_case(dev, T: int, N: int, fp8, cos_sin):
+    """One benchmark shape in the layouts described above; returns its tensors and byte count."""
+    q = torch.randn(T, N, 192, device=dev, dtype=torch.bfloat16)
+    kv_a = torch.randn(T, 576, device=dev, dtype=torch.bfloat16)
+    kv_c = torch.randn(T, 512, device=dev, dtype=torch.bfloat16)
+    pos = torch.randint(0, MAX_POS, (T,), device=dev)
+    num_blocks = (T * 5 // 4 + BLOCK_SIZE - 1) // BLOCK_SIZE + 1
+    slots = torch.randperm(num_blocks * BLOCK_SIZE, device=dev)[:T]
+    cache = torch.zeros(num_blocks, BLOCK_SIZE, 576, device=dev, dtype=torch.bfloat16)
+    if fp8 is not None:
+        cache = cache.to(fp8)
+    elem = cache.element_size()
+    nbytes = (2 * T * N * 64 * 2 + 2 * T * 64 * 2 + T * 512 * 2 + T * 576 * elem
+              + 2 * T * 8 + T * 64 * 2)
+    return q, kv_a, kv_c, pos, slots, cache, nbytes
+
+
+def check_case(fn, q, kv_a, kv_c, pos, cos_sin, cache, slots, fp8, k_scale, q_ref, want) -> tuple[float, float]:
+    """Run ``fn`` once on fresh copies of the inputs; max relative errors of q_pe and the cache rows."""
+    qc, kc, cc = q.clone(), kv_a.clone(), cache.clone()
+    fn(pos, qc, kc, kv_c, cos_sin, cc, slots, fp8, k_scale)
+    if fp8 is not None:  # gather bytes: float8 indexing is not in every torch build
+        got = cc.view(torch.uint8)[slots // BLOCK_SIZE, slots % BLOCK_SIZE].view(fp8).float() * k_scale
+    else:
+        got = cc[slots // BLOCK_SIZE, slots % BLOCK_SIZE].float()
+    err_q = ((qc[..., 128:].float() - q_ref).abs() / (1 + q_ref.abs())).max().item()
+    err_c = ((got - want).abs() / (1 + want.abs())).max().item()
+    return err_q, err_c
+
+
+def errors_ok(err_q: float, err_c: float, fp8) -> bool:
+    # FP8: one code step (2^-3 relative) apart is right (the unfused path quantises the
+    # bf16-rounded k_pe, the fused kernels the float32 rotation).
+    return err_q <= 3e-2 and err_c <= (0.13 if fp8 is not None else 3e-2)
+
+
+def make_cos_sin(dev):
+    theta = torch.outer(torch.arange(MAX_POS, dtype=torch.float32, device=dev),
+                        10000.0 ** (-torch.arange(0, 64, 2, device=dev) / 64))
+    return torch.cat((theta.cos(), theta.sin()), dim=-1).to(torch.bfloat16)  # |rotation| = 1: stable when repeated
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results", help="folder for rope_kv.csv and rope_kv.png")
     ap.add_argument("--quick", action="store_true", help="T=4096 only")
+    ap.add_argument("--tune", action="store_true",
+                    help="only sweep the launch data (configs/rope_kv_write.json 'tune') of both implementations")
+    ap.add_argument("--tune-rep", type=float, default=50.0, help="do_bench rep (ms) per --tune timing")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_rope_kv: needs a GPU")
@@ -88,6 +134,9 @@ def main() -> int:
     name = device_name(dev)
     copy = copy_bandwidth_gbs(dev)
     print(f"device: {name}; copy ceiling (read+write) {copy:.0f} GB/s")
+    if args.tune:
+        tune(dev, copy, args.tune_rep)
+        return 0
     fp8_kind = _platform_fp8(dev)
 
     providers = {}
@@ -103,9 +152,7 @@ def main() -> int:
             providers[f"rocm_mla-{b}"] = fused
     providers["unfused-torch"] = unfused
 
-    theta = torch.outer(torch.arange(MAX_POS, dtype=torch.float32, device=dev),
-                        10000.0 ** (-torch.arange(0, 64, 2, device=dev) / 64))
-    cos_sin = torch.cat((theta.cos(), theta.sin()), dim=-1).to(torch.bfloat16)  # |rotation| = 1: stable when repeated
+    cos_sin = make_cos_sin(dev)
     k_scale = torch.tensor([0.05], device=dev)
 
     records, rows, groups = [], [], []
@@ -116,18 +163,7 @@ def main() -> int:
             for N in (16, 128):
                 shape = f"T={T} N={N} {cache_name}"
                 groups.append(shape)
-                q = torch.randn(T, N, 192, device=dev, dtype=torch.bfloat16)
-                kv_a = torch.randn(T, 576, device=dev, dtype=torch.bfloat16)
-                kv_c = torch.randn(T, 512, device=dev, dtype=torch.bfloat16)
-                pos = torch.randint(0, MAX_POS, (T,), device=dev)
-                num_blocks = (T * 5 // 4 + BLOCK_SIZE - 1) // BLOCK_SIZE + 1
-                slots = torch.randperm(num_blocks * BLOCK_SIZE, device=dev)[:T]
-                cache = torch.zeros(num_blocks, BLOCK_SIZE, 576, device=dev, dtype=torch.bfloat16)
-                if fp8 is not None:
-                    cache = cache.to(fp8)
-                elem = cache.element_size()
-                nbytes = (2 * T * N * 64 * 2 + 2 * T * 64 * 2 + T * 512 * 2 + T * 576 * elem
-                          + 2 * T * 8 + T * 64 * 2)
+                q, kv_a, kv_c, pos, slots, cache, nbytes = make_case(dev, T, N, fp8, cos_sin)
                 q_ref, _, rows_ref = fused_rope_mla_kv_write_ref(pos, q[..., 128:], kv_a[:, 512:], kv_c, cos_sin,
                                                                  is_neox=False)
                 want = rows_ref if fp8 is None else quantize_fp8_ref(rows_ref, k_scale, fp8).float() * k_scale
@@ -136,19 +172,10 @@ def main() -> int:
                 q_work, kv_work = q.clone(), kv_a.clone()  # the timed calls rotate these over and over
                 for pname, fn in providers.items():
                     # Correctness first, on fresh copies of the untouched inputs.
-                    qc, kc, cc = q.clone(), kv_a.clone(), cache.clone()
-                    fn(pos, qc, kc, kv_c, cos_sin, cc, slots, fp8, k_scale)
-                    if fp8 is not None:  # gather bytes: float8 indexing is not in every torch build
-                        got = cc.view(torch.uint8)[slots // BLOCK_SIZE, slots % BLOCK_SIZE].view(fp8).float() * k_scale
-                    else:
-                        got = cc[slots // BLOCK_SIZE, slots % BLOCK_SIZE].float()
-                    err_q = ((qc[..., 128:].float() - q_ref).abs() / (1 + q_ref.abs())).max().item()
-                    err_c = ((got - want).abs() / (1 + want.abs())).max().item()
-                    # FP8: one code step (2^-3 relative) apart is right (the unfused path quantises the
-                    # bf16-rounded k_pe, the fused kernels the float32 rotation).
-                    if not (err_q <= 3e-2 and err_c <= (0.13 if fp8 is not None else 3e-2)):
+                    err_q, err_c = check_case(fn, q, kv_a, kv_c, pos, cos_sin, cache, slots, fp8, k_scale,
+                                              q_ref, want)
+                    if not errors_ok(err_q, err_c, fp8):
                         print(f"  {pname} {shape}: WRONG (q_pe err {err_q:.3g}, cache err {err_c:.3g})")
-                    del qc, kc, cc
                     ms = time_ms(functools.partial(fn, pos, q_work, kv_work, kv_c, cos_sin, cache, slots, fp8, k_scale))
                     times[pname] = ms
                     gbs = nbytes / ms / 1e6
@@ -177,6 +204,300 @@ def main() -> int:
              hline=copy, hline_label="copy ceiling")
     print(f"wrote {out_dir / 'rope_kv.csv'} and {out_dir / 'rope_kv.png'}")
     return 0
+
+
+# ---------------------------------------------------------------- --tune
+
+TUNE_SHAPES = ((4096, 16, "bf16"), (4096, 128, "bf16"), (32768, 16, "bf16"), (32768, 128, "bf16"),
+               (32768, 16, "fp8"))  # the bf16 shapes come first: the fp8 pass reuses their ranking
+TRITON_FP8_TOP = 4  # Triton configs (by bf16 geomean, plus the current one) also timed with the fp8 cache
+
+
+def _graph_ms(fn, rep_ms: float) -> float:
+    """Median GPU time of one call of ``fn``, captured in a CUDA graph and replayed under do_bench
+    (L2 flushed before each replay): the host work of the wrapper and of Triton's launcher, which
+    eager timing includes whenever it outlasts do_bench's flush, is left out."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side):
+        # thread_local: the HIP extension may be building (and loading) in another thread.
+        g.capture_begin(capture_error_mode="thread_local")
+        try:
+            fn()
+        finally:
+            g.capture_end()
+    torch.cuda.current_stream().wait_stream(side)
+    ms = time_ms(g.replay, warmup_ms=10, rep_ms=rep_ms)
+    del g
+    return ms
+
+
+def _hip_launch(T: int, N: int, cfg: dict, sms: int, ws: int) -> str:
+    """The launch hip_src/rope_kv_write.cu derives from ``cfg`` (a copy of its arithmetic, for labels)."""
+    upt = 4 * N + 36
+    threads = cfg["waves_per_block"] * ws
+    tpb = max(1, threads * cfg["units_per_thread"] // upt)
+    if cfg["min_blocks_per_cu"] > 0:
+        tpb = min(tpb, max(1, -(-T // (sms * cfg["min_blocks_per_cu"]))))
+    rounds = -(-tpb * upt // threads)
+    block_threads = -(-(-(-tpb * upt // rounds)) // ws) * ws
+    return f"{tpb} tok/block, {-(-T // tpb)} blocks x {block_threads} thr, {rounds} unit(s)/thread"
+
+
+def _triton_launch(T: int, N: int, consts: dict, options: dict) -> str:
+    tok, br = consts["TOKENS"], consts["BLOCK_R"]
+    return (f"TOKENS {tok}, BLOCK_R {br} ({-(-tok * N // br)} q tile(s)), {options['num_warps']} warps, "
+            f"{-(-T // tok)} programs")
+
+
+def tune(dev, copy: float, rep_ms: float = 50.0) -> None:
+    """Sweep the launch data of both implementations (configs/rope_kv_write.json "tune", each
+    candidate merged over this arch's entry) at TUNE_SHAPES, through ``ops.rope_kv._run(...,
+    config=)``: the op's own dispatch, launch arithmetic and kernels, without its argument checks.
+
+    Every candidate is first checked against the reference (one eager call on fresh copies), then
+    timed as GPU time of one captured call (``_graph_ms``). Triton candidates that give the same
+    constexprs and options at a shape are compiled and timed once. The HIP extension is built in a
+    background thread while the Triton half runs. Prints the table (GB/s, % of copy), the winners
+    per shape and overall (geomean over the bf16 shapes), probes for T=4096 N=16, eager times of
+    the current and winning configs, and the JSON to paste into configs/rope_kv_write.json.
+    """
+    import itertools
+    import json
+    import math
+    import threading
+    import time
+
+    from rocm_mla import _ext, _platform
+    from rocm_mla.configs import config_for, tune_space
+    from rocm_mla.ops.rope_kv import OP, _run, _triton_meta
+
+    t_start = time.perf_counter()
+    build = None
+    if not _ext.is_loaded():
+        build = threading.Thread(target=_ext.load, name="hip-build", daemon=True)
+        build.start()
+    arch = _platform.device_arch(dev)
+    current = config_for(OP, arch)
+    props = torch.cuda.get_device_properties(dev)
+    sms, ws = props.multi_processor_count, getattr(props, "warp_size", 32)
+    space = tune_space(OP)
+    cands = {impl: [dict(zip(sp, vals)) for vals in itertools.product(*sp.values())] for impl, sp in space.items()}
+    for impl in cands:  # the current config is always a row (marked *)
+        cur = {k: current[impl][k] for k in space[impl]}
+        if cur not in cands[impl]:
+            cands[impl].append(cur)
+
+    def label(impl, c):
+        short = {"waves_per_block": "w", "units_per_thread": "u", "min_blocks_per_cu": "m",
+                 "rows_per_program": "r", "block_rows": "b", "num_warps": "nw"}
+        star = " *" if all(current[impl].get(k) == v for k, v in c.items()) else ""
+        return f"{impl} " + " ".join(f"{short.get(k, k)}{v}" for k, v in c.items()) + star
+
+    cos_sin = make_cos_sin(dev)
+    k_scale = torch.tensor([0.05], device=dev)
+    fp8_kind = _platform_fp8(dev)
+    cases = []
+    for T, N, cname in TUNE_SHAPES:
+        fp8 = fp8_kind if cname == "fp8" else None
+        q, kv_a, kv_c, pos, slots, cache, nbytes = make_case(dev, T, N, fp8, cos_sin)
+        q_ref, _, rows_ref = fused_rope_mla_kv_write_ref(pos, q[..., 128:], kv_a[:, 512:], kv_c, cos_sin,
+                                                         is_neox=False)
+        want = rows_ref if fp8 is None else quantize_fp8_ref(rows_ref, k_scale, fp8).float() * k_scale
+        del rows_ref
+        cases.append(dict(T=T, N=N, fp8=fp8, name=f"T={T} N={N} {cname}", nbytes=nbytes,
+                          data=(q, kv_a, kv_c, pos, slots, cache), q_ref=q_ref, want=want,
+                          work=(q.clone(), kv_a.clone())))
+
+    def op_fn(impl, c):
+        def fn(pos, q, kv_a, kv_c, cs, cache, slots, fp8, ks):
+            _run(pos, q[..., 128:], kv_a[:, 512:], kv_c, cs, cache, slots, False, fp8, ks, impl, config=c)
+        return fn
+
+    errors: dict[str, str] = {}
+
+    def measure(impl, c, case) -> float | str:
+        """GB/s of ``c`` at ``case``, or why not ("WRONG", "err")."""
+        q, kv_a, kv_c, pos, slots, cache = case["data"]
+        fn = op_fn(impl, c)
+        try:
+            err_q, err_c = check_case(fn, q, kv_a, kv_c, pos, cos_sin, cache, slots, case["fp8"], k_scale,
+                                      case["q_ref"], case["want"])
+            if not errors_ok(err_q, err_c, case["fp8"]):
+                errors.setdefault(label(impl, c), f"{case['name']}: q_pe err {err_q:.3g}, cache err {err_c:.3g}")
+                return "WRONG"
+            qw, kw = case["work"]
+            ms = _graph_ms(lambda: fn(pos, qw, kw, kv_c, cos_sin, cache, slots, case["fp8"], k_scale), rep_ms)
+        except Exception as exc:  # e.g. a block too large for the registers: reported, not fatal
+            errors.setdefault(label(impl, c), f"{case['name']}: {type(exc).__name__}: {str(exc).strip()[:200]}")
+            try:
+                torch.cuda.synchronize()
+            except Exception:  # a sticky error: the context is gone, nothing after this can run
+                raise exc
+            return "err"
+        return case["nbytes"] / ms / 1e6
+
+    res: dict[tuple[str, int], list] = {}  # (impl, index in cands[impl]) -> per shape: GB/s | str | None
+    n_bf16 = sum(1 for *_, c in TUNE_SHAPES if c == "bf16")
+
+    def geo(vals) -> float:
+        vals = [v for v in vals[:n_bf16]]
+        if not all(isinstance(v, float) for v in vals):
+            return 0.0
+        return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+    # Triton first (its compiles overlap the HIP build); equal launches are timed once per shape.
+    impls = [b for b in ("triton", "hip") if b in cands]
+    for impl in impls:
+        if impl == "hip" and build is not None:
+            t0 = time.perf_counter()
+            build.join()
+            print(f"(waited {time.perf_counter() - t0:.0f} s for the HIP extension build)")
+        why = unavailable(impl, dev)
+        if why:
+            print(f"{impl}: skipped ({why})")
+            continue
+        t0 = time.perf_counter()
+        for i in range(len(cands[impl])):
+            res[(impl, i)] = [None] * len(cases)
+        for si, case in enumerate(cases):
+            idx = range(len(cands[impl]))
+            if impl == "triton" and case["fp8"] is not None:
+                ranked = sorted(idx, key=lambda i: -geo(res[(impl, i)]))
+                cur_i = next(i for i, c in enumerate(cands[impl]) if label(impl, c).endswith("*"))
+                idx = sorted(set(ranked[:TRITON_FP8_TOP]) | {cur_i})
+            seen: dict = {}
+            for i in idx:
+                c = cands[impl][i]
+                if impl == "triton":
+                    consts, options = _triton_meta(case["N"], arch, {**current[impl], **c})
+                    key = (tuple(sorted(consts.items())), tuple(sorted(options.items())))
+                    if key not in seen:
+                        seen[key] = measure(impl, c, case)
+                    res[(impl, i)][si] = seen[key]
+                else:
+                    res[(impl, i)][si] = measure(impl, c, case)
+        print(f"({impl}: {len(cands[impl])} configs swept in {time.perf_counter() - t0:.0f} s)")
+
+    # Same-size copy: what a plain copy of the op's bytes reaches under the same timing.
+    def copy_ms(nbytes: int) -> float:
+        src = torch.empty(nbytes // 2, dtype=torch.uint8, device=dev)
+        dst = torch.empty_like(src)
+        return _graph_ms(lambda: dst.copy_(src), rep_ms)
+
+    copy_row = ["copy_ of the same bytes"]
+    for case in cases:
+        ms = copy_ms(case["nbytes"])
+        gbs = case["nbytes"] / ms / 1e6
+        copy_row.append(f"{gbs:.0f} {100 * gbs / copy:.0f}% {ms * 1e3:.1f}us")
+    copy_row += ["", ""]
+
+    def cell(v, case):
+        if v is None:
+            return "-"
+        if isinstance(v, str):
+            return v
+        return f"{v:.0f} {100 * v / copy:.0f}%"
+
+    rows = [copy_row]
+    for (impl, i), vals in res.items():
+        g = geo(vals)
+        mn = min((v for v in vals[:n_bf16] if isinstance(v, float)), default=0.0)
+        rows.append([label(impl, cands[impl][i]), *(cell(v, c) for v, c in zip(vals, cases)),
+                     f"{g:.0f}" if g else "-", f"{100 * mn / copy:.0f}%"])
+    print(f"\ntuning sweep on {device_name(dev)} ({arch}): GB/s and % of the {copy:.0f} GB/s copy ceiling, GPU time "
+          f"of one captured call (graph replay, L2 flushed, do_bench rep {rep_ms:.0f} ms); bf16 model, GPT-J, "
+          f"block {BLOCK_SIZE}; * = current config; geo = geomean GB/s over the bf16 shapes")
+    print_table(["config", *(c["name"] for c in cases), "geo bf16", "min bf16"], rows)
+    for k, v in errors.items():
+        print(f"  {k}: {v}")
+
+    # Winners.
+    def best(impl, si):
+        ok = [(v[si], i) for (b, i), v in res.items() if b == impl and isinstance(v[si], float)]
+        return max(ok) if ok else None
+
+    def launch(impl, c, case):
+        if impl == "hip":
+            return _hip_launch(case["T"], case["N"], {**current[impl], **c}, sms, ws)
+        consts, options = _triton_meta(case["N"], arch, {**current[impl], **c})
+        return _triton_launch(case["T"], case["N"], consts, options)
+
+    print("\nwinners per shape (GPU time):")
+    for si, case in enumerate(cases):
+        for impl in impls:
+            b = best(impl, si)
+            if b is None:
+                continue
+            gbs, i = b
+            c = cands[impl][i]
+            print(f"  {case['name']:20s} {label(impl, c):28s} {gbs:5.0f} GB/s ({100 * gbs / copy:.0f}%) "
+                  f"{case['nbytes'] / gbs / 1e3:6.1f} us  [{launch(impl, c, case)}]")
+    overall = {}
+    for impl in impls:
+        scored = [(geo(v), i) for (b, i), v in res.items() if b == impl and geo(v)]
+        if scored:
+            overall[impl] = cands[impl][max(scored)[1]]
+    print("\noverall winners (geomean over the bf16 shapes; per shape: GB/s, % of copy, % of that shape's best):")
+    for impl, c in overall.items():
+        i = cands[impl].index(c)
+        parts = []
+        for si, case in enumerate(cases):
+            v, b = res[(impl, i)][si], best(impl, si)
+            if isinstance(v, float) and b:
+                parts.append(f"{case['name']}: {v:.0f} ({100 * v / copy:.0f}%, {100 * v / b[0]:.0f}%)")
+        print(f"  {label(impl, c)} (geo {geo(res[(impl, i)]):.0f} GB/s): " + "; ".join(parts))
+
+    # Probes of the T=4096 N=16 hypotheses, with the current and winning configs.
+    case = cases[0]
+    q, kv_a, kv_c, pos, slots, cache = case["data"]
+    qw, kw = case["work"]
+    q_c = qw[..., 128:].contiguous()
+    k_c = kw[:, 512:].contiguous()
+    print(f"\nprobes at {case['name']} (GPU time, GB/s):")
+    tiny = make_case(dev, 1, 16, None, cos_sin)
+    for impl, c in overall.items():
+        for tag, cfg in (("current", {k: current[impl][k] for k in space[impl]}), ("winner", c)):
+            try:
+                strided = _graph_ms(lambda: _run(pos, qw[..., 128:], kw[:, 512:], kv_c, cos_sin, cache, slots, False,
+                                                 None, k_scale, impl, config=cfg), rep_ms)
+                contig = _graph_ms(lambda: _run(pos, q_c, k_c, kv_c, cos_sin, cache, slots, False, None, k_scale,
+                                                impl, config=cfg), rep_ms)
+                tq, tkv, tkc, tpos, tsl, tca, _ = tiny
+                floor = _graph_ms(lambda: _run(tpos, tq[..., 128:], tkv[:, 512:], tkc, cos_sin, tca, tsl, False, None,
+                                               k_scale, impl, config=cfg), rep_ms)
+            except Exception as exc:
+                print(f"  {impl} {tag}: {type(exc).__name__}: {exc}")
+                continue
+            nb = case["nbytes"]
+            print(f"  {label(impl, cfg):28s} ({tag}): strided q_pe/k_pe {nb / strided / 1e6:.0f} ({strided * 1e3:.1f} us), "
+                  f"contiguous q_pe/k_pe {nb / contig / 1e6:.0f} ({contig * 1e3:.1f} us); T=1 call {floor * 1e3:.1f} us")
+
+    # Eager: what the op costs when the host launches it (prefill is not graph-captured).
+    print("\neager (_run: dispatch + launcher, no argument checks), us:")
+    for impl, c in overall.items():
+        for tag, cfg in (("current", {k: current[impl][k] for k in space[impl]}), ("winner", c)):
+            parts = []
+            for case in cases:
+                q, kv_a, kv_c, pos, slots, cache = case["data"]
+                qw, kw = case["work"]
+                fn = op_fn(impl, cfg)
+                try:
+                    ms = time_ms(lambda: fn(pos, qw, kw, kv_c, cos_sin, cache, slots, case["fp8"], k_scale),
+                                 warmup_ms=10, rep_ms=rep_ms)
+                    parts.append(f"{case['name']}: {ms * 1e3:.1f} ({100 * case['nbytes'] / ms / 1e6 / copy:.0f}%)")
+                except Exception as exc:
+                    parts.append(f"{case['name']}: {type(exc).__name__}")
+            print(f"  {label(impl, cfg):28s} ({tag}): " + "; ".join(parts))
+
+    key = arch if arch in ("gfx942", "gfx950", "sm90") else "default"
+    entry = {"backend_order": current["backend_order"]}
+    for impl in ("hip", "triton"):
+        entry[impl] = {**current[impl], **overall.get(impl, {})}
+    print(f"\nJSON for configs/rope_kv_write.json (key {key!r}; backend_order kept -- see the eager times):")
+    print(f'  "{key}": ' + json.dumps(entry, separators=(", ", ": ")) + ",")
+    print(f"\n(tune: {time.perf_counter() - t_start:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -247,8 +247,14 @@ def _debug_slots(c: Checker, slots: torch.Tensor, kv_cache: torch.Tensor) -> Non
 
 # ---------------------------------------------------------------- dispatch
 
-def _run(positions, q_pe, k_pe, kv_c, cos_sin_cache, kv_cache, slot_mapping, is_neox, fp8, k_scale, backend):
-    """Validated arguments (k_pe as [T, 64]; q_pe None = no rope) -> the selected implementation."""
+def _run(positions, q_pe, k_pe, kv_c, cos_sin_cache, kv_cache, slot_mapping, is_neox, fp8, k_scale, backend,
+         config: dict | None = None):
+    """Validated arguments (k_pe as [T, 64]; q_pe None = no rope) -> the selected implementation.
+
+    ``config`` (tuning only: perf/bench_rope_kv.py --tune) overrides keys of the selected
+    implementation's launch data (configs/rope_kv_write.json, this arch); the rest of the path --
+    dispatch, kernels, launch arithmetic -- is the op's own.
+    """
     impl = select(OP, kv_cache.device, backend)
     if k_pe.shape[0] == 0:
         return
@@ -256,15 +262,18 @@ def _run(positions, q_pe, k_pe, kv_c, cos_sin_cache, kv_cache, slot_mapping, is_
     # Kernels write FP8 codes through a uint8 view (one code path for float8 and uint8 caches).
     cache = kv_cache.view(torch.uint8) if fp8 is not None else kv_cache
     kind = _FP8_KIND[fp8] if fp8 is not None else 0
+    if impl in ("hip", "triton"):
+        cfg = config_for(OP, _platform.device_arch(kv_cache.device))[impl]
+        if config:
+            cfg = {**cfg, **config}
     if impl == "hip":
-        cfg = config_for(OP, _platform.device_arch(kv_cache.device))["hip"]
         _ext.load().rope_mla_kv_write(positions, q_pe, k_pe, kv_c, cos_sin_cache, cache, slot_mapping,
                                       k_scale if fp8 is not None else None, bool(is_neox), kind,
                                       int(cfg["waves_per_block"]), int(cfg["units_per_thread"]),
                                       int(cfg["min_blocks_per_cu"]))
     elif impl == "triton":
         _launch_triton(positions, q_pe, k_pe, kv_c, cos_sin_cache, cache, slot_mapping, k_scale,
-                       bool(is_neox), kind)
+                       bool(is_neox), kind, cfg)
     else:
         if rope:
             q_rot = rope_ref(positions, q_pe, cos_sin_cache, is_neox=is_neox)
@@ -276,14 +285,15 @@ def _run(positions, q_pe, k_pe, kv_c, cos_sin_cache, kv_cache, slot_mapping, is_
         write_cache_ref(kv_cache, slot_mapping, cache_rows_ref(kv_c, k_rot), fp8_dtype=fp8, k_scale=k_scale)
 
 
-def _triton_meta(num_heads: int, arch: str) -> tuple[dict, dict]:
-    """Constexprs (TOKENS, BLOCK_R) and compile options for ``num_heads`` heads on ``arch``.
+def _triton_meta(num_heads: int, arch: str, cfg: dict | None = None) -> tuple[dict, dict]:
+    """Constexprs (TOKENS, BLOCK_R) and compile options for ``num_heads`` heads on ``arch``
+    (``cfg``: the launch data to use instead of the arch's, for tuning).
 
     TOKENS: tokens per program, so that a program moves about ``rows_per_program`` q_pe rows
     (16 heads -> 8 tokens, 128 heads -> 1), at most ``max_tokens`` (its [TOKENS, 512] kv_c tile
     lives in registers).
     """
-    cfg = config_for(OP, arch)["triton"]
+    cfg = cfg or config_for(OP, arch)["triton"]
     tokens = max(1, min(cfg["max_tokens"], cfg["rows_per_program"] // max(1, num_heads)))
     tokens = 1 << (tokens.bit_length() - 1)  # a power of two (tl.arange)
     block_r = min(cfg["block_rows"], triton.next_power_of_2(max(1, tokens * num_heads)))
@@ -293,11 +303,12 @@ def _triton_meta(num_heads: int, arch: str) -> tuple[dict, dict]:
     return {"TOKENS": tokens, "BLOCK_R": block_r}, options
 
 
-def _launch_triton(positions, q_pe, k_pe, kv_c, cos_sin_cache, cache, slot_mapping, k_scale, is_neox, kind):
+def _launch_triton(positions, q_pe, k_pe, kv_c, cos_sin_cache, cache, slot_mapping, k_scale, is_neox, kind,
+                   cfg: dict | None = None):
     T = k_pe.shape[0]
     rope = q_pe is not None
     N = q_pe.shape[1] if rope else 0
-    consts, options = _triton_meta(N, _platform.device_arch(cache.device))
+    consts, options = _triton_meta(N, _platform.device_arch(cache.device), cfg)
     grid = (triton.cdiv(T, consts["TOKENS"]),)
     # Unused pointers get a live tensor of the right kind (never read: ROPE / CACHE_KIND are constexpr).
     pos = positions if rope else slot_mapping

@@ -49,8 +49,9 @@ MOVE_PATTERNS = {"cat": ("CatArray", "cat_"), "pad": ("pad",), "copy": ("copy", 
                  "fill": ("fill", "Memset", "zero")}
 
 
-def count_moves(fn) -> dict[str, int]:
-    """Device kernels of one call of ``fn`` that only move or fill data, by kind."""
+def count_moves(fn, names: set[str] | None = None) -> dict[str, int]:
+    """Device kernels of one call of ``fn`` that only move or fill data, by kind; their names are
+    added to ``names`` (so that a reader can see what was counted)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -65,6 +66,8 @@ def count_moves(fn) -> dict[str, int]:
         for kind, pats in MOVE_PATTERNS.items():
             if any(p.lower() in name for p in pats):
                 counts[kind] += 1
+                if names is not None:
+                    names.add(f"{kind}: {ev.name[:100]}")
                 break
     return counts
 
@@ -239,7 +242,10 @@ def main() -> int:
                 fn()
                 outs[prov] = step.output.float().clone()
                 ms = time_ms(fn)
-                moves = count_moves(fn)
+                kernel_names: set[str] = set()
+                moves = count_moves(fn, kernel_names)
+                for k in sorted(kernel_names):
+                    print(f"    [{prov} {label}] {k}")
                 res[prov] = (ms, moves)
                 records.append(Record("layer_step", prov, label, "time_us", ms * 1e3, name, __version__))
                 for kind, n in moves.items():

@@ -58,3 +58,10 @@ def known_arches(op: str) -> list[str]:
 def tune_space(op: str) -> dict[str, Any]:
     """Candidate launch values per implementation that ``perf/bench_<op> --tune`` sweeps."""
     return _table(op).get("tune", {})
+
+
+def platform_fp8_dtype(arch: str):
+    """The torch FP8 E4M3 dtype a plain "fp8" cache holds on ``arch`` (``platform.json``)."""
+    import torch
+
+    return getattr(torch, config_for("platform", arch)["fp8_dtype"])

@@ -24,7 +24,7 @@ import torch
 import triton
 
 from .. import _platform
-from ..configs import config_for
+from ..configs import config_for, platform_fp8_dtype
 from ..kernels.mla_decode import mla_decode_reduce_kernel, mla_decode_stage1_kernel
 from ..reference.decode import mla_decode_ref
 from ._checks import FLOAT_DTYPES, Checker
@@ -177,10 +177,9 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
 # --------------------------------------------------------------------------- validation helpers
 
 def fp8_dtype_for(arch: str) -> torch.dtype:
-    """The e4m3 dtype a uint8 fp8 cache holds on ``arch`` (configs' ``fp8_dtype``; vLLM's
-    current_platform.fp8_dtype(): e4m3fnuz on gfx942, e4m3fn on gfx950 and NVIDIA)."""
-    name = config_for(OP, arch).get("fp8_dtype", "float8_e4m3fn")
-    return getattr(torch, name)
+    """The e4m3 dtype a uint8 fp8 cache holds on ``arch`` (configs/platform.json, shared with the
+    KV write; vLLM's current_platform.fp8_dtype(): e4m3fnuz on gfx942, e4m3fn on gfx950 and NVIDIA)."""
+    return platform_fp8_dtype(arch)
 
 
 def _kv_view(c: Checker, kv_cache: torch.Tensor, kv_cache_dtype: str, q_dtype: torch.dtype

@@ -26,7 +26,7 @@ import torch
 import triton
 
 from .. import _ext, _platform
-from ..configs import config_for
+from ..configs import config_for, platform_fp8_dtype
 from ..kernels.rope_kv_write import rope_mla_kv_write_kernel
 from ..reference.rope_kv import cache_rows_ref, rope_ref, write_cache_ref
 from ._checks import FLOAT_DTYPES, Checker
@@ -180,8 +180,9 @@ def _check_common(c: Checker, T: int, k_pe, kv_c, kv_cache, slot_mapping, dtype,
 
 
 def _platform_fp8(device: torch.device) -> torch.dtype:
-    """The FP8 E4M3 kind a plain "fp8" means on ``device``: e4m3fnuz on gfx94x (MI300), else e4m3fn."""
-    return torch.float8_e4m3fnuz if _platform.device_arch(device).startswith("gfx94") else torch.float8_e4m3fn
+    """The FP8 E4M3 kind a plain "fp8" means on ``device`` (configs/platform.json, shared with
+    mla_decode): e4m3fnuz on gfx942 (MI300), else e4m3fn."""
+    return platform_fp8_dtype(_platform.device_arch(device))
 
 
 def _fp8_dtype(c: Checker, kv_cache: torch.Tensor, kv_cache_dtype: str, q_dtype: torch.dtype) -> torch.dtype | None:

@@ -106,9 +106,9 @@ class DecodeStep:
         self.o = torch.empty(B, N, L, device=dev, dtype=dt)
         self.lse = torch.empty(B, N, device=dev, dtype=torch.float32)
         self.vllm_decode = vllm_decode
-        import triton
+        from bench_decode import vllm_num_kv_splits
 
-        self.S = min(triton.next_power_of_2(max(1, seq // 512)), sm_count * 2)  # vLLM's heuristic
+        self.S = vllm_num_kv_splits(seq, sm_count)
         self.logits = torch.empty(B, N, self.S, L + 1, device=dev, dtype=torch.float32)
         self._saved = (self.q.clone(), self.kv_a.clone())
 

@@ -49,21 +49,6 @@ struct cache_conv {
   MLA_DEVICE storage operator()(float x) const { return elem<CacheTag>::from_float(x); }
 };
 
-// bf16 rounding as a select, not a branch: elem<bf16_t>::from_float's early return for NaN
-// compiles to a divergent branch per element on gfx942 (~50 exec-mask updates per unit).
-// Same result: round to nearest even, NaN kept quiet.
-template <>
-struct cache_conv<bf16_t> {
-  using storage = uint16_t;
-  MLA_DEVICE explicit cache_conv(const float*) {}
-  MLA_DEVICE uint16_t operator()(float x) const {
-    const uint32_t u = mla_f32_bits(x);
-    const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-    const uint32_t quiet_nan = (u >> 16) | 0x40u;
-    return static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded);
-  }
-};
-
 template <typename Format>
 struct fp8_cache_conv {
   using storage = uint8_t;

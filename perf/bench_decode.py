@@ -60,7 +60,7 @@ import triton  # noqa: E402
 from rocm_mla.ops.decode import decode_plan, fp8_dtype_for, mla_decode, tuning_candidates  # noqa: E402
 from rocm_mla.reference import mla_decode_ref  # noqa: E402
 from rocm_mla.tools.benchutil import (Record, bar_plot, copy_bandwidth_gbs, device_name,  # noqa: E402
-                                      matmul_tflops, print_table, time_ms, write_csv)
+                                      load_vllm_peer, matmul_tflops, print_table, time_ms, write_csv)
 
 L, R_DIM, D = 512, 64, 576
 BLOCK = 64
@@ -118,20 +118,6 @@ def ours(s: Setup, launch_config=None, num_kv_splits=None):
                    backend="triton", launch_config=launch_config, num_kv_splits=num_kv_splits)
         return s.out
     return call
-
-
-def load_vllm_peer(peers: str):
-    if not Path(peers, "vllm").is_dir():
-        print(f"vLLM peer unavailable: no {peers}/vllm (run ../shared/peers/get_vllm_peers.sh {peers})")
-        return None
-    sys.path.insert(0, peers)
-    try:
-        from vllm.v1.attention.ops.triton_decode_attention import decode_attention_fwd
-
-        return decode_attention_fwd
-    except Exception as exc:  # a peer that cannot load is reported, not fatal
-        print(f"vLLM peer unavailable: {exc}")
-        return None
 
 
 def vllm_num_kv_splits(max_seq_len: int, sm_count: int) -> int:
@@ -274,7 +260,7 @@ def main() -> int:
     mm = matmul_tflops(dev)
     print(f"device: {name} ({sms} SMs/CUs, L2 {l2 >> 20} MiB); copy ceiling {copy:.0f} GB/s (read+write); "
           f"bf16 matmul {mm:.0f} TFLOP/s; torch {torch.__version__}")
-    vllm_fwd = None if args.no_vllm else load_vllm_peer(args.peers)
+    vllm_fwd = None if args.no_vllm else load_vllm_peer(args.peers, "triton_decode_attention", "decode_attention_fwd")
 
     def split_list(text: str) -> list:
         return [None if t.strip() == "auto" else int(t) for t in text.split(",") if t.strip()] or [None]

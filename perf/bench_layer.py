@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from rocm_mla import __version__  # noqa: E402
 from rocm_mla.ops import fused_rope_mla_kv_write, mla_decode, mla_prefill_with_context  # noqa: E402
-from rocm_mla.tools.benchutil import Record, bar_plot, device_name, print_table, time_ms, write_csv  # noqa: E402
+from rocm_mla.tools.benchutil import (Record, bar_plot, device_name, load_vllm_peer, print_table,  # noqa: E402
+                                      time_ms, write_csv)
 
 P, R, V, L = 128, 64, 128, 512
 BLOCK = 64
@@ -210,13 +211,10 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("bench_layer: needs a GPU")
         return 2
-    sys.path.insert(0, args.peers)
-    try:
-        from vllm.v1.attention.ops.triton_decode_attention import decode_attention_fwd
-        from vllm.v1.attention.ops.triton_merge_attn_states import merge_attn_states as vllm_merge
-    except Exception as exc:
-        print(f"bench_layer: vLLM's Triton kernels are needed for the upstream side ({exc}); "
-              "run ../shared/peers/get_vllm_peers.sh .peers")
+    decode_attention_fwd = load_vllm_peer(args.peers, "triton_decode_attention", "decode_attention_fwd")
+    vllm_merge = load_vllm_peer(args.peers, "triton_merge_attn_states", "merge_attn_states")
+    if decode_attention_fwd is None or vllm_merge is None:
+        print("bench_layer: vLLM's Triton kernels are needed for the upstream side")
         return 2
     dev = torch.device("cuda")
     torch.manual_seed(0)

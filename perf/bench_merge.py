@@ -26,20 +26,7 @@ from rocm_mla.ops import merge_attn_states  # noqa: E402
 from rocm_mla.ops._dispatch import unavailable  # noqa: E402
 from rocm_mla.reference import merge_attn_states_ref  # noqa: E402
 from rocm_mla.tools.benchutil import (Record, bar_plot, copy_bandwidth_gbs, device_name,  # noqa: E402
-                                      print_table, time_ms, write_csv)
-
-
-def load_vllm_peer(peers: str):
-    if not Path(peers, "vllm").is_dir():
-        return None
-    sys.path.insert(0, peers)
-    try:
-        from vllm.v1.attention.ops.triton_merge_attn_states import merge_attn_states as vllm_merge
-
-        return vllm_merge
-    except Exception as exc:  # a peer that cannot load is reported, not fatal
-        print(f"vLLM peer unavailable: {exc}")
-        return None
+                                      load_vllm_peer, print_table, time_ms, write_csv)
 
 
 def main() -> int:
@@ -57,7 +44,7 @@ def main() -> int:
     name = device_name(dev)
     copy = copy_bandwidth_gbs(dev)
     print(f"device: {name}; copy ceiling (read+write) {copy:.0f} GB/s")
-    vllm_merge = load_vllm_peer(args.peers)
+    vllm_merge = load_vllm_peer(args.peers, "triton_merge_attn_states", "merge_attn_states")
     providers = {}
     for b in ("hip", "triton"):
         why = unavailable(b, dev)

@@ -41,6 +41,25 @@ def matmul_tflops(device: torch.device, n: int = 8192) -> float:
     return 2 * n**3 / ms / 1e9
 
 
+def load_vllm_peer(peers: str, module: str, name: str):
+    """``name`` from vLLM 0.33's ``vllm.v1.attention.ops.<module>``, importable from the ``peers``
+    folder that ../shared/peers/get_vllm_peers.sh makes; None (with the reason printed) when it is
+    missing or fails to import — a peer that cannot load is reported, not fatal."""
+    import importlib
+    import sys
+
+    if not Path(peers, "vllm").is_dir():
+        print(f"vLLM peer unavailable: no {peers}/vllm (run ../shared/peers/get_vllm_peers.sh {peers})")
+        return None
+    if peers not in sys.path:
+        sys.path.insert(0, peers)
+    try:
+        return getattr(importlib.import_module(f"vllm.v1.attention.ops.{module}"), name)
+    except Exception as exc:
+        print(f"vLLM peer unavailable: {type(exc).__name__}: {exc}")
+        return None
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)

@@ -56,6 +56,9 @@ def use_simulated_gfx942_platform() -> None:
       device really is a gfx94x. The backend follows ``current_platform.fp8_dtype()`` for
       both its cache writes and reads, so the choice is consistent either way.
     * ``is_pin_memory_available``: pinned host memory needs a GPU driver.
+
+    Model-class inspection, which vLLM runs in a child interpreter, runs in this process
+    instead (see the comment below).
     """
     import types
     from unittest import mock
@@ -88,6 +91,20 @@ def use_simulated_gfx942_platform() -> None:
             return torch.cuda.is_available()
 
     platforms._current_platform = SimulatedGfx942Platform()
+
+    # vLLM inspects a model class in a fresh interpreter (so the parent never initialises CUDA).
+    # That child knows nothing of the simulated platform: on a machine with an NVIDIA GPU it
+    # detects CUDA and imports vllm/platforms/cuda.py, which needs vLLM's compiled CUDA ops
+    # (``vllm._C_stable_libtorch``), absent from a ROCm/CPU install and from the device carry.
+    # The class's facts do not depend on where they are read, so read them here.
+    from vllm.model_executor.models import registry
+
+    registry._run_in_subprocess = _run_here
+
+
+def _run_here(fn):
+    """``vllm.model_executor.models.registry._run_in_subprocess`` without the subprocess."""
+    return fn()
 
 
 class _SimulatedMarker:

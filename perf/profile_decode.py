@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Run one mla_decode shape a few times, for a hardware profiler (Nsight Compute on NVIDIA,
+rocprof on AMD) to attach to; prints the plan and the per-call time.
+
+    ncu --clock-control none --set full -k regex:mla_decode_stage1 --launch-skip 3 --launch-count 1 \
+        python3 perf/profile_decode.py --B 128 --seq 4096 --N 16 [--kv fp8] [--config '{"BLOCK_H": 64, ...}']
+
+The inputs are bench_decode.py's (block 64, shuffled pages, q as vLLM produces it), one cache
+copy (a profiler replays the kernel with its own cache control). --config passes a stage-1
+launch config (JSON, as in configs/mla_decode.json) instead of the arch's default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench_decode import BLOCK, Setup, ours  # noqa: E402
+
+from rocm_mla.ops.decode import decode_plan  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--B", type=int, default=128)
+    ap.add_argument("--seq", type=int, default=4096)
+    ap.add_argument("--N", type=int, default=16)
+    ap.add_argument("--kv", default="bf16", choices=["bf16", "fp8"])
+    ap.add_argument("--config", default="", help="stage-1 launch config as JSON (default: the arch's)")
+    ap.add_argument("--splits", type=int, default=None, help="force the KV split count")
+    ap.add_argument("--calls", type=int, default=6)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("profile_decode: needs a GPU")
+        return 2
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    s = Setup(args.B, args.seq, args.N, args.kv, dev, l2_bytes=0)
+    cfg = json.loads(args.config) if args.config else None
+    plan = decode_plan(batch=s.B, num_heads=s.N, q_len=1, max_blocks=s.tables[0].shape[1], block_size=BLOCK,
+                       q_dtype=torch.bfloat16, kv_fp8=s.fp8, kv_elem_bytes=1 if s.fp8 else 2, device=dev,
+                       max_seq_len=s.seq, num_kv_splits=args.splits, launch_config=cfg)
+    print(f"{s.label}: S={plan['num_kv_splits']} row_blocks={plan['row_blocks']} config={plan['config']}")
+    fn = ours(s, cfg, args.splits)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for i in range(args.calls):
+        start.record()
+        fn(0)
+        end.record()
+        torch.cuda.synchronize()
+        us = start.elapsed_time(end) * 1e3
+        print(f"call {i}: {us:.1f} us ({s.nbytes() / us / 1e3:.0f} GB/s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

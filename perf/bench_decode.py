@@ -72,19 +72,20 @@ SCALE = 1.0 / math.sqrt(192)
 class Setup:
     """One shape: q as vLLM produces it, out/lse buffers, R (cache, block table) copies."""
 
-    def __init__(self, B: int, seq: int, N: int, kv_kind: str, dev: torch.device, l2_bytes: int):
-        self.B, self.seq, self.N, self.kv_kind = B, seq, N, kv_kind
+    def __init__(self, B: int, seq: int, N: int, kv_kind: str, dev: torch.device, l2_bytes: int,
+                 block: int = BLOCK):
+        self.B, self.seq, self.N, self.kv_kind, self.block = B, seq, N, kv_kind, block
         self.fp8 = kv_kind == "fp8"
-        blocks = math.ceil(seq / BLOCK)
+        blocks = math.ceil(seq / block)
         elem = 1 if self.fp8 else 2
-        set_bytes = B * blocks * BLOCK * D * elem
+        set_bytes = B * blocks * block * D * elem
         self.R = max(1, min(64, math.ceil(3 * l2_bytes / set_bytes)))
         self.k_scale = torch.tensor([0.05], device=dev) if self.fp8 else None
         self.caches, self.tables = [], []
         fp8 = fp8_dtype_for(_platform.device_arch(dev))  # e4m3fnuz on gfx942, e4m3fn elsewhere
         for _ in range(self.R):
             npages = B * blocks
-            kv = torch.randn(npages, BLOCK, D, device=dev, dtype=torch.bfloat16)
+            kv = torch.randn(npages, block, D, device=dev, dtype=torch.bfloat16)
             if self.fp8:
                 kv = (kv.float() / 0.05).clamp(-200, 200).to(fp8)
             self.caches.append(kv)

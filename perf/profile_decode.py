@@ -33,21 +33,23 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--N", type=int, default=16)
     ap.add_argument("--kv", default="bf16", choices=["bf16", "fp8"])
+    ap.add_argument("--block", type=int, default=BLOCK, help="cache page size (tokens)")
     ap.add_argument("--config", default="", help="stage-1 launch config as JSON (default: the arch's)")
     ap.add_argument("--splits", type=int, default=None, help="force the KV split count")
     ap.add_argument("--calls", type=int, default=6)
+    ap.add_argument("--time", action="store_true", help="also print the median of 50 CUDA-graph replays")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("profile_decode: needs a GPU")
         return 2
     dev = torch.device("cuda")
     torch.manual_seed(0)
-    s = Setup(args.B, args.seq, args.N, args.kv, dev, l2_bytes=0)
+    s = Setup(args.B, args.seq, args.N, args.kv, dev, l2_bytes=0, block=args.block)
     cfg = json.loads(args.config) if args.config else None
-    plan = decode_plan(batch=s.B, num_heads=s.N, q_len=1, max_blocks=s.tables[0].shape[1], block_size=BLOCK,
+    plan = decode_plan(batch=s.B, num_heads=s.N, q_len=1, max_blocks=s.tables[0].shape[1], block_size=s.block,
                        q_dtype=torch.bfloat16, kv_fp8=s.fp8, kv_elem_bytes=1 if s.fp8 else 2, device=dev,
                        max_seq_len=s.seq, num_kv_splits=args.splits, launch_config=cfg)
-    print(f"{s.label}: S={plan['num_kv_splits']} row_blocks={plan['row_blocks']} config={plan['config']}")
+    print(f"{s.label} block={s.block}: S={plan['num_kv_splits']} row_blocks={plan['row_blocks']} config={plan['config']}")
     fn = ours(s, cfg, args.splits)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for i in range(args.calls):
@@ -57,6 +59,11 @@ def main() -> int:
         torch.cuda.synchronize()
         us = start.elapsed_time(end) * 1e3
         print(f"call {i}: {us:.1f} us ({s.nbytes() / us / 1e3:.0f} GB/s)")
+    if args.time:
+        from bench_decode import graph_time_us
+
+        us = graph_time_us(fn, 1)
+        print(f"graph replay: {us:.1f} us ({s.nbytes() / us / 1e3:.0f} GB/s)")
     return 0
 
 

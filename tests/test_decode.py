@@ -129,6 +129,14 @@ def test_reference_row_without_keys():
     assert torch.equal(ro[0], torch.zeros_like(ro[0])) and bool((rl[0] == -math.inf).all())
 
 
+def test_page_mode_for():
+    from rocm_mla.ops.decode import page_mode_for
+
+    assert page_mode_for(64, 64) == (2, 0) and page_mode_for(128, 32) == (2, 0) and page_mode_for(48, 16) == (2, 0)
+    assert page_mode_for(16, 64) == (1, 4) and page_mode_for(1, 16) == (1, 0) and page_mode_for(32, 64) == (1, 5)
+    assert page_mode_for(24, 16) == (0, 0) and page_mode_for(96, 64) == (0, 0)
+
+
 # ---------------------------------------------------------------- kernel vs reference
 CASES = {
     # name: (B, N, q_len, block_size, lens)
@@ -138,6 +146,10 @@ CASES = {
     "n24_block16": (2, 24, 1, 16, (33, 60)),
     "n5_mtp4": (3, 5, 4, 16, (19, 4, 40)),
     "seq1": (2, 8, 1, 16, (1, 1)),
+    # Page sizes that are no power of two: smaller than a tile (PAGE_MODE 0: a division per row)
+    # and a multiple of the CPU configs' 16-token tile (PAGE_MODE 2: one page per tile).
+    "n8_block24": (2, 8, 1, 24, (50, 7)),
+    "n4_mtp2_block48": (2, 4, 2, 48, (100, 3)),
 }
 
 
@@ -462,7 +474,7 @@ def test_gpu_large(kv, N, q_len):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("block_size", [1, 16, 128])
+@pytest.mark.parametrize("block_size", [1, 16, 24, 32, 96, 128])
 def test_gpu_block_sizes(block_size):
     case = Case(3, 16, 1, block_size, (700, 5, 129), torch.bfloat16, seed=4)
     _check(case, *case.run())

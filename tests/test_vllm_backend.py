@@ -110,8 +110,12 @@ def test_spawned_process_unpickles_the_config_before_loading_plugins(tmp_path):
     cfg = AttentionConfig(backend="ROCM_MLA", mla_prefill_backend="ROCM_MLA")
     path = tmp_path / "cfg.pkl"
     path.write_bytes(pickle.dumps(cfg))
+    # The child's platform is simulated as the parent's is: vllm.config resolves the platform at
+    # import, and on an NVIDIA machine that is CUDA, whose module needs vLLM's compiled CUDA ops.
     code = f"""
 import pickle
+from rocm_mla.vllm.harness import use_simulated_gfx942_platform
+use_simulated_gfx942_platform()
 from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
 assert "ROCM_MLA" not in E.__members__
 cfg = pickle.loads(open({str(path)!r}, "rb").read())

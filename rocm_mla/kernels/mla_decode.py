@@ -48,12 +48,13 @@ def _xcd_local_order(pid, num_pids, NUM_XCDS: tl.constexpr):
 
 # Counts that are often 1 (q_len, splits, head blocks, page size) are not specialised: one compiled
 # kernel per config serves every batch, and the ISA report's variants are exactly what runs.
-@triton.jit(do_not_specialize=["num_heads", "q_len", "num_splits", "num_head_blocks", "page_size", "capacity"])
+@triton.jit(do_not_specialize=["num_heads", "q_len", "num_splits", "num_head_blocks", "page_size", "page_shift",
+                               "capacity"])
 def mla_decode_stage1_kernel(
     q_nope, q_pe, kv, block_table, seq_lens, k_scale_ptr,
     out, lse, part_o, part_lse,
     qk_scale, out_scale,
-    num_heads, q_len, num_splits, num_head_blocks, page_size, capacity,
+    num_heads, q_len, num_splits, num_head_blocks, page_size, page_shift, capacity,
     s_qn_r, s_qn_h, s_qn_d,
     s_qp_r, s_qp_h, s_qp_d,
     s_kv_blk, s_kv_tok,
@@ -65,6 +66,7 @@ def mla_decode_stage1_kernel(
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     DIRECT: tl.constexpr, HAS_K_SCALE_PTR: tl.constexpr, IEEE: tl.constexpr, D_SPLIT: tl.constexpr,
     RELOAD_K: tl.constexpr, NUM_XCDS: tl.constexpr, F16_DOT: tl.constexpr = False,
+    PAGE_MODE: tl.constexpr = 0,
 ):
     """Stage 1; see the module docstring.
 
@@ -92,6 +94,12 @@ def mla_decode_stage1_kernel(
     conversion unit: that, not the bytes, bounded the fp8 kernel). q is rounded to f16 once
     (saturated to +-65504; f16 has 3 more mantissa bits than bf16), p is rounded to f16 for p . v;
     accumulation stays float32.
+    PAGE_MODE: how a tile's token rows are found in the paged cache. 0: any page size (a block-table
+    gather and an integer division per row); 1: page_size == 1 << page_shift (shift and mask per
+    row); 2: page_size a multiple of BLOCK_N, so a tile (BLOCK_N-aligned: split starts are) lies in
+    one page: one scalar block-table load per tile and contiguous rows. The division was most of
+    the integer work of the loop (ncu on the H200: ALU the busiest pipe, ~9.6K instructions per
+    64-token tile at N=16, about six times the loads, ldmatrix and mma it needs).
     """
     pid = tl.program_id(0)
     if NUM_XCDS > 1:
@@ -149,8 +157,18 @@ def mla_decode_stage1_kernel(
         for n0 in range(start, end, BLOCK_N):
             tok = n0 + offs_n
             tok_ok = tok < end
-            page = tl.load(bt_row + tok // page_size, mask=tok_ok, other=0).to(tl.int64)
-            tok_ptr = kv + page * s_kv_blk + (tok % page_size).to(tl.int64) * s_kv_tok  # [BLOCK_N]
+            if PAGE_MODE == 2:
+                page = tl.load(bt_row + n0 // page_size).to(tl.int64)  # n0 < end <= capacity
+                tok_ptr = kv + page * s_kv_blk + (n0 % page_size + offs_n) * s_kv_tok  # [BLOCK_N]
+            else:
+                if PAGE_MODE == 1:
+                    pidx = tok >> page_shift
+                    prow = tok & (page_size - 1)
+                else:
+                    pidx = tok // page_size
+                    prow = tok % page_size
+                page = tl.load(bt_row + pidx, mask=tok_ok, other=0).to(tl.int64)
+                tok_ptr = kv + page * s_kv_blk + prow * s_kv_tok  # [BLOCK_N]
             tok_ptr2 = tok_ptr[:, None]
             ok2 = tok_ok[:, None]
             # Masked tokens load 0, never the cache's NaN/garbage: 0 * NaN would poison p . v.

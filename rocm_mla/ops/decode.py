@@ -373,6 +373,17 @@ def decode_plan(*, batch: int, num_heads: int, q_len: int, max_blocks: int, bloc
     return {"config": cfg, "row_blocks": row_blocks, "num_kv_splits": S, "launches": 1 if S == 1 else 2}
 
 
+def page_mode_for(page_size: int, block_n: int) -> tuple[int, int]:
+    """Stage 1's PAGE_MODE and page_shift for a cache page size and a tile of block_n tokens:
+    (2, 0) when every tile lies in one page (page_size a multiple of block_n), (1, log2) for other
+    powers of two, (0, 0) otherwise (see the kernel's docstring)."""
+    if page_size % block_n == 0:
+        return 2, 0
+    if page_size & (page_size - 1) == 0:
+        return 1, page_size.bit_length() - 1
+    return 0, 0
+
+
 def _launch_triton(q_nope, q_pe, kv, block_table, seq_lens, out, lse, sm_scale, q_len, is_fp8, ks_float,
                    ks_tensor, num_kv_splits, max_seq_len, workspace, launch_config):
     rows, N, _ = q_nope.shape
@@ -410,12 +421,13 @@ def _launch_triton(q_nope, q_pe, kv, block_table, seq_lens, out, lse, sm_scale, 
     out_scale = ks_float if ks_float is not None else 1.0
     scale_ptr = ks_tensor if ks_tensor is not None else lse  # unused when HAS_K_SCALE_PTR=False
     options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **_amd_options(cfg, arch)}
+    page_mode, page_shift = page_mode_for(page_size, block_n)
     grid = (B * S * row_blocks,)
     mla_decode_stage1_kernel[grid](
         q_nope, q_pe, kv, block_table, seq_lens, scale_ptr,
         out, lse, part_o, part_lse,
         qk_scale, out_scale,
-        N, q_len, S, row_blocks, page_size, max_blocks * page_size,
+        N, q_len, S, row_blocks, page_size, page_shift, max_blocks * page_size,
         *q_nope.stride(), *q_pe.stride(),
         kv.stride(0), kv.stride(1),
         block_table.stride(0), seq_lens.stride(0),
@@ -424,7 +436,8 @@ def _launch_triton(q_nope, q_pe, kv, block_table, seq_lens, out, lse, sm_scale, 
         D_NOPE=D_NOPE, D_PE=D_PE, BLOCK_H=block_h, BLOCK_N=block_n,
         DIRECT=direct, HAS_K_SCALE_PTR=ks_tensor is not None, IEEE=q_nope.dtype == torch.float32,
         D_SPLIT=int(cfg.get("D_SPLIT", 1)), RELOAD_K=bool(cfg.get("RELOAD_K", False)),
-        NUM_XCDS=_num_xcds(arch), F16_DOT=bool(is_fp8 and q_nope.dtype == torch.bfloat16 and cfg.get("F16_DOT", False)), **options)
+        NUM_XCDS=_num_xcds(arch), F16_DOT=bool(is_fp8 and q_nope.dtype == torch.bfloat16 and cfg.get("F16_DOT", False)),
+        PAGE_MODE=page_mode, **options)
     if direct:
         return
     consts, options2 = _stage2_meta(S, arch)
@@ -446,11 +459,12 @@ def _fp8_tname(arch: str) -> str:
 
 
 def _stage1_variant(arch: str, cfg: dict[str, Any], qname: str, kvname: str, direct: bool,
-                    scale_ptr: bool, tag: str) -> TritonVariant:
+                    scale_ptr: bool, tag: str, page_mode: int = 2) -> TritonVariant:
     sig = {"q_nope": f"*{qname}", "q_pe": f"*{qname}", "kv": f"*{kvname}", "block_table": "*i32",
            "seq_lens": "*i32", "k_scale_ptr": "*fp32", "out": f"*{qname}", "lse": "*fp32",
            "part_o": "*fp32", "part_lse": "*fp32", "qk_scale": "fp32", "out_scale": "fp32"}
-    for name in ("num_heads", "q_len", "num_splits", "num_head_blocks", "page_size", "capacity", "s_qn_r", "s_qn_h",
+    for name in ("num_heads", "q_len", "num_splits", "num_head_blocks", "page_size", "page_shift", "capacity",
+                 "s_qn_r", "s_qn_h",
                  "s_qp_r", "s_qp_h", "s_kv_blk", "s_kv_tok", "s_bt_b", "s_o_r", "s_o_h", "s_l_r",
                  "s_po_s", "s_pl_s"):
         sig[name] = "i32"
@@ -460,13 +474,15 @@ def _stage1_variant(arch: str, cfg: dict[str, Any], qname: str, kvname: str, dir
               "BLOCK_N": int(cfg["BLOCK_N"]), "DIRECT": direct, "HAS_K_SCALE_PTR": scale_ptr,
               "IEEE": qname == "fp32", "D_SPLIT": int(cfg.get("D_SPLIT", 1)),
               "RELOAD_K": bool(cfg.get("RELOAD_K", False)), "NUM_XCDS": _num_xcds(arch),
-              "F16_DOT": bool(kvname.startswith("fp8") and qname == "bf16" and cfg.get("F16_DOT", False))}
+              "F16_DOT": bool(kvname.startswith("fp8") and qname == "bf16" and cfg.get("F16_DOT", False)),
+              "PAGE_MODE": page_mode}
     options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **_amd_options(cfg, arch)}
     amd = "".join(f" {k[:4]}{v}" for k, v in _amd_options(cfg, arch).items())
     label = (f"{tag}q={qname} kv={kvname} H{cfg['BLOCK_H']} N{cfg['BLOCK_N']} d{cfg.get('D_SPLIT', 1)}"
              f"{'r' if cfg.get('RELOAD_K') else ''}{'h' if consts['F16_DOT'] else ''} "
              f"w{cfg['num_warps']} "
-             f"s{cfg['num_stages']}{amd} {'direct' if direct else 'split'}{' kscale*' if scale_ptr else ''}")
+             f"s{cfg['num_stages']}{amd} {'direct' if direct else 'split'}{' kscale*' if scale_ptr else ''}"
+             f"{'' if page_mode == 2 else f' page{page_mode}'}")
     # float32 q runs IEEE dots: MFMA has f32 instructions, NVIDIA tensor cores do not (FMA there).
     return TritonVariant(
         kernel="mla_decode_stage1", config=label, fn=mla_decode_stage1_kernel, signature=sig,
@@ -479,7 +495,9 @@ def _stage1_variant(arch: str, cfg: dict[str, Any], qname: str, kvname: str, dir
 def triton_variants(arch: str) -> list[TritonVariant]:
     """Every stage-1 config the wrapper can pick on ``arch`` (each tier, with its fp8/fp32
     overrides, and the tuning candidates), for each q dtype and cache dtype, direct and split,
-    fp8 with a tensor or a number scale; and the stage-2 reduce for each output dtype and tile."""
+    fp8 with a tensor or a number scale, tiles inside one page (PAGE_MODE 2); each tier once more
+    with pages smaller than a tile (PAGE_MODE 1 and 0, bf16); and the stage-2 reduce for each
+    output dtype and tile."""
     table = config_for(OP, arch)
     fp8 = _fp8_tname(arch)
     variants: list[TritonVariant] = []
@@ -499,6 +517,10 @@ def triton_variants(arch: str) -> list[TritonVariant]:
                 for sptr in ((False, True) if is_fp8 else (False,)):
                     add(_stage1_variant(arch, cfg, _TNAME[qdt], kvname if is_fp8 else _TNAME[qdt], direct,
                                         sptr, ""))
+        # Pages smaller than a tile (block 16, block 1: PAGE_MODE 1; other sizes: 0), bf16 q and cache.
+        cfg = stage1_config(arch, tier["BLOCK_H"], torch.bfloat16, False)
+        for mode in (1, 0):
+            add(_stage1_variant(arch, cfg, "bf16", "bf16", False, False, "", mode))
     # Tuning candidates: the dtypes the benchmark tunes (bf16 and fp8 caches with bf16 q).
     for cand in table.get("candidates", []):
         for qdt, kvname, is_fp8 in combos[:1] + combos[3:4]:

@@ -188,7 +188,7 @@ class LayerStep:
         gen = torch.Generator().manual_seed(seed)
 
         def randn(*shape, scale=1.0):
-            return (torch.randn(*shape, generator=gen) * scale).to(device=self.device)
+            return (torch.randn(*shape, generator=gen, device="cpu") * scale).to(device=self.device)
 
         dev_type = "cpu" if self.device.type == "cpu" else "cuda"
         model_config = ModelConfig(model=_tiny_deepseek_v3_dir(), skip_tokenizer_init=True,
@@ -236,7 +236,7 @@ class LayerStep:
         else:
             self.kv_cache = torch.full((num_blocks, block_size, KV_LORA_RANK + QK_ROPE), float("nan"),
                                        dtype=dtype, device=self.device)
-        perm = torch.randperm(num_blocks, generator=gen)
+        perm = torch.randperm(num_blocks, generator=gen, device="cpu")
         max_blocks = max(blocks_per_req)
         self.block_table = torch.zeros(len(requests), max_blocks + 1, dtype=torch.int32)
         used = 0

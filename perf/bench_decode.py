@@ -25,8 +25,8 @@ Providers, each captured in a CUDA graph (one call per graph) and timed as back-
                      (next_pow2(max_seq_len // 512), capped at 2 x SMs), k_scale/v_scale = the layer's
                      scale tensor. Importable via `../shared/peers/get_vllm_peers.sh .peers`.
   flashinfer-fa3     BatchMLAPagedAttentionWrapper(backend="fa3") planned outside the timing, q
-                     pre-concatenated (kernel only); skipped with a note when not importable or
-                     unsupported (fp8). See ../shared/peers/get_flashinfer_peer.sh.
+                     pre-concatenated (kernel only), fp8 with ckv_scale = kpe_scale = k_scale;
+                     skipped with a note when not importable or when it refuses the shape. See ../shared/peers/get_flashinfer_peer.sh.
   torch-reference    rocm_mla.reference.mla_decode_ref, eager (it syncs), B x seq <= 32 x 4096 only.
 
 Cold caches: each provider's graphs rotate over R copies of the KV cache and block table (fresh
@@ -168,10 +168,12 @@ def flashinfer(s: Setup):
             if s.R > 8 and i >= 7:  # planning is slow and workspaces are big: reuse beyond 8
                 break
         out = torch.empty(s.B, s.N, L, dtype=torch.bfloat16, device=dev)
+        # fp8: the per-tensor dequantisation scale of both cache parts (our k_scale).
+        scales = {"ckv_scale": float(s.k_scale), "kpe_scale": float(s.k_scale)} if s.fp8 else {}
 
         def call(i: int):
             w = wrappers[i % len(wrappers)]
-            w.run(query=q_full, kv_cache=s.caches[i % len(wrappers)], out=out)
+            w.run(query=q_full, kv_cache=s.caches[i % len(wrappers)], out=out, **scales)
             return out
         return call, ""
     except Exception as exc:

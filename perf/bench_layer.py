@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -46,8 +47,11 @@ from rocm_mla.tools.benchutil import (Record, bar_plot, device_name, load_vllm_p
 P, R, V, L = 128, 64, 128, 512
 BLOCK = 64
 SCALE = 1.0 / math.sqrt(P + R)
-MOVE_PATTERNS = {"cat": ("CatArray", "cat_"), "pad": ("pad",), "copy": ("copy", "Memcpy", "index"),
-                 "fill": ("fill", "Memset", "zero")}
+# Kernel-name patterns (case-insensitive) of kernels that only move or fill data. "(?<!pre)fill":
+# mla_prefill_kernel is attention (it was miscounted as a fill before 2026-11-29's second run).
+MOVE_PATTERNS = {"cat": re.compile(r"CatArray|cat_", re.I), "pad": re.compile(r"pad", re.I),
+                 "copy": re.compile(r"copy|Memcpy|index", re.I),
+                 "fill": re.compile(r"(?<!pre)fill|Memset|zero", re.I)}
 
 
 def count_moves(fn, names: set[str] | None = None) -> dict[str, int]:
@@ -63,9 +67,9 @@ def count_moves(fn, names: set[str] | None = None) -> dict[str, int]:
     for ev in prof.events():
         if ev.device_type != torch.autograd.DeviceType.CUDA:
             continue
-        name = ev.name.lower()
-        for kind, pats in MOVE_PATTERNS.items():
-            if any(p.lower() in name for p in pats):
+        name = ev.name
+        for kind, pat in MOVE_PATTERNS.items():
+            if pat.search(name):
                 counts[kind] += 1
                 if names is not None:
                     names.add(f"{kind}: {ev.name[:100]}")

@@ -50,7 +50,8 @@ DATA_MOVEMENT_OPS = {
 KERNEL_PATTERNS = (("cat", re.compile(r"CatArray|\bcat_", re.I)),
                    ("pad", re.compile(r"pad", re.I)),
                    ("copy", re.compile(r"copy|Memcpy", re.I)),
-                   ("fill", re.compile(r"fill|Memset|zero", re.I)))
+                   # "(?<!pre)": mla_prefill_kernel is attention, not a fill.
+                   ("fill", re.compile(r"(?<!pre)fill|Memset|zero", re.I)))
 TRITON_SCOPE = "triton_launch::"
 
 # Batches of the two steps (requests: (cached context, new tokens)); decodes first, as vLLM orders.

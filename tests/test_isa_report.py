@@ -211,3 +211,55 @@ def test_variant_errors_are_rows_not_crashes():
     bad = TritonVariant(kernel="add", config="bad signature", fn=add_kernel, signature={"x_ptr": "*fp32"})
     (row,) = collect("gfx942", triton_variants=[bad], hip_sources=[], progress=False)
     assert row.status == "error" and row.failed and "y_ptr" in row.error
+
+
+# ---------------------------------------------------------------- sm90 spills and loops
+
+_SASS = """
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+        /*0010*/                   STL [R1], R200 ;
+.L_x_0:
+        /*0020*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;
+        /*0030*/                   {STL_IN_LOOP}
+        /*0040*/              @!P1 BRA `(.L_x_0) ;
+        /*0050*/              @P0 BRA `(.L_x_1) ;
+        /*0060*/                   LDL.LU R200, [R1] ;
+.L_x_1:
+        /*0070*/                   EXIT ;
+.L_x_2:
+        /*0080*/                   BRA `(.L_x_2);
+"""
+
+
+def test_local_memory_in_loops_finds_backward_branch_loops():
+    outside = _SASS.replace("{STL_IN_LOOP}", "NOP ;")
+    inside = _SASS.replace("{STL_IN_LOOP}", "STL [R1+0x4], R201 ;")
+    assert isa_report.local_memory_in_loops(outside) == (0, 2)
+    assert isa_report.local_memory_in_loops(inside) == (1, 3)
+    assert isa_report.local_memory_in_loops("") == (0, 0)
+
+
+def test_sm90_spill_outside_loops_is_a_note_not_a_failure():
+    Row = isa_report.Row
+    kw = dict(kernel="k", config="c", backend="triton", spills=40, scratch=24)
+    outside = Row(arch="sm90", local_in_loops=0, **kw)
+    assert isa_report.check(outside) == [] and "no local-memory access inside a loop" in isa_report.notes(outside)[0]
+    inside = Row(arch="sm90", local_in_loops=3, **kw)
+    assert any("inside loops" in p for p in isa_report.check(inside)) and not isa_report.notes(inside)
+    unread = Row(arch="sm90", local_in_loops=None, **kw)  # no nvdisasm: the gate stays strict
+    assert isa_report.check(unread) and not isa_report.notes(unread)
+    gfx = Row(arch="gfx942", local_in_loops=0, **{**kw, "spills": 2, "scratch": 16})
+    assert isa_report.check(gfx) and not isa_report.notes(gfx)
+
+
+@pytest.mark.skipif(tc.find_ptxas() is None, reason="no ptxas (Triton's bundled one or on PATH)")
+def test_sm90_sass_is_read_when_nvdisasm_is_there():
+    from pathlib import Path
+
+    ptxas = tc.find_ptxas()
+    if not (Path(ptxas).resolve().parent / "nvdisasm").exists() and shutil.which("nvdisasm") is None:
+        pytest.skip("no nvdisasm next to ptxas or on PATH")
+    art = tc.compile_variant(DOT, "sm90")
+    assert "MMA" in art.sass  # HMMA / HGMMA: the disassembly of the dot kernel
+    row = _by_config(collect("sm90", triton_variants=[DOT], hip_sources=[], progress=False))[DOT.config]
+    assert row.local_in_loops == 0 and row.status == "ok" and row.notes == []

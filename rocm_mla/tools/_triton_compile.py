@@ -30,6 +30,7 @@ class TritonArtifacts:
     shared: int  # LDS / shared bytes Triton allocates dynamically (metadata.shared)
     num_warps: int
     ptxas_log: str = ""  # sm90 only: ``ptxas -v`` output for the PTX
+    sass: str = ""  # sm90 only: ``nvdisasm -c`` of the cubin ("" when nvdisasm is not found)
 
 
 def build_attrs(fn: Any, divisible_by_16: tuple[str, ...]) -> dict[tuple[int, ...], list[list[Any]]]:
@@ -86,16 +87,29 @@ def run_ptxas(ptx: str, ptxas: str) -> str:
 
     The GPU name comes from the PTX's ``.target`` line (Triton emits ``sm_90a`` for wgmma).
     """
+    return run_ptxas_sass(ptx, ptxas, sass=False)[0]
+
+
+def run_ptxas_sass(ptx: str, ptxas: str, sass: bool = True) -> tuple[str, str]:
+    """``(ptxas -v log, SASS)``: the log as :func:`run_ptxas`; with ``sass``, the cubin disassembled
+    by the ``nvdisasm`` next to ``ptxas`` (or on PATH), "" when there is none."""
     m = re.search(r"^\s*\.target\s+(sm_\w+)", ptx, re.MULTILINE)
     gpu = m.group(1) if m else "sm_90a"
+    text = ""
     with tempfile.TemporaryDirectory(prefix="rocm_mla_ptx_") as tmp:
-        src = Path(tmp) / "k.ptx"
+        src, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
         src.write_text(ptx)
-        proc = subprocess.run([ptxas, "-v", "--gpu-name", gpu, str(src), "-o", str(Path(tmp) / "k.cubin")],
+        proc = subprocess.run([ptxas, "-v", "--gpu-name", gpu, str(src), "-o", str(cubin)],
                               capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"ptxas failed:\n{proc.stderr.strip()[-2000:]}")
-    return proc.stdout + proc.stderr
+        if proc.returncode != 0:
+            raise RuntimeError(f"ptxas failed:\n{proc.stderr.strip()[-2000:]}")
+        if sass:
+            nvd = Path(ptxas).resolve().parent / "nvdisasm"
+            nvdisasm = str(nvd) if nvd.exists() else shutil.which("nvdisasm")
+            if nvdisasm:
+                dis = subprocess.run([nvdisasm, "-c", str(cubin)], capture_output=True, text=True)
+                text = dis.stdout if dis.returncode == 0 else ""
+    return proc.stdout + proc.stderr, text
 
 
 def as_jit(fn: Any) -> Any:
@@ -145,4 +159,5 @@ def compile_variant(variant: Any, arch: str) -> TritonArtifacts:
     if ptxas is None:
         raise FileNotFoundError("ptxas not found (neither Triton's bundled one nor on PATH)")
     ptx = k.asm["ptx"]
-    return TritonArtifacts(isa=ptx, shared=shared, num_warps=num_warps, ptxas_log=run_ptxas(ptx, ptxas))
+    log, sass = run_ptxas_sass(ptx, ptxas)
+    return TritonArtifacts(isa=ptx, shared=shared, num_warps=num_warps, ptxas_log=log, sass=sass)

@@ -8,8 +8,11 @@
 # pins in .ci/vllm-0.33-cpu-requirements.txt that the device image lacks / may have older
 # (`pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
 #  --platform manylinux_2_28_x86_64 ...`), plus typing_extensions 4.16. About 30 MB in all.
-# Seen on the H200 (2026-11-29): vLLM imports; its model inspection of the tests' tiny
-# DeepSeek-V3 config then failed (torch 2.11 / transformers 5.17 on the image).
+# Seen on the H200 (2026-11-29, torch 2.11 / transformers 5.17 there): vLLM imports, and every GPU
+# test of tests/test_vllm_backend.py passes. vLLM's compiled CUDA ops are not carried, so anything
+# that resolves vLLM's platform to CUDA fails; the test harness
+# (rocm_mla.vllm.harness.use_simulated_gfx942_platform) keeps vLLM on a simulated ROCm platform,
+# in spawned interpreters too.
 # Makes vLLM 0.33.0 (pure-Python part, no compiled ops) importable next to the image's own torch,
 # numpy, triton, transformers, tokenizers, huggingface_hub, safetensors, pillow, which are NOT carried.
 #   /tmp/vsite : vLLM + the pinned dependencies the image lacks (whl/*.whl). On sys.path AFTER the

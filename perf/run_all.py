@@ -7,7 +7,8 @@ Each benchmark writes its table to <out>/<name>.log and its long-format CSV and 
 a progress line is printed per benchmark (with elapsed time), then a summary. Needs a GPU; vLLM's
 Triton kernels as peers come from ../shared/peers/get_vllm_peers.sh .peers. FlashInfer (the decode
 peer) must be importable: on the lent GPU machine run this script through `perf/device_run.sh`,
-which unpacks the carried copy first:  bash perf/device_run.sh --no-tests run_all[:--quick]
+which unpacks the carried copy first:
+    BENCH_TIMEOUT=900 bash perf/device_run.sh --no-tests run_all[:--quick]
 """
 
 from __future__ import annotations

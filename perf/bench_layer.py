@@ -15,7 +15,7 @@ decode step (B requests, each with `ctx` cached tokens, one new token):
             preallocated o/lse (no memset), the same W_UV bmm
 prefill step (B sequences, `new` new tokens after `ctx` cached ones, one context chunk):
   both      kv_b_proj of the new tokens and of the gathered context chunk (matmuls, the same
-            in both; the gather from the paged cache is an index copy in both)
+            in both; the gather from the paged cache is the same index_select in both)
   upstream  k = cat(k_nope, k_pe.expand), v padded to 192 (F.pad), FlashAttention (SDPA's
             flash kernel with lse) causal on the new tokens and non-causal on the context,
             [..., :128] slices, vLLM's Triton merge_attn_states into the layer output
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import sys
 from pathlib import Path
 
@@ -41,17 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from rocm_mla import __version__  # noqa: E402
 from rocm_mla.ops import fused_rope_mla_kv_write, mla_decode, mla_prefill_with_context  # noqa: E402
-from rocm_mla.tools.benchutil import (Record, bar_plot, device_name, load_vllm_peer, print_table,  # noqa: E402
-                                      time_ms, write_csv)
+from rocm_mla.tools.benchutil import (DATA_MOVEMENT_KERNELS, Record, bar_plot, data_movement_kind,  # noqa: E402
+                                      device_name, load_vllm_peer, print_table, time_ms, write_csv)
 
 P, R, V, L = 128, 64, 128, 512
 BLOCK = 64
 SCALE = 1.0 / math.sqrt(P + R)
-# Kernel-name patterns (case-insensitive) of kernels that only move or fill data. "(?<!pre)fill":
-# mla_prefill_kernel is attention (it was miscounted as a fill before 2026-11-29's second run).
-MOVE_PATTERNS = {"cat": re.compile(r"CatArray|cat_", re.I), "pad": re.compile(r"pad", re.I),
-                 "copy": re.compile(r"copy|Memcpy|index", re.I),
-                 "fill": re.compile(r"(?<!pre)fill|Memset|zero", re.I)}
 
 
 def count_moves(fn, names: set[str] | None = None) -> dict[str, int]:
@@ -63,17 +57,15 @@ def count_moves(fn, names: set[str] | None = None) -> dict[str, int]:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    counts = {k: 0 for k in MOVE_PATTERNS}
+    counts = {k: 0 for k, _ in DATA_MOVEMENT_KERNELS}
     for ev in prof.events():
         if ev.device_type != torch.autograd.DeviceType.CUDA:
             continue
-        name = ev.name
-        for kind, pat in MOVE_PATTERNS.items():
-            if pat.search(name):
-                counts[kind] += 1
-                if names is not None:
-                    names.add(f"{kind}: {ev.name[:100]}")
-                break
+        kind = data_movement_kind(ev.name)
+        if kind is not None:
+            counts[kind] += 1
+            if names is not None:
+                names.add(f"{kind}: {ev.name[:100]}")
     return counts
 
 
@@ -265,8 +257,9 @@ def main() -> int:
         torch.cuda.empty_cache()
     print(f"\nMLA layer step on {name}, bf16: time (us) and data-movement kernels (cat/pad/copy/fill)")
     print_table(["step", "upstream us", "rocm_mla us", "speed-up", "upstream moves", "rocm_mla moves"], rows)
-    print("(copy kernels in both include the context gather from the paged cache and the cache write's "
-          "index_copy upstream; rocm_mla's attention path itself launches none)")
+    print("(upstream's decode copies include its cache write's index_copy_. The context gather from the "
+          "paged cache, the same index_select in both, matches no pattern and is not counted; rocm_mla's "
+          "attention path itself launches none: perf/bench_layer_copies.py)")
     out = Path(args.out)
     write_csv(out / "layer.csv", records)
     bar_plot(out / "layer.png", f"MLA layer step on {name}", groups, series, "us per step")

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from collections import Counter
 from contextlib import contextmanager
@@ -40,6 +39,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from rocm_mla.tools.benchutil import DATA_MOVEMENT_KERNELS, data_movement_kind  # noqa: E402
+
 DATA_MOVEMENT_OPS = {
     "aten::cat": "cat",
     "aten::copy_": "copy", "aten::clone": "copy", "aten::_to_copy": "copy", "aten::contiguous": "copy",
@@ -47,11 +48,7 @@ DATA_MOVEMENT_OPS = {
     "aten::fill_": "fill", "aten::zero_": "fill", "aten::zeros": "fill", "aten::zeros_like": "fill",
     "aten::full": "fill", "aten::full_like": "fill",
 }
-KERNEL_PATTERNS = (("cat", re.compile(r"CatArray|\bcat_", re.I)),
-                   ("pad", re.compile(r"pad", re.I)),
-                   ("copy", re.compile(r"copy|Memcpy", re.I)),
-                   # "(?<!pre)": mla_prefill_kernel is attention, not a fill.
-                   ("fill", re.compile(r"(?<!pre)fill|Memset|zero", re.I)))
+KERNEL_PATTERNS = DATA_MOVEMENT_KERNELS  # device kernels, by name (shared with bench_layer.py)
 TRITON_SCOPE = "triton_launch::"
 
 # Batches of the two steps (requests: (cached context, new tokens)); decodes first, as vLLM orders.
@@ -206,10 +203,9 @@ def count_data_movement(fn) -> dict:
     for e in prof.events():
         if e.device_type == DeviceType.CUDA:
             names[e.name] += 1
-            for cat, pat in KERNEL_PATTERNS:
-                if pat.search(e.name):
-                    kernels[cat] += 1
-                    break
+            kind = data_movement_kind(e.name)
+            if kind is not None:
+                kernels[kind] += 1
             continue
         if e.name.startswith(TRITON_SCOPE):
             launches += 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import os
 import platform
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -58,6 +59,24 @@ def load_vllm_peer(peers: str, module: str, name: str):
     except Exception as exc:
         print(f"vLLM peer unavailable: {type(exc).__name__}: {exc}")
         return None
+
+
+# Device kernels that only move or fill data, by kind, as torch.profiler names them; the first
+# pattern that matches decides. "(?<!pre)fill": mla_prefill_kernel is attention, not a fill.
+# "\bcat_": concat_and_cache_* kernels write the cache, they are not a cat.
+DATA_MOVEMENT_KERNELS = (("cat", re.compile(r"CatArray|\bcat_", re.I)),
+                         ("pad", re.compile(r"pad", re.I)),
+                         ("copy", re.compile(r"copy|Memcpy", re.I)),
+                         ("fill", re.compile(r"(?<!pre)fill|Memset|zero", re.I)))
+
+
+def data_movement_kind(kernel_name: str) -> str | None:
+    """"cat", "pad", "copy" or "fill" for a device kernel that only moves or fills data (by its
+    profiler name, :data:`DATA_MOVEMENT_KERNELS`); None for a compute kernel."""
+    for kind, pat in DATA_MOVEMENT_KERNELS:
+        if pat.search(kernel_name):
+            return kind
+    return None
 
 
 def device_name(device: torch.device) -> str:

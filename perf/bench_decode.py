@@ -59,7 +59,7 @@ import triton  # noqa: E402
 
 from rocm_mla.ops.decode import decode_plan, fp8_dtype_for, mla_decode, tuning_candidates  # noqa: E402
 from rocm_mla.reference import mla_decode_ref  # noqa: E402
-from rocm_mla.tools.benchutil import (Record, bar_plot, copy_bandwidth_gbs, device_name,  # noqa: E402
+from rocm_mla.tools.benchutil import (gpu_for, Record, bar_plot, copy_bandwidth_gbs, device_name,  # noqa: E402
                                       load_vllm_peer, matmul_tflops, print_table, time_ms, write_csv)
 
 L, R_DIM, D = 512, 64, 576
@@ -250,11 +250,9 @@ def main() -> int:
                     "';'-separated substrings, e.g. 'bf16 B=128;fp8 B=128 seq=4096 N=16'")
     ap.add_argument("--cands", default="", help="--tune: only these candidate indices (comma-separated)")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("bench_decode: needs a GPU")
+    dev = gpu_for("bench_decode")
+    if dev is None:
         return 2
-    dev = torch.device("cuda")
-    torch.manual_seed(0)
     name = device_name(dev)
     props = torch.cuda.get_device_properties(dev)
     sms = props.multi_processor_count

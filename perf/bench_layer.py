@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from rocm_mla import __version__  # noqa: E402
 from rocm_mla.ops import fused_rope_mla_kv_write, mla_decode, mla_prefill_with_context  # noqa: E402
-from rocm_mla.tools.benchutil import (DATA_MOVEMENT_KERNELS, Record, bar_plot, data_movement_kind,  # noqa: E402
+from rocm_mla.tools.benchutil import (gpu_for, DATA_MOVEMENT_KERNELS, Record, bar_plot, data_movement_kind,  # noqa: E402
                                       device_name, load_vllm_peer, print_table, time_ms, write_csv)
 
 P, R, V, L = 128, 64, 128, 512
@@ -204,16 +204,14 @@ def main() -> int:
     ap.add_argument("--peers", default=".peers", help="folder made by get_vllm_peers.sh")
     ap.add_argument("--quick", action="store_true", help="smaller batches")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("bench_layer: needs a GPU")
+    dev = gpu_for("bench_layer")
+    if dev is None:
         return 2
     decode_attention_fwd = load_vllm_peer(args.peers, "triton_decode_attention", "decode_attention_fwd")
     vllm_merge = load_vllm_peer(args.peers, "triton_merge_attn_states", "merge_attn_states")
     if decode_attention_fwd is None or vllm_merge is None:
         print("bench_layer: vLLM's Triton kernels are needed for the upstream side")
         return 2
-    dev = torch.device("cuda")
-    torch.manual_seed(0)
     name = device_name(dev)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     B_dec, ctx_dec = (32, 2048) if args.quick else (64, 4096)

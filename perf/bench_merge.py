@@ -25,7 +25,7 @@ from rocm_mla import __version__  # noqa: E402
 from rocm_mla.ops import merge_attn_states  # noqa: E402
 from rocm_mla.ops._dispatch import unavailable  # noqa: E402
 from rocm_mla.reference import merge_attn_states_ref  # noqa: E402
-from rocm_mla.tools.benchutil import (Record, bar_plot, copy_bandwidth_gbs, device_name,  # noqa: E402
+from rocm_mla.tools.benchutil import (gpu_for, Record, bar_plot, copy_bandwidth_gbs, device_name,  # noqa: E402
                                       load_vllm_peer, print_table, time_ms, write_csv)
 
 
@@ -36,11 +36,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="T=4096 only")
     ap.add_argument("--tune", action="store_true", help="also sweep the launch candidates of configs/merge_attn_states.json")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("bench_merge: needs a GPU")
+    dev = gpu_for("bench_merge")
+    if dev is None:
         return 2
-    dev = torch.device("cuda")
-    torch.manual_seed(0)
     name = device_name(dev)
     copy = copy_bandwidth_gbs(dev)
     print(f"device: {name}; copy ceiling (read+write) {copy:.0f} GB/s")

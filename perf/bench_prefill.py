@@ -43,7 +43,7 @@ from rocm_mla import __version__  # noqa: E402
 from rocm_mla import _platform  # noqa: E402
 from rocm_mla.configs import config_for  # noqa: E402
 from rocm_mla.ops.prefill import config_label, launch_config, mla_prefill  # noqa: E402
-from rocm_mla.tools.benchutil import (Record, bar_plot, device_name, matmul_tflops,  # noqa: E402
+from rocm_mla.tools.benchutil import (gpu_for, Record, bar_plot, device_name, matmul_tflops,  # noqa: E402
                                       print_table, time_ms, write_csv)
 
 P, R, V = 128, 64, 128
@@ -155,11 +155,9 @@ def main() -> int:
                     help='launch config to use instead of the JSON\'s, e.g. \'{"BLOCK_M": 128, "BLOCK_N": 64, '
                          '"num_warps": 8, "num_stages": 3}\'')
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("bench_prefill: needs a GPU")
+    dev = gpu_for("bench_prefill")
+    if dev is None:
         return 2
-    dev = torch.device("cuda")
-    torch.manual_seed(0)
     name = device_name(dev)
     shapes = SHAPES[:1] if args.quick else SHAPES
     peak = matmul_tflops(dev)

@@ -38,7 +38,7 @@ from rocm_mla.ops import fused_rope_mla_kv_write  # noqa: E402
 from rocm_mla.ops._dispatch import unavailable  # noqa: E402
 from rocm_mla.ops.rope_kv import _platform_fp8  # noqa: E402
 from rocm_mla.reference.rope_kv import FP8_MAX, fused_rope_mla_kv_write_ref, quantize_fp8_ref  # noqa: E402
-from rocm_mla.tools.benchutil import (Record, bar_plot, copy_bandwidth_gbs, device_name,  # noqa: E402
+from rocm_mla.tools.benchutil import (gpu_for, Record, bar_plot, copy_bandwidth_gbs, device_name,  # noqa: E402
                                       print_table, time_ms, write_csv)
 
 MAX_POS = 163840  # DeepSeek-V3: 4096 positions x YaRN factor 40
@@ -126,11 +126,9 @@ def main() -> int:
                     help="only sweep the launch data (configs/rope_kv_write.json 'tune') of both implementations")
     ap.add_argument("--tune-rep", type=float, default=50.0, help="do_bench rep (ms) per --tune timing")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("bench_rope_kv: needs a GPU")
+    dev = gpu_for("bench_rope_kv")
+    if dev is None:
         return 2
-    dev = torch.device("cuda")
-    torch.manual_seed(0)
     name = device_name(dev)
     copy = copy_bandwidth_gbs(dev)
     print(f"device: {name}; copy ceiling (read+write) {copy:.0f} GB/s")

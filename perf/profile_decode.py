@@ -22,9 +22,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_decode import BLOCK, Setup, ours  # noqa: E402
+from bench_decode import BLOCK, Setup, graph_time_us, ours  # noqa: E402
 
 from rocm_mla.ops.decode import decode_plan  # noqa: E402
+from rocm_mla.tools.benchutil import gpu_for  # noqa: E402
 
 
 def main() -> int:
@@ -39,11 +40,9 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=6)
     ap.add_argument("--time", action="store_true", help="also print the median of 50 CUDA-graph replays")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("profile_decode: needs a GPU")
+    dev = gpu_for("profile_decode")
+    if dev is None:
         return 2
-    dev = torch.device("cuda")
-    torch.manual_seed(0)
     s = Setup(args.B, args.seq, args.N, args.kv, dev, l2_bytes=0, block=args.block)
     cfg = json.loads(args.config) if args.config else None
     plan = decode_plan(batch=s.B, num_heads=s.N, q_len=1, max_blocks=s.tables[0].shape[1], block_size=s.block,
@@ -60,8 +59,6 @@ def main() -> int:
         us = start.elapsed_time(end) * 1e3
         print(f"call {i}: {us:.1f} us ({s.nbytes() / us / 1e3:.0f} GB/s)")
     if args.time:
-        from bench_decode import graph_time_us
-
         us = graph_time_us(fn, 1)
         print(f"graph replay: {us:.1f} us ({s.nbytes() / us / 1e3:.0f} GB/s)")
     return 0

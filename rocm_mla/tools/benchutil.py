@@ -79,6 +79,16 @@ def data_movement_kind(kernel_name: str) -> str | None:
     return None
 
 
+def gpu_for(bench: str) -> torch.device | None:
+    """The GPU a benchmark runs on, with torch's RNG seeded (0) for repeatable inputs; None, after
+    printing that ``bench`` needs a GPU, when there is none."""
+    if not torch.cuda.is_available():
+        print(f"{bench}: needs a GPU")
+        return None
+    torch.manual_seed(0)
+    return torch.device("cuda")
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)

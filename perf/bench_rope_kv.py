@@ -33,10 +33,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rocm_mla import __version__  # noqa: E402
+from rocm_mla import __version__, _platform  # noqa: E402
 from rocm_mla.ops import fused_rope_mla_kv_write  # noqa: E402
 from rocm_mla.ops._dispatch import unavailable  # noqa: E402
-from rocm_mla.ops.rope_kv import _platform_fp8  # noqa: E402
+from rocm_mla.configs import platform_fp8_dtype  # noqa: E402
 from rocm_mla.reference.rope_kv import FP8_MAX, fused_rope_mla_kv_write_ref, quantize_fp8_ref  # noqa: E402
 from rocm_mla.tools.benchutil import (gpu_for, Record, bar_plot, copy_bandwidth_gbs, device_name,  # noqa: E402
                                       print_table, time_ms, write_csv)
@@ -135,7 +135,7 @@ def main() -> int:
     if args.tune:
         tune(dev, copy, args.tune_rep)
         return 0
-    fp8_kind = _platform_fp8(dev)
+    fp8_kind = platform_fp8_dtype(_platform.device_arch(dev))
 
     providers = {}
     for b in ("hip", "triton"):
@@ -267,7 +267,7 @@ def tune(dev, copy: float, rep_ms: float = 50.0) -> None:
     import threading
     import time
 
-    from rocm_mla import _ext, _platform
+    from rocm_mla import _ext
     from rocm_mla.configs import config_for, tune_space
     from rocm_mla.ops.rope_kv import OP, _run, _triton_meta
 
@@ -295,7 +295,7 @@ def tune(dev, copy: float, rep_ms: float = 50.0) -> None:
 
     cos_sin = make_cos_sin(dev)
     k_scale = torch.tensor([0.05], device=dev)
-    fp8_kind = _platform_fp8(dev)
+    fp8_kind = platform_fp8_dtype(_platform.device_arch(dev))
     cases = []
     for T, N, cname in TUNE_SHAPES:
         fp8 = fp8_kind if cname == "fp8" else None

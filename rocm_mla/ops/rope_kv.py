@@ -179,12 +179,6 @@ def _check_common(c: Checker, T: int, k_pe, kv_c, kv_cache, slot_mapping, dtype,
     return k2
 
 
-def _platform_fp8(device: torch.device) -> torch.dtype:
-    """The FP8 E4M3 kind a plain "fp8" means on ``device`` (configs/platform.json, shared with
-    mla_decode): e4m3fnuz on gfx942 (MI300), else e4m3fn."""
-    return platform_fp8_dtype(_platform.device_arch(device))
-
-
 def _fp8_dtype(c: Checker, kv_cache: torch.Tensor, kv_cache_dtype: str, q_dtype: torch.dtype) -> torch.dtype | None:
     """The cache's FP8 kind (None: it stores the q dtype), from kv_cache_dtype and its dtype."""
     if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -204,7 +198,7 @@ def _fp8_dtype(c: Checker, kv_cache: torch.Tensor, kv_cache_dtype: str, q_dtype:
                    cache_name, TypeError)
         return kv_cache.dtype
     if kv_cache.dtype == torch.uint8:
-        return named if named is not None else _platform_fp8(kv_cache.device)
+        return named if named is not None else platform_fp8_dtype(_platform.device_arch(kv_cache.device))
     c.fail("kv_cache", f"dtype float8_e4m3fn, float8_e4m3fnuz or uint8 (kv_cache_dtype={kv_cache_dtype!r})",
            cache_name, TypeError)
     return None

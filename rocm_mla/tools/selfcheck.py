@@ -156,12 +156,14 @@ def check_rope_kv(device: torch.device, backends: list[str]) -> list[CheckRow]:
     cache; q_pe, k_pe and the written rows against the reference, plus "untouched": the rows
     without a slot still NaN. Then an FP8 cache (the platform's E4M3 kind, k_scale 0.5) in the
     q dtype's place, dequantised (tolerance: half an FP8 step, 2^-4 relative)."""
+    from rocm_mla._platform import device_arch
+    from rocm_mla.configs import platform_fp8_dtype
     from rocm_mla.ops import fused_rope_mla_kv_write
     from rocm_mla.reference.rope_kv import fused_rope_mla_kv_write_ref
 
     rows = []
     T, N, bs, max_pos = 37, 16, 16, 4096
-    fp8 = torch.float8_e4m3fnuz if device.type == "cuda" and torch.version.hip else torch.float8_e4m3fn
+    fp8 = platform_fp8_dtype(device_arch(device))  # what kv_cache_dtype="fp8" means here
     for backend in backends:
         for dtype in _dtypes(device):
             for cache_kind in ("auto", "fp8"):

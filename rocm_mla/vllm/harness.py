@@ -67,6 +67,7 @@ def use_simulated_gfx942_platform() -> None:
     from vllm.platforms.interface import DeviceCapability
 
     from .. import _platform
+    from ..configs import platform_fp8_dtype
 
     if isinstance(platforms._current_platform, _SimulatedMarker):
         return
@@ -74,8 +75,8 @@ def use_simulated_gfx942_platform() -> None:
                            lambda *a, **k: types.SimpleNamespace(gcnArchName="gfx942:sramecc+:xnack-")):
         from vllm.platforms.rocm import RocmPlatform
 
-    real_gfx94 = torch.cuda.is_available() and _platform.device_arch(torch.device("cuda")).startswith("gfx94")
-    fp8 = torch.float8_e4m3fnuz if real_gfx94 else torch.float8_e4m3fn
+    # The machine's own fp8 kind (configs/platform.json), not the simulated gfx942's.
+    fp8 = platform_fp8_dtype(_platform.device_arch(torch.device("cuda" if torch.cuda.is_available() else "cpu")))
 
     class SimulatedGfx942Platform(RocmPlatform, _SimulatedMarker):
         @classmethod

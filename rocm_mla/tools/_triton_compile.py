@@ -136,6 +136,16 @@ def compile_variant(variant: Any, arch: str) -> TritonArtifacts:
     import triton
     from triton.backends.compiler import GPUTarget
 
+    from .._triton_interpreter import install, leaked_patches
+
+    install()
+    leaked = leaked_patches()
+    if leaked:
+        # The compiler would call these interpreter stand-ins with IR values and fail deep inside
+        # code generation; say what happened instead.
+        raise RuntimeError(f"triton.language is still patched by Triton's CPU interpreter ({len(leaked)} "
+                           f"names, e.g. {', '.join(leaked[:3])}): an interpreted kernel ran in this process "
+                           "before rocm_mla's interpreter fix was installed (rocm_mla._triton_interpreter)")
     backend, target_arch, warp = TARGETS[arch]
     fn = as_jit(variant.fn)
     src = triton.compiler.ASTSource(

@@ -1,0 +1,94 @@
+"""Keep Triton's CPU interpreter (``TRITON_INTERPRET=1``) from breaking later compiles in the process.
+
+The interpreter runs a kernel by swapping the builtins of ``triton.language`` (``tl.arange``,
+``tl.core.store``, ``tensor.__add__``, ...) for numpy-backed versions, and swapping them back when
+the kernel returns. In triton 3.6/3.7 that swap-back covers only the launched kernel: a
+``@triton.jit`` function *called from* an interpreted kernel (``tl.cdiv``, ``tl.max``, ``tl.sum``
+of ``triton.language.standard``, or a helper of ours) is entered through
+``InterpretedFunction.__call__``, which patches the modules its globals name and never restores
+them. ``triton.language.standard`` names ``core``, so after the first such call every builtin of
+``triton.language.core`` stays an interpreter lambda for the life of the process. An
+ahead-of-time ``triton.compile`` (``rocm-mla isa-report``) in the same process then feeds IR values
+to those lambdas and fails with ``AttributeError: 'ir.value' object has no attribute 'dtype'``.
+A warm Triton cache hides it (the compile is skipped), which is how CI stayed green for a while.
+
+``install()`` gives the device-function call the same scoped patch the kernel launch has: the
+patches it makes are undone when it returns (innermost first, so an enclosing kernel's own
+patches stay until that kernel ends). It replaces the method only when the installed Triton has
+the leaking form (checked on its source), so a fixed Triton is left alone. ``leaked_patches()``
+lists builtins that are still patched, for a clear error before an AOT compile.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+_MARK = "_rocm_mla_scoped_patch"
+
+
+def _leaky(call) -> bool:
+    """True when ``InterpretedFunction.__call__`` patches the language without restoring it."""
+    try:
+        src = inspect.getsource(call)
+    except (OSError, TypeError):
+        return False
+    return "_patch_lang(self.fn)" in src and "restore" not in src
+
+
+def install() -> bool:
+    """Make interpreted device-function calls restore ``triton.language`` on return.
+
+    Idempotent; returns True when the scoped call is in place (installed now or before), False
+    when this Triton needs no fix or has an interpreter layout this module does not know.
+    """
+    try:
+        from triton.runtime import interpreter as interp
+    except ImportError:
+        return False
+    cls = getattr(interp, "InterpretedFunction", None)
+    call = getattr(cls, "__call__", None)
+    if call is None:
+        return False
+    if getattr(call, _MARK, False):
+        return True
+    needed = ("_patch_lang", "InterpreterError")
+    if not all(hasattr(interp, n) for n in needed) or not hasattr(cls, "rewrite") or not _leaky(call):
+        return False
+
+    def __call__(self, *args, **kwargs):
+        # A device function call, as upstream's, with the patch scope restored on the way out.
+        scope = interp._patch_lang(self.fn)
+        try:
+            fn = self.rewrite()
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:
+                raise interp.InterpreterError(repr(e)) from e
+        finally:
+            restore = getattr(scope, "restore", None)
+            if restore is not None:
+                restore()
+
+    setattr(__call__, _MARK, True)
+    __call__.__doc__ = call.__doc__
+    cls.__call__ = __call__
+    return True
+
+
+def leaked_patches() -> list[str]:
+    """Names in ``triton.language`` (and ``.core``, ``.math``, ``tensor``) that currently hold a
+    function of Triton's interpreter: [] when no interpreted kernel is running and none leaked."""
+    import triton.language as tl
+
+    found = []
+    for owner, label in ((tl, "triton.language"), (tl.core, "triton.language.core"),
+                         (tl.math, "triton.language.math"), (tl.tensor, "triton.language.tensor")):
+        for name, value in vars(owner).items():
+            if isinstance(value, functools.partial):
+                value = value.func
+            # Functions only: the @triton.jit objects of triton.language.standard are
+            # InterpretedFunction instances under TRITON_INTERPRET=1, which is how they are meant to be.
+            if inspect.isfunction(value) and value.__module__ == "triton.runtime.interpreter":
+                found.append(f"{label}.{name}")
+    return sorted(found)

@@ -61,6 +61,49 @@ def load_vllm_peer(peers: str, module: str, name: str):
         return None
 
 
+
+AMD_ONLY_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
+
+
+def load_aiter_peer(peers: str, module: str, config_arch: str = "gfx942"):
+    """aiter's ``aiter.ops.triton.<module>``, importable from the ``peers`` folder that
+    perf/peers/get_aiter_peers.sh makes (aiter's Triton tree only; ``import aiter`` needs ROCm); None
+    (with the reason printed) when it is missing or fails to import.
+
+    aiter picks its JSON configs by asking Triton's active driver for a gfx arch; without an AMD GPU
+    (the H200, or no GPU for the compile report) that answer is not a gfx name, so the loader makes
+    aiter read ``config_arch``'s configs (gfx942 = its MI300X files). Launch configs taken from them
+    carry AMD-only options: drop those with :func:`without_amd_options` before an NVIDIA launch.
+    """
+    import importlib
+    import sys
+
+    if not Path(peers, "aiter", "ops", "triton").is_dir():
+        print(f"aiter peer unavailable: no {peers}/aiter/ops/triton (run perf/peers/get_aiter_peers.sh {peers})")
+        return None
+    if peers not in sys.path:
+        sys.path.insert(0, peers)
+    try:
+        arch_info = importlib.import_module("aiter.ops.triton.utils._triton.arch_info")
+        if not torch.cuda.is_available() or torch.version.hip is None:
+            arch_info.get_arch = lambda: config_arch
+        return importlib.import_module(f"aiter.ops.triton.{module}")
+    except Exception as exc:
+        print(f"aiter peer unavailable: {type(exc).__name__}: {exc}")
+        return None
+
+
+def aiter_peer_version(peers: str) -> str:
+    """The amd-aiter wheel version the peer folder was unpacked from ("" when unknown)."""
+    f = Path(peers, "AITER_VERSION")
+    return f.read_text().strip() if f.is_file() else ""
+
+
+def without_amd_options(cfg: dict) -> dict:
+    """``cfg`` without the launch options only AMD's Triton backend knows (an NVIDIA launch
+    rejects unknown keyword options)."""
+    return {k: v for k, v in cfg.items() if k not in AMD_ONLY_OPTIONS}
+
 # Device kernels that only move or fill data, by kind, as torch.profiler names them; the first
 # pattern that matches decides. "(?<!pre)fill": mla_prefill_kernel is attention, not a fill.
 # "\bcat_": concat_and_cache_* kernels write the cache, they are not a cat.

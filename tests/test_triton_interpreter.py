@@ -68,7 +68,9 @@ _SCRIPT = textwrap.dedent("""
 
 
 def _run(install: bool, tmp_path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton_cache"), TRITON_INTERPRET="1")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's rocm_mla
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton_cache"), TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     script = tmp_path / "interp_then_aot.py"  # @triton.jit needs its source in a file
     script.write_text(_SCRIPT.format(install=install))
     return subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)

@@ -3,16 +3,21 @@
 torch reference at small shapes, and FlashInfer's MLA decode when importable: time per call,
 GB/s, TFLOP/s and % of the copy / matmul ceilings measured in the same run.
 
-    python perf/bench_decode.py [--out results] [--peers .peers] [--quick] [--tune] [--dtypes bf16,fp8]
+    python perf/bench_decode.py [--out results] [--peers .peers] [--preset flashmla|quick|serving] [--tune]
+                                [--dtypes bf16,fp8] [--shapes 'LABEL;...'] [--cand-json JSON|@file]
 
-Shapes (FlashMLA's benchmark): B in {1, 32, 128}, seq in {1024, 4096, 16384} (every request that
-long), N in {16, 128}, block size 64, q bf16, cache bf16 or fp8 (e4m3fn on NVIDIA, e4m3fnuz on
-gfx942) with a per-tensor k_scale. --quick: B in {1, 128}, seq 4096 (the three H200 targets).
+Shapes: --preset flashmla (default; FlashMLA's benchmark): B in {1, 32, 128}, seq in {1024, 4096,
+16384} (every request that long), N in {16, 128}; --preset quick: B in {1, 128}, seq 4096;
+--preset serving: what DeepSeek-V3 decode runs on a rank (SERVING below: TP8 16 heads, DP 128
+heads, MTP q_len 2 and 4, fp8 cache, B=1). Block size 64, q bf16, cache bf16 or fp8 (e4m3fn on
+NVIDIA, e4m3fnuz on gfx942) with a per-tensor k_scale. MTP rows: request b owns rows
+b*q_len .. b*q_len+q_len-1, causal among themselves (row t sees seq - q_len + 1 + t keys).
 
 Counted per call (the same for every provider):
-  bytes  = B x seq x 576 x cache elem (each request's KV read once) + B x N x 576 x 2 (q read)
-           + B x N x 512 x 2 (out written)
-  FLOPs  = B x 2 x N x seq x (576 + 512)          (q.k over 576 columns, p.v over 512)
+  bytes  = B x seq x 576 x cache elem (each request's KV read once) + rows x N x 576 x 2 (q read)
+           + rows x N x 512 x 2 (out written)                       (rows = B x q_len)
+  FLOPs  = B x 2 x N x keys x (576 + 512)   (q.k over 576 columns, p.v over 512; keys = the keys
+                                            one request's rows see, summed: q_len x seq at q_len 1)
 
 Providers, each captured in a CUDA graph (one call per graph) and timed as back-to-back replays:
   rocm_mla-triton    mla_decode(ql_nope, q_pe, ...) with ql_nope the [N, B, 512] bmm output seen as
@@ -25,8 +30,13 @@ Providers, each captured in a CUDA graph (one call per graph) and timed as back-
                      (next_pow2(max_seq_len // 512), capped at 2 x SMs), k_scale/v_scale = the layer's
                      scale tensor. Importable via `../shared/peers/get_vllm_peers.sh .peers`.
   flashinfer-fa3     BatchMLAPagedAttentionWrapper(backend="fa3") planned outside the timing, q
-                     pre-concatenated (kernel only), fp8 with ckv_scale = kpe_scale = k_scale;
+                     pre-concatenated (kernel only), fp8 with ckv_scale = kpe_scale = k_scale, MTP
+                     rows causal (qo_indptr steps by q_len);
                      skipped with a note when not importable or when it refuses the shape. See ../shared/peers/get_flashinfer_peer.sh.
+  aiter-triton       aiter's decode_attention_fwd_grouped_rope (amd-aiter wheel's Triton files, made
+                     importable by perf/peers/get_aiter_peers.sh PEERS/aiter), rope off, its MI300X
+                     config (AMD-only options dropped on NVIDIA), q pre-concatenated and token indices
+                     built outside the timing; bf16 cache, q_len 1 (what it supports).
   torch-reference    rocm_mla.reference.mla_decode_ref, eager (it syncs), B x seq <= 32 x 4096 only.
 
 Cold caches: each provider's graphs rotate over R copies of the KV cache and block table (fresh
@@ -60,7 +70,8 @@ import triton  # noqa: E402
 from rocm_mla.ops.decode import decode_plan, fp8_dtype_for, mla_decode, tuning_candidates  # noqa: E402
 from rocm_mla.reference import mla_decode_ref  # noqa: E402
 from rocm_mla.tools.benchutil import (gpu_for, Record, bar_plot, copy_bandwidth_gbs, device_name,  # noqa: E402
-                                      load_vllm_peer, matmul_tflops, print_table, time_ms, write_csv)
+                                      load_vllm_peer, load_aiter_peer, aiter_peer_version, matmul_tflops,
+                                      print_table, time_ms, write_csv)
 
 L, R_DIM, D = 512, 64, 576
 BLOCK = 64
@@ -69,12 +80,18 @@ SCALE = 1.0 / math.sqrt(192)
 
 # --------------------------------------------------------------------------- inputs
 
+def shape_label(kind: str, B: int, seq: int, N: int, q_len: int) -> str:
+    return f"{kind} B={B} seq={seq} N={N}" + (f" q{q_len}" if q_len > 1 else "")
+
+
 class Setup:
-    """One shape: q as vLLM produces it, out/lse buffers, R (cache, block table) copies."""
+    """One shape: q as vLLM produces it (rows = B x q_len), out/lse buffers, R (cache, block table)
+    copies. Every request holds ``seq`` keys, its last q_len being the new tokens (MTP rows)."""
 
     def __init__(self, B: int, seq: int, N: int, kv_kind: str, dev: torch.device, l2_bytes: int,
-                 block: int = BLOCK):
-        self.B, self.seq, self.N, self.kv_kind, self.block = B, seq, N, kv_kind, block
+                 block: int = BLOCK, q_len: int = 1):
+        self.B, self.seq, self.N, self.kv_kind, self.block, self.q_len = B, seq, N, kv_kind, block, q_len
+        self.rows = B * q_len
         self.fp8 = kv_kind == "fp8"
         blocks = math.ceil(seq / block)
         elem = 1 if self.fp8 else 2
@@ -91,23 +108,27 @@ class Setup:
             self.caches.append(kv)
             self.tables.append(torch.randperm(npages, device=dev, dtype=torch.int32).view(B, blocks))
         self.seq_lens = torch.full((B,), seq, dtype=torch.int32, device=dev)
-        # ql_nope = bmm(q_nope^T [N, B, 128], W_UK_T [N, 128, 512]) -> [N, B, 512], read as [B, N, 512].
-        self.ql_nope = torch.randn(N, B, L, device=dev, dtype=torch.bfloat16).transpose(0, 1)
-        self.q = torch.randn(B, N, 192, device=dev, dtype=torch.bfloat16)
+        # ql_nope = bmm(q_nope^T [N, rows, 128], W_UK_T [N, 128, 512]) -> [N, rows, 512], read as [rows, N, 512].
+        self.ql_nope = torch.randn(N, self.rows, L, device=dev, dtype=torch.bfloat16).transpose(0, 1)
+        self.q = torch.randn(self.rows, N, 192, device=dev, dtype=torch.bfloat16)
         self.q_pe = self.q[..., 128:]
-        self.out = torch.empty(B, N, L, device=dev, dtype=torch.bfloat16)
-        self.lse = torch.empty(B, N, device=dev, dtype=torch.float32)
+        self.out = torch.empty(self.rows, N, L, device=dev, dtype=torch.bfloat16)
+        self.lse = torch.empty(self.rows, N, device=dev, dtype=torch.float32)
 
     @property
     def label(self) -> str:
-        return f"{self.kv_kind} B={self.B} seq={self.seq} N={self.N}"
+        return shape_label(self.kv_kind, self.B, self.seq, self.N, self.q_len)
 
     def nbytes(self) -> float:
         elem = 1 if self.fp8 else 2
-        return self.B * self.seq * D * elem + self.B * self.N * D * 2 + self.B * self.N * L * 2
+        return self.B * self.seq * D * elem + self.rows * self.N * D * 2 + self.rows * self.N * L * 2
+
+    def keys_seen(self) -> int:
+        """Keys summed over one request's rows (row t of q_len sees seq - q_len + 1 + t: causal MTP)."""
+        return sum(self.seq - self.q_len + 1 + t for t in range(self.q_len))
 
     def flops(self) -> float:
-        return self.B * 2.0 * self.N * self.seq * (D + L)
+        return self.B * 2.0 * self.N * self.keys_seen() * (D + L)
 
 
 # --------------------------------------------------------------------------- providers
@@ -127,6 +148,9 @@ def vllm_num_kv_splits(max_seq_len: int, sm_count: int) -> int:
 
 
 def vllm(s: Setup, decode_attention_fwd, sm_count: int):
+    """None, reason when TRITON_MLA cannot run the shape (it takes one query row per request)."""
+    if s.q_len > 1:
+        return None, "q_len > 1 (TRITON_MLA decodes one row per request)"
     S = vllm_num_kv_splits(s.seq, sm_count)
     attn_logits = torch.empty(s.B, s.N, S, L + 1, dtype=torch.float32, device=s.q.device)
     scale = s.k_scale if s.fp8 else torch.ones(1, device=s.q.device)  # layer._k_scale is a tensor
@@ -142,9 +166,45 @@ def vllm(s: Setup, decode_attention_fwd, sm_count: int):
     return call, S
 
 
+def aiter(s: Setup, mod, sm_count: int):
+    """aiter's Triton MLA decode (``decode_attention_fwd_grouped_rope``, rope off), as vLLM's ROCm
+    Triton MLA path calls it: q pre-concatenated (not timed), the paged cache seen as token rows
+    through ``kv_indices`` (page x block + offset, built outside the timing), the MI300X JSON
+    config without its AMD-only options on NVIDIA, vLLM's split rule. (None, reason) when it
+    cannot run the shape."""
+    if mod is None:
+        return None, "not loaded"
+    if s.fp8 or s.q_len > 1:
+        return None, "bf16 cache and q_len 1 only"
+    from rocm_mla.tools.benchutil import without_amd_options
+
+    dev = s.q.device
+    S = vllm_num_kv_splits(s.seq, sm_count)
+    q_full = torch.cat((s.ql_nope, s.q_pe), dim=-1).contiguous()
+    o = torch.empty(s.B, s.N, L, dtype=torch.bfloat16, device=dev)
+    logits = torch.empty(s.B, s.N, S, L + 1, dtype=torch.float32, device=dev)
+    indptr = torch.arange(s.B + 1, dtype=torch.int32, device=dev) * s.seq
+    offs = torch.arange(s.seq, device=dev)
+    indices = [(t[:, offs // s.block].long() * s.block + offs % s.block).reshape(-1).to(torch.int32)
+               for t in s.tables]
+    from aiter.ops.triton._triton_kernels.mla_decode_rope import _get_config
+
+    cfg = _get_config()
+    if torch.version.hip is None:
+        cfg = {k: without_amd_options(v) for k, v in cfg.items()}
+
+    def call(i: int):
+        k_buf = s.caches[i].view(-1, 1, D)
+        mod.decode_attention_fwd_grouped_rope(q_full, k_buf, k_buf[..., :L], o, indptr, indices[i], None, L,
+                                              R_DIM, None, None, logits, S, SCALE,
+                                              config={k: dict(v) for k, v in cfg.items()})
+        return o
+    return call, ""
+
+
 def flashinfer(s: Setup):
     """FlashInfer's fa3 MLA decode, planned here (host work, untimed); None plus a reason when it
-    cannot run."""
+    cannot run. MTP rows: qo_indptr steps by q_len, causal (bottom-right, as ours)."""
     try:
         import flashinfer as fi
         from flashinfer.mla import MLAPlanMetadata
@@ -159,15 +219,15 @@ def flashinfer(s: Setup):
         for i in range(s.R):
             w = fi.mla.BatchMLAPagedAttentionWrapper(ws if i == 0 else torch.empty_like(ws), backend="fa3")
             md = MLAPlanMetadata.csr(
-                qo_indptr=torch.arange(s.B + 1, dtype=torch.int32, device=dev),
+                qo_indptr=torch.arange(s.B + 1, dtype=torch.int32, device=dev) * s.q_len,
                 kv_indptr=torch.arange(s.B + 1, dtype=torch.int32, device=dev) * blocks,
                 kv_indices=s.tables[i].reshape(-1), kv_len_arr=s.seq_lens)
-            w.plan(metadata=md, num_heads=s.N, head_dim_ckv=L, head_dim_kpe=R_DIM, page_size=BLOCK, causal=False,
-                   sm_scale=SCALE, q_data_type=torch.bfloat16, kv_data_type=s.caches[i].dtype)
+            w.plan(metadata=md, num_heads=s.N, head_dim_ckv=L, head_dim_kpe=R_DIM, page_size=s.block,
+                   causal=s.q_len > 1, sm_scale=SCALE, q_data_type=torch.bfloat16, kv_data_type=s.caches[i].dtype)
             wrappers.append(w)
             if s.R > 8 and i >= 7:  # planning is slow and workspaces are big: reuse beyond 8
                 break
-        out = torch.empty(s.B, s.N, L, dtype=torch.bfloat16, device=dev)
+        out = torch.empty(s.rows, s.N, L, dtype=torch.bfloat16, device=dev)
         # fp8: the per-tensor dequantisation scale of both cache parts (our k_scale).
         scales = {"ckv_scale": float(s.k_scale), "kpe_scale": float(s.k_scale)} if s.fp8 else {}
 
@@ -222,11 +282,13 @@ def graph_time_us(call, R: int, min_ms: float = 30.0, reps: int = 5) -> float:
     return statistics.median(samples)
 
 
-def check(name: str, got: torch.Tensor, s: Setup, ref_rows: int) -> str:
-    """Max abs error on the first ref_rows requests against the float32 reference ('' if fine)."""
-    ro, _ = mla_decode_ref(s.ql_nope[:ref_rows], s.q_pe[:ref_rows], s.caches[0], s.tables[0][:ref_rows],
-                           s.seq_lens[:ref_rows], SCALE, s.k_scale)
-    err = (got[:ref_rows].float() - ro).abs().max().item()
+def check(name: str, got: torch.Tensor, s: Setup, ref_reqs: int) -> str:
+    """Max abs error on the first ref_reqs requests (their q_len rows each) against the float32
+    reference ('' if fine)."""
+    r = ref_reqs * s.q_len
+    ro, _ = mla_decode_ref(s.ql_nope[:r], s.q_pe[:r], s.caches[0], s.tables[0][:ref_reqs],
+                           s.seq_lens[:ref_reqs], SCALE, s.k_scale)
+    err = (got[:r].float() - ro).abs().max().item()
     if not err <= 3e-2:
         return f"  {name} {s.label}: WRONG (max err {err:.3g})"
     return ""
@@ -234,21 +296,209 @@ def check(name: str, got: torch.Tensor, s: Setup, ref_rows: int) -> str:
 
 # --------------------------------------------------------------------------- main
 
+# (kv kind, B, seq, N, q_len). "serving": what DeepSeek-V3 decode runs (TP8 16 heads, DP 128 heads,
+# MTP rows, fp8 cache), issue 12's table; "flashmla": FlashMLA's benchmark matrix; "quick": its
+# B in {1, 128} at seq 4096.
+SERVING = [("bf16", 128, 4096, 16, 1), ("bf16", 128, 4096, 128, 1), ("bf16", 32, 16384, 128, 1),
+           ("bf16", 128, 4096, 16, 2), ("bf16", 64, 4096, 16, 4), ("bf16", 64, 4096, 128, 2),
+           ("fp8", 128, 4096, 16, 1), ("fp8", 128, 4096, 128, 1), ("bf16", 1, 4096, 16, 1)]
+
+
+def shape_list(preset: str, kinds: list[str]) -> list[tuple[str, int, int, int, int]]:
+    if preset == "serving":
+        return [sh for sh in SERVING if sh[0] in kinds]
+    Bs, seqs = ((1, 128), (4096,)) if preset == "quick" else ((1, 32, 128), (1024, 4096, 16384))
+    return [(k, B, seq, N, 1) for k in kinds for N in (16, 128) for B in Bs for seq in seqs]
+
+
+PROVIDERS = ["rocm_mla-triton", "flashinfer-fa3", "vllm-0.33-triton", "aiter-triton", "torch-reference"]
+
+
+class Run:
+    """What one benchmark run accumulates: table rows, CSV records, plot series, notes."""
+
+    def __init__(self, name: str, copy: float, mm: float):
+        self.name, self.copy, self.mm = name, copy, mm
+        self.records: list[Record] = [Record("copy", "torch", "2 GiB", "GB/s", copy, name, torch.__version__),
+                                      Record("matmul", "torch", "8192^3 bf16", "TFLOP/s", mm, name,
+                                             torch.__version__)]
+        self.rows: list[list[str]] = []
+        self.groups: list[str] = []
+        self.gbs = {p: [] for p in PROVIDERS}
+        self.tfs = {p: [] for p in PROVIDERS}
+        self.notes: list[str] = []
+        self.skipped: set[tuple[str, str]] = set()
+        self.tune_rows: list[tuple] = []
+        self.tune_records: list[Record] = []
+        self.winners: list[tuple] = []
+
+    def skip(self, provider: str, s: Setup, why: str) -> None:
+        if (provider, why) not in self.skipped:
+            self.skipped.add((provider, why))
+            self.notes.append(f"  {provider} skipped ({s.label} and alike): {why}")
+
+    def add(self, provider: str, s: Setup, us: float | None) -> str:
+        if us is None:
+            self.gbs[provider].append(0.0)
+            self.tfs[provider].append(0.0)
+            return "-"
+        gbs, tfs = s.nbytes() / us / 1e3, s.flops() / us / 1e6
+        self.gbs[provider].append(gbs)
+        self.tfs[provider].append(tfs)
+        for metric, val in (("time_us", us), ("GB/s", gbs), ("pct_copy", 100 * gbs / self.copy),
+                            ("TFLOP/s", tfs), ("pct_matmul", 100 * tfs / self.mm)):
+            self.records.append(Record("mla_decode", provider, s.label, metric, val, self.name, __version__))
+        return f"{us:.1f}us {gbs:.0f}GB/s ({100 * gbs / self.copy:.0f}%) {tfs:.0f}TF ({100 * tfs / self.mm:.0f}%)"
+
+
+def plan_for(s: Setup, dev, launch_config=None, num_kv_splits=None) -> dict:
+    return decode_plan(batch=s.B, num_heads=s.N, q_len=s.q_len, max_blocks=s.tables[0].shape[1], block_size=s.block,
+                       q_dtype=torch.bfloat16, kv_fp8=s.fp8, kv_elem_bytes=1 if s.fp8 else 2, device=dev,
+                       max_seq_len=s.seq, num_kv_splits=num_kv_splits, launch_config=launch_config)
+
+
+def time_checked(run: Run, provider: str, fn, s: Setup, ref_reqs: int) -> float | None:
+    """Check the output against float32 first, then time; None (noted) on error."""
+    try:
+        got = fn(0)
+        torch.cuda.synchronize()
+        bad = check(provider, got, s, ref_reqs)
+        if bad:
+            run.notes.append(bad)
+        return graph_time_us(fn, s.R)
+    except Exception as exc:  # report, keep benchmarking the rest
+        run.notes.append(f"  {provider} {s.label}: {type(exc).__name__}: {str(exc)[:200]}")
+        return None
+
+
+def bench_shape(run: Run, s: Setup, dev, peers: dict, sms: int) -> None:
+    plan = plan_for(s, dev)
+    cfg = plan["config"]
+    row = [s.label, f"S={plan['num_kv_splits']} H{cfg['BLOCK_H']}x{plan['row_blocks']} N{cfg['BLOCK_N']} "
+                    f"w{cfg['num_warps']} s{cfg['num_stages']}"]
+    fns = {"rocm_mla-triton": (ours(s), "")}
+    if "vllm" in peers:
+        fns["vllm-0.33-triton"] = vllm(s, peers["vllm"], sms)
+    if "flashinfer" in peers:
+        fns["flashinfer-fa3"] = flashinfer(s)
+    if "aiter" in peers:
+        fns["aiter-triton"] = aiter(s, peers["aiter"], sms)
+    times: dict[str, float] = {}
+    for p in PROVIDERS:
+        us = None
+        if p == "torch-reference":
+            if s.B * s.seq <= 32 * 4096:
+                us = 1e3 * time_ms(lambda: mla_decode_ref(s.ql_nope, s.q_pe, s.caches[0], s.tables[0], s.seq_lens,
+                                                          SCALE, s.k_scale), rep_ms=200)
+        elif p in fns:
+            fn, why = fns[p]
+            if fn is None:
+                run.skip(p, s, why)
+            else:
+                us = time_checked(run, p, fn, s, min(s.B, 2))
+        if us is not None:
+            times[p] = us
+        row.append(run.add(p, s, us))
+    ours_us = times.get("rocm_mla-triton")
+    for peer in ("flashinfer-fa3", "vllm-0.33-triton", "aiter-triton"):
+        if ours_us and peer in times:
+            run.records.append(Record("mla_decode", "rocm_mla-triton", s.label, f"speed_vs_{peer}",
+                                      times[peer] / ours_us, run.name, __version__))
+    row.append(f"{times['flashinfer-fa3'] / ours_us:.2f}x" if ours_us and "flashinfer-fa3" in times else "-")
+    row.append(f"{times['vllm-0.33-triton'] / ours_us:.2f}x" if ours_us and "vllm-0.33-triton" in times else "-")
+    run.records.append(Record("mla_decode", "rocm_mla-triton", s.label, "num_kv_splits", plan["num_kv_splits"],
+                              run.name, __version__))
+    run.groups.append(s.label)
+    run.rows.append(row)
+    print(" | ".join(row), flush=True)
+
+
+def tune_shape(run: Run, s: Setup, dev, cands: list, cand_ids: list[int], splits: list) -> None:
+    best = None
+    for ci in cand_ids:
+        cand = cands[ci]
+        for S in splits:
+            p = plan_for(s, dev, cand, S)
+            label = f"c{ci}:H{cand['BLOCK_H']} N{cand['BLOCK_N']} d{cand.get('D_SPLIT', 1)} " \
+                    f"w{cand['num_warps']} s{cand['num_stages']}"
+            col = f"{label} S={'a' if S is None else S}"
+            try:
+                fn = ours(s, cand, S)
+                bad = check(label, fn(0), s, min(s.B, 2))
+                us = float("nan") if bad else graph_time_us(fn, s.R, min_ms=15, reps=3)
+                if bad:
+                    run.notes.append(bad)
+            except Exception as exc:
+                run.notes.append(f"  tune {col} {s.label}: {type(exc).__name__}: {str(exc)[:160]}")
+                us = float("nan")
+            print(f"  tune {s.label} | {col} [S={p['num_kv_splits']}] | {us:.1f} us", flush=True)
+            run.tune_rows.append((s.label, ci, S, p["num_kv_splits"], us))
+            run.tune_records.append(Record("mla_decode_tune", col, s.label, "time_us", us, run.name, __version__))
+            if us == us and (best is None or us < best[3]):
+                best = (s.label, ci, p["num_kv_splits"], us)
+    if best is not None:
+        run.winners.append(best)
+
+
+def report(run: Run, out_dir: Path, cands: list) -> None:
+    print(f"\nmla_decode (q bf16, block {BLOCK}, CUDA-graph replay, cold L2): per call time, GB/s (% of the "
+          f"{run.copy:.0f} GB/s copy ceiling), TFLOP/s (% of {run.mm:.0f} bf16 matmul)")
+    print_table(["shape", "rocm_mla plan", *PROVIDERS, "FI/ours", "vLLM/ours"], run.rows)
+    for n in run.notes:
+        print(n)
+    write_csv(out_dir / "decode.csv", run.records)
+    bar_plot(out_dir / "decode_gbs.png", f"mla_decode GB/s on {run.name}", run.groups, run.gbs, "GB/s",
+             hline=run.copy, hline_label="copy ceiling")
+    bar_plot(out_dir / "decode_tflops.png", f"mla_decode TFLOP/s on {run.name}", run.groups, run.tfs, "TFLOP/s",
+             hline=run.mm, hline_label="bf16 matmul")
+    print(f"wrote {out_dir / 'decode.csv'}, decode_gbs.png, decode_tflops.png")
+    if not run.tune_rows:
+        return
+    print("\n--tune: per-call us of each stage-1 candidate (rows) x forced split count S (a = the "
+          "heuristic; [n] = the S it picked); best per shape marked *")
+    for sh in dict.fromkeys(r[0] for r in run.tune_rows):
+        rows_sh = [r for r in run.tune_rows if r[0] == sh]
+        svals = list(dict.fromkeys(r[2] for r in rows_sh))
+        bst = min((r[4] for r in rows_sh if r[4] == r[4]), default=float("nan"))
+        table = []
+        for ci in dict.fromkeys(r[1] for r in rows_sh):
+            c = cands[ci]
+            line = [f"c{ci} H{c['BLOCK_H']} N{c['BLOCK_N']} w{c['num_warps']} s{c['num_stages']}"]
+            for S in svals:
+                r = next(r for r in rows_sh if r[1] == ci and r[2] == S)
+                txt = "x" if r[4] != r[4] else f"{r[4]:.1f}{'*' if r[4] == bst else ''}"
+                line.append(txt + (f" [{r[3]}]" if S is None else ""))
+            table.append(line)
+        print(f"\n{sh}")
+        print_table(["cand", *(f"S={'a' if S is None else S}" for S in svals)], table)
+    print("\nwinners (shape: candidate, S, us) and the config object to move into the stage1 tiers:")
+    for sh, ci, S, us in run.winners:
+        print(f"  {sh}: c{ci} S={S} {us:.1f}us  {json.dumps(cands[ci], separators=(',', ':'))}")
+    write_csv(out_dir / "tune.csv", run.tune_records)
+    print(f"wrote {out_dir / 'tune.csv'}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results", help="folder for decode.csv, decode_*.png (and tune.csv)")
-    ap.add_argument("--peers", default=".peers", help="folder made by get_vllm_peers.sh")
-    ap.add_argument("--quick", action="store_true", help="B in {1, 128}, seq 4096 only")
+    ap.add_argument("--peers", default=".peers", help="folder made by get_vllm_peers.sh (aiter under PEERS/aiter)")
+    ap.add_argument("--preset", default="flashmla", choices=["flashmla", "quick", "serving"],
+                    help="shape set (see SERVING / shape_list)")
+    ap.add_argument("--quick", action="store_true", help="= --preset quick")
     ap.add_argument("--tune", action="store_true", help="time every stage-1 candidate config too")
+    ap.add_argument("--cand-json", default="", help="--tune: extra candidates, a JSON list of stage-1 configs "
+                    "(or @file)")
     ap.add_argument("--dtypes", default="bf16,fp8", help="cache dtypes, comma-separated: bf16, fp8")
     ap.add_argument("--no-flashinfer", action="store_true", help="skip the FlashInfer peer")
     ap.add_argument("--no-vllm", action="store_true", help="skip the vLLM peer")
+    ap.add_argument("--no-aiter", action="store_true", help="skip the aiter peer")
     ap.add_argument("--splits", default="", help="--tune: also force these split counts for B > 1 "
-                    "(comma-separated; 'auto' = choose_num_splits), e.g. auto,1,2,4")
+                    "(comma-separated; 'auto' = the heuristic)")
     ap.add_argument("--b1-splits", default="", help="--tune: split counts for B = 1 (default: --splits)")
     ap.add_argument("--shapes", default="", help="only shapes whose label contains one of these "
-                    "';'-separated substrings, e.g. 'bf16 B=128;fp8 B=128 seq=4096 N=16'")
+                    "(';'-separated, e.g. 'bf16 B=128 seq=4096 N=16;q2')")
     ap.add_argument("--cands", default="", help="--tune: only these candidate indices (comma-separated)")
+    ap.add_argument("--no-bench", action="store_true", help="--tune only: skip the provider comparison")
     args = ap.parse_args()
     dev = gpu_for("bench_decode")
     if dev is None:
@@ -257,183 +507,45 @@ def main() -> int:
     props = torch.cuda.get_device_properties(dev)
     sms = props.multi_processor_count
     l2 = int(getattr(props, "L2_cache_size", 50 << 20) or (50 << 20))
-    copy = copy_bandwidth_gbs(dev)
-    mm = matmul_tflops(dev)
+    copy, mm = copy_bandwidth_gbs(dev), matmul_tflops(dev)
     print(f"device: {name} ({sms} SMs/CUs, L2 {l2 >> 20} MiB); copy ceiling {copy:.0f} GB/s (read+write); "
-          f"bf16 matmul {mm:.0f} TFLOP/s; torch {torch.__version__}")
-    vllm_fwd = None if args.no_vllm else load_vllm_peer(args.peers, "triton_decode_attention", "decode_attention_fwd")
+          f"bf16 matmul {mm:.0f} TFLOP/s; torch {torch.__version__} triton {triton.__version__}")
+    peers: dict = {}
+    if not args.no_vllm:
+        fwd = load_vllm_peer(args.peers, "triton_decode_attention", "decode_attention_fwd")
+        if fwd is not None:
+            peers["vllm"] = fwd
+    if not args.no_flashinfer:
+        peers["flashinfer"] = True
+    if not args.no_aiter:
+        mod = load_aiter_peer(str(Path(args.peers) / "aiter"), "mla_decode_rope")
+        if mod is not None:
+            peers["aiter"] = mod
+            print(f"aiter peer: amd-aiter {aiter_peer_version(str(Path(args.peers) / 'aiter'))}")
 
     def split_list(text: str) -> list:
         return [None if t.strip() == "auto" else int(t) for t in text.split(",") if t.strip()] or [None]
 
     splits_b, splits_1 = split_list(args.splits), split_list(args.b1_splits or args.splits)
     shape_filter = [f.strip() for f in args.shapes.split(";") if f.strip()]
-
-    Bs, seqs = ((1, 128), (4096,)) if args.quick else ((1, 32, 128), (1024, 4096, 16384))
     kinds = [k.strip() for k in args.dtypes.split(",") if k.strip()]
-    records: list[Record] = [Record("copy", "torch", "2 GiB", "GB/s", copy, name, torch.__version__),
-                             Record("matmul", "torch", "8192^3 bf16", "TFLOP/s", mm, name, torch.__version__)]
-    rows, groups = [], []
-    providers = ["rocm_mla-triton", "vllm-0.33-triton", "flashinfer-fa3", "torch-reference"]
-    gbs_series: dict[str, list[float]] = {p: [] for p in providers}
-    tf_series: dict[str, list[float]] = {p: [] for p in providers}
-    tune_rows, tune_records = [], []
-    cands = tuning_candidates(_platform.device_arch(dev)) if args.tune else []
+    cands = list(tuning_candidates(_platform.device_arch(dev))) if args.tune else []
+    if args.tune and args.cand_json:
+        text = Path(args.cand_json[1:]).read_text() if args.cand_json.startswith("@") else args.cand_json
+        cands += json.loads(text)
     cand_ids = [int(c) for c in args.cands.split(",") if c.strip()] or list(range(len(cands)))
-    winners: list[tuple[str, int, object, float]] = []
-    notes: list[str] = []
-    fi_skipped: set[tuple[str, str]] = set()
-
-    for kind in kinds:
-        for N in (16, 128):
-            for B in Bs:
-                for seq in seqs:
-                    lab = f"{kind} B={B} seq={seq} N={N}"
-                    if shape_filter and not any(f in lab for f in shape_filter):
-                        continue
-                    s = Setup(B, seq, N, kind, dev, l2)
-                    plan = decode_plan(batch=B, num_heads=N, q_len=1, max_blocks=s.tables[0].shape[1],
-                                       block_size=BLOCK, q_dtype=torch.bfloat16, kv_fp8=s.fp8,
-                                       kv_elem_bytes=1 if s.fp8 else 2, device=dev, max_seq_len=seq)
-                    cfg = plan["config"]
-                    ours_note = (f"S={plan['num_kv_splits']} H{cfg['BLOCK_H']}x{plan['row_blocks']} "
-                                 f"N{cfg['BLOCK_N']} w{cfg['num_warps']} s{cfg['num_stages']}")
-                    groups.append(s.label)
-                    ref_rows = min(B, 2)
-                    fns: dict[str, object] = {"rocm_mla-triton": ours(s)}
-                    vllm_S = None
-                    if vllm_fwd is not None:
-                        fns["vllm-0.33-triton"], vllm_S = vllm(s, vllm_fwd, sms)
-                    if not args.no_flashinfer:
-                        fi_call, why = flashinfer(s)
-                        if fi_call is not None:
-                            fns["flashinfer-fa3"] = fi_call
-                        elif (kind, why) not in fi_skipped:
-                            fi_skipped.add((kind, why))
-                            notes.append(f"  flashinfer-fa3 skipped ({kind}): {why}")
-                    row = [s.label, ours_note]
-                    times: dict[str, float] = {}
-                    for p in providers:
-                        fn = fns.get(p)
-                        if p == "torch-reference":
-                            if B * seq > 32 * 4096:
-                                row.append("-")
-                                gbs_series[p].append(0.0)
-                                tf_series[p].append(0.0)
-                                continue
-                            ms = time_ms(lambda s=s: mla_decode_ref(s.ql_nope, s.q_pe, s.caches[0], s.tables[0],
-                                                                s.seq_lens, SCALE, s.k_scale), rep_ms=200)
-                            us = ms * 1e3
-                        elif fn is None:
-                            row.append("-")
-                            gbs_series[p].append(0.0)
-                            tf_series[p].append(0.0)
-                            continue
-                        else:
-                            try:
-                                got = fn(0)
-                                torch.cuda.synchronize()
-                                bad = check(p, got, s, ref_rows)
-                                if bad:
-                                    notes.append(bad)
-                                us = graph_time_us(fn, s.R)
-                            except Exception as exc:  # report, keep benchmarking the rest
-                                notes.append(f"  {p} {s.label}: {type(exc).__name__}: {str(exc)[:200]}")
-                                row.append("err")
-                                gbs_series[p].append(0.0)
-                                tf_series[p].append(0.0)
-                                continue
-                        times[p] = us
-                        gbs = s.nbytes() / us / 1e3
-                        tfs = s.flops() / us / 1e6
-                        gbs_series[p].append(gbs)
-                        tf_series[p].append(tfs)
-                        row.append(f"{us:.1f}us {gbs:.0f}GB/s ({100 * gbs / copy:.0f}%) {tfs:.0f}TF "
-                                   f"({100 * tfs / mm:.0f}%)")
-                        for metric, val in (("time_us", us), ("GB/s", gbs), ("pct_copy", 100 * gbs / copy),
-                                            ("TFLOP/s", tfs), ("pct_matmul", 100 * tfs / mm)):
-                            records.append(Record("mla_decode", p, s.label, metric, val, name, __version__))
-                    records.append(Record("mla_decode", "rocm_mla-triton", s.label, "num_kv_splits",
-                                          plan["num_kv_splits"], name, __version__))
-                    if vllm_S is not None:
-                        records.append(Record("mla_decode", "vllm-0.33-triton", s.label, "num_kv_splits", vllm_S,
-                                              name, __version__))
-                    if "rocm_mla-triton" in times and "vllm-0.33-triton" in times:
-                        row.append(f"{times['vllm-0.33-triton'] / times['rocm_mla-triton']:.2f}x")
-                        records.append(Record("mla_decode", "rocm_mla-triton", s.label, "speedup_vs_vllm",
-                                              times["vllm-0.33-triton"] / times["rocm_mla-triton"], name,
-                                              __version__))
-                    else:
-                        row.append("-")
-                    rows.append(row)
-                    print(" | ".join(row), flush=True)
-
-                    best = None
-                    for ci in cand_ids:
-                        cand = cands[ci]
-                        for S in (splits_1 if B == 1 else splits_b):
-                            p = decode_plan(batch=B, num_heads=N, q_len=1, max_blocks=s.tables[0].shape[1],
-                                            block_size=BLOCK, q_dtype=torch.bfloat16, kv_fp8=s.fp8,
-                                            kv_elem_bytes=1 if s.fp8 else 2, device=dev, max_seq_len=seq,
-                                            num_kv_splits=S, launch_config=cand)
-                            label = (f"c{ci}:H{cand['BLOCK_H']} N{cand['BLOCK_N']} d{cand.get('D_SPLIT', 1)} "
-                                     f"w{cand['num_warps']} s{cand['num_stages']}")
-                            col = f"{label} S={'a' if S is None else S}"
-                            try:
-                                fn = ours(s, cand, S)
-                                bad = check(label, fn(0), s, ref_rows)
-                                us = float("nan") if bad else graph_time_us(fn, s.R, min_ms=15, reps=3)
-                                if bad:
-                                    notes.append(bad)
-                            except Exception as exc:
-                                notes.append(f"  tune {col} {s.label}: {type(exc).__name__}: {str(exc)[:160]}")
-                                us = float("nan")
-                            tune_rows.append((s.label, ci, S, p["num_kv_splits"], us))
-                            tune_records.append(Record("mla_decode_tune", col, s.label, "time_us", us, name,
-                                                       __version__))
-                            if us == us and (best is None or us < best[3]):
-                                best = (s.label, ci, p["num_kv_splits"], us)
-                    if best is not None:
-                        winners.append(best)
-                    del s, fns
-                    torch.cuda.empty_cache()
-
-    print(f"\nmla_decode (q bf16, block {BLOCK}, CUDA-graph replay, cold L2): per call time, GB/s (% of the "
-          f"{copy:.0f} GB/s copy ceiling), TFLOP/s (% of {mm:.0f} bf16 matmul)")
-    print_table(["shape", "rocm_mla plan", *providers, "vs vLLM"], rows)
-    for n in notes:
-        print(n)
-    out_dir = Path(args.out)
-    write_csv(out_dir / "decode.csv", records)
-    bar_plot(out_dir / "decode_gbs.png", f"mla_decode GB/s on {name}", groups, gbs_series, "GB/s",
-             hline=copy, hline_label="copy ceiling")
-    bar_plot(out_dir / "decode_tflops.png", f"mla_decode TFLOP/s on {name}", groups, tf_series, "TFLOP/s",
-             hline=mm, hline_label="bf16 matmul")
-    print(f"wrote {out_dir / 'decode.csv'}, decode_gbs.png, decode_tflops.png")
-    if cands:
-        print("\n--tune: per-call us of each stage-1 candidate (rows) x forced split count S (a = the "
-              "heuristic; [n] = the S it picked); best per shape marked *")
-        shapes = list(dict.fromkeys(sh for sh, *_ in tune_rows))
-        for sh in shapes:
-            rows_sh = [r for r in tune_rows if r[0] == sh]
-            svals = list(dict.fromkeys(r[2] for r in rows_sh))
-            bst = min((r[4] for r in rows_sh if r[4] == r[4]), default=float("nan"))
-            table = []
-            for ci in dict.fromkeys(r[1] for r in rows_sh):
-                c = cands[ci]
-                line = [f"c{ci} H{c['BLOCK_H']} N{c['BLOCK_N']} w{c['num_warps']} s{c['num_stages']}"]
-                for S in svals:
-                    r = next(r for r in rows_sh if r[1] == ci and r[2] == S)
-                    txt = "x" if r[4] != r[4] else f"{r[4]:.1f}{'*' if r[4] == bst else ''}"
-                    line.append(txt + (f" [{r[3]}]" if S is None else ""))
-                table.append(line)
-            print(f"\n{sh}")
-            print_table(["cand", *(f"S={'a' if S is None else S}" for S in svals)], table)
-        print("\nwinners (shape: candidate, S, us) and the config object to move into the stage1 tiers:")
-        for sh, ci, S, us in winners:
-            print(f"  {sh}: c{ci} S={S} {us:.1f}us  {json.dumps(cands[ci], separators=(',', ':'))}")
-        write_csv(out_dir / "tune.csv", tune_records)
-        print(f"wrote {out_dir / 'tune.csv'}")
+    run = Run(name, copy, mm)
+    for kind, B, seq, N, q_len in shape_list("quick" if args.quick else args.preset, kinds):
+        if shape_filter and not any(f in shape_label(kind, B, seq, N, q_len) for f in shape_filter):
+            continue
+        s = Setup(B, seq, N, kind, dev, l2, q_len=q_len)
+        if not args.no_bench:
+            bench_shape(run, s, dev, peers, sms)
+        if cands:
+            tune_shape(run, s, dev, cands, cand_ids, splits_1 if B == 1 else splits_b)
+        del s
+        torch.cuda.empty_cache()
+    report(run, Path(args.out), cands)
     return 0
 
 

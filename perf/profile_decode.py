@@ -34,6 +34,7 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--N", type=int, default=16)
     ap.add_argument("--kv", default="bf16", choices=["bf16", "fp8"])
+    ap.add_argument("--q-len", type=int, default=1, help="query rows per request (MTP)")
     ap.add_argument("--block", type=int, default=BLOCK, help="cache page size (tokens)")
     ap.add_argument("--config", default="", help="stage-1 launch config as JSON (default: the arch's)")
     ap.add_argument("--splits", type=int, default=None, help="force the KV split count")
@@ -43,9 +44,9 @@ def main() -> int:
     dev = gpu_for("profile_decode")
     if dev is None:
         return 2
-    s = Setup(args.B, args.seq, args.N, args.kv, dev, l2_bytes=0, block=args.block)
+    s = Setup(args.B, args.seq, args.N, args.kv, dev, l2_bytes=0, block=args.block, q_len=args.q_len)
     cfg = json.loads(args.config) if args.config else None
-    plan = decode_plan(batch=s.B, num_heads=s.N, q_len=1, max_blocks=s.tables[0].shape[1], block_size=s.block,
+    plan = decode_plan(batch=s.B, num_heads=s.N, q_len=s.q_len, max_blocks=s.tables[0].shape[1], block_size=s.block,
                        q_dtype=torch.bfloat16, kv_fp8=s.fp8, kv_elem_bytes=1 if s.fp8 else 2, device=dev,
                        max_seq_len=s.seq, num_kv_splits=args.splits, launch_config=cfg)
     print(f"{s.label} block={s.block}: S={plan['num_kv_splits']} row_blocks={plan['row_blocks']} config={plan['config']}")

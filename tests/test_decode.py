@@ -455,6 +455,82 @@ def test_debug_checks_seq_lens_and_pages():
     torch.testing.assert_close(out[0], ro[0], rtol=1e-4, atol=1e-4)
 
 
+# ---------------------------------------------------------------- V_SPLIT, bad pages, NaN in the cache
+V_SPLIT_CFG = {"BLOCK_H": 16, "BLOCK_N": 16, "D_SPLIT": 2, "V_SPLIT": 2, "num_warps": 4, "num_stages": 1}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("name", ["n24_block16", "n5_mtp4", "n8_block24"])
+def test_v_split_matches_reference(dtype, splits, name):
+    """V_SPLIT=2: two programs per row block, each owning half of the 512 output columns; every
+    element still written once (NaN-poisoned strided out), lse written by one of them."""
+    B, N, q_len, bs, lens = CASES[name]
+    case = Case(B, N, q_len, bs, lens, dtype, seed=31)
+    out_base, out = poisoned_view((B * q_len, N, 512), dtype, token_pad=3)
+    lse_base, lse = poisoned_view((B * q_len, N), torch.float32, transpose01=True)
+    case.run(out=out, lse=lse, launch_config=V_SPLIT_CFG, num_kv_splits=splits, backend="triton")
+    _check(case, out, lse)
+    assert outside_untouched(out_base, out) and outside_untouched(lse_base, lse)
+
+
+def test_v_split_needs_d_split_two_is_forced():
+    from rocm_mla.ops.decode import stage1_meta
+
+    consts, _ = stage1_meta("cpu", {**V_SPLIT_CFG, "D_SPLIT": 1}, torch.float16, False, direct=True,
+                            has_scale_ptr=False, page_mode=2)
+    assert consts["V_SPLIT"] == 2 and consts["D_SPLIT"] == 2
+
+
+@pytest.mark.parametrize("splits", [1, 2, 5])
+@pytest.mark.parametrize("bad", ["minus_one", "num_pages", "huge"])
+@pytest.mark.parametrize("block_size", [16, 4, 24])  # PAGE_MODE 2, 1, 0 with the 16-token CPU tile
+def test_bad_page_id_makes_only_that_request_nan(splits, bad, block_size):
+    """A used block-table entry outside the cache (debug off): that request's rows are NaN in out and
+    lse, nothing outside kv is read (page 0 is read instead), the other requests are exact."""
+    case = Case(3, 4, 1, block_size, (40, 33, 9), torch.float32, seed=41)
+    ro, rl = case.ref()
+    n_pages = case.kv.shape[0]
+    value = {"minus_one": -1, "num_pages": n_pages, "huge": 2**31 - 1}[bad]
+    case.block_table[1, 1] = value  # request 1 uses blocks 0..cdiv(33, bs)-1: block 1 is used
+    out, lse = case.run(num_kv_splits=splits, backend="triton", debug=False)
+    rows1 = slice(1, 2)
+    assert torch.isnan(out[rows1]).all() and torch.isnan(lse[rows1]).all()
+    keep = [0, 2]
+    torch.testing.assert_close(out[keep], ro[keep], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(lse[keep], rl[keep], rtol=0, atol=1e-3)
+
+
+def test_bad_page_id_named_in_debug_mode():
+    case = Case(2, 4, 1, 16, (40, 9), torch.float32, seed=42)
+    case.block_table[0, 1] = case.kv.shape[0]
+    with pytest.raises(ValueError, match="block_table"):
+        case.run(debug=True)
+
+
+@pytest.mark.parametrize("cfg", [None, V_SPLIT_CFG], ids=["default", "v_split"])
+@pytest.mark.parametrize("splits", [1, 2, 5])
+@pytest.mark.parametrize("poison", [NAN, float("inf")], ids=["nan", "inf"])
+def test_nan_in_used_kv_row_reaches_that_request(cfg, splits, poison):
+    """A NaN or inf in one used KV row: every row of that request that sees the key is NaN in out
+    and lse, whatever the split count (a split's NaN lse is not read as 'no key'); the other
+    requests are exact."""
+    case = Case(3, 4, 1, 16, (40, 33, 9), torch.float32, seed=43)
+    ro, rl = case.ref()
+    tok = 20  # a key of request 1 that every one of its rows sees
+    page = int(case.block_table[1, tok // 16])
+    case.kv[page, tok % 16, 7] = poison
+    out, lse = case.run(num_kv_splits=splits, backend="triton", launch_config=cfg)
+    if poison != poison:
+        assert torch.isnan(out[1]).all() and torch.isnan(lse[1]).all()
+    else:  # inf: a head whose score is -inf skips the key, but 0 x inf still reaches column 7
+        assert (~torch.isfinite(out[1])).any(-1).all()
+        assert torch.isnan(lse[1][~torch.isfinite(rl[1])]).all()
+    keep = [0, 2]
+    torch.testing.assert_close(out[keep], ro[keep], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(lse[keep], rl[keep], rtol=0, atol=1e-3)
+
+
 # ---------------------------------------------------------------- GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["bf16", "fp8"])
@@ -471,6 +547,38 @@ def test_gpu_large(kv, N, q_len):
         o, lse = case.run(out=out, k_scale=ks, num_kv_splits=splits)
         _check(case, o, lse)
         assert outside_untouched(out_base, out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["bf16", "fp8"])
+@pytest.mark.parametrize("N,q_len", [(128, 1), (128, 2), (16, 2), (16, 4)])
+def test_gpu_v_split_and_wide_tiles(kv, N, q_len):
+    """V_SPLIT and the 64-row tiles on the GPU (wgmma on sm90), MTP and fp8 included."""
+    lens = (3000, 17, 900, q_len)
+    case = Case(4, N, q_len, 64, lens, torch.bfloat16, kv_dtype=FP8 if kv == "fp8" else None,
+                k_scale=0.25 if kv == "fp8" else None, seed=5, q_layout="separate")
+    for cfg in ({"BLOCK_H": 64, "BLOCK_N": 32, "D_SPLIT": 2, "V_SPLIT": 2, "num_warps": 4, "num_stages": 2},
+                {"BLOCK_H": 64, "BLOCK_N": 64, "D_SPLIT": 1, "num_warps": 8, "num_stages": 2}):
+        for splits in (None, 1, 7):
+            out_base, out = poisoned_view((4 * q_len, N, 512), torch.bfloat16, token_pad=1)
+            o, lse = case.run(out=out, launch_config=cfg, num_kv_splits=splits,
+                              k_scale=0.25 if kv == "fp8" else None)
+            _check(case, o, lse)
+            assert outside_untouched(out_base, out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [None, 1, 16])
+def test_gpu_bad_page_and_nan_row(splits):
+    case = Case(3, 16, 1, 64, (3000, 700, 90), torch.bfloat16, seed=6)
+    ro, rl = case.ref()
+    case.block_table[0, 5] = case.kv.shape[0] + 1000
+    page = int(case.block_table[1, 3])
+    case.kv[page, 5, 3] = NAN
+    out, lse = case.run(num_kv_splits=splits)
+    assert torch.isnan(out[:2].float()).all() and torch.isnan(lse[:2]).all()
+    torch.testing.assert_close(out[2:].float(), ro[2:], rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(lse[2:], rl[2:], rtol=0, atol=1e-3)
 
 
 @pytest.mark.gpu

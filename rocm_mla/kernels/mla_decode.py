@@ -49,12 +49,12 @@ def _xcd_local_order(pid, num_pids, NUM_XCDS: tl.constexpr):
 # Counts that are often 1 (q_len, splits, head blocks, page size) are not specialised: one compiled
 # kernel per config serves every batch, and the ISA report's variants are exactly what runs.
 @triton.jit(do_not_specialize=["num_heads", "q_len", "num_splits", "num_head_blocks", "page_size", "page_shift",
-                               "capacity"])
+                               "capacity", "num_pages"])
 def mla_decode_stage1_kernel(
     q_nope, q_pe, kv, block_table, seq_lens, k_scale_ptr,
     out, lse, part_o, part_lse,
     qk_scale, out_scale,
-    num_heads, q_len, num_splits, num_head_blocks, page_size, page_shift, capacity,
+    num_heads, q_len, num_splits, num_head_blocks, page_size, page_shift, capacity, num_pages,
     s_qn_r, s_qn_h, s_qn_d,
     s_qp_r, s_qp_h, s_qp_d,
     s_kv_blk, s_kv_tok,
@@ -66,7 +66,7 @@ def mla_decode_stage1_kernel(
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     DIRECT: tl.constexpr, HAS_K_SCALE_PTR: tl.constexpr, IEEE: tl.constexpr, D_SPLIT: tl.constexpr,
     RELOAD_K: tl.constexpr, NUM_XCDS: tl.constexpr, F16_DOT: tl.constexpr = False,
-    PAGE_MODE: tl.constexpr = 0,
+    PAGE_MODE: tl.constexpr = 0, V_SPLIT: tl.constexpr = 1,
 ):
     """Stage 1; see the module docstring.
 
@@ -100,12 +100,27 @@ def mla_decode_stage1_kernel(
     one page: one scalar block-table load per tile and contiguous rows. The division was most of
     the integer work of the loop (ncu on the H200: ALU the busiest pipe, ~9.6K instructions per
     64-token tile at N=16, about six times the loads, ldmatrix and mma it needs).
+    V_SPLIT (1 or 2; 2 needs D_SPLIT == 2): programs per (request, split, row block). With 2, program
+    v accumulates p . V only over the latent half v ("own" columns) and writes only those columns
+    of out / part_o; both compute q . k^T over all 576 columns (the other half is read as K only).
+    That recomputes the scores (1664 instead of 1088 MACs per row and key) but halves the
+    accumulator, so one warp group can own 64 rows outright (p stays in registers as the second
+    dot's A operand, no cross-warp-group softmax): the trade FlashMLA avoids with two cooperating
+    warp groups, which Triton does not express. The two programs are neighbours: the second finds
+    the tile in L2.
+    num_pages: the cache's page count. A used block-table entry outside [0, num_pages) is never
+    dereferenced: page 0 is read instead and the request's rows come out NaN (out and lse), so a
+    bad index is loud and touches nothing outside kv. Other requests are unaffected.
+    NaN / inf in a used KV row reaches the request's output and lse (lse -inf means only "no key"),
+    also through stage 2.
     """
     pid = tl.program_id(0)
     if NUM_XCDS > 1:
         pid = _xcd_local_order(pid, tl.num_programs(0), NUM_XCDS)
-    # Row blocks of one (request, split) get consecutive logical ids: they read the same KV tiles,
-    # and run at about the same time on the same L2, so only the first one reads HBM.
+    # Row blocks (and V halves) of one (request, split) get consecutive logical ids: they read the
+    # same KV tiles, and run at about the same time on the same L2, so only the first reads HBM.
+    vh = pid % V_SPLIT
+    pid = pid // V_SPLIT
     hb = pid % num_head_blocks
     rest = pid // num_head_blocks
     split = rest % num_splits
@@ -126,17 +141,20 @@ def mla_decode_stage1_kernel(
     # The rows of this block see nothing past their largest row_end: stop loading there.
     end = tl.minimum(start + split_len, tl.max(row_end, axis=0))
 
-    # Column chunk a = [0, CHUNK), chunk b = [CHUNK, 2 CHUNK) (only when D_SPLIT == 2).
+    # Column chunk a = [0, CHUNK), chunk b = [CHUNK, 2 CHUNK) (only when D_SPLIT == 2). With
+    # V_SPLIT == 2, a is this program's own half (K and V) and b the other half (K only).
+    tl.static_assert(V_SPLIT == 1 or D_SPLIT == 2, "V_SPLIT == 2 needs D_SPLIT == 2")
     CHUNK: tl.constexpr = D_NOPE // D_SPLIT
-    offs_a = tl.arange(0, CHUNK)
-    offs_b = CHUNK + tl.arange(0, CHUNK)
+    offs_a = vh * CHUNK + tl.arange(0, CHUNK)
+    offs_b = (1 - vh) * CHUNK + tl.arange(0, CHUNK)
     offs_pe = tl.arange(0, D_PE)
     offs_n = tl.arange(0, BLOCK_N)
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc_a = tl.zeros([BLOCK_H, CHUNK], dtype=tl.float32)
-    acc_b = tl.zeros([BLOCK_H, CHUNK], dtype=tl.float32)  # dead (removed) when D_SPLIT == 1
+    acc_b = tl.zeros([BLOCK_H, CHUNK], dtype=tl.float32)  # dead (removed) when D_SPLIT == 1 or V_SPLIT == 2
+    bad_page = tl.zeros([], dtype=tl.int32)  # 1 once a used block-table entry lies outside the cache
 
     if end > start:
         qn_row = q_nope + q_row[:, None] * s_qn_r + h[:, None] * s_qn_h
@@ -159,6 +177,9 @@ def mla_decode_stage1_kernel(
             tok_ok = tok < end
             if PAGE_MODE == 2:
                 page = tl.load(bt_row + n0 // page_size).to(tl.int64)  # n0 < end <= capacity
+                out_of_cache = (page < 0) | (page >= num_pages)
+                bad_page = bad_page | out_of_cache.to(tl.int32)
+                page = tl.where(out_of_cache, 0, page)
                 tok_ptr = kv + page * s_kv_blk + (n0 % page_size + offs_n) * s_kv_tok  # [BLOCK_N]
             else:
                 if PAGE_MODE == 1:
@@ -168,6 +189,9 @@ def mla_decode_stage1_kernel(
                     pidx = tok // page_size
                     prow = tok % page_size
                 page = tl.load(bt_row + pidx, mask=tok_ok, other=0).to(tl.int64)
+                out_of_cache = (page < 0) | (page >= num_pages)
+                bad_page = bad_page | tl.max(out_of_cache.to(tl.int32), axis=0)
+                page = tl.where(out_of_cache, 0, page)
                 tok_ptr = kv + page * s_kv_blk + prow * s_kv_tok  # [BLOCK_N]
             tok_ptr2 = tok_ptr[:, None]
             ok2 = tok_ok[:, None]
@@ -208,36 +232,41 @@ def mla_decode_stage1_kernel(
             l_i = l_i * alpha + tl.sum(p, axis=1)
             if IEEE:
                 acc_a = acc_a * alpha[:, None] + tl.dot(p, va, input_precision="ieee")
-                if D_SPLIT == 2:
+                if D_SPLIT == 2 and V_SPLIT == 1:
                     acc_b = acc_b * alpha[:, None] + tl.dot(p, vb, input_precision="ieee")
             else:
                 pv = p.to(va.dtype)
                 acc_a = acc_a * alpha[:, None] + tl.dot(pv, va)
-                if D_SPLIT == 2:
+                if D_SPLIT == 2 and V_SPLIT == 1:
                     acc_b = acc_b * alpha[:, None] + tl.dot(pv, vb)
             m_i = m_new
 
-    has_key = l_i > 0.0
+    # l_i == 0 only when no key was seen; a NaN l_i (a NaN or inf in a used KV row) is kept, so the
+    # lse says NaN too and stage 2 cannot mistake the split for an empty one.
+    poison = bad_page != 0
+    no_key = (l_i == 0.0) & (bad_page == 0)
     osc = out_scale
     if HAS_K_SCALE_PTR:
         osc = osc * tl.load(k_scale_ptr)
-    inv = (osc / tl.where(has_key, l_i, 1.0))[:, None]
-    lse2 = tl.where(has_key, m_i + tl.log2(tl.where(has_key, l_i, 1.0)), float("-inf"))
+    inv = tl.where(poison, float("nan"), osc / tl.where(no_key, 1.0, l_i))[:, None]
+    lse2 = tl.where(no_key, float("-inf"), m_i + tl.log2(tl.where(no_key, 1.0, l_i)))
+    lse2 = tl.where(poison, float("nan"), lse2)
+    own_lse = vh == 0  # both V halves compute the same lse: one writes it
     if DIRECT:
         o_row = out + q_row[:, None] * s_o_r + h[:, None] * s_o_h
         tl.store(o_row + offs_a[None, :] * s_o_d, (acc_a * inv).to(out.dtype.element_ty), mask=row_ok[:, None])
-        if D_SPLIT == 2:
+        if D_SPLIT == 2 and V_SPLIT == 1:
             tl.store(o_row + offs_b[None, :] * s_o_d, (acc_b * inv).to(out.dtype.element_ty), mask=row_ok[:, None])
-        tl.store(lse + q_row * s_l_r + h * s_l_h, lse2 * 0.6931471805599453, mask=row_ok)
+        tl.store(lse + q_row * s_l_r + h * s_l_h, lse2 * 0.6931471805599453, mask=row_ok & own_lse)
     else:
         r = (b * m_rows + offs_m).to(tl.int64)  # == q_row * num_heads + h
         split64 = split.to(tl.int64)  # S x rows x N x 512 can pass 2^31
-        tl.store(part_lse + split64 * s_pl_s + r, lse2, mask=row_ok)
+        tl.store(part_lse + split64 * s_pl_s + r, lse2, mask=row_ok & own_lse)
         if end > start:
             # An empty split writes only its lse (-inf); stage 2 never reads its partial output.
             po_row = part_o + split64 * s_po_s + r[:, None] * D_NOPE
             tl.store(po_row + offs_a[None, :], acc_a * inv, mask=row_ok[:, None])
-            if D_SPLIT == 2:
+            if D_SPLIT == 2 and V_SPLIT == 1:
                 tl.store(po_row + offs_b[None, :], acc_b * inv, mask=row_ok[:, None])
 
 
@@ -283,9 +312,11 @@ def mla_decode_reduce_kernel(
                      mask=(w > 0.0)[:, None], other=0.0)
         acc += tl.sum(w[:, None] * po, axis=0)
     total = tl.sum(wsum, axis=0)
-    has_key = total > 0.0
-    o = acc / tl.where(has_key, total, 1.0)
+    # A NaN partial lse (a poisoned split) makes its weight, total and acc NaN: kept, never read as
+    # "no key" (total == 0 only when no split saw a key).
+    no_key = total == 0.0
+    o = acc / tl.where(no_key, 1.0, total)
     tl.store(out + row * s_o_r + h * s_o_h + offs_d * s_o_d, o.to(out.dtype.element_ty))
     if dblk == 0:
-        lse2 = tl.where(has_key, m_use + tl.log2(tl.where(has_key, total, 1.0)), float("-inf"))
+        lse2 = tl.where(no_key, float("-inf"), m_use + tl.log2(tl.where(no_key, 1.0, total)))
         tl.store(lse + row * s_l_r + h * s_l_h, lse2 * 0.6931471805599453)

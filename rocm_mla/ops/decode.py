@@ -366,7 +366,9 @@ def decode_plan(*, batch: int, num_heads: int, q_len: int, max_blocks: int, bloc
         sp = config_for(OP, arch)["split"]
         cap = max_blocks * block_size
         bound = cap if max_seq_len is None else min(max_seq_len, cap)
-        S = choose_num_splits(batch, row_blocks, bound, int(cfg["BLOCK_N"]), int(cfg["BLOCK_H"]), kv_elem_bytes,
+        # V_SPLIT programs share each row block's tiles: they count as row blocks for the model.
+        S = choose_num_splits(batch, row_blocks * int(cfg.get("V_SPLIT", 1)), bound, int(cfg["BLOCK_N"]),
+                              int(cfg["BLOCK_H"]), kv_elem_bytes,
                               num_compute_units(device), int(cfg["ctas_per_cu"]),
                               int(sp["min_tokens_per_split"]), int(sp["max_splits"]),
                               float(sp["fixed_tiles"]), float(sp["launch_tiles"]))
@@ -382,6 +384,21 @@ def page_mode_for(page_size: int, block_n: int) -> tuple[int, int]:
     if page_size & (page_size - 1) == 0:
         return 1, page_size.bit_length() - 1
     return 0, 0
+
+
+def stage1_meta(arch: str, cfg: dict[str, Any], q_dtype: torch.dtype, kv_fp8: bool, *, direct: bool,
+                has_scale_ptr: bool, page_mode: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(constexprs, compile options)`` of one stage-1 launch: the single place both the wrapper's
+    launch and the ISA report's variants take them from, so what the report compiles is what runs."""
+    v_split = int(cfg.get("V_SPLIT", 1))
+    consts = {"D_NOPE": D_NOPE, "D_PE": D_PE, "BLOCK_H": int(cfg["BLOCK_H"]), "BLOCK_N": int(cfg["BLOCK_N"]),
+              "DIRECT": bool(direct), "HAS_K_SCALE_PTR": bool(has_scale_ptr), "IEEE": q_dtype == torch.float32,
+              "D_SPLIT": 2 if v_split == 2 else int(cfg.get("D_SPLIT", 1)),
+              "RELOAD_K": bool(cfg.get("RELOAD_K", False)), "NUM_XCDS": _num_xcds(arch),
+              "F16_DOT": bool(kv_fp8 and q_dtype == torch.bfloat16 and cfg.get("F16_DOT", False)),
+              "PAGE_MODE": int(page_mode), "V_SPLIT": v_split}
+    options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **_amd_options(cfg, arch)}
+    return consts, options
 
 
 def _launch_triton(q_nope, q_pe, kv, block_table, seq_lens, out, lse, sm_scale, q_len, is_fp8, ks_float,
@@ -420,24 +437,21 @@ def _launch_triton(q_nope, q_pe, kv, block_table, seq_lens, out, lse, sm_scale, 
     qk_scale = sm_scale * LOG2E * (ks_float if ks_float is not None else 1.0)
     out_scale = ks_float if ks_float is not None else 1.0
     scale_ptr = ks_tensor if ks_tensor is not None else lse  # unused when HAS_K_SCALE_PTR=False
-    options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **_amd_options(cfg, arch)}
     page_mode, page_shift = page_mode_for(page_size, block_n)
-    grid = (B * S * row_blocks,)
+    consts, options = stage1_meta(arch, cfg, q_nope.dtype, is_fp8, direct=direct,
+                                  has_scale_ptr=ks_tensor is not None, page_mode=page_mode)
+    grid = (B * S * row_blocks * consts["V_SPLIT"],)
     mla_decode_stage1_kernel[grid](
         q_nope, q_pe, kv, block_table, seq_lens, scale_ptr,
         out, lse, part_o, part_lse,
         qk_scale, out_scale,
-        N, q_len, S, row_blocks, page_size, page_shift, max_blocks * page_size,
+        N, q_len, S, row_blocks, page_size, page_shift, max_blocks * page_size, kv.shape[0],
         *q_nope.stride(), *q_pe.stride(),
         kv.stride(0), kv.stride(1),
         block_table.stride(0), seq_lens.stride(0),
         *out.stride(), *lse.stride(),
         s_po, s_pl,
-        D_NOPE=D_NOPE, D_PE=D_PE, BLOCK_H=block_h, BLOCK_N=block_n,
-        DIRECT=direct, HAS_K_SCALE_PTR=ks_tensor is not None, IEEE=q_nope.dtype == torch.float32,
-        D_SPLIT=int(cfg.get("D_SPLIT", 1)), RELOAD_K=bool(cfg.get("RELOAD_K", False)),
-        NUM_XCDS=_num_xcds(arch), F16_DOT=bool(is_fp8 and q_nope.dtype == torch.bfloat16 and cfg.get("F16_DOT", False)),
-        PAGE_MODE=page_mode, **options)
+        **consts, **options)
     if direct:
         return
     consts, options2 = _stage2_meta(S, arch)
@@ -458,27 +472,27 @@ def _fp8_tname(arch: str) -> str:
     return "fp8e4b8" if fp8_dtype_for(arch) == getattr(torch, "float8_e4m3fnuz", None) else "fp8e4nv"
 
 
+_TDTYPE = {v: k for k, v in _TNAME.items()}
+
+
 def _stage1_variant(arch: str, cfg: dict[str, Any], qname: str, kvname: str, direct: bool,
                     scale_ptr: bool, tag: str, page_mode: int = 2) -> TritonVariant:
     sig = {"q_nope": f"*{qname}", "q_pe": f"*{qname}", "kv": f"*{kvname}", "block_table": "*i32",
            "seq_lens": "*i32", "k_scale_ptr": "*fp32", "out": f"*{qname}", "lse": "*fp32",
            "part_o": "*fp32", "part_lse": "*fp32", "qk_scale": "fp32", "out_scale": "fp32"}
     for name in ("num_heads", "q_len", "num_splits", "num_head_blocks", "page_size", "page_shift", "capacity",
-                 "s_qn_r", "s_qn_h",
+                 "num_pages", "s_qn_r", "s_qn_h",
                  "s_qp_r", "s_qp_h", "s_kv_blk", "s_kv_tok", "s_bt_b", "s_o_r", "s_o_h", "s_l_r",
                  "s_po_s", "s_pl_s"):
         sig[name] = "i32"
     # Inner strides are 1 on real tensors (Triton specialises ints equal to 1).
     ones = {"s_qn_d": 1, "s_qp_d": 1, "s_o_d": 1, "s_l_h": 1, "s_sl": 1}
-    consts = {**ones, "D_NOPE": D_NOPE, "D_PE": D_PE, "BLOCK_H": int(cfg["BLOCK_H"]),
-              "BLOCK_N": int(cfg["BLOCK_N"]), "DIRECT": direct, "HAS_K_SCALE_PTR": scale_ptr,
-              "IEEE": qname == "fp32", "D_SPLIT": int(cfg.get("D_SPLIT", 1)),
-              "RELOAD_K": bool(cfg.get("RELOAD_K", False)), "NUM_XCDS": _num_xcds(arch),
-              "F16_DOT": bool(kvname.startswith("fp8") and qname == "bf16" and cfg.get("F16_DOT", False)),
-              "PAGE_MODE": page_mode}
-    options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **_amd_options(cfg, arch)}
+    meta, options = stage1_meta(arch, cfg, _TDTYPE[qname], kvname.startswith("fp8"), direct=direct,
+                                has_scale_ptr=scale_ptr, page_mode=page_mode)
+    consts = {**ones, **meta}
     amd = "".join(f" {k[:4]}{v}" for k, v in _amd_options(cfg, arch).items())
-    label = (f"{tag}q={qname} kv={kvname} H{cfg['BLOCK_H']} N{cfg['BLOCK_N']} d{cfg.get('D_SPLIT', 1)}"
+    vsplit = f"v{consts['V_SPLIT']}" if consts["V_SPLIT"] > 1 else ""
+    label = (f"{tag}q={qname} kv={kvname} H{cfg['BLOCK_H']} N{cfg['BLOCK_N']} d{consts['D_SPLIT']}{vsplit}"
              f"{'r' if cfg.get('RELOAD_K') else ''}{'h' if consts['F16_DOT'] else ''} "
              f"w{cfg['num_warps']} "
              f"s{cfg['num_stages']}{amd} {'direct' if direct else 'split'}{' kscale*' if scale_ptr else ''}"

@@ -321,7 +321,8 @@ def test_stage1_config_tiers_and_overrides():
     assert stage1_config("sm90", 16, fp16, False)["BLOCK_H"] == 16
     assert stage1_config("sm90", 17, fp16, False)["BLOCK_H"] == 32
     assert stage1_config("sm90", 256, fp16, False)["BLOCK_H"] == 64
-    assert stage1_config("sm90", 256, fp16, True)["BLOCK_H"] == 32  # fp8 override
+    fp8_wide = stage1_config("sm90", 256, fp16, True)  # fp8 override: 128 rows, V halves
+    assert (fp8_wide["BLOCK_H"], fp8_wide["V_SPLIT"], fp8_wide["num_warps"]) == (128, 2, 8)
     assert stage1_config("sm90", 16, fp16, True).get("RELOAD_K") is True
     cand = tuning_candidates("sm90")[-1]
     assert stage1_config("sm90", 16, fp16, False, cand)["BLOCK_N"] == cand["BLOCK_N"]

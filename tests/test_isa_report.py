@@ -263,3 +263,37 @@ def test_sm90_sass_is_read_when_nvdisasm_is_there():
     assert "MMA" in art.sass  # HMMA / HGMMA: the disassembly of the dot kernel
     row = _by_config(collect("sm90", triton_variants=[DOT], hip_sources=[], progress=False))[DOT.config]
     assert row.local_in_loops == 0 and row.status == "ok" and row.notes == []
+
+
+AITER_PEERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".peers")
+
+
+@pytest.mark.skipif(not os.path.isdir(os.path.join(AITER_PEERS, "aiter", "aiter")),
+                    reason="no .peers/aiter (perf/peers/get_aiter_peers.sh .peers/aiter; .ci/run fetches it)")
+def test_decode_side_by_side_with_aiter_on_gfx942(tmp_path):
+    """aiter's MLA decode compiled for gfx942 with its MI300X config beside our decode tiers, in a
+    child process (the report needs Triton's compiler, not the interpreter this process runs)."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(AITER_PEERS)
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "tc"),
+               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    env.pop("TRITON_INTERPRET", None)
+    p = subprocess.run([sys.executable, "-m", "rocm_mla.tools.cli", "isa-report", "--arch", "gfx942", "-q",
+                        "--filter", "mla_decode_stage1 q=bf16 kv=bf16 H64", "--peers", AITER_PEERS],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    section = p.stdout.split("decode side by side on gfx942", 1)[1]
+    ours = [ln for ln in section.splitlines() if ln.startswith("mla_decode_stage1 ")]
+    peer = [ln for ln in section.splitlines() if ln.startswith("aiter_mla_decode_stage1")]
+    assert ours and len(peer) == 2, section
+    assert all(ln.rstrip().endswith("ok") for ln in ours + peer), section
+    assert "matrix_instr_nonkdim=16" in peer[0] and "waves_per_eu=1" in peer[0]  # its MI300X JSON
+
+
+def test_side_by_side_without_peer_says_why(tmp_path):
+    from rocm_mla.tools.isa_report import decode_side_by_side
+
+    text = decode_side_by_side("gfx942", [], [], str(tmp_path))
+    assert "peer not compiled" in text and "get_aiter_peers.sh" in text

@@ -108,9 +108,10 @@ def mla_decode_stage1_kernel(
     dot's A operand, no cross-warp-group softmax): the trade FlashMLA avoids with two cooperating
     warp groups, which Triton does not express. The two programs are neighbours: the second finds
     the tile in L2.
-    num_pages: the cache's page count. A used block-table entry outside [0, num_pages) is never
-    dereferenced: page 0 is read instead and the request's rows come out NaN (out and lse), so a
-    bad index is loud and touches nothing outside kv. Other requests are unaffected.
+    num_pages: the cache's page count. The block-table entries a program will use are checked before
+    its KV loop; when one lies outside [0, num_pages) the loop is skipped (no page is
+    dereferenced) and the program's rows come out NaN (out and lse): a bad index is loud and
+    touches nothing outside kv. Other requests are unaffected.
     NaN / inf in a used KV row reaches the request's output and lse (lse -inf means only "no key"),
     also through stage 2.
     """
@@ -157,6 +158,17 @@ def mla_decode_stage1_kernel(
     bad_page = tl.zeros([], dtype=tl.int32)  # 1 once a used block-table entry lies outside the cache
 
     if end > start:
+        bt_row = block_table + b.to(tl.int64) * s_bt_b
+        # Check the block-table entries this program will use once, up front (4 bytes per page,
+        # against page_size x 576 cache elements per page); with a bad one the loop is skipped and
+        # the rows come out NaN. A check inside the loop (per tile, or per token for small pages)
+        # made the sm90 64-row tier spill.
+        last_blk = (end - 1) // page_size
+        for p0 in range(start // page_size, last_blk + 1, BLOCK_N):
+            idx = p0 + offs_n
+            pg = tl.load(bt_row + idx, mask=idx <= last_blk, other=0)
+            bad_page = bad_page | tl.max(((pg < 0) | (pg >= num_pages)).to(tl.int32), axis=0)
+        end = tl.where(bad_page != 0, start, end)
         qn_row = q_nope + q_row[:, None] * s_qn_r + h[:, None] * s_qn_h
         qa = tl.load(qn_row + offs_a[None, :] * s_qn_d, mask=row_ok[:, None], other=0.0)
         if D_SPLIT == 2:
@@ -171,15 +183,11 @@ def mla_decode_stage1_kernel(
         sc = qk_scale
         if HAS_K_SCALE_PTR:
             sc = sc * tl.load(k_scale_ptr)
-        bt_row = block_table + b.to(tl.int64) * s_bt_b
         for n0 in range(start, end, BLOCK_N):
             tok = n0 + offs_n
             tok_ok = tok < end
             if PAGE_MODE == 2:
-                page = tl.load(bt_row + n0 // page_size).to(tl.int64)  # n0 < end <= capacity
-                out_of_cache = (page < 0) | (page >= num_pages)
-                bad_page = bad_page | out_of_cache.to(tl.int32)
-                page = tl.where(out_of_cache, 0, page)
+                page = tl.load(bt_row + n0 // page_size).to(tl.int64)  # n0 < end <= capacity; checked
                 tok_ptr = kv + page * s_kv_blk + (n0 % page_size + offs_n) * s_kv_tok  # [BLOCK_N]
             else:
                 if PAGE_MODE == 1:
@@ -188,10 +196,7 @@ def mla_decode_stage1_kernel(
                 else:
                     pidx = tok // page_size
                     prow = tok % page_size
-                page = tl.load(bt_row + pidx, mask=tok_ok, other=0).to(tl.int64)
-                out_of_cache = (page < 0) | (page >= num_pages)
-                bad_page = bad_page | tl.max(out_of_cache.to(tl.int32), axis=0)
-                page = tl.where(out_of_cache, 0, page)
+                page = tl.load(bt_row + pidx, mask=tok_ok, other=0).to(tl.int64)  # checked above
                 tok_ptr = kv + page * s_kv_blk + prow * s_kv_tok  # [BLOCK_N]
             tok_ptr2 = tok_ptr[:, None]
             ok2 = tok_ok[:, None]
@@ -213,6 +218,7 @@ def mla_decode_stage1_kernel(
                     kb_t = tl.trans(vb)
             kp_t = tl.load(tok_ptr[None, :] + D_NOPE + offs_pe[:, None], mask=tok_ok[None, :],
                            other=0.0).to(qa.dtype)  # [D_PE, BLOCK_N]
+
             if IEEE:
                 s = tl.dot(qa, ka_t, input_precision="ieee")
                 if D_SPLIT == 2:

@@ -555,6 +555,50 @@ def summary(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+# MACs of one MLA decode row and key (q.k over 576 columns, p.v over 512), per 16x16x16 MFMA.
+_MFMA_PER_16X16 = 16 * 16 * (576 + 512) / (16 * 16 * 16)
+
+
+def decode_side_by_side(arch: str, rows: list[Row], variants: list, peers: str) -> str:
+    """Our decode stage-1 tiers (bf16 q and cache, one split) beside the peers' decode kernels,
+    with the matrix instructions one KV tile issues per 16 rows x 16 keys, summed over the
+    workgroup's waves (the ideal is 68 MFMA 16x16x16: 36 for q.k over 576 columns, 32 for p.v over
+    512; more means waves repeat work, e.g. every wave computing the same 16-row scores); peers'
+    rows are compiled here and never gate the report."""
+    from .peer_variants import peer_variants
+
+    peer_vs, why = peer_variants(peers, arch)
+    by_config = {r.config: r for r in rows}
+    picked = []
+    for v in variants:
+        c = v.config
+        if (v.kernel == "mla_decode_stage1" and c.startswith("q=bf16 kv=bf16") and c.endswith("direct")
+                and c in by_config):
+            picked.append((v, by_config[c]))
+    for v in peer_vs:
+        picked.append((v, _triton_row(v, arch)))
+    lines = [f"decode side by side on {arch} (bf16 q and cache; peers not gated)"]
+    head = ["kernel", "config", "rows x keys", "VGPR" if arch.startswith("gfx") else "regs", "spills", "scratch",
+            "LDS", "occupancy", "MFMA/wave/tile", "MFMA per 16x16", "status"]
+    table = [head]
+    for v, r in picked:
+        bh, bn = int(v.constexprs.get("BLOCK_H", 0)), int(v.constexprs.get("BLOCK_N", 0))
+        # The count is per wave (every wave runs the same code); a tile's total is waves x that.
+        waves = int(v.options.get("num_warps", 4))
+        per = "-" if not (r.mfma and bh and bn) else f"{r.mfma * waves / (bh / 16) / (bn / 16):.0f}"
+        if v.constexprs.get("V_SPLIT", 1) == 2 and per != "-":
+            per += " (half V)"
+        table.append([r.kernel, r.config, f"{bh} x {bn}", *(("-" if x is None else str(x)) for x in
+                      (r.vgprs, r.spills, r.scratch, r.lds, r.occupancy, r.mfma)), per,
+                      "error: " + error_digest(r.error) if r.error else ("ok" if not check(r) else
+                                                                           "; ".join(check(r)))])
+    widths = [max(len(t[i]) for t in table) for i in range(len(head))]
+    lines += ["  ".join(c.ljust(widths[i]) for i, c in enumerate(t)).rstrip() for t in table]
+    lines.append(f"ideal MFMA per 16 rows x 16 keys (16x16x16 instructions): {_MFMA_PER_16X16:.0f}")
+    lines += [f"peer not compiled: {w}" for w in why]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``rocm-mla isa-report``; returns the exit status (0 ok, 1 a row failed)."""
     ap = argparse.ArgumentParser(
@@ -567,6 +611,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strict", action="store_true",
                     help="fail when a compiler is missing (rows skipped); CI passes this")
     ap.add_argument("-q", "--quiet", action="store_true", help="no per-compile progress on stderr")
+    ap.add_argument("--peers", metavar="DIR", help="also compile peer kernels found under DIR (aiter's, from "
+                    "perf/peers/get_aiter_peers.sh DIR/aiter) beside ours, in a section that never fails the report")
     args = ap.parse_args(argv)
     # The report needs Triton's compiler; an interpreter switch leaked from the shell (or the CPU
     # test set-up) would make every kernel imported from here on an InterpretedFunction.
@@ -578,6 +624,11 @@ def main(argv: list[str] | None = None) -> int:
               else "isa-report: found no kernels to compile", file=sys.stderr)
         return 1
     print(format_table(rows, args.arch))
+    if args.peers:
+        from rocm_mla.ops._variants import all_triton_variants
+
+        print()
+        print(decode_side_by_side(args.arch, rows, all_triton_variants(args.arch), args.peers))
     if args.json:
         Path(args.json).write_text(json.dumps([dict(asdict(r), status=r.status) for r in rows], indent=1) + "\n")
     bad = failures(rows, strict=args.strict)

@@ -24,7 +24,7 @@ Candidates: the package's own tuning lists (``mla_decode``'s tiers and ``candida
 ``rope_kv_write``), then, unless ``--quick``, one coordinate-search pass over the arch's knobs
 (block sizes, warps, stages, D_SPLIT, and on gfx9 waves_per_eu, matrix_instr_nonkdim, kpack; the
 decode split cost model and its reduce tile). ``--quick`` times only listed candidates, capped per
-group (decode/prefill 4 with the default, merge 12, RoPE 32), on the ``quick`` shape preset.
+group (the default included: decode 3, prefill 4, merge 12, RoPE 33), on the ``quick`` shape preset.
 
 Timing as perf/ does: decode as back-to-back replays of one-call CUDA/HIP graphs rotating over
 cache copies larger than the caches (each replay reads its KV from HBM); the others as one
@@ -68,7 +68,7 @@ ALL_OPS = tuple(OP_KEYS)
 MIN_GAIN = 0.01  # a winner beats the default by >= 1% (geomean over its group's shapes)
 IN_LOOP_SLACK = 0.02  # while searching: no shape more than 2% slower (noise); the re-time is strict
 ROUNDS = 3  # back-to-back re-time: default and winner alternately, median of each
-QUICK_CAP = {"decode": 4, "prefill": 4, "merge": 12, "rope_kv": 32}  # candidates per group, default included
+QUICK_CAP = {"decode": 3, "prefill": 4, "merge": 12, "rope_kv": 33}  # candidates per group, default included
 SCALE_DECODE = 1.0 / math.sqrt(192)
 MAX_POS = 163840  # DeepSeek-V3: 4096 positions x YaRN factor 40
 
@@ -1266,25 +1266,23 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def print_result_table(rows: dict[str, dict], log: Callable[[str], None] = print, title: str = "") -> None:
-    """default vs tuned per shape (times in us)."""
-    from .benchutil import print_table
-
+    """default vs tuned per shape (times in us), the tuned config last."""
+    order = list(OP_KEYS.values())
     body = []
-    for r in sorted(rows.values(), key=lambda r: (list(OP_KEYS.values()).index(r["op"]) if r["op"] in OP_KEYS.values()
-                                                   else 9, r["shape"])):
+    for r in sorted(rows.values(), key=lambda r: (order.index(r["op"]) if r["op"] in order else 9, r["shape"])):
         d, t = r["default_us"], r["tuned_us"]
-        body.append([r["shape"], f"{d:.1f}", f"{t:.1f}", f"{d / t:.3f}x" if t else "-", r.get("config", "-"),
-                     r.get("note", "")])
+        body.append([r["shape"], f"{d:.1f}", f"{t:.1f}", f"{d / t:.3f}x" if t else "-", r.get("note", ""),
+                     r.get("config", "-")])
     if title:
         log(title)
-    import io
-    import contextlib
-
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        print_table(["shape", "default us", "tuned us", "speed-up", "tuned config", "note"], body)
-    for line in buf.getvalue().rstrip("\n").splitlines():
-        log(line)
+    head = ["shape", "default us", "tuned us", "speed-up", "note", "tuned config"]
+    widths = [max(len(str(x[i])) for x in [head] + body) for i in range(len(head))]
+    fmt = lambda cells: "  ".join(str(c).rjust(w) if 0 < i < 4 else str(c).ljust(w)  # noqa: E731
+                                  for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+    log(fmt(head))
+    log(fmt(["-" * w for w in widths]))
+    for row in body:
+        log(fmt(row))
 
 
 # --------------------------------------------------------------------------- --check / --show

@@ -24,7 +24,13 @@ import rocm_mla.configs as C
 from rocm_mla.tools import tune as T
 
 ROOT = Path(__file__).resolve().parent.parent
-ARCH = "cpu" if not torch.cuda.is_available() else None
+
+
+def _here() -> str:
+    """The arch key of the device `rocm-mla tune` runs on here (cpu without a GPU)."""
+    from rocm_mla import _platform
+
+    return _platform.device_arch(torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
 
 
 @pytest.fixture
@@ -284,6 +290,7 @@ def _fake_tuner(tmp_path, monkeypatch, times, ops=("merge",), shapes="merge:T=40
         return t
 
     kw.setdefault("quick", True)
+    monkeypatch.setattr(T, "verify", lambda *a, **k: [])  # the small real-kernel checks are tested below
     tuner = T.Tuner(torch.device("cpu"), list(ops), T.parse_shapes(shapes), max_minutes=kw.pop("max_minutes", None),
                     max_candidates=None, out_path=tmp_path / "cpu.json", argv=["test"], log=lambda s: None,
                     timer=timer, **kw)
@@ -361,38 +368,44 @@ def test_cli_refuses_cpu_without_allow_cpu(capsys):
 
 # --------------------------------------------------------------------------- --check
 
+# These run on the device that is here (the interpreter without a GPU), with an <arch>.json overlay.
+
 def test_check_reports_compile_errors_by_name(cfgdir, capsys):
-    path = _write(cfgdir / "cpu.json", _overlay("cpu", {"mla_prefill": {"triton": {"BLOCK_M": 48}}}))  # not 2^k
+    a = _here()
+    path = _write(cfgdir / f"{a}.json", _overlay(a, {"mla_prefill": {"triton": {"BLOCK_M": 48}}}))  # not 2^k
     assert T.main(["--check", "--allow-cpu"]) == 1
     out = capsys.readouterr().out
-    assert "OverlayCompileError: mla_prefill.cpu.triton" in out
+    assert f"OverlayCompileError: mla_prefill.{a}.triton" in out
     assert path.is_file()
 
 
 def test_check_reports_reference_errors_by_name(cfgdir, capsys, monkeypatch):
+    a = _here()
     monkeypatch.setattr(T, "_small_prefill", lambda dev, dt, causal: "out max err 1 > 0.005")
-    _write(cfgdir / "cpu.json", _overlay("cpu", PREFILL_M64))
+    _write(cfgdir / f"{a}.json", _overlay(a, PREFILL_M64))
     assert T.main(["--check", "--allow-cpu"]) == 1
-    assert "OverlayReferenceError: mla_prefill.cpu.triton" in capsys.readouterr().out
+    assert f"OverlayReferenceError: mla_prefill.{a}.triton" in capsys.readouterr().out
 
 
 def test_check_stamp_accepts_a_hand_written_overlay(cfgdir, capsys):
-    path = _write(cfgdir / "cpu.json", _overlay("cpu", PREFILL_M64), stamp=False)
+    a = _here()
+    path = _write(cfgdir / f"{a}.json", _overlay(a, PREFILL_M64), stamp=False)
     with pytest.warns(C.OverlayWarning, match="OverlayUnverified"):
-        assert C.config_for("mla_prefill", "cpu") is C.package_config("mla_prefill", "cpu")
+        assert C.config_for("mla_prefill", a) is C.package_config("mla_prefill", a)
     assert T.main(["--check", "--allow-cpu"]) == 1
     assert "OverlayUnverified" in capsys.readouterr().out
     assert T.main(["--check", "--stamp", "--allow-cpu"]) == 0
     C.reload_overlays()
-    assert C.config_for("mla_prefill", "cpu")["triton"]["BLOCK_M"] == 64
+    assert C.config_for("mla_prefill", a)["triton"]["BLOCK_M"] == 64
     assert C.stamp_problems(json.loads(path.read_text())) == []
     assert T.main(["--check", "--allow-cpu"]) == 0
 
 
 def test_check_names_schema_errors(cfgdir, capsys):
-    _write(cfgdir / "cpu.json", {"mla_prefill": {"cpu": {"triton": {"BLOCK_Q": 1}}}, "_meta": {"arch": "cpu"}})
+    a = _here()
+    _write(cfgdir / f"{a}.json", {"mla_prefill": {a: {"triton": {"BLOCK_Q": 1}}}, "_meta": {"arch": a}})
     assert T.main(["--check", "--allow-cpu"]) == 1
-    assert "OverlayUnknownKey: mla_prefill.cpu.triton.BLOCK_Q" in capsys.readouterr().out
+    assert f"OverlayUnknownKey: mla_prefill.{a}.triton.BLOCK_Q" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------- a real (tiny) run
@@ -436,7 +449,8 @@ def test_describe_overlay_states(cfgdir, monkeypatch):
     _write(cfgdir / "cpu.json", _overlay("cpu", PREFILL_M64))
     C.reload_overlays()
     lines = T.describe_overlay(C.overlay_status("cpu"))
-    assert "ACTIVE" in lines[0] and any("mla_prefill.triton.BLOCK_M: 32 -> 64" in x for x in lines)
+    old = C.package_config("mla_prefill", "cpu")["triton"]["BLOCK_M"]
+    assert "ACTIVE" in lines[0] and any(f"mla_prefill.triton.BLOCK_M: {old} -> 64" in x for x in lines)
     _write(cfgdir / "cpu.json", _overlay("cpu", PREFILL_M64), stamp=False)
     C.reload_overlays()
     assert "IGNORED: OverlayUnverified" in T.describe_overlay(C.overlay_status("cpu"))[0]

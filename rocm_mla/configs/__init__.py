@@ -478,15 +478,18 @@ def overlay_status(arch: str) -> OverlayStatus:
     st = OverlayStatus(arch, cus)
     if _STATE.disabled:
         return st
-    st.path, st.searched = find_overlay(arch, cus)
-    if st.path is None:
-        return st
     try:
+        st.path, st.searched = find_overlay(arch, cus)
+        if st.path is None:
+            return st
         data = read_overlay(st.path)
+        errors = validate_overlay(data, arch, cus)
     except OverlayError as exc:
         st.error = exc
         return st
-    errors = validate_overlay(data, arch, cus)
+    except Exception as exc:  # e.g. a folder it may not read: never an error in the caller
+        st.error = OverlayParseError(str(st.path or overlay_dir()), f"{type(exc).__name__}: {exc}")
+        return st
     if errors:
         st.error = errors[0]
     else:

@@ -21,10 +21,11 @@ shape of the group, and keeps a winner only when
 
 Candidates: the package's own tuning lists (``mla_decode``'s tiers and ``candidates``,
 ``mla_prefill``'s ``candidates``, the ``tune`` spaces of ``merge_attn_states`` and
-``rope_kv_write``), then, unless ``--quick``, one coordinate-search pass over the arch's knobs
-(block sizes, warps, stages, D_SPLIT, and on gfx9 waves_per_eu, matrix_instr_nonkdim, kpack; the
-decode split cost model and its reduce tile). ``--quick`` times only listed candidates, capped per
-group (the default included: decode 3, prefill 4, merge 12, RoPE 33), on the ``quick`` shape preset.
+``rope_kv_write``), then one coordinate-search pass over the arch's knobs (block sizes, warps,
+stages, D_SPLIT, and on gfx9 waves_per_eu, matrix_instr_nonkdim, kpack; the decode split cost model
+and its reduce tile). ``--quick`` instead caps the candidates per group (the default included:
+decode 3, prefill 4, merge 12, RoPE 33): listed ones first, then single-knob neighbours of the
+default; on the ``quick`` shape preset.
 
 Timing as perf/ does: decode as back-to-back replays of one-call CUDA/HIP graphs rotating over
 cache copies larger than the caches (each replay reads its KV from HBM); the others as one
@@ -549,10 +550,13 @@ def _decode_groups(t: "Tuner", shapes: list[Shape]) -> list[Group]:
         ok = (lambda p: 16 <= p["BLOCK_H"] <= h) if combo[1] else (lambda p: p["BLOCK_H"] == h)
         listed = _nearest_first(p0, [p for c in cands for p in [stage1_config(arch, 0, combo[0], combo[1], c)]
                                      if ok(p)])
-        knobs = [("BLOCK_N", [16, 32, 64]), ("num_warps", [4, 8]),
-                 ("num_stages", [1, 2] if gfx else [2, 3, 4, 5]), ("D_SPLIT", [1, 2])]
+        # most promising first: --quick tries single-knob neighbours of the default in this order
+        knobs = [("BLOCK_N", [16, 32, 64]), ("num_warps", [4, 8])]
         if gfx:
-            knobs += [("waves_per_eu", [0, 1, 2]), ("matrix_instr_nonkdim", [16, 32]), ("kpack", [1, 2])]
+            knobs += [("waves_per_eu", [0, 1, 2])]
+        knobs += [("num_stages", [1, 2] if gfx else [2, 3, 4, 5]), ("D_SPLIT", [1, 2])]
+        if gfx:
+            knobs += [("kpack", [1, 2]), ("matrix_instr_nonkdim", [16, 32])]
         knobs += [("ctas_per_cu", [1, 2])]
         if combo[1]:
             knobs += [("RELOAD_K", [False, True])]
@@ -594,11 +598,13 @@ def _prefill_groups(t: "Tuner", shapes: list[Shape]) -> list[Group]:
     for key, ss in by.items():
         p0 = dict(pkg[key])
         listed = _nearest_first(p0, [dict(c) for c in pkg.get("candidates", [])]) if key == "triton" else []
-        knobs = [("BLOCK_M", [16, 32, 64] if key == "triton_fp32" else [64, 128]),
-                 ("BLOCK_N", [16, 32] if key == "triton_fp32" else [32, 64, 128]), ("num_warps", [4, 8]),
-                 ("num_stages", [1, 2] if gfx else [1, 2, 3, 4])]
+        knobs = [("BLOCK_N", [16, 32] if key == "triton_fp32" else [32, 64, 128]), ("num_warps", [4, 8])]
         if gfx:
-            knobs += [("waves_per_eu", [0, 1, 2]), ("matrix_instr_nonkdim", [16, 32]), ("kpack", [1, 2])]
+            knobs += [("waves_per_eu", [0, 1, 2])]
+        knobs += [("num_stages", [1, 2] if gfx else [1, 2, 3, 4]),
+                  ("BLOCK_M", [16, 32, 64] if key == "triton_fp32" else [64, 128])]
+        if gfx:
+            knobs += [("matrix_instr_nonkdim", [16, 32]), ("kpack", [1, 2])]
         knobs = [(k, v) for k, v in knobs if k in p0 or k in ("num_stages",)]
         groups.append(Group("prefill", key, ss, p0, listed, knobs,
                             lambda p, key=key: {**t.current["mla_prefill"], key: p}, config_label))
@@ -925,12 +931,22 @@ class Tuner:
         return QUICK_CAP[g.op] if self.quick else 10 ** 9
 
     def count(self, g: Group) -> int:
-        n = 1 + len(g.listed)
-        if g.impl_pending:
-            n = 8  # not known before the implementation is chosen: a guess for the ETA
-        if not self.quick:
-            n += sum(len(v) - 1 for _, v in g.knobs)
+        n = 1 + len(g.listed) + sum(len(v) - 1 for _, v in g.knobs)
+        if g.impl_pending:  # not known before the implementation is chosen: a guess for the ETA
+            space = C.tune_space(g.op_key)
+            order = self.package[g.op_key]["backend_order"] if self.dev.type == "cuda" else ["triton"]
+            impl = next((b for b in order if b in space), "triton")
+            n = 1 + math.prod(len(v) for v in space.get(impl, {}).values())
         return min(n, self.cap(g))
+
+    @staticmethod
+    def neighbours(g: Group) -> list[dict]:
+        """Single-knob changes of the default, one value of each knob before the next value of any."""
+        alts = [(k, [v for v in vs if v != g.point0.get(k, _NEUTRAL.get(k))]) for k, vs in g.knobs]
+        out = []
+        for r in range(max((len(a) for _, a in alts), default=0)):
+            out += [{**g.point0, k: a[r]} for k, a in alts if r < len(a)]
+        return out
 
     def evaluate(self, g: Group, p: dict, idx: int) -> dict:
         k = _key(p)
@@ -1009,7 +1025,14 @@ class Tuner:
                 break
             idx += 1
             self.evaluate(g, p, idx)
-        if not self.quick:
+        if self.quick:  # then single-knob neighbours of the default, while the cap allows
+            for p in self.neighbours(g):
+                if len(g.results) >= cap or self.out_of_time():
+                    break
+                if _key(p) not in g.results:
+                    idx += 1
+                    self.evaluate(g, p, idx)
+        else:
             for knob, values in g.knobs:
                 base = self.best(g)
                 for v in values:
@@ -1114,7 +1137,8 @@ class Tuner:
         op_key = OP_KEYS[op]
         if self.current[op_key] == self.package[op_key]:
             return
-        shapes = [s for s in self.shapes if s.op == op]
+        covered = {s.key for g, _ in self.accepted if g.op == op for s in g.shapes}
+        shapes = [s for s in self.shapes if s.op == op and s.key in covered]
         if self.time_left() < 20 + 2 * len(shapes):
             self.log(f"{op}: no time left for the final back-to-back pass; the table shows the per-group re-times")
             return
@@ -1498,6 +1522,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwrote {out} ({time.monotonic() - tuner.t0:.0f} s{'; ' + tuner.stopped if tuner.stopped else ''}). "
           "Processes started from now on use it; `rocm-mla doctor` / `rocm-mla tune --show` show what it changes; "
           "ROCM_MLA_CONFIG_DIR= turns it off.")
+    found = C.find_overlay(arch, cus)[0]
+    if found is None or found.resolve() != out.resolve():
+        print(f"note: the loader reads {found or C.overlay_dir()}, not this file: set ROCM_MLA_CONFIG_DIR={out} "
+              f"(a .json value names the file) or move it to {C.overlay_dir()}/{C.overlay_filename(arch, cus)}")
     print_result_table(tuner.rows, print, "\ndefault vs tuned per shape (us; tuned is never slower: the default "
                                           "wins ties and every winner was re-timed back to back):")
     return 0

@@ -416,7 +416,9 @@ def overlay_filename(arch: str, cus: int | None) -> str:
 
 def device_compute_units(arch: str) -> int | None:
     """CU (AMD) / SM (NVIDIA) count of a visible device of ``arch`` (the current device first);
-    None when none is visible (e.g. a compile report on another machine)."""
+    None when none is visible (e.g. a compile report on another machine), or when this process has
+    not initialised the GPU runtime: a config lookup never initialises it (a serving framework may
+    fork after looking things up); ops call this with tensors already on the GPU."""
     if not arch.startswith(("gfx", "sm")):
         return None
     try:
@@ -424,7 +426,7 @@ def device_compute_units(arch: str) -> int | None:
 
         from .. import _platform
 
-        if not torch.cuda.is_available():
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
             return None
         cur = torch.cuda.current_device()
         for i in [cur] + [i for i in range(torch.cuda.device_count()) if i != cur]:

@@ -1523,7 +1523,9 @@ def main(argv: list[str] | None = None) -> int:
           "Processes started from now on use it; `rocm-mla doctor` / `rocm-mla tune --show` show what it changes; "
           "ROCM_MLA_CONFIG_DIR= turns it off.")
     found = C.find_overlay(arch, cus)[0]
-    if found is None or found.resolve() != out.resolve():
+    if C.overlay_dir() is None:
+        print("note: overlays are off in this environment (ROCM_MLA_CONFIG_DIR is empty)")
+    elif found is None or found.resolve() != out.resolve():
         print(f"note: the loader reads {found or C.overlay_dir()}, not this file: set ROCM_MLA_CONFIG_DIR={out} "
               f"(a .json value names the file) or move it to {C.overlay_dir()}/{C.overlay_filename(arch, cus)}")
     print_result_table(tuner.rows, print, "\ndefault vs tuned per shape (us; tuned is never slower: the default "

@@ -265,6 +265,21 @@ def test_compose_tier_changes_only_its_combination(arch):
                                           check_stamp=False) == []
 
 
+def test_compose_tier_with_v_split():
+    """A V_SPLIT point (perf/sweeps/decode_sm90_vsplit.json) is expressible, and the tuner's knob
+    moves keep V_SPLIT 2 with D_SPLIT 2."""
+    from rocm_mla.ops.decode import stage1_config
+
+    tier = C.package_config("mla_decode", "sm90")["stage1"][2]
+    point = {**stage1_config("sm90", 0, torch.bfloat16, False, tier), "D_SPLIT": 2, "V_SPLIT": 2, "num_warps": 4}
+    new = T.compose_tier("sm90", tier, (torch.bfloat16, False), point)
+    assert new is not None and stage1_config("sm90", 0, torch.bfloat16, False, new)["V_SPLIT"] == 2
+    assert "V_SPLIT" not in stage1_config("sm90", 0, torch.bfloat16, True, new) or \
+        stage1_config("sm90", 0, torch.bfloat16, True, new)["V_SPLIT"] == 1  # the fp8 path keeps its own
+    assert C.validate_overlay(_overlay("sm90", {"mla_decode": {"stage1": [new]}}), "sm90", check_stamp=False) == []
+    assert T._decode_fix({"D_SPLIT": 1, "V_SPLIT": 2})["D_SPLIT"] == 2
+
+
 class _FakeCase:
     """No kernel: the 'time' is a function of the config the op would read (config_for), so the
     tuner's choice can be checked exactly."""

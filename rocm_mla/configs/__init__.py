@@ -133,7 +133,7 @@ def platform_fp8_dtype(arch: str):
 INT, BOOL, NUM, STR, BACKEND = "int", "bool", "number", "str", "backend"
 BACKENDS = ("hip", "triton", "reference")
 _AMD_OPTIONS = {"waves_per_eu": INT, "matrix_instr_nonkdim": INT, "kpack": INT}
-_DECODE_FIELDS = {"BLOCK_H": INT, "BLOCK_N": INT, "D_SPLIT": INT, "RELOAD_K": BOOL, "F16_DOT": BOOL,
+_DECODE_FIELDS = {"BLOCK_H": INT, "BLOCK_N": INT, "D_SPLIT": INT, "V_SPLIT": INT, "RELOAD_K": BOOL, "F16_DOT": BOOL,
                   "num_warps": INT, "num_stages": INT, "ctas_per_cu": INT, **_AMD_OPTIONS}
 _DECODE_TIER = {**_DECODE_FIELDS, "fp8": _DECODE_FIELDS, "fp32": _DECODE_FIELDS, "fp16+fp8": _DECODE_FIELDS}
 _PREFILL = {"BLOCK_M": INT, "BLOCK_N": INT, "num_warps": INT, "num_stages": INT, **_AMD_OPTIONS}

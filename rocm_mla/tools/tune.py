@@ -464,6 +464,7 @@ class Group:
     status: str = "pending"
     winner: dict | None = None
     impl_pending: bool = False  # merge / rope_kv: the implementation is chosen when the group is reached
+    fix: Callable[[dict], dict] = lambda p: p  # makes a generated point consistent (e.g. V_SPLIT 2 needs D_SPLIT 2)
 
     @property
     def op_key(self) -> str:
@@ -473,7 +474,7 @@ class Group:
 # decode: stage-1 tiers, per q dtype x cache kind combination
 _COMBOS = ((torch.bfloat16, False), (torch.float16, False), (torch.float32, False),
            (torch.bfloat16, True), (torch.float16, True))
-_NEUTRAL = {"D_SPLIT": 1, "RELOAD_K": False, "F16_DOT": False}  # what a missing decode field means
+_NEUTRAL = {"D_SPLIT": 1, "V_SPLIT": 1, "RELOAD_K": False, "F16_DOT": False}  # what a missing decode field means
 
 
 def _norm(d: dict) -> dict:
@@ -518,8 +519,14 @@ def compose_tier(arch: str, tier: dict, combo: tuple, point: dict) -> dict | Non
     return new
 
 
+def _decode_fix(p: dict) -> dict:
+    """V_SPLIT 2 needs D_SPLIT 2 (the kernel asserts it)."""
+    return {**p, "D_SPLIT": 2} if p.get("V_SPLIT", 1) == 2 else p
+
+
 def decode_label(p: dict) -> str:
-    s = (f"H{p['BLOCK_H']} N{p['BLOCK_N']} d{p.get('D_SPLIT', 1)}{'r' if p.get('RELOAD_K') else ''}"
+    s = (f"H{p['BLOCK_H']} N{p['BLOCK_N']} d{p.get('D_SPLIT', 1)}{'v2' if p.get('V_SPLIT', 1) == 2 else ''}"
+         f"{'r' if p.get('RELOAD_K') else ''}"
          f"{'h' if p.get('F16_DOT') else ''} w{p['num_warps']} s{p['num_stages']} c{p.get('ctas_per_cu', 1)}")
     for k, tag in (("waves_per_eu", "wpe"), ("matrix_instr_nonkdim", "mi"), ("kpack", "kp")):
         if k in p:
@@ -557,7 +564,7 @@ def _decode_groups(t: "Tuner", shapes: list[Shape]) -> list[Group]:
         knobs += [("num_stages", [1, 2] if gfx else [2, 3, 4, 5]), ("D_SPLIT", [1, 2])]
         if gfx:
             knobs += [("kpack", [1, 2]), ("matrix_instr_nonkdim", [16, 32])]
-        knobs += [("ctas_per_cu", [1, 2])]
+        knobs += [("ctas_per_cu", [1, 2]), ("V_SPLIT", [1, 2])]
         if combo[1]:
             knobs += [("RELOAD_K", [False, True])]
             if not gfx and combo[0] == torch.bfloat16:
@@ -573,7 +580,7 @@ def _decode_groups(t: "Tuner", shapes: list[Shape]) -> list[Group]:
 
         qname = "" if combo[0] == torch.bfloat16 else f"{str(combo[0]).replace('torch.', '')} q, "
         name = f"stage1[{ti}] H{h} {qname}{'fp8' if combo[1] else '16-bit'} cache"
-        groups.append(Group("decode", name, ss, p0, listed, knobs, build, decode_label))
+        groups.append(Group("decode", name, ss, p0, listed, knobs, build, decode_label, fix=_decode_fix))
     if not t.quick and shapes:
         for part, knobs in (("split", [("max_splits", [16, 32, 64, 128]), ("min_tokens_per_split", [32, 64, 128]),
                                        ("fixed_tiles", [1, 2, 4]), ("launch_tiles", [2, 3, 4, 6])]),
@@ -945,7 +952,7 @@ class Tuner:
         alts = [(k, [v for v in vs if v != g.point0.get(k, _NEUTRAL.get(k))]) for k, vs in g.knobs]
         out = []
         for r in range(max((len(a) for _, a in alts), default=0)):
-            out += [{**g.point0, k: a[r]} for k, a in alts if r < len(a)]
+            out += [g.fix({**g.point0, k: a[r]}) for k, a in alts if r < len(a)]
         return out
 
     def evaluate(self, g: Group, p: dict, idx: int) -> dict:
@@ -1038,10 +1045,11 @@ class Tuner:
                 for v in values:
                     if len(g.results) >= cap or self.out_of_time():
                         break
-                    if base.get(knob, _NEUTRAL.get(knob)) == v:
+                    p = g.fix({**base, knob: v})
+                    if base.get(knob, _NEUTRAL.get(knob)) == v or _key(p) in g.results:
                         continue
                     idx += 1
-                    self.evaluate(g, {**base, knob: v}, idx)
+                    self.evaluate(g, p, idx)
         ranked = sorted(((sc, i, r["point"]) for i, r in enumerate(g.results.values())
                          for sc in [self.score(g, r)] if sc is not None and sc <= 1 - MIN_GAIN),
                         key=lambda x: (x[0], x[1]))

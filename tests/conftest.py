@@ -11,6 +11,9 @@ import torch
 HAS_GPU = torch.cuda.is_available()
 if not HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# The tests check the package's own launch data: a tuned overlay of the machine's user
+# (`rocm-mla tune`, ~/.config/rocm_mla) must not change it. tests/test_tune.py uses its own folders.
+os.environ["ROCM_MLA_CONFIG_DIR"] = ""
 
 import pytest  # noqa: E402
 

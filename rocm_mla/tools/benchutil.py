@@ -200,3 +200,87 @@ def bar_plot(path: str | os.PathLike, title: str, groups: list[str], series: dic
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
+
+
+# --------------------------------------------------------------------------- graph timers
+
+def graph_ms(fn: Callable[[], object], warmup_ms: float = 10, rep_ms: float = 50) -> float:
+    """Median GPU time in ms of one call of ``fn``, captured in a CUDA/HIP graph and replayed under
+    do_bench (L2 flushed before each replay): the host work of the wrapper and of Triton's launcher
+    is left out. ``fn`` is called once outside capture first (compiles, allocator pools)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side):
+        # thread_local: the HIP extension may be building (and loading) in another thread.
+        g.capture_begin(capture_error_mode="thread_local")
+        try:
+            fn()
+        finally:
+            g.capture_end()
+    torch.cuda.current_stream().wait_stream(side)
+    ms = time_ms(g.replay, warmup_ms=warmup_ms, rep_ms=rep_ms)
+    del g
+    return ms
+
+
+def rotating_graph_us(call: Callable[[int], object], copies: int, min_ms: float = 30.0, reps: int = 5) -> float:
+    """Median per-call time in us of back-to-back replays of ``copies`` one-call CUDA/HIP graphs
+    (``call(i)`` uses input copy i), rotating over the copies: with copies that together exceed the
+    caches, each replay finds its inputs in HBM (perf/bench_decode.py's method)."""
+    import statistics
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up outside capture: compiles, allocator pools
+        for i in range(min(copies, 2)):
+            call(i)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    pool = torch.cuda.graph_pool_handle()
+    graphs = []
+    for i in range(copies):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool, capture_error_mode="thread_local"):
+            call(i)
+        graphs.append(g)
+    for g in graphs:
+        g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for g in graphs:
+        g.replay()
+    end.record()
+    torch.cuda.synchronize()
+    per = start.elapsed_time(end) / len(graphs)
+    iters = max(copies, int(min_ms / max(per, 1e-3)))
+    samples = []
+    for _ in range(reps):
+        start.record()
+        for k in range(iters):
+            graphs[k % copies].replay()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / iters)
+    del graphs
+    return statistics.median(samples)
+
+
+def wall_ms(fn: Callable[[], object], reps: int = 3) -> float:
+    """Median wall time in ms of ``fn`` after one warm-up call (CPU runs, e.g. the Triton
+    interpreter: it exercises a timing loop, it measures nothing about a GPU)."""
+    import statistics
+    import time
+
+    fn()
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples)

@@ -1,4 +1,4 @@
-"""The ``rocm-mla`` command: ``doctor`` (the main job) and ``isa-report``."""
+"""The ``rocm-mla`` command: ``doctor`` (the main job), ``tune`` and ``isa-report``."""
 
 from __future__ import annotations
 
@@ -27,7 +27,15 @@ def main(argv: list[str] | None = None) -> int:
     doc.add_argument("--no-bench", dest="bench", action="store_false", help="skip the quick GPU benchmark")
     sub.add_parser("isa-report", add_help=False,
                          help="compile every kernel config ahead of time and report registers/spills/LDS/MFMA")
+    sub.add_parser("tune", add_help=False,
+                   help="time launch-config candidates of every op on this GPU and save the winners as a "
+                        "config overlay the package uses (--check, --show; rocm-mla tune --help)")
     args, rest = parser.parse_known_args(argv)
+    if args.cmd == "tune":
+        _use_interpreter_if_no_gpu(False)
+        from rocm_mla.tools.tune import main as tune_main
+
+        return tune_main(rest)
     if args.cmd == "isa-report":
         from rocm_mla.tools.isa_report import main as isa_main
 

@@ -1,5 +1,5 @@
-"""``rocm-mla doctor``: what is installed, what the GPU is, whether every op is right here, and
-the gfx942 compile report.
+"""``rocm-mla doctor``: what is installed, what the GPU is, which config overlay is active (and
+what it changes), whether every op is right here (with that overlay), and the gfx942 compile report.
 
 On a machine without a GPU (or with ``--no-gpu``) the Triton kernels run in the CPU interpreter;
 the HIP kernels are then checked only by the gfx942/sm90 compile report.
@@ -68,6 +68,17 @@ def _extension(dev) -> None:
         _line("status", f"loaded {getattr(mod, '__file__', mod)} ({time.perf_counter() - t0:.1f} s)")
 
 
+def _overlay(dev) -> None:
+    """Which config overlay (``rocm-mla tune``) this device's ops use, and what it changes."""
+    from rocm_mla import _platform
+    from rocm_mla.configs import overlay_status
+    from rocm_mla.tools.tune import describe_overlay
+
+    print("config overlay (rocm-mla tune; ROCM_MLA_CONFIG_DIR)")
+    for line in describe_overlay(overlay_status(_platform.device_arch(dev))):
+        print(f"  {line.removeprefix('config overlay: ')}")
+
+
 def _selfcheck(dev) -> bool:
     from rocm_mla.tools.selfcheck import run_all
 
@@ -106,6 +117,7 @@ def main(args) -> int:
 
     dev = _device(use_gpu=torch.cuda.is_available() and not args.no_gpu)
     _extension(dev)
+    _overlay(dev)
     ok = _selfcheck(dev)
     if dev.type == "cuda" and args.bench:
         from rocm_mla.tools.quickbench import run as quickbench

@@ -1,0 +1,473 @@
+"""Config overlays (rocm_mla/configs) and the tuner (rocm_mla/tools/tune.py), issue 17.
+
+The overlay mechanism: where files are found, merge precedence (override > overlay > package),
+the cache (reload_overlays), the named schema errors, the stamp, and that a bad overlay is ignored
+with one warning. The tuner: its decode tier composition, its selection rules under a fake timer
+(the default is a candidate and wins ties; no shape slower; the re-time rejects noise), the hard
+stop, ``--check`` (named compile / reference errors, ``--stamp``), and one tiny tuning run in the
+Triton interpreter whose overlay a fresh process then uses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import rocm_mla.configs as C
+from rocm_mla.tools import tune as T
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _here() -> str:
+    """The arch key of the device `rocm-mla tune` runs on here (cpu without a GPU)."""
+    from rocm_mla import _platform
+
+    return _platform.device_arch(torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+
+
+@pytest.fixture
+def cfgdir(tmp_path, monkeypatch):
+    """An empty overlay folder for this test; the cache and the warn-once memory reset around it."""
+    d = tmp_path / "cfg"
+    d.mkdir()
+    monkeypatch.setenv("ROCM_MLA_CONFIG_DIR", str(d))
+    C.reload_overlays()
+    C._WARNED.clear()
+    yield d
+    monkeypatch.undo()
+    C.reload_overlays()
+    C._WARNED.clear()
+
+
+def _write(path: Path, data: dict, stamp: bool = True) -> Path:
+    path.write_text(json.dumps(C.stamp_overlay(data, by="test") if stamp else data))
+    return path
+
+
+def _overlay(arch: str, entries: dict, **meta) -> dict:
+    return {**{op: {arch: e} for op, e in entries.items()}, "_meta": {"arch": arch, **meta}}
+
+
+PREFILL_M64 = {"mla_prefill": {"triton": {"BLOCK_M": 64}}}
+
+
+# --------------------------------------------------------------------------- loading and merging
+
+def test_no_overlay_is_the_package(cfgdir):
+    for op in C.SCHEMAS:
+        for arch in ("cpu", "gfx942", "sm90"):
+            assert C.config_for(op, arch) is C.package_config(op, arch)
+    assert C.overlay_status("cpu").path is None
+
+
+def test_overlay_merges_objects_and_replaces_lists(cfgdir):
+    pkg_prefill = json.loads(json.dumps(C.package_config("mla_prefill", "cpu")))
+    tiers = [dict(t, BLOCK_N=32) for t in C.package_config("mla_decode", "cpu")["stage1"]]
+    _write(cfgdir / "cpu.json", _overlay("cpu", {**PREFILL_M64, "mla_decode": {"stage1": tiers[:2]}}))
+    got = C.config_for("mla_prefill", "cpu")
+    assert got["triton"]["BLOCK_M"] == 64
+    assert got["triton"]["BLOCK_N"] == pkg_prefill["triton"]["BLOCK_N"]  # field by field
+    assert got["triton_fp32"] == pkg_prefill["triton_fp32"]
+    assert C.config_for("mla_decode", "cpu")["stage1"] == tiers[:2]  # a list is replaced whole
+    assert C.package_config("mla_prefill", "cpu") == pkg_prefill  # the package's data is not modified
+    assert C.config_for("mla_prefill", "sm90") is C.package_config("mla_prefill", "sm90")  # other arches untouched
+    from rocm_mla.ops.prefill import launch_config
+
+    assert launch_config("cpu", torch.float16)["BLOCK_M"] == 64  # the op reads it through config_for
+
+
+def test_empty_env_turns_overlays_off(cfgdir, monkeypatch):
+    _write(cfgdir / "cpu.json", _overlay("cpu", PREFILL_M64))
+    assert C.config_for("mla_prefill", "cpu")["triton"]["BLOCK_M"] == 64
+    monkeypatch.setenv("ROCM_MLA_CONFIG_DIR", "")
+    C.reload_overlays()
+    assert C.overlay_dir() is None
+    assert C.config_for("mla_prefill", "cpu") is C.package_config("mla_prefill", "cpu")
+
+
+def test_default_dir_and_single_file(tmp_path, monkeypatch, cfgdir):
+    monkeypatch.delenv("ROCM_MLA_CONFIG_DIR")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    assert C.overlay_dir() == tmp_path / "xdg" / "rocm_mla"
+    monkeypatch.delenv("XDG_CONFIG_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert C.overlay_dir() == tmp_path / "home" / ".config" / "rocm_mla"
+    f = _write(tmp_path / "any-name.json", _overlay("cpu", PREFILL_M64))
+    monkeypatch.setenv("ROCM_MLA_CONFIG_DIR", str(f))  # a .json value names the file itself
+    C.reload_overlays()
+    assert C.overlay_status("cpu").path == f
+    assert C.config_for("mla_prefill", "cpu")["triton"]["BLOCK_M"] == 64
+
+
+def test_cu_specific_file_first(cfgdir, monkeypatch):
+    monkeypatch.setattr(C, "device_compute_units", lambda arch: 304 if arch == "gfx942" else None)
+    _write(cfgdir / "gfx942-304cu.json", _overlay("gfx942", {"mla_prefill": {"triton": {"BLOCK_N": 64}}}, cus=304))
+    _write(cfgdir / "gfx942.json", _overlay("gfx942", {"mla_prefill": {"triton": {"BLOCK_N": 16}}}))
+    C.reload_overlays()
+    assert C.config_for("mla_prefill", "gfx942")["triton"]["BLOCK_N"] == 64
+    monkeypatch.setattr(C, "device_compute_units", lambda arch: 80)  # an MI308X: only the generic file fits
+    C.reload_overlays()
+    assert C.config_for("mla_prefill", "gfx942")["triton"]["BLOCK_N"] == 16
+    # a CU-specific overlay for another CU count is refused even under the generic name
+    _write(cfgdir / "gfx942.json", _overlay("gfx942", {"mla_prefill": {"triton": {"BLOCK_N": 16}}}, cus=304))
+    C.reload_overlays()
+    with pytest.warns(C.OverlayWarning, match="OverlayArchMismatch"):
+        assert C.config_for("mla_prefill", "gfx942") is C.package_config("mla_prefill", "gfx942")
+
+
+def test_cache_is_not_stale_after_reload(cfgdir):
+    assert C.config_for("mla_prefill", "cpu") is C.package_config("mla_prefill", "cpu")
+    _write(cfgdir / "cpu.json", _overlay("cpu", PREFILL_M64))
+    # cached: a serving process does not change configs under its own feet ...
+    assert C.config_for("mla_prefill", "cpu") is C.package_config("mla_prefill", "cpu")
+    C.reload_overlays()  # ... until told (the tuner calls this after writing)
+    assert C.config_for("mla_prefill", "cpu")["triton"]["BLOCK_M"] == 64
+
+
+def test_precedence_override_overlay_package(cfgdir):
+    _write(cfgdir / "cpu.json", _overlay("cpu", PREFILL_M64))
+    pkg = C.package_config("mla_prefill", "cpu")
+    mine = {**pkg, "triton": {**pkg["triton"], "BLOCK_M": 128}}
+    with C.override("mla_prefill", "cpu", mine):
+        assert C.config_for("mla_prefill", "cpu") is mine
+        with C.overlays_disabled():
+            assert C.config_for("mla_prefill", "cpu") is mine  # the tuner's candidate wins everything
+    assert C.config_for("mla_prefill", "cpu")["triton"]["BLOCK_M"] == 64
+    with C.overlays_disabled():
+        assert C.config_for("mla_prefill", "cpu") is pkg
+    assert C.config_for("mla_prefill", "cpu")["triton"]["BLOCK_M"] == 64
+
+
+def test_package_json_passes_its_own_schema():
+    for op in C.SCHEMAS:
+        for arch in ("gfx942", "gfx950", "sm90", "cpu"):
+            assert C.validate_overlay(_overlay(arch, {op: C.package_config(op, arch)}), arch, check_stamp=False) == []
+
+
+# --------------------------------------------------------------------------- bad overlays
+
+def _tier(**kw):
+    return {**C.package_config("mla_decode", "cpu")["stage1"][0], **kw}
+
+
+BAD = [
+    ("unknown op", {"mla_decod": {"cpu": {}}}, C.OverlayUnknownKey),
+    ("unknown arch", {"mla_prefill": {"gpu0": {"triton": {"BLOCK_M": 64}}}}, C.OverlayUnknownKey),
+    ("another arch", {"mla_prefill": {"gfx942": {"triton": {"BLOCK_M": 64}}}}, C.OverlayArchMismatch),
+    ("unknown field", {"mla_prefill": {"cpu": {"triton": {"BLOCK_Q": 64}}}}, C.OverlayUnknownKey),
+    ("unknown top field", {"merge_attn_states": {"cpu": {"cuda": {}}}}, C.OverlayUnknownKey),
+    ("string for int", {"mla_prefill": {"cpu": {"triton": {"BLOCK_M": "64"}}}}, C.OverlayTypeError),
+    ("float for int", {"mla_prefill": {"cpu": {"triton": {"num_warps": 4.0}}}}, C.OverlayTypeError),
+    ("bool for int", {"mla_prefill": {"cpu": {"triton": {"num_warps": True}}}}, C.OverlayTypeError),
+    ("negative", {"merge_attn_states": {"cpu": {"triton": {"tile_elems": -1}}}}, C.OverlayTypeError),
+    ("int for bool", {"mla_decode": {"cpu": {"stage1": [_tier(RELOAD_K=1)]}}}, C.OverlayTypeError),
+    ("object for list", {"mla_decode": {"cpu": {"stage1": _tier()}}}, C.OverlayTypeError),
+    ("empty tiers", {"mla_decode": {"cpu": {"stage1": []}}}, C.OverlayTypeError),
+    ("incomplete tier", {"mla_decode": {"cpu": {"stage1": [{"BLOCK_H": 16, "num_warps": 4}]}}}, C.OverlayTypeError),
+    ("bad backend", {"rope_kv_write": {"cpu": {"backend_order": ["cuda"]}}}, C.OverlayTypeError),
+    ("platform is not tunable", {"platform": {"cpu": {"fp8_dtype": "float8_e5m2"}}}, C.OverlayUnknownKey),
+]
+
+
+@pytest.mark.parametrize("what,entries,err", BAD, ids=[b[0] for b in BAD])
+def test_bad_overlay_named_error_and_one_warning(cfgdir, what, entries, err):
+    data = {**entries, "_meta": {"arch": "cpu"}}
+    errors = C.validate_overlay(data, "cpu", check_stamp=False)
+    assert errors and isinstance(errors[0], err), errors
+    assert errors[0].name == err.__name__
+    _write(cfgdir / "cpu.json", data)
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            for op in C.SCHEMAS:
+                assert C.config_for(op, "cpu") is C.package_config(op, "cpu")  # ignored whole
+    ours = [w for w in rec if issubclass(w.category, C.OverlayWarning)]
+    assert len(ours) == 1, [str(w.message) for w in ours]
+    assert err.__name__ in str(ours[0].message)
+
+
+def test_stamp_errors(cfgdir, monkeypatch):
+    data = _overlay("cpu", PREFILL_M64)
+    assert isinstance(C.stamp_problems(data)[0], C.OverlayUnverified)  # never verified
+    stamped = C.stamp_overlay(data, by="test")
+    assert C.stamp_problems(stamped) == []
+    edited = json.loads(json.dumps(stamped))
+    edited["mla_prefill"]["cpu"]["triton"]["BLOCK_M"] = 128  # edited after verification
+    assert isinstance(C.stamp_problems(edited)[0], C.OverlayUnverified)
+    edited_meta = json.loads(json.dumps(stamped))
+    edited_meta["_meta"]["note"] = "comments in _meta do not matter"
+    assert C.stamp_problems(edited_meta) == []
+    real = C.software_versions()
+    monkeypatch.setattr(C, "software_versions", lambda: {**real, "triton": "9.9.9"})  # Triton upgraded
+    errs = C.stamp_problems(stamped)
+    assert isinstance(errs[0], C.OverlayStale) and "9.9.9" in str(errs[0])
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", ""])
+def test_unparsable_overlay(cfgdir, text):
+    (cfgdir / "cpu.json").write_text(text)
+    with pytest.warns(C.OverlayWarning, match="OverlayParseError"):
+        assert C.config_for("mla_decode", "cpu") is C.package_config("mla_decode", "cpu")
+
+
+def test_meta_arch_mismatch(cfgdir):
+    data = {"_meta": {"arch": "gfx942"}}
+    assert isinstance(C.validate_overlay(data, "cpu", check_stamp=False)[0], C.OverlayArchMismatch)
+
+
+# --------------------------------------------------------------------------- the tuner's pieces
+
+def test_shapes_and_presets():
+    q = T.parse_shapes("quick")
+    assert {s.op for s in q} == set(T.ALL_OPS)
+    assert T.Shape.make("decode", B=128, N=16) in q
+    mixed = T.parse_shapes("tp8,mtp;decode:B=64,seq=8192,N=16,kv=fp8")
+    assert mixed[-1] == T.Shape.make("decode", B=64, seq=8192, N=16, kv="fp8")
+    assert len(mixed) == len(set(mixed))
+    full = T.parse_shapes("deepseek-v3")
+    assert any(s.op == "decode" and s["N"] == 128 for s in full) and any(s["kv"] == "fp8" for s in full
+                                                                         if s.op == "decode")
+    assert any(s.op == "decode" and s["q"] > 1 for s in full)
+    for bad in ("nope", "decode:X=1", "decode:B"):
+        with pytest.raises(ValueError):
+            T.parse_shapes(bad)
+    s = T.Shape.make("decode", B=2, block=16)
+    assert T.Shape.make("decode", **dict(kv.split("=") for kv in s.label.split())) == s
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "sm90", "cpu"])
+def test_compose_tier_changes_only_its_combination(arch):
+    from rocm_mla.ops.decode import stage1_config, tuning_candidates
+
+    pkg = C.package_config("mla_decode", arch)
+    for tier in pkg["stage1"]:
+        for combo in ((torch.bfloat16, False), (torch.bfloat16, True), (torch.float16, True)):
+            for cand in tuning_candidates(arch):
+                point = stage1_config(arch, 0, combo[0], combo[1], cand)
+                if not combo[1] and point["BLOCK_H"] != tier["BLOCK_H"]:
+                    continue
+                new = T.compose_tier(arch, tier, combo, point)
+                assert new is not None, (tier, combo, cand)
+                assert new["BLOCK_H"] == tier["BLOCK_H"]  # tier selection unchanged
+                for c in T._COMBOS:
+                    want = point if c == combo or (combo == (torch.bfloat16, False) and c[1] is False
+                                                   and c[0] == torch.float16) else stage1_config(arch, 0, *c, tier)
+                    assert T._norm(stage1_config(arch, 0, c[0], c[1], new)) == T._norm(want), (c, new)
+                assert C.validate_overlay(_overlay(arch, {"mla_decode": {"stage1": [new]}}), arch,
+                                          check_stamp=False) == []
+
+
+def test_compose_tier_with_v_split():
+    """A V_SPLIT point (perf/sweeps/decode_sm90_vsplit.json) is expressible, and the tuner's knob
+    moves keep V_SPLIT 2 with D_SPLIT 2."""
+    from rocm_mla.ops.decode import stage1_config
+
+    tier = C.package_config("mla_decode", "sm90")["stage1"][2]
+    point = {**stage1_config("sm90", 0, torch.bfloat16, False, tier), "D_SPLIT": 2, "V_SPLIT": 2, "num_warps": 4}
+    new = T.compose_tier("sm90", tier, (torch.bfloat16, False), point)
+    assert new is not None and stage1_config("sm90", 0, torch.bfloat16, False, new)["V_SPLIT"] == 2
+    assert "V_SPLIT" not in stage1_config("sm90", 0, torch.bfloat16, True, new) or \
+        stage1_config("sm90", 0, torch.bfloat16, True, new)["V_SPLIT"] == 1  # the fp8 path keeps its own
+    assert C.validate_overlay(_overlay("sm90", {"mla_decode": {"stage1": [new]}}), "sm90", check_stamp=False) == []
+    assert T._decode_fix({"D_SPLIT": 1, "V_SPLIT": 2})["D_SPLIT"] == 2
+
+
+class _FakeCase:
+    """No kernel: the 'time' is a function of the config the op would read (config_for), so the
+    tuner's choice can be checked exactly."""
+
+    def __init__(self, s, dev):
+        self.s = s
+
+    def check(self):
+        return ""
+
+
+def _fake_tuner(tmp_path, monkeypatch, times, ops=("merge",), shapes="merge:T=40,N=4,D=128;merge:T=64,N=4,D=128",
+                **kw):
+    """A Tuner for merge on the CPU whose timer returns times[(tile_elems, num_warps)][shape T]."""
+    monkeypatch.setitem(T.CASES, "merge", _FakeCase)
+    calls = []
+
+    def timer(case):
+        cfg = C.config_for("merge_attn_states", "cpu")["triton"]
+        key = (cfg["tile_elems"], cfg["num_warps"])
+        calls.append(key)
+        t = times(key, case.s["T"], len(calls))
+        return t
+
+    kw.setdefault("quick", True)
+    monkeypatch.setattr(T, "verify", lambda *a, **k: [])  # the small real-kernel checks are tested below
+    tuner = T.Tuner(torch.device("cpu"), list(ops), T.parse_shapes(shapes), max_minutes=kw.pop("max_minutes", None),
+                    max_candidates=None, out_path=tmp_path / "cpu.json", argv=["test"], log=lambda s: None,
+                    timer=timer, **kw)
+    return tuner, calls
+
+
+DEFAULT_MERGE = (C.package_config("merge_attn_states", "cpu")["triton"]["tile_elems"],
+                 C.package_config("merge_attn_states", "cpu")["triton"]["num_warps"])
+
+
+def test_tuner_keeps_a_faster_winner_and_never_a_slower_one(cfgdir, tmp_path, monkeypatch):
+    def times(key, t, n):
+        if key == DEFAULT_MERGE:
+            return 100.0
+        if key == (8192, 4):  # 30% faster at one shape, 5% slower at the other: never taken
+            return 70.0 if t == 40 else 105.0
+        if key == (4096, 8):  # 10% faster everywhere: the winner
+            return 90.0
+        return 99.5  # within 1%: a tie, the default's
+    tuner, calls = _fake_tuner(tmp_path, monkeypatch, times)
+    data = tuner.run()
+    assert DEFAULT_MERGE in calls  # the default is always timed
+    assert data["merge_attn_states"]["cpu"] == {"triton": {"tile_elems": 4096, "num_warps": 8}}
+    for r in data["_meta"]["shapes"].values():
+        assert r["tuned_us"] <= r["default_us"]
+    assert C.stamp_problems(data) == [] and data["_meta"]["arch"] == "cpu"
+    # written where the loader looks: the next config_for (after the reload run() did) uses it
+    assert json.loads((tmp_path / "cpu.json").read_text())["merge_attn_states"] == data["merge_attn_states"]
+
+
+def test_ties_go_to_the_default(cfgdir, tmp_path, monkeypatch):
+    tuner, _ = _fake_tuner(tmp_path, monkeypatch, lambda key, t, n: 100.0 if key == DEFAULT_MERGE else 99.5)
+    data = tuner.run()
+    assert "merge_attn_states" not in data  # nothing changed: the overlay only records the measurements
+    assert all(r["config"] == "default" for r in data["_meta"]["shapes"].values())
+
+
+def test_retime_rejects_a_noisy_winner(cfgdir, tmp_path, monkeypatch):
+    seen = {"search": True}
+
+    def times(key, t, n):
+        if key == DEFAULT_MERGE:
+            return 100.0
+        if key == (2048, 8) and seen["search"]:
+            return 80.0  # fast while searching ...
+        return 101.0  # ... slower when timed back to back with the default
+
+    tuner, _ = _fake_tuner(tmp_path, monkeypatch, times)
+    real = tuner.retime
+
+    def retime(*a, **k):
+        seen["search"] = False
+        return real(*a, **k)
+
+    monkeypatch.setattr(tuner, "retime", retime)
+    data = tuner.run()
+    assert "merge_attn_states" not in data
+    assert "default kept" in data["_meta"]["groups"][0]["status"]
+
+
+def test_max_minutes_is_a_hard_stop_that_still_writes(cfgdir, tmp_path, monkeypatch):
+    tuner, calls = _fake_tuner(tmp_path, monkeypatch, lambda key, t, n: 100.0, max_minutes=1e-4)
+    data = tuner.run()
+    assert calls == []  # no candidate was started after the deadline
+    assert data["_meta"]["complete"] is False and "max-minutes" in data["_meta"]["stopped"]
+    assert (tmp_path / "cpu.json").is_file() and C.stamp_problems(data) == []
+
+
+def test_cli_refuses_cpu_without_allow_cpu(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    assert T.main(["--shapes", "tiny"]) == 2
+    assert "--allow-cpu" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- --check
+
+# These run on the device that is here (the interpreter without a GPU), with an <arch>.json overlay.
+
+def test_check_reports_compile_errors_by_name(cfgdir, capsys):
+    a = _here()
+    path = _write(cfgdir / f"{a}.json", _overlay(a, {"mla_prefill": {"triton": {"BLOCK_M": 48}}}))  # not 2^k
+    assert T.main(["--check", "--allow-cpu"]) == 1
+    out = capsys.readouterr().out
+    assert f"OverlayCompileError: mla_prefill.{a}.triton" in out
+    assert path.is_file()
+
+
+def test_check_reports_reference_errors_by_name(cfgdir, capsys, monkeypatch):
+    a = _here()
+    monkeypatch.setattr(T, "_small_prefill", lambda dev, dt, causal: "out max err 1 > 0.005")
+    _write(cfgdir / f"{a}.json", _overlay(a, PREFILL_M64))
+    assert T.main(["--check", "--allow-cpu"]) == 1
+    assert f"OverlayReferenceError: mla_prefill.{a}.triton" in capsys.readouterr().out
+
+
+def test_check_stamp_accepts_a_hand_written_overlay(cfgdir, capsys):
+    a = _here()
+    path = _write(cfgdir / f"{a}.json", _overlay(a, PREFILL_M64), stamp=False)
+    with pytest.warns(C.OverlayWarning, match="OverlayUnverified"):
+        assert C.config_for("mla_prefill", a) is C.package_config("mla_prefill", a)
+    assert T.main(["--check", "--allow-cpu"]) == 1
+    assert "OverlayUnverified" in capsys.readouterr().out
+    assert T.main(["--check", "--stamp", "--allow-cpu"]) == 0
+    C.reload_overlays()
+    assert C.config_for("mla_prefill", a)["triton"]["BLOCK_M"] == 64
+    assert C.stamp_problems(json.loads(path.read_text())) == []
+    assert T.main(["--check", "--allow-cpu"]) == 0
+
+
+def test_check_names_schema_errors(cfgdir, capsys):
+    a = _here()
+    _write(cfgdir / f"{a}.json", {"mla_prefill": {a: {"triton": {"BLOCK_Q": 1}}}, "_meta": {"arch": a}})
+    assert T.main(["--check", "--allow-cpu"]) == 1
+    assert f"OverlayUnknownKey: mla_prefill.{a}.triton.BLOCK_Q" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- a real (tiny) run
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter run is the CPU test; GPUs run the real tuner")
+def test_tiny_interpreter_run_and_the_next_process_uses_it(cfgdir, capsys):
+    rc = T.main(["--allow-cpu", "--shapes", "tiny", "--max-candidates", "2"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    path = cfgdir / "cpu.json"
+    data = json.loads(path.read_text())
+    meta = data["_meta"]
+    assert meta["arch"] == "cpu" and meta["complete"] and meta["note"].startswith("CPU interpreter")
+    assert {r["op"] for r in meta["shapes"].values()} == set(T.OP_KEYS.values())
+    for r in meta["shapes"].values():
+        assert r["tuned_us"] <= r["default_us"]
+    assert out.rstrip().splitlines()[-1].startswith("rope_kv")  # the table comes last
+    assert "default vs tuned per shape" in out and "ETA" in out
+    # In this process (reloaded by the run) and in the next one, config_for is the package's data
+    # with the overlay merged in.
+    for op_key in C.SCHEMAS:
+        want = C.merge_overlay(C.package_config(op_key, "cpu"), data[op_key]["cpu"]) if op_key in data \
+            else C.package_config(op_key, "cpu")
+        assert C.config_for(op_key, "cpu") == want
+    code = ("import json, rocm_mla.configs as C; st = C.overlay_status('cpu'); "
+            "print(json.dumps({'path': str(st.path), 'error': str(st.error) if st.error else None, "
+            "'cfg': {op: C.config_for(op, 'cpu') for op in C.SCHEMAS}}))")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    child = json.loads(res.stdout)
+    assert child["path"] == str(path) and child["error"] is None
+    assert child["cfg"] == json.loads(json.dumps({op: C.config_for(op, "cpu") for op in C.SCHEMAS}))
+    assert T.main(["--show"]) == 0
+    shown = capsys.readouterr().out
+    assert "ACTIVE" in shown and "default vs tuned per shape" in shown
+
+
+def test_describe_overlay_states(cfgdir, monkeypatch):
+    assert "none for cpu" in T.describe_overlay(C.overlay_status("cpu"))[0]
+    _write(cfgdir / "cpu.json", _overlay("cpu", PREFILL_M64))
+    C.reload_overlays()
+    lines = T.describe_overlay(C.overlay_status("cpu"))
+    old = C.package_config("mla_prefill", "cpu")["triton"]["BLOCK_M"]
+    assert "ACTIVE" in lines[0] and any(f"mla_prefill.triton.BLOCK_M: {old} -> 64" in x for x in lines)
+    _write(cfgdir / "cpu.json", _overlay("cpu", PREFILL_M64), stamp=False)
+    C.reload_overlays()
+    assert "IGNORED: OverlayUnverified" in T.describe_overlay(C.overlay_status("cpu"))[0]
+    monkeypatch.setenv("ROCM_MLA_CONFIG_DIR", "")
+    assert "off" in T.describe_overlay(C.overlay_status("cpu"))[0]

@@ -103,6 +103,61 @@ def use_simulated_gfx942_platform() -> None:
     registry._run_in_subprocess = _run_here
 
 
+# The compiled vLLM ops that vLLM's fusion-pass modules look up when imported
+# (compilation/passes/fusion/matcher_utils.py: ROTARY_OP, QUANT_OPS, SILU_MUL_OP), with the
+# schemas vLLM 0.33's _C library registers (read from its wheel). Only the schemas are needed:
+# no pattern that can match in these tests calls them.
+VLLM_C_SCHEMAS = {
+    "rotary_embedding": "rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int head_size, "
+                        "Tensor cos_sin_cache, bool is_neox, int rope_dim_offset=0, bool inverse=False) -> ()",
+    "static_scaled_fp8_quant": "static_scaled_fp8_quant(Tensor! result, Tensor input, Tensor scale, "
+                               "int[]? group_shape=None) -> ()",
+    "dynamic_scaled_fp8_quant": "dynamic_scaled_fp8_quant(Tensor! result, Tensor input, Tensor! scale) -> ()",
+    "dynamic_per_token_scaled_fp8_quant": "dynamic_per_token_scaled_fp8_quant(Tensor! result, Tensor input, "
+                                          "Tensor! scale, Tensor? scale_ub) -> ()",
+    "silu_and_mul": "silu_and_mul(Tensor! result, Tensor input) -> ()",
+}
+_libs: list = []  # torch.library.Library objects made here (kept alive)
+
+
+def stub_vllm_compiled_op_schemas() -> list[str]:
+    """Define the ``torch.ops._C`` schemas of :data:`VLLM_C_SCHEMAS` that are missing (vLLM's
+    compiled ops did not load: a CPU machine, or the GPU machine with vLLM's pure-Python part
+    only), so that vLLM's fusion-pass modules import. Schemas only: calling one raises.
+    Returns the names defined."""
+    missing = [n for n in VLLM_C_SCHEMAS if not _has_op("_C", n)]
+    if missing:
+        lib = torch.library.Library("_C", "FRAGMENT")
+        for n in missing:
+            lib.define(VLLM_C_SCHEMAS[n])
+        _libs.append(lib)
+    return missing
+
+
+def _has_op(ns: str, name: str) -> bool:
+    try:
+        getattr(getattr(torch.ops, ns), name)
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def dispatch_vllm_attention_ops_on_cpu() -> None:
+    """vLLM registers its attention custom ops (``torch.ops.vllm.unified_mla_kv_cache_update``,
+    ``unified_mla_attention_with_output``) on the platform's dispatch key, "CUDA" for the
+    simulated ROCm platform; on a CPU-only machine the tensors are CPU tensors. Register the same
+    Python functions for the CPU key (nothing changes on a GPU machine)."""
+    if getattr(dispatch_vllm_attention_ops_on_cpu, "_done", False):
+        return
+    from vllm.model_executor.layers.attention import mla_attention
+
+    lib = torch.library.Library("vllm", "IMPL")
+    for name in ("unified_mla_kv_cache_update", "unified_mla_attention_with_output"):
+        lib.impl(name, getattr(mla_attention, name), "CPU")
+    _libs.append(lib)
+    dispatch_vllm_attention_ops_on_cpu._done = True
+
+
 def _run_here(fn):
     """``vllm.model_executor.models.registry._run_in_subprocess`` without the subprocess."""
     return fn()

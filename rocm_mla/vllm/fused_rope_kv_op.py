@@ -87,8 +87,10 @@ def install(dispatch_keys: tuple[str, ...] | None = None) -> bool:
 
         fusion = importlib.import_module(FUSION_MODULE)  # defines the op + vLLM's kernel first
     except Exception as e:  # noqa: BLE001 - a plugin must not break vLLM's start-up
-        _last_error = f"{type(e).__name__}: {e}"
-        logger.warning("rocm_mla: vLLM's fused RoPE + MLA KV-cache op keeps vLLM's kernel (%s)", _last_error)
+        err = f"{type(e).__name__}: {e}"
+        if err != _last_error:  # once per cause and process (register() may run several times)
+            logger.warning("rocm_mla: vLLM's fused RoPE + MLA KV-cache op keeps vLLM's kernel (%s)", err)
+        _last_error = err
         return installed()
     _last_error = None
     _vllm_kernel = fusion.fused_rope_unified_mla_kv_cache_update_impl

@@ -502,3 +502,38 @@ def test_fusion_pass_puts_the_fused_op_in_a_deepseek_layer_step(rope, kv_cache_d
     else:
         assert (g_rows - w_rows).abs().max().item() <= tol * max(1.0, w_rows.abs().max().item())
     assert torch.equal(g_rest, w_rest)
+
+
+# ---------------------------------------------------------------- docker/serve.sh's flags, as vLLM reads them
+
+@pytest.mark.parametrize("fuse", ["1", "0"])
+def test_serve_sh_flags_as_vllm_0_33_reads_them(fuse):
+    """docker/serve.sh's command line through vLLM's own `vllm serve` argument parser and
+    create_engine_config (ROCm platform): with ROCM_MLA_FUSE_ROPE_KV=1 the fusion pass is on and
+    the MLA KV update is no longer a splitting op (so RoPE and the update share one graph); with 0,
+    vLLM's default (-O2: off, the update split out)."""
+    import os
+    import shlex
+    import subprocess
+    from pathlib import Path
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "MODEL", "TP", "ATTENTION"))}
+    env.update(DRY_RUN="1", MODEL=H._tiny_deepseek_v3_dir(), MAX_MODEL_LEN="512", ROCM_MLA_FUSE_ROPE_KV=fuse)
+    proc = subprocess.run(["bash", str(repo / "docker" / "serve.sh"), "--skip-tokenizer-init"], env=env,
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    argv = shlex.split(proc.stdout.splitlines()[-1])
+    assert argv[:2] == ["vllm", "serve"]
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", argv[2], *argv[3:]])
+    cfg = AsyncEngineArgs.from_cli_args(args).create_engine_config()
+    cc = cfg.compilation_config
+    assert cfg.attention_config.backend.name == "ROCM_MLA"
+    assert cc.pass_config.fuse_rope_kvcache_cat_mla is (fuse == "1")
+    assert cc.use_inductor_graph_partition is (fuse == "1")
+    assert ("vllm::unified_mla_kv_cache_update" in cc.splitting_ops) is (fuse == "0")
+    assert "vllm::unified_mla_attention_with_output" in cc.splitting_ops  # attention still split out

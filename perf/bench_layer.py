@@ -53,6 +53,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+if "--check-rope-kv" in sys.argv and not torch.cuda.is_available():
+    import os
+
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit runs
 
 from rocm_mla import __version__  # noqa: E402
 from rocm_mla.ops import concat_and_cache_mla, fused_rope_mla_kv_write, mla_decode, mla_prefill_with_context  # noqa: E402

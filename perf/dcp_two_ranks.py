@@ -26,7 +26,9 @@ What runs (rocm_mla/vllm/dcp_check.py has the details):
 
 ``--communicator base`` (default) uses vLLM's ``DeviceCommunicatorBase`` (torch.distributed
 all_gather_into_tensor / reduce_scatter_tensor on the NCCL device group); ``platform`` uses the
-(simulated ROCm) platform's ``CudaCommunicator`` (PyNccl), which needs vLLM's NCCL wrapper to load.
+(simulated ROCm) platform's ``CudaCommunicator``, as vLLM on ROCm does: its reduce-scatter goes through
+vLLM's PyNccl (ctypes on libnccl.so.2 under a CUDA torch); GPUs only (on CPU PyNccl is disabled and the
+reduce-scatter returns garbage, which the check reports as FAIL).
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ def prepare(tmp: Path, cases, requests, dtype) -> list[dict]:
 def rank_main(rank: int, world: int, port: int, backend: str, communicator: str, tmp: str, ncases: int) -> None:
     results = {"rank": rank, "cases": [], "error": None}
     try:
+        if torch.cuda.is_available():
+            torch.cuda.set_device(rank)  # before anything touches the GPU (the platform set-up reads its arch)
         _setup_vllm()
         from rocm_mla.vllm import dcp_check
 
@@ -131,6 +135,9 @@ def main() -> int:
     ap.add_argument("--communicator", default="base", choices=["base", "platform"])
     ap.add_argument("--quick", action="store_true", help="small cases (the CPU default)")
     ap.add_argument("--out", default=None, help="folder for dcp_two_ranks.json")
+    ap.add_argument("--deadline", type=float, default=480.0,
+                    help="seconds the ranks may take; then they are killed and the run FAILs (a rank that "
+                         "failed leaves the other waiting in a collective)")
     args = ap.parse_args()
     gpu = torch.cuda.is_available()
     if gpu and torch.cuda.device_count() < args.world:
@@ -149,10 +156,23 @@ def main() -> int:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         t0 = time.time()
-        mp.start_processes(rank_main, args=(args.world, port, args.backend, args.communicator, tmp, len(meta)),
-                           nprocs=args.world, join=True, start_method="spawn")
-        print(f"{args.world} ranks ran in {time.time() - t0:.1f} s ({args.backend}, communicator {args.communicator})")
-        ranks = [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(args.world)]
+        ctx = mp.start_processes(rank_main, args=(args.world, port, args.backend, args.communicator, tmp, len(meta)),
+                                 nprocs=args.world, join=False, start_method="spawn")
+        timed_out = False
+        while not ctx.join(timeout=5):
+            if time.time() - t0 > args.deadline:
+                timed_out = True
+                for proc in ctx.processes:
+                    if proc.is_alive():
+                        proc.kill()
+                break
+        print(f"{args.world} ranks ran in {time.time() - t0:.1f} s ({args.backend}, communicator {args.communicator})"
+              + (f": KILLED after the {args.deadline:.0f} s deadline" if timed_out else ""))
+        ranks = []
+        for r in range(args.world):
+            f = Path(tmp) / f"rank{r}.json"
+            ranks.append(json.loads(f.read_text()) if f.exists() else
+                         {"rank": r, "cases": [], "error": "no result (killed, or it died without writing one)"})
     ok = True
     for r in ranks:
         if r["error"]:
@@ -173,13 +193,15 @@ def main() -> int:
                    and all(h == [N] for h in (c["forward_mqa_q_heads"] for c in per))
                    and all(c["dcp_combine_calls"] == 1 for c in per))
         ok &= case_ok
-        rows.append({**m, "max_err_vs_1rank": err, "max_err_vs_fp32": max(c["max_err_vs_fp32"] for c in per),
+        comm = sorted({f"{c['dcp_communicator']}" + (f" (pynccl {c['pynccl']})" if c["pynccl"] else "") for c in per})
+        rows.append({**m, "communicator": comm, "max_err_vs_1rank": err, "max_err_vs_fp32": max(c["max_err_vs_fp32"] for c in per),
                      "ref_scale": scale, "local_seq_lens": [c["local_seq_lens"] for c in per],
                      "forward_mqa_q_heads": [c["forward_mqa_q_heads"] for c in per], "pass": case_ok})
         print(f"case {i}: N={N} block={m['block_size']} kv={m['kv_cache_dtype']} interleave={m['interleave']} "
               f"{m['dtype']}: max |err| vs 1-rank {err:.3g} (vs fp32 {rows[-1]['max_err_vs_fp32']:.3g}, "
               f"1-rank vs fp32 {m['err_1rank_vs_fp32']:.3g}, scale {scale:.3g}) "
-              f"forward_mqa heads {rows[-1]['forward_mqa_q_heads']} -> {'PASS' if case_ok else 'FAIL'}")
+              f"forward_mqa heads {rows[-1]['forward_mqa_q_heads']}, DCP group {', '.join(comm)} "
+              f"-> {'PASS' if case_ok else 'FAIL'}")
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "dcp_two_ranks.json").write_text(json.dumps(

@@ -398,7 +398,11 @@ def run_rank_case(case: dict, rank: int, world: int, interleave: int) -> dict:
     cols = slice(rank * Nl * H.V_HEAD, (rank + 1) * Nl * H.V_HEAD)
     one, ref = case["out_1rank"][:, cols].float(), case["reference"][:, cols].float()
     got = out.float().cpu()
+    comm = get_dcp_group().device_communicator
+    pynccl = getattr(comm, "pynccl_comm", None)
     return {"rank": rank, "local_seq_lens": local.tolist(), "forward_mqa_q_heads": seen["q_heads"],
+            "dcp_communicator": type(comm).__name__,
+            "pynccl": None if pynccl is None else ("disabled" if pynccl.disabled else "enabled"),
             "dcp_combine_calls": seen["combine"], "finite": bool(torch.isfinite(got).all()),
             "max_err_vs_1rank": (got - one).abs().max().item(), "max_err_vs_fp32": (got - ref).abs().max().item(),
             "max_err_1rank_vs_fp32": (one - ref).abs().max().item(), "ref_scale": max(1.0, ref.abs().max().item())}

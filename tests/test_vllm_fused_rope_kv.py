@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch._inductor.custom_graph_pass  # noqa: F401 - _PostGradPasses subclasses it
 
 from _util import DEVICE, HAS_GPU
 

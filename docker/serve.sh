@@ -15,6 +15,18 @@
 #   ROCM_MLA_PLUGIN         rocm-mla's entry-point name in vllm.general_plugins [rocm_mla]
 #   VLLM_PLUGINS            vLLM's plugin allow-list: set to ROCM_MLA_PLUGIN when unset, and
 #                           ROCM_MLA_PLUGIN is appended when a list without it is given
+#   ROCM_MLA_FUSE_ROPE_KV   1: with ATTENTION_BACKEND=ROCM_MLA, turn on vLLM's fuse_rope_kvcache_cat_mla
+#                           compile pass, so that RoPE + the latent KV-cache write run as one
+#                           rocm_mla kernel (rocm_mla/vllm/fused_rope_kv_op.py) [1]. It adds
+#                           -cc.use_inductor_graph_partition=true (the KV update stops being a
+#                           splitting op, so RoPE and the update share one Inductor graph) and
+#                           -cc.pass_config.fuse_rope_kvcache_cat_mla=true (vLLM 0.33 turns the pass
+#                           on by itself at -O2/-O3 once the first holds; explicit here).
+#                           0: neither flag; vLLM's default (-O2: pass off, RoPE in torch, then the
+#                           ROCM_MLA KV write). Not added when the arguments carry a JSON
+#                           --compilation-config / -cc (vLLM 0.33 drops such a JSON when dotted -cc.*
+#                           flags are also given): put the two keys in that JSON instead.
+#                           No effect with --enforce-eager or -O0 (nothing is compiled).
 #   ROCM_MLA_EXPECT_VLLM    vLLM version prefix that rocm-mla is written for [0.33.]; empty: any
 #   ROCM_MLA_SERVE_CHECK_ONLY=1  run the start-up checks and exit (the image build does this)
 #   DRY_RUN=1               print the command instead of running it (no checks)
@@ -30,6 +42,7 @@ GPU_MEMORY_UTILIZATION=${GPU_MEMORY_UTILIZATION:-0.9}
 TRUST_REMOTE_CODE=${TRUST_REMOTE_CODE:-1}
 ROCM_MLA_PLUGIN=${ROCM_MLA_PLUGIN:-rocm_mla}
 ROCM_MLA_EXPECT_VLLM=${ROCM_MLA_EXPECT_VLLM-0.33.}
+ROCM_MLA_FUSE_ROPE_KV=${ROCM_MLA_FUSE_ROPE_KV:-1}
 
 # vLLM loads every general plugin when VLLM_PLUGINS is unset and only the listed ones when it is
 # set. Setting it to ours makes what runs explicit; a list given without ours would silently
@@ -47,7 +60,22 @@ cmd=(vllm serve "$MODEL" --tensor-parallel-size "$TP" --host "$HOST" --port "$PO
 [[ -n $MAX_MODEL_LEN ]] && cmd+=(--max-model-len "$MAX_MODEL_LEN")
 [[ $TRUST_REMOTE_CODE == 1 ]] && cmd+=(--trust-remote-code)
 read -r -a extra <<< "${VLLM_EXTRA_ARGS:-}"
-cmd+=("${extra[@]}" "$@")
+# The fused RoPE + KV write (flags checked against vLLM 0.33: config/compilation.py PassConfig,
+# config/vllm.py enable_rope_kvcache_mla_fusion, and its CLI's -cc.* parsing; see the header).
+fuse=()
+if [[ $ROCM_MLA_FUSE_ROPE_KV == 1 && $ATTENTION_BACKEND == ROCM_MLA ]]; then
+  json_cc=0
+  for a in "${extra[@]}" "$@"; do
+    case $a in --compilation-config | --compilation-config=* | -cc | -cc=*) json_cc=1 ;; esac
+  done
+  if [[ $json_cc == 1 ]]; then
+    echo "serve.sh: a JSON compilation config is given; for the fused RoPE + KV write add" \
+      '"use_inductor_graph_partition": true, "pass_config": {"fuse_rope_kvcache_cat_mla": true} to it' >&2
+  else
+    fuse=(-cc.use_inductor_graph_partition=true -cc.pass_config.fuse_rope_kvcache_cat_mla=true)
+  fi
+fi
+cmd+=("${fuse[@]}" "${extra[@]}" "$@")
 
 if [[ ${DRY_RUN:-0} == 1 ]]; then
   echo "VLLM_PLUGINS=$VLLM_PLUGINS"

@@ -8,11 +8,15 @@ Heads per rank: 128 (TP1) and 16 (TP8). bf16 activations and cache, block 64, GP
 
 decode step (B requests, each with `ctx` cached tokens, one new token):
   upstream  vLLM 0.33 on ROCm: torch RoPE (RotaryEmbedding.forward_static) + copy back into q,
-            cat + index_copy_ cache write, q_nope @ W_UK_T (bmm), TRITON_MLA forward_mqa
+            cat + index_copy_ cache write (stand-in for vLLM's compiled concat_and_cache_mla,
+            which needs vLLM's GPU build), q_nope @ W_UK_T (bmm), TRITON_MLA forward_mqa
             (torch.cat(ql_nope, q_pe), torch.zeros for o and lse, vLLM's Triton decode), then
             o @ W_UV into the layer output (bmm out=, in place upstream too)
-  rocm_mla  fused_rope_mla_kv_write, the same W_UK bmm, mla_decode(q_nope, q_pe) into
-            preallocated o/lse (no memset), the same W_UV bmm
+  rocm_mla_nopass  ROCM_MLA without vLLM's fuse_rope_kvcache_cat_mla pass: the same torch RoPE +
+            copy back, then the backend's KV write (rocm_mla.concat_and_cache_mla), the same W_UK
+            bmm, mla_decode into preallocated o/lse, the same W_UV bmm
+  rocm_mla  ROCM_MLA with the pass (docker/serve.sh's default): fused_rope_mla_kv_write (one
+            kernel: RoPE of q_pe/k_pe in place + cache write), then as rocm_mla_nopass
 prefill step (B sequences, `new` new tokens after `ctx` cached ones, one context chunk):
   both      kv_b_proj of the new tokens and of the gathered context chunk (matmuls, the same
             in both; the gather from the paged cache is the same index_select in both)
@@ -22,7 +26,19 @@ prefill step (B sequences, `new` new tokens after `ctx` cached ones, one context
   rocm_mla  mla_prefill_with_context: strided k_nope/v, broadcast k_pe, out/lse in place,
             strided merge in place
 
+RoPE + KV write alone (second table), per decode batch (B tokens) and prefill (new tokens):
+  upstream    torch RoPE + copy back + cat/index_copy_ cache write (as above)
+  nopass      torch RoPE + copy back + rocm_mla.concat_and_cache_mla (ROCM_MLA without the pass)
+  fused       rocm_mla.fused_rope_mla_kv_write called directly
+  vllm_op     torch.ops.vllm.fused_rope_unified_mla_kv_cache_update, the op the pass puts in the
+              graph, dispatched to rocm_mla's kernel by the plugin (rocm_mla/vllm/fused_rope_kv_op.py)
+              for a ROCM_MLA layer: measures the eager dispatch cost (Python + forward context);
+              inside vLLM's CUDA graphs that cost is not paid. Needs vLLM importable
+              (perf/vllm_on_device.sh); skipped with a note otherwise.
+
 The upstream decode needs vLLM's Triton kernels (../shared/peers/get_vllm_peers.sh .peers).
+`python perf/bench_layer.py --check-rope-kv` runs only the RoPE + KV write variants once on tiny
+shapes and checks that they agree (also on CPU, in the Triton interpreter; no timing).
 """
 
 from __future__ import annotations
@@ -37,9 +53,13 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+if "--check-rope-kv" in sys.argv and not torch.cuda.is_available():
+    import os
+
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit runs
 
 from rocm_mla import __version__  # noqa: E402
-from rocm_mla.ops import fused_rope_mla_kv_write, mla_decode, mla_prefill_with_context  # noqa: E402
+from rocm_mla.ops import concat_and_cache_mla, fused_rope_mla_kv_write, mla_decode, mla_prefill_with_context  # noqa: E402
 from rocm_mla.tools.benchutil import (gpu_for, DATA_MOVEMENT_KERNELS, Record, bar_plot, data_movement_kind,  # noqa: E402
                                       device_name, load_vllm_peer, print_table, time_ms, write_csv)
 
@@ -130,6 +150,19 @@ class DecodeStep:
                    lse=self.lse, max_seq_len=self.ctx + 1)
         self._up(self.o)
 
+    def ours_nopass(self):
+        """ROCM_MLA without the fusion pass: vLLM's torch RoPE, then the backend's KV write."""
+        from bench_rope_kv import vllm_forward_static
+
+        q_rot, k_rot = vllm_forward_static(self.positions, self.q[..., P:], self.kv_a[:, L:].unsqueeze(1),
+                                           self.layer.cos_sin)
+        self.q[..., P:] = q_rot
+        concat_and_cache_mla(self.kv_a[:, :L], k_rot, self.cache, self.slots)
+        ql_nope = self._absorb()
+        mla_decode(ql_nope, self.q[..., P:], self.cache, self.table, self.seq_lens, sm_scale=SCALE, out=self.o,
+                   lse=self.lse, max_seq_len=self.ctx + 1)
+        self._up(self.o)
+
     def upstream(self):
         from bench_rope_kv import unfused
 
@@ -198,12 +231,165 @@ class PrefillStep:
         vllm_merge(self.output.view(-1, self.layer.N, V), o_ctx[..., :V], l_ctx, o_new[..., :V], l_new, self.lse)
 
 
+class RopeKV:
+    """RoPE of q_pe / k_pe + the latent KV-cache write of T new tokens, in the variants of the
+    module docstring. Layout as the model hands it over: q [T, N, 192] (q_pe = q[..., 128:]),
+    kv_a [T, 576] (kv_c = kv_a[:, :512], k_pe = kv_a[:, 512:]), bf16 cache [blocks, 64, 576],
+    shuffled slots, random positions."""
+
+    def __init__(self, N: int, T: int, dev: torch.device, cos_sin: torch.Tensor, dtype=torch.bfloat16):
+        self.N, self.T, self.dev, self.cos_sin = N, T, dev, cos_sin
+        self.q = torch.randn(T, N, P + R, device=dev, dtype=dtype)
+        self.kv_a = torch.randn(T, L + R, device=dev, dtype=dtype)
+        self.positions = torch.randint(0, cos_sin.shape[0], (T,), device=dev)
+        blocks = (T * 5 // 4 + BLOCK - 1) // BLOCK + 1
+        self.slots = torch.randperm(blocks * BLOCK, device=dev)[:T]
+        self.cache = torch.zeros(blocks, BLOCK, L + R, device=dev, dtype=dtype)
+        self._saved = (self.q.clone(), self.kv_a.clone())
+        self._vllm = None  # (layer step, forward-context factory), built on first use
+
+    def reset(self):
+        self.q.copy_(self._saved[0])
+        self.kv_a.copy_(self._saved[1])
+        self.cache.zero_()
+
+    def upstream(self):
+        from bench_rope_kv import unfused
+
+        unfused(self.positions, self.q, self.kv_a, self.kv_a[:, :L], self.cos_sin, self.cache, self.slots, None, None)
+
+    def nopass(self):
+        from bench_rope_kv import vllm_forward_static
+
+        q_rot, k_rot = vllm_forward_static(self.positions, self.q[..., P:], self.kv_a[:, L:].unsqueeze(1), self.cos_sin)
+        self.q[..., P:] = q_rot
+        concat_and_cache_mla(self.kv_a[:, :L], k_rot, self.cache, self.slots)
+
+    def fused(self):
+        fused_rope_mla_kv_write(self.positions, self.q[..., P:], self.kv_a[:, L:], self.kv_a[:, :L], self.cos_sin,
+                                self.cache, self.slots, is_neox=False)
+
+    def vllm_op_context(self):
+        """A context manager under which :meth:`vllm_op` runs: a ROCM_MLA MLAAttention layer
+        registered with vLLM (harness.LayerStep), its kv_cache bound to this cache, and vLLM's
+        forward context with this slot mapping. Raises if vLLM or the plugin's override is missing."""
+        from rocm_mla.vllm import fused_rope_kv_op, harness
+        from rocm_mla.vllm.backend import RocmMLABackend
+        from vllm.forward_context import set_forward_context
+        from vllm.utils.torch_utils import _encode_layer_name
+
+        if self._vllm is None:
+            step = harness.LayerStep(RocmMLABackend, [harness.Request(0, 1)], num_heads=self.N,
+                                     dtype=self.q.dtype, device=self.dev, block_size=BLOCK)
+            self._vllm = (step, _encode_layer_name(step.layer.layer_name))
+        step, self._ln = self._vllm
+        if not fused_rope_kv_op.installed():
+            raise RuntimeError(f"the plugin's override is not installed ({fused_rope_kv_op.last_error()})")
+        step.layer.kv_cache = self.cache
+        name = step.layer.layer_name
+        return set_forward_context({name: None}, step.vllm_config, slot_mapping={name: self.slots})
+
+    def vllm_op(self):
+        torch.ops.vllm.fused_rope_unified_mla_kv_cache_update(
+            self.positions, self.q[..., P:], self.kv_a[:, L:], self.kv_a[:, :L], self.cos_sin, False, "auto",
+            self._vllm[0].layer._k_scale, self._ln)
+
+
+def setup_vllm_op(dev: torch.device) -> str | None:
+    """Make the vLLM op path available (simulated ROCm platform, the plugin registered, vLLM's
+    fusion module importable with the compiled-op schemas it looks up stubbed); None when it is,
+    else why not."""
+    try:
+        from rocm_mla.vllm import fused_rope_kv_op, harness
+
+        harness.use_simulated_gfx942_platform()
+        harness.stub_vllm_compiled_op_schemas()
+        import rocm_mla.vllm as rocm_vllm
+
+        rocm_vllm.register()
+        keys = ("CUDA",) if dev.type == "cuda" else ("CUDA", "CPU")
+        if not fused_rope_kv_op.install(keys):
+            return fused_rope_kv_op.last_error()
+        return None
+    except Exception as e:  # noqa: BLE001 - an optional column
+        return f"{type(e).__name__}: {e}"
+
+
+ROPE_KV_VARIANTS = ("upstream", "nopass", "fused", "vllm_op")
+
+
+def check_rope_kv(dev: torch.device, N: int = 4, T: int = 7) -> dict[str, float]:
+    """Run every RoPE + KV write variant once on the same inputs; max |difference| of q, kv_c and
+    the cache from the upstream variant (bf16 on a GPU, float32 on CPU; k_pe is rotated in place
+    by the fused variants only, as vLLM's fused op does, so its rotation is checked in the cache).
+    The vllm_op variant is left out (None) when vLLM cannot be set up."""
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    inv = 1.0 / (10000 ** (torch.arange(0, R, 2, dtype=torch.float32) / R))
+    freqs = torch.outer(torch.arange(4096, dtype=torch.float32), inv)
+    cos_sin = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dev, dtype)
+    rk = RopeKV(N, T, dev, cos_sin, dtype)
+    why = setup_vllm_op(dev)
+    results, ref = {}, None
+    for v in ROPE_KV_VARIANTS:
+        rk.reset()
+        if v == "vllm_op":
+            if why is not None:
+                results[v] = None
+                continue
+            with rk.vllm_op_context():
+                rk.vllm_op()
+        else:
+            getattr(rk, v)()
+        got = (rk.q.float().clone(), rk.kv_a[:, :L].float().clone(), rk.cache.float().clone())
+        if ref is None:
+            ref = got
+        results[v] = max((a - b).abs().max().item() for a, b in zip(got, ref))
+    return results
+
+
+def rope_kv_table(dev, name, shapes, cos_sin, records) -> list[list[str]]:
+    """Time the RoPE + KV write variants per (label, N, T)."""
+    why = setup_vllm_op(dev)
+    if why is not None:
+        print(f"bench_layer: vllm_op column skipped ({why})")
+    rows = []
+    for label, N, T in shapes:
+        rk = RopeKV(N, T, dev, cos_sin)
+        row, times = [label], {}
+        for v in ROPE_KV_VARIANTS:
+            if v == "vllm_op" and why is not None:
+                row.append("-")
+                continue
+            rk.reset()
+            if v == "vllm_op":
+                with rk.vllm_op_context():
+                    ms = time_ms(rk.vllm_op)
+            else:
+                ms = time_ms(getattr(rk, v))
+            times[v] = ms
+            row.append(f"{ms * 1e3:.1f}")
+            records.append(Record("rope_kv_write", v, label, "time_us", ms * 1e3, name, __version__))
+        row.append(f"{times['upstream'] / times['fused']:.2f}x")
+        row.append(f"{times['nopass'] / times['fused']:.2f}x")
+        rows.append(row)
+        del rk
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results", help="folder for layer.csv and layer.png")
     ap.add_argument("--peers", default=".peers", help="folder made by get_vllm_peers.sh")
     ap.add_argument("--quick", action="store_true", help="smaller batches")
+    ap.add_argument("--check-rope-kv", action="store_true",
+                    help="only run the RoPE + KV write variants once on tiny shapes and compare (CPU too)")
     args = ap.parse_args()
+    if args.check_rope_kv:
+        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        res = check_rope_kv(dev)
+        print("bench_layer --check-rope-kv: max |diff| vs upstream:", res)
+        tol = 3e-2 if dev.type == "cuda" else 1e-5
+        return 0 if all(v is None or v <= tol for v in res.values()) else 1
     dev = gpu_for("bench_layer")
     if dev is None:
         return 2
@@ -219,13 +405,15 @@ def main() -> int:
     # would need a copy that upstream's varlen FlashAttention does not make.
     B_pre, new_pre, ctx_pre = (1, 2048, 4096) if args.quick else (1, 4096, 8192)
     rows, records, groups = [], [], []
-    series: dict[str, list[float]] = {"upstream": [], "rocm_mla": []}
+    series: dict[str, list[float]] = {"upstream": [], "rocm_mla_nopass": [], "rocm_mla": []}
     for N, tp in ((128, "TP1"), (16, "TP8")):
         layer = Layer(N, dev)
         steps = [(f"decode {tp} N={N} B={B_dec} ctx={ctx_dec}", DecodeStep(layer, B_dec, ctx_dec, decode_attention_fwd, sms)),
                  (f"prefill {tp} N={N} {B_pre}x{new_pre} new + {ctx_pre} ctx", PrefillStep(layer, B_pre, new_pre, ctx_pre))]
         for label, step in steps:
             calls = {"upstream": (lambda s=step: s.upstream(vllm_merge)) if isinstance(step, PrefillStep) else step.upstream,
+                     # the prefill step starts after RoPE + KV write: with or without the pass it is the same
+                     "rocm_mla_nopass": step.ours_nopass if isinstance(step, DecodeStep) else step.ours,
                      "rocm_mla": step.ours}
             res, outs = {}, {}
             for prov, fn in calls.items():
@@ -243,21 +431,32 @@ def main() -> int:
                 for kind, n in moves.items():
                     records.append(Record("layer_step", prov, label, f"{kind}_kernels", n, name, __version__))
                 series[prov].append(ms * 1e3)
-            err = ((outs["rocm_mla"] - outs["upstream"]).norm() / outs["upstream"].norm()).item()
-            if not err < 2e-2:  # bf16 compositions agree to ~1e-2 relative; NaN fails too
-                print(f"  {label}: rocm_mla and upstream DISAGREE (relative error {err:.3g})")
-            records.append(Record("layer_step", "rocm_mla", label, "rel_err_vs_upstream", err, name, __version__))
+            for prov in ("rocm_mla_nopass", "rocm_mla"):
+                err = ((outs[prov] - outs["upstream"]).norm() / outs["upstream"].norm()).item()
+                if not err < 2e-2:  # bf16 compositions agree to ~1e-2 relative; NaN fails too
+                    print(f"  {label}: {prov} and upstream DISAGREE (relative error {err:.3g})")
+                records.append(Record("layer_step", prov, label, "rel_err_vs_upstream", err, name, __version__))
             groups.append(label)
             fmt = lambda m: "/".join(str(m[k]) for k in ("cat", "pad", "copy", "fill")) + f" ={sum(m.values())}"  # noqa: E731
-            rows.append([label, f"{res['upstream'][0] * 1e3:.0f}", f"{res['rocm_mla'][0] * 1e3:.0f}",
-                         f"{res['upstream'][0] / res['rocm_mla'][0]:.2f}x", fmt(res["upstream"][1]), fmt(res["rocm_mla"][1])])
+            rows.append([label, f"{res['upstream'][0] * 1e3:.0f}", f"{res['rocm_mla_nopass'][0] * 1e3:.0f}",
+                         f"{res['rocm_mla'][0] * 1e3:.0f}", f"{res['upstream'][0] / res['rocm_mla'][0]:.2f}x",
+                         fmt(res["upstream"][1]), fmt(res["rocm_mla_nopass"][1]), fmt(res["rocm_mla"][1])])
         del layer
         torch.cuda.empty_cache()
     print(f"\nMLA layer step on {name}, bf16: time (us) and data-movement kernels (cat/pad/copy/fill)")
-    print_table(["step", "upstream us", "rocm_mla us", "speed-up", "upstream moves", "rocm_mla moves"], rows)
+    print_table(["step", "upstream us", "rocm_mla no-pass us", "rocm_mla fused us", "speed-up (fused)",
+                 "upstream moves", "no-pass moves", "fused moves"], rows)
     print("(upstream's decode copies include its cache write's index_copy_. The context gather from the "
           "paged cache, the same index_select in both, matches no pattern and is not counted; rocm_mla's "
           "attention path itself launches none: perf/bench_layer_copies.py)")
+    cos_sin = Layer(16, dev).cos_sin
+    shapes = [(f"decode B={B_dec} N={N}", N, B_dec) for N in (128, 16)] + \
+             [(f"prefill T={B_pre * new_pre} N={N}", N, B_pre * new_pre) for N in (128, 16)]
+    rk_rows = rope_kv_table(dev, name, shapes, cos_sin, records)
+    print(f"\nRoPE + KV write alone on {name}, bf16 (us): upstream = torch RoPE + cat/index_copy_; no-pass = "
+          "torch RoPE + rocm_mla.concat_and_cache_mla; fused = fused_rope_mla_kv_write; vllm_op = vLLM's "
+          "fused op dispatched to it (eager, with the op's Python)")
+    print_table(["tokens", *ROPE_KV_VARIANTS, "upstream/fused", "no-pass/fused"], rk_rows)
     out = Path(args.out)
     write_csv(out / "layer.csv", records)
     bar_plot(out / "layer.png", f"MLA layer step on {name}", groups, series, "us per step")

@@ -432,3 +432,34 @@ def test_serve_sh_environment_and_arguments():
     assert argv[-4:] == ["--dtype", "bfloat16", "--max-num-seqs", "64"]  # extra, then arguments: last wins
     _, cmd = _serve_sh({"ATTENTION_BACKEND": "", "MAX_MODEL_LEN": "", "TRUST_REMOTE_CODE": "0"})
     assert not {"--attention-backend", "--max-model-len", "--trust-remote-code"} & set(cmd.split())
+
+
+FUSE_FLAGS = ["-cc.use_inductor_graph_partition=true", "-cc.pass_config.fuse_rope_kvcache_cat_mla=true"]
+
+
+def test_serve_sh_turns_the_fused_rope_kv_write_on_for_rocm_mla():
+    """The fuse_rope_kvcache_cat_mla pass flags (what vLLM makes of them: tests/test_vllm_fused_rope_kv.py),
+    before VLLM_EXTRA_ARGS and the arguments, so a later -cc.* flag overrides them."""
+    _, cmd = _serve_sh({"VLLM_EXTRA_ARGS": "--dtype bfloat16"}, "-cc.pass_config.fuse_rope_kvcache_cat_mla=false")
+    argv = cmd.split()
+    i = argv.index(FUSE_FLAGS[0])
+    assert argv[i:i + 2] == FUSE_FLAGS and argv[i + 2:] == ["--dtype", "bfloat16",
+                                                            "-cc.pass_config.fuse_rope_kvcache_cat_mla=false"]
+    for env in ({"ROCM_MLA_FUSE_ROPE_KV": "0"}, {"ATTENTION_BACKEND": "TRITON_MLA"}, {"ATTENTION_BACKEND": ""}):
+        _, cmd = _serve_sh(env)
+        assert not set(FUSE_FLAGS) & set(cmd.split()), env
+
+
+def test_serve_sh_leaves_a_json_compilation_config_alone():
+    """vLLM 0.33 drops a JSON --compilation-config / -cc when dotted -cc.* flags come too: serve.sh
+    then adds none and says which keys to put in the JSON."""
+    import os
+    import subprocess
+
+    for args in (["--compilation-config", '{"cudagraph_mode": "PIECEWISE"}'], ["-cc={}"]):
+        _, cmd = _serve_sh({}, *args)
+        assert not set(FUSE_FLAGS) & set(cmd.split())
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "MODEL", "TP", "ATTENTION"))}
+        proc = subprocess.run(["bash", str(ROOT / "docker" / "serve.sh"), *args], env={**base, "DRY_RUN": "1"},
+                              capture_output=True, text=True, timeout=30)
+        assert '"fuse_rope_kvcache_cat_mla": true' in proc.stderr

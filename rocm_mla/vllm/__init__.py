@@ -34,6 +34,12 @@ What :func:`register` does, and why (vllm/v1/attention/backends/registry.py):
 * ``register_mla_prefill_backend("ROCM_MLA", ...)`` adds rocm_mla's varlen prefill to vLLM's MLA
   prefill registry (``-ac.mla_prefill_backend=ROCM_MLA``): any MLA decode backend can then run its
   prefill on it, and it is the prefill object ROCM_MLA layers hold (see backend.py).
+* ``fused_rope_kv_op.install()`` (CUDA/ROCm platforms only) imports vLLM's
+  ``mla_rope_kvcache_cat_fusion`` module and registers rocm_mla's kernel for its op
+  ``torch.ops.vllm.fused_rope_unified_mla_kv_cache_update``, which the ``fuse_rope_kvcache_cat_mla``
+  compile pass puts in place of RoPE + KV write: ROCM_MLA layers then run
+  ``rocm_mla.fused_rope_mla_kv_write``, other layers vLLM's kernel. If vLLM's module cannot be
+  imported, vLLM keeps its kernel (a warning says why).
 """
 
 from __future__ import annotations
@@ -83,6 +89,12 @@ def register() -> None:
     else:
         register_mla_prefill_backend(PREFILL_BACKEND_NAME, PREFILL_BACKEND_CLASS)
     _pickle_by_name(MLAPrefillBackendEnum[PREFILL_BACKEND_NAME], "mla_prefill")
+
+    # vLLM's fused RoPE + MLA KV-cache op (the fuse_rope_kvcache_cat_mla pass) on rocm_mla's
+    # kernel for ROCM_MLA layers; vLLM's kernel for every other layer (fused_rope_kv_op.py).
+    from . import fused_rope_kv_op
+
+    fused_rope_kv_op.install()
 
 
 def _restore_member(kind: str, name: str):

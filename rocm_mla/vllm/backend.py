@@ -17,13 +17,13 @@ replaces the four attention steps:
   (``context_gather``), up-projected, attended into one reusable chunk buffer, and folded into
   the output rows in place with the strided ``rocm_mla.merge_attn_states`` (no partial copies).
 
-What vLLM 0.33 does not let a backend reach (README, "vLLM integration"): the fused RoPE + KV
-write. RoPE is applied by the model (``MultiHeadLatentAttentionWrapper.forward`` in
-vllm/model_executor/layers/mla.py) before ``MLAAttention`` is called, and ``do_kv_cache_update``
-receives neither positions nor ``q_pe`` nor the cos/sin cache; the ``fuse_rope_kvcache_cat_mla``
-compile pass (vllm/compilation/passes/fusion/mla_rope_kvcache_cat_fusion.py) rewrites the graph to
-``torch.ops.vllm.fused_rope_unified_mla_kv_cache_update``, whose implementation calls vLLM's own
-``ops.concat_and_cache_mla_rope_fused`` directly, with no backend hook.
+The fused RoPE + KV write is not a backend hook in vLLM 0.33: RoPE is applied by the model
+(``MultiHeadLatentAttentionWrapper.forward`` in vllm/model_executor/layers/mla.py) before
+``MLAAttention`` is called, and ``do_kv_cache_update`` receives neither positions nor ``q_pe`` nor
+the cos/sin cache. vLLM's ``fuse_rope_kvcache_cat_mla`` compile pass joins them into
+``torch.ops.vllm.fused_rope_unified_mla_kv_cache_update``, whose kernel the plugin overrides for
+ROCM_MLA layers (fused_rope_kv_op.py); without the pass ``do_kv_cache_update`` below writes the
+already-rotated k_pe.
 """
 
 from __future__ import annotations

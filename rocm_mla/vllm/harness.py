@@ -103,6 +103,113 @@ def use_simulated_gfx942_platform() -> None:
     registry._run_in_subprocess = _run_here
 
 
+# The compiled vLLM ops that vLLM's fusion-pass modules look up: the first five when
+# mla_rope_kvcache_cat_fusion.py is imported (matcher_utils.py: ROTARY_OP, QUANT_OPS,
+# SILU_MUL_OP), the rest when FixFunctionalizationPass walks a graph (its if-elif chain compares
+# each auto_functionalized target with them). Schemas as vLLM 0.33's _C library registers them
+# (read from its wheel). Only the schemas are needed: nothing in these tests calls them.
+VLLM_C_SCHEMAS = {
+    "rotary_embedding": "rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int head_size, "
+                        "Tensor cos_sin_cache, bool is_neox, int rope_dim_offset=0, bool inverse=False) -> ()",
+    "static_scaled_fp8_quant": "static_scaled_fp8_quant(Tensor! result, Tensor input, Tensor scale, "
+                               "int[]? group_shape=None) -> ()",
+    "dynamic_scaled_fp8_quant": "dynamic_scaled_fp8_quant(Tensor! result, Tensor input, Tensor! scale) -> ()",
+    "dynamic_per_token_scaled_fp8_quant": "dynamic_per_token_scaled_fp8_quant(Tensor! result, Tensor input, "
+                                          "Tensor! scale, Tensor? scale_ub) -> ()",
+    "silu_and_mul": "silu_and_mul(Tensor! result, Tensor input) -> ()",
+    "fused_add_rms_norm": "fused_add_rms_norm(Tensor! input, Tensor! residual, Tensor? weight, float epsilon) -> ()",
+    "fused_add_rms_norm_static_fp8_quant": "fused_add_rms_norm_static_fp8_quant(Tensor! result, Tensor input, "
+                                           "Tensor! residual, Tensor weight, Tensor scale, float epsilon) -> ()",
+    "rms_norm_dynamic_per_token_quant": "rms_norm_dynamic_per_token_quant(Tensor! result, Tensor input, "
+                                        "Tensor weight, Tensor! scale, float epsilon, Tensor? scale_ub, "
+                                        "Tensor!? residual) -> ()",
+    "rms_norm": "rms_norm(Tensor! result, Tensor input, Tensor? weight, float epsilon) -> ()",
+    "rms_norm_static_fp8_quant": "rms_norm_static_fp8_quant(Tensor! result, Tensor input, Tensor weight, "
+                                 "Tensor scale, float epsilon) -> ()",
+    "silu_and_mul_quant": "silu_and_mul_quant(Tensor! result, Tensor input, Tensor scale) -> ()",
+    "fused_qk_norm_rope": "fused_qk_norm_rope(Tensor! qkv, int num_heads_q, int num_heads_k, int num_heads_v, "
+                          "int head_dim, float eps, Tensor q_weight, Tensor k_weight, Tensor cos_sin_cache, "
+                          "bool is_neox, Tensor position_ids, int forced_token_heads_per_warp=-1) -> ()",
+}
+_libs: list = []  # torch.library.Library objects made here (kept alive)
+
+
+def stub_vllm_compiled_op_schemas() -> list[str]:
+    """Define the ``torch.ops._C`` schemas of :data:`VLLM_C_SCHEMAS` that are missing (vLLM's
+    compiled ops did not load: a CPU machine, or the GPU machine with vLLM's pure-Python part
+    only), so that vLLM's fusion-pass modules import. Schemas only: calling one raises.
+    Returns the names defined."""
+    missing = [n for n in VLLM_C_SCHEMAS if not _has_op("_C", n)]
+    if missing:
+        lib = torch.library.Library("_C", "FRAGMENT")
+        for n in missing:
+            lib.define(VLLM_C_SCHEMAS[n])
+        _libs.append(lib)
+    return missing
+
+
+def _has_op(ns: str, name: str) -> bool:
+    try:
+        getattr(getattr(torch.ops, ns), name)
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def dispatch_vllm_attention_ops_on_cpu() -> None:
+    """vLLM registers its attention custom ops (``torch.ops.vllm.unified_mla_kv_cache_update``,
+    ``unified_mla_attention_with_output``) on the platform's dispatch key, "CUDA" for the
+    simulated ROCm platform; on a CPU-only machine the tensors are CPU tensors. Register the same
+    Python functions for the CPU key (nothing changes on a GPU machine)."""
+    if getattr(dispatch_vllm_attention_ops_on_cpu, "_done", False):
+        return
+    from vllm.model_executor.layers.attention import mla_attention
+
+    lib = torch.library.Library("vllm", "IMPL")
+    for name in ("unified_mla_kv_cache_update", "unified_mla_attention_with_output"):
+        lib.impl(name, getattr(mla_attention, name), "CPU")
+    _libs.append(lib)
+    dispatch_vllm_attention_ops_on_cpu._done = True
+
+
+class normalized_fusion_patterns:
+    """Context manager: vLLM's fusion passes trace their patterns like Inductor has already
+    normalised the model graph they search -- torch's joint-graph ``early_patterns`` (no-op
+    ``view`` removal) applied to the pattern too.
+
+    Why (seen with torch 2.13, vLLM 0.33): ``MLARoPEKVCacheCatPattern`` traces RoPE's
+    ``forward_static``, whose ``query.view(num_tokens, -1, head_size)`` stays in the pattern (torch's
+    ``pattern_matcher.fwd_only`` no longer applies ``early_patterns`` to user patterns), while
+    Inductor's joint-graph pass ``pointless_view`` has removed the same no-op view from the model
+    graph before the post-grad custom passes run: the pass then matches nothing. Tests only: it
+    patches a vLLM class attribute for the duration of the ``with``.
+    """
+
+    def __enter__(self):
+        import torch._inductor.pattern_matcher as pm
+        from torch._inductor.fx_passes.joint_graph import early_patterns
+        from vllm.compilation.passes import vllm_inductor_pass as vip
+
+        self._cls = vip.VllmFusionPatternMatcherPass
+        self._orig = self._cls.__dict__["_trace_fn"]
+
+        def trace(*args, **kwargs):
+            gm = pm.fwd_only(*args, **kwargs)
+            early_patterns.apply(gm.graph)
+            gm.graph.eliminate_dead_code()
+            gm.recompile()
+            vip._fx_view_to_reshape(gm)
+            vip._remove_noop_permutes(gm)
+            return gm
+
+        self._cls._trace_fn = staticmethod(trace)
+        return self
+
+    def __exit__(self, *exc):
+        self._cls._trace_fn = self._orig
+        return False
+
+
 def _run_here(fn):
     """``vllm.model_executor.models.registry._run_in_subprocess`` without the subprocess."""
     return fn()

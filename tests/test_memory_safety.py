@@ -963,3 +963,95 @@ def test_gpu_prefill_rows_zero_sizes_and_context():
         test_prefill_writes_only_the_rows_of_sequences(backend, True)
         test_prefill_zero_sizes(backend)
         test_prefill_with_context_generator_matches_list(backend)
+
+
+# =============================================================================================
+# vLLM context gather (rocm_mla/vllm/context_gather.py)
+# =============================================================================================
+from rocm_mla.vllm import context_gather  # noqa: E402
+
+
+def _gather_case(bs=4, nb=6, seed=0, dtype=F32):
+    """Two requests with 5 and 6 context rows in the chunk (starts 2 and 0), a guarded cache."""
+    g = _gen(seed)
+    cache = Guarded((nb, bs, 576), dtype, guard=2 * bs * 576 + 64, generator=g)
+    bt = torch.tensor([[3, 0, 5, 1], [2, 4, 1, 0]], dtype=torch.int32, device=DEVICE)
+    cu = torch.tensor([0, 5, 11], dtype=torch.int32, device=DEVICE)
+    starts = torch.tensor([2, 0], dtype=torch.int32, device=DEVICE)
+    t2s = torch.tensor([0] * 5 + [1] * 6, dtype=torch.int32, device=DEVICE)
+    dst = Guarded((11, 576), dtype, fill="nan", pad_last=8)
+    return cache, bt, cu, starts, t2s, dst
+
+
+def _gather_want(cache, bt, cu, starts, t2s):
+    rows = []
+    for t in range(t2s.shape[0]):
+        s = int(t2s[t])
+        pos = int(starts[s]) + t - int(cu[s])
+        rows.append(cache.view[int(bt[s, pos // cache.view.shape[1]]), pos % cache.view.shape[1]].float())
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("path", ["triton", "torch"])
+def test_context_gather_bad_indices_nan_rows(monkeypatch, path):
+    """A page outside the cache (-1, num_blocks, huge), a request outside the table and a
+    position past the table row: that chunk row is NaN, nothing outside the tensors is read
+    (a sentinel read would be finite) or written; other rows are gathered exactly."""
+    if path == "torch":
+        monkeypatch.setattr(context_gather._platform, "interpreter_active", lambda: False)
+        if DEVICE.type != "cpu":
+            pytest.skip("the torch path runs on CPU only")
+    elif "triton" not in backends():
+        pytest.skip("Triton unavailable")
+    cache, bt, cu, starts, t2s, dst = _gather_case()
+    want = _gather_want(cache, bt, cu, starts, t2s)
+    bt[0, 1] = -1  # request 0, positions 4..7 -> chunk rows 2..4
+    bt[1, 1] = cache.view.shape[0]  # request 1, positions 4..7 -> chunk rows 9, 10
+    t2s_bad = t2s.clone()
+    t2s_bad[0] = 2  # a request past the table
+    t2s_bad[5] = -1
+    starts_bad = starts.clone()
+    bad = torch.zeros(11, dtype=torch.bool)
+    bad[[0, 2, 3, 4, 5, 9, 10]] = True
+    context_gather.gather_context_chunk(cache.view, bt, cu, starts_bad, t2s_bad, dst.view)
+    assert torch.isnan(dst.view[bad]).all(), "bad rows not NaN"
+    torch.testing.assert_close(dst.view[~bad].float(), want[~bad], rtol=0, atol=0)
+    # positions past the table row (starts too large) and huge pages
+    dst2 = Guarded((11, 576), F32, fill="nan")
+    bt2 = torch.tensor([[3, 0, 5, 1], [2, (1 << 31) - 1, 1, -(1 << 31)]], dtype=torch.int32, device=DEVICE)
+    context_gather.gather_context_chunk(cache.view, bt2, cu, torch.tensor([14, 0], dtype=torch.int32,
+                                                                          device=DEVICE), t2s, dst2.view)
+    bad2 = torch.zeros(11, dtype=torch.bool)
+    bad2[[2, 3, 4, 9, 10]] = True  # request 0 positions 16..18 (capacity 16); request 1 a huge page
+    assert torch.isnan(dst2.view[bad2]).all()
+    assert not torch.isnan(dst2.view[~bad2]).any()
+    for x, name in ((cache, "kv_cache"), (dst, "dst"), (dst2, "dst")):
+        x.check(name)
+
+
+def test_context_gather_overlap_and_shapes_named():
+    cache, bt, cu, starts, t2s, dst = _gather_case()
+    _raises_naming(ValueError, lambda: context_gather.gather_context_chunk(
+        cache.view, bt, cu, starts, t2s, cache.view.view(-1, 576)[:11]), "dst", "kv_cache")
+    _raises_naming(ValueError, lambda: context_gather.gather_context_chunk(
+        cache.view, bt, cu, starts, t2s[:5], dst.view), "token_to_seq", "11 rows")
+    _raises_naming(ValueError, lambda: context_gather.gather_context_chunk(
+        cache.view, bt, cu[:2], starts, t2s, dst.view), "cu_seq_lens", "(3,)")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, "fp8"], ids=str)
+def test_gpu_context_gather_bad_indices(dtype):
+    fp8 = torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn
+    cache, bt, cu, starts, t2s, dst = _gather_case(bs=16, nb=9, dtype=torch.bfloat16)
+    bt[1, 0] = -1
+    bt[0, 0] = (1 << 31) - 1
+    kw = {}
+    if dtype == "fp8":
+        cache = Guarded((9, 16, 576), fp8, fill=cache.view.float().to(fp8), guard=2 * 16 * 576 + 64)
+        kw = {"k_scale": torch.ones(1, device=DEVICE)}
+    context_gather.gather_context_chunk(cache.view, bt, cu, starts, t2s, dst.view, **kw)
+    torch.cuda.synchronize()
+    assert torch.isnan(dst.view.float()).all()  # every row of both requests reads a bad first page
+    cache.check("kv_cache")
+    dst.check("dst")

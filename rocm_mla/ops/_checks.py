@@ -9,6 +9,7 @@ Shape/stride problems raise ValueError; wrong types and dtypes raise TypeError.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Iterable, Sequence
@@ -103,16 +104,26 @@ class Checker:
         strides and dtype): the op's documented in-place aliases. None and empty tensors are
         skipped. Raises ValueError naming both arguments.
         """
-        d_items = [(n, t, _span(t)) for n, t in dests.items() if t is not None and t.numel() > 0]
+        # First the storages' byte ranges (cheap; distinct allocations never intersect), then,
+        # only for views of one allocation, the views' own extents and the period test.
+        d_items = [(n, t, _storage_range(t)) for n, t in dests.items() if t is not None and t.numel()]
         if not d_items:
             return
-        s_items = [(n, t, _span(t)) for n, t in srcs.items() if t is not None and t.numel() > 0]
-        for i, (dn, d, (a0, a1)) in enumerate(d_items):
-            for sn, s, (b0, b1) in d_items[i + 1:] + s_items:
-                if a1 <= b0 or b1 <= a0 or s.device != d.device:
+        s_items = [(n, t, _storage_range(t)) for n, t in srcs.items() if t is not None and t.numel()]
+        for i, (dn, d, (da0, da1)) in enumerate(d_items):
+            for sn, s, (sb0, sb1) in d_items[i + 1:] + s_items:
+                if da1 <= sb0 or sb1 <= da0 or s.device != d.device:
+                    continue
+                a0, b0 = d.data_ptr(), s.data_ptr()
+                a1 = a0 + _extent(d.shape, d.stride(), d.element_size())
+                b1 = b0 + _extent(s.shape, s.stride(), s.element_size())
+                if a1 <= b0 or b1 <= a0:
                     continue
                 allowed = (dn, sn) in identical_ok
-                if (allowed and _identical(d, s)) or _disjoint_by_period(d, s):
+                if allowed and _identical(d, s):
+                    continue
+                if _disjoint_by_period(d.shape, d.stride(), d.element_size(), s.shape, s.stride(),
+                                       s.element_size(), b0 - a0):
                     continue
                 what = "no memory in common (or the very same view)" if allowed else "no memory in common"
                 self.fail(dn, f"{what} with {sn}",
@@ -120,16 +131,24 @@ class Checker:
                           f"{sn}: bytes [{b0:#x}, {b1:#x}))")
 
 
-def _span(t: torch.Tensor) -> tuple[int, int]:
-    """Byte range ``[lo, hi)`` a non-empty view covers (torch strides are never negative)."""
-    lo = t.data_ptr()
-    if t.is_contiguous():
-        return lo, lo + t.numel() * t.element_size()
+def _storage_range(t: torch.Tensor) -> tuple[int, int]:
+    """Byte range of the allocation under a view: a superset of the view's bytes."""
+    st = t.untyped_storage()
+    lo = st.data_ptr()
+    return lo, lo + st.nbytes()
+
+
+@functools.lru_cache(maxsize=4096)
+def _extent(shape: tuple[int, ...], stride: tuple[int, ...], es: int) -> int:
+    """Bytes from a view's first element to the end of its last (0 when empty); torch strides
+    are never negative. Cached: a layer calls an op with the same layouts again and again."""
     ext = 1
-    for n, st in zip(t.shape, t.stride()):
+    for n, st in zip(shape, stride):
+        if n == 0:
+            return 0
         if n > 1:
             ext += (n - 1) * st
-    return lo, lo + ext * t.element_size()
+    return ext * es
 
 
 def _identical(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -137,21 +156,25 @@ def _identical(a: torch.Tensor, b: torch.Tensor) -> bool:
             and a.stride() == b.stride())
 
 
-def _disjoint_by_period(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """True when some byte period P proves that ``a`` and ``b`` share no byte.
+@functools.lru_cache(maxsize=4096)
+def _disjoint_by_period(shape_a: tuple[int, ...], stride_a: tuple[int, ...], es_a: int,
+                        shape_b: tuple[int, ...], stride_b: tuple[int, ...], es_b: int, offset: int) -> bool:
+    """True when some byte period P proves that views a and b (b starting ``offset`` bytes after
+    a) share no byte.
 
     P must be a byte stride of a or b such that, for both views, every dim of stride >= P has a
     stride that is a multiple of P and the dims of stride < P span a window ``w <= P`` bytes: each
-    view's bytes then lie, modulo P, in the circular window ``[data_ptr mod P, + w)``; disjoint
-    windows mean disjoint views.
+    view's bytes then lie, modulo P, in the circular window ``[start mod P, + w)``; disjoint
+    windows mean disjoint views. Depends on the layouts and the offset only (cached).
     """
-    dims = [[(n, st * t.element_size()) for n, st in zip(t.shape, t.stride()) if n > 1] for t in (a, b)]
+    dims = [[(n, st * es) for n, st in zip(shape, stride) if n > 1]
+            for shape, stride, es in ((shape_a, stride_a, es_a), (shape_b, stride_b, es_b))]
     for period in sorted({st for d in dims for _, st in d}):
         if period <= 0:
             continue
         widths = []
-        for t, d in zip((a, b), dims):
-            w = t.element_size()
+        for es, d in zip((es_a, es_b), dims):
+            w = es
             for n, st in d:
                 if st < period:
                     w += (n - 1) * st
@@ -161,7 +184,7 @@ def _disjoint_by_period(a: torch.Tensor, b: torch.Tensor) -> bool:
             widths.append(w)
         if widths[0] > period or widths[1] > period:
             continue
-        ra, rb = a.data_ptr() % period, b.data_ptr() % period
-        if (rb - ra) % period >= widths[0] and (ra - rb) % period >= widths[1]:
+        rb = offset % period  # b's window start, relative to a's
+        if rb >= widths[0] and (period - rb) % period >= widths[1]:
             return True
     return False

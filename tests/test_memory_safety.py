@@ -1121,3 +1121,50 @@ def test_gpu_context_gather_bad_indices(dtype):
     assert torch.isnan(dst.view.float()).all()  # every row of both requests reads a bad first page
     cache.check("kv_cache")
     dst.check("dst")
+
+
+# =============================================================================================
+# host checks stay sync-free and capturable (GPU)
+# =============================================================================================
+@pytest.mark.gpu
+def test_gpu_checks_no_sync_and_capturable():
+    """Every op with caller-given destinations (the overlap checks run) under torch's sync debug
+    mode (raises on a synchronising call) and inside a CUDA graph capture, then replayed."""
+    bf16 = torch.bfloat16
+    rope = RopeCase(64, 16, 16, nb=8, dtype=bf16)
+    merge_in = _merge_inputs(33, 8, 128, dtype=bf16)
+    merge_out, merge_lse = torch.empty(33, 8, 128, dtype=bf16, device=DEVICE), torch.empty(8, 33, device=DEVICE)
+    dec = DecodeCase((300, 70, 5), 16, 1, 64, dtype=bf16)
+    pre = PrefillCase(40, 40, 16, dtype=bf16)
+    cq = _cu([10, 30])
+    ops = []
+    for b in [x for x in ("hip", "triton") if x in backends()]:
+        ops.append(lambda b=b: rope.run(b, False))
+        ops.append(lambda b=b: rocm_mla.merge_attn_states(merge_out, *merge_in[:2], *merge_in[2:], merge_lse,
+                                                          backend=b))
+    ops.append(lambda: dec.run("triton", max_seq_len=300))
+    ops.append(lambda: rocm_mla.mla_prefill(*pre.args, cq, cq, sm_scale=0.1, out=pre.out.view, lse=pre.lse,
+                                            backend="triton"))
+    for op in ops:
+        op()  # compile / build outside the checks
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for op in ops:
+            op()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for op in ops:
+            op()
+    torch.cuda.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for op in ops:
+            op()
+    g.replay()
+    torch.cuda.synchronize()
+    for x in (rope.q, rope.kv_a, rope.cache, dec.out, dec.lse, dec.kv, pre.out, pre.lse_t):
+        x.check()

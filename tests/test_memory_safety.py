@@ -887,7 +887,7 @@ def test_prefill_offsets_named_by_reference_and_debug():
                                                                 debug=True),
                        "mla_prefill: cu_seqlens_k", "cu_seqlens_k[2] = 2 < cu_seqlens_k[1] = 7")
         _raises_naming(ValueError, lambda: rocm_mla.mla_prefill(*case.args, _cu([5, 4, 5]), _cu([3, 3, 3]),
-                                                                sm_scale=0.1, backend=backend),
+                                                                sm_scale=0.1, backend=backend, debug=True),
                        "cu_seqlens_q[3] = 14 > Tq=13")
     case.check_guards()
 
@@ -953,8 +953,9 @@ def test_prefill_with_context_validates_every_chunk_before_writing(as_generator,
 
     arg = gen() if as_generator else chunks
     exc = TypeError if kind == "type" else ValueError
+    # Offsets on a GPU are read (a sync) only with debug; on the CPU always.
     _raises_naming(exc, lambda: rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, cq, arg, sm_scale=0.1,
-                                                                  out=case.out.view, lse=case.lse),
+                                                                  out=case.out.view, lse=case.lse, debug=True),
                    f"context_chunks[{bad_at}]")
     assert torch.isnan(case.out.view).all() and torch.isnan(case.lse).all(), "written before validation"
     case.check_guards()

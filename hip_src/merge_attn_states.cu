@@ -37,7 +37,8 @@ bool aligned16(const at::Tensor& x) {
 template <typename Tag, int VEC, int UNROLL>
 void launch_index(at::Tensor& out, float* out_lse, const at::Tensor& prefix, const float* prefix_lse,
                   const at::Tensor& suffix, const float* suffix_lse, const MergeParams& p, int threads) {
-  const int64_t total = p.num_tokens * p.num_heads * (p.head_size / (VEC * UNROLL));
+  // head_size 0: one (lse-only) group per row, as the kernel counts them.
+  const int64_t total = p.num_tokens * p.num_heads * std::max<int64_t>(1, p.head_size / (VEC * UNROLL));
   if (total == 0) return;
   // uint32 indices while idx + grid stride cannot wrap.
   if (2 * (total + threads) < static_cast<int64_t>(std::numeric_limits<uint32_t>::max()))
@@ -52,7 +53,7 @@ void dispatch(at::Tensor& out, float* out_lse, const at::Tensor& prefix, const f
               int threads, int max_unroll) {
   using S = typename elem<Tag>::storage;
   constexpr int kVec = vec_traits<S>::kElems;
-  const bool vec = p.head_size % kVec == 0 && p.out_sd == 1 && p.pre_sd == 1 && p.suf_sd == 1 &&
+  const bool vec = p.head_size > 0 && p.head_size % kVec == 0 && p.out_sd == 1 && p.pre_sd == 1 && p.suf_sd == 1 &&
                    p.out_st % kVec == 0 && p.out_sh % kVec == 0 && p.pre_st % kVec == 0 &&
                    p.pre_sh % kVec == 0 && p.suf_st % kVec == 0 && p.suf_sh % kVec == 0 &&
                    aligned16(out) && aligned16(prefix) && aligned16(suffix);

@@ -172,6 +172,8 @@ void rope_mla_kv_write(c10::optional<at::Tensor> positions, c10::optional<at::Te
   RopeKVParams p;
   p.num_tokens = T;
   p.num_cached = slot_mapping.size(0);
+  p.num_slots = kv_cache.size(0) * kv_cache.size(1);
+  p.max_pos = rope ? cos_sin_cache->size(0) : 0;
   p.block_size = static_cast<int32_t>(kv_cache.size(1));
   p.num_heads = rope ? static_cast<int32_t>(q_pe->size(1)) : 0;
   p.units_per_token = 4 * p.num_heads + kRopeUnits + kLatentUnits;

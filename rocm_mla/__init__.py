@@ -14,6 +14,10 @@ Public API (see each function's docstring for shapes and layouts):
     concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, *, kv_cache_dtype="auto",
                          k_scale=None) -> None (in place)
 
+Every op also takes ``backend=`` (and the index-reading ones ``debug=``); bad index values never
+make a kernel touch memory outside its tensors, and destinations may not overlap inputs (README,
+"Bad input").
+
 The ops are imported lazily: ``rocm_mla.tools`` can set TRITON_INTERPRET (which Triton reads when a
 kernel is decorated) before any kernel module loads.
 """

@@ -60,3 +60,65 @@ def outside_untouched(base: torch.Tensor, view: torch.Tensor) -> bool:
 
 def rand(shape, dtype, scale=1.0):
     return (torch.randn(shape, device=DEVICE) * scale).to(dtype)
+
+
+# ---------------------------------------------------------------- sentinel guard regions
+SENTINEL = 77.0  # finite in every float dtype (fp8 saturates it): a stray read shows as a wrong number
+
+
+class Guarded:
+    """A tensor view of ``shape`` inside a larger flat buffer whose other elements (``guard``
+    elements before and after, plus ``pad_last`` elements after each row) hold a sentinel.
+
+    ``fill``: "randn" (fresh random values), "nan" (poison: every element must be written), or a
+    tensor to copy in. ``check()`` asserts that no byte outside the view changed (compared
+    bitwise, so a NaN written into the guard is caught too).
+    """
+
+    def __init__(self, shape, dtype, *, fill="randn", guard: int = 1200, pad_last: int = 0,
+                 sentinel: float = SENTINEL, device=None, generator=None):
+        device = DEVICE if device is None else device
+        shape = tuple(shape)
+        rows = 1
+        for n in shape[:-1]:
+            rows *= n
+        last = shape[-1] if shape else 1
+        row_w = last + pad_last
+        n_alloc = rows * row_w
+        self.guard = guard
+        if dtype.is_floating_point:
+            base = torch.full((2 * guard + n_alloc,), sentinel, dtype=torch.float32).to(dtype)
+        else:
+            base = torch.full((2 * guard + n_alloc,), int(sentinel), dtype=dtype)
+        self.base = base.to(device)
+        inner = self.base[guard:guard + n_alloc]
+        if shape:
+            self.view = inner.view(*shape[:-1], row_w)[..., :last] if pad_last else inner.view(shape)
+        else:
+            self.view = inner[:1].view(())
+        if isinstance(fill, torch.Tensor):
+            self.view.copy_(fill)
+        elif fill == "randn":
+            g = generator
+            vals = torch.randn(shape, generator=g) if dtype.is_floating_point else \
+                torch.randint(0, 1 << 20, shape, generator=g)
+            self.view.copy_(vals.to(dtype))
+        elif fill == "nan":
+            self.view.copy_(torch.full(shape, float("nan")).to(dtype))
+        else:
+            raise ValueError(fill)
+        self._snap = self.base.clone()
+
+    def outside_mask(self) -> torch.Tensor:
+        marker = torch.zeros(self.base.shape, dtype=torch.bool, device=self.base.device)
+        marker.as_strided(self.view.shape, self.view.stride(),
+                          self.view.storage_offset() - self.base.storage_offset()).fill_(True)
+        return ~marker
+
+    def check(self, what: str = "buffer"):
+        out = self.outside_mask()
+        a = self._snap.view(torch.uint8).view(self.base.numel(), -1)[out]
+        b = self.base.view(torch.uint8).view(self.base.numel(), -1)[out]
+        changed = (a != b).any(-1).nonzero().flatten()
+        assert changed.numel() == 0, (f"{what}: {changed.numel()} guard elements changed "
+                                      f"(first at flat index {int(changed[0])})")

@@ -21,6 +21,7 @@ import torch
 import rocm_mla
 from rocm_mla.reference.rope_kv import FP8_MAX, cache_rows_ref, quantize_fp8_ref, rope_ref
 
+from _hip_cpu import compile_hip_on_cpu
 from _util import DEVICE, DTYPES, TOL, backends
 
 MAX_POS = 8192
@@ -487,31 +488,6 @@ int main(int, char** argv) {
 # stands in for cuda_runtime.h / cuda_fp16.h) and run on torch CPU tensors through ctypes: its
 # indexing, strides, VEC / scalar paths, conversions (bf16 included, which the Triton interpreter
 # cannot do) and launch shapes are checked here before any GPU run.
-_SHIM_RUNTIME = r"""
-#pragma once
-#include <stdint.h>
-#include <string.h>
-#include <math.h>
-#define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline
-struct mla_dim3 { unsigned x = 0, y = 1, z = 1; };
-extern thread_local mla_dim3 threadIdx, blockIdx, blockDim, gridDim;
-#define warpSize 32
-inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-inline float __int_as_float(int32_t u) { float f; memcpy(&f, &u, 4); return f; }
-inline float __expf(float x) { return expf(x); }
-inline float __logf(float x) { return logf(x); }
-struct uint2 { unsigned x, y; };
-"""
-_SHIM_FP16 = r"""
-#pragma once
-struct __half { _Float16 v; };
-inline float __half2float(__half h) { return static_cast<float>(h.v); }
-inline __half __float2half_rn(float f) { return __half{static_cast<_Float16>(f)}; }
-"""
 _DRIVER = r"""
 #include "rope_kv_write.cuh"
 using namespace rocm_mla;
@@ -569,7 +545,7 @@ extern "C" int mla_rope_kv_run(int q, int cs_fp32, int kind, int vec, void** a, 
 class _Params(ctypes.Structure):
     """hip_src/kernels/rope_kv_write.cuh's RopeKVParams, field for field."""
 
-    _fields_ = [(n, ctypes.c_int64) for n in ("num_tokens", "num_cached")] + \
+    _fields_ = [(n, ctypes.c_int64) for n in ("num_tokens", "num_cached", "num_slots", "max_pos")] + \
                [(n, ctypes.c_int32) for n in ("block_size", "num_heads", "tokens_per_block", "units_per_token",
                                               "is_neox", "rope", "q_st", "q_sh", "q_sd", "k_st", "k_sd", "c_st",
                                               "c_sd", "cs_sp", "cs_sd", "kv_sb", "kv_so", "kv_sd")]
@@ -577,24 +553,7 @@ class _Params(ctypes.Structure):
 
 @pytest.fixture(scope="module")
 def hip_kernel_on_cpu(tmp_path_factory):
-    cxx = shutil.which("c++") or shutil.which("g++")
-    if cxx is None:
-        pytest.skip("no host C++ compiler")
-    d = tmp_path_factory.mktemp("hip_cpu")
-    (d / "shim").mkdir()
-    (d / "shim" / "cuda_runtime.h").write_text(_SHIM_RUNTIME)
-    (d / "shim" / "cuda_fp16.h").write_text(_SHIM_FP16)
-    (d / "drv.cpp").write_text(_DRIVER)
-    lib = d / "librope_kv_cpu.so"
-    # -ffp-contract=off: no fused multiply-add, so float32 results are the reference's bit for bit.
-    r = subprocess.run([cxx, "-std=c++17", "-O1", "-ffp-contract=off", "-shared", "-fPIC", f"-I{d / 'shim'}",
-                        f"-I{ROOT / 'hip_src' / 'kernels'}", str(d / "drv.cpp"), "-o", str(lib)],
-                       capture_output=True, text=True)
-    if r.returncode:
-        if "_Float16" in r.stderr:
-            pytest.skip("host compiler lacks _Float16")
-        raise AssertionError(r.stderr)
-    return ctypes.CDLL(str(lib))
+    return compile_hip_on_cpu(tmp_path_factory.mktemp("hip_cpu"), _DRIVER, "librope_kv_cpu.so")
 
 
 def run_hip_kernel_on_cpu(lib, positions, q_pe, k_pe, kv_c, cos_sin, cache, slots, k_scale, *, is_neox, fp8,
@@ -616,6 +575,7 @@ def run_hip_kernel_on_cpu(lib, positions, q_pe, k_pe, kv_c, cos_sin, cache, slot
     T = k2.shape[0]
     p = _Params()
     p.num_tokens, p.num_cached, p.block_size = T, slots.shape[0], cache.shape[1]
+    p.num_slots, p.max_pos = cache.shape[0] * cache.shape[1], cos_sin.shape[0] if rope else 0
     p.num_heads = q_pe.shape[1] if rope else 0
     p.units_per_token = 4 * p.num_heads + 36
     p.is_neox, p.rope = int(bool(is_neox) and rope), int(rope)

@@ -48,7 +48,9 @@ __global__ void merge_attn_states_kernel(typename elem<Tag>::storage* __restrict
   static_assert(VEC == 1 || VEC * sizeof(S) == 16, "vector path moves 16 bytes");
   static_assert(VEC > 1 || UNROLL == 1, "the any-stride path is not unrolled");
   constexpr int kPerThread = VEC * UNROLL;
-  const Index groups = static_cast<Index>((p.head_size + kPerThread - 1) / kPerThread);
+  // head_size 0: one group per row, which writes out_lse only (the data part is skipped below).
+  const Index groups = p.head_size > 0 ? static_cast<Index>((p.head_size + kPerThread - 1) / kPerThread)
+                                       : Index{1};
   const Index heads = static_cast<Index>(p.num_heads);
   const Index total = static_cast<Index>(p.num_tokens) * heads * groups;
   const Index stride = static_cast<Index>(gridDim.x) * blockDim.x;
@@ -77,6 +79,7 @@ __global__ void merge_attn_states_kernel(typename elem<Tag>::storage* __restrict
     if (out_lse != nullptr && g == 0) out_lse[h * p.olse_sh + t * p.olse_st] = lse;
 
     const int64_t d0 = g * kPerThread;
+    if (d0 >= p.head_size) continue;  // head_size 0 only: no element to merge
     if constexpr (VEC > 1) {
       const vec16_t* src_p = reinterpret_cast<const vec16_t*>(prefix + t * p.pre_st + h * p.pre_sh + d0);
       const vec16_t* src_s = reinterpret_cast<const vec16_t*>(suffix + t * p.suf_st + h * p.suf_sh + d0);

@@ -9,6 +9,12 @@
 // write for that token; its q_pe and k_pe are still rotated. Tokens t >= num_cached (vLLM's
 // CUDA-graph padding: slot_mapping shorter than the batch) are rotated and not cached.
 //
+// Bound guards, the same as the Triton kernel's (a compare and a select, no extra load): a slot
+// >= num_slots (num_blocks x block_size) is skipped like -1; a position outside [0, max_pos)
+// loads no cos/sin and rotates with NaN instead, so that token's q_pe, k_pe and the rope
+// part of its cache row are NaN (its kv_c part is cached as given). Whatever the values in
+// positions and slot_mapping, nothing outside the given tensors is read or written.
+//
 // Work split. A "unit" is 16 elements: 8 rotation pairs of one 64-wide head (q_pe or k_pe),
 // or 16 consecutive latent elements (kv_c -> cache). One token has 4N + 4 + 32 units:
 //   [0, 4N)       q_pe head u/4, quarter u%4          (read + write q_pe in place)
@@ -71,6 +77,8 @@ struct cache_conv<fp8e4m3fnuz_t> : fp8_cache_conv<fp8_e4m3fnuz_format> {
 struct RopeKVParams {
   int64_t num_tokens;   // T: tokens to process (rotation)
   int64_t num_cached;   // S <= T: tokens that have a slot_mapping entry
+  int64_t num_slots;    // num_blocks x block_size: slots >= this are skipped (guard)
+  int64_t max_pos;      // cos_sin_cache rows: positions outside [0, max_pos) give NaN (guard)
   int32_t block_size;   // cache slots per block: slot = block * block_size + offset
   int32_t num_heads;    // N (0 for concat_and_cache_mla: no q_pe)
   int32_t tokens_per_block;
@@ -219,7 +227,7 @@ __global__ void rope_mla_kv_write_kernel(const int64_t* __restrict__ positions,
     if (u >= q_units + kRopeUnits) {
       // kv_c -> cache: 16 latent elements, no rotation.
       const int64_t slot = t < p.num_cached ? slot_mapping[t] : -1;
-      if (slot < 0) continue;
+      if (slot < 0 || slot >= p.num_slots) continue;  // guard: outside the cache = skipped
       const int64_t e0 = 16 * static_cast<int64_t>(u - q_units - kRopeUnits);
       const QS* src = kv_c + t * p.c_st + e0 * c_sd;
       float lo[8], hi[8];
@@ -232,7 +240,8 @@ __global__ void rope_mla_kv_write_kernel(const int64_t* __restrict__ positions,
     // Quarter r of a 64-wide rope head: q_pe head u / 4, or k_pe (u >= q_units).
     const bool is_k = u >= q_units;
     const int r = static_cast<int>(is_k ? u - q_units : u & 3u);
-    const int64_t slot = (is_k && t < p.num_cached) ? slot_mapping[t] : -1;
+    int64_t slot = (is_k && t < p.num_cached) ? slot_mapping[t] : -1;
+    if (slot >= p.num_slots) slot = -1;  // guard: outside the cache = skipped
     if (is_k && !p.rope && slot < 0) continue;  // concat only: nothing to do for this token
     const int64_t a = neox ? 8 * r : 16 * r;     // element offsets of the two 8-element halves
     const int64_t b = neox ? 32 + 8 * r : 16 * r + 8;
@@ -242,11 +251,21 @@ __global__ void rope_mla_kv_write_kernel(const int64_t* __restrict__ positions,
     load8<VEC, QTag>(row + a * sd, sd, lo);
     load8<VEC, QTag>(row + b * sd, sd, hi);
     if (p.rope) {
-      const typename elem<CSTag>::storage* cs = cos_sin + positions[t] * p.cs_sp;
-      float c[8], s[8];
-      load8<VEC, CSTag>(cs + (8 * r) * cs_sd, cs_sd, c);
-      load8<VEC, CSTag>(cs + (32 + 8 * r) * cs_sd, cs_sd, s);
-      rotate_quarter(lo, hi, c, s, neox);
+      // Guard: a position outside [0, max_pos) loads no cos/sin and its rotation is NaN (the
+      // Triton kernel's masked load with other=NaN; uniform in practice, so no divergence).
+      const int64_t pos = positions[t];
+      const bool pos_ok = pos >= 0 && pos < p.max_pos;
+      if (pos_ok) {
+        const typename elem<CSTag>::storage* cs = cos_sin + pos * p.cs_sp;
+        float c[8], s[8];
+        load8<VEC, CSTag>(cs + (8 * r) * cs_sd, cs_sd, c);
+        load8<VEC, CSTag>(cs + (32 + 8 * r) * cs_sd, cs_sd, s);
+        rotate_quarter(lo, hi, c, s, neox);
+      } else {
+        const float nan = __int_as_float(0x7fc00000);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) lo[j] = hi[j] = nan;
+      }
       store8<VEC>(row + a * sd, sd, lo, qconv);
       store8<VEC>(row + b * sd, sd, hi, qconv);
     }

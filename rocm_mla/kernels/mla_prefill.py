@@ -46,6 +46,7 @@ def mla_prefill_kernel(
     Q, KN, KPE, V, O, LSE, CU_Q, CU_K,
     qk_scale,  # sm_scale * log2(e): scores go straight into exp2
     num_seqs,
+    num_q_rows, num_k_rows,  # Tq, Tk: the bound guard below
     q_st, q_sh, q_sd,
     kn_st, kn_sh, kn_sd,
     kpe_st, kpe_sh, kpe_sd,
@@ -75,6 +76,14 @@ def mla_prefill_kernel(
     q_end = tl.load(CU_Q + (seq + 1) * cuq_s)
     k_start = tl.load(CU_K + seq * cuk_s)
     k_end = tl.load(CU_K + (seq + 1) * cuk_s)
+    # ---- bound guard (issue #15): cu_seqlens on a GPU are not validated (that would sync), so
+    # clamp the sequence to the tensors' extents -- rows [0, Tq) of q/out/lse, [0, Tk) of k/v --
+    # whatever the offsets hold. Valid offsets are unchanged by it.
+    q_start = tl.minimum(tl.maximum(q_start, 0), num_q_rows)
+    q_end = tl.minimum(tl.maximum(q_end, q_start), num_q_rows)
+    k_start = tl.minimum(tl.maximum(k_start, 0), num_k_rows)
+    k_end = tl.minimum(tl.maximum(k_end, k_start), num_k_rows)
+    # ---- end of the bound guard
     lq = q_end - q_start
     lk = k_end - k_start
     n_mblocks = (lq + BLOCK_M - 1) // BLOCK_M

@@ -6,6 +6,11 @@ is one 128-row sweep), rotates their k_pe in place ([TOKENS, 64]), and writes th
 [kv_c | rope(k_pe)] ([TOKENS, 512] + [TOKENS, 64]) at slot_mapping[t], masked where the slot is
 negative or t >= len(slot_mapping). Rotation is float32 with one rounding per store.
 
+Bound guards (no extra loads; a compare and a select per token / row): a slot >= num_slots
+(num_blocks x block_size) is skipped like -1; a position outside [0, max_pos) loads no cos/sin
+and rotates with NaN instead, so that token's q_pe, k_pe and the rope part of its cache row are
+NaN (its kv_c part is cached as given). Nothing outside the given tensors is read or written.
+
 GPT-J pairs (2i, 2i+1) are neighbours: the tile is loaded whole (contiguous, 16-byte accesses),
 reshaped [.., 32, 2] and split, so a pair lives in one thread's registers. NeoX pairs (i, i+32)
 are the two halves of the head: loaded as two [.., 32] tiles, no shuffle at all.
@@ -81,7 +86,7 @@ def _rotate(x1, x2, cos, sin):
 @triton.jit
 def rope_mla_kv_write_kernel(
     positions, q_pe, k_pe, kv_c, cos_sin, cache, slot_mapping, k_scale,
-    num_tokens, num_heads, num_cached, block_size,
+    num_tokens, num_heads, num_cached, block_size, num_slots, max_pos,
     q_st, q_sh, q_sd, k_st, k_sd, c_st, c_sd, cs_sp, cs_sd, kv_sb, kv_so, kv_sd,
     ROPE: tl.constexpr, IS_NEOX: tl.constexpr, TOKENS: tl.constexpr, BLOCK_R: tl.constexpr,
     CACHE_KIND: tl.constexpr,
@@ -98,7 +103,7 @@ def rope_mla_kv_write_kernel(
     tok = t0 + tl.arange(0, TOKENS)
     tmask = tok < num_tokens
     slot = tl.load(slot_mapping + tok, mask=tok < num_cached, other=-1)
-    smask = slot >= 0
+    smask = (slot >= 0) & (slot < num_slots)  # guard: a slot outside the cache is skipped like -1
     slot = tl.where(smask, slot, 0)
     blk = slot // block_size
     dst = cache + blk * kv_sb + (slot - blk * block_size) * kv_so  # [TOKENS] row pointers
@@ -113,9 +118,13 @@ def rope_mla_kv_write_kernel(
             rmask = r < n_rows
             tr = t0 + r // num_heads
             hr = r % num_heads
-            cs = cos_sin + tl.load(positions + tr, mask=rmask, other=0) * cs_sp
-            cos = tl.load(cs[:, None] + d32[None, :] * cs_sd, mask=rmask[:, None]).to(tl.float32)
-            sin = tl.load(cs[:, None] + (d32[None, :] + 32) * cs_sd, mask=rmask[:, None]).to(tl.float32)
+            # Guard: a position outside [0, max_pos) reads no cos/sin; NaN makes the row NaN.
+            pos = tl.load(positions + tr, mask=rmask, other=0)
+            pok = (pos >= 0) & (pos < max_pos)
+            cs = cos_sin + tl.where(pok, pos, 0) * cs_sp
+            pm = (rmask & pok)[:, None]
+            cos = tl.load(cs[:, None] + d32[None, :] * cs_sd, mask=pm, other=float("nan")).to(tl.float32)
+            sin = tl.load(cs[:, None] + (d32[None, :] + 32) * cs_sd, mask=pm, other=float("nan")).to(tl.float32)
             rows = q_pe + tr * q_st + hr * q_sh
             m2 = rmask[:, None]
             if IS_NEOX:
@@ -132,10 +141,13 @@ def rope_mla_kv_write_kernel(
                 tl.store(pq, tl.reshape(tl.join(oe, oo), (BLOCK_R, 64)).to(q_ty), mask=m2)
 
         # k_pe: rotated in place whatever the slot; its float32 rotation also feeds the cache.
-        cs = cos_sin + tl.load(positions + tok, mask=tmask, other=0) * cs_sp
+        pos = tl.load(positions + tok, mask=tmask, other=0)
+        pok = (pos >= 0) & (pos < max_pos)  # the same guard as q_pe's
+        cs = cos_sin + tl.where(pok, pos, 0) * cs_sp
         km = tmask[:, None]
-        cos = tl.load(cs[:, None] + d32[None, :] * cs_sd, mask=km).to(tl.float32)
-        sin = tl.load(cs[:, None] + (d32[None, :] + 32) * cs_sd, mask=km).to(tl.float32)
+        pm = (tmask & pok)[:, None]
+        cos = tl.load(cs[:, None] + d32[None, :] * cs_sd, mask=pm, other=float("nan")).to(tl.float32)
+        sin = tl.load(cs[:, None] + (d32[None, :] + 32) * cs_sd, mask=pm, other=float("nan")).to(tl.float32)
         if IS_NEOX:
             p1 = k_rows[:, None] + d32[None, :] * k_sd
             p2 = k_rows[:, None] + (d32[None, :] + 32) * k_sd

@@ -9,6 +9,9 @@ Shape/stride problems raise ValueError; wrong types and dtypes raise TypeError.
 
 from __future__ import annotations
 
+import functools
+import math
+import numbers
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -60,6 +63,16 @@ class Checker:
             if x.device != ref.device:
                 self.fail(name, f"device {ref.device} (like {ref_name})", str(x.device))
 
+    def scale(self, name: str, x: object) -> float:
+        """A softmax / quantisation scale given as a number: a real, finite and > 0 (every op
+        validates its scale arguments through here, so they fail alike). Returns it as a float."""
+        if isinstance(x, bool) or not isinstance(x, numbers.Real):
+            self.fail(name, "a float", type(x).__name__, TypeError)
+        v = float(x)  # type: ignore[arg-type]
+        if not (math.isfinite(v) and v > 0):
+            self.fail(name, "a finite number > 0", repr(x))
+        return v
+
     def writable(self, name: str, x: torch.Tensor):
         """A destination must not have two indices on one element (a kernel would race on it)."""
         overlap = any(s == 0 and n > 1 for s, n in zip(x.stride(), x.shape))
@@ -74,20 +87,104 @@ class Checker:
         """A destination may not share memory with an input that other threads still read:
         either no byte in common or, when ``allow_identical``, exactly the same view (each element
         is then read and written by the same thread)."""
-        if other is None or x.numel() == 0 or other.numel() == 0:
-            return
-        if x.untyped_storage().data_ptr() != other.untyped_storage().data_ptr():
-            return
-        if (allow_identical and x.data_ptr() == other.data_ptr() and x.stride() == other.stride()
-                and x.shape == other.shape):
-            return
+        self.no_overlap({name: x}, {other_name: other},
+                        identical_ok=((name, other_name),) if allow_identical else ())
 
-        def span(t: torch.Tensor) -> tuple[int, int]:
-            lo = t.data_ptr()
-            hi = lo + sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n > 0) * t.element_size()
-            return lo, hi + t.element_size()
+    def no_overlap(self, dests: dict[str, torch.Tensor | None], srcs: dict[str, torch.Tensor | None], *,
+                   identical_ok: Sequence[tuple[str, str]] = ()):
+        """Every destination shares no memory with any other destination nor with any source.
 
-        (a0, a1), (b0, b1) = span(x), span(other)
-        if a0 < b1 and b0 < a1:
-            what = "no memory in common (or the very same view)" if allow_identical else "no memory in common"
-            self.fail(name, f"{what} with {other_name}", "overlapping views of one buffer")
+        Host-side pointer arithmetic only (no device access: no sync, capturable in a CUDA graph):
+        the byte ranges ``[data_ptr, data_ptr + extent)`` of two views are compared, and when they
+        intersect, the views are still accepted if a common period (a stride of both, every larger
+        stride a multiple of it) puts them in disjoint residue windows -- e.g. ``kv_a[:, :512]``
+        and ``kv_a[:, 512:]``, or ``q[..., :128]`` and ``q[..., 128:]``. Other interleavings whose
+        extents intersect are reported as overlapping (conservative). ``identical_ok`` lists
+        (destination, source) pairs allowed to be the very same view (same pointer, shape,
+        strides and dtype): the op's documented in-place aliases. None and empty tensors are
+        skipped. Raises ValueError naming both arguments.
+        """
+        # First the storages' byte ranges (cheap; distinct allocations never intersect), then,
+        # only for views of one allocation, the views' own extents and the period test.
+        d_items = [(n, t, _storage_range(t)) for n, t in dests.items() if t is not None and t.numel()]
+        if not d_items:
+            return
+        s_items = [(n, t, _storage_range(t)) for n, t in srcs.items() if t is not None and t.numel()]
+        for i, (dn, d, (da0, da1)) in enumerate(d_items):
+            for sn, s, (sb0, sb1) in d_items[i + 1:] + s_items:
+                if da1 <= sb0 or sb1 <= da0 or s.device != d.device:
+                    continue
+                a0, b0 = d.data_ptr(), s.data_ptr()
+                a1 = a0 + _extent(d.shape, d.stride(), d.element_size())
+                b1 = b0 + _extent(s.shape, s.stride(), s.element_size())
+                if a1 <= b0 or b1 <= a0:
+                    continue
+                allowed = (dn, sn) in identical_ok
+                if allowed and _identical(d, s):
+                    continue
+                if _disjoint_by_period(d.shape, d.stride(), d.element_size(), s.shape, s.stride(),
+                                       s.element_size(), b0 - a0):
+                    continue
+                what = "no memory in common (or the very same view)" if allowed else "no memory in common"
+                self.fail(dn, f"{what} with {sn}",
+                          f"overlapping views of one buffer ({dn}: bytes [{a0:#x}, {a1:#x}), "
+                          f"{sn}: bytes [{b0:#x}, {b1:#x}))")
+
+
+def _storage_range(t: torch.Tensor) -> tuple[int, int]:
+    """Byte range of the allocation under a view: a superset of the view's bytes."""
+    st = t.untyped_storage()
+    lo = st.data_ptr()
+    return lo, lo + st.nbytes()
+
+
+@functools.lru_cache(maxsize=4096)
+def _extent(shape: tuple[int, ...], stride: tuple[int, ...], es: int) -> int:
+    """Bytes from a view's first element to the end of its last (0 when empty); torch strides
+    are never negative. Cached: a layer calls an op with the same layouts again and again."""
+    ext = 1
+    for n, st in zip(shape, stride):
+        if n == 0:
+            return 0
+        if n > 1:
+            ext += (n - 1) * st
+    return ext * es
+
+
+def _identical(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape
+            and a.stride() == b.stride())
+
+
+@functools.lru_cache(maxsize=4096)
+def _disjoint_by_period(shape_a: tuple[int, ...], stride_a: tuple[int, ...], es_a: int,
+                        shape_b: tuple[int, ...], stride_b: tuple[int, ...], es_b: int, offset: int) -> bool:
+    """True when some byte period P proves that views a and b (b starting ``offset`` bytes after
+    a) share no byte.
+
+    P must be a byte stride of a or b such that, for both views, every dim of stride >= P has a
+    stride that is a multiple of P and the dims of stride < P span a window ``w <= P`` bytes: each
+    view's bytes then lie, modulo P, in the circular window ``[start mod P, + w)``; disjoint
+    windows mean disjoint views. Depends on the layouts and the offset only (cached).
+    """
+    dims = [[(n, st * es) for n, st in zip(shape, stride) if n > 1]
+            for shape, stride, es in ((shape_a, stride_a, es_a), (shape_b, stride_b, es_b))]
+    for period in sorted({st for d in dims for _, st in d}):
+        if period <= 0:
+            continue
+        widths = []
+        for es, d in zip((es_a, es_b), dims):
+            w = es
+            for n, st in d:
+                if st < period:
+                    w += (n - 1) * st
+                elif st % period:
+                    w = period + 1  # not a lattice of this period
+                    break
+            widths.append(w)
+        if widths[0] > period or widths[1] > period:
+            continue
+        rb = offset % period  # b's window start, relative to a's
+        if rb >= widths[0] and (period - rb) % period >= widths[1]:
+            return True
+    return False

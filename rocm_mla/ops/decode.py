@@ -65,17 +65,21 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
             float8_e4m3fn / float8_e4m3fnuz, or uint8 storage with ``kv_cache_dtype="fp8"``.
         block_table: ``[B, max_blocks]`` int32, page ids in any order; token j of request b is
             ``kv_cache[block_table[b, j // block_size], j % block_size]``. Column stride 1.
+            Entries past a request's seq_len are never read. A used entry outside
+            ``[0, num_blocks)`` makes that request's rows NaN (see "Bad values").
         seq_lens: ``[B]`` int32, keys per request including the new tokens. Row t of request b
             sees keys ``j <= seq_len - q_len + t`` (causal among the new tokens). A row that sees
             no key (e.g. seq_len 0 padding) gets out 0 and lse -inf. Lengths must be <= the
             table's capacity ``max_blocks x block_size``: checking that needs a host sync, so only
             ``debug=True`` does; without it the kernel clamps to the capacity (never reads past
             the table).
-        sm_scale: softmax scale applied to q.k.
+        sm_scale: softmax scale applied to q.k: a finite number > 0 (as in mla_prefill).
         out: optional ``[rows, N, 512]`` destination in q's dtype, any non-overlapping strides;
-            every element is written (no memset needed). Allocated when None.
+            every element is written (no memset needed). Allocated when None. It may not
+            overlap lse, workspace or anything the op reads (q_nope, q_pe, kv_cache -- e.g. cache
+            pages a request reads --, block_table, seq_lens, k_scale): ValueError naming both.
         lse: optional ``[rows, N]`` float32 destination (natural log), any strides. Allocated
-            when None.
+            when None. Same no-overlap rule as out.
         kv_cache_dtype: "auto" (the cache's dtype; float8 dtypes mean fp8), "bfloat16",
             "float16", "float32" (must match the cache), or "fp8" / "fp8_e4m3" (uint8 storage is
             viewed as the platform's e4m3: e4m3fnuz on gfx942, e4m3fn elsewhere).
@@ -90,7 +94,7 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
         workspace: optional float32 tensor (contiguous) for split partials, at least
             ``mla_decode_workspace_numel(rows, N, S)`` elements; without it each call with S > 1
             does one ``torch.empty`` (no memset). With a workspace and no num_kv_splits, S is
-            capped to what it holds.
+            capped to what it holds. A destination: the same no-overlap rule as out.
         backend: "triton" or "reference" to force one (default: configs' backend_order; see
             ``rocm_mla.ops._dispatch``; ``ROCM_MLA_BACKEND_MLA_DECODE`` in the environment).
             No HIP or aiter kernel exists for decode yet.
@@ -101,6 +105,14 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
 
     Returns:
         ``(out, lse)``: the destinations (given or allocated).
+
+    Bad values (debug off; no host sync): nothing outside the given tensors is read or written.
+    seq_lens are clamped to the table's capacity (negative = 0). A request whose used
+    block-table entries include a page outside ``[0, num_blocks)`` gets NaN out and lse (its
+    rows that see a key on that page; the reference: all its rows); other requests are
+    unaffected. ``debug=True`` raises a ValueError naming the entry and the bound instead.
+    Overlap checks are host pointer arithmetic: the call stays capturable in a CUDA graph.
+    Zero sizes (B = 0, N = 0, max_blocks = 0) work with or without out/lse/workspace.
 
     Raises:
         TypeError / ValueError naming the argument, what was expected and what came.
@@ -129,8 +141,8 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
     if B and rows % B:
         c.fail("q_nope", f"rows = B x q_len with uniform q_len (B = {B} from block_table)", f"{rows} rows")
     q_len = rows // B if B else 1
-    if not isinstance(sm_scale, (int, float)) or isinstance(sm_scale, bool) or not math.isfinite(sm_scale):
-        c.fail("sm_scale", "a finite float", repr(sm_scale), TypeError)
+    sm_scale = c.scale("sm_scale", sm_scale)
+    given_out, given_lse = out, lse
     if out is None:
         out = torch.empty(rows, N, D_NOPE, dtype=q_nope.dtype, device=q_nope.device)
     else:
@@ -142,6 +154,8 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
     else:
         c.tensor("lse", lse, shape=(rows, N), layout="[rows, N]", dtypes=(torch.float32,), like="q_nope's rows, N")
         c.writable("lse", lse)
+    if workspace is not None:
+        c.tensor("workspace", workspace, layout="(float32, contiguous)")
     scale_t = _check_k_scale(c, k_scale, q_nope.device)
     if num_kv_splits is not None and (not isinstance(num_kv_splits, int) or isinstance(num_kv_splits, bool)
                                       or num_kv_splits < 1):
@@ -150,6 +164,11 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
         c.fail("max_seq_len", "None or an int >= 0", repr(max_seq_len))
     c.same_device(q_nope=q_nope, q_pe=q_pe, kv_cache=kv_cache, block_table=block_table, seq_lens=seq_lens,
                   out=out, lse=lse, k_scale=scale_t, workspace=workspace)
+    # Destinations (the caller's: fresh ones overlap nothing) vs everything the kernels read,
+    # e.g. an out placed on cache pages that a later request reads. Pointer arithmetic only.
+    c.no_overlap({"out": given_out, "lse": given_lse, "workspace": workspace},
+                 {"q_nope": q_nope, "q_pe": q_pe, "kv_cache": kv_cache, "block_table": block_table,
+                  "seq_lens": seq_lens, "k_scale": scale_t})
     if debug if debug is not None else os.environ.get("ROCM_MLA_DEBUG", "0") == "1":
         _debug_checks(c, kv, block_table, seq_lens, q_len)
 
@@ -213,8 +232,8 @@ def _kv_view(c: Checker, kv_cache: torch.Tensor, kv_cache_dtype: str, q_dtype: t
 def _check_k_scale(c: Checker, k_scale, device: torch.device) -> torch.Tensor | None:
     """A tensor scale (returned, read on the device) or a number / None (returns None)."""
     if k_scale is None or (isinstance(k_scale, (int, float)) and not isinstance(k_scale, bool)):
-        if k_scale is not None and not (math.isfinite(k_scale) and k_scale > 0):
-            c.fail("k_scale", "a finite positive scale", repr(k_scale))
+        if k_scale is not None:
+            c.scale("k_scale", k_scale)
         return None
     if not isinstance(k_scale, torch.Tensor):
         c.fail("k_scale", "None, a float or a float32 tensor of one element", type(k_scale).__name__, TypeError)
@@ -240,10 +259,12 @@ def _debug_checks(c: Checker, kv: torch.Tensor, block_table: torch.Tensor, seq_l
         c.fail("seq_lens", f"0 <= seq_len <= block-table capacity {cap} (max_blocks {max_blocks} x "
                f"block_size {kv.shape[1]})", f"seq_lens[{b}] = {int(sl[b])}")
     used = (torch.arange(max_blocks)[None, :] * kv.shape[1]) < sl[:, None]
-    pages = block_table.cpu()[used]
-    if pages.numel() and (int(pages.min()) < 0 or int(pages.max()) >= kv.shape[0]):
-        c.fail("block_table", f"page ids in [0, {kv.shape[0]}) for every used block",
-               f"ids from {int(pages.min())} to {int(pages.max())}")
+    bt = block_table.cpu()
+    bad = (used & ((bt < 0) | (bt >= kv.shape[0]))).nonzero()
+    if bad.numel():
+        b, j = int(bad[0, 0]), int(bad[0, 1])
+        c.fail("block_table", f"page ids in [0, {kv.shape[0]}) (num_blocks) for every used block",
+               f"block_table[{b}, {j}] = {int(bt[b, j])} ({bad.shape[0]} used entries out of range)")
 
 
 def mla_decode_workspace_numel(rows: int, num_heads: int, num_kv_splits: int) -> int:

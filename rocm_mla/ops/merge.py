@@ -34,12 +34,18 @@ def merge_attn_states(output: torch.Tensor, prefix_output: torch.Tensor, prefix_
         prefix_lse, suffix_lse: ``[N, T]`` float32 natural-log LSEs, any strides (e.g. the
             transpose of a ``[T, N]`` buffer). +inf is read as -inf ("saw no key").
         output_lse: optional ``[N, T]`` float32 destination for the merged LSE; it may not share
-            memory with prefix_lse or suffix_lse.
+            memory with output or any input (prefix_lse / suffix_lse included).
         backend: ``"hip"``, ``"triton"`` or ``"reference"`` to force one (default: fastest
             available; see ``rocm_mla.ops._dispatch``).
 
     Per row: ``out = w_p * prefix + w_s * suffix`` with ``w = softmax([lse_p, lse_s])``; a side
-    with weight 0 is not read; both sides -inf gives 0 and lse -inf. Any head size D >= 1.
+    with weight 0 is not read; both sides -inf gives 0 and lse -inf. Any head size D >= 0 (D = 0:
+    only output_lse is written). T = 0 or N = 0: nothing to do.
+
+    Memory: reads and writes only the elements of the given views; a destination that overlaps
+    anything the op reads (other than output being the very same view as prefix_output or
+    suffix_output) or the other destination is rejected on the host (pointer arithmetic: no
+    sync, capturable).
 
     Raises:
         TypeError / ValueError naming the argument, what was expected and what came.
@@ -59,12 +65,13 @@ def merge_attn_states(output: torch.Tensor, prefix_output: torch.Tensor, prefix_
     c.same_device(output=output, prefix_output=prefix_output, prefix_lse=prefix_lse,
                   suffix_output=suffix_output, suffix_lse=suffix_lse, output_lse=output_lse)
     c.writable("output", output)
-    for src_name, src in (("prefix_output", prefix_output), ("suffix_output", suffix_output)):
-        c.disjoint("output", output, src_name, src, allow_identical=True)
-    # Several threads read a row's lse while one writes it: output_lse may not alias an input lse.
-    for src_name, src in (("prefix_lse", prefix_lse), ("suffix_lse", suffix_lse)):
-        if output_lse is not None:
-            c.disjoint("output_lse", output_lse, src_name, src)
+    # output may be prefix_output or suffix_output itself (each element is read, then written, by
+    # one thread); any other overlap of a destination with what the op reads is a race. Several
+    # threads read a row's lse while one writes output_lse: it may not alias an input lse.
+    c.no_overlap({"output": output, "output_lse": output_lse},
+                 {"prefix_output": prefix_output, "suffix_output": suffix_output,
+                  "prefix_lse": prefix_lse, "suffix_lse": suffix_lse},
+                 identical_ok=(("output", "prefix_output"), ("output", "suffix_output")))
 
     impl = select(OP, output.device, backend)
     if output.numel() == 0 and (output_lse is None or output_lse.numel() == 0):
@@ -92,7 +99,7 @@ def _run(impl: str, cfg: dict | None, output, prefix_output, prefix_lse, suffix_
 def _triton_meta(head_size: int, arch: str, cfg: dict | None = None) -> tuple[dict, dict]:
     """Constexprs and compile options the wrapper uses for ``head_size`` on ``arch``."""
     cfg = cfg or config_for(OP, arch)["triton"]
-    block_d = triton.next_power_of_2(head_size)
+    block_d = triton.next_power_of_2(max(1, head_size))
     block_rows = max(1, cfg["tile_elems"] // block_d)
     options = {"num_warps": cfg["num_warps"]}
     if arch.startswith("gfx") and cfg.get("waves_per_eu"):
@@ -107,10 +114,15 @@ def _launch_triton(output, prefix_output, prefix_lse, suffix_output, suffix_lse,
     grid = (triton.cdiv(num_rows, consts["BLOCK_ROWS"]),)
     olse = output_lse if output_lse is not None else prefix_lse  # unused when HAS_OUT_LSE=False
     olse_strides = output_lse.stride() if output_lse is not None else (0, 0)
+    o_st, p_st, s_st = output.stride(), prefix_output.stride(), suffix_output.stride()
+    if D == 0:
+        # Only output_lse is written (the dim mask is all false). Empty tensors may carry a null
+        # pointer, which the launcher rejects: hand it an lse tensor's (never dereferenced).
+        output = prefix_output = suffix_output = prefix_lse
     merge_attn_states_kernel[grid](
         output, olse, prefix_output, prefix_lse, suffix_output, suffix_lse,
         num_rows, N,
-        *output.stride(), *prefix_output.stride(), *suffix_output.stride(),
+        *o_st, *p_st, *s_st,
         *prefix_lse.stride(), *suffix_lse.stride(), *olse_strides,
         HAS_OUT_LSE=output_lse is not None, **consts, **options)
 

@@ -6,13 +6,18 @@ Reference: rocm_mla/reference/prefill.py.
 
 Host syncs: none. The grid is sized from Tq and B (tensor shapes), not from cu_seqlens' values,
 so the GPU path never reads cu_seqlens on the host; max_seqlen_q / max_seqlen_k are accepted for
-FlashAttention-style call sites and not needed. The reference backend reads cu_seqlens on the host.
+FlashAttention-style call sites and not needed. The reference backend reads cu_seqlens on the host
+(and so always validates them); ``debug=True`` / ``ROCM_MLA_DEBUG=1`` validates them on a GPU too.
+
+Bad cu_seqlens on a GPU (not validated without debug): the kernel clamps every sequence's bounds
+to ``[0, Tq]`` / ``[0, Tk]``, so it never reads or writes outside q, k_nope, k_pe, v, out, lse;
+the result of such a call is unspecified (garbage in, garbage out), never a foreign access.
 """
 
 from __future__ import annotations
 
-import math
 import numbers
+import os
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -53,7 +58,7 @@ def mla_prefill(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: to
                 cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, *, sm_scale: float,
                 causal: bool = True, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
                 max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
-                backend: str | None = None, config: dict | None = None
+                backend: str | None = None, config: dict | None = None, debug: bool | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Varlen MLA prefill attention, no concat, no padding, output and LSE in place.
 
@@ -68,21 +73,26 @@ def mla_prefill(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: to
         cu_seqlens_q, cu_seqlens_k: ``[B + 1]`` int32 prefix sums: sequence b owns q rows
             ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` and k/v rows ``cu_seqlens_k[b]:cu_seqlens_k[b+1]``.
             Lengths may differ between q and k and may be 0. They must start at 0-or-more, not
-            decrease, and end at most at Tq / Tk; q rows outside every sequence are not written.
-            (Checked for CPU tensors only: on a GPU it would cost a host sync.)
+            decrease, and end at most at Tq / Tk; q rows outside every sequence are not written
+            (by any backend). Checked for CPU tensors, by the reference backend, and with
+            ``debug``; on a GPU otherwise (a check would cost a host sync) bad values cannot make
+            the kernel touch memory outside the tensors (see the module docstring).
         sm_scale: softmax scale (> 0), e.g. ``1 / sqrt(192)`` times the yarn mscale correction.
         causal: bottom-right aligned causal mask: query i of a sequence with lq queries and lk keys
             sees keys ``j <= i + lk - lq`` (FlashAttention's convention). False: every key.
         out: optional ``[Tq, N, V]`` destination, q's dtype, any strides (e.g. the layer's
-            ``[T, N * 128]`` output viewed as ``[T, N, 128]``). Allocated when None.
+            ``[T, N * 128]`` output viewed as ``[T, N, 128]``). Allocated when None. It may not
+            overlap lse or any input (q, k_nope, k_pe, v, cu_seqlens_*): ValueError naming both.
         lse: optional ``[N, Tq]`` float32 destination of the natural-log LSE, any strides (e.g. the
-            transpose of a ``[Tq, N]`` buffer). Allocated when None.
+            transpose of a ``[Tq, N]`` buffer). Allocated when None. Same no-overlap rule.
         max_seqlen_q, max_seqlen_k: accepted for FlashAttention-style call sites; not needed.
         backend: ``"triton"`` or ``"reference"`` to force one (see ``rocm_mla.ops._dispatch``);
             there is no HIP kernel for this op, so ``"hip"`` raises.
         config: override of the Triton launch data (keys as in ``configs/mla_prefill.json``:
             BLOCK_M, BLOCK_N, num_warps, num_stages, and on gfx9 waves_per_eu,
             matrix_instr_nonkdim, kpack); for tuning and tests.
+        debug: validate cu_seqlens on a GPU too (a host sync: not capturable), naming the
+            argument, the index and the bound. Default: ``ROCM_MLA_DEBUG=1`` in the environment.
 
     Returns:
         ``(out, lse)``: the destinations (the caller's own tensors when passed). Every element of
@@ -92,9 +102,9 @@ def mla_prefill(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: to
         TypeError / ValueError naming the argument, what was expected and what came.
     """
     c = Checker(OP)
-    dims = _check(c, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, sm_scale, causal, out, lse,
-                  max_seqlen_q, max_seqlen_k)
     impl = _select(q.device, backend)
+    dims = _check(c, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, sm_scale, causal, out, lse,
+                  max_seqlen_q, max_seqlen_k, host_offsets=_host_offsets(impl, debug))
     if impl == "triton":
         _check_triton_dims(c, dims)
     if out is None:
@@ -111,8 +121,8 @@ def mla_prefill_with_context(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.
                              context_chunks: Iterable[ContextChunk | tuple] = (), *, sm_scale: float,
                              out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
                              max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
-                             backend: str | None = None, config: dict | None = None
-                             ) -> tuple[torch.Tensor, torch.Tensor]:
+                             backend: str | None = None, config: dict | None = None,
+                             debug: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Prefill with cached context, as vLLM's chunked-context MLA path computes it, in place.
 
     The new tokens attend to themselves causally (``k_nope, k_pe, v, cu_seqlens_k``: the new
@@ -120,79 +130,145 @@ def mla_prefill_with_context(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.
     chunk (non-causal); the partial results are folded with :func:`rocm_mla.merge_attn_states`.
     The result equals one causal :func:`mla_prefill` over each sequence's [context, new] keys.
 
-    Data path: the causal pass writes straight into ``out``; each chunk's attention goes to one
-    chunk buffer ``[Tq, N, V]`` (+ its ``[N, Tq]`` lse), allocated once and reused, and is merged
-    into ``out`` in place (``merge_attn_states(out, out, ...)``). The running lse ping-pongs
-    between ``lse`` and one ``[N, Tq]`` float32 buffer (merge must not write the lse it reads);
-    the start side is picked from ``len(context_chunks)`` so that the last merge lands in
-    ``lse``. Only an unsized iterable with an odd number of chunks costs one ``[N, Tq]`` copy.
+    Validation comes first: every argument, and every chunk, is checked before anything is
+    written to ``out`` or ``lse`` -- a bad chunk raises with both untouched.
+
+    Data path, a sized ``context_chunks`` (list, tuple): all chunks are validated up front, the
+    causal pass writes straight into ``out``; each chunk's attention goes to one chunk buffer
+    ``[Tq, N, V]`` (+ its ``[N, Tq]`` lse), allocated once and reused, and is merged into ``out``
+    in place (``merge_attn_states(out, out, ...)``). The running lse ping-pongs between ``lse``
+    and one ``[N, Tq]`` float32 buffer (merge must not write the lse it reads); the start side is
+    picked from ``len(context_chunks)`` so that the last merge lands in ``lse``.
+
+    An unsized iterable (a generator) is drawn lazily -- each chunk just before use, so one
+    chunk's K/V is alive at a time (gather from the cache and up-project inside the generator) --
+    and each chunk is validated as it is drawn. To still write nothing before the last chunk has
+    been validated, the running result lives in one more ``[Tq, N, V]`` buffer and the merge of
+    the last chunk writes ``out`` and ``lse`` (same kernels, same bytes moved; a generator that
+    yields no chunk costs nothing extra).
 
     Args:
         q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, sm_scale, out, lse, max_seqlen_q,
-            max_seqlen_k, backend, config: as in :func:`mla_prefill` (``causal`` is always True
-            for the new tokens).
+            max_seqlen_k, backend, config, debug: as in :func:`mla_prefill` (``causal`` is always
+            True for the new tokens).
         context_chunks: iterable of :class:`ContextChunk` or tuples ``(k_nope, k_pe, v,
-            cu_seqlens_k[, max_seqlen_k])``, each with its own number of rows and the same B. May
-            be a generator: each chunk is drawn just before use (gather from the cache and
-            up-project lazily, so one chunk's K/V is alive at a time). ``backend`` is passed on
-            to merge_attn_states as well.
+            cu_seqlens_k[, max_seqlen_k])``, each with its own number of rows and the same B. A
+            chunk's tensors may not overlap ``out`` or ``lse``. ``backend`` is passed on to
+            merge_attn_states as well.
 
     Returns:
         ``(out, lse)``: attention over context + new tokens, lse the natural-log LSE over both.
     """
     c = Checker("mla_prefill_with_context")
-    dims = _check(c, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, sm_scale, True, out, lse,
-                  max_seqlen_q, max_seqlen_k)
     impl = _select(q.device, backend)
+    host = _host_offsets(impl, debug)
+    dims = _check(c, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, sm_scale, True, out, lse,
+                  max_seqlen_q, max_seqlen_k, host_offsets=host)
     if impl == "triton":
         _check_triton_dims(c, dims)
+    sm_scale = float(sm_scale)
+
+    def checked(i: int, chunk) -> ContextChunk:
+        return _check_chunk(i, chunk, q, cu_seqlens_q, sm_scale, max_seqlen_q, dims, out, lse, host)
+
+    if hasattr(context_chunks, "__len__"):
+        chunks = [checked(i, ch) for i, ch in enumerate(context_chunks)]  # type: ignore[arg-type]
+        return _with_context_sized(impl, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, chunks, sm_scale,
+                                   out, lse, dims, backend, config)
+    return _with_context_lazy(impl, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, iter(context_chunks),
+                              checked, sm_scale, out, lse, dims, backend, config)
+
+
+def _with_context_sized(impl, q, k_nope, k_pe, v, cu_q, cu_k, chunks, sm_scale, out, lse, dims, backend, config):
+    """Validated chunks: causal pass into out, each chunk merged into out in place."""
     Tq, N, V = q.shape[0], q.shape[1], dims[2]
     if out is None:
         out = torch.empty(Tq, N, V, dtype=q.dtype, device=q.device)
     if lse is None:
         lse = torch.empty(N, Tq, dtype=torch.float32, device=q.device)
-    sm_scale = float(sm_scale)
-
-    n_chunks = len(context_chunks) if hasattr(context_chunks, "__len__") else None  # type: ignore[arg-type]
     new_lse = lambda: torch.empty(N, Tq, dtype=torch.float32, device=q.device)  # noqa: E731
-    lse_bufs: list[torch.Tensor | None] = [lse, None]
-    cur = (n_chunks % 2) if n_chunks else 0
-    if cur:
-        lse_bufs[1] = new_lse()
-    _run(impl, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, sm_scale, True, out, lse_bufs[cur], config)
-
+    # The last merge must land in lse: start on the other buffer when the chunk count is odd.
+    cur = len(chunks) % 2
+    lse_bufs: list[torch.Tensor | None] = [lse, new_lse() if cur else None]
+    _run(impl, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, True, out, lse_bufs[cur], config)
     chunk_out = chunk_lse = None
-    for i, chunk in enumerate(context_chunks):
-        cc = Checker(f"mla_prefill_with_context: context_chunks[{i}]")
-        if not isinstance(chunk, (tuple, list)) or len(chunk) not in (4, 5):
-            got = type(chunk).__name__ + (f" of length {len(chunk)}" if isinstance(chunk, (tuple, list)) else "")
-            cc.fail("chunk", "a ContextChunk or a tuple (k_nope, k_pe, v, cu_seqlens_k[, max_seqlen_k])", got,
-                    TypeError)
-        ck = ContextChunk(*chunk)
-        cdims = _check(cc, q, ck.k_nope, ck.k_pe, ck.v, cu_seqlens_q, ck.cu_seqlens_k, sm_scale, False,
-                       None, None, max_seqlen_q, ck.max_seqlen_k)
-        if cdims != dims:
-            cc.fail("k_nope/k_pe/v", f"head dims (P, R, V) = {dims} like the new tokens'", cdims)
+    for ck in chunks:
         if chunk_out is None:
             chunk_out = torch.empty(Tq, N, V, dtype=q.dtype, device=q.device)
             chunk_lse = new_lse()
-        _run(impl, q, ck.k_nope, ck.k_pe, ck.v, cu_seqlens_q, ck.cu_seqlens_k, sm_scale, False,
-             chunk_out, chunk_lse, config)
+        _run(impl, q, ck.k_nope, ck.k_pe, ck.v, cu_q, ck.cu_seqlens_k, sm_scale, False, chunk_out, chunk_lse, config)
         nxt = 1 - cur
         if lse_bufs[nxt] is None:
             lse_bufs[nxt] = new_lse()
         merge_attn_states(out, out, lse_bufs[cur], chunk_out, chunk_lse, lse_bufs[nxt], backend=backend)
         cur = nxt
-    if cur:
-        lse.copy_(lse_bufs[cur])  # only an unsized iterable with an odd chunk count gets here
     return out, lse
+
+
+def _with_context_lazy(impl, q, k_nope, k_pe, v, cu_q, cu_k, it, checked, sm_scale, out, lse, dims, backend,
+                       config):
+    """Chunks drawn (and validated) one at a time; out/lse are written by the last step only."""
+    Tq, N, V = q.shape[0], q.shape[1], dims[2]
+    first = next(it, None)
+    ck = checked(0, first) if first is not None else None
+    if out is None:
+        out = torch.empty(Tq, N, V, dtype=q.dtype, device=q.device)
+    if lse is None:
+        lse = torch.empty(N, Tq, dtype=torch.float32, device=q.device)
+    if ck is None:  # no context: the causal pass is the result
+        _run(impl, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, True, out, lse, config)
+        return out, lse
+    new_lse = lambda: torch.empty(N, Tq, dtype=torch.float32, device=q.device)  # noqa: E731
+    acc = torch.empty(Tq, N, V, dtype=q.dtype, device=q.device)
+    acc_lse = [new_lse(), None]  # ping-pong: merge must not write the lse it reads
+    cur = 0
+    _run(impl, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, True, acc, acc_lse[cur], config)
+    chunk_out = torch.empty(Tq, N, V, dtype=q.dtype, device=q.device)
+    chunk_lse = new_lse()
+    i = 0
+    while ck is not None:
+        _run(impl, q, ck.k_nope, ck.k_pe, ck.v, cu_q, ck.cu_seqlens_k, sm_scale, False, chunk_out, chunk_lse,
+             config)
+        ck = first = None  # drop this chunk's K/V before the generator makes the next one
+        i += 1
+        nxt_chunk = next(it, None)
+        if nxt_chunk is None:
+            break
+        ck = checked(i, nxt_chunk)  # validated before the pending result is folded
+        del nxt_chunk
+        nxt = 1 - cur
+        if acc_lse[nxt] is None:
+            acc_lse[nxt] = new_lse()
+        merge_attn_states(acc, acc, acc_lse[cur], chunk_out, chunk_lse, acc_lse[nxt], backend=backend)
+        cur = nxt
+    # The last chunk is validated: the only writes to out and lse.
+    merge_attn_states(out, acc, acc_lse[cur], chunk_out, chunk_lse, lse, backend=backend)
+    return out, lse
+
+
+def _check_chunk(i: int, chunk, q, cu_q, sm_scale, max_seqlen_q, dims, out, lse, host_offsets) -> ContextChunk:
+    cc = Checker(f"mla_prefill_with_context: context_chunks[{i}]")
+    if not isinstance(chunk, (tuple, list)) or len(chunk) not in (4, 5):
+        got = type(chunk).__name__ + (f" of length {len(chunk)}" if isinstance(chunk, (tuple, list)) else "")
+        cc.fail("chunk", "a ContextChunk or a tuple (k_nope, k_pe, v, cu_seqlens_k[, max_seqlen_k])", got,
+                TypeError)
+    ck = ContextChunk(*chunk)
+    cdims = _check(cc, q, ck.k_nope, ck.k_pe, ck.v, cu_q, ck.cu_seqlens_k, sm_scale, False, None, None,
+                   max_seqlen_q, ck.max_seqlen_k, host_offsets=host_offsets)
+    if cdims != dims:
+        cc.fail("k_nope/k_pe/v", f"head dims (P, R, V) = {dims} like the new tokens'", cdims)
+    # The chunk's K/V are read after out/lse have been written (sized path): no overlap.
+    cc.no_overlap({"out": out, "lse": lse}, {"k_nope": ck.k_nope, "k_pe": ck.k_pe, "v": ck.v,
+                                             "cu_seqlens_k": ck.cu_seqlens_k})
+    return ck
 
 
 # --------------------------------------------------------------------------- validation
 
 def _check(c: Checker, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, causal, out, lse,
-           max_seqlen_q, max_seqlen_k) -> tuple[int, int, int]:
-    """Validate one call; returns the head dims (P, R, V)."""
+           max_seqlen_q, max_seqlen_k, *, host_offsets: bool = False) -> tuple[int, int, int]:
+    """Validate one call; returns the head dims (P, R, V). cu_seqlens' values are checked when
+    they are on the CPU, or when ``host_offsets`` (reference backend, debug: a sync on a GPU)."""
     c.tensor("q", q, ndim=3, layout="[Tq, N, P + R]", dtypes=FLOAT_DTYPES)
     Tq, N, Dqk = q.shape
     c.tensor("k_nope", k_nope, ndim=3, layout="[Tk, N, P]")
@@ -225,10 +301,10 @@ def _check(c: Checker, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, causal, out, ls
         c.tensor("lse", lse, shape=(N, Tq), layout="[N, Tq]", dtypes=(torch.float32,), like="q's N, Tq")
         c.writable("lse", lse)
     c.same_device(q=q, k_nope=k_nope, k_pe=k_pe, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, out=out, lse=lse)
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
-        c.fail("sm_scale", "a float", type(sm_scale).__name__, TypeError)
-    if not (math.isfinite(float(sm_scale)) and float(sm_scale) > 0):
-        c.fail("sm_scale", "a finite number > 0", sm_scale)
+    # e.g. out = v with causal=False: other programs still read v while one writes out.
+    c.no_overlap({"out": out, "lse": lse}, {"q": q, "k_nope": k_nope, "k_pe": k_pe, "v": v,
+                                            "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k})
+    c.scale("sm_scale", sm_scale)
     if not isinstance(causal, bool):
         c.fail("causal", "a bool", type(causal).__name__, TypeError)
     for name, val in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
@@ -238,7 +314,7 @@ def _check(c: Checker, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, causal, out, ls
             c.fail(name, "None or an int >= 0", repr(val), TypeError)
         if val < 0:
             c.fail(name, "None or an int >= 0", val)
-    if cu_q.device.type == "cpu":  # free here; on a GPU reading them would be a host sync
+    if host_offsets or cu_q.device.type == "cpu":  # free on the CPU; on a GPU a host sync
         _check_offsets(c, "cu_seqlens_q", cu_q, Tq, "Tq")
         _check_offsets(c, "cu_seqlens_k", cu_k, Tk, "Tk")
     return P, R, V
@@ -249,7 +325,20 @@ def _check_offsets(c: Checker, name: str, cu: torch.Tensor, total: int, total_na
     bad = vals[0] < 0 or any(b < a for a, b in zip(vals, vals[1:])) or vals[-1] > total
     if bad:
         shown = vals if len(vals) <= 12 else vals[:6] + ["..."] + vals[-5:]
-        c.fail(name, f"non-decreasing offsets in [0, {total_name}={total}]", shown)
+        if vals[0] < 0:
+            at = f"{name}[0] = {vals[0]} < 0"
+        else:
+            i = next((i for i in range(1, len(vals)) if vals[i] < vals[i - 1]), None)
+            at = (f"{name}[{i}] = {vals[i]} < {name}[{i - 1}] = {vals[i - 1]}" if i is not None
+                  else f"{name}[{len(vals) - 1}] = {vals[-1]} > {total_name}={total}")
+        c.fail(name, f"non-decreasing offsets in [0, {total_name}={total}]", f"{shown} ({at})")
+
+
+def _host_offsets(impl: str, debug: bool | None) -> bool:
+    """Check cu_seqlens' values on the host: the reference reads them there anyway; debug asks."""
+    if impl == "reference":
+        return True
+    return debug if debug is not None else os.environ.get("ROCM_MLA_DEBUG", "0") == "1"
 
 
 def _check_triton_dims(c: Checker, dims: tuple[int, int, int]) -> None:
@@ -275,8 +364,16 @@ def _run(impl, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, causal, out, lse, confi
         launch_triton(q, k_nope, k_pe, v, cu_q, cu_k, out, lse, sm_scale=sm_scale, causal=causal, config=config)
     else:
         ref_out, ref_lse = mla_prefill_ref(q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, causal)
-        out.copy_(ref_out)
-        lse.copy_(ref_lse)
+        # Only the rows of sequences, as the kernel: rows outside every sequence stay untouched.
+        cq = cu_q.tolist()
+        if cq and cq[0] == 0 and cq[-1] == q.shape[0]:
+            out.copy_(ref_out)
+            lse.copy_(ref_lse)
+        else:
+            rows = torch.cat([torch.arange(a, b) for a, b in zip(cq, cq[1:])] + [torch.arange(0)])
+            rows = rows.to(out.device)
+            out[rows] = ref_out[rows].to(out.dtype)
+            lse[:, rows] = ref_lse[:, rows]
 
 
 def launch_config(arch: str, dtype: torch.dtype) -> dict:
@@ -331,7 +428,7 @@ def launch_triton(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, *, s
         kn_st = kn_sh = kn_sd = kpe_st = kpe_sh = kpe_sd = v_st = v_sh = v_sd = 0
     mla_prefill_kernel[grid](
         q, kn, kpe, vv, out, lse, cu_seqlens_q, cu_seqlens_k,
-        float(sm_scale) * LOG2E, B,
+        float(sm_scale) * LOG2E, B, Tq, Tk,
         *q.stride(),
         kn_st, kn_sh, kn_sd,
         kpe_st, kpe_sh, kpe_sd,
@@ -380,7 +477,8 @@ def triton_variants(arch: str) -> list[TritonVariant]:
                 consts, options = _triton_meta(cfg, arch, MLA_DIMS, causal, dtype == torch.float32)
                 ptr = f"*{tname}"
                 sig = {"Q": ptr, "KN": ptr, "KPE": ptr, "V": ptr, "O": ptr, "LSE": "*fp32",
-                       "CU_Q": "*i32", "CU_K": "*i32", "qk_scale": "fp32", "num_seqs": "i32"}
+                       "CU_Q": "*i32", "CU_K": "*i32", "qk_scale": "fp32", "num_seqs": "i32",
+                       "num_q_rows": "i32", "num_k_rows": "i32"}
                 strides = ["q_st", "q_sh", "kn_st", "kn_sh", "kpe_st", "kpe_sh", "v_st", "v_sh",
                            "o_st", "o_sh", "lse_sh"]
                 sig.update({s: "i32" for s in strides})

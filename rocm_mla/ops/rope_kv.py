@@ -14,8 +14,13 @@ Decisions (documented on the functions too):
 - An FP8 cache is a float8_e4m3fn / float8_e4m3fnuz tensor, or uint8 storage (as vLLM passes it)
   with the kind named by kv_cache_dtype. Values stored: x / k_scale saturated to +-max finite
   (448 / 240), round to nearest even; a finite input never stores NaN.
-- ``ROCM_MLA_DEBUG=1`` checks positions and slots against their ranges on the host (a device
-  sync per call): out-of-range values are otherwise out-of-bounds memory accesses.
+- Bad indices never touch foreign memory (every backend, debug off): a slot outside the cache
+  is skipped like -1; a position outside the cos/sin cache makes that token's q_pe, k_pe and the
+  rope part of its cache row NaN (its kv_c part is cached as given). ``debug=True`` /
+  ``ROCM_MLA_DEBUG=1`` instead checks positions and slots on the host (a device sync per call)
+  and raises a ValueError naming the argument, the index and the bound.
+- Destinations (q_pe, k_pe, kv_cache) may not overlap each other or any input: checked on the
+  host from pointers and extents (no sync, capturable).
 """
 
 from __future__ import annotations
@@ -48,11 +53,13 @@ _FP8_KIND = {torch.float8_e4m3fn: 1, torch.float8_e4m3fnuz: 2}  # the kernels' C
 def fused_rope_mla_kv_write(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor,
                             kv_c: torch.Tensor, cos_sin_cache: torch.Tensor, kv_cache: torch.Tensor,
                             slot_mapping: torch.Tensor, *, is_neox: bool, kv_cache_dtype: str = "auto",
-                            k_scale: torch.Tensor | None = None, backend: str | None = None) -> None:
+                            k_scale: torch.Tensor | None = None, backend: str | None = None,
+                            debug: bool | None = None) -> None:
     """Rotate ``q_pe`` and ``k_pe`` in place and write ``[kv_c | rope(k_pe)]`` into the paged cache.
 
     Args:
-        positions: ``[T]`` int64 token positions, each in ``[0, max_pos)`` (int32 is rejected).
+        positions: ``[T]`` int64 token positions, each in ``[0, max_pos)`` (int32 is rejected);
+            a token whose position is outside gets NaN (see "Bad indices" below).
         q_pe: ``[T, N, 64]`` float32/float16/bfloat16, any strides (typically the strided slice
             ``q[..., 128:]`` of the ``[T, N, 192]`` query); rotated in place. Any N >= 1.
         k_pe: ``[T, 1, 64]`` or ``[T, 64]``, q_pe's dtype, any strides (e.g. a slice of the
@@ -67,8 +74,8 @@ def fused_rope_mla_kv_write(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: t
             ``"fp8_e4m3"`` = the platform's kind (e4m3fnuz on gfx94x, e4m3fn elsewhere).
         slot_mapping: ``[S]`` int64 with ``S <= T``; token t's row goes to block
             ``slot // block_size``, offset ``slot % block_size``. A negative slot (-1) and tokens
-            ``t >= S`` (vLLM's CUDA-graph padding) are rotated but not cached. Slots must be
-            distinct (two tokens writing one row race).
+            ``t >= S`` (vLLM's CUDA-graph padding) are rotated but not cached, and so is a slot
+            ``>= num_blocks x block_size``. Slots must be distinct (two tokens writing one row race).
         is_neox: False: GPT-J style, pairs (2i, 2i+1) (DeepSeek); True: NeoX style, pairs (i, i+32).
         kv_cache_dtype: ``"auto"`` (cache dtype == q_pe's) or one of the FP8 names above.
         k_scale: FP8 only (ignored otherwise, so vLLM may always pass it): a 1-element float32
@@ -77,13 +84,20 @@ def fused_rope_mla_kv_write(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: t
             Read on the device: no host sync, safe under CUDA-graph capture.
         backend: ``"hip"``, ``"triton"`` or ``"reference"`` to force one (default: fastest
             available; ``ROCM_MLA_BACKEND_ROPE_KV_WRITE`` forces one for both rope/cache ops).
+        debug: range-check positions and slots on the host first (a device sync: not
+            capturable); default ``ROCM_MLA_DEBUG=1`` in the environment.
 
     Rotation: ``x' = x cos_i - y sin_i, y' = y cos_i + x sin_i`` in float32, rounded once per store;
     the cache gets the float32 rotation rounded (or quantised) once to its own type. Nothing else
-    in the cache is touched. q_pe, k_pe, kv_c and kv_cache must not overlap.
+    in the cache is touched. q_pe, k_pe and kv_cache (written) may not overlap each other, kv_c,
+    cos_sin_cache, positions, slot_mapping or k_scale (ValueError naming both).
 
-    With ``ROCM_MLA_DEBUG=1`` positions and slots are range-checked on the host first (a device
-    sync); otherwise an out-of-range position or slot is an out-of-bounds access.
+    Bad indices (debug off; every backend): nothing outside the given tensors is read or written.
+    A slot outside ``[0, num_blocks x block_size)`` is skipped like -1. A position outside
+    ``[0, max_pos)`` reads no cos/sin: that token's q_pe and k_pe become NaN, its cache row (if
+    its slot is valid) gets NaN in the rope part and kv_c as given; other tokens are unaffected.
+    With ``debug=True`` (or ``ROCM_MLA_DEBUG=1``) they raise a ValueError naming the argument,
+    the index and the bound instead.
 
     Raises:
         TypeError / ValueError naming the argument, what was expected and what came.
@@ -111,7 +125,10 @@ def fused_rope_mla_kv_write(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: t
     c.writable("q_pe", q_pe)
     c.writable("k_pe", k2)
     c.writable("kv_cache", kv_cache)
-    if _debug():
+    c.no_overlap({"q_pe": q_pe, "k_pe": k2, "kv_cache": kv_cache},
+                 {"kv_c": kv_c, "cos_sin_cache": cos_sin_cache, "positions": positions,
+                  "slot_mapping": slot_mapping, "k_scale": k_scale if fp8 is not None else None})
+    if _debug(debug):
         _debug_ranges(c, "positions", positions, cos_sin_cache.shape[0], "cos_sin_cache's max_pos")
         _debug_slots(c, slot_mapping, kv_cache)
     _run(positions, q_pe, k2, kv_c, cos_sin_cache, kv_cache, slot_mapping, is_neox, fp8, k_scale, backend)
@@ -119,13 +136,16 @@ def fused_rope_mla_kv_write(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: t
 
 def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
                          slot_mapping: torch.Tensor, *, kv_cache_dtype: str = "auto",
-                         k_scale: torch.Tensor | None = None, backend: str | None = None) -> None:
+                         k_scale: torch.Tensor | None = None, backend: str | None = None,
+                         debug: bool | None = None) -> None:
     """Write ``[kv_c | k_pe]`` into the paged cache, no rotation (k_pe already rotated elsewhere).
 
     Same contract as ``fused_rope_mla_kv_write`` without ``positions``, ``q_pe`` and
     ``cos_sin_cache`` (vLLM's ``concat_and_cache_mla``): kv_c ``[T, 512]``, k_pe ``[T, 1, 64]`` or
     ``[T, 64]`` (kv_c's dtype, read only), kv_cache ``[num_blocks, block_size, 576]`` of kv_c's
-    dtype or FP8 (see there), slot_mapping ``[S <= T]`` int64 (negative = skip).
+    dtype or FP8 (see there), slot_mapping ``[S <= T]`` int64 (negative or outside the cache =
+    skip; ``debug=True`` / ``ROCM_MLA_DEBUG=1`` raises for one outside instead). kv_cache may not
+    overlap kv_c, k_pe, slot_mapping or k_scale.
 
     Raises:
         TypeError / ValueError naming the argument, what was expected and what came.
@@ -139,7 +159,9 @@ def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch
     c.same_device(kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache, slot_mapping=slot_mapping,
                   k_scale=k_scale if fp8 is not None else None)
     c.writable("kv_cache", kv_cache)
-    if _debug():
+    c.no_overlap({"kv_cache": kv_cache}, {"kv_c": kv_c, "k_pe": k2, "slot_mapping": slot_mapping,
+                                          "k_scale": k_scale if fp8 is not None else None})
+    if _debug(debug):
         _debug_slots(c, slot_mapping, kv_cache)
     _run(None, None, k2, kv_c, None, kv_cache, slot_mapping, False, fp8, k_scale, backend)
 
@@ -215,15 +237,15 @@ def _check_scale(c: Checker, fp8: torch.dtype | None, k_scale) -> None:
         c.fail("k_scale", "a 1-element float32 tensor", f"shape {tuple(k_scale.shape)}")
 
 
-def _debug() -> bool:
-    return os.environ.get("ROCM_MLA_DEBUG", "0") == "1"
+def _debug(debug: bool | None = None) -> bool:
+    return debug if debug is not None else os.environ.get("ROCM_MLA_DEBUG", "0") == "1"
 
 
 def _debug_ranges(c: Checker, name: str, x: torch.Tensor, hi: int, what: str) -> None:
     bad = ((x < 0) | (x >= hi)).nonzero()
     if bad.numel():
         i = int(bad[0, 0])
-        c.fail(name, f"values in [0, {hi}) ({what}; ROCM_MLA_DEBUG=1 check)",
+        c.fail(name, f"values in [0, {hi}) ({what}; debug check)",
                f"{int(x[i])} at index {i} ({bad.shape[0]} out of range)")
 
 
@@ -232,11 +254,11 @@ def _debug_slots(c: Checker, slots: torch.Tensor, kv_cache: torch.Tensor) -> Non
     bad = (slots >= n).nonzero()
     if bad.numel():
         i = int(bad[0, 0])
-        c.fail("slot_mapping", f"values < num_blocks x block_size = {n} or negative (ROCM_MLA_DEBUG=1 check)",
+        c.fail("slot_mapping", f"values < num_blocks x block_size = {n} or negative (debug check)",
                f"{int(slots[i])} at index {i} ({bad.shape[0]} out of range)")
     valid = slots[slots >= 0]
     if valid.numel() != valid.unique().numel():
-        c.fail("slot_mapping", "distinct non-negative slots (ROCM_MLA_DEBUG=1 check)",
+        c.fail("slot_mapping", "distinct non-negative slots (debug check)",
                f"{valid.numel() - valid.unique().numel()} repeated")
 
 
@@ -310,11 +332,19 @@ def _launch_triton(positions, q_pe, k_pe, kv_c, cos_sin_cache, cache, slot_mappi
     q = q_pe if rope else k_pe.unsqueeze(1)
     cs = cos_sin_cache if rope else k_pe
     ks = k_scale if kind else kv_c
+    num_slots = cache.shape[0] * cache.shape[1]
+    max_pos = cs.shape[0] if rope else 0
+    # An empty cache or cos/sin cache is never dereferenced (every slot / position is out of
+    # range), but it may carry a null pointer, which the launcher rejects: a 1-row stand-in.
+    if num_slots == 0:
+        cache = cache.new_empty((1, 1, ROW_DIM))
+    if rope and max_pos == 0:
+        cs = cs.new_empty((1, ROPE_DIM))
     q_strides = q.stride() if rope else (0, 0, 0)
     cs_strides = cs.stride() if rope else (0, 0)
     rope_mla_kv_write_kernel[grid](
         pos, q, k_pe, kv_c, cs, cache, slot_mapping, ks,
-        T, N, slot_mapping.shape[0], cache.shape[1],
+        T, N, slot_mapping.shape[0], cache.shape[1], num_slots, max_pos,
         *q_strides, *k_pe.stride(), *kv_c.stride(), *cs_strides, *cache.stride(),
         ROPE=rope, IS_NEOX=is_neox and rope, CACHE_KIND=kind, **consts, **options)
 
@@ -348,6 +378,7 @@ def triton_variants(arch: str) -> list[TritonVariant]:
             sig = {"positions": "*i64", "q_pe": f"*{tname}", "k_pe": f"*{tname}", "kv_c": f"*{tname}",
                    "cos_sin": f"*{cs}", "cache": f"*{cache_t}", "slot_mapping": "*i64", "k_scale": "*fp32",
                    "num_tokens": "i32", "num_heads": "i32", "num_cached": "i32", "block_size": "i32",
+                   "num_slots": "i32", "max_pos": "i32",
                    "q_st": "i32", "q_sh": "i32", "q_sd": "constexpr", "k_st": "i32", "k_sd": "constexpr",
                    "c_st": "i32", "c_sd": "constexpr", "cs_sp": "i32", "cs_sd": "constexpr",
                    "kv_sb": "i32", "kv_so": "i32", "kv_sd": "constexpr",
@@ -365,6 +396,6 @@ def triton_variants(arch: str) -> list[TritonVariant]:
                 constexprs={**consts, **ones, "ROPE": rope, "IS_NEOX": neox, "CACHE_KIND": kind},
                 options=options,
                 divisible_by_16=("positions", "q_pe", "k_pe", "kv_c", "cos_sin", "cache", "slot_mapping",
-                                 "k_scale", "block_size", "q_st", "q_sh", "k_st", "c_st", "cs_sp",
+                                 "k_scale", "block_size", "num_slots", "max_pos", "q_st", "q_sh", "k_st", "c_st", "cs_sp",
                                  "kv_sb", "kv_so")))
     return variants

@@ -29,26 +29,37 @@ def mla_decode_ref(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Ten
     Returns ``(out [rows, N, 512] float32, lse [rows, N] float32)``, lse the natural-log
     sum-exp of the scaled scores. A row that sees no key gets out 0 and lse -inf. Cache slots
     outside each request's first seq_len tokens are never read.
+
+    Bad values (the kernels' contract; nothing outside the given tensors is read): seq_len is
+    clamped to the table's capacity ``max_blocks x block_size`` (negative means 0); a request
+    whose used block-table entries (those covering its first seq_len tokens) include a page
+    outside ``[0, num_blocks)`` gets NaN in every row of out and lse -- no wrap-around of -1 to
+    the last page -- and no other request is affected.
     """
     rows, N, _ = q_nope.shape
-    B = block_table.shape[0]
+    B, max_blocks = block_table.shape
     q_len = rows // B if B else 1
-    block_size = kv_cache.shape[1]
+    num_blocks, block_size = kv_cache.shape[0], kv_cache.shape[1]
+    capacity = max_blocks * block_size
     q = torch.cat([q_nope.float(), q_pe.float()], dim=-1)  # [rows, N, 576]
     scale = 1.0 if k_scale is None else (float(k_scale.float().reshape(-1)[0])
                                          if isinstance(k_scale, torch.Tensor) else float(k_scale))
     out = torch.zeros(rows, N, KV_LORA_RANK, dtype=torch.float32, device=q_nope.device)
     lse = torch.full((rows, N), float("-inf"), dtype=torch.float32, device=q_nope.device)
     for b in range(B):
-        L = int(seq_lens[b])
+        L = min(int(seq_lens[b]), capacity)
         if L <= 0:
             continue
         tok = torch.arange(L, device=kv_cache.device)
-        pages = block_table[b, tok // block_size].long()
+        pages = block_table[b, tok // block_size].long().to(kv_cache.device)
+        if bool(((pages < 0) | (pages >= num_blocks)).any()):
+            out[b * q_len:(b + 1) * q_len] = float("nan")
+            lse[b * q_len:(b + 1) * q_len] = float("nan")
+            continue
         k = kv_cache[pages, tok % block_size].float() * scale  # [L, 576]
         v = k[:, :KV_LORA_RANK]
         qb = q[b * q_len:(b + 1) * q_len]  # [q_len, N, 576]
-        s = torch.einsum("tnd,jd->tnj", qb, k) * sm_scale
+        s = torch.einsum("tnd,jd->tnj", qb, k.to(qb.device)) * sm_scale
         limit = L - q_len + torch.arange(q_len, device=s.device)  # last visible key per row
         visible = tok.to(s.device)[None, :] <= limit[:, None]  # [q_len, L]
         s = s.masked_fill(~visible[:, None, :], float("-inf"))
@@ -56,7 +67,7 @@ def mla_decode_ref(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Ten
         seen = row_lse > float("-inf")
         p = torch.exp(s - torch.where(seen, row_lse, 0.0)[..., None])
         p = torch.where(seen[..., None], p, 0.0)
-        out[b * q_len:(b + 1) * q_len] = torch.einsum("tnj,jd->tnd", p, v)
+        out[b * q_len:(b + 1) * q_len] = torch.einsum("tnj,jd->tnd", p, v.to(p.device))
         lse[b * q_len:(b + 1) * q_len] = row_lse
     return out, lse
 

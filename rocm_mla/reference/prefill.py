@@ -18,7 +18,11 @@ def mla_prefill_ref(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v
 
     Causal is bottom-right aligned: query i of a sequence with lq queries and lk keys sees keys
     ``j <= i + lk - lq``. A query that sees no key gets output 0 and lse -inf.
-    Rows of q outside every sequence are left 0 in ``out`` and -inf in ``lse``.
+    Rows of q outside every sequence are 0 in the returned ``out`` and -inf in ``lse`` (the op's
+    reference backend copies only the rows of sequences into the caller's out/lse).
+
+    Offsets that do not start at >= 0, decrease, or end past Tq / Tk raise a ValueError naming
+    the argument (no silent wrap-around of a negative offset, no clipping).
 
     Returns ``(out [Tq, N, V] float32, lse [N, Tq] float32)``, lse in natural log.
     """
@@ -28,6 +32,10 @@ def mla_prefill_ref(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v
     lse = torch.full((N, Tq), float("-inf"), dtype=torch.float32, device=q.device)
     cq = [int(x) for x in cu_seqlens_q.tolist()]
     ck = [int(x) for x in cu_seqlens_k.tolist()]
+    for name, cu, total in (("cu_seqlens_q", cq, Tq), ("cu_seqlens_k", ck, k_nope.shape[0])):
+        if len(cu) != len(cq) or not cu or cu[0] < 0 or cu[-1] > total or any(b < a for a, b in zip(cu, cu[1:])):
+            raise ValueError(f"mla_prefill_ref: {name}: expected {len(cq)} non-decreasing offsets in "
+                             f"[0, {total}], got {cu}")
     for b in range(len(cq) - 1):
         q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
         lq, lk = q1 - q0, k1 - k0

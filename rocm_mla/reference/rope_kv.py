@@ -4,7 +4,9 @@ Semantics (DESIGN §3): ``cos, sin = cos_sin_cache[positions].chunk(2)`` (32 eac
 (``is_neox=False``, DeepSeek) rotates pairs (2i, 2i+1), NeoX style pairs (i, i+32):
 ``x' = x cos_i - y sin_i, y' = y cos_i + x sin_i``. The cache row of token t, written at
 ``slot_mapping[t]`` (slot = block * block_size + offset; negative = not written), is
-``[kv_c[t] | rope(k_pe[t])]``, 576 wide. An FP8 cache stores ``clamp(x / k_scale, -max, max)``
+``[kv_c[t] | rope(k_pe[t])]``, 576 wide; a slot outside the cache is skipped like -1, and a
+position outside the cos/sin cache makes that token's rotations (q_pe, k_pe, the rope part of
+its row) NaN, its kv_c part cached as given. An FP8 cache stores ``clamp(x / k_scale, -max, max)``
 (max 448 for e4m3fn, 240 for e4m3fnuz), rounded to nearest even; NaN stays NaN.
 
 Everything is computed in float32 from the inputs as given and rounded once on store -- the
@@ -25,8 +27,16 @@ def rope_ref(positions: torch.Tensor, x: torch.Tensor, cos_sin_cache: torch.Tens
     """Rotate ``x [T, ..., 64]`` by the angles of ``positions [T]``; returns float32, x's shape.
 
     ``cos_sin_cache [max_pos, 64]`` holds ``cat(cos[32], sin[32])`` per position (vLLM's layout).
+    A position outside ``[0, max_pos)`` reads nothing (no wrap-around of -1) and rotates that
+    token with NaN: its result is NaN.
     """
-    cs = cos_sin_cache.float()[positions.long()]  # [T, 64]
+    pos = positions.long()
+    ok = (pos >= 0) & (pos < cos_sin_cache.shape[0])
+    if cos_sin_cache.shape[0]:
+        cs = cos_sin_cache.float()[torch.where(ok, pos, 0)]  # [T, 64]
+    else:  # an empty cache: every position is outside
+        cs = torch.zeros(pos.shape[0], cos_sin_cache.shape[1], device=cos_sin_cache.device)
+    cs = torch.where(ok[:, None], cs, float("nan"))
     cos, sin = cs[:, :32], cs[:, 32:]
     shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (32,)
     cos, sin = cos.reshape(shape), sin.reshape(shape)
@@ -59,11 +69,12 @@ def write_cache_ref(kv_cache: torch.Tensor, slot_mapping: torch.Tensor, rows: to
 
     kv_cache: ``[num_blocks, block_size, 576]`` of its own dtype (any strides); with ``fp8_dtype``,
     a tensor of that dtype (or a uint8 view of one) that gets ``quantize_fp8_ref(row, k_scale)``.
-    Negative slots and tokens t >= S are not written; nothing else in the cache is touched.
+    Negative slots, slots >= num_blocks x block_size (outside the cache) and tokens t >= S are
+    not written; nothing else in the cache is touched.
     """
     S = slot_mapping.shape[0]
     slots = slot_mapping.long()
-    keep = (slots >= 0).nonzero().flatten()
+    keep = ((slots >= 0) & (slots < kv_cache.shape[0] * kv_cache.shape[1])).nonzero().flatten()
     if keep.numel() == 0:
         return
     slots = slots[keep]

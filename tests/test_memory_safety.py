@@ -546,7 +546,6 @@ def test_gpu_rope_bad_indices(backend, dtype, is_neox):
 from rocm_mla.reference import mla_decode_ref  # noqa: E402
 
 DECODE_BACKENDS = [b for b in ("triton", "reference") if b in backends()]  # no HIP decode kernel
-KERNEL_GUARD = pytest.mark.xfail(reason="decode kernel guard: lead's part", strict=False)
 
 
 class DecodeCase:
@@ -646,7 +645,6 @@ def test_decode_reference_bad_page_makes_its_request_nan(q_len):
     torch.testing.assert_close(o[:q_len], want[0][:q_len])
 
 
-@KERNEL_GUARD
 @pytest.mark.parametrize("splits", [None, 1, 3])
 @pytest.mark.parametrize("q_len,bs,bad", [(1, 16, -1), (1, 16, "nb"), (2, 5, "nb+1"), (1, 1, -1), (3, 32, "nb")])
 def test_decode_kernel_bad_page_makes_its_request_nan(splits, q_len, bs, bad):
@@ -679,7 +677,6 @@ sys.exit(0 if ok else 3)
 """
 
 
-@KERNEL_GUARD
 @pytest.mark.parametrize("page", [(1 << 31) - 1, -(1 << 31)])
 def test_decode_kernel_huge_page_in_child(page):
     """A huge page id read unguarded is a segfault of the interpreter: run it in a child."""
@@ -756,7 +753,6 @@ def test_scale_validated_alike(op, bad, exc, words):
     _raises_naming(exc, fn, f"{op}: sm_scale", *words)
 
 
-@KERNEL_GUARD
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv", ["bf16", "fp8"])
 @pytest.mark.parametrize("bs", [1, 16, 64])

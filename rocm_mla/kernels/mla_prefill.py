@@ -27,7 +27,11 @@ Per program (BLOCK_M queries of one sequence, one head), keys are visited in two
 Causal masking is bottom-right aligned (query i of a sequence with lq queries and lk keys sees
 keys j <= i + lk - lq); blocks beyond the diagonal are never loaded. The online softmax runs in
 fp32 in the exp2 domain (log2(e) folded into the score scale); a row that sees no key ends with
-l == 0 and is written as 0 with lse -inf.
+l == 0 and is written as 0 with lse -inf. NaN is not "no key": a NaN in q, or in the K of a key
+the row sees, makes l NaN and the row's out and lse NaN (a NaN in a K the row does not see is
+masked to -inf and does not reach it). A NaN in V reaches every row that sees that key; it can
+also reach rows of the same diagonal tile that do not (0 * NaN in the P.V product, as in
+FlashAttention), never rows of other tiles.
 
 Addresses: a sequence's base is computed in int64 (Tk x token stride passes 2^31 at ~64k tokens
 with N=128) and advanced per key block as a scalar pointer; the per-tile offsets stay int32 and loop
@@ -169,14 +173,16 @@ def mla_prefill_kernel(
         kpe_ptr += BLOCK_N * kpe_st
         v_ptr += BLOCK_N * v_st
 
-    # ---- epilogue: l == 0 exactly when the row saw no key (the row max contributes exp2(0) = 1).
-    seen = l_i > 0.0
-    inv_l = tl.where(seen, 1.0 / tl.where(seen, l_i, 1.0), 0.0)
-    out = acc * inv_l[:, None]
+    # ---- epilogue: l == 0 exactly when the row saw no key (the row max contributes exp2(0) = 1);
+    # only then out 0, lse -inf. l is NaN when a key the row saw (or its q) holds a NaN: that NaN
+    # goes on into out and lse, never read as "no key" (`l > 0` would have been false for it).
+    blind = l_i == 0.0
+    l_safe = tl.where(blind, 1.0, l_i)
+    out = tl.where(blind[:, None], 0.0, acc * (1.0 / l_safe)[:, None])
     o_base = O + (q_start + m0).to(tl.int64) * o_st + h * o_sh
     tl.store(o_base + offs_m[:, None] * o_st + d_v[None, :] * o_sd, out.to(O.dtype.element_ty),
              mask=row_ok[:, None])
     # Back from the log2 domain: lse = ln(2) * (m + log2(l)).
-    lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+    lse = tl.where(blind, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
     lse_base = LSE + h * lse_sh + (q_start + m0).to(tl.int64) * lse_st
     tl.store(lse_base + offs_m * lse_st, lse, mask=row_ok)

@@ -39,7 +39,9 @@ def merge_attn_states(output: torch.Tensor, prefix_output: torch.Tensor, prefix_
             available; see ``rocm_mla.ops._dispatch``).
 
     Per row: ``out = w_p * prefix + w_s * suffix`` with ``w = softmax([lse_p, lse_s])``; a side
-    with weight 0 is not read; both sides -inf gives 0 and lse -inf. Any head size D >= 1.
+    with weight 0 is not read; both sides -inf gives 0 and lse -inf; a NaN lse on either side (a
+    partial attention that saw a NaN) gives that row NaN out and NaN lse -- never "no key". Any
+    head size D >= 1.
 
     Raises:
         TypeError / ValueError naming the argument, what was expected and what came.

@@ -65,7 +65,7 @@ def load_vllm_peer(peers: str, module: str, name: str):
 AMD_ONLY_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 
 
-def load_aiter_peer(peers: str, module: str, config_arch: str = "gfx942"):
+def load_aiter_peer(peers: str, module: str, config_arch: str = "gfx942", raise_errors: bool = False):
     """aiter's ``aiter.ops.triton.<module>``, importable from the ``peers`` folder that
     perf/peers/get_aiter_peers.sh makes (aiter's Triton tree only; ``import aiter`` needs ROCm); None
     (with the reason printed) when it is missing or fails to import.
@@ -74,12 +74,16 @@ def load_aiter_peer(peers: str, module: str, config_arch: str = "gfx942"):
     (the H200, or no GPU for the compile report) that answer is not a gfx name, so the loader makes
     aiter read ``config_arch``'s configs (gfx942 = its MI300X files). Launch configs taken from them
     carry AMD-only options: drop those with :func:`without_amd_options` before an NVIDIA launch.
+    raise_errors: raise (with the reason) instead of printing it and returning None.
     """
     import importlib
     import sys
 
     if not Path(peers, "aiter", "ops", "triton").is_dir():
-        print(f"aiter peer unavailable: no {peers}/aiter/ops/triton (run perf/peers/get_aiter_peers.sh {peers})")
+        why = f"no {peers}/aiter/ops/triton (run perf/peers/get_aiter_peers.sh {peers})"
+        if raise_errors:
+            raise FileNotFoundError(why)
+        print(f"aiter peer unavailable: {why}")
         return None
     if peers not in sys.path:
         sys.path.insert(0, peers)
@@ -89,6 +93,8 @@ def load_aiter_peer(peers: str, module: str, config_arch: str = "gfx942"):
             arch_info.get_arch = lambda: config_arch
         return importlib.import_module(f"aiter.ops.triton.{module}")
     except Exception as exc:
+        if raise_errors:
+            raise
         print(f"aiter peer unavailable: {type(exc).__name__}: {exc}")
         return None
 

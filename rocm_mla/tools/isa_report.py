@@ -89,6 +89,7 @@ class Row:
     local_in_loops: int | None = None
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    peer: bool = False  # a peer's kernel (e.g. aiter's), compiled for comparison: reported, never gated
 
     @property
     def status(self) -> str:
@@ -276,7 +277,14 @@ def sm90_blocks_per_sm(regs: int, smem: int, threads: int) -> int:
 # --------------------------------------------------------------------------- the gate
 
 def check(row: Row) -> list[str]:
-    """Why ``row`` fails the gate (empty list: it passes). Skipped rows never fail here."""
+    """Why ``row`` fails the gate (empty list: it passes). Skipped rows never fail here, nor do a
+    peer's rows (what would fail ours is noted on them by :func:`notes`)."""
+    if row.peer:
+        return []
+    return _gate(row)
+
+
+def _gate(row: Row) -> list[str]:
     if row.error:
         return [f"error: {error_digest(row.error)}"]
     if row.skipped:
@@ -305,18 +313,21 @@ def _spills_outside_loops(row: Row) -> bool:
 
 def notes(row: Row) -> list[str]:
     """What ``row`` passes the gate with but a reader should know."""
+    if row.peer:
+        return [f"peer, not gated: {'; '.join(_gate(row))}"] if not row.skipped and _gate(row) else []
     if not row.error and not row.skipped and _spills_outside_loops(row):
         return [f"{row.spills} B spilled, {row.scratch} B stack; no local-memory access inside a loop"]
     return []
 
 
 def failures(rows: Iterable[Row], strict: bool = False) -> list[tuple[Row, list[str]]]:
-    """Rows that make the report exit non-zero, with reasons. ``strict``: skipped rows fail too."""
+    """Rows that make the report exit non-zero, with reasons. ``strict``: skipped rows fail too
+    (not a peer's: a missing peer folder is not a missing compiler)."""
     out = []
     for r in rows:
         if r.problems:
             out.append((r, r.problems))
-        elif r.skipped and strict:
+        elif r.skipped and strict and not r.peer:
             out.append((r, [f"skipped ({r.skipped}) and --strict"]))
     return out
 
@@ -421,17 +432,22 @@ def _hip_rows(src: Path, arch: str, tool: str) -> list[Row]:
 
 
 def collect(arch: str, filter: str | None = None, *, triton_variants: list | None = None,
-            hip_sources: list[Path] | None = None, progress: bool = True) -> list[Row]:
+            hip_sources: list[Path] | None = None, progress: bool = True, peers: bool | None = None) -> list[Row]:
     """Compile every kernel configuration for ``arch`` and return one gated ``Row`` each.
 
     filter: keep rows whose "kernel config backend" contains this (case-insensitive).
     triton_variants / hip_sources: override what is compiled (tests); by default the package's
     ``all_triton_variants(arch)`` and ``hip_src/isa/*.cu``.
     progress: print one line per compile on stderr.
+    peers: also compile the peers' kernels (``rocm_mla.tools.peer_variants``: aiter's MHA forward
+        with its MI300X config, beside mla_prefill) as ungated rows; a peer that cannot be loaded
+        is a skipped row that never fails the report. Default: only for the package's own list
+        (``triton_variants`` None).
     """
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; choose from {', '.join(ARCHS)}")
     rows: list[Row] = []
+    triton_variants_given = triton_variants is not None
     if triton_variants is None:
         try:
             from rocm_mla.ops._variants import all_triton_variants
@@ -443,6 +459,16 @@ def collect(arch: str, filter: str | None = None, *, triton_variants: list | Non
                 rows.append(Row(kernel="(triton variants)", config="-", backend="triton", arch=arch,
                                 error=f"cannot list Triton variants: {_error_text(e)}"))
     variants = [v for v in triton_variants if _matches(filter, v.kernel, v.config, "triton")]
+    peer_variants: list = []
+    if peers if peers is not None else triton_variants_given is False:
+        from .peer_variants import AITER_KERNEL, aiter_mha_variants, aiter_peers_dir
+
+        if _matches(filter, AITER_KERNEL, "mla_prefill peer", "aiter"):
+            try:
+                peer_variants = [v for v in aiter_mha_variants(arch) if _matches(filter, v.kernel, v.config, "aiter")]
+            except Exception as e:  # no peer folder, or aiter's tree fails to import: say so, do not fail
+                rows.append(Row(kernel=AITER_KERNEL, config="mla_prefill peer", backend="aiter", arch=arch,
+                                peer=True, skipped=f"aiter unavailable ({aiter_peers_dir()}): {_error_text(e)[:300]}"))
     sources = list(hipc.isa_sources() if hip_sources is None else hip_sources)
 
     if arch == "gfx942":
@@ -452,10 +478,15 @@ def collect(arch: str, filter: str | None = None, *, triton_variants: list | Non
         tool = hipc.find_nvcc()
         missing = None if tool else "nvcc not found"
 
-    prog = _Progress(len(variants) + len(sources), progress)
+    prog = _Progress(len(variants) + len(peer_variants) + len(sources), progress)
     for v in variants:
         t0 = prog.start(f"triton {v.kernel} {v.config}")
         rows.append(_triton_row(v, arch))
+        prog.done(t0, "" if not rows[-1].error else " (error)")
+    for v in peer_variants:
+        t0 = prog.start(f"aiter {v.kernel} {v.config}")
+        rows.append(_triton_row(v, arch))
+        rows[-1].backend, rows[-1].peer = "aiter", True
         prog.done(t0, "" if not rows[-1].error else " (error)")
     for src in sources:
         if missing:
@@ -491,6 +522,8 @@ def _columns(arch: str) -> list[tuple[str, Any]]:
             return "skipped: " + r.skipped
         if r.problems:
             return "FAIL: " + "; ".join(r.problems)
+        if r.peer:
+            return "; ".join(r.notes) or "peer, not gated: clean"
         return "ok" + (f" ({'; '.join(r.notes)})" if r.notes else "")
 
     cols: list[tuple[str, Any]] = [("kernel", lambda r: r.kernel), ("config", lambda r: r.config),
@@ -525,12 +558,18 @@ def summary(rows: list[Row]) -> str:
     if not rows:
         return "isa-report: no kernels"
     arch = rows[0].arch
+    peer_rows = [r for r in rows if r.peer]
+    rows = [r for r in rows if not r.peer]
     built = [r for r in rows if not (r.error or r.skipped)]
     by_backend = {b: sum(1 for r in rows if r.backend == b) for b in ("triton", "hip")}
     failed = [r for r in rows if r.problems]
     lines = [f"isa-report {arch}: {len(rows)} kernel configs ({by_backend['triton']} triton, "
              f"{by_backend['hip']} hip); {len(built)} compiled, {len(failed)} failing, "
              f"{sum(1 for r in rows if r.error)} errors, {sum(1 for r in rows if r.skipped)} skipped"]
+    for r in peer_rows:
+        figs = ("skipped: " + r.skipped if r.skipped else "error: " + error_digest(r.error) if r.error else
+                f"{r.vgprs} VGPRs, {r.spills} spills, {r.scratch} B scratch, LDS {r.lds}, occupancy {r.occupancy}")
+        lines.append(f"  peer {label(r)}: {figs}")
 
     def worst(attr: str, pick=max) -> str:
         vals = [r for r in built if getattr(r, attr) is not None]
@@ -567,12 +606,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strict", action="store_true",
                     help="fail when a compiler is missing (rows skipped); CI passes this")
     ap.add_argument("-q", "--quiet", action="store_true", help="no per-compile progress on stderr")
+    ap.add_argument("--no-peers", action="store_true",
+                    help="skip the peers' kernels (aiter's MHA forward from $ROCM_MLA_AITER_PEERS or .peers/aiter, "
+                         "made by perf/peers/get_aiter_peers.sh); they are reported beside ours, never gated")
     args = ap.parse_args(argv)
     # The report needs Triton's compiler; an interpreter switch leaked from the shell (or the CPU
     # test set-up) would make every kernel imported from here on an InterpretedFunction.
     os.environ.pop("TRITON_INTERPRET", None)
 
-    rows = collect(args.arch, args.filter, progress=not args.quiet)
+    rows = collect(args.arch, args.filter, progress=not args.quiet, peers=not args.no_peers)
     if not rows:
         print(f"isa-report: no kernel matches filter {args.filter!r}" if args.filter
               else "isa-report: found no kernels to compile", file=sys.stderr)
@@ -581,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps([dict(asdict(r), status=r.status) for r in rows], indent=1) + "\n")
     bad = failures(rows, strict=args.strict)
-    skipped = [r for r in rows if r.skipped]
+    skipped = [r for r in rows if r.skipped and not r.peer]
     print()
     if bad:
         print(f"{len(bad)} of {len(rows)} rows failed:")
@@ -591,7 +633,9 @@ def main(argv: list[str] | None = None) -> int:
                 print("    " + r.error.replace("\n", "\n    "))
         return 1
     note = f" ({len(skipped)} skipped; pass --strict to fail on that)" if skipped else ""
-    print(f"all {len(rows) - len(skipped)} compiled rows pass{note}")
+    own = [r for r in rows if not r.peer]
+    peer_note = f"; {len(rows) - len(own)} peer rows reported, not gated" if len(own) < len(rows) else ""
+    print(f"all {len(own) - len(skipped)} compiled rows pass{note}{peer_note}")
     return 0
 
 

@@ -166,6 +166,44 @@ def test_block_shapes(backend, bm, bn):
     assert_matches(out, lse, ref, ref_lse, torch.float32)
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("kpe_layout", ["latent", "per_head_copy"])
+def test_tma_path_matches_reference(causal, kpe_layout):
+    """The "tma" launch option (tensor descriptors for K, k_pe, V; sm90 on the GPU, run by the
+    interpreter here): same results, and the keys past a sequence's end are never read -- the
+    rows after the last sequence's keys hold NaN and must not leak (TMA zero fill replaces the
+    pointer path's load masks)."""
+    from rocm_mla.ops.prefill import _tma_ok
+
+    lq, lk, N = [37, 5, 70, 0, 9], [50, 5, 70, 3, 21], 2
+    q, kn, kpe, v, cq, ck = make_inputs(lq, [*lk[:-1], lk[-1] + 7], N, torch.float16, kpe_layout=kpe_layout)
+    ck = cu(lk)  # 7 key rows after the last sequence's end, poisoned:
+    for x in (kn, kpe, v):
+        x[sum(lk):] = float("nan")
+    kpe_sh = 0 if kpe.shape[1] == 1 else kpe.stride(1)
+    assert _tma_ok(kn, kpe, v, kpe_sh), "the case must take the TMA path"
+    cfg = {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "tma": True}
+    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, causal=causal, backend="triton",
+                                    config=cfg)
+    ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, causal)
+    assert_matches(out, lse, ref, ref_lse, torch.float16)
+
+
+def test_tma_option_needs_alignment_and_16_bit_inputs():
+    from rocm_mla.ops.prefill import _triton_meta, _tma_ok
+
+    q, kn, kpe, v, _, _ = make_inputs([4], [4], 2, torch.float16)
+    assert _tma_ok(kn, kpe, v, 0)
+    odd = rand((4, 2, 2 * P), torch.float16)[..., 1:P + 1]  # base 2 bytes off 16
+    assert not _tma_ok(odd, kpe, v, 0)
+    assert not _tma_ok(kn.float(), kpe.float(), v.float(), 0)  # fp32: no TMA path
+    tma = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "tma": True}
+    assert _triton_meta(tma, "sm90", (P, R, V), True, False)[0]["USE_TMA"]
+    assert not _triton_meta(tma, "gfx942", (P, R, V), True, False)[0]["USE_TMA"]
+    assert not _triton_meta(tma, "sm80", (P, R, V), True, False)[0]["USE_TMA"]
+    assert not _triton_meta(tma, "sm90", (P, R, V), True, True)[0]["USE_TMA"]  # fp32
+
+
 @pytest.mark.parametrize("backend", backends())
 def test_rows_that_see_no_key_are_zero_and_minus_inf(backend):
     if backend == "hip":

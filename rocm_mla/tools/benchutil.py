@@ -62,7 +62,7 @@ def load_vllm_peer(peers: str, module: str, name: str):
 
 
 
-AMD_ONLY_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
+AMD_ONLY_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack", "schedule_hint")
 
 
 def load_aiter_peer(peers: str, module: str, config_arch: str = "gfx942", raise_errors: bool = False):

@@ -91,12 +91,42 @@ def load_aiter_peer(peers: str, module: str, config_arch: str = "gfx942", raise_
         arch_info = importlib.import_module("aiter.ops.triton.utils._triton.arch_info")
         if not torch.cuda.is_available() or torch.version.hip is None:
             arch_info.get_arch = lambda: config_arch
+            _string_arch_for_fa_amd(peers)
         return importlib.import_module(f"aiter.ops.triton.{module}")
     except Exception as exc:
         if raise_errors:
             raise
         print(f"aiter peer unavailable: {type(exc).__name__}: {exc}")
         return None
+
+
+def _string_arch_for_fa_amd(peers: str) -> None:
+    """aiter.ops.triton.mha imports flash_attn_triton_amd, whose ``utils.get_arch`` returns Triton's
+    target arch as is: an int (90) on NVIDIA, which some of aiter's checks put through string
+    operations (``arch in "gfx950"`` raises TypeError). Load that utils module first, under its
+    own name, with ``get_arch`` returning a string ("sm90"; no gfx branch matches) and ``is_hip``
+    False, so every later ``from .utils import get_arch`` binds the patched one. aiter's files are
+    not touched. On a machine without a GPU driver there is nothing to ask: leave it alone."""
+    import importlib.util
+    import sys
+
+    name = "aiter.ops.triton._triton_kernels.flash_attn_triton_amd.utils"
+    path = Path(peers, *name.split(".")).with_suffix(".py")
+    if not torch.cuda.is_available() or not path.is_file():
+        return
+    mod = sys.modules.get(name)
+    if mod is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except Exception:
+            del sys.modules[name]
+            raise
+    major, minor = torch.cuda.get_device_capability()
+    mod.get_arch = lambda: f"sm{major}{minor}"
+    mod.is_hip = lambda: False
 
 
 def aiter_peer_version(peers: str) -> str:

@@ -88,7 +88,10 @@ def mla_prefill(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: to
 
     Returns:
         ``(out, lse)``: the destinations (the caller's own tensors when passed). Every element of
-        the rows of every sequence is written; a query that sees no key gets 0 and lse -inf.
+        the rows of every sequence is written; a query that sees no key gets 0 and lse -inf, and
+        lse -inf means only that: a NaN in q, or in the k_nope/k_pe of a key the query sees, gives
+        NaN out and NaN lse (a NaN in v, NaN out), so a merge downstream cannot mistake a poisoned
+        partial result for an empty one.
 
     Raises:
         TypeError / ValueError naming the argument, what was expected and what came.
@@ -140,7 +143,9 @@ def mla_prefill_with_context(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.
             to merge_attn_states as well.
 
     Returns:
-        ``(out, lse)``: attention over context + new tokens, lse the natural-log LSE over both.
+        ``(out, lse)``: attention over context + new tokens, lse the natural-log LSE over both. A
+        NaN in the keys a row sees, new or cached, reaches that row's out and lse (each partial
+        pass writes NaN, not 0 / -inf, and merge_attn_states propagates a NaN lse).
     """
     c = Checker("mla_prefill_with_context")
     dims = _check(c, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, sm_scale, True, out, lse,

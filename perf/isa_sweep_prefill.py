@@ -22,7 +22,8 @@ import os
 import sys
 from pathlib import Path
 
-os.environ.pop("TRITON_INTERPRET", None)  # the compiler needs real @triton.jit functions
+if __name__ == "__main__":
+    os.environ.pop("TRITON_INTERPRET", None)  # the compiler needs real @triton.jit functions
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402

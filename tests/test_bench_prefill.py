@@ -104,3 +104,21 @@ def test_aiter_varlen_matches_reference_in_interpreter():
     print("OK")
     """)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_isa_sweep_grid_and_register_limit():
+    import isa_sweep_prefill as sweep
+
+    cfgs = sweep.grid_configs(sweep.GRIDS["rows32"], "gfx942")
+    assert cfgs and all(c["BLOCK_M"] // c["num_warps"] == 32 for c in cfgs)
+    assert all(c.get("diag_stages", 0) <= c["num_stages"] for c in cfgs)
+    assert len({json_key(c) for c in cfgs}) == len(cfgs)  # no duplicates
+    sm90 = sweep.grid_configs(sweep.GRIDS["small"], "sm90")
+    assert all(set(c) <= {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"} for c in sm90)
+    assert sweep.register_limit(2) == 256 and sweep.register_limit(1) == 512 and sweep.register_limit(3) == 168
+
+
+def json_key(cfg):
+    import json
+
+    return json.dumps(cfg, sort_keys=True)

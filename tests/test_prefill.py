@@ -204,6 +204,31 @@ def test_tma_option_needs_alignment_and_16_bit_inputs():
     assert not _triton_meta(tma, "sm90", (P, R, V), True, True)[0]["USE_TMA"]  # fp32
 
 
+def test_tma_allocator_is_set_only_when_none_is():
+    """Device-side descriptors need Triton's scratch allocator: set one if the caller has none,
+    never replace the caller's (run in a copied context: the allocator is a ContextVar)."""
+    import contextvars
+
+    import triton
+    from triton.runtime import _allocation
+
+    from rocm_mla.ops.prefill import _ensure_allocator
+
+    def body():
+        _allocation._allocator.set(_allocation._NULL_ALLOCATOR)
+        _ensure_allocator(torch.device("cpu"))
+        assert _allocation._allocator.get() is _allocation._NULL_ALLOCATOR  # CPU: nothing to do
+        _ensure_allocator(torch.device("cuda"))
+        ours = _allocation._allocator.get()
+        assert ours is not _allocation._NULL_ALLOCATOR
+        mine = lambda size, alignment, stream: None  # noqa: E731
+        triton.set_allocator(mine)
+        _ensure_allocator(torch.device("cuda"))
+        assert _allocation._allocator.get() is mine
+
+    contextvars.copy_context().run(body)
+
+
 @pytest.mark.parametrize("backend", backends())
 def test_rows_that_see_no_key_are_zero_and_minus_inf(backend):
     if backend == "hip":

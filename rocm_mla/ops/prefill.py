@@ -340,9 +340,15 @@ def _ensure_allocator(device: torch.device) -> None:
     """Device-side tensor descriptors need Triton's global-scratch allocator (128 bytes per
     descriptor per program). Set one (torch's caching allocator, CUDA-graph safe) unless the
     caller set their own."""
-    from triton.runtime import _allocation
+    if device.type != "cuda":
+        return
+    try:
+        from triton.runtime import _allocation
 
-    if device.type != "cuda" or not isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        current = _allocation._allocator.get()
+    except Exception:  # another Triton layout: no way to ask, so set ours
+        current = None
+    if current is not None and type(current).__name__ != "NullAllocator":
         return
     triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=device))
 

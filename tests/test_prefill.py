@@ -676,6 +676,38 @@ def test_gpu_chunked_context_keeps_a_poisoned_side_bf16(where):
     _check_poisoned_side("triton", where, lq, splits, 16, torch.bfloat16, b, key)
 
 
+def _sm90_tma_candidates():
+    from rocm_mla.configs import config_for
+
+    return [c for c in config_for("mla_prefill", "sm90").get("candidates", []) if c.get("tma")]
+
+
+@gpu
+@pytest.mark.parametrize("cfg", _sm90_tma_candidates(), ids=lambda c: f"M{c['BLOCK_M']}N{c['BLOCK_N']}s{c['num_stages']}")
+def test_gpu_tma_candidates_bf16(cfg):
+    """The sm90 "tma" candidates --tune will time: bf16 varlen (ragged ends, lq != lk, an empty
+    sequence), N=16 and N=128 heads, key rows after the last sequence poisoned with NaN (TMA's
+    zero fill must keep them out), out into a strided view, checked against the float32 reference."""
+    from rocm_mla import _platform
+    from rocm_mla.ops.prefill import _tma_arch
+
+    if not _tma_arch(_platform.device_arch(torch.device(DEVICE))):
+        pytest.skip("TMA descriptors need an NVIDIA sm90+ GPU")
+    for N in (16, 128):
+        lq, lk = [700, 1, 0, 1029, 129], [700, 64, 9, 1100, 300]
+        q, kn, kpe, v, cq, ck = make_inputs(lq, [*lk[:-1], lk[-1] + 40], N, torch.bfloat16)
+        ck = cu(lk)
+        for x in (kn, kpe, v):
+            x[sum(lk):] = float("nan")
+        Tq = sum(lq)
+        out_base = torch.full((Tq, N * V + 64), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+        out = out_base[:, : N * V].view(Tq, N, V)
+        _, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, out=out, backend="triton", config=cfg)
+        ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, True)
+        assert_matches(out, lse, ref, ref_lse, torch.bfloat16)
+        assert outside_untouched(out_base, out)
+
+
 @gpu
 def test_gpu_int64_addressing():
     """A sequence whose last key row sits past 2^31 elements of k_nope/v (N=128, 256 wide rows)."""

@@ -308,11 +308,14 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
 
 
+REF_CASE = ([300, 1029, 0, 77, 513], [300, 1100, 12, 77, 700], 16)  # (lq, lk, N)
+
+
 def check_against_reference(dev: torch.device, config) -> float:
     """Relative error of mla_prefill (bf16, ``config``) vs the float32 reference on a small varlen
     batch with ragged ends, an empty sequence and lq != lk."""
     g = torch.Generator(device="cpu").manual_seed(5)
-    lq, lk, N = [300, 1029, 0, 77, 513], [300, 1100, 12, 77, 700], 16
+    lq, lk, N = REF_CASE
 
     def cu(ls):
         return torch.tensor([0] + [sum(ls[:i + 1]) for i in range(len(ls))], dtype=torch.int32, device=dev)
@@ -419,10 +422,10 @@ class ContextCase:
         self.lse = torch.empty(N, new, device=dev, dtype=torch.float32)
         self.flops = 2.0 * (P + R + V) * N * (new * (new + 1) / 2 + new * ctx)
 
-    def ours(self):
+    def ours(self, config=None):
         mla_prefill_with_context(self.q, self.k_nope, self.k_pe, self.v, self.cu, self.cu, self.chunks,
                                  sm_scale=SCALE, out=self.out, lse=self.lse, max_seqlen_q=self.new,
-                                 max_seqlen_k=self.new)
+                                 max_seqlen_k=self.new, config=config)
 
     def _flash(self, k_nope, k_pe, v, causal):
         """vLLM's FA call for one key set: cat k, pad v, FLASH with lse ([L, N, 192], [N, L])."""
@@ -451,7 +454,8 @@ class ContextCase:
         self.out.copy_(final[..., :V])  # output[..., :v_head_dim].flatten(): the unpad copy
 
 
-def context_bench(dev, timer: Timer, vllm_peers: str, quick: bool) -> tuple[list[list[str]], list[Record], str]:
+def context_bench(dev, timer: Timer, vllm_peers: str, quick: bool, config=None
+                  ) -> tuple[list[list[str]], list[Record], str]:
     vllm_merge = load_vllm_peer(vllm_peers, "triton_merge_attn_states", "merge_attn_states")
     note = "vLLM 0.33's Triton merge_attn_states" if vllm_merge else "rocm_mla's merge_attn_states (vLLM peer missing)"
     merge = vllm_merge or (lambda o, po, pl, so, sl, ol: merge_attn_states(o, po, pl, so, sl, ol))
@@ -464,11 +468,11 @@ def context_bench(dev, timer: Timer, vllm_peers: str, quick: bool) -> tuple[list
             case.upstream(merge)
             up_out, up_lse = case.out.float().clone(), case.lse.clone()
             case.out.fill_(float("nan"))
-            case.ours()
+            case.ours(config)
             err, lerr = rel_err(case.out, up_out), (case.lse - up_lse).abs().max().item()
             flag = "" if err < 2e-2 and lerr < 2e-2 else f" DISAGREE (rel {err:.3g}, lse {lerr:.3g})"
             t_up = timer(f"context upstream {label}", lambda: case.upstream(merge))
-            t_ours = timer(f"context ours {label}", case.ours)
+            t_ours = timer(f"context ours {label}", lambda: case.ours(config))
             rows.append([label, f"{t_ours * 1e3:.0f}", f"{t_up * 1e3:.0f}", f"{t_up / t_ours:.2f}x",
                          f"{case.flops / t_ours / 1e9:.0f}", f"{case.flops / t_up / 1e9:.0f}", f"{err:.1e}{flag}"])
             for prov, t in (("ours", t_ours), ("upstream", t_up)):
@@ -626,7 +630,7 @@ def main() -> int:
 
     ctx_rows, ctx_note = [], ""
     if args.context:
-        ctx_rows, ctx_records, ctx_note = context_bench(dev, timer, args.vllm_peers, args.quick)
+        ctx_rows, ctx_records, ctx_note = context_bench(dev, timer, args.vllm_peers, args.quick, config)
         records += ctx_records
         ctx_headers = ["case", "ours us", "upstream us", "speed-up", "ours TFLOP/s", "upstream TFLOP/s",
                        "rel err vs upstream"]

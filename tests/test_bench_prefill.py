@@ -122,3 +122,62 @@ def json_key(cfg):
     import json
 
     return json.dumps(cfg, sort_keys=True)
+
+
+SMOKE = """
+    import contextlib, sys, torch
+    import torch.nn.attention as tna
+    import torch.nn.functional as F
+    torch.cuda.is_available = lambda: True  # the aiter peer loads as on NVIDIA
+    torch.cuda.get_device_capability = lambda *a: (9, 0)
+    torch.cuda.synchronize = lambda *a: None
+    torch.cuda.empty_cache = lambda: None
+    sys.path.insert(0, "perf")
+    import bench_prefill as b
+
+    # The GPU-only pieces, stood in for on the CPU: timing, the SDPA backends, FLASH with lse.
+    b.gpu_for = lambda name: torch.device("cpu")
+    b.matmul_tflops = lambda dev: 1000.0
+    b.time_ms = lambda fn, *a, **k: (fn(), 1.0)[1]
+    tna.sdpa_kernel = lambda *a, **k: contextlib.nullcontext()
+
+    def flash(q, k, v, p, causal, ret, scale=None):
+        o = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal, scale=scale)
+        s = torch.einsum("bnid,bnjd->bnij", q.float(), k.float()) * scale
+        if causal:
+            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+        return o.to(q.dtype), torch.logsumexp(s, -1)
+
+    torch.ops.aten._scaled_dot_product_flash_attention = flash
+    b.DTYPE = torch.float16  # bf16 dots are wrong in the interpreter
+    b.SHAPES = b.QUICK = [b.Shape("2x40 N=2", (40, 40), 2), b.Shape("varlen N=2", (17, 70, 5), 2)]
+    b.REF_CASE = ([30, 0, 7], [41, 3, 7], 2)
+    real_ctx = b.ContextCase
+    b.ContextCase = lambda new, ctx, n, N, dev: real_ctx(48, 64, n, 2, dev)
+    res = sys.argv[1]
+    open(res, "w").write("# R\\n" + b.BEGIN + "\\nold\\n" + b.END + "\\n")
+    sys.argv = ["bench_prefill.py", "--quick", "--no-graphs", "--tune", "--context", "--out", sys.argv[2],
+                "--aiter-peers", ".peers/aiter", "--update-results", res,
+                "--candidates", '[{"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "tma": true}]']
+    sys.exit(b.main())
+"""
+
+
+def test_cpu_smoke_run_of_the_whole_script(tmp_path):
+    """The full --quick --tune --context --update-results flow on the CPU (interpreter, float16,
+    tiny shapes, timing and SDPA stood in for): the lead's one GPU run must not die on a typo.
+    Every correctness check in the run must pass (no WRONG / DISAGREE), the table and the
+    RESULTS block must be written."""
+    res, out = tmp_path / "RESULTS.md", tmp_path / "out"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(SMOKE), str(res), str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log
+    assert "WRONG" not in log and "DISAGREE" not in log and "failed" not in log, log
+    assert "winner (geometric-mean time)" in log and "mla_prefill_with_context vs the upstream" in log
+    if HAS_AITER:
+        assert "out vs aiter" in log and "aiter unavailable" not in log, log
+    text = res.read_text()
+    assert "| shape | ours | cuDNN | aiter |" in text and "in 4 chunks" in text and "old" not in text
+    assert (out / "prefill.csv").is_file() and (out / "prefill.md").is_file()

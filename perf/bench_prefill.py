@@ -1,37 +1,55 @@
 #!/usr/bin/env python3
-"""Benchmark mla_prefill (causal bf16) against SDPA: the upstream-shaped path and cuDNN.
+"""Benchmark mla_prefill (causal bf16, Dqk 192 / Dv 128) beside cuDNN, aiter's Triton MHA and FLASH,
+and mla_prefill_with_context against the upstream-shaped chunked-context composition.
 
-TFLOP/s and % of the bf16 matmul rate measured in the same run.
+    python perf/bench_prefill.py --quick                       # compact table, 4 shapes, ~1 min
+    python perf/bench_prefill.py --tune --context --update-results perf/RESULTS.md   # the full run
+    options: --config JSON (our launch config), --no-graphs, --aiter-peers DIR, --vllm-peers DIR,
+             --candidates JSON-list (extra --tune candidates), --out DIR
 
-    python perf/bench_prefill.py [--out results] [--quick] [--tune | --config JSON]
+Shapes (B x L, heads N): 4x4096 and 1x16384 at N=16/128, 16x1024 at N=16, and a varlen batch of
+unequal lengths (log-uniform draws from 128..8192 plus one 8192) at N=16/128. FLOPs per call:
+2 * (192 + 128) * N * visible (query, key) pairs, L (L + 1) / 2 per causal sequence -- the useful
+work, the same count for every provider. Times: CUDA-graph replays (one call captured, replayed,
+median of rounds; --no-graphs: events with L2 flushes, triton's do_bench).
 
-Shapes: 4 x 4096 and 1 x 16384 tokens, N in {16, 128}, Dqk = 192 (128 nope + 64 rope), Dv = 128.
-FLOPs counted per call: 2 * (192 + 128) * N * (visible (query, key) pairs), causal pairs per
-sequence L * (L + 1) / 2 -- the useful work, the same count for every provider.
+Providers (inputs laid out as the model produces them: k_nope / v views of the [T, N, 256]
+kv_b_proj output, k_pe the [T, 576][:, 512:] slice of the latent buffer):
+  ours          mla_prefill: strided k_nope / v, broadcast k_pe, out written into the layer's
+                [T, N*128] buffer, lse into [N, T]. No cat, pad or copy.
+  cuDNN         SDPA's cuDNN kernel (Dv 128 directly) on a pre-built k = cat(k_nope, k_pe) and a
+                contiguous v; kernel only (the cat is not timed). Varlen: one call per sequence.
+  aiter         aiter's flash_attn_varlen_func (aiter/ops/triton/mha.py: what vLLM's
+                AITER_TRITON_MLA backend runs on ROCm) on the pre-built k (not timed), v as is,
+                return_lse; its own zeros for out and lse are inside its time. Triton files from
+                the amd-aiter wheel (perf/peers/get_aiter_peers.sh DIR); on NVIDIA its MI300X
+                config without the AMD-only options, and a second column with our sm90 tile.
+  FLASH         SDPA FLASH on pre-built k and V padded to 192 (kernel only).
+  upstream      vLLM's ROCm FA path with SDPA FLASH standing in for the varlen call: cat k,
+                pad v, FLASH, the [..., :128] slice copied out -- every copy timed.
 
-Providers (each timed with its copies, L2 flushed, median):
-  rocm_mla-triton     mla_prefill reading k_nope / v as views of the [T, N, 256] kv_b_proj output and
-                      k_pe as a slice of the [T, 576] latent buffer; out written straight into the
-                      layer's [T, N*128] buffer, lse into [N, T]. Nothing else.
-  upstream-flash      what vLLM 0.33 does on ROCm, with torch SDPA standing in for the FlashAttention
-                      varlen call (equal lengths -> batch form): k = cat(k_nope, k_pe.expand(N)),
-                      v = F.pad(v, [0, 64]), SDPA with the FLASH backend forced (head dim 192), then
-                      the [..., :128] slice copied into the [T, N*128] output. Every copy counted.
-  sdpa-cudnn          SDPA's best kernel on this GPU, cuDNN (takes Dv = 128 directly), on
-                      pre-built k = cat(...) (kernel only: no copy counted; the ceiling to compare to).
-  sdpa-flash          FLASH alone on pre-built padded tensors (kernel only; shows what the copies cost).
+--tune: every candidate config of configs/mla_prefill.json for this arch (plus --candidates),
+each checked against the float32 reference on a small varlen batch and against the default
+config's output on every shape, timed on every shape; the winner (geometric-mean time) is used.
 
---tune: time every candidate config of configs/mla_prefill.json for this GPU's arch on every shape,
-print the table and the winner (best geometric-mean time over the shapes), and use the winner for
-the comparison. Put the winner into the JSON's "triton" entry for the arch.
+--context: mla_prefill_with_context (one sequence, 4096 new tokens after 8192 cached ones in 2,
+3 or 4 chunks, N=16/128) against the upstream-shaped composition of vLLM 0.33's chunked-context
+prefill (MLACommonImpl._compute_prefill_context + the new tokens + the final merge): per chunk
+cat k + pad v + FLASH with lse, merge_attn_states into a fresh buffer from the second chunk on,
+the new tokens' causal FLASH, the final merge, the [..., :128] copy into the layer output. The
+merge is vLLM's Triton kernel when --vllm-peers has it (../shared/peers/get_vllm_peers.sh), else
+ours (said in the output). Both sides see the chunks already up-projected (not timed).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
+import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -42,195 +60,609 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rocm_mla import __version__  # noqa: E402
 from rocm_mla import _platform  # noqa: E402
 from rocm_mla.configs import config_for  # noqa: E402
-from rocm_mla.ops.prefill import config_label, launch_config, mla_prefill  # noqa: E402
-from rocm_mla.tools.benchutil import (gpu_for, Record, bar_plot, device_name, matmul_tflops,  # noqa: E402
-                                      print_table, time_ms, write_csv)
+from rocm_mla.ops.merge import merge_attn_states  # noqa: E402
+from rocm_mla.ops.prefill import ContextChunk, config_label, launch_config, mla_prefill, mla_prefill_with_context  # noqa: E402
+from rocm_mla.reference import mla_prefill_ref  # noqa: E402
+from rocm_mla.tools.benchutil import (Record, aiter_peer_version, bar_plot, device_name, gpu_for,  # noqa: E402
+                                      load_aiter_peer, load_vllm_peer, matmul_tflops, time_ms, without_amd_options,
+                                      write_csv)
 
 P, R, V = 128, 64, 128
 SCALE = 1.0 / math.sqrt(P + R)
-SHAPES = [(4, 4096, 16), (4, 4096, 128), (1, 16384, 16), (1, 16384, 128)]  # (B, L, N)
+DTYPE = torch.bfloat16  # the serving dtype (a CPU smoke run of this script sets float16)
 
 
-def causal_flops(B: int, L: int, N: int) -> float:
-    return 2.0 * (P + R + V) * N * B * L * (L + 1) / 2
+def _varlen_lengths() -> list[int]:
+    """Eight log-uniform draws from [128, 8192] (torch seed 13) and one 8192: unequal lengths."""
+    g = torch.Generator().manual_seed(13)
+    return [int(round(2 ** (7 + 6 * u))) for u in torch.rand(8, generator=g).tolist()] + [8192]
 
+
+VARLEN = _varlen_lengths()
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    lengths: tuple[int, ...]
+    N: int
+
+    @property
+    def flops(self) -> float:
+        return causal_flops(self.lengths, self.N)
+
+
+def _shape(B: int, L: int, N: int) -> Shape:
+    return Shape(f"{B}x{L} N={N}", (L,) * B, N)
+
+
+SHAPES = [_shape(4, 4096, 16), _shape(4, 4096, 128), _shape(16, 1024, 16), _shape(1, 16384, 16),
+          _shape(1, 16384, 128), Shape("varlen N=16", tuple(VARLEN), 16), Shape("varlen N=128", tuple(VARLEN), 128)]
+QUICK = [SHAPES[0], SHAPES[1], SHAPES[2], SHAPES[5]]  # the issue's three shapes and the varlen batch
+
+PROVIDERS = ["ours", "cuDNN", "aiter", "aiter-tile", "FLASH", "upstream"]
+HEADERS = {"ours": "ours", "cuDNN": "cuDNN", "aiter": "aiter", "aiter-tile": "aiter@tile", "FLASH": "FLASH",
+           "upstream": "upstream"}
+LEGEND = ("aiter: its MI300X config (AMD-only options dropped on NVIDIA); aiter@tile: aiter's kernel with our tile "
+          "(M128 N64 w8 s3 on sm90); FLASH: SDPA FLASH on V padded to 192; upstream: cat k + pad v + FLASH + "
+          "slice copy, all timed; ours/aiter: against the faster aiter column")
+
+
+def causal_flops(lengths, N: int) -> float:
+    return 2.0 * (P + R + V) * N * sum(L * (L + 1) / 2 for L in lengths)
+
+
+# --------------------------------------------------------------------------- timing
+
+def time_graph_ms(fn, rounds: int = 7, min_ms: float = 50.0) -> float:
+    """Median ms per call of ``fn`` replayed from a CUDA graph (one call captured; each round
+    replays it enough times to last ~min_ms). Warm-up calls compile and allocate first."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    g.replay()
+    end.record()
+    end.synchronize()
+    n = max(1, min(200, int(min_ms / max(start.elapsed_time(end), 1e-3))))
+    times = []
+    for _ in range(rounds):
+        start.record()
+        for _ in range(n):
+            g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / n)
+    del g
+    times.sort()
+    return times[len(times) // 2]
+
+
+class Timer:
+    def __init__(self, graphs: bool):
+        self.graphs = graphs
+        self.fallbacks: list[str] = []
+
+    def __call__(self, what: str, fn) -> float:
+        if self.graphs:
+            try:
+                return time_graph_ms(fn)
+            except Exception as exc:  # not capturable: say so, time it plainly
+                self.fallbacks.append(f"{what}: {type(exc).__name__}: {str(exc)[:120]}")
+                torch.cuda.synchronize()
+        return time_ms(fn)
+
+
+# --------------------------------------------------------------------------- inputs and providers
 
 class Case:
     """Inputs of one shape, laid out as the model produces them."""
 
-    def __init__(self, B: int, L: int, N: int, dev: torch.device):
-        T = B * L
-        self.B, self.L, self.N, self.T = B, L, N, T
-        dt = torch.bfloat16
-        self.q = torch.randn(T, N, P + R, device=dev, dtype=dt)
-        self.kv = torch.randn(T, N, P + V, device=dev, dtype=dt)  # kv_b_proj output
-        self.latent = torch.randn(T, 512 + R, device=dev, dtype=dt)  # [kv_c | k_pe]
+    def __init__(self, shape: Shape, dev: torch.device, dtype=None):
+        dtype = dtype or DTYPE
+        self.shape, self.N, self.lengths = shape, shape.N, list(shape.lengths)
+        self.T = T = sum(self.lengths)
+        self.equal = len(set(self.lengths)) == 1
+        N = self.N
+        self.q = torch.randn(T, N, P + R, device=dev, dtype=dtype)
+        self.kv = torch.randn(T, N, P + V, device=dev, dtype=dtype)  # kv_b_proj output
+        self.latent = torch.randn(T, 512 + R, device=dev, dtype=dtype)  # [kv_c | k_pe]
         self.k_nope, self.v = self.kv[..., :P], self.kv[..., P:]
         self.k_pe = self.latent[:, 512:].unsqueeze(1)  # [T, 1, 64]
-        self.cu = torch.arange(0, T + 1, L, dtype=torch.int32, device=dev)
-        self.out_buf = torch.empty(T, N * V, device=dev, dtype=dt)  # the layer's output
+        offs = [0]
+        for L in self.lengths:
+            offs.append(offs[-1] + L)
+        self.offs = offs
+        self.cu = torch.tensor(offs, dtype=torch.int32, device=dev)
+        self.max_len = max(self.lengths)
+        self.out_buf = torch.empty(T, N * V, device=dev, dtype=dtype)  # the layer's output
         self.out = self.out_buf.view(T, N, V)
         self.lse = torch.empty(N, T, device=dev, dtype=torch.float32)
+        self._k_cat = self._v_pad = self._v_c = None
 
-    def bhsd(self, x: torch.Tensor) -> torch.Tensor:
-        """[T, N, D] -> [B, N, L, D] view (SDPA's layout; no copy)."""
-        return x.view(self.B, self.L, self.N, x.shape[-1]).transpose(1, 2)
+    # pre-built operands of the kernel-only peers (built once, outside their time)
+    @property
+    def k_cat(self):
+        if self._k_cat is None:
+            self._k_cat = torch.cat([self.k_nope, self.k_pe.expand(self.T, self.N, R)], dim=-1)
+        return self._k_cat
+
+    @property
+    def v_pad(self):
+        if self._v_pad is None:
+            self._v_pad = F.pad(self.v, [0, P + R - V])
+        return self._v_pad
+
+    @property
+    def v_c(self):
+        if self._v_c is None:
+            self._v_c = self.v.contiguous()
+        return self._v_c
+
+    def seqs(self):
+        """(start, end) of each sequence; one (0, T) batch view when lengths are equal."""
+        return [(self.offs[i], self.offs[i + 1]) for i in range(len(self.lengths))]
+
+    def bhsd(self, x: torch.Tensor, s: int, e: int) -> torch.Tensor:
+        """[T, N, D][s:e] -> [1, N, L, D] view (or, for equal lengths over all of T, [B, N, L, D])."""
+        if (s, e) == (0, self.T) and self.equal and len(self.lengths) > 1:
+            return x.view(len(self.lengths), self.lengths[0], self.N, x.shape[-1]).transpose(1, 2)
+        return x[s:e].unsqueeze(0).transpose(1, 2)
+
+    def _spans(self):
+        return [(0, self.T)] if self.equal else self.seqs()
 
     def ours(self, config=None):
         mla_prefill(self.q, self.k_nope, self.k_pe, self.v, self.cu, self.cu, sm_scale=SCALE, causal=True,
-                    out=self.out, lse=self.lse, max_seqlen_q=self.L, max_seqlen_k=self.L, backend="triton",
-                    config=config)
+                    out=self.out, lse=self.lse, max_seqlen_q=self.max_len, max_seqlen_k=self.max_len,
+                    backend="triton", config=config)
 
-    def upstream_flash(self):
+    def sdpa(self, backend_name: str, v, out_view=None):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        outs = []
+        with sdpa_kernel(getattr(SDPBackend, backend_name)):
+            for s, e in self._spans():
+                o = F.scaled_dot_product_attention(self.bhsd(self.q, s, e), self.bhsd(self.k_cat, s, e),
+                                                   self.bhsd(v, s, e), is_causal=True, scale=SCALE)
+                outs.append((s, e, o))
+        return outs
+
+    def cudnn(self):
+        return self.sdpa("CUDNN_ATTENTION", self.v_c)
+
+    def flash_kernel(self):
+        return self.sdpa("FLASH_ATTENTION", self.v_pad)
+
+    def upstream(self):
+        """cat k + pad v + FLASH + [..., :128] copy into the layer output, each copy timed."""
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         k = torch.cat([self.k_nope, self.k_pe.expand(self.T, self.N, R)], dim=-1)
         vp = F.pad(self.v, [0, P + R - V])
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            o = F.scaled_dot_product_attention(self.bhsd(self.q), self.bhsd(k), self.bhsd(vp), is_causal=True,
-                                               scale=SCALE)
-        self.out.view(self.B, self.L, self.N, V).copy_(o.transpose(1, 2)[..., :V])
+            for s, e in self._spans():
+                o = F.scaled_dot_product_attention(self.bhsd(self.q, s, e), self.bhsd(k, s, e), self.bhsd(vp, s, e),
+                                                   is_causal=True, scale=SCALE)
+                self.bhsd(self.out, s, e).copy_(o[..., :V])
 
-    def prebuilt(self):
-        self.k_cat = torch.cat([self.k_nope, self.k_pe.expand(self.T, self.N, R)], dim=-1)
-        self.v_pad = F.pad(self.v, [0, P + R - V])
-        self.v_c = self.v.contiguous()
-
-    def drop_prebuilt(self):
-        for name in ("k_cat", "v_pad", "v_c"):
-            self.__dict__.pop(name, None)
-
-    def sdpa_kernel_only(self, backend_name: str):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        backend = getattr(SDPBackend, backend_name)
-        v = self.v_pad if backend_name == "FLASH_ATTENTION" else self.v_c
-        with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(self.bhsd(self.q), self.bhsd(self.k_cat), self.bhsd(v),
-                                                  is_causal=True, scale=SCALE)
+    def gather(self, outs) -> torch.Tensor:
+        """SDPA results ([B, N, L, D] per span) as one [T, N, V] float tensor."""
+        full = torch.empty(self.T, self.N, V, device=self.q.device, dtype=torch.float32)
+        for s, e, o in outs:
+            self.bhsd(full, s, e).copy_(o[..., :V].float())
+        return full
 
 
-def tune(dev: torch.device, shapes) -> dict | None:
+class Aiter:
+    """aiter's flash_attn_varlen_func, or the reason it cannot run."""
+
+    def __init__(self, peers: str):
+        self.mod, self.reason, self.cfg, self.version = None, "", {}, ""
+        if not Path(peers, "aiter", "ops", "triton").is_dir():
+            self.reason = f"no {peers}/aiter/ops/triton (bash perf/peers/get_aiter_peers.sh {peers}; carry it)"
+            return
+        import contextlib
+        import io
+
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            self.mod = load_aiter_peer(peers, "mha", config_arch="gfx942")
+        if self.mod is None:
+            self.reason = buf.getvalue().strip().removeprefix("aiter peer unavailable: ") or "import failed"
+            return
+        try:
+            self.cfg = dict(self.mod._get_config(False, torch.bfloat16, has_pe=True))
+        except Exception as exc:
+            self.mod, self.reason = None, f"its MI300X config: {type(exc).__name__}: {exc}"
+        self.version = aiter_peer_version(peers)
+
+    def launch_cfg(self, tile: dict | None = None) -> dict:
+        cfg = dict(self.cfg)
+        if tile is not None:  # our tile in aiter's kernel
+            cfg.update(BLOCK_M=tile["BLOCK_M"], BLOCK_N=tile["BLOCK_N"], num_warps=tile["num_warps"],
+                       num_stages=tile.get("num_stages", 1), PRELOAD_V=False)
+        return cfg if torch.version.hip else without_amd_options(cfg)
+
+    def run(self, case: Case, cfg: dict):
+        return self.mod.flash_attn_varlen_func(case.q, case.k_cat, case.v, case.cu, case.cu, case.max_len,
+                                               case.max_len, softmax_scale=SCALE, causal=True, return_lse=True,
+                                               config=cfg)
+
+
+# --------------------------------------------------------------------------- correctness
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.float(), b.float()
+    if torch.isnan(a).any() or torch.isnan(b).any():
+        return float("nan")
+    return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
+
+
+REF_CASE = ([300, 1029, 0, 77, 513], [300, 1100, 12, 77, 700], 16)  # (lq, lk, N)
+
+
+def check_against_reference(dev: torch.device, config) -> float:
+    """Relative error of mla_prefill (bf16, ``config``) vs the float32 reference on a small varlen
+    batch with ragged ends, an empty sequence and lq != lk."""
+    g = torch.Generator(device="cpu").manual_seed(5)
+    lq, lk, N = REF_CASE
+
+    def cu(ls):
+        return torch.tensor([0] + [sum(ls[:i + 1]) for i in range(len(ls))], dtype=torch.int32, device=dev)
+
+    q = torch.randn(sum(lq), N, P + R, generator=g).to(dev, DTYPE)
+    kv = torch.randn(sum(lk), N, P + V, generator=g).to(dev, DTYPE)
+    lat = torch.randn(sum(lk), 512 + R, generator=g).to(dev, DTYPE)
+    args = (q, kv[..., :P], lat[:, 512:].unsqueeze(1), kv[..., P:], cu(lq), cu(lk))
+    out, lse = mla_prefill(*args, sm_scale=SCALE, backend="triton", config=config)
+    ref, ref_lse = mla_prefill_ref(*args, SCALE, True)
+    fin = torch.isfinite(ref_lse)
+    bad_lse = not torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)) or \
+        (lse[fin] - ref_lse[fin]).abs().max().item() > 2e-2
+    return float("inf") if bad_lse else rel_err(out, ref)
+
+
+# --------------------------------------------------------------------------- tune
+
+def tune(dev, shapes, timer: Timer, extra: list[dict]) -> tuple[dict | None, list[str]]:
     arch = _platform.device_arch(dev)
-    cands = config_for("mla_prefill", arch).get("candidates", [])
+    cands = config_for("mla_prefill", arch).get("candidates", []) + extra
+    lines = []
     if not cands:
         print(f"--tune: no candidates for {arch} in configs/mla_prefill.json")
-        return None
-    print(f"--tune on {arch}: {len(cands)} candidates")
-    times = {i: [] for i in range(len(cands))}
+        return None, lines
+    default = launch_config(arch, DTYPE)
+    print(f"--tune on {arch}: {len(cands)} candidates (default {config_label(default)})")
+    ok, times = {}, {i: [] for i in range(len(cands))}
+    for i, cfg in enumerate(cands):
+        try:
+            err = check_against_reference(dev, cfg)
+        except Exception as exc:
+            print(f"  {config_label(cfg)}: failed: {type(exc).__name__}: {str(exc)[:200]}")
+            err = float("inf")
+        ok[i] = err < 1e-2
+        if not ok[i]:
+            print(f"  {config_label(cfg)}: WRONG vs the float32 reference (rel err {err:.3g}): excluded")
     rows = []
-    for B, L, N in shapes:
-        case = Case(B, L, N, dev)
-        row = [f"{B}x{L} N={N}"]
+    for shape in shapes:
+        case = Case(shape, dev)
+        case.ours(default)
+        base = case.out.float().clone()
+        row = [shape.name]
         for i, cfg in enumerate(cands):
-            try:
-                case.ours(cfg)
-                ms = time_ms(lambda: case.ours(cfg))
-            except Exception as exc:  # a candidate that fails to compile/run loses, loudly
-                print(f"  candidate {config_label(cfg)} failed: {type(exc).__name__}: {str(exc)[:200]}")
-                ms = float("inf")
+            ms = float("inf")
+            if ok[i]:
+                try:
+                    case.out.fill_(float("nan"))
+                    case.ours(cfg)
+                    e = rel_err(case.out, base)
+                    if not e < 1e-2:
+                        print(f"  {config_label(cfg)} {shape.name}: differs from the default config (rel {e:.3g})")
+                        ok[i] = False
+                    else:
+                        ms = timer(f"tune {config_label(cfg)}", lambda cfg=cfg: case.ours(cfg))
+                except Exception as exc:
+                    print(f"  {config_label(cfg)} {shape.name}: failed: {type(exc).__name__}: {str(exc)[:200]}")
             times[i].append(ms)
-            row.append(f"{causal_flops(B, L, N) / ms / 1e9:.0f}" if math.isfinite(ms) else "fail")
+            row.append(f"{shape.flops / ms / 1e9:.0f}" if math.isfinite(ms) else "fail")
         rows.append(row)
-        case = None  # free this shape's tensors before the next
+        del case, base
         torch.cuda.empty_cache()
+    geo = {i: math.exp(sum(math.log(t) for t in ts) / len(ts)) if ok[i] and all(math.isfinite(t) for t in ts)
+           else float("inf") for i, ts in times.items()}
+    labels = [config_label(c) for c in cands]
+    rows.append(["geo-mean ms"] + [f"{geo[i]:.3f}" if math.isfinite(geo[i]) else "-" for i in range(len(cands))])
     print("\nmla_prefill candidates, TFLOP/s:")
-    print_table(["shape", *[config_label(c) for c in cands]], rows)
-    geo = {i: math.exp(sum(math.log(t) for t in ts) / len(ts)) if all(math.isfinite(t) for t in ts) else float("inf")
-           for i, ts in times.items()}
+    lines += table_lines(["shape", *labels], rows)
+    print("\n".join(lines))
     best = min(geo, key=geo.get)
-    print(f"\nwinner (geometric-mean time): {config_label(cands[best])}\n  {cands[best]}")
-    current = launch_config(arch, torch.bfloat16)
-    if cands[best] != current:
-        print(f"  differs from the JSON's {arch} 'triton' entry {current}: update configs/mla_prefill.json")
-    return cands[best]
+    if not math.isfinite(geo[best]):
+        print("no candidate ran on every shape: keeping the default")
+        return None, lines
+    print(f"\nwinner (geometric-mean time): {labels[best]}\n  {json.dumps(cands[best])}")
+    if cands[best] != default:
+        print(f"  differs from the JSON's {arch} 'triton' entry {json.dumps(default)}: update configs/mla_prefill.json")
+    lines.append(f"winner (geometric-mean time): {labels[best]}")
+    return cands[best], lines
+
+
+# --------------------------------------------------------------------------- chunked context
+
+class ContextCase:
+    """One sequence: `new` new tokens after `ctx` cached ones in `n_chunks` chunks (up-projected
+    already: k_nope / v views of [Tc, N, 256], k_pe a slice of [Tc, 576])."""
+
+    def __init__(self, new: int, ctx: int, n_chunks: int, N: int, dev):
+        dt = DTYPE
+        self.new, self.N, self.n_chunks = new, N, n_chunks
+        self.q = torch.randn(new, N, P + R, device=dev, dtype=dt)
+        kv = torch.randn(new, N, P + V, device=dev, dtype=dt)
+        lat = torch.randn(new, 512 + R, device=dev, dtype=dt)
+        self.k_nope, self.v, self.k_pe = kv[..., :P], kv[..., P:], lat[:, 512:].unsqueeze(1)
+        self.cu = torch.tensor([0, new], dtype=torch.int32, device=dev)
+        sizes = [ctx // n_chunks + (1 if i < ctx % n_chunks else 0) for i in range(n_chunks)]
+        self.chunks = []
+        for tc in sizes:
+            ckv = torch.randn(tc, N, P + V, device=dev, dtype=dt)
+            clat = torch.randn(tc, 512 + R, device=dev, dtype=dt)
+            self.chunks.append(ContextChunk(ckv[..., :P], clat[:, 512:].unsqueeze(1), ckv[..., P:],
+                                            torch.tensor([0, tc], dtype=torch.int32, device=dev), tc))
+        self.out_buf = torch.empty(new, N * V, device=dev, dtype=dt)
+        self.out = self.out_buf.view(new, N, V)
+        self.lse = torch.empty(N, new, device=dev, dtype=torch.float32)
+        self.flops = 2.0 * (P + R + V) * N * (new * (new + 1) / 2 + new * ctx)
+
+    def ours(self, config=None):
+        mla_prefill_with_context(self.q, self.k_nope, self.k_pe, self.v, self.cu, self.cu, self.chunks,
+                                 sm_scale=SCALE, out=self.out, lse=self.lse, max_seqlen_q=self.new,
+                                 max_seqlen_k=self.new, config=config)
+
+    def _flash(self, k_nope, k_pe, v, causal):
+        """vLLM's FA call for one key set: cat k, pad v, FLASH with lse ([L, N, 192], [N, L])."""
+        k = torch.cat([k_nope, k_pe.expand(-1, self.N, R)], dim=-1)
+        vp = F.pad(v, [0, P + R - V])
+        b = lambda x: x.unsqueeze(0).transpose(1, 2)  # noqa: E731
+        o, lse = torch.ops.aten._scaled_dot_product_flash_attention(b(self.q), b(k), b(vp), 0.0, causal, False,
+                                                                    scale=SCALE)[:2]
+        return o[0].transpose(0, 1), lse[0]
+
+    def upstream(self, merge):
+        """vLLM 0.33 MLACommonImpl: _compute_prefill_context (per chunk FA + merge into a new
+        buffer), the new tokens' causal FA, the final merge into a new buffer, [..., :128] out."""
+        output = output_lse = None
+        for c in self.chunks:
+            o, lse = self._flash(c.k_nope, c.k_pe, c.v, False)
+            if output is None:
+                output, output_lse = o, lse
+            else:
+                tmp, tmp_lse = torch.empty_like(output), torch.empty_like(output_lse)
+                merge(tmp, output, output_lse, o, lse, tmp_lse)
+                output, output_lse = tmp, tmp_lse
+        suffix, suffix_lse = self._flash(self.k_nope, self.k_pe, self.v, True)
+        final = torch.empty_like(suffix)
+        merge(final, output, output_lse, suffix, suffix_lse, self.lse)
+        self.out.copy_(final[..., :V])  # output[..., :v_head_dim].flatten(): the unpad copy
+
+
+def context_bench(dev, timer: Timer, vllm_peers: str, quick: bool, config=None
+                  ) -> tuple[list[list[str]], list[Record], str]:
+    vllm_merge = load_vllm_peer(vllm_peers, "triton_merge_attn_states", "merge_attn_states")
+    note = "vLLM 0.33's Triton merge_attn_states" if vllm_merge else "rocm_mla's merge_attn_states (vLLM peer missing)"
+    merge = vllm_merge or (lambda o, po, pl, so, sl, ol: merge_attn_states(o, po, pl, so, sl, ol))
+    rows, records, name = [], [], device_name(dev)
+    for N in ((16,) if quick else (16, 128)):
+        for n_chunks in ((2, 4) if quick else (2, 3, 4)):
+            case = ContextCase(4096, 8192, n_chunks, N, dev)
+            label = f"N={N} 4096 new + 8192 ctx in {n_chunks} chunks"
+            case.out.fill_(float("nan"))
+            case.upstream(merge)
+            up_out, up_lse = case.out.float().clone(), case.lse.clone()
+            case.out.fill_(float("nan"))
+            case.ours(config)
+            err, lerr = rel_err(case.out, up_out), (case.lse - up_lse).abs().max().item()
+            flag = "" if err < 2e-2 and lerr < 2e-2 else f" DISAGREE (rel {err:.3g}, lse {lerr:.3g})"
+            t_up = timer(f"context upstream {label}", lambda: case.upstream(merge))
+            t_ours = timer(f"context ours {label}", lambda: case.ours(config))
+            rows.append([label, f"{t_ours * 1e3:.0f}", f"{t_up * 1e3:.0f}", f"{t_up / t_ours:.2f}x",
+                         f"{case.flops / t_ours / 1e9:.0f}", f"{case.flops / t_up / 1e9:.0f}", f"{err:.1e}{flag}"])
+            for prov, t in (("ours", t_ours), ("upstream", t_up)):
+                records.append(Record("mla_prefill_with_context", prov, label, "time_us", t * 1e3, name, __version__))
+            del case
+            torch.cuda.empty_cache()
+    return rows, records, note
+
+
+# --------------------------------------------------------------------------- output
+
+def table_lines(headers: list[str], rows: list[list[str]]) -> list[str]:
+    cells = [headers] + rows
+    w = [max(len(str(r[i])) for r in cells) for i in range(len(headers))]
+    out = []
+    for k, r in enumerate(cells):
+        out.append("  ".join(str(c).ljust(w[i]) if i == 0 else str(c).rjust(w[i]) for i, c in enumerate(r)).rstrip())
+        if k == 0:
+            out.append("  ".join("-" * x for x in w))
+    return out
+
+
+def markdown(headers: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+BEGIN, END = "<!-- bench_prefill:begin -->", "<!-- bench_prefill:end -->"
+
+
+def replace_block(text: str, block: str) -> str:
+    """``text`` with the part between the BEGIN/END markers replaced by ``block`` (markers kept)."""
+    pat = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.DOTALL)
+    if not pat.search(text):
+        raise ValueError(f"no {BEGIN} ... {END} block to replace")
+    return pat.sub(lambda _: f"{BEGIN}\n{block.strip()}\n{END}", text, count=1)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="results", help="folder for prefill.csv and prefill.png")
-    ap.add_argument("--quick", action="store_true", help="4 x 4096, N=16 only")
+    ap.add_argument("--out", default="results", help="folder for prefill.csv, prefill.png, prefill.md")
+    ap.add_argument("--quick", action="store_true", help="4 shapes (the issue's three + varlen N=16), compact table")
     ap.add_argument("--tune", action="store_true", help="time the arch's candidate configs first; use the winner")
-    ap.add_argument("--config", type=json.loads, default=None, metavar="JSON",
-                    help='launch config to use instead of the JSON\'s, e.g. \'{"BLOCK_M": 128, "BLOCK_N": 64, '
-                         '"num_warps": 8, "num_stages": 3}\'')
+    ap.add_argument("--candidates", type=json.loads, default=[], metavar="JSON", help="extra --tune candidates (a list)")
+    ap.add_argument("--config", type=json.loads, default=None, metavar="JSON", help="our launch config instead of the JSON's")
+    ap.add_argument("--context", action="store_true", help="also mla_prefill_with_context vs the upstream composition")
+    ap.add_argument("--no-graphs", action="store_true", help="time with triton's do_bench instead of CUDA graphs")
+    ap.add_argument("--aiter-peers", default=".peers/aiter", help="folder made by perf/peers/get_aiter_peers.sh")
+    ap.add_argument("--vllm-peers", default=".peers", help="folder made by ../shared/peers/get_vllm_peers.sh")
+    ap.add_argument("--update-results", metavar="RESULTS_MD", help="replace the bench_prefill block of this file")
     args = ap.parse_args()
     dev = gpu_for("bench_prefill")
     if dev is None:
         return 2
-    name = device_name(dev)
-    shapes = SHAPES[:1] if args.quick else SHAPES
+    name, arch = device_name(dev), _platform.device_arch(dev)
+    shapes = QUICK if args.quick else SHAPES
     peak = matmul_tflops(dev)
-    print(f"device: {name}; bf16 matmul {peak:.0f} TFLOP/s; torch {torch.__version__}")
-    config = tune(dev, shapes) if args.tune else args.config
-    label = config_label(config or launch_config(_platform.device_arch(dev), torch.bfloat16))
-    print(f"rocm_mla-triton config: {label}")
+    import triton
 
-    providers = ["rocm_mla-triton", "upstream-flash", "sdpa-cudnn", "sdpa-flash"]
-    records, rows, groups = [], [], []
-    series: dict[str, list[float]] = {p: [] for p in providers}
-    for B, L, N in shapes:
-        case = Case(B, L, N, dev)
-        shape = f"{B}x{L} N={N}"
-        groups.append(shape)
-        flops = causal_flops(B, L, N)
-        fns = {"rocm_mla-triton": lambda: case.ours(config), "upstream-flash": case.upstream_flash}
-        # Correctness in the run: ours against the upstream path's output (both bf16).
+    print(f"device: {name} ({arch}); bf16 matmul {peak:.0f} TFLOP/s; torch {torch.__version__}, triton {triton.__version__}")
+    timer = Timer(not args.no_graphs)
+    aiter = Aiter(args.aiter_peers)
+    if aiter.mod is None:
+        print(f"aiter unavailable: {aiter.reason}")
+    else:
+        print(f"aiter {aiter.version or '?'}: MI300X config {aiter.cfg}; on this GPU: {aiter.launch_cfg()}")
+    md: list[str] = []
+    tune_lines: list[str] = []
+    config = args.config
+    if args.tune:
+        config, tune_lines = tune(dev, shapes, timer, args.candidates)
+        config = config or args.config
+    ours_cfg = config or launch_config(arch, DTYPE)
+    label = config_label(ours_cfg)
+    err = check_against_reference(dev, config)
+    print(f"ours: config {label}; vs float32 reference (small varlen batch): rel err {err:.2e}"
+          + ("" if err < 1e-2 else "  WRONG"))
+
+    records, rows, series, groups = [], [], {p: [] for p in PROVIDERS}, []
+    tile = launch_config(arch, DTYPE) if arch.startswith("sm") else {"BLOCK_M": 128, "BLOCK_N": 64,
+                                                                                "num_warps": 8, "num_stages": 3}
+    notes = []
+    for shape in shapes:
+        case = Case(shape, dev)
+        groups.append(shape.name)
+        fns = {"ours": lambda: case.ours(config), "cuDNN": case.cudnn, "FLASH": case.flash_kernel,
+               "upstream": case.upstream}
+        if aiter.mod is not None:
+            fns["aiter"] = lambda: aiter.run(case, aiter.launch_cfg())
+            fns["aiter-tile"] = lambda: aiter.run(case, aiter.launch_cfg(tile))
+        # correctness in the run: ours vs cuDNN (bf16 both), ours' lse vs aiter's (natural log)
+        case.out.fill_(float("nan"))
         case.ours(config)
-        mine = case.out.float().clone()
-        try:
-            case.upstream_flash()
-            err = (mine - case.out.float()).abs().max().item()
-            if not err <= 3e-2:
-                print(f"  rocm_mla-triton {shape}: WRONG (max |diff| vs upstream-flash {err:.3g})")
-        except Exception as exc:
-            print(f"  upstream-flash {shape} failed: {type(exc).__name__}: {str(exc)[:200]}")
-        del mine
-        row = [shape]
-        for pname in providers:
+        mine, mine_lse = case.out.float().clone(), case.lse.clone()
+        checks = []
+        for pname in ("cuDNN", "aiter"):
+            if pname not in fns:
+                continue
             try:
-                if pname.startswith("sdpa-"):
-                    case.prebuilt()
-                    kind = "CUDNN_ATTENTION" if pname == "sdpa-cudnn" else "FLASH_ATTENTION"
-                    fn = lambda kind=kind: case.sdpa_kernel_only(kind)  # noqa: E731
+                if pname == "cuDNN":
+                    e = rel_err(mine, case.gather(case.cudnn()))
+                    checks.append(f"out vs cuDNN {e:.1e}")
                 else:
-                    fn = fns[pname]
-                fn()
-                ms = time_ms(fn)
-            except Exception as exc:  # a peer that cannot run this shape is reported, not fatal
-                print(f"  {pname} {shape} failed: {type(exc).__name__}: {str(exc)[:200]}")
+                    o, lse = fns["aiter"]()
+                    e = rel_err(mine, o)
+                    le = (mine_lse - lse.transpose(0, 1)).abs().max().item()
+                    checks.append(f"out vs aiter {e:.1e}, lse vs aiter {le:.1e}")
+                    e = max(e, le / 10)
+                if not e < 1e-2:
+                    checks[-1] += " DISAGREE"
+            except Exception as exc:
+                checks.append(f"{pname} failed: {type(exc).__name__}: {str(exc)[:150]}")
+        print(f"  {shape.name} (T={case.T}): " + "; ".join(checks))
+        del mine
+        row, tf = [shape.name], {}
+        for pname in PROVIDERS:
+            if pname not in fns:
                 row.append("-")
                 series[pname].append(0.0)
                 continue
-            finally:
-                case.drop_prebuilt()
-            tf = flops / ms / 1e9
-            row.append(f"{tf:.0f} ({100 * tf / peak:.0f}%)")
-            series[pname].append(tf)
-            for metric, val in (("time_us", ms * 1e3), ("TFLOP/s", tf), ("pct_matmul", 100 * tf / peak)):
-                records.append(Record("mla_prefill", pname, shape, metric, val, name,
-                                      __version__ if pname.startswith("rocm_mla") else torch.__version__))
-        ours_tf = series["rocm_mla-triton"][-1]
-        for peer in ("upstream-flash", "sdpa-cudnn"):
-            if series[peer][-1] > 0 and ours_tf > 0:
-                records.append(Record("mla_prefill", f"rocm_mla-triton/{peer}", shape, "speedup",
-                                      ours_tf / series[peer][-1], name, __version__))
+            try:
+                ms = timer(f"{pname} {shape.name}", fns[pname])
+            except Exception as exc:  # a peer that cannot run this shape is reported, not fatal
+                notes.append(f"{pname} {shape.name}: {type(exc).__name__}: {str(exc)[:200]}")
+                print(f"  {notes[-1]}")
+                row.append("fail")
+                series[pname].append(0.0)
+                torch.cuda.synchronize()
+                continue
+            tf[pname] = shape.flops / ms / 1e9
+            row.append(f"{tf[pname]:.0f}")
+            series[pname].append(tf[pname])
+            for metric, val in (("time_us", ms * 1e3), ("TFLOP/s", tf[pname]), ("pct_matmul", 100 * tf[pname] / peak)):
+                records.append(Record("mla_prefill", pname, shape.name, metric, val, name,
+                                      __version__ if pname == "ours" else torch.__version__))
+        best_aiter = max(tf.get("aiter", 0), tf.get("aiter-tile", 0))
+        for peer, val in (("cuDNN", tf.get("cuDNN", 0)), ("aiter", best_aiter)):
+            r = tf.get("ours", 0) / val if val else None
+            row.append(f"{r:.2f}x" if r else "-")
+            if r:
+                records.append(Record("mla_prefill", f"ours/{peer}", shape.name, "speedup", r, name, __version__))
         rows.append(row)
-        case = fns = None  # free this shape's tensors before the next
+        case = fns = None
         torch.cuda.empty_cache()
     records.append(Record("matmul", "torch", "8192^3 bf16", "TFLOP/s", peak, name, torch.__version__))
-    print(f"\nmla_prefill causal bf16, Dqk 192 / Dv 128: TFLOP/s (% of the {peak:.0f} TFLOP/s bf16 matmul)")
-    print_table(["shape", *providers], rows)
-    print("\nrocm_mla-triton speed-up (targets: >= 1.2x upstream-flash, >= 0.8x sdpa-cudnn):")
-    for i, shape in enumerate(groups):
-        ours_tf = series["rocm_mla-triton"][i]
-        parts = [f"{ours_tf / series[p][i]:.2f}x {p}" for p in ("upstream-flash", "sdpa-cudnn") if series[p][i] > 0]
-        print(f"  {shape}: {', '.join(parts) or '-'}")
+    headers = ["shape", *[HEADERS[p] for p in PROVIDERS], "ours/cuDNN", "ours/aiter"]
+    timing = "CUDA graphs" if timer.graphs else "do_bench (events, L2 flushed)"
+    title = (f"mla_prefill causal bf16, Dqk 192 / Dv 128, TFLOP/s ({timing}; bf16 matmul {peak:.0f} TFLOP/s); "
+             f"ours: {label}")
+    print(f"\n{title}")
+    print("\n".join(table_lines(headers, rows)))
+    print(LEGEND)
+    print(f"varlen lengths: {VARLEN} (T={sum(VARLEN)}); target: ours >= 0.85x cuDNN")
+    for f in timer.fallbacks:
+        print(f"  (not graph-captured, timed with do_bench: {f})")
+
+    ctx_rows, ctx_note = [], ""
+    if args.context:
+        ctx_rows, ctx_records, ctx_note = context_bench(dev, timer, args.vllm_peers, args.quick, config)
+        records += ctx_records
+        ctx_headers = ["case", "ours us", "upstream us", "speed-up", "ours TFLOP/s", "upstream TFLOP/s",
+                       "rel err vs upstream"]
+        print(f"\nmla_prefill_with_context vs the upstream-shaped composition (merge: {ctx_note}; {timing})")
+        print("\n".join(table_lines(ctx_headers, ctx_rows)))
+
     out_dir = Path(args.out)
     write_csv(out_dir / "prefill.csv", records)
-    bar_plot(out_dir / "prefill.png", f"MLA prefill causal bf16 on {name} (rocm_mla: {label})", groups, series,
-             "TFLOP/s", hline=peak, hline_label="bf16 matmul")
-    print(f"wrote {out_dir / 'prefill.csv'} and {out_dir / 'prefill.png'}")
+    bar_plot(out_dir / "prefill.png", f"MLA prefill causal bf16 on {name} (ours: {label})", groups,
+             {HEADERS[p]: series[p] for p in PROVIDERS}, "TFLOP/s", hline=peak, hline_label="bf16 matmul")
+    cmd = "python perf/bench_prefill.py " + " ".join(sys.argv[1:])
+    aiter_desc = f"aiter {aiter.version or '(version unknown)'}" if aiter.mod is not None else \
+        f"aiter unavailable: {aiter.reason}"
+    md += [f"Command: `{cmd}` ({datetime.date.today()}, {name}, torch {torch.__version__}, triton {triton.__version__}, "
+           f"{aiter_desc}). {title}. Kernel-only peers (cuDNN, aiter, FLASH) get k pre-concatenated (and V padded "
+           f"for FLASH) outside their time. {LEGEND}. Varlen lengths: " + ", ".join(map(str, VARLEN)) + ".", ""]
+    md += markdown(headers, rows)
+    if tune_lines:
+        md += ["", "`--tune` (TFLOP/s per candidate; each checked against the float32 reference and the default "
+               "config's output first):", "", "```", *tune_lines, "```"]
+    if ctx_rows:
+        md += ["", f"`mla_prefill_with_context` against the upstream-shaped composition (merge: {ctx_note}):", ""]
+        md += markdown(["case", "ours µs", "upstream µs", "speed-up", "ours TFLOP/s", "upstream TFLOP/s",
+                        "rel err vs upstream"], ctx_rows)
+    if notes or timer.fallbacks:
+        md += ["", "Notes: " + "; ".join(notes + [f"not graph-captured: {f}" for f in timer.fallbacks])]
+    (out_dir / "prefill.md").write_text("\n".join(md) + "\n")
+    print(f"wrote {out_dir / 'prefill.csv'}, {out_dir / 'prefill.png'}, {out_dir / 'prefill.md'}")
+    if args.update_results:
+        p = Path(args.update_results)
+        p.write_text(replace_block(p.read_text(), "\n".join(md)))
+        print(f"updated the bench_prefill block of {p}")
     return 0
 
 

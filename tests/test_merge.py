@@ -115,6 +115,33 @@ def test_inf_rules(backend):
 
 
 @pytest.mark.parametrize("backend", backends())
+@pytest.mark.parametrize("with_lse", [True, False], ids=["out_lse", "no_out_lse"])
+def test_nan_lse_propagates(backend, with_lse):
+    """A NaN lse (a partial attention that saw a NaN) poisons its row whatever the other side
+    holds (-inf, +inf, finite, NaN): out and output_lse NaN, never read as "saw no key". Rows
+    without a NaN are unaffected."""
+    T, N, D = 5, 2, 24
+    po = rand((T, N, D), torch.float32)
+    so = rand((T, N, D), torch.float32)
+    inf, nan = float("inf"), float("nan")
+    pl = torch.tensor([[nan, nan, nan, nan, 0.5], [-inf, inf, 1.0, 0.2, 0.1]], device=DEVICE)
+    sl = torch.tensor([[-inf, inf, 1.0, nan, 0.3], [nan, nan, nan, -inf, 0.4]], device=DEVICE)
+    out = torch.full((T, N, D), 7.0, device=DEVICE)
+    ol = torch.full((N, T), 7.0, device=DEVICE) if with_lse else None
+    rocm_mla.merge_attn_states(out, po, pl, so, sl, ol, backend=backend)
+    bad = torch.isnan(pl) | torch.isnan(sl)  # [N, T]
+    assert bool(torch.isnan(out[bad.transpose(0, 1)]).all()), "a NaN lse did not reach the output"
+    assert not torch.isnan(out[~bad.transpose(0, 1)]).any()
+    ref, ref_lse = merge_attn_states_ref(po, pl, so, sl)
+    assert torch.equal(torch.isnan(ref), torch.isnan(out)) and torch.equal(torch.isnan(ref_lse), bad)
+    ok = ~bad.transpose(0, 1)
+    torch.testing.assert_close(out[ok], ref[ok], rtol=1e-5, atol=1e-5)
+    if with_lse:
+        assert torch.equal(torch.isnan(ol), bad)
+        torch.testing.assert_close(ol[~bad], ref_lse[~bad], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", backends())
 def test_large_lse_difference_is_stable(backend):
     T, N, D = 3, 4, 16
     po, so = rand((T, N, D), torch.float32), rand((T, N, D), torch.float32)

@@ -166,6 +166,69 @@ def test_block_shapes(backend, bm, bn):
     assert_matches(out, lse, ref, ref_lse, torch.float32)
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("kpe_layout", ["latent", "per_head_copy"])
+def test_tma_path_matches_reference(causal, kpe_layout):
+    """The "tma" launch option (tensor descriptors for K, k_pe, V; sm90 on the GPU, run by the
+    interpreter here): same results, and the keys past a sequence's end are never read -- the
+    rows after the last sequence's keys hold NaN and must not leak (TMA zero fill replaces the
+    pointer path's load masks)."""
+    from rocm_mla.ops.prefill import _tma_ok
+
+    lq, lk, N = [37, 5, 70, 0, 9], [50, 5, 70, 3, 21], 2
+    q, kn, kpe, v, cq, ck = make_inputs(lq, [*lk[:-1], lk[-1] + 7], N, torch.float16, kpe_layout=kpe_layout)
+    ck = cu(lk)  # 7 key rows after the last sequence's end, poisoned:
+    for x in (kn, kpe, v):
+        x[sum(lk):] = float("nan")
+    kpe_sh = 0 if kpe.shape[1] == 1 else kpe.stride(1)
+    assert _tma_ok(kn, kpe, v, kpe_sh), "the case must take the TMA path"
+    cfg = {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "tma": True}
+    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, causal=causal, backend="triton",
+                                    config=cfg)
+    ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, causal)
+    assert_matches(out, lse, ref, ref_lse, torch.float16)
+
+
+def test_tma_option_needs_alignment_and_16_bit_inputs():
+    from rocm_mla.ops.prefill import _triton_meta, _tma_ok
+
+    q, kn, kpe, v, _, _ = make_inputs([4], [4], 2, torch.float16)
+    assert _tma_ok(kn, kpe, v, 0)
+    odd = rand((4, 2, 2 * P), torch.float16)[..., 1:P + 1]  # base 2 bytes off 16
+    assert not _tma_ok(odd, kpe, v, 0)
+    assert not _tma_ok(kn.float(), kpe.float(), v.float(), 0)  # fp32: no TMA path
+    tma = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "tma": True}
+    assert _triton_meta(tma, "sm90", (P, R, V), True, False)[0]["USE_TMA"]
+    assert not _triton_meta(tma, "gfx942", (P, R, V), True, False)[0]["USE_TMA"]
+    assert not _triton_meta(tma, "sm80", (P, R, V), True, False)[0]["USE_TMA"]
+    assert not _triton_meta(tma, "sm90", (P, R, V), True, True)[0]["USE_TMA"]  # fp32
+
+
+def test_tma_allocator_is_set_only_when_none_is():
+    """Device-side descriptors need Triton's scratch allocator: set one if the caller has none,
+    never replace the caller's (run in a copied context: the allocator is a ContextVar)."""
+    import contextvars
+
+    import triton
+    from triton.runtime import _allocation
+
+    from rocm_mla.ops.prefill import _ensure_allocator
+
+    def body():
+        _allocation._allocator.set(_allocation._NULL_ALLOCATOR)
+        _ensure_allocator(torch.device("cpu"))
+        assert _allocation._allocator.get() is _allocation._NULL_ALLOCATOR  # CPU: nothing to do
+        _ensure_allocator(torch.device("cuda"))
+        ours = _allocation._allocator.get()
+        assert ours is not _allocation._NULL_ALLOCATOR
+        mine = lambda size, alignment, stream: None  # noqa: E731
+        triton.set_allocator(mine)
+        _ensure_allocator(torch.device("cuda"))
+        assert _allocation._allocator.get() is mine
+
+    contextvars.copy_context().run(body)
+
+
 @pytest.mark.parametrize("backend", backends())
 def test_rows_that_see_no_key_are_zero_and_minus_inf(backend):
     if backend == "hip":
@@ -233,21 +296,26 @@ def test_pad_v_style_output_and_inner_strides(backend):
 def _context_case(lq, ctx_splits, N, dtype):
     """New tokens (lq per sequence) and context chunks: ctx_splits[c][b] = keys of sequence b in
     chunk c. Returns the helper's inputs and the one-shot inputs (keys = [context..., new])."""
-    B = len(lq)
     q, kn, kpe, v, cq, ck = make_inputs(lq, lq, N, dtype)
-    chunks, per_seq = [], [[] for _ in range(B)]  # per_seq[b]: list of (kn, kpe, v) pieces in order
+    chunks = []
     for split in ctx_splits:
-        c_q, c_kn, c_kpe, c_v, _, c_ck = make_inputs(lq, split, N, dtype)
+        _, c_kn, c_kpe, c_v, _, c_ck = make_inputs(lq, split, N, dtype)
         chunks.append(ContextChunk(c_kn, c_kpe, c_v, c_ck))
+    return (q, kn, kpe, v, cq, ck, chunks), _one_shot_from(q, kn, kpe, v, cq, ck, chunks)
+
+
+def _one_shot_from(q, kn, kpe, v, cq, ck, chunks):
+    """One-shot inputs equal to the chunked-context call: each sequence's keys = [its keys of
+    chunk 0, chunk 1, ..., its new keys] (copies of the given tensors)."""
+    B = cq.shape[0] - 1
+    per_seq = [[] for _ in range(B)]  # per_seq[b]: (kn, kpe, v) pieces in order
+    for c in [*chunks, ContextChunk(kn, kpe, v, ck)]:
         for b in range(B):
-            s, e = int(c_ck[b]), int(c_ck[b + 1])
-            per_seq[b].append((c_kn[s:e], c_kpe[s:e], c_v[s:e]))
-    for b in range(B):
-        s, e = int(ck[b]), int(ck[b + 1])
-        per_seq[b].append((kn[s:e], kpe[s:e], v[s:e]))
+            s, e = int(c.cu_seqlens_k[b]), int(c.cu_seqlens_k[b + 1])
+            per_seq[b].append((c.k_nope[s:e], c.k_pe[s:e], c.v[s:e]))
     full = [torch.cat([piece[i] for b in range(B) for piece in per_seq[b]]) for i in range(3)]
-    total = [lq[b] + sum(split[b] for split in ctx_splits) for b in range(B)]
-    return (q, kn, kpe, v, cq, ck, chunks), (q, *full, cq, cu(total))
+    total = [sum(piece[0].shape[0] for piece in per_seq[b]) for b in range(B)]
+    return (q, *full, cq, cu(total))
 
 
 CTX = {
@@ -317,6 +385,127 @@ def test_chunked_context_rejects_bad_chunk():
         rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, ck, [chunks[0], bad], sm_scale=SCALE)
     with pytest.raises(TypeError, match=r"context_chunks\[0\].*tuple.*int"):
         rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, ck, [3], sm_scale=SCALE)
+
+
+# ---------------------------------------------------------------- NaN is not "no key"
+
+def _seq_rows_seeing(lq, lk, b, key, causal=True):
+    """Global q rows of sequence b that see its key ``key`` (bottom-right causal)."""
+    q0 = sum(lq[:b])
+    return [q0 + i for i in range(lq[b]) if not causal or key <= i + lk[b] - lq[b]]
+
+
+def _assert_nan_exactly(x, rows, what):
+    """x [Tq, ...] (rows first): NaN in every element of ``rows`` and in no other row."""
+    nan_rows = torch.isnan(x.float()).reshape(x.shape[0], -1)
+    want = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
+    want[rows] = True
+    assert bool(nan_rows[want].all()), f"{what}: a row that sees the NaN is not NaN"
+    assert not bool(nan_rows[~want].any()), f"{what}: NaN reached a row that does not see it"
+
+
+@pytest.mark.parametrize("backend", [*KERNEL_BACKENDS, "reference"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_nan_in_k_reaches_exactly_the_rows_that_see_it(backend, dtype, causal):
+    """A NaN in k_nope (or k_pe) of one key: the rows that see that key get NaN out and NaN lse
+    (not 0 / -inf, which merge would read as "saw no key"); every other row is unaffected."""
+    lq, lk, N = [37, 21, 5], [37, 40, 5], 3
+    for which, b, key in (("k_nope", 0, 29), ("k_pe", 1, 3)):
+        q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, dtype)
+        row = sum(lk[:b]) + key
+        if which == "k_nope":
+            kn[row, 1, 7] = float("nan")  # one head
+            heads = [1]
+        else:
+            kpe[row, 0, 5] = float("nan")  # the rope head is shared: every head
+            heads = list(range(N))
+        out = torch.full((sum(lq), N, V), float("nan"), dtype=dtype, device=DEVICE)
+        lse = torch.full((N, sum(lq)), float("nan"), device=DEVICE)
+        rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, causal=causal, out=out, lse=lse,
+                             backend=backend)
+        hit = _seq_rows_seeing(lq, lk, b, key, causal)
+        assert hit, "the case must have rows that see the key"
+        for h in range(N):
+            rows = hit if h in heads else []
+            _assert_nan_exactly(out[:, h], rows, f"{which} out head {h}")
+            _assert_nan_exactly(lse[h], rows, f"{which} lse head {h}")
+        ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, causal)
+        assert torch.equal(torch.isnan(ref), torch.isnan(out.float())), "reference NaN pattern differs"
+        fin = ~torch.isnan(ref_lse)
+        ok = fin.transpose(0, 1)  # [Tq, N]
+        rtol, atol = TOL[dtype]
+        torch.testing.assert_close(out.float()[ok], ref[ok], rtol=rtol, atol=atol)
+        assert torch.equal(torch.isneginf(lse[fin]), torch.isneginf(ref_lse[fin]))
+
+
+@pytest.mark.parametrize("backend", [*KERNEL_BACKENDS, "reference"])
+def test_nan_in_q_or_v_reaches_the_rows_that_see_it(backend):
+    """NaN in one q row: that row's out and lse are NaN, nothing else. NaN in one v row: every
+    row that sees it is NaN (lse stays finite); rows outside the key's diagonal q tile (BLOCK_M
+    32 here) that do not see it are unaffected and equal to the reference."""
+    lq, lk, N = [70, 9], [70, 9], 2
+    cfg = {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+    kw = dict(sm_scale=SCALE, backend=backend, config=cfg if backend == "triton" else None)
+    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, torch.float32)
+    q[40, 0, 150] = float("nan")
+    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, **kw)
+    _assert_nan_exactly(out[:, 0], [40], "q: out")
+    _assert_nan_exactly(lse[0], [40], "q: lse")
+    assert not torch.isnan(out[:, 1]).any() and not torch.isnan(lse[1]).any()
+
+    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, torch.float32)
+    key = 50  # sequence 0 (rows 0..69): rows 50..69 see it; the kernel's q tiles: 0..31, 32..63, 64..69
+    v[key, 1, 3] = float("nan")
+    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, **kw)
+    ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, True)
+    assert bool(torch.isnan(out[50:70, 1, 3]).all()) and bool(torch.isnan(ref[50:70, 1, 3]).all())
+    assert not torch.isnan(lse).any() and not torch.isnan(ref_lse).any()
+    _assert_nan_exactly(ref[:, 1, 3], list(range(50, 70)), "reference: v")
+    other = torch.ones(sum(lq), dtype=torch.bool, device=DEVICE)
+    other[32:70] = False  # the key's diagonal tile (rows 32..63) and the rows that see it
+    assert not torch.isnan(out[other]).any()
+    torch.testing.assert_close(out[other], ref[other], rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(lse, ref_lse, rtol=1e-5, atol=1e-5)
+
+
+def _check_poisoned_side(backend, where, lq, splits, N, dtype, b, key):
+    """A NaN in head 0 of new key ``key`` of sequence b (where="new"), or of chunk 1's first key
+    of sequence b (where="context"): exactly the rows that see it are NaN (out and lse), the rest
+    equal one-shot attention over [context, new]."""
+    (q, kn, kpe, v, cq, ck, chunks), _ = _context_case(lq, splits, N, dtype)
+    q0 = sum(lq[:b])
+    if where == "new":
+        kn[q0 + key, 0, 2] = float("nan")  # causal: the sequence's rows key.. see it
+        hit = [q0 + i for i in range(key, lq[b])]
+    else:
+        chunks[1].k_nope[int(chunks[1].cu_seqlens_k[b]), 0, 2] = float("nan")  # every row of b sees it
+        hit = list(range(q0, q0 + lq[b]))
+    out = torch.full((sum(lq), N, V), float("nan"), dtype=dtype, device=DEVICE)
+    lse = torch.full((N, sum(lq)), float("nan"), device=DEVICE)
+    rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, ck, chunks, sm_scale=SCALE, out=out, lse=lse,
+                                      backend=backend)
+    _assert_nan_exactly(out[:, 0], hit, "out head 0")
+    _assert_nan_exactly(lse[0], hit, "lse head 0")
+    assert not torch.isnan(out[:, 1:].float()).any() and not torch.isnan(lse[1:]).any()
+    ref, ref_lse = mla_prefill_ref(*_one_shot_from(q, kn, kpe, v, cq, ck, chunks), SCALE, True)
+    _assert_nan_exactly(ref[:, 0], hit, "reference out head 0")
+    ok = ~torch.isnan(ref)
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(out.float()[ok], ref[ok], rtol=rtol, atol=atol)
+    fin = ~torch.isnan(ref_lse)
+    torch.testing.assert_close(lse[fin], ref_lse[fin], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", [*KERNEL_BACKENDS, "reference"])
+@pytest.mark.parametrize("where", ["new", "context"])
+def test_chunked_context_keeps_a_poisoned_side(backend, where):
+    """mla_prefill_with_context: a NaN in the new tokens' K, or in a context chunk's K, reaches the
+    out and lse of exactly the rows that see it -- the merge must not read the poisoned side's
+    lse as "saw no key" and return attention over the other side alone (issue #13)."""
+    lq, splits = [6, 20, 9], [[4, 7, 3], [5, 0, 6]]
+    b, key = (1, 13) if where == "new" else (2, 0)
+    _check_poisoned_side(backend, where, lq, splits, 2, torch.float32, b, key)
 
 
 # ---------------------------------------------------------------- edge shapes, dispatch
@@ -475,6 +664,48 @@ def test_gpu_chunked_context_bf16():
     out, lse = rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, ck, chunks, sm_scale=SCALE)
     ref, ref_lse = mla_prefill_ref(*one_shot, SCALE, True)
     assert_matches(out, lse, ref, ref_lse, torch.bfloat16)
+
+
+@gpu
+@pytest.mark.parametrize("where", ["new", "context"])
+def test_gpu_chunked_context_keeps_a_poisoned_side_bf16(where):
+    """The NaN rule on the GPU (its row max ignores NaN, unlike the interpreter's), bf16, the arch's
+    launch config, q blocks of every kind (full, diagonal, ragged end)."""
+    lq, splits = [300, 1029, 77], [[2000, 64, 5], [512, 700, 0], [5, 0, 9]]
+    b, key = (1, 517) if where == "new" else (0, 0)
+    _check_poisoned_side("triton", where, lq, splits, 16, torch.bfloat16, b, key)
+
+
+def _sm90_tma_candidates():
+    from rocm_mla.configs import config_for
+
+    return [c for c in config_for("mla_prefill", "sm90").get("candidates", []) if c.get("tma")]
+
+
+@gpu
+@pytest.mark.parametrize("cfg", _sm90_tma_candidates(), ids=lambda c: f"M{c['BLOCK_M']}N{c['BLOCK_N']}s{c['num_stages']}")
+def test_gpu_tma_candidates_bf16(cfg):
+    """The sm90 "tma" candidates --tune will time: bf16 varlen (ragged ends, lq != lk, an empty
+    sequence), N=16 and N=128 heads, key rows after the last sequence poisoned with NaN (TMA's
+    zero fill must keep them out), out into a strided view, checked against the float32 reference."""
+    from rocm_mla import _platform
+    from rocm_mla.ops.prefill import _tma_arch
+
+    if not _tma_arch(_platform.device_arch(torch.device(DEVICE))):
+        pytest.skip("TMA descriptors need an NVIDIA sm90+ GPU")
+    for N in (16, 128):
+        lq, lk = [700, 1, 0, 1029, 129], [700, 64, 9, 1100, 300]
+        q, kn, kpe, v, cq, ck = make_inputs(lq, [*lk[:-1], lk[-1] + 40], N, torch.bfloat16)
+        ck = cu(lk)
+        for x in (kn, kpe, v):
+            x[sum(lk):] = float("nan")
+        Tq = sum(lq)
+        out_base = torch.full((Tq, N * V + 64), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+        out = out_base[:, : N * V].view(Tq, N, V)
+        _, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, out=out, backend="triton", config=cfg)
+        ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, True)
+        assert_matches(out, lse, ref, ref_lse, torch.bfloat16)
+        assert outside_untouched(out_base, out)
 
 
 @gpu

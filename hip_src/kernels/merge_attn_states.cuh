@@ -4,6 +4,7 @@
 //   w_p = exp(lse_p - m) / (exp(lse_p - m) + exp(lse_s - m)),  m = max(lse_p, lse_s)
 // lse +inf is read as -inf (FlashAttention's "saw no key"); both -inf -> row 0, lse -inf.
 // A side whose weight is 0 is not read at all, so an unwritten (NaN) side cannot leak.
+// A NaN lse propagates: that row's out and lse are NaN (NaN never means "no key").
 //
 // Thread mapping: one thread owns VEC x UNROLL consecutive elements of one (token, head) row;
 // rows are token-major so neighbouring threads touch neighbouring heads of one token.
@@ -68,7 +69,12 @@ __global__ void merge_attn_states_kernel(typename elem<Tag>::storage* __restrict
     ls = (ls == inf) ? -inf : ls;
     const float m = fmaxf(lp, ls);
     float wp = 0.f, ws = 0.f, lse = -inf;
-    if (m != -inf) {
+    // A NaN lse (a side that saw a NaN) poisons the row: NaN weights, out and lse. fmaxf returns
+    // the non-NaN operand, so without this fmaxf(NaN, -inf) = -inf would drop the poisoned side
+    // as "saw no key". (x != x: the build has no fast-math.)
+    if (lp != lp || ls != ls) {
+      wp = ws = lse = __int_as_float(0x7fc00000);
+    } else if (m != -inf) {
       const float ep = __expf(lp - m);
       const float es = __expf(ls - m);
       const float sum = ep + es;

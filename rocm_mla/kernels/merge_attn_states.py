@@ -32,22 +32,28 @@ def merge_attn_states_kernel(
     # FlashAttention writes +inf for a row that saw no key: same meaning as -inf.
     lp = tl.where(lp == float("inf"), float("-inf"), lp)
     ls = tl.where(ls == float("inf"), float("-inf"), ls)
+    # A NaN lse (a side that saw a NaN) poisons the row: NaN weights, NaN out and lse. Said
+    # explicitly: tl.maximum may return the non-NaN operand, and max(NaN, -inf) = -inf would read
+    # the poisoned side as "saw no key" and drop it.
+    poisoned = (lp != lp) | (ls != ls)
     m = tl.maximum(lp, ls)
-    empty = m == float("-inf")
+    empty = (m == float("-inf")) & ~poisoned
     m_safe = tl.where(empty, 0.0, m)
     ep = tl.exp(lp - m_safe)
     es = tl.exp(ls - m_safe)
     sum_e = ep + es
     inv = tl.where(empty, 0.0, 1.0 / tl.where(empty, 1.0, sum_e))
-    wp = ep * inv
-    ws = es * inv
+    wp = tl.where(poisoned, float("nan"), ep * inv)
+    ws = tl.where(poisoned, float("nan"), es * inv)
     if HAS_OUT_LSE:
         lse = tl.where(empty, float("-inf"), tl.log(tl.where(empty, 1.0, sum_e)) + m_safe)
+        lse = tl.where(poisoned, float("nan"), lse)
         tl.store(out_lse + h * olse_sh + t * olse_st, lse, mask=rmask)
 
     d = tl.arange(0, BLOCK_D)
     dmask = d < HEAD_SIZE
-    # A zero-weight side is not read (masked to 0): an unwritten NaN side cannot leak.
+    # A zero-weight side is not read (masked to 0): an unwritten NaN side cannot leak. A NaN
+    # weight is not zero: a poisoned row reads both sides and comes out NaN.
     pm = (rmask & (wp != 0.0))[:, None] & dmask[None, :]
     sm = (rmask & (ws != 0.0))[:, None] & dmask[None, :]
     p = tl.load(pre + t[:, None] * pre_st + h[:, None] * pre_sh + d[None, :] * pre_sd, mask=pm, other=0.0)

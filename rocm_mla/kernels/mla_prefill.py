@@ -27,7 +27,16 @@ Per program (BLOCK_M queries of one sequence, one head), keys are visited in two
 Causal masking is bottom-right aligned (query i of a sequence with lq queries and lk keys sees
 keys j <= i + lk - lq); blocks beyond the diagonal are never loaded. The online softmax runs in
 fp32 in the exp2 domain (log2(e) folded into the score scale); a row that sees no key ends with
-l == 0 and is written as 0 with lse -inf.
+l == 0 and is written as 0 with lse -inf. NaN is not "no key": a NaN in q, or in the K of a key
+the row sees, makes l NaN and the row's out and lse NaN (a NaN in a K the row does not see is
+masked to -inf and does not reach it). A NaN in V reaches every row that sees that key; it can
+also reach rows of the same diagonal tile that do not (0 * NaN in the P.V product, as in
+FlashAttention), never rows of other tiles.
+
+USE_TMA (sm90, launch option "tma"): K, k_pe and V blocks come through per-program tensor
+descriptors (Hopper TMA: asynchronous bulk copies into shared memory, no per-thread address math,
+zero fill past the sequence's last key) instead of pointer loads. Compiled elsewhere (gfx942, the
+interpreter) the descriptors become pointer loads again; the wrapper only turns it on for NVIDIA.
 
 Addresses: a sequence's base is computed in int64 (Tk x token stride passes 2^31 at ~64k tokens
 with N=128) and advanced per key block as a scalar pointer; the per-tile offsets stay int32 and loop
@@ -56,7 +65,7 @@ def mla_prefill_kernel(
     cuq_s, cuk_s,
     D_NOPE: tl.constexpr, D_ROPE: tl.constexpr, D_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SEQ_CHUNK: tl.constexpr,
-    CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr, DIAG_STAGES: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     slot = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
@@ -125,6 +134,19 @@ def mla_prefill_kernel(
     n_full = tl.maximum(seen_by_all, 0) // BLOCK_N * BLOCK_N
     hi = tl.maximum(hi, n_full)
 
+    if USE_TMA:
+        # Per-program 2-D descriptors over this sequence's keys of this head: rows [0, lk) of k_nope,
+        # k_pe, v from the sequence's base (the wrapper checked 16-byte aligned bases and row
+        # strides, unit inner strides). Rows past lk read as 0 (TMA zero fill), so no load needs a
+        # mask -- not even another sequence's NaN can reach this one.
+        lk_box = tl.maximum(lk, 1)
+        kn_desc = tl.make_tensor_descriptor(kn_base, shape=[lk_box, D_NOPE], strides=[kn_st, 1],
+                                            block_shape=[BLOCK_N, D_NOPE])
+        kpe_desc = tl.make_tensor_descriptor(kpe_base, shape=[lk_box, D_ROPE], strides=[kpe_st, 1],
+                                             block_shape=[BLOCK_N, D_ROPE])
+        v_desc = tl.make_tensor_descriptor(v_base, shape=[lk_box, D_V], strides=[v_st, 1],
+                                           block_shape=[BLOCK_N, D_V])
+
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, D_V], dtype=tl.float32)
@@ -135,16 +157,26 @@ def mla_prefill_kernel(
     kpe_ptr = kpe_base
     v_ptr = v_base
     for start_n in range(0, n_full, BLOCK_N):
-        kt = tl.load(kn_ptr + kn_off)
+        # (load, dot, load, dot: both loads ahead of both dots costs gfx942 16 VGPRs at M128 N32 s1)
+        if USE_TMA:
+            kt = tl.trans(kn_desc.load([start_n, 0]))
+        else:
+            kt = tl.load(kn_ptr + kn_off)
         s = tl.dot(q_nope, kt, input_precision=DOT_PREC)
-        kt_pe = tl.load(kpe_ptr + kpe_off)
+        if USE_TMA:
+            kt_pe = tl.trans(kpe_desc.load([start_n, 0]))
+        else:
+            kt_pe = tl.load(kpe_ptr + kpe_off)
         s = tl.dot(q_pe, kt_pe, s, input_precision=DOT_PREC)
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
         p = tl.math.exp2(s * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        vt = tl.load(v_ptr + v_off)
+        if USE_TMA:
+            vt = v_desc.load([start_n, 0])
+        else:
+            vt = tl.load(v_ptr + v_off)
         acc = tl.dot(p.to(vt.dtype), vt, acc, input_precision=DOT_PREC)
         m_i = m_new
         kn_ptr += BLOCK_N * kn_st
@@ -152,13 +184,22 @@ def mla_prefill_kernel(
         v_ptr += BLOCK_N * v_st
 
     # ---- loop 2: the causal diagonal and the sequence's ragged end -- masked.
-    # Loop 1 left the pointers at key n_full whether or not it ran.
-    for start_n in range(n_full, hi, BLOCK_N):
+    # Loop 1 left the pointers at key n_full whether or not it ran. It runs BLOCK_M / BLOCK_N + 1
+    # steps at most, so its software pipelining is a launch option of its own (DIAG_STAGES): on
+    # gfx942 unpipelined (1) it saves 8 VGPRs and 40% of the MFMA code at M128 N32 w4 s2; on sm90
+    # the pipelined loop keeps cp.async (unpipelined loads go through registers: +27 registers).
+    for start_n in tl.range(n_full, hi, BLOCK_N, num_stages=DIAG_STAGES):
         cols = start_n + offs_n
         col_ok = cols < lk
-        kt = tl.load(kn_ptr + kn_off, mask=col_ok[None, :], other=0.0)
+        if USE_TMA:
+            kt = tl.trans(kn_desc.load([start_n, 0]))
+        else:
+            kt = tl.load(kn_ptr + kn_off, mask=col_ok[None, :], other=0.0)
         s = tl.dot(q_nope, kt, input_precision=DOT_PREC)
-        kt_pe = tl.load(kpe_ptr + kpe_off, mask=col_ok[None, :], other=0.0)
+        if USE_TMA:
+            kt_pe = tl.trans(kpe_desc.load([start_n, 0]))
+        else:
+            kt_pe = tl.load(kpe_ptr + kpe_off, mask=col_ok[None, :], other=0.0)
         s = tl.dot(q_pe, kt_pe, s, input_precision=DOT_PREC)
         keep = col_ok[None, :]
         if CAUSAL:
@@ -171,21 +212,26 @@ def mla_prefill_kernel(
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        vt = tl.load(v_ptr + v_off, mask=col_ok[:, None], other=0.0)
+        if USE_TMA:
+            vt = v_desc.load([start_n, 0])
+        else:
+            vt = tl.load(v_ptr + v_off, mask=col_ok[:, None], other=0.0)
         acc = tl.dot(p.to(vt.dtype), vt, acc, input_precision=DOT_PREC)
         m_i = m_new
         kn_ptr += BLOCK_N * kn_st
         kpe_ptr += BLOCK_N * kpe_st
         v_ptr += BLOCK_N * v_st
 
-    # ---- epilogue: l == 0 exactly when the row saw no key (the row max contributes exp2(0) = 1).
-    seen = l_i > 0.0
-    inv_l = tl.where(seen, 1.0 / tl.where(seen, l_i, 1.0), 0.0)
-    out = acc * inv_l[:, None]
+    # ---- epilogue: l == 0 exactly when the row saw no key (the row max contributes exp2(0) = 1);
+    # only then out 0, lse -inf. l is NaN when a key the row saw (or its q) holds a NaN: that NaN
+    # goes on into out and lse, never read as "no key" (`l > 0` would have been false for it).
+    blind = l_i == 0.0
+    l_safe = tl.where(blind, 1.0, l_i)
+    out = tl.where(blind[:, None], 0.0, acc * (1.0 / l_safe)[:, None])
     o_base = O + (q_start + m0).to(tl.int64) * o_st + h * o_sh
     tl.store(o_base + offs_m[:, None] * o_st + d_v[None, :] * o_sd, out.to(O.dtype.element_ty),
              mask=row_ok[:, None])
     # Back from the log2 domain: lse = ln(2) * (m + log2(l)).
-    lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+    lse = tl.where(blind, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
     lse_base = LSE + h * lse_sh + (q_start + m0).to(tl.int64) * lse_st
     tl.store(lse_base + offs_m * lse_st, lse, mask=row_ok)

@@ -39,8 +39,9 @@ def merge_attn_states(output: torch.Tensor, prefix_output: torch.Tensor, prefix_
             available; see ``rocm_mla.ops._dispatch``).
 
     Per row: ``out = w_p * prefix + w_s * suffix`` with ``w = softmax([lse_p, lse_s])``; a side
-    with weight 0 is not read; both sides -inf gives 0 and lse -inf. Any head size D >= 0 (D = 0:
-    only output_lse is written). T = 0 or N = 0: nothing to do.
+    with weight 0 is not read; both sides -inf gives 0 and lse -inf; a NaN lse on either side (a
+    partial attention that saw a NaN) gives that row NaN out and NaN lse -- never "no key". Any
+    head size D >= 0 (D = 0: only output_lse is written). T = 0 or N = 0: nothing to do.
 
     Memory: reads and writes only the elements of the given views; a destination that overlaps
     anything the op reads (other than output being the very same view as prefix_output or

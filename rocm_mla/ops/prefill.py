@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import numbers
 import os
+import re
 from collections.abc import Iterable
 from typing import NamedTuple
 
 import torch
+import triton
 
 from .. import _platform
 from ..configs import config_for
@@ -96,7 +98,10 @@ def mla_prefill(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: to
 
     Returns:
         ``(out, lse)``: the destinations (the caller's own tensors when passed). Every element of
-        the rows of every sequence is written; a query that sees no key gets 0 and lse -inf.
+        the rows of every sequence is written; a query that sees no key gets 0 and lse -inf, and
+        lse -inf means only that: a NaN in q, or in the k_nope/k_pe of a key the query sees, gives
+        NaN out and NaN lse (a NaN in v, NaN out), so a merge downstream cannot mistake a poisoned
+        partial result for an empty one.
 
     Raises:
         TypeError / ValueError naming the argument, what was expected and what came.
@@ -157,7 +162,9 @@ def mla_prefill_with_context(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.
             merge_attn_states as well.
 
     Returns:
-        ``(out, lse)``: attention over context + new tokens, lse the natural-log LSE over both.
+        ``(out, lse)``: attention over context + new tokens, lse the natural-log LSE over both. A
+        NaN in the keys a row sees, new or cached, reaches that row's out and lse (each partial
+        pass writes NaN, not 0 / -inf, and merge_attn_states propagates a NaN lse).
     """
     c = Checker("mla_prefill_with_context")
     impl = _select(q.device, backend)
@@ -389,13 +396,58 @@ def _triton_meta(cfg: dict, arch: str, dims: tuple[int, int, int], causal: bool,
     consts = {"D_NOPE": P, "D_ROPE": R, "D_V": V, "BLOCK_M": int(cfg["BLOCK_M"]), "BLOCK_N": int(cfg["BLOCK_N"]),
               "SEQ_CHUNK": SEQ_CHUNK, "CAUSAL": bool(causal),
               # fp32 inputs: exact products (NVIDIA would use TF32 by default); 16-bit inputs: default.
-              "DOT_PREC": "ieee" if fp32 else None}
+              "DOT_PREC": "ieee" if fp32 else None,
+              # software-pipelining depth of the masked (diagonal / ragged-end) loop; default: num_stages
+              "DIAG_STAGES": int(cfg.get("diag_stages", cfg.get("num_stages", 2))),
+              # TMA tensor descriptors for K/k_pe/V: NVIDIA sm90+ (and the CPU interpreter, which
+              # runs the same code path), 16-bit inputs; launch_triton also checks the alignment.
+              "USE_TMA": bool(cfg.get("tma", False)) and _tma_arch(arch) and not fp32}
     options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg.get("num_stages", 2))}
     if arch.startswith("gfx"):
         for k in ("waves_per_eu", "matrix_instr_nonkdim", "kpack"):
             if cfg.get(k):
                 options[k] = int(cfg[k])
+        if cfg.get("schedule_hint", "none") != "none":  # AMD backend's instruction-scheduling hint
+            options["schedule_hint"] = str(cfg["schedule_hint"])
     return consts, options
+
+
+def _tma_arch(arch: str) -> bool:
+    """Archs where the "tma" launch option is honoured: Hopper and later NVIDIA, and the CPU
+    interpreter (to test the path). On AMD the descriptors would be lowered back to pointer loads."""
+    if arch == "cpu":
+        return True
+    m = re.fullmatch(r"sm(\d+)\w*", arch)
+    return bool(m) and int(m.group(1)) >= 90
+
+
+def _tma_ok(k_nope, k_pe, v, kpe_sh: int) -> bool:
+    """TMA descriptors need 16-byte aligned bases and row/head steps, unit inner strides (and the
+    data to exist). Otherwise the launch keeps the pointer loads."""
+    if k_nope.shape[0] == 0 or k_nope.element_size() != 2:
+        return False
+    e = k_nope.element_size()
+    for x, head_stride in ((k_nope, k_nope.stride(1)), (k_pe, kpe_sh), (v, v.stride(1))):
+        if x.stride(2) != 1 or x.data_ptr() % 16 or (x.stride(0) * e) % 16 or (head_stride * e) % 16:
+            return False
+    return True
+
+
+def _ensure_allocator(device: torch.device) -> None:
+    """Device-side tensor descriptors need Triton's global-scratch allocator (128 bytes per
+    descriptor per program). Set one (torch's caching allocator, CUDA-graph safe) unless the
+    caller set their own."""
+    if device.type != "cuda":
+        return
+    try:
+        from triton.runtime import _allocation
+
+        current = _allocation._allocator.get()
+    except Exception:  # another Triton layout: no way to ask, so set ours
+        current = None
+    if current is not None and type(current).__name__ != "NullAllocator":
+        return
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=device))
 
 
 def launch_triton(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, *, sm_scale: float,
@@ -426,6 +478,10 @@ def launch_triton(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, *, s
         # pointer, which the launcher rejects: hand it q's (never read).
         kn = kpe = vv = q
         kn_st = kn_sh = kn_sd = kpe_st = kpe_sh = kpe_sd = v_st = v_sh = v_sd = 0
+    if consts["USE_TMA"]:
+        consts["USE_TMA"] = _tma_ok(k_nope, k_pe, v, kpe_sh)
+        if consts["USE_TMA"]:
+            _ensure_allocator(q.device)
     mla_prefill_kernel[grid](
         q, kn, kpe, vv, out, lse, cu_seqlens_q, cu_seqlens_k,
         float(sm_scale) * LOG2E, B, Tq, Tk,
@@ -460,39 +516,48 @@ def _configs_for(arch: str, dtype: torch.dtype) -> list[tuple[dict, bool]]:
 def config_label(cfg: dict) -> str:
     """Short text of a launch config, e.g. ``M128 N64 w4 s2 wpe2 mi16``."""
     s = f"M{cfg['BLOCK_M']} N{cfg['BLOCK_N']} w{cfg['num_warps']} s{cfg.get('num_stages', 2)}"
+    if "diag_stages" in cfg and cfg["diag_stages"] != cfg.get("num_stages", 2):
+        s += f"/{cfg['diag_stages']}"  # the masked loop's pipelining depth
     for key, tag in (("waves_per_eu", "wpe"), ("matrix_instr_nonkdim", "mi"), ("kpack", "kp")):
         if cfg.get(key):
             s += f" {tag}{cfg[key]}"
+    if cfg.get("schedule_hint", "none") != "none":
+        s += f" sh={cfg['schedule_hint']}"
+    if cfg.get("tma"):
+        s += " tma"
     return s
+
+
+def triton_variant(arch: str, dtype: torch.dtype, cfg: dict, causal: bool, tag: str = "") -> TritonVariant:
+    """The Triton specialisation launched for MLA's dims (P=128, R=64, V=128) with launch config
+    ``cfg`` on ``arch``: innermost strides 1, head/token strides and pointers 16-divisible, k_pe
+    head stride 0 (``perf/isa_sweep_prefill.py`` compiles any config through this)."""
+    tname = _TRITON_DTYPE[dtype]
+    consts, options = _triton_meta(cfg, arch, MLA_DIMS, causal, dtype == torch.float32)
+    ptr = f"*{tname}"
+    sig = {"Q": ptr, "KN": ptr, "KPE": ptr, "V": ptr, "O": ptr, "LSE": "*fp32",
+           "CU_Q": "*i32", "CU_K": "*i32", "qk_scale": "fp32", "num_seqs": "i32",
+           "num_q_rows": "i32", "num_k_rows": "i32"}
+    strides = ["q_st", "q_sh", "kn_st", "kn_sh", "kpe_st", "kpe_sh", "v_st", "v_sh",
+               "o_st", "o_sh", "lse_sh"]
+    sig.update({s: "i32" for s in strides})
+    # Innermost strides are 1 on real tensors, and Triton specialises ints equal to 1.
+    ones = {k: 1 for k in ("q_sd", "kn_sd", "kpe_sd", "v_sd", "o_sd", "lse_st", "cuq_s", "cuk_s")}
+    sig.update({k: "constexpr" for k in ones})
+    sig.update({k: "constexpr" for k in consts})
+    return TritonVariant(
+        kernel=OP,
+        config=f"{tname} {'causal' if causal else 'full'} {config_label(cfg)}{tag}",
+        fn=mla_prefill_kernel, signature=sig, constexprs={**consts, **ones}, options=options,
+        # lse_sh is Tq (any value): not claimed 16-divisible.
+        divisible_by_16=("Q", "KN", "KPE", "V", "O", "LSE", "CU_Q", "CU_K", "q_st", "q_sh",
+                         "kn_st", "kn_sh", "kpe_st", "kpe_sh", "v_st", "v_sh", "o_st", "o_sh"),
+        # NVIDIA has no exact-fp32 tensor-core op: fp32 dots run on FMA there by design.
+        expects_mfma=not (dtype == torch.float32 and arch.startswith("sm")))
 
 
 def triton_variants(arch: str) -> list[TritonVariant]:
     """The Triton specialisations launched for MLA's dims (P=128, R=64, V=128), causal and not,
-    bf16/fp16/fp32, with the launch config of ``arch`` (and, for bf16, each tuning candidate):
-    innermost strides 1, head/token strides and pointers 16-divisible, k_pe head stride 0."""
-    variants = []
-    for dtype, tname in _TRITON_DTYPE.items():
-        for cfg, cand in _configs_for(arch, dtype):
-            for causal in (True, False):
-                consts, options = _triton_meta(cfg, arch, MLA_DIMS, causal, dtype == torch.float32)
-                ptr = f"*{tname}"
-                sig = {"Q": ptr, "KN": ptr, "KPE": ptr, "V": ptr, "O": ptr, "LSE": "*fp32",
-                       "CU_Q": "*i32", "CU_K": "*i32", "qk_scale": "fp32", "num_seqs": "i32",
-                       "num_q_rows": "i32", "num_k_rows": "i32"}
-                strides = ["q_st", "q_sh", "kn_st", "kn_sh", "kpe_st", "kpe_sh", "v_st", "v_sh",
-                           "o_st", "o_sh", "lse_sh"]
-                sig.update({s: "i32" for s in strides})
-                # Innermost strides are 1 on real tensors, and Triton specialises ints equal to 1.
-                ones = {k: 1 for k in ("q_sd", "kn_sd", "kpe_sd", "v_sd", "o_sd", "lse_st", "cuq_s", "cuk_s")}
-                sig.update({k: "constexpr" for k in ones})
-                sig.update({k: "constexpr" for k in consts})
-                variants.append(TritonVariant(
-                    kernel=OP,
-                    config=f"{tname} {'causal' if causal else 'full'} {config_label(cfg)}{' cand' if cand else ''}",
-                    fn=mla_prefill_kernel, signature=sig, constexprs={**consts, **ones}, options=options,
-                    # lse_sh is Tq (any value): not claimed 16-divisible.
-                    divisible_by_16=("Q", "KN", "KPE", "V", "O", "LSE", "CU_Q", "CU_K", "q_st", "q_sh",
-                                     "kn_st", "kn_sh", "kpe_st", "kpe_sh", "v_st", "v_sh", "o_st", "o_sh"),
-                    # NVIDIA has no exact-fp32 tensor-core op: fp32 dots run on FMA there by design.
-                    expects_mfma=not (dtype == torch.float32 and arch.startswith("sm"))))
-    return variants
+    bf16/fp16/fp32, with the launch config of ``arch`` (and, for bf16, each tuning candidate)."""
+    return [triton_variant(arch, dtype, cfg, causal, " cand" if cand else "")
+            for dtype in _TRITON_DTYPE for cfg, cand in _configs_for(arch, dtype) for causal in (True, False)]

@@ -15,6 +15,8 @@ def merge_attn_states_ref(prefix_output: torch.Tensor, prefix_lse: torch.Tensor,
 
     Rules: lse +inf means "saw no key" (read as -inf); a side with weight 0 contributes exactly 0
     (its values are not used, so NaN there cannot leak); both sides -inf gives out 0, lse -inf.
+    A NaN lse (a side that saw a NaN) propagates: that row's out and lse are NaN (torch.maximum
+    propagates NaN, so the weights are NaN and both sides are read).
     """
     po = prefix_output.float()
     so = suffix_output.float()

@@ -17,7 +17,9 @@ def mla_prefill_ref(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v
     ``cu_seqlens_k[b]:cu_seqlens_k[b+1]``). Any strides.
 
     Causal is bottom-right aligned: query i of a sequence with lq queries and lk keys sees keys
-    ``j <= i + lk - lq``. A query that sees no key gets output 0 and lse -inf.
+    ``j <= i + lk - lq``. A query that sees no key gets output 0 and lse -inf -- and only such a
+    query: a NaN in q, or in the k of a key the query sees, makes its out and lse NaN; a NaN in the
+    v of a key it sees makes its out NaN. Keys it does not see never reach it, NaN or not.
     Rows of q outside every sequence are 0 in the returned ``out`` and -inf in ``lse`` (the op's
     reference backend copies only the rows of sequences into the caller's out/lse).
 
@@ -51,9 +53,18 @@ def mla_prefill_ref(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v
         visible = (j <= i + (lk - lq)) if causal else torch.ones(lq, lk, dtype=torch.bool, device=q.device)
         s = s.masked_fill(~visible, float("-inf"))
         row_lse = torch.logsumexp(s, dim=-1) if lk else torch.full((N, lq), float("-inf"), device=q.device)
-        seen = row_lse > float("-inf")  # [N, lq]
-        p = torch.exp(s - torch.where(seen, row_lse, torch.zeros_like(row_lse))[..., None])
-        p = torch.where(seen[..., None], p, torch.zeros_like(p))
-        out[q0:q1] = torch.einsum("nij,jnd->ind", p, vb)
+        # -inf means exactly "saw no key"; a NaN lse (a NaN in q or in a key the row sees) is not
+        # blind: its p, and so its out, stay NaN.
+        blind = torch.isneginf(row_lse)  # [N, lq]
+        p = torch.exp(s - torch.where(blind, torch.zeros_like(row_lse), row_lse)[..., None])
+        p = torch.where(blind[..., None], torch.zeros_like(p), p)
+        # A key the row does not see contributes exactly 0, even a NaN value (0 * NaN would not):
+        # NaN values are taken out of the product and put back where a row sees them.
+        v_nan = torch.isnan(vb)
+        o = torch.einsum("nij,jnd->ind", p, torch.where(v_nan, 0.0, vb))
+        if bool(v_nan.any()):
+            hit = torch.einsum("ij,jnd->ind", visible.float(), v_nan.float()) > 0
+            o = torch.where(hit, float("nan"), o)
+        out[q0:q1] = o
         lse[:, q0:q1] = row_lse
     return out, lse

@@ -62,10 +62,10 @@ def load_vllm_peer(peers: str, module: str, name: str):
 
 
 
-AMD_ONLY_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
+AMD_ONLY_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack", "schedule_hint")
 
 
-def load_aiter_peer(peers: str, module: str, config_arch: str = "gfx942"):
+def load_aiter_peer(peers: str, module: str, config_arch: str = "gfx942", raise_errors: bool = False):
     """aiter's ``aiter.ops.triton.<module>``, importable from the ``peers`` folder that
     perf/peers/get_aiter_peers.sh makes (aiter's Triton tree only; ``import aiter`` needs ROCm); None
     (with the reason printed) when it is missing or fails to import.
@@ -74,12 +74,16 @@ def load_aiter_peer(peers: str, module: str, config_arch: str = "gfx942"):
     (the H200, or no GPU for the compile report) that answer is not a gfx name, so the loader makes
     aiter read ``config_arch``'s configs (gfx942 = its MI300X files). Launch configs taken from them
     carry AMD-only options: drop those with :func:`without_amd_options` before an NVIDIA launch.
+    raise_errors: raise (with the reason) instead of printing it and returning None.
     """
     import importlib
     import sys
 
     if not Path(peers, "aiter", "ops", "triton").is_dir():
-        print(f"aiter peer unavailable: no {peers}/aiter/ops/triton (run perf/peers/get_aiter_peers.sh {peers})")
+        why = f"no {peers}/aiter/ops/triton (run perf/peers/get_aiter_peers.sh {peers})"
+        if raise_errors:
+            raise FileNotFoundError(why)
+        print(f"aiter peer unavailable: {why}")
         return None
     if peers not in sys.path:
         sys.path.insert(0, peers)
@@ -87,10 +91,42 @@ def load_aiter_peer(peers: str, module: str, config_arch: str = "gfx942"):
         arch_info = importlib.import_module("aiter.ops.triton.utils._triton.arch_info")
         if not torch.cuda.is_available() or torch.version.hip is None:
             arch_info.get_arch = lambda: config_arch
+            _string_arch_for_fa_amd(peers)
         return importlib.import_module(f"aiter.ops.triton.{module}")
     except Exception as exc:
+        if raise_errors:
+            raise
         print(f"aiter peer unavailable: {type(exc).__name__}: {exc}")
         return None
+
+
+def _string_arch_for_fa_amd(peers: str) -> None:
+    """aiter.ops.triton.mha imports flash_attn_triton_amd, whose ``utils.get_arch`` returns Triton's
+    target arch as is: an int (90) on NVIDIA, which some of aiter's checks put through string
+    operations (``arch in "gfx950"`` raises TypeError). Load that utils module first, under its
+    own name, with ``get_arch`` returning a string ("sm90"; no gfx branch matches) and ``is_hip``
+    False, so every later ``from .utils import get_arch`` binds the patched one. aiter's files are
+    not touched. On a machine without a GPU driver there is nothing to ask: leave it alone."""
+    import importlib.util
+    import sys
+
+    name = "aiter.ops.triton._triton_kernels.flash_attn_triton_amd.utils"
+    path = Path(peers, *name.split(".")).with_suffix(".py")
+    if not torch.cuda.is_available() or not path.is_file():
+        return
+    mod = sys.modules.get(name)
+    if mod is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except Exception:
+            del sys.modules[name]
+            raise
+    major, minor = torch.cuda.get_device_capability()
+    mod.get_arch = lambda: f"sm{major}{minor}"
+    mod.is_hip = lambda: False
 
 
 def aiter_peer_version(peers: str) -> str:

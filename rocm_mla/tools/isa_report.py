@@ -89,6 +89,7 @@ class Row:
     local_in_loops: int | None = None
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    peer: bool = False  # a peer's kernel (e.g. aiter's), compiled for comparison: reported, never gated
 
     @property
     def status(self) -> str:
@@ -276,7 +277,14 @@ def sm90_blocks_per_sm(regs: int, smem: int, threads: int) -> int:
 # --------------------------------------------------------------------------- the gate
 
 def check(row: Row) -> list[str]:
-    """Why ``row`` fails the gate (empty list: it passes). Skipped rows never fail here."""
+    """Why ``row`` fails the gate (empty list: it passes). Skipped rows never fail here, nor do a
+    peer's rows (what would fail ours is noted on them by :func:`notes`)."""
+    if row.peer:
+        return []
+    return _gate(row)
+
+
+def _gate(row: Row) -> list[str]:
     if row.error:
         return [f"error: {error_digest(row.error)}"]
     if row.skipped:
@@ -305,18 +313,21 @@ def _spills_outside_loops(row: Row) -> bool:
 
 def notes(row: Row) -> list[str]:
     """What ``row`` passes the gate with but a reader should know."""
+    if row.peer:
+        return [f"peer, not gated: {'; '.join(_gate(row))}"] if not row.skipped and _gate(row) else []
     if not row.error and not row.skipped and _spills_outside_loops(row):
         return [f"{row.spills} B spilled, {row.scratch} B stack; no local-memory access inside a loop"]
     return []
 
 
 def failures(rows: Iterable[Row], strict: bool = False) -> list[tuple[Row, list[str]]]:
-    """Rows that make the report exit non-zero, with reasons. ``strict``: skipped rows fail too."""
+    """Rows that make the report exit non-zero, with reasons. ``strict``: skipped rows fail too
+    (not a peer's: a missing peer folder is not a missing compiler)."""
     out = []
     for r in rows:
         if r.problems:
             out.append((r, r.problems))
-        elif r.skipped and strict:
+        elif r.skipped and strict and not r.peer:
             out.append((r, [f"skipped ({r.skipped}) and --strict"]))
     return out
 
@@ -421,17 +432,22 @@ def _hip_rows(src: Path, arch: str, tool: str) -> list[Row]:
 
 
 def collect(arch: str, filter: str | None = None, *, triton_variants: list | None = None,
-            hip_sources: list[Path] | None = None, progress: bool = True) -> list[Row]:
+            hip_sources: list[Path] | None = None, progress: bool = True, peers: bool | None = None) -> list[Row]:
     """Compile every kernel configuration for ``arch`` and return one gated ``Row`` each.
 
     filter: keep rows whose "kernel config backend" contains this (case-insensitive).
     triton_variants / hip_sources: override what is compiled (tests); by default the package's
     ``all_triton_variants(arch)`` and ``hip_src/isa/*.cu``.
     progress: print one line per compile on stderr.
+    peers: also compile the peers' kernels (``rocm_mla.tools.peer_variants``: aiter's MHA forward
+        with its MI300X config, beside mla_prefill) as ungated rows; a peer that cannot be loaded
+        is a skipped row that never fails the report. Default: only for the package's own list
+        (``triton_variants`` None).
     """
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; choose from {', '.join(ARCHS)}")
     rows: list[Row] = []
+    triton_variants_given = triton_variants is not None
     if triton_variants is None:
         try:
             from rocm_mla.ops._variants import all_triton_variants
@@ -443,6 +459,20 @@ def collect(arch: str, filter: str | None = None, *, triton_variants: list | Non
                 rows.append(Row(kernel="(triton variants)", config="-", backend="triton", arch=arch,
                                 error=f"cannot list Triton variants: {_error_text(e)}"))
     variants = [v for v in triton_variants if _matches(filter, v.kernel, v.config, "triton")]
+    peer_variants: list = []
+    if peers if peers is not None else triton_variants_given is False:
+        from .peer_variants import (AITER_DECODE_KERNEL, AITER_KERNEL, aiter_decode_variants, aiter_mha_variants,
+                                    aiter_peers_dir)
+
+        for kernel, what, make in ((AITER_KERNEL, "mla_prefill peer", aiter_mha_variants),
+                                   (AITER_DECODE_KERNEL, "mla_decode peer", aiter_decode_variants)):
+            if not _matches(filter, kernel, what, "aiter"):
+                continue
+            try:
+                peer_variants += [v for v in make(arch) if _matches(filter, v.kernel, v.config, "aiter")]
+            except Exception as e:  # no peer folder, or aiter's tree fails to import: say so, do not fail
+                rows.append(Row(kernel=kernel, config=what, backend="aiter", arch=arch, peer=True,
+                                skipped=f"aiter unavailable ({aiter_peers_dir()}): {_error_text(e)[:300]}"))
     sources = list(hipc.isa_sources() if hip_sources is None else hip_sources)
 
     if arch == "gfx942":
@@ -452,10 +482,15 @@ def collect(arch: str, filter: str | None = None, *, triton_variants: list | Non
         tool = hipc.find_nvcc()
         missing = None if tool else "nvcc not found"
 
-    prog = _Progress(len(variants) + len(sources), progress)
+    prog = _Progress(len(variants) + len(peer_variants) + len(sources), progress)
     for v in variants:
         t0 = prog.start(f"triton {v.kernel} {v.config}")
         rows.append(_triton_row(v, arch))
+        prog.done(t0, "" if not rows[-1].error else " (error)")
+    for v in peer_variants:
+        t0 = prog.start(f"aiter {v.kernel} {v.config}")
+        rows.append(_triton_row(v, arch))
+        rows[-1].backend, rows[-1].peer = "aiter", True
         prog.done(t0, "" if not rows[-1].error else " (error)")
     for src in sources:
         if missing:
@@ -491,6 +526,8 @@ def _columns(arch: str) -> list[tuple[str, Any]]:
             return "skipped: " + r.skipped
         if r.problems:
             return "FAIL: " + "; ".join(r.problems)
+        if r.peer:
+            return "; ".join(r.notes) or "peer, not gated: clean"
         return "ok" + (f" ({'; '.join(r.notes)})" if r.notes else "")
 
     cols: list[tuple[str, Any]] = [("kernel", lambda r: r.kernel), ("config", lambda r: r.config),
@@ -525,12 +562,18 @@ def summary(rows: list[Row]) -> str:
     if not rows:
         return "isa-report: no kernels"
     arch = rows[0].arch
+    peer_rows = [r for r in rows if r.peer]
+    rows = [r for r in rows if not r.peer]
     built = [r for r in rows if not (r.error or r.skipped)]
     by_backend = {b: sum(1 for r in rows if r.backend == b) for b in ("triton", "hip")}
     failed = [r for r in rows if r.problems]
     lines = [f"isa-report {arch}: {len(rows)} kernel configs ({by_backend['triton']} triton, "
              f"{by_backend['hip']} hip); {len(built)} compiled, {len(failed)} failing, "
              f"{sum(1 for r in rows if r.error)} errors, {sum(1 for r in rows if r.skipped)} skipped"]
+    for r in peer_rows:
+        figs = ("skipped: " + r.skipped if r.skipped else "error: " + error_digest(r.error) if r.error else
+                f"{r.vgprs} VGPRs, {r.spills} spills, {r.scratch} B scratch, LDS {r.lds}, occupancy {r.occupancy}")
+        lines.append(f"  peer {label(r)}: {figs}")
 
     def worst(attr: str, pick=max) -> str:
         vals = [r for r in built if getattr(r, attr) is not None]
@@ -559,43 +602,40 @@ def summary(rows: list[Row]) -> str:
 _MFMA_PER_16X16 = 16 * 16 * (576 + 512) / (16 * 16 * 16)
 
 
-def decode_side_by_side(arch: str, rows: list[Row], variants: list, peers: str) -> str:
-    """Our decode stage-1 tiers (bf16 q and cache, one split) beside the peers' decode kernels,
-    with the matrix instructions one KV tile issues per 16 rows x 16 keys, summed over the
-    workgroup's waves (the ideal is 68 MFMA 16x16x16: 36 for q.k over 576 columns, 32 for p.v over
-    512; more means waves repeat work, e.g. every wave computing the same 16-row scores); peers'
-    rows are compiled here and never gate the report."""
-    from .peer_variants import peer_variants
-
-    peer_vs, why = peer_variants(peers, arch)
-    by_config = {r.config: r for r in rows}
+def decode_side_by_side(arch: str, rows: list[Row], variants: list) -> str:
+    """Our decode stage-1 tiers (bf16 q and cache, one split) beside aiter's decode (the peer rows
+    of ``rows``), with the matrix instructions one KV tile issues per 16 rows x 16 keys, summed over
+    the workgroup's waves (the ideal is 68 MFMA 16x16x16: 36 for q.k over 576 columns, 32 for p.v
+    over 512; more means waves repeat work, e.g. every wave computing the same 16-row scores).
+    ``variants``: the TritonVariants the rows were compiled from (tile shapes, warps)."""
+    by_config = {v.config: v for v in variants}
     picked = []
-    for v in variants:
-        c = v.config
-        if (v.kernel == "mla_decode_stage1" and c.startswith("q=bf16 kv=bf16") and c.endswith("direct")
-                and c in by_config):
-            picked.append((v, by_config[c]))
-    for v in peer_vs:
-        picked.append((v, _triton_row(v, arch)))
-    lines = [f"decode side by side on {arch} (bf16 q and cache; peers not gated)"]
+    for r in rows:
+        v = by_config.get(r.config)
+        if v is None:
+            continue
+        ours = (r.kernel == "mla_decode_stage1" and r.config.startswith("q=bf16 kv=bf16")
+                and r.config.endswith("direct"))
+        if ours or r.kernel == "aiter_mla_decode_stage1":
+            picked.append((v, r))
+    lines = [f"decode side by side on {arch} (bf16 q and cache, one split; the aiter rows are not gated)"]
+    if not any(r.peer for _, r in picked):
+        skipped = [r for r in rows if r.kernel == "aiter_mla_decode_stage1" and r.skipped]
+        lines.append("aiter's decode not compiled: " + (skipped[0].skipped if skipped else
+                     "no peer rows (perf/peers/get_aiter_peers.sh .peers/aiter, or --no-peers was given)"))
     head = ["kernel", "config", "rows x keys", "VGPR" if arch.startswith("gfx") else "regs", "spills", "scratch",
             "LDS", "occupancy", "MFMA/wave/tile", "MFMA per 16x16", "status"]
     table = [head]
     for v, r in picked:
         bh, bn = int(v.constexprs.get("BLOCK_H", 0)), int(v.constexprs.get("BLOCK_N", 0))
-        # The count is per wave (every wave runs the same code); a tile's total is waves x that.
-        waves = int(v.options.get("num_warps", 4))
+        waves = int(v.options.get("num_warps", 4))  # the count is per wave: a tile's total is waves x it
         per = "-" if not (r.mfma and bh and bn) else f"{r.mfma * waves / (bh / 16) / (bn / 16):.0f}"
-        if v.constexprs.get("V_SPLIT", 1) == 2 and per != "-":
-            per += " (half V)"
+        status = "error: " + error_digest(r.error) if r.error else ("; ".join(_gate(r)) or "ok")
         table.append([r.kernel, r.config, f"{bh} x {bn}", *(("-" if x is None else str(x)) for x in
-                      (r.vgprs, r.spills, r.scratch, r.lds, r.occupancy, r.mfma)), per,
-                      "error: " + error_digest(r.error) if r.error else ("ok" if not check(r) else
-                                                                           "; ".join(check(r)))])
+                      (r.vgprs, r.spills, r.scratch, r.lds, r.occupancy, r.mfma)), per, status])
     widths = [max(len(t[i]) for t in table) for i in range(len(head))]
     lines += ["  ".join(c.ljust(widths[i]) for i, c in enumerate(t)).rstrip() for t in table]
     lines.append(f"ideal MFMA per 16 rows x 16 keys (16x16x16 instructions): {_MFMA_PER_16X16:.0f}")
-    lines += [f"peer not compiled: {w}" for w in why]
     return "\n".join(lines)
 
 
@@ -611,28 +651,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strict", action="store_true",
                     help="fail when a compiler is missing (rows skipped); CI passes this")
     ap.add_argument("-q", "--quiet", action="store_true", help="no per-compile progress on stderr")
-    ap.add_argument("--peers", metavar="DIR", help="also compile peer kernels found under DIR (aiter's, from "
-                    "perf/peers/get_aiter_peers.sh DIR/aiter) beside ours, in a section that never fails the report")
+    ap.add_argument("--no-peers", action="store_true",
+                    help="skip the peers' kernels (aiter's MHA forward and MLA decode, from $ROCM_MLA_AITER_PEERS "
+                         "or .peers/aiter, made by perf/peers/get_aiter_peers.sh); they are reported beside ours, "
+                         "never gated")
     args = ap.parse_args(argv)
     # The report needs Triton's compiler; an interpreter switch leaked from the shell (or the CPU
     # test set-up) would make every kernel imported from here on an InterpretedFunction.
     os.environ.pop("TRITON_INTERPRET", None)
 
-    rows = collect(args.arch, args.filter, progress=not args.quiet)
+    rows = collect(args.arch, args.filter, progress=not args.quiet, peers=not args.no_peers)
     if not rows:
         print(f"isa-report: no kernel matches filter {args.filter!r}" if args.filter
               else "isa-report: found no kernels to compile", file=sys.stderr)
         return 1
     print(format_table(rows, args.arch))
-    if args.peers:
+    if not args.no_peers and any(r.kernel == "mla_decode_stage1" for r in rows):
         from rocm_mla.ops._variants import all_triton_variants
 
+        from .peer_variants import aiter_decode_variants
+
+        variants = all_triton_variants(args.arch)
+        try:
+            variants += aiter_decode_variants(args.arch)
+        except Exception:  # the peer rows say why
+            pass
         print()
-        print(decode_side_by_side(args.arch, rows, all_triton_variants(args.arch), args.peers))
+        print(decode_side_by_side(args.arch, rows, variants))
     if args.json:
         Path(args.json).write_text(json.dumps([dict(asdict(r), status=r.status) for r in rows], indent=1) + "\n")
     bad = failures(rows, strict=args.strict)
-    skipped = [r for r in rows if r.skipped]
+    skipped = [r for r in rows if r.skipped and not r.peer]
     print()
     if bad:
         print(f"{len(bad)} of {len(rows)} rows failed:")
@@ -642,7 +691,9 @@ def main(argv: list[str] | None = None) -> int:
                 print("    " + r.error.replace("\n", "\n    "))
         return 1
     note = f" ({len(skipped)} skipped; pass --strict to fail on that)" if skipped else ""
-    print(f"all {len(rows) - len(skipped)} compiled rows pass{note}")
+    own = [r for r in rows if not r.peer]
+    peer_note = f"; {len(rows) - len(own)} peer rows reported, not gated" if len(own) < len(rows) else ""
+    print(f"all {len(own) - len(skipped)} compiled rows pass{note}{peer_note}")
     return 0
 
 

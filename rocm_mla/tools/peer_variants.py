@@ -1,80 +1,149 @@
-"""Peer kernels compiled beside ours in ``rocm-mla isa-report --peers DIR`` (not gated).
+"""Peer kernels compiled beside ours in ``rocm-mla isa-report``: aiter's Triton MHA forward (beside
+mla_prefill) and aiter's Triton MLA decode (beside mla_decode).
 
-aiter is what vLLM's ROCm MLA backends run. Its Triton files come from the amd-aiter wheel,
-unpacked by ``perf/peers/get_aiter_peers.sh DIR/aiter`` (never committed); its launch configs are
-its own JSON files for the target (``MI300X-*.json`` for gfx942), read by aiter's own
-``_get_config``. Each variant names the shape it is specialised for, since aiter makes the head
-count and batch constexprs.
+vLLM's AITER_TRITON_MLA backend runs aiter's ``flash_attn_varlen_func`` (aiter/ops/triton/mha.py)
+for MLA prefill on ROCm: one ``_attn_fwd`` launch on ``q [T, N, 192]``, ``k = cat(k_nope, k_pe)
+[T, N, 192]`` and ``v [T, N, 128]`` (Dqk 192 / Dv 128: its "pe" path, BLOCK_DMODEL 128 +
+BLOCK_DMODEL_PE 64), varlen, causal. This module describes that launch as ``TritonVariant`` rows,
+with the launch config aiter itself picks (``_get_config(False, bf16, has_pe=True)``) from its
+MI300X JSON, so the report shows aiter's registers/spills/occupancy for gfx942 next to ours.
 
-The rows are printed in a section of their own: a peer's spill or missing MFMA is information,
-never a failure of this package's report.
+Nothing of aiter is in this repository: its Triton tree is unpacked from the amd-aiter wheel into an
+ignored folder by ``perf/peers/get_aiter_peers.sh DIR`` and imported from there
+(``rocm_mla.tools.benchutil.load_aiter_peer``). Only ``aiter.ops.triton._triton_kernels.mha`` is
+imported: ``aiter.ops.triton.mha`` imports ``flash_attn_triton_amd``, which asks Triton's active
+driver for the GPU at import time and fails on a machine without one.
+
+Peer rows are reported, never gated: their spills or missing folder do not fail the report.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any
 
 from ..ops._variants import TritonVariant
 
-# The decode shapes the side-by-side is read at: TP8 (16 heads) and DP attention (128 heads).
-DECODE_HEADS = (16, 128)
+AITER_KERNEL = "aiter_mha_fwd"
+AITER_DECODE_KERNEL = "aiter_mla_decode_stage1"
+# The launch perf/bench_prefill.py times: q / k_cat contiguous [T, N, 192], v the [..., 128:] view
+# of the [T, N, 256] kv_b_proj output, out [T, N, 128] (aiter allocates it), lse [T, N] float32.
+P, R, V = 128, 64, 128
 
 
-def aiter_decode_variants(peers: str | Path, arch: str) -> tuple[list[TritonVariant], str]:
-    """aiter's Triton MLA decode stage 1 (``_fwd_grouped_kernel_stage1_rope``, rope off, bf16)
-    with its own config for ``arch``; ``([], reason)`` when the peer cannot be loaded."""
+def aiter_peers_dir() -> Path:
+    """Where the aiter peer tree is looked for: ``$ROCM_MLA_AITER_PEERS``, else ``.peers/aiter`` of
+    the repository this package was imported from, else of the working directory."""
+    env = os.environ.get("ROCM_MLA_AITER_PEERS")
+    if env:
+        return Path(env)
+    repo = Path(__file__).resolve().parents[2] / ".peers" / "aiter"
+    return repo if repo.is_dir() else Path(".peers", "aiter")
+
+
+def load_aiter_mha_kernels(peers: str | os.PathLike, config_arch: str = "gfx942"):
+    """aiter's ``_triton_kernels.mha`` module (``_attn_fwd``, ``_get_config``), its configs read for
+    ``config_arch``. Raises (with the reason) when the folder is missing or the import fails."""
     from .benchutil import load_aiter_peer
 
-    aiter_dir = Path(peers) / "aiter"
-    if load_aiter_peer(str(aiter_dir), "mla_decode_rope", config_arch=arch if arch.startswith("gfx") else "gfx942") \
-            is None:
-        return [], f"aiter peer not loadable from {aiter_dir} (perf/peers/get_aiter_peers.sh {aiter_dir})"
-    from aiter.ops.triton._triton_kernels import mla_decode_rope as k
+    return load_aiter_peer(str(peers), "_triton_kernels.mha", config_arch=config_arch, raise_errors=True)
 
-    cfg = dict(k._get_config()["fwd_grouped_kernel_stage1_rope"])
-    options = {key: cfg.pop(key) for key in ("num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim",
-                                             "kpack") if key in cfg}
+
+def aiter_mha_config(mod, dtype_name: str = "bf16") -> dict:
+    """The launch config aiter's wrapper picks for MLA prefill (has_pe, no dropout)."""
+    import torch
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
+    if hasattr(mod._get_config, "_config_dict"):
+        del mod._get_config._config_dict  # read for the arch asked now, not a cached one
+    return dict(mod._get_config(False, dtype, has_pe=True))
+
+
+def aiter_mha_variants(arch: str, peers: str | os.PathLike | None = None, heads=(16, 128)) -> list[TritonVariant]:
+    """aiter's MHA forward as flash_attn_varlen_func launches it for MLA prefill (bf16, causal,
+    varlen, Dqk 192 / Dv 128), one variant per head count (NUM_Q_HEADS is a constexpr), with the
+    MI300X config (its AMD-only options dropped for sm90). Raises when aiter cannot be loaded."""
+    import torch
+
+    from .benchutil import without_amd_options
+
+    mod = load_aiter_mha_kernels(peers or aiter_peers_dir(), config_arch="gfx942")
+    cfg = aiter_mha_config(mod)
+    consts_cfg = {k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "PRELOAD_V") if k in cfg}
+    options = {k: v for k, v in cfg.items() if k not in consts_cfg}
     if not arch.startswith("gfx"):
-        options = {key: v for key, v in options.items() if key in ("num_warps", "num_stages")}
-    fn = _as_jit(k._fwd_grouped_kernel_stage1_rope)
+        options = without_amd_options(options)
+    if options.get("num_ctas") == 1:
+        del options["num_ctas"]  # the default; not every backend's options take it
+    label = (f"M{cfg['BLOCK_M']} N{cfg['BLOCK_N']} w{cfg['num_warps']} s{cfg.get('num_stages', 1)}"
+             + (f" wpe{cfg['waves_per_eu']}" if cfg.get("waves_per_eu") else "")
+             + (" preload_v" if cfg.get("PRELOAD_V") else ""))
+    out = []
+    for n in heads:
+        ptr = "*bf16"
+        sig = {"q_ptr": ptr, "k_ptr": ptr, "v_ptr": ptr, "out_ptr": ptr, "softmax_lse_ptr": "*fp32",
+               "cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32", "sm_scale": "fp32", "dropout_p": "fp32",
+               "SEQLEN_Q": "i32", "SEQLEN_K": "i32", "BATCH": "i32", "philox_seed": "i32",
+               "philox_offset_base_in": "i32"}
+        # Strides as the varlen launch passes them: (0, head, token, dim); dim strides are 1 and
+        # lse's head stride is 1 ([T, N] buffer): Triton makes ints equal to 1 constexprs.
+        ones = {"stride_qk_in": 1, "stride_kk_in": 1, "stride_vk_in": 1, "stride_on_in": 1, "stride_lse_h_in": 1}
+        strides = ["stride_qz_in", "stride_qh_in", "stride_qm_in", "stride_kz_in", "stride_kh_in", "stride_kn_in",
+                   "stride_vz_in", "stride_vh_in", "stride_vn_in", "stride_descale_q_z_in", "stride_descale_k_z_in",
+                   "stride_descale_v_z_in", "stride_oz_in", "stride_oh_in", "stride_om_in", "stride_alibi_z_in",
+                   "stride_alibi_h_in", "stride_sd_z_in", "stride_sd_h_in", "stride_sd_m_in", "stride_sd_n_in",
+                   "stride_lse_z_in", "stride_lse_m_in"]
+        sig.update({s: "i32" for s in strides})
+        nones = {k: None for k in ("descale_q_ptr", "descale_k_ptr", "descale_v_ptr", "alibi_slopes_ptr",
+                                   "s_dmask_ptr", "dropout_mask_ptr")}
+        consts = {"IS_CAUSAL": True, "NUM_Q_HEADS": n, "NUM_K_HEADS": n, "BLOCK_DMODEL": V,
+                  "BLOCK_DMODEL_POW2": V, "BLOCK_DMODEL_PE": R, "RETURN_SCORES": False, "ENABLE_DROPOUT": False,
+                  "IS_FP8": False, "FP8_MAX": float(torch.finfo(torch.bfloat16).max), "VARLEN": True,
+                  "NUM_XCD": 8, "USE_INT64_STRIDES": True, **consts_cfg}
+        constexprs = {**nones, **ones, **consts}
+        sig.update({k: "constexpr" for k in constexprs})
+        # Zero strides and 16-multiples (N * 192, 192, N * 256, 256, 128, N * 128, N for N % 16 == 0).
+        div16 = ("q_ptr", "k_ptr", "v_ptr", "out_ptr", "softmax_lse_ptr", "cu_seqlens_q", "cu_seqlens_k",
+                 "philox_seed", "philox_offset_base_in", *strides)
+        out.append(TritonVariant(kernel=AITER_KERNEL, config=f"mla_prefill peer: bf16 causal N={n} {label} (MI300X cfg)",
+                                 fn=mod._attn_fwd, signature=sig, constexprs=constexprs, options=options,
+                                 divisible_by_16=div16, expects_mfma=True))
+    return out
+
+
+def aiter_decode_variants(arch: str, peers: str | os.PathLike | None = None, heads=(16, 128)) -> list[TritonVariant]:
+    """aiter's Triton MLA decode stage 1 (``_fwd_grouped_kernel_stage1_rope``, what vLLM's ROCm
+    Triton MLA path runs; rope off, bf16 q and cache) with its own MI300X config
+    (``MI300X-MLA_DECODE_ROPE-DEFAULT.json``; AMD-only options dropped for sm90), one variant per
+    head count (aiter makes it a constexpr). Raises when aiter cannot be loaded."""
+    from .benchutil import load_aiter_peer, without_amd_options
+
+    mod = load_aiter_peer(str(peers or aiter_peers_dir()), "_triton_kernels.mla_decode_rope", config_arch="gfx942",
+                          raise_errors=True)
+    if hasattr(mod._get_config, "_config_dict"):
+        del mod._get_config._config_dict
+    cfg = dict(mod._get_config()["fwd_grouped_kernel_stage1_rope"])
+    options = {k: cfg.pop(k) for k in ("num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim", "kpack")
+               if k in cfg}
+    if not arch.startswith("gfx"):
+        options = without_amd_options(options)
     sig = {"Q": "*bf16", "K_Buffer": "*bf16", "V_buffer": "*bf16", "cos_sin_cache": "*bf16", "positions": "*i64",
            "sm_scale": "fp32", "kv_indptr": "*i32", "kv_indices": "*i32", "Att_Out": "*fp32", "k_pe_t_out": "*bf16"}
     for name in ("stride_qb", "stride_qh", "stride_buf_kbs", "stride_buf_vbs", "stride_mid_ob", "stride_mid_oh",
                  "stride_mid_os", "stride_kpe_tokens_out_b", "stride_cos_sin_cache_s", "stride_positions_b"):
         sig[name] = "i32"
+    label = " ".join(f"{k}={v}" for k, v in options.items())
     out = []
-    for heads in DECODE_HEADS:
-        consts = {"rotary_dim": 64, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "kv_group_num": heads,
-                  "q_head_num": heads, "batch": 128, "BLOCK_C": 512, "BLOCK_R": 64, "NUM_KV_SPLITS": 8,
+    for n in heads:
+        consts = {"rotary_dim": 64, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "kv_group_num": n,
+                  "q_head_num": n, "batch": 128, "BLOCK_C": 512, "BLOCK_R": 64, "NUM_KV_SPLITS": 8,
                   "logit_cap": 0.0, "USE_ROPE": False, "IS_NEOX_STYLE": False, **cfg}
-        label = (f"aiter {_version(aiter_dir)} N={heads} H{cfg.get('BLOCK_H')} N{cfg.get('BLOCK_N')} "
-                 + " ".join(f"{key}={v}" for key, v in options.items()))
-        out.append(TritonVariant(kernel="aiter_mla_decode_stage1", config=label, fn=fn, signature=sig,
-                                 constexprs=consts, options=options, expects_mfma=True,
+        sig_n = {**sig, **{k: "constexpr" for k in consts}}
+        out.append(TritonVariant(kernel=AITER_DECODE_KERNEL,
+                                 config=f"mla_decode peer: bf16 N={n} H{cfg.get('BLOCK_H')} N{cfg.get('BLOCK_N')} "
+                                        f"{label} (MI300X cfg)",
+                                 fn=mod._fwd_grouped_kernel_stage1_rope, signature=sig_n, constexprs=consts,
+                                 options=options, expects_mfma=True,
                                  divisible_by_16=("Q", "K_Buffer", "V_buffer", "Att_Out", "stride_qb", "stride_qh",
                                                   "stride_buf_kbs", "stride_buf_vbs")))
-    return out, ""
-
-
-def _as_jit(fn: Any) -> Any:
-    from ._triton_compile import as_jit
-
-    return as_jit(fn)
-
-
-def _version(aiter_dir: Path) -> str:
-    from .benchutil import aiter_peer_version
-
-    return aiter_peer_version(str(aiter_dir)) or "?"
-
-
-def peer_variants(peers: str | Path, arch: str) -> tuple[list[TritonVariant], list[str]]:
-    """Every peer variant the report knows for ``arch``, and the reasons of those it could not
-    list. (aiter's MHA prefill kernel joins here beside its decode.)"""
-    variants, notes = [], []
-    v, why = aiter_decode_variants(peers, arch)
-    variants += v
-    if why:
-        notes.append(why)
-    return variants, notes
+    return out

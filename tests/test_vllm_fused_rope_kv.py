@@ -135,6 +135,17 @@ def _close(got, want, dtype, what):
     assert torch.isfinite(got).all() and (err <= tol).all(), f"{what}: max |err| {err.max().item()}"
 
 
+def _fp8_rows_close(got, want, dtype):
+    """fp8 cache rows (dequantised) of the fused write against vLLM's unfused path: one e4m3 step
+    (3 mantissa bits: |want| / 8, or the scaled subnormal step) plus the error of vLLM's rotation
+    itself, which runs in the model dtype (the same absolute-ish tolerance the k_pe check uses).
+    Seen on the H200 (bf16): where x cos - y sin cancels, vLLM's bf16 rotation is off by several
+    e4m3 steps of the small result; ours rotates in float32 (HIP and Triton wrote the same bytes)."""
+    tol = want.abs() / 8 + 0.05 * 2 ** -9 + RTOL[dtype] * (1 + want.abs())
+    err = (got - want).abs()
+    assert (err <= tol).all(), f"fp8 cache rows: max |err| {err.max().item()}"
+
+
 def _check_against_unfused(case: FusedCase, dtype):
     calls = dict(F.calls)
     q, kv_a, q_pe, k_pe, kv_c = case.inputs()
@@ -147,8 +158,8 @@ def _check_against_unfused(case: FusedCase, dtype):
     assert torch.equal(q[..., :128], case.q[..., :128]) and torch.equal(kv_a[:, :512], kv_a_before[:, :512])
     got, got_rest = case.cache_rows(case.layer.kv_cache)
     want, want_rest = case.cache_rows(cache_ref)
-    if case.step.fp8:  # one e4m3 step (3 mantissa bits) where the two roundings of k_pe differ
-        assert ((got - want).abs() <= want.abs() / 8 + 0.05 * 2 ** -9).all()
+    if case.step.fp8:
+        _fp8_rows_close(got, want, dtype)
     else:
         _close(got, want, dtype, "cache rows")
     assert torch.equal(got_rest, want_rest)  # no other byte of the cache was touched
@@ -313,7 +324,7 @@ def test_override_runs_inside_a_cuda_graph(block_size, kv_cache_dtype):
         got, rest = case.cache_rows(case.layer.kv_cache)
         want, want_rest = case.cache_rows(cache_ref)
         if case.step.fp8:
-            assert ((got - want).abs() <= want.abs() / 8 + 0.05 * 2 ** -9).all()
+            _fp8_rows_close(got, want, dtype)
         else:
             _close(got, want, dtype, "cache rows")
         assert torch.equal(rest, want_rest)

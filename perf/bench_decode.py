@@ -56,7 +56,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -71,7 +70,7 @@ from rocm_mla.ops.decode import decode_plan, fp8_dtype_for, mla_decode, tuning_c
 from rocm_mla.reference import mla_decode_ref  # noqa: E402
 from rocm_mla.tools.benchutil import (gpu_for, Record, bar_plot, copy_bandwidth_gbs, device_name,  # noqa: E402
                                       load_vllm_peer, load_aiter_peer, aiter_peer_version, matmul_tflops,
-                                      print_table, time_ms, write_csv)
+                                      print_table, rotating_graph_us, time_ms, write_csv)
 
 L, R_DIM, D = 512, 64, 576
 BLOCK = 64
@@ -244,42 +243,8 @@ def flashinfer(s: Setup):
 
 def graph_time_us(call, R: int, min_ms: float = 30.0, reps: int = 5) -> float:
     """Median per-call time of back-to-back replays of R one-call CUDA graphs (call(i) for cache
-    copy i), rotating over the copies."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm-up outside capture: compiles, allocator pools
-        for i in range(min(R, 2)):
-            call(i)
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    pool = torch.cuda.graph_pool_handle()
-    graphs = []
-    for i in range(R):
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool):
-            call(i)
-        graphs.append(g)
-    for g in graphs:
-        g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for g in graphs:
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    per = start.elapsed_time(end) / len(graphs)
-    iters = max(R, int(min_ms / max(per, 1e-3)))
-    samples = []
-    for _ in range(reps):
-        start.record()
-        for k in range(iters):
-            graphs[k % R].replay()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / iters)
-    del graphs
-    return statistics.median(samples)
+    copy i), rotating over the copies (benchutil.rotating_graph_us, which rocm-mla tune uses too)."""
+    return rotating_graph_us(call, R, min_ms=min_ms, reps=reps)
 
 
 def check(name: str, got: torch.Tensor, s: Setup, ref_reqs: int) -> str:

@@ -38,7 +38,7 @@ from rocm_mla.ops import fused_rope_mla_kv_write  # noqa: E402
 from rocm_mla.ops._dispatch import unavailable  # noqa: E402
 from rocm_mla.configs import platform_fp8_dtype  # noqa: E402
 from rocm_mla.reference.rope_kv import FP8_MAX, fused_rope_mla_kv_write_ref, quantize_fp8_ref  # noqa: E402
-from rocm_mla.tools.benchutil import (gpu_for, Record, bar_plot, copy_bandwidth_gbs, device_name,  # noqa: E402
+from rocm_mla.tools.benchutil import (gpu_for, graph_ms, Record, bar_plot, copy_bandwidth_gbs, device_name,  # noqa: E402
                                       print_table, time_ms, write_csv)
 
 MAX_POS = 163840  # DeepSeek-V3: 4096 positions x YaRN factor 40
@@ -212,23 +212,9 @@ TRITON_FP8_TOP = 4  # Triton configs (by bf16 geomean, plus the current one) als
 
 
 def _graph_ms(fn, rep_ms: float) -> float:
-    """Median GPU time of one call of ``fn``, captured in a CUDA graph and replayed under do_bench
-    (L2 flushed before each replay): the host work of the wrapper and of Triton's launcher, which
-    eager timing includes whenever it outlasts do_bench's flush, is left out."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(side):
-        # thread_local: the HIP extension may be building (and loading) in another thread.
-        g.capture_begin(capture_error_mode="thread_local")
-        try:
-            fn()
-        finally:
-            g.capture_end()
-    torch.cuda.current_stream().wait_stream(side)
-    ms = time_ms(g.replay, warmup_ms=10, rep_ms=rep_ms)
-    del g
-    return ms
+    """GPU time of one captured call (benchutil.graph_ms: the host work of the wrapper and of Triton's
+    launcher, which eager timing includes whenever it outlasts do_bench's flush, is left out)."""
+    return graph_ms(fn, warmup_ms=10, rep_ms=rep_ms)
 
 
 def _hip_launch(T: int, N: int, cfg: dict, sms: int, ws: int) -> str:

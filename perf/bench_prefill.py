@@ -64,7 +64,8 @@ from rocm_mla.ops.merge import merge_attn_states  # noqa: E402
 from rocm_mla.ops.prefill import ContextChunk, config_label, launch_config, mla_prefill, mla_prefill_with_context  # noqa: E402
 from rocm_mla.reference import mla_prefill_ref  # noqa: E402
 from rocm_mla.tools.benchutil import (Record, aiter_peer_version, bar_plot, device_name, gpu_for,  # noqa: E402
-                                      load_aiter_peer, load_vllm_peer, matmul_tflops, time_ms, without_amd_options,
+                                      load_aiter_peer, load_vllm_peer, matmul_tflops, rotating_graph_us, time_ms,
+                                      without_amd_options,
                                       write_csv)
 
 P, R, V = 128, 64, 128
@@ -116,35 +117,8 @@ def causal_flops(lengths, N: int) -> float:
 
 def time_graph_ms(fn, rounds: int = 7, min_ms: float = 50.0) -> float:
     """Median ms per call of ``fn`` replayed from a CUDA graph (one call captured; each round
-    replays it enough times to last ~min_ms). Warm-up calls compile and allocate first."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    g.replay()
-    end.record()
-    end.synchronize()
-    n = max(1, min(200, int(min_ms / max(start.elapsed_time(end), 1e-3))))
-    times = []
-    for _ in range(rounds):
-        start.record()
-        for _ in range(n):
-            g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / n)
-    del g
-    times.sort()
-    return times[len(times) // 2]
+    replays it back to back for ~min_ms): benchutil.rotating_graph_us over one input copy."""
+    return rotating_graph_us(lambda i: fn(), 1, min_ms=min_ms, reps=rounds) / 1e3
 
 
 class Timer:

@@ -218,7 +218,6 @@ def mla_decode_stage1_kernel(
                     kb_t = tl.trans(vb)
             kp_t = tl.load(tok_ptr[None, :] + D_NOPE + offs_pe[:, None], mask=tok_ok[None, :],
                            other=0.0).to(qa.dtype)  # [D_PE, BLOCK_N]
-
             if IEEE:
                 s = tl.dot(qa, ka_t, input_precision="ieee")
                 if D_SPLIT == 2:

@@ -108,9 +108,9 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
 
     Bad values (debug off; no host sync): nothing outside the given tensors is read or written.
     seq_lens are clamped to the table's capacity (negative = 0). A request whose used
-    block-table entries include a page outside ``[0, num_blocks)`` gets NaN out and lse (its
-    rows that see a key on that page; the reference: all its rows); other requests are
-    unaffected. ``debug=True`` raises a ValueError naming the entry and the bound instead.
+    block-table entries include a page outside ``[0, num_blocks)`` gets NaN out and lse in
+    every row (the kernel checks a program's entries before its KV loop and then reads no page);
+    other requests are unaffected. ``debug=True`` raises a ValueError naming the entry and the bound instead.
     Overlap checks are host pointer arithmetic: the call stays capturable in a CUDA graph.
     Zero sizes (B = 0, N = 0, max_blocks = 0) work with or without out/lse/workspace.
 
@@ -433,7 +433,7 @@ def _launch_triton(q_nope, q_pe, kv, block_table, seq_lens, out, lse, sm_scale, 
                        q_dtype=q_nope.dtype, kv_fp8=is_fp8, kv_elem_bytes=kv.element_size(), device=q_nope.device,
                        max_seq_len=max_seq_len, num_kv_splits=num_kv_splits, launch_config=launch_config)
     cfg, row_blocks, S = plan["config"], plan["row_blocks"], plan["num_kv_splits"]
-    block_h, block_n = int(cfg["BLOCK_H"]), int(cfg["BLOCK_N"])
+    block_n = int(cfg["BLOCK_N"])
     if num_kv_splits is None and workspace is not None:
         S = max(1, min(S, workspace.numel() // max(1, R * (D_NOPE + 1))))
     direct = S == 1

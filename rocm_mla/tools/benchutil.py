@@ -61,7 +61,6 @@ def load_vllm_peer(peers: str, module: str, name: str):
         return None
 
 
-
 AMD_ONLY_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack", "schedule_hint")
 
 
@@ -139,6 +138,7 @@ def without_amd_options(cfg: dict) -> dict:
     """``cfg`` without the launch options only AMD's Triton backend knows (an NVIDIA launch
     rejects unknown keyword options)."""
     return {k: v for k, v in cfg.items() if k not in AMD_ONLY_OPTIONS}
+
 
 # Device kernels that only move or fill data, by kind, as torch.profiler names them; the first
 # pattern that matches decides. "(?<!pre)fill": mla_prefill_kernel is attention, not a fill.

@@ -116,15 +116,14 @@ def aiter_decode_variants(arch: str, peers: str | os.PathLike | None = None, hea
     Triton MLA path runs; rope off, bf16 q and cache) with its own MI300X config
     (``MI300X-MLA_DECODE_ROPE-DEFAULT.json``; AMD-only options dropped for sm90), one variant per
     head count (aiter makes it a constexpr). Raises when aiter cannot be loaded."""
-    from .benchutil import load_aiter_peer, without_amd_options
+    from .benchutil import AMD_ONLY_OPTIONS, load_aiter_peer, without_amd_options
 
     mod = load_aiter_peer(str(peers or aiter_peers_dir()), "_triton_kernels.mla_decode_rope", config_arch="gfx942",
                           raise_errors=True)
     if hasattr(mod._get_config, "_config_dict"):
         del mod._get_config._config_dict
     cfg = dict(mod._get_config()["fwd_grouped_kernel_stage1_rope"])
-    options = {k: cfg.pop(k) for k in ("num_warps", "num_stages", "waves_per_eu", "matrix_instr_nonkdim", "kpack")
-               if k in cfg}
+    options = {k: cfg.pop(k) for k in ("num_warps", "num_stages", *AMD_ONLY_OPTIONS) if k in cfg}
     if not arch.startswith("gfx"):
         options = without_amd_options(options)
     sig = {"Q": "*bf16", "K_Buffer": "*bf16", "V_buffer": "*bf16", "cos_sin_cache": "*bf16", "positions": "*i64",

@@ -544,17 +544,20 @@ def _columns(arch: str) -> list[tuple[str, Any]]:
     return cols
 
 
+def _aligned(cells: list[list[str]], left: set[str]) -> str:
+    """Plain-text table of ``cells`` (first row the headers): columns named in ``left`` are
+    left-aligned, the others (numbers) right-aligned."""
+    widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
+    heads = cells[0]
+    return "\n".join("  ".join(c[i].ljust(widths[i]) if heads[i] in left else c[i].rjust(widths[i])
+                               for i in range(len(heads))).rstrip() for c in cells)
+
+
 def format_table(rows: list[Row], arch: str) -> str:
     """Aligned plain-text table, one line per row (text columns left, numbers right)."""
     cols = _columns(arch)
     cells = [[h for h, _ in cols]] + [[f(r) for _, f in cols] for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(cols))]
-    left = {"kernel", "config", "backend", "expects", "status"}
-    lines = []
-    for c in cells:
-        parts = [c[i].ljust(widths[i]) if cols[i][0] in left else c[i].rjust(widths[i]) for i in range(len(cols))]
-        lines.append("  ".join(parts).rstrip())
-    return "\n".join(lines)
+    return _aligned(cells, {"kernel", "config", "backend", "expects", "status"})
 
 
 def summary(rows: list[Row]) -> str:
@@ -633,8 +636,7 @@ def decode_side_by_side(arch: str, rows: list[Row], variants: list) -> str:
         status = "error: " + error_digest(r.error) if r.error else ("; ".join(_gate(r)) or "ok")
         table.append([r.kernel, r.config, f"{bh} x {bn}", *(("-" if x is None else str(x)) for x in
                       (r.vgprs, r.spills, r.scratch, r.lds, r.occupancy, r.mfma)), per, status])
-    widths = [max(len(t[i]) for t in table) for i in range(len(head))]
-    lines += ["  ".join(c.ljust(widths[i]) for i, c in enumerate(t)).rstrip() for t in table]
+    lines.append(_aligned(table, {"kernel", "config", "rows x keys", "status"}))
     lines.append(f"ideal MFMA per 16 rows x 16 keys (16x16x16 instructions): {_MFMA_PER_16X16:.0f}")
     return "\n".join(lines)
 

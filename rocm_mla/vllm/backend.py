@@ -122,6 +122,19 @@ class RocmMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
         """Nothing to refresh: see ``supports_draft_decode_metadata_update``."""
 
 
+def cache_for_writers(kv_cache: torch.Tensor, kv_cache_dtype: str, k_scale: torch.Tensor
+                      ) -> tuple[torch.Tensor, dict]:
+    """The layer's cache as rocm_mla's KV writers take it, with their ``kv_cache_dtype`` /
+    ``k_scale`` keywords: an fp8 cache (uint8 storage) viewed as ``current_platform.fp8_dtype()``,
+    the view ``forward_impl`` gives the decode, so writer and reader agree on e4m3fn vs e4m3fnuz;
+    a 16-bit one ("auto", or a name equal to the model dtype) as it is."""
+    if kv_cache_dtype in _FP8_CACHE_DTYPES:
+        if kv_cache.dtype == torch.uint8:
+            kv_cache = kv_cache.view(current_platform.fp8_dtype())
+        return kv_cache, {"kv_cache_dtype": "fp8", "k_scale": k_scale.reshape(1)}
+    return kv_cache, {"kv_cache_dtype": "auto"}
+
+
 class RocmMLAImpl(MLACommonImpl[MLACommonMetadata]):
     """The attention steps of an MLA layer on rocm_mla's kernels (see the module docstring)."""
 
@@ -166,13 +179,8 @@ class RocmMLAImpl(MLACommonImpl[MLACommonMetadata]):
         """
         if kv_cache.numel() == 0:
             return
-        if kv_cache_dtype in _FP8_CACHE_DTYPES:
-            if kv_cache.dtype == torch.uint8:
-                kv_cache = kv_cache.view(current_platform.fp8_dtype())
-            concat_and_cache_mla(kv_c_normed, k_pe, kv_cache, slot_mapping.flatten(),
-                                 kv_cache_dtype="fp8", k_scale=k_scale.reshape(1))
-        else:
-            concat_and_cache_mla(kv_c_normed, k_pe, kv_cache, slot_mapping.flatten(), kv_cache_dtype="auto")
+        cache, kind = cache_for_writers(kv_cache, kv_cache_dtype, k_scale)
+        concat_and_cache_mla(kv_c_normed, k_pe, cache, slot_mapping.flatten(), **kind)
 
     # ------------------------------------------------------------------ decode
 

@@ -48,7 +48,6 @@ import torch
 
 OP_NAME = "fused_rope_unified_mla_kv_cache_update"
 FUSION_MODULE = "vllm.compilation.passes.fusion.mla_rope_kvcache_cat_fusion"
-_FP8_CACHE_DTYPES = ("fp8", "fp8_e4m3")
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +126,7 @@ def fused_rope_unified_mla_kv_cache_update(positions: torch.Tensor, q_pe: torch.
     from vllm.model_executor.layers.attention.attention import get_attention_context
     from vllm.utils.torch_utils import _resolve_layer_name
 
-    from .backend import RocmMLAImpl
+    from .backend import RocmMLAImpl, cache_for_writers
 
     name = _resolve_layer_name(layer_name)
     attn_metadata, layer, kv_cache, slot_mapping = get_attention_context(name)
@@ -145,17 +144,8 @@ def fused_rope_unified_mla_kv_cache_update(positions: torch.Tensor, q_pe: torch.
     if direct:
         calls["rocm_mla"] += 1
         slots = slot_mapping.flatten()[:T]
-        if kv_cache_dtype in _FP8_CACHE_DTYPES:
-            from vllm.platforms import current_platform
-
-            if kv_cache.dtype == torch.uint8:
-                kv_cache = kv_cache.view(current_platform.fp8_dtype())
-            fused_rope_mla_kv_write(positions, q_pe, k_pe, kv_c, cos_sin_cache, kv_cache, slots,
-                                    is_neox=is_neox, kv_cache_dtype="fp8", k_scale=kv_cache_scale.reshape(1))
-        else:
-            # "auto", or a 16-bit name equal to the model dtype (RocmMLABackend.supports_combination)
-            fused_rope_mla_kv_write(positions, q_pe, k_pe, kv_c, cos_sin_cache, kv_cache, slots,
-                                    is_neox=is_neox, kv_cache_dtype="auto")
+        cache, kind = cache_for_writers(kv_cache, kv_cache_dtype, kv_cache_scale)
+        fused_rope_mla_kv_write(positions, q_pe, k_pe, kv_c, cos_sin_cache, cache, slots, is_neox=is_neox, **kind)
     else:
         calls["rocm_mla_unfused_write"] += 1
         # Rotate only: no slot (an empty view), a cache with no rows (nothing is written).

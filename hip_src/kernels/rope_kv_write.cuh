@@ -9,11 +9,13 @@
 // write for that token; its q_pe and k_pe are still rotated. Tokens t >= num_cached (vLLM's
 // CUDA-graph padding: slot_mapping shorter than the batch) are rotated and not cached.
 //
-// Bound guards, the same as the Triton kernel's (a compare and a select, no extra load): a slot
-// >= num_slots (num_blocks x block_size) is skipped like -1; a position outside [0, max_pos)
-// loads no cos/sin and rotates with NaN instead, so that token's q_pe, k_pe and the rope
-// part of its cache row are NaN (its kv_c part is cached as given). Whatever the values in
-// positions and slot_mapping, nothing outside the given tensors is read or written.
+// Bound guards, the same contract as the Triton kernel's: a slot outside [0, num_slots)
+// (num_blocks x block_size) is skipped like -1; a position outside [0, max_pos) reads its cos/sin
+// from kNanRow (a constant of this file) instead of the cache, so that token's q_pe, k_pe and the
+// rope part of its cache row are NaN (its kv_c part is cached as given). Whatever the values in
+// positions and slot_mapping, nothing outside the given tensors is read or written. Each guard is
+// one unsigned compare (it also catches negatives) and, for the position, one pointer select per
+// 16-element unit: the rotation itself makes the NaN, no per-element select.
 //
 // Work split. A "unit" is 16 elements: 8 rotation pairs of one 64-wide head (q_pe or k_pe),
 // or 16 consecutive latent elements (kv_c -> cache). One token has 4N + 4 + 32 units:
@@ -184,6 +186,22 @@ MLA_DEVICE void rotate_quarter(float (&lo)[8], float (&hi)[8], const float (&c)[
   }
 }
 
+// cos/sin for a position outside the cache: any NaN makes both outputs of each rotation pair NaN.
+// 64 float32 NaN bit patterns (0xffffffff) are also 128 bf16 / f16 NaNs (0xffff), so one row
+// serves every CSTag; 16-byte aligned for the VEC loads.
+alignas(16) __device__ const uint32_t kNanRow[kRopeDim] = {
+    0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu,
+    0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu,
+    0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu,
+    0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu,
+    0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu,
+    0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu,
+    0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu,
+    0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu};
+
+// Whether 0 <= i < n, in one compare: a negative i is a huge unsigned value.
+MLA_DEVICE bool in_range(int64_t i, int64_t n) { return static_cast<uint64_t>(i) < static_cast<uint64_t>(n); }
+
 // Element offset of cache row `slot` (>= 0). The launcher guarantees num_blocks * block_size
 // < 2^32: a 32-bit division is a few instructions, a 64-bit one a long sequence on AMD.
 MLA_DEVICE int64_t slot_offset(int64_t slot, const RopeKVParams& p) {
@@ -227,7 +245,7 @@ __global__ void rope_mla_kv_write_kernel(const int64_t* __restrict__ positions,
     if (u >= q_units + kRopeUnits) {
       // kv_c -> cache: 16 latent elements, no rotation.
       const int64_t slot = t < p.num_cached ? slot_mapping[t] : -1;
-      if (slot < 0 || slot >= p.num_slots) continue;  // guard: outside the cache = skipped
+      if (!in_range(slot, p.num_slots)) continue;  // -1, and the guard: outside the cache = skipped
       const int64_t e0 = 16 * static_cast<int64_t>(u - q_units - kRopeUnits);
       const QS* src = kv_c + t * p.c_st + e0 * c_sd;
       float lo[8], hi[8];
@@ -240,9 +258,9 @@ __global__ void rope_mla_kv_write_kernel(const int64_t* __restrict__ positions,
     // Quarter r of a 64-wide rope head: q_pe head u / 4, or k_pe (u >= q_units).
     const bool is_k = u >= q_units;
     const int r = static_cast<int>(is_k ? u - q_units : u & 3u);
-    int64_t slot = (is_k && t < p.num_cached) ? slot_mapping[t] : -1;
-    if (slot >= p.num_slots) slot = -1;  // guard: outside the cache = skipped
-    if (is_k && !p.rope && slot < 0) continue;  // concat only: nothing to do for this token
+    const int64_t slot = (is_k && t < p.num_cached) ? slot_mapping[t] : -1;
+    const bool cached = in_range(slot, p.num_slots);  // guard: outside the cache = skipped like -1
+    if (is_k && !p.rope && !cached) continue;  // concat only: nothing to do for this token
     const int64_t a = neox ? 8 * r : 16 * r;     // element offsets of the two 8-element halves
     const int64_t b = neox ? 32 + 8 * r : 16 * r + 8;
     QS* row = is_k ? k_pe + t * p.k_st : q_pe + t * p.q_st + static_cast<int64_t>(u >> 2) * p.q_sh;
@@ -251,32 +269,41 @@ __global__ void rope_mla_kv_write_kernel(const int64_t* __restrict__ positions,
     load8<VEC, QTag>(row + a * sd, sd, lo);
     load8<VEC, QTag>(row + b * sd, sd, hi);
     if (p.rope) {
-      // Guard: a position outside [0, max_pos) reads cos/sin row 0 instead and its rotation is NaN
-      // (the Triton kernel's masked load with other=NaN). Unconditional loads and a select after
-      // them: a branch around the loads cost 5-7% at T=32768 on the H200. max_pos > 0 is the same
-      // for the whole launch (an empty cos/sin cache reads nothing).
+      // Guard: a position outside [0, max_pos) rotates with kNanRow's NaNs (the Triton kernel's
+      // masked load with other=NaN). A pointer select and the same loads, no branch: a branch
+      // around the loads cost 5-7% at T=32768 on the H200, a select on each of the 16 outputs 2-5%.
       const int64_t pos = positions[t];
-      const bool pos_ok = pos >= 0 && pos < p.max_pos;
+      const bool pos_ok = in_range(pos, p.max_pos);  // max_pos == 0: every position is outside
+      using CSS = typename elem<CSTag>::storage;
       float c[8], s[8];
-      if (p.max_pos > 0) {
-        const typename elem<CSTag>::storage* cs = cos_sin + (pos_ok ? pos : 0) * p.cs_sp;
-        load8<VEC, CSTag>(cs + (8 * r) * cs_sd, cs_sd, c);
-        load8<VEC, CSTag>(cs + (32 + 8 * r) * cs_sd, cs_sd, s);
+      if constexpr (VEC) {
+        const CSS* cs = pos_ok ? cos_sin + pos * p.cs_sp : reinterpret_cast<const CSS*>(kNanRow);
+        load8<VEC, CSTag>(cs + 8 * r, 1, c);
+        load8<VEC, CSTag>(cs + 32 + 8 * r, 1, s);
       } else {
+        // Any strides: kNanRow cannot stand in for a strided row; read row 0 (if any), NaN after.
+        const CSS* cs = cos_sin + (pos_ok ? pos : 0) * p.cs_sp;
+        if (p.max_pos > 0) {
+          load8<VEC, CSTag>(cs + (8 * r) * cs_sd, cs_sd, c);
+          load8<VEC, CSTag>(cs + (32 + 8 * r) * cs_sd, cs_sd, s);
+        } else {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) c[j] = s[j] = 0.f;
+          for (int j = 0; j < 8; ++j) c[j] = s[j] = 0.f;
+        }
       }
       rotate_quarter(lo, hi, c, s, neox);
-      const float nan = __int_as_float(0x7fc00000);
+      if constexpr (!VEC) {
+        const float nan = __int_as_float(0x7fc00000);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        lo[j] = pos_ok ? lo[j] : nan;
-        hi[j] = pos_ok ? hi[j] : nan;
+        for (int j = 0; j < 8; ++j) {
+          lo[j] = pos_ok ? lo[j] : nan;
+          hi[j] = pos_ok ? hi[j] : nan;
+        }
       }
       store8<VEC>(row + a * sd, sd, lo, qconv);
       store8<VEC>(row + b * sd, sd, hi, qconv);
     }
-    if (slot >= 0) {
+    if (cached) {
       // The cache gets the float32 rotation, rounded once to its own type.
       CS* dst = cache + slot_offset(slot, p) + static_cast<int64_t>(kLatentDim) * kv_sd;
       if (!neox) {

@@ -7,9 +7,10 @@ is one 128-row sweep), rotates their k_pe in place ([TOKENS, 64]), and writes th
 negative or t >= len(slot_mapping). Rotation is float32 with one rounding per store.
 
 Bound guards (no extra loads; a compare and a select per token / row): a slot >= num_slots
-(num_blocks x block_size) is skipped like -1; a position outside [0, max_pos) loads no cos/sin
-and rotates with NaN instead, so that token's q_pe, k_pe and the rope part of its cache row are
-NaN (its kv_c part is cached as given). Nothing outside the given tensors is read or written.
+(num_blocks x block_size) is skipped like -1; a position outside [0, max_pos) reads cos/sin row 0
+with cos replaced by NaN (a NaN cos makes both outputs of each rotation pair NaN), so that token's
+q_pe, k_pe and the rope part of its cache row are NaN (its kv_c part is cached as given). Nothing
+outside the given tensors is read or written.
 
 GPT-J pairs (2i, 2i+1) are neighbours: the tile is loaded whole (contiguous, 16-byte accesses),
 reshaped [.., 32, 2] and split, so a pair lives in one thread's registers. NeoX pairs (i, i+32)
@@ -122,9 +123,10 @@ def rope_mla_kv_write_kernel(
             pos = tl.load(positions + tr, mask=rmask, other=0)
             pok = (pos >= 0) & (pos < max_pos)
             cs = cos_sin + tl.where(pok, pos, 0) * cs_sp
+            # NaN in cos alone makes both outputs of every pair NaN: sin needs no select.
             pm = (rmask & pok)[:, None]
             cos = tl.load(cs[:, None] + d32[None, :] * cs_sd, mask=pm, other=float("nan")).to(tl.float32)
-            sin = tl.load(cs[:, None] + (d32[None, :] + 32) * cs_sd, mask=pm, other=float("nan")).to(tl.float32)
+            sin = tl.load(cs[:, None] + (d32[None, :] + 32) * cs_sd, mask=rmask[:, None]).to(tl.float32)
             rows = q_pe + tr * q_st + hr * q_sh
             m2 = rmask[:, None]
             if IS_NEOX:
@@ -147,7 +149,7 @@ def rope_mla_kv_write_kernel(
         km = tmask[:, None]
         pm = (tmask & pok)[:, None]
         cos = tl.load(cs[:, None] + d32[None, :] * cs_sd, mask=pm, other=float("nan")).to(tl.float32)
-        sin = tl.load(cs[:, None] + (d32[None, :] + 32) * cs_sd, mask=pm, other=float("nan")).to(tl.float32)
+        sin = tl.load(cs[:, None] + (d32[None, :] + 32) * cs_sd, mask=km).to(tl.float32)
         if IS_NEOX:
             p1 = k_rows[:, None] + d32[None, :] * k_sd
             p2 = k_rows[:, None] + (d32[None, :] + 32) * k_sd

@@ -399,7 +399,7 @@ def _compute_context_with(impl, step):
         init_mla_context_partial,
     )
 
-    from rocm_mla.vllm.context_gather import gather_context_chunk
+    from rocm_mla.ops import gather_context_chunk
 
     def compute(q, kv_cache, attn_metadata, k_scale):
         prefill = attn_metadata.prefill

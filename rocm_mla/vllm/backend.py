@@ -48,7 +48,7 @@ from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 
 from rocm_mla.ops import concat_and_cache_mla, gather_context_chunk, merge_attn_states, mla_decode, mla_prefill
 
-# The decode kernel's fixed latent geometry (DESIGN §3): kv_lora_rank 512, rope 64.
+# The decode kernel's fixed latent geometry (docs/ARCHITECTURE.md §1): kv_lora_rank 512, rope 64.
 KV_LORA_RANK = 512
 QK_ROPE_HEAD_DIM = 64
 _FP8_CACHE_DTYPES = ("fp8", "fp8_e4m3")

@@ -1131,7 +1131,7 @@ def test_context_gather_every_bad_page_kind_per_block_size(backend, bs, nb):
 def test_context_gather_zero_sizes(backend):
     """T = 0 (an empty chunk), an empty table (R = 0: every row's request is outside), an empty
     cache (every page outside): nothing read outside, rows NaN where there are rows."""
-    cache, bt, cu, starts, t2s, dst = _gather_case()
+    cache, bt, cu, starts, t2s, _ = _gather_case()
     gather_context_chunk(cache.view, bt, cu, starts, t2s, torch.empty(0, 576, device=DEVICE), backend=backend)
     no_req = Guarded((4, 576), F32, fill="nan")
     gather_context_chunk(cache.view, torch.empty(0, 3, dtype=torch.int32, device=DEVICE),

@@ -273,7 +273,8 @@ class RopeKV:
         """A context manager under which :meth:`vllm_op` runs: a ROCM_MLA MLAAttention layer
         registered with vLLM (harness.LayerStep), its kv_cache bound to this cache, and vLLM's
         forward context with this slot mapping. Raises if vLLM or the plugin's override is missing."""
-        from rocm_mla.vllm import fused_rope_kv_op, harness
+        from rocm_mla.testing import harness
+        from rocm_mla.vllm import fused_rope_kv_op
         from rocm_mla.vllm.backend import RocmMLABackend
         from vllm.forward_context import set_forward_context
         from vllm.utils.torch_utils import _encode_layer_name
@@ -300,7 +301,8 @@ def setup_vllm_op(dev: torch.device) -> str | None:
     fusion module importable with the compiled-op schemas it looks up stubbed); None when it is,
     else why not."""
     try:
-        from rocm_mla.vllm import fused_rope_kv_op, harness
+        from rocm_mla.testing import harness
+        from rocm_mla.vllm import fused_rope_kv_op
 
         harness.use_simulated_gfx942_platform()
         harness.stub_vllm_compiled_op_schemas()

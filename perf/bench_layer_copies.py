@@ -228,7 +228,7 @@ def measure(backend, batch, *, num_heads: int, dtype: torch.dtype, kv_cache_dtyp
             block_size: int = 16, decode_threshold: int = 1, workspace_rows: int | None = 48) -> dict:
     """One step of ``batch`` through ``backend``: max error vs the float32 reference, and the
     data-movement counts of the replayed backend calls."""
-    from rocm_mla.vllm.harness import LayerStep, Request
+    from rocm_mla.testing.harness import LayerStep, Request
 
     step = LayerStep(backend, [Request(c, q) for c, q in batch], num_heads=num_heads, dtype=dtype,
                      device=device, kv_cache_dtype=kv_cache_dtype, block_size=block_size,
@@ -267,7 +267,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
     args = ap.parse_args(argv)
-    from rocm_mla.vllm.harness import use_simulated_gfx942_platform
+    from rocm_mla.testing.harness import use_simulated_gfx942_platform
 
     if not (torch.version.hip and torch.cuda.is_available()):
         use_simulated_gfx942_platform()

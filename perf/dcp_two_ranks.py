@@ -8,9 +8,9 @@ rank's KV shard, against the 1-rank result. Prints per case and rank the max err
     # on CPU (gloo, 2 processes, Triton interpreter; small cases):
     python3 perf/dcp_two_ranks.py --backend gloo --quick
 
-What runs (rocm_mla/vllm/dcp_check.py has the details):
+What runs (rocm_mla/testing/dcp_check.py has the details):
 1. The parent builds a world-1 ROCM_MLA layer step of decode requests with all N heads
-   (rocm_mla.vllm.harness.LayerStep: vLLM's MLAAttention + metadata builder) and runs it: the 1-rank
+   (rocm_mla.testing.harness.LayerStep: vLLM's MLAAttention + metadata builder) and runs it: the 1-rank
    output and the float32 reference; inputs, weights and block table go to a temporary folder.
 2. ``world`` processes (torch.multiprocessing, spawn) each start vLLM's distributed environment with
    TP = DCP = world (``init_distributed_environment`` + ``initialize_model_parallel``; NCCL on GPUs,
@@ -63,7 +63,7 @@ QUICK_REQUESTS = [(90, 1), (17, 1), (0, 1), (40, 1), (31, 1)]
 
 
 def _setup_vllm():
-    from rocm_mla.vllm import harness as H
+    from rocm_mla.testing import harness as H
 
     H.use_simulated_gfx942_platform()
     from rocm_mla.vllm import register
@@ -75,7 +75,7 @@ def _setup_vllm():
 def prepare(tmp: Path, cases, requests, dtype) -> list[dict]:
     H = _setup_vllm()
     from rocm_mla.vllm.backend import RocmMLABackend
-    from rocm_mla.vllm.dcp_check import prepare_case
+    from rocm_mla.testing.dcp_check import prepare_case
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     meta = []
@@ -98,7 +98,7 @@ def rank_main(rank: int, world: int, port: int, backend: str, communicator: str,
         if torch.cuda.is_available():
             torch.cuda.set_device(rank)  # before anything touches the GPU (the platform set-up reads its arch)
         _setup_vllm()
-        from rocm_mla.vllm import dcp_check
+        from rocm_mla.testing import dcp_check
 
         first = torch.load(Path(tmp) / "case0.pt")
         dcp_check.init_vllm_dcp(rank, world, port, backend, communicator, first["interleave"])

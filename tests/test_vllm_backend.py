@@ -2,7 +2,7 @@
 
 Needs vLLM 0.33.0 importable (CI: .ci/install_vllm_cpu.sh, called by ./dev.sh test); the whole
 module is skipped, with the reason, when it is not. No MI300 here: vLLM's ROCm platform is
-simulated as gfx942 (``rocm_mla.vllm.harness.use_simulated_gfx942_platform``: only the host
+simulated as gfx942 (``rocm_mla.testing.harness.use_simulated_gfx942_platform``: only the host
 queries are patched) before any vLLM module that binds ``current_platform`` is imported.
 Kernels run in the Triton CPU interpreter (conftest sets TRITON_INTERPRET=1; fp32/fp16) or on a
 GPU (``gpu`` marker; bf16 and N=128 there).
@@ -32,7 +32,7 @@ if vllm.__version__ != "0.33.0":
     pytest.skip(f"the ROCM_MLA backend is written against vLLM 0.33.0, found {vllm.__version__}",
                 allow_module_level=True)
 
-from rocm_mla.vllm.harness import LayerStep, Request, use_simulated_gfx942_platform  # noqa: E402
+from rocm_mla.testing.harness import LayerStep, Request, use_simulated_gfx942_platform  # noqa: E402
 
 use_simulated_gfx942_platform()
 
@@ -114,7 +114,7 @@ def test_spawned_process_unpickles_the_config_before_loading_plugins(tmp_path):
     # import, and on an NVIDIA machine that is CUDA, whose module needs vLLM's compiled CUDA ops.
     code = f"""
 import pickle
-from rocm_mla.vllm.harness import use_simulated_gfx942_platform
+from rocm_mla.testing.harness import use_simulated_gfx942_platform
 use_simulated_gfx942_platform()
 from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
 assert "ROCM_MLA" not in E.__members__
@@ -148,7 +148,7 @@ def test_cli_parses_attention_backend():
 def test_engine_args_create_engine_config_on_rocm():
     from vllm.engine.arg_utils import EngineArgs
 
-    from rocm_mla.vllm.harness import _tiny_deepseek_v3_dir
+    from rocm_mla.testing.harness import _tiny_deepseek_v3_dir
 
     ea = EngineArgs(model=_tiny_deepseek_v3_dir(), attention_backend="ROCM_MLA", skip_tokenizer_init=True,
                     max_model_len=512)
@@ -399,7 +399,7 @@ def _compute_context_with(impl, step):
         init_mla_context_partial,
     )
 
-    from rocm_mla.vllm.context_gather import gather_context_chunk
+    from rocm_mla.ops import gather_context_chunk
 
     def compute(q, kv_cache, attn_metadata, k_scale):
         prefill = attn_metadata.prefill

@@ -1,5 +1,5 @@
 """Decode context parallelism (DCP) with the ROCM_MLA decode, through vLLM 0.33's own DCP code
-(rocm_mla/vllm/dcp_check.py describes what vLLM does; perf/dcp_two_ranks.py runs it on 2 ranks).
+(rocm_mla/testing/dcp_check.py describes what vLLM does; perf/dcp_two_ranks.py runs it on 2 ranks).
 
 * vLLM's token-interleaved slot mapping (its ComputeSlotMappingKernel formula) and its
   get_dcp_local_seq_lens agree, and the shards partition each sequence in order.
@@ -31,11 +31,11 @@ except Exception as e:  # noqa: BLE001
 if vllm.__version__ != "0.33.0":
     pytest.skip(f"written against vLLM 0.33.0, found {vllm.__version__}", allow_module_level=True)
 
-from rocm_mla.vllm import harness as H  # noqa: E402
+from rocm_mla.testing import harness as H  # noqa: E402
 
 H.use_simulated_gfx942_platform()
 
-from rocm_mla.vllm import dcp_check  # noqa: E402
+from rocm_mla.testing import dcp_check  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -68,7 +68,7 @@ def test_slot_mapping_and_local_seq_lens_agree(world, interleave, block_size):
 
 
 def _emulate(*cases: str) -> list[dict]:
-    r = subprocess.run([sys.executable, "-m", "rocm_mla.vllm.dcp_check", *[a for c in cases for a in ("--case", c)]],
+    r = subprocess.run([sys.executable, "-m", "rocm_mla.testing.dcp_check", *[a for c in cases for a in ("--case", c)]],
                        capture_output=True, text=True, cwd=REPO, env=dcp_check.cpu_env(), timeout=1200)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return [json.loads(line.split(" ", 1)[1]) for line in r.stdout.splitlines() if line.startswith("DCP_RESULT ")]

@@ -1,5 +1,9 @@
 """Which implementation runs an op: HIP extension, Triton, or the float32 reference.
 
+``hip`` names the compiled extension built from ``hip_src/``, whatever compiled it: hipcc on a ROCm
+torch (MI300), nvcc on a CUDA torch (the very same sources, e.g. on an H100/H200). There is no
+separate "cuda" backend name.
+
 Default: on a GPU, the first available of the arch's ``backend_order`` (configs/<op>.json, ordered
 by measured speed), then the reference; on CPU, Triton when ``TRITON_INTERPRET=1`` else the
 reference. Force one with ``ROCM_MLA_BACKEND=hip|triton|reference`` (all ops) or

@@ -40,9 +40,9 @@ class TritonVariant:
 
 def all_triton_variants(arch: str) -> list[TritonVariant]:
     """Every Triton variant of every op on ``arch`` (``"gfx942"``, ``"gfx950"``, ``"sm90"``)."""
-    from . import decode, merge, prefill, rope_kv
+    from . import context_gather, decode, merge, prefill, rope_kv
 
     out: list[TritonVariant] = []
-    for mod in (merge, prefill, decode, rope_kv):
+    for mod in (merge, prefill, decode, rope_kv, context_gather):
         out.extend(mod.triton_variants(arch))
     return out

@@ -214,7 +214,55 @@ def check_rope_kv(device: torch.device, backends: list[str]) -> list[CheckRow]:
     return rows
 
 
-CHECKS = [check_merge, check_prefill, check_decode, check_rope_kv]
+def check_context_gather(device: torch.device, backends: list[str]) -> list[CheckRow]:
+    """gather_context_chunk on one vLLM-shaped context chunk: 3 requests (a continued one starting
+    at position 17, a 1-token context, one not a multiple of the block), block 16, shuffled page
+    ids, every cache slot outside the requests' contexts NaN, dst rows of a NaN-poisoned wider
+    buffer; the cache in the dtype, then an fp8 cache (the platform's kind, k_scale 0.25). A gather
+    is exact: tolerance 0."""
+    from rocm_mla._platform import device_arch
+    from rocm_mla.configs import platform_fp8_dtype
+    from rocm_mla.ops import gather_context_chunk
+    from rocm_mla.reference import context_gather_ref
+
+    rows = []
+    ctx, starts, lens, bs = [50, 1, 23], [17, 0, 0], [33, 1, 23], 16
+    nblk = [-(-c // bs) for c in ctx]
+    g = torch.Generator().manual_seed(0)
+    perm = torch.randperm(sum(nblk) + 1, generator=g)  # the last page stays NaN
+    kv32 = torch.full((sum(nblk) + 1, bs, 576), float("nan"))
+    bt = torch.full((len(ctx), max(nblk) + 1), int(perm[-1]), dtype=torch.int32)
+    k = 0
+    for b, c in enumerate(ctx):
+        bt[b, :nblk[b]] = perm[k:k + nblk[b]].int()
+        k += nblk[b]
+        tok = torch.arange(c)
+        kv32[bt[b, tok // bs].long(), tok % bs] = torch.randn(c, 576, generator=g)
+    T = sum(lens)
+    idx = lambda x: torch.tensor(x, dtype=torch.int32, device=device)  # noqa: E731
+    cu, st = idx([sum(lens[:i]) for i in range(len(lens) + 1)]), idx(starts)
+    t2s = idx([i for i, n in enumerate(lens) for _ in range(n)])
+    fp8 = platform_fp8_dtype(device_arch(device))
+    for backend in backends:
+        if backend == "hip":
+            continue  # context_gather has no HIP kernel
+        for dtype in _dtypes(device):
+            for cache_kind in ("auto", "fp8"):
+                case = f"R={len(ctx)} T={T} block={bs} shuffled cache={cache_kind}"
+                try:
+                    cache = kv32.to(fp8 if cache_kind == "fp8" else dtype).to(device)
+                    k_scale = torch.tensor([0.25], device=device) if cache_kind == "fp8" else None
+                    dst = torch.full((T, 584), float("nan"), dtype=dtype, device=device)[:, :576]
+                    gather_context_chunk(cache, bt.to(device), cu, st, t2s, dst, k_scale=k_scale, backend=backend)
+                    ref = context_gather_ref(cache, bt.to(device), cu, st, t2s, T, k_scale).to(dtype)
+                    rows.append(_compare("gather_context_chunk", backend, dtype, case, dst, ref.float(), 0.0))
+                except Exception as exc:  # report, keep checking the rest
+                    rows.append(CheckRow("gather_context_chunk", backend, str(dtype), case, float("nan"), 0.0,
+                                         False, f"{type(exc).__name__}: {exc}"))
+    return rows
+
+
+CHECKS = [check_merge, check_prefill, check_decode, check_rope_kv, check_context_gather]
 
 
 def run_all(device: torch.device) -> list[CheckRow]:

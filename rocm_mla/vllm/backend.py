@@ -14,8 +14,9 @@ replaces the four attention steps:
 * Prefill (``forward_mha``): ``rocm_mla.mla_prefill`` reads ``k_nope``/``v`` as strided views of
   the ``kv_b_proj`` output and ``k_pe`` as one ``[T, 1, 64]`` head broadcast over N (no cat, no
   pad), and writes the layer's output rows in place. Cached context: each chunk is gathered
-  (``context_gather``), up-projected, attended into one reusable chunk buffer, and folded into
-  the output rows in place with the strided ``rocm_mla.merge_attn_states`` (no partial copies).
+  (``rocm_mla.ops.gather_context_chunk``), up-projected, attended into one reusable chunk
+  buffer, and folded into the output rows in place with the strided
+  ``rocm_mla.merge_attn_states`` (no partial copies).
 
 The fused RoPE + KV write is not a backend hook in vLLM 0.33: RoPE is applied by the model
 (``MultiHeadLatentAttentionWrapper.forward`` in vllm/model_executor/layers/mla.py) before
@@ -45,11 +46,9 @@ from vllm.platforms import current_platform
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionLayer, AttentionType, MultipleOf
 from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 
-from rocm_mla.ops import concat_and_cache_mla, merge_attn_states, mla_decode, mla_prefill
+from rocm_mla.ops import concat_and_cache_mla, gather_context_chunk, merge_attn_states, mla_decode, mla_prefill
 
-from .context_gather import gather_context_chunk
-
-# The decode kernel's fixed latent geometry (DESIGN §3): kv_lora_rank 512, rope 64.
+# The decode kernel's fixed latent geometry (docs/ARCHITECTURE.md §1): kv_lora_rank 512, rope 64.
 KV_LORA_RANK = 512
 QK_ROPE_HEAD_DIM = 64
 _FP8_CACHE_DTYPES = ("fp8", "fp8_e4m3")

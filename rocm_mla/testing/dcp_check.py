@@ -304,7 +304,7 @@ def run_rank_case(case: dict, rank: int, world: int, interleave: int) -> dict:
     from vllm.v1.attention.backend import CommonAttentionMetadata
     from vllm.v1.attention.backends.utils import get_dcp_local_seq_lens
 
-    from .backend import RocmMLABackend
+    from rocm_mla.vllm.backend import RocmMLABackend
 
     interpreter_shims()
     dev = torch.device(f"cuda:{rank}" if torch.cuda.is_available() else "cpu")
@@ -409,7 +409,7 @@ def run_rank_case(case: dict, rank: int, world: int, interleave: int) -> dict:
 
 
 def main(argv=None) -> int:
-    """``python -m rocm_mla.vllm.dcp_check [--case WORLD:INTERLEAVE:BLOCK:HEADS:DTYPE:KV_CACHE_DTYPE ...]``:
+    """``python -m rocm_mla.testing.dcp_check [--case WORLD:INTERLEAVE:BLOCK:HEADS:DTYPE:KV_CACHE_DTYPE ...]``:
     the one-process emulation; prints one ``DCP_RESULT {json}`` line per case. Tests run it in a
     child process with :func:`cpu_env` (on CPU)."""
     import argparse
@@ -421,12 +421,12 @@ def main(argv=None) -> int:
                     help=f"WORLD:INTERLEAVE:BLOCK:HEADS:DTYPE:KV (default 2:1:16:16:{default_dtype}:auto)")
     args = ap.parse_args(argv)
     H.use_simulated_gfx942_platform()
-    from . import register
+    from rocm_mla.vllm import register
 
     register()
     from vllm.triton_utils import HAS_TRITON
 
-    from .backend import RocmMLABackend
+    from rocm_mla.vllm.backend import RocmMLABackend
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     for spec in args.case or [f"2:1:16:16:{default_dtype}:auto"]:

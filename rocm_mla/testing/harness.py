@@ -16,9 +16,9 @@ A :class:`LayerStep` builds the pieces a serving step has, with vLLM's own code:
 :meth:`LayerStep.run` is one layer step as vLLM's ``MLAAttention.forward`` does it:
 ``update_kv_cache`` (new tokens into the cache) then ``forward_impl`` (decode rows through
 ``forward_mqa``, prefill rows through ``forward_mha``, plus vLLM's W_UK / W_UV bmms).
-:meth:`LayerStep.reference` is the same attention in float32, straight from the definition
-(up-projected keys and values, softmax over each token's visible keys), reading cached keys back
-from the cache (dequantised for fp8) exactly where the backend reads them from the cache.
+:meth:`LayerStep.reference` is the same attention in float32 through ``rocm_mla.reference``
+(``mla_decode_ref`` for the decode rows, ``mla_prefill_ref`` for the prefill rows), reading cached
+keys back from the cache (dequantised for fp8) exactly where the backend reads them from the cache.
 
 Requires vLLM 0.33 and a platform set before vLLM modules are imported (tests: a simulated gfx942
 ``RocmPlatform``; a real ROCm box: the real one).
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-# DeepSeek-V3 per-layer attention geometry (DESIGN §1); N is per GPU rank and chosen per step.
+# DeepSeek-V3 per-layer attention geometry (docs/ARCHITECTURE.md); N is per GPU rank and chosen per step.
 KV_LORA_RANK, QK_NOPE, QK_ROPE, V_HEAD = 512, 128, 64, 128
 _FP8_NAMES = ("fp8", "fp8_e4m3")
 
@@ -442,26 +442,57 @@ class LayerStep:
         return rows[:, :KV_LORA_RANK], rows[:, KV_LORA_RANK:]
 
     def reference(self) -> torch.Tensor:
-        """The step's attention output ``[T, N * 128]`` in float32, from the definition."""
-        N = self.N
+        """The step's attention output ``[T, N * 128]`` in float32, through ``rocm_mla.reference``.
+
+        The layer's own projection weights are applied here (float32); the attention itself is the
+        package's references:
+
+        * decode requests (the first ``num_decodes``, uniform q_len): ``mla_decode_ref`` on the
+          absorbed query ``q_nope @ W_UK`` ``[rows, N, 512]`` and ``q_pe``, reading every key (the
+          new ones too) back from the paged cache through the block table (fp8: dequantised with
+          k_scale), then ``@ W_UV``;
+        * prefill requests: ``mla_prefill_ref`` (causal, bottom-right aligned) on keys and values
+          up-projected from ``[kv_c | k_pe]``: the context as the cache holds it, the new tokens
+          from the activations.
+        """
+        from rocm_mla.reference import mla_decode_ref, mla_prefill_ref
+
+        N, dev = self.N, self.device
         w = self.layer.kv_b_proj.weight.float().T.reshape(KV_LORA_RANK, N, QK_NOPE + V_HEAD)
         w_uk, w_uv = w[..., :QK_NOPE], w[..., QK_NOPE:]
-        num_decodes = self.metadata.num_decodes
+        nd = self.metadata.num_decodes
         outs = []
-        for i, r in enumerate(self.requests):
-            S = r.context + r.query
-            if i < num_decodes:  # decode reads every key (new ones too) back from the cache
-                kv_c, k_pe = self.cached_rows(i, 0, S)
-            else:  # prefill: context from the cache, new tokens from the activations
+        if nd:
+            reqs = self.requests[:nd]
+            q_len = reqs[0].query
+            assert all(r.query == q_len for r in reqs), "decode rows: uniform q_len"
+            q = torch.cat(self.q[:nd]).float()  # [nd * q_len, N, 192]
+            ql_nope = torch.einsum("tnd,lnd->tnl", q[..., :QK_NOPE], w_uk)
+            cache, k_scale = self.kv_cache, None
+            if self.fp8:
+                from vllm.platforms import current_platform
+
+                cache, k_scale = cache.view(current_platform.fp8_dtype()), float(self.layer._k_scale)
+            seq_lens = torch.tensor([r.context + r.query for r in reqs], dtype=torch.int32, device=dev)
+            o, _ = mla_decode_ref(ql_nope, q[..., QK_NOPE:], cache, self.block_table[:nd], seq_lens, self.scale,
+                                  k_scale)
+            outs.append(torch.einsum("tnl,lnd->tnd", o, w_uv).reshape(-1, N * V_HEAD))
+        if nd < len(self.requests):
+            kv_c, k_pe, cu_k = [], [], [0]
+            for i in range(nd, len(self.requests)):
+                r = self.requests[i]
                 c_kv, c_pe = self.cached_rows(i, 0, r.context)
-                kv_c = torch.cat([c_kv, self.kv_c[i][r.context:].float()])
-                k_pe = torch.cat([c_pe, self.k_pe[i][r.context:].float()])
-            k_nope = torch.einsum("sl,lnd->snd", kv_c, w_uk)
-            v = torch.einsum("sl,lnd->snd", kv_c, w_uv)
-            q = self.q[i].float()
-            s = (torch.einsum("tnd,snd->nts", q[..., :QK_NOPE], k_nope)
-                 + torch.einsum("tnd,sd->nts", q[..., QK_NOPE:], k_pe)) * self.scale
-            t = torch.arange(r.query, device=self.device)[:, None] + r.context
-            s = s.masked_fill(torch.arange(S, device=self.device)[None, :] > t, float("-inf"))
-            outs.append(torch.einsum("nts,snd->tnd", s.softmax(-1), v).reshape(r.query, N * V_HEAD))
+                kv_c += [c_kv, self.kv_c[i][r.context:].float()]
+                k_pe += [c_pe, self.k_pe[i][r.context:].float()]
+                cu_k.append(cu_k[-1] + r.context + r.query)
+            kv_c, k_pe = torch.cat(kv_c), torch.cat(k_pe)
+            q = torch.cat(self.q[nd:]).float()
+            cu_q = [0]
+            for r in self.requests[nd:]:
+                cu_q.append(cu_q[-1] + r.query)
+            o, _ = mla_prefill_ref(q, torch.einsum("sl,lnd->snd", kv_c, w_uk), k_pe[:, None, :],
+                                   torch.einsum("sl,lnd->snd", kv_c, w_uv),
+                                   torch.tensor(cu_q, device=dev), torch.tensor(cu_k, device=dev), self.scale,
+                                   causal=True)
+            outs.append(o.reshape(-1, N * V_HEAD))
         return torch.cat(outs)

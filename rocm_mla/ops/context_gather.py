@@ -1,0 +1,204 @@
+"""context_gather: one chunk of cached context out of the paged MLA cache, for chunked prefill.
+
+vLLM's MLA prefill with cached context gathers each context chunk's latent rows
+``[kv_c (512) | k_pe (64)]`` from the paged cache into a contiguous workspace before the
+``kv_b_proj`` up-projection (a GEMM needs the rows). Upstream this is vLLM's compiled
+``gather_and_maybe_dequant_cache`` (vllm/_custom_ops.py); this op is the equivalent with no
+compiled vLLM op: one Triton launch that gathers, and dequantises an fp8 cache (value = stored x
+k_scale) on the way, straight into the workspace rows. It is a gather, which exists upstream as
+well, not one of the copies rocm_mla removes.
+
+Indexing follows vLLM's ``MLACommonPrefillMetadata.ContextChunk``
+(vllm/model_executor/layers/attention/mla_attention.py); rocm_mla/vllm/backend.py hands it the
+chunk's fields as they are.
+
+Kernel: rocm_mla/kernels/context_gather.py (Triton; no HIP kernel). Reference:
+rocm_mla/reference/context_gather.py. Launch data: configs/context_gather.json.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from .. import _platform
+from ..configs import config_for, platform_fp8_dtype
+from ..kernels.context_gather import context_gather_kernel
+from ..reference.context_gather import context_gather_ref
+from ._checks import FLOAT_DTYPES, Checker
+from ._dispatch import select
+from ._variants import TritonVariant
+
+OP = "context_gather"  # config file, backend switch (ROCM_MLA_BACKEND_CONTEXT_GATHER)
+LATENT_DIM = 512
+ROPE_DIM = 64
+ROW_DIM = LATENT_DIM + ROPE_DIM
+
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def gather_context_chunk(kv_cache: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: torch.Tensor,
+                         starts: torch.Tensor, token_to_seq: torch.Tensor, dst: torch.Tensor, *,
+                         k_scale: torch.Tensor | None = None, backend: str | None = None) -> torch.Tensor:
+    """Gather ``dst.shape[0]`` context rows of one chunk from the paged cache into ``dst``.
+
+    Args:
+        kv_cache: ``[num_blocks, block_size, 576]`` (rows ``[kv_c (512) | k_pe (64)]``), any block
+            and token strides, last dim contiguous; float32/float16/bfloat16, or an fp8 cache
+            (float8_e4m3fn / float8_e4m3fnuz: the uint8 storage viewed as the platform's kind, as
+            vLLM's ``forward_impl`` hands it), dequantised with ``k_scale``. block_size >= 1.
+        block_table: ``[R, max_blocks]`` int32/int64, the chunk's requests' rows of the table
+            (e.g. ``block_table[chunk.request_slice]``), column stride 1.
+        cu_seq_lens: ``[R + 1]`` int32/int64, the chunk's context rows per request, cumulative.
+        starts: ``[R]`` int32/int64, each request's first context position in this chunk.
+        token_to_seq: ``[>= T]`` int32/int64, the request (0..R-1) of each chunk row; entries
+            past T are not read.
+        dst: ``[T, 576]`` destination (the workspace rows), float32/float16/bfloat16, any row
+            stride, last dim contiguous; every element is written. It may not overlap any input.
+        k_scale: one-element float32 tensor, fp8 caches only (ignored otherwise); read on the
+            device: no host sync.
+        backend: ``"triton"`` or ``"reference"`` to force one (there is no HIP kernel; default:
+            Triton on a GPU or under the interpreter, else the reference; see
+            ``rocm_mla.ops._dispatch``).
+
+    Chunk row t belongs to request ``s = token_to_seq[t]``, is that request's context position
+    ``pos = starts[s] + t - cu_seq_lens[s]`` and is read from
+    ``kv_cache[block_table[s, pos // block_size], pos % block_size]``; it is written to ``dst[t]``
+    converted once (float32 in between) to dst's dtype. T = 0: nothing to do.
+
+    Bad indices (debug off, every backend; no host sync): nothing outside the given tensors is
+    read or written. A chunk row whose request is outside ``[0, R)``, whose position is outside
+    its table row ``[0, max_blocks x block_size)``, or whose page is outside ``[0, num_blocks)``
+    gets NaN in all 576 values; other rows are unaffected (the attention over the chunk then makes
+    every query row of that request NaN: a NaN key is seen by all of them).
+
+    Returns:
+        ``dst``.
+
+    Raises:
+        TypeError / ValueError naming the argument, what was expected and what came.
+    """
+    c = Checker(OP)
+    fp8 = _check(c, kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale)
+    impl = select(OP, dst.device, backend)
+    if impl == "hip":
+        raise RuntimeError(f"{OP}: backend 'hip' was requested but there is no HIP kernel for {OP}; "
+                           "use 'triton' or 'reference'")
+    if dst.shape[0] == 0:
+        return dst
+    _run(impl, None, kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale if fp8 else None)
+    return dst
+
+
+def _check(c: Checker, kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale) -> bool:
+    """Validate the arguments; returns True for an fp8 cache."""
+    c.tensor("dst", dst, ndim=2, layout="[T, 576]", dtypes=FLOAT_DTYPES)
+    T = dst.shape[0]
+    if dst.shape[1] != ROW_DIM:
+        c.fail("dst", f"shape [T, 576] = (*, {ROW_DIM})", tuple(dst.shape))
+    c.tensor("kv_cache", kv_cache, ndim=3, layout="[num_blocks, block_size, 576]",
+             dtypes=FLOAT_DTYPES + _FP8_DTYPES)
+    if kv_cache.shape[2] != ROW_DIM:
+        c.fail("kv_cache", f"shape [num_blocks, block_size, 576] = (*, *, {ROW_DIM})", tuple(kv_cache.shape))
+    if kv_cache.shape[1] < 1:
+        c.fail("kv_cache", "block_size >= 1", tuple(kv_cache.shape))
+    for name, x in (("kv_cache", kv_cache), ("dst", dst)):
+        if x.stride(-1) != 1:
+            c.fail(name, "a contiguous last dim (stride 1)", f"strides {x.stride()}")
+    c.tensor("block_table", block_table, ndim=2, layout="[R, max_blocks]", dtypes=_INDEX_DTYPES)
+    R = block_table.shape[0]
+    c.tensor("cu_seq_lens", cu_seq_lens, shape=(R + 1,), layout="[R + 1]", dtypes=_INDEX_DTYPES,
+             like="block_table's R")
+    c.tensor("starts", starts, shape=(R,), layout="[R]", dtypes=_INDEX_DTYPES, like="block_table's R")
+    c.tensor("token_to_seq", token_to_seq, ndim=1, layout="[>= T]", dtypes=_INDEX_DTYPES)
+    if token_to_seq.shape[0] < T:
+        c.fail("token_to_seq", f"a 1-D tensor of at least dst's {T} rows", f"shape {tuple(token_to_seq.shape)}")
+    # The kernel steps through these with unit strides (block_table: along a row).
+    for name, x, dim in (("block_table", block_table, 1), ("cu_seq_lens", cu_seq_lens, 0),
+                         ("starts", starts, 0), ("token_to_seq", token_to_seq, 0)):
+        if x.shape[dim] > 1 and x.stride(dim) != 1:
+            c.fail(name, f"stride 1 in dim {dim}", f"strides {x.stride()}")
+    fp8 = kv_cache.dtype in _FP8_DTYPES
+    if fp8:
+        if k_scale is None:
+            c.fail("k_scale", "a 1-element float32 tensor (an fp8 cache needs its scale)", "None", TypeError)
+        c.tensor("k_scale", k_scale, layout="(1 element)", dtypes=(torch.float32,))
+        if k_scale.numel() != 1:
+            c.fail("k_scale", "a 1-element float32 tensor", f"shape {tuple(k_scale.shape)}")
+    c.same_device(dst=dst, kv_cache=kv_cache, block_table=block_table, cu_seq_lens=cu_seq_lens, starts=starts,
+                  token_to_seq=token_to_seq, k_scale=k_scale if fp8 else None)
+    c.writable("dst", dst)
+    c.no_overlap({"dst": dst}, {"kv_cache": kv_cache, "block_table": block_table, "cu_seq_lens": cu_seq_lens,
+                                "starts": starts, "token_to_seq": token_to_seq,
+                                "k_scale": k_scale if fp8 else None})
+    return fp8
+
+
+def _run(impl: str, cfg: dict | None, kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst,
+         k_scale) -> None:
+    """Launch ``impl`` on validated arguments (``k_scale`` None unless the cache is fp8); ``cfg``
+    overrides the arch's Triton launch data."""
+    if impl == "triton":
+        _launch_triton(kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale, cfg)
+    else:
+        dst.copy_(context_gather_ref(kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst.shape[0],
+                                     k_scale))
+
+
+def _triton_meta(arch: str, cfg: dict | None = None) -> tuple[dict, dict]:
+    """Constexprs (D_NOPE, D_PE, BLOCK_T) and compile options the wrapper uses on ``arch``
+    (``cfg``: the Triton launch data to use instead of the arch's). The row is read as two
+    power-of-two pieces (tl.arange): the latent part and the rope part."""
+    cfg = cfg or config_for(OP, arch)["triton"]
+    options = {"num_warps": cfg["num_warps"]}
+    if arch.startswith("gfx") and cfg.get("waves_per_eu"):
+        options["waves_per_eu"] = cfg["waves_per_eu"]
+    return {"D_NOPE": LATENT_DIM, "D_PE": ROPE_DIM, "BLOCK_T": cfg["rows_per_program"]}, options
+
+
+def _launch_triton(kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale, cfg=None):
+    T = dst.shape[0]
+    R, max_blocks = block_table.shape
+    num_blocks, page_size = kv_cache.shape[0], kv_cache.shape[1]
+    consts, options = _triton_meta(_platform.device_arch(dst.device), cfg)
+    grid = (triton.cdiv(T, consts["BLOCK_T"]),)
+    # Empty tensors are never dereferenced (every row is then out of range) but may carry a
+    # null pointer, which the launcher rejects: hand it another live tensor instead.
+    cache = kv_cache if kv_cache.numel() else dst
+    bt = block_table if block_table.numel() else token_to_seq
+    st = starts if starts.numel() else token_to_seq
+    context_gather_kernel[grid](
+        cache, bt, cu_seq_lens, st, token_to_seq, k_scale if k_scale is not None else dst, dst,
+        T, page_size, R, max_blocks * page_size, num_blocks,
+        kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0), dst.stride(0),
+        FP8=k_scale is not None, **consts, **options)
+
+
+# ---------------------------------------------------------------- ISA report
+
+_TRITON_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def triton_variants(arch: str) -> list[TritonVariant]:
+    """The Triton specialisations the wrapper launches on ``arch``: per workspace dtype (bf16,
+    fp16, fp32), a cache of that dtype, and for bf16/fp16 an fp8 cache of the arch's kind
+    (e4m3fnuz on gfx942, e4m3fn elsewhere). vLLM's layouts: int32 index tensors, contiguous
+    576-element rows, block_size a multiple of 16 (16, 64)."""
+    fp8_t = "fp8e4b8" if platform_fp8_dtype(arch) == torch.float8_e4m3fnuz else "fp8e4nv"
+    consts, options = _triton_meta(arch)
+    variants = []
+    for tname in _TRITON_DTYPE.values():
+        for fp8 in ((False, True) if tname != "fp32" else (False,)):
+            cache_t = fp8_t if fp8 else tname
+            sig = {"cache": f"*{cache_t}", "block_table": "*i32", "cu_seq_lens": "*i32", "starts": "*i32",
+                   "token_to_seq": "*i32", "k_scale_ptr": "*fp32" if fp8 else f"*{tname}", "dst": f"*{tname}",
+                   "num_tokens": "i32", "page_size": "i32", "num_seqs": "i32", "capacity": "i32",
+                   "num_blocks": "i32", "s_c_blk": "i32", "s_c_tok": "i32", "s_bt": "i32", "s_dst": "i32",
+                   "D_NOPE": "constexpr", "D_PE": "constexpr", "BLOCK_T": "constexpr", "FP8": "constexpr"}
+            variants.append(TritonVariant(
+                kernel=OP, config=f"dst={tname} cache={cache_t} rows={consts['BLOCK_T']} w{options['num_warps']}",
+                fn=context_gather_kernel, signature=sig, constexprs={**consts, "FP8": fp8}, options=options,
+                divisible_by_16=("cache", "k_scale_ptr", "dst", "page_size", "capacity", "s_c_blk", "s_c_tok",
+                                 "s_dst")))
+    return variants

@@ -169,16 +169,11 @@ UNGUARD = [
     ("rocm_mla/kernels/rope_kv_write.py", "pm = (tmask & pok)[:, None]", "pm = km"),
     ("rocm_mla/kernels/rope_kv_write.py", "cs = cos_sin + tl.where(pok, pos, 0) * cs_sp", "cs = cos_sin + pos * cs_sp"),
     ("rocm_mla/kernels/mla_decode.py",
-     "                page_ok = (page >= 0) & (page < num_pages)\n"
-     "                bad_page = bad_page | (1 - page_ok.to(tl.int32))\n"
-     "                page = tl.where(page_ok, page, 0).to(tl.int64)\n",
-     "                page = page.to(tl.int64)\n"),
-    ("rocm_mla/kernels/mla_decode.py",
-     "            for p0 in range(start // page_size, last_blk + 1, BLOCK_N):\n"
-     "                idx = p0 + offs_n\n"
-     "                pg = tl.load(bt_row + idx, mask=idx <= last_blk, other=0)\n"
-     "                bad_page = bad_page | tl.max(((pg < 0) | (pg >= num_pages)).to(tl.int32), axis=0)\n"
-     "            end = tl.where(bad_page != 0, start, end)\n", "            pass\n"),
+     "        for p0 in range(start // page_size, last_blk + 1, BLOCK_N):\n"
+     "            idx = p0 + offs_n\n"
+     "            pg = tl.load(bt_row + idx, mask=idx <= last_blk, other=0)\n"
+     "            bad_page = bad_page | tl.max(((pg < 0) | (pg >= num_pages)).to(tl.int32), axis=0)\n"
+     "        end = tl.where(bad_page != 0, start, end)\n", ""),
 ]
 
 

@@ -108,11 +108,10 @@ def mla_decode_stage1_kernel(
     dot's A operand, no cross-warp-group softmax): the trade FlashMLA avoids with two cooperating
     warp groups, which Triton does not express. The two programs are neighbours: the second finds
     the tile in L2.
-    num_pages: the cache's page count. Every block-table entry a program uses is checked: in
-    PAGE_MODE 2 as the tile's page is loaded (a bad one is replaced by page 0), otherwise in a pass
-    before the KV loop (a bad one skips the loop). Either way no page outside [0, num_pages) is
-    dereferenced and the program's rows come out NaN (out and lse): a bad index is loud and touches
-    nothing outside kv. Other requests are unaffected.
+    num_pages: the cache's page count. The block-table entries a program will use are checked before
+    its KV loop; when one lies outside [0, num_pages) the loop is skipped (no page is
+    dereferenced) and the program's rows come out NaN (out and lse): a bad index is loud and
+    touches nothing outside kv. Other requests are unaffected.
     NaN / inf in a used KV row reaches the request's output and lse (lse -inf means only "no key"),
     also through stage 2.
     """
@@ -166,18 +165,18 @@ def mla_decode_stage1_kernel(
             qb = tl.load(qn_row + offs_b[None, :] * s_qn_d, mask=row_ok[:, None], other=0.0)
         qp = tl.load(q_pe + q_row[:, None] * s_qp_r + h[:, None] * s_qp_h + offs_pe[None, :] * s_qp_d,
                      mask=row_ok[:, None], other=0.0)
-        if PAGE_MODE != 2:
-            # Check the block-table entries this program will use once, up front (4 bytes per
-            # page, against page_size x 576 cache elements per page); with a bad one the loop is
-            # skipped and the rows come out NaN. Checking each token's page inside the loop made
-            # the sm90 64-row tier spill in these page modes. The q loads above are issued first:
-            # they do not depend on the check, so their latency and the table loads' overlap.
-            last_blk = (end - 1) // page_size
-            for p0 in range(start // page_size, last_blk + 1, BLOCK_N):
-                idx = p0 + offs_n
-                pg = tl.load(bt_row + idx, mask=idx <= last_blk, other=0)
-                bad_page = bad_page | tl.max(((pg < 0) | (pg >= num_pages)).to(tl.int32), axis=0)
-            end = tl.where(bad_page != 0, start, end)
+        # Check the block-table entries this program will use once, up front (4 bytes per page,
+        # against page_size x 576 cache elements per page); with a bad one the loop is skipped and
+        # the rows come out NaN. The q loads above are issued first: they do not depend on the
+        # check, so their latency and the table loads' overlap. A check inside the loop made the
+        # sm90 64-row tier spill in page modes 0/1, and in page mode 2 (one scalar check per
+        # tile) it cost more on the H200 than this pass (perf/RESULTS.md, bound guards).
+        last_blk = (end - 1) // page_size
+        for p0 in range(start // page_size, last_blk + 1, BLOCK_N):
+            idx = p0 + offs_n
+            pg = tl.load(bt_row + idx, mask=idx <= last_blk, other=0)
+            bad_page = bad_page | tl.max(((pg < 0) | (pg >= num_pages)).to(tl.int32), axis=0)
+        end = tl.where(bad_page != 0, start, end)
         if F16_DOT:
             qa = tl.clamp(qa.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
             if D_SPLIT == 2:
@@ -190,13 +189,7 @@ def mla_decode_stage1_kernel(
             tok = n0 + offs_n
             tok_ok = tok < end
             if PAGE_MODE == 2:
-                # One page per tile: check it here, a scalar compare in the loop (a pass over the
-                # table before the loop was a dependent load chain ahead of the first KV load:
-                # +1-2% at N=16). A bad page reads page 0 instead and the rows come out NaN.
-                page = tl.load(bt_row + n0 // page_size)  # n0 < end <= capacity
-                page_ok = (page >= 0) & (page < num_pages)
-                bad_page = bad_page | (1 - page_ok.to(tl.int32))
-                page = tl.where(page_ok, page, 0).to(tl.int64)
+                page = tl.load(bt_row + n0 // page_size).to(tl.int64)  # n0 < end <= capacity; checked
                 tok_ptr = kv + page * s_kv_blk + (n0 % page_size + offs_n) * s_kv_tok  # [BLOCK_N]
             else:
                 if PAGE_MODE == 1:

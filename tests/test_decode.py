@@ -263,6 +263,24 @@ def test_fp8_cache(scale_kind, storage, kv_name):
     torch.testing.assert_close(out.float().cpu(), do, rtol=TOL[dtype][0], atol=TOL[dtype][1])
 
 
+@pytest.mark.parametrize("storage", ["float8", "uint8"])
+def test_fp8_cache_named_kind(storage):
+    """The fp8 names that name a kind ("fp8_e4m3fn", "fp8_e4m3fnuz"), as fused_rope_mla_kv_write
+    takes them: uint8 storage is read as that kind; a float8 cache of the other kind is refused."""
+    dtype = torch.bfloat16 if HAS_GPU else torch.float16
+    name = {torch.float8_e4m3fn: "fp8_e4m3fn", torch.float8_e4m3fnuz: "fp8_e4m3fnuz"}[FP8_HERE]
+    case = Case(2, 8, 2, 16, (40, 6), dtype, kv_dtype=FP8_HERE, k_scale=0.5, seed=11)
+    kv = case.kv.view(torch.uint8) if storage == "uint8" else case.kv
+    out, lse = rocm_mla.mla_decode(case.q_nope, case.q_pe, kv, case.block_table, case.seq_lens,
+                                   sm_scale=case.sm_scale, kv_cache_dtype=name, k_scale=0.5, num_kv_splits=3)
+    _check(case, out, lse, tol=TOL[dtype])
+    if storage == "float8":
+        other = "fp8_e4m3fnuz" if name == "fp8_e4m3fn" else "fp8_e4m3fn"
+        with pytest.raises(TypeError, match=f"kv_cache: expected dtype float8_e4m3fnu?z? \\(kv_cache_dtype='{other}'"):
+            rocm_mla.mla_decode(case.q_nope, case.q_pe, kv, case.block_table, case.seq_lens,
+                                sm_scale=case.sm_scale, kv_cache_dtype=other, k_scale=0.5)
+
+
 def test_k_scale_ignored_for_16bit_cache():
     """vLLM passes layer._k_scale (1.0) for every cache; a 16-bit cache is not scaled."""
     case = Case(1, 4, 1, 16, (20,), torch.float16)

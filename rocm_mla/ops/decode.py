@@ -26,21 +26,20 @@ import triton
 from .. import _platform
 from ..configs import config_for, platform_fp8_dtype
 from ..kernels.mla_decode import mla_decode_reduce_kernel, mla_decode_stage1_kernel
+from ..mla_dims import FP8_DTYPES, FP8_KV_CACHE_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from ..reference.decode import mla_decode_ref
 from ._checks import FLOAT_DTYPES, Checker
 from ._dispatch import select
 from ._variants import TritonVariant
 
 OP = "mla_decode"
-D_NOPE = 512  # kv_lora_rank: V width and the nope part of K
-D_PE = 64  # qk_rope_head_dim
-D_KV = D_NOPE + D_PE
+D_NOPE = KV_LORA_RANK  # V width and the nope part of K (the kernel's constexpr names)
+D_PE = QK_ROPE_HEAD_DIM
+D_KV = KV_ROW_DIM
 LOG2E = 1.4426950408889634
 
-_FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n))
-_FP8_NAMES = ("fp8", "fp8_e4m3")  # vLLM's kv_cache_dtype strings for e4m3 caches
 _DTYPE_TAGS = ("fp8", "fp32", "fp16+fp8")  # per-dtype override objects inside a stage-1 config
-_KV_DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32", *_FP8_NAMES)
+_KV_DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32", *FP8_KV_CACHE_DTYPES)
 
 
 def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
@@ -81,8 +80,10 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
         lse: optional ``[rows, N]`` float32 destination (natural log), any strides. Allocated
             when None. Same no-overlap rule as out.
         kv_cache_dtype: "auto" (the cache's dtype; float8 dtypes mean fp8), "bfloat16",
-            "float16", "float32" (must match the cache), or "fp8" / "fp8_e4m3" (uint8 storage is
-            viewed as the platform's e4m3: e4m3fnuz on gfx942, e4m3fn elsewhere).
+            "float16", "float32" (must match the cache), or an fp8 name (``mla_dims``, as the KV
+            write takes them): "fp8" / "fp8_e4m3" (uint8 storage is viewed as the platform's
+            e4m3: e4m3fnuz on gfx942, e4m3fn elsewhere), "fp8_e4m3fn" / "fp8_e4m3fnuz" (uint8
+            storage viewed as that kind; a float8 cache must be that kind).
         k_scale: fp8 dequant scale, value = stored x k_scale (K and V share it). A float, or a
             float32 tensor of one element on the device (read by the kernel: no host sync).
             Ignored for 16/32-bit caches (vLLM passes 1.0 there). None means 1.
@@ -207,14 +208,18 @@ def _kv_view(c: Checker, kv_cache: torch.Tensor, kv_cache_dtype: str, q_dtype: t
     if kv_cache_dtype not in _KV_DTYPE_NAMES:
         c.fail("kv_cache_dtype", f"one of {', '.join(map(repr, _KV_DTYPE_NAMES))}", repr(kv_cache_dtype))
     dt = kv_cache.dtype
-    if kv_cache_dtype in _FP8_NAMES:
+    if kv_cache_dtype in FP8_KV_CACHE_DTYPES:
+        named = FP8_KV_CACHE_DTYPES[kv_cache_dtype]  # None: the platform's kind
         if dt == torch.uint8:
-            return kv_cache.view(fp8_dtype_for(_platform.device_arch(kv_cache.device))), True
-        if dt in _FP8_DTYPES:
+            return kv_cache.view(named or fp8_dtype_for(_platform.device_arch(kv_cache.device))), True
+        if dt in FP8_DTYPES:
+            if named is not None and named != dt:
+                c.fail("kv_cache", f"dtype {str(named).replace('torch.', '')} (kv_cache_dtype={kv_cache_dtype!r})",
+                       str(dt).replace("torch.", ""), TypeError)
             return kv_cache, True
         c.fail("kv_cache", f"dtype uint8, float8_e4m3fn or float8_e4m3fnuz (kv_cache_dtype={kv_cache_dtype!r})",
                str(dt).replace("torch.", ""), TypeError)
-    if dt in _FP8_DTYPES:
+    if dt in FP8_DTYPES:
         if kv_cache_dtype != "auto":
             c.fail("kv_cache_dtype", f"'auto' or 'fp8' for a {str(dt).replace('torch.', '')} cache",
                    repr(kv_cache_dtype))

@@ -28,6 +28,7 @@ import triton
 from .. import _platform
 from ..configs import config_for
 from ..kernels.mla_prefill import mla_prefill_kernel
+from ..mla_dims import PREFILL_DIMS
 from ..reference.prefill import mla_prefill_ref
 from ._checks import FLOAT_DTYPES, Checker
 from ._dispatch import select
@@ -498,7 +499,6 @@ def launch_triton(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, *, s
 # --------------------------------------------------------------------------- ISA report
 
 _TRITON_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-MLA_DIMS = (128, 64, 128)
 
 
 def _configs_for(arch: str, dtype: torch.dtype) -> list[tuple[dict, bool]]:
@@ -533,7 +533,7 @@ def triton_variant(arch: str, dtype: torch.dtype, cfg: dict, causal: bool, tag: 
     ``cfg`` on ``arch``: innermost strides 1, head/token strides and pointers 16-divisible, k_pe
     head stride 0 (``perf/isa_sweep_prefill.py`` compiles any config through this)."""
     tname = _TRITON_DTYPE[dtype]
-    consts, options = _triton_meta(cfg, arch, MLA_DIMS, causal, dtype == torch.float32)
+    consts, options = _triton_meta(cfg, arch, PREFILL_DIMS, causal, dtype == torch.float32)
     ptr = f"*{tname}"
     sig = {"Q": ptr, "KN": ptr, "KPE": ptr, "V": ptr, "O": ptr, "LSE": "*fp32",
            "CU_Q": "*i32", "CU_K": "*i32", "qk_scale": "fp32", "num_seqs": "i32",

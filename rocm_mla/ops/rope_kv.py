@@ -33,20 +33,19 @@ import triton
 from .. import _ext, _platform
 from ..configs import config_for, platform_fp8_dtype
 from ..kernels.rope_kv_write import rope_mla_kv_write_kernel
+from ..mla_dims import FP8_KV_CACHE_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from ..reference.rope_kv import cache_rows_ref, rope_ref, write_cache_ref
 from ._checks import FLOAT_DTYPES, Checker
 from ._dispatch import select
 from ._variants import TritonVariant
 
 OP = "rope_kv_write"  # config file, backend switch (ROCM_MLA_BACKEND_ROPE_KV_WRITE)
-ROPE_DIM = 64
-LATENT_DIM = 512
-ROW_DIM = LATENT_DIM + ROPE_DIM
+ROPE_DIM = QK_ROPE_HEAD_DIM
+LATENT_DIM = KV_LORA_RANK
+ROW_DIM = KV_ROW_DIM
 
-# kv_cache_dtype values: "auto" (the q dtype), or an FP8 E4M3 kind.
-_FP8_NAMES = {"fp8": None, "fp8_e4m3": None,
-              "fp8_e4m3fn": torch.float8_e4m3fn, "fp8_e4m3fnuz": torch.float8_e4m3fnuz}
-KV_CACHE_DTYPES = ("auto", *_FP8_NAMES)
+# kv_cache_dtype values: "auto" (the q dtype), or an FP8 E4M3 kind (mla_dims.FP8_KV_CACHE_DTYPES).
+KV_CACHE_DTYPES = ("auto", *FP8_KV_CACHE_DTYPES)
 _FP8_KIND = {torch.float8_e4m3fn: 1, torch.float8_e4m3fnuz: 2}  # the kernels' CACHE_KIND
 
 
@@ -213,7 +212,7 @@ def _fp8_dtype(c: Checker, kv_cache: torch.Tensor, kv_cache_dtype: str, q_dtype:
             c.fail("kv_cache", f"dtype {q_name} (kv_cache_dtype='auto' means the q dtype){hint}",
                    cache_name, TypeError)
         return None
-    named = _FP8_NAMES[kv_cache_dtype]
+    named = FP8_KV_CACHE_DTYPES[kv_cache_dtype]
     if kv_cache.dtype in _FP8_KIND:
         if named is not None and named != kv_cache.dtype:
             c.fail("kv_cache", f"dtype {str(named).replace('torch.', '')} (kv_cache_dtype={kv_cache_dtype!r})",

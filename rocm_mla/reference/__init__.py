@@ -1,5 +1,6 @@
-"""Float32 PyTorch references of every op. Imports nothing of rocm_mla (the tests check them
-against independent formulas, and every kernel against them)."""
+"""Float32 PyTorch references of every op. Imports nothing of rocm_mla but the constants of the
+leaf module ``rocm_mla.mla_dims`` (the tests check them against independent formulas, and every
+kernel against them)."""
 
 from .decode import mla_decode_ref
 from .merge import merge_attn_states_ref

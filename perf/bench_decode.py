@@ -44,7 +44,7 @@ page permutations), R chosen so the copies together exceed 3 x the L2 size; a re
 finds its KV in HBM, as a decode step does after the other layers ran.
 
 --tune: additionally time every stage-1 candidate of configs/mla_decode.json for this arch
-(rocm_mla.ops.decode.tuning_candidates, passed as launch_config=) on every shape and dtype, print
+(rocm_mla.variants.decode.tuning_candidates, passed as launch_config=) on every shape and dtype, print
 a table of times and the winner per shape, and write tune.csv. --splits / --b1-splits also force
 split counts (a grid candidate x S per shape; 'auto' = the heuristic), --cands picks candidates by
 index, --shapes filters shapes; the winners are printed with their config object as JSON. Move winners into the arch's
@@ -66,8 +66,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rocm_mla import __version__, _platform  # noqa: E402
 import triton  # noqa: E402
 
-from rocm_mla.ops.decode import decode_plan, fp8_dtype_for, mla_decode, tuning_candidates  # noqa: E402
+from rocm_mla.ops.decode import decode_plan, fp8_dtype_for, mla_decode  # noqa: E402
 from rocm_mla.reference import mla_decode_ref  # noqa: E402
+from rocm_mla.variants.decode import tuning_candidates  # noqa: E402
 from rocm_mla.tools.benchutil import (gpu_for, Record, bar_plot, copy_bandwidth_gbs, device_name,  # noqa: E402
                                       load_vllm_peer, load_aiter_peer, aiter_peer_version, matmul_tflops,
                                       print_table, rotating_graph_us, time_ms, write_csv)
@@ -175,7 +176,7 @@ def aiter(s: Setup, mod, sm_count: int):
         return None, "not loaded"
     if s.fp8 or s.q_len > 1:
         return None, "bf16 cache and q_len 1 only"
-    from rocm_mla.tools.benchutil import without_amd_options
+    from rocm_mla.triton_common import without_amd_options
 
     dev = s.q.device
     S = vllm_num_kv_splits(s.seq, sm_count)

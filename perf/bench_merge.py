@@ -112,7 +112,7 @@ def tune(dev, copy: float) -> None:
     import itertools
 
     from rocm_mla.configs import tune_space
-    from rocm_mla.ops.merge import _run
+    from rocm_mla.ops.merge import launch
 
     cands = tune_space("merge_attn_states")
     rows = []
@@ -127,7 +127,7 @@ def tune(dev, copy: float) -> None:
             keys = list(space)
             for values in itertools.product(*(space[k] for k in keys)):
                 cfg = dict(zip(keys, values))
-                ms = time_ms(lambda: _run(impl, cfg, out, po, pl, so, sl, ol))
+                ms = time_ms(lambda: launch(impl, out, po, pl, so, sl, ol, config=cfg))
                 gbs = nbytes / ms / 1e6
                 rows.append([f"T={T} N={N} D={D} strided", impl, str(cfg), f"{gbs:.0f} ({100 * gbs / copy:.0f}%)"])
     print("\ntuning sweep (bf16):")

@@ -59,14 +59,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rocm_mla import __version__  # noqa: E402
 from rocm_mla import _platform  # noqa: E402
-from rocm_mla.configs import config_for  # noqa: E402
+from rocm_mla.configs import config_for, is_nvidia_arch  # noqa: E402
 from rocm_mla.ops.merge import merge_attn_states  # noqa: E402
-from rocm_mla.ops.prefill import ContextChunk, config_label, launch_config, mla_prefill, mla_prefill_with_context  # noqa: E402
+from rocm_mla.ops.prefill import ContextChunk, launch_config, mla_prefill, mla_prefill_with_context  # noqa: E402
 from rocm_mla.reference import mla_prefill_ref  # noqa: E402
 from rocm_mla.tools.benchutil import (Record, aiter_peer_version, bar_plot, device_name, gpu_for,  # noqa: E402
                                       load_aiter_peer, load_vllm_peer, matmul_tflops, rotating_graph_us, time_ms,
-                                      without_amd_options,
                                       write_csv)
+from rocm_mla.triton_common import without_amd_options  # noqa: E402
+from rocm_mla.variants.prefill import config_label  # noqa: E402
 
 P, R, V = 128, 64, 128
 SCALE = 1.0 / math.sqrt(P + R)
@@ -525,7 +526,7 @@ def main() -> int:
           + ("" if err < 1e-2 else "  WRONG"))
 
     records, rows, series, groups = [], [], {p: [] for p in PROVIDERS}, []
-    tile = launch_config(arch, DTYPE) if arch.startswith("sm") else {"BLOCK_M": 128, "BLOCK_N": 64,
+    tile = launch_config(arch, DTYPE) if is_nvidia_arch(arch) else {"BLOCK_M": 128, "BLOCK_N": 64,
                                                                                 "num_warps": 8, "num_stages": 3}
     notes = []
     for shape in shapes:

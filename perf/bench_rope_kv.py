@@ -237,7 +237,7 @@ def _triton_launch(T: int, N: int, consts: dict, options: dict) -> str:
 
 def tune(dev, copy: float, rep_ms: float = 50.0) -> None:
     """Sweep the launch data of both implementations (configs/rope_kv_write.json "tune", each
-    candidate merged over this arch's entry) at TUNE_SHAPES, through ``ops.rope_kv._run(...,
+    candidate merged over this arch's entry) at TUNE_SHAPES, through ``ops.rope_kv.launch(...,
     config=)``: the op's own dispatch, launch arithmetic and kernels, without its argument checks.
 
     Every candidate is first checked against the reference (one eager call on fresh copies), then
@@ -255,7 +255,7 @@ def tune(dev, copy: float, rep_ms: float = 50.0) -> None:
 
     from rocm_mla import _ext
     from rocm_mla.configs import config_for, tune_space
-    from rocm_mla.ops.rope_kv import OP, _run, _triton_meta
+    from rocm_mla.ops.rope_kv import OP, fp8_cache_kind, launch, triton_meta
 
     t_start = time.perf_counter()
     build = None
@@ -296,7 +296,7 @@ def tune(dev, copy: float, rep_ms: float = 50.0) -> None:
 
     def op_fn(impl, c):
         def fn(pos, q, kv_a, kv_c, cs, cache, slots, fp8, ks):
-            _run(pos, q[..., 128:], kv_a[:, 512:], kv_c, cs, cache, slots, False, fp8, ks, impl, config=c)
+            launch(pos, q[..., 128:], kv_a[:, 512:], kv_c, cs, cache, slots, False, fp8, ks, impl, config=c)
         return fn
 
     errors: dict[str, str] = {}
@@ -355,7 +355,9 @@ def tune(dev, copy: float, rep_ms: float = 50.0) -> None:
             for i in idx:
                 c = cands[impl][i]
                 if impl == "triton":
-                    consts, options = _triton_meta(case["N"], arch, {**current[impl], **c})
+                    consts, options = triton_meta(case["N"], arch, rope=True, is_neox=False,
+                                                  cache_kind=fp8_cache_kind(arch) if case["fp8"] is not None else 0,
+                                                  config={**current[impl], **c})
                     key = (tuple(sorted(consts.items())), tuple(sorted(options.items())))
                     if key not in seen:
                         seen[key] = measure(impl, c, case)
@@ -402,10 +404,12 @@ def tune(dev, copy: float, rep_ms: float = 50.0) -> None:
         ok = [(v[si], i) for (b, i), v in res.items() if b == impl and isinstance(v[si], float)]
         return max(ok) if ok else None
 
-    def launch(impl, c, case):
+    def launch_label(impl, c, case):
         if impl == "hip":
             return _hip_launch(case["T"], case["N"], {**current[impl], **c}, sms, ws)
-        consts, options = _triton_meta(case["N"], arch, {**current[impl], **c})
+        consts, options = triton_meta(case["N"], arch, rope=True, is_neox=False,
+                                      cache_kind=fp8_cache_kind(arch) if case["fp8"] is not None else 0,
+                                      config={**current[impl], **c})
         return _triton_launch(case["T"], case["N"], consts, options)
 
     print("\nwinners per shape (GPU time):")
@@ -417,7 +421,7 @@ def tune(dev, copy: float, rep_ms: float = 50.0) -> None:
             gbs, i = b
             c = cands[impl][i]
             print(f"  {case['name']:20s} {label(impl, c):28s} {gbs:5.0f} GB/s ({100 * gbs / copy:.0f}%) "
-                  f"{case['nbytes'] / gbs / 1e3:6.1f} us  [{launch(impl, c, case)}]")
+                  f"{case['nbytes'] / gbs / 1e3:6.1f} us  [{launch_label(impl, c, case)}]")
     overall = {}
     for impl in impls:
         scored = [(geo(v), i) for (b, i), v in res.items() if b == impl and geo(v)]
@@ -444,12 +448,12 @@ def tune(dev, copy: float, rep_ms: float = 50.0) -> None:
     for impl, c in overall.items():
         for tag, cfg in (("current", {k: current[impl][k] for k in space[impl]}), ("winner", c)):
             try:
-                strided = _graph_ms(lambda: _run(pos, qw[..., 128:], kw[:, 512:], kv_c, cos_sin, cache, slots, False,
+                strided = _graph_ms(lambda: launch(pos, qw[..., 128:], kw[:, 512:], kv_c, cos_sin, cache, slots, False,
                                                  None, k_scale, impl, config=cfg), rep_ms)
-                contig = _graph_ms(lambda: _run(pos, q_c, k_c, kv_c, cos_sin, cache, slots, False, None, k_scale,
+                contig = _graph_ms(lambda: launch(pos, q_c, k_c, kv_c, cos_sin, cache, slots, False, None, k_scale,
                                                 impl, config=cfg), rep_ms)
                 tq, tkv, tkc, tpos, tsl, tca, _ = tiny
-                floor = _graph_ms(lambda: _run(tpos, tq[..., 128:], tkv[:, 512:], tkc, cos_sin, tca, tsl, False, None,
+                floor = _graph_ms(lambda: launch(tpos, tq[..., 128:], tkv[:, 512:], tkc, cos_sin, tca, tsl, False, None,
                                                k_scale, impl, config=cfg), rep_ms)
             except Exception as exc:
                 print(f"  {impl} {tag}: {type(exc).__name__}: {exc}")
@@ -459,7 +463,7 @@ def tune(dev, copy: float, rep_ms: float = 50.0) -> None:
                   f"contiguous q_pe/k_pe {nb / contig / 1e6:.0f} ({contig * 1e3:.1f} us); T=1 call {floor * 1e3:.1f} us")
 
     # Eager: what the op costs when the host launches it (prefill is not graph-captured).
-    print("\neager (_run: dispatch + launcher, no argument checks), us:")
+    print("\neager (launch: dispatch + launcher, no argument checks), us:")
     for impl, c in overall.items():
         for tag, cfg in (("current", {k: current[impl][k] for k in space[impl]}), ("winner", c)):
             parts = []

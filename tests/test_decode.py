@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import rocm_mla
-from rocm_mla.ops.decode import (choose_num_splits, mla_decode_workspace_numel, stage1_config,
-                                 triton_variants, tuning_candidates)
+from rocm_mla.ops.decode import choose_num_splits, mla_decode_workspace_numel, stage1_config
+from rocm_mla.variants.decode import triton_variants, tuning_candidates
 from rocm_mla.reference import mla_decode_ref
 
 from _util import DEVICE, HAS_GPU, backends, outside_untouched, poisoned_view

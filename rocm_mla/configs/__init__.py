@@ -38,6 +38,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import warnings
 from dataclasses import dataclass, field
 from importlib import resources
@@ -72,13 +73,31 @@ def _nvidia(table: dict[str, Any], arch: str) -> dict[str, Any]:
     return table["default"]
 
 
+def is_amd_arch(arch: str) -> bool:
+    """True for an AMD GPU arch key (``gfx942``, ``gfx950``, ...): where the AMD backend's compile
+    options apply. With ``is_nvidia_arch`` and ``nvidia_sm``, the one place outside ``_platform``
+    that reads a vendor or a generation from an arch name."""
+    return arch.startswith("gfx")
+
+
+def is_nvidia_arch(arch: str) -> bool:
+    """True for an NVIDIA GPU arch key (``sm90``, ...)."""
+    return arch.startswith("sm")
+
+
+def nvidia_sm(arch: str) -> int | None:
+    """The compute capability of an NVIDIA arch key as a number (``sm90`` / ``sm90a`` -> 90), else None."""
+    m = re.fullmatch(r"sm(\d+)\w*", arch)
+    return int(m.group(1)) if m else None
+
+
 def package_config(op: str, arch: str) -> dict[str, Any]:
     """The package's own launch data of ``op`` on ``arch`` (no overlay): what ``config_for``
     returns when overlays are off."""
     table = _table(op)
-    if arch.startswith("gfx"):
+    if is_amd_arch(arch):
         return _amd(table, arch)
-    if arch.startswith("sm"):
+    if is_nvidia_arch(arch):
         return _nvidia(table, arch)
     return table["default"]
 

@@ -28,9 +28,9 @@ from ..configs import config_for, platform_fp8_dtype
 from ..kernels.mla_decode import mla_decode_reduce_kernel, mla_decode_stage1_kernel
 from ..mla_dims import FP8_DTYPES, FP8_KV_CACHE_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from ..reference.decode import mla_decode_ref
+from ..triton_common import amd_options
 from ._checks import FLOAT_DTYPES, Checker
 from ._dispatch import select
-from ._variants import TritonVariant
 
 OP = "mla_decode"
 D_NOPE = KV_LORA_RANK  # V width and the nope part of K (the kernel's constexpr names)
@@ -358,21 +358,15 @@ def _num_xcds(arch: str) -> int:
     return int(config_for(OP, arch).get("num_xcds", 1))
 
 
-def _amd_options(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
-    if not arch.startswith("gfx"):
-        return {}
-    return {k: cfg[k] for k in ("waves_per_eu", "matrix_instr_nonkdim", "kpack") if k in cfg}
-
-
-def _stage2_meta(num_splits: int, arch: str) -> tuple[dict, dict]:
-    """Reduce tile: BLOCK_S splits x BLOCK_D columns with BLOCK_S x BLOCK_D <= tile_elems, so a
-    long split list is read in few, wide steps (each step waits for its loads once)."""
+def stage2_meta(num_splits: int, arch: str) -> tuple[dict, dict]:
+    """``(constexprs, compile options)`` of the stage-2 reduce for ``num_splits`` splits, for the
+    launch and the ISA report alike. Reduce tile: BLOCK_S splits x BLOCK_D columns with
+    BLOCK_S x BLOCK_D <= tile_elems, so a long split list is read in few, wide steps (each step
+    waits for its loads once)."""
     cfg = config_for(OP, arch)["stage2"]
     block_s = min(triton.next_power_of_2(max(1, num_splits)), int(cfg["max_block_s"]))
     block_d = max(64, min(D_NOPE, int(cfg["tile_elems"]) // block_s))
-    options = {"num_warps": int(cfg["num_warps"])}
-    if arch.startswith("gfx") and cfg.get("waves_per_eu"):
-        options["waves_per_eu"] = cfg["waves_per_eu"]
+    options = {"num_warps": int(cfg["num_warps"]), **amd_options(cfg, arch)}
     return {"D": D_NOPE, "BLOCK_D": block_d, "BLOCK_S": block_s}, options
 
 
@@ -423,7 +417,7 @@ def stage1_meta(arch: str, cfg: dict[str, Any], q_dtype: torch.dtype, kv_fp8: bo
               "RELOAD_K": bool(cfg.get("RELOAD_K", False)), "NUM_XCDS": _num_xcds(arch),
               "F16_DOT": bool(kv_fp8 and q_dtype == torch.bfloat16 and cfg.get("F16_DOT", False)),
               "PAGE_MODE": int(page_mode), "V_SPLIT": v_split}
-    options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **_amd_options(cfg, arch)}
+    options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **amd_options(cfg, arch)}
     return consts, options
 
 
@@ -480,7 +474,7 @@ def _launch_triton(q_nope, q_pe, kv, block_table, seq_lens, out, lse, sm_scale, 
         **consts, **options)
     if direct:
         return
-    consts, options2 = _stage2_meta(S, arch)
+    consts, options2 = stage2_meta(S, arch)
     mla_decode_reduce_kernel[(R, D_NOPE // consts["BLOCK_D"])](
         part_o, part_lse, out, lse,
         N, S, s_po, s_pl,
@@ -488,113 +482,5 @@ def _launch_triton(q_nope, q_pe, kv, block_table, seq_lens, out, lse, sm_scale, 
         **consts, **options2)
 
 
-# --------------------------------------------------------------------------- ISA report
-
-_TNAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
-          torch.uint8: "u8"}
-
-
-def _fp8_tname(arch: str) -> str:
-    return "fp8e4b8" if fp8_dtype_for(arch) == getattr(torch, "float8_e4m3fnuz", None) else "fp8e4nv"
-
-
-_TDTYPE = {v: k for k, v in _TNAME.items()}
-
-
-def _stage1_variant(arch: str, cfg: dict[str, Any], qname: str, kvname: str, direct: bool,
-                    scale_ptr: bool, tag: str, page_mode: int = 2) -> TritonVariant:
-    sig = {"q_nope": f"*{qname}", "q_pe": f"*{qname}", "kv": f"*{kvname}", "block_table": "*i32",
-           "seq_lens": "*i32", "k_scale_ptr": "*fp32", "out": f"*{qname}", "lse": "*fp32",
-           "part_o": "*fp32", "part_lse": "*fp32", "qk_scale": "fp32", "out_scale": "fp32"}
-    for name in ("num_heads", "q_len", "num_splits", "num_head_blocks", "page_size", "page_shift", "capacity",
-                 "num_pages", "s_qn_r", "s_qn_h",
-                 "s_qp_r", "s_qp_h", "s_kv_blk", "s_kv_tok", "s_bt_b", "s_o_r", "s_o_h", "s_l_r",
-                 "s_po_s", "s_pl_s"):
-        sig[name] = "i32"
-    # Inner strides are 1 on real tensors (Triton specialises ints equal to 1).
-    ones = {"s_qn_d": 1, "s_qp_d": 1, "s_o_d": 1, "s_l_h": 1, "s_sl": 1}
-    meta, options = stage1_meta(arch, cfg, _TDTYPE[qname], kvname.startswith("fp8"), direct=direct,
-                                has_scale_ptr=scale_ptr, page_mode=page_mode)
-    consts = {**ones, **meta}
-    amd = "".join(f" {k[:4]}{v}" for k, v in _amd_options(cfg, arch).items())
-    vsplit = f"v{consts['V_SPLIT']}" if consts["V_SPLIT"] > 1 else ""
-    label = (f"{tag}q={qname} kv={kvname} H{cfg['BLOCK_H']} N{cfg['BLOCK_N']} d{consts['D_SPLIT']}{vsplit}"
-             f"{'r' if cfg.get('RELOAD_K') else ''}{'h' if consts['F16_DOT'] else ''} "
-             f"w{cfg['num_warps']} "
-             f"s{cfg['num_stages']}{amd} {'direct' if direct else 'split'}{' kscale*' if scale_ptr else ''}"
-             f"{'' if page_mode == 2 else f' page{page_mode}'}")
-    # float32 q runs IEEE dots: MFMA has f32 instructions, NVIDIA tensor cores do not (FMA there).
-    return TritonVariant(
-        kernel="mla_decode_stage1", config=label, fn=mla_decode_stage1_kernel, signature=sig,
-        constexprs=consts, options=options, expects_mfma=qname != "fp32" or arch.startswith("gfx"),
-        divisible_by_16=("q_nope", "q_pe", "kv", "block_table", "seq_lens", "out", "lse", "part_o",
-                         "part_lse", "s_qn_r", "s_qn_h", "s_qp_r", "s_qp_h", "s_kv_blk", "s_kv_tok",
-                         "s_o_r", "s_o_h", "s_po_s", "s_pl_s"))
-
-
-def triton_variants(arch: str) -> list[TritonVariant]:
-    """Every stage-1 config the wrapper can pick on ``arch`` (each tier, with its fp8/fp32
-    overrides, and the tuning candidates), for each q dtype and cache dtype, direct and split,
-    fp8 with a tensor or a number scale, tiles inside one page (PAGE_MODE 2); each tier once more
-    with pages smaller than a tile (PAGE_MODE 1 and 0, bf16); and the stage-2 reduce for each
-    output dtype and tile."""
-    table = config_for(OP, arch)
-    fp8 = _fp8_tname(arch)
-    variants: list[TritonVariant] = []
-    seen: set[str] = set()
-
-    def add(v: TritonVariant):
-        if v.config not in seen:
-            seen.add(v.config)
-            variants.append(v)
-
-    combos = [(torch.bfloat16, "bf16", False), (torch.float16, "fp16", False), (torch.float32, "fp32", False),
-              (torch.bfloat16, fp8, True), (torch.float16, fp8, True)]
-    for tier in table["stage1"]:
-        for qdt, kvname, is_fp8 in combos:
-            cfg = stage1_config(arch, tier["BLOCK_H"], qdt, is_fp8)
-            for direct in (True, False):
-                for sptr in ((False, True) if is_fp8 else (False,)):
-                    add(_stage1_variant(arch, cfg, _TNAME[qdt], kvname if is_fp8 else _TNAME[qdt], direct,
-                                        sptr, ""))
-        # Pages smaller than a tile (block 16, block 1: PAGE_MODE 1; other sizes: 0), bf16 q and cache.
-        cfg = stage1_config(arch, tier["BLOCK_H"], torch.bfloat16, False)
-        for mode in (1, 0):
-            add(_stage1_variant(arch, cfg, "bf16", "bf16", False, False, "", mode))
-    # Tuning candidates: the dtypes the benchmark tunes (bf16 and fp8 caches with bf16 q).
-    for cand in table.get("candidates", []):
-        for qdt, kvname, is_fp8 in combos[:1] + combos[3:4]:
-            cfg = stage1_config(arch, 0, qdt, is_fp8, cand)
-            for direct in (True, False):
-                add(_stage1_variant(arch, cfg, _TNAME[qdt], kvname if is_fp8 else _TNAME[qdt], direct,
-                                    is_fp8, "cand "))
-    s_values = sorted({1 << i for i in range(0, 7)} | {int(table["split"]["max_splits"])})
-    for qdt in (torch.bfloat16, torch.float16, torch.float32):
-        tiles = sorted({(c["BLOCK_S"], c["BLOCK_D"]) for c in (_stage2_meta(s, arch)[0] for s in s_values if s > 1)})
-        for block_s, block_d in tiles:
-            consts = {"D": D_NOPE, "BLOCK_D": block_d, "BLOCK_S": block_s, "s_o_d": 1, "s_l_h": 1}
-            _, options = _stage2_meta(block_s, arch)
-            sig = {"part_o": "*fp32", "part_lse": "*fp32", "out": f"*{_TNAME[qdt]}", "lse": "*fp32",
-                   "num_heads": "i32", "num_splits": "i32", "s_po_s": "i32", "s_pl_s": "i32",
-                   "s_o_r": "i32", "s_o_h": "i32", "s_l_r": "i32"}
-            add(TritonVariant(kernel="mla_decode_reduce", config=f"out={_TNAME[qdt]} S{block_s} D{block_d} "
-                              f"w{options['num_warps']}", fn=mla_decode_reduce_kernel, signature=sig,
-                              constexprs=consts, options=options,
-                              divisible_by_16=("part_o", "part_lse", "out", "lse", "s_po_s", "s_pl_s",
-                                               "s_o_r", "s_o_h")))
-    return variants
-
-
-def tuning_candidates(arch: str) -> list[dict[str, Any]]:
-    """Stage-1 configs ``perf/bench_decode.py --tune`` times (pass each as ``launch_config=``):
-    every tier plus ``candidates``, with their fp8/fp32 sub-objects."""
-    table = config_for(OP, arch)
-    out: list[dict[str, Any]] = []
-    for cfg in [*table["stage1"], *table.get("candidates", [])]:
-        if cfg not in out:
-            out.append(cfg)
-    return out
-
-
 __all__ = ["mla_decode", "mla_decode_workspace_numel", "choose_num_splits", "stage1_config", "decode_plan",
-           "triton_variants", "tuning_candidates", "fp8_dtype_for"]
+           "stage1_meta", "stage2_meta", "fp8_dtype_for"]

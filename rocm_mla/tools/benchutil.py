@@ -61,9 +61,6 @@ def load_vllm_peer(peers: str, module: str, name: str):
         return None
 
 
-AMD_ONLY_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack", "schedule_hint")
-
-
 def load_aiter_peer(peers: str, module: str, config_arch: str = "gfx942", raise_errors: bool = False):
     """aiter's ``aiter.ops.triton.<module>``, importable from the ``peers`` folder that
     perf/peers/get_aiter_peers.sh makes (aiter's Triton tree only; ``import aiter`` needs ROCm); None
@@ -72,7 +69,8 @@ def load_aiter_peer(peers: str, module: str, config_arch: str = "gfx942", raise_
     aiter picks its JSON configs by asking Triton's active driver for a gfx arch; without an AMD GPU
     (the H200, or no GPU for the compile report) that answer is not a gfx name, so the loader makes
     aiter read ``config_arch``'s configs (gfx942 = its MI300X files). Launch configs taken from them
-    carry AMD-only options: drop those with :func:`without_amd_options` before an NVIDIA launch.
+    carry AMD-only options: drop those with ``rocm_mla.triton_common.without_amd_options`` before an
+    NVIDIA launch.
     raise_errors: raise (with the reason) instead of printing it and returning None.
     """
     import importlib
@@ -132,12 +130,6 @@ def aiter_peer_version(peers: str) -> str:
     """The amd-aiter wheel version the peer folder was unpacked from ("" when unknown)."""
     f = Path(peers, "AITER_VERSION")
     return f.read_text().strip() if f.is_file() else ""
-
-
-def without_amd_options(cfg: dict) -> dict:
-    """``cfg`` without the launch options only AMD's Triton backend knows (an NVIDIA launch
-    rejects unknown keyword options)."""
-    return {k: v for k, v in cfg.items() if k not in AMD_ONLY_OPTIONS}
 
 
 # Device kernels that only move or fill data, by kind, as torch.profiler names them; the first

@@ -535,9 +535,10 @@ def decode_label(p: dict) -> str:
 
 
 def _decode_groups(t: "Tuner", shapes: list[Shape]) -> list[Group]:
-    from ..ops.decode import stage1_config, tuning_candidates
+    from ..ops.decode import stage1_config
+    from ..variants.decode import tuning_candidates
 
-    arch, gfx = t.arch, t.arch.startswith("gfx")
+    arch, gfx = t.arch, C.is_amd_arch(t.arch)
     pkg = t.package["mla_decode"]
     tiers = pkg["stage1"]
     by: dict[tuple, list[Shape]] = {}
@@ -594,9 +595,9 @@ def _decode_groups(t: "Tuner", shapes: list[Shape]) -> list[Group]:
 
 
 def _prefill_groups(t: "Tuner", shapes: list[Shape]) -> list[Group]:
-    from ..ops.prefill import config_label
+    from ..variants.prefill import config_label
 
-    gfx = t.arch.startswith("gfx")
+    gfx = C.is_amd_arch(t.arch)
     pkg = t.package["mla_prefill"]
     by: dict[str, list[Shape]] = {}
     for s in shapes:
@@ -635,7 +636,7 @@ def _impl_groups(t: "Tuner", op: str, shapes: list[Shape]) -> list[Group]:
     knobs = []
     if impl == "triton":
         knobs = [(k, v) for k, v in space.items()]
-        if t.arch.startswith("gfx"):
+        if C.is_amd_arch(t.arch):
             knobs.append(("waves_per_eu", [0, 1, 2]))
         if op == "rope_kv":
             knobs.append(("max_tokens", [4, 8, 16]))

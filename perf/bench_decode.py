@@ -44,7 +44,7 @@ page permutations), R chosen so the copies together exceed 3 x the L2 size; a re
 finds its KV in HBM, as a decode step does after the other layers ran.
 
 --tune: additionally time every stage-1 candidate of configs/mla_decode.json for this arch
-(rocm_mla.variants.decode.tuning_candidates, passed as launch_config=) on every shape and dtype, print
+(rocm_mla.variants.decode.tuning_candidates, passed as config=) on every shape and dtype, print
 a table of times and the winner per shape, and write tune.csv. --splits / --b1-splits also force
 split counts (a grid candidate x S per shape; 'auto' = the heuristic), --cands picks candidates by
 index, --shapes filters shapes; the winners are printed with their config object as JSON. Move winners into the arch's
@@ -133,11 +133,11 @@ class Setup:
 
 # --------------------------------------------------------------------------- providers
 
-def ours(s: Setup, launch_config=None, num_kv_splits=None):
+def ours(s: Setup, config=None, num_kv_splits=None):
     def call(i: int):
         mla_decode(s.ql_nope, s.q_pe, s.caches[i], s.tables[i], s.seq_lens, sm_scale=SCALE, out=s.out, lse=s.lse,
                    kv_cache_dtype="fp8" if s.fp8 else "auto", k_scale=s.k_scale, max_seq_len=s.seq,
-                   backend="triton", launch_config=launch_config, num_kv_splits=num_kv_splits)
+                   backend="triton", config=config, num_kv_splits=num_kv_splits)
         return s.out
     return call
 
@@ -317,10 +317,10 @@ class Run:
         return f"{us:.1f}us {gbs:.0f}GB/s ({100 * gbs / self.copy:.0f}%) {tfs:.0f}TF ({100 * tfs / self.mm:.0f}%)"
 
 
-def plan_for(s: Setup, dev, launch_config=None, num_kv_splits=None) -> dict:
+def plan_for(s: Setup, dev, config=None, num_kv_splits=None) -> dict:
     return decode_plan(batch=s.B, num_heads=s.N, q_len=s.q_len, max_blocks=s.tables[0].shape[1], block_size=s.block,
                        q_dtype=torch.bfloat16, kv_fp8=s.fp8, kv_elem_bytes=1 if s.fp8 else 2, device=dev,
-                       max_seq_len=s.seq, num_kv_splits=num_kv_splits, launch_config=launch_config)
+                       max_seq_len=s.seq, num_kv_splits=num_kv_splits, config=config)
 
 
 def time_checked(run: Run, provider: str, fn, s: Setup, ref_reqs: int) -> float | None:

@@ -344,14 +344,14 @@ def test_stage1_config_tiers_and_overrides():
     assert stage1_config("sm90", 16, fp16, True).get("RELOAD_K") is True
     cand = tuning_candidates("sm90")[-1]
     assert stage1_config("sm90", 16, fp16, False, cand)["BLOCK_N"] == cand["BLOCK_N"]
-    with pytest.raises(ValueError, match="launch_config: expected a BLOCK_N entry"):
+    with pytest.raises(ValueError, match="config: expected a BLOCK_N entry"):
         stage1_config("sm90", 16, fp16, False, {"BLOCK_H": 16, "num_warps": 4, "num_stages": 1})
 
 
 def test_launch_config_override_runs():
     case = Case(2, 4, 1, 16, (30, 12), torch.float16)
     cfg = {"BLOCK_H": 32, "BLOCK_N": 32, "D_SPLIT": 2, "num_warps": 4, "num_stages": 1}
-    _check(case, *case.run(launch_config=cfg, num_kv_splits=2))
+    _check(case, *case.run(config=cfg, num_kv_splits=2))
 
 
 def test_fp8_cache_f16_dots_with_bf16_q():
@@ -361,7 +361,7 @@ def test_fp8_cache_f16_dots_with_bf16_q():
     case = Case(2, 20, 1, 16, (45, 7), torch.bfloat16, kv_dtype=FP8_HERE, k_scale=0.5, seed=21)
     cfg = {"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "RELOAD_K": True, "F16_DOT": True}
     for splits in (1, 2):
-        _check(case, *case.run(launch_config=cfg, num_kv_splits=splits, k_scale=0.5))
+        _check(case, *case.run(config=cfg, num_kv_splits=splits, k_scale=0.5))
     assert stage1_config("sm90", 16, torch.bfloat16, True)["F16_DOT"] is True
 
 
@@ -383,7 +383,7 @@ def test_every_arch_config_is_right(cfg, fp8):
     case = Case(2, 20, 1, 16, (45, 7), torch.float16, kv_dtype=FP8_HERE if fp8 else None,
                 k_scale=0.5 if fp8 else None, seed=13)
     for splits in (1, 2):
-        _check(case, *case.run(launch_config=cfg, num_kv_splits=splits, k_scale=0.5 if fp8 else None))
+        _check(case, *case.run(config=cfg, num_kv_splits=splits, k_scale=0.5 if fp8 else None))
 
 
 @pytest.mark.parametrize("arch", ["gfx942", "sm90"])
@@ -493,7 +493,7 @@ def test_v_split_matches_reference(dtype, splits, name):
     case = Case(B, N, q_len, bs, lens, dtype, seed=31)
     out_base, out = poisoned_view((B * q_len, N, 512), dtype, token_pad=3)
     lse_base, lse = poisoned_view((B * q_len, N), torch.float32, transpose01=True)
-    case.run(out=out, lse=lse, launch_config=V_SPLIT_CFG, num_kv_splits=splits, backend="triton")
+    case.run(out=out, lse=lse, config=V_SPLIT_CFG, num_kv_splits=splits, backend="triton")
     _check(case, out, lse)
     assert outside_untouched(out_base, out) and outside_untouched(lse_base, lse)
 
@@ -544,7 +544,7 @@ def test_nan_in_used_kv_row_reaches_that_request(cfg, splits, poison):
     tok = 20  # a key of request 1 that every one of its rows sees
     page = int(case.block_table[1, tok // 16])
     case.kv[page, tok % 16, 7] = poison
-    out, lse = case.run(num_kv_splits=splits, backend="triton", launch_config=cfg)
+    out, lse = case.run(num_kv_splits=splits, backend="triton", config=cfg)
     if poison != poison:
         assert torch.isnan(out[1]).all() and torch.isnan(lse[1]).all()
     else:  # inf: a head whose score is -inf skips the key, but 0 x inf still reaches column 7
@@ -585,7 +585,7 @@ def test_gpu_v_split_and_wide_tiles(kv, N, q_len):
                 {"BLOCK_H": 64, "BLOCK_N": 64, "D_SPLIT": 1, "num_warps": 8, "num_stages": 2}):
         for splits in (None, 1, 7):
             out_base, out = poisoned_view((4 * q_len, N, 512), torch.bfloat16, token_pad=1)
-            o, lse = case.run(out=out, launch_config=cfg, num_kv_splits=splits,
+            o, lse = case.run(out=out, config=cfg, num_kv_splits=splits,
                               k_scale=0.25 if kv == "fp8" else None)
             _check(case, o, lse)
             assert outside_untouched(out_base, out)

@@ -48,7 +48,7 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
                kv_cache_dtype: str = "auto", k_scale: float | torch.Tensor | None = None,
                num_kv_splits: int | None = None, max_seq_len: int | None = None,
                workspace: torch.Tensor | None = None, backend: str | None = None,
-               launch_config: dict[str, Any] | None = None, debug: bool | None = None
+               config: dict[str, Any] | None = None, debug: bool | None = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Paged multi-query attention of MLA decode over the latent cache; returns ``(out, lse)``.
 
@@ -99,7 +99,7 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
         backend: "triton" or "reference" to force one (default: configs' backend_order; see
             ``rocm_mla.ops._dispatch``; ``ROCM_MLA_BACKEND_MLA_DECODE`` in the environment).
             No HIP or aiter kernel exists for decode yet.
-        launch_config: override the stage-1 launch config (``BLOCK_H``, ``BLOCK_N``,
+        config: override the stage-1 launch config (``BLOCK_H``, ``BLOCK_N``,
             ``num_warps``, ``num_stages``, AMD options, ``ctas_per_cu``); for tuning.
         debug: validate seq_lens and block-table entries against the cache (reads device values:
             a host sync, so not capturable). Default: ``ROCM_MLA_DEBUG=1`` in the environment.
@@ -185,7 +185,7 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
     if impl == "triton":
         _launch_triton(q_nope, q_pe, kv, block_table, seq_lens, out, lse, float(sm_scale), q_len,
                        is_fp8, ks_float, scale_t if is_fp8 else None, num_kv_splits, max_seq_len,
-                       workspace, launch_config)
+                       workspace, config)
     else:
         ref_scale = (scale_t if scale_t is not None else ks_float) if is_fp8 else None
         o, l = mla_decode_ref(q_nope, q_pe, kv, block_table, seq_lens, float(sm_scale), ref_scale)
@@ -300,7 +300,7 @@ def stage1_config(arch: str, rows_per_request: int, q_dtype: torch.dtype, fp8: b
 
     The first tier (configs' ``stage1``, sorted by BLOCK_H) that holds every row of a request;
     else the largest tier, with several row blocks per request. ``override`` (a tuning candidate,
-    or ``launch_config=``) replaces the tier. The chosen object's sub-objects then override fields,
+    or ``config=``) replaces the tier. The chosen object's sub-objects then override fields,
     in this order: ``fp8`` (fp8 cache), ``fp32`` (float32 q), ``fp16+fp8`` (float16 q, fp8 cache).
     """
     if override is not None:
@@ -316,7 +316,7 @@ def stage1_config(arch: str, rows_per_request: int, q_dtype: torch.dtype, fp8: b
     cfg.setdefault("ctas_per_cu", 1)
     for key in ("BLOCK_H", "BLOCK_N", "num_warps", "num_stages"):
         if key not in cfg:
-            raise ValueError(f"{OP}: launch_config: expected a {key} entry, got keys {sorted(cfg)}")
+            raise ValueError(f"{OP}: config: expected a {key} entry, got keys {sorted(cfg)}")
     return cfg
 
 
@@ -373,13 +373,13 @@ def stage2_meta(num_splits: int, arch: str) -> tuple[dict, dict]:
 def decode_plan(*, batch: int, num_heads: int, q_len: int, max_blocks: int, block_size: int,
                 q_dtype: torch.dtype, kv_fp8: bool, kv_elem_bytes: int, device: torch.device,
                 max_seq_len: int | None = None, num_kv_splits: int | None = None,
-                launch_config: dict[str, Any] | None = None) -> dict[str, Any]:
+                config: dict[str, Any] | None = None) -> dict[str, Any]:
     """What a call with these shapes launches, decided on the host from shapes alone:
     ``{"config": stage-1 config, "row_blocks": int, "num_kv_splits": S, "launches": 1 or 2}``.
     (perf/bench_decode.py prints it next to each timing.)"""
     arch = _platform.device_arch(device)
     m_rows = q_len * num_heads
-    cfg = stage1_config(arch, m_rows, q_dtype, kv_fp8, launch_config)
+    cfg = stage1_config(arch, m_rows, q_dtype, kv_fp8, config)
     row_blocks = triton.cdiv(m_rows, int(cfg["BLOCK_H"]))
     S = num_kv_splits
     if S is None:
@@ -422,7 +422,7 @@ def stage1_meta(arch: str, cfg: dict[str, Any], q_dtype: torch.dtype, kv_fp8: bo
 
 
 def _launch_triton(q_nope, q_pe, kv, block_table, seq_lens, out, lse, sm_scale, q_len, is_fp8, ks_float,
-                   ks_tensor, num_kv_splits, max_seq_len, workspace, launch_config):
+                   ks_tensor, num_kv_splits, max_seq_len, workspace, config):
     rows, N, _ = q_nope.shape
     B, max_blocks = block_table.shape
     page_size = kv.shape[1]
@@ -430,7 +430,7 @@ def _launch_triton(q_nope, q_pe, kv, block_table, seq_lens, out, lse, sm_scale, 
     R = rows * N
     plan = decode_plan(batch=B, num_heads=N, q_len=q_len, max_blocks=max_blocks, block_size=page_size,
                        q_dtype=q_nope.dtype, kv_fp8=is_fp8, kv_elem_bytes=kv.element_size(), device=q_nope.device,
-                       max_seq_len=max_seq_len, num_kv_splits=num_kv_splits, launch_config=launch_config)
+                       max_seq_len=max_seq_len, num_kv_splits=num_kv_splits, config=config)
     cfg, row_blocks, S = plan["config"], plan["row_blocks"], plan["num_kv_splits"]
     block_n = int(cfg["BLOCK_N"])
     if num_kv_splits is None and workspace is not None:

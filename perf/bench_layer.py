@@ -152,7 +152,7 @@ class DecodeStep:
 
     def ours_nopass(self):
         """ROCM_MLA without the fusion pass: vLLM's torch RoPE, then the backend's KV write."""
-        from bench_rope_kv import vllm_forward_static
+        from bench_rope_kv_write import vllm_forward_static
 
         q_rot, k_rot = vllm_forward_static(self.positions, self.q[..., P:], self.kv_a[:, L:].unsqueeze(1),
                                            self.layer.cos_sin)
@@ -164,7 +164,7 @@ class DecodeStep:
         self._up(self.o)
 
     def upstream(self):
-        from bench_rope_kv import unfused
+        from bench_rope_kv_write import unfused
 
         unfused(self.positions, self.q, self.kv_a, self.kv_a[:, :L], self.layer.cos_sin, self.cache,
                 self.slots, None, None)
@@ -254,12 +254,12 @@ class RopeKV:
         self.cache.zero_()
 
     def upstream(self):
-        from bench_rope_kv import unfused
+        from bench_rope_kv_write import unfused
 
         unfused(self.positions, self.q, self.kv_a, self.kv_a[:, :L], self.cos_sin, self.cache, self.slots, None, None)
 
     def nopass(self):
-        from bench_rope_kv import vllm_forward_static
+        from bench_rope_kv_write import vllm_forward_static
 
         q_rot, k_rot = vllm_forward_static(self.positions, self.q[..., P:], self.kv_a[:, L:].unsqueeze(1), self.cos_sin)
         self.q[..., P:] = q_rot

@@ -5,6 +5,6 @@ kernel against them)."""
 from .decode import mla_decode_ref
 from .merge import merge_attn_states_ref
 from .prefill import mla_prefill_ref
-from .rope_kv import fused_rope_mla_kv_write_ref
+from .rope_kv_write import fused_rope_mla_kv_write_ref
 
 __all__ = ["mla_decode_ref", "merge_attn_states_ref", "mla_prefill_ref", "fused_rope_mla_kv_write_ref"]

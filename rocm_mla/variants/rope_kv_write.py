@@ -1,7 +1,7 @@
 """fused_rope_mla_kv_write / concat_and_cache_mla: the Triton variants the wrapper can launch, for
 the ISA report.
 
-Constexprs and options come from ``rocm_mla.ops.rope_kv.triton_meta``, the function the launch uses.
+Constexprs and options come from ``rocm_mla.ops.rope_kv_write.triton_meta``, the function the launch uses.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels.rope_kv_write import rope_mla_kv_write_kernel
-from ..ops.rope_kv import fp8_cache_kind, triton_meta
+from ..ops.rope_kv_write import fp8_cache_kind, triton_meta
 from ..triton_common import triton_type
 from .triton_variant import TritonVariant
 

@@ -2,8 +2,8 @@
 """Benchmark fused_rope_mla_kv_write: rocm_mla HIP and Triton vs the unfused two-step path vLLM 0.33
 runs for DeepSeek on ROCm, as GB/s and % of the copy bandwidth measured in the same run.
 
-    python perf/bench_rope_kv.py [--out results] [--quick]
-    python perf/bench_rope_kv.py --tune [--tune-rep 50]     # launch-data sweep only (see tune())
+    python perf/bench_rope_kv_write.py [--out results] [--quick]
+    python perf/bench_rope_kv_write.py --tune [--tune-rep 50]     # launch-data sweep only (see tune())
 
 Unfused path ("unfused-torch"): DeepseekScalingRotaryEmbedding.forward_native of vLLM 0.33 (its
 forward_static, verbatim in torch: gather cos/sin, repeat_interleave, rotate_gptj, mul/add in the
@@ -37,7 +37,7 @@ from rocm_mla import __version__, _platform  # noqa: E402
 from rocm_mla.ops import fused_rope_mla_kv_write  # noqa: E402
 from rocm_mla.ops._dispatch import unavailable  # noqa: E402
 from rocm_mla.configs import platform_fp8_dtype  # noqa: E402
-from rocm_mla.reference.rope_kv import FP8_MAX, fused_rope_mla_kv_write_ref, quantize_fp8_ref  # noqa: E402
+from rocm_mla.reference.rope_kv_write import FP8_MAX, fused_rope_mla_kv_write_ref, quantize_fp8_ref  # noqa: E402
 from rocm_mla.tools.benchutil import (gpu_for, graph_ms, Record, bar_plot, copy_bandwidth_gbs, device_name,  # noqa: E402
                                       print_table, time_ms, write_csv)
 
@@ -120,13 +120,13 @@ def make_cos_sin(dev):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="results", help="folder for rope_kv.csv and rope_kv.png")
+    ap.add_argument("--out", default="results", help="folder for rope_kv_write.csv and rope_kv_write.png")
     ap.add_argument("--quick", action="store_true", help="T=4096 only")
     ap.add_argument("--tune", action="store_true",
                     help="only sweep the launch data (configs/rope_kv_write.json 'tune') of both implementations")
     ap.add_argument("--tune-rep", type=float, default=50.0, help="do_bench rep (ms) per --tune timing")
     args = ap.parse_args()
-    dev = gpu_for("bench_rope_kv")
+    dev = gpu_for("bench_rope_kv_write")
     if dev is None:
         return 2
     name = device_name(dev)
@@ -197,10 +197,10 @@ def main() -> int:
           f" fp8 = {str(fp8_kind).replace('torch.', '')}")
     print_table(["shape", *providers, "best fused / unfused"], rows)
     out_dir = Path(args.out)
-    write_csv(out_dir / "rope_kv.csv", records)
-    bar_plot(out_dir / "rope_kv.png", f"fused RoPE + MLA KV write on {name}", groups, series, "GB/s",
+    write_csv(out_dir / "rope_kv_write.csv", records)
+    bar_plot(out_dir / "rope_kv_write.png", f"fused RoPE + MLA KV write on {name}", groups, series, "GB/s",
              hline=copy, hline_label="copy ceiling")
-    print(f"wrote {out_dir / 'rope_kv.csv'} and {out_dir / 'rope_kv.png'}")
+    print(f"wrote {out_dir / 'rope_kv_write.csv'} and {out_dir / 'rope_kv_write.png'}")
     return 0
 
 
@@ -237,7 +237,7 @@ def _triton_launch(T: int, N: int, consts: dict, options: dict) -> str:
 
 def tune(dev, copy: float, rep_ms: float = 50.0) -> None:
     """Sweep the launch data of both implementations (configs/rope_kv_write.json "tune", each
-    candidate merged over this arch's entry) at TUNE_SHAPES, through ``ops.rope_kv.launch(...,
+    candidate merged over this arch's entry) at TUNE_SHAPES, through ``ops.rope_kv_write.launch(...,
     config=)``: the op's own dispatch, launch arithmetic and kernels, without its argument checks.
 
     Every candidate is first checked against the reference (one eager call on fresh copies), then
@@ -255,7 +255,7 @@ def tune(dev, copy: float, rep_ms: float = 50.0) -> None:
 
     from rocm_mla import _ext
     from rocm_mla.configs import config_for, tune_space
-    from rocm_mla.ops.rope_kv import OP, fp8_cache_kind, launch, triton_meta
+    from rocm_mla.ops.rope_kv_write import OP, fp8_cache_kind, launch, triton_meta
 
     t_start = time.perf_counter()
     build = None

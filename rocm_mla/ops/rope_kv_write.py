@@ -2,8 +2,11 @@
 KV-cache write, in one kernel.
 
 Kernels: hip_src/kernels/rope_kv_write.cuh (HIP), rocm_mla/kernels/rope_kv_write.py (Triton).
-Reference: rocm_mla/reference/rope_kv.py. Both ops share one kernel family, one config
+Reference: rocm_mla/reference/rope_kv_write.py. Both ops share one kernel family, one config
 (configs/rope_kv_write.json) and one backend switch: ``ROCM_MLA_BACKEND_ROPE_KV_WRITE``.
+Every layer of the family (config, kernels, op, reference, variants, tests, benchmark, the tuner's
+op key) says ``rope_kv_write``; the two public functions keep vLLM's op names
+(``fused_rope_mla_kv_write``, ``concat_and_cache_mla``), which they mirror.
 
 Decisions (documented on the functions too):
 - positions and slot_mapping must be int64 (vLLM's dtype); int32 is rejected with a TypeError,
@@ -34,7 +37,7 @@ from .. import _ext, _platform
 from ..configs import config_for, platform_fp8_dtype
 from ..kernels.rope_kv_write import rope_mla_kv_write_kernel
 from ..mla_dims import FP8_KV_CACHE_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
-from ..reference.rope_kv import cache_rows_ref, rope_ref, write_cache_ref
+from ..reference.rope_kv_write import cache_rows_ref, rope_ref, write_cache_ref
 from ..triton_common import amd_options
 from ._checks import FLOAT_DTYPES, Checker
 from ._dispatch import select
@@ -269,7 +272,7 @@ def launch(positions, q_pe, k_pe, kv_c, cos_sin_cache, kv_cache, slot_mapping, i
     None) -> the selected implementation. The public ops validate, then call this; the benchmark's
     ``--tune`` calls it directly.
 
-    ``config`` (tuning only: perf/bench_rope_kv.py --tune) overrides keys of the selected
+    ``config`` (tuning only: perf/bench_rope_kv_write.py --tune) overrides keys of the selected
     implementation's launch data (configs/rope_kv_write.json, this arch); the rest of the path --
     dispatch, kernels, launch arithmetic -- is the op's own.
     """

@@ -24,7 +24,6 @@ from pathlib import Path
 
 if __name__ == "__main__":
     os.environ.pop("TRITON_INTERPRET", None)  # the compiler needs real @triton.jit functions
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 

@@ -35,6 +35,7 @@ import contextlib
 import copy
 import functools
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -138,6 +139,14 @@ def tune_space(op: str) -> dict[str, Any]:
     """Candidate launch values per implementation that ``perf/bench_<op> --tune`` and
     ``rocm-mla tune`` sweep."""
     return _table(op).get("tune", {})
+
+
+def tune_candidates(op: str) -> dict[str, list[dict[str, Any]]]:
+    """Per implementation, every combination of its ``tune_space`` values (keys in the JSON's
+    order, the last key varying fastest): the launch-data candidates a sweep times, each to be
+    merged over the arch's entry."""
+    return {impl: [dict(zip(space, vals)) for vals in itertools.product(*space.values())]
+            for impl, space in tune_space(op).items()}
 
 
 def platform_fp8_dtype(arch: str):

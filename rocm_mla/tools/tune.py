@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import itertools
 import json
 import math
 import os
@@ -635,7 +634,7 @@ def _impl_groups(t: "Tuner", op: str, shapes: list[Shape]) -> list[Group]:
     pkg = t.package[op_key]
     p0 = dict(pkg[impl])
     space = C.tune_space(op_key).get(impl, {})
-    listed = [{**p0, **dict(zip(space, vals))} for vals in itertools.product(*space.values())] if space else []
+    listed = [{**p0, **c} for c in C.tune_candidates(op_key).get(impl, [])] if space else []
     listed = _nearest_first(p0, listed)
     knobs = []
     if impl == "triton":

@@ -56,13 +56,14 @@ if "--check-rope-kv" in sys.argv and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit runs
 
 from rocm_mla import __version__  # noqa: E402
+from rocm_mla.mla_dims import KV_LORA_RANK, PREFILL_DIMS  # noqa: E402
 from rocm_mla.ops import concat_and_cache_mla, fused_rope_mla_kv_write, mla_decode, mla_prefill_with_context  # noqa: E402
 from rocm_mla.tools.benchutil import (DATA_MOVEMENT_KERNELS, Record, bar_plot, bench_parser,  # noqa: E402
                                       data_movement_kind, load_vllm_peer, print_table, start_bench, time_ms,
                                       vllm_forward_static, vllm_num_kv_splits, vllm_unfused_rope_kv_write,
                                       write_csv)
 
-P, R, V, L = 128, 64, 128, 512
+P, R, V, L = *PREFILL_DIMS, KV_LORA_RANK  # 128, 64, 128, 512
 BLOCK = 64
 SCALE = 1.0 / math.sqrt(P + R)
 

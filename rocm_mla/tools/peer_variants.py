@@ -24,13 +24,14 @@ from pathlib import Path
 
 from ..variants.triton_variant import TritonVariant
 from ..configs import is_amd_arch
+from ..mla_dims import PREFILL_DIMS
 from ..triton_common import AMD_ONLY_OPTIONS, without_amd_options
 
 AITER_KERNEL = "aiter_mha_fwd"
 AITER_DECODE_KERNEL = "aiter_mla_decode_stage1"
 # The launch perf/bench_prefill.py times: q / k_cat contiguous [T, N, 192], v the [..., 128:] view
 # of the [T, N, 256] kv_b_proj output, out [T, N, 128] (aiter allocates it), lse [T, N] float32.
-P, R, V = 128, 64, 128
+P, R, V = PREFILL_DIMS  # 128, 64, 128
 
 
 def aiter_peers_dir() -> Path:

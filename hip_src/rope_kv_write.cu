@@ -1,5 +1,5 @@
 // Host launcher for kernels/rope_kv_write.cuh (the only place that launches it).
-// Argument validation with readable errors lives in rocm_mla/ops/rope_kv.py; the checks here are
+// Argument validation with readable errors lives in rocm_mla/ops/rope_kv_write.py; the checks here are
 // the last line of defence for direct callers of the extension.
 #include <torch/extension.h>
 #include <c10/cuda/CUDAException.h>

@@ -44,7 +44,7 @@ page permutations), R chosen so the copies together exceed 3 x the L2 size; a re
 finds its KV in HBM, as a decode step does after the other layers ran.
 
 --tune: additionally time every stage-1 candidate of configs/mla_decode.json for this arch
-(rocm_mla.ops.decode.tuning_candidates, passed as launch_config=) on every shape and dtype, print
+(rocm_mla.variants.decode.tuning_candidates, passed as config=) on every shape and dtype, print
 a table of times and the winner per shape, and write tune.csv. --splits / --b1-splits also force
 split counts (a grid candidate x S per shape; 'auto' = the heuristic), --cands picks candidates by
 index, --shapes filters shapes; the winners are printed with their config object as JSON. Move winners into the arch's
@@ -53,98 +53,23 @@ index, --shapes filters shapes; the winners are printed with their config object
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
 import torch
+import triton
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from rocm_mla import __version__, _platform  # noqa: E402
-import triton  # noqa: E402
-
-from rocm_mla.ops.decode import decode_plan, fp8_dtype_for, mla_decode, tuning_candidates  # noqa: E402
-from rocm_mla.reference import mla_decode_ref  # noqa: E402
-from rocm_mla.tools.benchutil import (gpu_for, Record, bar_plot, copy_bandwidth_gbs, device_name,  # noqa: E402
-                                      load_vllm_peer, load_aiter_peer, aiter_peer_version, matmul_tflops,
-                                      print_table, rotating_graph_us, time_ms, write_csv)
-
-L, R_DIM, D = 512, 64, 576
-BLOCK = 64
-SCALE = 1.0 / math.sqrt(192)
-
-
-# --------------------------------------------------------------------------- inputs
-
-def shape_label(kind: str, B: int, seq: int, N: int, q_len: int) -> str:
-    return f"{kind} B={B} seq={seq} N={N}" + (f" q{q_len}" if q_len > 1 else "")
-
-
-class Setup:
-    """One shape: q as vLLM produces it (rows = B x q_len), out/lse buffers, R (cache, block table)
-    copies. Every request holds ``seq`` keys, its last q_len being the new tokens (MTP rows)."""
-
-    def __init__(self, B: int, seq: int, N: int, kv_kind: str, dev: torch.device, l2_bytes: int,
-                 block: int = BLOCK, q_len: int = 1):
-        self.B, self.seq, self.N, self.kv_kind, self.block, self.q_len = B, seq, N, kv_kind, block, q_len
-        self.rows = B * q_len
-        self.fp8 = kv_kind == "fp8"
-        blocks = math.ceil(seq / block)
-        elem = 1 if self.fp8 else 2
-        set_bytes = B * blocks * block * D * elem
-        self.R = max(1, min(64, math.ceil(3 * l2_bytes / set_bytes)))
-        self.k_scale = torch.tensor([0.05], device=dev) if self.fp8 else None
-        self.caches, self.tables = [], []
-        fp8 = fp8_dtype_for(_platform.device_arch(dev))  # e4m3fnuz on gfx942, e4m3fn elsewhere
-        for _ in range(self.R):
-            npages = B * blocks
-            kv = torch.randn(npages, block, D, device=dev, dtype=torch.bfloat16)
-            if self.fp8:
-                kv = (kv.float() / 0.05).clamp(-200, 200).to(fp8)
-            self.caches.append(kv)
-            self.tables.append(torch.randperm(npages, device=dev, dtype=torch.int32).view(B, blocks))
-        self.seq_lens = torch.full((B,), seq, dtype=torch.int32, device=dev)
-        # ql_nope = bmm(q_nope^T [N, rows, 128], W_UK_T [N, 128, 512]) -> [N, rows, 512], read as [rows, N, 512].
-        self.ql_nope = torch.randn(N, self.rows, L, device=dev, dtype=torch.bfloat16).transpose(0, 1)
-        self.q = torch.randn(self.rows, N, 192, device=dev, dtype=torch.bfloat16)
-        self.q_pe = self.q[..., 128:]
-        self.out = torch.empty(self.rows, N, L, device=dev, dtype=torch.bfloat16)
-        self.lse = torch.empty(self.rows, N, device=dev, dtype=torch.float32)
-
-    @property
-    def label(self) -> str:
-        return shape_label(self.kv_kind, self.B, self.seq, self.N, self.q_len)
-
-    def nbytes(self) -> float:
-        elem = 1 if self.fp8 else 2
-        return self.B * self.seq * D * elem + self.rows * self.N * D * 2 + self.rows * self.N * L * 2
-
-    def keys_seen(self) -> int:
-        """Keys summed over one request's rows (row t of q_len sees seq - q_len + 1 + t: causal MTP)."""
-        return sum(self.seq - self.q_len + 1 + t for t in range(self.q_len))
-
-    def flops(self) -> float:
-        return self.B * 2.0 * self.N * self.keys_seen() * (D + L)
-
+from rocm_mla import __version__, _platform
+from rocm_mla.ops.decode import decode_plan
+from rocm_mla.reference import mla_decode_ref
+from rocm_mla.tools.bench_decode_inputs import BLOCK, D, L, R_DIM, SCALE, Setup, ours, shape_label
+from rocm_mla.tools.benchutil import (Record, aiter_peer_version, bar_plot, bench_parser, load_aiter_peer,
+                                      load_vllm_peer, print_table, rotating_graph_us, start_bench, time_ms,
+                                      vllm_num_kv_splits, write_csv)
+from rocm_mla.variants.decode import tuning_candidates
 
 # --------------------------------------------------------------------------- providers
-
-def ours(s: Setup, launch_config=None, num_kv_splits=None):
-    def call(i: int):
-        mla_decode(s.ql_nope, s.q_pe, s.caches[i], s.tables[i], s.seq_lens, sm_scale=SCALE, out=s.out, lse=s.lse,
-                   kv_cache_dtype="fp8" if s.fp8 else "auto", k_scale=s.k_scale, max_seq_len=s.seq,
-                   backend="triton", launch_config=launch_config, num_kv_splits=num_kv_splits)
-        return s.out
-    return call
-
-
-def vllm_num_kv_splits(max_seq_len: int, sm_count: int) -> int:
-    """vLLM 0.33 triton_mla.py _compute_num_kv_splits (min work per split 512, 2 x SMs cap)."""
-    return min(triton.next_power_of_2(max(1, max_seq_len // 512)), sm_count * 2)
-
 
 def vllm(s: Setup, decode_attention_fwd, sm_count: int):
     """None, reason when TRITON_MLA cannot run the shape (it takes one query row per request)."""
@@ -175,7 +100,7 @@ def aiter(s: Setup, mod, sm_count: int):
         return None, "not loaded"
     if s.fp8 or s.q_len > 1:
         return None, "bf16 cache and q_len 1 only"
-    from rocm_mla.tools.benchutil import without_amd_options
+    from rocm_mla.triton_common import without_amd_options
 
     dev = s.q.device
     S = vllm_num_kv_splits(s.seq, sm_count)
@@ -240,12 +165,6 @@ def flashinfer(s: Setup):
 
 
 # --------------------------------------------------------------------------- timing
-
-def graph_time_us(call, R: int, min_ms: float = 30.0, reps: int = 5) -> float:
-    """Median per-call time of back-to-back replays of R one-call CUDA graphs (call(i) for cache
-    copy i), rotating over the copies (benchutil.rotating_graph_us, which rocm-mla tune uses too)."""
-    return rotating_graph_us(call, R, min_ms=min_ms, reps=reps)
-
 
 def check(name: str, got: torch.Tensor, s: Setup, ref_reqs: int) -> str:
     """Max abs error on the first ref_reqs requests (their q_len rows each) against the float32
@@ -316,10 +235,10 @@ class Run:
         return f"{us:.1f}us {gbs:.0f}GB/s ({100 * gbs / self.copy:.0f}%) {tfs:.0f}TF ({100 * tfs / self.mm:.0f}%)"
 
 
-def plan_for(s: Setup, dev, launch_config=None, num_kv_splits=None) -> dict:
+def plan_for(s: Setup, dev, config=None, num_kv_splits=None) -> dict:
     return decode_plan(batch=s.B, num_heads=s.N, q_len=s.q_len, max_blocks=s.tables[0].shape[1], block_size=s.block,
                        q_dtype=torch.bfloat16, kv_fp8=s.fp8, kv_elem_bytes=1 if s.fp8 else 2, device=dev,
-                       max_seq_len=s.seq, num_kv_splits=num_kv_splits, launch_config=launch_config)
+                       max_seq_len=s.seq, num_kv_splits=num_kv_splits, config=config)
 
 
 def time_checked(run: Run, provider: str, fn, s: Setup, ref_reqs: int) -> float | None:
@@ -330,7 +249,7 @@ def time_checked(run: Run, provider: str, fn, s: Setup, ref_reqs: int) -> float 
         bad = check(provider, got, s, ref_reqs)
         if bad:
             run.notes.append(bad)
-        return graph_time_us(fn, s.R)
+        return rotating_graph_us(fn, s.R)
     except Exception as exc:  # report, keep benchmarking the rest
         run.notes.append(f"  {provider} {s.label}: {type(exc).__name__}: {str(exc)[:200]}")
         return None
@@ -390,7 +309,7 @@ def tune_shape(run: Run, s: Setup, dev, cands: list, cand_ids: list[int], splits
             try:
                 fn = ours(s, cand, S)
                 bad = check(label, fn(0), s, min(s.B, 2))
-                us = float("nan") if bad else graph_time_us(fn, s.R, min_ms=15, reps=3)
+                us = float("nan") if bad else rotating_graph_us(fn, s.R, min_ms=15, reps=3)
                 if bad:
                     run.notes.append(bad)
             except Exception as exc:
@@ -444,7 +363,7 @@ def report(run: Run, out_dir: Path, cands: list) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_parser(__doc__)
     ap.add_argument("--out", default="results", help="folder for decode.csv, decode_*.png (and tune.csv)")
     ap.add_argument("--peers", default=".peers", help="folder made by get_vllm_peers.sh (aiter under PEERS/aiter)")
     ap.add_argument("--preset", default="flashmla", choices=["flashmla", "quick", "serving"],
@@ -465,14 +384,13 @@ def main() -> int:
     ap.add_argument("--cands", default="", help="--tune: only these candidate indices (comma-separated)")
     ap.add_argument("--no-bench", action="store_true", help="--tune only: skip the provider comparison")
     args = ap.parse_args()
-    dev = gpu_for("bench_decode")
-    if dev is None:
+    gpu = start_bench("bench_decode", copy=True, matmul=True)
+    if gpu is None:
         return 2
-    name = device_name(dev)
+    dev, name, copy, mm = gpu.dev, gpu.name, gpu.copy_gbs, gpu.matmul_tflops
     props = torch.cuda.get_device_properties(dev)
     sms = props.multi_processor_count
     l2 = int(getattr(props, "L2_cache_size", 50 << 20) or (50 << 20))
-    copy, mm = copy_bandwidth_gbs(dev), matmul_tflops(dev)
     print(f"device: {name} ({sms} SMs/CUs, L2 {l2 >> 20} MiB); copy ceiling {copy:.0f} GB/s (read+write); "
           f"bf16 matmul {mm:.0f} TFLOP/s; torch {torch.__version__} triton {triton.__version__}")
     peers: dict = {}

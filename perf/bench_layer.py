@@ -43,7 +43,6 @@ shapes and checks that they agree (also on CPU, in the Triton interpreter; no ti
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from pathlib import Path
@@ -51,19 +50,20 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 if "--check-rope-kv" in sys.argv and not torch.cuda.is_available():
     import os
 
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit runs
 
 from rocm_mla import __version__  # noqa: E402
+from rocm_mla.mla_dims import KV_LORA_RANK, PREFILL_DIMS  # noqa: E402
 from rocm_mla.ops import concat_and_cache_mla, fused_rope_mla_kv_write, mla_decode, mla_prefill_with_context  # noqa: E402
-from rocm_mla.tools.benchutil import (gpu_for, DATA_MOVEMENT_KERNELS, Record, bar_plot, data_movement_kind,  # noqa: E402
-                                      device_name, load_vllm_peer, print_table, time_ms, write_csv)
+from rocm_mla.tools.benchutil import (DATA_MOVEMENT_KERNELS, Record, bar_plot, bench_parser,  # noqa: E402
+                                      data_movement_kind, load_vllm_peer, print_table, start_bench, time_ms,
+                                      vllm_forward_static, vllm_num_kv_splits, vllm_unfused_rope_kv_write,
+                                      write_csv)
 
-P, R, V, L = 128, 64, 128, 512
+P, R, V, L = *PREFILL_DIMS, KV_LORA_RANK  # 128, 64, 128, 512
 BLOCK = 64
 SCALE = 1.0 / math.sqrt(P + R)
 
@@ -123,8 +123,6 @@ class DecodeStep:
         self.o = torch.empty(B, N, L, device=dev, dtype=dt)
         self.lse = torch.empty(B, N, device=dev, dtype=torch.float32)
         self.vllm_decode = vllm_decode
-        from bench_decode import vllm_num_kv_splits
-
         self.S = vllm_num_kv_splits(seq, sm_count)
         self.logits = torch.empty(B, N, self.S, L + 1, device=dev, dtype=torch.float32)
         self._saved = (self.q.clone(), self.kv_a.clone())
@@ -152,8 +150,6 @@ class DecodeStep:
 
     def ours_nopass(self):
         """ROCM_MLA without the fusion pass: vLLM's torch RoPE, then the backend's KV write."""
-        from bench_rope_kv import vllm_forward_static
-
         q_rot, k_rot = vllm_forward_static(self.positions, self.q[..., P:], self.kv_a[:, L:].unsqueeze(1),
                                            self.layer.cos_sin)
         self.q[..., P:] = q_rot
@@ -164,10 +160,8 @@ class DecodeStep:
         self._up(self.o)
 
     def upstream(self):
-        from bench_rope_kv import unfused
-
-        unfused(self.positions, self.q, self.kv_a, self.kv_a[:, :L], self.layer.cos_sin, self.cache,
-                self.slots, None, None)
+        vllm_unfused_rope_kv_write(self.positions, self.q, self.kv_a, self.kv_a[:, :L], self.layer.cos_sin,
+                                   self.cache, self.slots, None, None)
         ql_nope = self._absorb()
         q = torch.cat((ql_nope, self.q[..., P:]), dim=-1)
         o = torch.zeros(self.B, self.layer.N, L, dtype=q.dtype, device=q.device)
@@ -254,13 +248,10 @@ class RopeKV:
         self.cache.zero_()
 
     def upstream(self):
-        from bench_rope_kv import unfused
-
-        unfused(self.positions, self.q, self.kv_a, self.kv_a[:, :L], self.cos_sin, self.cache, self.slots, None, None)
+        vllm_unfused_rope_kv_write(self.positions, self.q, self.kv_a, self.kv_a[:, :L], self.cos_sin, self.cache,
+                                   self.slots, None, None)
 
     def nopass(self):
-        from bench_rope_kv import vllm_forward_static
-
         q_rot, k_rot = vllm_forward_static(self.positions, self.q[..., P:], self.kv_a[:, L:].unsqueeze(1), self.cos_sin)
         self.q[..., P:] = q_rot
         concat_and_cache_mla(self.kv_a[:, :L], k_rot, self.cache, self.slots)
@@ -379,7 +370,7 @@ def rope_kv_table(dev, name, shapes, cos_sin, records) -> list[list[str]]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_parser(__doc__)
     ap.add_argument("--out", default="results", help="folder for layer.csv and layer.png")
     ap.add_argument("--peers", default=".peers", help="folder made by get_vllm_peers.sh")
     ap.add_argument("--quick", action="store_true", help="smaller batches")
@@ -392,15 +383,15 @@ def main() -> int:
         print("bench_layer --check-rope-kv: max |diff| vs upstream:", res)
         tol = 3e-2 if dev.type == "cuda" else 1e-5
         return 0 if all(v is None or v <= tol for v in res.values()) else 1
-    dev = gpu_for("bench_layer")
-    if dev is None:
+    gpu = start_bench("bench_layer")
+    if gpu is None:
         return 2
+    dev, name = gpu.dev, gpu.name
     decode_attention_fwd = load_vllm_peer(args.peers, "triton_decode_attention", "decode_attention_fwd")
     vllm_merge = load_vllm_peer(args.peers, "triton_merge_attn_states", "merge_attn_states")
     if decode_attention_fwd is None or vllm_merge is None:
         print("bench_layer: vLLM's Triton kernels are needed for the upstream side")
         return 2
-    name = device_name(dev)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     B_dec, ctx_dec = (32, 2048) if args.quick else (64, 4096)
     # One sequence: SDPA returns lse as [B, N, L], and for B > 1 turning that into vLLM's [N, T]

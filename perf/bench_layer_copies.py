@@ -1,6 +1,6 @@
 """Copy/cat/pad/fill kernels in one MLA attention step: ROCM_MLA vs the upstream-shaped composition.
 
-One layer step (rocm_mla.vllm.harness.LayerStep: vLLM 0.33's MLAAttention layer, vLLM's metadata
+One layer step (rocm_mla.testing.harness.LayerStep: vLLM 0.33's MLAAttention layer, vLLM's metadata
 builder, a paged cache) is run through the ROCM_MLA backend, and the calls vLLM made into the
 backend (``do_kv_cache_update``, ``forward_mqa``, ``forward_mha``: the attention path) are replayed
 under ``torch.profiler``. The same step runs through ``UpstreamShapedImpl``: the data movement
@@ -62,9 +62,8 @@ def upstream_shaped_backend():
     """A backend class whose impl moves data the way TRITON_MLA + vLLM's common FA prefill do."""
     from vllm.model_executor.layers.attention.mla_attention import init_mla_context_partial
 
-    from rocm_mla.ops import merge_attn_states, mla_decode, mla_prefill
+    from rocm_mla.ops import gather_context_chunk, merge_attn_states, mla_decode, mla_prefill
     from rocm_mla.vllm.backend import RocmMLABackend, RocmMLAImpl
-    from rocm_mla.vllm.context_gather import gather_context_chunk
 
     class UpstreamShapedImpl(RocmMLAImpl):
         """Upstream data movement around rocm_mla kernels (each stand-in is one kernel, as the

@@ -13,34 +13,32 @@ vLLM's merge is made importable by ../shared/peers/get_vllm_peers.sh .peers (nev
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from rocm_mla import __version__  # noqa: E402
-from rocm_mla.ops import merge_attn_states  # noqa: E402
-from rocm_mla.ops._dispatch import unavailable  # noqa: E402
-from rocm_mla.reference import merge_attn_states_ref  # noqa: E402
-from rocm_mla.tools.benchutil import (gpu_for, Record, bar_plot, copy_bandwidth_gbs, device_name,  # noqa: E402
-                                      load_vllm_peer, print_table, time_ms, write_csv)
+from rocm_mla import __version__
+from rocm_mla.configs import tune_candidates
+from rocm_mla.ops import merge_attn_states
+from rocm_mla.ops._dispatch import unavailable
+from rocm_mla.ops.merge import launch
+from rocm_mla.reference import merge_attn_states_ref
+from rocm_mla.tools.benchutil import (Record, bar_plot, bench_parser, load_vllm_peer, print_table, start_bench,
+                                      time_ms, write_csv)
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_parser(__doc__)
     ap.add_argument("--out", default="results", help="folder for merge.csv and merge.png")
     ap.add_argument("--peers", default=".peers", help="folder made by get_vllm_peers.sh")
     ap.add_argument("--quick", action="store_true", help="T=4096 only")
     ap.add_argument("--tune", action="store_true", help="also sweep the launch candidates of configs/merge_attn_states.json")
     args = ap.parse_args()
-    dev = gpu_for("bench_merge")
-    if dev is None:
+    gpu = start_bench("bench_merge", copy=True)
+    if gpu is None:
         return 2
-    name = device_name(dev)
-    copy = copy_bandwidth_gbs(dev)
+    dev, name, copy = gpu.dev, gpu.name, gpu.copy_gbs
     print(f"device: {name}; copy ceiling (read+write) {copy:.0f} GB/s")
     vllm_merge = load_vllm_peer(args.peers, "triton_merge_attn_states", "merge_attn_states")
     providers = {}
@@ -108,31 +106,23 @@ def main() -> int:
 
 
 def tune(dev, copy: float) -> None:
-    """Sweep every candidate launch config (configs/merge_attn_states.json "tune") at two shapes."""
-    import itertools
-
-    from rocm_mla.configs import tune_space
-    from rocm_mla.ops.merge import _run
-
-    cands = tune_space("merge_attn_states")
+    """Sweep every candidate launch config (configs/merge_attn_states.json "tune") at two shapes,
+    through the op's public launch entry point (ops.merge.launch, config=)."""
     rows = []
     for T, N, D in ((32768, 128, 128), (4096, 16, 128)):
         mk = lambda: torch.randn(T, N, D + 64, device=dev, dtype=torch.bfloat16)[..., :D]  # noqa: E731
         po, so, out = mk(), mk(), mk()
         pl, sl, ol = (torch.randn(N, T, device=dev) for _ in range(3))
         nbytes = 3 * T * N * D * 2 + 3 * T * N * 4
-        for impl, space in cands.items():
+        for impl, cands in tune_candidates("merge_attn_states").items():
             if unavailable(impl, dev):
                 continue
-            keys = list(space)
-            for values in itertools.product(*(space[k] for k in keys)):
-                cfg = dict(zip(keys, values))
-                ms = time_ms(lambda: _run(impl, cfg, out, po, pl, so, sl, ol))
+            for cfg in cands:
+                ms = time_ms(lambda: launch(impl, out, po, pl, so, sl, ol, config=cfg))
                 gbs = nbytes / ms / 1e6
                 rows.append([f"T={T} N={N} D={D} strided", impl, str(cfg), f"{gbs:.0f} ({100 * gbs / copy:.0f}%)"])
     print("\ntuning sweep (bf16):")
     print_table(["shape", "impl", "config", "GB/s"], rows)
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -43,7 +43,6 @@ ours (said in the output). Both sides see the chunks already up-projected (not t
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import math
@@ -55,20 +54,20 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from rocm_mla import __version__  # noqa: E402
-from rocm_mla import _platform  # noqa: E402
-from rocm_mla.configs import config_for  # noqa: E402
-from rocm_mla.ops.merge import merge_attn_states  # noqa: E402
-from rocm_mla.ops.prefill import ContextChunk, config_label, launch_config, mla_prefill, mla_prefill_with_context  # noqa: E402
-from rocm_mla.reference import mla_prefill_ref  # noqa: E402
-from rocm_mla.tools.benchutil import (Record, aiter_peer_version, bar_plot, device_name, gpu_for,  # noqa: E402
-                                      load_aiter_peer, load_vllm_peer, matmul_tflops, rotating_graph_us, time_ms,
-                                      without_amd_options,
+from rocm_mla import __version__
+from rocm_mla import _platform
+from rocm_mla.configs import config_for, is_nvidia_arch
+from rocm_mla.mla_dims import PREFILL_DIMS
+from rocm_mla.ops.merge import merge_attn_states
+from rocm_mla.ops.prefill import ContextChunk, launch_config, mla_prefill, mla_prefill_with_context
+from rocm_mla.reference import mla_prefill_ref
+from rocm_mla.tools.benchutil import (Record, aiter_peer_version, bar_plot, bench_parser, device_name,
+                                      load_aiter_peer, load_vllm_peer, rotating_graph_us, start_bench, time_ms,
                                       write_csv)
+from rocm_mla.triton_common import without_amd_options
+from rocm_mla.variants.prefill import config_label
 
-P, R, V = 128, 64, 128
+P, R, V = PREFILL_DIMS  # 128, 64, 128
 SCALE = 1.0 / math.sqrt(P + R)
 DTYPE = torch.bfloat16  # the serving dtype (a CPU smoke run of this script sets float16)
 
@@ -115,13 +114,10 @@ def causal_flops(lengths, N: int) -> float:
 
 # --------------------------------------------------------------------------- timing
 
-def time_graph_ms(fn, rounds: int = 7, min_ms: float = 50.0) -> float:
-    """Median ms per call of ``fn`` replayed from a CUDA graph (one call captured; each round
-    replays it back to back for ~min_ms): benchutil.rotating_graph_us over one input copy."""
-    return rotating_graph_us(lambda i: fn(), 1, min_ms=min_ms, reps=rounds) / 1e3
-
-
 class Timer:
+    """ms per call: with graphs, the median of 7 rounds of back-to-back replays of one captured
+    call (~50 ms each; benchutil.rotating_graph_us over one input copy), else do_bench."""
+
     def __init__(self, graphs: bool):
         self.graphs = graphs
         self.fallbacks: list[str] = []
@@ -129,7 +125,7 @@ class Timer:
     def __call__(self, what: str, fn) -> float:
         if self.graphs:
             try:
-                return time_graph_ms(fn)
+                return rotating_graph_us(lambda i: fn(), 1, min_ms=50.0, reps=7) / 1e3
             except Exception as exc:  # not capturable: say so, time it plainly
                 self.fallbacks.append(f"{what}: {type(exc).__name__}: {str(exc)[:120]}")
                 torch.cuda.synchronize()
@@ -485,7 +481,7 @@ def replace_block(text: str, block: str) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_parser(__doc__)
     ap.add_argument("--out", default="results", help="folder for prefill.csv, prefill.png, prefill.md")
     ap.add_argument("--quick", action="store_true", help="4 shapes (the issue's three + varlen N=16), compact table")
     ap.add_argument("--tune", action="store_true", help="time the arch's candidate configs first; use the winner")
@@ -497,12 +493,12 @@ def main() -> int:
     ap.add_argument("--vllm-peers", default=".peers", help="folder made by ../shared/peers/get_vllm_peers.sh")
     ap.add_argument("--update-results", metavar="RESULTS_MD", help="replace the bench_prefill block of this file")
     args = ap.parse_args()
-    dev = gpu_for("bench_prefill")
-    if dev is None:
+    gpu = start_bench("bench_prefill", matmul=True)
+    if gpu is None:
         return 2
-    name, arch = device_name(dev), _platform.device_arch(dev)
+    dev, name, peak = gpu.dev, gpu.name, gpu.matmul_tflops
+    arch = _platform.device_arch(dev)
     shapes = QUICK if args.quick else SHAPES
-    peak = matmul_tflops(dev)
     import triton
 
     print(f"device: {name} ({arch}); bf16 matmul {peak:.0f} TFLOP/s; torch {torch.__version__}, triton {triton.__version__}")
@@ -525,7 +521,7 @@ def main() -> int:
           + ("" if err < 1e-2 else "  WRONG"))
 
     records, rows, series, groups = [], [], {p: [] for p in PROVIDERS}, []
-    tile = launch_config(arch, DTYPE) if arch.startswith("sm") else {"BLOCK_M": 128, "BLOCK_N": 64,
+    tile = launch_config(arch, DTYPE) if is_nvidia_arch(arch) else {"BLOCK_M": 128, "BLOCK_N": 64,
                                                                                 "num_warps": 8, "num_stages": 3}
     notes = []
     for shape in shapes:

@@ -45,8 +45,6 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 if not torch.cuda.is_available():
     # vLLM replaces Triton by a placeholder on a machine without a GPU driver unless the platform's
     # visible-devices variable is set and empty; the kernels then run in the Triton interpreter.

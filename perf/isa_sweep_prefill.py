@@ -24,11 +24,11 @@ from pathlib import Path
 
 if __name__ == "__main__":
     os.environ.pop("TRITON_INTERPRET", None)  # the compiler needs real @triton.jit functions
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from rocm_mla.ops.prefill import config_label, triton_variant  # noqa: E402
+from rocm_mla.configs import is_amd_arch  # noqa: E402
+from rocm_mla.variants.prefill import config_label, triton_variant  # noqa: E402
 from rocm_mla.tools.isa_report import collect  # noqa: E402
 
 GRIDS = {
@@ -57,7 +57,7 @@ def grid_configs(grid: dict, arch: str) -> list[dict]:
             continue
         if cfg["matrix_instr_nonkdim"] == 32 and rows_per_wave < 32:
             continue
-        if not arch.startswith("gfx"):
+        if not is_amd_arch(arch):
             cfg = {k: v for k, v in cfg.items() if k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")}
         if cfg.get("schedule_hint") == "none":
             cfg.pop("schedule_hint")

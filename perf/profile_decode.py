@@ -5,31 +5,26 @@ rocprof on AMD) to attach to; prints the plan and the per-call time.
     ncu --clock-control none --set full -k regex:mla_decode_stage1 --launch-skip 3 --launch-count 1 \
         python3 perf/profile_decode.py --B 128 --seq 4096 --N 16 [--kv fp8] [--config '{"BLOCK_H": 64, ...}']
 
-The inputs are bench_decode.py's (block 64, shuffled pages, q as vLLM produces it), one cache
-copy (a profiler replays the kernel with its own cache control). --config passes a stage-1
-launch config (JSON, as in configs/mla_decode.json) instead of the arch's default.
+The inputs are bench_decode.py's (rocm_mla.tools.bench_decode_inputs: block 64, shuffled pages,
+q as vLLM produces it), one cache copy (a profiler replays the kernel with its own cache control).
+--config passes a stage-1 launch config (JSON, as in configs/mla_decode.json) instead of the
+arch's default.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench_decode import BLOCK, Setup, graph_time_us, ours  # noqa: E402
-
-from rocm_mla.ops.decode import decode_plan  # noqa: E402
-from rocm_mla.tools.benchutil import gpu_for  # noqa: E402
+from rocm_mla.ops.decode import decode_plan
+from rocm_mla.tools.bench_decode_inputs import BLOCK, Setup, ours
+from rocm_mla.tools.benchutil import bench_parser, rotating_graph_us, start_bench
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_parser(__doc__)
     ap.add_argument("--B", type=int, default=128)
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--N", type=int, default=16)
@@ -41,14 +36,15 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=6)
     ap.add_argument("--time", action="store_true", help="also print the median of 50 CUDA-graph replays")
     args = ap.parse_args()
-    dev = gpu_for("profile_decode")
-    if dev is None:
+    gpu = start_bench("profile_decode")
+    if gpu is None:
         return 2
+    dev = gpu.dev
     s = Setup(args.B, args.seq, args.N, args.kv, dev, l2_bytes=0, block=args.block, q_len=args.q_len)
     cfg = json.loads(args.config) if args.config else None
     plan = decode_plan(batch=s.B, num_heads=s.N, q_len=s.q_len, max_blocks=s.tables[0].shape[1], block_size=s.block,
                        q_dtype=torch.bfloat16, kv_fp8=s.fp8, kv_elem_bytes=1 if s.fp8 else 2, device=dev,
-                       max_seq_len=s.seq, num_kv_splits=args.splits, launch_config=cfg)
+                       max_seq_len=s.seq, num_kv_splits=args.splits, config=cfg)
     print(f"{s.label} block={s.block}: S={plan['num_kv_splits']} row_blocks={plan['row_blocks']} config={plan['config']}")
     fn = ours(s, cfg, args.splits)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -60,7 +56,7 @@ def main() -> int:
         us = start.elapsed_time(end) * 1e3
         print(f"call {i}: {us:.1f} us ({s.nbytes() / us / 1e3:.0f} GB/s)")
     if args.time:
-        us = graph_time_us(fn, 1)
+        us = rotating_graph_us(fn, 1)
         print(f"graph replay: {us:.1f} us ({s.nbytes() / us / 1e3:.0f} GB/s)")
     return 0
 

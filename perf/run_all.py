@@ -23,11 +23,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BENCHES = {  # name: (script, extra args in --quick mode)
     "merge": ("bench_merge.py", ["--quick"]),
-    "rope_kv": ("bench_rope_kv.py", ["--quick"]),
+    "rope_kv_write": ("bench_rope_kv_write.py", ["--quick"]),
     "decode": ("bench_decode.py", ["--quick"]),
     "prefill": ("bench_prefill.py", ["--quick"]),
     "layer": ("bench_layer.py", ["--quick"]),
 }
+ALIASES = {"rope_kv": "rope_kv_write"}  # --only: the former name of the rope_kv_write benchmark
 
 
 def main(argv=None) -> int:
@@ -37,7 +38,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="", help="comma-separated subset of " + ",".join(BENCHES))
     ap.add_argument("--timeout", type=int, default=900, help="seconds per benchmark")
     args = ap.parse_args(argv)
-    names = [n for n in args.only.split(",") if n] or list(BENCHES)
+    names = [ALIASES.get(n, n) for n in args.only.split(",") if n] or list(BENCHES)
     unknown = [n for n in names if n not in BENCHES]
     if unknown:
         ap.error(f"--only: expected names from {', '.join(BENCHES)}, got {', '.join(unknown)}")

@@ -45,11 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-try:
-    from rocm_mla.tools.benchutil import Record, print_table, write_csv
-except ImportError:  # run from a source checkout that is not installed
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from rocm_mla.tools.benchutil import Record, print_table, write_csv
+from rocm_mla.tools.benchutil import Record, print_table, write_csv
 
 BACKENDS = ("ROCM_MLA", "ROCM_AITER_MLA", "TRITON_MLA")
 BASELINE = "TRITON_MLA"

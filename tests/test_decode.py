@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import rocm_mla
-from rocm_mla.ops.decode import (choose_num_splits, mla_decode_workspace_numel, stage1_config,
-                                 triton_variants, tuning_candidates)
+from rocm_mla.ops.decode import choose_num_splits, mla_decode_workspace_numel, stage1_config
+from rocm_mla.variants.decode import triton_variants, tuning_candidates
 from rocm_mla.reference import mla_decode_ref
 
 from _util import DEVICE, HAS_GPU, backends, outside_untouched, poisoned_view
@@ -263,6 +263,24 @@ def test_fp8_cache(scale_kind, storage, kv_name):
     torch.testing.assert_close(out.float().cpu(), do, rtol=TOL[dtype][0], atol=TOL[dtype][1])
 
 
+@pytest.mark.parametrize("storage", ["float8", "uint8"])
+def test_fp8_cache_named_kind(storage):
+    """The fp8 names that name a kind ("fp8_e4m3fn", "fp8_e4m3fnuz"), as fused_rope_mla_kv_write
+    takes them: uint8 storage is read as that kind; a float8 cache of the other kind is refused."""
+    dtype = torch.bfloat16 if HAS_GPU else torch.float16
+    name = {torch.float8_e4m3fn: "fp8_e4m3fn", torch.float8_e4m3fnuz: "fp8_e4m3fnuz"}[FP8_HERE]
+    case = Case(2, 8, 2, 16, (40, 6), dtype, kv_dtype=FP8_HERE, k_scale=0.5, seed=11)
+    kv = case.kv.view(torch.uint8) if storage == "uint8" else case.kv
+    out, lse = rocm_mla.mla_decode(case.q_nope, case.q_pe, kv, case.block_table, case.seq_lens,
+                                   sm_scale=case.sm_scale, kv_cache_dtype=name, k_scale=0.5, num_kv_splits=3)
+    _check(case, out, lse, tol=TOL[dtype])
+    if storage == "float8":
+        other = "fp8_e4m3fnuz" if name == "fp8_e4m3fn" else "fp8_e4m3fn"
+        with pytest.raises(TypeError, match=f"kv_cache: expected dtype float8_e4m3fnu?z? \\(kv_cache_dtype='{other}'"):
+            rocm_mla.mla_decode(case.q_nope, case.q_pe, kv, case.block_table, case.seq_lens,
+                                sm_scale=case.sm_scale, kv_cache_dtype=other, k_scale=0.5)
+
+
 def test_k_scale_ignored_for_16bit_cache():
     """vLLM passes layer._k_scale (1.0) for every cache; a 16-bit cache is not scaled."""
     case = Case(1, 4, 1, 16, (20,), torch.float16)
@@ -326,14 +344,14 @@ def test_stage1_config_tiers_and_overrides():
     assert stage1_config("sm90", 16, fp16, True).get("RELOAD_K") is True
     cand = tuning_candidates("sm90")[-1]
     assert stage1_config("sm90", 16, fp16, False, cand)["BLOCK_N"] == cand["BLOCK_N"]
-    with pytest.raises(ValueError, match="launch_config: expected a BLOCK_N entry"):
+    with pytest.raises(ValueError, match="config: expected a BLOCK_N entry"):
         stage1_config("sm90", 16, fp16, False, {"BLOCK_H": 16, "num_warps": 4, "num_stages": 1})
 
 
 def test_launch_config_override_runs():
     case = Case(2, 4, 1, 16, (30, 12), torch.float16)
     cfg = {"BLOCK_H": 32, "BLOCK_N": 32, "D_SPLIT": 2, "num_warps": 4, "num_stages": 1}
-    _check(case, *case.run(launch_config=cfg, num_kv_splits=2))
+    _check(case, *case.run(config=cfg, num_kv_splits=2))
 
 
 def test_fp8_cache_f16_dots_with_bf16_q():
@@ -343,7 +361,7 @@ def test_fp8_cache_f16_dots_with_bf16_q():
     case = Case(2, 20, 1, 16, (45, 7), torch.bfloat16, kv_dtype=FP8_HERE, k_scale=0.5, seed=21)
     cfg = {"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "RELOAD_K": True, "F16_DOT": True}
     for splits in (1, 2):
-        _check(case, *case.run(launch_config=cfg, num_kv_splits=splits, k_scale=0.5))
+        _check(case, *case.run(config=cfg, num_kv_splits=splits, k_scale=0.5))
     assert stage1_config("sm90", 16, torch.bfloat16, True)["F16_DOT"] is True
 
 
@@ -365,7 +383,7 @@ def test_every_arch_config_is_right(cfg, fp8):
     case = Case(2, 20, 1, 16, (45, 7), torch.float16, kv_dtype=FP8_HERE if fp8 else None,
                 k_scale=0.5 if fp8 else None, seed=13)
     for splits in (1, 2):
-        _check(case, *case.run(launch_config=cfg, num_kv_splits=splits, k_scale=0.5 if fp8 else None))
+        _check(case, *case.run(config=cfg, num_kv_splits=splits, k_scale=0.5 if fp8 else None))
 
 
 @pytest.mark.parametrize("arch", ["gfx942", "sm90"])
@@ -475,7 +493,7 @@ def test_v_split_matches_reference(dtype, splits, name):
     case = Case(B, N, q_len, bs, lens, dtype, seed=31)
     out_base, out = poisoned_view((B * q_len, N, 512), dtype, token_pad=3)
     lse_base, lse = poisoned_view((B * q_len, N), torch.float32, transpose01=True)
-    case.run(out=out, lse=lse, launch_config=V_SPLIT_CFG, num_kv_splits=splits, backend="triton")
+    case.run(out=out, lse=lse, config=V_SPLIT_CFG, num_kv_splits=splits, backend="triton")
     _check(case, out, lse)
     assert outside_untouched(out_base, out) and outside_untouched(lse_base, lse)
 
@@ -526,7 +544,7 @@ def test_nan_in_used_kv_row_reaches_that_request(cfg, splits, poison):
     tok = 20  # a key of request 1 that every one of its rows sees
     page = int(case.block_table[1, tok // 16])
     case.kv[page, tok % 16, 7] = poison
-    out, lse = case.run(num_kv_splits=splits, backend="triton", launch_config=cfg)
+    out, lse = case.run(num_kv_splits=splits, backend="triton", config=cfg)
     if poison != poison:
         assert torch.isnan(out[1]).all() and torch.isnan(lse[1]).all()
     else:  # inf: a head whose score is -inf skips the key, but 0 x inf still reaches column 7
@@ -567,7 +585,7 @@ def test_gpu_v_split_and_wide_tiles(kv, N, q_len):
                 {"BLOCK_H": 64, "BLOCK_N": 64, "D_SPLIT": 1, "num_warps": 8, "num_stages": 2}):
         for splits in (None, 1, 7):
             out_base, out = poisoned_view((4 * q_len, N, 512), torch.bfloat16, token_pad=1)
-            o, lse = case.run(out=out, launch_config=cfg, num_kv_splits=splits,
+            o, lse = case.run(out=out, config=cfg, num_kv_splits=splits,
                               k_scale=0.25 if kv == "fp8" else None)
             _check(case, o, lse)
             assert outside_untouched(out_base, out)

@@ -17,7 +17,7 @@ triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-from rocm_mla.ops._variants import TritonVariant  # noqa: E402
+from rocm_mla.variants import TritonVariant  # noqa: E402
 from rocm_mla.tools import _hip_compile as hipc  # noqa: E402
 from rocm_mla.tools import _triton_compile as tc  # noqa: E402
 from rocm_mla.tools import isa_report  # noqa: E402

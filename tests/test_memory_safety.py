@@ -285,7 +285,7 @@ def test_gpu_merge_head_size_zero_and_guards(backend):
 # =============================================================================================
 # fused_rope_mla_kv_write / concat_and_cache_mla
 # =============================================================================================
-from rocm_mla.reference.rope_kv import cache_rows_ref, quantize_fp8_ref, rope_ref  # noqa: E402
+from rocm_mla.reference.rope_kv_write import cache_rows_ref, quantize_fp8_ref, rope_ref  # noqa: E402
 
 MAX_POS = 300
 HUGE = [1 << 40, (1 << 62) + 5]
@@ -476,7 +476,7 @@ def test_rope_overlaps_rejected_naming_both():
 def hip_rope_on_cpu(tmp_path_factory):
     if DEVICE.type != "cpu":
         pytest.skip("CPU emulation test (the GPU tests run the real kernel)")
-    from test_rope_kv import _DRIVER
+    from test_rope_kv_write import _DRIVER
 
     return compile_hip_on_cpu(tmp_path_factory.mktemp("hip_rope_cpu"), _DRIVER, "librope_cpu.so")
 
@@ -488,7 +488,7 @@ def test_hip_rope_kernel_on_cpu_bad_indices(hip_rope_on_cpu, vec, is_neox, fp8):
     """hip_src/kernels/rope_kv_write.cuh on the host, launched as the launcher does: the same
     guards as Triton (bad slot skipped, bad position NaN, guards intact), an empty cos/sin
     cache and an empty cache included."""
-    from test_rope_kv import run_hip_kernel_on_cpu
+    from test_rope_kv_write import run_hip_kernel_on_cpu
 
     def go(case, rope=True):
         run_hip_kernel_on_cpu(hip_rope_on_cpu, case.positions if rope else None, case.q_pe if rope else None,

@@ -190,7 +190,7 @@ def test_tma_path_matches_reference(causal, kpe_layout):
 
 
 def test_tma_option_needs_alignment_and_16_bit_inputs():
-    from rocm_mla.ops.prefill import _triton_meta, _tma_ok
+    from rocm_mla.ops.prefill import _tma_ok, triton_meta
 
     q, kn, kpe, v, _, _ = make_inputs([4], [4], 2, torch.float16)
     assert _tma_ok(kn, kpe, v, 0)
@@ -198,10 +198,10 @@ def test_tma_option_needs_alignment_and_16_bit_inputs():
     assert not _tma_ok(odd, kpe, v, 0)
     assert not _tma_ok(kn.float(), kpe.float(), v.float(), 0)  # fp32: no TMA path
     tma = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "tma": True}
-    assert _triton_meta(tma, "sm90", (P, R, V), True, False)[0]["USE_TMA"]
-    assert not _triton_meta(tma, "gfx942", (P, R, V), True, False)[0]["USE_TMA"]
-    assert not _triton_meta(tma, "sm80", (P, R, V), True, False)[0]["USE_TMA"]
-    assert not _triton_meta(tma, "sm90", (P, R, V), True, True)[0]["USE_TMA"]  # fp32
+    assert triton_meta(tma, "sm90", (P, R, V), True, False)[0]["USE_TMA"]
+    assert not triton_meta(tma, "gfx942", (P, R, V), True, False)[0]["USE_TMA"]
+    assert not triton_meta(tma, "sm80", (P, R, V), True, False)[0]["USE_TMA"]
+    assert not triton_meta(tma, "sm90", (P, R, V), True, True)[0]["USE_TMA"]  # fp32
 
 
 def test_tma_allocator_is_set_only_when_none_is():

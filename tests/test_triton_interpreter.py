@@ -47,7 +47,7 @@ _SCRIPT = textwrap.dedent("""
     assert torch.allclose(out, x.max() * 2 + 1), (out, x.max())
     print("leaked:", len(leaked_patches()))
 
-    from rocm_mla.ops._variants import TritonVariant  # imports the kernels: installs the fix, too late
+    from rocm_mla.variants import TritonVariant  # imports the kernels: installs the fix, too late
     from rocm_mla.tools import _triton_compile as tc
 
     def _add(x_ptr, out_ptr, n, BLOCK: tl.constexpr):

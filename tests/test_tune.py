@@ -245,7 +245,8 @@ def test_shapes_and_presets():
 
 @pytest.mark.parametrize("arch", ["gfx942", "sm90", "cpu"])
 def test_compose_tier_changes_only_its_combination(arch):
-    from rocm_mla.ops.decode import stage1_config, tuning_candidates
+    from rocm_mla.ops.decode import stage1_config
+    from rocm_mla.variants.decode import tuning_candidates
 
     pkg = C.package_config("mla_decode", arch)
     for tier in pkg["stage1"]:

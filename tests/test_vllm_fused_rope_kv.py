@@ -554,13 +554,16 @@ def test_serve_sh_flags_as_vllm_0_33_reads_them(fuse):
 def test_bench_layer_rope_kv_variants_agree():
     """perf/bench_layer.py's RoPE + KV write columns (upstream, no-pass, fused, vLLM's fused op
     dispatched by the plugin) compute the same thing: its --check-rope-kv mode, which also runs on CPU."""
+    import os
     import subprocess
     import sys
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
+    # The script imports the package as installed; PYTHONPATH makes that this checkout's.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])))
     r = subprocess.run([sys.executable, str(repo / "perf" / "bench_layer.py"), "--check-rope-kv"], cwd=repo,
-                       capture_output=True, text=True, timeout=600)
+                       env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     line = [ln for ln in r.stdout.splitlines() if "--check-rope-kv" in ln][-1]
     assert "'vllm_op': None" not in line, line  # the vLLM op path ran too

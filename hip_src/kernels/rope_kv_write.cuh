@@ -31,7 +31,7 @@
 // VEC: every row is 16-byte aligned with unit inner stride (the launcher checks): 8 elements
 // are one 16-byte access for 16-bit types, two for float32; an FP8 latent unit is one 16-byte
 // store. !VEC: element-wise with any strides.
-// The launcher lives in ../rope_kv_write.cu; rocm_mla/ops/rope_kv.py is the only caller.
+// The launcher lives in ../rope_kv_write.cu; rocm_mla/ops/rope_kv_write.py is the only caller.
 #pragma once
 
 #include "portable.cuh"

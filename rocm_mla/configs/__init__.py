@@ -35,9 +35,11 @@ import contextlib
 import copy
 import functools
 import hashlib
+import itertools
 import json
 import math
 import os
+import re
 import warnings
 from dataclasses import dataclass, field
 from importlib import resources
@@ -72,13 +74,31 @@ def _nvidia(table: dict[str, Any], arch: str) -> dict[str, Any]:
     return table["default"]
 
 
+def is_amd_arch(arch: str) -> bool:
+    """True for an AMD GPU arch key (``gfx942``, ``gfx950``, ...): where the AMD backend's compile
+    options apply. With ``is_nvidia_arch`` and ``nvidia_sm``, the one place outside ``_platform``
+    that reads a vendor or a generation from an arch name."""
+    return arch.startswith("gfx")
+
+
+def is_nvidia_arch(arch: str) -> bool:
+    """True for an NVIDIA GPU arch key (``sm90``, ...)."""
+    return arch.startswith("sm")
+
+
+def nvidia_sm(arch: str) -> int | None:
+    """The compute capability of an NVIDIA arch key as a number (``sm90`` / ``sm90a`` -> 90), else None."""
+    m = re.fullmatch(r"sm(\d+)\w*", arch)
+    return int(m.group(1)) if m else None
+
+
 def package_config(op: str, arch: str) -> dict[str, Any]:
     """The package's own launch data of ``op`` on ``arch`` (no overlay): what ``config_for``
     returns when overlays are off."""
     table = _table(op)
-    if arch.startswith("gfx"):
+    if is_amd_arch(arch):
         return _amd(table, arch)
-    if arch.startswith("sm"):
+    if is_nvidia_arch(arch):
         return _nvidia(table, arch)
     return table["default"]
 
@@ -119,6 +139,14 @@ def tune_space(op: str) -> dict[str, Any]:
     """Candidate launch values per implementation that ``perf/bench_<op> --tune`` and
     ``rocm-mla tune`` sweep."""
     return _table(op).get("tune", {})
+
+
+def tune_candidates(op: str) -> dict[str, list[dict[str, Any]]]:
+    """Per implementation, every combination of its ``tune_space`` values (keys in the JSON's
+    order, the last key varying fastest): the launch-data candidates a sweep times, each to be
+    merged over the arch's entry."""
+    return {impl: [dict(zip(space, vals)) for vals in itertools.product(*space.values())]
+            for impl, space in tune_space(op).items()}
 
 
 def platform_fp8_dtype(arch: str):

@@ -1,4 +1,4 @@
-"""Triton body of fused_rope_mla_kv_write / concat_and_cache_mla (wrapper: rocm_mla/ops/rope_kv.py).
+"""Triton body of fused_rope_mla_kv_write / concat_and_cache_mla (wrapper: rocm_mla/ops/rope_kv_write.py).
 
 One pass. A program owns TOKENS consecutive tokens: it rotates their q_pe heads in place, walking
 the (token, head) rows in [BLOCK_R, 64] tiles (full tiles whatever N is: 16 heads x 8 tokens

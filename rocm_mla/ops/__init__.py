@@ -4,7 +4,7 @@ from .context_gather import gather_context_chunk
 from .decode import mla_decode
 from .merge import merge_attn_states
 from .prefill import mla_prefill, mla_prefill_with_context
-from .rope_kv import concat_and_cache_mla, fused_rope_mla_kv_write
+from .rope_kv_write import concat_and_cache_mla, fused_rope_mla_kv_write
 
 __all__ = ["mla_decode", "merge_attn_states", "mla_prefill", "mla_prefill_with_context",
            "fused_rope_mla_kv_write", "concat_and_cache_mla", "gather_context_chunk"]

@@ -24,15 +24,16 @@ import triton
 from .. import _platform
 from ..configs import config_for, platform_fp8_dtype
 from ..kernels.context_gather import context_gather_kernel
+from ..mla_dims import KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from ..reference.context_gather import context_gather_ref
+from ..triton_common import amd_options
 from ._checks import FLOAT_DTYPES, Checker
 from ._dispatch import select
-from ._variants import TritonVariant
 
 OP = "context_gather"  # config file, backend switch (ROCM_MLA_BACKEND_CONTEXT_GATHER)
-LATENT_DIM = 512
-ROPE_DIM = 64
-ROW_DIM = LATENT_DIM + ROPE_DIM
+LATENT_DIM = KV_LORA_RANK
+ROPE_DIM = QK_ROPE_HEAD_DIM
+ROW_DIM = KV_ROW_DIM
 
 _FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -146,14 +147,13 @@ def _run(impl: str, cfg: dict | None, kv_cache, block_table, cu_seq_lens, starts
                                      k_scale))
 
 
-def _triton_meta(arch: str, cfg: dict | None = None) -> tuple[dict, dict]:
+def triton_meta(arch: str, cfg: dict | None = None) -> tuple[dict, dict]:
     """Constexprs (D_NOPE, D_PE, BLOCK_T) and compile options the wrapper uses on ``arch``
-    (``cfg``: the Triton launch data to use instead of the arch's). The row is read as two
-    power-of-two pieces (tl.arange): the latent part and the rope part."""
+    (``cfg``: the Triton launch data to use instead of the arch's); rocm_mla.variants.context_gather
+    builds the ISA report's variants with it. The row is read as two power-of-two pieces
+    (tl.arange): the latent part and the rope part."""
     cfg = cfg or config_for(OP, arch)["triton"]
-    options = {"num_warps": cfg["num_warps"]}
-    if arch.startswith("gfx") and cfg.get("waves_per_eu"):
-        options["waves_per_eu"] = cfg["waves_per_eu"]
+    options = {"num_warps": cfg["num_warps"], **amd_options(cfg, arch)}
     return {"D_NOPE": LATENT_DIM, "D_PE": ROPE_DIM, "BLOCK_T": cfg["rows_per_program"]}, options
 
 
@@ -161,7 +161,7 @@ def _launch_triton(kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst
     T = dst.shape[0]
     R, max_blocks = block_table.shape
     num_blocks, page_size = kv_cache.shape[0], kv_cache.shape[1]
-    consts, options = _triton_meta(_platform.device_arch(dst.device), cfg)
+    consts, options = triton_meta(_platform.device_arch(dst.device), cfg)
     grid = (triton.cdiv(T, consts["BLOCK_T"]),)
     # Empty tensors are never dereferenced (every row is then out of range) but may carry a
     # null pointer, which the launcher rejects: hand it another live tensor instead.
@@ -173,32 +173,3 @@ def _launch_triton(kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst
         T, page_size, R, max_blocks * page_size, num_blocks,
         kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0), dst.stride(0),
         FP8=k_scale is not None, **consts, **options)
-
-
-# ---------------------------------------------------------------- ISA report
-
-_TRITON_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-
-
-def triton_variants(arch: str) -> list[TritonVariant]:
-    """The Triton specialisations the wrapper launches on ``arch``: per workspace dtype (bf16,
-    fp16, fp32), a cache of that dtype, and for bf16/fp16 an fp8 cache of the arch's kind
-    (e4m3fnuz on gfx942, e4m3fn elsewhere). vLLM's layouts: int32 index tensors, contiguous
-    576-element rows, block_size a multiple of 16 (16, 64)."""
-    fp8_t = "fp8e4b8" if platform_fp8_dtype(arch) == torch.float8_e4m3fnuz else "fp8e4nv"
-    consts, options = _triton_meta(arch)
-    variants = []
-    for tname in _TRITON_DTYPE.values():
-        for fp8 in ((False, True) if tname != "fp32" else (False,)):
-            cache_t = fp8_t if fp8 else tname
-            sig = {"cache": f"*{cache_t}", "block_table": "*i32", "cu_seq_lens": "*i32", "starts": "*i32",
-                   "token_to_seq": "*i32", "k_scale_ptr": "*fp32" if fp8 else f"*{tname}", "dst": f"*{tname}",
-                   "num_tokens": "i32", "page_size": "i32", "num_seqs": "i32", "capacity": "i32",
-                   "num_blocks": "i32", "s_c_blk": "i32", "s_c_tok": "i32", "s_bt": "i32", "s_dst": "i32",
-                   "D_NOPE": "constexpr", "D_PE": "constexpr", "BLOCK_T": "constexpr", "FP8": "constexpr"}
-            variants.append(TritonVariant(
-                kernel=OP, config=f"dst={tname} cache={cache_t} rows={consts['BLOCK_T']} w{options['num_warps']}",
-                fn=context_gather_kernel, signature=sig, constexprs={**consts, "FP8": fp8}, options=options,
-                divisible_by_16=("cache", "k_scale_ptr", "dst", "page_size", "capacity", "s_c_blk", "s_c_tok",
-                                 "s_dst")))
-    return variants

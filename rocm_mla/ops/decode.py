@@ -26,21 +26,20 @@ import triton
 from .. import _platform
 from ..configs import config_for, platform_fp8_dtype
 from ..kernels.mla_decode import mla_decode_reduce_kernel, mla_decode_stage1_kernel
+from ..mla_dims import FP8_DTYPES, FP8_KV_CACHE_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from ..reference.decode import mla_decode_ref
+from ..triton_common import amd_options
 from ._checks import FLOAT_DTYPES, Checker
 from ._dispatch import select
-from ._variants import TritonVariant
 
 OP = "mla_decode"
-D_NOPE = 512  # kv_lora_rank: V width and the nope part of K
-D_PE = 64  # qk_rope_head_dim
-D_KV = D_NOPE + D_PE
+D_NOPE = KV_LORA_RANK  # V width and the nope part of K (the kernel's constexpr names)
+D_PE = QK_ROPE_HEAD_DIM
+D_KV = KV_ROW_DIM
 LOG2E = 1.4426950408889634
 
-_FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz") if hasattr(torch, n))
-_FP8_NAMES = ("fp8", "fp8_e4m3")  # vLLM's kv_cache_dtype strings for e4m3 caches
 _DTYPE_TAGS = ("fp8", "fp32", "fp16+fp8")  # per-dtype override objects inside a stage-1 config
-_KV_DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32", *_FP8_NAMES)
+_KV_DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32", *FP8_KV_CACHE_DTYPES)
 
 
 def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
@@ -49,7 +48,7 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
                kv_cache_dtype: str = "auto", k_scale: float | torch.Tensor | None = None,
                num_kv_splits: int | None = None, max_seq_len: int | None = None,
                workspace: torch.Tensor | None = None, backend: str | None = None,
-               launch_config: dict[str, Any] | None = None, debug: bool | None = None
+               config: dict[str, Any] | None = None, debug: bool | None = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Paged multi-query attention of MLA decode over the latent cache; returns ``(out, lse)``.
 
@@ -81,8 +80,10 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
         lse: optional ``[rows, N]`` float32 destination (natural log), any strides. Allocated
             when None. Same no-overlap rule as out.
         kv_cache_dtype: "auto" (the cache's dtype; float8 dtypes mean fp8), "bfloat16",
-            "float16", "float32" (must match the cache), or "fp8" / "fp8_e4m3" (uint8 storage is
-            viewed as the platform's e4m3: e4m3fnuz on gfx942, e4m3fn elsewhere).
+            "float16", "float32" (must match the cache), or an fp8 name (``mla_dims``, as the KV
+            write takes them): "fp8" / "fp8_e4m3" (uint8 storage is viewed as the platform's
+            e4m3: e4m3fnuz on gfx942, e4m3fn elsewhere), "fp8_e4m3fn" / "fp8_e4m3fnuz" (uint8
+            storage viewed as that kind; a float8 cache must be that kind).
         k_scale: fp8 dequant scale, value = stored x k_scale (K and V share it). A float, or a
             float32 tensor of one element on the device (read by the kernel: no host sync).
             Ignored for 16/32-bit caches (vLLM passes 1.0 there). None means 1.
@@ -98,7 +99,7 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
         backend: "triton" or "reference" to force one (default: configs' backend_order; see
             ``rocm_mla.ops._dispatch``; ``ROCM_MLA_BACKEND_MLA_DECODE`` in the environment).
             No HIP or aiter kernel exists for decode yet.
-        launch_config: override the stage-1 launch config (``BLOCK_H``, ``BLOCK_N``,
+        config: override the stage-1 launch config (``BLOCK_H``, ``BLOCK_N``,
             ``num_warps``, ``num_stages``, AMD options, ``ctas_per_cu``); for tuning.
         debug: validate seq_lens and block-table entries against the cache (reads device values:
             a host sync, so not capturable). Default: ``ROCM_MLA_DEBUG=1`` in the environment.
@@ -184,7 +185,7 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
     if impl == "triton":
         _launch_triton(q_nope, q_pe, kv, block_table, seq_lens, out, lse, float(sm_scale), q_len,
                        is_fp8, ks_float, scale_t if is_fp8 else None, num_kv_splits, max_seq_len,
-                       workspace, launch_config)
+                       workspace, config)
     else:
         ref_scale = (scale_t if scale_t is not None else ks_float) if is_fp8 else None
         o, l = mla_decode_ref(q_nope, q_pe, kv, block_table, seq_lens, float(sm_scale), ref_scale)
@@ -207,14 +208,18 @@ def _kv_view(c: Checker, kv_cache: torch.Tensor, kv_cache_dtype: str, q_dtype: t
     if kv_cache_dtype not in _KV_DTYPE_NAMES:
         c.fail("kv_cache_dtype", f"one of {', '.join(map(repr, _KV_DTYPE_NAMES))}", repr(kv_cache_dtype))
     dt = kv_cache.dtype
-    if kv_cache_dtype in _FP8_NAMES:
+    if kv_cache_dtype in FP8_KV_CACHE_DTYPES:
+        named = FP8_KV_CACHE_DTYPES[kv_cache_dtype]  # None: the platform's kind
         if dt == torch.uint8:
-            return kv_cache.view(fp8_dtype_for(_platform.device_arch(kv_cache.device))), True
-        if dt in _FP8_DTYPES:
+            return kv_cache.view(named or fp8_dtype_for(_platform.device_arch(kv_cache.device))), True
+        if dt in FP8_DTYPES:
+            if named is not None and named != dt:
+                c.fail("kv_cache", f"dtype {str(named).replace('torch.', '')} (kv_cache_dtype={kv_cache_dtype!r})",
+                       str(dt).replace("torch.", ""), TypeError)
             return kv_cache, True
         c.fail("kv_cache", f"dtype uint8, float8_e4m3fn or float8_e4m3fnuz (kv_cache_dtype={kv_cache_dtype!r})",
                str(dt).replace("torch.", ""), TypeError)
-    if dt in _FP8_DTYPES:
+    if dt in FP8_DTYPES:
         if kv_cache_dtype != "auto":
             c.fail("kv_cache_dtype", f"'auto' or 'fp8' for a {str(dt).replace('torch.', '')} cache",
                    repr(kv_cache_dtype))
@@ -295,7 +300,7 @@ def stage1_config(arch: str, rows_per_request: int, q_dtype: torch.dtype, fp8: b
 
     The first tier (configs' ``stage1``, sorted by BLOCK_H) that holds every row of a request;
     else the largest tier, with several row blocks per request. ``override`` (a tuning candidate,
-    or ``launch_config=``) replaces the tier. The chosen object's sub-objects then override fields,
+    or ``config=``) replaces the tier. The chosen object's sub-objects then override fields,
     in this order: ``fp8`` (fp8 cache), ``fp32`` (float32 q), ``fp16+fp8`` (float16 q, fp8 cache).
     """
     if override is not None:
@@ -311,7 +316,7 @@ def stage1_config(arch: str, rows_per_request: int, q_dtype: torch.dtype, fp8: b
     cfg.setdefault("ctas_per_cu", 1)
     for key in ("BLOCK_H", "BLOCK_N", "num_warps", "num_stages"):
         if key not in cfg:
-            raise ValueError(f"{OP}: launch_config: expected a {key} entry, got keys {sorted(cfg)}")
+            raise ValueError(f"{OP}: config: expected a {key} entry, got keys {sorted(cfg)}")
     return cfg
 
 
@@ -353,34 +358,28 @@ def _num_xcds(arch: str) -> int:
     return int(config_for(OP, arch).get("num_xcds", 1))
 
 
-def _amd_options(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
-    if not arch.startswith("gfx"):
-        return {}
-    return {k: cfg[k] for k in ("waves_per_eu", "matrix_instr_nonkdim", "kpack") if k in cfg}
-
-
-def _stage2_meta(num_splits: int, arch: str) -> tuple[dict, dict]:
-    """Reduce tile: BLOCK_S splits x BLOCK_D columns with BLOCK_S x BLOCK_D <= tile_elems, so a
-    long split list is read in few, wide steps (each step waits for its loads once)."""
+def stage2_meta(num_splits: int, arch: str) -> tuple[dict, dict]:
+    """``(constexprs, compile options)`` of the stage-2 reduce for ``num_splits`` splits, for the
+    launch and the ISA report alike. Reduce tile: BLOCK_S splits x BLOCK_D columns with
+    BLOCK_S x BLOCK_D <= tile_elems, so a long split list is read in few, wide steps (each step
+    waits for its loads once)."""
     cfg = config_for(OP, arch)["stage2"]
     block_s = min(triton.next_power_of_2(max(1, num_splits)), int(cfg["max_block_s"]))
     block_d = max(64, min(D_NOPE, int(cfg["tile_elems"]) // block_s))
-    options = {"num_warps": int(cfg["num_warps"])}
-    if arch.startswith("gfx") and cfg.get("waves_per_eu"):
-        options["waves_per_eu"] = cfg["waves_per_eu"]
+    options = {"num_warps": int(cfg["num_warps"]), **amd_options(cfg, arch)}
     return {"D": D_NOPE, "BLOCK_D": block_d, "BLOCK_S": block_s}, options
 
 
 def decode_plan(*, batch: int, num_heads: int, q_len: int, max_blocks: int, block_size: int,
                 q_dtype: torch.dtype, kv_fp8: bool, kv_elem_bytes: int, device: torch.device,
                 max_seq_len: int | None = None, num_kv_splits: int | None = None,
-                launch_config: dict[str, Any] | None = None) -> dict[str, Any]:
+                config: dict[str, Any] | None = None) -> dict[str, Any]:
     """What a call with these shapes launches, decided on the host from shapes alone:
     ``{"config": stage-1 config, "row_blocks": int, "num_kv_splits": S, "launches": 1 or 2}``.
     (perf/bench_decode.py prints it next to each timing.)"""
     arch = _platform.device_arch(device)
     m_rows = q_len * num_heads
-    cfg = stage1_config(arch, m_rows, q_dtype, kv_fp8, launch_config)
+    cfg = stage1_config(arch, m_rows, q_dtype, kv_fp8, config)
     row_blocks = triton.cdiv(m_rows, int(cfg["BLOCK_H"]))
     S = num_kv_splits
     if S is None:
@@ -418,12 +417,12 @@ def stage1_meta(arch: str, cfg: dict[str, Any], q_dtype: torch.dtype, kv_fp8: bo
               "RELOAD_K": bool(cfg.get("RELOAD_K", False)), "NUM_XCDS": _num_xcds(arch),
               "F16_DOT": bool(kv_fp8 and q_dtype == torch.bfloat16 and cfg.get("F16_DOT", False)),
               "PAGE_MODE": int(page_mode), "V_SPLIT": v_split}
-    options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **_amd_options(cfg, arch)}
+    options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **amd_options(cfg, arch)}
     return consts, options
 
 
 def _launch_triton(q_nope, q_pe, kv, block_table, seq_lens, out, lse, sm_scale, q_len, is_fp8, ks_float,
-                   ks_tensor, num_kv_splits, max_seq_len, workspace, launch_config):
+                   ks_tensor, num_kv_splits, max_seq_len, workspace, config):
     rows, N, _ = q_nope.shape
     B, max_blocks = block_table.shape
     page_size = kv.shape[1]
@@ -431,7 +430,7 @@ def _launch_triton(q_nope, q_pe, kv, block_table, seq_lens, out, lse, sm_scale, 
     R = rows * N
     plan = decode_plan(batch=B, num_heads=N, q_len=q_len, max_blocks=max_blocks, block_size=page_size,
                        q_dtype=q_nope.dtype, kv_fp8=is_fp8, kv_elem_bytes=kv.element_size(), device=q_nope.device,
-                       max_seq_len=max_seq_len, num_kv_splits=num_kv_splits, launch_config=launch_config)
+                       max_seq_len=max_seq_len, num_kv_splits=num_kv_splits, config=config)
     cfg, row_blocks, S = plan["config"], plan["row_blocks"], plan["num_kv_splits"]
     block_n = int(cfg["BLOCK_N"])
     if num_kv_splits is None and workspace is not None:
@@ -475,7 +474,7 @@ def _launch_triton(q_nope, q_pe, kv, block_table, seq_lens, out, lse, sm_scale, 
         **consts, **options)
     if direct:
         return
-    consts, options2 = _stage2_meta(S, arch)
+    consts, options2 = stage2_meta(S, arch)
     mla_decode_reduce_kernel[(R, D_NOPE // consts["BLOCK_D"])](
         part_o, part_lse, out, lse,
         N, S, s_po, s_pl,
@@ -483,113 +482,5 @@ def _launch_triton(q_nope, q_pe, kv, block_table, seq_lens, out, lse, sm_scale, 
         **consts, **options2)
 
 
-# --------------------------------------------------------------------------- ISA report
-
-_TNAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
-          torch.uint8: "u8"}
-
-
-def _fp8_tname(arch: str) -> str:
-    return "fp8e4b8" if fp8_dtype_for(arch) == getattr(torch, "float8_e4m3fnuz", None) else "fp8e4nv"
-
-
-_TDTYPE = {v: k for k, v in _TNAME.items()}
-
-
-def _stage1_variant(arch: str, cfg: dict[str, Any], qname: str, kvname: str, direct: bool,
-                    scale_ptr: bool, tag: str, page_mode: int = 2) -> TritonVariant:
-    sig = {"q_nope": f"*{qname}", "q_pe": f"*{qname}", "kv": f"*{kvname}", "block_table": "*i32",
-           "seq_lens": "*i32", "k_scale_ptr": "*fp32", "out": f"*{qname}", "lse": "*fp32",
-           "part_o": "*fp32", "part_lse": "*fp32", "qk_scale": "fp32", "out_scale": "fp32"}
-    for name in ("num_heads", "q_len", "num_splits", "num_head_blocks", "page_size", "page_shift", "capacity",
-                 "num_pages", "s_qn_r", "s_qn_h",
-                 "s_qp_r", "s_qp_h", "s_kv_blk", "s_kv_tok", "s_bt_b", "s_o_r", "s_o_h", "s_l_r",
-                 "s_po_s", "s_pl_s"):
-        sig[name] = "i32"
-    # Inner strides are 1 on real tensors (Triton specialises ints equal to 1).
-    ones = {"s_qn_d": 1, "s_qp_d": 1, "s_o_d": 1, "s_l_h": 1, "s_sl": 1}
-    meta, options = stage1_meta(arch, cfg, _TDTYPE[qname], kvname.startswith("fp8"), direct=direct,
-                                has_scale_ptr=scale_ptr, page_mode=page_mode)
-    consts = {**ones, **meta}
-    amd = "".join(f" {k[:4]}{v}" for k, v in _amd_options(cfg, arch).items())
-    vsplit = f"v{consts['V_SPLIT']}" if consts["V_SPLIT"] > 1 else ""
-    label = (f"{tag}q={qname} kv={kvname} H{cfg['BLOCK_H']} N{cfg['BLOCK_N']} d{consts['D_SPLIT']}{vsplit}"
-             f"{'r' if cfg.get('RELOAD_K') else ''}{'h' if consts['F16_DOT'] else ''} "
-             f"w{cfg['num_warps']} "
-             f"s{cfg['num_stages']}{amd} {'direct' if direct else 'split'}{' kscale*' if scale_ptr else ''}"
-             f"{'' if page_mode == 2 else f' page{page_mode}'}")
-    # float32 q runs IEEE dots: MFMA has f32 instructions, NVIDIA tensor cores do not (FMA there).
-    return TritonVariant(
-        kernel="mla_decode_stage1", config=label, fn=mla_decode_stage1_kernel, signature=sig,
-        constexprs=consts, options=options, expects_mfma=qname != "fp32" or arch.startswith("gfx"),
-        divisible_by_16=("q_nope", "q_pe", "kv", "block_table", "seq_lens", "out", "lse", "part_o",
-                         "part_lse", "s_qn_r", "s_qn_h", "s_qp_r", "s_qp_h", "s_kv_blk", "s_kv_tok",
-                         "s_o_r", "s_o_h", "s_po_s", "s_pl_s"))
-
-
-def triton_variants(arch: str) -> list[TritonVariant]:
-    """Every stage-1 config the wrapper can pick on ``arch`` (each tier, with its fp8/fp32
-    overrides, and the tuning candidates), for each q dtype and cache dtype, direct and split,
-    fp8 with a tensor or a number scale, tiles inside one page (PAGE_MODE 2); each tier once more
-    with pages smaller than a tile (PAGE_MODE 1 and 0, bf16); and the stage-2 reduce for each
-    output dtype and tile."""
-    table = config_for(OP, arch)
-    fp8 = _fp8_tname(arch)
-    variants: list[TritonVariant] = []
-    seen: set[str] = set()
-
-    def add(v: TritonVariant):
-        if v.config not in seen:
-            seen.add(v.config)
-            variants.append(v)
-
-    combos = [(torch.bfloat16, "bf16", False), (torch.float16, "fp16", False), (torch.float32, "fp32", False),
-              (torch.bfloat16, fp8, True), (torch.float16, fp8, True)]
-    for tier in table["stage1"]:
-        for qdt, kvname, is_fp8 in combos:
-            cfg = stage1_config(arch, tier["BLOCK_H"], qdt, is_fp8)
-            for direct in (True, False):
-                for sptr in ((False, True) if is_fp8 else (False,)):
-                    add(_stage1_variant(arch, cfg, _TNAME[qdt], kvname if is_fp8 else _TNAME[qdt], direct,
-                                        sptr, ""))
-        # Pages smaller than a tile (block 16, block 1: PAGE_MODE 1; other sizes: 0), bf16 q and cache.
-        cfg = stage1_config(arch, tier["BLOCK_H"], torch.bfloat16, False)
-        for mode in (1, 0):
-            add(_stage1_variant(arch, cfg, "bf16", "bf16", False, False, "", mode))
-    # Tuning candidates: the dtypes the benchmark tunes (bf16 and fp8 caches with bf16 q).
-    for cand in table.get("candidates", []):
-        for qdt, kvname, is_fp8 in combos[:1] + combos[3:4]:
-            cfg = stage1_config(arch, 0, qdt, is_fp8, cand)
-            for direct in (True, False):
-                add(_stage1_variant(arch, cfg, _TNAME[qdt], kvname if is_fp8 else _TNAME[qdt], direct,
-                                    is_fp8, "cand "))
-    s_values = sorted({1 << i for i in range(0, 7)} | {int(table["split"]["max_splits"])})
-    for qdt in (torch.bfloat16, torch.float16, torch.float32):
-        tiles = sorted({(c["BLOCK_S"], c["BLOCK_D"]) for c in (_stage2_meta(s, arch)[0] for s in s_values if s > 1)})
-        for block_s, block_d in tiles:
-            consts = {"D": D_NOPE, "BLOCK_D": block_d, "BLOCK_S": block_s, "s_o_d": 1, "s_l_h": 1}
-            _, options = _stage2_meta(block_s, arch)
-            sig = {"part_o": "*fp32", "part_lse": "*fp32", "out": f"*{_TNAME[qdt]}", "lse": "*fp32",
-                   "num_heads": "i32", "num_splits": "i32", "s_po_s": "i32", "s_pl_s": "i32",
-                   "s_o_r": "i32", "s_o_h": "i32", "s_l_r": "i32"}
-            add(TritonVariant(kernel="mla_decode_reduce", config=f"out={_TNAME[qdt]} S{block_s} D{block_d} "
-                              f"w{options['num_warps']}", fn=mla_decode_reduce_kernel, signature=sig,
-                              constexprs=consts, options=options,
-                              divisible_by_16=("part_o", "part_lse", "out", "lse", "s_po_s", "s_pl_s",
-                                               "s_o_r", "s_o_h")))
-    return variants
-
-
-def tuning_candidates(arch: str) -> list[dict[str, Any]]:
-    """Stage-1 configs ``perf/bench_decode.py --tune`` times (pass each as ``launch_config=``):
-    every tier plus ``candidates``, with their fp8/fp32 sub-objects."""
-    table = config_for(OP, arch)
-    out: list[dict[str, Any]] = []
-    for cfg in [*table["stage1"], *table.get("candidates", [])]:
-        if cfg not in out:
-            out.append(cfg)
-    return out
-
-
 __all__ = ["mla_decode", "mla_decode_workspace_numel", "choose_num_splits", "stage1_config", "decode_plan",
-           "triton_variants", "tuning_candidates", "fp8_dtype_for"]
+           "stage1_meta", "stage2_meta", "fp8_dtype_for"]

@@ -13,9 +13,9 @@ from .. import _ext, _platform
 from ..configs import config_for
 from ..kernels.merge_attn_states import merge_attn_states_kernel
 from ..reference.merge import merge_attn_states_ref
+from ..triton_common import amd_options
 from ._checks import FLOAT_DTYPES, Checker
 from ._dispatch import select
-from ._variants import TritonVariant
 
 OP = "merge_attn_states"
 
@@ -77,12 +77,15 @@ def merge_attn_states(output: torch.Tensor, prefix_output: torch.Tensor, prefix_
     impl = select(OP, output.device, backend)
     if output.numel() == 0 and (output_lse is None or output_lse.numel() == 0):
         return
-    _run(impl, None, output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse)
+    launch(impl, output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse)
 
 
-def _run(impl: str, cfg: dict | None, output, prefix_output, prefix_lse, suffix_output, suffix_lse,
-         output_lse) -> None:
-    """Launch ``impl`` on validated arguments; ``cfg`` overrides the arch's launch data (tuning)."""
+def launch(impl: str, output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, *,
+           config: dict | None = None) -> None:
+    """Launch ``impl`` ("hip", "triton", "reference") on arguments :func:`merge_attn_states` has
+    validated; ``config`` replaces the arch's launch data of ``impl`` (tuning: perf/bench_merge.py
+    --tune). Everything else should call :func:`merge_attn_states`."""
+    cfg = config
     if cfg is None and impl != "reference":
         cfg = config_for(OP, _platform.device_arch(output.device))[impl]
     if impl == "hip":
@@ -97,21 +100,21 @@ def _run(impl: str, cfg: dict | None, output, prefix_output, prefix_lse, suffix_
             output_lse.copy_(lse)
 
 
-def _triton_meta(head_size: int, arch: str, cfg: dict | None = None) -> tuple[dict, dict]:
-    """Constexprs and compile options the wrapper uses for ``head_size`` on ``arch``."""
-    cfg = cfg or config_for(OP, arch)["triton"]
+def triton_meta(head_size: int, has_out_lse: bool, arch: str, config: dict | None = None) -> tuple[dict, dict]:
+    """``(constexprs, compile options)`` of one Triton launch for ``head_size`` on ``arch``
+    (``config``: launch data instead of the arch's): the single place the launch and the ISA
+    report's variants (rocm_mla/variants/merge.py) take them from."""
+    cfg = config or config_for(OP, arch)["triton"]
     block_d = triton.next_power_of_2(max(1, head_size))
     block_rows = max(1, cfg["tile_elems"] // block_d)
-    options = {"num_warps": cfg["num_warps"]}
-    if arch.startswith("gfx") and cfg.get("waves_per_eu"):
-        options["waves_per_eu"] = cfg["waves_per_eu"]
-    return {"HEAD_SIZE": head_size, "BLOCK_D": block_d, "BLOCK_ROWS": block_rows}, options
+    options = {"num_warps": cfg["num_warps"], **amd_options(cfg, arch)}
+    return {"HEAD_SIZE": head_size, "BLOCK_D": block_d, "BLOCK_ROWS": block_rows, "HAS_OUT_LSE": bool(has_out_lse)}, options
 
 
 def _launch_triton(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, cfg):
     T, N, D = output.shape
     num_rows = T * N
-    consts, options = _triton_meta(D, _platform.device_arch(output.device), cfg)
+    consts, options = triton_meta(D, output_lse is not None, _platform.device_arch(output.device), cfg)
     grid = (triton.cdiv(num_rows, consts["BLOCK_ROWS"]),)
     olse = output_lse if output_lse is not None else prefix_lse  # unused when HAS_OUT_LSE=False
     olse_strides = output_lse.stride() if output_lse is not None else (0, 0)
@@ -125,38 +128,4 @@ def _launch_triton(output, prefix_output, prefix_lse, suffix_output, suffix_lse,
         num_rows, N,
         *o_st, *p_st, *s_st,
         *prefix_lse.stride(), *suffix_lse.stride(), *olse_strides,
-        HAS_OUT_LSE=output_lse is not None, **consts, **options)
-
-
-_TRITON_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-
-
-def triton_variants(arch: str) -> list[TritonVariant]:
-    """The Triton specialisations the wrapper launches for MLA's head sizes (128: prefill V,
-    512: decode latent) with contiguous rows and inner stride 1, each dtype, with and without
-    output_lse."""
-    variants = []
-    for dtype, tname in _TRITON_DTYPE.items():
-        for head in (128, 512):
-            for has_lse in (True, False):
-                consts, options = _triton_meta(head, arch)
-                sig = {"out": f"*{tname}", "out_lse": "*fp32", "pre": f"*{tname}", "pre_lse": "*fp32",
-                       "suf": f"*{tname}", "suf_lse": "*fp32", "num_rows": "i32", "num_heads": "i32",
-                       "out_st": "i32", "out_sh": "i32", "out_sd": "constexpr",
-                       "pre_st": "i32", "pre_sh": "i32", "pre_sd": "constexpr",
-                       "suf_st": "i32", "suf_sh": "i32", "suf_sd": "constexpr",
-                       "plse_sh": "i32", "plse_st": "constexpr", "slse_sh": "i32", "slse_st": "constexpr",
-                       "olse_sh": "i32", "olse_st": "constexpr",
-                       "HEAD_SIZE": "constexpr", "BLOCK_D": "constexpr", "BLOCK_ROWS": "constexpr",
-                       "HAS_OUT_LSE": "constexpr"}
-                # Inner strides are 1 on real tensors, and Triton specialises ints equal to 1.
-                ones = {k: 1 for k in ("out_sd", "pre_sd", "suf_sd", "plse_st", "slse_st", "olse_st")}
-                variants.append(TritonVariant(
-                    kernel=OP, config=f"{tname} D={head} rows={consts['BLOCK_ROWS']} "
-                    f"w{options['num_warps']}{' lse' if has_lse else ''}",
-                    fn=merge_attn_states_kernel, signature=sig,
-                    constexprs={**consts, **ones, "HAS_OUT_LSE": has_lse}, options=options,
-                    divisible_by_16=("out", "out_lse", "pre", "pre_lse", "suf", "suf_lse", "out_st",
-                                     "out_sh", "pre_st", "pre_sh", "suf_st", "suf_sh", "plse_sh",
-                                     "slse_sh", "olse_sh")))
-    return variants
+        **consts, **options)

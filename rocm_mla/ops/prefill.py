@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import numbers
 import os
-import re
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -26,12 +25,12 @@ import torch
 import triton
 
 from .. import _platform
-from ..configs import config_for
+from ..configs import config_for, nvidia_sm
 from ..kernels.mla_prefill import mla_prefill_kernel
 from ..reference.prefill import mla_prefill_ref
+from ..triton_common import amd_options
 from ._checks import FLOAT_DTYPES, Checker
 from ._dispatch import select
-from ._variants import TritonVariant
 from .merge import merge_attn_states
 
 OP = "mla_prefill"
@@ -389,9 +388,12 @@ def launch_config(arch: str, dtype: torch.dtype) -> dict:
     return cfg["triton_fp32" if dtype == torch.float32 else "triton"]
 
 
-def _triton_meta(cfg: dict, arch: str, dims: tuple[int, int, int], causal: bool, fp32: bool
-                 ) -> tuple[dict, dict]:
-    """Constexprs and compile options for one launch config on ``arch``."""
+def triton_meta(cfg: dict, arch: str, dims: tuple[int, int, int], causal: bool, fp32: bool,
+                tma_aligned: bool = True) -> tuple[dict, dict]:
+    """``(constexprs, compile options)`` of one launch config on ``arch``: the single place the
+    launch and the ISA report's variants (rocm_mla/variants/prefill.py) take them from.
+    ``tma_aligned``: the tensors meet the TMA descriptors' alignment (``_tma_ok``; the variants
+    describe aligned tensors)."""
     P, R, V = dims
     consts = {"D_NOPE": P, "D_ROPE": R, "D_V": V, "BLOCK_M": int(cfg["BLOCK_M"]), "BLOCK_N": int(cfg["BLOCK_N"]),
               "SEQ_CHUNK": SEQ_CHUNK, "CAUSAL": bool(causal),
@@ -401,14 +403,11 @@ def _triton_meta(cfg: dict, arch: str, dims: tuple[int, int, int], causal: bool,
               "DIAG_STAGES": int(cfg.get("diag_stages", cfg.get("num_stages", 2))),
               # TMA tensor descriptors for K/k_pe/V: NVIDIA sm90+ (and the CPU interpreter, which
               # runs the same code path), 16-bit inputs; launch_triton also checks the alignment.
-              "USE_TMA": bool(cfg.get("tma", False)) and _tma_arch(arch) and not fp32}
-    options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg.get("num_stages", 2))}
-    if arch.startswith("gfx"):
-        for k in ("waves_per_eu", "matrix_instr_nonkdim", "kpack"):
-            if cfg.get(k):
-                options[k] = int(cfg[k])
-        if cfg.get("schedule_hint", "none") != "none":  # AMD backend's instruction-scheduling hint
-            options["schedule_hint"] = str(cfg["schedule_hint"])
+              "USE_TMA": bool(cfg.get("tma", False)) and _tma_arch(arch) and not fp32 and bool(tma_aligned)}
+    # On AMD also waves_per_eu, matrix_instr_nonkdim, kpack and schedule_hint (the backend's
+    # instruction-scheduling hint); 0 / "none" are the backend's defaults.
+    options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg.get("num_stages", 2)),
+               **amd_options(cfg, arch)}
     return consts, options
 
 
@@ -417,8 +416,7 @@ def _tma_arch(arch: str) -> bool:
     interpreter (to test the path). On AMD the descriptors would be lowered back to pointer loads."""
     if arch == "cpu":
         return True
-    m = re.fullmatch(r"sm(\d+)\w*", arch)
-    return bool(m) and int(m.group(1)) >= 90
+    return (nvidia_sm(arch) or 0) >= 90
 
 
 def _tma_ok(k_nope, k_pe, v, kpe_sh: int) -> bool:
@@ -465,12 +463,13 @@ def launch_triton(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, *, s
     arch = _platform.device_arch(q.device)
     cfg = config if config is not None else launch_config(arch, q.dtype)
     dims = (k_nope.shape[2], k_pe.shape[2], v.shape[2])
-    consts, options = _triton_meta(cfg, arch, dims, causal, q.dtype == torch.float32)
+    kpe_sh = 0 if k_pe.shape[1] == 1 else k_pe.stride(1)  # one rope head serves every head
+    tma_aligned = bool(cfg.get("tma", False)) and _tma_ok(k_nope, k_pe, v, kpe_sh)
+    consts, options = triton_meta(cfg, arch, dims, causal, q.dtype == torch.float32, tma_aligned)
     # Slot count: Tq // BLOCK_M + B covers every sequence's q blocks (see the kernel's docstring).
     grid = (Tq // consts["BLOCK_M"] + B, N)
     kn_st, kn_sh, kn_sd = k_nope.stride()
-    kpe_st, kpe_sh, kpe_sd = k_pe.stride()
-    kpe_sh = 0 if k_pe.shape[1] == 1 else kpe_sh  # one rope head serves every head
+    kpe_st, _, kpe_sd = k_pe.stride()
     v_st, v_sh, v_sd = v.stride()
     kn, kpe, vv = k_nope, k_pe, v
     if Tk == 0:
@@ -479,9 +478,7 @@ def launch_triton(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, *, s
         kn = kpe = vv = q
         kn_st = kn_sh = kn_sd = kpe_st = kpe_sh = kpe_sd = v_st = v_sh = v_sd = 0
     if consts["USE_TMA"]:
-        consts["USE_TMA"] = _tma_ok(k_nope, k_pe, v, kpe_sh)
-        if consts["USE_TMA"]:
-            _ensure_allocator(q.device)
+        _ensure_allocator(q.device)
     mla_prefill_kernel[grid](
         q, kn, kpe, vv, out, lse, cu_seqlens_q, cu_seqlens_k,
         float(sm_scale) * LOG2E, B, Tq, Tk,
@@ -493,71 +490,3 @@ def launch_triton(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, *, s
         *lse.stride(),
         cu_seqlens_q.stride(0), cu_seqlens_k.stride(0),
         **consts, **options)
-
-
-# --------------------------------------------------------------------------- ISA report
-
-_TRITON_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-MLA_DIMS = (128, 64, 128)
-
-
-def _configs_for(arch: str, dtype: torch.dtype) -> list[tuple[dict, bool]]:
-    """(config, is_candidate) the wrapper or ``bench_prefill.py --tune`` can launch."""
-    main = launch_config(arch, dtype)
-    out = [(main, False)]
-    if dtype == torch.bfloat16:  # candidates are tuned in bf16 (the serving dtype)
-        for cand in config_for(OP, arch).get("candidates", []):
-            if all(cand.get(k) == main.get(k) for k in set(cand) | set(main)):
-                continue
-            out.append((cand, True))
-    return out
-
-
-def config_label(cfg: dict) -> str:
-    """Short text of a launch config, e.g. ``M128 N64 w4 s2 wpe2 mi16``."""
-    s = f"M{cfg['BLOCK_M']} N{cfg['BLOCK_N']} w{cfg['num_warps']} s{cfg.get('num_stages', 2)}"
-    if "diag_stages" in cfg and cfg["diag_stages"] != cfg.get("num_stages", 2):
-        s += f"/{cfg['diag_stages']}"  # the masked loop's pipelining depth
-    for key, tag in (("waves_per_eu", "wpe"), ("matrix_instr_nonkdim", "mi"), ("kpack", "kp")):
-        if cfg.get(key):
-            s += f" {tag}{cfg[key]}"
-    if cfg.get("schedule_hint", "none") != "none":
-        s += f" sh={cfg['schedule_hint']}"
-    if cfg.get("tma"):
-        s += " tma"
-    return s
-
-
-def triton_variant(arch: str, dtype: torch.dtype, cfg: dict, causal: bool, tag: str = "") -> TritonVariant:
-    """The Triton specialisation launched for MLA's dims (P=128, R=64, V=128) with launch config
-    ``cfg`` on ``arch``: innermost strides 1, head/token strides and pointers 16-divisible, k_pe
-    head stride 0 (``perf/isa_sweep_prefill.py`` compiles any config through this)."""
-    tname = _TRITON_DTYPE[dtype]
-    consts, options = _triton_meta(cfg, arch, MLA_DIMS, causal, dtype == torch.float32)
-    ptr = f"*{tname}"
-    sig = {"Q": ptr, "KN": ptr, "KPE": ptr, "V": ptr, "O": ptr, "LSE": "*fp32",
-           "CU_Q": "*i32", "CU_K": "*i32", "qk_scale": "fp32", "num_seqs": "i32",
-           "num_q_rows": "i32", "num_k_rows": "i32"}
-    strides = ["q_st", "q_sh", "kn_st", "kn_sh", "kpe_st", "kpe_sh", "v_st", "v_sh",
-               "o_st", "o_sh", "lse_sh"]
-    sig.update({s: "i32" for s in strides})
-    # Innermost strides are 1 on real tensors, and Triton specialises ints equal to 1.
-    ones = {k: 1 for k in ("q_sd", "kn_sd", "kpe_sd", "v_sd", "o_sd", "lse_st", "cuq_s", "cuk_s")}
-    sig.update({k: "constexpr" for k in ones})
-    sig.update({k: "constexpr" for k in consts})
-    return TritonVariant(
-        kernel=OP,
-        config=f"{tname} {'causal' if causal else 'full'} {config_label(cfg)}{tag}",
-        fn=mla_prefill_kernel, signature=sig, constexprs={**consts, **ones}, options=options,
-        # lse_sh is Tq (any value): not claimed 16-divisible.
-        divisible_by_16=("Q", "KN", "KPE", "V", "O", "LSE", "CU_Q", "CU_K", "q_st", "q_sh",
-                         "kn_st", "kn_sh", "kpe_st", "kpe_sh", "v_st", "v_sh", "o_st", "o_sh"),
-        # NVIDIA has no exact-fp32 tensor-core op: fp32 dots run on FMA there by design.
-        expects_mfma=not (dtype == torch.float32 and arch.startswith("sm")))
-
-
-def triton_variants(arch: str) -> list[TritonVariant]:
-    """The Triton specialisations launched for MLA's dims (P=128, R=64, V=128), causal and not,
-    bf16/fp16/fp32, with the launch config of ``arch`` (and, for bf16, each tuning candidate)."""
-    return [triton_variant(arch, dtype, cfg, causal, " cand" if cand else "")
-            for dtype in _TRITON_DTYPE for cfg, cand in _configs_for(arch, dtype) for causal in (True, False)]

@@ -1,11 +1,12 @@
-"""Float32 PyTorch references of every op. Imports nothing of rocm_mla (the tests check them
-against independent formulas, and every kernel against them)."""
+"""Float32 PyTorch references of every op. Imports nothing of rocm_mla but the constants of the
+leaf module ``rocm_mla.mla_dims`` (the tests check them against independent formulas, and every
+kernel against them)."""
 
 from .context_gather import context_gather_ref
 from .decode import mla_decode_ref
 from .merge import merge_attn_states_ref
 from .prefill import mla_prefill_ref
-from .rope_kv import fused_rope_mla_kv_write_ref
+from .rope_kv_write import fused_rope_mla_kv_write_ref
 
 __all__ = ["context_gather_ref", "mla_decode_ref", "merge_attn_states_ref", "mla_prefill_ref",
            "fused_rope_mla_kv_write_ref"]

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-KV_LORA_RANK = 512  # V = the first 512 columns of each cache row; K = all 576
+from ..mla_dims import KV_LORA_RANK  # V = the first 512 columns of each cache row; K = all 576
 
 
 def mla_decode_ref(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,

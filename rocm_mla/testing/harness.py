@@ -34,9 +34,13 @@ from dataclasses import dataclass
 
 import torch
 
-# DeepSeek-V3 per-layer attention geometry (docs/ARCHITECTURE.md); N is per GPU rank and chosen per step.
-KV_LORA_RANK, QK_NOPE, QK_ROPE, V_HEAD = 512, 128, 64, 128
-_FP8_NAMES = ("fp8", "fp8_e4m3")
+from rocm_mla.mla_dims import KV_LORA_RANK, VLLM_FP8_KV_CACHE_DTYPES
+from rocm_mla.mla_dims import QK_NOPE_HEAD_DIM as QK_NOPE
+from rocm_mla.mla_dims import QK_ROPE_HEAD_DIM as QK_ROPE
+from rocm_mla.mla_dims import V_HEAD_DIM as V_HEAD
+
+# DeepSeek-V3 per-layer attention geometry (rocm_mla.mla_dims, docs/ARCHITECTURE.md); N is per GPU
+# rank and chosen per step.
 
 _model_dir: str | None = None
 
@@ -291,7 +295,7 @@ class LayerStep:
 
         self.device = torch.device(device)
         self.dtype, self.N, self.bs = dtype, num_heads, block_size
-        self.kv_cache_dtype, self.fp8 = kv_cache_dtype, kv_cache_dtype in _FP8_NAMES
+        self.kv_cache_dtype, self.fp8 = kv_cache_dtype, kv_cache_dtype in VLLM_FP8_KV_CACHE_DTYPES
         self.requests = requests
         gen = torch.Generator().manual_seed(seed)
 

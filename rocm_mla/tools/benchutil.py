@@ -2,11 +2,18 @@
 
 Ceilings are measured in the same run as the kernels they judge: a large device-to-device copy
 (bytes read + written) for bandwidth, a large bf16 matmul for compute. Kernel times are medians of
-CUDA-event timings with the L2 flushed between runs (``triton.testing.do_bench``).
+CUDA-event timings with the L2 flushed between runs (``triton.testing.do_bench``), or of CUDA/HIP
+graph replays (``graph_ms``, ``rotating_graph_us``: the one copy of each graph timer).
+
+Also what several perf/ scripts share, so that no script imports another: the preamble of their
+``main()`` (``bench_parser``, ``start_bench``), the peers' loaders, and the one copy of the vLLM
+0.33 torch paths they time ours against (``vllm_forward_static``, ``vllm_unfused_rope_kv_write``,
+``vllm_num_kv_splits``).
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 import os
 import platform
@@ -16,6 +23,8 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+
+from ..reference.rope_kv_write import FP8_MAX
 
 
 def time_ms(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 100) -> float:
@@ -61,9 +70,6 @@ def load_vllm_peer(peers: str, module: str, name: str):
         return None
 
 
-AMD_ONLY_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack", "schedule_hint")
-
-
 def load_aiter_peer(peers: str, module: str, config_arch: str = "gfx942", raise_errors: bool = False):
     """aiter's ``aiter.ops.triton.<module>``, importable from the ``peers`` folder that
     perf/peers/get_aiter_peers.sh makes (aiter's Triton tree only; ``import aiter`` needs ROCm); None
@@ -72,7 +78,8 @@ def load_aiter_peer(peers: str, module: str, config_arch: str = "gfx942", raise_
     aiter picks its JSON configs by asking Triton's active driver for a gfx arch; without an AMD GPU
     (the H200, or no GPU for the compile report) that answer is not a gfx name, so the loader makes
     aiter read ``config_arch``'s configs (gfx942 = its MI300X files). Launch configs taken from them
-    carry AMD-only options: drop those with :func:`without_amd_options` before an NVIDIA launch.
+    carry AMD-only options: drop those with ``rocm_mla.triton_common.without_amd_options`` before an
+    NVIDIA launch.
     raise_errors: raise (with the reason) instead of printing it and returning None.
     """
     import importlib
@@ -134,12 +141,6 @@ def aiter_peer_version(peers: str) -> str:
     return f.read_text().strip() if f.is_file() else ""
 
 
-def without_amd_options(cfg: dict) -> dict:
-    """``cfg`` without the launch options only AMD's Triton backend knows (an NVIDIA launch
-    rejects unknown keyword options)."""
-    return {k: v for k, v in cfg.items() if k not in AMD_ONLY_OPTIONS}
-
-
 # Device kernels that only move or fill data, by kind, as torch.profiler names them; the first
 # pattern that matches decides. "(?<!pre)fill": mla_prefill_kernel is attention, not a fill.
 # "\bcat_": concat_and_cache_* kernels write the cache, they are not a cat.
@@ -156,6 +157,33 @@ def data_movement_kind(kernel_name: str) -> str | None:
         if pat.search(kernel_name):
             return kind
     return None
+
+
+def bench_parser(doc: str) -> argparse.ArgumentParser:
+    """A perf/ script's argument parser, described by the first line of its docstring ``doc``."""
+    return argparse.ArgumentParser(description=doc.splitlines()[0])
+
+
+@dataclass
+class BenchGPU:
+    """The GPU a benchmark runs on, its name, and the ceilings it asked ``start_bench`` for."""
+
+    dev: torch.device
+    name: str
+    copy_gbs: float | None = None
+    matmul_tflops: float | None = None
+
+
+def start_bench(bench: str, *, copy: bool = False, matmul: bool = False) -> BenchGPU | None:
+    """The preamble of every perf/ benchmark's main(): the GPU (``gpu_for``: RNG seeded), its
+    name, and the copy bandwidth / bf16 matmul ceilings when asked, measured now (in the same run
+    as the kernels they judge). None, after printing that ``bench`` needs a GPU, when there is none
+    (the script then returns 2)."""
+    dev = gpu_for(bench)
+    if dev is None:
+        return None
+    return BenchGPU(dev, device_name(dev), copy_bandwidth_gbs(dev) if copy else None,
+                    matmul_tflops(dev) if matmul else None)
 
 
 def gpu_for(bench: str) -> torch.device | None:
@@ -320,3 +348,46 @@ def wall_ms(fn: Callable[[], object], reps: int = 3) -> float:
         fn()
         samples.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(samples)
+
+
+# --------------------------------------------------------------------------- vLLM 0.33's torch paths
+
+def _rotate_gptj(x: torch.Tensor) -> torch.Tensor:
+    x1 = x[..., ::2]
+    x2 = x[..., 1::2]
+    x = torch.stack((-x2, x1), dim=-1)
+    return x.flatten(-2)
+
+
+def vllm_forward_static(positions, query, key, cos_sin_cache):
+    """vLLM 0.33 DeepseekScalingRotaryEmbedding.forward_static, rotary_dim == head_size == 64, GPT-J."""
+    cos_sin = cos_sin_cache[positions]
+    cos, sin = cos_sin.chunk(2, dim=-1)
+    cos = cos.repeat_interleave(2, dim=-1).unsqueeze(-2)
+    sin = sin.repeat_interleave(2, dim=-1).unsqueeze(-2)
+    query = query * cos + _rotate_gptj(query) * sin
+    key = key * cos + _rotate_gptj(key) * sin
+    return query, key
+
+
+def vllm_unfused_rope_kv_write(positions, q, kv_a, kv_c, cos_sin, cache, slots, fp8, k_scale) -> None:
+    """The two-step path vLLM 0.33 runs for DeepSeek without the fusion pass: torch RoPE
+    (``vllm_forward_static`` on q[..., 128:] and kv_a[:, 512:], then the model's copy back into q),
+    then a torch cache write (cat([kv_c, k_pe]); FP8: / k_scale, clamp, convert; index_copy_ into
+    the flattened cache)."""
+    q_rot, k_rot = vllm_forward_static(positions, q[..., 128:], kv_a[:, 512:].unsqueeze(1), cos_sin)
+    q[..., 128:] = q_rot
+    row = torch.cat((kv_c, k_rot.squeeze(1)), dim=-1)
+    flat = cache.view(-1, 576)
+    if fp8 is not None:
+        m = FP8_MAX[fp8]
+        row = (row.float() / k_scale).clamp(-m, m).to(fp8).view(torch.uint8)
+        flat = flat.view(torch.uint8)
+    flat.index_copy_(0, slots, row)
+
+
+def vllm_num_kv_splits(max_seq_len: int, sm_count: int) -> int:
+    """vLLM 0.33 triton_mla.py _compute_num_kv_splits (min work per split 512, 2 x SMs cap)."""
+    import triton
+
+    return min(triton.next_power_of_2(max(1, max_seq_len // 512)), sm_count * 2)

@@ -1,7 +1,7 @@
 """``rocm-mla isa-report``: register, spill, LDS, occupancy and MFMA figures of every kernel.
 
 Compiles ahead of time, on a machine without a GPU, every kernel configuration the package can
-launch -- the Triton variants listed by ``rocm_mla.ops._variants.all_triton_variants`` and every
+launch -- the Triton variants listed by ``rocm_mla.variants.all_triton_variants`` and every
 HIP kernel instantiated by ``hip_src/isa/*.cu`` -- for gfx942 (MI300) or sm90 (H100/H200), and
 prints one row per kernel/config. A row fails when the kernel uses scratch or spills registers,
 needs more LDS than the chip has, or should use matrix instructions (``tl.dot``, or a HIP kernel
@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..configs import is_amd_arch
 from . import _hip_compile as hipc
 
 
@@ -292,9 +293,9 @@ def _gate(row: Row) -> list[str]:
     why = []
     if (row.scratch or row.spills) and not _spills_outside_loops(row):  # those are notes(), not failures
         if row.scratch:
-            why.append(f"scratch {row.scratch} B" + ("/lane" if row.arch.startswith("gfx") else " stack/thread"))
+            why.append(f"scratch {row.scratch} B" + ("/lane" if is_amd_arch(row.arch) else " stack/thread"))
         if row.spills:
-            why.append(f"{row.spills} spilled registers" if row.arch.startswith("gfx") else f"{row.spills} B spilled")
+            why.append(f"{row.spills} spilled registers" if is_amd_arch(row.arch) else f"{row.spills} B spilled")
         if row.local_in_loops:
             why.append(f"{row.local_in_loops} local-memory instructions inside loops")
     limit = ARCHS[row.arch].lds_limit
@@ -302,13 +303,13 @@ def _gate(row: Row) -> list[str]:
         why.append(f"LDS {row.lds} B > {limit} B")
     if row.expects_mfma and not row.mfma:
         why.append("expects MFMA but has no matrix instructions"
-                   + (" (v_mfma)" if row.arch.startswith("gfx") else " (mma/wgmma)"))
+                   + (" (v_mfma)" if is_amd_arch(row.arch) else " (mma/wgmma)"))
     return why
 
 
 def _spills_outside_loops(row: Row) -> bool:
     """sm90 with its SASS read: the row spills, and none of the spill traffic runs in a loop."""
-    return bool(row.spills or row.scratch) and row.local_in_loops == 0 and not row.arch.startswith("gfx")
+    return bool(row.spills or row.scratch) and row.local_in_loops == 0 and not is_amd_arch(row.arch)
 
 
 def notes(row: Row) -> list[str]:
@@ -450,7 +451,7 @@ def collect(arch: str, filter: str | None = None, *, triton_variants: list | Non
     triton_variants_given = triton_variants is not None
     if triton_variants is None:
         try:
-            from rocm_mla.ops._variants import all_triton_variants
+            from rocm_mla.variants import all_triton_variants
 
             triton_variants = all_triton_variants(arch)
         except Exception as e:  # a broken op module is a failure to report, not a crash
@@ -532,14 +533,14 @@ def _columns(arch: str) -> list[tuple[str, Any]]:
 
     cols: list[tuple[str, Any]] = [("kernel", lambda r: r.kernel), ("config", lambda r: r.config),
                                    ("backend", lambda r: r.backend)]
-    if arch.startswith("gfx"):
+    if is_amd_arch(arch):
         cols += [("VGPR", num("vgprs")), ("AGPR", num("agprs")), ("SGPR", num("sgprs")),
                  ("spills", num("spills")), ("scratch", num("scratch")), ("LDS", num("lds")),
                  ("waves/SIMD", num("occupancy")), ("MFMA", num("mfma"))]
     else:
         cols += [("regs", num("vgprs")), ("spill B", num("spills")), ("stack", num("scratch")),
                  ("smem", num("lds")), ("blk/SM", num("occupancy")), ("MMA", num("mfma"))]
-    mm = "MFMA" if arch.startswith("gfx") else "MMA"
+    mm = "MFMA" if is_amd_arch(arch) else "MMA"
     cols += [("expects", lambda r: mm if r.expects_mfma else "-"), ("status", status)]
     return cols
 
@@ -585,8 +586,8 @@ def summary(rows: list[Row]) -> str:
         r = pick(vals, key=lambda x: getattr(x, attr))
         return f"{getattr(r, attr)} ({label(r)})"
 
-    reg = "VGPRs" if arch.startswith("gfx") else "registers"
-    occ = "waves/SIMD" if arch.startswith("gfx") else "blocks/SM"
+    reg = "VGPRs" if is_amd_arch(arch) else "registers"
+    occ = "waves/SIMD" if is_amd_arch(arch) else "blocks/SM"
     lines.append(f"  max {reg}: {worst('vgprs')}; max LDS bytes: {worst('lds')}")
     lines.append(f"  min occupancy ({occ}): {worst('occupancy', min)}")
     lines.append(f"  with matrix instructions: {sum(1 for r in built if r.mfma)} "
@@ -626,7 +627,7 @@ def decode_side_by_side(arch: str, rows: list[Row], variants: list) -> str:
         skipped = [r for r in rows if r.kernel == "aiter_mla_decode_stage1" and r.skipped]
         lines.append("aiter's decode not compiled: " + (skipped[0].skipped if skipped else
                      "no peer rows (perf/peers/get_aiter_peers.sh .peers/aiter, or --no-peers was given)"))
-    head = ["kernel", "config", "rows x keys", "VGPR" if arch.startswith("gfx") else "regs", "spills", "scratch",
+    head = ["kernel", "config", "rows x keys", "VGPR" if is_amd_arch(arch) else "regs", "spills", "scratch",
             "LDS", "occupancy", "MFMA/wave/tile", "MFMA per 16x16", "status"]
     table = [head]
     for v, r in picked:
@@ -669,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(format_table(rows, args.arch))
     if not args.no_peers and any(r.kernel == "mla_decode_stage1" for r in rows):
-        from rocm_mla.ops._variants import all_triton_variants
+        from rocm_mla.variants import all_triton_variants
 
         from .peer_variants import aiter_decode_variants
 

@@ -22,13 +22,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..ops._variants import TritonVariant
+from ..variants.triton_variant import TritonVariant
+from ..configs import is_amd_arch
+from ..mla_dims import PREFILL_DIMS
+from ..triton_common import AMD_ONLY_OPTIONS, without_amd_options
 
 AITER_KERNEL = "aiter_mha_fwd"
 AITER_DECODE_KERNEL = "aiter_mla_decode_stage1"
 # The launch perf/bench_prefill.py times: q / k_cat contiguous [T, N, 192], v the [..., 128:] view
 # of the [T, N, 256] kv_b_proj output, out [T, N, 128] (aiter allocates it), lse [T, N] float32.
-P, R, V = 128, 64, 128
+P, R, V = PREFILL_DIMS  # 128, 64, 128
 
 
 def aiter_peers_dir() -> Path:
@@ -65,13 +68,11 @@ def aiter_mha_variants(arch: str, peers: str | os.PathLike | None = None, heads=
     MI300X config (its AMD-only options dropped for sm90). Raises when aiter cannot be loaded."""
     import torch
 
-    from .benchutil import without_amd_options
-
     mod = load_aiter_mha_kernels(peers or aiter_peers_dir(), config_arch="gfx942")
     cfg = aiter_mha_config(mod)
     consts_cfg = {k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "PRELOAD_V") if k in cfg}
     options = {k: v for k, v in cfg.items() if k not in consts_cfg}
-    if not arch.startswith("gfx"):
+    if not is_amd_arch(arch):
         options = without_amd_options(options)
     if options.get("num_ctas") == 1:
         del options["num_ctas"]  # the default; not every backend's options take it
@@ -116,7 +117,7 @@ def aiter_decode_variants(arch: str, peers: str | os.PathLike | None = None, hea
     Triton MLA path runs; rope off, bf16 q and cache) with its own MI300X config
     (``MI300X-MLA_DECODE_ROPE-DEFAULT.json``; AMD-only options dropped for sm90), one variant per
     head count (aiter makes it a constexpr). Raises when aiter cannot be loaded."""
-    from .benchutil import AMD_ONLY_OPTIONS, load_aiter_peer, without_amd_options
+    from .benchutil import load_aiter_peer
 
     mod = load_aiter_peer(str(peers or aiter_peers_dir()), "_triton_kernels.mla_decode_rope", config_arch="gfx942",
                           raise_errors=True)
@@ -124,7 +125,7 @@ def aiter_decode_variants(arch: str, peers: str | os.PathLike | None = None, hea
         del mod._get_config._config_dict
     cfg = dict(mod._get_config()["fwd_grouped_kernel_stage1_rope"])
     options = {k: cfg.pop(k) for k in ("num_warps", "num_stages", *AMD_ONLY_OPTIONS) if k in cfg}
-    if not arch.startswith("gfx"):
+    if not is_amd_arch(arch):
         options = without_amd_options(options)
     sig = {"Q": "*bf16", "K_Buffer": "*bf16", "V_buffer": "*bf16", "cos_sin_cache": "*bf16", "positions": "*i64",
            "sm_scale": "fp32", "kv_indptr": "*i32", "kv_indices": "*i32", "Att_Out": "*fp32", "k_pe_t_out": "*bf16"}

@@ -150,7 +150,7 @@ def check_decode(device: torch.device, backends: list[str]) -> list[CheckRow]:
 
 
 
-def check_rope_kv(device: torch.device, backends: list[str]) -> list[CheckRow]:
+def check_rope_kv_write(device: torch.device, backends: list[str]) -> list[CheckRow]:
     """fused_rope_mla_kv_write on DeepSeek's layout: q_pe a [T, N, 192][..., 128:] slice, k_pe a
     [T, 576][:, 512:] slice, GPT-J style, block 16, shuffled slots with one -1, a NaN-poisoned
     cache; q_pe, k_pe and the written rows against the reference, plus "untouched": the rows
@@ -159,7 +159,7 @@ def check_rope_kv(device: torch.device, backends: list[str]) -> list[CheckRow]:
     from rocm_mla._platform import device_arch
     from rocm_mla.configs import platform_fp8_dtype
     from rocm_mla.ops import fused_rope_mla_kv_write
-    from rocm_mla.reference.rope_kv import fused_rope_mla_kv_write_ref
+    from rocm_mla.reference.rope_kv_write import fused_rope_mla_kv_write_ref
 
     rows = []
     T, N, bs, max_pos = 37, 16, 16, 4096
@@ -262,7 +262,7 @@ def check_context_gather(device: torch.device, backends: list[str]) -> list[Chec
     return rows
 
 
-CHECKS = [check_merge, check_prefill, check_decode, check_rope_kv, check_context_gather]
+CHECKS = [check_merge, check_prefill, check_decode, check_rope_kv_write, check_context_gather]
 
 
 def run_all(device: torch.device) -> list[CheckRow]:

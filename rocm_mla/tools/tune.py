@@ -1,6 +1,6 @@
 """``rocm-mla tune``: measure the launch configs of every op on this GPU and keep what is faster.
 
-    rocm-mla tune [--ops decode,prefill,merge,rope_kv] [--shapes PRESET|LIST] [--quick]
+    rocm-mla tune [--ops decode,prefill,merge,rope_kv_write] [--shapes PRESET|LIST] [--quick]
                   [--max-minutes M] [--max-candidates K] [--out PATH]
     rocm-mla tune --check [--stamp] [--out PATH]      # validate (and accept) an overlay
     rocm-mla tune --show [--retime] [--out PATH]      # what the active overlay changes, its table
@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import itertools
 import json
 import math
 import os
@@ -64,12 +63,15 @@ import torch
 from .. import configs as C
 
 OP_KEYS = {"decode": "mla_decode", "prefill": "mla_prefill", "merge": "merge_attn_states",
-           "rope_kv": "rope_kv_write"}
+           "rope_kv_write": "rope_kv_write"}
 ALL_OPS = tuple(OP_KEYS)
+# Former op names still accepted in --ops, shape specs and preset names (and read from older
+# overlays' _meta): "rope_kv" is the rope_kv_write family's old short name.
+OP_ALIASES = {"rope_kv": "rope_kv_write"}
 MIN_GAIN = 0.01  # a winner beats the default by >= 1% (geomean over its group's shapes)
 IN_LOOP_SLACK = 0.02  # while searching: no shape more than 2% slower (noise); the re-time is strict
 ROUNDS = 3  # back-to-back re-time: default and winner alternately, median of each
-QUICK_CAP = {"decode": 3, "prefill": 4, "merge": 12, "rope_kv": 33}  # candidates per group, default included
+QUICK_CAP = {"decode": 3, "prefill": 4, "merge": 12, "rope_kv_write": 33}  # candidates per group, default included
 SCALE_DECODE = 1.0 / math.sqrt(192)
 MAX_POS = 163840  # DeepSeek-V3: 4096 positions x YaRN factor 40
 
@@ -79,20 +81,21 @@ PARAMS = {
     "decode": {"B": 128, "seq": 4096, "N": 16, "q": 1, "kv": "auto", "block": 64, "dt": "auto"},
     "prefill": {"B": 4, "L": 4096, "N": 16, "dt": "auto"},
     "merge": {"T": 32768, "N": 128, "D": 128, "layout": "strided", "dt": "auto"},
-    "rope_kv": {"T": 4096, "N": 16, "kv": "auto", "block": 64, "dt": "auto"},
+    "rope_kv_write": {"T": 4096, "N": 16, "kv": "auto", "block": 64, "dt": "auto"},
 }
 _HIDDEN_DEFAULTS = {"dt": "auto", "block": 64}  # left out of labels when default
 
 
 @dataclass(frozen=True)
 class Shape:
-    """One shape of one op: ``op`` (decode, prefill, merge, rope_kv) and its parameters."""
+    """One shape of one op: ``op`` (decode, prefill, merge, rope_kv_write) and its parameters."""
 
     op: str
     items: tuple
 
     @staticmethod
     def make(op: str, **kw) -> "Shape":
+        op = OP_ALIASES.get(op, op)
         if op not in PARAMS:
             raise ValueError(f"unknown op {op!r} in a shape (ops: {', '.join(PARAMS)})")
         unknown = set(kw) - set(PARAMS[op])
@@ -125,10 +128,10 @@ PRESETS: dict[str, list[str]] = {
     "tp8": [_d(B, 4096, 16, 1, kv) for kv in ("auto", "fp8") for B in (1, 32, 128)] + [_d(32, 16384, 16)],
     "dp": [_d(B, 4096, 128, 1, kv) for kv in ("auto", "fp8") for B in (1, 32, 128)],
     "mtp": [_d(128, 4096, 16, 2), _d(128, 4096, 16, 4), _d(32, 4096, 128, 2), _d(128, 4096, 16, 2, "fp8")],
-    # perf/bench_prefill.py, bench_merge.py (the pad_v-strided D=128 merges prefill does), bench_rope_kv.py
+    # perf/bench_prefill.py, bench_merge.py (the pad_v-strided D=128 merges prefill does), bench_rope_kv_write.py
     "prefill": [f"prefill:B={B},L={L},N={N}" for B, L in ((4, 4096), (1, 16384)) for N in (16, 128)],
     "merge": [f"merge:T={T},N={N},D=128,layout=strided" for T in (4096, 32768) for N in (16, 128)],
-    "rope_kv": [f"rope_kv:T={T},N={N},kv={kv}" for T, N, kv in
+    "rope_kv_write": [f"rope_kv_write:T={T},N={N},kv={kv}" for T, N, kv in
                 ((64, 16, "auto"), (64, 128, "auto"), (4096, 16, "auto"), (4096, 128, "auto"),
                  (32768, 16, "auto"), (32768, 128, "auto"), (32768, 16, "fp8"))],
     # --quick: one or two shapes per group that matters (fits 10 minutes on one GPU with compiles)
@@ -136,13 +139,13 @@ PRESETS: dict[str, list[str]] = {
               _d(32, 4096, 128), _d(32, 4096, 128, 1, "fp8"),
               "prefill:B=4,L=4096,N=16", "prefill:B=4,L=4096,N=128",
               "merge:T=32768,N=128,D=128,layout=strided", "merge:T=4096,N=16,D=128,layout=strided",
-              "rope_kv:T=4096,N=16", "rope_kv:T=32768,N=128", "rope_kv:T=4096,N=16,kv=fp8"],
+              "rope_kv_write:T=4096,N=16", "rope_kv_write:T=32768,N=128", "rope_kv_write:T=4096,N=16,kv=fp8"],
     # the CPU interpreter (tests of the tuner itself)
     "tiny": ["decode:B=2,seq=64,N=16,block=16", "prefill:B=1,L=48,N=2", "merge:T=40,N=4,D=128",
-             "rope_kv:T=24,N=4,block=16"],
+             "rope_kv_write:T=24,N=4,block=16"],
 }
 PRESETS["deepseek-v3"] = PRESETS["tp8"] + PRESETS["dp"] + PRESETS["mtp"] + PRESETS["prefill"] \
-    + PRESETS["merge"] + PRESETS["rope_kv"]
+    + PRESETS["merge"] + PRESETS["rope_kv_write"]
 
 
 def parse_shapes(text: str) -> list[Shape]:
@@ -162,7 +165,7 @@ def parse_shapes(text: str) -> list[Shape]:
                     kw[k.strip()] = v.strip()
             out.append(Shape.make(op.strip(), **kw))
             continue
-        for name in (n.strip() for n in part.split(",")):
+        for name in (OP_ALIASES.get(n.strip(), n.strip()) for n in part.split(",")):
             if name not in PRESETS:
                 raise ValueError(f"unknown shape preset {name!r} (presets: {', '.join(PRESETS)}; or op:k=v,...)")
             out += parse_shapes(";".join(PRESETS[name]))
@@ -359,7 +362,7 @@ def rope_cos_sin(max_pos: int, dev: torch.device, dt: torch.dtype) -> torch.Tens
 
 
 class RopeCase(Case):
-    """fused_rope_mla_kv_write on DeepSeek's layout (perf/bench_rope_kv.py): q_pe = q[..., 128:] of
+    """fused_rope_mla_kv_write on DeepSeek's layout (perf/bench_rope_kv_write.py): q_pe = q[..., 128:] of
     [T, N, 192], k_pe = kv_a[:, 512:] of [T, 576], cos_sin_cache in the model dtype, random
     positions, shuffled slots, cache [blocks, block, 576] (fp8: uint8 storage, k_scale 0.05)."""
 
@@ -399,7 +402,7 @@ class RopeCase(Case):
         self._run(self.q_w, self.kv_w, self.cache)
 
     def check(self) -> str:
-        from ..reference.rope_kv import fused_rope_mla_kv_write_ref, quantize_fp8_ref
+        from ..reference.rope_kv_write import fused_rope_mla_kv_write_ref, quantize_fp8_ref
 
         qc, kc, cc = self.q.clone(), self.kv_a.clone(), self.cache.clone()
         self._run(qc, kc, cc)
@@ -417,7 +420,7 @@ class RopeCase(Case):
                 or rel_err("cache rows", got, want, tol))
 
 
-CASES = {"decode": DecodeCase, "prefill": PrefillCase, "merge": MergeCase, "rope_kv": RopeCase}
+CASES = {"decode": DecodeCase, "prefill": PrefillCase, "merge": MergeCase, "rope_kv_write": RopeCase}
 
 # --------------------------------------------------------------------------- groups
 
@@ -452,7 +455,7 @@ def _nearest_first(p0: dict, points: list[dict]) -> list[dict]:
 class Group:
     """Shapes one part of an op's config serves, and the candidate values of that part."""
 
-    op: str  # decode, prefill, merge, rope_kv
+    op: str  # decode, prefill, merge, rope_kv_write
     name: str
     shapes: list[Shape]
     point0: dict  # the package's value of the part (the default)
@@ -463,7 +466,7 @@ class Group:
     results: dict[str, dict] = field(default_factory=dict)  # _key(point) -> {"point", "times", "error"}
     status: str = "pending"
     winner: dict | None = None
-    impl_pending: bool = False  # merge / rope_kv: the implementation is chosen when the group is reached
+    impl_pending: bool = False  # merge / rope_kv_write: the implementation is chosen when the group is reached
     fix: Callable[[dict], dict] = lambda p: p  # makes a generated point consistent (e.g. V_SPLIT 2 needs D_SPLIT 2)
 
     @property
@@ -535,9 +538,10 @@ def decode_label(p: dict) -> str:
 
 
 def _decode_groups(t: "Tuner", shapes: list[Shape]) -> list[Group]:
-    from ..ops.decode import stage1_config, tuning_candidates
+    from ..ops.decode import stage1_config
+    from ..variants.decode import tuning_candidates
 
-    arch, gfx = t.arch, t.arch.startswith("gfx")
+    arch, gfx = t.arch, C.is_amd_arch(t.arch)
     pkg = t.package["mla_decode"]
     tiers = pkg["stage1"]
     by: dict[tuple, list[Shape]] = {}
@@ -594,9 +598,9 @@ def _decode_groups(t: "Tuner", shapes: list[Shape]) -> list[Group]:
 
 
 def _prefill_groups(t: "Tuner", shapes: list[Shape]) -> list[Group]:
-    from ..ops.prefill import config_label
+    from ..variants.prefill import config_label
 
-    gfx = t.arch.startswith("gfx")
+    gfx = C.is_amd_arch(t.arch)
     pkg = t.package["mla_prefill"]
     by: dict[str, list[Shape]] = {}
     for s in shapes:
@@ -619,7 +623,7 @@ def _prefill_groups(t: "Tuner", shapes: list[Shape]) -> list[Group]:
 
 
 def _impl_groups(t: "Tuner", op: str, shapes: list[Shape]) -> list[Group]:
-    """merge / rope_kv: the implementation the op dispatches to here, over the package's tune space."""
+    """merge / rope_kv_write: the implementation the op dispatches to here, over the package's tune space."""
     from ..ops._dispatch import select
 
     op_key = OP_KEYS[op]
@@ -630,14 +634,14 @@ def _impl_groups(t: "Tuner", op: str, shapes: list[Shape]) -> list[Group]:
     pkg = t.package[op_key]
     p0 = dict(pkg[impl])
     space = C.tune_space(op_key).get(impl, {})
-    listed = [{**p0, **dict(zip(space, vals))} for vals in itertools.product(*space.values())] if space else []
+    listed = [{**p0, **c} for c in C.tune_candidates(op_key).get(impl, [])] if space else []
     listed = _nearest_first(p0, listed)
     knobs = []
     if impl == "triton":
         knobs = [(k, v) for k, v in space.items()]
-        if t.arch.startswith("gfx"):
+        if C.is_amd_arch(t.arch):
             knobs.append(("waves_per_eu", [0, 1, 2]))
-        if op == "rope_kv":
+        if op == "rope_kv_write":
             knobs.append(("max_tokens", [4, 8, 16]))
     else:
         knobs = [(k, v) for k, v in space.items()]
@@ -712,7 +716,7 @@ def _small_merge(dev, dt, d: int, backend: str | None) -> str:
 
 def _small_rope(dev, arch, dt, n: int, fp8: bool, neox: bool, backend: str | None) -> str:
     from ..ops import fused_rope_mla_kv_write
-    from ..reference.rope_kv import fused_rope_mla_kv_write_ref, quantize_fp8_ref
+    from ..reference.rope_kv_write import fused_rope_mla_kv_write_ref, quantize_fp8_ref
 
     g = torch.Generator().manual_seed(7)
     T, block, max_pos = 37, 16, 4096
@@ -1221,7 +1225,7 @@ class Tuner:
         return data
 
     def start_hip_build(self):
-        if self.dev.type != "cuda" or not ({"merge", "rope_kv"} & set(self.ops)):
+        if self.dev.type != "cuda" or not ({"merge", "rope_kv_write"} & set(self.ops)):
             return None
         from .. import _ext
 
@@ -1457,7 +1461,8 @@ def describe_overlay(st: C.OverlayStatus) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="rocm-mla tune", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ops", default=",".join(ALL_OPS), help="comma-separated: decode, prefill, merge, rope_kv")
+    ap.add_argument("--ops", default=",".join(ALL_OPS), help="comma-separated: decode, prefill, merge, rope_kv_write "
+                    "(rope_kv: the same)")
     ap.add_argument("--shapes", default=None, help="presets (" + ", ".join(PRESETS) + "; default: deepseek-v3, "
                     "--quick: quick) and/or ';'-separated specs like 'decode:B=64,seq=8192,N=16,q=1,kv=fp8'")
     ap.add_argument("--quick", action="store_true", help="listed candidates only, capped per group; the quick preset")
@@ -1481,7 +1486,7 @@ def main(argv: list[str] | None = None) -> int:
     if not has_gpu:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
     dev = torch.device("cuda", torch.cuda.current_device()) if has_gpu else torch.device("cpu")
-    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    ops = [OP_ALIASES.get(o.strip(), o.strip()) for o in args.ops.split(",") if o.strip()]
     bad = [o for o in ops if o not in OP_KEYS]
     if bad:
         print(f"rocm-mla tune: unknown op(s) {', '.join(bad)} (ops: {', '.join(ALL_OPS)})", file=sys.stderr)

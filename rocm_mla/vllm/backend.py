@@ -46,12 +46,11 @@ from vllm.platforms import current_platform
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionLayer, AttentionType, MultipleOf
 from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 
+from rocm_mla.mla_dims import KV_LORA_RANK, QK_ROPE_HEAD_DIM, VLLM_FP8_KV_CACHE_DTYPES
 from rocm_mla.ops import concat_and_cache_mla, gather_context_chunk, merge_attn_states, mla_decode, mla_prefill
 
-# The decode kernel's fixed latent geometry (docs/ARCHITECTURE.md §1): kv_lora_rank 512, rope 64.
-KV_LORA_RANK = 512
-QK_ROPE_HEAD_DIM = 64
-_FP8_CACHE_DTYPES = ("fp8", "fp8_e4m3")
+# The decode kernel's fixed latent geometry (docs/ARCHITECTURE.md §1): kv_lora_rank 512, rope 64;
+# and vLLM's names of an e4m3 cache (the platform's kind): rocm_mla.mla_dims.
 _16BIT_CACHE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -127,7 +126,7 @@ def cache_for_writers(kv_cache: torch.Tensor, kv_cache_dtype: str, k_scale: torc
     ``k_scale`` keywords: an fp8 cache (uint8 storage) viewed as ``current_platform.fp8_dtype()``,
     the view ``forward_impl`` gives the decode, so writer and reader agree on e4m3fn vs e4m3fnuz;
     a 16-bit one ("auto", or a name equal to the model dtype) as it is."""
-    if kv_cache_dtype in _FP8_CACHE_DTYPES:
+    if kv_cache_dtype in VLLM_FP8_KV_CACHE_DTYPES:
         if kv_cache.dtype == torch.uint8:
             kv_cache = kv_cache.view(current_platform.fp8_dtype())
         return kv_cache, {"kv_cache_dtype": "fp8", "k_scale": k_scale.reshape(1)}

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import rocm_mla
-from rocm_mla.reference.rope_kv import FP8_MAX, cache_rows_ref, quantize_fp8_ref, rope_ref
+from rocm_mla.reference.rope_kv_write import FP8_MAX, cache_rows_ref, quantize_fp8_ref, rope_ref
 
 from _hip_cpu import compile_hip_on_cpu
 from _util import DEVICE, DTYPES, TOL, backends

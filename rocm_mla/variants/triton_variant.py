@@ -1,8 +1,7 @@
-"""What the package can launch, described for ahead-of-time compilation.
+"""``TritonVariant``: one launchable Triton configuration, described for ahead-of-time compilation.
 
-Every op module that launches Triton kernels exposes ``triton_variants(arch) -> list[TritonVariant]``
-listing each (kernel, specialisation, launch options) its wrapper can choose on ``arch``. The ISA
-report (``rocm_mla.tools.isa_report``) compiles exactly these, so what it reports is what runs.
+Imports no op and no kernel: the op modules never import this package; the per-op variant
+modules (``rocm_mla.variants.<op>``) import the op's meta builder and this.
 """
 
 from __future__ import annotations
@@ -37,12 +36,3 @@ class TritonVariant:
     divisible_by_16: tuple[str, ...] = ()
     expects_mfma: bool = False
 
-
-def all_triton_variants(arch: str) -> list[TritonVariant]:
-    """Every Triton variant of every op on ``arch`` (``"gfx942"``, ``"gfx950"``, ``"sm90"``)."""
-    from . import context_gather, decode, merge, prefill, rope_kv
-
-    out: list[TritonVariant] = []
-    for mod in (merge, prefill, decode, rope_kv, context_gather):
-        out.extend(mod.triton_variants(arch))
-    return out

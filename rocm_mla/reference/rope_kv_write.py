@@ -1,6 +1,6 @@
 """Float32 reference of fused_rope_mla_kv_write and concat_and_cache_mla.
 
-Semantics (DESIGN §3): ``cos, sin = cos_sin_cache[positions].chunk(2)`` (32 each); GPT-J style
+Semantics (docs/ARCHITECTURE.md §1; the ``fused_rope_mla_kv_write`` docstring): ``cos, sin = cos_sin_cache[positions].chunk(2)`` (32 each); GPT-J style
 (``is_neox=False``, DeepSeek) rotates pairs (2i, 2i+1), NeoX style pairs (i, i+32):
 ``x' = x cos_i - y sin_i, y' = y cos_i + x sin_i``. The cache row of token t, written at
 ``slot_mapping[t]`` (slot = block * block_size + offset; negative = not written), is
@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import torch
 
-ROPE_DIM = 64
-LATENT_DIM = 512
+from ..mla_dims import QK_ROPE_HEAD_DIM
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0}
 
 
@@ -60,7 +59,7 @@ def quantize_fp8_ref(x: torch.Tensor, k_scale: torch.Tensor, fp8_dtype: torch.dt
 
 def cache_rows_ref(kv_c: torch.Tensor, k_pe_rotated: torch.Tensor) -> torch.Tensor:
     """The 576-wide cache rows ``[kv_c | k_pe]`` of every token, float32 ``[T, 576]``."""
-    return torch.cat((kv_c.float(), k_pe_rotated.float().reshape(kv_c.shape[0], ROPE_DIM)), dim=-1)
+    return torch.cat((kv_c.float(), k_pe_rotated.float().reshape(kv_c.shape[0], QK_ROPE_HEAD_DIM)), dim=-1)
 
 
 def write_cache_ref(kv_cache: torch.Tensor, slot_mapping: torch.Tensor, rows: torch.Tensor, *,

@@ -2,8 +2,11 @@
 KV-cache write, in one kernel.
 
 Kernels: hip_src/kernels/rope_kv_write.cuh (HIP), rocm_mla/kernels/rope_kv_write.py (Triton).
-Reference: rocm_mla/reference/rope_kv.py. Both ops share one kernel family, one config
+Reference: rocm_mla/reference/rope_kv_write.py. Both ops share one kernel family, one config
 (configs/rope_kv_write.json) and one backend switch: ``ROCM_MLA_BACKEND_ROPE_KV_WRITE``.
+Every layer of the family (config, kernels, op, reference, variants, tests, benchmark, the tuner's
+op key) says ``rope_kv_write``; the two public functions keep vLLM's op names
+(``fused_rope_mla_kv_write``, ``concat_and_cache_mla``), which they mirror.
 
 Decisions (documented on the functions too):
 - positions and slot_mapping must be int64 (vLLM's dtype); int32 is rejected with a TypeError,
@@ -33,20 +36,19 @@ import triton
 from .. import _ext, _platform
 from ..configs import config_for, platform_fp8_dtype
 from ..kernels.rope_kv_write import rope_mla_kv_write_kernel
-from ..reference.rope_kv import cache_rows_ref, rope_ref, write_cache_ref
+from ..mla_dims import FP8_KV_CACHE_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
+from ..reference.rope_kv_write import cache_rows_ref, rope_ref, write_cache_ref
+from ..triton_common import amd_options
 from ._checks import FLOAT_DTYPES, Checker
 from ._dispatch import select
-from ._variants import TritonVariant
 
 OP = "rope_kv_write"  # config file, backend switch (ROCM_MLA_BACKEND_ROPE_KV_WRITE)
-ROPE_DIM = 64
-LATENT_DIM = 512
-ROW_DIM = LATENT_DIM + ROPE_DIM
+ROPE_DIM = QK_ROPE_HEAD_DIM
+LATENT_DIM = KV_LORA_RANK
+ROW_DIM = KV_ROW_DIM
 
-# kv_cache_dtype values: "auto" (the q dtype), or an FP8 E4M3 kind.
-_FP8_NAMES = {"fp8": None, "fp8_e4m3": None,
-              "fp8_e4m3fn": torch.float8_e4m3fn, "fp8_e4m3fnuz": torch.float8_e4m3fnuz}
-KV_CACHE_DTYPES = ("auto", *_FP8_NAMES)
+# kv_cache_dtype values: "auto" (the q dtype), or an FP8 E4M3 kind (mla_dims.FP8_KV_CACHE_DTYPES).
+KV_CACHE_DTYPES = ("auto", *FP8_KV_CACHE_DTYPES)
 _FP8_KIND = {torch.float8_e4m3fn: 1, torch.float8_e4m3fnuz: 2}  # the kernels' CACHE_KIND
 
 
@@ -131,7 +133,7 @@ def fused_rope_mla_kv_write(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: t
     if _debug(debug):
         _debug_ranges(c, "positions", positions, cos_sin_cache.shape[0], "cos_sin_cache's max_pos")
         _debug_slots(c, slot_mapping, kv_cache)
-    _run(positions, q_pe, k2, kv_c, cos_sin_cache, kv_cache, slot_mapping, is_neox, fp8, k_scale, backend)
+    launch(positions, q_pe, k2, kv_c, cos_sin_cache, kv_cache, slot_mapping, is_neox, fp8, k_scale, backend)
 
 
 def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
@@ -163,7 +165,7 @@ def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch
                                           "k_scale": k_scale if fp8 is not None else None})
     if _debug(debug):
         _debug_slots(c, slot_mapping, kv_cache)
-    _run(None, None, k2, kv_c, None, kv_cache, slot_mapping, False, fp8, k_scale, backend)
+    launch(None, None, k2, kv_c, None, kv_cache, slot_mapping, False, fp8, k_scale, backend)
 
 
 # ---------------------------------------------------------------- validation helpers
@@ -213,7 +215,7 @@ def _fp8_dtype(c: Checker, kv_cache: torch.Tensor, kv_cache_dtype: str, q_dtype:
             c.fail("kv_cache", f"dtype {q_name} (kv_cache_dtype='auto' means the q dtype){hint}",
                    cache_name, TypeError)
         return None
-    named = _FP8_NAMES[kv_cache_dtype]
+    named = FP8_KV_CACHE_DTYPES[kv_cache_dtype]
     if kv_cache.dtype in _FP8_KIND:
         if named is not None and named != kv_cache.dtype:
             c.fail("kv_cache", f"dtype {str(named).replace('torch.', '')} (kv_cache_dtype={kv_cache_dtype!r})",
@@ -264,11 +266,13 @@ def _debug_slots(c: Checker, slots: torch.Tensor, kv_cache: torch.Tensor) -> Non
 
 # ---------------------------------------------------------------- dispatch
 
-def _run(positions, q_pe, k_pe, kv_c, cos_sin_cache, kv_cache, slot_mapping, is_neox, fp8, k_scale, backend,
-         config: dict | None = None):
-    """Validated arguments (k_pe as [T, 64]; q_pe None = no rope) -> the selected implementation.
+def launch(positions, q_pe, k_pe, kv_c, cos_sin_cache, kv_cache, slot_mapping, is_neox, fp8, k_scale, backend,
+           config: dict | None = None):
+    """Validated arguments (k_pe as [T, 64]; q_pe None = no rope; fp8: the cache's FP8 dtype or
+    None) -> the selected implementation. The public ops validate, then call this; the benchmark's
+    ``--tune`` calls it directly.
 
-    ``config`` (tuning only: perf/bench_rope_kv.py --tune) overrides keys of the selected
+    ``config`` (tuning only: perf/bench_rope_kv_write.py --tune) overrides keys of the selected
     implementation's launch data (configs/rope_kv_write.json, this arch); the rest of the path --
     dispatch, kernels, launch arithmetic -- is the op's own.
     """
@@ -302,22 +306,29 @@ def _run(positions, q_pe, k_pe, kv_c, cos_sin_cache, kv_cache, slot_mapping, is_
         write_cache_ref(kv_cache, slot_mapping, cache_rows_ref(kv_c, k_rot), fp8_dtype=fp8, k_scale=k_scale)
 
 
-def _triton_meta(num_heads: int, arch: str, cfg: dict | None = None) -> tuple[dict, dict]:
-    """Constexprs (TOKENS, BLOCK_R) and compile options for ``num_heads`` heads on ``arch``
-    (``cfg``: the launch data to use instead of the arch's, for tuning).
+def fp8_cache_kind(arch: str) -> int:
+    """The kernels' CACHE_KIND of a plain "fp8" cache on ``arch`` (configs/platform.json)."""
+    return _FP8_KIND[platform_fp8_dtype(arch)]
+
+
+def triton_meta(num_heads: int, arch: str, *, rope: bool, is_neox: bool, cache_kind: int,
+                config: dict | None = None) -> tuple[dict, dict]:
+    """``(constexprs, compile options)`` of one Triton launch for ``num_heads`` heads on ``arch``
+    (``config``: the launch data to use instead of the arch's, for tuning): the single place the
+    launch and the ISA report's variants (rocm_mla/variants/rope_kv_write.py) take them from.
 
     TOKENS: tokens per program, so that a program moves about ``rows_per_program`` q_pe rows
     (16 heads -> 8 tokens, 128 heads -> 1), at most ``max_tokens`` (its [TOKENS, 512] kv_c tile
     lives in registers).
     """
-    cfg = cfg or config_for(OP, arch)["triton"]
+    cfg = config or config_for(OP, arch)["triton"]
     tokens = max(1, min(cfg["max_tokens"], cfg["rows_per_program"] // max(1, num_heads)))
     tokens = 1 << (tokens.bit_length() - 1)  # a power of two (tl.arange)
     block_r = min(cfg["block_rows"], triton.next_power_of_2(max(1, tokens * num_heads)))
-    options = {"num_warps": cfg["num_warps"]}
-    if arch.startswith("gfx") and cfg.get("waves_per_eu"):
-        options["waves_per_eu"] = cfg["waves_per_eu"]
-    return {"TOKENS": tokens, "BLOCK_R": block_r}, options
+    options = {"num_warps": cfg["num_warps"], **amd_options(cfg, arch)}
+    # IS_NEOX only matters with ROPE (no rope: one kernel whatever is_neox says).
+    return {"TOKENS": tokens, "BLOCK_R": block_r, "ROPE": bool(rope), "IS_NEOX": bool(is_neox and rope),
+            "CACHE_KIND": int(cache_kind)}, options
 
 
 def _launch_triton(positions, q_pe, k_pe, kv_c, cos_sin_cache, cache, slot_mapping, k_scale, is_neox, kind,
@@ -325,7 +336,8 @@ def _launch_triton(positions, q_pe, k_pe, kv_c, cos_sin_cache, cache, slot_mappi
     T = k_pe.shape[0]
     rope = q_pe is not None
     N = q_pe.shape[1] if rope else 0
-    consts, options = _triton_meta(N, _platform.device_arch(cache.device), cfg)
+    consts, options = triton_meta(N, _platform.device_arch(cache.device), rope=rope, is_neox=is_neox,
+                                  cache_kind=kind, config=cfg)
     grid = (triton.cdiv(T, consts["TOKENS"]),)
     # Unused pointers get a live tensor of the right kind (never read: ROPE / CACHE_KIND are constexpr).
     pos = positions if rope else slot_mapping
@@ -346,56 +358,4 @@ def _launch_triton(positions, q_pe, k_pe, kv_c, cos_sin_cache, cache, slot_mappi
         pos, q, k_pe, kv_c, cs, cache, slot_mapping, ks,
         T, N, slot_mapping.shape[0], cache.shape[1], num_slots, max_pos,
         *q_strides, *k_pe.stride(), *kv_c.stride(), *cs_strides, *cache.stride(),
-        ROPE=rope, IS_NEOX=is_neox and rope, CACHE_KIND=kind, **consts, **options)
-
-
-# ---------------------------------------------------------------- ISA report
-
-_TRITON_DTYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-
-
-def triton_variants(arch: str) -> list[TritonVariant]:
-    """The Triton specialisations the wrapper launches for DeepSeek's shapes on ``arch``.
-
-    Per q dtype (bf16, fp16): GPT-J and NeoX, cos_sin_cache float32 or the q dtype, cache in the
-    q dtype or FP8 (the arch's kind: e4m3fnuz on gfx94x, e4m3fn elsewhere), at N = 16 and 128
-    (TOKENS 8 and 1); plus concat_and_cache_mla (no rope) per cache kind. Contiguous rows of
-    vLLM's layouts: inner strides 1, the rest multiples of 16, block_size 64.
-    """
-    fp8_kind = 2 if arch.startswith("gfx94") else 1
-    variants = []
-    for dtype, tname in ((torch.bfloat16, "bf16"), (torch.float16, "fp16")):
-        cases = []
-        for kind in (0, fp8_kind):
-            for cs in ("fp32", tname):
-                for neox in (False, True):
-                    for n in (16, 128):
-                        cases.append((True, kind, cs, neox, n))
-            cases.append((False, kind, tname, False, 0))
-        for rope, kind, cs, neox, n in cases:
-            consts, options = _triton_meta(n, arch)
-            cache_t = "u8" if kind else tname
-            sig = {"positions": "*i64", "q_pe": f"*{tname}", "k_pe": f"*{tname}", "kv_c": f"*{tname}",
-                   "cos_sin": f"*{cs}", "cache": f"*{cache_t}", "slot_mapping": "*i64", "k_scale": "*fp32",
-                   "num_tokens": "i32", "num_heads": "i32", "num_cached": "i32", "block_size": "i32",
-                   "num_slots": "i32", "max_pos": "i32",
-                   "q_st": "i32", "q_sh": "i32", "q_sd": "constexpr", "k_st": "i32", "k_sd": "constexpr",
-                   "c_st": "i32", "c_sd": "constexpr", "cs_sp": "i32", "cs_sd": "constexpr",
-                   "kv_sb": "i32", "kv_so": "i32", "kv_sd": "constexpr",
-                   "ROPE": "constexpr", "IS_NEOX": "constexpr", "TOKENS": "constexpr",
-                   "BLOCK_R": "constexpr", "CACHE_KIND": "constexpr"}
-            # Inner strides are 1 on real tensors, and Triton specialises ints equal to 1.
-            ones = {k: 1 for k in ("q_sd", "k_sd", "c_sd", "cs_sd", "kv_sd")}
-            kind_name = {0: tname, 1: "fp8e4m3fn", 2: "fp8e4m3fnuz"}[kind]
-            label = (f"{tname} cs={cs} cache={kind_name} {'neox' if neox else 'gptj'} N={n} "
-                     f"tok={consts['TOKENS']} rows={consts['BLOCK_R']} w{options['num_warps']}"
-                     if rope else f"concat {tname} cache={kind_name} w{options['num_warps']}")
-            variants.append(TritonVariant(
-                kernel="fused_rope_mla_kv_write" if rope else "concat_and_cache_mla", config=label,
-                fn=rope_mla_kv_write_kernel, signature=sig,
-                constexprs={**consts, **ones, "ROPE": rope, "IS_NEOX": neox, "CACHE_KIND": kind},
-                options=options,
-                divisible_by_16=("positions", "q_pe", "k_pe", "kv_c", "cos_sin", "cache", "slot_mapping",
-                                 "k_scale", "block_size", "num_slots", "max_pos", "q_st", "q_sh", "k_st", "c_st", "cs_sp",
-                                 "kv_sb", "kv_so")))
-    return variants
+        **consts, **options)

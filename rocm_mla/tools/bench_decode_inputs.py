@@ -1,0 +1,84 @@
+"""The mla_decode benchmark's inputs, shared by perf/bench_decode.py and perf/profile_decode.py
+(scripts do not import each other): one shape's tensors as vLLM hands them to the decode, and our
+op's call on them.
+
+Block size 64, q bf16, cache bf16 or fp8 (the platform's e4m3 kind) with a per-tensor k_scale;
+R copies of the cache and block table (fresh page permutations) so that graphs rotating over
+them find their KV in HBM (see perf/bench_decode.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import _platform
+from ..mla_dims import KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
+from ..ops.decode import fp8_dtype_for, mla_decode
+
+L, R_DIM, D = KV_LORA_RANK, QK_ROPE_HEAD_DIM, KV_ROW_DIM  # 512, 64, 576
+BLOCK = 64
+SCALE = 1.0 / math.sqrt(192)
+
+
+def shape_label(kind: str, B: int, seq: int, N: int, q_len: int) -> str:
+    return f"{kind} B={B} seq={seq} N={N}" + (f" q{q_len}" if q_len > 1 else "")
+
+
+class Setup:
+    """One shape: q as vLLM produces it (rows = B x q_len), out/lse buffers, R (cache, block table)
+    copies. Every request holds ``seq`` keys, its last q_len being the new tokens (MTP rows)."""
+
+    def __init__(self, B: int, seq: int, N: int, kv_kind: str, dev: torch.device, l2_bytes: int,
+                 block: int = BLOCK, q_len: int = 1):
+        self.B, self.seq, self.N, self.kv_kind, self.block, self.q_len = B, seq, N, kv_kind, block, q_len
+        self.rows = B * q_len
+        self.fp8 = kv_kind == "fp8"
+        blocks = math.ceil(seq / block)
+        elem = 1 if self.fp8 else 2
+        set_bytes = B * blocks * block * D * elem
+        self.R = max(1, min(64, math.ceil(3 * l2_bytes / set_bytes)))
+        self.k_scale = torch.tensor([0.05], device=dev) if self.fp8 else None
+        self.caches, self.tables = [], []
+        fp8 = fp8_dtype_for(_platform.device_arch(dev))  # e4m3fnuz on gfx942, e4m3fn elsewhere
+        for _ in range(self.R):
+            npages = B * blocks
+            kv = torch.randn(npages, block, D, device=dev, dtype=torch.bfloat16)
+            if self.fp8:
+                kv = (kv.float() / 0.05).clamp(-200, 200).to(fp8)
+            self.caches.append(kv)
+            self.tables.append(torch.randperm(npages, device=dev, dtype=torch.int32).view(B, blocks))
+        self.seq_lens = torch.full((B,), seq, dtype=torch.int32, device=dev)
+        # ql_nope = bmm(q_nope^T [N, rows, 128], W_UK_T [N, 128, 512]) -> [N, rows, 512], read as [rows, N, 512].
+        self.ql_nope = torch.randn(N, self.rows, L, device=dev, dtype=torch.bfloat16).transpose(0, 1)
+        self.q = torch.randn(self.rows, N, 192, device=dev, dtype=torch.bfloat16)
+        self.q_pe = self.q[..., 128:]
+        self.out = torch.empty(self.rows, N, L, device=dev, dtype=torch.bfloat16)
+        self.lse = torch.empty(self.rows, N, device=dev, dtype=torch.float32)
+
+    @property
+    def label(self) -> str:
+        return shape_label(self.kv_kind, self.B, self.seq, self.N, self.q_len)
+
+    def nbytes(self) -> float:
+        elem = 1 if self.fp8 else 2
+        return self.B * self.seq * D * elem + self.rows * self.N * D * 2 + self.rows * self.N * L * 2
+
+    def keys_seen(self) -> int:
+        """Keys summed over one request's rows (row t of q_len sees seq - q_len + 1 + t: causal MTP)."""
+        return sum(self.seq - self.q_len + 1 + t for t in range(self.q_len))
+
+    def flops(self) -> float:
+        return self.B * 2.0 * self.N * self.keys_seen() * (D + L)
+
+
+def ours(s: Setup, config=None, num_kv_splits=None):
+    """``call(i)``: mla_decode (Triton) on ``s`` with cache copy i; ``config`` / ``num_kv_splits``
+    as the op takes them (tuning)."""
+    def call(i: int):
+        mla_decode(s.ql_nope, s.q_pe, s.caches[i], s.tables[i], s.seq_lens, sm_scale=SCALE, out=s.out, lse=s.lse,
+                   kv_cache_dtype="fp8" if s.fp8 else "auto", k_scale=s.k_scale, max_seq_len=s.seq,
+                   backend="triton", config=config, num_kv_splits=num_kv_splits)
+        return s.out
+    return call

@@ -1,0 +1,26 @@
+"""What the package can launch, described for ahead-of-time compilation, and the tuning candidates.
+
+One module per op (``decode``, ``prefill``, ``merge``, ``rope_kv_write``, ``context_gather``) exposes
+``triton_variants(arch) -> list[TritonVariant]``, listing each (kernel, specialisation, launch
+options) its wrapper can choose on ``arch``, built by the op's own meta function (the one its
+launch calls). The ISA report (``rocm_mla.tools.isa_report``) compiles exactly these, so what it
+reports is what runs.
+
+Imports go one way: ``variants.<op>`` imports ``ops.<op>``; no op imports this package.
+"""
+
+from __future__ import annotations
+
+from .triton_variant import TritonVariant
+from . import context_gather, decode, merge, prefill, rope_kv_write  # noqa: E402  (after TritonVariant, which they import)
+
+
+def all_triton_variants(arch: str) -> list[TritonVariant]:
+    """Every Triton variant of every op on ``arch`` (``"gfx942"``, ``"gfx950"``, ``"sm90"``)."""
+    out: list[TritonVariant] = []
+    for mod in (merge, prefill, decode, rope_kv_write, context_gather):
+        out.extend(mod.triton_variants(arch))
+    return out
+
+
+__all__ = ["TritonVariant", "all_triton_variants"]

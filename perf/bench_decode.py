@@ -32,7 +32,8 @@ Providers, each captured in a CUDA graph (one call per graph) and timed as back-
   flashinfer-fa3     BatchMLAPagedAttentionWrapper(backend="fa3") planned outside the timing, q
                      pre-concatenated (kernel only), fp8 with ckv_scale = kpe_scale = k_scale, MTP
                      rows causal (qo_indptr steps by q_len);
-                     skipped with a note when not importable or when it refuses the shape. See ../shared/peers/get_flashinfer_peer.sh.
+                     skipped with a note when not importable or when it refuses the shape. See
+                     ../shared/peers/get_flashinfer_peer.sh.
   aiter-triton       aiter's decode_attention_fwd_grouped_rope (amd-aiter wheel's Triton files, made
                      importable by perf/peers/get_aiter_peers.sh PEERS/aiter), rope off, its MI300X
                      config (AMD-only options dropped on NVIDIA), q pre-concatenated and token indices
@@ -63,13 +64,25 @@ import triton
 from rocm_mla import __version__, _platform
 from rocm_mla.ops.decode import decode_plan
 from rocm_mla.reference import mla_decode_ref
-from rocm_mla.tools.bench_decode_inputs import BLOCK, D, L, R_DIM, SCALE, Setup, ours, shape_label
-from rocm_mla.tools.benchutil import (Record, aiter_peer_version, bar_plot, bench_parser, load_aiter_peer,
-                                      load_vllm_peer, print_table, rotating_graph_us, start_bench, time_ms,
-                                      vllm_num_kv_splits, write_csv)
+from rocm_mla.tools.bench_decode_inputs import BLOCK, R_DIM, SCALE, D, L, Setup, ours, shape_label
+from rocm_mla.tools.benchutil import (
+    Record,
+    aiter_peer_version,
+    bar_plot,
+    bench_parser,
+    load_aiter_peer,
+    load_vllm_peer,
+    print_table,
+    rotating_graph_us,
+    start_bench,
+    time_ms,
+    vllm_num_kv_splits,
+    write_csv,
+)
 from rocm_mla.variants.decode import tuning_candidates
 
 # --------------------------------------------------------------------------- providers
+
 
 def vllm(s: Setup, decode_attention_fwd, sm_count: int):
     """None, reason when TRITON_MLA cannot run the shape (it takes one query row per request)."""
@@ -84,9 +97,24 @@ def vllm(s: Setup, decode_attention_fwd, sm_count: int):
         o = torch.zeros(s.B, s.N, L, dtype=q.dtype, device=q.device)
         lse = torch.zeros(s.B, s.N, dtype=q.dtype, device=q.device)
         kv = s.caches[i].unsqueeze(2)
-        decode_attention_fwd(q, kv, kv[..., :L], o, lse, s.tables[i], s.seq_lens, attn_logits, S, SCALE,
-                             kv.size(1), k_scale=scale, v_scale=scale, is_mla=True)
+        decode_attention_fwd(
+            q,
+            kv,
+            kv[..., :L],
+            o,
+            lse,
+            s.tables[i],
+            s.seq_lens,
+            attn_logits,
+            S,
+            SCALE,
+            kv.size(1),
+            k_scale=scale,
+            v_scale=scale,
+            is_mla=True,
+        )
         return o
+
     return call, S
 
 
@@ -109,8 +137,7 @@ def aiter(s: Setup, mod, sm_count: int):
     logits = torch.empty(s.B, s.N, S, L + 1, dtype=torch.float32, device=dev)
     indptr = torch.arange(s.B + 1, dtype=torch.int32, device=dev) * s.seq
     offs = torch.arange(s.seq, device=dev)
-    indices = [(t[:, offs // s.block].long() * s.block + offs % s.block).reshape(-1).to(torch.int32)
-               for t in s.tables]
+    indices = [(t[:, offs // s.block].long() * s.block + offs % s.block).reshape(-1).to(torch.int32) for t in s.tables]
     from aiter.ops.triton._triton_kernels.mla_decode_rope import _get_config
 
     cfg = _get_config()
@@ -119,10 +146,25 @@ def aiter(s: Setup, mod, sm_count: int):
 
     def call(i: int):
         k_buf = s.caches[i].view(-1, 1, D)
-        mod.decode_attention_fwd_grouped_rope(q_full, k_buf, k_buf[..., :L], o, indptr, indices[i], None, L,
-                                              R_DIM, None, None, logits, S, SCALE,
-                                              config={k: dict(v) for k, v in cfg.items()})
+        mod.decode_attention_fwd_grouped_rope(
+            q_full,
+            k_buf,
+            k_buf[..., :L],
+            o,
+            indptr,
+            indices[i],
+            None,
+            L,
+            R_DIM,
+            None,
+            None,
+            logits,
+            S,
+            SCALE,
+            config={k: dict(v) for k, v in cfg.items()},
+        )
         return o
+
     return call, ""
 
 
@@ -145,9 +187,20 @@ def flashinfer(s: Setup):
             md = MLAPlanMetadata.csr(
                 qo_indptr=torch.arange(s.B + 1, dtype=torch.int32, device=dev) * s.q_len,
                 kv_indptr=torch.arange(s.B + 1, dtype=torch.int32, device=dev) * blocks,
-                kv_indices=s.tables[i].reshape(-1), kv_len_arr=s.seq_lens)
-            w.plan(metadata=md, num_heads=s.N, head_dim_ckv=L, head_dim_kpe=R_DIM, page_size=s.block,
-                   causal=s.q_len > 1, sm_scale=SCALE, q_data_type=torch.bfloat16, kv_data_type=s.caches[i].dtype)
+                kv_indices=s.tables[i].reshape(-1),
+                kv_len_arr=s.seq_lens,
+            )
+            w.plan(
+                metadata=md,
+                num_heads=s.N,
+                head_dim_ckv=L,
+                head_dim_kpe=R_DIM,
+                page_size=s.block,
+                causal=s.q_len > 1,
+                sm_scale=SCALE,
+                q_data_type=torch.bfloat16,
+                kv_data_type=s.caches[i].dtype,
+            )
             wrappers.append(w)
             if s.R > 8 and i >= 7:  # planning is slow and workspaces are big: reuse beyond 8
                 break
@@ -159,6 +212,7 @@ def flashinfer(s: Setup):
             w = wrappers[i % len(wrappers)]
             w.run(query=q_full, kv_cache=s.caches[i % len(wrappers)], out=out, **scales)
             return out
+
         return call, ""
     except Exception as exc:
         return None, f"{type(exc).__name__}: {str(exc)[:200]}"
@@ -166,12 +220,14 @@ def flashinfer(s: Setup):
 
 # --------------------------------------------------------------------------- timing
 
+
 def check(name: str, got: torch.Tensor, s: Setup, ref_reqs: int) -> str:
     """Max abs error on the first ref_reqs requests (their q_len rows each) against the float32
     reference ('' if fine)."""
     r = ref_reqs * s.q_len
-    ro, _ = mla_decode_ref(s.ql_nope[:r], s.q_pe[:r], s.caches[0], s.tables[0][:ref_reqs],
-                           s.seq_lens[:ref_reqs], SCALE, s.k_scale)
+    ro, _ = mla_decode_ref(
+        s.ql_nope[:r], s.q_pe[:r], s.caches[0], s.tables[0][:ref_reqs], s.seq_lens[:ref_reqs], SCALE, s.k_scale
+    )
     err = (got[:r].float() - ro).abs().max().item()
     if not err <= 3e-2:
         return f"  {name} {s.label}: WRONG (max err {err:.3g})"
@@ -183,9 +239,17 @@ def check(name: str, got: torch.Tensor, s: Setup, ref_reqs: int) -> str:
 # (kv kind, B, seq, N, q_len). "serving": what DeepSeek-V3 decode runs (TP8 16 heads, DP 128 heads,
 # MTP rows, fp8 cache), issue 12's table; "flashmla": FlashMLA's benchmark matrix; "quick": its
 # B in {1, 128} at seq 4096.
-SERVING = [("bf16", 128, 4096, 16, 1), ("bf16", 128, 4096, 128, 1), ("bf16", 32, 16384, 128, 1),
-           ("bf16", 128, 4096, 16, 2), ("bf16", 64, 4096, 16, 4), ("bf16", 64, 4096, 128, 2),
-           ("fp8", 128, 4096, 16, 1), ("fp8", 128, 4096, 128, 1), ("bf16", 1, 4096, 16, 1)]
+SERVING = [
+    ("bf16", 128, 4096, 16, 1),
+    ("bf16", 128, 4096, 128, 1),
+    ("bf16", 32, 16384, 128, 1),
+    ("bf16", 128, 4096, 16, 2),
+    ("bf16", 64, 4096, 16, 4),
+    ("bf16", 64, 4096, 128, 2),
+    ("fp8", 128, 4096, 16, 1),
+    ("fp8", 128, 4096, 128, 1),
+    ("bf16", 1, 4096, 16, 1),
+]
 
 
 def shape_list(preset: str, kinds: list[str]) -> list[tuple[str, int, int, int, int]]:
@@ -203,9 +267,10 @@ class Run:
 
     def __init__(self, name: str, copy: float, mm: float):
         self.name, self.copy, self.mm = name, copy, mm
-        self.records: list[Record] = [Record("copy", "torch", "2 GiB", "GB/s", copy, name, torch.__version__),
-                                      Record("matmul", "torch", "8192^3 bf16", "TFLOP/s", mm, name,
-                                             torch.__version__)]
+        self.records: list[Record] = [
+            Record("copy", "torch", "2 GiB", "GB/s", copy, name, torch.__version__),
+            Record("matmul", "torch", "8192^3 bf16", "TFLOP/s", mm, name, torch.__version__),
+        ]
         self.rows: list[list[str]] = []
         self.groups: list[str] = []
         self.gbs = {p: [] for p in PROVIDERS}
@@ -229,16 +294,32 @@ class Run:
         gbs, tfs = s.nbytes() / us / 1e3, s.flops() / us / 1e6
         self.gbs[provider].append(gbs)
         self.tfs[provider].append(tfs)
-        for metric, val in (("time_us", us), ("GB/s", gbs), ("pct_copy", 100 * gbs / self.copy),
-                            ("TFLOP/s", tfs), ("pct_matmul", 100 * tfs / self.mm)):
+        for metric, val in (
+            ("time_us", us),
+            ("GB/s", gbs),
+            ("pct_copy", 100 * gbs / self.copy),
+            ("TFLOP/s", tfs),
+            ("pct_matmul", 100 * tfs / self.mm),
+        ):
             self.records.append(Record("mla_decode", provider, s.label, metric, val, self.name, __version__))
         return f"{us:.1f}us {gbs:.0f}GB/s ({100 * gbs / self.copy:.0f}%) {tfs:.0f}TF ({100 * tfs / self.mm:.0f}%)"
 
 
 def plan_for(s: Setup, dev, config=None, num_kv_splits=None) -> dict:
-    return decode_plan(batch=s.B, num_heads=s.N, q_len=s.q_len, max_blocks=s.tables[0].shape[1], block_size=s.block,
-                       q_dtype=torch.bfloat16, kv_fp8=s.fp8, kv_elem_bytes=1 if s.fp8 else 2, device=dev,
-                       max_seq_len=s.seq, num_kv_splits=num_kv_splits, config=config)
+    return decode_plan(
+        batch=s.B,
+        num_heads=s.N,
+        q_len=s.q_len,
+        max_blocks=s.tables[0].shape[1],
+        block_size=s.block,
+        q_dtype=torch.bfloat16,
+        kv_fp8=s.fp8,
+        kv_elem_bytes=1 if s.fp8 else 2,
+        device=dev,
+        max_seq_len=s.seq,
+        num_kv_splits=num_kv_splits,
+        config=config,
+    )
 
 
 def time_checked(run: Run, provider: str, fn, s: Setup, ref_reqs: int) -> float | None:
@@ -258,8 +339,11 @@ def time_checked(run: Run, provider: str, fn, s: Setup, ref_reqs: int) -> float 
 def bench_shape(run: Run, s: Setup, dev, peers: dict, sms: int) -> None:
     plan = plan_for(s, dev)
     cfg = plan["config"]
-    row = [s.label, f"S={plan['num_kv_splits']} H{cfg['BLOCK_H']}x{plan['row_blocks']} N{cfg['BLOCK_N']} "
-                    f"w{cfg['num_warps']} s{cfg['num_stages']}"]
+    row = [
+        s.label,
+        f"S={plan['num_kv_splits']} H{cfg['BLOCK_H']}x{plan['row_blocks']} N{cfg['BLOCK_N']} "
+        f"w{cfg['num_warps']} s{cfg['num_stages']}",
+    ]
     fns = {"rocm_mla-triton": (ours(s), "")}
     if "vllm" in peers:
         fns["vllm-0.33-triton"] = vllm(s, peers["vllm"], sms)
@@ -272,8 +356,10 @@ def bench_shape(run: Run, s: Setup, dev, peers: dict, sms: int) -> None:
         us = None
         if p == "torch-reference":
             if s.B * s.seq <= 32 * 4096:
-                us = 1e3 * time_ms(lambda: mla_decode_ref(s.ql_nope, s.q_pe, s.caches[0], s.tables[0], s.seq_lens,
-                                                          SCALE, s.k_scale), rep_ms=200)
+                us = 1e3 * time_ms(
+                    lambda: mla_decode_ref(s.ql_nope, s.q_pe, s.caches[0], s.tables[0], s.seq_lens, SCALE, s.k_scale),
+                    rep_ms=200,
+                )
         elif p in fns:
             fn, why = fns[p]
             if fn is None:
@@ -286,12 +372,22 @@ def bench_shape(run: Run, s: Setup, dev, peers: dict, sms: int) -> None:
     ours_us = times.get("rocm_mla-triton")
     for peer in ("flashinfer-fa3", "vllm-0.33-triton", "aiter-triton"):
         if ours_us and peer in times:
-            run.records.append(Record("mla_decode", "rocm_mla-triton", s.label, f"speed_vs_{peer}",
-                                      times[peer] / ours_us, run.name, __version__))
+            run.records.append(
+                Record(
+                    "mla_decode",
+                    "rocm_mla-triton",
+                    s.label,
+                    f"speed_vs_{peer}",
+                    times[peer] / ours_us,
+                    run.name,
+                    __version__,
+                )
+            )
     row.append(f"{times['flashinfer-fa3'] / ours_us:.2f}x" if ours_us and "flashinfer-fa3" in times else "-")
     row.append(f"{times['vllm-0.33-triton'] / ours_us:.2f}x" if ours_us and "vllm-0.33-triton" in times else "-")
-    run.records.append(Record("mla_decode", "rocm_mla-triton", s.label, "num_kv_splits", plan["num_kv_splits"],
-                              run.name, __version__))
+    run.records.append(
+        Record("mla_decode", "rocm_mla-triton", s.label, "num_kv_splits", plan["num_kv_splits"], run.name, __version__)
+    )
     run.groups.append(s.label)
     run.rows.append(row)
     print(" | ".join(row), flush=True)
@@ -303,8 +399,10 @@ def tune_shape(run: Run, s: Setup, dev, cands: list, cand_ids: list[int], splits
         cand = cands[ci]
         for S in splits:
             p = plan_for(s, dev, cand, S)
-            label = f"c{ci}:H{cand['BLOCK_H']} N{cand['BLOCK_N']} d{cand.get('D_SPLIT', 1)} " \
-                    f"w{cand['num_warps']} s{cand['num_stages']}"
+            label = (
+                f"c{ci}:H{cand['BLOCK_H']} N{cand['BLOCK_N']} d{cand.get('D_SPLIT', 1)} "
+                f"w{cand['num_warps']} s{cand['num_stages']}"
+            )
             col = f"{label} S={'a' if S is None else S}"
             try:
                 fn = ours(s, cand, S)
@@ -325,21 +423,39 @@ def tune_shape(run: Run, s: Setup, dev, cands: list, cand_ids: list[int], splits
 
 
 def report(run: Run, out_dir: Path, cands: list) -> None:
-    print(f"\nmla_decode (q bf16, block {BLOCK}, CUDA-graph replay, cold L2): per call time, GB/s (% of the "
-          f"{run.copy:.0f} GB/s copy ceiling), TFLOP/s (% of {run.mm:.0f} bf16 matmul)")
+    print(
+        f"\nmla_decode (q bf16, block {BLOCK}, CUDA-graph replay, cold L2): per call time, GB/s (% of the "
+        f"{run.copy:.0f} GB/s copy ceiling), TFLOP/s (% of {run.mm:.0f} bf16 matmul)"
+    )
     print_table(["shape", "rocm_mla plan", *PROVIDERS, "FI/ours", "vLLM/ours"], run.rows)
     for n in run.notes:
         print(n)
     write_csv(out_dir / "decode.csv", run.records)
-    bar_plot(out_dir / "decode_gbs.png", f"mla_decode GB/s on {run.name}", run.groups, run.gbs, "GB/s",
-             hline=run.copy, hline_label="copy ceiling")
-    bar_plot(out_dir / "decode_tflops.png", f"mla_decode TFLOP/s on {run.name}", run.groups, run.tfs, "TFLOP/s",
-             hline=run.mm, hline_label="bf16 matmul")
+    bar_plot(
+        out_dir / "decode_gbs.png",
+        f"mla_decode GB/s on {run.name}",
+        run.groups,
+        run.gbs,
+        "GB/s",
+        hline=run.copy,
+        hline_label="copy ceiling",
+    )
+    bar_plot(
+        out_dir / "decode_tflops.png",
+        f"mla_decode TFLOP/s on {run.name}",
+        run.groups,
+        run.tfs,
+        "TFLOP/s",
+        hline=run.mm,
+        hline_label="bf16 matmul",
+    )
     print(f"wrote {out_dir / 'decode.csv'}, decode_gbs.png, decode_tflops.png")
     if not run.tune_rows:
         return
-    print("\n--tune: per-call us of each stage-1 candidate (rows) x forced split count S (a = the "
-          "heuristic; [n] = the S it picked); best per shape marked *")
+    print(
+        "\n--tune: per-call us of each stage-1 candidate (rows) x forced split count S (a = the "
+        "heuristic; [n] = the S it picked); best per shape marked *"
+    )
     for sh in dict.fromkeys(r[0] for r in run.tune_rows):
         rows_sh = [r for r in run.tune_rows if r[0] == sh]
         svals = list(dict.fromkeys(r[2] for r in rows_sh))
@@ -366,21 +482,32 @@ def main() -> int:
     ap = bench_parser(__doc__)
     ap.add_argument("--out", default="results", help="folder for decode.csv, decode_*.png (and tune.csv)")
     ap.add_argument("--peers", default=".peers", help="folder made by get_vllm_peers.sh (aiter under PEERS/aiter)")
-    ap.add_argument("--preset", default="flashmla", choices=["flashmla", "quick", "serving"],
-                    help="shape set (see SERVING / shape_list)")
+    ap.add_argument(
+        "--preset",
+        default="flashmla",
+        choices=["flashmla", "quick", "serving"],
+        help="shape set (see SERVING / shape_list)",
+    )
     ap.add_argument("--quick", action="store_true", help="= --preset quick")
     ap.add_argument("--tune", action="store_true", help="time every stage-1 candidate config too")
-    ap.add_argument("--cand-json", default="", help="--tune: extra candidates, a JSON list of stage-1 configs "
-                    "(or @file)")
+    ap.add_argument(
+        "--cand-json", default="", help="--tune: extra candidates, a JSON list of stage-1 configs (or @file)"
+    )
     ap.add_argument("--dtypes", default="bf16,fp8", help="cache dtypes, comma-separated: bf16, fp8")
     ap.add_argument("--no-flashinfer", action="store_true", help="skip the FlashInfer peer")
     ap.add_argument("--no-vllm", action="store_true", help="skip the vLLM peer")
     ap.add_argument("--no-aiter", action="store_true", help="skip the aiter peer")
-    ap.add_argument("--splits", default="", help="--tune: also force these split counts for B > 1 "
-                    "(comma-separated; 'auto' = the heuristic)")
+    ap.add_argument(
+        "--splits",
+        default="",
+        help="--tune: also force these split counts for B > 1 (comma-separated; 'auto' = the heuristic)",
+    )
     ap.add_argument("--b1-splits", default="", help="--tune: split counts for B = 1 (default: --splits)")
-    ap.add_argument("--shapes", default="", help="only shapes whose label contains one of these "
-                    "(';'-separated, e.g. 'bf16 B=128 seq=4096 N=16;q2')")
+    ap.add_argument(
+        "--shapes",
+        default="",
+        help="only shapes whose label contains one of these (';'-separated, e.g. 'bf16 B=128 seq=4096 N=16;q2')",
+    )
     ap.add_argument("--cands", default="", help="--tune: only these candidate indices (comma-separated)")
     ap.add_argument("--no-bench", action="store_true", help="--tune only: skip the provider comparison")
     args = ap.parse_args()
@@ -391,8 +518,10 @@ def main() -> int:
     props = torch.cuda.get_device_properties(dev)
     sms = props.multi_processor_count
     l2 = int(getattr(props, "L2_cache_size", 50 << 20) or (50 << 20))
-    print(f"device: {name} ({sms} SMs/CUs, L2 {l2 >> 20} MiB); copy ceiling {copy:.0f} GB/s (read+write); "
-          f"bf16 matmul {mm:.0f} TFLOP/s; torch {torch.__version__} triton {triton.__version__}")
+    print(
+        f"device: {name} ({sms} SMs/CUs, L2 {l2 >> 20} MiB); copy ceiling {copy:.0f} GB/s (read+write); "
+        f"bf16 matmul {mm:.0f} TFLOP/s; torch {torch.__version__} triton {triton.__version__}"
+    )
     peers: dict = {}
     if not args.no_vllm:
         fwd = load_vllm_peer(args.peers, "triton_decode_attention", "decode_attention_fwd")

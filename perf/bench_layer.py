@@ -55,13 +55,29 @@ if "--check-rope-kv" in sys.argv and not torch.cuda.is_available():
 
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit runs
 
-from rocm_mla import __version__  # noqa: E402
-from rocm_mla.mla_dims import KV_LORA_RANK, PREFILL_DIMS  # noqa: E402
-from rocm_mla.ops import concat_and_cache_mla, fused_rope_mla_kv_write, mla_decode, mla_prefill_with_context  # noqa: E402
-from rocm_mla.tools.benchutil import (DATA_MOVEMENT_KERNELS, Record, bar_plot, bench_parser,  # noqa: E402
-                                      data_movement_kind, load_vllm_peer, print_table, start_bench, time_ms,
-                                      vllm_forward_static, vllm_num_kv_splits, vllm_unfused_rope_kv_write,
-                                      write_csv)
+from rocm_mla import __version__
+from rocm_mla.mla_dims import KV_LORA_RANK, PREFILL_DIMS
+from rocm_mla.ops import (
+    concat_and_cache_mla,
+    fused_rope_mla_kv_write,
+    mla_decode,
+    mla_prefill_with_context,
+)
+from rocm_mla.tools.benchutil import (
+    DATA_MOVEMENT_KERNELS,
+    Record,
+    bar_plot,
+    bench_parser,
+    data_movement_kind,
+    load_vllm_peer,
+    print_table,
+    start_bench,
+    time_ms,
+    vllm_forward_static,
+    vllm_num_kv_splits,
+    vllm_unfused_rope_kv_write,
+    write_csv,
+)
 
 P, R, V, L = *PREFILL_DIMS, KV_LORA_RANK  # 128, 64, 128, 512
 BLOCK = 64
@@ -141,35 +157,70 @@ class DecodeStep:
 
     def ours(self):
         kv_c, k_pe = self.kv_a[:, :L], self.kv_a[:, L:].unsqueeze(1)
-        fused_rope_mla_kv_write(self.positions, self.q[..., P:], k_pe, kv_c, self.layer.cos_sin, self.cache,
-                                self.slots, is_neox=False)
+        fused_rope_mla_kv_write(
+            self.positions, self.q[..., P:], k_pe, kv_c, self.layer.cos_sin, self.cache, self.slots, is_neox=False
+        )
         ql_nope = self._absorb()
-        mla_decode(ql_nope, self.q[..., P:], self.cache, self.table, self.seq_lens, sm_scale=SCALE, out=self.o,
-                   lse=self.lse, max_seq_len=self.ctx + 1)
+        mla_decode(
+            ql_nope,
+            self.q[..., P:],
+            self.cache,
+            self.table,
+            self.seq_lens,
+            sm_scale=SCALE,
+            out=self.o,
+            lse=self.lse,
+            max_seq_len=self.ctx + 1,
+        )
         self._up(self.o)
 
     def ours_nopass(self):
         """ROCM_MLA without the fusion pass: vLLM's torch RoPE, then the backend's KV write."""
-        q_rot, k_rot = vllm_forward_static(self.positions, self.q[..., P:], self.kv_a[:, L:].unsqueeze(1),
-                                           self.layer.cos_sin)
+        q_rot, k_rot = vllm_forward_static(
+            self.positions, self.q[..., P:], self.kv_a[:, L:].unsqueeze(1), self.layer.cos_sin
+        )
         self.q[..., P:] = q_rot
         concat_and_cache_mla(self.kv_a[:, :L], k_rot, self.cache, self.slots)
         ql_nope = self._absorb()
-        mla_decode(ql_nope, self.q[..., P:], self.cache, self.table, self.seq_lens, sm_scale=SCALE, out=self.o,
-                   lse=self.lse, max_seq_len=self.ctx + 1)
+        mla_decode(
+            ql_nope,
+            self.q[..., P:],
+            self.cache,
+            self.table,
+            self.seq_lens,
+            sm_scale=SCALE,
+            out=self.o,
+            lse=self.lse,
+            max_seq_len=self.ctx + 1,
+        )
         self._up(self.o)
 
     def upstream(self):
-        vllm_unfused_rope_kv_write(self.positions, self.q, self.kv_a, self.kv_a[:, :L], self.layer.cos_sin,
-                                   self.cache, self.slots, None, None)
+        vllm_unfused_rope_kv_write(
+            self.positions, self.q, self.kv_a, self.kv_a[:, :L], self.layer.cos_sin, self.cache, self.slots, None, None
+        )
         ql_nope = self._absorb()
         q = torch.cat((ql_nope, self.q[..., P:]), dim=-1)
         o = torch.zeros(self.B, self.layer.N, L, dtype=q.dtype, device=q.device)
         lse = torch.zeros(self.B, self.layer.N, dtype=q.dtype, device=q.device)
         kv = self.cache.unsqueeze(2)
         one = torch.ones(1, device=q.device)
-        self.vllm_decode(q, kv, kv[..., :L], o, lse, self.table, self.seq_lens, self.logits, self.S, SCALE,
-                         BLOCK, k_scale=one, v_scale=one, is_mla=True)
+        self.vllm_decode(
+            q,
+            kv,
+            kv[..., :L],
+            o,
+            lse,
+            self.table,
+            self.seq_lens,
+            self.logits,
+            self.S,
+            SCALE,
+            BLOCK,
+            k_scale=one,
+            v_scale=one,
+            is_mla=True,
+        )
         self._up(o)
 
 
@@ -202,9 +253,20 @@ class PrefillStep:
     def ours(self):
         k_nope, v, k_pe = self._up(self.latent)
         ck, cv, cpe = self._up(self._context())
-        mla_prefill_with_context(self.q, k_nope, k_pe, v, self.cu_q, self.cu_q, [(ck, cpe, cv, self.cu_c, self.ctx)],
-                                 sm_scale=SCALE, out=self.output.view(-1, self.layer.N, V), lse=self.lse,
-                                 max_seqlen_q=self.new, max_seqlen_k=self.new)
+        mla_prefill_with_context(
+            self.q,
+            k_nope,
+            k_pe,
+            v,
+            self.cu_q,
+            self.cu_q,
+            [(ck, cpe, cv, self.cu_c, self.ctx)],
+            sm_scale=SCALE,
+            out=self.output.view(-1, self.layer.N, V),
+            lse=self.lse,
+            max_seqlen_q=self.new,
+            max_seqlen_k=self.new,
+        )
 
     def _flash(self, q, k_nope, k_pe, v, Lq, Lk, causal):
         """The upstream-shaped FlashAttention call: cat k, pad v, [B, N, L, D] views, lse."""
@@ -213,7 +275,8 @@ class PrefillStep:
         vp = F.pad(v, [0, P + R - V])
         bhsd = lambda x, n: x.view(B, n, N, x.shape[-1]).transpose(1, 2)  # noqa: E731
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention(
-            bhsd(q, Lq), bhsd(k, Lk), bhsd(vp, Lk), 0.0, causal, False, scale=SCALE)[:2]
+            bhsd(q, Lq), bhsd(k, Lk), bhsd(vp, Lk), 0.0, causal, False, scale=SCALE
+        )[:2]
         # [B, N, Lq, 192] -> [T, N, 192] view; lse [B, N, Lq] -> [N, T]
         return out.transpose(1, 2).reshape(B * Lq, N, P + R), lse.transpose(0, 1).reshape(N, B * Lq)
 
@@ -248,8 +311,9 @@ class RopeKV:
         self.cache.zero_()
 
     def upstream(self):
-        vllm_unfused_rope_kv_write(self.positions, self.q, self.kv_a, self.kv_a[:, :L], self.cos_sin, self.cache,
-                                   self.slots, None, None)
+        vllm_unfused_rope_kv_write(
+            self.positions, self.q, self.kv_a, self.kv_a[:, :L], self.cos_sin, self.cache, self.slots, None, None
+        )
 
     def nopass(self):
         q_rot, k_rot = vllm_forward_static(self.positions, self.q[..., P:], self.kv_a[:, L:].unsqueeze(1), self.cos_sin)
@@ -257,22 +321,37 @@ class RopeKV:
         concat_and_cache_mla(self.kv_a[:, :L], k_rot, self.cache, self.slots)
 
     def fused(self):
-        fused_rope_mla_kv_write(self.positions, self.q[..., P:], self.kv_a[:, L:], self.kv_a[:, :L], self.cos_sin,
-                                self.cache, self.slots, is_neox=False)
+        fused_rope_mla_kv_write(
+            self.positions,
+            self.q[..., P:],
+            self.kv_a[:, L:],
+            self.kv_a[:, :L],
+            self.cos_sin,
+            self.cache,
+            self.slots,
+            is_neox=False,
+        )
 
     def vllm_op_context(self):
         """A context manager under which :meth:`vllm_op` runs: a ROCM_MLA MLAAttention layer
         registered with vLLM (harness.LayerStep), its kv_cache bound to this cache, and vLLM's
         forward context with this slot mapping. Raises if vLLM or the plugin's override is missing."""
-        from rocm_mla.testing import harness
-        from rocm_mla.vllm import fused_rope_kv_op
-        from rocm_mla.vllm.backend import RocmMLABackend
         from vllm.forward_context import set_forward_context
         from vllm.utils.torch_utils import _encode_layer_name
 
+        from rocm_mla.testing import harness
+        from rocm_mla.vllm import fused_rope_kv_op
+        from rocm_mla.vllm.backend import RocmMLABackend
+
         if self._vllm is None:
-            step = harness.LayerStep(RocmMLABackend, [harness.Request(0, 1)], num_heads=self.N,
-                                     dtype=self.q.dtype, device=self.dev, block_size=BLOCK)
+            step = harness.LayerStep(
+                RocmMLABackend,
+                [harness.Request(0, 1)],
+                num_heads=self.N,
+                dtype=self.q.dtype,
+                device=self.dev,
+                block_size=BLOCK,
+            )
             self._vllm = (step, _encode_layer_name(step.layer.layer_name))
         step, self._ln = self._vllm
         if not fused_rope_kv_op.installed():
@@ -283,8 +362,16 @@ class RopeKV:
 
     def vllm_op(self):
         torch.ops.vllm.fused_rope_unified_mla_kv_cache_update(
-            self.positions, self.q[..., P:], self.kv_a[:, L:], self.kv_a[:, :L], self.cos_sin, False, "auto",
-            self._vllm[0].layer._k_scale, self._ln)
+            self.positions,
+            self.q[..., P:],
+            self.kv_a[:, L:],
+            self.kv_a[:, :L],
+            self.cos_sin,
+            False,
+            "auto",
+            self._vllm[0].layer._k_scale,
+            self._ln,
+        )
 
 
 def setup_vllm_op(dev: torch.device) -> str | None:
@@ -374,8 +461,11 @@ def main() -> int:
     ap.add_argument("--out", default="results", help="folder for layer.csv and layer.png")
     ap.add_argument("--peers", default=".peers", help="folder made by get_vllm_peers.sh")
     ap.add_argument("--quick", action="store_true", help="smaller batches")
-    ap.add_argument("--check-rope-kv", action="store_true",
-                    help="only run the RoPE + KV write variants once on tiny shapes and compare (CPU too)")
+    ap.add_argument(
+        "--check-rope-kv",
+        action="store_true",
+        help="only run the RoPE + KV write variants once on tiny shapes and compare (CPU too)",
+    )
     args = ap.parse_args()
     if args.check_rope_kv:
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -401,13 +491,20 @@ def main() -> int:
     series: dict[str, list[float]] = {"upstream": [], "rocm_mla_nopass": [], "rocm_mla": []}
     for N, tp in ((128, "TP1"), (16, "TP8")):
         layer = Layer(N, dev)
-        steps = [(f"decode {tp} N={N} B={B_dec} ctx={ctx_dec}", DecodeStep(layer, B_dec, ctx_dec, decode_attention_fwd, sms)),
-                 (f"prefill {tp} N={N} {B_pre}x{new_pre} new + {ctx_pre} ctx", PrefillStep(layer, B_pre, new_pre, ctx_pre))]
+        steps = [
+            (
+                f"decode {tp} N={N} B={B_dec} ctx={ctx_dec}",
+                DecodeStep(layer, B_dec, ctx_dec, decode_attention_fwd, sms),
+            ),
+            (f"prefill {tp} N={N} {B_pre}x{new_pre} new + {ctx_pre} ctx", PrefillStep(layer, B_pre, new_pre, ctx_pre)),
+        ]
         for label, step in steps:
-            calls = {"upstream": (lambda s=step: s.upstream(vllm_merge)) if isinstance(step, PrefillStep) else step.upstream,
-                     # the prefill step starts after RoPE + KV write: with or without the pass it is the same
-                     "rocm_mla_nopass": step.ours_nopass if isinstance(step, DecodeStep) else step.ours,
-                     "rocm_mla": step.ours}
+            calls = {
+                "upstream": (lambda s=step: s.upstream(vllm_merge)) if isinstance(step, PrefillStep) else step.upstream,
+                # the prefill step starts after RoPE + KV write: with or without the pass it is the same
+                "rocm_mla_nopass": step.ours_nopass if isinstance(step, DecodeStep) else step.ours,
+                "rocm_mla": step.ours,
+            }
             res, outs = {}, {}
             for prov, fn in calls.items():
                 step.reset()
@@ -431,24 +528,49 @@ def main() -> int:
                 records.append(Record("layer_step", prov, label, "rel_err_vs_upstream", err, name, __version__))
             groups.append(label)
             fmt = lambda m: "/".join(str(m[k]) for k in ("cat", "pad", "copy", "fill")) + f" ={sum(m.values())}"  # noqa: E731
-            rows.append([label, f"{res['upstream'][0] * 1e3:.0f}", f"{res['rocm_mla_nopass'][0] * 1e3:.0f}",
-                         f"{res['rocm_mla'][0] * 1e3:.0f}", f"{res['upstream'][0] / res['rocm_mla'][0]:.2f}x",
-                         fmt(res["upstream"][1]), fmt(res["rocm_mla_nopass"][1]), fmt(res["rocm_mla"][1])])
+            rows.append(
+                [
+                    label,
+                    f"{res['upstream'][0] * 1e3:.0f}",
+                    f"{res['rocm_mla_nopass'][0] * 1e3:.0f}",
+                    f"{res['rocm_mla'][0] * 1e3:.0f}",
+                    f"{res['upstream'][0] / res['rocm_mla'][0]:.2f}x",
+                    fmt(res["upstream"][1]),
+                    fmt(res["rocm_mla_nopass"][1]),
+                    fmt(res["rocm_mla"][1]),
+                ]
+            )
         del layer
         torch.cuda.empty_cache()
     print(f"\nMLA layer step on {name}, bf16: time (us) and data-movement kernels (cat/pad/copy/fill)")
-    print_table(["step", "upstream us", "rocm_mla no-pass us", "rocm_mla fused us", "speed-up (fused)",
-                 "upstream moves", "no-pass moves", "fused moves"], rows)
-    print("(upstream's decode copies include its cache write's index_copy_. The context gather from the "
-          "paged cache, the same index_select in both, matches no pattern and is not counted; rocm_mla's "
-          "attention path itself launches none: perf/bench_layer_copies.py)")
+    print_table(
+        [
+            "step",
+            "upstream us",
+            "rocm_mla no-pass us",
+            "rocm_mla fused us",
+            "speed-up (fused)",
+            "upstream moves",
+            "no-pass moves",
+            "fused moves",
+        ],
+        rows,
+    )
+    print(
+        "(upstream's decode copies include its cache write's index_copy_. The context gather from the "
+        "paged cache, the same index_select in both, matches no pattern and is not counted; rocm_mla's "
+        "attention path itself launches none: perf/bench_layer_copies.py)"
+    )
     cos_sin = Layer(16, dev).cos_sin
-    shapes = [(f"decode B={B_dec} N={N}", N, B_dec) for N in (128, 16)] + \
-             [(f"prefill T={B_pre * new_pre} N={N}", N, B_pre * new_pre) for N in (128, 16)]
+    shapes = [(f"decode B={B_dec} N={N}", N, B_dec) for N in (128, 16)] + [
+        (f"prefill T={B_pre * new_pre} N={N}", N, B_pre * new_pre) for N in (128, 16)
+    ]
     rk_rows = rope_kv_table(dev, name, shapes, cos_sin, records)
-    print(f"\nRoPE + KV write alone on {name}, bf16 (us): upstream = torch RoPE + cat/index_copy_; no-pass = "
-          "torch RoPE + rocm_mla.concat_and_cache_mla; fused = fused_rope_mla_kv_write; vllm_op = vLLM's "
-          "fused op dispatched to it (eager, with the op's Python)")
+    print(
+        f"\nRoPE + KV write alone on {name}, bf16 (us): upstream = torch RoPE + cat/index_copy_; no-pass = "
+        "torch RoPE + rocm_mla.concat_and_cache_mla; fused = fused_rope_mla_kv_write; vllm_op = vLLM's "
+        "fused op dispatched to it (eager, with the op's Python)"
+    )
     print_table(["tokens", *ROPE_KV_VARIANTS, "upstream/fused", "no-pass/fused"], rk_rows)
     out = Path(args.out)
     write_csv(out / "layer.csv", records)

@@ -39,14 +39,22 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from rocm_mla.tools.benchutil import DATA_MOVEMENT_KERNELS, data_movement_kind  # noqa: E402
+from rocm_mla.tools.benchutil import DATA_MOVEMENT_KERNELS, data_movement_kind
 
 DATA_MOVEMENT_OPS = {
     "aten::cat": "cat",
-    "aten::copy_": "copy", "aten::clone": "copy", "aten::_to_copy": "copy", "aten::contiguous": "copy",
-    "aten::constant_pad_nd": "pad", "aten::pad": "pad",
-    "aten::fill_": "fill", "aten::zero_": "fill", "aten::zeros": "fill", "aten::zeros_like": "fill",
-    "aten::full": "fill", "aten::full_like": "fill",
+    "aten::copy_": "copy",
+    "aten::clone": "copy",
+    "aten::_to_copy": "copy",
+    "aten::contiguous": "copy",
+    "aten::constant_pad_nd": "pad",
+    "aten::pad": "pad",
+    "aten::fill_": "fill",
+    "aten::zero_": "fill",
+    "aten::zeros": "fill",
+    "aten::zeros_like": "fill",
+    "aten::full": "fill",
+    "aten::full_like": "fill",
 }
 KERNEL_PATTERNS = DATA_MOVEMENT_KERNELS  # device kernels, by name (shared with bench_layer.py)
 TRITON_SCOPE = "triton_launch::"
@@ -57,6 +65,7 @@ PREFILL_BATCH = [(37, 5), (0, 9), (70, 3), (20, 4)]
 
 
 # ---------------------------------------------------------------- the upstream-shaped composition
+
 
 def upstream_shaped_backend():
     """A backend class whose impl moves data the way TRITON_MLA + vLLM's common FA prefill do."""
@@ -78,10 +87,18 @@ def upstream_shaped_backend():
             lse = torch.zeros(B, N, dtype=q.dtype, device=q.device)  # triton_mla.py: memset
             # decode_attention_fwd writes o (and its lse into the logits workspace).
             lse32 = torch.empty(B, N, dtype=torch.float32, device=q.device)
-            mla_decode(q[..., :L], q[..., L:], kv_c_and_k_pe_cache, attn_metadata.decode.block_table,
-                       attn_metadata.decode.seq_lens, sm_scale=self.scale, out=o, lse=lse32,
-                       kv_cache_dtype="fp8" if self._fp8_cache else "auto",
-                       k_scale=layer._k_scale.reshape(1) if self._fp8_cache else None)
+            mla_decode(
+                q[..., :L],
+                q[..., L:],
+                kv_c_and_k_pe_cache,
+                attn_metadata.decode.block_table,
+                attn_metadata.decode.seq_lens,
+                sm_scale=self.scale,
+                out=o,
+                lse=lse32,
+                kv_cache_dtype="fp8" if self._fp8_cache else "auto",
+                k_scale=layer._k_scale.reshape(1) if self._fp8_cache else None,
+            )
             return o, lse
 
         def _fa(self, q, k, v, cu_q, cu_k, causal):
@@ -90,12 +107,14 @@ def upstream_shaped_backend():
             v = torch.nn.functional.pad(v, [0, q.shape[-1] - v.shape[-1]], value=0)
             out = torch.empty(q.shape[0], q.shape[1], q.shape[2], dtype=q.dtype, device=q.device)
             P, V = self.qk_nope_head_dim, self.v_head_dim
-            _, lse = mla_prefill(q, k[..., :P], k[..., P:], v[..., :V], cu_q, cu_k, sm_scale=self.scale,
-                                 causal=causal, out=out[..., :V])
+            _, lse = mla_prefill(
+                q, k[..., :P], k[..., P:], v[..., :V], cu_q, cu_k, sm_scale=self.scale, causal=causal, out=out[..., :V]
+            )
             return out, lse
 
-        def forward_mha(self, q, kv_c_normed, k_pe, kv_c_and_k_pe_cache, attn_metadata, k_scale, output,
-                        output_scale=None):
+        def forward_mha(
+            self, q, kv_c_normed, k_pe, kv_c_and_k_pe_cache, attn_metadata, k_scale, output, output_scale=None
+        ):
             prefill = attn_metadata.prefill
             N, P, V = self.num_heads, self.qk_nope_head_dim, self.v_head_dim
             kv_nope = self.kv_b_proj(kv_c_normed)[0].view(-1, N, P + V)
@@ -116,9 +135,15 @@ def upstream_shaped_backend():
             for chunk in chunked.chunks:
                 toks = chunk.num_context_tokens
                 ws = chunked.workspace[:toks]
-                gather_context_chunk(kv_cache, prefill.block_table[chunk.request_slice], chunk.cu_seq_lens,
-                                     chunk.starts, chunk.token_to_seq, ws,
-                                     k_scale=k_scale.reshape(1) if self._fp8_cache else None)
+                gather_context_chunk(
+                    kv_cache,
+                    prefill.block_table[chunk.request_slice],
+                    chunk.cu_seq_lens,
+                    chunk.starts,
+                    chunk.token_to_seq,
+                    ws,
+                    k_scale=k_scale.reshape(1) if self._fp8_cache else None,
+                )
                 kv_nope = self.kv_b_proj(ws[..., :L])[0].view(-1, N, P + V)
                 k_nope, v = kv_nope.split([P, V], dim=-1)
                 k = self._concat_k_nope_k_pe(k_nope, ws[..., L:].unsqueeze(1))
@@ -134,8 +159,8 @@ def upstream_shaped_backend():
                     n = start - s
                     _vllm_merge_in_place(output[s:start], output_lse[:, s:start], out[:n], lse[:, :n])
                 if start < e:
-                    output[start:e].copy_(out[start - s:])
-                    output_lse[:, start:e].copy_(lse[:, start - s:])
+                    output[start:e].copy_(out[start - s :])
+                    output_lse[:, start:e].copy_(lse[:, start - s :])
             return output, output_lse
 
     def _vllm_merge_in_place(output, output_lse, suffix, suffix_lse):
@@ -161,6 +186,7 @@ def upstream_shaped_backend():
 
 
 # ---------------------------------------------------------------- counting
+
 
 @contextmanager
 def _triton_launches_as_scopes():
@@ -223,15 +249,34 @@ def count_data_movement(fn) -> dict:
     return {"ops": ops, "kernels": kernels, "kernel_names": names, "triton_launches": launches}
 
 
-def measure(backend, batch, *, num_heads: int, dtype: torch.dtype, kv_cache_dtype: str, device,
-            block_size: int = 16, decode_threshold: int = 1, workspace_rows: int | None = 48) -> dict:
+def measure(
+    backend,
+    batch,
+    *,
+    num_heads: int,
+    dtype: torch.dtype,
+    kv_cache_dtype: str,
+    device,
+    block_size: int = 16,
+    decode_threshold: int = 1,
+    workspace_rows: int | None = 48,
+) -> dict:
     """One step of ``batch`` through ``backend``: max error vs the float32 reference, and the
     data-movement counts of the replayed backend calls."""
     from rocm_mla.testing.harness import LayerStep, Request
 
-    step = LayerStep(backend, [Request(c, q) for c, q in batch], num_heads=num_heads, dtype=dtype,
-                     device=device, kv_cache_dtype=kv_cache_dtype, block_size=block_size,
-                     decode_threshold=decode_threshold, workspace_rows=workspace_rows, k_scale=0.05)
+    step = LayerStep(
+        backend,
+        [Request(c, q) for c, q in batch],
+        num_heads=num_heads,
+        dtype=dtype,
+        device=device,
+        kv_cache_dtype=kv_cache_dtype,
+        block_size=block_size,
+        decode_threshold=decode_threshold,
+        workspace_rows=workspace_rows,
+        k_scale=0.05,
+    )
     calls = step.capture_backend_calls()
     err = (step.output.float() - step.reference()).abs().max().item()
     counts = count_data_movement(lambda: step.replay(calls))
@@ -240,8 +285,9 @@ def measure(backend, batch, *, num_heads: int, dtype: torch.dtype, kv_cache_dtyp
     return counts
 
 
-def compare(*, num_heads: int = 16, dtype: torch.dtype = torch.float16, kv_cache_dtype: str = "auto",
-            device=None) -> dict:
+def compare(
+    *, num_heads: int = 16, dtype: torch.dtype = torch.float16, kv_cache_dtype: str = "auto", device=None
+) -> dict:
     """{(step, composition): counts} for the decode batch and the prefill-with-context batch."""
     from rocm_mla.vllm.backend import RocmMLABackend
 
@@ -250,8 +296,9 @@ def compare(*, num_heads: int = 16, dtype: torch.dtype = torch.float16, kv_cache
     out = {}
     for step, batch in (("decode", DECODE_BATCH), ("prefill+context", PREFILL_BATCH)):
         for label, backend in (("ROCM_MLA", RocmMLABackend), ("upstream-shaped", upstream)):
-            out[(step, label)] = measure(backend, batch, num_heads=num_heads, dtype=dtype,
-                                         kv_cache_dtype=kv_cache_dtype, device=device)
+            out[(step, label)] = measure(
+                backend, batch, num_heads=num_heads, dtype=dtype, kv_cache_dtype=kv_cache_dtype, device=device
+            )
     return out
 
 
@@ -275,16 +322,22 @@ def main(argv=None) -> int:
     rocm_mla.vllm.register()
     res = compare(num_heads=args.heads, dtype=getattr(torch, args.dtype), kv_cache_dtype=args.kv_cache_dtype)
     unit = "device kernels" if torch.cuda.is_available() else "aten ops (CPU: no kernels to see)"
-    print(f"copy/cat/pad/fill in the attention path of one layer step, N={args.heads} {args.dtype} "
-          f"kv={args.kv_cache_dtype}; unit: {unit}")
-    print(f"{'step':<16} {'composition':<16} {'cat':>4} {'copy':>5} {'pad':>4} {'fill':>5} {'total':>6} "
-          f"{'launches':>8} {'max|err|':>9}")
+    print(
+        f"copy/cat/pad/fill in the attention path of one layer step, N={args.heads} {args.dtype} "
+        f"kv={args.kv_cache_dtype}; unit: {unit}"
+    )
+    print(
+        f"{'step':<16} {'composition':<16} {'cat':>4} {'copy':>5} {'pad':>4} {'fill':>5} {'total':>6} "
+        f"{'launches':>8} {'max|err|':>9}"
+    )
     bad = False
     for (step, label), c in res.items():
         cnt = c["kernels"] if torch.cuda.is_available() else c["ops"]
         n = total(c)
-        print(f"{step:<16} {label:<16} {cnt['cat']:>4} {cnt['copy']:>5} {cnt['pad']:>4} {cnt['fill']:>5} "
-              f"{n:>6} {c['triton_launches'] or sum(c['kernel_names'].values()):>8} {c['max_abs_err']:>9.2e}")
+        print(
+            f"{step:<16} {label:<16} {cnt['cat']:>4} {cnt['copy']:>5} {cnt['pad']:>4} {cnt['fill']:>5} "
+            f"{n:>6} {c['triton_launches'] or sum(c['kernel_names'].values()):>8} {c['max_abs_err']:>9.2e}"
+        )
         bad |= label == "ROCM_MLA" and n != 0
     if torch.cuda.is_available():
         for (step, label), c in res.items():

@@ -24,8 +24,16 @@ from rocm_mla.ops import merge_attn_states
 from rocm_mla.ops._dispatch import unavailable
 from rocm_mla.ops.merge import launch
 from rocm_mla.reference import merge_attn_states_ref
-from rocm_mla.tools.benchutil import (Record, bar_plot, bench_parser, load_vllm_peer, print_table, start_bench,
-                                      time_ms, write_csv)
+from rocm_mla.tools.benchutil import (
+    Record,
+    bar_plot,
+    bench_parser,
+    load_vllm_peer,
+    print_table,
+    start_bench,
+    time_ms,
+    write_csv,
+)
 
 
 def main() -> int:
@@ -33,7 +41,9 @@ def main() -> int:
     ap.add_argument("--out", default="results", help="folder for merge.csv and merge.png")
     ap.add_argument("--peers", default=".peers", help="folder made by get_vllm_peers.sh")
     ap.add_argument("--quick", action="store_true", help="T=4096 only")
-    ap.add_argument("--tune", action="store_true", help="also sweep the launch candidates of configs/merge_attn_states.json")
+    ap.add_argument(
+        "--tune", action="store_true", help="also sweep the launch candidates of configs/merge_attn_states.json"
+    )
     args = ap.parse_args()
     gpu = start_bench("bench_merge", copy=True)
     if gpu is None:
@@ -47,7 +57,9 @@ def main() -> int:
         if why:
             print(f"rocm_mla-{b} skipped: {why}")
         else:
-            providers[f"rocm_mla-{b}"] = lambda o, po, pl, so, sl, ol, b=b: merge_attn_states(o, po, pl, so, sl, ol, backend=b)
+            providers[f"rocm_mla-{b}"] = lambda o, po, pl, so, sl, ol, b=b: merge_attn_states(
+                o, po, pl, so, sl, ol, backend=b
+            )
     if vllm_merge is not None:
         providers["vllm-0.33-triton"] = lambda o, po, pl, so, sl, ol: vllm_merge(o, po, pl, so, sl, ol)
 
@@ -60,7 +72,7 @@ def main() -> int:
 
     records, rows, groups = [], [], []
     series: dict[str, list[float]] = {p: [] for p in providers}
-    for T in ([4096] if args.quick else [4096, 32768]):
+    for T in [4096] if args.quick else [4096, 32768]:
         for N in (16, 128):
             for D in (128, 512):
                 for layout in ("contiguous", "strided"):
@@ -83,7 +95,9 @@ def main() -> int:
                         err = (out.float() - ref).abs().max().item()
                         if not err <= 3e-2:
                             print(f"  {pname} {shape}: WRONG (max err {err})")
-                        ms = time_ms(lambda: fn(out, po, pl, so, sl, ol))
+                        ms = time_ms(
+                            lambda fn=fn, out=out, po=po, pl=pl, so=so, sl=sl, ol=ol: fn(out, po, pl, so, sl, ol)
+                        )
                         gbs = nbytes / ms / 1e6
                         row.append(f"{gbs:.0f} ({100 * gbs / copy:.0f}%)")
                         series[pname].append(gbs)
@@ -97,8 +111,15 @@ def main() -> int:
     print_table(["shape", *providers], rows)
     out_dir = Path(args.out)
     write_csv(out_dir / "merge.csv", records)
-    bar_plot(out_dir / "merge.png", f"merge_attn_states bf16 on {name}", groups, series, "GB/s",
-             hline=copy, hline_label="copy ceiling")
+    bar_plot(
+        out_dir / "merge.png",
+        f"merge_attn_states bf16 on {name}",
+        groups,
+        series,
+        "GB/s",
+        hline=copy,
+        hline_label="copy ceiling",
+    )
     print(f"wrote {out_dir / 'merge.csv'} and {out_dir / 'merge.png'}")
     if args.tune:
         tune(dev, copy)
@@ -123,6 +144,7 @@ def tune(dev, copy: float) -> None:
                 rows.append([f"T={T} N={N} D={D} strided", impl, str(cfg), f"{gbs:.0f} ({100 * gbs / copy:.0f}%)"])
     print("\ntuning sweep (bf16):")
     print_table(["shape", "impl", "config", "GB/s"], rows)
+
 
 if __name__ == "__main__":
     sys.exit(main())

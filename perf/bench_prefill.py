@@ -54,16 +54,25 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from rocm_mla import __version__
-from rocm_mla import _platform
+from rocm_mla import __version__, _platform
 from rocm_mla.configs import config_for, is_nvidia_arch
 from rocm_mla.mla_dims import PREFILL_DIMS
 from rocm_mla.ops.merge import merge_attn_states
 from rocm_mla.ops.prefill import ContextChunk, launch_config, mla_prefill, mla_prefill_with_context
 from rocm_mla.reference import mla_prefill_ref
-from rocm_mla.tools.benchutil import (Record, aiter_peer_version, bar_plot, bench_parser, device_name,
-                                      load_aiter_peer, load_vllm_peer, rotating_graph_us, start_bench, time_ms,
-                                      write_csv)
+from rocm_mla.tools.benchutil import (
+    Record,
+    aiter_peer_version,
+    bar_plot,
+    bench_parser,
+    device_name,
+    load_aiter_peer,
+    load_vllm_peer,
+    rotating_graph_us,
+    start_bench,
+    time_ms,
+    write_csv,
+)
 from rocm_mla.triton_common import without_amd_options
 from rocm_mla.variants.prefill import config_label
 
@@ -96,16 +105,31 @@ def _shape(B: int, L: int, N: int) -> Shape:
     return Shape(f"{B}x{L} N={N}", (L,) * B, N)
 
 
-SHAPES = [_shape(4, 4096, 16), _shape(4, 4096, 128), _shape(16, 1024, 16), _shape(1, 16384, 16),
-          _shape(1, 16384, 128), Shape("varlen N=16", tuple(VARLEN), 16), Shape("varlen N=128", tuple(VARLEN), 128)]
+SHAPES = [
+    _shape(4, 4096, 16),
+    _shape(4, 4096, 128),
+    _shape(16, 1024, 16),
+    _shape(1, 16384, 16),
+    _shape(1, 16384, 128),
+    Shape("varlen N=16", tuple(VARLEN), 16),
+    Shape("varlen N=128", tuple(VARLEN), 128),
+]
 QUICK = [SHAPES[0], SHAPES[1], SHAPES[2], SHAPES[5]]  # the issue's three shapes and the varlen batch
 
 PROVIDERS = ["ours", "cuDNN", "aiter", "aiter-tile", "FLASH", "upstream"]
-HEADERS = {"ours": "ours", "cuDNN": "cuDNN", "aiter": "aiter", "aiter-tile": "aiter@tile", "FLASH": "FLASH",
-           "upstream": "upstream"}
-LEGEND = ("aiter: its MI300X config (AMD-only options dropped on NVIDIA); aiter@tile: aiter's kernel with our tile "
-          "(M128 N64 w8 s3 on sm90); FLASH: SDPA FLASH on V padded to 192; upstream: cat k + pad v + FLASH + "
-          "slice copy, all timed; ours/aiter: against the faster aiter column")
+HEADERS = {
+    "ours": "ours",
+    "cuDNN": "cuDNN",
+    "aiter": "aiter",
+    "aiter-tile": "aiter@tile",
+    "FLASH": "FLASH",
+    "upstream": "upstream",
+}
+LEGEND = (
+    "aiter: its MI300X config (AMD-only options dropped on NVIDIA); aiter@tile: aiter's kernel with our tile "
+    "(M128 N64 w8 s3 on sm90); FLASH: SDPA FLASH on V padded to 192; upstream: cat k + pad v + FLASH + "
+    "slice copy, all timed; ours/aiter: against the faster aiter column"
+)
 
 
 def causal_flops(lengths, N: int) -> float:
@@ -113,6 +137,7 @@ def causal_flops(lengths, N: int) -> float:
 
 
 # --------------------------------------------------------------------------- timing
+
 
 class Timer:
     """ms per call: with graphs, the median of 7 rounds of back-to-back replays of one captured
@@ -133,6 +158,7 @@ class Timer:
 
 
 # --------------------------------------------------------------------------- inputs and providers
+
 
 class Case:
     """Inputs of one shape, laid out as the model produces them."""
@@ -192,9 +218,22 @@ class Case:
         return [(0, self.T)] if self.equal else self.seqs()
 
     def ours(self, config=None):
-        mla_prefill(self.q, self.k_nope, self.k_pe, self.v, self.cu, self.cu, sm_scale=SCALE, causal=True,
-                    out=self.out, lse=self.lse, max_seqlen_q=self.max_len, max_seqlen_k=self.max_len,
-                    backend="triton", config=config)
+        mla_prefill(
+            self.q,
+            self.k_nope,
+            self.k_pe,
+            self.v,
+            self.cu,
+            self.cu,
+            sm_scale=SCALE,
+            causal=True,
+            out=self.out,
+            lse=self.lse,
+            max_seqlen_q=self.max_len,
+            max_seqlen_k=self.max_len,
+            backend="triton",
+            config=config,
+        )
 
     def sdpa(self, backend_name: str, v, out_view=None):
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -202,8 +241,13 @@ class Case:
         outs = []
         with sdpa_kernel(getattr(SDPBackend, backend_name)):
             for s, e in self._spans():
-                o = F.scaled_dot_product_attention(self.bhsd(self.q, s, e), self.bhsd(self.k_cat, s, e),
-                                                   self.bhsd(v, s, e), is_causal=True, scale=SCALE)
+                o = F.scaled_dot_product_attention(
+                    self.bhsd(self.q, s, e),
+                    self.bhsd(self.k_cat, s, e),
+                    self.bhsd(v, s, e),
+                    is_causal=True,
+                    scale=SCALE,
+                )
                 outs.append((s, e, o))
         return outs
 
@@ -221,8 +265,9 @@ class Case:
         vp = F.pad(self.v, [0, P + R - V])
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             for s, e in self._spans():
-                o = F.scaled_dot_product_attention(self.bhsd(self.q, s, e), self.bhsd(k, s, e), self.bhsd(vp, s, e),
-                                                   is_causal=True, scale=SCALE)
+                o = F.scaled_dot_product_attention(
+                    self.bhsd(self.q, s, e), self.bhsd(k, s, e), self.bhsd(vp, s, e), is_causal=True, scale=SCALE
+                )
                 self.bhsd(self.out, s, e).copy_(o[..., :V])
 
     def gather(self, outs) -> torch.Tensor:
@@ -259,17 +304,33 @@ class Aiter:
     def launch_cfg(self, tile: dict | None = None) -> dict:
         cfg = dict(self.cfg)
         if tile is not None:  # our tile in aiter's kernel
-            cfg.update(BLOCK_M=tile["BLOCK_M"], BLOCK_N=tile["BLOCK_N"], num_warps=tile["num_warps"],
-                       num_stages=tile.get("num_stages", 1), PRELOAD_V=False)
+            cfg.update(
+                BLOCK_M=tile["BLOCK_M"],
+                BLOCK_N=tile["BLOCK_N"],
+                num_warps=tile["num_warps"],
+                num_stages=tile.get("num_stages", 1),
+                PRELOAD_V=False,
+            )
         return cfg if torch.version.hip else without_amd_options(cfg)
 
     def run(self, case: Case, cfg: dict):
-        return self.mod.flash_attn_varlen_func(case.q, case.k_cat, case.v, case.cu, case.cu, case.max_len,
-                                               case.max_len, softmax_scale=SCALE, causal=True, return_lse=True,
-                                               config=cfg)
+        return self.mod.flash_attn_varlen_func(
+            case.q,
+            case.k_cat,
+            case.v,
+            case.cu,
+            case.cu,
+            case.max_len,
+            case.max_len,
+            softmax_scale=SCALE,
+            causal=True,
+            return_lse=True,
+            config=cfg,
+        )
 
 
 # --------------------------------------------------------------------------- correctness
+
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.float(), b.float()
@@ -288,7 +349,7 @@ def check_against_reference(dev: torch.device, config) -> float:
     lq, lk, N = REF_CASE
 
     def cu(ls):
-        return torch.tensor([0] + [sum(ls[:i + 1]) for i in range(len(ls))], dtype=torch.int32, device=dev)
+        return torch.tensor([0] + [sum(ls[: i + 1]) for i in range(len(ls))], dtype=torch.int32, device=dev)
 
     q = torch.randn(sum(lq), N, P + R, generator=g).to(dev, DTYPE)
     kv = torch.randn(sum(lk), N, P + V, generator=g).to(dev, DTYPE)
@@ -297,12 +358,15 @@ def check_against_reference(dev: torch.device, config) -> float:
     out, lse = mla_prefill(*args, sm_scale=SCALE, backend="triton", config=config)
     ref, ref_lse = mla_prefill_ref(*args, SCALE, True)
     fin = torch.isfinite(ref_lse)
-    bad_lse = not torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)) or \
-        (lse[fin] - ref_lse[fin]).abs().max().item() > 2e-2
+    bad_lse = (
+        not torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse))
+        or (lse[fin] - ref_lse[fin]).abs().max().item() > 2e-2
+    )
     return float("inf") if bad_lse else rel_err(out, ref)
 
 
 # --------------------------------------------------------------------------- tune
+
 
 def tune(dev, shapes, timer: Timer, extra: list[dict]) -> tuple[dict | None, list[str]]:
     arch = _platform.device_arch(dev)
@@ -340,7 +404,7 @@ def tune(dev, shapes, timer: Timer, extra: list[dict]) -> tuple[dict | None, lis
                         print(f"  {config_label(cfg)} {shape.name}: differs from the default config (rel {e:.3g})")
                         ok[i] = False
                     else:
-                        ms = timer(f"tune {config_label(cfg)}", lambda cfg=cfg: case.ours(cfg))
+                        ms = timer(f"tune {config_label(cfg)}", lambda cfg=cfg, case=case: case.ours(cfg))
                 except Exception as exc:
                     print(f"  {config_label(cfg)} {shape.name}: failed: {type(exc).__name__}: {str(exc)[:200]}")
             times[i].append(ms)
@@ -348,8 +412,12 @@ def tune(dev, shapes, timer: Timer, extra: list[dict]) -> tuple[dict | None, lis
         rows.append(row)
         del case, base
         torch.cuda.empty_cache()
-    geo = {i: math.exp(sum(math.log(t) for t in ts) / len(ts)) if ok[i] and all(math.isfinite(t) for t in ts)
-           else float("inf") for i, ts in times.items()}
+    geo = {
+        i: math.exp(sum(math.log(t) for t in ts) / len(ts))
+        if ok[i] and all(math.isfinite(t) for t in ts)
+        else float("inf")
+        for i, ts in times.items()
+    }
     labels = [config_label(c) for c in cands]
     rows.append(["geo-mean ms"] + [f"{geo[i]:.3f}" if math.isfinite(geo[i]) else "-" for i in range(len(cands))])
     print("\nmla_prefill candidates, TFLOP/s:")
@@ -368,6 +436,7 @@ def tune(dev, shapes, timer: Timer, extra: list[dict]) -> tuple[dict | None, lis
 
 # --------------------------------------------------------------------------- chunked context
 
+
 class ContextCase:
     """One sequence: `new` new tokens after `ctx` cached ones in `n_chunks` chunks (up-projected
     already: k_nope / v views of [Tc, N, 256], k_pe a slice of [Tc, 576])."""
@@ -385,25 +454,45 @@ class ContextCase:
         for tc in sizes:
             ckv = torch.randn(tc, N, P + V, device=dev, dtype=dt)
             clat = torch.randn(tc, 512 + R, device=dev, dtype=dt)
-            self.chunks.append(ContextChunk(ckv[..., :P], clat[:, 512:].unsqueeze(1), ckv[..., P:],
-                                            torch.tensor([0, tc], dtype=torch.int32, device=dev), tc))
+            self.chunks.append(
+                ContextChunk(
+                    ckv[..., :P],
+                    clat[:, 512:].unsqueeze(1),
+                    ckv[..., P:],
+                    torch.tensor([0, tc], dtype=torch.int32, device=dev),
+                    tc,
+                )
+            )
         self.out_buf = torch.empty(new, N * V, device=dev, dtype=dt)
         self.out = self.out_buf.view(new, N, V)
         self.lse = torch.empty(N, new, device=dev, dtype=torch.float32)
         self.flops = 2.0 * (P + R + V) * N * (new * (new + 1) / 2 + new * ctx)
 
     def ours(self, config=None):
-        mla_prefill_with_context(self.q, self.k_nope, self.k_pe, self.v, self.cu, self.cu, self.chunks,
-                                 sm_scale=SCALE, out=self.out, lse=self.lse, max_seqlen_q=self.new,
-                                 max_seqlen_k=self.new, config=config)
+        mla_prefill_with_context(
+            self.q,
+            self.k_nope,
+            self.k_pe,
+            self.v,
+            self.cu,
+            self.cu,
+            self.chunks,
+            sm_scale=SCALE,
+            out=self.out,
+            lse=self.lse,
+            max_seqlen_q=self.new,
+            max_seqlen_k=self.new,
+            config=config,
+        )
 
     def _flash(self, k_nope, k_pe, v, causal):
         """vLLM's FA call for one key set: cat k, pad v, FLASH with lse ([L, N, 192], [N, L])."""
         k = torch.cat([k_nope, k_pe.expand(-1, self.N, R)], dim=-1)
         vp = F.pad(v, [0, P + R - V])
         b = lambda x: x.unsqueeze(0).transpose(1, 2)  # noqa: E731
-        o, lse = torch.ops.aten._scaled_dot_product_flash_attention(b(self.q), b(k), b(vp), 0.0, causal, False,
-                                                                    scale=SCALE)[:2]
+        o, lse = torch.ops.aten._scaled_dot_product_flash_attention(
+            b(self.q), b(k), b(vp), 0.0, causal, False, scale=SCALE
+        )[:2]
         return o[0].transpose(0, 1), lse[0]
 
     def upstream(self, merge):
@@ -424,14 +513,15 @@ class ContextCase:
         self.out.copy_(final[..., :V])  # output[..., :v_head_dim].flatten(): the unpad copy
 
 
-def context_bench(dev, timer: Timer, vllm_peers: str, quick: bool, config=None
-                  ) -> tuple[list[list[str]], list[Record], str]:
+def context_bench(
+    dev, timer: Timer, vllm_peers: str, quick: bool, config=None
+) -> tuple[list[list[str]], list[Record], str]:
     vllm_merge = load_vllm_peer(vllm_peers, "triton_merge_attn_states", "merge_attn_states")
     note = "vLLM 0.33's Triton merge_attn_states" if vllm_merge else "rocm_mla's merge_attn_states (vLLM peer missing)"
     merge = vllm_merge or (lambda o, po, pl, so, sl, ol: merge_attn_states(o, po, pl, so, sl, ol))
     rows, records, name = [], [], device_name(dev)
-    for N in ((16,) if quick else (16, 128)):
-        for n_chunks in ((2, 4) if quick else (2, 3, 4)):
+    for N in (16,) if quick else (16, 128):
+        for n_chunks in (2, 4) if quick else (2, 3, 4):
             case = ContextCase(4096, 8192, n_chunks, N, dev)
             label = f"N={N} 4096 new + 8192 ctx in {n_chunks} chunks"
             case.out.fill_(float("nan"))
@@ -441,10 +531,19 @@ def context_bench(dev, timer: Timer, vllm_peers: str, quick: bool, config=None
             case.ours(config)
             err, lerr = rel_err(case.out, up_out), (case.lse - up_lse).abs().max().item()
             flag = "" if err < 2e-2 and lerr < 2e-2 else f" DISAGREE (rel {err:.3g}, lse {lerr:.3g})"
-            t_up = timer(f"context upstream {label}", lambda: case.upstream(merge))
-            t_ours = timer(f"context ours {label}", lambda: case.ours(config))
-            rows.append([label, f"{t_ours * 1e3:.0f}", f"{t_up * 1e3:.0f}", f"{t_up / t_ours:.2f}x",
-                         f"{case.flops / t_ours / 1e9:.0f}", f"{case.flops / t_up / 1e9:.0f}", f"{err:.1e}{flag}"])
+            t_up = timer(f"context upstream {label}", lambda case=case: case.upstream(merge))
+            t_ours = timer(f"context ours {label}", lambda case=case: case.ours(config))
+            rows.append(
+                [
+                    label,
+                    f"{t_ours * 1e3:.0f}",
+                    f"{t_up * 1e3:.0f}",
+                    f"{t_up / t_ours:.2f}x",
+                    f"{case.flops / t_ours / 1e9:.0f}",
+                    f"{case.flops / t_up / 1e9:.0f}",
+                    f"{err:.1e}{flag}",
+                ]
+            )
             for prov, t in (("ours", t_ours), ("upstream", t_up)):
                 records.append(Record("mla_prefill_with_context", prov, label, "time_us", t * 1e3, name, __version__))
             del case
@@ -453,6 +552,7 @@ def context_bench(dev, timer: Timer, vllm_peers: str, quick: bool, config=None
 
 
 # --------------------------------------------------------------------------- output
+
 
 def table_lines(headers: list[str], rows: list[list[str]]) -> list[str]:
     cells = [headers] + rows
@@ -466,7 +566,9 @@ def table_lines(headers: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def markdown(headers: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)] + ["| " + " | ".join(r) + " |" for r in rows]
+    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)] + [
+        "| " + " | ".join(r) + " |" for r in rows
+    ]
 
 
 BEGIN, END = "<!-- bench_prefill:begin -->", "<!-- bench_prefill:end -->"
@@ -485,8 +587,12 @@ def main() -> int:
     ap.add_argument("--out", default="results", help="folder for prefill.csv, prefill.png, prefill.md")
     ap.add_argument("--quick", action="store_true", help="4 shapes (the issue's three + varlen N=16), compact table")
     ap.add_argument("--tune", action="store_true", help="time the arch's candidate configs first; use the winner")
-    ap.add_argument("--candidates", type=json.loads, default=[], metavar="JSON", help="extra --tune candidates (a list)")
-    ap.add_argument("--config", type=json.loads, default=None, metavar="JSON", help="our launch config instead of the JSON's")
+    ap.add_argument(
+        "--candidates", type=json.loads, default=[], metavar="JSON", help="extra --tune candidates (a list)"
+    )
+    ap.add_argument(
+        "--config", type=json.loads, default=None, metavar="JSON", help="our launch config instead of the JSON's"
+    )
     ap.add_argument("--context", action="store_true", help="also mla_prefill_with_context vs the upstream composition")
     ap.add_argument("--no-graphs", action="store_true", help="time with triton's do_bench instead of CUDA graphs")
     ap.add_argument("--aiter-peers", default=".peers/aiter", help="folder made by perf/peers/get_aiter_peers.sh")
@@ -501,7 +607,10 @@ def main() -> int:
     shapes = QUICK if args.quick else SHAPES
     import triton
 
-    print(f"device: {name} ({arch}); bf16 matmul {peak:.0f} TFLOP/s; torch {torch.__version__}, triton {triton.__version__}")
+    print(
+        f"device: {name} ({arch}); bf16 matmul {peak:.0f} TFLOP/s; "
+        f"torch {torch.__version__}, triton {triton.__version__}"
+    )
     timer = Timer(not args.no_graphs)
     aiter = Aiter(args.aiter_peers)
     if aiter.mod is None:
@@ -517,18 +626,27 @@ def main() -> int:
     ours_cfg = config or launch_config(arch, DTYPE)
     label = config_label(ours_cfg)
     err = check_against_reference(dev, config)
-    print(f"ours: config {label}; vs float32 reference (small varlen batch): rel err {err:.2e}"
-          + ("" if err < 1e-2 else "  WRONG"))
+    print(
+        f"ours: config {label}; vs float32 reference (small varlen batch): rel err {err:.2e}"
+        + ("" if err < 1e-2 else "  WRONG")
+    )
 
     records, rows, series, groups = [], [], {p: [] for p in PROVIDERS}, []
-    tile = launch_config(arch, DTYPE) if is_nvidia_arch(arch) else {"BLOCK_M": 128, "BLOCK_N": 64,
-                                                                                "num_warps": 8, "num_stages": 3}
+    tile = (
+        launch_config(arch, DTYPE)
+        if is_nvidia_arch(arch)
+        else {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+    )
     notes = []
     for shape in shapes:
         case = Case(shape, dev)
         groups.append(shape.name)
-        fns = {"ours": lambda: case.ours(config), "cuDNN": case.cudnn, "FLASH": case.flash_kernel,
-               "upstream": case.upstream}
+        fns = {
+            "ours": lambda: case.ours(config),
+            "cuDNN": case.cudnn,
+            "FLASH": case.flash_kernel,
+            "upstream": case.upstream,
+        }
         if aiter.mod is not None:
             fns["aiter"] = lambda: aiter.run(case, aiter.launch_cfg())
             fns["aiter-tile"] = lambda: aiter.run(case, aiter.launch_cfg(tile))
@@ -575,8 +693,17 @@ def main() -> int:
             row.append(f"{tf[pname]:.0f}")
             series[pname].append(tf[pname])
             for metric, val in (("time_us", ms * 1e3), ("TFLOP/s", tf[pname]), ("pct_matmul", 100 * tf[pname] / peak)):
-                records.append(Record("mla_prefill", pname, shape.name, metric, val, name,
-                                      __version__ if pname == "ours" else torch.__version__))
+                records.append(
+                    Record(
+                        "mla_prefill",
+                        pname,
+                        shape.name,
+                        metric,
+                        val,
+                        name,
+                        __version__ if pname == "ours" else torch.__version__,
+                    )
+                )
         best_aiter = max(tf.get("aiter", 0), tf.get("aiter-tile", 0))
         for peer, val in (("cuDNN", tf.get("cuDNN", 0)), ("aiter", best_aiter)):
             r = tf.get("ours", 0) / val if val else None
@@ -589,8 +716,9 @@ def main() -> int:
     records.append(Record("matmul", "torch", "8192^3 bf16", "TFLOP/s", peak, name, torch.__version__))
     headers = ["shape", *[HEADERS[p] for p in PROVIDERS], "ours/cuDNN", "ours/aiter"]
     timing = "CUDA graphs" if timer.graphs else "do_bench (events, L2 flushed)"
-    title = (f"mla_prefill causal bf16, Dqk 192 / Dv 128, TFLOP/s ({timing}; bf16 matmul {peak:.0f} TFLOP/s); "
-             f"ours: {label}")
+    title = (
+        f"mla_prefill causal bf16, Dqk 192 / Dv 128, TFLOP/s ({timing}; bf16 matmul {peak:.0f} TFLOP/s); ours: {label}"
+    )
     print(f"\n{title}")
     print("\n".join(table_lines(headers, rows)))
     print(LEGEND)
@@ -602,29 +730,58 @@ def main() -> int:
     if args.context:
         ctx_rows, ctx_records, ctx_note = context_bench(dev, timer, args.vllm_peers, args.quick, config)
         records += ctx_records
-        ctx_headers = ["case", "ours us", "upstream us", "speed-up", "ours TFLOP/s", "upstream TFLOP/s",
-                       "rel err vs upstream"]
+        ctx_headers = [
+            "case",
+            "ours us",
+            "upstream us",
+            "speed-up",
+            "ours TFLOP/s",
+            "upstream TFLOP/s",
+            "rel err vs upstream",
+        ]
         print(f"\nmla_prefill_with_context vs the upstream-shaped composition (merge: {ctx_note}; {timing})")
         print("\n".join(table_lines(ctx_headers, ctx_rows)))
 
     out_dir = Path(args.out)
     write_csv(out_dir / "prefill.csv", records)
-    bar_plot(out_dir / "prefill.png", f"MLA prefill causal bf16 on {name} (ours: {label})", groups,
-             {HEADERS[p]: series[p] for p in PROVIDERS}, "TFLOP/s", hline=peak, hline_label="bf16 matmul")
+    bar_plot(
+        out_dir / "prefill.png",
+        f"MLA prefill causal bf16 on {name} (ours: {label})",
+        groups,
+        {HEADERS[p]: series[p] for p in PROVIDERS},
+        "TFLOP/s",
+        hline=peak,
+        hline_label="bf16 matmul",
+    )
     cmd = "python perf/bench_prefill.py " + " ".join(sys.argv[1:])
-    aiter_desc = f"aiter {aiter.version or '(version unknown)'}" if aiter.mod is not None else \
-        f"aiter unavailable: {aiter.reason}"
-    md += [f"Command: `{cmd}` ({datetime.date.today()}, {name}, torch {torch.__version__}, triton {triton.__version__}, "
-           f"{aiter_desc}). {title}. Kernel-only peers (cuDNN, aiter, FLASH) get k pre-concatenated (and V padded "
-           f"for FLASH) outside their time. {LEGEND}. Varlen lengths: " + ", ".join(map(str, VARLEN)) + ".", ""]
+    aiter_desc = (
+        f"aiter {aiter.version or '(version unknown)'}"
+        if aiter.mod is not None
+        else f"aiter unavailable: {aiter.reason}"
+    )
+    md += [
+        f"Command: `{cmd}` ({datetime.date.today()}, {name}, torch {torch.__version__}, triton {triton.__version__}, "
+        f"{aiter_desc}). {title}. Kernel-only peers (cuDNN, aiter, FLASH) get k pre-concatenated (and V padded "
+        f"for FLASH) outside their time. {LEGEND}. Varlen lengths: " + ", ".join(map(str, VARLEN)) + ".",
+        "",
+    ]
     md += markdown(headers, rows)
     if tune_lines:
-        md += ["", "`--tune` (TFLOP/s per candidate; each checked against the float32 reference and the default "
-               "config's output first):", "", "```", *tune_lines, "```"]
+        md += [
+            "",
+            "`--tune` (TFLOP/s per candidate; each checked against the float32 reference and the default "
+            "config's output first):",
+            "",
+            "```",
+            *tune_lines,
+            "```",
+        ]
     if ctx_rows:
         md += ["", f"`mla_prefill_with_context` against the upstream-shaped composition (merge: {ctx_note}):", ""]
-        md += markdown(["case", "ours µs", "upstream µs", "speed-up", "ours TFLOP/s", "upstream TFLOP/s",
-                        "rel err vs upstream"], ctx_rows)
+        md += markdown(
+            ["case", "ours µs", "upstream µs", "speed-up", "ours TFLOP/s", "upstream TFLOP/s", "rel err vs upstream"],
+            ctx_rows,
+        )
     if notes or timer.fallbacks:
         md += ["", "Notes: " + "; ".join(notes + [f"not graph-captured: {f}" for f in timer.fallbacks])]
     (out_dir / "prefill.md").write_text("\n".join(md) + "\n")

@@ -41,8 +41,18 @@ from rocm_mla.ops import fused_rope_mla_kv_write
 from rocm_mla.ops._dispatch import unavailable
 from rocm_mla.ops.rope_kv_write import OP, fp8_cache_kind, launch, triton_meta
 from rocm_mla.reference.rope_kv_write import fused_rope_mla_kv_write_ref, quantize_fp8_ref
-from rocm_mla.tools.benchutil import (Record, bar_plot, bench_parser, device_name, graph_ms, print_table,
-                                      start_bench, time_ms, vllm_unfused_rope_kv_write, write_csv)
+from rocm_mla.tools.benchutil import (
+    Record,
+    bar_plot,
+    bench_parser,
+    device_name,
+    graph_ms,
+    print_table,
+    start_bench,
+    time_ms,
+    vllm_unfused_rope_kv_write,
+    write_csv,
+)
 
 MAX_POS = 163840  # DeepSeek-V3: 4096 positions x YaRN factor 40
 BLOCK_SIZE = 64
@@ -60,8 +70,7 @@ def make_case(dev, T: int, N: int, fp8, cos_sin):
     if fp8 is not None:
         cache = cache.to(fp8)
     elem = cache.element_size()
-    nbytes = (2 * T * N * 64 * 2 + 2 * T * 64 * 2 + T * 512 * 2 + T * 576 * elem
-              + 2 * T * 8 + T * 64 * 2)
+    nbytes = 2 * T * N * 64 * 2 + 2 * T * 64 * 2 + T * 512 * 2 + T * 576 * elem + 2 * T * 8 + T * 64 * 2
     return q, kv_a, kv_c, pos, slots, cache, nbytes
 
 
@@ -85,8 +94,9 @@ def errors_ok(err_q: float, err_c: float, fp8) -> bool:
 
 
 def make_cos_sin(dev):
-    theta = torch.outer(torch.arange(MAX_POS, dtype=torch.float32, device=dev),
-                        10000.0 ** (-torch.arange(0, 64, 2, device=dev) / 64))
+    theta = torch.outer(
+        torch.arange(MAX_POS, dtype=torch.float32, device=dev), 10000.0 ** (-torch.arange(0, 64, 2, device=dev) / 64)
+    )
     return torch.cat((theta.cos(), theta.sin()), dim=-1).to(torch.bfloat16)  # |rotation| = 1: stable when repeated
 
 
@@ -94,8 +104,11 @@ def main() -> int:
     ap = bench_parser(__doc__)
     ap.add_argument("--out", default="results", help="folder for rope_kv_write.csv and rope_kv_write.png")
     ap.add_argument("--quick", action="store_true", help="T=4096 only")
-    ap.add_argument("--tune", action="store_true",
-                    help="only sweep the launch data (configs/rope_kv_write.json 'tune') of both implementations")
+    ap.add_argument(
+        "--tune",
+        action="store_true",
+        help="only sweep the launch data (configs/rope_kv_write.json 'tune') of both implementations",
+    )
     ap.add_argument("--tune-rep", type=float, default=50.0, help="do_bench rep (ms) per --tune timing")
     args = ap.parse_args()
     gpu = start_bench("bench_rope_kv_write", copy=True)
@@ -114,10 +127,22 @@ def main() -> int:
         if why:
             print(f"rocm_mla-{b} skipped: {why}")
         else:
+
             def fused(pos, q, kv_a, kv_c, cs, cache, slots, fp8, ks, b=b):
-                fused_rope_mla_kv_write(pos, q[..., 128:], kv_a[:, 512:].unsqueeze(1), kv_c, cs, cache, slots,
-                                        is_neox=False, kv_cache_dtype="fp8" if fp8 is not None else "auto",
-                                        k_scale=ks, backend=b)
+                fused_rope_mla_kv_write(
+                    pos,
+                    q[..., 128:],
+                    kv_a[:, 512:].unsqueeze(1),
+                    kv_c,
+                    cs,
+                    cache,
+                    slots,
+                    is_neox=False,
+                    kv_cache_dtype="fp8" if fp8 is not None else "auto",
+                    k_scale=ks,
+                    backend=b,
+                )
+
             providers[f"rocm_mla-{b}"] = fused
     providers["unfused-torch"] = vllm_unfused_rope_kv_write
 
@@ -128,21 +153,21 @@ def main() -> int:
     series: dict[str, list[float]] = {p: [] for p in providers}
     for cache_name in ("bf16", "fp8"):
         fp8 = fp8_kind if cache_name == "fp8" else None
-        for T in ([4096] if args.quick else [1, 64, 4096, 32768]):
+        for T in [4096] if args.quick else [1, 64, 4096, 32768]:
             for N in (16, 128):
                 shape = f"T={T} N={N} {cache_name}"
                 groups.append(shape)
                 q, kv_a, kv_c, pos, slots, cache, nbytes = make_case(dev, T, N, fp8, cos_sin)
-                q_ref, _, rows_ref = fused_rope_mla_kv_write_ref(pos, q[..., 128:], kv_a[:, 512:], kv_c, cos_sin,
-                                                                 is_neox=False)
+                q_ref, _, rows_ref = fused_rope_mla_kv_write_ref(
+                    pos, q[..., 128:], kv_a[:, 512:], kv_c, cos_sin, is_neox=False
+                )
                 want = rows_ref if fp8 is None else quantize_fp8_ref(rows_ref, k_scale, fp8).float() * k_scale
                 row = [shape]
                 times = {}
                 q_work, kv_work = q.clone(), kv_a.clone()  # the timed calls rotate these over and over
                 for pname, fn in providers.items():
                     # Correctness first, on fresh copies of the untouched inputs.
-                    err_q, err_c = check_case(fn, q, kv_a, kv_c, pos, cos_sin, cache, slots, fp8, k_scale,
-                                              q_ref, want)
+                    err_q, err_c = check_case(fn, q, kv_a, kv_c, pos, cos_sin, cache, slots, fp8, k_scale, q_ref, want)
                     if not errors_ok(err_q, err_c, fp8):
                         print(f"  {pname} {shape}: WRONG (q_pe err {err_q:.3g}, cache err {err_c:.3g})")
                     ms = time_ms(functools.partial(fn, pos, q_work, kv_work, kv_c, cos_sin, cache, slots, fp8, k_scale))
@@ -156,29 +181,52 @@ def main() -> int:
                 if fused_times:
                     speedup = times["unfused-torch"] / min(fused_times)
                     row.append(f"{speedup:.1f}x")
-                    records.append(Record("fused_rope_mla_kv_write", "best-fused", shape, "speedup_vs_unfused",
-                                          speedup, name, __version__))
+                    records.append(
+                        Record(
+                            "fused_rope_mla_kv_write",
+                            "best-fused",
+                            shape,
+                            "speedup_vs_unfused",
+                            speedup,
+                            name,
+                            __version__,
+                        )
+                    )
                 else:
                     row.append("-")
                 rows.append(row)
                 del q, kv_a, q_work, kv_work, kv_c, cache, q_ref, rows_ref, want
                 torch.cuda.empty_cache()
     records.append(Record("copy", "torch", "2 GiB", "GB/s", copy, name, torch.__version__))
-    print(f"\nfused_rope_mla_kv_write, bf16 model, GPT-J: GB/s (% of the {copy:.0f} GB/s copy ceiling) time;"
-          f" fp8 = {str(fp8_kind).replace('torch.', '')}")
+    print(
+        f"\nfused_rope_mla_kv_write, bf16 model, GPT-J: GB/s (% of the {copy:.0f} GB/s copy ceiling) time;"
+        f" fp8 = {str(fp8_kind).replace('torch.', '')}"
+    )
     print_table(["shape", *providers, "best fused / unfused"], rows)
     out_dir = Path(args.out)
     write_csv(out_dir / "rope_kv_write.csv", records)
-    bar_plot(out_dir / "rope_kv_write.png", f"fused RoPE + MLA KV write on {name}", groups, series, "GB/s",
-             hline=copy, hline_label="copy ceiling")
+    bar_plot(
+        out_dir / "rope_kv_write.png",
+        f"fused RoPE + MLA KV write on {name}",
+        groups,
+        series,
+        "GB/s",
+        hline=copy,
+        hline_label="copy ceiling",
+    )
     print(f"wrote {out_dir / 'rope_kv_write.csv'} and {out_dir / 'rope_kv_write.png'}")
     return 0
 
 
 # ---------------------------------------------------------------- --tune
 
-TUNE_SHAPES = ((4096, 16, "bf16"), (4096, 128, "bf16"), (32768, 16, "bf16"), (32768, 128, "bf16"),
-               (32768, 16, "fp8"))  # the bf16 shapes come first: the fp8 pass reuses their ranking
+TUNE_SHAPES = (
+    (4096, 16, "bf16"),
+    (4096, 128, "bf16"),
+    (32768, 16, "bf16"),
+    (32768, 128, "bf16"),
+    (32768, 16, "fp8"),
+)  # the bf16 shapes come first: the fp8 pass reuses their ranking
 TRITON_FP8_TOP = 4  # Triton configs (by bf16 geomean, plus the current one) also timed with the fp8 cache
 
 
@@ -190,14 +238,17 @@ def _hip_launch(T: int, N: int, cfg: dict, sms: int, ws: int) -> str:
     if cfg["min_blocks_per_cu"] > 0:
         tpb = min(tpb, max(1, -(-T // (sms * cfg["min_blocks_per_cu"]))))
     rounds = -(-tpb * upt // threads)
-    block_threads = -(-(-(-tpb * upt // rounds)) // ws) * ws
+    per_round = -(-tpb * upt // rounds)  # ceil divisions
+    block_threads = -(-per_round // ws) * ws
     return f"{tpb} tok/block, {-(-T // tpb)} blocks x {block_threads} thr, {rounds} unit(s)/thread"
 
 
 def _triton_launch(T: int, N: int, consts: dict, options: dict) -> str:
     tok, br = consts["TOKENS"], consts["BLOCK_R"]
-    return (f"TOKENS {tok}, BLOCK_R {br} ({-(-tok * N // br)} q tile(s)), {options['num_warps']} warps, "
-            f"{-(-T // tok)} programs")
+    return (
+        f"TOKENS {tok}, BLOCK_R {br} ({-(-tok * N // br)} q tile(s)), {options['num_warps']} warps, "
+        f"{-(-T // tok)} programs"
+    )
 
 
 def tune(dev, copy: float, rep_ms: float = 50.0) -> None:
@@ -258,16 +309,32 @@ class TuneSweep:
     def _case(self, T: int, N: int, cname: str) -> dict:
         fp8 = self.fp8_kind if cname == "fp8" else None
         q, kv_a, kv_c, pos, slots, cache, nbytes = make_case(self.dev, T, N, fp8, self.cos_sin)
-        q_ref, _, rows_ref = fused_rope_mla_kv_write_ref(pos, q[..., 128:], kv_a[:, 512:], kv_c, self.cos_sin,
-                                                         is_neox=False)
+        q_ref, _, rows_ref = fused_rope_mla_kv_write_ref(
+            pos, q[..., 128:], kv_a[:, 512:], kv_c, self.cos_sin, is_neox=False
+        )
         want = rows_ref if fp8 is None else quantize_fp8_ref(rows_ref, self.k_scale, fp8).float() * self.k_scale
         del rows_ref
-        return dict(T=T, N=N, fp8=fp8, name=f"T={T} N={N} {cname}", nbytes=nbytes,
-                    data=(q, kv_a, kv_c, pos, slots, cache), q_ref=q_ref, want=want, work=(q.clone(), kv_a.clone()))
+        return dict(
+            T=T,
+            N=N,
+            fp8=fp8,
+            name=f"T={T} N={N} {cname}",
+            nbytes=nbytes,
+            data=(q, kv_a, kv_c, pos, slots, cache),
+            q_ref=q_ref,
+            want=want,
+            work=(q.clone(), kv_a.clone()),
+        )
 
     def label(self, impl: str, c: dict) -> str:
-        short = {"waves_per_block": "w", "units_per_thread": "u", "min_blocks_per_cu": "m",
-                 "rows_per_program": "r", "block_rows": "b", "num_warps": "nw"}
+        short = {
+            "waves_per_block": "w",
+            "units_per_thread": "u",
+            "min_blocks_per_cu": "m",
+            "rows_per_program": "r",
+            "block_rows": "b",
+            "num_warps": "nw",
+        }
         star = " *" if all(self.current[impl].get(k) == v for k, v in c.items()) else ""
         return f"{impl} " + " ".join(f"{short.get(k, k)}{v}" for k, v in c.items()) + star
 
@@ -278,6 +345,7 @@ class TuneSweep:
     def op_fn(impl: str, c: dict):
         def fn(pos, q, kv_a, kv_c, cs, cache, slots, fp8, ks):
             launch(pos, q[..., 128:], kv_a[:, 512:], kv_c, cs, cache, slots, False, fp8, ks, impl, config=c)
+
         return fn
 
     def graph_ms(self, fn) -> float:
@@ -286,34 +354,49 @@ class TuneSweep:
     def triton_meta(self, c: dict, case: dict) -> tuple[dict, dict]:
         """Constexprs and options the Triton launch of candidate ``c`` gets at ``case``."""
         kind = fp8_cache_kind(self.arch) if case["fp8"] is not None else 0
-        return triton_meta(case["N"], self.arch, rope=True, is_neox=False, cache_kind=kind,
-                           config={**self.current["triton"], **c})
+        return triton_meta(
+            case["N"], self.arch, rope=True, is_neox=False, cache_kind=kind, config={**self.current["triton"], **c}
+        )
 
     def measure(self, impl: str, c: dict, case: dict) -> float | str:
         """GB/s of ``c`` at ``case``, or why not ("WRONG", "err")."""
         q, kv_a, kv_c, pos, slots, cache = case["data"]
         fn = self.op_fn(impl, c)
         try:
-            err_q, err_c = check_case(fn, q, kv_a, kv_c, pos, self.cos_sin, cache, slots, case["fp8"], self.k_scale,
-                                      case["q_ref"], case["want"])
+            err_q, err_c = check_case(
+                fn,
+                q,
+                kv_a,
+                kv_c,
+                pos,
+                self.cos_sin,
+                cache,
+                slots,
+                case["fp8"],
+                self.k_scale,
+                case["q_ref"],
+                case["want"],
+            )
             if not errors_ok(err_q, err_c, case["fp8"]):
-                self.errors.setdefault(self.label(impl, c),
-                                       f"{case['name']}: q_pe err {err_q:.3g}, cache err {err_c:.3g}")
+                self.errors.setdefault(
+                    self.label(impl, c), f"{case['name']}: q_pe err {err_q:.3g}, cache err {err_c:.3g}"
+                )
                 return "WRONG"
             qw, kw = case["work"]
             ms = self.graph_ms(lambda: fn(pos, qw, kw, kv_c, self.cos_sin, cache, slots, case["fp8"], self.k_scale))
         except Exception as exc:  # e.g. a block too large for the registers: reported, not fatal
-            self.errors.setdefault(self.label(impl, c),
-                                   f"{case['name']}: {type(exc).__name__}: {str(exc).strip()[:200]}")
+            self.errors.setdefault(
+                self.label(impl, c), f"{case['name']}: {type(exc).__name__}: {str(exc).strip()[:200]}"
+            )
             try:
                 torch.cuda.synchronize()
             except Exception:  # a sticky error: the context is gone, nothing after this can run
-                raise exc
+                raise exc from None
             return "err"
         return case["nbytes"] / ms / 1e6
 
     def geo(self, vals) -> float:
-        vals = [v for v in vals[:self.n_bf16]]
+        vals = [v for v in vals[: self.n_bf16]]
         if not all(isinstance(v, float) for v in vals):
             return 0.0
         return math.exp(sum(math.log(v) for v in vals) / len(vals))
@@ -381,12 +464,20 @@ class TuneSweep:
         rows = [copy_row]
         for (impl, i), vals in self.res.items():
             g = self.geo(vals)
-            mn = min((v for v in vals[:self.n_bf16] if isinstance(v, float)), default=0.0)
-            rows.append([self.label(impl, self.cands[impl][i]), *(cell(v, c) for v, c in zip(vals, self.cases)),
-                         f"{g:.0f}" if g else "-", f"{100 * mn / copy:.0f}%"])
-        print(f"\ntuning sweep on {device_name(dev)} ({self.arch}): GB/s and % of the {copy:.0f} GB/s copy ceiling, "
-              f"GPU time of one captured call (graph replay, L2 flushed, do_bench rep {self.rep_ms:.0f} ms); bf16 "
-              f"model, GPT-J, block {BLOCK_SIZE}; * = current config; geo = geomean GB/s over the bf16 shapes")
+            mn = min((v for v in vals[: self.n_bf16] if isinstance(v, float)), default=0.0)
+            rows.append(
+                [
+                    self.label(impl, self.cands[impl][i]),
+                    *(cell(v, c) for v, c in zip(vals, self.cases)),
+                    f"{g:.0f}" if g else "-",
+                    f"{100 * mn / copy:.0f}%",
+                ]
+            )
+        print(
+            f"\ntuning sweep on {device_name(dev)} ({self.arch}): GB/s and % of the {copy:.0f} GB/s copy ceiling, "
+            f"GPU time of one captured call (graph replay, L2 flushed, do_bench rep {self.rep_ms:.0f} ms); bf16 "
+            f"model, GPT-J, block {BLOCK_SIZE}; * = current config; geo = geomean GB/s over the bf16 shapes"
+        )
         print_table(["config", *(c["name"] for c in self.cases), "geo bf16", "min bf16"], rows)
         for k, v in self.errors.items():
             print(f"  {k}: {v}")
@@ -412,8 +503,10 @@ class TuneSweep:
                     continue
                 gbs, i = b
                 c = self.cands[impl][i]
-                print(f"  {case['name']:20s} {self.label(impl, c):28s} {gbs:5.0f} GB/s ({100 * gbs / copy:.0f}%) "
-                      f"{case['nbytes'] / gbs / 1e3:6.1f} us  [{self.launch_label(impl, c, case)}]")
+                print(
+                    f"  {case['name']:20s} {self.label(impl, c):28s} {gbs:5.0f} GB/s ({100 * gbs / copy:.0f}%) "
+                    f"{case['nbytes'] / gbs / 1e3:6.1f} us  [{self.launch_label(impl, c, case)}]"
+                )
         overall = {}
         for impl in self.impls:
             scored = [(self.geo(v), i) for (b, i), v in self.res.items() if b == impl and self.geo(v)]
@@ -444,20 +537,53 @@ class TuneSweep:
         for impl, c in overall.items():
             for tag, cfg in (("current", self.current_config(impl)), ("winner", c)):
                 try:
-                    strided = self.graph_ms(lambda: launch(pos, qw[..., 128:], kw[:, 512:], kv_c, cos_sin, cache, slots,
-                                                           False, None, k_scale, impl, config=cfg))
-                    contig = self.graph_ms(lambda: launch(pos, q_c, k_c, kv_c, cos_sin, cache, slots, False, None,
-                                                          k_scale, impl, config=cfg))
+                    strided = self.graph_ms(
+                        lambda: launch(
+                            pos,
+                            qw[..., 128:],
+                            kw[:, 512:],
+                            kv_c,
+                            cos_sin,
+                            cache,
+                            slots,
+                            False,
+                            None,
+                            k_scale,
+                            impl,
+                            config=cfg,
+                        )
+                    )
+                    contig = self.graph_ms(
+                        lambda: launch(
+                            pos, q_c, k_c, kv_c, cos_sin, cache, slots, False, None, k_scale, impl, config=cfg
+                        )
+                    )
                     tq, tkv, tkc, tpos, tsl, tca, _ = tiny
-                    floor = self.graph_ms(lambda: launch(tpos, tq[..., 128:], tkv[:, 512:], tkc, cos_sin, tca, tsl,
-                                                         False, None, k_scale, impl, config=cfg))
+                    floor = self.graph_ms(
+                        lambda: launch(
+                            tpos,
+                            tq[..., 128:],
+                            tkv[:, 512:],
+                            tkc,
+                            cos_sin,
+                            tca,
+                            tsl,
+                            False,
+                            None,
+                            k_scale,
+                            impl,
+                            config=cfg,
+                        )
+                    )
                 except Exception as exc:
                     print(f"  {impl} {tag}: {type(exc).__name__}: {exc}")
                     continue
                 nb = case["nbytes"]
-                print(f"  {self.label(impl, cfg):28s} ({tag}): strided q_pe/k_pe {nb / strided / 1e6:.0f} "
-                      f"({strided * 1e3:.1f} us), contiguous q_pe/k_pe {nb / contig / 1e6:.0f} "
-                      f"({contig * 1e3:.1f} us); T=1 call {floor * 1e3:.1f} us")
+                print(
+                    f"  {self.label(impl, cfg):28s} ({tag}): strided q_pe/k_pe {nb / strided / 1e6:.0f} "
+                    f"({strided * 1e3:.1f} us), contiguous q_pe/k_pe {nb / contig / 1e6:.0f} "
+                    f"({contig * 1e3:.1f} us); T=1 call {floor * 1e3:.1f} us"
+                )
 
     def print_eager(self, overall: dict[str, dict]) -> None:
         """Eager times: what the op costs when the host launches it (prefill is not graph-captured)."""
@@ -470,10 +596,14 @@ class TuneSweep:
                     qw, kw = case["work"]
                     fn = self.op_fn(impl, cfg)
                     try:
-                        ms = time_ms(lambda: fn(pos, qw, kw, kv_c, self.cos_sin, cache, slots, case["fp8"],
-                                                self.k_scale), warmup_ms=10, rep_ms=self.rep_ms)
-                        parts.append(f"{case['name']}: {ms * 1e3:.1f} "
-                                     f"({100 * case['nbytes'] / ms / 1e6 / self.copy:.0f}%)")
+                        ms = time_ms(
+                            lambda: fn(pos, qw, kw, kv_c, self.cos_sin, cache, slots, case["fp8"], self.k_scale),
+                            warmup_ms=10,
+                            rep_ms=self.rep_ms,
+                        )
+                        parts.append(
+                            f"{case['name']}: {ms * 1e3:.1f} ({100 * case['nbytes'] / ms / 1e6 / self.copy:.0f}%)"
+                        )
                     except Exception as exc:
                         parts.append(f"{case['name']}: {type(exc).__name__}")
                 print(f"  {self.label(impl, cfg):28s} ({tag}): " + "; ".join(parts))
@@ -487,6 +617,7 @@ class TuneSweep:
             entry[impl] = {**current[impl], **overall.get(impl, {})}
         print(f"\nJSON for configs/rope_kv_write.json (key {key!r}; backend_order kept -- see the eager times):")
         print(f'  "{key}": ' + json.dumps(entry, separators=(", ", ": ")) + ",")
+
 
 if __name__ == "__main__":
     sys.exit(main())

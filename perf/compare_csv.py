@@ -46,8 +46,10 @@ def main() -> int:
     good = [r for r in ratios if r == r and r > 0]
     if good:
         geo = math.exp(sum(math.log(r) for r in good) / len(good))
-        print(f"geometric mean {args.label_b}/{args.label_a}: {geo:.3f} over {len(good)} rows; "
-              f"max {max(good):.3f}, min {min(good):.3f}")
+        print(
+            f"geometric mean {args.label_b}/{args.label_a}: {geo:.3f} over {len(good)} rows; "
+            f"max {max(good):.3f}, min {min(good):.3f}"
+        )
     return 0
 
 

@@ -52,8 +52,14 @@ if not torch.cuda.is_available():
     os.environ["HIP_VISIBLE_DEVICES"] = ""
 
 # (num_heads, block_size, kv_cache_dtype, interleave)
-FULL = [(16, 16, "auto", 1), (16, 64, "auto", 1), (16, 1, "auto", 1), (16, 64, "fp8", 1), (128, 64, "auto", 1),
-        (16, 16, "auto", 8)]
+FULL = [
+    (16, 16, "auto", 1),
+    (16, 64, "auto", 1),
+    (16, 1, "auto", 1),
+    (16, 64, "fp8", 1),
+    (128, 64, "auto", 1),
+    (16, 16, "auto", 8),
+]
 QUICK = [(16, 16, "auto", 1), (8, 16, "fp8", 8)]
 # Decode requests (context, new): long ones, a single token (rank 1's shard empty), uneven lengths.
 REQUESTS = [(1000, 1), (17, 1), (0, 1), (300, 1), (63, 1), (64, 1), (2047, 1), (5, 1)]
@@ -72,20 +78,37 @@ def _setup_vllm():
 
 def prepare(tmp: Path, cases, requests, dtype) -> list[dict]:
     H = _setup_vllm()
-    from rocm_mla.vllm.backend import RocmMLABackend
     from rocm_mla.testing.dcp_check import prepare_case
+    from rocm_mla.vllm.backend import RocmMLABackend
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     meta = []
     for i, (N, bs, kvd, interleave) in enumerate(cases):
-        step = H.LayerStep(RocmMLABackend, [H.Request(c, q) for c, q in requests], num_heads=N, dtype=dtype,
-                           device=dev, kv_cache_dtype=kvd, block_size=bs, k_scale=0.05, seed=i)
+        step = H.LayerStep(
+            RocmMLABackend,
+            [H.Request(c, q) for c, q in requests],
+            num_heads=N,
+            dtype=dtype,
+            device=dev,
+            kv_cache_dtype=kvd,
+            block_size=bs,
+            k_scale=0.05,
+            seed=i,
+        )
         case = prepare_case(step)
         case["interleave"] = interleave
         torch.save(case, tmp / f"case{i}.pt")
-        meta.append({"case": i, "num_heads": N, "block_size": bs, "kv_cache_dtype": kvd, "interleave": interleave,
-                     "dtype": str(dtype).replace("torch.", ""),
-                     "err_1rank_vs_fp32": (case["out_1rank"].float() - case["reference"]).abs().max().item()})
+        meta.append(
+            {
+                "case": i,
+                "num_heads": N,
+                "block_size": bs,
+                "kv_cache_dtype": kvd,
+                "interleave": interleave,
+                "dtype": str(dtype).replace("torch.", ""),
+                "err_1rank_vs_fp32": (case["out_1rank"].float() - case["reference"]).abs().max().item(),
+            }
+        )
         del step
     return meta
 
@@ -133,9 +156,13 @@ def main() -> int:
     ap.add_argument("--communicator", default="base", choices=["base", "platform"])
     ap.add_argument("--quick", action="store_true", help="small cases (the CPU default)")
     ap.add_argument("--out", default=None, help="folder for dcp_two_ranks.json")
-    ap.add_argument("--deadline", type=float, default=480.0,
-                    help="seconds the ranks may take; then they are killed and the run FAILs (a rank that "
-                         "failed leaves the other waiting in a collective)")
+    ap.add_argument(
+        "--deadline",
+        type=float,
+        default=480.0,
+        help="seconds the ranks may take; then they are killed and the run FAILs (a rank that "
+        "failed leaves the other waiting in a collective)",
+    )
     args = ap.parse_args()
     gpu = torch.cuda.is_available()
     if gpu and torch.cuda.device_count() < args.world:
@@ -154,8 +181,13 @@ def main() -> int:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         t0 = time.time()
-        ctx = mp.start_processes(rank_main, args=(args.world, port, args.backend, args.communicator, tmp, len(meta)),
-                                 nprocs=args.world, join=False, start_method="spawn")
+        ctx = mp.start_processes(
+            rank_main,
+            args=(args.world, port, args.backend, args.communicator, tmp, len(meta)),
+            nprocs=args.world,
+            join=False,
+            start_method="spawn",
+        )
         timed_out = False
         while not ctx.join(timeout=5):
             if time.time() - t0 > args.deadline:
@@ -164,13 +196,18 @@ def main() -> int:
                     if proc.is_alive():
                         proc.kill()
                 break
-        print(f"{args.world} ranks ran in {time.time() - t0:.1f} s ({args.backend}, communicator {args.communicator})"
-              + (f": KILLED after the {args.deadline:.0f} s deadline" if timed_out else ""))
+        print(
+            f"{args.world} ranks ran in {time.time() - t0:.1f} s ({args.backend}, communicator {args.communicator})"
+            + (f": KILLED after the {args.deadline:.0f} s deadline" if timed_out else "")
+        )
         ranks = []
         for r in range(args.world):
             f = Path(tmp) / f"rank{r}.json"
-            ranks.append(json.loads(f.read_text()) if f.exists() else
-                         {"rank": r, "cases": [], "error": "no result (killed, or it died without writing one)"})
+            ranks.append(
+                json.loads(f.read_text())
+                if f.exists()
+                else {"rank": r, "cases": [], "error": "no result (killed, or it died without writing one)"}
+            )
     ok = True
     for r in ranks:
         if r["error"]:
@@ -187,25 +224,49 @@ def main() -> int:
         N = m["num_heads"]
         err = max(c["max_err_vs_1rank"] for c in per)
         scale = max(c["ref_scale"] for c in per)
-        case_ok = (all(c["finite"] for c in per) and err <= tol * scale
-                   and all(h == [N] for h in (c["forward_mqa_q_heads"] for c in per))
-                   and all(c["dcp_combine_calls"] == 1 for c in per))
+        case_ok = (
+            all(c["finite"] for c in per)
+            and err <= tol * scale
+            and all(h == [N] for h in (c["forward_mqa_q_heads"] for c in per))
+            and all(c["dcp_combine_calls"] == 1 for c in per)
+        )
         ok &= case_ok
         comm = sorted({f"{c['dcp_communicator']}" + (f" (pynccl {c['pynccl']})" if c["pynccl"] else "") for c in per})
-        rows.append({**m, "communicator": comm, "max_err_vs_1rank": err, "max_err_vs_fp32": max(c["max_err_vs_fp32"] for c in per),
-                     "ref_scale": scale, "local_seq_lens": [c["local_seq_lens"] for c in per],
-                     "forward_mqa_q_heads": [c["forward_mqa_q_heads"] for c in per], "pass": case_ok})
-        print(f"case {i}: N={N} block={m['block_size']} kv={m['kv_cache_dtype']} interleave={m['interleave']} "
-              f"{m['dtype']}: max |err| vs 1-rank {err:.3g} (vs fp32 {rows[-1]['max_err_vs_fp32']:.3g}, "
-              f"1-rank vs fp32 {m['err_1rank_vs_fp32']:.3g}, scale {scale:.3g}) "
-              f"forward_mqa heads {rows[-1]['forward_mqa_q_heads']}, DCP group {', '.join(comm)} "
-              f"-> {'PASS' if case_ok else 'FAIL'}")
+        rows.append(
+            {
+                **m,
+                "communicator": comm,
+                "max_err_vs_1rank": err,
+                "max_err_vs_fp32": max(c["max_err_vs_fp32"] for c in per),
+                "ref_scale": scale,
+                "local_seq_lens": [c["local_seq_lens"] for c in per],
+                "forward_mqa_q_heads": [c["forward_mqa_q_heads"] for c in per],
+                "pass": case_ok,
+            }
+        )
+        print(
+            f"case {i}: N={N} block={m['block_size']} kv={m['kv_cache_dtype']} interleave={m['interleave']} "
+            f"{m['dtype']}: max |err| vs 1-rank {err:.3g} (vs fp32 {rows[-1]['max_err_vs_fp32']:.3g}, "
+            f"1-rank vs fp32 {m['err_1rank_vs_fp32']:.3g}, scale {scale:.3g}) "
+            f"forward_mqa heads {rows[-1]['forward_mqa_q_heads']}, DCP group {', '.join(comm)} "
+            f"-> {'PASS' if case_ok else 'FAIL'}"
+        )
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "dcp_two_ranks.json").write_text(json.dumps(
-            {"world": args.world, "backend": args.backend, "communicator": args.communicator,
-             "device": torch.cuda.get_device_name(0) if gpu else "cpu", "torch": torch.__version__,
-             "cases": rows, "errors": [r["error"] for r in ranks if r["error"]]}, indent=1))
+        (Path(args.out) / "dcp_two_ranks.json").write_text(
+            json.dumps(
+                {
+                    "world": args.world,
+                    "backend": args.backend,
+                    "communicator": args.communicator,
+                    "device": torch.cuda.get_device_name(0) if gpu else "cpu",
+                    "torch": torch.__version__,
+                    "cases": rows,
+                    "errors": [r["error"] for r in ranks if r["error"]],
+                },
+                indent=1,
+            )
+        )
     worst = max((r["max_err_vs_1rank"] for r in rows), default=float("nan"))
     print(f"DCP {args.world}-rank: {'PASS' if ok and rows else 'FAIL'} (max |err| vs 1-rank {worst:.3g})")
     return 0 if ok and rows else 1

@@ -35,8 +35,14 @@ import tempfile
 import time
 from pathlib import Path
 
-ROPE_CASES = [(32768, 16, "bf16", "hip"), (32768, 128, "bf16", "hip"), (32768, 16, "fp8", "hip"),
-              (32768, 128, "fp8", "hip"), (32768, 16, "bf16", "triton"), (32768, 128, "bf16", "triton")]
+ROPE_CASES = [
+    (32768, 16, "bf16", "hip"),
+    (32768, 128, "bf16", "hip"),
+    (32768, 16, "fp8", "hip"),
+    (32768, 128, "fp8", "hip"),
+    (32768, 16, "bf16", "triton"),
+    (32768, 128, "bf16", "triton"),
+]
 DECODE_CASES = [(128, 4096, 16, "bf16"), (128, 4096, 128, "bf16"), (128, 4096, 16, "fp8")]
 BLOCK = 64
 
@@ -122,6 +128,7 @@ def worker(timed: bool) -> dict:
         def call(i, sets=sets, kw=kw):
             p_, q_, k_, c_, kv_, s_ = sets[i]
             fused_rope_mla_kv_write(p_, q_, k_, c_, cs, kv_, s_, **kw)
+
         out[label] = _time_graph_us(torch, call, copies) if timed else 0.0
         del sets
         torch.cuda.empty_cache()
@@ -140,7 +147,7 @@ def worker(timed: bool) -> dict:
             o = torch.empty(B, N, 512, device=dev, dtype=torch.bfloat16)
             lse = torch.empty(B, N, device=dev, dtype=torch.float32)
             sets.append((qn, qpe, kv, table, seq, o, lse))
-        kw = dict(sm_scale=576 ** -0.5, max_seq_len=S)
+        kw = dict(sm_scale=576**-0.5, max_seq_len=S)
         if cache == "fp8":
             kw.update(kv_cache_dtype="fp8", k_scale=torch.tensor([0.25], device=dev))
         label = f"decode B={B} seq={S} N={N} {cache}"
@@ -153,6 +160,7 @@ def worker(timed: bool) -> dict:
         def call(i, sets=sets, kw=kw):
             qn_, qpe_, kv_, t_, s_, o_, l_ = sets[i]
             mla_decode(qn_, qpe_, kv_, t_, s_, out=o_, lse=l_, **kw)
+
         out[label] = _time_graph_us(torch, call, copies) if timed else 0.0
         del sets
         torch.cuda.empty_cache()
@@ -162,18 +170,25 @@ def worker(timed: bool) -> dict:
 # (file, old text, new text): the guards of the timed kernels, cut out (for measurement only).
 UNGUARD = [
     ("hip_src/kernels/rope_kv_write.cuh", "if (!in_range(slot, p.num_slots)) continue;", "if (slot < 0) continue;"),
-    ("hip_src/kernels/rope_kv_write.cuh", "const bool cached = in_range(slot, p.num_slots);", "const bool cached = slot >= 0;"),
+    (
+        "hip_src/kernels/rope_kv_write.cuh",
+        "const bool cached = in_range(slot, p.num_slots);",
+        "const bool cached = slot >= 0;",
+    ),
     ("hip_src/kernels/rope_kv_write.cuh", "const bool pos_ok = in_range(pos, p.max_pos);", "const bool pos_ok = true;"),
     ("rocm_mla/kernels/rope_kv_write.py", "smask = (slot >= 0) & (slot < num_slots)", "smask = slot >= 0"),
     ("rocm_mla/kernels/rope_kv_write.py", "pm = (rmask & pok)[:, None]", "pm = rmask[:, None]"),
     ("rocm_mla/kernels/rope_kv_write.py", "pm = (tmask & pok)[:, None]", "pm = km"),
     ("rocm_mla/kernels/rope_kv_write.py", "cs = cos_sin + tl.where(pok, pos, 0) * cs_sp", "cs = cos_sin + pos * cs_sp"),
-    ("rocm_mla/kernels/mla_decode.py",
-     "        for p0 in range(start // page_size, last_blk + 1, BLOCK_N):\n"
-     "            idx = p0 + offs_n\n"
-     "            pg = tl.load(bt_row + idx, mask=idx <= last_blk, other=0)\n"
-     "            bad_page = bad_page | tl.max(((pg < 0) | (pg >= num_pages)).to(tl.int32), axis=0)\n"
-     "        end = tl.where(bad_page != 0, start, end)\n", ""),
+    (
+        "rocm_mla/kernels/mla_decode.py",
+        "        for p0 in range(start // page_size, last_blk + 1, BLOCK_N):\n"
+        "            idx = p0 + offs_n\n"
+        "            pg = tl.load(bt_row + idx, mask=idx <= last_blk, other=0)\n"
+        "            bad_page = bad_page | tl.max(((pg < 0) | (pg >= num_pages)).to(tl.int32), axis=0)\n"
+        "        end = tl.where(bad_page != 0, start, end)\n",
+        "",
+    ),
 ]
 
 
@@ -182,8 +197,13 @@ def unguarded_copy(dest: Path) -> None:
     import shutil
 
     root = Path(__file__).resolve().parent.parent
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=root,
-                           capture_output=True, text=True, check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     if dest.exists():
         shutil.rmtree(dest)
     for f in files:
@@ -204,8 +224,12 @@ def cache_dir(name: str) -> Path:
 
 
 def run_tree(name: str, path: Path, timed: bool) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(path.resolve()), ROCM_MLA_CACHE=str(cache_dir(name) / "ext"),
-               TRITON_CACHE_DIR=str(cache_dir(name) / "triton"))
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(path.resolve()),
+        ROCM_MLA_CACHE=str(cache_dir(name) / "ext"),
+        TRITON_CACHE_DIR=str(cache_dir(name) / "triton"),
+    )
     args = [sys.executable, str(Path(__file__).resolve()), "--worker"] + ([] if timed else ["--untimed"])
     return subprocess.Popen(args, env=env, cwd=str(path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -226,8 +250,12 @@ def main() -> int:
     ap.add_argument("--tree", action="append", default=[], help="NAME=PATH of a checkout (first = the baseline)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None, help="folder for guard_cost.csv")
-    ap.add_argument("--unguarded-copy", metavar="DIR", default=None,
-                    help="write this checkout with the guards cut out to DIR, then exit")
+    ap.add_argument(
+        "--unguarded-copy",
+        metavar="DIR",
+        default=None,
+        help="write this checkout with the guards cut out to DIR, then exit",
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--untimed", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -248,7 +276,7 @@ def main() -> int:
     print(f"[guard_cost] built and checked {len(trees)} trees in {time.time() - t0:.0f} s", flush=True)
     times: dict[str, dict[str, list[float]]] = {n: {} for n, _ in trees}
     for r in range(a.rounds):
-        order = trees[r % len(trees):] + trees[:r % len(trees)]
+        order = trees[r % len(trees) :] + trees[: r % len(trees)]
         for n, p in order:
             for case, us in _result(n, run_tree(n, p, timed=True), p).items():
                 times[n].setdefault(case, []).append(us)
@@ -266,6 +294,7 @@ def main() -> int:
         rows += [(case, n, med[n]) for n in names]
     if a.out:
         import torch
+
         os.makedirs(a.out, exist_ok=True)
         dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
         with open(os.path.join(a.out, "guard_cost.csv"), "w") as f:

@@ -25,23 +25,46 @@ from pathlib import Path
 if __name__ == "__main__":
     os.environ.pop("TRITON_INTERPRET", None)  # the compiler needs real @triton.jit functions
 
-import torch  # noqa: E402
+import torch
 
-from rocm_mla.configs import is_amd_arch  # noqa: E402
-from rocm_mla.variants.prefill import config_label, triton_variant  # noqa: E402
-from rocm_mla.tools.isa_report import collect  # noqa: E402
+from rocm_mla.configs import is_amd_arch
+from rocm_mla.tools.isa_report import collect
+from rocm_mla.variants.prefill import config_label, triton_variant
 
 GRIDS = {
     # rows per wave = BLOCK_M / num_warps: 32 keeps the LDS traffic per MFMA FLOP at half of 16's
-    "small": dict(BLOCK_M=[64, 128, 256], BLOCK_N=[16, 32, 64], num_warps=[4, 8], num_stages=[1, 2],
-                  waves_per_eu=[2], matrix_instr_nonkdim=[16, 32], kpack=[1], schedule_hint=["none"]),
+    "small": dict(
+        BLOCK_M=[64, 128, 256],
+        BLOCK_N=[16, 32, 64],
+        num_warps=[4, 8],
+        num_stages=[1, 2],
+        waves_per_eu=[2],
+        matrix_instr_nonkdim=[16, 32],
+        kpack=[1],
+        schedule_hint=["none"],
+    ),
     # 32 rows per wave, the masked loop unpipelined, the AMD backend's knobs
-    "rows32": dict(BLOCK_M=[128, 256], BLOCK_N=[16, 32, 64], num_warps=[4, 8], num_stages=[1, 2], diag_stages=[1],
-                   waves_per_eu=[2], matrix_instr_nonkdim=[16, 32], kpack=[1, 2],
-                   schedule_hint=["none", "attention"]),
-    "full": dict(BLOCK_M=[64, 128, 256], BLOCK_N=[16, 32, 64], num_warps=[4, 8], num_stages=[1, 2],
-                 waves_per_eu=[0, 1, 2], matrix_instr_nonkdim=[16, 32], kpack=[1, 2],
-                 schedule_hint=["none", "attention"]),
+    "rows32": dict(
+        BLOCK_M=[128, 256],
+        BLOCK_N=[16, 32, 64],
+        num_warps=[4, 8],
+        num_stages=[1, 2],
+        diag_stages=[1],
+        waves_per_eu=[2],
+        matrix_instr_nonkdim=[16, 32],
+        kpack=[1, 2],
+        schedule_hint=["none", "attention"],
+    ),
+    "full": dict(
+        BLOCK_M=[64, 128, 256],
+        BLOCK_N=[16, 32, 64],
+        num_warps=[4, 8],
+        num_stages=[1, 2],
+        waves_per_eu=[0, 1, 2],
+        matrix_instr_nonkdim=[16, 32],
+        kpack=[1, 2],
+        schedule_hint=["none", "attention"],
+    ),
 }
 
 
@@ -84,8 +107,11 @@ def main() -> int:
     args = ap.parse_args()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     cfgs = args.config or grid_configs(GRIDS[args.grid], args.arch)
-    variants = [triton_variant(args.arch, dtype, cfg, causal)
-                for cfg in cfgs for causal in ((True,) if args.causal_only else (True, False))]
+    variants = [
+        triton_variant(args.arch, dtype, cfg, causal)
+        for cfg in cfgs
+        for causal in ((True,) if args.causal_only else (True, False))
+    ]
     rows = collect(args.arch, triton_variants=variants, hip_sources=[], peers=False, progress=True)
     table = []
     for cfg, r in zip([c for c in cfgs for _ in ((True,) if args.causal_only else (True, False))], rows):
@@ -97,20 +123,43 @@ def main() -> int:
     bad = [t for t in table if t[0].problems]
     reg = "VGPR" if args.arch == "gfx942" else "regs"
     occ = "waves/SIMD" if args.arch == "gfx942" else "blk/SM"
-    print(f"\n{'config':58s} {reg:>5s} {'AGPR':>5s} {'spill':>5s} {'scr':>4s} {'LDS':>6s} {occ:>10s} "
-          f"{'MFMA':>5s} {'headroom':>8s}  status")
-    for r, cfg, head in ok + bad:
+    print(
+        f"\n{'config':58s} {reg:>5s} {'AGPR':>5s} {'spill':>5s} {'scr':>4s} {'LDS':>6s} {occ:>10s} "
+        f"{'MFMA':>5s} {'headroom':>8s}  status"
+    )
+    for r, _cfg, head in ok + bad:
         status = "FAIL: " + "; ".join(r.problems) if r.problems else "ok"
-        print(f"{r.config:58s} {r.vgprs if r.vgprs is not None else '-':>5} {r.agprs if r.agprs is not None else '-':>5} "
-              f"{r.spills if r.spills is not None else '-':>5} {r.scratch if r.scratch is not None else '-':>4} "
-              f"{r.lds if r.lds is not None else '-':>6} {r.occupancy if r.occupancy is not None else '-':>10} "
-              f"{r.mfma if r.mfma is not None else '-':>5} {head if head is not None else '-':>8}  {status[:120]}")
+        print(
+            f"{r.config:58s} {r.vgprs if r.vgprs is not None else '-':>5} {r.agprs if r.agprs is not None else '-':>5} "
+            f"{r.spills if r.spills is not None else '-':>5} {r.scratch if r.scratch is not None else '-':>4} "
+            f"{r.lds if r.lds is not None else '-':>6} {r.occupancy if r.occupancy is not None else '-':>10} "
+            f"{r.mfma if r.mfma is not None else '-':>5} {head if head is not None else '-':>8}  {status[:120]}"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps([dict(config=cfg, label=config_label(cfg), row=r.config, vgprs=r.vgprs,
-                                                    agprs=r.agprs, spills=r.spills, scratch=r.scratch, lds=r.lds,
-                                                    occupancy=r.occupancy, mfma=r.mfma, headroom=head,
-                                                    problems=r.problems, error=r.error[:500])
-                                               for r, cfg, head in table], indent=1) + "\n")
+        Path(args.json).write_text(
+            json.dumps(
+                [
+                    dict(
+                        config=cfg,
+                        label=config_label(cfg),
+                        row=r.config,
+                        vgprs=r.vgprs,
+                        agprs=r.agprs,
+                        spills=r.spills,
+                        scratch=r.scratch,
+                        lds=r.lds,
+                        occupancy=r.occupancy,
+                        mfma=r.mfma,
+                        headroom=head,
+                        problems=r.problems,
+                        error=r.error[:500],
+                    )
+                    for r, cfg, head in table
+                ],
+                indent=1,
+            )
+            + "\n"
+        )
     return 0
 
 

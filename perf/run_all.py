@@ -57,10 +57,15 @@ def main(argv=None) -> int:
             except subprocess.TimeoutExpired:
                 rc = "timeout"
         status[name] = rc
-        print(f"      {'ok' if rc == 0 else f'FAILED ({rc})'} in {time.perf_counter() - t0:.0f} s; "
-              f"table in {out / (name + '.log')}", flush=True)
-    print(f"\n{sum(v == 0 for v in status.values())}/{len(status)} benchmarks ok in "
-          f"{time.perf_counter() - t_all:.0f} s; results in {out}")
+        print(
+            f"      {'ok' if rc == 0 else f'FAILED ({rc})'} in {time.perf_counter() - t0:.0f} s; "
+            f"table in {out / (name + '.log')}",
+            flush=True,
+        )
+    print(
+        f"\n{sum(v == 0 for v in status.values())}/{len(status)} benchmarks ok in "
+        f"{time.perf_counter() - t_all:.0f} s; results in {out}"
+    )
     for name, rc in status.items():
         if rc != 0:
             print(f"  {name}: {rc} (see {out / (name + '.log')})")

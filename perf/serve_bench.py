@@ -41,9 +41,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
 
 from rocm_mla.tools.benchutil import Record, print_table, write_csv
 
@@ -86,8 +86,7 @@ _VALUE_LINE = re.compile(r"^\s*(?P<label>[A-Za-z][^:]*?):\s+(?P<value>\S+)\s*$")
 
 # What a result must hold to be worth a row in the comparison: a block without these is truncated
 # or comes from a run that measured something else (e.g. a pooling model).
-REQUIRED = ("completed", "failed", "duration", "output_throughput", "mean_ttft_ms", "mean_tpot_ms",
-            "mean_itl_ms")
+REQUIRED = ("completed", "failed", "duration", "output_throughput", "mean_ttft_ms", "mean_tpot_ms", "mean_itl_ms")
 
 
 def metric_key(label: str) -> str | None:
@@ -133,8 +132,10 @@ def parse_serve_output(text: str, required: Sequence[str] = REQUIRED) -> list[di
     for no, line in enumerate(text.splitlines(), 1):
         if _HEADER.match(line):
             if block is not None:
-                raise ServeBenchParseError(f"line {no}: a new result block starts before the one of line {start} "
-                                           "was closed by a line of '=' (truncated output?)")
+                raise ServeBenchParseError(
+                    f"line {no}: a new result block starts before the one of line {start} "
+                    "was closed by a line of '=' (truncated output?)"
+                )
             block, start = {}, no
             continue
         if block is None:
@@ -142,8 +143,9 @@ def parse_serve_output(text: str, required: Sequence[str] = REQUIRED) -> list[di
         if _FOOTER.match(line):
             missing = [k for k in required if k not in block]
             if missing:
-                raise ServeBenchParseError(f"result block of line {start} lacks {', '.join(missing)} "
-                                           f"(found: {', '.join(block) or 'nothing'})")
+                raise ServeBenchParseError(
+                    f"result block of line {start} lacks {', '.join(missing)} (found: {', '.join(block) or 'nothing'})"
+                )
             results.append(block)
             block = None
             continue
@@ -154,18 +156,26 @@ def parse_serve_output(text: str, required: Sequence[str] = REQUIRED) -> list[di
         key = metric_key(label)
         if not _NUMBER.match(raw):
             if key is not None:
-                raise ServeBenchParseError(f"line {no}: {label.strip()!r} has value {raw!r}, not a number: {line.strip()!r}")
+                raise ServeBenchParseError(
+                    f"line {no}: {label.strip()!r} has value {raw!r}, not a number: {line.strip()!r}"
+                )
             continue  # e.g. a log line that happens to contain a colon
         key = key or _slug(label)
         if key in block:
-            raise ServeBenchParseError(f"line {no}: {label.strip()!r} appears twice in the result block of line {start}")
+            raise ServeBenchParseError(
+                f"line {no}: {label.strip()!r} appears twice in the result block of line {start}"
+            )
         block[key] = float(raw)
     if block is not None:
-        raise ServeBenchParseError(f"the result block of line {start} is not closed by a line of '=' "
-                                   f"(output truncated?); output ends with:\n{_tail(text)}")
+        raise ServeBenchParseError(
+            f"the result block of line {start} is not closed by a line of '=' "
+            f"(output truncated?); output ends with:\n{_tail(text)}"
+        )
     if not results:
-        raise ServeBenchParseError("no 'Serving Benchmark Result' block in the output of `vllm bench serve` "
-                                   f"(did it fail?); output ends with:\n{_tail(text)}")
+        raise ServeBenchParseError(
+            "no 'Serving Benchmark Result' block in the output of `vllm bench serve` "
+            f"(did it fail?); output ends with:\n{_tail(text)}"
+        )
     return results
 
 
@@ -207,13 +217,16 @@ def parse_lm_eval_output(text: str, task: str = "gsm8k") -> dict[str, float]:
         try:
             out[f"{task}_exact_match_{_slug(filt)}"] = float(cells[cols["Value"]])
         except ValueError:
-            raise ServeBenchParseError(f"lm_eval: {task} exact_match value {cells[cols['Value']]!r} is not a number") from None
+            raise ServeBenchParseError(
+                f"lm_eval: {task} exact_match value {cells[cols['Value']]!r} is not a number"
+            ) from None
     if not out:
         raise ServeBenchParseError(f"no {task} exact_match row in lm_eval's output; it ends with:\n{_tail(text)}")
     return out
 
 
 # --------------------------------------------------------------------------- commands (pure)
+
 
 @dataclass
 class Config:
@@ -261,9 +274,22 @@ def serve_command(cfg: Config, backend: str) -> list[str]:
 
     Prefix caching is off: random prompts would hit it by chance and skip prefill for some requests.
     """
-    cmd = ["vllm", "serve", cfg.model, "--attention-backend", backend,
-           "--tensor-parallel-size", str(cfg.tp), "--host", cfg.host, "--port", str(cfg.port),
-           "--gpu-memory-utilization", str(cfg.gpu_memory_utilization), "--no-enable-prefix-caching"]
+    cmd = [
+        "vllm",
+        "serve",
+        cfg.model,
+        "--attention-backend",
+        backend,
+        "--tensor-parallel-size",
+        str(cfg.tp),
+        "--host",
+        cfg.host,
+        "--port",
+        str(cfg.port),
+        "--gpu-memory-utilization",
+        str(cfg.gpu_memory_utilization),
+        "--no-enable-prefix-caching",
+    ]
     if cfg.max_model_len:
         cmd += ["--max-model-len", str(cfg.max_model_len)]
     if cfg.trust_remote_code:
@@ -274,16 +300,47 @@ def serve_command(cfg: Config, backend: str) -> list[str]:
 def bench_command(cfg: Config, result_dir: str | os.PathLike | None = None, label: str = "") -> list[str]:
     """`vllm bench serve` against the server of ``cfg`` (all prompts sent at once, capped by
     --max-concurrency). ``result_dir``: also save vLLM's JSON there as ``{label}.json``."""
-    cmd = ["vllm", "bench", "serve", "--backend", "vllm", "--model", cfg.model,
-           "--host", cfg.host, "--port", str(cfg.port), "--endpoint", "/v1/completions",
-           "--num-prompts", str(cfg.num_prompts), "--max-concurrency", str(cfg.concurrency),
-           "--request-rate", "inf", "--seed", str(cfg.seed)]
+    cmd = [
+        "vllm",
+        "bench",
+        "serve",
+        "--backend",
+        "vllm",
+        "--model",
+        cfg.model,
+        "--host",
+        cfg.host,
+        "--port",
+        str(cfg.port),
+        "--endpoint",
+        "/v1/completions",
+        "--num-prompts",
+        str(cfg.num_prompts),
+        "--max-concurrency",
+        str(cfg.concurrency),
+        "--request-rate",
+        "inf",
+        "--seed",
+        str(cfg.seed),
+    ]
     if cfg.sharegpt:
-        cmd += ["--dataset-name", "sharegpt", "--dataset-path", cfg.sharegpt,
-                "--sharegpt-output-len", str(cfg.output_len)]
+        cmd += [
+            "--dataset-name",
+            "sharegpt",
+            "--dataset-path",
+            cfg.sharegpt,
+            "--sharegpt-output-len",
+            str(cfg.output_len),
+        ]
     else:
-        cmd += ["--dataset-name", "random", "--random-input-len", str(cfg.input_len),
-                "--random-output-len", str(cfg.output_len)]
+        cmd += [
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            str(cfg.input_len),
+            "--random-output-len",
+            str(cfg.output_len),
+        ]
     if cfg.ignore_eos:
         cmd.append("--ignore-eos")
     if cfg.trust_remote_code:
@@ -295,8 +352,10 @@ def bench_command(cfg: Config, result_dir: str | os.PathLike | None = None, labe
 
 def lm_eval_command(cfg: Config) -> list[str]:
     """lm_eval's gsm8k accuracy (5-shot exact_match) through the server's completions endpoint."""
-    model_args = (f"model={cfg.model},base_url={cfg.base_url}/v1/completions,"
-                  f"num_concurrent={cfg.lm_eval_concurrency},max_retries=3")
+    model_args = (
+        f"model={cfg.model},base_url={cfg.base_url}/v1/completions,"
+        f"num_concurrent={cfg.lm_eval_concurrency},max_retries=3"
+    )
     cmd = ["lm_eval", "--model", "local-completions", "--tasks", "gsm8k", "--model_args", model_args]
     if cfg.lm_eval_limit:
         cmd += ["--limit", str(cfg.lm_eval_limit)]
@@ -351,8 +410,11 @@ def pct_change(value: float, base: float) -> float | None:
     return (value - base) / base * 100.0
 
 
-def comparison_table(results: Mapping[str, Mapping[str, float]], baseline: str = BASELINE,
-                     metrics: Iterable[tuple[str, str, str, str]] = TABLE_METRICS) -> tuple[list[str], list[list[str]]]:
+def comparison_table(
+    results: Mapping[str, Mapping[str, float]],
+    baseline: str = BASELINE,
+    metrics: Iterable[tuple[str, str, str, str]] = TABLE_METRICS,
+) -> tuple[list[str], list[list[str]]]:
     """Headers and rows of the comparison: one row per metric that some backend has; columns: the
     metric, which way is better, one per backend (in ``results`` order), then "B vs {baseline}"
     (% change) for every other backend B when the baseline has results. A missing value is "-";
@@ -386,8 +448,11 @@ def format_table(headers: list[str], rows: list[list[str]]) -> str:
 def to_records(results: Mapping[str, Mapping[str, float]], cfg: Config, device: str, version: str) -> list[Record]:
     """Long-format rows: one per (backend, metric), every metric parsed (not only the table's)."""
     shape = shape_label(cfg)
-    return [Record(KERNEL, backend, shape, metric, float(value), device, version)
-            for backend, metrics in results.items() for metric, value in metrics.items()]
+    return [
+        Record(KERNEL, backend, shape, metric, float(value), device, version)
+        for backend, metrics in results.items()
+        for metric, value in metrics.items()
+    ]
 
 
 def plan(cfg: Config, log_dir: str | os.PathLike = "serve_logs") -> list[tuple[str, list[list[str]]]]:
@@ -402,6 +467,7 @@ def plan(cfg: Config, log_dir: str | os.PathLike = "serve_logs") -> list[tuple[s
 
 
 # --------------------------------------------------------------------------- running (MI300 only)
+
 
 class RunError(RuntimeError):
     """A backend whose run could not complete (server did not start, benchmark failed)."""
@@ -445,8 +511,7 @@ def _run_logged(cmd: list[str], log: Path, timeout_s: float) -> str:
     print("$", shlex.join(cmd), flush=True)
     lines: list[str] = []
     with log.open("w") as f:
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True)
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
         def pump() -> None:  # a thread, so that a silent hang still meets the timeout below
             assert p.stdout is not None
@@ -473,8 +538,9 @@ def _run_logged(cmd: list[str], log: Path, timeout_s: float) -> str:
 HEALTH_POLL_S = 5.0
 
 
-def run_backend(cfg: Config, backend: str, log_dir: Path, startup_timeout_s: float,
-                bench_timeout_s: float) -> tuple[dict[str, float], str | None]:
+def run_backend(
+    cfg: Config, backend: str, log_dir: Path, startup_timeout_s: float, bench_timeout_s: float
+) -> tuple[dict[str, float], str | None]:
     """Serve with ``backend``, benchmark it (and lm_eval if asked), stop the server.
 
     Returns the metrics and, when lm_eval was asked for and failed, why (the benchmark's numbers
@@ -487,16 +553,21 @@ def run_backend(cfg: Config, backend: str, log_dir: Path, startup_timeout_s: flo
     print(f"\n== {backend}: starting the server (log: {server_log})\n$ {shlex.join(cmd)}", flush=True)
     with server_log.open("w") as log:
         # Own session: the server and its workers form one process group, stopped together.
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env(os.environ),
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env(os.environ), start_new_session=True
+        )
     try:
         t0 = time.monotonic()
         while not _healthy(cfg.base_url):
             if proc.poll() is not None:
-                raise RunError(f"{backend}: the server exited ({proc.returncode}) before /health answered; "
-                               f"log {server_log} ends with:\n{_tail(server_log.read_text(errors='replace'), 25)}")
+                raise RunError(
+                    f"{backend}: the server exited ({proc.returncode}) before /health answered; "
+                    f"log {server_log} ends with:\n{_tail(server_log.read_text(errors='replace'), 25)}"
+                )
             if time.monotonic() - t0 > startup_timeout_s:
-                raise RunError(f"{backend}: /health did not answer within {startup_timeout_s:.0f} s (log: {server_log})")
+                raise RunError(
+                    f"{backend}: /health did not answer within {startup_timeout_s:.0f} s (log: {server_log})"
+                )
             time.sleep(HEALTH_POLL_S)
         print(f"== {backend}: ready after {time.monotonic() - t0:.0f} s", flush=True)
         out = _run_logged(bench_command(cfg, log_dir, backend), log_dir / f"{backend}.bench.log", bench_timeout_s)
@@ -518,8 +589,10 @@ def _device_name() -> str:
     """GPU name, asked in a child process so that this one never holds a GPU context."""
     code = "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no-gpu')"
     try:
-        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=120).stdout.strip() or "unknown"
+        return (
+            subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout.strip()
+            or "unknown"
+        )
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
 
@@ -538,14 +611,19 @@ def _versions() -> str:
 
 def config_from_args(argv: Sequence[str] | None = None) -> tuple[Config, argparse.Namespace]:
     """Parse the command line into a Config (and the remaining run options)."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n".join(__doc__.splitlines()[2:]))
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.splitlines()[2:]),
+    )
     d = Config()
     ap.add_argument("--model", default=d.model, help=f"model to serve (default {d.model})")
     ap.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel size (default 1)")
-    ap.add_argument("--backends", default=",".join(d.backends),
-                    help=f"comma-separated attention backends, run in this order (default {','.join(d.backends)})")
+    ap.add_argument(
+        "--backends",
+        default=",".join(d.backends),
+        help=f"comma-separated attention backends, run in this order (default {','.join(d.backends)})",
+    )
     ap.add_argument("--host", default=d.host)
     ap.add_argument("--port", type=int, default=d.port)
     ap.add_argument("--input-len", type=int, default=d.input_len, help="random dataset: tokens in (1024)")
@@ -553,15 +631,20 @@ def config_from_args(argv: Sequence[str] | None = None) -> tuple[Config, argpars
     ap.add_argument("--num-prompts", type=int, default=d.num_prompts, help="(32)")
     ap.add_argument("--concurrency", type=int, default=d.concurrency, help="--max-concurrency (8)")
     ap.add_argument("--sharegpt", metavar="JSON", help="ShareGPT file: use that dataset instead of random")
-    ap.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
-                    help="let requests stop at EOS (default: every request generates --output-len tokens)")
+    ap.add_argument(
+        "--no-ignore-eos",
+        dest="ignore_eos",
+        action="store_false",
+        help="let requests stop at EOS (default: every request generates --output-len tokens)",
+    )
     ap.add_argument("--max-model-len", type=int, default=d.max_model_len, help="(8192; 0: the model's own)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
     ap.add_argument("--no-trust-remote-code", dest="trust_remote_code", action="store_false")
     ap.add_argument("--serve-args", default="", help="more `vllm serve` arguments (one string, shell-quoted)")
     ap.add_argument("--bench-args", default="", help="more `vllm bench serve` arguments (one string)")
-    ap.add_argument("--lm-eval", action="store_true",
-                    help="also run lm_eval gsm8k against each server (accuracy, exact_match)")
+    ap.add_argument(
+        "--lm-eval", action="store_true", help="also run lm_eval gsm8k against each server (accuracy, exact_match)"
+    )
     ap.add_argument("--lm-eval-limit", type=int, default=d.lm_eval_limit, help="gsm8k questions (100; 0: all)")
     ap.add_argument("--out", default="results", help="folder for serve.csv, serve_table.txt, serve_logs/")
     ap.add_argument("--startup-timeout", type=float, default=1800, help="seconds to wait for /health (1800)")
@@ -576,12 +659,26 @@ def config_from_args(argv: Sequence[str] | None = None) -> tuple[Config, argpars
             ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
     if a.sharegpt and not a.dry_run and not Path(a.sharegpt).is_file():
         ap.error(f"--sharegpt: no file {a.sharegpt}")
-    cfg = Config(model=a.model, tp=a.tp, host=a.host, port=a.port, backends=backends, input_len=a.input_len,
-                 output_len=a.output_len, num_prompts=a.num_prompts, concurrency=a.concurrency,
-                 sharegpt=a.sharegpt, ignore_eos=a.ignore_eos, max_model_len=a.max_model_len or None,
-                 gpu_memory_utilization=a.gpu_memory_utilization, trust_remote_code=a.trust_remote_code,
-                 serve_args=shlex.split(a.serve_args), bench_args=shlex.split(a.bench_args),
-                 lm_eval=a.lm_eval, lm_eval_limit=a.lm_eval_limit or None)
+    cfg = Config(
+        model=a.model,
+        tp=a.tp,
+        host=a.host,
+        port=a.port,
+        backends=backends,
+        input_len=a.input_len,
+        output_len=a.output_len,
+        num_prompts=a.num_prompts,
+        concurrency=a.concurrency,
+        sharegpt=a.sharegpt,
+        ignore_eos=a.ignore_eos,
+        max_model_len=a.max_model_len or None,
+        gpu_memory_utilization=a.gpu_memory_utilization,
+        trust_remote_code=a.trust_remote_code,
+        serve_args=shlex.split(a.serve_args),
+        bench_args=shlex.split(a.bench_args),
+        lm_eval=a.lm_eval,
+        lm_eval_limit=a.lm_eval_limit or None,
+    )
     return cfg, a
 
 
@@ -618,7 +715,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_csv(out / "serve.csv", to_records(results, cfg, device, version))
     for backend, m in results.items():
         if m.get("failed", 0) > 0:  # the numbers then describe fewer requests than the others'
-            errors.setdefault(backend, f"{m['failed']:.0f} of {m['failed'] + m.get('completed', 0):.0f} requests failed")
+            errors.setdefault(
+                backend, f"{m['failed']:.0f} of {m['failed'] + m.get('completed', 0):.0f} requests failed"
+            )
     if results:
         headers, rows = comparison_table(results)
         text = f"{shape_label(cfg)} on {device} ({version})\n" + format_table(headers, rows)

@@ -24,8 +24,15 @@ kernel is decorated) before any kernel module loads.
 
 __version__ = "0.1.0"
 
-__all__ = ["mla_decode", "merge_attn_states", "mla_prefill", "mla_prefill_with_context",
-           "fused_rope_mla_kv_write", "concat_and_cache_mla", "__version__"]
+__all__ = [
+    "mla_decode",
+    "merge_attn_states",
+    "mla_prefill",
+    "mla_prefill_with_context",
+    "fused_rope_mla_kv_write",
+    "concat_and_cache_mla",
+    "__version__",
+]
 
 
 def __getattr__(name):

@@ -66,12 +66,21 @@ def _jit_build() -> ModuleType:
     build.mkdir(parents=True, exist_ok=True)
     if not (build / "rocm_mla_hip.so").exists():
         target = os.environ.get("PYTORCH_ROCM_ARCH") if torch.version.hip else "the present GPU"
-        print(f"rocm-mla: compiling the HIP extension for {target} (first use, about a minute; "
-              f"cached in {build})", file=sys.stderr, flush=True)
+        print(
+            f"rocm-mla: compiling the HIP extension for {target} (first use, about a minute; cached in {build})",
+            file=sys.stderr,
+            flush=True,
+        )
     flags = build_flags()
-    return load(name="rocm_mla_hip", sources=[str(s) for s in sources()],
-                extra_include_paths=[str(hip_src_dir())], extra_cflags=flags["cxx"],
-                extra_cuda_cflags=flags["nvcc"], build_directory=str(build), verbose=False)
+    return load(
+        name="rocm_mla_hip",
+        sources=[str(s) for s in sources()],
+        extra_include_paths=[str(hip_src_dir())],
+        extra_cflags=flags["cxx"],
+        extra_cuda_cflags=flags["nvcc"],
+        build_directory=str(build),
+        verbose=False,
+    )
 
 
 def load() -> ModuleType | None:

@@ -23,7 +23,7 @@ def vendor(device: torch.device) -> str:
     return "amd" if is_rocm() else "nvidia"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cuda_arch(index: int) -> str:
     props = torch.cuda.get_device_properties(index)
     if is_rocm():

@@ -47,7 +47,7 @@ def install() -> bool:
     except ImportError:
         return False
     cls = getattr(interp, "InterpretedFunction", None)
-    call = getattr(cls, "__call__", None)
+    call = getattr(cls, "__call__", None)  # noqa: B004 - the method itself (its source is inspected)
     if call is None:
         return False
     if getattr(call, _MARK, False):
@@ -82,8 +82,12 @@ def leaked_patches() -> list[str]:
     import triton.language as tl
 
     found = []
-    for owner, label in ((tl, "triton.language"), (tl.core, "triton.language.core"),
-                         (tl.math, "triton.language.math"), (tl.tensor, "triton.language.tensor")):
+    for owner, label in (
+        (tl, "triton.language"),
+        (tl.core, "triton.language.core"),
+        (tl.math, "triton.language.math"),
+        (tl.tensor, "triton.language.tensor"),
+    ):
         for name, value in vars(owner).items():
             if isinstance(value, functools.partial):
                 value = value.func

@@ -24,12 +24,24 @@ PREFILL_DIMS = (QK_NOPE_HEAD_DIM, QK_ROPE_HEAD_DIM, V_HEAD_DIM)  # (P, R, V) the
 # platform's kind" (configs/platform.json fp8_dtype: e4m3fnuz on gfx942, e4m3fn elsewhere; vLLM's
 # current_platform.fp8_dtype()). A uint8 cache holds that kind; a float8 cache must match a named one.
 FP8_KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {
-    "fp8": None, "fp8_e4m3": None,
-    "fp8_e4m3fn": torch.float8_e4m3fn, "fp8_e4m3fnuz": torch.float8_e4m3fnuz}
+    "fp8": None,
+    "fp8_e4m3": None,
+    "fp8_e4m3fn": torch.float8_e4m3fn,
+    "fp8_e4m3fnuz": torch.float8_e4m3fnuz,
+}
 # The names vLLM itself passes for an e4m3 cache (its CacheDType): the platform's kind.
 VLLM_FP8_KV_CACHE_DTYPES = tuple(n for n, dt in FP8_KV_CACHE_DTYPES.items() if dt is None)
 # The float8 dtypes an FP8 cache tensor may have.
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 
-__all__ = ["KV_LORA_RANK", "QK_ROPE_HEAD_DIM", "KV_ROW_DIM", "QK_NOPE_HEAD_DIM", "V_HEAD_DIM", "PREFILL_DIMS",
-           "FP8_KV_CACHE_DTYPES", "VLLM_FP8_KV_CACHE_DTYPES", "FP8_DTYPES"]
+__all__ = [
+    "KV_LORA_RANK",
+    "QK_ROPE_HEAD_DIM",
+    "KV_ROW_DIM",
+    "QK_NOPE_HEAD_DIM",
+    "V_HEAD_DIM",
+    "PREFILL_DIMS",
+    "FP8_KV_CACHE_DTYPES",
+    "VLLM_FP8_KV_CACHE_DTYPES",
+    "FP8_DTYPES",
+]

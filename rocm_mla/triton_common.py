@@ -14,8 +14,14 @@ import torch
 from .configs import is_amd_arch, platform_fp8_dtype
 
 # torch dtype -> Triton pointer element type ("*" + this) in a kernel signature.
-TRITON_TYPE = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "u8",
-               torch.float8_e4m3fn: "fp8e4nv", torch.float8_e4m3fnuz: "fp8e4b8"}
+TRITON_TYPE = {
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.float32: "fp32",
+    torch.uint8: "u8",
+    torch.float8_e4m3fn: "fp8e4nv",
+    torch.float8_e4m3fnuz: "fp8e4b8",
+}
 
 # Launch/compile options only AMD's Triton backend takes (an NVIDIA launch rejects unknown keyword
 # options). Absent, 0 and "none" all mean the backend's default.
@@ -45,5 +51,4 @@ def without_amd_options(cfg: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in cfg.items() if k not in AMD_ONLY_OPTIONS}
 
 
-__all__ = ["TRITON_TYPE", "AMD_ONLY_OPTIONS", "triton_type", "fp8_triton_type", "amd_options",
-           "without_amd_options"]
+__all__ = ["TRITON_TYPE", "AMD_ONLY_OPTIONS", "triton_type", "fp8_triton_type", "amd_options", "without_amd_options"]

@@ -56,9 +56,23 @@ def compile_hip_on_cpu(d: Path, driver: str, lib_name: str) -> ctypes.CDLL:
     (d / "drv.cpp").write_text(driver)
     lib = d / lib_name
     # -ffp-contract=off: no fused multiply-add, so float32 results are the reference's bit for bit.
-    r = subprocess.run([cxx, "-std=c++17", "-O1", "-ffp-contract=off", "-shared", "-fPIC", f"-I{d / 'shim'}",
-                        f"-I{ROOT / 'hip_src' / 'kernels'}", str(d / "drv.cpp"), "-o", str(lib)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            cxx,
+            "-std=c++17",
+            "-O1",
+            "-ffp-contract=off",
+            "-shared",
+            "-fPIC",
+            f"-I{d / 'shim'}",
+            f"-I{ROOT / 'hip_src' / 'kernels'}",
+            str(d / "drv.cpp"),
+            "-o",
+            str(lib),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode:
         if "_Float16" in r.stderr:
             pytest.skip("host compiler lacks _Float16")

@@ -21,8 +21,9 @@ def backends() -> list[str]:
     return [b for b in ("hip", "triton", "reference") if unavailable(b, DEVICE) is None]
 
 
-def poisoned_view(shape, dtype, *, pad_last: int = 0, token_pad: int = 0, transpose01: bool = False,
-                  inner_stride: int = 1):
+def poisoned_view(
+    shape, dtype, *, pad_last: int = 0, token_pad: int = 0, transpose01: bool = False, inner_stride: int = 1
+):
     """A NaN-filled buffer and a strided view of ``shape`` inside it.
 
     pad_last: extra elements after each row's last dim (the pad_v layout: [.., 192][..., :128]).
@@ -75,8 +76,18 @@ class Guarded:
     bitwise, so a NaN written into the guard is caught too).
     """
 
-    def __init__(self, shape, dtype, *, fill="randn", guard: int = 1200, pad_last: int = 0,
-                 sentinel: float = SENTINEL, device=None, generator=None):
+    def __init__(
+        self,
+        shape,
+        dtype,
+        *,
+        fill="randn",
+        guard: int = 1200,
+        pad_last: int = 0,
+        sentinel: float = SENTINEL,
+        device=None,
+        generator=None,
+    ):
         device = DEVICE if device is None else device
         shape = tuple(shape)
         rows = 1
@@ -91,7 +102,7 @@ class Guarded:
         else:
             base = torch.full((2 * guard + n_alloc,), int(sentinel), dtype=dtype)
         self.base = base.to(device)
-        inner = self.base[guard:guard + n_alloc]
+        inner = self.base[guard : guard + n_alloc]
         if shape:
             self.view = inner.view(*shape[:-1], row_w)[..., :last] if pad_last else inner.view(shape)
         else:
@@ -100,8 +111,11 @@ class Guarded:
             self.view.copy_(fill)
         elif fill == "randn":
             g = generator
-            vals = torch.randn(shape, generator=g) if dtype.is_floating_point else \
-                torch.randint(0, 1 << 20, shape, generator=g)
+            vals = (
+                torch.randn(shape, generator=g)
+                if dtype.is_floating_point
+                else torch.randint(0, 1 << 20, shape, generator=g)
+            )
             self.view.copy_(vals.to(dtype))
         elif fill == "nan":
             self.view.copy_(torch.full(shape, float("nan")).to(dtype))
@@ -111,8 +125,9 @@ class Guarded:
 
     def outside_mask(self) -> torch.Tensor:
         marker = torch.zeros(self.base.shape, dtype=torch.bool, device=self.base.device)
-        marker.as_strided(self.view.shape, self.view.stride(),
-                          self.view.storage_offset() - self.base.storage_offset()).fill_(True)
+        marker.as_strided(
+            self.view.shape, self.view.stride(), self.view.storage_offset() - self.base.storage_offset()
+        ).fill_(True)
         return ~marker
 
     def check(self, what: str = "buffer"):
@@ -120,5 +135,6 @@ class Guarded:
         a = self._snap.view(torch.uint8).view(self.base.numel(), -1)[out]
         b = self.base.view(torch.uint8).view(self.base.numel(), -1)[out]
         changed = (a != b).any(-1).nonzero().flatten()
-        assert changed.numel() == 0, (f"{what}: {changed.numel()} guard elements changed "
-                                      f"(first at flat index {int(changed[0])})")
+        assert changed.numel() == 0, (
+            f"{what}: {changed.numel()} guard elements changed (first at flat index {int(changed[0])})"
+        )

@@ -22,14 +22,23 @@ sys.path.insert(0, str(ROOT / "perf"))
 import bench_prefill as bench  # noqa: E402
 
 HAS_AITER = (ROOT / ".peers" / "aiter" / "aiter" / "ops" / "triton").is_dir()
-needs_aiter = pytest.mark.skipif(not HAS_AITER, reason="no .peers/aiter (bash perf/peers/get_aiter_peers.sh .peers/aiter)")
+needs_aiter = pytest.mark.skipif(
+    not HAS_AITER, reason="no .peers/aiter (bash perf/peers/get_aiter_peers.sh .peers/aiter)"
+)
 
 
 def test_shapes_and_flops():
     assert all(128 <= L <= 8192 for L in bench.VARLEN) and len(set(bench.VARLEN)) > 4
     names = [s.name for s in bench.SHAPES]
-    for want in ("4x4096 N=16", "4x4096 N=128", "16x1024 N=16", "1x16384 N=16", "1x16384 N=128",
-                 "varlen N=16", "varlen N=128"):
+    for want in (
+        "4x4096 N=16",
+        "4x4096 N=128",
+        "16x1024 N=16",
+        "1x16384 N=16",
+        "1x16384 N=128",
+        "varlen N=16",
+        "varlen N=128",
+    ):
         assert want in names
     # 2 * (192 + 128) * N * L (L + 1) / 2 per causal sequence
     assert bench.causal_flops([4, 2], 3) == 2 * 320 * 3 * (10 + 3)
@@ -53,8 +62,9 @@ def test_aiter_unavailable_is_a_reason_not_a_crash(tmp_path):
 
 def _run(code: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, TRITON_INTERPRET="1")
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 FAKE_NVIDIA = """
@@ -70,7 +80,9 @@ def test_aiter_mha_loads_as_on_an_nvidia_gpu():
     """On NVIDIA, aiter's flash_attn_triton_amd would see Triton's int arch (90) where it expects a
     gfx string; the loader hands it a string. Here no driver exists at all: the import must not
     ask one, and the launch config is aiter's MI300X "pe" entry without the AMD-only options."""
-    proc = _run(FAKE_NVIDIA + """
+    proc = _run(
+        FAKE_NVIDIA
+        + """
     import bench_prefill as b
     a = b.Aiter(".peers/aiter")
     assert a.mod is not None, a.reason
@@ -79,7 +91,8 @@ def test_aiter_mha_loads_as_on_an_nvidia_gpu():
     tile = a.launch_cfg({"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3})
     assert tile["BLOCK_M"] == 128 and tile["num_stages"] == 3 and tile["PRELOAD_V"] is False, tile
     print("OK")
-    """)
+    """
+    )
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -88,7 +101,9 @@ def test_aiter_varlen_matches_reference_in_interpreter():
     """The peer as the bench calls it (k pre-concatenated, v a strided view, varlen, causal,
     return_lse): Dqk 192 / Dv 128 accepted, out equal to the float32 reference, lse [T, N] in
     natural log (the reference's [N, T] transposed)."""
-    proc = _run(FAKE_NVIDIA + """
+    proc = _run(
+        FAKE_NVIDIA
+        + """
     import torch
     import bench_prefill as b
     from rocm_mla.reference import mla_prefill_ref
@@ -102,7 +117,8 @@ def test_aiter_varlen_matches_reference_in_interpreter():
     torch.testing.assert_close(out.float(), ref, rtol=4e-3, atol=4e-3)
     torch.testing.assert_close(lse.transpose(0, 1), ref_lse, rtol=1e-3, atol=1e-3)
     print("OK")
-    """)
+    """
+    )
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -170,8 +186,14 @@ def test_cpu_smoke_run_of_the_whole_script(tmp_path):
     RESULTS block must be written."""
     res, out = tmp_path / "RESULTS.md", tmp_path / "out"
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(SMOKE), str(res), str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(SMOKE), str(res), str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log
     assert "WRONG" not in log and "DISAGREE" not in log and "failed" not in log, log

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _util import DEVICE, DTYPES, HAS_GPU, backends
 
 from rocm_mla.ops import gather_context_chunk
 from rocm_mla.reference import context_gather_ref
-
-from _util import DEVICE, DTYPES, HAS_GPU, backends
 
 F32 = torch.float32
 NAN = float("nan")
@@ -29,8 +28,7 @@ class Chunk:
     ``spare`` extra pages (and every slot past a request's context) hold NaN; the block table has
     ``spare_cols`` extra columns pointing at a NaN page."""
 
-    def __init__(self, ctx, starts, rows, bs, dtype=F32, *, fp8=None, spare=2, spare_cols=1, seed=0,
-                 block_pad=0):
+    def __init__(self, ctx, starts, rows, bs, dtype=F32, *, fp8=None, spare=2, spare_cols=1, seed=0, block_pad=0):
         g = torch.Generator().manual_seed(seed)
         self.bs, self.R = bs, len(ctx)
         nblk = [-(-c // bs) for c in ctx]
@@ -38,18 +36,18 @@ class Chunk:
         # The cache: NaN everywhere, then each request's context rows (fresh random values).
         # block_pad: extra elements after each page (a non-contiguous block stride).
         base = torch.full((self.nb, bs * 576 + block_pad), NAN)
-        cache32 = base[:, :bs * 576].view(self.nb, bs, 576)
+        cache32 = base[:, : bs * 576].view(self.nb, bs, 576)
         perm = torch.randperm(self.nb, generator=g)
         nan_page = int(perm[-1]) if spare else 0
         bt = torch.full((self.R, max(nblk + [0]) + spare_cols), nan_page, dtype=torch.int32)
         k = 0
         for i, c in enumerate(ctx):
-            bt[i, :nblk[i]] = perm[k:k + nblk[i]].int()
+            bt[i, : nblk[i]] = perm[k : k + nblk[i]].int()
             k += nblk[i]
             tok = torch.arange(c)
             cache32[bt[i, tok // bs].long(), tok % bs] = torch.randn(c, 576, generator=g) * 2
         kind = fp8 or dtype
-        self.cache = base.to(kind).to(DEVICE)[:, :bs * 576].view(self.nb, bs, 576)
+        self.cache = base.to(kind).to(DEVICE)[:, : bs * 576].view(self.nb, bs, 576)
         self.block_table = bt.to(DEVICE)
         self.starts = _i32(list(starts))
         self.cu = _i32([sum(rows[:i]) for i in range(self.R + 1)])
@@ -76,12 +74,12 @@ class Chunk:
 
     def run(self, dst, backend=None, **kw):
         kw.setdefault("k_scale", self.k_scale)
-        return gather_context_chunk(self.cache, self.block_table, self.cu, self.starts, self.t2s, dst,
-                                    backend=backend, **kw)
+        return gather_context_chunk(
+            self.cache, self.block_table, self.cu, self.starts, self.t2s, dst, backend=backend, **kw
+        )
 
     def ref(self):
-        return context_gather_ref(self.cache, self.block_table, self.cu, self.starts, self.t2s, self.T,
-                                  self.k_scale)
+        return context_gather_ref(self.cache, self.block_table, self.cu, self.starts, self.t2s, self.T, self.k_scale)
 
 
 # (context lengths, chunk starts, chunk rows): a request split over chunks (start > 0), one read
@@ -154,8 +152,15 @@ def test_empty_chunk_and_empty_table(backend):
     ch = Chunk(*CASES["one_request"], 16)
     dst = torch.empty(0, 576, device=DEVICE)
     assert ch.run(dst, backend) is dst
-    gather_context_chunk(ch.cache, torch.empty(0, 4, dtype=torch.int32, device=DEVICE), _i32([0]), _i32([]),
-                         _i32([]), torch.empty(0, 576, device=DEVICE), backend=backend)
+    gather_context_chunk(
+        ch.cache,
+        torch.empty(0, 4, dtype=torch.int32, device=DEVICE),
+        _i32([0]),
+        _i32([]),
+        _i32([]),
+        torch.empty(0, 576, device=DEVICE),
+        backend=backend,
+    )
     empty_cache = torch.empty(0, 16, 576, device=DEVICE)
     _, dst = ch.dst(F32)
     gather_context_chunk(empty_cache, ch.block_table, ch.cu, ch.starts, ch.t2s, dst, backend=backend)
@@ -202,29 +207,36 @@ def test_default_dispatch_and_forced_backend(monkeypatch):
 def _args():
     ch = Chunk(*CASES["three_requests"], 16, seed=11)
     _, dst = ch.dst(F32)
-    return dict(kv_cache=ch.cache, block_table=ch.block_table, cu_seq_lens=ch.cu, starts=ch.starts,
-                token_to_seq=ch.t2s, dst=dst)
+    return dict(
+        kv_cache=ch.cache, block_table=ch.block_table, cu_seq_lens=ch.cu, starts=ch.starts, token_to_seq=ch.t2s, dst=dst
+    )
 
 
-@pytest.mark.parametrize("change,exc,words", [
-    (dict(dst=torch.zeros(57, 512)), ValueError, ["dst", "[T, 576]", "(57, 512)"]),
-    (dict(dst=torch.zeros(57, 576, dtype=torch.int32)), TypeError, ["dst", "int32"]),
-    (dict(dst=torch.zeros(576, 57).t()), ValueError, ["dst", "stride 1", "(1, 57)"]),
-    (dict(kv_cache=torch.zeros(4, 16, 512)), ValueError, ["kv_cache", "576", "(4, 16, 512)"]),
-    (dict(kv_cache=torch.zeros(4, 16, 576, dtype=torch.uint8)), TypeError, ["kv_cache", "uint8"]),
-    (dict(kv_cache=torch.zeros(4, 0, 576)), ValueError, ["kv_cache", "block_size >= 1"]),
-    (dict(kv_cache=torch.zeros(4, 576, 16).transpose(1, 2)), ValueError, ["kv_cache", "stride 1"]),
-    (dict(block_table=torch.zeros(3, 4)), TypeError, ["block_table", "int32 or int64", "float32"]),
-    (dict(block_table=torch.zeros(4, 3, dtype=torch.int32).t()), ValueError, ["block_table", "stride 1"]),
-    (dict(cu_seq_lens=torch.zeros(3, dtype=torch.int32)), ValueError, ["cu_seq_lens", "[R + 1]", "(4,)", "(3,)"]),
-    (dict(starts=torch.zeros(2, dtype=torch.int32)), ValueError, ["starts", "[R]", "(3,)", "(2,)"]),
-    (dict(token_to_seq=torch.zeros(50, dtype=torch.int32)), ValueError, ["token_to_seq", "57 rows", "(50,)"]),
-    (dict(token_to_seq=torch.zeros(120, dtype=torch.int32)[::2]), ValueError, ["token_to_seq", "stride 1"]),
-    (dict(kv_cache=torch.zeros(4, 16, 576, dtype=torch.float8_e4m3fn)), TypeError, ["k_scale", "fp8", "None"]),
-    (dict(kv_cache=torch.zeros(4, 16, 576, dtype=torch.float8_e4m3fn), k_scale=torch.ones(2)), ValueError,
-     ["k_scale", "1-element", "(2,)"]),
-    (dict(kv_cache=[1]), TypeError, ["kv_cache", "torch.Tensor", "list"]),
-])
+@pytest.mark.parametrize(
+    "change,exc,words",
+    [
+        (dict(dst=torch.zeros(57, 512)), ValueError, ["dst", "[T, 576]", "(57, 512)"]),
+        (dict(dst=torch.zeros(57, 576, dtype=torch.int32)), TypeError, ["dst", "int32"]),
+        (dict(dst=torch.zeros(576, 57).t()), ValueError, ["dst", "stride 1", "(1, 57)"]),
+        (dict(kv_cache=torch.zeros(4, 16, 512)), ValueError, ["kv_cache", "576", "(4, 16, 512)"]),
+        (dict(kv_cache=torch.zeros(4, 16, 576, dtype=torch.uint8)), TypeError, ["kv_cache", "uint8"]),
+        (dict(kv_cache=torch.zeros(4, 0, 576)), ValueError, ["kv_cache", "block_size >= 1"]),
+        (dict(kv_cache=torch.zeros(4, 576, 16).transpose(1, 2)), ValueError, ["kv_cache", "stride 1"]),
+        (dict(block_table=torch.zeros(3, 4)), TypeError, ["block_table", "int32 or int64", "float32"]),
+        (dict(block_table=torch.zeros(4, 3, dtype=torch.int32).t()), ValueError, ["block_table", "stride 1"]),
+        (dict(cu_seq_lens=torch.zeros(3, dtype=torch.int32)), ValueError, ["cu_seq_lens", "[R + 1]", "(4,)", "(3,)"]),
+        (dict(starts=torch.zeros(2, dtype=torch.int32)), ValueError, ["starts", "[R]", "(3,)", "(2,)"]),
+        (dict(token_to_seq=torch.zeros(50, dtype=torch.int32)), ValueError, ["token_to_seq", "57 rows", "(50,)"]),
+        (dict(token_to_seq=torch.zeros(120, dtype=torch.int32)[::2]), ValueError, ["token_to_seq", "stride 1"]),
+        (dict(kv_cache=torch.zeros(4, 16, 576, dtype=torch.float8_e4m3fn)), TypeError, ["k_scale", "fp8", "None"]),
+        (
+            dict(kv_cache=torch.zeros(4, 16, 576, dtype=torch.float8_e4m3fn), k_scale=torch.ones(2)),
+            ValueError,
+            ["k_scale", "1-element", "(2,)"],
+        ),
+        (dict(kv_cache=[1]), TypeError, ["kv_cache", "torch.Tensor", "list"]),
+    ],
+)
 def test_bad_input_names_argument(change, exc, words):
     args = _args()
     args.update({k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in change.items()})

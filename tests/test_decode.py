@@ -12,13 +12,12 @@ import math
 
 import pytest
 import torch
+from _util import DEVICE, HAS_GPU, backends, outside_untouched, poisoned_view
 
 import rocm_mla
 from rocm_mla.ops.decode import choose_num_splits, mla_decode_workspace_numel, stage1_config
-from rocm_mla.variants.decode import triton_variants, tuning_candidates
 from rocm_mla.reference import mla_decode_ref
-
-from _util import DEVICE, HAS_GPU, backends, outside_untouched, poisoned_view
+from rocm_mla.variants.decode import triton_variants, tuning_candidates
 
 NAN = float("nan")
 BACKENDS = [b for b in ("triton", "reference") if b in backends()]  # no HIP decode kernel
@@ -35,8 +34,21 @@ class Case:
     q_nope/q_pe as strided slices, and the logical (unpaged) per-request K rows for the
     independent check."""
 
-    def __init__(self, B, N, q_len, block_size, lens, dtype, *, kv_dtype=None, k_scale=None, seed=0,
-                 spare_cols=1, q_layout="one_buffer"):
+    def __init__(
+        self,
+        B,
+        N,
+        q_len,
+        block_size,
+        lens,
+        dtype,
+        *,
+        kv_dtype=None,
+        k_scale=None,
+        seed=0,
+        spare_cols=1,
+        q_layout="one_buffer",
+    ):
         assert len(lens) == B
         g = torch.Generator().manual_seed(seed)
         self.B, self.N, self.q_len, self.lens, self.dtype = B, N, q_len, list(lens), dtype
@@ -51,10 +63,10 @@ class Case:
         k = 0
         scale = 1.0 if k_scale is None else float(k_scale)
         for b, L in enumerate(lens):
-            pages = perm[k:k + nblk[b]]
+            pages = perm[k : k + nblk[b]]
             k += nblk[b]
-            bt[b, :nblk[b]] = pages.int()
-            bt[b, nblk[b]:] = perm[used + (b % 3)].int()
+            bt[b, : nblk[b]] = pages.int()
+            bt[b, nblk[b] :] = perm[used + (b % 3)].int()
             vals = torch.randn(L, 576, generator=g)
             if kv_dtype is not None and kv_dtype.is_floating_point and kv_dtype.itemsize == 1:
                 vals = (vals / scale).to(kv_dtype).float() * scale  # what the cache can hold
@@ -77,12 +89,14 @@ class Case:
         self.sm_scale = 1.0 / math.sqrt(192)
 
     def run(self, **kw):
-        return rocm_mla.mla_decode(self.q_nope, self.q_pe, self.kv, self.block_table, self.seq_lens,
-                                   sm_scale=self.sm_scale, **kw)
+        return rocm_mla.mla_decode(
+            self.q_nope, self.q_pe, self.kv, self.block_table, self.seq_lens, sm_scale=self.sm_scale, **kw
+        )
 
     def ref(self):
-        return mla_decode_ref(self.q_nope, self.q_pe, self.kv, self.block_table, self.seq_lens,
-                              self.sm_scale, self.k_scale)
+        return mla_decode_ref(
+            self.q_nope, self.q_pe, self.kv, self.block_table, self.seq_lens, self.sm_scale, self.k_scale
+        )
 
 
 def _check(case, out, lse, ref=None, tol=None):
@@ -102,12 +116,16 @@ def _dense_attention(case):
     outs, lses = [], []
     for b, L in enumerate(case.lens):
         k = case.logical[b].double()
-        qb = q[b * case.q_len:(b + 1) * case.q_len].transpose(0, 1)  # [N, q_len, 576]
+        qb = q[b * case.q_len : (b + 1) * case.q_len].transpose(0, 1)  # [N, q_len, 576]
         pos = torch.arange(case.q_len) + L - case.q_len
         mask = torch.arange(L)[None, :] <= pos[:, None]  # [q_len, L]
         o = torch.nn.functional.scaled_dot_product_attention(
-            qb, k[None].expand(case.N, L, 576), k[None, :, :512].expand(case.N, L, 512),
-            attn_mask=mask, scale=case.sm_scale)
+            qb,
+            k[None].expand(case.N, L, 576),
+            k[None, :, :512].expand(case.N, L, 512),
+            attn_mask=mask,
+            scale=case.sm_scale,
+        )
         s = (qb @ k.T) * case.sm_scale
         lses.append(torch.logsumexp(s.masked_fill(~mask, -math.inf), -1).transpose(0, 1))
         outs.append(o.transpose(0, 1))
@@ -244,8 +262,9 @@ def test_causal_rows_see_their_own_prefix():
 
 # ---------------------------------------------------------------- fp8 caches
 @pytest.mark.parametrize("scale_kind", ["tensor", "float"])
-@pytest.mark.parametrize("storage,kv_name", [("float8", "auto"), ("float8", "fp8"), ("uint8", "fp8"),
-                                             ("uint8", "fp8_e4m3")])
+@pytest.mark.parametrize(
+    "storage,kv_name", [("float8", "auto"), ("float8", "fp8"), ("uint8", "fp8"), ("uint8", "fp8_e4m3")]
+)
 def test_fp8_cache(scale_kind, storage, kv_name):
     """fp8 caches as vLLM hands them over: a float8 tensor, or uint8 storage plus the
     kv_cache_dtype string (viewed as the platform's e4m3: e4m3fnuz on gfx942, e4m3fn elsewhere)."""
@@ -254,9 +273,17 @@ def test_fp8_cache(scale_kind, storage, kv_name):
     ks = torch.tensor(0.5, device=DEVICE) if scale_kind == "tensor" else 0.5
     kv = case.kv.view(torch.uint8) if storage == "uint8" else case.kv
     for splits in (1, 3):
-        out, lse = rocm_mla.mla_decode(case.q_nope, case.q_pe, kv, case.block_table, case.seq_lens,
-                                       sm_scale=case.sm_scale, kv_cache_dtype=kv_name, k_scale=ks,
-                                       num_kv_splits=splits)
+        out, lse = rocm_mla.mla_decode(
+            case.q_nope,
+            case.q_pe,
+            kv,
+            case.block_table,
+            case.seq_lens,
+            sm_scale=case.sm_scale,
+            kv_cache_dtype=kv_name,
+            k_scale=ks,
+            num_kv_splits=splits,
+        )
         _check(case, out, lse, tol=TOL[dtype])
     # The same values against the dense formulation (the scale really applied, to K and V).
     do, dl = _dense_attention(case)
@@ -271,14 +298,31 @@ def test_fp8_cache_named_kind(storage):
     name = {torch.float8_e4m3fn: "fp8_e4m3fn", torch.float8_e4m3fnuz: "fp8_e4m3fnuz"}[FP8_HERE]
     case = Case(2, 8, 2, 16, (40, 6), dtype, kv_dtype=FP8_HERE, k_scale=0.5, seed=11)
     kv = case.kv.view(torch.uint8) if storage == "uint8" else case.kv
-    out, lse = rocm_mla.mla_decode(case.q_nope, case.q_pe, kv, case.block_table, case.seq_lens,
-                                   sm_scale=case.sm_scale, kv_cache_dtype=name, k_scale=0.5, num_kv_splits=3)
+    out, lse = rocm_mla.mla_decode(
+        case.q_nope,
+        case.q_pe,
+        kv,
+        case.block_table,
+        case.seq_lens,
+        sm_scale=case.sm_scale,
+        kv_cache_dtype=name,
+        k_scale=0.5,
+        num_kv_splits=3,
+    )
     _check(case, out, lse, tol=TOL[dtype])
     if storage == "float8":
         other = "fp8_e4m3fnuz" if name == "fp8_e4m3fn" else "fp8_e4m3fn"
         with pytest.raises(TypeError, match=f"kv_cache: expected dtype float8_e4m3fnu?z? \\(kv_cache_dtype='{other}'"):
-            rocm_mla.mla_decode(case.q_nope, case.q_pe, kv, case.block_table, case.seq_lens,
-                                sm_scale=case.sm_scale, kv_cache_dtype=other, k_scale=0.5)
+            rocm_mla.mla_decode(
+                case.q_nope,
+                case.q_pe,
+                kv,
+                case.block_table,
+                case.seq_lens,
+                sm_scale=case.sm_scale,
+                kv_cache_dtype=other,
+                k_scale=0.5,
+            )
 
 
 def test_k_scale_ignored_for_16bit_cache():
@@ -317,8 +361,17 @@ def test_empty_batch():
 
 
 # ---------------------------------------------------------------- the split heuristic
-H200 = dict(block_n=32, block_h=16, kv_elem_bytes=2, num_cus=132, ctas_per_cu=1, min_tokens_per_split=64,
-            max_splits=64, fixed_tiles=2.0, launch_tiles=3.0)
+H200 = dict(
+    block_n=32,
+    block_h=16,
+    kv_elem_bytes=2,
+    num_cus=132,
+    ctas_per_cu=1,
+    min_tokens_per_split=64,
+    max_splits=64,
+    fixed_tiles=2.0,
+    launch_tiles=3.0,
+)
 
 
 def test_split_heuristic_examples():
@@ -380,8 +433,9 @@ def _arch_configs():
 
 @pytest.mark.parametrize("cfg,fp8", _arch_configs())
 def test_every_arch_config_is_right(cfg, fp8):
-    case = Case(2, 20, 1, 16, (45, 7), torch.float16, kv_dtype=FP8_HERE if fp8 else None,
-                k_scale=0.5 if fp8 else None, seed=13)
+    case = Case(
+        2, 20, 1, 16, (45, 7), torch.float16, kv_dtype=FP8_HERE if fp8 else None, k_scale=0.5 if fp8 else None, seed=13
+    )
     for splits in (1, 2):
         _check(case, *case.run(config=cfg, num_kv_splits=splits, k_scale=0.5 if fp8 else None))
 
@@ -395,9 +449,15 @@ def test_variants_cover_every_config(arch):
     for fp8 in (False, True):
         for m in (1, 24, 256):
             cfg = stage1_config(arch, m, torch.bfloat16, fp8)
-            hits = [v for v in s1 if v.constexprs["BLOCK_H"] == cfg["BLOCK_H"]
-                    and v.constexprs["BLOCK_N"] == cfg["BLOCK_N"] and v.options["num_warps"] == cfg["num_warps"]
-                    and v.signature["q_nope"] == "*bf16" and (v.signature["kv"] != "*bf16") == fp8]
+            hits = [
+                v
+                for v in s1
+                if v.constexprs["BLOCK_H"] == cfg["BLOCK_H"]
+                and v.constexprs["BLOCK_N"] == cfg["BLOCK_N"]
+                and v.options["num_warps"] == cfg["num_warps"]
+                and v.signature["q_nope"] == "*bf16"
+                and (v.signature["kv"] != "*bf16") == fp8
+            ]
             assert {v.constexprs["DIRECT"] for v in hits} >= {True, False}, (arch, fp8, m)
     assert all(v.expects_mfma for v in s1 if "fp32" not in v.config)
     assert any(v.kernel == "mla_decode_reduce" for v in vs)
@@ -406,44 +466,67 @@ def test_variants_cover_every_config(arch):
 # ---------------------------------------------------------------- bad input
 def _good():
     c = Case(2, 4, 1, 16, (9, 3), torch.float32)
-    return dict(q_nope=c.q_nope, q_pe=c.q_pe, kv_cache=c.kv, block_table=c.block_table, seq_lens=c.seq_lens,
-                sm_scale=0.1)
+    return dict(
+        q_nope=c.q_nope, q_pe=c.q_pe, kv_cache=c.kv, block_table=c.block_table, seq_lens=c.seq_lens, sm_scale=0.1
+    )
 
 
 def _z(*shape, dtype=torch.float32):
     return torch.zeros(shape, dtype=dtype, device=DEVICE)
 
 
-@pytest.mark.parametrize("change,exc,words", [
-    (lambda a: dict(q_nope=_z(2, 4, 511)), ValueError, ["q_nope", "last dim 512", "(2, 4, 511)"]),
-    (lambda a: dict(q_pe=_z(2, 4, 32)), ValueError, ["q_pe", "(2, 4, 64)", "(2, 4, 32)"]),
-    (lambda a: dict(q_pe=a["q_pe"].half()), TypeError, ["q_pe", "float32", "float16"]),
-    (lambda a: dict(kv_cache=_z(5, 16, 575)), ValueError, ["kv_cache", "last dim 576", "(5, 16, 575)"]),
-    (lambda a: dict(kv_cache=a["kv_cache"].half()), TypeError, ["kv_cache", "float32 (like q_nope) or fp8", "float16"]),
-    (lambda a: dict(kv_cache=a["kv_cache"].view(torch.uint8)[..., :576]), ValueError, ["kv_cache_dtype", "'fp8'", "'auto'"]),
-    (lambda a: dict(kv_cache_dtype="fp8_e5m2"), ValueError, ["kv_cache_dtype", "'fp8_e4m3'", "fp8_e5m2"]),
-    (lambda a: dict(kv_cache_dtype="fp8"), TypeError, ["kv_cache", "uint8", "float32"]),
-    (lambda a: dict(kv_cache_dtype="float16"), TypeError, ["kv_cache", "float16 (kv_cache_dtype)", "float32"]),
-    (lambda a: dict(block_table=a["block_table"].long()), TypeError, ["block_table", "int32", "int64"]),
-    (lambda a: dict(seq_lens=a["seq_lens"][:1]), ValueError, ["seq_lens", "(2,)", "(1,)"]),
-    (lambda a: dict(seq_lens=a["seq_lens"].long()), TypeError, ["seq_lens", "int32", "int64"]),
-    (lambda a: dict(q_nope=_z(3, 4, 512), q_pe=_z(3, 4, 64)), ValueError, ["q_nope", "uniform q_len", "3 rows"]),
-    (lambda a: dict(out=_z(2, 4, 512, dtype=torch.float16)), TypeError, ["out", "float32", "float16"]),
-    (lambda a: dict(out=_z(2, 1, 512).expand(2, 4, 512)), ValueError, ["out", "overlap", "stride"]),
-    (lambda a: dict(lse=_z(4, 2)), ValueError, ["lse", "(2, 4)", "(4, 2)"]),
-    (lambda a: dict(k_scale=torch.tensor([1.0, 2.0], device=DEVICE)), ValueError, ["k_scale", "one element", "(2,)"]),
-    (lambda a: dict(k_scale=torch.tensor(1.0, dtype=torch.float64, device=DEVICE)), TypeError, ["k_scale", "float32", "float64"]),
-    (lambda a: dict(num_kv_splits=0), ValueError, ["num_kv_splits", "int >= 1", "0"]),
-    (lambda a: dict(sm_scale="x"), TypeError, ["sm_scale", "a float", "str"]),
-    (lambda a: dict(sm_scale=0.0), ValueError, ["sm_scale", "finite number > 0", "0.0"]),
-    (lambda a: dict(sm_scale=-0.1), ValueError, ["sm_scale", "finite number > 0", "-0.1"]),
-    (lambda a: dict(sm_scale=float("nan")), ValueError, ["sm_scale", "finite number > 0", "nan"]),
-    (lambda a: dict(sm_scale=float("inf")), ValueError, ["sm_scale", "finite number > 0", "inf"]),
-    (lambda a: dict(k_scale=-1.0), ValueError, ["k_scale", "finite number > 0", "-1.0"]),
-    (lambda a: dict(q_nope=[1]), TypeError, ["q_nope", "torch.Tensor", "list"]),
-    (lambda a: dict(kv_cache=_z(5, 576, 16).transpose(1, 2)), ValueError,
-     ["kv_cache", "contiguous last dim", "strides"]),
-])
+@pytest.mark.parametrize(
+    "change,exc,words",
+    [
+        (lambda a: dict(q_nope=_z(2, 4, 511)), ValueError, ["q_nope", "last dim 512", "(2, 4, 511)"]),
+        (lambda a: dict(q_pe=_z(2, 4, 32)), ValueError, ["q_pe", "(2, 4, 64)", "(2, 4, 32)"]),
+        (lambda a: dict(q_pe=a["q_pe"].half()), TypeError, ["q_pe", "float32", "float16"]),
+        (lambda a: dict(kv_cache=_z(5, 16, 575)), ValueError, ["kv_cache", "last dim 576", "(5, 16, 575)"]),
+        (
+            lambda a: dict(kv_cache=a["kv_cache"].half()),
+            TypeError,
+            ["kv_cache", "float32 (like q_nope) or fp8", "float16"],
+        ),
+        (
+            lambda a: dict(kv_cache=a["kv_cache"].view(torch.uint8)[..., :576]),
+            ValueError,
+            ["kv_cache_dtype", "'fp8'", "'auto'"],
+        ),
+        (lambda a: dict(kv_cache_dtype="fp8_e5m2"), ValueError, ["kv_cache_dtype", "'fp8_e4m3'", "fp8_e5m2"]),
+        (lambda a: dict(kv_cache_dtype="fp8"), TypeError, ["kv_cache", "uint8", "float32"]),
+        (lambda a: dict(kv_cache_dtype="float16"), TypeError, ["kv_cache", "float16 (kv_cache_dtype)", "float32"]),
+        (lambda a: dict(block_table=a["block_table"].long()), TypeError, ["block_table", "int32", "int64"]),
+        (lambda a: dict(seq_lens=a["seq_lens"][:1]), ValueError, ["seq_lens", "(2,)", "(1,)"]),
+        (lambda a: dict(seq_lens=a["seq_lens"].long()), TypeError, ["seq_lens", "int32", "int64"]),
+        (lambda a: dict(q_nope=_z(3, 4, 512), q_pe=_z(3, 4, 64)), ValueError, ["q_nope", "uniform q_len", "3 rows"]),
+        (lambda a: dict(out=_z(2, 4, 512, dtype=torch.float16)), TypeError, ["out", "float32", "float16"]),
+        (lambda a: dict(out=_z(2, 1, 512).expand(2, 4, 512)), ValueError, ["out", "overlap", "stride"]),
+        (lambda a: dict(lse=_z(4, 2)), ValueError, ["lse", "(2, 4)", "(4, 2)"]),
+        (
+            lambda a: dict(k_scale=torch.tensor([1.0, 2.0], device=DEVICE)),
+            ValueError,
+            ["k_scale", "one element", "(2,)"],
+        ),
+        (
+            lambda a: dict(k_scale=torch.tensor(1.0, dtype=torch.float64, device=DEVICE)),
+            TypeError,
+            ["k_scale", "float32", "float64"],
+        ),
+        (lambda a: dict(num_kv_splits=0), ValueError, ["num_kv_splits", "int >= 1", "0"]),
+        (lambda a: dict(sm_scale="x"), TypeError, ["sm_scale", "a float", "str"]),
+        (lambda a: dict(sm_scale=0.0), ValueError, ["sm_scale", "finite number > 0", "0.0"]),
+        (lambda a: dict(sm_scale=-0.1), ValueError, ["sm_scale", "finite number > 0", "-0.1"]),
+        (lambda a: dict(sm_scale=float("nan")), ValueError, ["sm_scale", "finite number > 0", "nan"]),
+        (lambda a: dict(sm_scale=float("inf")), ValueError, ["sm_scale", "finite number > 0", "inf"]),
+        (lambda a: dict(k_scale=-1.0), ValueError, ["k_scale", "finite number > 0", "-1.0"]),
+        (lambda a: dict(q_nope=[1]), TypeError, ["q_nope", "torch.Tensor", "list"]),
+        (
+            lambda a: dict(kv_cache=_z(5, 576, 16).transpose(1, 2)),
+            ValueError,
+            ["kv_cache", "contiguous last dim", "strides"],
+        ),
+    ],
+)
 def test_bad_input_names_argument(change, exc, words):
     args = _good()
     args.update(change(args))
@@ -474,8 +557,7 @@ def test_debug_checks_seq_lens_and_pages():
     # reads nothing past the table (request 1 then reads its poisoned spare page: garbage in,
     # garbage out), and the other request is unaffected.
     out, lse = rocm_mla.mla_decode(**{**args, "seq_lens": bad})
-    ro, rl = mla_decode_ref(args["q_nope"], args["q_pe"], args["kv_cache"], args["block_table"],
-                            args["seq_lens"], 0.1)
+    ro, rl = mla_decode_ref(args["q_nope"], args["q_pe"], args["kv_cache"], args["block_table"], args["seq_lens"], 0.1)
     torch.testing.assert_close(out[0], ro[0], rtol=1e-4, atol=1e-4)
 
 
@@ -501,8 +583,9 @@ def test_v_split_matches_reference(dtype, splits, name):
 def test_v_split_needs_d_split_two_is_forced():
     from rocm_mla.ops.decode import stage1_meta
 
-    consts, _ = stage1_meta("cpu", {**V_SPLIT_CFG, "D_SPLIT": 1}, torch.float16, False, direct=True,
-                            has_scale_ptr=False, page_mode=2)
+    consts, _ = stage1_meta(
+        "cpu", {**V_SPLIT_CFG, "D_SPLIT": 1}, torch.float16, False, direct=True, has_scale_ptr=False, page_mode=2
+    )
     assert consts["V_SPLIT"] == 2 and consts["D_SPLIT"] == 2
 
 
@@ -562,8 +645,18 @@ def test_nan_in_used_kv_row_reaches_that_request(cfg, splits, poison):
 def test_gpu_large(kv, N, q_len):
     lens = (4000, 17, 1500, 1) if q_len == 1 else (4000, 17, 1500, 3)
     kv_dtype = FP8 if kv == "fp8" else None
-    case = Case(4, N, q_len, 64, lens, torch.bfloat16, kv_dtype=kv_dtype,
-                k_scale=0.25 if kv == "fp8" else None, seed=2, q_layout="separate")
+    case = Case(
+        4,
+        N,
+        q_len,
+        64,
+        lens,
+        torch.bfloat16,
+        kv_dtype=kv_dtype,
+        k_scale=0.25 if kv == "fp8" else None,
+        seed=2,
+        q_layout="separate",
+    )
     ks = torch.tensor(0.25, device=DEVICE) if kv == "fp8" else None
     out_base, out = poisoned_view((4 * q_len, N, 512), torch.bfloat16, token_pad=1)
     for splits in (None, 1, 16):
@@ -579,14 +672,25 @@ def test_gpu_large(kv, N, q_len):
 def test_gpu_v_split_and_wide_tiles(kv, N, q_len):
     """V_SPLIT and the 64-row tiles on the GPU (wgmma on sm90), MTP and fp8 included."""
     lens = (3000, 17, 900, q_len)
-    case = Case(4, N, q_len, 64, lens, torch.bfloat16, kv_dtype=FP8 if kv == "fp8" else None,
-                k_scale=0.25 if kv == "fp8" else None, seed=5, q_layout="separate")
-    for cfg in ({"BLOCK_H": 64, "BLOCK_N": 32, "D_SPLIT": 2, "V_SPLIT": 2, "num_warps": 4, "num_stages": 2},
-                {"BLOCK_H": 64, "BLOCK_N": 64, "D_SPLIT": 1, "num_warps": 8, "num_stages": 2}):
+    case = Case(
+        4,
+        N,
+        q_len,
+        64,
+        lens,
+        torch.bfloat16,
+        kv_dtype=FP8 if kv == "fp8" else None,
+        k_scale=0.25 if kv == "fp8" else None,
+        seed=5,
+        q_layout="separate",
+    )
+    for cfg in (
+        {"BLOCK_H": 64, "BLOCK_N": 32, "D_SPLIT": 2, "V_SPLIT": 2, "num_warps": 4, "num_stages": 2},
+        {"BLOCK_H": 64, "BLOCK_N": 64, "D_SPLIT": 1, "num_warps": 8, "num_stages": 2},
+    ):
         for splits in (None, 1, 7):
             out_base, out = poisoned_view((4 * q_len, N, 512), torch.bfloat16, token_pad=1)
-            o, lse = case.run(out=out, config=cfg, num_kv_splits=splits,
-                              k_scale=0.25 if kv == "fp8" else None)
+            o, lse = case.run(out=out, config=cfg, num_kv_splits=splits, k_scale=0.25 if kv == "fp8" else None)
             _check(case, o, lse)
             assert outside_untouched(out_base, out)
 

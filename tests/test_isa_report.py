@@ -17,11 +17,11 @@ triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-from rocm_mla.variants import TritonVariant  # noqa: E402
 from rocm_mla.tools import _hip_compile as hipc  # noqa: E402
 from rocm_mla.tools import _triton_compile as tc  # noqa: E402
 from rocm_mla.tools import isa_report  # noqa: E402
 from rocm_mla.tools.isa_report import collect, failures, main, summary  # noqa: E402
+from rocm_mla.variants import TritonVariant  # noqa: E402
 
 
 # The kernels are wrapped in JITFunction explicitly instead of @triton.jit: conftest turns on
@@ -42,23 +42,39 @@ def _dot(a_ptr, b_ptr, c_ptr, BLOCK: tl.constexpr):
 add_kernel = JITFunction(_add)
 dot_kernel = JITFunction(_dot)
 
-ADD = TritonVariant(kernel="add", config="fp32 B=1024 w4", fn=add_kernel,
-                    signature={"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32",
-                               "BLOCK": "constexpr"},
-                    constexprs={"BLOCK": 1024}, options={"num_warps": 4},
-                    divisible_by_16=("x_ptr", "y_ptr", "out_ptr"))
+ADD = TritonVariant(
+    kernel="add",
+    config="fp32 B=1024 w4",
+    fn=add_kernel,
+    signature={"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"},
+    constexprs={"BLOCK": 1024},
+    options={"num_warps": 4},
+    divisible_by_16=("x_ptr", "y_ptr", "out_ptr"),
+)
 # Same kernel, wrongly declared as containing a dot: the gate must catch the missing MFMA.
 ADD_CLAIMS_DOT = dataclasses.replace(ADD, config="claims dot", expects_mfma=True)
-DOT = TritonVariant(kernel="dot", config="bf16 64x64 w4", fn=dot_kernel,
-                    signature={"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*fp32"},  # BLOCK left out on purpose
-                    constexprs={"BLOCK": 64}, options={"num_warps": 4, "num_stages": 2},
-                    divisible_by_16=("a_ptr", "b_ptr", "c_ptr"), expects_mfma=True)
+DOT = TritonVariant(
+    kernel="dot",
+    config="bf16 64x64 w4",
+    fn=dot_kernel,
+    signature={"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*fp32"},  # BLOCK left out on purpose
+    constexprs={"BLOCK": 64},
+    options={"num_warps": 4, "num_stages": 2},
+    divisible_by_16=("a_ptr", "b_ptr", "c_ptr"),
+    expects_mfma=True,
+)
 # Planted spill: one wave holds a 64x64 fp32 accumulator (64 VGPRs/lane on its own) while
 # waves_per_eu=8 caps the kernel at 64 VGPRs -> the register allocator spills to scratch.
-SPILL = TritonVariant(kernel="dot", config="fp32 64x64 w1 wpe8 (planted spill)", fn=dot_kernel,
-                      signature={"a_ptr": "*fp32", "b_ptr": "*fp32", "c_ptr": "*fp32", "BLOCK": "constexpr"},
-                      constexprs={"BLOCK": 64}, options={"num_warps": 1, "num_stages": 1, "waves_per_eu": 8},
-                      divisible_by_16=("a_ptr", "b_ptr", "c_ptr"), expects_mfma=True)
+SPILL = TritonVariant(
+    kernel="dot",
+    config="fp32 64x64 w1 wpe8 (planted spill)",
+    fn=dot_kernel,
+    signature={"a_ptr": "*fp32", "b_ptr": "*fp32", "c_ptr": "*fp32", "BLOCK": "constexpr"},
+    constexprs={"BLOCK": 64},
+    options={"num_warps": 1, "num_stages": 1, "waves_per_eu": 8},
+    divisible_by_16=("a_ptr", "b_ptr", "c_ptr"),
+    expects_mfma=True,
+)
 
 HAS_CLANG = hipc.find_clang() is not None
 needs_clang = pytest.mark.skipif(not HAS_CLANG, reason="clang++-19 not found (run .ci/install_gfx942_toolchain.sh)")
@@ -78,8 +94,9 @@ def _by_config(rows):
 
 @pytest.fixture(scope="module")
 def gfx942_triton_rows():
-    return _by_config(collect("gfx942", triton_variants=[ADD, ADD_CLAIMS_DOT, DOT, SPILL], hip_sources=[],
-                              progress=False))
+    return _by_config(
+        collect("gfx942", triton_variants=[ADD, ADD_CLAIMS_DOT, DOT, SPILL], hip_sources=[], progress=False)
+    )
 
 
 def test_triton_gfx942_add_parses_clean(gfx942_triton_rows):
@@ -121,8 +138,9 @@ def test_occupancy_and_names():
     assert isa_report.gfx942_occupancy(8, 0, 4) == 8
     assert isa_report.gfx942_occupancy(8, 32 * 1024, 4) == 2  # 2 workgroups x 4 waves over 4 SIMDs
     assert isa_report.gfx942_occupancy(8, 64 * 1024 + 1, 4) == 0
-    assert hipc.short_name("void rocm_mla::k<rocm_mla::bf16_t, 8, unsigned int>(rocm_mla::elem<rocm_mla::bf16_t>"
-                           "::storage*, float*)") == ("k", "<bf16_t, 8, unsigned int>")
+    assert hipc.short_name(
+        "void rocm_mla::k<rocm_mla::bf16_t, 8, unsigned int>(rocm_mla::elem<rocm_mla::bf16_t>::storage*, float*)"
+    ) == ("k", "<bf16_t, 8, unsigned int>")
     assert hipc.short_name("scratch_kernel(float*, int const*)") == ("scratch_kernel", "-")
 
 
@@ -267,6 +285,7 @@ def test_sm90_sass_is_read_when_nvdisasm_is_there():
 
 # ---------------------------------------------------------------- peers (aiter), reported and not gated
 
+
 def test_peer_rows_are_reported_not_gated(monkeypatch, capsys):
     """A peer's kernel that would fail our gate (planted spill) is noted, not failed; a missing
     peer folder is a skipped row that --strict does not fail on."""
@@ -283,8 +302,10 @@ def test_peer_rows_are_reported_not_gated(monkeypatch, capsys):
     assert "peer rows reported, not gated" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(not (isa_report.Path(__file__).resolve().parents[1] / ".peers" / "aiter" / "aiter").is_dir(),
-                    reason="no .peers/aiter (bash perf/peers/get_aiter_peers.sh .peers/aiter)")
+@pytest.mark.skipif(
+    not (isa_report.Path(__file__).resolve().parents[1] / ".peers" / "aiter" / "aiter").is_dir(),
+    reason="no .peers/aiter (bash perf/peers/get_aiter_peers.sh .peers/aiter)",
+)
 def test_aiter_mha_compiles_for_gfx942(tmp_path):
     """aiter's _attn_fwd with its MI300X config compiles for gfx942 beside ours (a subprocess: the
     compiler needs @triton.jit without the interpreter this test session runs with)."""
@@ -293,9 +314,25 @@ def test_aiter_mha_compiles_for_gfx942(tmp_path):
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     out = tmp_path / "rows.json"
-    proc = subprocess.run([sys.executable, "-m", "rocm_mla.tools.cli", "isa-report", "--arch", "gfx942",
-                           "--filter", "aiter", "-q", "--json", str(out)],
-                          cwd=isa_report.Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rocm_mla.tools.cli",
+            "isa-report",
+            "--arch",
+            "gfx942",
+            "--filter",
+            "aiter",
+            "-q",
+            "--json",
+            str(out),
+        ],
+        cwd=isa_report.Path(__file__).resolve().parents[1],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [r for r in json.loads(out.read_text()) if r["kernel"] == "aiter_mha_fwd"]
     assert rows and all(r["peer"] and r["backend"] == "aiter" and r["error"] == "" for r in rows), rows
@@ -304,8 +341,10 @@ def test_aiter_mha_compiles_for_gfx942(tmp_path):
         assert "MI300X" in r["config"] and "M256 N64 w8" in r["config"], r["config"]
 
 
-@pytest.mark.skipif(not (isa_report.Path(__file__).resolve().parents[1] / ".peers" / "aiter" / "aiter").is_dir(),
-                    reason="no .peers/aiter (bash perf/peers/get_aiter_peers.sh .peers/aiter; .ci/run fetches it)")
+@pytest.mark.skipif(
+    not (isa_report.Path(__file__).resolve().parents[1] / ".peers" / "aiter" / "aiter").is_dir(),
+    reason="no .peers/aiter (bash perf/peers/get_aiter_peers.sh .peers/aiter; .ci/run fetches it)",
+)
 def test_decode_side_by_side_with_aiter_on_gfx942(tmp_path):
     """aiter's MLA decode compiled for gfx942 with its MI300X config beside our decode tiers (a
     subprocess: the compiler needs @triton.jit without the interpreter this session runs with)."""
@@ -315,9 +354,24 @@ def test_decode_side_by_side_with_aiter_on_gfx942(tmp_path):
     root = isa_report.Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "tc")
-    p = subprocess.run([sys.executable, "-m", "rocm_mla.tools.cli", "isa-report", "--arch", "gfx942", "-q",
-                        "--filter", "mla_decode_stage1"], cwd=root, env=env, capture_output=True, text=True,
-                       timeout=900)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rocm_mla.tools.cli",
+            "isa-report",
+            "--arch",
+            "gfx942",
+            "-q",
+            "--filter",
+            "mla_decode_stage1",
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     section = p.stdout.split("decode side by side on gfx942", 1)[1]
     ours = [ln for ln in section.splitlines() if ln.startswith("mla_decode_stage1 ")]

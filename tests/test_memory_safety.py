@@ -29,12 +29,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from _hip_cpu import compile_hip_on_cpu
+from _util import DEVICE, Guarded, backends
 
 import rocm_mla
 from rocm_mla.reference import merge_attn_states_ref
-
-from _hip_cpu import compile_hip_on_cpu
-from _util import DEVICE, HAS_GPU, Guarded, backends
 
 ROOT = Path(__file__).resolve().parent.parent
 NAN = float("nan")
@@ -60,6 +59,7 @@ def _raises_naming(exc, fn, *words):
 # =============================================================================================
 # the overlap check itself (rocm_mla/ops/_checks.py: Checker.no_overlap)
 # =============================================================================================
+
 
 def test_no_overlap_never_misses_an_overlap():
     """Random strided views (dtypes of 1, 2 and 4 bytes) of one byte buffer, against a
@@ -91,7 +91,7 @@ def test_no_overlap_never_misses_an_overlap():
             base = v.data_ptr() - buf.data_ptr()
             pos = torch.zeros((), dtype=torch.long)
             for n, st in zip(v.shape, v.stride()):
-                pos = (pos[..., None] + torch.arange(n) * st * es)
+                pos = pos[..., None] + torch.arange(n) * st * es
             for k in range(es):
                 idx[(base + pos.flatten() + k)] = True
             bytes_of.append(idx)
@@ -102,9 +102,12 @@ def test_no_overlap_never_misses_an_overlap():
         except ValueError:
             flagged = True
         assert flagged or not real, (a.shape, a.stride(), b.shape, b.stride(), a.data_ptr() - b.data_ptr())
-        ext_meet = not (a.data_ptr() + a.element_size() * (1 + sum((n - 1) * s for n, s in zip(a.shape, a.stride())))
-                        <= b.data_ptr() or b.data_ptr() + b.element_size() * (
-                            1 + sum((n - 1) * s for n, s in zip(b.shape, b.stride()))) <= a.data_ptr())
+        ext_meet = not (
+            a.data_ptr() + a.element_size() * (1 + sum((n - 1) * s for n, s in zip(a.shape, a.stride())))
+            <= b.data_ptr()
+            or b.data_ptr() + b.element_size() * (1 + sum((n - 1) * s for n, s in zip(b.shape, b.stride())))
+            <= a.data_ptr()
+        )
         proved += int(ext_meet and not flagged)
     assert proved > 0  # the period test did accept some interleaved pairs
 
@@ -127,9 +130,14 @@ def test_no_overlap_accepts_the_usual_interleavings():
 # merge_attn_states
 # =============================================================================================
 
+
 def _merge_inputs(T, N, D, seed=0, dtype=F32):
-    return (_randn((T, N, D), dtype, seed), _randn((N, T), F32, seed + 1, 2.0),
-            _randn((T, N, D), dtype, seed + 2), _randn((N, T), F32, seed + 3, 2.0))
+    return (
+        _randn((T, N, D), dtype, seed),
+        _randn((N, T), F32, seed + 1, 2.0),
+        _randn((T, N, D), dtype, seed + 2),
+        _randn((N, T), F32, seed + 3, 2.0),
+    )
 
 
 @pytest.mark.parametrize("backend", backends())
@@ -172,19 +180,36 @@ def test_merge_overlaps_rejected_naming_both():
     T, N, D = 4, 3, 8
     po, pl, so, sl = _merge_inputs(T, N, D)
     buf = torch.randn(T * N * D + N * T, device=DEVICE)
-    out, olse = buf[:T * N * D].view(T, N, D), buf[T * N * D - 1:T * N * D - 1 + N * T].view(N, T)
-    _raises_naming(ValueError, lambda: rocm_mla.merge_attn_states(out, po, pl, so, sl, olse),
-                   "output", "output_lse", "no memory in common")
+    out, olse = buf[: T * N * D].view(T, N, D), buf[T * N * D - 1 : T * N * D - 1 + N * T].view(N, T)
+    _raises_naming(
+        ValueError,
+        lambda: rocm_mla.merge_attn_states(out, po, pl, so, sl, olse),
+        "output",
+        "output_lse",
+        "no memory in common",
+    )
     # output over an input lse (written while other threads read it), in either dtype view.
     lse_buf = torch.randn(T * N * D, device=DEVICE)
-    _raises_naming(ValueError, lambda: rocm_mla.merge_attn_states(
-        lse_buf.view(T, N, D), po, lse_buf[:N * T].view(N, T), so, sl), "output", "prefix_lse")
+    _raises_naming(
+        ValueError,
+        lambda: rocm_mla.merge_attn_states(lse_buf.view(T, N, D), po, lse_buf[: N * T].view(N, T), so, sl),
+        "output",
+        "prefix_lse",
+    )
     # output_lse over an output input.
-    _raises_naming(ValueError, lambda: rocm_mla.merge_attn_states(
-        torch.empty_like(po), po, pl, so, sl, so.view(-1)[:N * T].view(N, T)), "output_lse", "suffix_output")
+    _raises_naming(
+        ValueError,
+        lambda: rocm_mla.merge_attn_states(torch.empty_like(po), po, pl, so, sl, so.view(-1)[: N * T].view(N, T)),
+        "output_lse",
+        "suffix_output",
+    )
     # output_lse == an input lse, even the very same view.
-    _raises_naming(ValueError, lambda: rocm_mla.merge_attn_states(torch.empty_like(po), po, pl, so, sl, sl),
-                   "output_lse", "suffix_lse")
+    _raises_naming(
+        ValueError,
+        lambda: rocm_mla.merge_attn_states(torch.empty_like(po), po, pl, so, sl, sl),
+        "output_lse",
+        "suffix_lse",
+    )
     # The documented alias still passes: output is suffix_output itself.
     s2 = so.clone()
     rocm_mla.merge_attn_states(s2, po, pl, s2, sl)
@@ -228,9 +253,29 @@ extern "C" int mla_merge_run(float* out, float* olse, const float* pre, const fl
 class _MergeParams(ctypes.Structure):
     """hip_src/kernels/merge_attn_states.cuh's MergeParams, field for field."""
 
-    _fields_ = [(n, ctypes.c_int64) for n in (
-        "num_tokens", "num_heads", "head_size", "out_st", "out_sh", "out_sd", "pre_st", "pre_sh", "pre_sd",
-        "suf_st", "suf_sh", "suf_sd", "plse_sh", "plse_st", "slse_sh", "slse_st", "olse_sh", "olse_st")]
+    _fields_ = [
+        (n, ctypes.c_int64)
+        for n in (
+            "num_tokens",
+            "num_heads",
+            "head_size",
+            "out_st",
+            "out_sh",
+            "out_sd",
+            "pre_st",
+            "pre_sh",
+            "pre_sd",
+            "suf_st",
+            "suf_sh",
+            "suf_sd",
+            "plse_sh",
+            "plse_st",
+            "slse_sh",
+            "slse_st",
+            "olse_sh",
+            "olse_st",
+        )
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -252,8 +297,9 @@ def _run_hip_merge_on_cpu(lib, out, olse, po, pl, so, sl, *, vec):
     # The launcher's vector test, head_size > 0 included (head_size 0 takes the scalar path).
     vec = vec and p.head_size > 0 and p.head_size % 4 == 0
     ptr = lambda x: ctypes.c_void_p(x.data_ptr() if x is not None and x.numel() else 0)  # noqa: E731
-    assert lib.mla_merge_run(ptr(out), ptr(olse), ptr(po), ptr(pl), ptr(so), ptr(sl), ctypes.byref(p), 64,
-                             int(vec)) == 0
+    assert (
+        lib.mla_merge_run(ptr(out), ptr(olse), ptr(po), ptr(pl), ptr(so), ptr(sl), ctypes.byref(p), 64, int(vec)) == 0
+    )
 
 
 @pytest.mark.parametrize("vec", [True, False], ids=["vec", "scalar"])
@@ -326,9 +372,19 @@ class RopeCase:
 
     def run(self, backend, is_neox, **kw):
         kw.setdefault("kv_cache_dtype", "fp8" if self.fp8 else "auto")
-        rocm_mla.fused_rope_mla_kv_write(self.positions, self.q_pe, self.k_pe, self.kv_c.view, self.cos_sin.view,
-                                         self.cache.view, self.slots, is_neox=is_neox, k_scale=self.k_scale,
-                                         backend=backend, **kw)
+        rocm_mla.fused_rope_mla_kv_write(
+            self.positions,
+            self.q_pe,
+            self.k_pe,
+            self.kv_c.view,
+            self.cos_sin.view,
+            self.cache.view,
+            self.slots,
+            is_neox=is_neox,
+            k_scale=self.k_scale,
+            backend=backend,
+            **kw,
+        )
 
     def check(self, is_neox, *, rope=True, tol=1e-5):
         """Good tokens as the reference, bad positions NaN, bad slots skipped, guards intact."""
@@ -353,22 +409,25 @@ class RopeCase:
         written = torch.zeros(flat.shape[0], dtype=torch.bool, device=DEVICE)
         written[slots[good_slot]] = True
         got = flat[slots[good_slot]]
-        want = rows[:slots.shape[0]][good_slot]
+        want = rows[: slots.shape[0]][good_slot]
         if self.fp8 is not None:
             want = quantize_fp8_ref(want, self.k_scale, self.fp8)
             got, want = got.float(), want.float()
         nan_want = torch.isnan(want.float())
         assert torch.equal(torch.isnan(got.float()), nan_want), "NaN pattern of the cache rows"
         torch.testing.assert_close(got.float()[~nan_want], want.float()[~nan_want], rtol=tol, atol=tol)
-        snap = self.cache._snap[self.cache.guard:self.cache.guard + flat.numel()].view(-1, 576)
-        assert torch.equal(flat[~written].view(torch.uint8) if flat.dtype.itemsize == 1 else
-                           flat[~written].view(torch.uint8), snap[~written].view(torch.uint8)), \
-            "cache rows without a valid slot were written"
+        snap = self.cache._snap[self.cache.guard : self.cache.guard + flat.numel()].view(-1, 576)
+        assert torch.equal(
+            flat[~written].view(torch.uint8) if flat.dtype.itemsize == 1 else flat[~written].view(torch.uint8),
+            snap[~written].view(torch.uint8),
+        ), "cache rows without a valid slot were written"
         assert bs >= 1
         for name in ("q", "kv_a", "kv_c", "cos_sin", "cache"):
             getattr(self, name).check(name)
-        assert torch.equal(self.kv_c.view, self.kv_c._snap[self.kv_c.guard:self.kv_c.guard + self.kv_c.view.numel()]
-                           .view_as(self.kv_c.view)), "kv_c changed"
+        assert torch.equal(
+            self.kv_c.view,
+            self.kv_c._snap[self.kv_c.guard : self.kv_c.guard + self.kv_c.view.numel()].view_as(self.kv_c.view),
+        ), "kv_c changed"
 
 
 def _bad_indices(case: RopeCase, bad_slots=True, bad_pos=True):
@@ -436,14 +495,18 @@ def test_rope_debug_names_argument_index_and_bound(monkeypatch, debug):
     kw = {"debug": True} if debug == "kwarg" else {}
     if debug == "env":
         monkeypatch.setenv("ROCM_MLA_DEBUG", "1")
-    _raises_naming(ValueError, lambda: case.run(None, False, **kw), "positions", f"[0, {MAX_POS})",
-                   f"{MAX_POS} at index 4")
+    _raises_naming(
+        ValueError, lambda: case.run(None, False, **kw), "positions", f"[0, {MAX_POS})", f"{MAX_POS} at index 4"
+    )
     case.positions[4] = 0
     case.slots[2] = 12
     _raises_naming(ValueError, lambda: case.run(None, False, **kw), "slot_mapping", "= 12", "12 at index 2")
-    _raises_naming(ValueError, lambda: rocm_mla.concat_and_cache_mla(
-        case.kv_c.view, case.k_pe, case.cache.view, case.slots, **kw), "concat_and_cache_mla: slot_mapping",
-        "12 at index 2")
+    _raises_naming(
+        ValueError,
+        lambda: rocm_mla.concat_and_cache_mla(case.kv_c.view, case.k_pe, case.cache.view, case.slots, **kw),
+        "concat_and_cache_mla: slot_mapping",
+        "12 at index 2",
+    )
     monkeypatch.delenv("ROCM_MLA_DEBUG", raising=False)
     case.run(None, False, debug=False)  # debug off: the guard skips the slot, no error
 
@@ -451,22 +514,34 @@ def test_rope_debug_names_argument_index_and_bound(monkeypatch, debug):
 def test_rope_overlaps_rejected_naming_both():
     case = RopeCase(4, 2, 4, nb=3)
     q = case.q.view
-    kv = dict(positions=case.positions, q_pe=case.q_pe, k_pe=case.k_pe, kv_c=case.kv_c.view,
-              cos_sin_cache=case.cos_sin.view, kv_cache=case.cache.view, slot_mapping=case.slots)
+    kv = dict(
+        positions=case.positions,
+        q_pe=case.q_pe,
+        k_pe=case.k_pe,
+        kv_c=case.kv_c.view,
+        cos_sin_cache=case.cos_sin.view,
+        kv_cache=case.cache.view,
+        slot_mapping=case.slots,
+    )
 
     def call(**change):
         rocm_mla.fused_rope_mla_kv_write(is_neox=False, **{**kv, **change})
 
     _raises_naming(ValueError, lambda: call(k_pe=q[:, :1, 100:164]), "q_pe", "k_pe", "no memory in common")
-    _raises_naming(ValueError, lambda: call(kv_c=case.cache.view.view(-1)[:4 * 512].view(4, 512)),
-                   "kv_cache", "kv_c")
-    _raises_naming(ValueError, lambda: call(cos_sin_cache=q.reshape(-1)[:16 * 64].view(16, 64)),
-                   "q_pe", "cos_sin_cache")
+    _raises_naming(ValueError, lambda: call(kv_c=case.cache.view.view(-1)[: 4 * 512].view(4, 512)), "kv_cache", "kv_c")
+    _raises_naming(
+        ValueError, lambda: call(cos_sin_cache=q.reshape(-1)[: 16 * 64].view(16, 64)), "q_pe", "cos_sin_cache"
+    )
     pos_in_cache = case.cache.view.view(-1)[:8].view(torch.int64)
     _raises_naming(ValueError, lambda: call(positions=pos_in_cache), "kv_cache", "positions")
-    _raises_naming(ValueError, lambda: rocm_mla.concat_and_cache_mla(
-        case.cache.view.view(-1)[:4 * 512].view(4, 512), case.k_pe, case.cache.view, case.slots),
-        "concat_and_cache_mla: kv_cache", "kv_c")
+    _raises_naming(
+        ValueError,
+        lambda: rocm_mla.concat_and_cache_mla(
+            case.cache.view.view(-1)[: 4 * 512].view(4, 512), case.k_pe, case.cache.view, case.slots
+        ),
+        "concat_and_cache_mla: kv_cache",
+        "kv_c",
+    )
     # Allowed: kv_c and k_pe interleaved in one [T, 576] buffer (vLLM's kv_a split), q_pe a slice of q.
     call(kv_c=case.kv_a.view[:, :512])
 
@@ -491,9 +566,20 @@ def test_hip_rope_kernel_on_cpu_bad_indices(hip_rope_on_cpu, vec, is_neox, fp8):
     from test_rope_kv_write import run_hip_kernel_on_cpu
 
     def go(case, rope=True):
-        run_hip_kernel_on_cpu(hip_rope_on_cpu, case.positions if rope else None, case.q_pe if rope else None,
-                              case.k_pe, case.kv_c.view, case.cos_sin.view if rope else None, case.cache.view,
-                              case.slots, case.k_scale, is_neox=is_neox, fp8=fp8, vec=vec)
+        run_hip_kernel_on_cpu(
+            hip_rope_on_cpu,
+            case.positions if rope else None,
+            case.q_pe if rope else None,
+            case.k_pe,
+            case.kv_c.view,
+            case.cos_sin.view if rope else None,
+            case.cache.view,
+            case.slots,
+            case.k_scale,
+            is_neox=is_neox,
+            fp8=fp8,
+            vec=vec,
+        )
 
     dtype = torch.bfloat16 if fp8 else F32
     tol = 1.6e-2 if fp8 else 1e-5
@@ -563,7 +649,7 @@ class DecodeCase:
         bt = torch.empty(self.B, self.max_blocks, dtype=torch.int32)
         k = 0
         for b, n in enumerate(nblk):
-            bt[b, :n] = perm[k:k + n].int()
+            bt[b, :n] = perm[k : k + n].int()
             bt[b, n:] = perm[(sum(nblk) + b) % self.nb].int() if self.nb else 0
             k += n
         self.block_table = bt.to(DEVICE)
@@ -573,18 +659,31 @@ class DecodeCase:
         self.q_pe = _randn((rows, N, 192), dtype, seed + 2)[..., 128:]
         self.out = Guarded((rows, N, 512), dtype, fill="nan", pad_last=8)
         self.lse = Guarded((rows, N), F32, fill="nan", pad_last=1)
-        self.sm_scale = 192 ** -0.5
+        self.sm_scale = 192**-0.5
 
     def run(self, backend, **kw):
         kw.setdefault("out", self.out.view)
         kw.setdefault("lse", self.lse.view)
-        return rocm_mla.mla_decode(self.q_nope, self.q_pe, self.kv.view, self.block_table, self.seq_lens,
-                                   sm_scale=self.sm_scale, backend=backend, **kw)
+        return rocm_mla.mla_decode(
+            self.q_nope,
+            self.q_pe,
+            self.kv.view,
+            self.block_table,
+            self.seq_lens,
+            sm_scale=self.sm_scale,
+            backend=backend,
+            **kw,
+        )
 
     def ref(self, block_table=None, seq_lens=None):
-        return mla_decode_ref(self.q_nope, self.q_pe, self.kv.view,
-                              self.block_table if block_table is None else block_table,
-                              self.seq_lens if seq_lens is None else seq_lens, self.sm_scale)
+        return mla_decode_ref(
+            self.q_nope,
+            self.q_pe,
+            self.kv.view,
+            self.block_table if block_table is None else block_table,
+            self.seq_lens if seq_lens is None else seq_lens,
+            self.sm_scale,
+        )
 
     def check(self, want, *, nan_requests=(), tol=1e-4):
         """Requests in nan_requests: every row NaN in out and lse; the others as ``want``."""
@@ -620,7 +719,7 @@ def test_decode_bad_lengths_and_unused_entries(backend, splits, q_len, bs):
     clean_lens[2] = 0
     used0 = math.ceil(9 / bs)  # request 0: garbage past its used entries
     garbage = [-1, 1 << 30, -(1 << 31), case.nb] * case.max_blocks
-    case.block_table[0, used0:] = torch.tensor(garbage[:case.max_blocks - used0], dtype=torch.int32)
+    case.block_table[0, used0:] = torch.tensor(garbage[: case.max_blocks - used0], dtype=torch.int32)
     clean_bt = case.block_table.clone()
     clean_bt[0, used0:] = 0
     want = case.ref(clean_bt, clean_lens)
@@ -640,8 +739,8 @@ def test_decode_reference_bad_page_makes_its_request_nan(q_len):
     case.block_table[2, 0] = case.nb
     case.run("reference")
     case.check(want, nan_requests=(1, 2))
-    o, l = case.ref()  # the reference function itself, too
-    assert torch.isnan(o[q_len:]).all() and torch.isnan(l[q_len:]).all()
+    o, lse = case.ref()  # the reference function itself, too
+    assert torch.isnan(o[q_len:]).all() and torch.isnan(lse[q_len:]).all()
     torch.testing.assert_close(o[:q_len], want[0][:q_len])
 
 
@@ -683,9 +782,14 @@ def test_decode_kernel_huge_page_in_child(page):
     if DEVICE.type != "cpu":
         pytest.skip("the GPU version is test_gpu_decode_bad_pages")
     for splits in (1, 2):
-        r = subprocess.run([sys.executable, "-c", _HUGE_PAGE_CHILD, str(page), str(splits)], cwd=ROOT,
-                           capture_output=True, text=True, timeout=300,
-                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+        r = subprocess.run(
+            [sys.executable, "-c", _HUGE_PAGE_CHILD, str(page), str(splits)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
 
 
@@ -693,8 +797,12 @@ def test_decode_kernel_huge_page_in_child(page):
 def test_decode_zero_sizes(backend):
     """B = 0, N = 0, a table of 0 columns (every row sees no key) and a cache of 0 pages with
     zero lengths: with and without out / lse / workspace."""
-    for lens, N, bs, spare_pages, spare_cols in (((), 4, 16, 2, 1), ((5, 3), 0, 16, 2, 1),
-                                                 ((5, 3), 4, 16, 2, 0), ((0, 0), 4, 16, 0, 1)):
+    for lens, N, bs, spare_pages, spare_cols in (
+        ((), 4, 16, 2, 1),
+        ((5, 3), 0, 16, 2, 1),
+        ((5, 3), 4, 16, 2, 0),
+        ((0, 0), 4, 16, 0, 1),
+    ):
         for given in (True, False):
             case = DecodeCase(lens, N, 1, bs, spare_pages=spare_pages, spare_cols=spare_cols)
             if spare_cols == 0:  # no columns at all: the lengths are clamped to capacity 0
@@ -714,42 +822,79 @@ def test_decode_overlaps_rejected_naming_both():
     case = DecodeCase((9, 3), 4, 1, 16)
     rows, N = 2, 4
     kvflat = case.kv.view.view(-1)
-    on_pages = kvflat[:rows * N * 512].view(rows, N, 512)  # out on cache pages a request reads
+    on_pages = kvflat[: rows * N * 512].view(rows, N, 512)  # out on cache pages a request reads
     _raises_naming(ValueError, lambda: case.run("reference", out=on_pages), "out", "kv_cache", "no memory in common")
     _raises_naming(ValueError, lambda: case.run("reference", out=case.q_nope), "out", "q_nope")
-    lse_in_out = case.out.base[case.out.guard:case.out.guard + rows * N].view(rows, N)
+    lse_in_out = case.out.base[case.out.guard : case.out.guard + rows * N].view(rows, N)
     _raises_naming(ValueError, lambda: case.run("reference", lse=lse_in_out), "out", "lse")
     _raises_naming(ValueError, lambda: case.run("reference", lse=case.q_pe[:, :, 0]), "lse", "q_pe")
     bt_buf = torch.zeros(64, dtype=torch.int32, device=DEVICE)
-    _raises_naming(ValueError, lambda: rocm_mla.mla_decode(
-        case.q_nope, case.q_pe, case.kv.view, bt_buf[:2 * case.max_blocks].view(2, -1), case.seq_lens,
-        sm_scale=0.1, lse=bt_buf[2:10].view(torch.float32).view(2, 4)), "lse", "block_table")
-    _raises_naming(ValueError, lambda: case.run("reference", workspace=case.out.base[case.out.guard:]), "out",
-                   "workspace")
+    _raises_naming(
+        ValueError,
+        lambda: rocm_mla.mla_decode(
+            case.q_nope,
+            case.q_pe,
+            case.kv.view,
+            bt_buf[: 2 * case.max_blocks].view(2, -1),
+            case.seq_lens,
+            sm_scale=0.1,
+            lse=bt_buf[2:10].view(torch.float32).view(2, 4),
+        ),
+        "lse",
+        "block_table",
+    )
+    _raises_naming(
+        ValueError, lambda: case.run("reference", workspace=case.out.base[case.out.guard :]), "out", "workspace"
+    )
     _raises_naming(ValueError, lambda: case.run("reference", workspace=kvflat), "workspace", "kv_cache")
     lse = torch.ones(rows, N, device=DEVICE)
-    _raises_naming(ValueError, lambda: rocm_mla.mla_decode(
-        case.q_nope, case.q_pe, case.kv.view.to(torch.float8_e4m3fn), case.block_table, case.seq_lens,
-        sm_scale=0.1, k_scale=lse.view(-1)[3:4], lse=lse), "lse", "k_scale")
+    _raises_naming(
+        ValueError,
+        lambda: rocm_mla.mla_decode(
+            case.q_nope,
+            case.q_pe,
+            case.kv.view.to(torch.float8_e4m3fn),
+            case.block_table,
+            case.seq_lens,
+            sm_scale=0.1,
+            k_scale=lse.view(-1)[3:4],
+            lse=lse,
+        ),
+        "lse",
+        "k_scale",
+    )
 
 
 @pytest.mark.parametrize("op", ["mla_decode", "mla_prefill"])
-@pytest.mark.parametrize("bad,exc,words", [
-    ("x", TypeError, ["a float", "str"]), (True, TypeError, ["a float", "bool"]),
-    (0.0, ValueError, ["finite number > 0", "0.0"]), (-1, ValueError, ["finite number > 0", "-1"]),
-    (float("nan"), ValueError, ["finite number > 0", "nan"]), (float("inf"), ValueError, ["finite number > 0", "inf"]),
-])
+@pytest.mark.parametrize(
+    "bad,exc,words",
+    [
+        ("x", TypeError, ["a float", "str"]),
+        (True, TypeError, ["a float", "bool"]),
+        (0.0, ValueError, ["finite number > 0", "0.0"]),
+        (-1, ValueError, ["finite number > 0", "-1"]),
+        (float("nan"), ValueError, ["finite number > 0", "nan"]),
+        (float("inf"), ValueError, ["finite number > 0", "inf"]),
+    ],
+)
 def test_scale_validated_alike(op, bad, exc, words):
     """sm_scale: one rule (Checker.scale) for decode and prefill, the same messages."""
     if op == "mla_decode":
         case = DecodeCase((5,), 2, 1, 16)
-        fn = lambda: rocm_mla.mla_decode(case.q_nope, case.q_pe, case.kv.view, case.block_table,  # noqa: E731
-                                         case.seq_lens, sm_scale=bad)
+
+        def fn():
+            return rocm_mla.mla_decode(
+                case.q_nope, case.q_pe, case.kv.view, case.block_table, case.seq_lens, sm_scale=bad
+            )
     else:
         q = _randn((3, 2, 192))
         cu = torch.tensor([0, 3], dtype=torch.int32, device=DEVICE)
-        fn = lambda: rocm_mla.mla_prefill(q, _randn((3, 2, 128)), _randn((3, 1, 64)), _randn((3, 2, 128)),  # noqa: E731
-                                          cu, cu, sm_scale=bad)
+
+        def fn():
+            return rocm_mla.mla_prefill(
+                q, _randn((3, 2, 128)), _randn((3, 1, 64)), _randn((3, 2, 128)), cu, cu, sm_scale=bad
+            )
+
     _raises_naming(exc, fn, f"{op}: sm_scale", *words)
 
 
@@ -767,8 +912,7 @@ def test_gpu_decode_bad_pages(kv, bs):
             kw = {}
             if kv == "fp8":
                 fp8 = torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn
-                case.kv = Guarded((case.nb, bs, 576), fp8, fill=case.kv.view.float().to(fp8),
-                                  guard=2 * bs * 576 + 64)
+                case.kv = Guarded((case.nb, bs, 576), fp8, fill=case.kv.view.float().to(fp8), guard=2 * bs * 576 + 64)
                 want = case.ref()
                 case.block_table[2, 3] = {"-1": -1, "nb": case.nb}.get(page, page)
                 kw = {"k_scale": 1.0}
@@ -834,15 +978,17 @@ def test_prefill_writes_only_the_rows_of_sequences(backend, causal):
     """q rows outside every sequence are never written (the reference backend wrote them)."""
     case = PrefillCase(15, 11, 3, seed=1)
     cq, ck = _cu([4, 0, 5], start=2), _cu([3, 6, 2])  # rows 0-1 and 11-14 belong to no sequence
-    rocm_mla.mla_prefill(*case.args, cq, ck, sm_scale=0.1, causal=causal, out=case.out.view, lse=case.lse,
-                         backend=backend)
+    rocm_mla.mla_prefill(
+        *case.args, cq, ck, sm_scale=0.1, causal=causal, out=case.out.view, lse=case.lse, backend=backend
+    )
     ref, ref_lse = mla_prefill_ref(*case.args, cq, ck, 0.1, causal)
     own = torch.zeros(15, dtype=torch.bool)
     own[2:11] = True
     torch.testing.assert_close(case.out.view[own], ref[own], rtol=2e-5, atol=2e-5)
     torch.testing.assert_close(case.lse[:, own], ref_lse[:, own], rtol=2e-5, atol=2e-5)
-    assert torch.isnan(case.out.view[~own]).all() and torch.isnan(case.lse[:, ~own]).all(), \
+    assert torch.isnan(case.out.view[~own]).all() and torch.isnan(case.lse[:, ~own]).all(), (
         "rows that belong to no sequence were written"
+    )
     case.check_guards()
 
 
@@ -864,8 +1010,16 @@ def test_prefill_kernel_clamps_bad_offsets(causal, bad):
         pytest.skip("Triton unavailable")
     case = PrefillCase(13, 9, 2, seed=2)
     cq, ck = (torch.tensor(x, dtype=torch.int32, device=DEVICE) for x in BAD_OFFSETS[bad])
-    launch_triton(*case.args, cq, ck, case.out.view, case.lse, sm_scale=0.1, causal=causal,
-                  config={"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1})
+    launch_triton(
+        *case.args,
+        cq,
+        ck,
+        case.out.view,
+        case.lse,
+        sm_scale=0.1,
+        causal=causal,
+        config={"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
+    )
     case.check_guards()
 
 
@@ -874,17 +1028,30 @@ def test_prefill_offsets_named_by_reference_and_debug():
     checks (on the CPU always; on a GPU with debug=True or for the reference backend)."""
     case = PrefillCase(13, 9, 2)
     cq, ck = _cu([5, 4, 4]), torch.tensor([0, 7, 2, 9], dtype=torch.int32, device=DEVICE)
-    _raises_naming(ValueError, lambda: mla_prefill_ref(*case.args, cq, ck, 0.1), "mla_prefill_ref: cu_seqlens_k",
-                   "[0, 9]", "[0, 7, 2, 9]")
-    _raises_naming(ValueError, lambda: mla_prefill_ref(*case.args, _cu([5, 4, 5]), _cu([3, 3, 3]), 0.1),
-                   "cu_seqlens_q", "[0, 13]")
+    _raises_naming(
+        ValueError,
+        lambda: mla_prefill_ref(*case.args, cq, ck, 0.1),
+        "mla_prefill_ref: cu_seqlens_k",
+        "[0, 9]",
+        "[0, 7, 2, 9]",
+    )
+    _raises_naming(
+        ValueError, lambda: mla_prefill_ref(*case.args, _cu([5, 4, 5]), _cu([3, 3, 3]), 0.1), "cu_seqlens_q", "[0, 13]"
+    )
     for backend in PREFILL_BACKENDS:
-        _raises_naming(ValueError, lambda: rocm_mla.mla_prefill(*case.args, cq, ck, sm_scale=0.1, backend=backend,
-                                                                debug=True),
-                       "mla_prefill: cu_seqlens_k", "cu_seqlens_k[2] = 2 < cu_seqlens_k[1] = 7")
-        _raises_naming(ValueError, lambda: rocm_mla.mla_prefill(*case.args, _cu([5, 4, 5]), _cu([3, 3, 3]),
-                                                                sm_scale=0.1, backend=backend, debug=True),
-                       "cu_seqlens_q[3] = 14 > Tq=13")
+        _raises_naming(
+            ValueError,
+            lambda: rocm_mla.mla_prefill(*case.args, cq, ck, sm_scale=0.1, backend=backend, debug=True),
+            "mla_prefill: cu_seqlens_k",
+            "cu_seqlens_k[2] = 2 < cu_seqlens_k[1] = 7",
+        )
+        _raises_naming(
+            ValueError,
+            lambda: rocm_mla.mla_prefill(
+                *case.args, _cu([5, 4, 5]), _cu([3, 3, 3]), sm_scale=0.1, backend=backend, debug=True
+            ),
+            "cu_seqlens_q[3] = 14 > Tq=13",
+        )
     case.check_guards()
 
 
@@ -899,18 +1066,28 @@ def test_prefill_overlaps_rejected_naming_both():
     _raises_naming(ValueError, lambda: call(out=v, causal=False), "out", "v", "no memory in common")
     _raises_naming(ValueError, lambda: call(out=q[..., :128]), "out", "q")
     _raises_naming(ValueError, lambda: call(out=kn), "out", "k_nope")
-    lse_in_out = case.out.base[case.out.guard:case.out.guard + 12].view(2, 6)
+    lse_in_out = case.out.base[case.out.guard : case.out.guard + 12].view(2, 6)
     _raises_naming(ValueError, lambda: call(out=case.out.view, lse=lse_in_out), "out", "lse")
     _raises_naming(ValueError, lambda: call(lse=case.latent.view[:, 512:514].transpose(0, 1)), "lse", "k_pe")
     cu_buf = torch.zeros(16, dtype=torch.int32, device=DEVICE)
     cu_buf[1] = 6
-    _raises_naming(ValueError, lambda: rocm_mla.mla_prefill(q, kn, kpe, v, cu_buf[:2], cq, sm_scale=0.1,
-                                                            lse=cu_buf[1:13].view(torch.float32).view(2, 6)),
-                   "lse", "cu_seqlens_q")
+    _raises_naming(
+        ValueError,
+        lambda: rocm_mla.mla_prefill(
+            q, kn, kpe, v, cu_buf[:2], cq, sm_scale=0.1, lse=cu_buf[1:13].view(torch.float32).view(2, 6)
+        ),
+        "lse",
+        "cu_seqlens_q",
+    )
     # A context chunk read after out was written may not overlap it.
     chunk = ContextChunk(case.out.view, kpe, case.out.view, cq)
-    _raises_naming(ValueError, lambda: rocm_mla.mla_prefill_with_context(
-        q, kn, kpe, v, cq, cq, [chunk], sm_scale=0.1, out=case.out.view), "context_chunks[0]", "out", "k_nope")
+    _raises_naming(
+        ValueError,
+        lambda: rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, cq, [chunk], sm_scale=0.1, out=case.out.view),
+        "context_chunks[0]",
+        "out",
+        "k_nope",
+    )
     case.check_guards()
 
 
@@ -928,8 +1105,9 @@ def test_prefill_with_context_validates_every_chunk_before_writing(as_generator,
     for lens in ([2, 5], [0, 3], [4, 1]):
         Tc = sum(lens)
         kvc = torch.randn(Tc, 2, 256, generator=g).to(DEVICE)
-        chunks.append(ContextChunk(kvc[..., :128], torch.randn(Tc, 1, 64, generator=g).to(DEVICE),
-                                   kvc[..., 128:], _cu(lens)))
+        chunks.append(
+            ContextChunk(kvc[..., :128], torch.randn(Tc, 1, 64, generator=g).to(DEVICE), kvc[..., 128:], _cu(lens))
+        )
     good = chunks[bad_at]
     if kind == "shape":
         chunks[bad_at] = good._replace(v=good.v[..., :64])
@@ -937,7 +1115,8 @@ def test_prefill_with_context_validates_every_chunk_before_writing(as_generator,
         chunks[bad_at] = good._replace(cu_seqlens_k=_cu([good.k_nope.shape[0] + 1, 0]))
     elif kind == "overlap":
         chunks[bad_at] = good._replace(k_nope=case.out.view)._replace(
-            k_pe=torch.randn(7, 1, 64, device=DEVICE), v=torch.randn(7, 2, 128, device=DEVICE), cu_seqlens_k=_cu([3, 4]))
+            k_pe=torch.randn(7, 1, 64, device=DEVICE), v=torch.randn(7, 2, 128, device=DEVICE), cu_seqlens_k=_cu([3, 4])
+        )
     else:
         chunks[bad_at] = 3
     drawn = []
@@ -950,9 +1129,13 @@ def test_prefill_with_context_validates_every_chunk_before_writing(as_generator,
     arg = gen() if as_generator else chunks
     exc = TypeError if kind == "type" else ValueError
     # Offsets on a GPU are read (a sync) only with debug; on the CPU always.
-    _raises_naming(exc, lambda: rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, cq, arg, sm_scale=0.1,
-                                                                  out=case.out.view, lse=case.lse, debug=True),
-                   f"context_chunks[{bad_at}]")
+    _raises_naming(
+        exc,
+        lambda: rocm_mla.mla_prefill_with_context(
+            q, kn, kpe, v, cq, cq, arg, sm_scale=0.1, out=case.out.view, lse=case.lse, debug=True
+        ),
+        f"context_chunks[{bad_at}]",
+    )
     assert torch.isnan(case.out.view).all() and torch.isnan(case.lse).all(), "written before validation"
     case.check_guards()
     if as_generator:
@@ -970,12 +1153,29 @@ def test_prefill_with_context_generator_matches_list(backend):
     chunks = []
     for lens in ([3, 0], [4, 6], [0, 2]):
         Tc = sum(lens)
-        chunks.append((torch.randn(Tc, 3, 128, generator=g).to(DEVICE), torch.randn(Tc, 1, 64, generator=g).to(DEVICE),
-                       torch.randn(Tc, 3, 128, generator=g).to(DEVICE), _cu(lens)))
+        chunks.append(
+            (
+                torch.randn(Tc, 3, 128, generator=g).to(DEVICE),
+                torch.randn(Tc, 1, 64, generator=g).to(DEVICE),
+                torch.randn(Tc, 3, 128, generator=g).to(DEVICE),
+                _cu(lens),
+            )
+        )
     for n in (0, 1, 3):
         o1, l1 = rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, cq, chunks[:n], sm_scale=0.1, backend=backend)
-        rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, cq, (c for c in chunks[:n]), sm_scale=0.1,
-                                          out=case.out.view, lse=case.lse, backend=backend)
+        rocm_mla.mla_prefill_with_context(
+            q,
+            kn,
+            kpe,
+            v,
+            cq,
+            cq,
+            (c for c in chunks[:n]),
+            sm_scale=0.1,
+            out=case.out.view,
+            lse=case.lse,
+            backend=backend,
+        )
         assert torch.equal(o1, case.out.view) and torch.equal(l1, case.lse)
     case.check_guards()
 
@@ -983,8 +1183,7 @@ def test_prefill_with_context_generator_matches_list(backend):
 @pytest.mark.parametrize("backend", PREFILL_BACKENDS)
 def test_prefill_zero_sizes(backend):
     """Tq = 0, Tk = 0, B = 0, with out/lse given or not; empty chunks; an empty generator."""
-    for Tq, Tk, lq, lk in ((0, 0, [0, 0], [0, 0]), (5, 0, [2, 3], [0, 0]), (0, 4, [0, 0], [1, 3]),
-                           (3, 3, [], [])):
+    for Tq, Tk, lq, lk in ((0, 0, [0, 0], [0, 0]), (5, 0, [2, 3], [0, 0]), (0, 4, [0, 0], [1, 3]), (3, 3, [], [])):
         for given in (True, False):
             case = PrefillCase(Tq, Tk, 2)
             cq, ck = _cu(lq), _cu(lk)
@@ -994,8 +1193,12 @@ def test_prefill_zero_sizes(backend):
             if lq:  # every row belongs to a sequence and sees no key when Tk = 0
                 if Tk == 0 and Tq:
                     assert bool((out == 0).all()) and bool((lse == -math.inf).all())
-            empty = ContextChunk(torch.empty(0, 2, 128, device=DEVICE), torch.empty(0, 1, 64, device=DEVICE),
-                                 torch.empty(0, 2, 128, device=DEVICE), _cu([0] * len(lq)))
+            empty = ContextChunk(
+                torch.empty(0, 2, 128, device=DEVICE),
+                torch.empty(0, 1, 64, device=DEVICE),
+                torch.empty(0, 2, 128, device=DEVICE),
+                _cu([0] * len(lq)),
+            )
             for chunks in ([empty, empty], (c for c in [empty]), iter(())):
                 rocm_mla.mla_prefill_with_context(*case.args, cq, ck, chunks, sm_scale=0.1, backend=backend, **kw)
             case.check_guards()
@@ -1010,8 +1213,9 @@ def test_gpu_prefill_bad_offsets_stay_inside(causal, bad):
     for dtype in (torch.bfloat16, torch.float16):
         case = PrefillCase(13, 9, 16, dtype=dtype, seed=2)
         cq, ck = (torch.tensor(x, dtype=torch.int32, device=DEVICE) for x in BAD_OFFSETS[bad])
-        rocm_mla.mla_prefill(*case.args, cq, ck, sm_scale=0.1, causal=causal, out=case.out.view, lse=case.lse,
-                             backend="triton")
+        rocm_mla.mla_prefill(
+            *case.args, cq, ck, sm_scale=0.1, causal=causal, out=case.out.view, lse=case.lse, backend="triton"
+        )
         torch.cuda.synchronize()
         case.check_guards()
         with pytest.raises(ValueError, match="cu_seqlens"):
@@ -1086,8 +1290,16 @@ def test_context_gather_bad_indices_nan_rows(backend, fp8):
     # positions past the table row (starts too large) and huge pages
     dst2 = Guarded((11, 576), F32, fill="nan")
     bt2 = torch.tensor([[3, 0, 5, 1], [2, (1 << 31) - 1, 1, -(1 << 31)]], dtype=torch.int32, device=DEVICE)
-    gather_context_chunk(cache.view, bt2, cu, torch.tensor([14, 0], dtype=torch.int32, device=DEVICE), t2s,
-                         dst2.view, backend=backend, **kw)
+    gather_context_chunk(
+        cache.view,
+        bt2,
+        cu,
+        torch.tensor([14, 0], dtype=torch.int32, device=DEVICE),
+        t2s,
+        dst2.view,
+        backend=backend,
+        **kw,
+    )
     bad2 = torch.zeros(11, dtype=torch.bool)
     bad2[[2, 3, 4, 9, 10]] = True  # request 0 positions 16..18 (capacity 16); request 1 a huge page
     assert torch.isnan(dst2.view[bad2]).all()
@@ -1134,10 +1346,15 @@ def test_context_gather_zero_sizes(backend):
     cache, bt, cu, starts, t2s, _ = _gather_case()
     gather_context_chunk(cache.view, bt, cu, starts, t2s, torch.empty(0, 576, device=DEVICE), backend=backend)
     no_req = Guarded((4, 576), F32, fill="nan")
-    gather_context_chunk(cache.view, torch.empty(0, 3, dtype=torch.int32, device=DEVICE),
-                         torch.zeros(1, dtype=torch.int32, device=DEVICE), torch.empty(0, dtype=torch.int32,
-                                                                                       device=DEVICE),
-                         torch.zeros(4, dtype=torch.int32, device=DEVICE), no_req.view, backend=backend)
+    gather_context_chunk(
+        cache.view,
+        torch.empty(0, 3, dtype=torch.int32, device=DEVICE),
+        torch.zeros(1, dtype=torch.int32, device=DEVICE),
+        torch.empty(0, dtype=torch.int32, device=DEVICE),
+        torch.zeros(4, dtype=torch.int32, device=DEVICE),
+        no_req.view,
+        backend=backend,
+    )
     assert torch.isnan(no_req.view).all()
     no_cache = Guarded((11, 576), F32, fill="nan")
     gather_context_chunk(torch.empty(0, 4, 576, device=DEVICE), bt, cu, starts, t2s, no_cache.view, backend=backend)
@@ -1148,18 +1365,39 @@ def test_context_gather_zero_sizes(backend):
 
 def test_context_gather_overlap_and_shapes_named():
     cache, bt, cu, starts, t2s, dst = _gather_case()
-    _raises_naming(ValueError, lambda: gather_context_chunk(
-        cache.view, bt, cu, starts, t2s, cache.view.view(-1, 576)[:11]), "dst", "kv_cache")
-    _raises_naming(ValueError, lambda: gather_context_chunk(
-        cache.view, bt, cu, starts, t2s[:5], dst.view), "token_to_seq", "11 rows")
-    _raises_naming(ValueError, lambda: gather_context_chunk(
-        cache.view, bt, cu[:2], starts, t2s, dst.view), "cu_seq_lens", "(3,)")
+    _raises_naming(
+        ValueError,
+        lambda: gather_context_chunk(cache.view, bt, cu, starts, t2s, cache.view.view(-1, 576)[:11]),
+        "dst",
+        "kv_cache",
+    )
+    _raises_naming(
+        ValueError,
+        lambda: gather_context_chunk(cache.view, bt, cu, starts, t2s[:5], dst.view),
+        "token_to_seq",
+        "11 rows",
+    )
+    _raises_naming(
+        ValueError, lambda: gather_context_chunk(cache.view, bt, cu[:2], starts, t2s, dst.view), "cu_seq_lens", "(3,)"
+    )
     buf = torch.zeros(11 * 576 + 8, dtype=torch.int32, device=DEVICE)  # dst over the block table
-    _raises_naming(ValueError, lambda: gather_context_chunk(
-        cache.view, buf[:8].view(2, 4), cu, starts, t2s, buf.view(torch.float32)[:11 * 576].view(11, 576)),
-        "dst", "block_table", "no memory in common")
-    _raises_naming(ValueError, lambda: gather_context_chunk(  # stride 0: two rows on one element
-        cache.view, bt, cu, starts, t2s, torch.zeros(1, 576, device=DEVICE).expand(11, 576)), "dst", "overlap")
+    _raises_naming(
+        ValueError,
+        lambda: gather_context_chunk(
+            cache.view, buf[:8].view(2, 4), cu, starts, t2s, buf.view(torch.float32)[: 11 * 576].view(11, 576)
+        ),
+        "dst",
+        "block_table",
+        "no memory in common",
+    )
+    _raises_naming(
+        ValueError,
+        lambda: gather_context_chunk(  # stride 0: two rows on one element
+            cache.view, bt, cu, starts, t2s, torch.zeros(1, 576, device=DEVICE).expand(11, 576)
+        ),
+        "dst",
+        "overlap",
+    )
     cache.check("kv_cache")
     dst.check("dst")
 
@@ -1202,11 +1440,13 @@ def test_gpu_checks_no_sync_and_capturable():
     ops = []
     for b in [x for x in ("hip", "triton") if x in backends()]:
         ops.append(lambda b=b: rope.run(b, False))
-        ops.append(lambda b=b: rocm_mla.merge_attn_states(merge_out, *merge_in[:2], *merge_in[2:], merge_lse,
-                                                          backend=b))
+        ops.append(
+            lambda b=b: rocm_mla.merge_attn_states(merge_out, *merge_in[:2], *merge_in[2:], merge_lse, backend=b)
+        )
     ops.append(lambda: dec.run("triton", max_seq_len=300))
-    ops.append(lambda: rocm_mla.mla_prefill(*pre.args, cq, cq, sm_scale=0.1, out=pre.out.view, lse=pre.lse,
-                                            backend="triton"))
+    ops.append(
+        lambda: rocm_mla.mla_prefill(*pre.args, cq, cq, sm_scale=0.1, out=pre.out.view, lse=pre.lse, backend="triton")
+    )
     gat = _gather_case(bs=16, nb=9, dtype=bf16)
     ops.append(lambda: gather_context_chunk(gat[0].view, *gat[1:5], gat[5].view, backend="triton"))
     for op in ops:

@@ -7,11 +7,10 @@ import math
 
 import pytest
 import torch
+from _util import DEVICE, DTYPES, TOL, backends, outside_untouched, poisoned_view, rand
 
 import rocm_mla
 from rocm_mla.reference import merge_attn_states_ref
-
-from _util import DEVICE, DTYPES, TOL, backends, outside_untouched, poisoned_view, rand
 
 
 def _attn_with_lse(q, k, v):
@@ -104,8 +103,8 @@ def test_inf_rules(backend):
     ol = torch.full((N, T), float("nan"), device=DEVICE)
     rocm_mla.merge_attn_states(out, po, pl, so, sl, ol, backend=backend)
     assert not torch.isnan(out).any() and not torch.isnan(ol).any()
-    torch.testing.assert_close(out[0, 0], so[0, 0])          # only suffix saw keys
-    torch.testing.assert_close(out[0, 1], po[0, 1])          # only prefix saw keys
+    torch.testing.assert_close(out[0, 0], so[0, 0])  # only suffix saw keys
+    torch.testing.assert_close(out[0, 1], po[0, 1])  # only prefix saw keys
     assert torch.equal(out[1, :], torch.zeros_like(out[1, :]))  # both empty -> 0
     assert ol[0, 1] == -inf and ol[1, 1] == -inf
     assert ol[0, 0].item() == pytest.approx(0.3, abs=1e-6)
@@ -187,21 +186,33 @@ def test_aliasing_rules():
 # ---------------------------------------------------------------- bad input
 def _good(T=3, N=2, D=8):
     o = rand((T, N, D), torch.float32)
-    return dict(output=torch.empty_like(o), prefix_output=o, prefix_lse=rand((N, T), torch.float32),
-                suffix_output=o.clone(), suffix_lse=rand((N, T), torch.float32))
+    return dict(
+        output=torch.empty_like(o),
+        prefix_output=o,
+        prefix_lse=rand((N, T), torch.float32),
+        suffix_output=o.clone(),
+        suffix_lse=rand((N, T), torch.float32),
+    )
 
 
-@pytest.mark.parametrize("change,exc,words", [
-    (dict(prefix_output=torch.zeros(3, 2, 9)), ValueError, ["prefix_output", "(3, 2, 8)", "(3, 2, 9)"]),
-    (dict(suffix_output=torch.zeros(3, 2, 8, dtype=torch.float16)), TypeError, ["suffix_output", "float32", "float16"]),
-    (dict(prefix_lse=torch.zeros(3, 2)), ValueError, ["prefix_lse", "[N, T]", "(2, 3)", "(3, 2)"]),
-    (dict(suffix_lse=torch.zeros(2, 3, dtype=torch.float16)), TypeError, ["suffix_lse", "float32", "float16"]),
-    (dict(output=torch.zeros(3, 2, 8, dtype=torch.int32)), TypeError, ["output", "int32"]),
-    (dict(output=torch.zeros(3, 16)), ValueError, ["output", "3-D", "(3, 16)"]),
-    (dict(output_lse=torch.zeros(2, 4)), ValueError, ["output_lse", "(2, 3)", "(2, 4)"]),
-    ("expanded_output", ValueError, ["output", "overlap", "stride"]),
-    (dict(prefix_output=[1, 2]), TypeError, ["prefix_output", "torch.Tensor", "list"]),
-])
+@pytest.mark.parametrize(
+    "change,exc,words",
+    [
+        (dict(prefix_output=torch.zeros(3, 2, 9)), ValueError, ["prefix_output", "(3, 2, 8)", "(3, 2, 9)"]),
+        (
+            dict(suffix_output=torch.zeros(3, 2, 8, dtype=torch.float16)),
+            TypeError,
+            ["suffix_output", "float32", "float16"],
+        ),
+        (dict(prefix_lse=torch.zeros(3, 2)), ValueError, ["prefix_lse", "[N, T]", "(2, 3)", "(3, 2)"]),
+        (dict(suffix_lse=torch.zeros(2, 3, dtype=torch.float16)), TypeError, ["suffix_lse", "float32", "float16"]),
+        (dict(output=torch.zeros(3, 2, 8, dtype=torch.int32)), TypeError, ["output", "int32"]),
+        (dict(output=torch.zeros(3, 16)), ValueError, ["output", "3-D", "(3, 16)"]),
+        (dict(output_lse=torch.zeros(2, 4)), ValueError, ["output_lse", "(2, 3)", "(2, 4)"]),
+        ("expanded_output", ValueError, ["output", "overlap", "stride"]),
+        (dict(prefix_output=[1, 2]), TypeError, ["prefix_output", "torch.Tensor", "list"]),
+    ],
+)
 def test_bad_input_names_argument(change, exc, words):
     args = _good()
     args = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in args.items()}
@@ -236,8 +247,7 @@ def test_forced_backend(monkeypatch):
     args = {k: v.to(DEVICE) for k, v in _good().items()}
     monkeypatch.setenv("ROCM_MLA_BACKEND_MERGE_ATTN_STATES", "reference")
     rocm_mla.merge_attn_states(**args)
-    ref, _ = merge_attn_states_ref(args["prefix_output"], args["prefix_lse"], args["suffix_output"],
-                                   args["suffix_lse"])
+    ref, _ = merge_attn_states_ref(args["prefix_output"], args["prefix_lse"], args["suffix_output"], args["suffix_lse"])
     torch.testing.assert_close(args["output"], ref)
     monkeypatch.setenv("ROCM_MLA_BACKEND_MERGE_ATTN_STATES", "cuda-magic")
     with pytest.raises(ValueError, match="backend.*hip, triton, reference.*cuda-magic"):

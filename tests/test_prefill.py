@@ -15,12 +15,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from _util import DEVICE, DTYPES, HAS_GPU, backends, outside_untouched, poisoned_view, rand
 
 import rocm_mla
 from rocm_mla.ops.prefill import ContextChunk
 from rocm_mla.reference import mla_prefill_ref
-
-from _util import DEVICE, DTYPES, HAS_GPU, backends, outside_untouched, poisoned_view, rand
 
 P, R, V = 128, 64, 128
 SCALE = 1.0 / math.sqrt(P + R)
@@ -60,11 +59,16 @@ def assert_matches(out, lse, ref, ref_lse, dtype):
     # -inf where the reference has -inf (rows that see no key), close elsewhere.
     assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)), "lse -inf pattern differs"
     fin = torch.isfinite(ref_lse)
-    torch.testing.assert_close(lse[fin], ref_lse[fin], rtol=1e-4 if dtype != torch.float32 else 1e-5,
-                               atol=1e-4 if dtype != torch.float32 else 1e-5)
+    torch.testing.assert_close(
+        lse[fin],
+        ref_lse[fin],
+        rtol=1e-4 if dtype != torch.float32 else 1e-5,
+        atol=1e-4 if dtype != torch.float32 else 1e-5,
+    )
 
 
 # ---------------------------------------------------------------- the reference itself
+
 
 def _dense_attention_f64(q, k_nope, k_pe, v, lq, lk, scale, causal):
     """Independent formula: all sequences at once, explicit cat(k_nope, k_pe) in float64, a
@@ -179,12 +183,11 @@ def test_tma_path_matches_reference(causal, kpe_layout):
     q, kn, kpe, v, cq, ck = make_inputs(lq, [*lk[:-1], lk[-1] + 7], N, torch.float16, kpe_layout=kpe_layout)
     ck = cu(lk)  # 7 key rows after the last sequence's end, poisoned:
     for x in (kn, kpe, v):
-        x[sum(lk):] = float("nan")
+        x[sum(lk) :] = float("nan")
     kpe_sh = 0 if kpe.shape[1] == 1 else kpe.stride(1)
     assert _tma_ok(kn, kpe, v, kpe_sh), "the case must take the TMA path"
     cfg = {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "tma": True}
-    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, causal=causal, backend="triton",
-                                    config=cfg)
+    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, causal=causal, backend="triton", config=cfg)
     ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, causal)
     assert_matches(out, lse, ref, ref_lse, torch.float16)
 
@@ -194,7 +197,7 @@ def test_tma_option_needs_alignment_and_16_bit_inputs():
 
     q, kn, kpe, v, _, _ = make_inputs([4], [4], 2, torch.float16)
     assert _tma_ok(kn, kpe, v, 0)
-    odd = rand((4, 2, 2 * P), torch.float16)[..., 1:P + 1]  # base 2 bytes off 16
+    odd = rand((4, 2, 2 * P), torch.float16)[..., 1 : P + 1]  # base 2 bytes off 16
     assert not _tma_ok(odd, kpe, v, 0)
     assert not _tma_ok(kn.float(), kpe.float(), v.float(), 0)  # fp32: no TMA path
     tma = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "tma": True}
@@ -248,6 +251,7 @@ def test_rows_that_see_no_key_are_zero_and_minus_inf(backend):
 
 # ---------------------------------------------------------------- strided inputs, output views
 
+
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("kpe_layout", ["latent", "expand", "per_head_copy"])
@@ -257,14 +261,13 @@ def test_strided_inputs_and_poisoned_output_views(backend, dtype, kpe_layout):
     q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, dtype, kpe_layout=kpe_layout)
     # q as a head slice of a wider buffer (token stride != N * 192)
     q_buf = rand((Tq, N + 2, P + R + 8), dtype)
-    q_view = q_buf[:, 1:N + 1, : P + R]
+    q_view = q_buf[:, 1 : N + 1, : P + R]
     q_view.copy_(q)
     # out: the layer's [T, N*128 (+pad)] buffer viewed as [T, N, 128]; lse: [N, Tq] view of [Tq, N]
     out_base = torch.full((Tq, N * V + 24), float("nan"), dtype=dtype, device=DEVICE)
     out = out_base[:, : N * V].view(Tq, N, V)
     lse_base, lse = poisoned_view((N, Tq), torch.float32, transpose01=True, token_pad=1)
-    got, got_lse = rocm_mla.mla_prefill(q_view, kn, kpe, v, cq, ck, sm_scale=SCALE, out=out, lse=lse,
-                                        backend=backend)
+    got, got_lse = rocm_mla.mla_prefill(q_view, kn, kpe, v, cq, ck, sm_scale=SCALE, out=out, lse=lse, backend=backend)
     assert got is out and got_lse is lse, "must return the caller's buffers"
     ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, True)
     assert_matches(out, lse, ref, ref_lse, dtype)
@@ -292,6 +295,7 @@ def test_pad_v_style_output_and_inner_strides(backend):
 
 
 # ---------------------------------------------------------------- chunked context
+
 
 def _context_case(lq, ctx_splits, N, dtype):
     """New tokens (lq per sequence) and context chunks: ctx_splits[c][b] = keys of sequence b in
@@ -337,8 +341,9 @@ def test_chunked_context_equals_one_shot(backend, dtype, case, as_generator):
     out_base, out = poisoned_view((Tq, N, V), dtype, pad_last=64)
     lse_base, lse = poisoned_view((N, Tq), torch.float32, transpose01=True)
     arg = (c for c in chunks) if as_generator else chunks
-    got, got_lse = rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, ck, arg, sm_scale=SCALE, out=out,
-                                                     lse=lse, backend=backend)
+    got, got_lse = rocm_mla.mla_prefill_with_context(
+        q, kn, kpe, v, cq, ck, arg, sm_scale=SCALE, out=out, lse=lse, backend=backend
+    )
     assert got is out and got_lse is lse
     ref, ref_lse = mla_prefill_ref(*one_shot, SCALE, True)
     assert_matches(out, lse, ref, ref_lse, dtype)
@@ -389,6 +394,7 @@ def test_chunked_context_rejects_bad_chunk():
 
 # ---------------------------------------------------------------- NaN is not "no key"
 
+
 def _seq_rows_seeing(lq, lk, b, key, causal=True):
     """Global q rows of sequence b that see its key ``key`` (bottom-right causal)."""
     q0 = sum(lq[:b])
@@ -422,8 +428,7 @@ def test_nan_in_k_reaches_exactly_the_rows_that_see_it(backend, dtype, causal):
             heads = list(range(N))
         out = torch.full((sum(lq), N, V), float("nan"), dtype=dtype, device=DEVICE)
         lse = torch.full((N, sum(lq)), float("nan"), device=DEVICE)
-        rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, causal=causal, out=out, lse=lse,
-                             backend=backend)
+        rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, causal=causal, out=out, lse=lse, backend=backend)
         hit = _seq_rows_seeing(lq, lk, b, key, causal)
         assert hit, "the case must have rows that see the key"
         for h in range(N):
@@ -483,8 +488,7 @@ def _check_poisoned_side(backend, where, lq, splits, N, dtype, b, key):
         hit = list(range(q0, q0 + lq[b]))
     out = torch.full((sum(lq), N, V), float("nan"), dtype=dtype, device=DEVICE)
     lse = torch.full((N, sum(lq)), float("nan"), device=DEVICE)
-    rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, ck, chunks, sm_scale=SCALE, out=out, lse=lse,
-                                      backend=backend)
+    rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, ck, chunks, sm_scale=SCALE, out=out, lse=lse, backend=backend)
     _assert_nan_exactly(out[:, 0], hit, "out head 0")
     _assert_nan_exactly(lse[0], hit, "lse head 0")
     assert not torch.isnan(out[:, 1:].float()).any() and not torch.isnan(lse[1:]).any()
@@ -509,6 +513,7 @@ def test_chunked_context_keeps_a_poisoned_side(backend, where):
 
 
 # ---------------------------------------------------------------- edge shapes, dispatch
+
 
 @pytest.mark.parametrize("backend", backends())
 def test_no_tokens_no_sequences(backend):
@@ -553,46 +558,59 @@ def test_default_dispatch():
 
 # ---------------------------------------------------------------- bad input
 
+
 def _good(lq=(3, 2), lk=(4, 2), N=2):
     q, kn, kpe, v, cq, ck = make_inputs(list(lq), list(lk), N, torch.float32)
     return dict(q=q, k_nope=kn, k_pe=kpe, v=v, cu_seqlens_q=cq, cu_seqlens_k=ck)
 
 
-CPU_OFFSETS_ONLY = pytest.mark.skipif(HAS_GPU, reason="offsets are checked for CPU cu_seqlens only "
-                                      "(reading GPU ones would be a host sync)")
+CPU_OFFSETS_ONLY = pytest.mark.skipif(
+    HAS_GPU, reason="offsets are checked for CPU cu_seqlens only (reading GPU ones would be a host sync)"
+)
 
 
 def _t(*shape, dtype=torch.float32):
     return torch.zeros(*shape, dtype=dtype, device=DEVICE)
 
 
-@pytest.mark.parametrize("change,exc,words", [
-    (dict(q=_t(5, 2, 190)), ValueError, ["q", "(*, 2, 192)", "(5, 2, 190)", "P=128", "R=64"]),
-    (dict(q=_t(5, 2, 192, dtype=torch.float64)), TypeError, ["q", "float64"]),
-    (dict(q=_t(5, 192)), ValueError, ["q", "3-D", "(5, 192)"]),
-    (dict(k_nope=_t(6, 3, 128)), ValueError, ["k_nope", "q's N", "(6, 3, 128)"]),
-    (dict(k_nope=_t(6, 2, 128, dtype=torch.float16)), TypeError, ["k_nope", "float32", "float16"]),
-    (dict(k_pe=_t(6, 3, 64)), ValueError, ["k_pe", "[Tk, 1, R]", "(6, 3, 64)"]),
-    (dict(k_pe=_t(5, 1, 64)), ValueError, ["k_pe", "(6, 1, *)", "(5, 1, 64)"]),
-    (dict(v=_t(6, 2, 64, dtype=torch.float16)), TypeError, ["v", "float16"]),
-    (dict(v=_t(7, 2, 128)), ValueError, ["v", "[Tk, N, V] = (6, 2,", "k_nope's Tk, N", "(7, 2, 128)"]),
-    (dict(cu_seqlens_q=torch.tensor([0, 3, 5], dtype=torch.int64)), TypeError, ["cu_seqlens_q", "int32", "int64"]),
-    (dict(cu_seqlens_k=torch.tensor([0, 6], dtype=torch.int32)), ValueError, ["cu_seqlens_k", "(3,)", "(2,)"]),
-    pytest.param(dict(cu_seqlens_q=torch.tensor([0, 3, 9], dtype=torch.int32)), ValueError,
-                 ["cu_seqlens_q", "Tq=5", "[0, 3, 9]"], marks=CPU_OFFSETS_ONLY),
-    pytest.param(dict(cu_seqlens_k=torch.tensor([0, 4, 2], dtype=torch.int32)), ValueError,
-                 ["cu_seqlens_k", "non-decreasing", "[0, 4, 2]"], marks=CPU_OFFSETS_ONLY),
-    (dict(out=_t(5, 2, 192)), ValueError, ["out", "(5, 2, 128)", "(5, 2, 192)"]),
-    (dict(out=_t(5, 2, 128, dtype=torch.float16)), TypeError, ["out", "float32", "float16"]),
-    (dict(out=_t(5, 2, 1).expand(5, 2, 128)), ValueError, ["out", "overlap", "stride"]),
-    (dict(lse=_t(5, 2)), ValueError, ["lse", "[N, Tq]", "(2, 5)", "(5, 2)"]),
-    (dict(lse=_t(2, 5, dtype=torch.float16)), TypeError, ["lse", "float32", "float16"]),
-    (dict(sm_scale=-1.0), ValueError, ["sm_scale", "> 0", "-1.0"]),
-    (dict(sm_scale="0.1"), TypeError, ["sm_scale", "float", "str"]),
-    (dict(causal=1), TypeError, ["causal", "bool", "int"]),
-    (dict(max_seqlen_q=2.5), TypeError, ["max_seqlen_q", "int", "2.5"]),
-    (dict(k_nope=[1, 2]), TypeError, ["k_nope", "torch.Tensor", "list"]),
-])
+@pytest.mark.parametrize(
+    "change,exc,words",
+    [
+        (dict(q=_t(5, 2, 190)), ValueError, ["q", "(*, 2, 192)", "(5, 2, 190)", "P=128", "R=64"]),
+        (dict(q=_t(5, 2, 192, dtype=torch.float64)), TypeError, ["q", "float64"]),
+        (dict(q=_t(5, 192)), ValueError, ["q", "3-D", "(5, 192)"]),
+        (dict(k_nope=_t(6, 3, 128)), ValueError, ["k_nope", "q's N", "(6, 3, 128)"]),
+        (dict(k_nope=_t(6, 2, 128, dtype=torch.float16)), TypeError, ["k_nope", "float32", "float16"]),
+        (dict(k_pe=_t(6, 3, 64)), ValueError, ["k_pe", "[Tk, 1, R]", "(6, 3, 64)"]),
+        (dict(k_pe=_t(5, 1, 64)), ValueError, ["k_pe", "(6, 1, *)", "(5, 1, 64)"]),
+        (dict(v=_t(6, 2, 64, dtype=torch.float16)), TypeError, ["v", "float16"]),
+        (dict(v=_t(7, 2, 128)), ValueError, ["v", "[Tk, N, V] = (6, 2,", "k_nope's Tk, N", "(7, 2, 128)"]),
+        (dict(cu_seqlens_q=torch.tensor([0, 3, 5], dtype=torch.int64)), TypeError, ["cu_seqlens_q", "int32", "int64"]),
+        (dict(cu_seqlens_k=torch.tensor([0, 6], dtype=torch.int32)), ValueError, ["cu_seqlens_k", "(3,)", "(2,)"]),
+        pytest.param(
+            dict(cu_seqlens_q=torch.tensor([0, 3, 9], dtype=torch.int32)),
+            ValueError,
+            ["cu_seqlens_q", "Tq=5", "[0, 3, 9]"],
+            marks=CPU_OFFSETS_ONLY,
+        ),
+        pytest.param(
+            dict(cu_seqlens_k=torch.tensor([0, 4, 2], dtype=torch.int32)),
+            ValueError,
+            ["cu_seqlens_k", "non-decreasing", "[0, 4, 2]"],
+            marks=CPU_OFFSETS_ONLY,
+        ),
+        (dict(out=_t(5, 2, 192)), ValueError, ["out", "(5, 2, 128)", "(5, 2, 192)"]),
+        (dict(out=_t(5, 2, 128, dtype=torch.float16)), TypeError, ["out", "float32", "float16"]),
+        (dict(out=_t(5, 2, 1).expand(5, 2, 128)), ValueError, ["out", "overlap", "stride"]),
+        (dict(lse=_t(5, 2)), ValueError, ["lse", "[N, Tq]", "(2, 5)", "(5, 2)"]),
+        (dict(lse=_t(2, 5, dtype=torch.float16)), TypeError, ["lse", "float32", "float16"]),
+        (dict(sm_scale=-1.0), ValueError, ["sm_scale", "> 0", "-1.0"]),
+        (dict(sm_scale="0.1"), TypeError, ["sm_scale", "float", "str"]),
+        (dict(causal=1), TypeError, ["causal", "bool", "int"]),
+        (dict(max_seqlen_q=2.5), TypeError, ["max_seqlen_q", "int", "2.5"]),
+        (dict(k_nope=[1, 2]), TypeError, ["k_nope", "torch.Tensor", "list"]),
+    ],
+)
 def test_bad_input_names_argument(change, exc, words):
     args = _good()
     for k, val in change.items():
@@ -660,7 +678,8 @@ def test_gpu_strided_bf16_poisoned(N, kpe_layout):
 @gpu
 def test_gpu_chunked_context_bf16():
     (q, kn, kpe, v, cq, ck, chunks), one_shot = _context_case(
-        [300, 0, 1024], [[2000, 64, 0], [512, 700, 0], [5, 0, 0]], 16, torch.bfloat16)
+        [300, 0, 1024], [[2000, 64, 0], [512, 700, 0], [5, 0, 0]], 16, torch.bfloat16
+    )
     out, lse = rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, ck, chunks, sm_scale=SCALE)
     ref, ref_lse = mla_prefill_ref(*one_shot, SCALE, True)
     assert_matches(out, lse, ref, ref_lse, torch.bfloat16)
@@ -683,7 +702,9 @@ def _sm90_tma_candidates():
 
 
 @gpu
-@pytest.mark.parametrize("cfg", _sm90_tma_candidates(), ids=lambda c: f"M{c['BLOCK_M']}N{c['BLOCK_N']}s{c['num_stages']}")
+@pytest.mark.parametrize(
+    "cfg", _sm90_tma_candidates(), ids=lambda c: f"M{c['BLOCK_M']}N{c['BLOCK_N']}s{c['num_stages']}"
+)
 def test_gpu_tma_candidates_bf16(cfg):
     """The sm90 "tma" candidates --tune will time: bf16 varlen (ragged ends, lq != lk, an empty
     sequence), N=16 and N=128 heads, key rows after the last sequence poisoned with NaN (TMA's
@@ -698,7 +719,7 @@ def test_gpu_tma_candidates_bf16(cfg):
         q, kn, kpe, v, cq, ck = make_inputs(lq, [*lk[:-1], lk[-1] + 40], N, torch.bfloat16)
         ck = cu(lk)
         for x in (kn, kpe, v):
-            x[sum(lk):] = float("nan")
+            x[sum(lk) :] = float("nan")
         Tq = sum(lq)
         out_base = torch.full((Tq, N * V + 64), float("nan"), dtype=torch.bfloat16, device=DEVICE)
         out = out_base[:, : N * V].view(Tq, N, V)
@@ -728,7 +749,6 @@ def test_gpu_no_host_sync():
     torch.cuda.set_sync_debug_mode("error")
     try:
         rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, backend="triton")
-        rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, cq, [(kn, kpe, v, ck)], sm_scale=SCALE,
-                                          backend="triton")
+        rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, cq, [(kn, kpe, v, ck)], sm_scale=SCALE, backend="triton")
     finally:
         torch.cuda.set_sync_debug_mode("default")

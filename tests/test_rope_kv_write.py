@@ -17,12 +17,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from _hip_cpu import compile_hip_on_cpu
+from _util import DEVICE, DTYPES, TOL, backends
 
 import rocm_mla
 from rocm_mla.reference.rope_kv_write import FP8_MAX, cache_rows_ref, quantize_fp8_ref, rope_ref
-
-from _hip_cpu import compile_hip_on_cpu
-from _util import DEVICE, DTYPES, TOL, backends
 
 MAX_POS = 8192
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,8 +44,21 @@ class Case:
     poisoned (NaN) with shuffled slots, a few of them -1.
     """
 
-    def __init__(self, T, N, block_size, dtype, *, fp8=None, cs_dtype=torch.float32, skip=(1,),
-                 block_pad=0, seed=0, scale=1.0, q_width=192):
+    def __init__(
+        self,
+        T,
+        N,
+        block_size,
+        dtype,
+        *,
+        fp8=None,
+        cs_dtype=torch.float32,
+        skip=(1,),
+        block_pad=0,
+        seed=0,
+        scale=1.0,
+        q_width=192,
+    ):
         g = torch.Generator().manual_seed(seed)
         self.T, self.N, self.dtype, self.fp8 = T, N, dtype, fp8
         self.q = (torch.randn(T, N, q_width, generator=g) * scale).to(dtype).to(DEVICE)
@@ -70,7 +82,7 @@ class Case:
 
     @property
     def q_pe(self):
-        return self.q[..., self.nope:]
+        return self.q[..., self.nope :]
 
     @property
     def k_pe(self):
@@ -79,8 +91,18 @@ class Case:
     def run(self, backend, is_neox, **kw):
         kw.setdefault("kv_cache_dtype", "fp8" if self.fp8 else "auto")
         kw.setdefault("k_scale", self.k_scale)
-        rocm_mla.fused_rope_mla_kv_write(self.positions, self.q_pe, self.k_pe, self.kv_c, self.cos_sin,
-                                         self.cache, self.slots, is_neox=is_neox, backend=backend, **kw)
+        rocm_mla.fused_rope_mla_kv_write(
+            self.positions,
+            self.q_pe,
+            self.k_pe,
+            self.kv_c,
+            self.cos_sin,
+            self.cache,
+            self.slots,
+            is_neox=is_neox,
+            backend=backend,
+            **kw,
+        )
 
     def rows(self, slots=None):
         """The cache rows at the valid slots, in token order."""
@@ -101,12 +123,12 @@ class Case:
         b = self.cache_base.view(torch.uint8)[~written]
         a = self.before["cache"].view(torch.uint8)[~written]
         assert torch.equal(a, b), "the op wrote cache rows it was not given a slot for"
-        assert torch.equal(self.q[..., :self.nope], self.before["q"][..., :self.nope]), "q outside q_pe changed"
+        assert torch.equal(self.q[..., : self.nope], self.before["q"][..., : self.nope]), "q outside q_pe changed"
         assert torch.equal(self.kv_a[:, :512], self.before["kv_a"][:, :512]), "kv_a outside k_pe changed"
 
 
 def rope_reference(case: Case, is_neox: bool):
-    q_rot = rope_ref(case.positions, case.before["q"][..., case.nope:], case.cos_sin, is_neox=is_neox)
+    q_rot = rope_ref(case.positions, case.before["q"][..., case.nope :], case.cos_sin, is_neox=is_neox)
     k_rot = rope_ref(case.positions, case.before["kv_a"][:, 512:].unsqueeze(1), case.cos_sin, is_neox=is_neox)
     rows = cache_rows_ref(case.kv_c, k_rot)
     return q_rot, k_rot, rows
@@ -114,7 +136,7 @@ def rope_reference(case: Case, is_neox: bool):
 
 # ---------------------------------------------------------------- vLLM's unfused path
 def _rotate_neox(x):
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
     return torch.cat((-x2, x1), dim=-1)
 
 
@@ -142,13 +164,12 @@ def unfused_vllm(case: Case, is_neox: bool):
     separate cache write of [kv_c | k_pe]. Returns (q_pe, k_pe, rows at the valid slots)."""
     q = case.before["q"].clone()
     k_pe = case.before["kv_a"][:, 512:].unsqueeze(1)
-    q_rot, k_rot = vllm_forward_static(case.positions, q[..., case.nope:], k_pe, case.cos_sin.to(case.dtype),
-                                       is_neox)
-    q[..., case.nope:] = q_rot
+    q_rot, k_rot = vllm_forward_static(case.positions, q[..., case.nope :], k_pe, case.cos_sin.to(case.dtype), is_neox)
+    q[..., case.nope :] = q_rot
     row = torch.cat((case.kv_c, k_rot.squeeze(1)), dim=-1)[case.slots >= 0]
     if case.fp8 is not None:
         row = quantize_fp8_ref(row.float(), case.k_scale, case.fp8)
-    return q[..., case.nope:], k_rot, row
+    return q[..., case.nope :], k_rot, row
 
 
 # q row width per head count: 64 = contiguous q_pe, 192 = DeepSeek's [T, N, 192], 136 / 256 other
@@ -173,10 +194,8 @@ def test_reference_rope_is_complex_rotation():
     gptj = torch.view_as_real(torch.complex(x[..., 0::2], x[..., 1::2]) * rot).flatten(-2)
     z = torch.complex(x[..., :32], x[..., 32:]) * rot
     neox = torch.cat((z.real, z.imag), dim=-1)
-    torch.testing.assert_close(rope_ref(pos, x.float(), cs.float(), is_neox=False), gptj.float(),
-                               rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(rope_ref(pos, x.float(), cs.float(), is_neox=True), neox.float(),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rope_ref(pos, x.float(), cs.float(), is_neox=False), gptj.float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rope_ref(pos, x.float(), cs.float(), is_neox=True), neox.float(), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("is_neox", [False, True], ids=["gptj", "neox"])
@@ -254,8 +273,9 @@ def test_strided_everything(backend):
     cs_wide[:, 16:80] = case.cos_sin
     case.cos_sin = cs_wide[:, 16:80]
     k2 = case.kv_a[:, 512:]  # [T, 64], the shape vLLM's concat_and_cache_mla takes
-    rocm_mla.fused_rope_mla_kv_write(case.positions, case.q_pe, k2, case.kv_c, case.cos_sin, case.cache,
-                                     case.slots, is_neox=False, backend=backend)
+    rocm_mla.fused_rope_mla_kv_write(
+        case.positions, case.q_pe, k2, case.kv_c, case.cos_sin, case.cache, case.slots, is_neox=False, backend=backend
+    )
     _check_against_both(case, False)
     assert torch.isnan(q_wide[:, N:]).all(), "wrote heads outside the q_pe view"
 
@@ -272,8 +292,9 @@ def test_inner_strided_scalar_path(backend):
     q0, k0 = q_pe.clone(), k_pe.clone()
     cache_b = torch.full((case.cache.shape[0], 4, 1152), float("nan"), device=DEVICE)
     cache = cache_b[..., ::2]
-    rocm_mla.fused_rope_mla_kv_write(case.positions, q_pe, k_pe, kv_c, case.cos_sin, cache, case.slots,
-                                     is_neox=True, backend=backend)
+    rocm_mla.fused_rope_mla_kv_write(
+        case.positions, q_pe, k_pe, kv_c, case.cos_sin, cache, case.slots, is_neox=True, backend=backend
+    )
     q_rot = rope_ref(case.positions, q0, case.cos_sin, is_neox=True)
     k_rot = rope_ref(case.positions, k0, case.cos_sin, is_neox=True)
     torch.testing.assert_close(q_pe, q_rot, rtol=1e-5, atol=1e-5)
@@ -348,7 +369,7 @@ def _check_fp8(case: Case, is_neox: bool):
     # The rope part went through float32 math whose last bit may differ on a GPU (fma): codes
     # equal, or one step apart where the exact value sits at a rounding boundary.
     g, w = _dequant(got[:, 512:], case.fp8, case.k_scale), _dequant(want[:, 512:], case.fp8, case.k_scale)
-    step = w.abs() / 8 + 2.0 ** -9 * case.k_scale  # one code: 2^-3 relative, or a subnormal step
+    step = w.abs() / 8 + 2.0**-9 * case.k_scale  # one code: 2^-3 relative, or a subnormal step
     assert ((g - w).abs() <= step).all()
     assert (got[:, 512:] != want[:, 512:]).float().mean() < 0.01
     # Round trip: stored * k_scale is within half a step (2^-4 relative, or half the smallest
@@ -357,7 +378,7 @@ def _check_fp8(case: Case, is_neox: bool):
     fmax = FP8_MAX[case.fp8] * case.k_scale
     half_sub = 2.0 ** (-10 if case.fp8 == torch.float8_e4m3fn else -11)  # smallest subnormal / 2
     err = (_dequant(got, case.fp8, case.k_scale) - x.clamp(-fmax, fmax)).abs()
-    assert (err <= x.abs() * 2.0 ** -4 * 1.01 + half_sub * case.k_scale * 1.01).all()
+    assert (err <= x.abs() * 2.0**-4 * 1.01 + half_sub * case.k_scale * 1.01).all()
     # q_pe / k_pe stay in the model dtype.
     rtol, atol = TOL[case.dtype]
     torch.testing.assert_close(case.q_pe.float(), q_rot, rtol=rtol, atol=atol)
@@ -395,8 +416,7 @@ def test_fp8_saturates_and_signed_zero(backend, fp8):
     store 0x00 in fnuz (0x80 is its NaN); inf saturates too."""
     case = Case(4, 2, 16, torch.float32, fp8=fp8, skip=())
     m = FP8_MAX[fp8]
-    pattern = torch.tensor([1e6, -1e6, float("inf"), -float("inf"), -0.0, -1e-12, 0.0, m * 0.37 * 1.01],
-                           device=DEVICE)
+    pattern = torch.tensor([1e6, -1e6, float("inf"), -float("inf"), -0.0, -1e-12, 0.0, m * 0.37 * 1.01], device=DEVICE)
     case.kv_c.copy_(pattern.repeat(64)[None, :].expand(4, 512))
     case.run(backend, False)
     rows = case.rows()[:, :8].view(fp8).float()
@@ -436,7 +456,7 @@ def test_fp8_bit_code_matches_torch(tmp_path):
     if cxx is None:
         pytest.skip("no host C++ compiler")
     src = tmp_path / "fp8_check.cpp"
-    src.write_text(r'''
+    src.write_text(r"""
 #include <cstdio>
 #include <vector>
 #include "fp8.cuh"
@@ -455,17 +475,47 @@ int main(int, char** argv) {
   std::fclose(o);
   return 0;
 }
-''')
+""")
     exe = tmp_path / "fp8_check"
-    subprocess.run([cxx, "-std=c++17", "-O2", f"-I{ROOT / 'hip_src' / 'kernels'}", str(src), "-o", str(exe)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [cxx, "-std=c++17", "-O2", f"-I{ROOT / 'hip_src' / 'kernels'}", str(src), "-o", str(exe)],
+        check=True,
+        capture_output=True,
+    )
     g = torch.Generator().manual_seed(3)
     halves = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
-    rnd = torch.randint(-2**31, 2**31 - 1, (1 << 20,), generator=g, dtype=torch.int64)
+    rnd = torch.randint(-(2**31), 2**31 - 1, (1 << 20,), generator=g, dtype=torch.int64)
     rnd = rnd.to(torch.int32).view(torch.float32)
-    edges = torch.tensor([0.0, -0.0, 448, -448, 464, 464.1, 480, 240, 247.9, 248, 248.1, 1e30, float("inf"),
-                          -float("inf"), float("nan"), 2**-6, 2**-7, 2**-9, 2**-10, 2**-11, 1.5 * 2**-10,
-                          -2**-12, 3e-45, -1e-40, 0.1, -0.3])
+    edges = torch.tensor(
+        [
+            0.0,
+            -0.0,
+            448,
+            -448,
+            464,
+            464.1,
+            480,
+            240,
+            247.9,
+            248,
+            248.1,
+            1e30,
+            float("inf"),
+            -float("inf"),
+            float("nan"),
+            2**-6,
+            2**-7,
+            2**-9,
+            2**-10,
+            2**-11,
+            1.5 * 2**-10,
+            -(2**-12),
+            3e-45,
+            -1e-40,
+            0.1,
+            -0.3,
+        ]
+    )
     x = torch.cat((halves, rnd, edges)).contiguous()
     x.numpy().tofile(tmp_path / "in.bin")
     subprocess.run([str(exe), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")], check=True)
@@ -473,10 +523,10 @@ int main(int, char** argv) {
     n = x.numel()
     for k, fp8 in enumerate(FP8_KINDS):
         want = x.clamp(-FP8_MAX[fp8], FP8_MAX[fp8]).to(fp8).view(torch.uint8)
-        got = out[k * n:(k + 1) * n]
+        got = out[k * n : (k + 1) * n]
         bad = (got != want).nonzero().flatten()
         assert bad.numel() == 0, (fp8, [(x[i].item(), int(want[i]), int(got[i])) for i in bad[:5]])
-        dec = out[2 * n + 1024 * k:2 * n + 1024 * (k + 1)].view(torch.float32)
+        dec = out[2 * n + 1024 * k : 2 * n + 1024 * (k + 1)].view(torch.float32)
         ref = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(fp8).float()
         same = (dec.view(torch.int32) == ref.view(torch.int32)) | (dec.isnan() & ref.isnan())
         assert same.all(), fp8
@@ -545,10 +595,29 @@ extern "C" int mla_rope_kv_run(int q, int cs_fp32, int kind, int vec, void** a, 
 class _Params(ctypes.Structure):
     """hip_src/kernels/rope_kv_write.cuh's RopeKVParams, field for field."""
 
-    _fields_ = [(n, ctypes.c_int64) for n in ("num_tokens", "num_cached", "num_slots", "max_pos")] + \
-               [(n, ctypes.c_int32) for n in ("block_size", "num_heads", "tokens_per_block", "units_per_token",
-                                              "is_neox", "rope", "q_st", "q_sh", "q_sd", "k_st", "k_sd", "c_st",
-                                              "c_sd", "cs_sp", "cs_sd", "kv_sb", "kv_so", "kv_sd")]
+    _fields_ = [(n, ctypes.c_int64) for n in ("num_tokens", "num_cached", "num_slots", "max_pos")] + [
+        (n, ctypes.c_int32)
+        for n in (
+            "block_size",
+            "num_heads",
+            "tokens_per_block",
+            "units_per_token",
+            "is_neox",
+            "rope",
+            "q_st",
+            "q_sh",
+            "q_sd",
+            "k_st",
+            "k_sd",
+            "c_st",
+            "c_sd",
+            "cs_sp",
+            "cs_sd",
+            "kv_sb",
+            "kv_so",
+            "kv_sd",
+        )
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -556,8 +625,23 @@ def hip_kernel_on_cpu(tmp_path_factory):
     return compile_hip_on_cpu(tmp_path_factory.mktemp("hip_cpu"), _DRIVER, "librope_kv_cpu.so")
 
 
-def run_hip_kernel_on_cpu(lib, positions, q_pe, k_pe, kv_c, cos_sin, cache, slots, k_scale, *, is_neox, fp8,
-                          threads=256, units_per_thread=4, vec=None):
+def run_hip_kernel_on_cpu(
+    lib,
+    positions,
+    q_pe,
+    k_pe,
+    kv_c,
+    cos_sin,
+    cache,
+    slots,
+    k_scale,
+    *,
+    is_neox,
+    fp8,
+    threads=256,
+    units_per_thread=4,
+    vec=None,
+):
     """Launch the HIP kernel the way hip_src/rope_kv_write.cu does (same VEC test, same tokens per
     block, wave 64), on CPU tensors. ``vec=False`` forces the scalar path."""
     rope = q_pe is not None
@@ -566,11 +650,19 @@ def run_hip_kernel_on_cpu(lib, positions, q_pe, k_pe, kv_c, cos_sin, cache, slot
     c = cache.view(torch.uint8) if fp8 else cache
 
     def ok(x, k):  # inner stride 1, outer steps multiples of k elements, 16-byte aligned
-        return (x.shape[-1] <= 1 or x.stride(-1) == 1) and x.data_ptr() % 16 == 0 and \
-            all(x.shape[i] <= 1 or x.stride(i) % k == 0 for i in range(x.dim() - 1))
+        return (
+            (x.shape[-1] <= 1 or x.stride(-1) == 1)
+            and x.data_ptr() % 16 == 0
+            and all(x.shape[i] <= 1 or x.stride(i) % k == 0 for i in range(x.dim() - 1))
+        )
+
     kq = 16 // k2.element_size()
-    auto_vec = ok(k2, kq) and ok(kv_c, kq) and ok(c, 16 // c.element_size()) and \
-        (not rope or (ok(q_pe, kq) and ok(cos_sin, 16 // cos_sin.element_size())))
+    auto_vec = (
+        ok(k2, kq)
+        and ok(kv_c, kq)
+        and ok(c, 16 // c.element_size())
+        and (not rope or (ok(q_pe, kq) and ok(cos_sin, 16 // cos_sin.element_size())))
+    )
     vec = auto_vec if vec is None else (vec and auto_vec)
     T = k2.shape[0]
     p = _Params()
@@ -593,9 +685,21 @@ def run_hip_kernel_on_cpu(lib, positions, q_pe, k_pe, kv_c, cos_sin, cache, slot
         return
     qcode = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}[k2.dtype]
     dummy = k2
-    ptrs = (ctypes.c_void_p * 8)(*[x.data_ptr() for x in (
-        positions if rope else slots, q_pe if rope else dummy, k2, kv_c, cos_sin if rope else dummy, c, slots,
-        k_scale if fp8 else dummy)])
+    ptrs = (ctypes.c_void_p * 8)(
+        *[
+            x.data_ptr()
+            for x in (
+                positions if rope else slots,
+                q_pe if rope else dummy,
+                k2,
+                kv_c,
+                cos_sin if rope else dummy,
+                c,
+                slots,
+                k_scale if fp8 else dummy,
+            )
+        ]
+    )
     cs_fp32 = int(not rope or cos_sin.dtype == torch.float32)
     assert lib.mla_rope_kv_run(qcode, cs_fp32, kind, int(vec), ptrs, ctypes.byref(p), blocks, block_threads) == 0
 
@@ -605,30 +709,59 @@ HIP_CPU_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 @pytest.mark.parametrize("dtype", HIP_CPU_DTYPES, ids=str)
 @pytest.mark.parametrize("is_neox", [False, True], ids=["gptj", "neox"])
-@pytest.mark.parametrize("N,block_size,threads,upt", [(1, 16, 256, 4), (8, 1, 64, 1), (24, 64, 256, 4),
-                                                      (128, 16, 256, 8), (16, 16, 128, 4)])
+@pytest.mark.parametrize(
+    "N,block_size,threads,upt", [(1, 16, 256, 4), (8, 1, 64, 1), (24, 64, 256, 4), (128, 16, 256, 8), (16, 16, 128, 4)]
+)
 @pytest.mark.parametrize("vec", [True, False], ids=["vec", "scalar"])
 def test_hip_kernel_on_cpu(hip_kernel_on_cpu, dtype, is_neox, N, block_size, threads, upt, vec):
     if DEVICE.type != "cpu":
         pytest.skip("CPU emulation test (the GPU tests run the real kernel)")
     case = Case(13, N, block_size, dtype, skip=(1, 6), block_pad=int(vec), q_width=Q_WIDTH[N])
-    run_hip_kernel_on_cpu(hip_kernel_on_cpu, case.positions, case.q_pe, case.k_pe, case.kv_c, case.cos_sin,
-                          case.cache, case.slots, case.k_scale, is_neox=is_neox, fp8=None, threads=threads,
-                          units_per_thread=upt, vec=vec)
+    run_hip_kernel_on_cpu(
+        hip_kernel_on_cpu,
+        case.positions,
+        case.q_pe,
+        case.k_pe,
+        case.kv_c,
+        case.cos_sin,
+        case.cache,
+        case.slots,
+        case.k_scale,
+        is_neox=is_neox,
+        fp8=None,
+        threads=threads,
+        units_per_thread=upt,
+        vec=vec,
+    )
     _check_against_both(case, is_neox, exact=True)
 
 
 @pytest.mark.parametrize("fp8", FP8_KINDS, ids=str)
 @pytest.mark.parametrize("is_neox", [False, True], ids=["gptj", "neox"])
-@pytest.mark.parametrize("dtype,cs", [(torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16),
-                                      (torch.float16, torch.float16)], ids=str)
+@pytest.mark.parametrize(
+    "dtype,cs",
+    [(torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16)],
+    ids=str,
+)
 @pytest.mark.parametrize("vec", [True, False], ids=["vec", "scalar"])
 def test_hip_kernel_on_cpu_fp8(hip_kernel_on_cpu, fp8, is_neox, dtype, cs, vec):
     if DEVICE.type != "cpu":
         pytest.skip("CPU emulation test (the GPU tests run the real kernel)")
     case = Case(11, 8, 16, dtype, fp8=fp8, cs_dtype=cs, scale=0.8)
-    run_hip_kernel_on_cpu(hip_kernel_on_cpu, case.positions, case.q_pe, case.k_pe, case.kv_c, case.cos_sin,
-                          case.cache, case.slots, case.k_scale, is_neox=is_neox, fp8=fp8, vec=vec)
+    run_hip_kernel_on_cpu(
+        hip_kernel_on_cpu,
+        case.positions,
+        case.q_pe,
+        case.k_pe,
+        case.kv_c,
+        case.cos_sin,
+        case.cache,
+        case.slots,
+        case.k_scale,
+        is_neox=is_neox,
+        fp8=fp8,
+        vec=vec,
+    )
     _check_fp8(case, is_neox)
 
 
@@ -641,10 +774,23 @@ def test_hip_kernel_on_cpu_fp8_every_half_value(hip_kernel_on_cpu, fp8, vec, sca
     T = 128
     case = Case(T, 1, 16, torch.float32, fp8=fp8, skip=())
     case.k_scale.fill_(scale)
-    case.kv_c.copy_(torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.float16)
-                    .float().view(T, 512))
-    run_hip_kernel_on_cpu(hip_kernel_on_cpu, case.positions, case.q_pe, case.k_pe, case.kv_c, case.cos_sin,
-                          case.cache, case.slots, case.k_scale, is_neox=False, fp8=fp8, vec=vec)
+    case.kv_c.copy_(
+        torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.float16).float().view(T, 512)
+    )
+    run_hip_kernel_on_cpu(
+        hip_kernel_on_cpu,
+        case.positions,
+        case.q_pe,
+        case.k_pe,
+        case.kv_c,
+        case.cos_sin,
+        case.cache,
+        case.slots,
+        case.k_scale,
+        is_neox=False,
+        fp8=fp8,
+        vec=vec,
+    )
     want = quantize_fp8_ref(case.kv_c, case.k_scale, fp8).view(torch.uint8)
     assert torch.equal(case.rows()[:, :512].view(torch.uint8), want)
 
@@ -656,62 +802,114 @@ def test_hip_kernel_on_cpu_concat_and_short_slots(hip_kernel_on_cpu, vec):
         pytest.skip("CPU emulation test (the GPU tests run the real kernel)")
     case = Case(9, 1, 16, torch.bfloat16, skip=(2,))
     case.slots = case.slots[:7]
-    run_hip_kernel_on_cpu(hip_kernel_on_cpu, None, None, case.k_pe, case.kv_c, None, case.cache, case.slots,
-                          None, is_neox=True, fp8=None, vec=vec)
+    run_hip_kernel_on_cpu(
+        hip_kernel_on_cpu,
+        None,
+        None,
+        case.k_pe,
+        case.kv_c,
+        None,
+        case.cache,
+        case.slots,
+        None,
+        is_neox=True,
+        fp8=None,
+        vec=vec,
+    )
     assert torch.equal(case.kv_a, case.before["kv_a"])
     want = torch.cat((case.kv_c, case.kv_a[:, 512:]), dim=-1)[:7][case.slots >= 0]
     assert torch.equal(case.rows(), want)
     case.untouched_elsewhere()
     empty = Case(0, 4, 16, torch.bfloat16)
-    run_hip_kernel_on_cpu(hip_kernel_on_cpu, empty.positions, empty.q_pe, empty.k_pe, empty.kv_c, empty.cos_sin,
-                          empty.cache, empty.slots, None, is_neox=False, fp8=None, vec=vec)
+    run_hip_kernel_on_cpu(
+        hip_kernel_on_cpu,
+        empty.positions,
+        empty.q_pe,
+        empty.k_pe,
+        empty.kv_c,
+        empty.cos_sin,
+        empty.cache,
+        empty.slots,
+        None,
+        is_neox=False,
+        fp8=None,
+        vec=vec,
+    )
 
 
 # ---------------------------------------------------------------- bad input
 def _good(T=3, N=2):
     g = torch.Generator().manual_seed(4)
-    return dict(positions=torch.randint(0, 16, (T,), generator=g), q_pe=torch.randn(T, N, 64, generator=g),
-                k_pe=torch.randn(T, 1, 64, generator=g), kv_c=torch.randn(T, 512, generator=g),
-                cos_sin_cache=torch.randn(16, 64, generator=g), kv_cache=torch.zeros(2, 4, 576),
-                slot_mapping=torch.tensor([0, 5, -1]))
+    return dict(
+        positions=torch.randint(0, 16, (T,), generator=g),
+        q_pe=torch.randn(T, N, 64, generator=g),
+        k_pe=torch.randn(T, 1, 64, generator=g),
+        kv_c=torch.randn(T, 512, generator=g),
+        cos_sin_cache=torch.randn(16, 64, generator=g),
+        kv_cache=torch.zeros(2, 4, 576),
+        slot_mapping=torch.tensor([0, 5, -1]),
+    )
 
 
 def _fn_cache():
     return torch.zeros(2, 4, 576).to(torch.float8_e4m3fn)
 
 
-@pytest.mark.parametrize("change,exc,words", [
-    (dict(q_pe=torch.zeros(3, 2, 63)), ValueError, ["q_pe", "[T, N, 64]", "(3, 2, 63)"]),
-    (dict(q_pe=torch.zeros(3, 128)), ValueError, ["q_pe", "3-D", "(3, 128)"]),
-    (dict(q_pe=torch.zeros(3, 2, 64, dtype=torch.int32)), TypeError, ["q_pe", "float32", "int32"]),
-    (dict(k_pe=torch.zeros(3, 1, 65)), ValueError, ["k_pe", "(3, 1, 64)", "(3, 64)", "(3, 1, 65)"]),
-    (dict(k_pe=torch.zeros(3, 2, 64)), ValueError, ["k_pe", "[T, 1, 64]", "(3, 2, 64)"]),
-    (dict(k_pe=torch.zeros(3, 1, 64, dtype=torch.float16)), TypeError, ["k_pe", "float32", "float16"]),
-    (dict(kv_c=torch.zeros(3, 511)), ValueError, ["kv_c", "[T, 512]", "(3, 512)", "(3, 511)"]),
-    (dict(kv_c=torch.zeros(4, 512)), ValueError, ["kv_c", "(3, 512)", "(4, 512)"]),
-    (dict(cos_sin_cache=torch.zeros(16, 128)), ValueError, ["cos_sin_cache", "[max_pos, 64]", "(16, 128)"]),
-    (dict(cos_sin_cache=torch.zeros(16, 64, dtype=torch.float16)), TypeError, ["cos_sin_cache", "float32", "float16"]),
-    (dict(kv_cache=torch.zeros(2, 4, 575)), ValueError, ["kv_cache", "576", "(2, 4, 575)"]),
-    (dict(kv_cache=torch.zeros(8, 576)), ValueError, ["kv_cache", "3-D", "(8, 576)"]),
-    (dict(kv_cache=torch.zeros(2, 4, 576, dtype=torch.float16)), TypeError, ["kv_cache", "float32", "float16", "auto"]),
-    (dict(kv_cache=torch.zeros(2, 4, 576, dtype=torch.uint8)), TypeError, ["kv_cache", "fp8", "uint8"]),
-    (dict(positions=torch.tensor([0, 1, 2], dtype=torch.int32)), TypeError, ["positions", "int64", "int32"]),
-    (dict(positions=torch.tensor([0, 1])), ValueError, ["positions", "(3,)", "(2,)"]),
-    (dict(slot_mapping=torch.tensor([0, 5, -1], dtype=torch.int32)), TypeError, ["slot_mapping", "int64", "int32"]),
-    (dict(slot_mapping=torch.tensor([0, 1, 2, 3])), ValueError, ["slot_mapping", "S <= T = 3", "(4,)"]),
-    (dict(kv_cache_dtype="fp8_e5m2"), ValueError, ["kv_cache_dtype", "'auto'", "'fp8_e4m3fnuz'", "'fp8_e5m2'"]),
-    (dict(kv_cache=_fn_cache(), kv_cache_dtype="fp8"), TypeError, ["k_scale", "1-element float32", "None"]),
-    (dict(kv_cache=_fn_cache(), kv_cache_dtype="fp8", k_scale=torch.ones(2)),
-     ValueError, ["k_scale", "1-element", "(2,)"]),
-    (dict(kv_cache=_fn_cache(), kv_cache_dtype="fp8", k_scale=torch.ones(1, dtype=torch.float64)),
-     TypeError, ["k_scale", "float32", "float64"]),
-    (dict(kv_cache=_fn_cache(), kv_cache_dtype="fp8_e4m3fnuz", k_scale=torch.ones(1)),
-     TypeError, ["kv_cache", "float8_e4m3fnuz", "float8_e4m3fn"]),
-    (dict(kv_cache=torch.zeros(2, 4, 576), kv_cache_dtype="fp8", k_scale=torch.ones(1)), TypeError,
-     ["kv_cache", "float8_e4m3fn, float8_e4m3fnuz or uint8", "float32"]),
-    ("expanded_q_pe", ValueError, ["q_pe", "overlap", "stride"]),
-    (dict(positions=[0, 1, 2]), TypeError, ["positions", "torch.Tensor", "list"]),
-])
+@pytest.mark.parametrize(
+    "change,exc,words",
+    [
+        (dict(q_pe=torch.zeros(3, 2, 63)), ValueError, ["q_pe", "[T, N, 64]", "(3, 2, 63)"]),
+        (dict(q_pe=torch.zeros(3, 128)), ValueError, ["q_pe", "3-D", "(3, 128)"]),
+        (dict(q_pe=torch.zeros(3, 2, 64, dtype=torch.int32)), TypeError, ["q_pe", "float32", "int32"]),
+        (dict(k_pe=torch.zeros(3, 1, 65)), ValueError, ["k_pe", "(3, 1, 64)", "(3, 64)", "(3, 1, 65)"]),
+        (dict(k_pe=torch.zeros(3, 2, 64)), ValueError, ["k_pe", "[T, 1, 64]", "(3, 2, 64)"]),
+        (dict(k_pe=torch.zeros(3, 1, 64, dtype=torch.float16)), TypeError, ["k_pe", "float32", "float16"]),
+        (dict(kv_c=torch.zeros(3, 511)), ValueError, ["kv_c", "[T, 512]", "(3, 512)", "(3, 511)"]),
+        (dict(kv_c=torch.zeros(4, 512)), ValueError, ["kv_c", "(3, 512)", "(4, 512)"]),
+        (dict(cos_sin_cache=torch.zeros(16, 128)), ValueError, ["cos_sin_cache", "[max_pos, 64]", "(16, 128)"]),
+        (
+            dict(cos_sin_cache=torch.zeros(16, 64, dtype=torch.float16)),
+            TypeError,
+            ["cos_sin_cache", "float32", "float16"],
+        ),
+        (dict(kv_cache=torch.zeros(2, 4, 575)), ValueError, ["kv_cache", "576", "(2, 4, 575)"]),
+        (dict(kv_cache=torch.zeros(8, 576)), ValueError, ["kv_cache", "3-D", "(8, 576)"]),
+        (
+            dict(kv_cache=torch.zeros(2, 4, 576, dtype=torch.float16)),
+            TypeError,
+            ["kv_cache", "float32", "float16", "auto"],
+        ),
+        (dict(kv_cache=torch.zeros(2, 4, 576, dtype=torch.uint8)), TypeError, ["kv_cache", "fp8", "uint8"]),
+        (dict(positions=torch.tensor([0, 1, 2], dtype=torch.int32)), TypeError, ["positions", "int64", "int32"]),
+        (dict(positions=torch.tensor([0, 1])), ValueError, ["positions", "(3,)", "(2,)"]),
+        (dict(slot_mapping=torch.tensor([0, 5, -1], dtype=torch.int32)), TypeError, ["slot_mapping", "int64", "int32"]),
+        (dict(slot_mapping=torch.tensor([0, 1, 2, 3])), ValueError, ["slot_mapping", "S <= T = 3", "(4,)"]),
+        (dict(kv_cache_dtype="fp8_e5m2"), ValueError, ["kv_cache_dtype", "'auto'", "'fp8_e4m3fnuz'", "'fp8_e5m2'"]),
+        (dict(kv_cache=_fn_cache(), kv_cache_dtype="fp8"), TypeError, ["k_scale", "1-element float32", "None"]),
+        (
+            dict(kv_cache=_fn_cache(), kv_cache_dtype="fp8", k_scale=torch.ones(2)),
+            ValueError,
+            ["k_scale", "1-element", "(2,)"],
+        ),
+        (
+            dict(kv_cache=_fn_cache(), kv_cache_dtype="fp8", k_scale=torch.ones(1, dtype=torch.float64)),
+            TypeError,
+            ["k_scale", "float32", "float64"],
+        ),
+        (
+            dict(kv_cache=_fn_cache(), kv_cache_dtype="fp8_e4m3fnuz", k_scale=torch.ones(1)),
+            TypeError,
+            ["kv_cache", "float8_e4m3fnuz", "float8_e4m3fn"],
+        ),
+        (
+            dict(kv_cache=torch.zeros(2, 4, 576), kv_cache_dtype="fp8", k_scale=torch.ones(1)),
+            TypeError,
+            ["kv_cache", "float8_e4m3fn, float8_e4m3fnuz or uint8", "float32"],
+        ),
+        ("expanded_q_pe", ValueError, ["q_pe", "overlap", "stride"]),
+        (dict(positions=[0, 1, 2]), TypeError, ["positions", "torch.Tensor", "list"]),
+    ],
+)
 def test_bad_input_names_argument(change, exc, words):
     if change == "expanded_q_pe":  # built on the device: .to() would materialise the expand
         change = dict(q_pe=torch.zeros(3, 1, 64, device=DEVICE).expand(3, 2, 64))
@@ -739,12 +937,18 @@ def test_mixed_devices_message_without_gpu():
         rocm_mla.fused_rope_mla_kv_write(is_neox=False, **a)
 
 
-@pytest.mark.parametrize("change,words", [
-    (dict(positions=torch.tensor([0, 16, 2])), ["positions", "[0, 16)", "16 at index 1"]),
-    (dict(positions=torch.tensor([0, -3, 2])), ["positions", "-3 at index 1"]),
-    (dict(slot_mapping=torch.tensor([0, 8, -1])), ["slot_mapping", "< num_blocks x block_size = 8", "8 at index 1"]),
-    (dict(slot_mapping=torch.tensor([5, 5, -1])), ["slot_mapping", "distinct", "1 repeated"]),
-])
+@pytest.mark.parametrize(
+    "change,words",
+    [
+        (dict(positions=torch.tensor([0, 16, 2])), ["positions", "[0, 16)", "16 at index 1"]),
+        (dict(positions=torch.tensor([0, -3, 2])), ["positions", "-3 at index 1"]),
+        (
+            dict(slot_mapping=torch.tensor([0, 8, -1])),
+            ["slot_mapping", "< num_blocks x block_size = 8", "8 at index 1"],
+        ),
+        (dict(slot_mapping=torch.tensor([5, 5, -1])), ["slot_mapping", "distinct", "1 repeated"]),
+    ],
+)
 def test_debug_range_checks(monkeypatch, change, words):
     """ROCM_MLA_DEBUG=1: out-of-range positions / slots are caught on the host, by name."""
     monkeypatch.setenv("ROCM_MLA_DEBUG", "1")
@@ -823,4 +1027,3 @@ def test_hip_and_triton_agree_bitwise_on_fp8_latent():
         case.run(backend, False)
         out.append(case.rows().view(torch.uint8)[:, :512])
     assert torch.equal(out[0], out[1])
-

@@ -40,30 +40,94 @@ def blocks():
 
 # Every number of the four recorded blocks, as printed.
 EXPECTED = [
-    dict(completed=32, failed=0, max_concurrency=8, duration=10.14, total_input_tokens=32736,
-         total_output_tokens=4096, request_throughput=3.16, output_throughput=404.01,
-         max_output_tokens_per_s=488.00, max_concurrent_requests=16.00, total_token_throughput=3632.93,
-         mean_ttft_ms=395.99, median_ttft_ms=346.76, p99_ttft_ms=711.16,
-         mean_tpot_ms=16.83, median_tpot_ms=16.58, p99_tpot_ms=20.67,
-         mean_itl_ms=16.83, median_itl_ms=16.47, p99_itl_ms=19.31),
-    dict(completed=32, failed=0, max_concurrency=8, duration=10.12, total_input_tokens=32736,
-         total_output_tokens=4096, request_throughput=3.16, output_throughput=404.60,
-         max_output_tokens_per_s=488.00, max_concurrent_requests=16.00, total_token_throughput=3638.20,
-         mean_ttft_ms=387.51, median_ttft_ms=336.47, p99_ttft_ms=707.50,
-         mean_tpot_ms=16.87, median_tpot_ms=16.61, p99_tpot_ms=20.69,
-         mean_itl_ms=16.90, median_itl_ms=16.53, p99_itl_ms=18.03),
-    dict(completed=64, failed=0, max_concurrency=64, duration=64.74, total_input_tokens=229312,
-         total_output_tokens=65536, request_throughput=0.99, output_throughput=1012.31,
-         max_output_tokens_per_s=1664.00, max_concurrent_requests=64.00, total_token_throughput=4554.42,
-         mean_ttft_ms=13440.84, median_ttft_ms=13691.91, p99_ttft_ms=23198.25,
-         mean_tpot_ms=50.01, median_tpot_ms=49.77, p99_tpot_ms=60.45,
-         mean_itl_ms=50.01, median_itl_ms=40.45, p99_itl_ms=46.96),
-    dict(completed=64, failed=0, max_concurrency=64, duration=63.03, total_input_tokens=229312,
-         total_output_tokens=65536, request_throughput=1.02, output_throughput=1039.81,
-         max_output_tokens_per_s=1685.00, max_concurrent_requests=64.00, total_token_throughput=4678.13,
-         mean_ttft_ms=13330.10, median_ttft_ms=13578.90, p99_ttft_ms=23058.80,
-         mean_tpot_ms=48.45, median_tpot_ms=48.21, p99_tpot_ms=58.89,
-         mean_itl_ms=48.45, median_itl_ms=38.99, p99_itl_ms=46.28),
+    dict(
+        completed=32,
+        failed=0,
+        max_concurrency=8,
+        duration=10.14,
+        total_input_tokens=32736,
+        total_output_tokens=4096,
+        request_throughput=3.16,
+        output_throughput=404.01,
+        max_output_tokens_per_s=488.00,
+        max_concurrent_requests=16.00,
+        total_token_throughput=3632.93,
+        mean_ttft_ms=395.99,
+        median_ttft_ms=346.76,
+        p99_ttft_ms=711.16,
+        mean_tpot_ms=16.83,
+        median_tpot_ms=16.58,
+        p99_tpot_ms=20.67,
+        mean_itl_ms=16.83,
+        median_itl_ms=16.47,
+        p99_itl_ms=19.31,
+    ),
+    dict(
+        completed=32,
+        failed=0,
+        max_concurrency=8,
+        duration=10.12,
+        total_input_tokens=32736,
+        total_output_tokens=4096,
+        request_throughput=3.16,
+        output_throughput=404.60,
+        max_output_tokens_per_s=488.00,
+        max_concurrent_requests=16.00,
+        total_token_throughput=3638.20,
+        mean_ttft_ms=387.51,
+        median_ttft_ms=336.47,
+        p99_ttft_ms=707.50,
+        mean_tpot_ms=16.87,
+        median_tpot_ms=16.61,
+        p99_tpot_ms=20.69,
+        mean_itl_ms=16.90,
+        median_itl_ms=16.53,
+        p99_itl_ms=18.03,
+    ),
+    dict(
+        completed=64,
+        failed=0,
+        max_concurrency=64,
+        duration=64.74,
+        total_input_tokens=229312,
+        total_output_tokens=65536,
+        request_throughput=0.99,
+        output_throughput=1012.31,
+        max_output_tokens_per_s=1664.00,
+        max_concurrent_requests=64.00,
+        total_token_throughput=4554.42,
+        mean_ttft_ms=13440.84,
+        median_ttft_ms=13691.91,
+        p99_ttft_ms=23198.25,
+        mean_tpot_ms=50.01,
+        median_tpot_ms=49.77,
+        p99_tpot_ms=60.45,
+        mean_itl_ms=50.01,
+        median_itl_ms=40.45,
+        p99_itl_ms=46.96,
+    ),
+    dict(
+        completed=64,
+        failed=0,
+        max_concurrency=64,
+        duration=63.03,
+        total_input_tokens=229312,
+        total_output_tokens=65536,
+        request_throughput=1.02,
+        output_throughput=1039.81,
+        max_output_tokens_per_s=1685.00,
+        max_concurrent_requests=64.00,
+        total_token_throughput=4678.13,
+        mean_ttft_ms=13330.10,
+        median_ttft_ms=13578.90,
+        p99_ttft_ms=23058.80,
+        mean_tpot_ms=48.45,
+        median_tpot_ms=48.21,
+        p99_tpot_ms=58.89,
+        mean_itl_ms=48.45,
+        median_itl_ms=38.99,
+        p99_itl_ms=46.28,
+    ),
 ]
 
 
@@ -82,7 +146,7 @@ def test_named_numbers(blocks):
 
 def test_parse_single_result_needs_exactly_one_block(blocks):
     text = SAMPLE.read_text()
-    one = text[text.index("============ Serving"):text.index("=" * 50) + 50]
+    one = text[text.index("============ Serving") : text.index("=" * 50) + 50]
     assert sb.parse_single_result(one) == blocks[0]
     with pytest.raises(sb.ServeBenchParseError, match="expected one result block.*found 4"):
         sb.parse_single_result(text)
@@ -143,19 +207,27 @@ def test_parses_vllm_033_format_and_keeps_unknown_metrics():
 
 # --------------------------------------------------------------------------- malformed output
 
-@pytest.mark.parametrize("text, match", [
-    ("", r"no 'Serving Benchmark Result' block(.|\n)*\(empty output\)"),
-    ("Traceback (most recent call last):\nRuntimeError: server died\n",
-     r"no 'Serving Benchmark Result' block(.|\n)*RuntimeError: server died"),
-    (V033.replace("=" * 50 + "\n", ""), r"result block of line 2 is not closed"),
-    (V033.replace("Mean TTFT (ms):                          380.25",
-                  "Mean TTFT (ms):                          n/a"),
-     r"line 17: 'Mean TTFT \(ms\)' has value 'n/a', not a number"),
-    ("\n".join(ln for ln in V033.splitlines() if "TPOT" not in ln) + "\n",
-     r"lacks mean_tpot_ms"),
-    (V033.replace("Median ITL (ms):", "Mean ITL (ms):"), r"'Mean ITL \(ms\)' appears twice"),
-    (V033.replace("=" * 50 + "\n", "") + V033, r"a new result block starts before the one of line 2"),
-])
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("", r"no 'Serving Benchmark Result' block(.|\n)*\(empty output\)"),
+        (
+            "Traceback (most recent call last):\nRuntimeError: server died\n",
+            r"no 'Serving Benchmark Result' block(.|\n)*RuntimeError: server died",
+        ),
+        (V033.replace("=" * 50 + "\n", ""), r"result block of line 2 is not closed"),
+        (
+            V033.replace(
+                "Mean TTFT (ms):                          380.25", "Mean TTFT (ms):                          n/a"
+            ),
+            r"line 17: 'Mean TTFT \(ms\)' has value 'n/a', not a number",
+        ),
+        ("\n".join(ln for ln in V033.splitlines() if "TPOT" not in ln) + "\n", r"lacks mean_tpot_ms"),
+        (V033.replace("Median ITL (ms):", "Mean ITL (ms):"), r"'Mean ITL \(ms\)' appears twice"),
+        (V033.replace("=" * 50 + "\n", "") + V033, r"a new result block starts before the one of line 2"),
+    ],
+)
 def test_malformed_output_raises_a_clear_error(text, match):
     with pytest.raises(sb.ServeBenchParseError, match=match):
         sb.parse_serve_output(text)
@@ -167,6 +239,7 @@ def test_parse_error_is_a_value_error():
 
 # --------------------------------------------------------------------------- table math
 
+
 def test_pct_change():
     assert sb.pct_change(387.51, 395.99) == pytest.approx((387.51 - 395.99) / 395.99 * 100)
     assert sb.pct_change(110.0, 100.0) == pytest.approx(10.0)
@@ -177,8 +250,15 @@ def test_pct_change():
 def test_comparison_table(blocks):
     results = {"ROCM_MLA": blocks[1], "ROCM_AITER_MLA": blocks[3], "TRITON_MLA": blocks[0]}
     headers, rows = sb.comparison_table(results)
-    assert headers == ["metric", "better", "ROCM_MLA", "ROCM_AITER_MLA", "TRITON_MLA",
-                       "ROCM_MLA vs TRITON_MLA", "ROCM_AITER_MLA vs TRITON_MLA"]
+    assert headers == [
+        "metric",
+        "better",
+        "ROCM_MLA",
+        "ROCM_AITER_MLA",
+        "TRITON_MLA",
+        "ROCM_MLA vs TRITON_MLA",
+        "ROCM_AITER_MLA vs TRITON_MLA",
+    ]
     by = {r[0]: r for r in rows}
     # (387.51 - 395.99) / 395.99 = -2.14 %; (404.60 - 404.01) / 404.01 = +0.15 %
     assert by["Mean TTFT (ms)"] == ["Mean TTFT (ms)", "lower", "387.51", "13330.10", "395.99", "-2.14%", "+3266.27%"]
@@ -188,8 +268,14 @@ def test_comparison_table(blocks):
     assert by["Successful requests"] == ["Successful requests", "-", "32", "64", "32", "-", "-"]  # counts: no %
     assert "gsm8k exact (strict)" not in by  # no backend has it: no row
     text = sb.format_table(headers, rows)
-    assert text.splitlines()[0].split() == headers[:5] + ["ROCM_MLA", "vs", "TRITON_MLA", "ROCM_AITER_MLA", "vs",
-                                                          "TRITON_MLA"]
+    assert text.splitlines()[0].split() == headers[:5] + [
+        "ROCM_MLA",
+        "vs",
+        "TRITON_MLA",
+        "ROCM_AITER_MLA",
+        "vs",
+        "TRITON_MLA",
+    ]
 
 
 def test_comparison_table_without_baseline_or_with_gaps(blocks):
@@ -203,6 +289,7 @@ def test_comparison_table_without_baseline_or_with_gaps(blocks):
 
 # --------------------------------------------------------------------------- CSV rows
 
+
 def test_csv_rows(tmp_path, blocks):
     cfg = sb.Config(model="deepseek-ai/DeepSeek-V2.5", tp=8)
     results = {"ROCM_MLA": blocks[1], "TRITON_MLA": blocks[0]}
@@ -214,9 +301,15 @@ def test_csv_rows(tmp_path, blocks):
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == ["kernel", "provider", "shape", "metric", "value", "device", "version"]
     row = next(r for r in rows if r["provider"] == "ROCM_MLA" and r["metric"] == "mean_ttft_ms")
-    assert row == {"kernel": "vllm-serve", "provider": "ROCM_MLA",
-                   "shape": "DeepSeek-V2.5 tp8 random in1024/out128 n32 c8", "metric": "mean_ttft_ms",
-                   "value": "387.51", "device": "AMD Instinct MI300X", "version": "rocm_mla-0.1.0/vllm-0.33.0"}
+    assert row == {
+        "kernel": "vllm-serve",
+        "provider": "ROCM_MLA",
+        "shape": "DeepSeek-V2.5 tp8 random in1024/out128 n32 c8",
+        "metric": "mean_ttft_ms",
+        "value": "387.51",
+        "device": "AMD Instinct MI300X",
+        "version": "rocm_mla-0.1.0/vllm-0.33.0",
+    }
     got = {(r["provider"], r["metric"]): float(r["value"]) for r in rows}
     assert got[("TRITON_MLA", "output_throughput")] == 404.01
     assert got[("TRITON_MLA", "total_input_tokens")] == 32736
@@ -228,6 +321,7 @@ def test_shape_label_sharegpt():
 
 
 # --------------------------------------------------------------------------- commands
+
 
 def _after(cmd, flag):
     assert flag in cmd, f"{flag} missing from {cmd}"
@@ -253,8 +347,9 @@ def test_serve_and_bench_commands():
 
 
 def test_sharegpt_and_lm_eval_commands():
-    cfg = sb.Config(sharegpt="/data/ShareGPT_V3_unfiltered_cleaned_split.json", output_len=100, port=9010,
-                    ignore_eos=False)
+    cfg = sb.Config(
+        sharegpt="/data/ShareGPT_V3_unfiltered_cleaned_split.json", output_len=100, port=9010, ignore_eos=False
+    )
     b = sb.bench_command(cfg)
     assert _after(b, "--dataset-name") == "sharegpt"
     assert _after(b, "--dataset-path") == cfg.sharegpt
@@ -262,8 +357,9 @@ def test_sharegpt_and_lm_eval_commands():
     assert "--random-input-len" not in b and "--ignore-eos" not in b and "--save-result" not in b
     e = sb.lm_eval_command(cfg)
     assert e[:5] == ["lm_eval", "--model", "local-completions", "--tasks", "gsm8k"]
-    assert _after(e, "--model_args") == (f"model={cfg.model},base_url=http://127.0.0.1:9010/v1/completions,"
-                                         "num_concurrent=30,max_retries=3")
+    assert _after(e, "--model_args") == (
+        f"model={cfg.model},base_url=http://127.0.0.1:9010/v1/completions,num_concurrent=30,max_retries=3"
+    )
     assert _after(e, "--limit") == "100"
 
 
@@ -318,8 +414,10 @@ LM_EVAL = textwrap.dedent("""\
 
 
 def test_parse_lm_eval():
-    assert sb.parse_lm_eval_output(LM_EVAL) == {"gsm8k_exact_match_flexible_extract": 0.9462,
-                                                 "gsm8k_exact_match_strict_match": 0.94}
+    assert sb.parse_lm_eval_output(LM_EVAL) == {
+        "gsm8k_exact_match_flexible_extract": 0.9462,
+        "gsm8k_exact_match_strict_match": 0.94,
+    }
     with pytest.raises(sb.ServeBenchParseError, match="no gsm8k exact_match row"):
         sb.parse_lm_eval_output("lm_eval: connection refused\n")
     with pytest.raises(sb.ServeBenchParseError, match="not a number"):
@@ -328,7 +426,7 @@ def test_parse_lm_eval():
 
 # --------------------------------------------------------------------------- the run loop, with a fake vllm
 
-FAKE_VLLM = '''\
+FAKE_VLLM = """\
 import http.server, os, signal, sys
 args = sys.argv[1:]
 if args[:1] == ["serve"]:
@@ -356,7 +454,7 @@ elif args[:2] == ["bench", "serve"]:
     print("============ Serving Benchmark Result ============" + blocks[pick].split("## ")[0].rstrip())
 else:
     sys.exit(f"fake vllm: unexpected arguments {args}")
-'''
+"""
 
 
 def _free_port() -> int:
@@ -378,8 +476,20 @@ def test_run_loop_against_a_fake_vllm(tmp_path, monkeypatch, capsys, blocks):
     monkeypatch.setattr(sb, "_device_name", lambda: "fake-gpu")
     out = tmp_path / "out"
     port = _free_port()
-    rc = sb.main(["--backends", "ROCM_MLA,BROKEN,TRITON_MLA", "--port", str(port), "--out", str(out),
-                  "--startup-timeout", "60", "--bench-timeout", "60"])
+    rc = sb.main(
+        [
+            "--backends",
+            "ROCM_MLA,BROKEN,TRITON_MLA",
+            "--port",
+            str(port),
+            "--out",
+            str(out),
+            "--startup-timeout",
+            "60",
+            "--bench-timeout",
+            "60",
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 1  # BROKEN failed: the run says so
     assert "BROKEN: the server exited (1) before /health answered" in captured.err
@@ -400,13 +510,19 @@ def test_run_loop_against_a_fake_vllm(tmp_path, monkeypatch, capsys, blocks):
 
 # --------------------------------------------------------------------------- docker/serve.sh (dry run)
 
+
 def _serve_sh(env: dict[str, str], *args: str) -> list[str]:
     import os
     import subprocess
 
     base = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "MODEL", "TP", "ATTENTION"))}
-    proc = subprocess.run(["bash", str(ROOT / "docker" / "serve.sh"), *args], env={**base, **env, "DRY_RUN": "1"},
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "docker" / "serve.sh"), *args],
+        env={**base, **env, "DRY_RUN": "1"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.splitlines()
 
@@ -421,9 +537,18 @@ def test_serve_sh_defaults_to_rocm_mla():
 
 
 def test_serve_sh_environment_and_arguments():
-    plugins, cmd = _serve_sh({"MODEL": "deepseek-ai/DeepSeek-V3", "TP": "8", "PORT": "9020",
-                              "ATTENTION_BACKEND": "TRITON_MLA", "VLLM_PLUGINS": "lora",
-                              "VLLM_EXTRA_ARGS": "--dtype bfloat16"}, "--max-num-seqs", "64")
+    plugins, cmd = _serve_sh(
+        {
+            "MODEL": "deepseek-ai/DeepSeek-V3",
+            "TP": "8",
+            "PORT": "9020",
+            "ATTENTION_BACKEND": "TRITON_MLA",
+            "VLLM_PLUGINS": "lora",
+            "VLLM_EXTRA_ARGS": "--dtype bfloat16",
+        },
+        "--max-num-seqs",
+        "64",
+    )
     assert plugins == "VLLM_PLUGINS=lora,rocm_mla"
     argv = cmd.split()
     assert _after(argv, "serve") == "deepseek-ai/DeepSeek-V3"
@@ -443,8 +568,11 @@ def test_serve_sh_turns_the_fused_rope_kv_write_on_for_rocm_mla():
     _, cmd = _serve_sh({"VLLM_EXTRA_ARGS": "--dtype bfloat16"}, "-cc.pass_config.fuse_rope_kvcache_cat_mla=false")
     argv = cmd.split()
     i = argv.index(FUSE_FLAGS[0])
-    assert argv[i:i + 2] == FUSE_FLAGS and argv[i + 2:] == ["--dtype", "bfloat16",
-                                                            "-cc.pass_config.fuse_rope_kvcache_cat_mla=false"]
+    assert argv[i : i + 2] == FUSE_FLAGS and argv[i + 2 :] == [
+        "--dtype",
+        "bfloat16",
+        "-cc.pass_config.fuse_rope_kvcache_cat_mla=false",
+    ]
     for env in ({"ROCM_MLA_FUSE_ROPE_KV": "0"}, {"ATTENTION_BACKEND": "TRITON_MLA"}, {"ATTENTION_BACKEND": ""}):
         _, cmd = _serve_sh(env)
         assert not set(FUSE_FLAGS) & set(cmd.split()), env
@@ -460,6 +588,11 @@ def test_serve_sh_leaves_a_json_compilation_config_alone():
         _, cmd = _serve_sh({}, *args)
         assert not set(FUSE_FLAGS) & set(cmd.split())
         base = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "MODEL", "TP", "ATTENTION"))}
-        proc = subprocess.run(["bash", str(ROOT / "docker" / "serve.sh"), *args], env={**base, "DRY_RUN": "1"},
-                              capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(
+            ["bash", str(ROOT / "docker" / "serve.sh"), *args],
+            env={**base, "DRY_RUN": "1"},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert '"fuse_rope_kvcache_cat_mla": true' in proc.stderr

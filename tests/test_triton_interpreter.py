@@ -69,8 +69,12 @@ _SCRIPT = textwrap.dedent("""
 
 def _run(install: bool, tmp_path) -> subprocess.CompletedProcess:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's rocm_mla
-    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton_cache"), TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    env = dict(
+        os.environ,
+        TRITON_CACHE_DIR=str(tmp_path / "triton_cache"),
+        TRITON_INTERPRET="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+    )
     script = tmp_path / "interp_then_aot.py"  # @triton.jit needs its source in a file
     script.write_text(_SCRIPT.format(install=install))
     return subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
@@ -91,8 +95,9 @@ def test_leak_is_named_when_the_fix_came_too_late(tmp_path):
 
     from rocm_mla._triton_interpreter import _leaky
 
-    if not _leaky(InterpretedFunction.__call__) and not getattr(InterpretedFunction.__call__,
-                                                              "_rocm_mla_scoped_patch", False):
+    if not _leaky(InterpretedFunction.__call__) and not getattr(
+        InterpretedFunction.__call__, "_rocm_mla_scoped_patch", False
+    ):
         pytest.skip("this Triton restores the language after device-function calls itself")
     p = _run(False, tmp_path)
     assert p.returncode == 3, p.stdout + p.stderr

@@ -61,6 +61,7 @@ PREFILL_M64 = {"mla_prefill": {"triton": {"BLOCK_M": 64}}}
 
 # --------------------------------------------------------------------------- loading and merging
 
+
 def test_no_overlay_is_the_package(cfgdir):
     for op in C.SCHEMAS:
         for arch in ("cpu", "gfx942", "sm90"):
@@ -154,6 +155,7 @@ def test_package_json_passes_its_own_schema():
 
 # --------------------------------------------------------------------------- bad overlays
 
+
 def _tier(**kw):
     return {**C.package_config("mla_decode", "cpu")["stage1"][0], **kw}
 
@@ -225,6 +227,7 @@ def test_meta_arch_mismatch(cfgdir):
 
 # --------------------------------------------------------------------------- the tuner's pieces
 
+
 def test_shapes_and_presets():
     q = T.parse_shapes("quick")
     assert {s.op for s in q} == set(T.ALL_OPS)
@@ -233,8 +236,9 @@ def test_shapes_and_presets():
     assert mixed[-1] == T.Shape.make("decode", B=64, seq=8192, N=16, kv="fp8")
     assert len(mixed) == len(set(mixed))
     full = T.parse_shapes("deepseek-v3")
-    assert any(s.op == "decode" and s["N"] == 128 for s in full) and any(s["kv"] == "fp8" for s in full
-                                                                         if s.op == "decode")
+    assert any(s.op == "decode" and s["N"] == 128 for s in full) and any(
+        s["kv"] == "fp8" for s in full if s.op == "decode"
+    )
     assert any(s.op == "decode" and s["q"] > 1 for s in full)
     for bad in ("nope", "decode:X=1", "decode:B"):
         with pytest.raises(ValueError):
@@ -259,11 +263,15 @@ def test_compose_tier_changes_only_its_combination(arch):
                 assert new is not None, (tier, combo, cand)
                 assert new["BLOCK_H"] == tier["BLOCK_H"]  # tier selection unchanged
                 for c in T._COMBOS:
-                    want = point if c == combo or (combo == (torch.bfloat16, False) and c[1] is False
-                                                   and c[0] == torch.float16) else stage1_config(arch, 0, *c, tier)
+                    want = (
+                        point
+                        if c == combo or (combo == (torch.bfloat16, False) and c[1] is False and c[0] == torch.float16)
+                        else stage1_config(arch, 0, *c, tier)
+                    )
                     assert T._norm(stage1_config(arch, 0, c[0], c[1], new)) == T._norm(want), (c, new)
-                assert C.validate_overlay(_overlay(arch, {"mla_decode": {"stage1": [new]}}), arch,
-                                          check_stamp=False) == []
+                assert (
+                    C.validate_overlay(_overlay(arch, {"mla_decode": {"stage1": [new]}}), arch, check_stamp=False) == []
+                )
 
 
 def test_compose_tier_with_v_split():
@@ -292,8 +300,7 @@ class _FakeCase:
         return ""
 
 
-def _fake_tuner(tmp_path, monkeypatch, times, ops=("merge",), shapes="merge:T=40,N=4,D=128;merge:T=64,N=4,D=128",
-                **kw):
+def _fake_tuner(tmp_path, monkeypatch, times, ops=("merge",), shapes="merge:T=40,N=4,D=128;merge:T=64,N=4,D=128", **kw):
     """A Tuner for merge on the CPU whose timer returns times[(tile_elems, num_warps)][shape T]."""
     monkeypatch.setitem(T.CASES, "merge", _FakeCase)
     calls = []
@@ -307,14 +314,25 @@ def _fake_tuner(tmp_path, monkeypatch, times, ops=("merge",), shapes="merge:T=40
 
     kw.setdefault("quick", True)
     monkeypatch.setattr(T, "verify", lambda *a, **k: [])  # the small real-kernel checks are tested below
-    tuner = T.Tuner(torch.device("cpu"), list(ops), T.parse_shapes(shapes), max_minutes=kw.pop("max_minutes", None),
-                    max_candidates=None, out_path=tmp_path / "cpu.json", argv=["test"], log=lambda s: None,
-                    timer=timer, **kw)
+    tuner = T.Tuner(
+        torch.device("cpu"),
+        list(ops),
+        T.parse_shapes(shapes),
+        max_minutes=kw.pop("max_minutes", None),
+        max_candidates=None,
+        out_path=tmp_path / "cpu.json",
+        argv=["test"],
+        log=lambda s: None,
+        timer=timer,
+        **kw,
+    )
     return tuner, calls
 
 
-DEFAULT_MERGE = (C.package_config("merge_attn_states", "cpu")["triton"]["tile_elems"],
-                 C.package_config("merge_attn_states", "cpu")["triton"]["num_warps"])
+DEFAULT_MERGE = (
+    C.package_config("merge_attn_states", "cpu")["triton"]["tile_elems"],
+    C.package_config("merge_attn_states", "cpu")["triton"]["num_warps"],
+)
 
 
 def test_tuner_keeps_a_faster_winner_and_never_a_slower_one(cfgdir, tmp_path, monkeypatch):
@@ -326,6 +344,7 @@ def test_tuner_keeps_a_faster_winner_and_never_a_slower_one(cfgdir, tmp_path, mo
         if key == (4096, 8):  # 10% faster everywhere: the winner
             return 90.0
         return 99.5  # within 1%: a tie, the default's
+
     tuner, calls = _fake_tuner(tmp_path, monkeypatch, times)
     data = tuner.run()
     assert DEFAULT_MERGE in calls  # the default is always timed
@@ -386,6 +405,7 @@ def test_cli_refuses_cpu_without_allow_cpu(capsys):
 
 # These run on the device that is here (the interpreter without a GPU), with an <arch>.json overlay.
 
+
 def test_check_reports_compile_errors_by_name(cfgdir, capsys):
     a = _here()
     path = _write(cfgdir / f"{a}.json", _overlay(a, {"mla_prefill": {"triton": {"BLOCK_M": 48}}}))  # not 2^k
@@ -426,6 +446,7 @@ def test_check_names_schema_errors(cfgdir, capsys):
 
 # --------------------------------------------------------------------------- a real (tiny) run
 
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter run is the CPU test; GPUs run the real tuner")
 def test_tiny_interpreter_run_and_the_next_process_uses_it(cfgdir, capsys):
     rc = T.main(["--allow-cpu", "--shapes", "tiny", "--max-candidates", "2"])
@@ -443,13 +464,20 @@ def test_tiny_interpreter_run_and_the_next_process_uses_it(cfgdir, capsys):
     # In this process (reloaded by the run) and in the next one, config_for is the package's data
     # with the overlay merged in.
     for op_key in C.SCHEMAS:
-        want = C.merge_overlay(C.package_config(op_key, "cpu"), data[op_key]["cpu"]) if op_key in data \
+        want = (
+            C.merge_overlay(C.package_config(op_key, "cpu"), data[op_key]["cpu"])
+            if op_key in data
             else C.package_config(op_key, "cpu")
+        )
         assert C.config_for(op_key, "cpu") == want
-    code = ("import json, rocm_mla.configs as C; st = C.overlay_status('cpu'); "
-            "print(json.dumps({'path': str(st.path), 'error': str(st.error) if st.error else None, "
-            "'cfg': {op: C.config_for(op, 'cpu') for op in C.SCHEMAS}}))")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    code = (
+        "import json, rocm_mla.configs as C; st = C.overlay_status('cpu'); "
+        "print(json.dumps({'path': str(st.path), 'error': str(st.error) if st.error else None, "
+        "'cfg': {op: C.config_for(op, 'cpu') for op in C.SCHEMAS}}))"
+    )
+    env = dict(
+        os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert res.returncode == 0, res.stderr
     child = json.loads(res.stdout)

@@ -19,25 +19,28 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from _util import DEVICE, HAS_GPU
 
 try:
     import vllm
     from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: F401
 except Exception as e:  # not installed, or installed without its pinned dependencies
-    pytest.skip(f"vLLM 0.33.0 is not importable ({type(e).__name__}: {e}); "
-                ".ci/install_vllm_cpu.sh installs it", allow_module_level=True)
+    pytest.skip(
+        f"vLLM 0.33.0 is not importable ({type(e).__name__}: {e}); .ci/install_vllm_cpu.sh installs it",
+        allow_module_level=True,
+    )
 if vllm.__version__ != "0.33.0":
-    pytest.skip(f"the ROCM_MLA backend is written against vLLM 0.33.0, found {vllm.__version__}",
-                allow_module_level=True)
+    pytest.skip(
+        f"the ROCM_MLA backend is written against vLLM 0.33.0, found {vllm.__version__}", allow_module_level=True
+    )
 
-from rocm_mla.testing.harness import LayerStep, Request, use_simulated_gfx942_platform  # noqa: E402
+from rocm_mla.testing.harness import LayerStep, Request, use_simulated_gfx942_platform
 
 use_simulated_gfx942_platform()
 
-import rocm_mla.vllm as rocm_vllm  # noqa: E402
 from vllm.v1.attention.backends.mla.prefill.registry import MLAPrefillBackendEnum  # noqa: E402
+
+import rocm_mla.vllm as rocm_vllm  # noqa: E402
 
 rocm_vllm.register()
 
@@ -53,18 +56,19 @@ def _python(code: str, env_extra: dict | None = None) -> subprocess.CompletedPro
     """Run ``code`` in a fresh interpreter (a process that has loaded no plugin yet)."""
     env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                          timeout=300, cwd=REPO)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
 
 
 # ---------------------------------------------------------------- registration and plugin loading
+
 
 def test_entry_point_is_declared():
     from importlib.metadata import entry_points
 
     eps = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
     assert eps.get(rocm_vllm.PLUGIN_NAME) == "rocm_mla.vllm:register", (
-        "the vllm.general_plugins entry point is missing: reinstall rocm-mla (pip install -e .)")
+        "the vllm.general_plugins entry point is missing: reinstall rocm-mla (pip install -e .)"
+    )
 
 
 def test_load_general_plugins_registers_in_a_fresh_process():
@@ -128,6 +132,7 @@ print(cfg.backend is E["ROCM_MLA"], cfg.backend.get_path(), cfg.mla_prefill_back
 
 # ---------------------------------------------------------------- argument parsing and selection
 
+
 def test_cli_parses_attention_backend():
     from vllm.config.attention import AttentionConfig
     from vllm.engine.arg_utils import EngineArgs
@@ -150,8 +155,9 @@ def test_engine_args_create_engine_config_on_rocm():
 
     from rocm_mla.testing.harness import _tiny_deepseek_v3_dir
 
-    ea = EngineArgs(model=_tiny_deepseek_v3_dir(), attention_backend="ROCM_MLA", skip_tokenizer_init=True,
-                    max_model_len=512)
+    ea = EngineArgs(
+        model=_tiny_deepseek_v3_dir(), attention_backend="ROCM_MLA", skip_tokenizer_init=True, max_model_len=512
+    )
     cfg = ea.create_engine_config()
     assert cfg.attention_config.backend is AttentionBackendEnum["ROCM_MLA"]
     assert pickle.loads(pickle.dumps(cfg)).attention_config.backend is AttentionBackendEnum["ROCM_MLA"]
@@ -165,8 +171,9 @@ def test_rocm_platform_selects_rocm_mla(dtype, kv_cache_dtype, block_size, num_h
     from vllm.platforms import current_platform
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
-    sel = AttentionSelectorConfig(head_size=576, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
-                                  block_size=block_size, use_mla=True)
+    sel = AttentionSelectorConfig(
+        head_size=576, dtype=dtype, kv_cache_dtype=kv_cache_dtype, block_size=block_size, use_mla=True
+    )
     for member in (AttentionBackendEnum["ROCM_MLA"], AttentionBackendEnum.CUSTOM):
         path = current_platform.get_attn_backend_cls(member, sel, num_heads=num_heads)
         assert path == rocm_vllm.BACKEND_CLASS
@@ -178,14 +185,18 @@ def test_rocm_platform_rejects_what_the_kernels_cannot_do():
 
     member = AttentionBackendEnum["ROCM_MLA"]
     cases = {
-        "head_size": AttentionSelectorConfig(head_size=320, dtype=torch.bfloat16, kv_cache_dtype="auto",
-                                             block_size=16, use_mla=True),
-        "kv_cache_dtype float16": AttentionSelectorConfig(head_size=576, dtype=torch.bfloat16,
-                                                          kv_cache_dtype="float16", block_size=16, use_mla=True),
-        "sparse": AttentionSelectorConfig(head_size=576, dtype=torch.bfloat16, kv_cache_dtype="auto",
-                                          block_size=64, use_mla=True, use_sparse=True),
-        "non-causal": AttentionSelectorConfig(head_size=576, dtype=torch.bfloat16, kv_cache_dtype="auto",
-                                              block_size=16, use_mla=True, use_non_causal=True),
+        "head_size": AttentionSelectorConfig(
+            head_size=320, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=16, use_mla=True
+        ),
+        "kv_cache_dtype float16": AttentionSelectorConfig(
+            head_size=576, dtype=torch.bfloat16, kv_cache_dtype="float16", block_size=16, use_mla=True
+        ),
+        "sparse": AttentionSelectorConfig(
+            head_size=576, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=64, use_mla=True, use_sparse=True
+        ),
+        "non-causal": AttentionSelectorConfig(
+            head_size=576, dtype=torch.bfloat16, kv_cache_dtype="auto", block_size=16, use_mla=True, use_non_causal=True
+        ),
     }
     for reason, sel in cases.items():
         with pytest.raises(ValueError, match=reason.split()[0]):
@@ -210,8 +221,7 @@ def test_selector_builds_an_mla_layer_with_rocm_mla():
     from vllm.config.attention import AttentionConfig
     from vllm.v1.attention.selector import get_attn_backend
 
-    vc = VllmConfig(cache_config=CacheConfig(block_size=64),
-                    attention_config=AttentionConfig(backend="ROCM_MLA"))
+    vc = VllmConfig(cache_config=CacheConfig(block_size=64), attention_config=AttentionConfig(backend="ROCM_MLA"))
     with set_current_vllm_config(vc):
         backend = get_attn_backend(576, torch.bfloat16, "fp8", use_mla=True, num_heads=128)
     assert backend is RocmMLABackend
@@ -234,9 +244,19 @@ BATCHES = {"decode": (DECODE, 1), "mtp": (MTP, 2), "prefill_context": (PREFILL, 
 
 def _step(batch: str, dtype, kv_cache_dtype, block_size, num_heads, **kw) -> LayerStep:
     reqs, threshold = BATCHES[batch]
-    return LayerStep(RocmMLABackend, reqs, num_heads=num_heads, dtype=dtype, device=DEVICE,
-                     kv_cache_dtype=kv_cache_dtype, block_size=block_size, decode_threshold=threshold,
-                     workspace_rows=max(48, block_size), k_scale=0.05, **kw)
+    return LayerStep(
+        RocmMLABackend,
+        reqs,
+        num_heads=num_heads,
+        dtype=dtype,
+        device=DEVICE,
+        kv_cache_dtype=kv_cache_dtype,
+        block_size=block_size,
+        decode_threshold=threshold,
+        workspace_rows=max(48, block_size),
+        k_scale=0.05,
+        **kw,
+    )
 
 
 def _check_forward(batch, dtype, kv_cache_dtype, block_size, num_heads):
@@ -255,9 +275,9 @@ def _check_forward(batch, dtype, kv_cache_dtype, block_size, num_heads):
     # The KV write put the new tokens where the decode and later steps read them.
     for i, r in enumerate(step.requests):
         got = torch.cat(step.cached_rows(i, r.context, r.context + r.query), dim=-1)
-        want = torch.cat([step.kv_c[i][r.context:], step.k_pe[i][r.context:]], dim=-1).float()
+        want = torch.cat([step.kv_c[i][r.context :], step.k_pe[i][r.context :]], dim=-1).float()
         if step.fp8:  # e4m3: 3 mantissa bits (relative step 1/16), scale 0.05
-            assert ((got - want).abs() <= want.abs() / 16 + 0.05 * 2 ** -7).all()
+            assert ((got - want).abs() <= want.abs() / 16 + 0.05 * 2**-7).all()
         else:
             assert torch.equal(got, want)
 
@@ -294,7 +314,7 @@ def test_fp8_cache_keeps_the_tuple_query_path():
     the (ql_nope, q_pe) tuple, q_pe still a strided view of the layer's q (no cat, no quant)."""
     step = _step("decode", torch.float16, "fp8", 16, 16)
     assert step.layer.impl.supports_quant_query_input is False
-    (name, args, _), = [c for c in step.capture_backend_calls() if c[0] == "forward_mqa"]
+    ((name, args, _),) = [c for c in step.capture_backend_calls() if c[0] == "forward_mqa"]
     q = args[0]
     assert isinstance(q, tuple) and q[1].data_ptr() == step.q_all.data_ptr() + 128 * step.q_all.element_size()
 
@@ -305,7 +325,7 @@ def test_forward_mqa_single_tensor_query(form):
     or if supports_quant_query_input were on (fp8 with the layer's q scale): same result as the tuple."""
     step = _step("decode", torch.float16 if not HAS_GPU else torch.bfloat16, "fp8", 16, 16)
     calls = step.capture_backend_calls()
-    (_, (q, cache, md, layer), _), = [c for c in calls if c[0] == "forward_mqa"]
+    ((_, (q, cache, md, layer), _),) = [c for c in calls if c[0] == "forward_mqa"]
     o_ref, lse_ref = step.layer.impl.forward_mqa(q, cache, md, layer)
     full = torch.cat(q, dim=-1)
     tol = 2e-2
@@ -323,14 +343,16 @@ def test_forward_mqa_single_tensor_query(form):
 
 def test_forward_mqa_returns_natural_log_lse():
     step = _step("decode", torch.float32, "auto", 16, 16)
-    (_, (q, cache, md, layer), _), = [c for c in step.capture_backend_calls() if c[0] == "forward_mqa"]
+    ((_, (q, cache, md, layer), _),) = [c for c in step.capture_backend_calls() if c[0] == "forward_mqa"]
     _, lse = step.layer.impl.forward_mqa(q, cache, md, layer)
     w = step.layer.kv_b_proj.weight.float().T.reshape(512, 16, 256)
     for i, r in enumerate(step.requests):
         kv_c, k_pe = step.cached_rows(i, 0, r.context + r.query)
         qq = step.q[i].float()[0]
-        s = (torch.einsum("nd,snd->ns", qq[:, :128], torch.einsum("sl,lnd->snd", kv_c, w[..., :128]))
-             + torch.einsum("nd,sd->ns", qq[:, 128:], k_pe)) * step.scale
+        s = (
+            torch.einsum("nd,snd->ns", qq[:, :128], torch.einsum("sl,lnd->snd", kv_c, w[..., :128]))
+            + torch.einsum("nd,sd->ns", qq[:, 128:], k_pe)
+        ) * step.scale
         torch.testing.assert_close(lse[i], torch.logsumexp(s, -1), atol=1e-3, rtol=1e-4)
 
 
@@ -366,6 +388,7 @@ def test_kv_write_with_gfx942_fp8_kind():
 
 # ---------------------------------------------------------------- the MLA prefill backend
 
+
 @pytest.mark.parametrize("dtype", [torch.float32] if not HAS_GPU else [torch.bfloat16])
 def test_prefill_backend_through_vllm_common_path(dtype, monkeypatch):
     """ROCM_MLA as vLLM's MLA prefill backend under vLLM's own forward_mha (MLACommonBaseImpl):
@@ -382,8 +405,9 @@ def test_prefill_backend_through_vllm_common_path(dtype, monkeypatch):
     impl._compute_prefill_context = _compute_context_with(impl, step)
     # vLLM's merge dispatches to its compiled op on ROCm, which cannot load here: rocm_mla's merge
     # stands in for that one call.
-    import rocm_mla
     from vllm.model_executor.layers.attention import mla_attention
+
+    import rocm_mla
 
     monkeypatch.setattr(mla_attention, "merge_attn_states", rocm_mla.merge_attn_states)
     out = step.run()
@@ -406,19 +430,26 @@ def _compute_context_with(impl, step):
         chunked = prefill.chunked_context
         out = lse = None
         for chunk in chunked.chunks:
-            ws = chunked.workspace[:chunk.num_context_tokens]
-            gather_context_chunk(kv_cache, prefill.block_table[chunk.request_slice], chunk.cu_seq_lens,
-                                 chunk.starts, chunk.token_to_seq, ws)
+            ws = chunked.workspace[: chunk.num_context_tokens]
+            gather_context_chunk(
+                kv_cache,
+                prefill.block_table[chunk.request_slice],
+                chunk.cu_seq_lens,
+                chunk.starts,
+                chunk.token_to_seq,
+                ws,
+            )
             kv_nope = impl.kv_b_proj(ws[:, :512])[0].view(-1, impl.num_heads, 256)
             k = impl._concat_k_nope_k_pe(kv_nope[..., :128], ws[:, 512:].unsqueeze(1))
-            o, l = prefill.prefill_backend.run_prefill_context_chunk(chunk=chunk, q=q[chunk.token_slice], k=k,
-                                                                     v=kv_nope[..., 128:])
+            o, o_lse = prefill.prefill_backend.run_prefill_context_chunk(
+                chunk=chunk, q=q[chunk.token_slice], k=k, v=kv_nope[..., 128:]
+            )
             if out is None:
-                out, lse = init_mla_context_partial(chunked, o, l, num_tokens=q.shape[0])
-            _accumulate(chunk, o, l, out, lse)
+                out, lse = init_mla_context_partial(chunked, o, o_lse, num_tokens=q.shape[0])
+            _accumulate(chunk, o, o_lse, out, lse)
         return out, lse
 
-    def _accumulate(chunk, o, l, out, lse):
+    def _accumulate(chunk, o, o_lse, out, lse):
         # accumulate_mla_context_chunk with rocm_mla's merge (vLLM's merge needs its GPU build).
         from rocm_mla.ops import merge_attn_states
 
@@ -426,15 +457,16 @@ def _compute_context_with(impl, step):
         start = chunk.continuation_token_end if chunk.is_continuation else s
         if start > s:
             prev = lse[:, s:start].clone()
-            merge_attn_states(out[s:start], out[s:start], prev, o[:start - s], l[:, :start - s], lse[:, s:start])
-        out[start:e].copy_(o[start - s:])
-        lse[:, start:e].copy_(l[:, start - s:])
+            merge_attn_states(out[s:start], out[s:start], prev, o[: start - s], o_lse[:, : start - s], lse[:, s:start])
+        out[start:e].copy_(o[start - s :])
+        lse[:, start:e].copy_(o_lse[:, start - s :])
 
     assert accumulate_mla_context_chunk is not None  # the vLLM function mirrored above exists
     return compute
 
 
 # ---------------------------------------------------------------- no copies in the attention path
+
 
 def _bench():
     spec = importlib.util.spec_from_file_location("bench_layer_copies", REPO / "perf" / "bench_layer_copies.py")

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from _util import HAS_GPU
 
 try:
@@ -31,7 +30,7 @@ except Exception as e:  # noqa: BLE001
 if vllm.__version__ != "0.33.0":
     pytest.skip(f"written against vLLM 0.33.0, found {vllm.__version__}", allow_module_level=True)
 
-from rocm_mla.testing import harness as H  # noqa: E402
+from rocm_mla.testing import harness as H
 
 H.use_simulated_gfx942_platform()
 
@@ -53,8 +52,9 @@ def test_slot_mapping_and_local_seq_lens_agree(world, interleave, block_size):
         pos = torch.arange(S)
         owner = torch.full((S,), -1)
         for r in range(world):
-            slots = dcp_check.dcp_slot_mapping(pos, torch.full_like(pos, i), block_table, block_size, world, r,
-                                               interleave)
+            slots = dcp_check.dcp_slot_mapping(
+                pos, torch.full_like(pos, i), block_table, block_size, world, r, interleave
+            )
             mine = slots >= 0
             assert (owner[mine] == -1).all()  # each token on exactly one rank
             owner[mine] = r
@@ -68,8 +68,14 @@ def test_slot_mapping_and_local_seq_lens_agree(world, interleave, block_size):
 
 
 def _emulate(*cases: str) -> list[dict]:
-    r = subprocess.run([sys.executable, "-m", "rocm_mla.testing.dcp_check", *[a for c in cases for a in ("--case", c)]],
-                       capture_output=True, text=True, cwd=REPO, env=dcp_check.cpu_env(), timeout=1200)
+    r = subprocess.run(
+        [sys.executable, "-m", "rocm_mla.testing.dcp_check", *[a for c in cases for a in ("--case", c)]],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=dcp_check.cpu_env(),
+        timeout=1200,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return [json.loads(line.split(" ", 1)[1]) for line in r.stdout.splitlines() if line.startswith("DCP_RESULT ")]
 
@@ -77,8 +83,13 @@ def _emulate(*cases: str) -> list[dict]:
 def test_dcp_math_with_rocm_mla_decode_equals_one_rank():
     dt = "bfloat16" if HAS_GPU else "float32"
     lo = "bfloat16" if HAS_GPU else "float16"
-    cases = [f"2:1:16:16:{dt}:auto", f"2:8:16:16:{dt}:auto", f"4:1:1:16:{dt}:auto", f"2:1:64:8:{lo}:fp8",
-             f"2:16:64:16:{dt}:auto"]
+    cases = [
+        f"2:1:16:16:{dt}:auto",
+        f"2:8:16:16:{dt}:auto",
+        f"4:1:1:16:{dt}:auto",
+        f"2:1:64:8:{lo}:fp8",
+        f"2:16:64:16:{dt}:auto",
+    ]
     results = _emulate(*cases)
     assert len(results) == len(cases)
     for res in results:
@@ -94,8 +105,13 @@ def test_dcp_math_with_rocm_mla_decode_equals_one_rank():
 
 
 def _two_ranks(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "perf" / "dcp_two_ranks.py"), *args], capture_output=True,
-                          text=True, cwd=REPO, timeout=1800)
+    return subprocess.run(
+        [sys.executable, str(REPO / "perf" / "dcp_two_ranks.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=1800,
+    )
 
 
 def test_two_processes_through_vllm_distributed_dcp_gloo():

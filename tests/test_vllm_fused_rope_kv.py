@@ -14,19 +14,20 @@ from __future__ import annotations
 import pytest
 import torch
 import torch._inductor.custom_graph_pass  # noqa: F401 - _PostGradPasses subclasses it
-
 from _util import DEVICE, HAS_GPU
 
 try:
     import vllm
     from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: F401
 except Exception as e:  # not installed, or installed without its pinned dependencies
-    pytest.skip(f"vLLM 0.33.0 is not importable ({type(e).__name__}: {e}); "
-                ".ci/install_vllm_cpu.sh installs it", allow_module_level=True)
+    pytest.skip(
+        f"vLLM 0.33.0 is not importable ({type(e).__name__}: {e}); .ci/install_vllm_cpu.sh installs it",
+        allow_module_level=True,
+    )
 if vllm.__version__ != "0.33.0":
     pytest.skip(f"written against vLLM 0.33.0, found {vllm.__version__}", allow_module_level=True)
 
-from rocm_mla.testing import harness as H  # noqa: E402
+from rocm_mla.testing import harness as H
 
 H.use_simulated_gfx942_platform()
 H.stub_vllm_compiled_op_schemas()
@@ -47,11 +48,23 @@ from vllm.utils.torch_utils import _encode_layer_name  # noqa: E402
 from rocm_mla.vllm.backend import RocmMLABackend  # noqa: E402
 
 OP = torch.ops.vllm.fused_rope_unified_mla_kv_cache_update
-ROPES = {"gptj": (False, None), "neox": (True, None),
-         # DeepSeek-V3's rope_scaling (deepseek_yarn: cos/sin carry mscale)
-         "deepseek_yarn": (False, {"rope_type": "deepseek_yarn", "factor": 40.0, "beta_fast": 32,
-                                   "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
-                                   "original_max_position_embeddings": 4096})}
+ROPES = {
+    "gptj": (False, None),
+    "neox": (True, None),
+    # DeepSeek-V3's rope_scaling (deepseek_yarn: cos/sin carry mscale)
+    "deepseek_yarn": (
+        False,
+        {
+            "rope_type": "deepseek_yarn",
+            "factor": 40.0,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "original_max_position_embeddings": 4096,
+        },
+    ),
+}
 BATCH = [H.Request(37, 1), H.Request(0, 1), H.Request(70, 1), H.Request(12, 5), H.Request(0, 6)]
 # Relative tolerance of one rounding of the model dtype (forward_static rounds each product and
 # sum in the model dtype; rocm_mla rotates in float32 and rounds once).
@@ -62,10 +75,20 @@ class FusedCase:
     """A LayerStep (ROCM_MLA or another backend) plus the fused op's inputs for its new tokens,
     two CUDA-graph padding tokens included (slot -1 and past the slot mapping's end)."""
 
-    def __init__(self, backend, *, dtype, kv_cache_dtype="auto", block_size=16, rope="gptj", num_heads=8,
-                 requests=BATCH, seed=0):
-        self.step = H.LayerStep(backend, requests, num_heads=num_heads, dtype=dtype, device=DEVICE,
-                                kv_cache_dtype=kv_cache_dtype, block_size=block_size, k_scale=0.05, seed=seed)
+    def __init__(
+        self, backend, *, dtype, kv_cache_dtype="auto", block_size=16, rope="gptj", num_heads=8, requests=BATCH, seed=0
+    ):
+        self.step = H.LayerStep(
+            backend,
+            requests,
+            num_heads=num_heads,
+            dtype=dtype,
+            device=DEVICE,
+            kv_cache_dtype=kv_cache_dtype,
+            block_size=block_size,
+            k_scale=0.05,
+            seed=seed,
+        )
         s = self.step
         self.layer = s.layer
         self.layer.kv_cache = s.kv_cache  # bound as vLLM's bind_kv_cache leaves it: [blocks, block, 576]
@@ -73,16 +96,18 @@ class FusedCase:
         from vllm.model_executor.layers.rotary_embedding import get_rope
 
         with set_current_vllm_config(s.vllm_config):
-            self.rope = get_rope(64, max_position=4096, is_neox_style=self.is_neox, rope_parameters=params,
-                                 dtype=dtype).to(DEVICE)
+            self.rope = get_rope(
+                64, max_position=4096, is_neox_style=self.is_neox, rope_parameters=params, dtype=dtype
+            ).to(DEVICE)
         gen = torch.Generator().manual_seed(seed + 1)
         T = s.num_tokens
         self.T = T + 2
         pos = torch.cat([torch.arange(r.context, r.context + r.query) for r in requests])
         self.positions = torch.cat([pos, torch.randint(0, 4096, (2,), generator=gen)]).to(DEVICE)
         q = torch.cat([s.q_all, (torch.randn(2, num_heads, 192, generator=gen)).to(DEVICE, dtype)])
-        kv_a = torch.cat([torch.cat([s.kv_c_new, s.k_pe_new[:, 0]], dim=-1),
-                          torch.randn(2, 576, generator=gen).to(DEVICE, dtype)])
+        kv_a = torch.cat(
+            [torch.cat([s.kv_c_new, s.k_pe_new[:, 0]], dim=-1), torch.randn(2, 576, generator=gen).to(DEVICE, dtype)]
+        )
         self.q, self.kv_a = q, kv_a
         # the model's layout: q_pe a strided slice of q, k_pe / kv_c slices of the kv_a row
         self.slots = torch.cat([s.slot_mapping, torch.tensor([-1], device=DEVICE)])  # S = T + 1 < T + 2
@@ -100,19 +125,30 @@ class FusedCase:
 
     def run_op(self, q_pe, k_pe, kv_c, slot_mapping=True):
         with self.forward_context(slot_mapping):
-            return OP(self.positions, q_pe, k_pe, kv_c, self.rope.cos_sin_cache, self.is_neox,
-                      self.layer.kv_cache_dtype, self.layer._k_scale, _encode_layer_name(self.layer.layer_name))
+            return OP(
+                self.positions,
+                q_pe,
+                k_pe,
+                kv_c,
+                self.rope.cos_sin_cache,
+                self.is_neox,
+                self.layer.kv_cache_dtype,
+                self.layer._k_scale,
+                _encode_layer_name(self.layer.layer_name),
+            )
 
     def reference(self):
         """vLLM's unfused path: the rope module's forward_static, then the layer's backend
         do_kv_cache_update (rows of slot >= 0) into a copy of the cache."""
         q, kv_a, q_pe, k_pe, kv_c = self.inputs()
-        q_rot, k_rot = type(self.rope).forward_static(self.positions, q_pe, k_pe.unsqueeze(1), 64, 64,
-                                                      self.rope.cos_sin_cache, self.is_neox)
+        q_rot, k_rot = type(self.rope).forward_static(
+            self.positions, q_pe, k_pe.unsqueeze(1), 64, 64, self.rope.cos_sin_cache, self.is_neox
+        )
         cache = self.cache0.clone()
         n = self.slots.shape[0]
-        self.layer.impl.do_kv_cache_update(kv_c[:n], k_rot[:n], cache, self.slots, self.layer.kv_cache_dtype,
-                                           self.layer._k_scale)
+        self.layer.impl.do_kv_cache_update(
+            kv_c[:n], k_rot[:n], cache, self.slots, self.layer.kv_cache_dtype, self.layer._k_scale
+        )
         return q_rot, k_rot[:, 0], cache
 
     def cache_rows(self, cache):
@@ -141,7 +177,7 @@ def _fp8_rows_close(got, want, dtype):
     itself, which runs in the model dtype (the same absolute-ish tolerance the k_pe check uses).
     Seen on the H200 (bf16): where x cos - y sin cancels, vLLM's bf16 rotation is off by several
     e4m3 steps of the small result; ours rotates in float32 (HIP and Triton wrote the same bytes)."""
-    tol = want.abs() / 8 + 0.05 * 2 ** -9 + RTOL[dtype] * (1 + want.abs())
+    tol = want.abs() / 8 + 0.05 * 2**-9 + RTOL[dtype] * (1 + want.abs())
     err = (got - want).abs()
     assert (err <= tol).all(), f"fp8 cache rows: max |err| {err.max().item()}"
 
@@ -174,8 +210,9 @@ def test_fused_op_equals_forward_static_and_kv_update(block_size, kv_cache_dtype
     if HAS_GPU:
         pytest.skip("CPU variant (interpreter); the gpu-marked test covers the GPU")
     dtype = torch.float16 if rope == "neox" else torch.float32
-    _check_against_unfused(FusedCase(RocmMLABackend, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
-                                     block_size=block_size, rope=rope), dtype)
+    _check_against_unfused(
+        FusedCase(RocmMLABackend, dtype=dtype, kv_cache_dtype=kv_cache_dtype, block_size=block_size, rope=rope), dtype
+    )
 
 
 @pytest.mark.gpu
@@ -185,8 +222,17 @@ def test_fused_op_equals_forward_static_and_kv_update(block_size, kv_cache_dtype
 @pytest.mark.parametrize("block_size", [1, 16, 64])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_fused_op_equals_forward_static_and_kv_update_gpu(dtype, block_size, kv_cache_dtype, rope, num_heads):
-    _check_against_unfused(FusedCase(RocmMLABackend, dtype=dtype, kv_cache_dtype=kv_cache_dtype,
-                                     block_size=block_size, rope=rope, num_heads=num_heads), dtype)
+    _check_against_unfused(
+        FusedCase(
+            RocmMLABackend,
+            dtype=dtype,
+            kv_cache_dtype=kv_cache_dtype,
+            block_size=block_size,
+            rope=rope,
+            num_heads=num_heads,
+        ),
+        dtype,
+    )
 
 
 def test_without_slot_mapping_q_and_k_are_still_rotated():
@@ -239,9 +285,8 @@ def test_another_backends_layer_gets_vllms_kernel(block_size, monkeypatch):
     ``kv_cache.squeeze(1)`` -- at block size 1 that drops the block dim of the layer's
     [blocks, 1, 576] cache, which is why ROCM_MLA layers get the layer's cache as it is."""
     import vllm._custom_ops as ops
-    from vllm.v1.attention.backends.mla.triton_mla import TritonMLABackend
-
     from vllm.platforms import current_platform
+    from vllm.v1.attention.backends.mla.triton_mla import TritonMLABackend
 
     dtype = torch.float32 if not HAS_GPU else torch.bfloat16
     if not HAS_GPU:  # TritonMLAImpl asks the GPU for its SM count
@@ -296,8 +341,7 @@ def test_override_runs_inside_a_cuda_graph(block_size, kv_cache_dtype):
     """Captured once (the override's Python runs at capture), replayed on new inputs copied into
     the captured buffers: the replay rotates and writes like the eager op."""
     dtype = torch.bfloat16
-    case = FusedCase(RocmMLABackend, dtype=dtype, kv_cache_dtype=kv_cache_dtype, block_size=block_size,
-                     num_heads=16)
+    case = FusedCase(RocmMLABackend, dtype=dtype, kv_cache_dtype=kv_cache_dtype, block_size=block_size, num_heads=16)
     q, kv_a, q_pe, k_pe, kv_c = case.inputs()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -356,6 +400,7 @@ def test_uninstall_restores_vllms_kernel(monkeypatch):
 
 # ---------------------------------------------------------------- vLLM's compile pass on a layer graph
 
+
 def _graph_ops(graph) -> list:
     from torch._higher_order_ops.auto_functionalize import auto_functionalized
 
@@ -385,8 +430,12 @@ class _PostGradPasses(torch._inductor.custom_graph_pass.CustomGraphPass):
         try:
             with set_current_vllm_config(vllm_config):
                 self.fusion = MLARoPEKVCacheCatFusionPass(vllm_config)
-                self.passes = [NoOpEliminationPass(vllm_config), self.fusion, PostCleanupPass(vllm_config),
-                               FixFunctionalizationPass(vllm_config)]
+                self.passes = [
+                    NoOpEliminationPass(vllm_config),
+                    self.fusion,
+                    PostCleanupPass(vllm_config),
+                    FixFunctionalizationPass(vllm_config),
+                ]
         finally:
             vip.DEVICE_TYPE = device_type
         self.before: list = []
@@ -415,7 +464,7 @@ def _deepseek_layer_step(case: FusedCase, passes: _PostGradPasses):
     w_q = (torch.randn(256, N * 192, generator=gen) / 16).to(DEVICE, dtype)
     w_kva = (torch.randn(256, 576, generator=gen) / 16).to(DEVICE, dtype)
     hidden = torch.randn(s.num_tokens, 256, generator=gen).to(DEVICE, dtype)
-    positions = case.positions[:s.num_tokens].clone()
+    positions = case.positions[: s.num_tokens].clone()
     case.slots = s.slot_mapping
 
     def layer_step(positions, hidden):
@@ -429,9 +478,15 @@ def _deepseek_layer_step(case: FusedCase, passes: _PostGradPasses):
         return out, q, k_pe, kv_c_normed
 
     def backend(gm, example_inputs):
-        return compile_fx(gm, example_inputs, config_patches={
-            "post_grad_custom_post_pass": passes, "enable_auto_functionalized_v2": False,
-            "fx_graph_cache": False})
+        return compile_fx(
+            gm,
+            example_inputs,
+            config_patches={
+                "post_grad_custom_post_pass": passes,
+                "enable_auto_functionalized_v2": False,
+                "fx_graph_cache": False,
+            },
+        )
 
     compiled = torch.compile(layer_step, backend=backend, fullgraph=True)
     torch._dynamo.mark_dynamic(hidden, 0)  # as vLLM's support_torch_compile marks num_tokens
@@ -450,8 +505,9 @@ LAYER_STEP = [H.Request(37, 1), H.Request(0, 1), H.Request(70, 1), H.Request(12,
 
 def _pass_case(rope, kv_cache_dtype="auto"):
     dtype = torch.float32 if not HAS_GPU else torch.bfloat16
-    case = FusedCase(RocmMLABackend, dtype=dtype, kv_cache_dtype=kv_cache_dtype, block_size=16, rope=rope,
-                     requests=LAYER_STEP)
+    case = FusedCase(
+        RocmMLABackend, dtype=dtype, kv_cache_dtype=kv_cache_dtype, block_size=16, rope=rope, requests=LAYER_STEP
+    )
     with set_current_vllm_config(case.step.vllm_config):
         assert not case.rope.enabled()  # vLLM's default custom_ops "none": forward_native RoPE in the graph
     return case, dtype
@@ -468,10 +524,12 @@ def test_vllm_fusion_pass_as_shipped(rope):
     got, _, want, _ = _deepseek_layer_step(case, passes)
     torch.testing.assert_close(got[0], want[0], atol=3e-2, rtol=3e-2)  # the compiled step is right either way
     if passes.fusion.matched_count == 0 and rope == "gptj":
-        pytest.xfail(f"torch {torch.__version__} + vLLM 0.33, plain RotaryEmbedding: 0 matches. The pattern "
-                     "keeps forward_static's no-op query.view(num_tokens, -1, 64); Inductor's joint-graph "
-                     "pointless_view removed it from the model graph (torch's fwd_only does not apply "
-                     "early_patterns to user patterns)")
+        pytest.xfail(
+            f"torch {torch.__version__} + vLLM 0.33, plain RotaryEmbedding: 0 matches. The pattern "
+            "keeps forward_static's no-op query.view(num_tokens, -1, 64); Inductor's joint-graph "
+            "pointless_view removed it from the model graph (torch's fwd_only does not apply "
+            "early_patterns to user patterns)"
+        )
     assert passes.fusion.matched_count == 1
     assert torch.ops.vllm.fused_rope_unified_mla_kv_cache_update.default in passes.after
     assert F.calls["rocm_mla"] == n + 1
@@ -510,13 +568,14 @@ def test_fusion_pass_puts_the_fused_op_in_a_deepseek_layer_step(rope, kv_cache_d
     g_rows, g_rest = case.cache_rows(got_cache)
     w_rows, w_rest = case.cache_rows(want_cache)
     if case.step.fp8:
-        assert ((g_rows - w_rows).abs() <= w_rows.abs() / 8 + 0.05 * 2 ** -9).all()
+        assert ((g_rows - w_rows).abs() <= w_rows.abs() / 8 + 0.05 * 2**-9).all()
     else:
         assert (g_rows - w_rows).abs().max().item() <= tol * max(1.0, w_rows.abs().max().item())
     assert torch.equal(g_rest, w_rest)
 
 
 # ---------------------------------------------------------------- docker/serve.sh's flags, as vLLM reads them
+
 
 @pytest.mark.parametrize("fuse", ["1", "0"])
 def test_serve_sh_flags_as_vllm_0_33_reads_them(fuse):
@@ -536,8 +595,13 @@ def test_serve_sh_flags_as_vllm_0_33_reads_them(fuse):
     repo = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "MODEL", "TP", "ATTENTION"))}
     env.update(DRY_RUN="1", MODEL=H._tiny_deepseek_v3_dir(), MAX_MODEL_LEN="512", ROCM_MLA_FUSE_ROPE_KV=fuse)
-    proc = subprocess.run(["bash", str(repo / "docker" / "serve.sh"), "--skip-tokenizer-init"], env=env,
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        ["bash", str(repo / "docker" / "serve.sh"), "--skip-tokenizer-init"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 0, proc.stderr
     argv = shlex.split(proc.stdout.splitlines()[-1])
     assert argv[:2] == ["vllm", "serve"]
@@ -562,8 +626,14 @@ def test_bench_layer_rope_kv_variants_agree():
     repo = Path(__file__).resolve().parents[1]
     # The script imports the package as installed; PYTHONPATH makes that this checkout's.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])))
-    r = subprocess.run([sys.executable, str(repo / "perf" / "bench_layer.py"), "--check-rope-kv"], cwd=repo,
-                       env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, str(repo / "perf" / "bench_layer.py"), "--check-rope-kv"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     line = [ln for ln in r.stdout.splitlines() if "--check-rope-kv" in ln][-1]
     assert "'vllm_op': None" not in line, line  # the vLLM op path ran too

@@ -41,16 +41,17 @@ import math
 import os
 import re
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 OVERLAY_SCHEMA_VERSION = 1
 OVERLAY_ENV = "ROCM_MLA_CONFIG_DIR"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _table(op: str) -> dict[str, Any]:
     text = resources.files(__package__).joinpath(f"{op}.json").read_text()
     return json.loads(text)
@@ -113,7 +114,7 @@ def config_for(op: str, arch: str) -> dict[str, Any]:
     return _resolved(op, arch)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _resolved(op: str, arch: str) -> dict[str, Any]:
     override = _STATE.overrides.get((op, arch))
     if override is not None:
@@ -145,8 +146,10 @@ def tune_candidates(op: str) -> dict[str, list[dict[str, Any]]]:
     """Per implementation, every combination of its ``tune_space`` values (keys in the JSON's
     order, the last key varying fastest): the launch-data candidates a sweep times, each to be
     merged over the arch's entry."""
-    return {impl: [dict(zip(space, vals)) for vals in itertools.product(*space.values())]
-            for impl, space in tune_space(op).items()}
+    return {
+        impl: [dict(zip(space, vals)) for vals in itertools.product(*space.values())]
+        for impl, space in tune_space(op).items()
+    }
 
 
 def platform_fp8_dtype(arch: str):
@@ -161,8 +164,18 @@ def platform_fp8_dtype(arch: str):
 INT, BOOL, NUM, STR, BACKEND = "int", "bool", "number", "str", "backend"
 BACKENDS = ("hip", "triton", "reference")
 _AMD_OPTIONS = {"waves_per_eu": INT, "matrix_instr_nonkdim": INT, "kpack": INT}
-_DECODE_FIELDS = {"BLOCK_H": INT, "BLOCK_N": INT, "D_SPLIT": INT, "V_SPLIT": INT, "RELOAD_K": BOOL, "F16_DOT": BOOL,
-                  "num_warps": INT, "num_stages": INT, "ctas_per_cu": INT, **_AMD_OPTIONS}
+_DECODE_FIELDS = {
+    "BLOCK_H": INT,
+    "BLOCK_N": INT,
+    "D_SPLIT": INT,
+    "V_SPLIT": INT,
+    "RELOAD_K": BOOL,
+    "F16_DOT": BOOL,
+    "num_warps": INT,
+    "num_stages": INT,
+    "ctas_per_cu": INT,
+    **_AMD_OPTIONS,
+}
 _DECODE_TIER = {**_DECODE_FIELDS, "fp8": _DECODE_FIELDS, "fp32": _DECODE_FIELDS, "fp16+fp8": _DECODE_FIELDS}
 _PREFILL = {"BLOCK_M": INT, "BLOCK_N": INT, "num_warps": INT, "num_stages": INT, **_AMD_OPTIONS}
 
@@ -170,21 +183,30 @@ _PREFILL = {"BLOCK_M": INT, "BLOCK_N": INT, "num_warps": INT, "num_stages": INT,
 # package's JSON gains later are accepted too (their type read from the JSON): see _schema().
 SCHEMAS: dict[str, dict[str, Any]] = {
     "mla_decode": {
-        "backend_order": [BACKEND], "num_xcds": INT,
+        "backend_order": [BACKEND],
+        "num_xcds": INT,
         "split": {"min_tokens_per_split": INT, "max_splits": INT, "fixed_tiles": NUM, "launch_tiles": NUM},
         "stage1": [_DECODE_TIER],
         "stage2": {"num_warps": INT, "tile_elems": INT, "max_block_s": INT, "waves_per_eu": INT},
         "candidates": [_DECODE_TIER],
     },
-    "mla_prefill": {"backend_order": [BACKEND], "triton": _PREFILL, "triton_fp32": _PREFILL,
-                    "candidates": [_PREFILL]},
-    "merge_attn_states": {"backend_order": [BACKEND],
-                          "hip": {"waves_per_block": INT, "vecs_per_thread": INT},
-                          "triton": {"tile_elems": INT, "num_warps": INT, "waves_per_eu": INT}},
-    "rope_kv_write": {"backend_order": [BACKEND],
-                      "hip": {"waves_per_block": INT, "units_per_thread": INT, "min_blocks_per_cu": INT},
-                      "triton": {"rows_per_program": INT, "max_tokens": INT, "block_rows": INT,
-                                 "num_warps": INT, "waves_per_eu": INT}},
+    "mla_prefill": {"backend_order": [BACKEND], "triton": _PREFILL, "triton_fp32": _PREFILL, "candidates": [_PREFILL]},
+    "merge_attn_states": {
+        "backend_order": [BACKEND],
+        "hip": {"waves_per_block": INT, "vecs_per_thread": INT},
+        "triton": {"tile_elems": INT, "num_warps": INT, "waves_per_eu": INT},
+    },
+    "rope_kv_write": {
+        "backend_order": [BACKEND],
+        "hip": {"waves_per_block": INT, "units_per_thread": INT, "min_blocks_per_cu": INT},
+        "triton": {
+            "rows_per_program": INT,
+            "max_tokens": INT,
+            "block_rows": INT,
+            "num_warps": INT,
+            "waves_per_eu": INT,
+        },
+    },
 }
 
 
@@ -221,7 +243,7 @@ def _union(a: Any, b: Any) -> Any:
     return a
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _schema(op: str) -> dict[str, Any]:
     schema = SCHEMAS[op]
     for key, obj in _table(op).items():
@@ -230,7 +252,7 @@ def _schema(op: str) -> dict[str, Any]:
     return schema
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _required_list_fields(op: str) -> dict[str, frozenset[str]]:
     """Per list-of-objects field (``stage1``, ``candidates``): the fields every element of the
     package's lists has (an overlay's list replaces the package's whole, so its elements must be
@@ -247,6 +269,7 @@ def _required_list_fields(op: str) -> dict[str, frozenset[str]]:
 
 
 # --------------------------------------------------------------------------- overlay errors
+
 
 class OverlayError(ValueError):
     """A user overlay that cannot be used; the subclass names what is wrong."""
@@ -301,8 +324,14 @@ class OverlayWarning(UserWarning):
 _MAY_BE_EMPTY = frozenset({"candidates"})  # list fields an overlay may empty (the others are needed)
 
 
-def _check_value(where: str, value: Any, schema: Any, required: dict[str, frozenset[str]],
-                 errors: list[OverlayError], field_name: str = "") -> None:
+def _check_value(
+    where: str,
+    value: Any,
+    schema: Any,
+    required: dict[str, frozenset[str]],
+    errors: list[OverlayError],
+    field_name: str = "",
+) -> None:
     if isinstance(schema, dict):
         if not isinstance(value, dict):
             errors.append(OverlayTypeError(where, f"expected an object, got {type(value).__name__}"))
@@ -321,8 +350,12 @@ def _check_value(where: str, value: Any, schema: Any, required: dict[str, frozen
         for i, v in enumerate(value):
             _check_value(f"{where}[{i}]", v, schema[0], required, errors)
             if need and isinstance(v, dict) and not need <= set(v):
-                errors.append(OverlayTypeError(f"{where}[{i}]", "a replaced list's objects must be complete: "
-                                               f"missing {', '.join(sorted(need - set(v)))}"))
+                errors.append(
+                    OverlayTypeError(
+                        f"{where}[{i}]",
+                        f"a replaced list's objects must be complete: missing {', '.join(sorted(need - set(v)))}",
+                    )
+                )
         return
     ok = True
     if schema == INT:
@@ -354,12 +387,16 @@ def software_versions() -> dict[str, str]:
 
     from .. import __version__
 
-    return {"rocm_mla": __version__, "triton": triton.__version__, "torch": torch.__version__,
-            "hip": torch.version.hip or "", "cuda": torch.version.cuda or ""}
+    return {
+        "rocm_mla": __version__,
+        "triton": triton.__version__,
+        "torch": torch.__version__,
+        "hip": torch.version.hip or "",
+        "cuda": torch.version.cuda or "",
+    }
 
 
-def validate_overlay(data: Any, arch: str, cus: int | None = None, *, check_stamp: bool = True
-                     ) -> list[OverlayError]:
+def validate_overlay(data: Any, arch: str, cus: int | None = None, *, check_stamp: bool = True) -> list[OverlayError]:
     """Every problem of overlay ``data`` for a device of ``arch`` with ``cus`` CUs (None: not
     known), as named errors (empty: usable). Compile and reference checks are not done here
     (``rocm-mla tune --check`` adds them)."""
@@ -374,7 +411,7 @@ def validate_overlay(data: Any, arch: str, cus: int | None = None, *, check_stam
             errors.append(OverlayUnknownKey(key, f"unknown op (known: {', '.join(sorted(SCHEMAS))})"))
             continue
         if not isinstance(entry, dict) or not entry:
-            errors.append(OverlayTypeError(key, "expected an object {\"<arch>\": {...}}"))
+            errors.append(OverlayTypeError(key, 'expected an object {"<arch>": {...}}'))
             continue
         for a, obj in entry.items():
             if not a.startswith(("gfx", "sm")) and a != "cpu":
@@ -420,13 +457,19 @@ def stamp_overlay(data: dict[str, Any], by: str) -> dict[str, Any]:
 
     meta = dict(data.get("_meta") or {})
     v = software_versions()
-    meta["verified"] = {"sha256": overlay_digest(data), "rocm_mla": v["rocm_mla"], "triton": v["triton"],
-                        "torch": v["torch"], "by": by,
-                        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    meta["verified"] = {
+        "sha256": overlay_digest(data),
+        "rocm_mla": v["rocm_mla"],
+        "triton": v["triton"],
+        "torch": v["torch"],
+        "by": by,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
     return {**data, "_meta": meta}
 
 
 # --------------------------------------------------------------------------- overlay files
+
 
 def overlay_dir() -> Path | None:
     """The folder (or single ``.json`` file) overlays come from; None when turned off."""
@@ -482,8 +525,11 @@ def find_overlay(arch: str, cus: int | None) -> tuple[Path | None, list[str]]:
     d = overlay_dir()
     if d is None:
         return None, []
-    paths = [d] if d.suffix == ".json" else \
-        ([d / overlay_filename(arch, cus)] if cus else []) + [d / overlay_filename(arch, None)]
+    paths = (
+        [d]
+        if d.suffix == ".json"
+        else ([d / overlay_filename(arch, cus)] if cus else []) + [d / overlay_filename(arch, None)]
+    )
     for p in paths:
         if p.is_file():
             return p, [str(x) for x in paths]
@@ -501,7 +547,7 @@ def read_overlay(path: Path) -> dict[str, Any]:
     return data
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def overlay_status(arch: str) -> OverlayStatus:
     """The overlay the loader uses for ``arch`` on this machine (cached; ``reload_overlays()``)."""
     cus = device_compute_units(arch)
@@ -536,9 +582,12 @@ def _warn_once(st: OverlayStatus) -> None:
         return
     _WARNED.add(key)
     more = "" if st.error is None else f"{st.error.name}: {st.error}"
-    warnings.warn(f"rocm_mla: ignoring the config overlay {st.path} ({more}); using the package's launch "
-                  f"configs. `rocm-mla tune --check` explains it; ROCM_MLA_CONFIG_DIR= turns overlays off.",
-                  OverlayWarning, stacklevel=4)
+    warnings.warn(
+        f"rocm_mla: ignoring the config overlay {st.path} ({more}); using the package's launch "
+        f"configs. `rocm-mla tune --check` explains it; ROCM_MLA_CONFIG_DIR= turns overlays off.",
+        OverlayWarning,
+        stacklevel=4,
+    )
 
 
 def _deep_merge(base: Any, over: Any) -> Any:

@@ -12,11 +12,28 @@ import triton.language as tl
 
 
 @triton.jit
-def context_gather_kernel(cache, block_table, cu_seq_lens, starts, token_to_seq, k_scale_ptr, dst,
-                          num_tokens, page_size, num_seqs, capacity, num_blocks,
-                          s_c_blk, s_c_tok, s_bt, s_dst,
-                          D_NOPE: tl.constexpr, D_PE: tl.constexpr, BLOCK_T: tl.constexpr,
-                          FP8: tl.constexpr):
+def context_gather_kernel(
+    cache,
+    block_table,
+    cu_seq_lens,
+    starts,
+    token_to_seq,
+    k_scale_ptr,
+    dst,
+    num_tokens,
+    page_size,
+    num_seqs,
+    capacity,
+    num_blocks,
+    s_c_blk,
+    s_c_tok,
+    s_bt,
+    s_dst,
+    D_NOPE: tl.constexpr,
+    D_PE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    FP8: tl.constexpr,
+):
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     valid = rows < num_tokens
     seq = tl.load(token_to_seq + rows, mask=valid, other=0)

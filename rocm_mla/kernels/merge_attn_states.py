@@ -12,13 +12,32 @@ import triton.language as tl
 
 @triton.jit
 def merge_attn_states_kernel(
-    out, out_lse, pre, pre_lse, suf, suf_lse,
-    num_rows, num_heads,
-    out_st, out_sh, out_sd,
-    pre_st, pre_sh, pre_sd,
-    suf_st, suf_sh, suf_sd,
-    plse_sh, plse_st, slse_sh, slse_st, olse_sh, olse_st,
-    HEAD_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+    out,
+    out_lse,
+    pre,
+    pre_lse,
+    suf,
+    suf_lse,
+    num_rows,
+    num_heads,
+    out_st,
+    out_sh,
+    out_sd,
+    pre_st,
+    pre_sh,
+    pre_sd,
+    suf_st,
+    suf_sh,
+    suf_sd,
+    plse_sh,
+    plse_st,
+    slse_sh,
+    slse_st,
+    olse_sh,
+    olse_st,
+    HEAD_SIZE: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
     HAS_OUT_LSE: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
@@ -60,5 +79,4 @@ def merge_attn_states_kernel(
     s = tl.load(suf + t[:, None] * suf_st + h[:, None] * suf_sh + d[None, :] * suf_sd, mask=sm, other=0.0)
     o = p.to(tl.float32) * wp[:, None] + s.to(tl.float32) * ws[:, None]
     om = rmask[:, None] & dmask[None, :]
-    tl.store(out + t[:, None] * out_st + h[:, None] * out_sh + d[None, :] * out_sd,
-             o.to(out.dtype.element_ty), mask=om)
+    tl.store(out + t[:, None] * out_st + h[:, None] * out_sh + d[None, :] * out_sd, o.to(out.dtype.element_ty), mask=om)

@@ -48,25 +48,69 @@ def _xcd_local_order(pid, num_pids, NUM_XCDS: tl.constexpr):
 
 # Counts that are often 1 (q_len, splits, head blocks, page size) are not specialised: one compiled
 # kernel per config serves every batch, and the ISA report's variants are exactly what runs.
-@triton.jit(do_not_specialize=["num_heads", "q_len", "num_splits", "num_head_blocks", "page_size", "page_shift",
-                               "capacity", "num_pages"])
+@triton.jit(
+    do_not_specialize=[
+        "num_heads",
+        "q_len",
+        "num_splits",
+        "num_head_blocks",
+        "page_size",
+        "page_shift",
+        "capacity",
+        "num_pages",
+    ]
+)
 def mla_decode_stage1_kernel(
-    q_nope, q_pe, kv, block_table, seq_lens, k_scale_ptr,
-    out, lse, part_o, part_lse,
-    qk_scale, out_scale,
-    num_heads, q_len, num_splits, num_head_blocks, page_size, page_shift, capacity, num_pages,
-    s_qn_r, s_qn_h, s_qn_d,
-    s_qp_r, s_qp_h, s_qp_d,
-    s_kv_blk, s_kv_tok,
-    s_bt_b, s_sl,
-    s_o_r, s_o_h, s_o_d,
-    s_l_r, s_l_h,
-    s_po_s, s_pl_s,
-    D_NOPE: tl.constexpr, D_PE: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    DIRECT: tl.constexpr, HAS_K_SCALE_PTR: tl.constexpr, IEEE: tl.constexpr, D_SPLIT: tl.constexpr,
-    RELOAD_K: tl.constexpr, NUM_XCDS: tl.constexpr, F16_DOT: tl.constexpr = False,
-    PAGE_MODE: tl.constexpr = 0, V_SPLIT: tl.constexpr = 1,
+    q_nope,
+    q_pe,
+    kv,
+    block_table,
+    seq_lens,
+    k_scale_ptr,
+    out,
+    lse,
+    part_o,
+    part_lse,
+    qk_scale,
+    out_scale,
+    num_heads,
+    q_len,
+    num_splits,
+    num_head_blocks,
+    page_size,
+    page_shift,
+    capacity,
+    num_pages,
+    s_qn_r,
+    s_qn_h,
+    s_qn_d,
+    s_qp_r,
+    s_qp_h,
+    s_qp_d,
+    s_kv_blk,
+    s_kv_tok,
+    s_bt_b,
+    s_sl,
+    s_o_r,
+    s_o_h,
+    s_o_d,
+    s_l_r,
+    s_l_h,
+    s_po_s,
+    s_pl_s,
+    D_NOPE: tl.constexpr,
+    D_PE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DIRECT: tl.constexpr,
+    HAS_K_SCALE_PTR: tl.constexpr,
+    IEEE: tl.constexpr,
+    D_SPLIT: tl.constexpr,
+    RELOAD_K: tl.constexpr,
+    NUM_XCDS: tl.constexpr,
+    F16_DOT: tl.constexpr = False,
+    PAGE_MODE: tl.constexpr = 0,
+    V_SPLIT: tl.constexpr = 1,
 ):
     """Stage 1; see the module docstring.
 
@@ -163,8 +207,11 @@ def mla_decode_stage1_kernel(
         qa = tl.load(qn_row + offs_a[None, :] * s_qn_d, mask=row_ok[:, None], other=0.0)
         if D_SPLIT == 2:
             qb = tl.load(qn_row + offs_b[None, :] * s_qn_d, mask=row_ok[:, None], other=0.0)
-        qp = tl.load(q_pe + q_row[:, None] * s_qp_r + h[:, None] * s_qp_h + offs_pe[None, :] * s_qp_d,
-                     mask=row_ok[:, None], other=0.0)
+        qp = tl.load(
+            q_pe + q_row[:, None] * s_qp_r + h[:, None] * s_qp_h + offs_pe[None, :] * s_qp_d,
+            mask=row_ok[:, None],
+            other=0.0,
+        )
         # Check the block-table entries this program will use once, up front (4 bytes per page,
         # against page_size x 576 cache elements per page); with a bad one the loop is skipped and
         # the rows come out NaN. The q loads above are issued first: they do not depend on the
@@ -218,8 +265,9 @@ def mla_decode_stage1_kernel(
                 ka_t = tl.trans(va)
                 if D_SPLIT == 2:
                     kb_t = tl.trans(vb)
-            kp_t = tl.load(tok_ptr[None, :] + D_NOPE + offs_pe[:, None], mask=tok_ok[None, :],
-                           other=0.0).to(qa.dtype)  # [D_PE, BLOCK_N]
+            kp_t = tl.load(tok_ptr[None, :] + D_NOPE + offs_pe[:, None], mask=tok_ok[None, :], other=0.0).to(
+                qa.dtype
+            )  # [D_PE, BLOCK_N]
             if IEEE:
                 s = tl.dot(qa, ka_t, input_precision="ieee")
                 if D_SPLIT == 2:
@@ -279,12 +327,22 @@ def mla_decode_stage1_kernel(
 
 @triton.jit(do_not_specialize=["num_heads", "num_splits"])
 def mla_decode_reduce_kernel(
-    part_o, part_lse, out, lse,
-    num_heads, num_splits,
-    s_po_s, s_pl_s,
-    s_o_r, s_o_h, s_o_d,
-    s_l_r, s_l_h,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+    part_o,
+    part_lse,
+    out,
+    lse,
+    num_heads,
+    num_splits,
+    s_po_s,
+    s_pl_s,
+    s_o_r,
+    s_o_h,
+    s_o_d,
+    s_l_r,
+    s_l_h,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
 ):
     """Stage 2: out[r] = sum_s w_s * part_o[s, r] with w = softmax_s(part_lse[s, r]).
 
@@ -302,8 +360,7 @@ def mla_decode_reduce_kernel(
 
     m = tl.full([BLOCK_S], float("-inf"), dtype=tl.float32)
     for s0 in range(0, num_splits, BLOCK_S):
-        ls = tl.load(part_lse + (s0 + offs_s) * s_pl_s + r, mask=s0 + offs_s < num_splits,
-                     other=float("-inf"))
+        ls = tl.load(part_lse + (s0 + offs_s) * s_pl_s + r, mask=s0 + offs_s < num_splits, other=float("-inf"))
         m = tl.maximum(m, ls)
     m_max = tl.max(m, axis=0)
     m_use = tl.where(m_max == float("-inf"), 0.0, m_max)
@@ -315,8 +372,7 @@ def mla_decode_reduce_kernel(
         ls = tl.load(part_lse + sp * s_pl_s + r, mask=sp < num_splits, other=float("-inf"))
         w = tl.exp2(ls - m_use)
         wsum += w
-        po = tl.load(part_o + sp[:, None] * s_po_s + r * D + offs_d[None, :],
-                     mask=(w > 0.0)[:, None], other=0.0)
+        po = tl.load(part_o + sp[:, None] * s_po_s + r * D + offs_d[None, :], mask=(w > 0.0)[:, None], other=0.0)
         acc += tl.sum(w[:, None] * po, axis=0)
     total = tl.sum(wsum, axis=0)
     # A NaN partial lse (a poisoned split) makes its weight, total and acc NaN: kept, never read as

@@ -52,20 +52,47 @@ import triton.language as tl
 
 @triton.jit
 def mla_prefill_kernel(
-    Q, KN, KPE, V, O, LSE, CU_Q, CU_K,
+    Q,
+    KN,
+    KPE,
+    V,
+    O,  # noqa: E741 - the output pointer, named like Q and V
+    LSE,
+    CU_Q,
+    CU_K,
     qk_scale,  # sm_scale * log2(e): scores go straight into exp2
     num_seqs,
-    num_q_rows, num_k_rows,  # Tq, Tk: the bound guard below
-    q_st, q_sh, q_sd,
-    kn_st, kn_sh, kn_sd,
-    kpe_st, kpe_sh, kpe_sd,
-    v_st, v_sh, v_sd,
-    o_st, o_sh, o_sd,
-    lse_sh, lse_st,
-    cuq_s, cuk_s,
-    D_NOPE: tl.constexpr, D_ROPE: tl.constexpr, D_V: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SEQ_CHUNK: tl.constexpr,
-    CAUSAL: tl.constexpr, DOT_PREC: tl.constexpr, DIAG_STAGES: tl.constexpr, USE_TMA: tl.constexpr,
+    num_q_rows,
+    num_k_rows,  # Tq, Tk: the bound guard below
+    q_st,
+    q_sh,
+    q_sd,
+    kn_st,
+    kn_sh,
+    kn_sd,
+    kpe_st,
+    kpe_sh,
+    kpe_sd,
+    v_st,
+    v_sh,
+    v_sd,
+    o_st,
+    o_sh,
+    o_sd,
+    lse_sh,
+    lse_st,
+    cuq_s,
+    cuk_s,
+    D_NOPE: tl.constexpr,
+    D_ROPE: tl.constexpr,
+    D_V: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SEQ_CHUNK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    DIAG_STAGES: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     slot = tl.program_id(0)
     h = tl.program_id(1).to(tl.int64)
@@ -112,8 +139,7 @@ def mla_prefill_kernel(
     # ---- Q tile, loaded once: nope [BLOCK_M, D_NOPE] and rope [BLOCK_M, D_ROPE] parts.
     q_base = Q + (q_start + m0).to(tl.int64) * q_st + h * q_sh
     q_nope = tl.load(q_base + offs_m[:, None] * q_st + d_nope[None, :] * q_sd, mask=row_ok[:, None], other=0.0)
-    q_pe = tl.load(q_base + offs_m[:, None] * q_st + (D_NOPE + d_rope)[None, :] * q_sd,
-                   mask=row_ok[:, None], other=0.0)
+    q_pe = tl.load(q_base + offs_m[:, None] * q_st + (D_NOPE + d_rope)[None, :] * q_sd, mask=row_ok[:, None], other=0.0)
 
     # K is read transposed ([D, BLOCK_N] tiles) so the score dot needs no permute.
     kn_base = KN + k_start.to(tl.int64) * kn_st + h * kn_sh
@@ -140,12 +166,13 @@ def mla_prefill_kernel(
         # strides, unit inner strides). Rows past lk read as 0 (TMA zero fill), so no load needs a
         # mask -- not even another sequence's NaN can reach this one.
         lk_box = tl.maximum(lk, 1)
-        kn_desc = tl.make_tensor_descriptor(kn_base, shape=[lk_box, D_NOPE], strides=[kn_st, 1],
-                                            block_shape=[BLOCK_N, D_NOPE])
-        kpe_desc = tl.make_tensor_descriptor(kpe_base, shape=[lk_box, D_ROPE], strides=[kpe_st, 1],
-                                             block_shape=[BLOCK_N, D_ROPE])
-        v_desc = tl.make_tensor_descriptor(v_base, shape=[lk_box, D_V], strides=[v_st, 1],
-                                           block_shape=[BLOCK_N, D_V])
+        kn_desc = tl.make_tensor_descriptor(
+            kn_base, shape=[lk_box, D_NOPE], strides=[kn_st, 1], block_shape=[BLOCK_N, D_NOPE]
+        )
+        kpe_desc = tl.make_tensor_descriptor(
+            kpe_base, shape=[lk_box, D_ROPE], strides=[kpe_st, 1], block_shape=[BLOCK_N, D_ROPE]
+        )
+        v_desc = tl.make_tensor_descriptor(v_base, shape=[lk_box, D_V], strides=[v_st, 1], block_shape=[BLOCK_N, D_V])
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -229,8 +256,7 @@ def mla_prefill_kernel(
     l_safe = tl.where(blind, 1.0, l_i)
     out = tl.where(blind[:, None], 0.0, acc * (1.0 / l_safe)[:, None])
     o_base = O + (q_start + m0).to(tl.int64) * o_st + h * o_sh
-    tl.store(o_base + offs_m[:, None] * o_st + d_v[None, :] * o_sd, out.to(O.dtype.element_ty),
-             mask=row_ok[:, None])
+    tl.store(o_base + offs_m[:, None] * o_st + d_v[None, :] * o_sd, out.to(O.dtype.element_ty), mask=row_ok[:, None])
     # Back from the log2 domain: lse = ln(2) * (m + log2(l)).
     lse = tl.where(blind, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
     lse_base = LSE + h * lse_sh + (q_start + m0).to(tl.int64) * lse_st

@@ -32,8 +32,7 @@ CACHE_FP8_E4M3FNUZ = 2
 
 
 @triton.jit
-def _fp8_e4m3_bits(x, BIAS: tl.constexpr, MAX_BITS: tl.constexpr, MAX_CODE: tl.constexpr,
-                   FNUZ: tl.constexpr):
+def _fp8_e4m3_bits(x, BIAS: tl.constexpr, MAX_BITS: tl.constexpr, MAX_CODE: tl.constexpr, FNUZ: tl.constexpr):
     """float32 -> E4M3 code (uint8): saturating, round to nearest even (see fp8.cuh).
 
     e4m3fn: BIAS 7, MAX_BITS 0x43E00000 (448.0), MAX_CODE 0x7E;
@@ -86,10 +85,36 @@ def _rotate(x1, x2, cos, sin):
 
 @triton.jit
 def rope_mla_kv_write_kernel(
-    positions, q_pe, k_pe, kv_c, cos_sin, cache, slot_mapping, k_scale,
-    num_tokens, num_heads, num_cached, block_size, num_slots, max_pos,
-    q_st, q_sh, q_sd, k_st, k_sd, c_st, c_sd, cs_sp, cs_sd, kv_sb, kv_so, kv_sd,
-    ROPE: tl.constexpr, IS_NEOX: tl.constexpr, TOKENS: tl.constexpr, BLOCK_R: tl.constexpr,
+    positions,
+    q_pe,
+    k_pe,
+    kv_c,
+    cos_sin,
+    cache,
+    slot_mapping,
+    k_scale,
+    num_tokens,
+    num_heads,
+    num_cached,
+    block_size,
+    num_slots,
+    max_pos,
+    q_st,
+    q_sh,
+    q_sd,
+    k_st,
+    k_sd,
+    c_st,
+    c_sd,
+    cs_sp,
+    cs_sd,
+    kv_sb,
+    kv_so,
+    kv_sd,
+    ROPE: tl.constexpr,
+    IS_NEOX: tl.constexpr,
+    TOKENS: tl.constexpr,
+    BLOCK_R: tl.constexpr,
     CACHE_KIND: tl.constexpr,
 ):
     t0 = tl.program_id(0).to(tl.int64) * TOKENS
@@ -132,8 +157,7 @@ def rope_mla_kv_write_kernel(
             if IS_NEOX:
                 p1 = rows[:, None] + d32[None, :] * q_sd
                 p2 = rows[:, None] + (d32[None, :] + 32) * q_sd
-                o1, o2 = _rotate(tl.load(p1, mask=m2).to(tl.float32), tl.load(p2, mask=m2).to(tl.float32),
-                                 cos, sin)
+                o1, o2 = _rotate(tl.load(p1, mask=m2).to(tl.float32), tl.load(p2, mask=m2).to(tl.float32), cos, sin)
                 tl.store(p1, o1.to(q_ty), mask=m2)
                 tl.store(p2, o2.to(q_ty), mask=m2)
             else:

@@ -6,5 +6,12 @@ from .merge import merge_attn_states
 from .prefill import mla_prefill, mla_prefill_with_context
 from .rope_kv_write import concat_and_cache_mla, fused_rope_mla_kv_write
 
-__all__ = ["mla_decode", "merge_attn_states", "mla_prefill", "mla_prefill_with_context",
-           "fused_rope_mla_kv_write", "concat_and_cache_mla", "gather_context_chunk"]
+__all__ = [
+    "mla_decode",
+    "merge_attn_states",
+    "mla_prefill",
+    "mla_prefill_with_context",
+    "fused_rope_mla_kv_write",
+    "concat_and_cache_mla",
+    "gather_context_chunk",
+]

@@ -32,9 +32,17 @@ class Checker:
     def fail(self, name: str, expected: str, got: object, exc: type[Exception] = ValueError):
         raise exc(f"{self.op}: {name}: expected {expected}, got {got}")
 
-    def tensor(self, name: str, x: object, *, ndim: int | None = None, layout: str = "",
-               shape: Sequence[int | None] | None = None, dtypes: Sequence[torch.dtype] | None = None,
-               like: str = "") -> torch.Tensor:
+    def tensor(
+        self,
+        name: str,
+        x: object,
+        *,
+        ndim: int | None = None,
+        layout: str = "",
+        shape: Sequence[int | None] | None = None,
+        dtypes: Sequence[torch.dtype] | None = None,
+        like: str = "",
+    ) -> torch.Tensor:
         """Check that ``x`` is a tensor of the given rank, shape (None = any) and dtype."""
         if not isinstance(x, torch.Tensor):
             self.fail(name, f"a torch.Tensor {layout}".rstrip(), type(x).__name__, TypeError)
@@ -53,8 +61,12 @@ class Checker:
     def same_dtype(self, ref_name: str, ref: torch.Tensor, **others: torch.Tensor | None):
         for name, x in others.items():
             if x is not None and x.dtype != ref.dtype:
-                self.fail(name, f"dtype {_dtype_names([ref.dtype])} (like {ref_name})",
-                          str(x.dtype).replace("torch.", ""), TypeError)
+                self.fail(
+                    name,
+                    f"dtype {_dtype_names([ref.dtype])} (like {ref_name})",
+                    str(x.dtype).replace("torch.", ""),
+                    TypeError,
+                )
 
     def same_device(self, **tensors: torch.Tensor | None):
         items = [(n, t) for n, t in tensors.items() if t is not None]
@@ -79,19 +91,27 @@ class Checker:
         if not overlap and x.numel() > 1:
             overlap = torch._debug_has_internal_overlap(x) == 1
         if overlap:
-            self.fail(name, "a destination whose elements do not overlap (no stride 0 in a "
-                      "dimension of size > 1)", f"shape {tuple(x.shape)} strides {x.stride()}")
+            self.fail(
+                name,
+                "a destination whose elements do not overlap (no stride 0 in a dimension of size > 1)",
+                f"shape {tuple(x.shape)} strides {x.stride()}",
+            )
 
-    def disjoint(self, name: str, x: torch.Tensor, other_name: str, other: torch.Tensor | None, *,
-                 allow_identical: bool = False):
+    def disjoint(
+        self, name: str, x: torch.Tensor, other_name: str, other: torch.Tensor | None, *, allow_identical: bool = False
+    ):
         """A destination may not share memory with an input that other threads still read:
         either no byte in common or, when ``allow_identical``, exactly the same view (each element
         is then read and written by the same thread)."""
-        self.no_overlap({name: x}, {other_name: other},
-                        identical_ok=((name, other_name),) if allow_identical else ())
+        self.no_overlap({name: x}, {other_name: other}, identical_ok=((name, other_name),) if allow_identical else ())
 
-    def no_overlap(self, dests: dict[str, torch.Tensor | None], srcs: dict[str, torch.Tensor | None], *,
-                   identical_ok: Sequence[tuple[str, str]] = ()):
+    def no_overlap(
+        self,
+        dests: dict[str, torch.Tensor | None],
+        srcs: dict[str, torch.Tensor | None],
+        *,
+        identical_ok: Sequence[tuple[str, str]] = (),
+    ):
         """Every destination shares no memory with any other destination nor with any source.
 
         Host-side pointer arithmetic only (no device access: no sync, capturable in a CUDA graph):
@@ -111,7 +131,7 @@ class Checker:
             return
         s_items = [(n, t, _storage_range(t)) for n, t in srcs.items() if t is not None and t.numel()]
         for i, (dn, d, (da0, da1)) in enumerate(d_items):
-            for sn, s, (sb0, sb1) in d_items[i + 1:] + s_items:
+            for sn, s, (sb0, sb1) in d_items[i + 1 :] + s_items:
                 if da1 <= sb0 or sb1 <= da0 or s.device != d.device:
                     continue
                 a0, b0 = d.data_ptr(), s.data_ptr()
@@ -122,13 +142,16 @@ class Checker:
                 allowed = (dn, sn) in identical_ok
                 if allowed and _identical(d, s):
                     continue
-                if _disjoint_by_period(d.shape, d.stride(), d.element_size(), s.shape, s.stride(),
-                                       s.element_size(), b0 - a0):
+                if _disjoint_by_period(
+                    d.shape, d.stride(), d.element_size(), s.shape, s.stride(), s.element_size(), b0 - a0
+                ):
                     continue
                 what = "no memory in common (or the very same view)" if allowed else "no memory in common"
-                self.fail(dn, f"{what} with {sn}",
-                          f"overlapping views of one buffer ({dn}: bytes [{a0:#x}, {a1:#x}), "
-                          f"{sn}: bytes [{b0:#x}, {b1:#x}))")
+                self.fail(
+                    dn,
+                    f"{what} with {sn}",
+                    f"overlapping views of one buffer ({dn}: bytes [{a0:#x}, {a1:#x}), {sn}: bytes [{b0:#x}, {b1:#x}))",
+                )
 
 
 def _storage_range(t: torch.Tensor) -> tuple[int, int]:
@@ -152,13 +175,19 @@ def _extent(shape: tuple[int, ...], stride: tuple[int, ...], es: int) -> int:
 
 
 def _identical(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape
-            and a.stride() == b.stride())
+    return a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
 
 
 @functools.lru_cache(maxsize=4096)
-def _disjoint_by_period(shape_a: tuple[int, ...], stride_a: tuple[int, ...], es_a: int,
-                        shape_b: tuple[int, ...], stride_b: tuple[int, ...], es_b: int, offset: int) -> bool:
+def _disjoint_by_period(
+    shape_a: tuple[int, ...],
+    stride_a: tuple[int, ...],
+    es_a: int,
+    shape_b: tuple[int, ...],
+    stride_b: tuple[int, ...],
+    es_b: int,
+    offset: int,
+) -> bool:
     """True when some byte period P proves that views a and b (b starting ``offset`` bytes after
     a) share no byte.
 
@@ -167,8 +196,10 @@ def _disjoint_by_period(shape_a: tuple[int, ...], stride_a: tuple[int, ...], es_
     view's bytes then lie, modulo P, in the circular window ``[start mod P, + w)``; disjoint
     windows mean disjoint views. Depends on the layouts and the offset only (cached).
     """
-    dims = [[(n, st * es) for n, st in zip(shape, stride) if n > 1]
-            for shape, stride, es in ((shape_a, stride_a, es_a), (shape_b, stride_b, es_b))]
+    dims = [
+        [(n, st * es) for n, st in zip(shape, stride) if n > 1]
+        for shape, stride, es in ((shape_a, stride_a, es_a), (shape_b, stride_b, es_b))
+    ]
     for period in sorted({st for d in dims for _, st in d}):
         if period <= 0:
             continue

@@ -22,7 +22,7 @@ import torch
 import triton
 
 from .. import _platform
-from ..configs import config_for, platform_fp8_dtype
+from ..configs import config_for
 from ..kernels.context_gather import context_gather_kernel
 from ..mla_dims import KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from ..reference.context_gather import context_gather_ref
@@ -39,9 +39,17 @@ _FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
-def gather_context_chunk(kv_cache: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: torch.Tensor,
-                         starts: torch.Tensor, token_to_seq: torch.Tensor, dst: torch.Tensor, *,
-                         k_scale: torch.Tensor | None = None, backend: str | None = None) -> torch.Tensor:
+def gather_context_chunk(
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seq_lens: torch.Tensor,
+    starts: torch.Tensor,
+    token_to_seq: torch.Tensor,
+    dst: torch.Tensor,
+    *,
+    k_scale: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
     """Gather ``dst.shape[0]`` context rows of one chunk from the paged cache into ``dst``.
 
     Args:
@@ -84,8 +92,9 @@ def gather_context_chunk(kv_cache: torch.Tensor, block_table: torch.Tensor, cu_s
     fp8 = _check(c, kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale)
     impl = select(OP, dst.device, backend)
     if impl == "hip":
-        raise RuntimeError(f"{OP}: backend 'hip' was requested but there is no HIP kernel for {OP}; "
-                           "use 'triton' or 'reference'")
+        raise RuntimeError(
+            f"{OP}: backend 'hip' was requested but there is no HIP kernel for {OP}; use 'triton' or 'reference'"
+        )
     if dst.shape[0] == 0:
         return dst
     _run(impl, None, kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale if fp8 else None)
@@ -98,8 +107,7 @@ def _check(c: Checker, kv_cache, block_table, cu_seq_lens, starts, token_to_seq,
     T = dst.shape[0]
     if dst.shape[1] != ROW_DIM:
         c.fail("dst", f"shape [T, 576] = (*, {ROW_DIM})", tuple(dst.shape))
-    c.tensor("kv_cache", kv_cache, ndim=3, layout="[num_blocks, block_size, 576]",
-             dtypes=FLOAT_DTYPES + _FP8_DTYPES)
+    c.tensor("kv_cache", kv_cache, ndim=3, layout="[num_blocks, block_size, 576]", dtypes=FLOAT_DTYPES + _FP8_DTYPES)
     if kv_cache.shape[2] != ROW_DIM:
         c.fail("kv_cache", f"shape [num_blocks, block_size, 576] = (*, *, {ROW_DIM})", tuple(kv_cache.shape))
     if kv_cache.shape[1] < 1:
@@ -109,15 +117,18 @@ def _check(c: Checker, kv_cache, block_table, cu_seq_lens, starts, token_to_seq,
             c.fail(name, "a contiguous last dim (stride 1)", f"strides {x.stride()}")
     c.tensor("block_table", block_table, ndim=2, layout="[R, max_blocks]", dtypes=_INDEX_DTYPES)
     R = block_table.shape[0]
-    c.tensor("cu_seq_lens", cu_seq_lens, shape=(R + 1,), layout="[R + 1]", dtypes=_INDEX_DTYPES,
-             like="block_table's R")
+    c.tensor("cu_seq_lens", cu_seq_lens, shape=(R + 1,), layout="[R + 1]", dtypes=_INDEX_DTYPES, like="block_table's R")
     c.tensor("starts", starts, shape=(R,), layout="[R]", dtypes=_INDEX_DTYPES, like="block_table's R")
     c.tensor("token_to_seq", token_to_seq, ndim=1, layout="[>= T]", dtypes=_INDEX_DTYPES)
     if token_to_seq.shape[0] < T:
         c.fail("token_to_seq", f"a 1-D tensor of at least dst's {T} rows", f"shape {tuple(token_to_seq.shape)}")
     # The kernel steps through these with unit strides (block_table: along a row).
-    for name, x, dim in (("block_table", block_table, 1), ("cu_seq_lens", cu_seq_lens, 0),
-                         ("starts", starts, 0), ("token_to_seq", token_to_seq, 0)):
+    for name, x, dim in (
+        ("block_table", block_table, 1),
+        ("cu_seq_lens", cu_seq_lens, 0),
+        ("starts", starts, 0),
+        ("token_to_seq", token_to_seq, 0),
+    ):
         if x.shape[dim] > 1 and x.stride(dim) != 1:
             c.fail(name, f"stride 1 in dim {dim}", f"strides {x.stride()}")
     fp8 = kv_cache.dtype in _FP8_DTYPES
@@ -127,24 +138,37 @@ def _check(c: Checker, kv_cache, block_table, cu_seq_lens, starts, token_to_seq,
         c.tensor("k_scale", k_scale, layout="(1 element)", dtypes=(torch.float32,))
         if k_scale.numel() != 1:
             c.fail("k_scale", "a 1-element float32 tensor", f"shape {tuple(k_scale.shape)}")
-    c.same_device(dst=dst, kv_cache=kv_cache, block_table=block_table, cu_seq_lens=cu_seq_lens, starts=starts,
-                  token_to_seq=token_to_seq, k_scale=k_scale if fp8 else None)
+    c.same_device(
+        dst=dst,
+        kv_cache=kv_cache,
+        block_table=block_table,
+        cu_seq_lens=cu_seq_lens,
+        starts=starts,
+        token_to_seq=token_to_seq,
+        k_scale=k_scale if fp8 else None,
+    )
     c.writable("dst", dst)
-    c.no_overlap({"dst": dst}, {"kv_cache": kv_cache, "block_table": block_table, "cu_seq_lens": cu_seq_lens,
-                                "starts": starts, "token_to_seq": token_to_seq,
-                                "k_scale": k_scale if fp8 else None})
+    c.no_overlap(
+        {"dst": dst},
+        {
+            "kv_cache": kv_cache,
+            "block_table": block_table,
+            "cu_seq_lens": cu_seq_lens,
+            "starts": starts,
+            "token_to_seq": token_to_seq,
+            "k_scale": k_scale if fp8 else None,
+        },
+    )
     return fp8
 
 
-def _run(impl: str, cfg: dict | None, kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst,
-         k_scale) -> None:
+def _run(impl: str, cfg: dict | None, kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale) -> None:
     """Launch ``impl`` on validated arguments (``k_scale`` None unless the cache is fp8); ``cfg``
     overrides the arch's Triton launch data."""
     if impl == "triton":
         _launch_triton(kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale, cfg)
     else:
-        dst.copy_(context_gather_ref(kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst.shape[0],
-                                     k_scale))
+        dst.copy_(context_gather_ref(kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst.shape[0], k_scale))
 
 
 def triton_meta(arch: str, cfg: dict | None = None) -> tuple[dict, dict]:
@@ -169,7 +193,23 @@ def _launch_triton(kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst
     bt = block_table if block_table.numel() else token_to_seq
     st = starts if starts.numel() else token_to_seq
     context_gather_kernel[grid](
-        cache, bt, cu_seq_lens, st, token_to_seq, k_scale if k_scale is not None else dst, dst,
-        T, page_size, R, max_blocks * page_size, num_blocks,
-        kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0), dst.stride(0),
-        FP8=k_scale is not None, **consts, **options)
+        cache,
+        bt,
+        cu_seq_lens,
+        st,
+        token_to_seq,
+        k_scale if k_scale is not None else dst,
+        dst,
+        T,
+        page_size,
+        R,
+        max_blocks * page_size,
+        num_blocks,
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        block_table.stride(0),
+        dst.stride(0),
+        FP8=k_scale is not None,
+        **consts,
+        **options,
+    )

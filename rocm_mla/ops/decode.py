@@ -42,14 +42,25 @@ _DTYPE_TAGS = ("fp8", "fp32", "fp16+fp8")  # per-dtype override objects inside a
 _KV_DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32", *FP8_KV_CACHE_DTYPES)
 
 
-def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
-               block_table: torch.Tensor, seq_lens: torch.Tensor, *, sm_scale: float,
-               out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
-               kv_cache_dtype: str = "auto", k_scale: float | torch.Tensor | None = None,
-               num_kv_splits: int | None = None, max_seq_len: int | None = None,
-               workspace: torch.Tensor | None = None, backend: str | None = None,
-               config: dict[str, Any] | None = None, debug: bool | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+def mla_decode(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    sm_scale: float,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    kv_cache_dtype: str = "auto",
+    k_scale: float | torch.Tensor | None = None,
+    num_kv_splits: int | None = None,
+    max_seq_len: int | None = None,
+    workspace: torch.Tensor | None = None,
+    backend: str | None = None,
+    config: dict[str, Any] | None = None,
+    debug: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Paged multi-query attention of MLA decode over the latent cache; returns ``(out, lse)``.
 
     Args:
@@ -127,8 +138,9 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
     c.same_dtype("q_nope", q_nope, q_pe=q_pe)
     c.tensor("kv_cache", kv_cache, ndim=3, layout="[num_blocks, block_size, 576]")
     if kv_cache.shape[2] != D_KV:
-        c.fail("kv_cache", f"last dim {D_KV} (512 + 64) in [num_blocks, block_size, 576]",
-               f"shape {tuple(kv_cache.shape)}")
+        c.fail(
+            "kv_cache", f"last dim {D_KV} (512 + 64) in [num_blocks, block_size, 576]", f"shape {tuple(kv_cache.shape)}"
+        )
     if kv_cache.stride(2) != 1 and kv_cache.shape[2] > 1:
         c.fail("kv_cache", "a contiguous last dim (stride 1)", f"strides {kv_cache.stride()}")
     kv, is_fp8 = _kv_view(c, kv_cache, kv_cache_dtype, q_nope.dtype)
@@ -147,8 +159,7 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
     if out is None:
         out = torch.empty(rows, N, D_NOPE, dtype=q_nope.dtype, device=q_nope.device)
     else:
-        c.tensor("out", out, shape=(rows, N, D_NOPE), layout="[rows, N, 512]", dtypes=(q_nope.dtype,),
-                 like="q_nope's")
+        c.tensor("out", out, shape=(rows, N, D_NOPE), layout="[rows, N, 512]", dtypes=(q_nope.dtype,), like="q_nope's")
         c.writable("out", out)
     if lse is None:
         lse = torch.empty(rows, N, dtype=torch.float32, device=q_nope.device)
@@ -158,18 +169,36 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
     if workspace is not None:
         c.tensor("workspace", workspace, layout="(float32, contiguous)")
     scale_t = _check_k_scale(c, k_scale, q_nope.device)
-    if num_kv_splits is not None and (not isinstance(num_kv_splits, int) or isinstance(num_kv_splits, bool)
-                                      or num_kv_splits < 1):
+    if num_kv_splits is not None and (
+        not isinstance(num_kv_splits, int) or isinstance(num_kv_splits, bool) or num_kv_splits < 1
+    ):
         c.fail("num_kv_splits", "None or an int >= 1", repr(num_kv_splits))
     if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len < 0):
         c.fail("max_seq_len", "None or an int >= 0", repr(max_seq_len))
-    c.same_device(q_nope=q_nope, q_pe=q_pe, kv_cache=kv_cache, block_table=block_table, seq_lens=seq_lens,
-                  out=out, lse=lse, k_scale=scale_t, workspace=workspace)
+    c.same_device(
+        q_nope=q_nope,
+        q_pe=q_pe,
+        kv_cache=kv_cache,
+        block_table=block_table,
+        seq_lens=seq_lens,
+        out=out,
+        lse=lse,
+        k_scale=scale_t,
+        workspace=workspace,
+    )
     # Destinations (the caller's: fresh ones overlap nothing) vs everything the kernels read,
     # e.g. an out placed on cache pages that a later request reads. Pointer arithmetic only.
-    c.no_overlap({"out": given_out, "lse": given_lse, "workspace": workspace},
-                 {"q_nope": q_nope, "q_pe": q_pe, "kv_cache": kv_cache, "block_table": block_table,
-                  "seq_lens": seq_lens, "k_scale": scale_t})
+    c.no_overlap(
+        {"out": given_out, "lse": given_lse, "workspace": workspace},
+        {
+            "q_nope": q_nope,
+            "q_pe": q_pe,
+            "kv_cache": kv_cache,
+            "block_table": block_table,
+            "seq_lens": seq_lens,
+            "k_scale": scale_t,
+        },
+    )
     if debug if debug is not None else os.environ.get("ROCM_MLA_DEBUG", "0") == "1":
         _debug_checks(c, kv, block_table, seq_lens, q_len)
 
@@ -177,24 +206,41 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
     if out.numel() == 0 and lse.numel() == 0:
         return out, lse
     if impl == "hip":
-        raise RuntimeError(f"{OP}: backend 'hip' was requested but there is no HIP kernel for {OP}; "
-                           "use 'triton' or 'reference'")
+        raise RuntimeError(
+            f"{OP}: backend 'hip' was requested but there is no HIP kernel for {OP}; use 'triton' or 'reference'"
+        )
     ks_float = None
     if is_fp8 and k_scale is not None and scale_t is None:
         ks_float = float(k_scale)
     if impl == "triton":
-        _launch_triton(q_nope, q_pe, kv, block_table, seq_lens, out, lse, float(sm_scale), q_len,
-                       is_fp8, ks_float, scale_t if is_fp8 else None, num_kv_splits, max_seq_len,
-                       workspace, config)
+        _launch_triton(
+            q_nope,
+            q_pe,
+            kv,
+            block_table,
+            seq_lens,
+            out,
+            lse,
+            float(sm_scale),
+            q_len,
+            is_fp8,
+            ks_float,
+            scale_t if is_fp8 else None,
+            num_kv_splits,
+            max_seq_len,
+            workspace,
+            config,
+        )
     else:
         ref_scale = (scale_t if scale_t is not None else ks_float) if is_fp8 else None
-        o, l = mla_decode_ref(q_nope, q_pe, kv, block_table, seq_lens, float(sm_scale), ref_scale)
+        o, lse_ref = mla_decode_ref(q_nope, q_pe, kv, block_table, seq_lens, float(sm_scale), ref_scale)
         out.copy_(o)
-        lse.copy_(l)
+        lse.copy_(lse_ref)
     return out, lse
 
 
 # --------------------------------------------------------------------------- validation helpers
+
 
 def fp8_dtype_for(arch: str) -> torch.dtype:
     """The e4m3 dtype a uint8 fp8 cache holds on ``arch`` (configs/platform.json, shared with the
@@ -202,8 +248,9 @@ def fp8_dtype_for(arch: str) -> torch.dtype:
     return platform_fp8_dtype(arch)
 
 
-def _kv_view(c: Checker, kv_cache: torch.Tensor, kv_cache_dtype: str, q_dtype: torch.dtype
-             ) -> tuple[torch.Tensor, bool]:
+def _kv_view(
+    c: Checker, kv_cache: torch.Tensor, kv_cache_dtype: str, q_dtype: torch.dtype
+) -> tuple[torch.Tensor, bool]:
     """The cache as the kernel reads it (uint8 fp8 viewed as e4m3), and whether it is fp8."""
     if kv_cache_dtype not in _KV_DTYPE_NAMES:
         c.fail("kv_cache_dtype", f"one of {', '.join(map(repr, _KV_DTYPE_NAMES))}", repr(kv_cache_dtype))
@@ -214,23 +261,36 @@ def _kv_view(c: Checker, kv_cache: torch.Tensor, kv_cache_dtype: str, q_dtype: t
             return kv_cache.view(named or fp8_dtype_for(_platform.device_arch(kv_cache.device))), True
         if dt in FP8_DTYPES:
             if named is not None and named != dt:
-                c.fail("kv_cache", f"dtype {str(named).replace('torch.', '')} (kv_cache_dtype={kv_cache_dtype!r})",
-                       str(dt).replace("torch.", ""), TypeError)
+                c.fail(
+                    "kv_cache",
+                    f"dtype {str(named).replace('torch.', '')} (kv_cache_dtype={kv_cache_dtype!r})",
+                    str(dt).replace("torch.", ""),
+                    TypeError,
+                )
             return kv_cache, True
-        c.fail("kv_cache", f"dtype uint8, float8_e4m3fn or float8_e4m3fnuz (kv_cache_dtype={kv_cache_dtype!r})",
-               str(dt).replace("torch.", ""), TypeError)
+        c.fail(
+            "kv_cache",
+            f"dtype uint8, float8_e4m3fn or float8_e4m3fnuz (kv_cache_dtype={kv_cache_dtype!r})",
+            str(dt).replace("torch.", ""),
+            TypeError,
+        )
     if dt in FP8_DTYPES:
         if kv_cache_dtype != "auto":
-            c.fail("kv_cache_dtype", f"'auto' or 'fp8' for a {str(dt).replace('torch.', '')} cache",
-                   repr(kv_cache_dtype))
+            c.fail(
+                "kv_cache_dtype", f"'auto' or 'fp8' for a {str(dt).replace('torch.', '')} cache", repr(kv_cache_dtype)
+            )
         return kv_cache, True
     if dt == torch.uint8:
         c.fail("kv_cache_dtype", "'fp8' or 'fp8_e4m3' for a uint8 cache", repr(kv_cache_dtype))
     if kv_cache_dtype != "auto" and str(dt) != f"torch.{kv_cache_dtype}":
         c.fail("kv_cache", f"dtype {kv_cache_dtype} (kv_cache_dtype)", str(dt).replace("torch.", ""), TypeError)
     if dt != q_dtype:
-        c.fail("kv_cache", f"dtype {str(q_dtype).replace('torch.', '')} (like q_nope) or fp8",
-               str(dt).replace("torch.", ""), TypeError)
+        c.fail(
+            "kv_cache",
+            f"dtype {str(q_dtype).replace('torch.', '')} (like q_nope) or fp8",
+            str(dt).replace("torch.", ""),
+            TypeError,
+        )
     return kv_cache, False
 
 
@@ -249,8 +309,7 @@ def _check_k_scale(c: Checker, k_scale, device: torch.device) -> torch.Tensor | 
     return k_scale
 
 
-def _debug_checks(c: Checker, kv: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
-                  q_len: int) -> None:
+def _debug_checks(c: Checker, kv: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, q_len: int) -> None:
     """Checks that read device values (one host sync): lengths within the table's capacity and
     used page ids within the cache."""
     B, max_blocks = block_table.shape
@@ -261,15 +320,21 @@ def _debug_checks(c: Checker, kv: torch.Tensor, block_table: torch.Tensor, seq_l
     bad = ((sl < 0) | (sl > cap)).nonzero()
     if bad.numel():
         b = int(bad[0, 0])
-        c.fail("seq_lens", f"0 <= seq_len <= block-table capacity {cap} (max_blocks {max_blocks} x "
-               f"block_size {kv.shape[1]})", f"seq_lens[{b}] = {int(sl[b])}")
+        c.fail(
+            "seq_lens",
+            f"0 <= seq_len <= block-table capacity {cap} (max_blocks {max_blocks} x block_size {kv.shape[1]})",
+            f"seq_lens[{b}] = {int(sl[b])}",
+        )
     used = (torch.arange(max_blocks)[None, :] * kv.shape[1]) < sl[:, None]
     bt = block_table.cpu()
     bad = (used & ((bt < 0) | (bt >= kv.shape[0]))).nonzero()
     if bad.numel():
         b, j = int(bad[0, 0]), int(bad[0, 1])
-        c.fail("block_table", f"page ids in [0, {kv.shape[0]}) (num_blocks) for every used block",
-               f"block_table[{b}, {j}] = {int(bt[b, j])} ({bad.shape[0]} used entries out of range)")
+        c.fail(
+            "block_table",
+            f"page ids in [0, {kv.shape[0]}) (num_blocks) for every used block",
+            f"block_table[{b}, {j}] = {int(bt[b, j])} ({bad.shape[0]} used entries out of range)",
+        )
 
 
 def mla_decode_workspace_numel(rows: int, num_heads: int, num_kv_splits: int) -> int:
@@ -282,7 +347,8 @@ def mla_decode_workspace_numel(rows: int, num_heads: int, num_kv_splits: int) ->
 
 # --------------------------------------------------------------------------- launch decisions
 
-@functools.lru_cache(maxsize=None)
+
+@functools.cache
 def _num_cus(device_index: int) -> int:
     return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
 
@@ -294,8 +360,9 @@ def num_compute_units(device: torch.device) -> int:
     return _num_cus(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def stage1_config(arch: str, rows_per_request: int, q_dtype: torch.dtype, fp8: bool,
-                  override: dict[str, Any] | None = None) -> dict[str, Any]:
+def stage1_config(
+    arch: str, rows_per_request: int, q_dtype: torch.dtype, fp8: bool, override: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The stage-1 launch config for ``rows_per_request`` = q_len x N query rows.
 
     The first tier (configs' ``stage1``, sorted by BLOCK_H) that holds every row of a request;
@@ -309,8 +376,11 @@ def stage1_config(arch: str, rows_per_request: int, q_dtype: torch.dtype, fp8: b
         tiers = config_for(OP, arch)["stage1"]
         tier = next((t for t in tiers if t["BLOCK_H"] >= rows_per_request), tiers[-1])
     cfg = {k: v for k, v in tier.items() if k not in _DTYPE_TAGS}
-    tags = (["fp8"] if fp8 else []) + (["fp32"] if q_dtype == torch.float32 else []) \
+    tags = (
+        (["fp8"] if fp8 else [])
+        + (["fp32"] if q_dtype == torch.float32 else [])
         + (["fp16+fp8"] if fp8 and q_dtype == torch.float16 else [])
+    )
     for tag in tags:
         cfg.update(tier.get(tag, {}))
     cfg.setdefault("ctas_per_cu", 1)
@@ -321,9 +391,20 @@ def stage1_config(arch: str, rows_per_request: int, q_dtype: torch.dtype, fp8: b
 
 
 @functools.lru_cache(maxsize=4096)
-def choose_num_splits(batch: int, row_blocks: int, max_seq_len: int, block_n: int, block_h: int,
-                      kv_elem_bytes: int, num_cus: int, ctas_per_cu: int, min_tokens_per_split: int,
-                      max_splits: int, fixed_tiles: float, launch_tiles: float) -> int:
+def choose_num_splits(
+    batch: int,
+    row_blocks: int,
+    max_seq_len: int,
+    block_n: int,
+    block_h: int,
+    kv_elem_bytes: int,
+    num_cus: int,
+    ctas_per_cu: int,
+    min_tokens_per_split: int,
+    max_splits: int,
+    fixed_tiles: float,
+    launch_tiles: float,
+) -> int:
     """Split count S that minimises a modelled time, in units of one program streaming one KV tile.
 
     Programs = batch x row_blocks x S run in waves of ``num_cus x ctas_per_cu`` slots; each
@@ -370,10 +451,21 @@ def stage2_meta(num_splits: int, arch: str) -> tuple[dict, dict]:
     return {"D": D_NOPE, "BLOCK_D": block_d, "BLOCK_S": block_s}, options
 
 
-def decode_plan(*, batch: int, num_heads: int, q_len: int, max_blocks: int, block_size: int,
-                q_dtype: torch.dtype, kv_fp8: bool, kv_elem_bytes: int, device: torch.device,
-                max_seq_len: int | None = None, num_kv_splits: int | None = None,
-                config: dict[str, Any] | None = None) -> dict[str, Any]:
+def decode_plan(
+    *,
+    batch: int,
+    num_heads: int,
+    q_len: int,
+    max_blocks: int,
+    block_size: int,
+    q_dtype: torch.dtype,
+    kv_fp8: bool,
+    kv_elem_bytes: int,
+    device: torch.device,
+    max_seq_len: int | None = None,
+    num_kv_splits: int | None = None,
+    config: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """What a call with these shapes launches, decided on the host from shapes alone:
     ``{"config": stage-1 config, "row_blocks": int, "num_kv_splits": S, "launches": 1 or 2}``.
     (perf/bench_decode.py prints it next to each timing.)"""
@@ -387,11 +479,20 @@ def decode_plan(*, batch: int, num_heads: int, q_len: int, max_blocks: int, bloc
         cap = max_blocks * block_size
         bound = cap if max_seq_len is None else min(max_seq_len, cap)
         # V_SPLIT programs share each row block's tiles: they count as row blocks for the model.
-        S = choose_num_splits(batch, row_blocks * int(cfg.get("V_SPLIT", 1)), bound, int(cfg["BLOCK_N"]),
-                              int(cfg["BLOCK_H"]), kv_elem_bytes,
-                              num_compute_units(device), int(cfg["ctas_per_cu"]),
-                              int(sp["min_tokens_per_split"]), int(sp["max_splits"]),
-                              float(sp["fixed_tiles"]), float(sp["launch_tiles"]))
+        S = choose_num_splits(
+            batch,
+            row_blocks * int(cfg.get("V_SPLIT", 1)),
+            bound,
+            int(cfg["BLOCK_N"]),
+            int(cfg["BLOCK_H"]),
+            kv_elem_bytes,
+            num_compute_units(device),
+            int(cfg["ctas_per_cu"]),
+            int(sp["min_tokens_per_split"]),
+            int(sp["max_splits"]),
+            float(sp["fixed_tiles"]),
+            float(sp["launch_tiles"]),
+        )
     return {"config": cfg, "row_blocks": row_blocks, "num_kv_splits": S, "launches": 1 if S == 1 else 2}
 
 
@@ -406,31 +507,75 @@ def page_mode_for(page_size: int, block_n: int) -> tuple[int, int]:
     return 0, 0
 
 
-def stage1_meta(arch: str, cfg: dict[str, Any], q_dtype: torch.dtype, kv_fp8: bool, *, direct: bool,
-                has_scale_ptr: bool, page_mode: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def stage1_meta(
+    arch: str,
+    cfg: dict[str, Any],
+    q_dtype: torch.dtype,
+    kv_fp8: bool,
+    *,
+    direct: bool,
+    has_scale_ptr: bool,
+    page_mode: int,
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(constexprs, compile options)`` of one stage-1 launch: the single place both the wrapper's
     launch and the ISA report's variants take them from, so what the report compiles is what runs."""
     v_split = int(cfg.get("V_SPLIT", 1))
-    consts = {"D_NOPE": D_NOPE, "D_PE": D_PE, "BLOCK_H": int(cfg["BLOCK_H"]), "BLOCK_N": int(cfg["BLOCK_N"]),
-              "DIRECT": bool(direct), "HAS_K_SCALE_PTR": bool(has_scale_ptr), "IEEE": q_dtype == torch.float32,
-              "D_SPLIT": 2 if v_split == 2 else int(cfg.get("D_SPLIT", 1)),
-              "RELOAD_K": bool(cfg.get("RELOAD_K", False)), "NUM_XCDS": _num_xcds(arch),
-              "F16_DOT": bool(kv_fp8 and q_dtype == torch.bfloat16 and cfg.get("F16_DOT", False)),
-              "PAGE_MODE": int(page_mode), "V_SPLIT": v_split}
+    consts = {
+        "D_NOPE": D_NOPE,
+        "D_PE": D_PE,
+        "BLOCK_H": int(cfg["BLOCK_H"]),
+        "BLOCK_N": int(cfg["BLOCK_N"]),
+        "DIRECT": bool(direct),
+        "HAS_K_SCALE_PTR": bool(has_scale_ptr),
+        "IEEE": q_dtype == torch.float32,
+        "D_SPLIT": 2 if v_split == 2 else int(cfg.get("D_SPLIT", 1)),
+        "RELOAD_K": bool(cfg.get("RELOAD_K", False)),
+        "NUM_XCDS": _num_xcds(arch),
+        "F16_DOT": bool(kv_fp8 and q_dtype == torch.bfloat16 and cfg.get("F16_DOT", False)),
+        "PAGE_MODE": int(page_mode),
+        "V_SPLIT": v_split,
+    }
     options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **amd_options(cfg, arch)}
     return consts, options
 
 
-def _launch_triton(q_nope, q_pe, kv, block_table, seq_lens, out, lse, sm_scale, q_len, is_fp8, ks_float,
-                   ks_tensor, num_kv_splits, max_seq_len, workspace, config):
+def _launch_triton(
+    q_nope,
+    q_pe,
+    kv,
+    block_table,
+    seq_lens,
+    out,
+    lse,
+    sm_scale,
+    q_len,
+    is_fp8,
+    ks_float,
+    ks_tensor,
+    num_kv_splits,
+    max_seq_len,
+    workspace,
+    config,
+):
     rows, N, _ = q_nope.shape
     B, max_blocks = block_table.shape
     page_size = kv.shape[1]
     arch = _platform.device_arch(q_nope.device)
     R = rows * N
-    plan = decode_plan(batch=B, num_heads=N, q_len=q_len, max_blocks=max_blocks, block_size=page_size,
-                       q_dtype=q_nope.dtype, kv_fp8=is_fp8, kv_elem_bytes=kv.element_size(), device=q_nope.device,
-                       max_seq_len=max_seq_len, num_kv_splits=num_kv_splits, config=config)
+    plan = decode_plan(
+        batch=B,
+        num_heads=N,
+        q_len=q_len,
+        max_blocks=max_blocks,
+        block_size=page_size,
+        q_dtype=q_nope.dtype,
+        kv_fp8=is_fp8,
+        kv_elem_bytes=kv.element_size(),
+        device=q_nope.device,
+        max_seq_len=max_seq_len,
+        num_kv_splits=num_kv_splits,
+        config=config,
+    )
     cfg, row_blocks, S = plan["config"], plan["row_blocks"], plan["num_kv_splits"]
     block_n = int(cfg["BLOCK_N"])
     if num_kv_splits is None and workspace is not None:
@@ -445,42 +590,74 @@ def _launch_triton(q_nope, q_pe, kv, block_table, seq_lens, out, lse, sm_scale, 
             ws = torch.empty(need, dtype=torch.float32, device=q_nope.device)
         else:
             if workspace.dtype != torch.float32 or not workspace.is_contiguous() or workspace.numel() < need:
-                raise ValueError(f"{OP}: workspace: expected a contiguous float32 tensor of >= {need} elements "
-                                 f"(S={S} splits x {R} rows x 513), got {workspace.dtype} "
-                                 f"{'contiguous' if workspace.is_contiguous() else 'non-contiguous'} "
-                                 f"of {workspace.numel()} elements")
+                raise ValueError(
+                    f"{OP}: workspace: expected a contiguous float32 tensor of >= {need} elements "
+                    f"(S={S} splits x {R} rows x 513), got {workspace.dtype} "
+                    f"{'contiguous' if workspace.is_contiguous() else 'non-contiguous'} "
+                    f"of {workspace.numel()} elements"
+                )
             ws = workspace.reshape(-1)
         part_o = ws[: S * R * D_NOPE]
-        part_lse = ws[S * R * D_NOPE: need]
+        part_lse = ws[S * R * D_NOPE : need]
         s_po, s_pl = R * D_NOPE, R
 
     qk_scale = sm_scale * LOG2E * (ks_float if ks_float is not None else 1.0)
     out_scale = ks_float if ks_float is not None else 1.0
     scale_ptr = ks_tensor if ks_tensor is not None else lse  # unused when HAS_K_SCALE_PTR=False
     page_mode, page_shift = page_mode_for(page_size, block_n)
-    consts, options = stage1_meta(arch, cfg, q_nope.dtype, is_fp8, direct=direct,
-                                  has_scale_ptr=ks_tensor is not None, page_mode=page_mode)
+    consts, options = stage1_meta(
+        arch, cfg, q_nope.dtype, is_fp8, direct=direct, has_scale_ptr=ks_tensor is not None, page_mode=page_mode
+    )
     grid = (B * S * row_blocks * consts["V_SPLIT"],)
     mla_decode_stage1_kernel[grid](
-        q_nope, q_pe, kv, block_table, seq_lens, scale_ptr,
-        out, lse, part_o, part_lse,
-        qk_scale, out_scale,
-        N, q_len, S, row_blocks, page_size, page_shift, max_blocks * page_size, kv.shape[0],
-        *q_nope.stride(), *q_pe.stride(),
-        kv.stride(0), kv.stride(1),
-        block_table.stride(0), seq_lens.stride(0),
-        *out.stride(), *lse.stride(),
-        s_po, s_pl,
-        **consts, **options)
+        q_nope,
+        q_pe,
+        kv,
+        block_table,
+        seq_lens,
+        scale_ptr,
+        out,
+        lse,
+        part_o,
+        part_lse,
+        qk_scale,
+        out_scale,
+        N,
+        q_len,
+        S,
+        row_blocks,
+        page_size,
+        page_shift,
+        max_blocks * page_size,
+        kv.shape[0],
+        *q_nope.stride(),
+        *q_pe.stride(),
+        kv.stride(0),
+        kv.stride(1),
+        block_table.stride(0),
+        seq_lens.stride(0),
+        *out.stride(),
+        *lse.stride(),
+        s_po,
+        s_pl,
+        **consts,
+        **options,
+    )
     if direct:
         return
     consts, options2 = stage2_meta(S, arch)
     mla_decode_reduce_kernel[(R, D_NOPE // consts["BLOCK_D"])](
-        part_o, part_lse, out, lse,
-        N, S, s_po, s_pl,
-        *out.stride(), *lse.stride(),
-        **consts, **options2)
+        part_o, part_lse, out, lse, N, S, s_po, s_pl, *out.stride(), *lse.stride(), **consts, **options2
+    )
 
 
-__all__ = ["mla_decode", "mla_decode_workspace_numel", "choose_num_splits", "stage1_config", "decode_plan",
-           "stage1_meta", "stage2_meta", "fp8_dtype_for"]
+__all__ = [
+    "mla_decode",
+    "mla_decode_workspace_numel",
+    "choose_num_splits",
+    "stage1_config",
+    "decode_plan",
+    "stage1_meta",
+    "stage2_meta",
+    "fp8_dtype_for",
+]

@@ -20,9 +20,16 @@ from ._dispatch import select
 OP = "merge_attn_states"
 
 
-def merge_attn_states(output: torch.Tensor, prefix_output: torch.Tensor, prefix_lse: torch.Tensor,
-                      suffix_output: torch.Tensor, suffix_lse: torch.Tensor,
-                      output_lse: torch.Tensor | None = None, *, backend: str | None = None) -> None:
+def merge_attn_states(
+    output: torch.Tensor,
+    prefix_output: torch.Tensor,
+    prefix_lse: torch.Tensor,
+    suffix_output: torch.Tensor,
+    suffix_lse: torch.Tensor,
+    output_lse: torch.Tensor | None = None,
+    *,
+    backend: str | None = None,
+) -> None:
     """Merge two partial attention results by their log-sum-exps, writing ``output`` in place.
 
     Args:
@@ -63,16 +70,28 @@ def merge_attn_states(output: torch.Tensor, prefix_output: torch.Tensor, prefix_
     if output_lse is not None:
         c.tensor("output_lse", output_lse, shape=(N, T), layout="[N, T]", dtypes=f32, like="output's N, T")
         c.writable("output_lse", output_lse)
-    c.same_device(output=output, prefix_output=prefix_output, prefix_lse=prefix_lse,
-                  suffix_output=suffix_output, suffix_lse=suffix_lse, output_lse=output_lse)
+    c.same_device(
+        output=output,
+        prefix_output=prefix_output,
+        prefix_lse=prefix_lse,
+        suffix_output=suffix_output,
+        suffix_lse=suffix_lse,
+        output_lse=output_lse,
+    )
     c.writable("output", output)
     # output may be prefix_output or suffix_output itself (each element is read, then written, by
     # one thread); any other overlap of a destination with what the op reads is a race. Several
     # threads read a row's lse while one writes output_lse: it may not alias an input lse.
-    c.no_overlap({"output": output, "output_lse": output_lse},
-                 {"prefix_output": prefix_output, "suffix_output": suffix_output,
-                  "prefix_lse": prefix_lse, "suffix_lse": suffix_lse},
-                 identical_ok=(("output", "prefix_output"), ("output", "suffix_output")))
+    c.no_overlap(
+        {"output": output, "output_lse": output_lse},
+        {
+            "prefix_output": prefix_output,
+            "suffix_output": suffix_output,
+            "prefix_lse": prefix_lse,
+            "suffix_lse": suffix_lse,
+        },
+        identical_ok=(("output", "prefix_output"), ("output", "suffix_output")),
+    )
 
     impl = select(OP, output.device, backend)
     if output.numel() == 0 and (output_lse is None or output_lse.numel() == 0):
@@ -80,8 +99,9 @@ def merge_attn_states(output: torch.Tensor, prefix_output: torch.Tensor, prefix_
     launch(impl, output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse)
 
 
-def launch(impl: str, output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, *,
-           config: dict | None = None) -> None:
+def launch(
+    impl: str, output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, *, config: dict | None = None
+) -> None:
     """Launch ``impl`` ("hip", "triton", "reference") on arguments :func:`merge_attn_states` has
     validated; ``config`` replaces the arch's launch data of ``impl`` (tuning: perf/bench_merge.py
     --tune). Everything else should call :func:`merge_attn_states`."""
@@ -89,8 +109,16 @@ def launch(impl: str, output, prefix_output, prefix_lse, suffix_output, suffix_l
     if cfg is None and impl != "reference":
         cfg = config_for(OP, _platform.device_arch(output.device))[impl]
     if impl == "hip":
-        _ext.load().merge_attn_states(output, output_lse, prefix_output, prefix_lse, suffix_output,
-                                      suffix_lse, int(cfg["waves_per_block"]), int(cfg["vecs_per_thread"]))
+        _ext.load().merge_attn_states(
+            output,
+            output_lse,
+            prefix_output,
+            prefix_lse,
+            suffix_output,
+            suffix_lse,
+            int(cfg["waves_per_block"]),
+            int(cfg["vecs_per_thread"]),
+        )
     elif impl == "triton":
         _launch_triton(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, cfg)
     else:
@@ -108,7 +136,12 @@ def triton_meta(head_size: int, has_out_lse: bool, arch: str, config: dict | Non
     block_d = triton.next_power_of_2(max(1, head_size))
     block_rows = max(1, cfg["tile_elems"] // block_d)
     options = {"num_warps": cfg["num_warps"], **amd_options(cfg, arch)}
-    return {"HEAD_SIZE": head_size, "BLOCK_D": block_d, "BLOCK_ROWS": block_rows, "HAS_OUT_LSE": bool(has_out_lse)}, options
+    return {
+        "HEAD_SIZE": head_size,
+        "BLOCK_D": block_d,
+        "BLOCK_ROWS": block_rows,
+        "HAS_OUT_LSE": bool(has_out_lse),
+    }, options
 
 
 def _launch_triton(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, cfg):
@@ -124,8 +157,20 @@ def _launch_triton(output, prefix_output, prefix_lse, suffix_output, suffix_lse,
         # pointer, which the launcher rejects: hand it an lse tensor's (never dereferenced).
         output = prefix_output = suffix_output = prefix_lse
     merge_attn_states_kernel[grid](
-        output, olse, prefix_output, prefix_lse, suffix_output, suffix_lse,
-        num_rows, N,
-        *o_st, *p_st, *s_st,
-        *prefix_lse.stride(), *suffix_lse.stride(), *olse_strides,
-        **consts, **options)
+        output,
+        olse,
+        prefix_output,
+        prefix_lse,
+        suffix_output,
+        suffix_lse,
+        num_rows,
+        N,
+        *o_st,
+        *p_st,
+        *s_st,
+        *prefix_lse.stride(),
+        *suffix_lse.stride(),
+        *olse_strides,
+        **consts,
+        **options,
+    )

@@ -55,12 +55,24 @@ class ContextChunk(NamedTuple):
     max_seqlen_k: int | None = None
 
 
-def mla_prefill(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
-                cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, *, sm_scale: float,
-                causal: bool = True, out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
-                max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
-                backend: str | None = None, config: dict | None = None, debug: bool | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def mla_prefill(
+    q: torch.Tensor,
+    k_nope: torch.Tensor,
+    k_pe: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    sm_scale: float,
+    causal: bool = True,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    backend: str | None = None,
+    config: dict | None = None,
+    debug: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Varlen MLA prefill attention, no concat, no padding, output and LSE in place.
 
     Args:
@@ -107,26 +119,50 @@ def mla_prefill(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: to
     """
     c = Checker(OP)
     impl = _select(q.device, backend)
-    dims = _check(c, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, sm_scale, causal, out, lse,
-                  max_seqlen_q, max_seqlen_k, host_offsets=_host_offsets(impl, debug))
+    dims = _check(
+        c,
+        q,
+        k_nope,
+        k_pe,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        sm_scale,
+        causal,
+        out,
+        lse,
+        max_seqlen_q,
+        max_seqlen_k,
+        host_offsets=_host_offsets(impl, debug),
+    )
     if impl == "triton":
         _check_triton_dims(c, dims)
     if out is None:
         out = torch.empty(q.shape[0], q.shape[1], dims[2], dtype=q.dtype, device=q.device)
     if lse is None:
         lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
-    _run(impl, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, float(sm_scale), bool(causal), out, lse,
-         config)
+    _run(impl, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, float(sm_scale), bool(causal), out, lse, config)
     return out, lse
 
 
-def mla_prefill_with_context(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
-                             cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-                             context_chunks: Iterable[ContextChunk | tuple] = (), *, sm_scale: float,
-                             out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
-                             max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
-                             backend: str | None = None, config: dict | None = None,
-                             debug: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def mla_prefill_with_context(
+    q: torch.Tensor,
+    k_nope: torch.Tensor,
+    k_pe: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    context_chunks: Iterable[ContextChunk | tuple] = (),
+    *,
+    sm_scale: float,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    backend: str | None = None,
+    config: dict | None = None,
+    debug: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Prefill with cached context, as vLLM's chunked-context MLA path computes it, in place.
 
     The new tokens attend to themselves causally (``k_nope, k_pe, v, cu_seqlens_k``: the new
@@ -168,8 +204,22 @@ def mla_prefill_with_context(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.
     c = Checker("mla_prefill_with_context")
     impl = _select(q.device, backend)
     host = _host_offsets(impl, debug)
-    dims = _check(c, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, sm_scale, True, out, lse,
-                  max_seqlen_q, max_seqlen_k, host_offsets=host)
+    dims = _check(
+        c,
+        q,
+        k_nope,
+        k_pe,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        sm_scale,
+        True,
+        out,
+        lse,
+        max_seqlen_q,
+        max_seqlen_k,
+        host_offsets=host,
+    )
     if impl == "triton":
         _check_triton_dims(c, dims)
     sm_scale = float(sm_scale)
@@ -179,10 +229,26 @@ def mla_prefill_with_context(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.
 
     if hasattr(context_chunks, "__len__"):
         chunks = [checked(i, ch) for i, ch in enumerate(context_chunks)]  # type: ignore[arg-type]
-        return _with_context_sized(impl, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, chunks, sm_scale,
-                                   out, lse, dims, backend, config)
-    return _with_context_lazy(impl, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, iter(context_chunks),
-                              checked, sm_scale, out, lse, dims, backend, config)
+        return _with_context_sized(
+            impl, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, chunks, sm_scale, out, lse, dims, backend, config
+        )
+    return _with_context_lazy(
+        impl,
+        q,
+        k_nope,
+        k_pe,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        iter(context_chunks),
+        checked,
+        sm_scale,
+        out,
+        lse,
+        dims,
+        backend,
+        config,
+    )
 
 
 def _with_context_sized(impl, q, k_nope, k_pe, v, cu_q, cu_k, chunks, sm_scale, out, lse, dims, backend, config):
@@ -211,8 +277,7 @@ def _with_context_sized(impl, q, k_nope, k_pe, v, cu_q, cu_k, chunks, sm_scale, 
     return out, lse
 
 
-def _with_context_lazy(impl, q, k_nope, k_pe, v, cu_q, cu_k, it, checked, sm_scale, out, lse, dims, backend,
-                       config):
+def _with_context_lazy(impl, q, k_nope, k_pe, v, cu_q, cu_k, it, checked, sm_scale, out, lse, dims, backend, config):
     """Chunks drawn (and validated) one at a time; out/lse are written by the last step only."""
     Tq, N, V = q.shape[0], q.shape[1], dims[2]
     first = next(it, None)
@@ -233,8 +298,7 @@ def _with_context_lazy(impl, q, k_nope, k_pe, v, cu_q, cu_k, it, checked, sm_sca
     chunk_lse = new_lse()
     i = 0
     while ck is not None:
-        _run(impl, q, ck.k_nope, ck.k_pe, ck.v, cu_q, ck.cu_seqlens_k, sm_scale, False, chunk_out, chunk_lse,
-             config)
+        _run(impl, q, ck.k_nope, ck.k_pe, ck.v, cu_q, ck.cu_seqlens_k, sm_scale, False, chunk_out, chunk_lse, config)
         ck = first = None  # drop this chunk's K/V before the generator makes the next one
         i += 1
         nxt_chunk = next(it, None)
@@ -256,23 +320,53 @@ def _check_chunk(i: int, chunk, q, cu_q, sm_scale, max_seqlen_q, dims, out, lse,
     cc = Checker(f"mla_prefill_with_context: context_chunks[{i}]")
     if not isinstance(chunk, (tuple, list)) or len(chunk) not in (4, 5):
         got = type(chunk).__name__ + (f" of length {len(chunk)}" if isinstance(chunk, (tuple, list)) else "")
-        cc.fail("chunk", "a ContextChunk or a tuple (k_nope, k_pe, v, cu_seqlens_k[, max_seqlen_k])", got,
-                TypeError)
+        cc.fail("chunk", "a ContextChunk or a tuple (k_nope, k_pe, v, cu_seqlens_k[, max_seqlen_k])", got, TypeError)
     ck = ContextChunk(*chunk)
-    cdims = _check(cc, q, ck.k_nope, ck.k_pe, ck.v, cu_q, ck.cu_seqlens_k, sm_scale, False, None, None,
-                   max_seqlen_q, ck.max_seqlen_k, host_offsets=host_offsets)
+    cdims = _check(
+        cc,
+        q,
+        ck.k_nope,
+        ck.k_pe,
+        ck.v,
+        cu_q,
+        ck.cu_seqlens_k,
+        sm_scale,
+        False,
+        None,
+        None,
+        max_seqlen_q,
+        ck.max_seqlen_k,
+        host_offsets=host_offsets,
+    )
     if cdims != dims:
         cc.fail("k_nope/k_pe/v", f"head dims (P, R, V) = {dims} like the new tokens'", cdims)
     # The chunk's K/V are read after out/lse have been written (sized path): no overlap.
-    cc.no_overlap({"out": out, "lse": lse}, {"k_nope": ck.k_nope, "k_pe": ck.k_pe, "v": ck.v,
-                                             "cu_seqlens_k": ck.cu_seqlens_k})
+    cc.no_overlap(
+        {"out": out, "lse": lse}, {"k_nope": ck.k_nope, "k_pe": ck.k_pe, "v": ck.v, "cu_seqlens_k": ck.cu_seqlens_k}
+    )
     return ck
 
 
 # --------------------------------------------------------------------------- validation
 
-def _check(c: Checker, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, causal, out, lse,
-           max_seqlen_q, max_seqlen_k, *, host_offsets: bool = False) -> tuple[int, int, int]:
+
+def _check(
+    c: Checker,
+    q,
+    k_nope,
+    k_pe,
+    v,
+    cu_q,
+    cu_k,
+    sm_scale,
+    causal,
+    out,
+    lse,
+    max_seqlen_q,
+    max_seqlen_k,
+    *,
+    host_offsets: bool = False,
+) -> tuple[int, int, int]:
     """Validate one call; returns the head dims (P, R, V). cu_seqlens' values are checked when
     they are on the CPU, or when ``host_offsets`` (reference backend, debug: a sync on a GPU)."""
     c.tensor("q", q, ndim=3, layout="[Tq, N, P + R]", dtypes=FLOAT_DTYPES)
@@ -282,8 +376,7 @@ def _check(c: Checker, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, causal, out, ls
     c.tensor("k_nope", k_nope, shape=(None, N, None), layout="[Tk, N, P]", like="q's N")
     c.tensor("k_pe", k_pe, ndim=3, layout="[Tk, 1, R]")
     if k_pe.shape[0] != Tk or k_pe.shape[1] not in (1, N):
-        c.fail("k_pe", f"shape [Tk, 1, R] = ({Tk}, 1, *) (k_nope's Tk; [Tk, N, R] also taken)",
-               tuple(k_pe.shape))
+        c.fail("k_pe", f"shape [Tk, 1, R] = ({Tk}, 1, *) (k_nope's Tk; [Tk, N, R] also taken)", tuple(k_pe.shape))
     R = k_pe.shape[2]
     c.tensor("v", v, shape=(Tk, N, None), layout="[Tk, N, V]", like="k_nope's Tk, N")
     V = v.shape[2]
@@ -297,8 +390,7 @@ def _check(c: Checker, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, causal, out, ls
     c.tensor("cu_seqlens_q", cu_q, ndim=1, layout="[B + 1]", dtypes=ints)
     if cu_q.shape[0] < 1:
         c.fail("cu_seqlens_q", "shape [B + 1] with B >= 0 (at least one entry)", tuple(cu_q.shape))
-    c.tensor("cu_seqlens_k", cu_k, shape=(cu_q.shape[0],), layout="[B + 1]", dtypes=ints,
-             like="cu_seqlens_q's B + 1")
+    c.tensor("cu_seqlens_k", cu_k, shape=(cu_q.shape[0],), layout="[B + 1]", dtypes=ints, like="cu_seqlens_q's B + 1")
     if out is not None:
         c.tensor("out", out, shape=(Tq, N, V), layout="[Tq, N, V]", like="q's Tq, N and v's V")
         c.same_dtype("q", q, out=out)
@@ -308,8 +400,10 @@ def _check(c: Checker, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, causal, out, ls
         c.writable("lse", lse)
     c.same_device(q=q, k_nope=k_nope, k_pe=k_pe, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, out=out, lse=lse)
     # e.g. out = v with causal=False: other programs still read v while one writes out.
-    c.no_overlap({"out": out, "lse": lse}, {"q": q, "k_nope": k_nope, "k_pe": k_pe, "v": v,
-                                            "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k})
+    c.no_overlap(
+        {"out": out, "lse": lse},
+        {"q": q, "k_nope": k_nope, "k_pe": k_pe, "v": v, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k},
+    )
     c.scale("sm_scale", sm_scale)
     if not isinstance(causal, bool):
         c.fail("causal", "a bool", type(causal).__name__, TypeError)
@@ -335,8 +429,11 @@ def _check_offsets(c: Checker, name: str, cu: torch.Tensor, total: int, total_na
             at = f"{name}[0] = {vals[0]} < 0"
         else:
             i = next((i for i in range(1, len(vals)) if vals[i] < vals[i - 1]), None)
-            at = (f"{name}[{i}] = {vals[i]} < {name}[{i - 1}] = {vals[i - 1]}" if i is not None
-                  else f"{name}[{len(vals) - 1}] = {vals[-1]} > {total_name}={total}")
+            at = (
+                f"{name}[{i}] = {vals[i]} < {name}[{i - 1}] = {vals[i - 1]}"
+                if i is not None
+                else f"{name}[{len(vals) - 1}] = {vals[-1]} > {total_name}={total}"
+            )
         c.fail(name, f"non-decreasing offsets in [0, {total_name}={total}]", f"{shown} ({at})")
 
 
@@ -351,19 +448,25 @@ def _check_triton_dims(c: Checker, dims: tuple[int, int, int]) -> None:
     # tl.arange needs powers of two, tl.dot tiles of at least 16; MLA is (128, 64, 128).
     for arg, name, x in zip(("k_nope", "k_pe", "v"), ("P", "R", "V"), dims):
         if x < 16 or x & (x - 1):
-            c.fail(arg, f"last dim {name} a power of two >= 16 for the Triton kernel (MLA: P=128, R=64, "
-                   "V=128; the reference backend takes any)", x)
+            c.fail(
+                arg,
+                f"last dim {name} a power of two >= 16 for the Triton kernel (MLA: P=128, R=64, "
+                "V=128; the reference backend takes any)",
+                x,
+            )
 
 
 def _select(device: torch.device, backend: str | None) -> str:
     impl = select(OP, device, backend)
     if impl == "hip":
-        raise RuntimeError(f"{OP}: backend 'hip' was requested but cannot run: {OP} has no HIP kernel "
-                           "(use 'triton' or 'reference')")
+        raise RuntimeError(
+            f"{OP}: backend 'hip' was requested but cannot run: {OP} has no HIP kernel (use 'triton' or 'reference')"
+        )
     return impl
 
 
 # --------------------------------------------------------------------------- launch
+
 
 def _run(impl, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, causal, out, lse, config):
     if impl == "triton":
@@ -388,26 +491,37 @@ def launch_config(arch: str, dtype: torch.dtype) -> dict:
     return cfg["triton_fp32" if dtype == torch.float32 else "triton"]
 
 
-def triton_meta(cfg: dict, arch: str, dims: tuple[int, int, int], causal: bool, fp32: bool,
-                tma_aligned: bool = True) -> tuple[dict, dict]:
+def triton_meta(
+    cfg: dict, arch: str, dims: tuple[int, int, int], causal: bool, fp32: bool, tma_aligned: bool = True
+) -> tuple[dict, dict]:
     """``(constexprs, compile options)`` of one launch config on ``arch``: the single place the
     launch and the ISA report's variants (rocm_mla/variants/prefill.py) take them from.
     ``tma_aligned``: the tensors meet the TMA descriptors' alignment (``_tma_ok``; the variants
     describe aligned tensors)."""
     P, R, V = dims
-    consts = {"D_NOPE": P, "D_ROPE": R, "D_V": V, "BLOCK_M": int(cfg["BLOCK_M"]), "BLOCK_N": int(cfg["BLOCK_N"]),
-              "SEQ_CHUNK": SEQ_CHUNK, "CAUSAL": bool(causal),
-              # fp32 inputs: exact products (NVIDIA would use TF32 by default); 16-bit inputs: default.
-              "DOT_PREC": "ieee" if fp32 else None,
-              # software-pipelining depth of the masked (diagonal / ragged-end) loop; default: num_stages
-              "DIAG_STAGES": int(cfg.get("diag_stages", cfg.get("num_stages", 2))),
-              # TMA tensor descriptors for K/k_pe/V: NVIDIA sm90+ (and the CPU interpreter, which
-              # runs the same code path), 16-bit inputs; launch_triton also checks the alignment.
-              "USE_TMA": bool(cfg.get("tma", False)) and _tma_arch(arch) and not fp32 and bool(tma_aligned)}
+    consts = {
+        "D_NOPE": P,
+        "D_ROPE": R,
+        "D_V": V,
+        "BLOCK_M": int(cfg["BLOCK_M"]),
+        "BLOCK_N": int(cfg["BLOCK_N"]),
+        "SEQ_CHUNK": SEQ_CHUNK,
+        "CAUSAL": bool(causal),
+        # fp32 inputs: exact products (NVIDIA would use TF32 by default); 16-bit inputs: default.
+        "DOT_PREC": "ieee" if fp32 else None,
+        # software-pipelining depth of the masked (diagonal / ragged-end) loop; default: num_stages
+        "DIAG_STAGES": int(cfg.get("diag_stages", cfg.get("num_stages", 2))),
+        # TMA tensor descriptors for K/k_pe/V: NVIDIA sm90+ (and the CPU interpreter, which
+        # runs the same code path), 16-bit inputs; launch_triton also checks the alignment.
+        "USE_TMA": bool(cfg.get("tma", False)) and _tma_arch(arch) and not fp32 and bool(tma_aligned),
+    }
     # On AMD also waves_per_eu, matrix_instr_nonkdim, kpack and schedule_hint (the backend's
     # instruction-scheduling hint); 0 / "none" are the backend's defaults.
-    options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg.get("num_stages", 2)),
-               **amd_options(cfg, arch)}
+    options = {
+        "num_warps": int(cfg["num_warps"]),
+        "num_stages": int(cfg.get("num_stages", 2)),
+        **amd_options(cfg, arch),
+    }
     return consts, options
 
 
@@ -448,8 +562,20 @@ def _ensure_allocator(device: torch.device) -> None:
     triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=device))
 
 
-def launch_triton(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, *, sm_scale: float,
-                  causal: bool, config: dict | None = None) -> None:
+def launch_triton(
+    q,
+    k_nope,
+    k_pe,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    out,
+    lse,
+    *,
+    sm_scale: float,
+    causal: bool,
+    config: dict | None = None,
+) -> None:
     """Launch the Triton kernel on validated arguments (``mla_prefill`` checks them first).
 
     Exposed for the benchmark's ``--tune`` (it times each candidate config); everything else
@@ -480,13 +606,32 @@ def launch_triton(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, *, s
     if consts["USE_TMA"]:
         _ensure_allocator(q.device)
     mla_prefill_kernel[grid](
-        q, kn, kpe, vv, out, lse, cu_seqlens_q, cu_seqlens_k,
-        float(sm_scale) * LOG2E, B, Tq, Tk,
+        q,
+        kn,
+        kpe,
+        vv,
+        out,
+        lse,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        float(sm_scale) * LOG2E,
+        B,
+        Tq,
+        Tk,
         *q.stride(),
-        kn_st, kn_sh, kn_sd,
-        kpe_st, kpe_sh, kpe_sd,
-        v_st, v_sh, v_sd,
+        kn_st,
+        kn_sh,
+        kn_sd,
+        kpe_st,
+        kpe_sh,
+        kpe_sd,
+        v_st,
+        v_sh,
+        v_sd,
         *out.stride(),
         *lse.stride(),
-        cu_seqlens_q.stride(0), cu_seqlens_k.stride(0),
-        **consts, **options)
+        cu_seqlens_q.stride(0),
+        cu_seqlens_k.stride(0),
+        **consts,
+        **options,
+    )

@@ -52,11 +52,21 @@ KV_CACHE_DTYPES = ("auto", *FP8_KV_CACHE_DTYPES)
 _FP8_KIND = {torch.float8_e4m3fn: 1, torch.float8_e4m3fnuz: 2}  # the kernels' CACHE_KIND
 
 
-def fused_rope_mla_kv_write(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor,
-                            kv_c: torch.Tensor, cos_sin_cache: torch.Tensor, kv_cache: torch.Tensor,
-                            slot_mapping: torch.Tensor, *, is_neox: bool, kv_cache_dtype: str = "auto",
-                            k_scale: torch.Tensor | None = None, backend: str | None = None,
-                            debug: bool | None = None) -> None:
+def fused_rope_mla_kv_write(
+    positions: torch.Tensor,
+    q_pe: torch.Tensor,
+    k_pe: torch.Tensor,
+    kv_c: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    is_neox: bool,
+    kv_cache_dtype: str = "auto",
+    k_scale: torch.Tensor | None = None,
+    backend: str | None = None,
+    debug: bool | None = None,
+) -> None:
     """Rotate ``q_pe`` and ``k_pe`` in place and write ``[kv_c | rope(k_pe)]`` into the paged cache.
 
     Args:
@@ -114,32 +124,57 @@ def fused_rope_mla_kv_write(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: t
     c.tensor("positions", positions, shape=(T,), layout="[T]", like="q_pe's T")
     _check_index_dtype(c, "positions", positions)
     k2 = _check_common(c, T, k_pe, kv_c, kv_cache, slot_mapping, q_pe.dtype, "q_pe")
-    c.tensor("cos_sin_cache", cos_sin_cache, ndim=2, layout="[max_pos, 64]",
-             dtypes=tuple(dict.fromkeys((torch.float32, q_pe.dtype))))
+    c.tensor(
+        "cos_sin_cache",
+        cos_sin_cache,
+        ndim=2,
+        layout="[max_pos, 64]",
+        dtypes=tuple(dict.fromkeys((torch.float32, q_pe.dtype))),
+    )
     if cos_sin_cache.shape[1] != ROPE_DIM:
-        c.fail("cos_sin_cache", "shape [max_pos, 64] = (*, 64) (cat(cos[32], sin[32]))",
-               tuple(cos_sin_cache.shape))
+        c.fail("cos_sin_cache", "shape [max_pos, 64] = (*, 64) (cat(cos[32], sin[32]))", tuple(cos_sin_cache.shape))
     fp8 = _fp8_dtype(c, kv_cache, kv_cache_dtype, q_pe.dtype)
     _check_scale(c, fp8, k_scale)
-    c.same_device(q_pe=q_pe, positions=positions, k_pe=k_pe, kv_c=kv_c, cos_sin_cache=cos_sin_cache,
-                  kv_cache=kv_cache, slot_mapping=slot_mapping,
-                  k_scale=k_scale if fp8 is not None else None)
+    c.same_device(
+        q_pe=q_pe,
+        positions=positions,
+        k_pe=k_pe,
+        kv_c=kv_c,
+        cos_sin_cache=cos_sin_cache,
+        kv_cache=kv_cache,
+        slot_mapping=slot_mapping,
+        k_scale=k_scale if fp8 is not None else None,
+    )
     c.writable("q_pe", q_pe)
     c.writable("k_pe", k2)
     c.writable("kv_cache", kv_cache)
-    c.no_overlap({"q_pe": q_pe, "k_pe": k2, "kv_cache": kv_cache},
-                 {"kv_c": kv_c, "cos_sin_cache": cos_sin_cache, "positions": positions,
-                  "slot_mapping": slot_mapping, "k_scale": k_scale if fp8 is not None else None})
+    c.no_overlap(
+        {"q_pe": q_pe, "k_pe": k2, "kv_cache": kv_cache},
+        {
+            "kv_c": kv_c,
+            "cos_sin_cache": cos_sin_cache,
+            "positions": positions,
+            "slot_mapping": slot_mapping,
+            "k_scale": k_scale if fp8 is not None else None,
+        },
+    )
     if _debug(debug):
         _debug_ranges(c, "positions", positions, cos_sin_cache.shape[0], "cos_sin_cache's max_pos")
         _debug_slots(c, slot_mapping, kv_cache)
     launch(positions, q_pe, k2, kv_c, cos_sin_cache, kv_cache, slot_mapping, is_neox, fp8, k_scale, backend)
 
 
-def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
-                         slot_mapping: torch.Tensor, *, kv_cache_dtype: str = "auto",
-                         k_scale: torch.Tensor | None = None, backend: str | None = None,
-                         debug: bool | None = None) -> None:
+def concat_and_cache_mla(
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    kv_cache_dtype: str = "auto",
+    k_scale: torch.Tensor | None = None,
+    backend: str | None = None,
+    debug: bool | None = None,
+) -> None:
     """Write ``[kv_c | k_pe]`` into the paged cache, no rotation (k_pe already rotated elsewhere).
 
     Same contract as ``fused_rope_mla_kv_write`` without ``positions``, ``q_pe`` and
@@ -158,11 +193,14 @@ def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch
     k2 = _check_common(c, T, k_pe, kv_c, kv_cache, slot_mapping, kv_c.dtype, "kv_c")
     fp8 = _fp8_dtype(c, kv_cache, kv_cache_dtype, kv_c.dtype)
     _check_scale(c, fp8, k_scale)
-    c.same_device(kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache, slot_mapping=slot_mapping,
-                  k_scale=k_scale if fp8 is not None else None)
+    c.same_device(
+        kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache, slot_mapping=slot_mapping, k_scale=k_scale if fp8 is not None else None
+    )
     c.writable("kv_cache", kv_cache)
-    c.no_overlap({"kv_cache": kv_cache}, {"kv_c": kv_c, "k_pe": k2, "slot_mapping": slot_mapping,
-                                          "k_scale": k_scale if fp8 is not None else None})
+    c.no_overlap(
+        {"kv_cache": kv_cache},
+        {"kv_c": kv_c, "k_pe": k2, "slot_mapping": slot_mapping, "k_scale": k_scale if fp8 is not None else None},
+    )
     if _debug(debug):
         _debug_slots(c, slot_mapping, kv_cache)
     launch(None, None, k2, kv_c, None, kv_cache, slot_mapping, False, fp8, k_scale, backend)
@@ -170,10 +208,15 @@ def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch
 
 # ---------------------------------------------------------------- validation helpers
 
+
 def _check_index_dtype(c: Checker, name: str, x: torch.Tensor) -> None:
     if x.dtype != torch.int64:
-        c.fail(name, "dtype int64 (int32 is not accepted: converting would allocate per call)",
-               str(x.dtype).replace("torch.", ""), TypeError)
+        c.fail(
+            name,
+            "dtype int64 (int32 is not accepted: converting would allocate per call)",
+            str(x.dtype).replace("torch.", ""),
+            TypeError,
+        )
 
 
 def _check_common(c: Checker, T: int, k_pe, kv_c, kv_cache, slot_mapping, dtype, dtype_src) -> torch.Tensor:
@@ -184,8 +227,7 @@ def _check_common(c: Checker, T: int, k_pe, kv_c, kv_cache, slot_mapping, dtype,
     elif k_pe.dim() == 2 and tuple(k_pe.shape) == (T, ROPE_DIM):
         k2 = k_pe
     else:
-        c.fail("k_pe", f"shape [T, 1, 64] = ({T}, 1, 64) or [T, 64] = ({T}, 64) ({dtype_src}'s T)",
-               tuple(k_pe.shape))
+        c.fail("k_pe", f"shape [T, 1, 64] = ({T}, 1, 64) or [T, 64] = ({T}, 64) ({dtype_src}'s T)", tuple(k_pe.shape))
     want = str(dtype).replace("torch.", "")
     for name, x in (("k_pe", k_pe), ("kv_c", kv_c)):
         if isinstance(x, torch.Tensor) and x.dtype != dtype:
@@ -212,19 +254,26 @@ def _fp8_dtype(c: Checker, kv_cache: torch.Tensor, kv_cache_dtype: str, q_dtype:
         if kv_cache.dtype != q_dtype:
             q_name = str(q_dtype).replace("torch.", "")
             hint = " (an FP8 cache needs kv_cache_dtype='fp8')" if kv_cache.dtype in (torch.uint8, *_FP8_KIND) else ""
-            c.fail("kv_cache", f"dtype {q_name} (kv_cache_dtype='auto' means the q dtype){hint}",
-                   cache_name, TypeError)
+            c.fail("kv_cache", f"dtype {q_name} (kv_cache_dtype='auto' means the q dtype){hint}", cache_name, TypeError)
         return None
     named = FP8_KV_CACHE_DTYPES[kv_cache_dtype]
     if kv_cache.dtype in _FP8_KIND:
         if named is not None and named != kv_cache.dtype:
-            c.fail("kv_cache", f"dtype {str(named).replace('torch.', '')} (kv_cache_dtype={kv_cache_dtype!r})",
-                   cache_name, TypeError)
+            c.fail(
+                "kv_cache",
+                f"dtype {str(named).replace('torch.', '')} (kv_cache_dtype={kv_cache_dtype!r})",
+                cache_name,
+                TypeError,
+            )
         return kv_cache.dtype
     if kv_cache.dtype == torch.uint8:
         return named if named is not None else platform_fp8_dtype(_platform.device_arch(kv_cache.device))
-    c.fail("kv_cache", f"dtype float8_e4m3fn, float8_e4m3fnuz or uint8 (kv_cache_dtype={kv_cache_dtype!r})",
-           cache_name, TypeError)
+    c.fail(
+        "kv_cache",
+        f"dtype float8_e4m3fn, float8_e4m3fnuz or uint8 (kv_cache_dtype={kv_cache_dtype!r})",
+        cache_name,
+        TypeError,
+    )
     return None
 
 
@@ -247,8 +296,11 @@ def _debug_ranges(c: Checker, name: str, x: torch.Tensor, hi: int, what: str) ->
     bad = ((x < 0) | (x >= hi)).nonzero()
     if bad.numel():
         i = int(bad[0, 0])
-        c.fail(name, f"values in [0, {hi}) ({what}; debug check)",
-               f"{int(x[i])} at index {i} ({bad.shape[0]} out of range)")
+        c.fail(
+            name,
+            f"values in [0, {hi}) ({what}; debug check)",
+            f"{int(x[i])} at index {i} ({bad.shape[0]} out of range)",
+        )
 
 
 def _debug_slots(c: Checker, slots: torch.Tensor, kv_cache: torch.Tensor) -> None:
@@ -256,18 +308,37 @@ def _debug_slots(c: Checker, slots: torch.Tensor, kv_cache: torch.Tensor) -> Non
     bad = (slots >= n).nonzero()
     if bad.numel():
         i = int(bad[0, 0])
-        c.fail("slot_mapping", f"values < num_blocks x block_size = {n} or negative (debug check)",
-               f"{int(slots[i])} at index {i} ({bad.shape[0]} out of range)")
+        c.fail(
+            "slot_mapping",
+            f"values < num_blocks x block_size = {n} or negative (debug check)",
+            f"{int(slots[i])} at index {i} ({bad.shape[0]} out of range)",
+        )
     valid = slots[slots >= 0]
     if valid.numel() != valid.unique().numel():
-        c.fail("slot_mapping", "distinct non-negative slots (debug check)",
-               f"{valid.numel() - valid.unique().numel()} repeated")
+        c.fail(
+            "slot_mapping",
+            "distinct non-negative slots (debug check)",
+            f"{valid.numel() - valid.unique().numel()} repeated",
+        )
 
 
 # ---------------------------------------------------------------- dispatch
 
-def launch(positions, q_pe, k_pe, kv_c, cos_sin_cache, kv_cache, slot_mapping, is_neox, fp8, k_scale, backend,
-           config: dict | None = None):
+
+def launch(
+    positions,
+    q_pe,
+    k_pe,
+    kv_c,
+    cos_sin_cache,
+    kv_cache,
+    slot_mapping,
+    is_neox,
+    fp8,
+    k_scale,
+    backend,
+    config: dict | None = None,
+):
     """Validated arguments (k_pe as [T, 64]; q_pe None = no rope; fp8: the cache's FP8 dtype or
     None) -> the selected implementation. The public ops validate, then call this; the benchmark's
     ``--tune`` calls it directly.
@@ -288,13 +359,25 @@ def launch(positions, q_pe, k_pe, kv_c, cos_sin_cache, kv_cache, slot_mapping, i
         if config:
             cfg = {**cfg, **config}
     if impl == "hip":
-        _ext.load().rope_mla_kv_write(positions, q_pe, k_pe, kv_c, cos_sin_cache, cache, slot_mapping,
-                                      k_scale if fp8 is not None else None, bool(is_neox), kind,
-                                      int(cfg["waves_per_block"]), int(cfg["units_per_thread"]),
-                                      int(cfg["min_blocks_per_cu"]))
+        _ext.load().rope_mla_kv_write(
+            positions,
+            q_pe,
+            k_pe,
+            kv_c,
+            cos_sin_cache,
+            cache,
+            slot_mapping,
+            k_scale if fp8 is not None else None,
+            bool(is_neox),
+            kind,
+            int(cfg["waves_per_block"]),
+            int(cfg["units_per_thread"]),
+            int(cfg["min_blocks_per_cu"]),
+        )
     elif impl == "triton":
-        _launch_triton(positions, q_pe, k_pe, kv_c, cos_sin_cache, cache, slot_mapping, k_scale,
-                       bool(is_neox), kind, cfg)
+        _launch_triton(
+            positions, q_pe, k_pe, kv_c, cos_sin_cache, cache, slot_mapping, k_scale, bool(is_neox), kind, cfg
+        )
     else:
         if rope:
             q_rot = rope_ref(positions, q_pe, cos_sin_cache, is_neox=is_neox)
@@ -311,8 +394,9 @@ def fp8_cache_kind(arch: str) -> int:
     return _FP8_KIND[platform_fp8_dtype(arch)]
 
 
-def triton_meta(num_heads: int, arch: str, *, rope: bool, is_neox: bool, cache_kind: int,
-                config: dict | None = None) -> tuple[dict, dict]:
+def triton_meta(
+    num_heads: int, arch: str, *, rope: bool, is_neox: bool, cache_kind: int, config: dict | None = None
+) -> tuple[dict, dict]:
     """``(constexprs, compile options)`` of one Triton launch for ``num_heads`` heads on ``arch``
     (``config``: the launch data to use instead of the arch's, for tuning): the single place the
     launch and the ISA report's variants (rocm_mla/variants/rope_kv_write.py) take them from.
@@ -327,17 +411,24 @@ def triton_meta(num_heads: int, arch: str, *, rope: bool, is_neox: bool, cache_k
     block_r = min(cfg["block_rows"], triton.next_power_of_2(max(1, tokens * num_heads)))
     options = {"num_warps": cfg["num_warps"], **amd_options(cfg, arch)}
     # IS_NEOX only matters with ROPE (no rope: one kernel whatever is_neox says).
-    return {"TOKENS": tokens, "BLOCK_R": block_r, "ROPE": bool(rope), "IS_NEOX": bool(is_neox and rope),
-            "CACHE_KIND": int(cache_kind)}, options
+    return {
+        "TOKENS": tokens,
+        "BLOCK_R": block_r,
+        "ROPE": bool(rope),
+        "IS_NEOX": bool(is_neox and rope),
+        "CACHE_KIND": int(cache_kind),
+    }, options
 
 
-def _launch_triton(positions, q_pe, k_pe, kv_c, cos_sin_cache, cache, slot_mapping, k_scale, is_neox, kind,
-                   cfg: dict | None = None):
+def _launch_triton(
+    positions, q_pe, k_pe, kv_c, cos_sin_cache, cache, slot_mapping, k_scale, is_neox, kind, cfg: dict | None = None
+):
     T = k_pe.shape[0]
     rope = q_pe is not None
     N = q_pe.shape[1] if rope else 0
-    consts, options = triton_meta(N, _platform.device_arch(cache.device), rope=rope, is_neox=is_neox,
-                                  cache_kind=kind, config=cfg)
+    consts, options = triton_meta(
+        N, _platform.device_arch(cache.device), rope=rope, is_neox=is_neox, cache_kind=kind, config=cfg
+    )
     grid = (triton.cdiv(T, consts["TOKENS"]),)
     # Unused pointers get a live tensor of the right kind (never read: ROPE / CACHE_KIND are constexpr).
     pos = positions if rope else slot_mapping
@@ -355,7 +446,25 @@ def _launch_triton(positions, q_pe, k_pe, kv_c, cos_sin_cache, cache, slot_mappi
     q_strides = q.stride() if rope else (0, 0, 0)
     cs_strides = cs.stride() if rope else (0, 0)
     rope_mla_kv_write_kernel[grid](
-        pos, q, k_pe, kv_c, cs, cache, slot_mapping, ks,
-        T, N, slot_mapping.shape[0], cache.shape[1], num_slots, max_pos,
-        *q_strides, *k_pe.stride(), *kv_c.stride(), *cs_strides, *cache.stride(),
-        **consts, **options)
+        pos,
+        q,
+        k_pe,
+        kv_c,
+        cs,
+        cache,
+        slot_mapping,
+        ks,
+        T,
+        N,
+        slot_mapping.shape[0],
+        cache.shape[1],
+        num_slots,
+        max_pos,
+        *q_strides,
+        *k_pe.stride(),
+        *kv_c.stride(),
+        *cs_strides,
+        *cache.stride(),
+        **consts,
+        **options,
+    )

@@ -8,5 +8,10 @@ from .merge import merge_attn_states_ref
 from .prefill import mla_prefill_ref
 from .rope_kv_write import fused_rope_mla_kv_write_ref
 
-__all__ = ["context_gather_ref", "mla_decode_ref", "merge_attn_states_ref", "mla_prefill_ref",
-           "fused_rope_mla_kv_write_ref"]
+__all__ = [
+    "context_gather_ref",
+    "mla_decode_ref",
+    "merge_attn_states_ref",
+    "mla_prefill_ref",
+    "fused_rope_mla_kv_write_ref",
+]

@@ -5,9 +5,15 @@ from __future__ import annotations
 import torch
 
 
-def context_gather_ref(kv_cache: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: torch.Tensor,
-                       starts: torch.Tensor, token_to_seq: torch.Tensor, num_tokens: int,
-                       k_scale: float | torch.Tensor | None = None) -> torch.Tensor:
+def context_gather_ref(
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seq_lens: torch.Tensor,
+    starts: torch.Tensor,
+    token_to_seq: torch.Tensor,
+    num_tokens: int,
+    k_scale: float | torch.Tensor | None = None,
+) -> torch.Tensor:
     """Gather ``num_tokens`` context rows of one chunk from the paged cache, in float32.
 
     kv_cache ``[num_blocks, block_size, D]`` (any float dtype, float8 included; value = stored x

@@ -14,9 +14,15 @@ import torch
 from ..mla_dims import KV_LORA_RANK  # V = the first 512 columns of each cache row; K = all 576
 
 
-def mla_decode_ref(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Tensor,
-                   block_table: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float,
-                   k_scale: float | torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def mla_decode_ref(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+    k_scale: float | torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Paged MQA over the MLA latent cache, in float32.
 
     q_nope ``[rows, N, 512]``, q_pe ``[rows, N, 64]``: rows = B x q_len, request-major (the rows of
@@ -42,8 +48,11 @@ def mla_decode_ref(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Ten
     num_blocks, block_size = kv_cache.shape[0], kv_cache.shape[1]
     capacity = max_blocks * block_size
     q = torch.cat([q_nope.float(), q_pe.float()], dim=-1)  # [rows, N, 576]
-    scale = 1.0 if k_scale is None else (float(k_scale.float().reshape(-1)[0])
-                                         if isinstance(k_scale, torch.Tensor) else float(k_scale))
+    scale = (
+        1.0
+        if k_scale is None
+        else (float(k_scale.float().reshape(-1)[0]) if isinstance(k_scale, torch.Tensor) else float(k_scale))
+    )
     out = torch.zeros(rows, N, KV_LORA_RANK, dtype=torch.float32, device=q_nope.device)
     lse = torch.full((rows, N), float("-inf"), dtype=torch.float32, device=q_nope.device)
     for b in range(B):
@@ -53,12 +62,12 @@ def mla_decode_ref(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Ten
         tok = torch.arange(L, device=kv_cache.device)
         pages = block_table[b, tok // block_size].long().to(kv_cache.device)
         if bool(((pages < 0) | (pages >= num_blocks)).any()):
-            out[b * q_len:(b + 1) * q_len] = float("nan")
-            lse[b * q_len:(b + 1) * q_len] = float("nan")
+            out[b * q_len : (b + 1) * q_len] = float("nan")
+            lse[b * q_len : (b + 1) * q_len] = float("nan")
             continue
         k = kv_cache[pages, tok % block_size].float() * scale  # [L, 576]
         v = k[:, :KV_LORA_RANK]
-        qb = q[b * q_len:(b + 1) * q_len]  # [q_len, N, 576]
+        qb = q[b * q_len : (b + 1) * q_len]  # [q_len, N, 576]
         s = torch.einsum("tnd,jd->tnj", qb, k.to(qb.device)) * sm_scale
         limit = L - q_len + torch.arange(q_len, device=s.device)  # last visible key per row
         visible = tok.to(s.device)[None, :] <= limit[:, None]  # [q_len, L]
@@ -67,8 +76,8 @@ def mla_decode_ref(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_cache: torch.Ten
         seen = row_lse > float("-inf")
         p = torch.exp(s - torch.where(seen, row_lse, 0.0)[..., None])
         p = torch.where(seen[..., None], p, 0.0)
-        out[b * q_len:(b + 1) * q_len] = torch.einsum("tnj,jd->tnd", p, v.to(p.device))
-        lse[b * q_len:(b + 1) * q_len] = row_lse
+        out[b * q_len : (b + 1) * q_len] = torch.einsum("tnj,jd->tnd", p, v.to(p.device))
+        lse[b * q_len : (b + 1) * q_len] = row_lse
     return out, lse
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 
-def merge_attn_states_ref(prefix_output: torch.Tensor, prefix_lse: torch.Tensor,
-                          suffix_output: torch.Tensor, suffix_lse: torch.Tensor
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_attn_states_ref(
+    prefix_output: torch.Tensor, prefix_lse: torch.Tensor, suffix_output: torch.Tensor, suffix_lse: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge two partial attentions by their log-sum-exps, in float32.
 
     prefix_output, suffix_output: ``[T, N, D]``; prefix_lse, suffix_lse: ``[N, T]`` (natural log).
@@ -34,7 +34,8 @@ def merge_attn_states_ref(prefix_output: torch.Tensor, prefix_lse: torch.Tensor,
     wp = torch.where(empty, torch.zeros_like(ep), ep / denom)
     ws = torch.where(empty, torch.zeros_like(es), es / denom)
     zero = torch.zeros((), dtype=torch.float32, device=po.device)
-    out = (torch.where(wp[..., None] != 0, wp[..., None] * po, zero)
-           + torch.where(ws[..., None] != 0, ws[..., None] * so, zero))
+    out = torch.where(wp[..., None] != 0, wp[..., None] * po, zero) + torch.where(
+        ws[..., None] != 0, ws[..., None] * so, zero
+    )
     lse = torch.where(empty, torch.full_like(m, float("-inf")), torch.log(denom) + m_safe)
     return out, lse.transpose(0, 1).contiguous()

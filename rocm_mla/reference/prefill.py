@@ -6,9 +6,16 @@ from __future__ import annotations
 import torch
 
 
-def mla_prefill_ref(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
-                    cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, sm_scale: float,
-                    causal: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def mla_prefill_ref(
+    q: torch.Tensor,
+    k_nope: torch.Tensor,
+    k_pe: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    sm_scale: float,
+    causal: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Varlen MLA prefill attention in float32.
 
     q: ``[Tq, N, P + R]`` (nope part, then rope part); k_nope: ``[Tk, N, P]``; k_pe: ``[Tk, 1, R]``
@@ -36,8 +43,9 @@ def mla_prefill_ref(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v
     ck = [int(x) for x in cu_seqlens_k.tolist()]
     for name, cu, total in (("cu_seqlens_q", cq, Tq), ("cu_seqlens_k", ck, k_nope.shape[0])):
         if len(cu) != len(cq) or not cu or cu[0] < 0 or cu[-1] > total or any(b < a for a, b in zip(cu, cu[1:])):
-            raise ValueError(f"mla_prefill_ref: {name}: expected {len(cq)} non-decreasing offsets in "
-                             f"[0, {total}], got {cu}")
+            raise ValueError(
+                f"mla_prefill_ref: {name}: expected {len(cq)} non-decreasing offsets in [0, {total}], got {cu}"
+            )
     for b in range(len(cq) - 1):
         q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
         lq, lk = q1 - q0, k1 - k0

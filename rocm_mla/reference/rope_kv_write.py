@@ -1,6 +1,7 @@
 """Float32 reference of fused_rope_mla_kv_write and concat_and_cache_mla.
 
-Semantics (docs/ARCHITECTURE.md §1; the ``fused_rope_mla_kv_write`` docstring): ``cos, sin = cos_sin_cache[positions].chunk(2)`` (32 each); GPT-J style
+Semantics (docs/ARCHITECTURE.md §1; the ``fused_rope_mla_kv_write`` docstring):
+``cos, sin = cos_sin_cache[positions].chunk(2)`` (32 each); GPT-J style
 (``is_neox=False``, DeepSeek) rotates pairs (2i, 2i+1), NeoX style pairs (i, i+32):
 ``x' = x cos_i - y sin_i, y' = y cos_i + x sin_i``. The cache row of token t, written at
 ``slot_mapping[t]`` (slot = block * block_size + offset; negative = not written), is
@@ -18,11 +19,11 @@ from __future__ import annotations
 import torch
 
 from ..mla_dims import QK_ROPE_HEAD_DIM
+
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0}
 
 
-def rope_ref(positions: torch.Tensor, x: torch.Tensor, cos_sin_cache: torch.Tensor, *,
-             is_neox: bool) -> torch.Tensor:
+def rope_ref(positions: torch.Tensor, x: torch.Tensor, cos_sin_cache: torch.Tensor, *, is_neox: bool) -> torch.Tensor:
     """Rotate ``x [T, ..., 64]`` by the angles of ``positions [T]``; returns float32, x's shape.
 
     ``cos_sin_cache [max_pos, 64]`` holds ``cat(cos[32], sin[32])`` per position (vLLM's layout).
@@ -62,8 +63,14 @@ def cache_rows_ref(kv_c: torch.Tensor, k_pe_rotated: torch.Tensor) -> torch.Tens
     return torch.cat((kv_c.float(), k_pe_rotated.float().reshape(kv_c.shape[0], QK_ROPE_HEAD_DIM)), dim=-1)
 
 
-def write_cache_ref(kv_cache: torch.Tensor, slot_mapping: torch.Tensor, rows: torch.Tensor, *,
-                    fp8_dtype: torch.dtype | None = None, k_scale: torch.Tensor | None = None) -> None:
+def write_cache_ref(
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    rows: torch.Tensor,
+    *,
+    fp8_dtype: torch.dtype | None = None,
+    k_scale: torch.Tensor | None = None,
+) -> None:
     """Store ``rows [T, 576]`` (float32) at ``slot_mapping [S <= T]`` of ``kv_cache``, in place.
 
     kv_cache: ``[num_blocks, block_size, 576]`` of its own dtype (any strides); with ``fp8_dtype``,
@@ -88,9 +95,15 @@ def write_cache_ref(kv_cache: torch.Tensor, slot_mapping: torch.Tensor, rows: to
         kv_cache[blk, off] = sel.to(kv_cache.dtype)
 
 
-def fused_rope_mla_kv_write_ref(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor,
-                                kv_c: torch.Tensor, cos_sin_cache: torch.Tensor, *, is_neox: bool
-                                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def fused_rope_mla_kv_write_ref(
+    positions: torch.Tensor,
+    q_pe: torch.Tensor,
+    k_pe: torch.Tensor,
+    kv_c: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    *,
+    is_neox: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The op's results, in float32, without touching any input.
 
     positions ``[T]``; q_pe ``[T, N, 64]``; k_pe ``[T, 1, 64]`` or ``[T, 64]``; kv_c ``[T, 512]``;

@@ -76,8 +76,15 @@ def interpreter_shims() -> None:
         k.constexprs = [i for i, p in enumerate(params) if "constexpr" in str(p.annotation)]
 
 
-def dcp_slot_mapping(positions: torch.Tensor, req: torch.Tensor, block_table: torch.Tensor, block_size: int,
-                     world: int, rank: int, interleave: int) -> torch.Tensor:
+def dcp_slot_mapping(
+    positions: torch.Tensor,
+    req: torch.Tensor,
+    block_table: torch.Tensor,
+    block_size: int,
+    world: int,
+    rank: int,
+    interleave: int,
+) -> torch.Tensor:
     """vLLM 0.33's ``ComputeSlotMappingKernel`` (block_table.py) in torch: the slot of each token
     on ``rank`` (-1 where another rank holds it)."""
     vbs = block_size * world
@@ -118,7 +125,7 @@ class EmulatedGroup:
             # DeviceCommunicatorBase.all_gather: concat along dim 0, then move the rank dim to `dim`
             out = torch.cat([t.contiguous() for t in g._expected[step]], dim=0)
             out = out.reshape((g.world,) + tuple(x.shape)).movedim(0, dim)
-            return out.reshape(tuple(x.shape[:dim]) + (g.world * x.shape[dim],) + tuple(x.shape[dim + 1:]))
+            return out.reshape(tuple(x.shape[:dim]) + (g.world * x.shape[dim],) + tuple(x.shape[dim + 1 :]))
 
         def reduce_scatter(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
             if dim < 0:
@@ -129,8 +136,9 @@ class EmulatedGroup:
             g._pending[r] = (x.clone(), dim, out)
             return out
 
-        return SimpleNamespace(world_size=self.world, rank_in_group=r, all_gather=all_gather,
-                               reduce_scatter=reduce_scatter)
+        return SimpleNamespace(
+            world_size=self.world, rank_in_group=r, all_gather=all_gather, reduce_scatter=reduce_scatter
+        )
 
     def finish(self) -> None:
         """Complete the reduce_scatter: sum of the ranks' inputs (in their dtype, as NCCL does),
@@ -158,8 +166,9 @@ def local_cache(step: H.LayerStep, world: int, rank: int, interleave: int) -> tu
         pos = torch.arange(S, device=step.device)
         slots = dcp_slot_mapping(pos, torch.full_like(pos, i), step.block_table, step.bs, world, rank, interleave)
         counts.append(int((slots >= 0).sum()))
-        step.layer.impl.do_kv_cache_update(step.kv_c[i], step.k_pe[i][:, None, :], cache, slots,
-                                           step.kv_cache_dtype, step.layer._k_scale)
+        step.layer.impl.do_kv_cache_update(
+            step.kv_c[i], step.k_pe[i][:, None, :], cache, slots, step.kv_cache_dtype, step.layer._k_scale
+        )
     seq_lens = torch.tensor([r.context + r.query for r in step.requests], dtype=torch.int32)
     local = get_dcp_local_seq_lens(seq_lens, world, rank, interleave)
     assert local.tolist() == counts, (local.tolist(), counts)  # vLLM's two formulas agree
@@ -181,27 +190,31 @@ def emulate(step: H.LayerStep, world: int = 2, interleave: int = 1) -> dict:
     assert N % world == 0
     Nl = N // world
     calls = step.capture_backend_calls()  # the 1-rank step; its forward_mqa call and result
-    (_, (q1, cache1, md1, _), _), = [c for c in calls if c[0] == "forward_mqa"]
+    ((_, (q1, cache1, md1, _), _),) = [c for c in calls if c[0] == "forward_mqa"]
     out_1rank_step = step.output.clone()
     o1, lse1 = impl.forward_mqa(q1, cache1, md1, layer)
     ql_nope, q_pe = q1  # [B, N, 512] (W_UK_T applied), [B, N, 64]
 
     group = EmulatedGroup(world)
     # 2. per rank: its heads' (ql_nope, q_pe) concatenated, then vLLM's all-gather over heads
-    q_ranks = [torch.cat((ql_nope[:, r * Nl:(r + 1) * Nl], q_pe[:, r * Nl:(r + 1) * Nl]), dim=-1)
-               for r in range(world)]
+    q_ranks = [
+        torch.cat((ql_nope[:, r * Nl : (r + 1) * Nl], q_pe[:, r * Nl : (r + 1) * Nl]), dim=-1) for r in range(world)
+    ]
     group.expect("q", q_ranks)
     shards = [local_cache(step, world, r, interleave) for r in range(world)]
-    qsl = md.query_start_loc[:B + 1]
+    qsl = md.query_start_loc[: B + 1]
     max_seq = int(md.max_seq_len)
     outs, lses, masked = [], [], []
     for r in range(world):
-        q_all = MLADCPManager._gather_query(SimpleNamespace(group=group.rank(r, "q"), padded_num_heads=None),
-                                            q_ranks[r])
+        q_all = MLADCPManager._gather_query(
+            SimpleNamespace(group=group.rank(r, "q"), padded_num_heads=None), q_ranks[r]
+        )
         assert torch.equal(q_all, torch.cat(q1, dim=-1))
         cache, local = shards[r]
-        dmd = SimpleNamespace(decode=SimpleNamespace(block_table=md.decode.block_table, seq_lens=local),
-                              max_seq_len=math.ceil(max_seq / (world * interleave)) * interleave)
+        dmd = SimpleNamespace(
+            decode=SimpleNamespace(block_table=md.decode.block_table, seq_lens=local),
+            max_seq_len=math.ceil(max_seq / (world * interleave)) * interleave,
+        )
         o, lse = impl.forward_mqa(q_all, cache, dmd, layer)  # 3. ROCM_MLA decode on the shard
         outs.append(o)
         lses.append(lse)
@@ -213,8 +226,16 @@ def emulate(step: H.LayerStep, world: int = 2, interleave: int = 1) -> dict:
     group.expect("lse", masked)
     combined = []
     for r in range(world):  # 4. vLLM's combine, as MLADCPManager.combine calls it
-        combined.append(cp_lse_ag_out_rs(outs[r], lses[r], cp_group=group.rank(r, "lse"), is_lse_base_on_e=True,
-                                         seq_lens=shards[r][1], query_start_loc=qsl))
+        combined.append(
+            cp_lse_ag_out_rs(
+                outs[r],
+                lses[r],
+                cp_group=group.rank(r, "lse"),
+                is_lse_base_on_e=True,
+                seq_lens=shards[r][1],
+                query_start_loc=qsl,
+            )
+        )
     group.finish()
     o_dcp = torch.cat(combined, dim=1)  # [B, N, 512], rank r's heads at [r*Nl, (r+1)*Nl)
     # 5. W_UV (vLLM's _v_up_proj) per rank = on the whole [B, N, 512]
@@ -224,14 +245,19 @@ def emulate(step: H.LayerStep, world: int = 2, interleave: int = 1) -> dict:
     scale = max(1.0, ref.abs().max().item())
     empty = [int((s[1] == 0).sum()) for s in shards]
     return {
-        "world": world, "interleave": interleave, "num_heads": N, "block_size": step.bs,
-        "kv_cache_dtype": step.kv_cache_dtype, "empty_shard_rows": empty,
+        "world": world,
+        "interleave": interleave,
+        "num_heads": N,
+        "block_size": step.bs,
+        "kv_cache_dtype": step.kv_cache_dtype,
+        "empty_shard_rows": empty,
         "local_seq_lens": [s[1].tolist() for s in shards],
         "max_err_latent_vs_1rank": (o_dcp.float() - o1.float()).abs().max().item(),
         "max_err_out_vs_1rank": (out_dcp.float() - out_1rank_step.float()).abs().max().item(),
         "max_err_out_vs_fp32": (out_dcp.float() - ref).abs().max().item(),
         "max_err_1rank_vs_fp32": (out_1rank_step.float() - ref).abs().max().item(),
-        "ref_scale": scale, "finite": bool(torch.isfinite(out_dcp).all()),
+        "ref_scale": scale,
+        "finite": bool(torch.isfinite(out_dcp).all()),
         "lse_1rank_finite": bool(torch.isfinite(lse1).all()),
     }
 
@@ -247,11 +273,20 @@ def prepare_case(step: H.LayerStep) -> dict:
     out = step.run().clone()
     cpu = lambda t: t.detach().cpu()  # noqa: E731
     return {
-        "requests": [(r.context, r.query) for r in step.requests], "num_heads": step.N, "dtype": str(step.dtype),
-        "kv_cache_dtype": step.kv_cache_dtype, "block_size": step.bs, "k_scale": float(step.layer._k_scale),
-        "kv_c": [cpu(t) for t in step.kv_c], "k_pe": [cpu(t) for t in step.k_pe], "q": cpu(step.q_all),
-        "kv_b_proj": cpu(step.layer.kv_b_proj.weight), "block_table": cpu(step.block_table),
-        "num_blocks": step.kv_cache.shape[0], "out_1rank": cpu(out), "reference": cpu(step.reference()),
+        "requests": [(r.context, r.query) for r in step.requests],
+        "num_heads": step.N,
+        "dtype": str(step.dtype),
+        "kv_cache_dtype": step.kv_cache_dtype,
+        "block_size": step.bs,
+        "k_scale": float(step.layer._k_scale),
+        "kv_c": [cpu(t) for t in step.kv_c],
+        "k_pe": [cpu(t) for t in step.k_pe],
+        "q": cpu(step.q_all),
+        "kv_b_proj": cpu(step.layer.kv_b_proj.weight),
+        "block_table": cpu(step.block_table),
+        "num_blocks": step.kv_cache.shape[0],
+        "out_1rank": cpu(out),
+        "reference": cpu(step.reference()),
     }
 
 
@@ -262,8 +297,7 @@ def init_vllm_dcp(rank: int, world: int, port: int, backend: str, communicator: 
     or "platform" (the platform's, ROCm's ``CudaCommunicator``: PyNccl). On CPU (gloo) the
     collectives are called directly rather than through vLLM's custom ops, which ROCm registers
     for the "CUDA" dispatch key only."""
-    from vllm.config import (CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, VllmConfig,
-                             set_current_vllm_config)
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import parallel_state as ps
     from vllm.platforms import current_platform
 
@@ -276,16 +310,27 @@ def init_vllm_dcp(rank: int, world: int, port: int, backend: str, communicator: 
         torch.cuda.set_device(rank)
     ps.set_custom_all_reduce(False)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    vc = VllmConfig(model_config=ModelConfig(model=H._tiny_deepseek_v3_dir(), skip_tokenizer_init=True,
-                                             max_model_len=4096, dtype=torch.bfloat16),
-                    cache_config=CacheConfig(block_size=16),
-                    parallel_config=ParallelConfig(tensor_parallel_size=world, decode_context_parallel_size=world,
-                                                   cp_kv_cache_interleave_size=interleave,
-                                                   disable_custom_all_reduce=True),
-                    device_config=DeviceConfig(device=dev))
+    vc = VllmConfig(
+        model_config=ModelConfig(
+            model=H._tiny_deepseek_v3_dir(), skip_tokenizer_init=True, max_model_len=4096, dtype=torch.bfloat16
+        ),
+        cache_config=CacheConfig(block_size=16),
+        parallel_config=ParallelConfig(
+            tensor_parallel_size=world,
+            decode_context_parallel_size=world,
+            cp_kv_cache_interleave_size=interleave,
+            disable_custom_all_reduce=True,
+        ),
+        device_config=DeviceConfig(device=dev),
+    )
     with set_current_vllm_config(vc):
-        ps.init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend=backend,
-                                        distributed_init_method=f"tcp://127.0.0.1:{port}")
+        ps.init_distributed_environment(
+            world_size=world,
+            rank=rank,
+            local_rank=rank,
+            backend=backend,
+            distributed_init_method=f"tcp://127.0.0.1:{port}",
+        )
         ps.initialize_model_parallel(tensor_model_parallel_size=world, decode_context_model_parallel_size=world)
     return vc
 
@@ -314,27 +359,43 @@ def run_rank_case(case: dict, rank: int, world: int, interleave: int) -> dict:
     reqs = [H.Request(c, q) for c, q in case["requests"]]
     assert all(r.query == 1 for r in reqs), "DCP decode rows have q_len 1 (vLLM forces it)"
     fp8 = kvd in ("fp8", "fp8_e4m3")
-    vc = VllmConfig(model_config=ModelConfig(model=H._tiny_deepseek_v3_dir(), skip_tokenizer_init=True,
-                                             max_model_len=4096, dtype=dtype),
-                    cache_config=CacheConfig(block_size=bs, cache_dtype=kvd),
-                    parallel_config=ParallelConfig(tensor_parallel_size=world, decode_context_parallel_size=world,
-                                                   cp_kv_cache_interleave_size=interleave,
-                                                   disable_custom_all_reduce=True),
-                    device_config=DeviceConfig(device=dev.type),
-                    attention_config=AttentionConfig(backend="ROCM_MLA", mla_prefill_backend="ROCM_MLA"))
+    vc = VllmConfig(
+        model_config=ModelConfig(
+            model=H._tiny_deepseek_v3_dir(), skip_tokenizer_init=True, max_model_len=4096, dtype=dtype
+        ),
+        cache_config=CacheConfig(block_size=bs, cache_dtype=kvd),
+        parallel_config=ParallelConfig(
+            tensor_parallel_size=world,
+            decode_context_parallel_size=world,
+            cp_kv_cache_interleave_size=interleave,
+            disable_custom_all_reduce=True,
+        ),
+        device_config=DeviceConfig(device=dev.type),
+        attention_config=AttentionConfig(backend="ROCM_MLA", mla_prefill_backend="ROCM_MLA"),
+    )
     prev = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with set_current_vllm_config(vc), torch.device(dev):
-            kvb = ColumnParallelLinear(KV_LORA_RANK, N * (H.QK_NOPE + H.V_HEAD), bias=False,
-                                       prefix="model.layers.0.self_attn.kv_b_proj")
+            kvb = ColumnParallelLinear(
+                KV_LORA_RANK, N * (H.QK_NOPE + H.V_HEAD), bias=False, prefix="model.layers.0.self_attn.kv_b_proj"
+            )
             rows = Nl * (H.QK_NOPE + H.V_HEAD)
             assert kvb.weight.shape[0] == rows, "ColumnParallelLinear did not shard over the TP ranks"
-            kvb.weight.data.copy_(case["kv_b_proj"][rank * rows:(rank + 1) * rows])
-            layer = MLAAttention(num_heads=Nl, scale=1.0 / math.sqrt(H.QK_NOPE + QK_ROPE), qk_nope_head_dim=H.QK_NOPE,
-                                 qk_rope_head_dim=QK_ROPE, v_head_dim=H.V_HEAD, q_lora_rank=None,
-                                 kv_lora_rank=KV_LORA_RANK, kv_b_proj=kvb, cache_config=vc.cache_config,
-                                 prefix="model.layers.0.self_attn.attn", attn_backend=RocmMLABackend)
+            kvb.weight.data.copy_(case["kv_b_proj"][rank * rows : (rank + 1) * rows])
+            layer = MLAAttention(
+                num_heads=Nl,
+                scale=1.0 / math.sqrt(H.QK_NOPE + QK_ROPE),
+                qk_nope_head_dim=H.QK_NOPE,
+                qk_rope_head_dim=QK_ROPE,
+                v_head_dim=H.V_HEAD,
+                q_lora_rank=None,
+                kv_lora_rank=KV_LORA_RANK,
+                kv_b_proj=kvb,
+                cache_config=vc.cache_config,
+                prefix="model.layers.0.self_attn.attn",
+                attn_backend=RocmMLABackend,
+            )
             layer.process_weights_after_loading(dtype)
             if fp8:
                 layer._k_scale.fill_(case["k_scale"])
@@ -358,21 +419,31 @@ def run_rank_case(case: dict, rank: int, world: int, interleave: int) -> dict:
         slots = dcp_slot_mapping(pos, torch.full_like(pos, i), bt, bs, world, rank, interleave)
         kv_c, k_pe = case["kv_c"][i].to(dev), case["k_pe"][i].to(dev)
         if r.context:
-            impl.do_kv_cache_update(kv_c[:r.context], k_pe[:r.context, None, :], cache, slots[:r.context], kvd,
-                                    layer._k_scale)
-        new_slots.append(slots[r.context:])
-    kv_c_new = torch.cat([case["kv_c"][i][r.context:] for i, r in enumerate(reqs)]).to(dev)
-    k_pe_new = torch.cat([case["k_pe"][i][r.context:] for i, r in enumerate(reqs)]).to(dev).unsqueeze(1)
+            impl.do_kv_cache_update(
+                kv_c[: r.context], k_pe[: r.context, None, :], cache, slots[: r.context], kvd, layer._k_scale
+            )
+        new_slots.append(slots[r.context :])
+    kv_c_new = torch.cat([case["kv_c"][i][r.context :] for i, r in enumerate(reqs)]).to(dev)
+    k_pe_new = torch.cat([case["k_pe"][i][r.context :] for i, r in enumerate(reqs)]).to(dev).unsqueeze(1)
     slot_mapping = torch.cat(new_slots)
     seq_lens = torch.tensor([r.context + r.query for r in reqs], dtype=torch.int32)
     local = get_dcp_local_seq_lens(seq_lens, world, rank, interleave)
     B = len(reqs)
     qsl = torch.arange(B + 1, dtype=torch.int32)
     common = CommonAttentionMetadata(
-        query_start_loc=qsl.to(dev), query_start_loc_cpu=qsl, seq_lens=seq_lens.to(dev), num_reqs=B,
-        num_actual_tokens=B, max_query_len=1, max_seq_len=int(seq_lens.max()), block_table_tensor=bt,
-        slot_mapping=slot_mapping, seq_lens_cpu_upper_bound=seq_lens, dcp_local_seq_lens=local.to(dev),
-        dcp_local_seq_lens_cpu_upper_bound=local)
+        query_start_loc=qsl.to(dev),
+        query_start_loc_cpu=qsl,
+        seq_lens=seq_lens.to(dev),
+        num_reqs=B,
+        num_actual_tokens=B,
+        max_query_len=1,
+        max_seq_len=int(seq_lens.max()),
+        block_table_tensor=bt,
+        slot_mapping=slot_mapping,
+        seq_lens_cpu_upper_bound=seq_lens,
+        dcp_local_seq_lens=local.to(dev),
+        dcp_local_seq_lens_cpu_upper_bound=local,
+    )
     md = builder.build(0, common)
     assert md.num_decodes == B and md.decode.seq_lens.tolist() == local.tolist()
 
@@ -388,7 +459,7 @@ def run_rank_case(case: dict, rank: int, world: int, interleave: int) -> dict:
         return comb(*a, **k)
 
     impl.forward_mqa, layer.dcp_manager.combine = forward_mqa, combine
-    q = case["q"].to(dev)[:, rank * Nl:(rank + 1) * Nl]  # this TP rank's heads
+    q = case["q"].to(dev)[:, rank * Nl : (rank + 1) * Nl]  # this TP rank's heads
     out = torch.empty(B, Nl * H.V_HEAD, dtype=dtype, device=dev)
     with set_current_vllm_config(vc):
         layer.update_kv_cache(kv_c_new, k_pe_new, cache, slot_mapping, md, kvd, layer._k_scale)
@@ -400,12 +471,19 @@ def run_rank_case(case: dict, rank: int, world: int, interleave: int) -> dict:
     got = out.float().cpu()
     comm = get_dcp_group().device_communicator
     pynccl = getattr(comm, "pynccl_comm", None)
-    return {"rank": rank, "local_seq_lens": local.tolist(), "forward_mqa_q_heads": seen["q_heads"],
-            "dcp_communicator": type(comm).__name__,
-            "pynccl": None if pynccl is None else ("disabled" if pynccl.disabled else "enabled"),
-            "dcp_combine_calls": seen["combine"], "finite": bool(torch.isfinite(got).all()),
-            "max_err_vs_1rank": (got - one).abs().max().item(), "max_err_vs_fp32": (got - ref).abs().max().item(),
-            "max_err_1rank_vs_fp32": (one - ref).abs().max().item(), "ref_scale": max(1.0, ref.abs().max().item())}
+    return {
+        "rank": rank,
+        "local_seq_lens": local.tolist(),
+        "forward_mqa_q_heads": seen["q_heads"],
+        "dcp_communicator": type(comm).__name__,
+        "pynccl": None if pynccl is None else ("disabled" if pynccl.disabled else "enabled"),
+        "dcp_combine_calls": seen["combine"],
+        "finite": bool(torch.isfinite(got).all()),
+        "max_err_vs_1rank": (got - one).abs().max().item(),
+        "max_err_vs_fp32": (got - ref).abs().max().item(),
+        "max_err_1rank_vs_fp32": (one - ref).abs().max().item(),
+        "ref_scale": max(1.0, ref.abs().max().item()),
+    }
 
 
 def main(argv=None) -> int:
@@ -417,8 +495,12 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     default_dtype = "float32" if not torch.cuda.is_available() else "bfloat16"
-    ap.add_argument("--case", action="append", default=None,
-                    help=f"WORLD:INTERLEAVE:BLOCK:HEADS:DTYPE:KV (default 2:1:16:16:{default_dtype}:auto)")
+    ap.add_argument(
+        "--case",
+        action="append",
+        default=None,
+        help=f"WORLD:INTERLEAVE:BLOCK:HEADS:DTYPE:KV (default 2:1:16:16:{default_dtype}:auto)",
+    )
     args = ap.parse_args(argv)
     H.use_simulated_gfx942_platform()
     from rocm_mla.vllm import register
@@ -431,8 +513,16 @@ def main(argv=None) -> int:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     for spec in args.case or [f"2:1:16:16:{default_dtype}:auto"]:
         world, interleave, block, heads, dtype, kvd = spec.split(":")
-        step = H.LayerStep(RocmMLABackend, DECODE_BATCH, num_heads=int(heads), dtype=getattr(torch, dtype),
-                           device=dev, kv_cache_dtype=kvd, block_size=int(block), k_scale=0.05)
+        step = H.LayerStep(
+            RocmMLABackend,
+            DECODE_BATCH,
+            num_heads=int(heads),
+            dtype=getattr(torch, dtype),
+            device=dev,
+            kv_cache_dtype=kvd,
+            block_size=int(block),
+            k_scale=0.05,
+        )
         res = emulate(step, int(world), int(interleave))
         res["dtype"], res["vllm_triton"] = dtype, bool(HAS_TRITON)
         print("DCP_RESULT " + json.dumps(res), flush=True)

@@ -75,8 +75,9 @@ def use_simulated_gfx942_platform() -> None:
 
     if isinstance(platforms._current_platform, _SimulatedMarker):
         return
-    with mock.patch.object(torch.cuda, "get_device_properties",
-                           lambda *a, **k: types.SimpleNamespace(gcnArchName="gfx942:sramecc+:xnack-")):
+    with mock.patch.object(
+        torch.cuda, "get_device_properties", lambda *a, **k: types.SimpleNamespace(gcnArchName="gfx942:sramecc+:xnack-")
+    ):
         from vllm.platforms.rocm import RocmPlatform
 
     # The machine's own fp8 kind (configs/platform.json), not the simulated gfx942's.
@@ -114,26 +115,26 @@ def use_simulated_gfx942_platform() -> None:
 # (read from its wheel). Only the schemas are needed: nothing in these tests calls them.
 VLLM_C_SCHEMAS = {
     "rotary_embedding": "rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int head_size, "
-                        "Tensor cos_sin_cache, bool is_neox, int rope_dim_offset=0, bool inverse=False) -> ()",
+    "Tensor cos_sin_cache, bool is_neox, int rope_dim_offset=0, bool inverse=False) -> ()",
     "static_scaled_fp8_quant": "static_scaled_fp8_quant(Tensor! result, Tensor input, Tensor scale, "
-                               "int[]? group_shape=None) -> ()",
+    "int[]? group_shape=None) -> ()",
     "dynamic_scaled_fp8_quant": "dynamic_scaled_fp8_quant(Tensor! result, Tensor input, Tensor! scale) -> ()",
     "dynamic_per_token_scaled_fp8_quant": "dynamic_per_token_scaled_fp8_quant(Tensor! result, Tensor input, "
-                                          "Tensor! scale, Tensor? scale_ub) -> ()",
+    "Tensor! scale, Tensor? scale_ub) -> ()",
     "silu_and_mul": "silu_and_mul(Tensor! result, Tensor input) -> ()",
     "fused_add_rms_norm": "fused_add_rms_norm(Tensor! input, Tensor! residual, Tensor? weight, float epsilon) -> ()",
     "fused_add_rms_norm_static_fp8_quant": "fused_add_rms_norm_static_fp8_quant(Tensor! result, Tensor input, "
-                                           "Tensor! residual, Tensor weight, Tensor scale, float epsilon) -> ()",
+    "Tensor! residual, Tensor weight, Tensor scale, float epsilon) -> ()",
     "rms_norm_dynamic_per_token_quant": "rms_norm_dynamic_per_token_quant(Tensor! result, Tensor input, "
-                                        "Tensor weight, Tensor! scale, float epsilon, Tensor? scale_ub, "
-                                        "Tensor!? residual) -> ()",
+    "Tensor weight, Tensor! scale, float epsilon, Tensor? scale_ub, "
+    "Tensor!? residual) -> ()",
     "rms_norm": "rms_norm(Tensor! result, Tensor input, Tensor? weight, float epsilon) -> ()",
     "rms_norm_static_fp8_quant": "rms_norm_static_fp8_quant(Tensor! result, Tensor input, Tensor weight, "
-                                 "Tensor scale, float epsilon) -> ()",
+    "Tensor scale, float epsilon) -> ()",
     "silu_and_mul_quant": "silu_and_mul_quant(Tensor! result, Tensor input, Tensor scale) -> ()",
     "fused_qk_norm_rope": "fused_qk_norm_rope(Tensor! qkv, int num_heads_q, int num_heads_k, int num_heads_v, "
-                          "int head_dim, float eps, Tensor q_weight, Tensor k_weight, Tensor cos_sin_cache, "
-                          "bool is_neox, Tensor position_ids, int forced_token_heads_per_warp=-1) -> ()",
+    "int head_dim, float eps, Tensor q_weight, Tensor k_weight, Tensor cos_sin_cache, "
+    "bool is_neox, Tensor position_ids, int forced_token_heads_per_warp=-1) -> ()",
 }
 _libs: list = []  # torch.library.Library objects made here (kept alive)
 
@@ -229,14 +230,29 @@ def _tiny_deepseek_v3_dir() -> str:
     if _model_dir is None:
         d = tempfile.mkdtemp(prefix="rocm_mla_dsv3_")
         cfg = {
-            "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
-            "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 128,
-            "num_hidden_layers": 1, "num_attention_heads": 128, "num_key_value_heads": 128,
-            "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2,
-            "first_k_dense_replace": 1, "kv_lora_rank": KV_LORA_RANK, "q_lora_rank": 128,
-            "qk_nope_head_dim": QK_NOPE, "qk_rope_head_dim": QK_ROPE, "v_head_dim": V_HEAD,
-            "vocab_size": 1024, "max_position_embeddings": 4096, "rope_theta": 10000,
-            "torch_dtype": "bfloat16", "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+            "architectures": ["DeepseekV3ForCausalLM"],
+            "model_type": "deepseek_v3",
+            "hidden_size": 256,
+            "intermediate_size": 512,
+            "moe_intermediate_size": 128,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 128,
+            "num_key_value_heads": 128,
+            "n_routed_experts": 4,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 2,
+            "first_k_dense_replace": 1,
+            "kv_lora_rank": KV_LORA_RANK,
+            "q_lora_rank": 128,
+            "qk_nope_head_dim": QK_NOPE,
+            "qk_rope_head_dim": QK_ROPE,
+            "v_head_dim": V_HEAD,
+            "vocab_size": 1024,
+            "max_position_embeddings": 4096,
+            "rope_theta": 10000,
+            "torch_dtype": "bfloat16",
+            "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": False,
         }
         with open(f"{d}/config.json", "w") as f:
             json.dump(cfg, f)
@@ -255,8 +271,9 @@ def _ensure_single_process_group(vllm_config) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with set_current_vllm_config(vllm_config):
-        ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                        distributed_init_method=f"tcp://127.0.0.1:{port}")
+        ps.init_distributed_environment(
+            world_size=1, rank=0, local_rank=0, backend="gloo", distributed_init_method=f"tcp://127.0.0.1:{port}"
+        )
         ps.initialize_model_parallel(1, 1)
 
 
@@ -283,10 +300,22 @@ class LayerStep:
         prefill_backend: vLLM's ``mla_prefill_backend`` name ("ROCM_MLA" by default).
     """
 
-    def __init__(self, backend, requests: list[Request], *, num_heads: int, dtype: torch.dtype,
-                 device: torch.device | str, kv_cache_dtype: str = "auto", block_size: int = 16,
-                 decode_threshold: int = 1, workspace_rows: int | None = None, k_scale: float = 1.0,
-                 prefill_backend: str = "ROCM_MLA", seed: int = 0):
+    def __init__(
+        self,
+        backend,
+        requests: list[Request],
+        *,
+        num_heads: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        kv_cache_dtype: str = "auto",
+        block_size: int = 16,
+        decode_threshold: int = 1,
+        workspace_rows: int | None = None,
+        k_scale: float = 1.0,
+        prefill_backend: str = "ROCM_MLA",
+        seed: int = 0,
+    ):
         from vllm.config import CacheConfig, DeviceConfig, ModelConfig, VllmConfig, set_current_vllm_config
         from vllm.config.attention import AttentionConfig
         from vllm.model_executor.layers.attention.mla_attention import MLAAttention
@@ -303,12 +332,16 @@ class LayerStep:
             return (torch.randn(*shape, generator=gen, device="cpu") * scale).to(device=self.device)
 
         dev_type = "cpu" if self.device.type == "cpu" else "cuda"
-        model_config = ModelConfig(model=_tiny_deepseek_v3_dir(), skip_tokenizer_init=True,
-                                   max_model_len=4096, dtype=dtype)
+        model_config = ModelConfig(
+            model=_tiny_deepseek_v3_dir(), skip_tokenizer_init=True, max_model_len=4096, dtype=dtype
+        )
         cache_config = CacheConfig(block_size=block_size, cache_dtype=kv_cache_dtype)
         self.vllm_config = vc = VllmConfig(
-            model_config=model_config, cache_config=cache_config, device_config=DeviceConfig(device=dev_type),
-            attention_config=AttentionConfig(backend=backend.get_name(), mla_prefill_backend=prefill_backend))
+            model_config=model_config,
+            cache_config=cache_config,
+            device_config=DeviceConfig(device=dev_type),
+            attention_config=AttentionConfig(backend=backend.get_name(), mla_prefill_backend=prefill_backend),
+        )
         _ensure_single_process_group(vc)
 
         self.scale = 1.0 / math.sqrt(QK_NOPE + QK_ROPE)
@@ -316,13 +349,26 @@ class LayerStep:
         torch.set_default_dtype(dtype)  # vLLM builds layers under the model dtype
         try:
             with set_current_vllm_config(vc), torch.device(self.device):
-                kvb = ColumnParallelLinear(KV_LORA_RANK, num_heads * (QK_NOPE + V_HEAD), bias=False,
-                                           prefix="model.layers.0.self_attn.kv_b_proj")
-                kvb.weight.data.copy_(randn(*kvb.weight.shape, scale=KV_LORA_RANK ** -0.5))
+                kvb = ColumnParallelLinear(
+                    KV_LORA_RANK,
+                    num_heads * (QK_NOPE + V_HEAD),
+                    bias=False,
+                    prefix="model.layers.0.self_attn.kv_b_proj",
+                )
+                kvb.weight.data.copy_(randn(*kvb.weight.shape, scale=KV_LORA_RANK**-0.5))
                 self.layer = MLAAttention(
-                    num_heads=num_heads, scale=self.scale, qk_nope_head_dim=QK_NOPE, qk_rope_head_dim=QK_ROPE,
-                    v_head_dim=V_HEAD, q_lora_rank=None, kv_lora_rank=KV_LORA_RANK, kv_b_proj=kvb,
-                    cache_config=cache_config, prefix="model.layers.0.self_attn.attn", attn_backend=backend)
+                    num_heads=num_heads,
+                    scale=self.scale,
+                    qk_nope_head_dim=QK_NOPE,
+                    qk_rope_head_dim=QK_ROPE,
+                    v_head_dim=V_HEAD,
+                    q_lora_rank=None,
+                    kv_lora_rank=KV_LORA_RANK,
+                    kv_b_proj=kvb,
+                    cache_config=cache_config,
+                    prefix="model.layers.0.self_attn.attn",
+                    attn_backend=backend,
+                )
                 self.layer.process_weights_after_loading(dtype)
                 if self.fp8:
                     self.layer._k_scale.fill_(k_scale)
@@ -335,25 +381,30 @@ class LayerStep:
         if workspace_rows is not None:
             self.builder.chunked_prefill_workspace_size = workspace_rows
             self.builder.chunked_prefill_workspace = torch.empty(
-                workspace_rows, KV_LORA_RANK + QK_ROPE, dtype=self.builder.chunked_prefill_workspace.dtype,
-                device=self.device)
+                workspace_rows,
+                KV_LORA_RANK + QK_ROPE,
+                dtype=self.builder.chunked_prefill_workspace.dtype,
+                device=self.device,
+            )
 
         # Paged cache: NaN everywhere a token was never written (fp8: the all-ones byte, NaN in
         # e4m3fn and e4m3fnuz alike), pages handed out in a shuffled order.
         blocks_per_req = [math.ceil((r.context + r.query) / block_size) for r in requests]
         num_blocks = sum(blocks_per_req) + 3
         if self.fp8:
-            self.kv_cache = torch.full((num_blocks, block_size, KV_LORA_RANK + QK_ROPE), 0xFF,
-                                       dtype=torch.uint8, device=self.device)
+            self.kv_cache = torch.full(
+                (num_blocks, block_size, KV_LORA_RANK + QK_ROPE), 0xFF, dtype=torch.uint8, device=self.device
+            )
         else:
-            self.kv_cache = torch.full((num_blocks, block_size, KV_LORA_RANK + QK_ROPE), float("nan"),
-                                       dtype=dtype, device=self.device)
+            self.kv_cache = torch.full(
+                (num_blocks, block_size, KV_LORA_RANK + QK_ROPE), float("nan"), dtype=dtype, device=self.device
+            )
         perm = torch.randperm(num_blocks, generator=gen, device="cpu")
         max_blocks = max(blocks_per_req)
         self.block_table = torch.zeros(len(requests), max_blocks + 1, dtype=torch.int32)
         used = 0
         for i, nb in enumerate(blocks_per_req):
-            self.block_table[i, :nb] = perm[used:used + nb].to(torch.int32)
+            self.block_table[i, :nb] = perm[used : used + nb].to(torch.int32)
             used += nb
         self.block_table = self.block_table.to(self.device)
 
@@ -364,20 +415,26 @@ class LayerStep:
 
         def slots(i: int, lo: int, hi: int) -> torch.Tensor:
             pos = torch.arange(lo, hi, device=self.device)
-            return (self.block_table[i, pos // block_size].long() * block_size + pos % block_size)
+            return self.block_table[i, pos // block_size].long() * block_size + pos % block_size
 
         # Cached context, through the backend's KV write (as the earlier steps wrote it).
         for i, r in enumerate(requests):
             if r.context:
                 self.layer.impl.do_kv_cache_update(
-                    self.kv_c[i][:r.context], self.k_pe[i][:r.context, None, :], self.kv_cache,
-                    slots(i, 0, r.context), kv_cache_dtype, self.layer._k_scale)
+                    self.kv_c[i][: r.context],
+                    self.k_pe[i][: r.context, None, :],
+                    self.kv_cache,
+                    slots(i, 0, r.context),
+                    kv_cache_dtype,
+                    self.layer._k_scale,
+                )
 
         # This step's inputs, laid out as the model hands them over: q [T, N, 192] with q_pe a
         # strided slice, k_pe [T, 1, 64] a slice of the kv_a output row.
         self.q_all = torch.cat(self.q)
-        kv_a = torch.cat([torch.cat([c[r.context:], p[r.context:]], dim=-1)
-                          for c, p, r in zip(self.kv_c, self.k_pe, requests)])
+        kv_a = torch.cat(
+            [torch.cat([c[r.context :], p[r.context :]], dim=-1) for c, p, r in zip(self.kv_c, self.k_pe, requests)]
+        )
         self.kv_c_new = kv_a[:, :KV_LORA_RANK]
         self.k_pe_new = kv_a[:, KV_LORA_RANK:].unsqueeze(1)
         self.slot_mapping = torch.cat([slots(i, r.context, r.context + r.query) for i, r in enumerate(requests)])
@@ -386,11 +443,17 @@ class LayerStep:
         qsl = torch.tensor([0, *torch.tensor(qlens).cumsum(0).tolist()], dtype=torch.int32)
         self.num_tokens = int(qsl[-1])
         self.common = CommonAttentionMetadata(
-            query_start_loc=qsl.to(self.device), query_start_loc_cpu=qsl,
+            query_start_loc=qsl.to(self.device),
+            query_start_loc_cpu=qsl,
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=self.device),
-            num_reqs=len(requests), num_actual_tokens=self.num_tokens, max_query_len=max(qlens),
-            max_seq_len=max(seq_lens), block_table_tensor=self.block_table, slot_mapping=self.slot_mapping,
-            seq_lens_cpu_upper_bound=torch.tensor(seq_lens, dtype=torch.int32))
+            num_reqs=len(requests),
+            num_actual_tokens=self.num_tokens,
+            max_query_len=max(qlens),
+            max_seq_len=max(seq_lens),
+            block_table_tensor=self.block_table,
+            slot_mapping=self.slot_mapping,
+            seq_lens_cpu_upper_bound=torch.tensor(seq_lens, dtype=torch.int32),
+        )
         self.metadata = self.builder.build(0, self.common)
         self.output = torch.empty(self.num_tokens, num_heads * V_HEAD, dtype=dtype, device=self.device)
 
@@ -426,10 +489,18 @@ class LayerStep:
 
     def run(self) -> torch.Tensor:
         """One layer step: KV write of the new tokens, then attention; returns ``[T, N * 128]``."""
-        self.layer.update_kv_cache(self.kv_c_new, self.k_pe_new, self.kv_cache, self.slot_mapping,
-                                   self.metadata, self.kv_cache_dtype, self.layer._k_scale)
-        self.layer.forward_impl(self.q_all, self.kv_c_new, self.k_pe_new, self.kv_cache, self.metadata,
-                                output=self.output)
+        self.layer.update_kv_cache(
+            self.kv_c_new,
+            self.k_pe_new,
+            self.kv_cache,
+            self.slot_mapping,
+            self.metadata,
+            self.kv_cache_dtype,
+            self.layer._k_scale,
+        )
+        self.layer.forward_impl(
+            self.q_all, self.kv_c_new, self.k_pe_new, self.kv_cache, self.metadata, output=self.output
+        )
         return self.output
 
     # ------------------------------------------------------------------ float32 reference
@@ -478,25 +549,32 @@ class LayerStep:
 
                 cache, k_scale = cache.view(current_platform.fp8_dtype()), float(self.layer._k_scale)
             seq_lens = torch.tensor([r.context + r.query for r in reqs], dtype=torch.int32, device=dev)
-            o, _ = mla_decode_ref(ql_nope, q[..., QK_NOPE:], cache, self.block_table[:nd], seq_lens, self.scale,
-                                  k_scale)
+            o, _ = mla_decode_ref(
+                ql_nope, q[..., QK_NOPE:], cache, self.block_table[:nd], seq_lens, self.scale, k_scale
+            )
             outs.append(torch.einsum("tnl,lnd->tnd", o, w_uv).reshape(-1, N * V_HEAD))
         if nd < len(self.requests):
             kv_c, k_pe, cu_k = [], [], [0]
             for i in range(nd, len(self.requests)):
                 r = self.requests[i]
                 c_kv, c_pe = self.cached_rows(i, 0, r.context)
-                kv_c += [c_kv, self.kv_c[i][r.context:].float()]
-                k_pe += [c_pe, self.k_pe[i][r.context:].float()]
+                kv_c += [c_kv, self.kv_c[i][r.context :].float()]
+                k_pe += [c_pe, self.k_pe[i][r.context :].float()]
                 cu_k.append(cu_k[-1] + r.context + r.query)
             kv_c, k_pe = torch.cat(kv_c), torch.cat(k_pe)
             q = torch.cat(self.q[nd:]).float()
             cu_q = [0]
             for r in self.requests[nd:]:
                 cu_q.append(cu_q[-1] + r.query)
-            o, _ = mla_prefill_ref(q, torch.einsum("sl,lnd->snd", kv_c, w_uk), k_pe[:, None, :],
-                                   torch.einsum("sl,lnd->snd", kv_c, w_uv),
-                                   torch.tensor(cu_q, device=dev), torch.tensor(cu_k, device=dev), self.scale,
-                                   causal=True)
+            o, _ = mla_prefill_ref(
+                q,
+                torch.einsum("sl,lnd->snd", kv_c, w_uk),
+                k_pe[:, None, :],
+                torch.einsum("sl,lnd->snd", kv_c, w_uv),
+                torch.tensor(cu_q, device=dev),
+                torch.tensor(cu_k, device=dev),
+                self.scale,
+                causal=True,
+            )
             outs.append(o.reshape(-1, N * V_HEAD))
         return torch.cat(outs)

@@ -131,8 +131,13 @@ def device_lib_dir(clang: str) -> Path:
     try:
         for f in sys_dir.iterdir():
             (tmp / f.name).symlink_to(f)
-        subprocess.run([asm, "-", "-o", str(tmp / "oclc_isa_version_942.bc")], input=patched, text=True,
-                       capture_output=True, check=True)
+        subprocess.run(
+            [asm, "-", "-o", str(tmp / "oclc_isa_version_942.bc")],
+            input=patched,
+            text=True,
+            capture_output=True,
+            check=True,
+        )
         try:
             tmp.rename(out)
         except OSError:  # another process won the race; its folder is identical
@@ -152,8 +157,21 @@ def compile_gfx942(src: Path, clang: str) -> str:
     libs = device_lib_dir(clang)
     with tempfile.TemporaryDirectory(prefix="rocm_mla_hip_") as tmp:
         out = Path(tmp) / "k.s"
-        cmd = [clang, "-x", "hip", "--offload-arch=gfx942", "--cuda-device-only", "--no-gpu-bundle-output",
-               "-O3", "-std=c++17", "-S", str(src), "-o", str(out), f"--rocm-device-lib-path={libs}"]
+        cmd = [
+            clang,
+            "-x",
+            "hip",
+            "--offload-arch=gfx942",
+            "--cuda-device-only",
+            "--no-gpu-bundle-output",
+            "-O3",
+            "-std=c++17",
+            "-S",
+            str(src),
+            "-o",
+            str(out),
+            f"--rocm-device-lib-path={libs}",
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"clang failed on {src.name}:\n{proc.stderr.strip()[-3000:]}")

@@ -16,10 +16,7 @@ from pathlib import Path
 from typing import Any
 
 # isa_report architecture name -> (triton backend, arch, warp size) for GPUTarget.
-TARGETS = {
-    "gfx942": ("hip", "gfx942", 64),
-    "sm90": ("cuda", 90, 32),
-}
+TARGETS = {"gfx942": ("hip", "gfx942", 64), "sm90": ("cuda", 90, 32)}
 
 
 @dataclass
@@ -61,8 +58,7 @@ def full_signature(fn: Any, signature: dict[str, str], constexprs: dict[str, Any
         elif name in constexprs:
             out[name] = "constexpr"
         else:
-            raise ValueError(f"argument {name!r} of {fn.__name__} has no type in the signature "
-                             "and no constexpr value")
+            raise ValueError(f"argument {name!r} of {fn.__name__} has no type in the signature and no constexpr value")
     extra = set(signature) - set(fn.arg_names)
     if extra:
         raise ValueError(f"signature names {sorted(extra)}, not arguments of {fn.__name__}")
@@ -99,8 +95,9 @@ def run_ptxas_sass(ptx: str, ptxas: str, sass: bool = True) -> tuple[str, str]:
     with tempfile.TemporaryDirectory(prefix="rocm_mla_ptx_") as tmp:
         src, cubin = Path(tmp) / "k.ptx", Path(tmp) / "k.cubin"
         src.write_text(ptx)
-        proc = subprocess.run([ptxas, "-v", "--gpu-name", gpu, str(src), "-o", str(cubin)],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [ptxas, "-v", "--gpu-name", gpu, str(src), "-o", str(cubin)], capture_output=True, text=True
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"ptxas failed:\n{proc.stderr.strip()[-2000:]}")
         if sass:
@@ -143,9 +140,11 @@ def compile_variant(variant: Any, arch: str) -> TritonArtifacts:
     if leaked:
         # The compiler would call these interpreter stand-ins with IR values and fail deep inside
         # code generation; say what happened instead.
-        raise RuntimeError(f"triton.language is still patched by Triton's CPU interpreter ({len(leaked)} "
-                           f"names, e.g. {', '.join(leaked[:3])}): an interpreted kernel ran in this process "
-                           "before rocm_mla's interpreter fix was installed (rocm_mla._triton_interpreter)")
+        raise RuntimeError(
+            f"triton.language is still patched by Triton's CPU interpreter ({len(leaked)} "
+            f"names, e.g. {', '.join(leaked[:3])}): an interpreted kernel ran in this process "
+            "before rocm_mla's interpreter fix was installed (rocm_mla._triton_interpreter)"
+        )
     backend, target_arch, warp = TARGETS[arch]
     fn = as_jit(variant.fn)
     src = triton.compiler.ASTSource(
@@ -158,8 +157,10 @@ def compile_variant(variant: Any, arch: str) -> TritonArtifacts:
         k = triton.compile(src, target=GPUTarget(backend, target_arch, warp), options=dict(variant.options))
     except RuntimeError as e:
         if "InterpretedFunction" in str(e):
-            raise RuntimeError(f"{e}\nTRITON_INTERPRET=1 was set when the kernels were imported; run the "
-                               "report in a process without it (rocm-mla isa-report does)") from e
+            raise RuntimeError(
+                f"{e}\nTRITON_INTERPRET=1 was set when the kernels were imported; run the "
+                "report in a process without it (rocm-mla isa-report does)"
+            ) from e
         raise
     num_warps = int(getattr(k.metadata, "num_warps", variant.options.get("num_warps", 4)))
     shared = int(getattr(k.metadata, "shared", 0) or 0)

@@ -30,8 +30,17 @@ class Setup:
     """One shape: q as vLLM produces it (rows = B x q_len), out/lse buffers, R (cache, block table)
     copies. Every request holds ``seq`` keys, its last q_len being the new tokens (MTP rows)."""
 
-    def __init__(self, B: int, seq: int, N: int, kv_kind: str, dev: torch.device, l2_bytes: int,
-                 block: int = BLOCK, q_len: int = 1):
+    def __init__(
+        self,
+        B: int,
+        seq: int,
+        N: int,
+        kv_kind: str,
+        dev: torch.device,
+        l2_bytes: int,
+        block: int = BLOCK,
+        q_len: int = 1,
+    ):
         self.B, self.seq, self.N, self.kv_kind, self.block, self.q_len = B, seq, N, kv_kind, block, q_len
         self.rows = B * q_len
         self.fp8 = kv_kind == "fp8"
@@ -76,9 +85,24 @@ class Setup:
 def ours(s: Setup, config=None, num_kv_splits=None):
     """``call(i)``: mla_decode (Triton) on ``s`` with cache copy i; ``config`` / ``num_kv_splits``
     as the op takes them (tuning)."""
+
     def call(i: int):
-        mla_decode(s.ql_nope, s.q_pe, s.caches[i], s.tables[i], s.seq_lens, sm_scale=SCALE, out=s.out, lse=s.lse,
-                   kv_cache_dtype="fp8" if s.fp8 else "auto", k_scale=s.k_scale, max_seq_len=s.seq,
-                   backend="triton", config=config, num_kv_splits=num_kv_splits)
+        mla_decode(
+            s.ql_nope,
+            s.q_pe,
+            s.caches[i],
+            s.tables[i],
+            s.seq_lens,
+            sm_scale=SCALE,
+            out=s.out,
+            lse=s.lse,
+            kv_cache_dtype="fp8" if s.fp8 else "auto",
+            k_scale=s.k_scale,
+            max_seq_len=s.seq,
+            backend="triton",
+            config=config,
+            num_kv_splits=num_kv_splits,
+        )
         return s.out
+
     return call

@@ -18,9 +18,9 @@ import csv
 import os
 import platform
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -38,7 +38,7 @@ def copy_bandwidth_gbs(device: torch.device, nbytes: int = 2 << 30) -> float:
     """Device-to-device copy rate in GB/s, counting bytes read plus bytes written."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_()
     dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src))
+    ms = time_ms(lambda src=src, dst=dst: dst.copy_(src))
     del src, dst
     return 2 * nbytes / ms / 1e6
 
@@ -144,14 +144,16 @@ def aiter_peer_version(peers: str) -> str:
 # Device kernels that only move or fill data, by kind, as torch.profiler names them; the first
 # pattern that matches decides. "(?<!pre)fill": mla_prefill_kernel is attention, not a fill.
 # "\bcat_": concat_and_cache_* kernels write the cache, they are not a cat.
-DATA_MOVEMENT_KERNELS = (("cat", re.compile(r"CatArray|\bcat_", re.I)),
-                         ("pad", re.compile(r"pad", re.I)),
-                         ("copy", re.compile(r"copy|Memcpy", re.I)),
-                         ("fill", re.compile(r"(?<!pre)fill|Memset|zero", re.I)))
+DATA_MOVEMENT_KERNELS = (
+    ("cat", re.compile(r"CatArray|\bcat_", re.I)),
+    ("pad", re.compile(r"pad", re.I)),
+    ("copy", re.compile(r"copy|Memcpy", re.I)),
+    ("fill", re.compile(r"(?<!pre)fill|Memset|zero", re.I)),
+)
 
 
 def data_movement_kind(kernel_name: str) -> str | None:
-    """"cat", "pad", "copy" or "fill" for a device kernel that only moves or fills data (by its
+    """ "cat", "pad", "copy" or "fill" for a device kernel that only moves or fills data (by its
     profiler name, :data:`DATA_MOVEMENT_KERNELS`); None for a compute kernel."""
     for kind, pat in DATA_MOVEMENT_KERNELS:
         if pat.search(kernel_name):
@@ -182,8 +184,9 @@ def start_bench(bench: str, *, copy: bool = False, matmul: bool = False) -> Benc
     dev = gpu_for(bench)
     if dev is None:
         return None
-    return BenchGPU(dev, device_name(dev), copy_bandwidth_gbs(dev) if copy else None,
-                    matmul_tflops(dev) if matmul else None)
+    return BenchGPU(
+        dev, device_name(dev), copy_bandwidth_gbs(dev) if copy else None, matmul_tflops(dev) if matmul else None
+    )
 
 
 def gpu_for(bench: str) -> torch.device | None:
@@ -236,8 +239,15 @@ def print_table(headers: list[str], rows: list[list[object]]) -> None:
             print("  ".join("-" * w for w in widths))
 
 
-def bar_plot(path: str | os.PathLike, title: str, groups: list[str], series: dict[str, list[float]],
-             ylabel: str, hline: float | None = None, hline_label: str = "") -> bool:
+def bar_plot(
+    path: str | os.PathLike,
+    title: str,
+    groups: list[str],
+    series: dict[str, list[float]],
+    ylabel: str,
+    hline: float | None = None,
+    hline_label: str = "",
+) -> bool:
     """Grouped bar chart (one bar per provider per shape). Returns False if matplotlib is missing."""
     try:
         import matplotlib
@@ -267,6 +277,7 @@ def bar_plot(path: str | os.PathLike, title: str, groups: list[str], series: dic
 
 
 # --------------------------------------------------------------------------- graph timers
+
 
 def graph_ms(fn: Callable[[], object], warmup_ms: float = 10, rep_ms: float = 50) -> float:
     """Median GPU time in ms of one call of ``fn``, captured in a CUDA/HIP graph and replayed under
@@ -351,6 +362,7 @@ def wall_ms(fn: Callable[[], object], reps: int = 3) -> float:
 
 
 # --------------------------------------------------------------------------- vLLM 0.33's torch paths
+
 
 def _rotate_gptj(x: torch.Tensor) -> torch.Tensor:
     x1 = x[..., ::2]

@@ -19,17 +19,26 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``rocm-mla`` console script."""
     parser = argparse.ArgumentParser(prog="rocm-mla", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    doc = sub.add_parser("doctor", help="versions, device, HIP extension, self-check of every op, "
-                         "gfx942 compile report (and a quick benchmark on a GPU)")
+    doc = sub.add_parser(
+        "doctor",
+        help="versions, device, HIP extension, self-check of every op, "
+        "gfx942 compile report (and a quick benchmark on a GPU)",
+    )
     doc.add_argument("--no-gpu", action="store_true", help="check on the CPU (Triton interpreter) even with a GPU")
     doc.add_argument("--arch", default="gfx942", help="arch of the compile report (gfx942, sm90)")
     doc.add_argument("--skip-isa", action="store_true", help="skip the compile report")
     doc.add_argument("--no-bench", dest="bench", action="store_false", help="skip the quick GPU benchmark")
-    sub.add_parser("isa-report", add_help=False,
-                         help="compile every kernel config ahead of time and report registers/spills/LDS/MFMA")
-    sub.add_parser("tune", add_help=False,
-                   help="time launch-config candidates of every op on this GPU and save the winners as a "
-                        "config overlay the package uses (--check, --show; rocm-mla tune --help)")
+    sub.add_parser(
+        "isa-report",
+        add_help=False,
+        help="compile every kernel config ahead of time and report registers/spills/LDS/MFMA",
+    )
+    sub.add_parser(
+        "tune",
+        add_help=False,
+        help="time launch-config candidates of every op on this GPU and save the winners as a "
+        "config overlay the package uses (--check, --show; rocm-mla tune --help)",
+    )
     args, rest = parser.parse_known_args(argv)
     if args.cmd == "tune":
         _use_interpreter_if_no_gpu(False)

@@ -53,16 +53,21 @@ def _device(use_gpu: bool):
 
 
 def _extension(dev) -> None:
-    from rocm_mla import _ext
-
     import torch
+
+    from rocm_mla import _ext
 
     print("HIP extension")
     _line("sources", _ext.hip_src_dir())
     # One backend name for both builds of hip_src/: users meet "hip" in the rows below and in
     # ROCM_MLA_BACKEND, also on an NVIDIA GPU.
-    build = ("hipcc (ROCm torch)" if torch.version.hip else "nvcc (CUDA torch: the same sources)"
-             if torch.version.cuda else "hipcc on a ROCm torch, nvcc on a CUDA torch (neither here)")
+    build = (
+        "hipcc (ROCm torch)"
+        if torch.version.hip
+        else "nvcc (CUDA torch: the same sources)"
+        if torch.version.cuda
+        else "hipcc on a ROCm torch, nvcc on a CUDA torch (neither here)"
+    )
     _line("backend name", f"'hip' (ROCM_MLA_BACKEND=hip), built with {build}")
     if dev.type != "cuda":
         _line("status", "not loaded (CPU run); compiled for gfx942 by the ISA report below")
@@ -89,8 +94,10 @@ def _overlay(dev) -> None:
 def _selfcheck(dev) -> bool:
     from rocm_mla.tools.selfcheck import run_all
 
-    print("self-check (random inputs vs the float32 reference; err = max |got-ref| / (1+|ref|); "
-          "backend hip = the HIP extension, nvcc-built on a CUDA torch)")
+    print(
+        "self-check (random inputs vs the float32 reference; err = max |got-ref| / (1+|ref|); "
+        "backend hip = the HIP extension, nvcc-built on a CUDA torch)"
+    )
     rows = run_all(dev)
     width = max(len(r.case) for r in rows) if rows else 10
     print(f"  {'op':<20} {'backend':<10} {'dtype':<9} {'case':<{width}} {'max err':>9} {'tol':>8}  result")
@@ -107,9 +114,11 @@ def _isa(arch: str) -> bool:
     that this process may have switched on."""
     print(f"{arch} compile report (rocm-mla isa-report --arch {arch} for every row)")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = ("import sys; from rocm_mla.tools.isa_report import collect, summary; "
-            f"rows = collect({arch!r}); print(summary(rows)); "
-            "sys.exit(1 if any(getattr(r, 'failed', False) for r in rows) else 0)")
+    code = (
+        "import sys; from rocm_mla.tools.isa_report import collect, summary; "
+        f"rows = collect({arch!r}); print(summary(rows)); "
+        "sys.exit(1 if any(getattr(r, 'failed', False) for r in rows) else 0)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     for line in proc.stdout.strip().splitlines():
         print(f"  {line}")

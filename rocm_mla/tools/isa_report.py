@@ -29,9 +29,10 @@ import os
 import re
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from ..configs import is_amd_arch
 from . import _hip_compile as hipc
@@ -128,7 +129,7 @@ def parse_amdgcn(text: str) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for i, m in enumerate(funcs):
         end = funcs[i + 1].start() if i + 1 < len(funcs) else (meta_start if meta_start > 0 else len(text))
-        seg = text[m.end():end]
+        seg = text[m.end() : end]
         at = seg.find("; Kernel info:")
         if at < 0:
             continue  # a device function, not a kernel
@@ -200,16 +201,21 @@ def parse_ptx_ptxas(ptx: str, log: str) -> dict[str, dict[str, int]]:
     lds (static smem bytes), mfma (``mma.sync`` + ``wgmma.mma_async`` in the PTX).
     """
     entries = list(_ENTRY_RE.finditer(ptx))
-    mma = {m.group(1): len(_MMA_RE.findall(ptx[m.end():entries[i + 1].start() if i + 1 < len(entries) else len(ptx)]))
-           for i, m in enumerate(entries)}
+    mma = {
+        m.group(1): len(_MMA_RE.findall(ptx[m.end() : entries[i + 1].start() if i + 1 < len(entries) else len(ptx)]))
+        for i, m in enumerate(entries)
+    }
     out: dict[str, dict[str, int]] = {}
     for block in re.split(r"(?=ptxas info\s*: Compiling entry function)", log):
         head = re.match(r"ptxas info\s*: Compiling entry function '([^']+)'", block)
         if not head:
             continue
         name = head.group(1)
-        props = re.search(re.escape(name) + r"\s*\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores, "
-                          r"(\d+) bytes spill loads", block)
+        props = re.search(
+            re.escape(name) + r"\s*\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores, "
+            r"(\d+) bytes spill loads",
+            block,
+        )
         regs = re.search(r"Used (\d+) registers", block)
         smem = re.search(r"(\d+) bytes smem", block)
         out[name] = {
@@ -277,6 +283,7 @@ def sm90_blocks_per_sm(regs: int, smem: int, threads: int) -> int:
 
 # --------------------------------------------------------------------------- the gate
 
+
 def check(row: Row) -> list[str]:
     """Why ``row`` fails the gate (empty list: it passes). Skipped rows never fail here, nor do a
     peer's rows (what would fail ours is noted on them by :func:`notes`)."""
@@ -302,8 +309,9 @@ def _gate(row: Row) -> list[str]:
     if row.lds is not None and row.lds > limit:
         why.append(f"LDS {row.lds} B > {limit} B")
     if row.expects_mfma and not row.mfma:
-        why.append("expects MFMA but has no matrix instructions"
-                   + (" (v_mfma)" if is_amd_arch(row.arch) else " (mma/wgmma)"))
+        why.append(
+            "expects MFMA but has no matrix instructions" + (" (v_mfma)" if is_amd_arch(row.arch) else " (mma/wgmma)")
+        )
     return why
 
 
@@ -334,6 +342,7 @@ def failures(rows: Iterable[Row], strict: bool = False) -> list[tuple[Row, list[
 
 
 # --------------------------------------------------------------------------- collecting
+
 
 def label(r: Row) -> str:
     """``backend kernel config`` for messages (no trailing ``-`` for untemplated kernels)."""
@@ -381,9 +390,14 @@ def error_digest(msg: str) -> str:
 def _triton_row(v: Any, arch: str) -> Row:
     from . import _triton_compile as tc
 
-    row = Row(kernel=v.kernel, config=v.config, backend="triton", arch=arch,
-              expects_mfma=bool(v.expects_mfma),
-              source=f"{getattr(getattr(v.fn, 'fn', v.fn), '__module__', '?')}.{getattr(v.fn, '__name__', '?')}")
+    row = Row(
+        kernel=v.kernel,
+        config=v.config,
+        backend="triton",
+        arch=arch,
+        expects_mfma=bool(v.expects_mfma),
+        source=f"{getattr(getattr(v.fn, 'fn', v.fn), '__module__', '?')}.{getattr(v.fn, '__name__', '?')}",
+    )
     try:
         art = tc.compile_variant(v, arch)
         if arch == "gfx942":
@@ -424,16 +438,36 @@ def _hip_rows(src: Path, arch: str, tool: str) -> list[Row]:
             # clang's Occupancy already counts static LDS for the declared workgroup size; the
             # same rule again is a no-op there and keeps Triton and HIP rows comparable.
             occ = gfx942_occupancy(r["occupancy"], r["lds"], max(1, r["workgroup"] // 64))
-        rows.append(Row(kernel=kernel, config=config, backend="hip", arch=arch,
-                        vgprs=r["vgprs"], agprs=r.get("agprs"), sgprs=r.get("sgprs"), spills=r["spills"],
-                        scratch=r["scratch"], lds=r["lds"], occupancy=occ, mfma=r["mfma"],
-                        expects_mfma=any(m in full or m in names[sym] for m in markers),
-                        source=str(src)))
+        rows.append(
+            Row(
+                kernel=kernel,
+                config=config,
+                backend="hip",
+                arch=arch,
+                vgprs=r["vgprs"],
+                agprs=r.get("agprs"),
+                sgprs=r.get("sgprs"),
+                spills=r["spills"],
+                scratch=r["scratch"],
+                lds=r["lds"],
+                occupancy=occ,
+                mfma=r["mfma"],
+                expects_mfma=any(m in full or m in names[sym] for m in markers),
+                source=str(src),
+            )
+        )
     return rows
 
 
-def collect(arch: str, filter: str | None = None, *, triton_variants: list | None = None,
-            hip_sources: list[Path] | None = None, progress: bool = True, peers: bool | None = None) -> list[Row]:
+def collect(
+    arch: str,
+    filter: str | None = None,
+    *,
+    triton_variants: list | None = None,
+    hip_sources: list[Path] | None = None,
+    progress: bool = True,
+    peers: bool | None = None,
+) -> list[Row]:
     """Compile every kernel configuration for ``arch`` and return one gated ``Row`` each.
 
     filter: keep rows whose "kernel config backend" contains this (case-insensitive).
@@ -457,23 +491,45 @@ def collect(arch: str, filter: str | None = None, *, triton_variants: list | Non
         except Exception as e:  # a broken op module is a failure to report, not a crash
             triton_variants = []
             if _matches(filter, "triton"):
-                rows.append(Row(kernel="(triton variants)", config="-", backend="triton", arch=arch,
-                                error=f"cannot list Triton variants: {_error_text(e)}"))
+                rows.append(
+                    Row(
+                        kernel="(triton variants)",
+                        config="-",
+                        backend="triton",
+                        arch=arch,
+                        error=f"cannot list Triton variants: {_error_text(e)}",
+                    )
+                )
     variants = [v for v in triton_variants if _matches(filter, v.kernel, v.config, "triton")]
     peer_variants: list = []
     if peers if peers is not None else triton_variants_given is False:
-        from .peer_variants import (AITER_DECODE_KERNEL, AITER_KERNEL, aiter_decode_variants, aiter_mha_variants,
-                                    aiter_peers_dir)
+        from .peer_variants import (
+            AITER_DECODE_KERNEL,
+            AITER_KERNEL,
+            aiter_decode_variants,
+            aiter_mha_variants,
+            aiter_peers_dir,
+        )
 
-        for kernel, what, make in ((AITER_KERNEL, "mla_prefill peer", aiter_mha_variants),
-                                   (AITER_DECODE_KERNEL, "mla_decode peer", aiter_decode_variants)):
+        for kernel, what, make in (
+            (AITER_KERNEL, "mla_prefill peer", aiter_mha_variants),
+            (AITER_DECODE_KERNEL, "mla_decode peer", aiter_decode_variants),
+        ):
             if not _matches(filter, kernel, what, "aiter"):
                 continue
             try:
                 peer_variants += [v for v in make(arch) if _matches(filter, v.kernel, v.config, "aiter")]
             except Exception as e:  # no peer folder, or aiter's tree fails to import: say so, do not fail
-                rows.append(Row(kernel=kernel, config=what, backend="aiter", arch=arch, peer=True,
-                                skipped=f"aiter unavailable ({aiter_peers_dir()}): {_error_text(e)[:300]}"))
+                rows.append(
+                    Row(
+                        kernel=kernel,
+                        config=what,
+                        backend="aiter",
+                        arch=arch,
+                        peer=True,
+                        skipped=f"aiter unavailable ({aiter_peers_dir()}): {_error_text(e)[:300]}",
+                    )
+                )
     sources = list(hipc.isa_sources() if hip_sources is None else hip_sources)
 
     if arch == "gfx942":
@@ -496,16 +552,16 @@ def collect(arch: str, filter: str | None = None, *, triton_variants: list | Non
     for src in sources:
         if missing:
             if _matches(filter, src.stem, "hip"):
-                rows.append(Row(kernel=src.stem, config="-", backend="hip", arch=arch, source=str(src),
-                                skipped=missing))
+                rows.append(
+                    Row(kernel=src.stem, config="-", backend="hip", arch=arch, source=str(src), skipped=missing)
+                )
             continue
         t0 = prog.start(f"hip {src.name} ({arch})")
         try:
             new = _hip_rows(src, arch, tool)
             note = ""
         except Exception as e:
-            new = [Row(kernel=src.stem, config="-", backend="hip", arch=arch, source=str(src),
-                       error=_error_text(e))]
+            new = [Row(kernel=src.stem, config="-", backend="hip", arch=arch, source=str(src), error=_error_text(e))]
             note = " (error)"
         prog.done(t0, note)
         rows.extend(r for r in new if _matches(filter, r.kernel, r.config, "hip", src.stem))
@@ -515,6 +571,7 @@ def collect(arch: str, filter: str | None = None, *, triton_variants: list | Non
 
 
 # --------------------------------------------------------------------------- output
+
 
 def _columns(arch: str) -> list[tuple[str, Any]]:
     def num(attr):
@@ -531,15 +588,31 @@ def _columns(arch: str) -> list[tuple[str, Any]]:
             return "; ".join(r.notes) or "peer, not gated: clean"
         return "ok" + (f" ({'; '.join(r.notes)})" if r.notes else "")
 
-    cols: list[tuple[str, Any]] = [("kernel", lambda r: r.kernel), ("config", lambda r: r.config),
-                                   ("backend", lambda r: r.backend)]
+    cols: list[tuple[str, Any]] = [
+        ("kernel", lambda r: r.kernel),
+        ("config", lambda r: r.config),
+        ("backend", lambda r: r.backend),
+    ]
     if is_amd_arch(arch):
-        cols += [("VGPR", num("vgprs")), ("AGPR", num("agprs")), ("SGPR", num("sgprs")),
-                 ("spills", num("spills")), ("scratch", num("scratch")), ("LDS", num("lds")),
-                 ("waves/SIMD", num("occupancy")), ("MFMA", num("mfma"))]
+        cols += [
+            ("VGPR", num("vgprs")),
+            ("AGPR", num("agprs")),
+            ("SGPR", num("sgprs")),
+            ("spills", num("spills")),
+            ("scratch", num("scratch")),
+            ("LDS", num("lds")),
+            ("waves/SIMD", num("occupancy")),
+            ("MFMA", num("mfma")),
+        ]
     else:
-        cols += [("regs", num("vgprs")), ("spill B", num("spills")), ("stack", num("scratch")),
-                 ("smem", num("lds")), ("blk/SM", num("occupancy")), ("MMA", num("mfma"))]
+        cols += [
+            ("regs", num("vgprs")),
+            ("spill B", num("spills")),
+            ("stack", num("scratch")),
+            ("smem", num("lds")),
+            ("blk/SM", num("occupancy")),
+            ("MMA", num("mfma")),
+        ]
     mm = "MFMA" if is_amd_arch(arch) else "MMA"
     cols += [("expects", lambda r: mm if r.expects_mfma else "-"), ("status", status)]
     return cols
@@ -550,8 +623,12 @@ def _aligned(cells: list[list[str]], left: set[str]) -> str:
     left-aligned, the others (numbers) right-aligned."""
     widths = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
     heads = cells[0]
-    return "\n".join("  ".join(c[i].ljust(widths[i]) if heads[i] in left else c[i].rjust(widths[i])
-                               for i in range(len(heads))).rstrip() for c in cells)
+    return "\n".join(
+        "  ".join(
+            c[i].ljust(widths[i]) if heads[i] in left else c[i].rjust(widths[i]) for i in range(len(heads))
+        ).rstrip()
+        for c in cells
+    )
 
 
 def format_table(rows: list[Row], arch: str) -> str:
@@ -571,12 +648,19 @@ def summary(rows: list[Row]) -> str:
     built = [r for r in rows if not (r.error or r.skipped)]
     by_backend = {b: sum(1 for r in rows if r.backend == b) for b in ("triton", "hip")}
     failed = [r for r in rows if r.problems]
-    lines = [f"isa-report {arch}: {len(rows)} kernel configs ({by_backend['triton']} triton, "
-             f"{by_backend['hip']} hip); {len(built)} compiled, {len(failed)} failing, "
-             f"{sum(1 for r in rows if r.error)} errors, {sum(1 for r in rows if r.skipped)} skipped"]
+    lines = [
+        f"isa-report {arch}: {len(rows)} kernel configs ({by_backend['triton']} triton, "
+        f"{by_backend['hip']} hip); {len(built)} compiled, {len(failed)} failing, "
+        f"{sum(1 for r in rows if r.error)} errors, {sum(1 for r in rows if r.skipped)} skipped"
+    ]
     for r in peer_rows:
-        figs = ("skipped: " + r.skipped if r.skipped else "error: " + error_digest(r.error) if r.error else
-                f"{r.vgprs} VGPRs, {r.spills} spills, {r.scratch} B scratch, LDS {r.lds}, occupancy {r.occupancy}")
+        figs = (
+            "skipped: " + r.skipped
+            if r.skipped
+            else "error: " + error_digest(r.error)
+            if r.error
+            else f"{r.vgprs} VGPRs, {r.spills} spills, {r.scratch} B scratch, LDS {r.lds}, occupancy {r.occupancy}"
+        )
         lines.append(f"  peer {label(r)}: {figs}")
 
     def worst(attr: str, pick=max) -> str:
@@ -590,8 +674,10 @@ def summary(rows: list[Row]) -> str:
     occ = "waves/SIMD" if is_amd_arch(arch) else "blocks/SM"
     lines.append(f"  max {reg}: {worst('vgprs')}; max LDS bytes: {worst('lds')}")
     lines.append(f"  min occupancy ({occ}): {worst('occupancy', min)}")
-    lines.append(f"  with matrix instructions: {sum(1 for r in built if r.mfma)} "
-                 f"(expected in {sum(1 for r in rows if r.expects_mfma)})")
+    lines.append(
+        f"  with matrix instructions: {sum(1 for r in built if r.mfma)} "
+        f"(expected in {sum(1 for r in rows if r.expects_mfma)})"
+    )
     noted = [r for r in rows if r.notes and not r.problems]
     if noted:
         lines.append(f"  passing with a note: {len(noted)} (e.g. {label(noted[0])}: {noted[0].notes[0]})")
@@ -618,25 +704,49 @@ def decode_side_by_side(arch: str, rows: list[Row], variants: list) -> str:
         v = by_config.get(r.config)
         if v is None:
             continue
-        ours = (r.kernel == "mla_decode_stage1" and r.config.startswith("q=bf16 kv=bf16")
-                and r.config.endswith("direct"))
+        ours = r.kernel == "mla_decode_stage1" and r.config.startswith("q=bf16 kv=bf16") and r.config.endswith("direct")
         if ours or r.kernel == "aiter_mla_decode_stage1":
             picked.append((v, r))
     lines = [f"decode side by side on {arch} (bf16 q and cache, one split; the aiter rows are not gated)"]
     if not any(r.peer for _, r in picked):
         skipped = [r for r in rows if r.kernel == "aiter_mla_decode_stage1" and r.skipped]
-        lines.append("aiter's decode not compiled: " + (skipped[0].skipped if skipped else
-                     "no peer rows (perf/peers/get_aiter_peers.sh .peers/aiter, or --no-peers was given)"))
-    head = ["kernel", "config", "rows x keys", "VGPR" if is_amd_arch(arch) else "regs", "spills", "scratch",
-            "LDS", "occupancy", "MFMA/wave/tile", "MFMA per 16x16", "status"]
+        lines.append(
+            "aiter's decode not compiled: "
+            + (
+                skipped[0].skipped
+                if skipped
+                else "no peer rows (perf/peers/get_aiter_peers.sh .peers/aiter, or --no-peers was given)"
+            )
+        )
+    head = [
+        "kernel",
+        "config",
+        "rows x keys",
+        "VGPR" if is_amd_arch(arch) else "regs",
+        "spills",
+        "scratch",
+        "LDS",
+        "occupancy",
+        "MFMA/wave/tile",
+        "MFMA per 16x16",
+        "status",
+    ]
     table = [head]
     for v, r in picked:
         bh, bn = int(v.constexprs.get("BLOCK_H", 0)), int(v.constexprs.get("BLOCK_N", 0))
         waves = int(v.options.get("num_warps", 4))  # the count is per wave: a tile's total is waves x it
         per = "-" if not (r.mfma and bh and bn) else f"{r.mfma * waves / (bh / 16) / (bn / 16):.0f}"
         status = "error: " + error_digest(r.error) if r.error else ("; ".join(_gate(r)) or "ok")
-        table.append([r.kernel, r.config, f"{bh} x {bn}", *(("-" if x is None else str(x)) for x in
-                      (r.vgprs, r.spills, r.scratch, r.lds, r.occupancy, r.mfma)), per, status])
+        table.append(
+            [
+                r.kernel,
+                r.config,
+                f"{bh} x {bn}",
+                *(("-" if x is None else str(x)) for x in (r.vgprs, r.spills, r.scratch, r.lds, r.occupancy, r.mfma)),
+                per,
+                status,
+            ]
+        )
     lines.append(_aligned(table, {"kernel", "config", "rows x keys", "status"}))
     lines.append(f"ideal MFMA per 16 rows x 16 keys (16x16x16 instructions): {_MFMA_PER_16X16:.0f}")
     return "\n".join(lines)
@@ -647,17 +757,22 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="rocm-mla isa-report",
         description="Compile every kernel configuration ahead of time (no GPU needed) and report registers, "
-                    "spills, scratch, LDS, occupancy and MFMA use; exit 1 when a row fails.")
+        "spills, scratch, LDS, occupancy and MFMA use; exit 1 when a row fails.",
+    )
     ap.add_argument("--arch", choices=sorted(ARCHS), default="gfx942", help="target (default gfx942)")
     ap.add_argument("--filter", metavar="SUBSTR", help="only rows whose kernel/config/backend contain SUBSTR")
     ap.add_argument("--json", metavar="PATH", help="also write the rows to PATH as JSON")
-    ap.add_argument("--strict", action="store_true",
-                    help="fail when a compiler is missing (rows skipped); CI passes this")
+    ap.add_argument(
+        "--strict", action="store_true", help="fail when a compiler is missing (rows skipped); CI passes this"
+    )
     ap.add_argument("-q", "--quiet", action="store_true", help="no per-compile progress on stderr")
-    ap.add_argument("--no-peers", action="store_true",
-                    help="skip the peers' kernels (aiter's MHA forward and MLA decode, from $ROCM_MLA_AITER_PEERS "
-                         "or .peers/aiter, made by perf/peers/get_aiter_peers.sh); they are reported beside ours, "
-                         "never gated")
+    ap.add_argument(
+        "--no-peers",
+        action="store_true",
+        help="skip the peers' kernels (aiter's MHA forward and MLA decode, from $ROCM_MLA_AITER_PEERS "
+        "or .peers/aiter, made by perf/peers/get_aiter_peers.sh); they are reported beside ours, "
+        "never gated",
+    )
     args = ap.parse_args(argv)
     # The report needs Triton's compiler; an interpreter switch leaked from the shell (or the CPU
     # test set-up) would make every kernel imported from here on an InterpretedFunction.
@@ -665,8 +780,12 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = collect(args.arch, args.filter, progress=not args.quiet, peers=not args.no_peers)
     if not rows:
-        print(f"isa-report: no kernel matches filter {args.filter!r}" if args.filter
-              else "isa-report: found no kernels to compile", file=sys.stderr)
+        print(
+            f"isa-report: no kernel matches filter {args.filter!r}"
+            if args.filter
+            else "isa-report: found no kernels to compile",
+            file=sys.stderr,
+        )
         return 1
     print(format_table(rows, args.arch))
     if not args.no_peers and any(r.kernel == "mla_decode_stage1" for r in rows):

@@ -22,10 +22,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..variants.triton_variant import TritonVariant
 from ..configs import is_amd_arch
 from ..mla_dims import PREFILL_DIMS
 from ..triton_common import AMD_ONLY_OPTIONS, without_amd_options
+from ..variants.triton_variant import TritonVariant
 
 AITER_KERNEL = "aiter_mha_fwd"
 AITER_DECODE_KERNEL = "aiter_mla_decode_stage1"
@@ -76,39 +76,113 @@ def aiter_mha_variants(arch: str, peers: str | os.PathLike | None = None, heads=
         options = without_amd_options(options)
     if options.get("num_ctas") == 1:
         del options["num_ctas"]  # the default; not every backend's options take it
-    label = (f"M{cfg['BLOCK_M']} N{cfg['BLOCK_N']} w{cfg['num_warps']} s{cfg.get('num_stages', 1)}"
-             + (f" wpe{cfg['waves_per_eu']}" if cfg.get("waves_per_eu") else "")
-             + (" preload_v" if cfg.get("PRELOAD_V") else ""))
+    label = (
+        f"M{cfg['BLOCK_M']} N{cfg['BLOCK_N']} w{cfg['num_warps']} s{cfg.get('num_stages', 1)}"
+        + (f" wpe{cfg['waves_per_eu']}" if cfg.get("waves_per_eu") else "")
+        + (" preload_v" if cfg.get("PRELOAD_V") else "")
+    )
     out = []
     for n in heads:
         ptr = "*bf16"
-        sig = {"q_ptr": ptr, "k_ptr": ptr, "v_ptr": ptr, "out_ptr": ptr, "softmax_lse_ptr": "*fp32",
-               "cu_seqlens_q": "*i32", "cu_seqlens_k": "*i32", "sm_scale": "fp32", "dropout_p": "fp32",
-               "SEQLEN_Q": "i32", "SEQLEN_K": "i32", "BATCH": "i32", "philox_seed": "i32",
-               "philox_offset_base_in": "i32"}
+        sig = {
+            "q_ptr": ptr,
+            "k_ptr": ptr,
+            "v_ptr": ptr,
+            "out_ptr": ptr,
+            "softmax_lse_ptr": "*fp32",
+            "cu_seqlens_q": "*i32",
+            "cu_seqlens_k": "*i32",
+            "sm_scale": "fp32",
+            "dropout_p": "fp32",
+            "SEQLEN_Q": "i32",
+            "SEQLEN_K": "i32",
+            "BATCH": "i32",
+            "philox_seed": "i32",
+            "philox_offset_base_in": "i32",
+        }
         # Strides as the varlen launch passes them: (0, head, token, dim); dim strides are 1 and
         # lse's head stride is 1 ([T, N] buffer): Triton makes ints equal to 1 constexprs.
         ones = {"stride_qk_in": 1, "stride_kk_in": 1, "stride_vk_in": 1, "stride_on_in": 1, "stride_lse_h_in": 1}
-        strides = ["stride_qz_in", "stride_qh_in", "stride_qm_in", "stride_kz_in", "stride_kh_in", "stride_kn_in",
-                   "stride_vz_in", "stride_vh_in", "stride_vn_in", "stride_descale_q_z_in", "stride_descale_k_z_in",
-                   "stride_descale_v_z_in", "stride_oz_in", "stride_oh_in", "stride_om_in", "stride_alibi_z_in",
-                   "stride_alibi_h_in", "stride_sd_z_in", "stride_sd_h_in", "stride_sd_m_in", "stride_sd_n_in",
-                   "stride_lse_z_in", "stride_lse_m_in"]
+        strides = [
+            "stride_qz_in",
+            "stride_qh_in",
+            "stride_qm_in",
+            "stride_kz_in",
+            "stride_kh_in",
+            "stride_kn_in",
+            "stride_vz_in",
+            "stride_vh_in",
+            "stride_vn_in",
+            "stride_descale_q_z_in",
+            "stride_descale_k_z_in",
+            "stride_descale_v_z_in",
+            "stride_oz_in",
+            "stride_oh_in",
+            "stride_om_in",
+            "stride_alibi_z_in",
+            "stride_alibi_h_in",
+            "stride_sd_z_in",
+            "stride_sd_h_in",
+            "stride_sd_m_in",
+            "stride_sd_n_in",
+            "stride_lse_z_in",
+            "stride_lse_m_in",
+        ]
         sig.update({s: "i32" for s in strides})
-        nones = {k: None for k in ("descale_q_ptr", "descale_k_ptr", "descale_v_ptr", "alibi_slopes_ptr",
-                                   "s_dmask_ptr", "dropout_mask_ptr")}
-        consts = {"IS_CAUSAL": True, "NUM_Q_HEADS": n, "NUM_K_HEADS": n, "BLOCK_DMODEL": V,
-                  "BLOCK_DMODEL_POW2": V, "BLOCK_DMODEL_PE": R, "RETURN_SCORES": False, "ENABLE_DROPOUT": False,
-                  "IS_FP8": False, "FP8_MAX": float(torch.finfo(torch.bfloat16).max), "VARLEN": True,
-                  "NUM_XCD": 8, "USE_INT64_STRIDES": True, **consts_cfg}
+        nones = {
+            k: None
+            for k in (
+                "descale_q_ptr",
+                "descale_k_ptr",
+                "descale_v_ptr",
+                "alibi_slopes_ptr",
+                "s_dmask_ptr",
+                "dropout_mask_ptr",
+            )
+        }
+        consts = {
+            "IS_CAUSAL": True,
+            "NUM_Q_HEADS": n,
+            "NUM_K_HEADS": n,
+            "BLOCK_DMODEL": V,
+            "BLOCK_DMODEL_POW2": V,
+            "BLOCK_DMODEL_PE": R,
+            "RETURN_SCORES": False,
+            "ENABLE_DROPOUT": False,
+            "IS_FP8": False,
+            "FP8_MAX": float(torch.finfo(torch.bfloat16).max),
+            "VARLEN": True,
+            "NUM_XCD": 8,
+            "USE_INT64_STRIDES": True,
+            **consts_cfg,
+        }
         constexprs = {**nones, **ones, **consts}
         sig.update({k: "constexpr" for k in constexprs})
         # Zero strides and 16-multiples (N * 192, 192, N * 256, 256, 128, N * 128, N for N % 16 == 0).
-        div16 = ("q_ptr", "k_ptr", "v_ptr", "out_ptr", "softmax_lse_ptr", "cu_seqlens_q", "cu_seqlens_k",
-                 "philox_seed", "philox_offset_base_in", *strides)
-        out.append(TritonVariant(kernel=AITER_KERNEL, config=f"mla_prefill peer: bf16 causal N={n} {label} (MI300X cfg)",
-                                 fn=mod._attn_fwd, signature=sig, constexprs=constexprs, options=options,
-                                 divisible_by_16=div16, expects_mfma=True))
+        div16 = (
+            "q_ptr",
+            "k_ptr",
+            "v_ptr",
+            "out_ptr",
+            "softmax_lse_ptr",
+            "cu_seqlens_q",
+            "cu_seqlens_k",
+            "philox_seed",
+            "philox_offset_base_in",
+            *strides,
+        )
+        out.append(
+            TritonVariant(
+                kernel=AITER_KERNEL,
+                config=f"mla_prefill peer: bf16 causal N={n} {label} (MI300X cfg)",
+                fn=mod._attn_fwd,
+                signature=sig,
+                constexprs=constexprs,
+                options=options,
+                divisible_by_16=div16,
+                expects_mfma=True,
+            )
+        )
     return out
 
 
@@ -119,31 +193,78 @@ def aiter_decode_variants(arch: str, peers: str | os.PathLike | None = None, hea
     head count (aiter makes it a constexpr). Raises when aiter cannot be loaded."""
     from .benchutil import load_aiter_peer
 
-    mod = load_aiter_peer(str(peers or aiter_peers_dir()), "_triton_kernels.mla_decode_rope", config_arch="gfx942",
-                          raise_errors=True)
+    mod = load_aiter_peer(
+        str(peers or aiter_peers_dir()), "_triton_kernels.mla_decode_rope", config_arch="gfx942", raise_errors=True
+    )
     if hasattr(mod._get_config, "_config_dict"):
         del mod._get_config._config_dict
     cfg = dict(mod._get_config()["fwd_grouped_kernel_stage1_rope"])
     options = {k: cfg.pop(k) for k in ("num_warps", "num_stages", *AMD_ONLY_OPTIONS) if k in cfg}
     if not is_amd_arch(arch):
         options = without_amd_options(options)
-    sig = {"Q": "*bf16", "K_Buffer": "*bf16", "V_buffer": "*bf16", "cos_sin_cache": "*bf16", "positions": "*i64",
-           "sm_scale": "fp32", "kv_indptr": "*i32", "kv_indices": "*i32", "Att_Out": "*fp32", "k_pe_t_out": "*bf16"}
-    for name in ("stride_qb", "stride_qh", "stride_buf_kbs", "stride_buf_vbs", "stride_mid_ob", "stride_mid_oh",
-                 "stride_mid_os", "stride_kpe_tokens_out_b", "stride_cos_sin_cache_s", "stride_positions_b"):
+    sig = {
+        "Q": "*bf16",
+        "K_Buffer": "*bf16",
+        "V_buffer": "*bf16",
+        "cos_sin_cache": "*bf16",
+        "positions": "*i64",
+        "sm_scale": "fp32",
+        "kv_indptr": "*i32",
+        "kv_indices": "*i32",
+        "Att_Out": "*fp32",
+        "k_pe_t_out": "*bf16",
+    }
+    for name in (
+        "stride_qb",
+        "stride_qh",
+        "stride_buf_kbs",
+        "stride_buf_vbs",
+        "stride_mid_ob",
+        "stride_mid_oh",
+        "stride_mid_os",
+        "stride_kpe_tokens_out_b",
+        "stride_cos_sin_cache_s",
+        "stride_positions_b",
+    ):
         sig[name] = "i32"
     label = " ".join(f"{k}={v}" for k, v in options.items())
     out = []
     for n in heads:
-        consts = {"rotary_dim": 64, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "kv_group_num": n,
-                  "q_head_num": n, "batch": 128, "BLOCK_C": 512, "BLOCK_R": 64, "NUM_KV_SPLITS": 8,
-                  "logit_cap": 0.0, "USE_ROPE": False, "IS_NEOX_STYLE": False, **cfg}
+        consts = {
+            "rotary_dim": 64,
+            "kv_lora_rank": 512,
+            "qk_rope_head_dim": 64,
+            "kv_group_num": n,
+            "q_head_num": n,
+            "batch": 128,
+            "BLOCK_C": 512,
+            "BLOCK_R": 64,
+            "NUM_KV_SPLITS": 8,
+            "logit_cap": 0.0,
+            "USE_ROPE": False,
+            "IS_NEOX_STYLE": False,
+            **cfg,
+        }
         sig_n = {**sig, **{k: "constexpr" for k in consts}}
-        out.append(TritonVariant(kernel=AITER_DECODE_KERNEL,
-                                 config=f"mla_decode peer: bf16 N={n} H{cfg.get('BLOCK_H')} N{cfg.get('BLOCK_N')} "
-                                        f"{label} (MI300X cfg)",
-                                 fn=mod._fwd_grouped_kernel_stage1_rope, signature=sig_n, constexprs=consts,
-                                 options=options, expects_mfma=True,
-                                 divisible_by_16=("Q", "K_Buffer", "V_buffer", "Att_Out", "stride_qb", "stride_qh",
-                                                  "stride_buf_kbs", "stride_buf_vbs")))
+        out.append(
+            TritonVariant(
+                kernel=AITER_DECODE_KERNEL,
+                config=f"mla_decode peer: bf16 N={n} H{cfg.get('BLOCK_H')} N{cfg.get('BLOCK_N')} {label} (MI300X cfg)",
+                fn=mod._fwd_grouped_kernel_stage1_rope,
+                signature=sig_n,
+                constexprs=consts,
+                options=options,
+                expects_mfma=True,
+                divisible_by_16=(
+                    "Q",
+                    "K_Buffer",
+                    "V_buffer",
+                    "Att_Out",
+                    "stride_qb",
+                    "stride_qh",
+                    "stride_buf_kbs",
+                    "stride_buf_vbs",
+                ),
+            )
+        )
     return out

@@ -33,8 +33,16 @@ def _dtypes(device: torch.device) -> list[torch.dtype]:
 def _compare(op, backend, dtype, case, got, ref, tol) -> CheckRow:
     got = got.float()
     if torch.isnan(got).any():
-        return CheckRow(op, backend, str(dtype).replace("torch.", ""), case, float("nan"), tol, False,
-                        "NaN in output (element not written?)")
+        return CheckRow(
+            op,
+            backend,
+            str(dtype).replace("torch.", ""),
+            case,
+            float("nan"),
+            tol,
+            False,
+            "NaN in output (element not written?)",
+        )
     err = ((got - ref).abs() / (1.0 + ref.abs())).max().item() if ref.numel() else 0.0
     return CheckRow(op, backend, str(dtype).replace("torch.", ""), case, err, tol, err <= tol)
 
@@ -61,8 +69,18 @@ def check_merge(device: torch.device, backends: list[str]) -> list[CheckRow]:
                 rl = _compare("merge_attn_states", backend, dtype, case + " lse", ol, ref_lse, 1e-5)
                 rows += [r, rl]
             except Exception as exc:  # report, keep checking the rest
-                rows.append(CheckRow("merge_attn_states", backend, str(dtype), case, float("nan"), 0.0,
-                                     False, f"{type(exc).__name__}: {exc}"))
+                rows.append(
+                    CheckRow(
+                        "merge_attn_states",
+                        backend,
+                        str(dtype),
+                        case,
+                        float("nan"),
+                        0.0,
+                        False,
+                        f"{type(exc).__name__}: {exc}",
+                    )
+                )
     return rows
 
 
@@ -75,6 +93,7 @@ def check_prefill(device: torch.device, backends: list[str]) -> list[CheckRow]:
 
     rows = []
     lq, lk, N = [37, 0, 20, 5], [37, 6, 45, 5], 16
+
     def cu(ls):
         return torch.tensor([sum(ls[:i]) for i in range(len(ls) + 1)], dtype=torch.int32, device=device)
 
@@ -92,13 +111,23 @@ def check_prefill(device: torch.device, backends: list[str]) -> list[CheckRow]:
                 out = out.view(Tq, N, 128)
                 lse = torch.full((Tq, N), float("nan"), device=device).t()
                 args = (q, kv[..., :128], k_pe, kv[..., 128:], cu(lq), cu(lk))
-                mla_prefill(*args, sm_scale=192 ** -0.5, out=out, lse=lse, backend=backend)
-                ref, ref_lse = mla_prefill_ref(*args, 192 ** -0.5, True)
+                mla_prefill(*args, sm_scale=192**-0.5, out=out, lse=lse, backend=backend)
+                ref, ref_lse = mla_prefill_ref(*args, 192**-0.5, True)
                 rows.append(_compare("mla_prefill", backend, dtype, case, out, ref, TOL[dtype]))
                 rows.append(_compare("mla_prefill", backend, dtype, case + " lse", lse, ref_lse, 1e-4))
             except Exception as exc:  # report, keep checking the rest
-                rows.append(CheckRow("mla_prefill", backend, str(dtype), case, float("nan"), 0.0, False,
-                                     f"{type(exc).__name__}: {exc}"))
+                rows.append(
+                    CheckRow(
+                        "mla_prefill",
+                        backend,
+                        str(dtype),
+                        case,
+                        float("nan"),
+                        0.0,
+                        False,
+                        f"{type(exc).__name__}: {exc}",
+                    )
+                )
     return rows
 
 
@@ -120,9 +149,9 @@ def check_decode(device: torch.device, backends: list[str]) -> list[CheckRow]:
     bt = torch.full((B, max(nblk) + 1), int(perm[-1]), dtype=torch.int32)
     k = 0
     for b, L in enumerate(lens):
-        pages = perm[k:k + nblk[b]]
+        pages = perm[k : k + nblk[b]]
         k += nblk[b]
-        bt[b, :nblk[b]] = pages.int()
+        bt[b, : nblk[b]] = pages.int()
         tok = torch.arange(L)
         kv32[pages[tok // bs], tok % bs] = torch.randn(L, 576, generator=g)
     for backend in backends:
@@ -136,18 +165,31 @@ def check_decode(device: torch.device, backends: list[str]) -> list[CheckRow]:
                     q = torch.randn(B * q_len, N, 584, device=device).to(dtype)
                     out = torch.full((B * q_len, N, 520), float("nan"), dtype=dtype, device=device)[..., :512]
                     lse = torch.full((N, B * q_len), float("nan"), device=device).t()
-                    args = (q[..., :512], q[..., 512:576], kv, bt.to(device),
-                            torch.tensor(lens, dtype=torch.int32, device=device))
-                    mla_decode(*args, sm_scale=192 ** -0.5, out=out, lse=lse, num_kv_splits=splits,
-                               backend=backend)
-                    ref, ref_lse = mla_decode_ref(*args, 192 ** -0.5)
+                    args = (
+                        q[..., :512],
+                        q[..., 512:576],
+                        kv,
+                        bt.to(device),
+                        torch.tensor(lens, dtype=torch.int32, device=device),
+                    )
+                    mla_decode(*args, sm_scale=192**-0.5, out=out, lse=lse, num_kv_splits=splits, backend=backend)
+                    ref, ref_lse = mla_decode_ref(*args, 192**-0.5)
                     rows.append(_compare("mla_decode", backend, dtype, case, out, ref, TOL[dtype]))
                     rows.append(_compare("mla_decode", backend, dtype, case + " lse", lse, ref_lse, 1e-4))
                 except Exception as exc:  # report, keep checking the rest
-                    rows.append(CheckRow("mla_decode", backend, str(dtype), case, float("nan"), 0.0, False,
-                                         f"{type(exc).__name__}: {exc}"))
+                    rows.append(
+                        CheckRow(
+                            "mla_decode",
+                            backend,
+                            str(dtype),
+                            case,
+                            float("nan"),
+                            0.0,
+                            False,
+                            f"{type(exc).__name__}: {exc}",
+                        )
+                    )
     return rows
-
 
 
 def check_rope_kv_write(device: torch.device, backends: list[str]) -> list[CheckRow]:
@@ -174,8 +216,9 @@ def check_rope_kv_write(device: torch.device, backends: list[str]) -> list[Check
                     kv_a = torch.randn(T, 576, generator=g).to(dtype).to(device)
                     kv_c = torch.randn(T, 512, generator=g).to(dtype).to(device)
                     pos = torch.randint(0, max_pos, (T,), generator=g).to(device)
-                    theta = torch.outer(torch.arange(max_pos, dtype=torch.float32),
-                                        10000.0 ** (-torch.arange(0, 64, 2) / 64))
+                    theta = torch.outer(
+                        torch.arange(max_pos, dtype=torch.float32), 10000.0 ** (-torch.arange(0, 64, 2) / 64)
+                    )
                     cos_sin = torch.cat((theta.cos(), theta.sin()), dim=-1).to(device)
                     nblk = T // bs + 2
                     slots = torch.randperm(nblk * bs, generator=g)[:T].to(device)
@@ -183,34 +226,83 @@ def check_rope_kv_write(device: torch.device, backends: list[str]) -> list[Check
                     cdt = fp8 if cache_kind == "fp8" else dtype
                     cache = torch.full((nblk, bs, 576), float("nan")).to(cdt).to(device)
                     k_scale = torch.tensor([0.5], device=device)
-                    q_ref, k_ref, row_ref = fused_rope_mla_kv_write_ref(pos, q[..., 128:], kv_a[:, 512:], kv_c,
-                                                                        cos_sin, is_neox=False)
-                    fused_rope_mla_kv_write(pos, q[..., 128:], kv_a[:, 512:].unsqueeze(1), kv_c, cos_sin, cache,
-                                            slots, is_neox=False, kv_cache_dtype=cache_kind, k_scale=k_scale,
-                                            backend=backend)
+                    q_ref, k_ref, row_ref = fused_rope_mla_kv_write_ref(
+                        pos, q[..., 128:], kv_a[:, 512:], kv_c, cos_sin, is_neox=False
+                    )
+                    fused_rope_mla_kv_write(
+                        pos,
+                        q[..., 128:],
+                        kv_a[:, 512:].unsqueeze(1),
+                        kv_c,
+                        cos_sin,
+                        cache,
+                        slots,
+                        is_neox=False,
+                        kv_cache_dtype=cache_kind,
+                        k_scale=k_scale,
+                        backend=backend,
+                    )
                     valid = slots >= 0
                     # gather bytes, then convert: float8 indexing is missing from some torch builds
                     got = cache.view(torch.uint8)[slots[valid] // bs, slots[valid] % bs].view(cdt).float()
                     if cache_kind == "fp8":
                         got = got * k_scale
                     tol = 0.07 if cache_kind == "fp8" else TOL[dtype]
-                    rows.append(_compare("fused_rope_mla_kv_write", backend, dtype, case + " rows", got,
-                                         row_ref[valid], tol))
+                    rows.append(
+                        _compare("fused_rope_mla_kv_write", backend, dtype, case + " rows", got, row_ref[valid], tol)
+                    )
                     if cache_kind == "auto":
-                        rows.append(_compare("fused_rope_mla_kv_write", backend, dtype, case + " q_pe",
-                                             q[..., 128:], q_ref, TOL[dtype]))
-                        rows.append(_compare("fused_rope_mla_kv_write", backend, dtype, case + " k_pe",
-                                             kv_a[:, 512:], k_ref, TOL[dtype]))
+                        rows.append(
+                            _compare(
+                                "fused_rope_mla_kv_write",
+                                backend,
+                                dtype,
+                                case + " q_pe",
+                                q[..., 128:],
+                                q_ref,
+                                TOL[dtype],
+                            )
+                        )
+                        rows.append(
+                            _compare(
+                                "fused_rope_mla_kv_write",
+                                backend,
+                                dtype,
+                                case + " k_pe",
+                                kv_a[:, 512:],
+                                k_ref,
+                                TOL[dtype],
+                            )
+                        )
                     written = torch.zeros(nblk * bs, dtype=torch.bool, device=device)
                     written[slots[valid]] = True
                     rest = cache.view(torch.uint8).view(nblk * bs, -1)[~written].view(cdt).float()
                     ok = bool(torch.isnan(rest).all())
-                    rows.append(CheckRow("fused_rope_mla_kv_write", backend, str(dtype).replace("torch.", ""),
-                                         case + " untouched", 0.0 if ok else float("nan"), 0.0, ok,
-                                         "" if ok else "wrote a cache row it had no slot for"))
+                    rows.append(
+                        CheckRow(
+                            "fused_rope_mla_kv_write",
+                            backend,
+                            str(dtype).replace("torch.", ""),
+                            case + " untouched",
+                            0.0 if ok else float("nan"),
+                            0.0,
+                            ok,
+                            "" if ok else "wrote a cache row it had no slot for",
+                        )
+                    )
                 except Exception as exc:  # report, keep checking the rest
-                    rows.append(CheckRow("fused_rope_mla_kv_write", backend, str(dtype), case, float("nan"), 0.0,
-                                         False, f"{type(exc).__name__}: {exc}"))
+                    rows.append(
+                        CheckRow(
+                            "fused_rope_mla_kv_write",
+                            backend,
+                            str(dtype),
+                            case,
+                            float("nan"),
+                            0.0,
+                            False,
+                            f"{type(exc).__name__}: {exc}",
+                        )
+                    )
     return rows
 
 
@@ -234,7 +326,7 @@ def check_context_gather(device: torch.device, backends: list[str]) -> list[Chec
     bt = torch.full((len(ctx), max(nblk) + 1), int(perm[-1]), dtype=torch.int32)
     k = 0
     for b, c in enumerate(ctx):
-        bt[b, :nblk[b]] = perm[k:k + nblk[b]].int()
+        bt[b, : nblk[b]] = perm[k : k + nblk[b]].int()
         k += nblk[b]
         tok = torch.arange(c)
         kv32[bt[b, tok // bs].long(), tok % bs] = torch.randn(c, 576, generator=g)
@@ -257,8 +349,18 @@ def check_context_gather(device: torch.device, backends: list[str]) -> list[Chec
                     ref = context_gather_ref(cache, bt.to(device), cu, st, t2s, T, k_scale).to(dtype)
                     rows.append(_compare("gather_context_chunk", backend, dtype, case, dst, ref.float(), 0.0))
                 except Exception as exc:  # report, keep checking the rest
-                    rows.append(CheckRow("gather_context_chunk", backend, str(dtype), case, float("nan"), 0.0,
-                                         False, f"{type(exc).__name__}: {exc}"))
+                    rows.append(
+                        CheckRow(
+                            "gather_context_chunk",
+                            backend,
+                            str(dtype),
+                            case,
+                            float("nan"),
+                            0.0,
+                            False,
+                            f"{type(exc).__name__}: {exc}",
+                        )
+                    )
     return rows
 
 

@@ -54,16 +54,21 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from .. import configs as C
 
-OP_KEYS = {"decode": "mla_decode", "prefill": "mla_prefill", "merge": "merge_attn_states",
-           "rope_kv_write": "rope_kv_write"}
+OP_KEYS = {
+    "decode": "mla_decode",
+    "prefill": "mla_prefill",
+    "merge": "merge_attn_states",
+    "rope_kv_write": "rope_kv_write",
+}
 ALL_OPS = tuple(OP_KEYS)
 # Former op names still accepted in --ops, shape specs and preset names (and read from older
 # overlays' _meta): "rope_kv" is the rope_kv_write family's old short name.
@@ -94,14 +99,15 @@ class Shape:
     items: tuple
 
     @staticmethod
-    def make(op: str, **kw) -> "Shape":
+    def make(op: str, **kw) -> Shape:
         op = OP_ALIASES.get(op, op)
         if op not in PARAMS:
             raise ValueError(f"unknown op {op!r} in a shape (ops: {', '.join(PARAMS)})")
         unknown = set(kw) - set(PARAMS[op])
         if unknown:
-            raise ValueError(f"{op} shape: unknown parameter(s) {', '.join(sorted(unknown))} "
-                             f"(known: {', '.join(PARAMS[op])})")
+            raise ValueError(
+                f"{op} shape: unknown parameter(s) {', '.join(sorted(unknown))} (known: {', '.join(PARAMS[op])})"
+            )
         vals = dict(PARAMS[op])
         for k, v in kw.items():
             vals[k] = type(PARAMS[op][k])(v)
@@ -131,21 +137,45 @@ PRESETS: dict[str, list[str]] = {
     # perf/bench_prefill.py, bench_merge.py (the pad_v-strided D=128 merges prefill does), bench_rope_kv_write.py
     "prefill": [f"prefill:B={B},L={L},N={N}" for B, L in ((4, 4096), (1, 16384)) for N in (16, 128)],
     "merge": [f"merge:T={T},N={N},D=128,layout=strided" for T in (4096, 32768) for N in (16, 128)],
-    "rope_kv_write": [f"rope_kv_write:T={T},N={N},kv={kv}" for T, N, kv in
-                ((64, 16, "auto"), (64, 128, "auto"), (4096, 16, "auto"), (4096, 128, "auto"),
-                 (32768, 16, "auto"), (32768, 128, "auto"), (32768, 16, "fp8"))],
+    "rope_kv_write": [
+        f"rope_kv_write:T={T},N={N},kv={kv}"
+        for T, N, kv in (
+            (64, 16, "auto"),
+            (64, 128, "auto"),
+            (4096, 16, "auto"),
+            (4096, 128, "auto"),
+            (32768, 16, "auto"),
+            (32768, 128, "auto"),
+            (32768, 16, "fp8"),
+        )
+    ],
     # --quick: one or two shapes per group that matters (fits 10 minutes on one GPU with compiles)
-    "quick": [_d(128, 4096, 16), _d(1, 4096, 16), _d(128, 4096, 16, 1, "fp8"), _d(128, 4096, 16, 2),
-              _d(32, 4096, 128), _d(32, 4096, 128, 1, "fp8"),
-              "prefill:B=4,L=4096,N=16", "prefill:B=4,L=4096,N=128",
-              "merge:T=32768,N=128,D=128,layout=strided", "merge:T=4096,N=16,D=128,layout=strided",
-              "rope_kv_write:T=4096,N=16", "rope_kv_write:T=32768,N=128", "rope_kv_write:T=4096,N=16,kv=fp8"],
+    "quick": [
+        _d(128, 4096, 16),
+        _d(1, 4096, 16),
+        _d(128, 4096, 16, 1, "fp8"),
+        _d(128, 4096, 16, 2),
+        _d(32, 4096, 128),
+        _d(32, 4096, 128, 1, "fp8"),
+        "prefill:B=4,L=4096,N=16",
+        "prefill:B=4,L=4096,N=128",
+        "merge:T=32768,N=128,D=128,layout=strided",
+        "merge:T=4096,N=16,D=128,layout=strided",
+        "rope_kv_write:T=4096,N=16",
+        "rope_kv_write:T=32768,N=128",
+        "rope_kv_write:T=4096,N=16,kv=fp8",
+    ],
     # the CPU interpreter (tests of the tuner itself)
-    "tiny": ["decode:B=2,seq=64,N=16,block=16", "prefill:B=1,L=48,N=2", "merge:T=40,N=4,D=128",
-             "rope_kv_write:T=24,N=4,block=16"],
+    "tiny": [
+        "decode:B=2,seq=64,N=16,block=16",
+        "prefill:B=1,L=48,N=2",
+        "merge:T=40,N=4,D=128",
+        "rope_kv_write:T=24,N=4,block=16",
+    ],
 }
-PRESETS["deepseek-v3"] = PRESETS["tp8"] + PRESETS["dp"] + PRESETS["mtp"] + PRESETS["prefill"] \
-    + PRESETS["merge"] + PRESETS["rope_kv_write"]
+PRESETS["deepseek-v3"] = (
+    PRESETS["tp8"] + PRESETS["dp"] + PRESETS["mtp"] + PRESETS["prefill"] + PRESETS["merge"] + PRESETS["rope_kv_write"]
+)
 
 
 def parse_shapes(text: str) -> list[Shape]:
@@ -272,9 +302,19 @@ class DecodeCase(Case):
         from ..ops import mla_decode
 
         kv = self.caches[i]
-        mla_decode(self.q_nope, self.q_pe, kv.view(torch.uint8) if self.fp8 else kv, self.tables[i], self.seq_lens,
-                   sm_scale=SCALE_DECODE, out=self.out, lse=self.lse, kv_cache_dtype="fp8" if self.fp8 else "auto",
-                   k_scale=self.k_scale, max_seq_len=self.seq)
+        mla_decode(
+            self.q_nope,
+            self.q_pe,
+            kv.view(torch.uint8) if self.fp8 else kv,
+            self.tables[i],
+            self.seq_lens,
+            sm_scale=SCALE_DECODE,
+            out=self.out,
+            lse=self.lse,
+            kv_cache_dtype="fp8" if self.fp8 else "auto",
+            k_scale=self.k_scale,
+            max_seq_len=self.seq,
+        )
 
     def fn(self) -> None:
         self.call(0)
@@ -285,8 +325,15 @@ class DecodeCase(Case):
         self.call(0)
         nb = min(self.B, 2)
         r = nb * self.ql
-        ro, rl = mla_decode_ref(self.q_nope[:r], self.q_pe[:r], self.caches[0], self.tables[0][:nb],
-                                self.seq_lens[:nb], SCALE_DECODE, self.k_scale)
+        ro, rl = mla_decode_ref(
+            self.q_nope[:r],
+            self.q_pe[:r],
+            self.caches[0],
+            self.tables[0][:nb],
+            self.seq_lens[:nb],
+            SCALE_DECODE,
+            self.k_scale,
+        )
         return rel_err("out", self.out[:r], ro, self.tol) or rel_err("lse", self.lse[:r], rl, 1e-3)
 
 
@@ -311,8 +358,20 @@ class PrefillCase(Case):
     def fn(self) -> None:
         from ..ops import mla_prefill
 
-        mla_prefill(self.q, self.k_nope, self.k_pe, self.v, self.cu, self.cu, sm_scale=192 ** -0.5, causal=True,
-                    out=self.out, lse=self.lse, max_seqlen_q=self.L, max_seqlen_k=self.L)
+        mla_prefill(
+            self.q,
+            self.k_nope,
+            self.k_pe,
+            self.v,
+            self.cu,
+            self.cu,
+            sm_scale=192**-0.5,
+            causal=True,
+            out=self.out,
+            lse=self.lse,
+            max_seqlen_q=self.L,
+            max_seqlen_k=self.L,
+        )
 
     def check(self) -> str:
         # Causal with lq == lk: the first m queries of sequence 0 see only its first m keys.
@@ -321,7 +380,7 @@ class PrefillCase(Case):
         self.fn()
         m = min(self.L, 128)
         cu = torch.tensor([0, m], dtype=torch.int32, device=self.dev)
-        ro, rl = mla_prefill_ref(self.q[:m], self.k_nope[:m], self.k_pe[:m], self.v[:m], cu, cu, 192 ** -0.5, True)
+        ro, rl = mla_prefill_ref(self.q[:m], self.k_nope[:m], self.k_pe[:m], self.v[:m], cu, cu, 192**-0.5, True)
         return rel_err("out", self.out[:m], ro, self.tol) or rel_err("lse", self.lse[:, :m], rl, 1e-3)
 
 
@@ -356,8 +415,9 @@ class MergeCase(Case):
 
 
 def rope_cos_sin(max_pos: int, dev: torch.device, dt: torch.dtype) -> torch.Tensor:
-    theta = torch.outer(torch.arange(max_pos, dtype=torch.float32, device=dev),
-                        10000.0 ** (-torch.arange(0, 64, 2, device=dev) / 64))
+    theta = torch.outer(
+        torch.arange(max_pos, dtype=torch.float32, device=dev), 10000.0 ** (-torch.arange(0, 64, 2, device=dev) / 64)
+    )
     return torch.cat((theta.cos(), theta.sin()), dim=-1).to(dt)
 
 
@@ -393,10 +453,18 @@ class RopeCase(Case):
     def _run(self, q, kv_a, cache) -> None:
         from ..ops import fused_rope_mla_kv_write
 
-        fused_rope_mla_kv_write(self.pos, q[..., 128:], kv_a[:, 512:].unsqueeze(1), self.kv_c, self.cos_sin,
-                                cache.view(torch.uint8) if self.fp8 is not None else cache, self.slots,
-                                is_neox=False, kv_cache_dtype="fp8" if self.fp8 is not None else "auto",
-                                k_scale=self.k_scale)
+        fused_rope_mla_kv_write(
+            self.pos,
+            q[..., 128:],
+            kv_a[:, 512:].unsqueeze(1),
+            self.kv_c,
+            self.cos_sin,
+            cache.view(torch.uint8) if self.fp8 is not None else cache,
+            self.slots,
+            is_neox=False,
+            kv_cache_dtype="fp8" if self.fp8 is not None else "auto",
+            k_scale=self.k_scale,
+        )
 
     def fn(self) -> None:
         self._run(self.q_w, self.kv_w, self.cache)
@@ -407,8 +475,9 @@ class RopeCase(Case):
         qc, kc, cc = self.q.clone(), self.kv_a.clone(), self.cache.clone()
         self._run(qc, kc, cc)
         r = min(self.T, 256)
-        q_ref, k_ref, rows = fused_rope_mla_kv_write_ref(self.pos[:r], self.q[:r, :, 128:], self.kv_a[:r, 512:],
-                                                         self.kv_c[:r], self.cos_sin, is_neox=False)
+        q_ref, k_ref, rows = fused_rope_mla_kv_write_ref(
+            self.pos[:r], self.q[:r, :, 128:], self.kv_a[:r, 512:], self.kv_c[:r], self.cos_sin, is_neox=False
+        )
         sl = self.slots[:r]
         got = cc.view(torch.uint8)[sl // self.block, sl % self.block]
         if self.fp8 is not None:
@@ -416,8 +485,11 @@ class RopeCase(Case):
             want, tol = quantize_fp8_ref(rows, self.k_scale, self.fp8).float() * self.k_scale, 0.13
         else:
             got, want, tol = got.view(self.cache.dtype), rows, self.tol
-        return (rel_err("q_pe", qc[:r, :, 128:], q_ref, self.tol) or rel_err("k_pe", kc[:r, 512:], k_ref, self.tol)
-                or rel_err("cache rows", got, want, tol))
+        return (
+            rel_err("q_pe", qc[:r, :, 128:], q_ref, self.tol)
+            or rel_err("k_pe", kc[:r, 512:], k_ref, self.tol)
+            or rel_err("cache rows", got, want, tol)
+        )
 
 
 CASES = {"decode": DecodeCase, "prefill": PrefillCase, "merge": MergeCase, "rope_kv_write": RopeCase}
@@ -429,10 +501,23 @@ def _key(p: dict) -> str:
     return json.dumps(p, sort_keys=True)
 
 
-_SHORT = {"waves_per_block": "w", "vecs_per_thread": "v", "units_per_thread": "u", "min_blocks_per_cu": "m",
-          "rows_per_program": "r", "block_rows": "b", "num_warps": "nw", "tile_elems": "t", "max_tokens": "mt",
-          "waves_per_eu": "wpe", "min_tokens_per_split": "mt", "max_splits": "ms", "fixed_tiles": "ft",
-          "launch_tiles": "lt", "max_block_s": "bs"}
+_SHORT = {
+    "waves_per_block": "w",
+    "vecs_per_thread": "v",
+    "units_per_thread": "u",
+    "min_blocks_per_cu": "m",
+    "rows_per_program": "r",
+    "block_rows": "b",
+    "num_warps": "nw",
+    "tile_elems": "t",
+    "max_tokens": "mt",
+    "waves_per_eu": "wpe",
+    "min_tokens_per_split": "mt",
+    "max_splits": "ms",
+    "fixed_tiles": "ft",
+    "launch_tiles": "lt",
+    "max_block_s": "bs",
+}
 
 
 def _short(p: dict, names: dict[str, str] | None = None) -> str:
@@ -475,8 +560,13 @@ class Group:
 
 
 # decode: stage-1 tiers, per q dtype x cache kind combination
-_COMBOS = ((torch.bfloat16, False), (torch.float16, False), (torch.float32, False),
-           (torch.bfloat16, True), (torch.float16, True))
+_COMBOS = (
+    (torch.bfloat16, False),
+    (torch.float16, False),
+    (torch.float32, False),
+    (torch.bfloat16, True),
+    (torch.float16, True),
+)
 _NEUTRAL = {"D_SPLIT": 1, "V_SPLIT": 1, "RELOAD_K": False, "F16_DOT": False}  # what a missing decode field means
 
 
@@ -500,7 +590,7 @@ def compose_tier(arch: str, tier: dict, combo: tuple, point: dict) -> dict | Non
 
     res = lambda t, c: stage1_config(arch, 0, c[0], c[1], t)  # noqa: E731
     want = {c: res(tier, c) for c in _COMBOS}
-    for c in ([combo, (torch.float16, False)] if combo == (torch.bfloat16, False) else [combo]):
+    for c in [combo, (torch.float16, False)] if combo == (torch.bfloat16, False) else [combo]:
         want[c] = dict(point)
     top = dict(want[(torch.bfloat16, False)])
     new = dict(top)
@@ -528,16 +618,18 @@ def _decode_fix(p: dict) -> dict:
 
 
 def decode_label(p: dict) -> str:
-    s = (f"H{p['BLOCK_H']} N{p['BLOCK_N']} d{p.get('D_SPLIT', 1)}{'v2' if p.get('V_SPLIT', 1) == 2 else ''}"
-         f"{'r' if p.get('RELOAD_K') else ''}"
-         f"{'h' if p.get('F16_DOT') else ''} w{p['num_warps']} s{p['num_stages']} c{p.get('ctas_per_cu', 1)}")
+    s = (
+        f"H{p['BLOCK_H']} N{p['BLOCK_N']} d{p.get('D_SPLIT', 1)}{'v2' if p.get('V_SPLIT', 1) == 2 else ''}"
+        f"{'r' if p.get('RELOAD_K') else ''}"
+        f"{'h' if p.get('F16_DOT') else ''} w{p['num_warps']} s{p['num_stages']} c{p.get('ctas_per_cu', 1)}"
+    )
     for k, tag in (("waves_per_eu", "wpe"), ("matrix_instr_nonkdim", "mi"), ("kpack", "kp")):
         if k in p:
             s += f" {tag}{p[k]}"
     return s
 
 
-def _decode_groups(t: "Tuner", shapes: list[Shape]) -> list[Group]:
+def _decode_groups(t: Tuner, shapes: list[Shape]) -> list[Group]:
     from ..ops.decode import stage1_config
     from ..variants.decode import tuning_candidates
 
@@ -559,8 +651,9 @@ def _decode_groups(t: "Tuner", shapes: list[Shape]) -> list[Group]:
         h = tiers[ti]["BLOCK_H"]
         p0 = stage1_config(arch, 0, combo[0], combo[1], tiers[ti])
         ok = (lambda p: 16 <= p["BLOCK_H"] <= h) if combo[1] else (lambda p: p["BLOCK_H"] == h)
-        listed = _nearest_first(p0, [p for c in cands for p in [stage1_config(arch, 0, combo[0], combo[1], c)]
-                                     if ok(p)])
+        listed = _nearest_first(
+            p0, [p for c in cands for p in [stage1_config(arch, 0, combo[0], combo[1], c)] if ok(p)]
+        )
         # most promising first: --quick tries single-knob neighbours of the default in this order
         knobs = [("BLOCK_N", [16, 32, 64]), ("num_warps", [4, 8])]
         if gfx:
@@ -586,18 +679,35 @@ def _decode_groups(t: "Tuner", shapes: list[Shape]) -> list[Group]:
         name = f"stage1[{ti}] H{h} {qname}{'fp8' if combo[1] else '16-bit'} cache"
         groups.append(Group("decode", name, ss, p0, listed, knobs, build, decode_label, fix=_decode_fix))
     if not t.quick and shapes:
-        for part, knobs in (("split", [("max_splits", [16, 32, 64, 128]), ("min_tokens_per_split", [32, 64, 128]),
-                                       ("fixed_tiles", [1, 2, 4]), ("launch_tiles", [2, 3, 4, 6])]),
-                            ("stage2", [("num_warps", [4, 8]), ("tile_elems", [2048, 4096, 8192]),
-                                        ("max_block_s", [16, 32, 64])])):
+        for part, knobs in (
+            (
+                "split",
+                [
+                    ("max_splits", [16, 32, 64, 128]),
+                    ("min_tokens_per_split", [32, 64, 128]),
+                    ("fixed_tiles", [1, 2, 4]),
+                    ("launch_tiles", [2, 3, 4, 6]),
+                ],
+            ),
+            ("stage2", [("num_warps", [4, 8]), ("tile_elems", [2048, 4096, 8192]), ("max_block_s", [16, 32, 64])]),
+        ):
             p0 = dict(pkg[part])
-            groups.append(Group("decode", part, list(shapes), p0, [], [(k, v) for k, v in knobs if k in p0],
-                                lambda p, part=part: {**t.current["mla_decode"], part: p},
-                                lambda p, part=part: f"{part} " + _short(p, _SHORT)))
+            groups.append(
+                Group(
+                    "decode",
+                    part,
+                    list(shapes),
+                    p0,
+                    [],
+                    [(k, v) for k, v in knobs if k in p0],
+                    lambda p, part=part: {**t.current["mla_decode"], part: p},
+                    lambda p, part=part: f"{part} " + _short(p, _SHORT),
+                )
+            )
     return groups
 
 
-def _prefill_groups(t: "Tuner", shapes: list[Shape]) -> list[Group]:
+def _prefill_groups(t: Tuner, shapes: list[Shape]) -> list[Group]:
     from ..variants.prefill import config_label
 
     gfx = C.is_amd_arch(t.arch)
@@ -612,17 +722,29 @@ def _prefill_groups(t: "Tuner", shapes: list[Shape]) -> list[Group]:
         knobs = [("BLOCK_N", [16, 32] if key == "triton_fp32" else [32, 64, 128]), ("num_warps", [4, 8])]
         if gfx:
             knobs += [("waves_per_eu", [0, 1, 2])]
-        knobs += [("num_stages", [1, 2] if gfx else [1, 2, 3, 4]),
-                  ("BLOCK_M", [16, 32, 64] if key == "triton_fp32" else [64, 128])]
+        knobs += [
+            ("num_stages", [1, 2] if gfx else [1, 2, 3, 4]),
+            ("BLOCK_M", [16, 32, 64] if key == "triton_fp32" else [64, 128]),
+        ]
         if gfx:
             knobs += [("matrix_instr_nonkdim", [16, 32]), ("kpack", [1, 2])]
         knobs = [(k, v) for k, v in knobs if k in p0 or k in ("num_stages",)]
-        groups.append(Group("prefill", key, ss, p0, listed, knobs,
-                            lambda p, key=key: {**t.current["mla_prefill"], key: p}, config_label))
+        groups.append(
+            Group(
+                "prefill",
+                key,
+                ss,
+                p0,
+                listed,
+                knobs,
+                lambda p, key=key: {**t.current["mla_prefill"], key: p},
+                config_label,
+            )
+        )
     return groups
 
 
-def _impl_groups(t: "Tuner", op: str, shapes: list[Shape]) -> list[Group]:
+def _impl_groups(t: Tuner, op: str, shapes: list[Shape]) -> list[Group]:
     """merge / rope_kv_write: the implementation the op dispatches to here, over the package's tune space."""
     from ..ops._dispatch import select
 
@@ -645,11 +767,22 @@ def _impl_groups(t: "Tuner", op: str, shapes: list[Shape]) -> list[Group]:
             knobs.append(("max_tokens", [4, 8, 16]))
     else:
         knobs = [(k, v) for k, v in space.items()]
-    return [Group(op, impl, list(shapes), p0, listed, knobs,
-                  lambda p: {**t.current[op_key], impl: p}, lambda p: f"{impl} {_short(p, _SHORT)}")]
+    return [
+        Group(
+            op,
+            impl,
+            list(shapes),
+            p0,
+            listed,
+            knobs,
+            lambda p: {**t.current[op_key], impl: p},
+            lambda p: f"{impl} {_short(p, _SHORT)}",
+        )
+    ]
 
 
 # --------------------------------------------------------------------------- verification of changed configs
+
 
 def _small_decode(dev, arch, dt, fp8: bool, n: int, splits) -> str:
     """One small paged decode (3 requests, uneven lengths, block 64, q_len 1) against the reference."""
@@ -665,7 +798,7 @@ def _small_decode(dev, arch, dt, fp8: bool, n: int, splits) -> str:
     perm = torch.randperm(pages, generator=g)
     k = 0
     for b, nb in enumerate(nblk):
-        bt[b, :nb] = perm[k:k + nb].int()
+        bt[b, :nb] = perm[k : k + nb].int()
         k += nb
     ks = None
     if fp8:
@@ -677,8 +810,17 @@ def _small_decode(dev, arch, dt, fp8: bool, n: int, splits) -> str:
     sl = torch.tensor(lens, dtype=torch.int32, device=dev)
     qn = torch.randn(len(lens), n, 512, generator=g).to(dt).to(dev)
     qp = torch.randn(len(lens), n, 64, generator=g).to(dt).to(dev)
-    out, lse = mla_decode(qn, qp, kv.view(torch.uint8) if fp8 else kv, bt, sl, sm_scale=SCALE_DECODE,
-                          kv_cache_dtype="fp8" if fp8 else "auto", k_scale=ks, num_kv_splits=splits)
+    out, lse = mla_decode(
+        qn,
+        qp,
+        kv.view(torch.uint8) if fp8 else kv,
+        bt,
+        sl,
+        sm_scale=SCALE_DECODE,
+        kv_cache_dtype="fp8" if fp8 else "auto",
+        k_scale=ks,
+        num_kv_splits=splits,
+    )
     ro, rl = mla_decode_ref(qn, qp, kv, bt, sl, SCALE_DECODE, ks)
     return rel_err("out", out, ro, _TOL[dt]) or rel_err("lse", lse, rl, 1e-3)
 
@@ -694,8 +836,8 @@ def _small_prefill(dev, dt, causal: bool) -> str:
     kv = torch.randn(sum(lk), N, 256, generator=g).to(dt).to(dev)
     kpe = torch.randn(sum(lk), 576, generator=g).to(dt).to(dev)[:, 512:].unsqueeze(1)
     args = (q, kv[..., :128], kpe, kv[..., 128:], cu(lq), cu(lk))
-    out, lse = mla_prefill(*args, sm_scale=192 ** -0.5, causal=causal)
-    ro, rl = mla_prefill_ref(*args, 192 ** -0.5, causal)
+    out, lse = mla_prefill(*args, sm_scale=192**-0.5, causal=causal)
+    ro, rl = mla_prefill_ref(*args, 192**-0.5, causal)
     return rel_err("out", out, ro, _TOL[dt]) or rel_err("lse", lse, rl, 1e-3)
 
 
@@ -733,24 +875,38 @@ def _small_rope(dev, arch, dt, n: int, fp8: bool, neox: bool, backend: str | Non
         cache = cache.to(f8)
     ks = torch.tensor([0.5], device=dev)
     q_ref, k_ref, rows = fused_rope_mla_kv_write_ref(pos, q[..., 128:], kv_a[:, 512:], kv_c, cs, is_neox=neox)
-    fused_rope_mla_kv_write(pos, q[..., 128:], kv_a[:, 512:].unsqueeze(1), kv_c, cs,
-                            cache.view(torch.uint8) if fp8 else cache, slots, is_neox=neox,
-                            kv_cache_dtype="fp8" if fp8 else "auto", k_scale=ks, backend=backend)
+    fused_rope_mla_kv_write(
+        pos,
+        q[..., 128:],
+        kv_a[:, 512:].unsqueeze(1),
+        kv_c,
+        cs,
+        cache.view(torch.uint8) if fp8 else cache,
+        slots,
+        is_neox=neox,
+        kv_cache_dtype="fp8" if fp8 else "auto",
+        k_scale=ks,
+        backend=backend,
+    )
     got = cache.view(torch.uint8)[slots // block, slots % block]
     if f8 is not None:
         got, want, tol = got.view(f8).float() * ks, quantize_fp8_ref(rows, ks, f8).float() * ks, 0.07
     else:
         got, want, tol = got.view(dt), rows, _TOL[dt]
-    return (rel_err("q_pe", q[..., 128:], q_ref, _TOL[dt]) or rel_err("k_pe", kv_a[:, 512:], k_ref, _TOL[dt])
-            or rel_err("cache rows", got, want, tol))
+    return (
+        rel_err("q_pe", q[..., 128:], q_ref, _TOL[dt])
+        or rel_err("k_pe", kv_a[:, 512:], k_ref, _TOL[dt])
+        or rel_err("cache rows", got, want, tol)
+    )
 
 
 def _dtypes(dev) -> list[torch.dtype]:
     return ([torch.bfloat16] if dev.type == "cuda" else []) + [torch.float16, torch.float32]
 
 
-def verification_cases(op_key: str, arch: str, dev: torch.device, old: dict, new: dict
-                       ) -> list[tuple[str, Callable[[], str]]]:
+def verification_cases(
+    op_key: str, arch: str, dev: torch.device, old: dict, new: dict
+) -> list[tuple[str, Callable[[], str]]]:
     """(what, check) for every launch config of ``new`` that differs from ``old`` (both complete
     arch objects of ``op_key``): small calls through the public op against the float32 reference."""
     from ..ops._dispatch import unavailable
@@ -767,8 +923,11 @@ def verification_cases(op_key: str, arch: str, dev: torch.device, old: dict, new
                 if qdt not in _dtypes(dev):
                     continue
                 cfg = stage1_config(arch, 0, qdt, fp8, tier)
-                same = ti < len(old_tiers) and len(tiers) == len(old_tiers) and \
-                    _norm(stage1_config(arch, 0, qdt, fp8, old_tiers[ti])) == _norm(cfg)
+                same = (
+                    ti < len(old_tiers)
+                    and len(tiers) == len(old_tiers)
+                    and _norm(stage1_config(arch, 0, qdt, fp8, old_tiers[ti])) == _norm(cfg)
+                )
                 if same and not general:
                     continue
                 n = tier["BLOCK_H"]
@@ -777,16 +936,24 @@ def verification_cases(op_key: str, arch: str, dev: torch.device, old: dict, new
                     out.append((what, lambda qdt=qdt, fp8=fp8, n=n, s=splits: _small_decode(dev, arch, qdt, fp8, n, s)))
         if general:
             for n, s in ((16, None), (128, None), (16, 40)):
-                out.append((f"{where} N={n} S={s or 'auto'}",
-                            lambda n=n, s=s: _small_decode(dev, arch, _dtypes(dev)[0], False, n, s)))
+                out.append(
+                    (
+                        f"{where} N={n} S={s or 'auto'}",
+                        lambda n=n, s=s: _small_decode(dev, arch, _dtypes(dev)[0], False, n, s),
+                    )
+                )
     elif op_key == "mla_prefill":
         for key, dts in (("triton", [d for d in _dtypes(dev) if d != torch.float32]), ("triton_fp32", [torch.float32])):
             if new.get(key) == old.get(key) and new.get("backend_order") == old.get("backend_order"):
                 continue
             for dt in dts:
                 for causal in (True, False):
-                    out.append((f"{where}.{key} {str(dt)[6:]} {'causal' if causal else 'full'}",
-                                lambda dt=dt, c=causal: _small_prefill(dev, dt, c)))
+                    out.append(
+                        (
+                            f"{where}.{key} {str(dt)[6:]} {'causal' if causal else 'full'}",
+                            lambda dt=dt, c=causal: _small_prefill(dev, dt, c),
+                        )
+                    )
     elif op_key in ("merge_attn_states", "rope_kv_write"):
         impls = [b for b in ("hip", "triton") if new.get(b) != old.get(b) and unavailable(b, dev) is None]
         if new.get("backend_order") != old.get("backend_order"):
@@ -796,11 +963,17 @@ def verification_cases(op_key: str, arch: str, dev: torch.device, old: dict, new
             for dt in _dtypes(dev):
                 if op_key == "merge_attn_states":
                     for d in (128, 512):
-                        out.append((f"{where}{tag} {str(dt)[6:]} D={d}", lambda dt=dt, d=d, b=b: _small_merge(dev, dt, d, b)))
+                        out.append(
+                            (f"{where}{tag} {str(dt)[6:]} D={d}", lambda dt=dt, d=d, b=b: _small_merge(dev, dt, d, b))
+                        )
                 elif dt != torch.float32:
                     for n, fp8, neox in ((16, False, False), (128, False, False), (16, True, False), (16, False, True)):
-                        out.append((f"{where}{tag} {str(dt)[6:]} N={n}{' fp8' if fp8 else ''}{' neox' if neox else ''}",
-                                    lambda dt=dt, n=n, f=fp8, x=neox, b=b: _small_rope(dev, arch, dt, n, f, x, b)))
+                        out.append(
+                            (
+                                f"{where}{tag} {str(dt)[6:]} N={n}{' fp8' if fp8 else ''}{' neox' if neox else ''}",
+                                lambda dt=dt, n=n, f=fp8, x=neox, b=b: _small_rope(dev, arch, dt, n, f, x, b),
+                            )
+                        )
     return out
 
 
@@ -836,6 +1009,7 @@ def _sync_or_raise(dev: torch.device) -> None:
 
 # --------------------------------------------------------------------------- the tuner
 
+
 def _geo(vals) -> float:
     vals = list(vals)
     return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else 1.0
@@ -861,9 +1035,20 @@ def _fmt_s(sec: float) -> str:
 
 
 class Tuner:
-    def __init__(self, dev: torch.device, ops: list[str], shapes: list[Shape], *, quick: bool,
-                 max_minutes: float | None, max_candidates: int | None, out_path: Path, argv: list[str],
-                 log: Callable[[str], None] = lambda s: print(s, flush=True), timer: Callable[[Case], float] | None = None):
+    def __init__(
+        self,
+        dev: torch.device,
+        ops: list[str],
+        shapes: list[Shape],
+        *,
+        quick: bool,
+        max_minutes: float | None,
+        max_candidates: int | None,
+        out_path: Path,
+        argv: list[str],
+        log: Callable[[str], None] = lambda s: print(s, flush=True),
+        timer: Callable[[Case], float] | None = None,
+    ):
         from .. import _platform
 
         self.dev, self.ops, self.quick, self.out_path, self.argv, self.log = dev, ops, quick, out_path, argv, log
@@ -932,14 +1117,25 @@ class Tuner:
             elif op == "prefill":
                 self.groups += _prefill_groups(self, by_op[op])
             else:
-                self.groups.append(Group(op, "(implementation chosen when reached)", by_op[op], {}, [], [],
-                                         lambda p: None, str, impl_pending=True))
+                self.groups.append(
+                    Group(
+                        op,
+                        "(implementation chosen when reached)",
+                        by_op[op],
+                        {},
+                        [],
+                        [],
+                        lambda p: None,
+                        str,
+                        impl_pending=True,
+                    )
+                )
         self.planned = sum(self.count(g) for g in self.groups)
 
     def cap(self, g: Group) -> int:
         if self.max_candidates:
             return self.max_candidates
-        return QUICK_CAP[g.op] if self.quick else 10 ** 9
+        return QUICK_CAP[g.op] if self.quick else 10**9
 
     def count(self, g: Group) -> int:
         n = 1 + len(g.listed) + sum(len(v) - 1 for _, v in g.knobs)
@@ -998,8 +1194,10 @@ class Tuner:
                 rel = f" ({_geo(d0[k] / r['times'][k] for k in d0):.3f}x the default's speed)"
             res = f"{ts} us{rel}"
         tag = "default" if _key(p) == _key(g.point0) else f"#{idx}"
-        self.log(f"[{self.done:3d}/{plan:3d} {bar} {_fmt_s(el)} elapsed, ETA {_fmt_s(eta)}] {g.op} {g.name} "
-                 f"{tag} {g.label(p)}: {res}")
+        self.log(
+            f"[{self.done:3d}/{plan:3d} {bar} {_fmt_s(el)} elapsed, ETA {_fmt_s(eta)}] {g.op} {g.name} "
+            f"{tag} {g.label(p)}: {res}"
+        )
 
     def score(self, g: Group, r: dict) -> float | None:
         """geomean time ratio to the default over the group's shapes; None when not eligible."""
@@ -1026,8 +1224,17 @@ class Tuner:
         if r0["error"]:
             g.status = f"not tuned: the default fails ({r0['error'][:200]})"
             for s in g.shapes:
-                self.rows.setdefault(s.key, {"op": g.op_key, "shape": s.key, "default_us": 0.0, "tuned_us": 0.0,
-                                             "config": "default", "note": "default failed"})
+                self.rows.setdefault(
+                    s.key,
+                    {
+                        "op": g.op_key,
+                        "shape": s.key,
+                        "default_us": 0.0,
+                        "tuned_us": 0.0,
+                        "config": "default",
+                        "note": "default failed",
+                    },
+                )
             return []
         cap = self.cap(g)
         idx = 0
@@ -1054,9 +1261,15 @@ class Tuner:
                         continue
                     idx += 1
                     self.evaluate(g, p, idx)
-        ranked = sorted(((sc, i, r["point"]) for i, r in enumerate(g.results.values())
-                         for sc in [self.score(g, r)] if sc is not None and sc <= 1 - MIN_GAIN),
-                        key=lambda x: (x[0], x[1]))
+        ranked = sorted(
+            (
+                (sc, i, r["point"])
+                for i, r in enumerate(g.results.values())
+                for sc in [self.score(g, r)]
+                if sc is not None and sc <= 1 - MIN_GAIN
+            ),
+            key=lambda x: (x[0], x[1]),
+        )
         return [p for _, _, p in ranked]
 
     def retime(self, op_key: str, shapes: list[Shape], old: dict, new: dict) -> tuple[dict, dict] | None:
@@ -1082,8 +1295,17 @@ class Tuner:
         if len(d0) != len(g.shapes):
             return
         for s in g.shapes:  # a shape an earlier group of the op tuned keeps that group's row
-            self.rows.setdefault(s.key, {"op": g.op_key, "shape": s.key, "default_us": d0[s.key],
-                                         "tuned_us": d0[s.key], "config": "default", "note": ""})
+            self.rows.setdefault(
+                s.key,
+                {
+                    "op": g.op_key,
+                    "shape": s.key,
+                    "default_us": d0[s.key],
+                    "tuned_us": d0[s.key],
+                    "config": "default",
+                    "note": "",
+                },
+            )
         if not ranked:
             g.status = g.status if g.status != "pending" else "default kept (no candidate >= 1% faster)"
             return
@@ -1100,8 +1322,10 @@ class Tuner:
             worse = [k for k, x in ratios.items() if x > 1.0]
             geo = _geo(ratios.values())
             if worse or geo > 1 - MIN_GAIN / 2:
-                self.log(f"  {g.label(p)}: rejected after the back-to-back re-time ({1 / geo:.3f}x"
-                         f"{'; slower at ' + ', '.join(worse) if worse else ''})")
+                self.log(
+                    f"  {g.label(p)}: rejected after the back-to-back re-time ({1 / geo:.3f}x"
+                    f"{'; slower at ' + ', '.join(worse) if worse else ''})"
+                )
                 continue
             errs = verify(g.op_key, self.arch, self.dev, old, new)
             if errs:
@@ -1116,8 +1340,11 @@ class Tuner:
                     row["default_us"] = t_old[s.key]
                 row["tuned_us"] = t_new[s.key]
             self.relabel(g.op)
-            self.log(f"  accepted {g.label(p)}: {1 / geo:.3f}x the default's speed over the group (back to back: "
-                     + ", ".join(f"{t_old[k]:.1f}->{t_new[k]:.1f}" for k in t_old) + " us)")
+            self.log(
+                f"  accepted {g.label(p)}: {1 / geo:.3f}x the default's speed over the group (back to back: "
+                + ", ".join(f"{t_old[k]:.1f}->{t_new[k]:.1f}" for k in t_old)
+                + " us)"
+            )
             self.write()
             return
         g.status = "default kept (no candidate survived the re-time and checks)"
@@ -1177,23 +1404,31 @@ class Tuner:
                     row["note"] = "reverted"
                     if row["config"] == "default":  # the package's config again: its own time
                         row["tuned_us"] = row["default_us"]
-            self.log(f"{op}: slower in the final pass at {', '.join(sorted(slower))}: reverted "
-                     + ", ".join(g.name for g, _ in revert))
+            self.log(
+                f"{op}: slower in the final pass at {', '.join(sorted(slower))}: reverted "
+                + ", ".join(g.name for g, _ in revert)
+            )
             self.rebuild(op_key)
             self.write()
             if self.current[op_key] == self.package[op_key] or attempt == 1:
                 return
 
     def run(self) -> dict:
-        self.log(f"rocm-mla tune on {self.device_name()} ({self.arch}, {self.cus or '-'} CUs/SMs), "
-                 f"{'quick' if self.quick else 'full'} mode, {len(self.shapes)} shapes; overlay -> {self.out_path}")
+        self.log(
+            f"rocm-mla tune on {self.device_name()} ({self.arch}, {self.cus or '-'} CUs/SMs), "
+            f"{'quick' if self.quick else 'full'} mode, {len(self.shapes)} shapes; overlay -> {self.out_path}"
+        )
         if self.dev.type != "cuda":
-            self.log("CPU run (Triton interpreter): the times below are interpreter wall times and mean nothing "
-                     "about any GPU; this mode tests the tuner")
+            self.log(
+                "CPU run (Triton interpreter): the times below are interpreter wall times and mean nothing "
+                "about any GPU; this mode tests the tuner"
+            )
         build = self.start_hip_build()
         self.plan()
-        self.log(f"{len(self.groups)} groups, about {self.planned} candidates"
-                 + (f"; stops at {self.deadline - self.t0:.0f} s" if self.deadline else ""))
+        self.log(
+            f"{len(self.groups)} groups, about {self.planned} candidates"
+            + (f"; stops at {self.deadline - self.t0:.0f} s" if self.deadline else "")
+        )
         with C.overlays_disabled():
             queue = list(self.groups)
             self.groups = []
@@ -1206,7 +1441,7 @@ class Tuner:
                     build = None
                     if time.monotonic() - t > 1:
                         self.log(f"(waited {time.monotonic() - t:.0f} s for the HIP extension build)")
-                for g in ([head] if self.out_of_time() else self.resolve_impl_group(head)):
+                for g in [head] if self.out_of_time() else self.resolve_impl_group(head):
                     self.groups.append(g)
                     if self.out_of_time():
                         g.status = "not tuned (--max-minutes)"
@@ -1249,16 +1484,32 @@ class Tuner:
                 data[op_key] = {self.arch: entry}
         v = C.software_versions()
         meta = {
-            "schema": C.OVERLAY_SCHEMA_VERSION, "arch": self.arch, "cus": self.cus, "device": self.device_name(),
+            "schema": C.OVERLAY_SCHEMA_VERSION,
+            "arch": self.arch,
+            "cus": self.cus,
+            "device": self.device_name(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "versions": v, "command": "rocm-mla tune " + " ".join(self.argv), "mode": "quick" if self.quick else "full",
+            "versions": v,
+            "command": "rocm-mla tune " + " ".join(self.argv),
+            "mode": "quick" if self.quick else "full",
             "complete": not self.stopped and all(g.status != "pending" for g in self.groups),
-            "stopped": self.stopped, "seconds": round(time.monotonic() - self.t0, 1),
-            "groups": [{"op": g.op_key, "name": g.name, "shapes": [s.key for s in g.shapes],
-                        "candidates_timed": len(g.results), "status": g.status,
-                        "winner": g.label(g.winner) if g.winner else None} for g in self.groups],
-            "shapes": {k: {kk: (round(vv, 3) if isinstance(vv, float) else vv) for kk, vv in r.items()}
-                       for k, r in self.rows.items()},
+            "stopped": self.stopped,
+            "seconds": round(time.monotonic() - self.t0, 1),
+            "groups": [
+                {
+                    "op": g.op_key,
+                    "name": g.name,
+                    "shapes": [s.key for s in g.shapes],
+                    "candidates_timed": len(g.results),
+                    "status": g.status,
+                    "winner": g.label(g.winner) if g.winner else None,
+                }
+                for g in self.groups
+            ],
+            "shapes": {
+                k: {kk: (round(vv, 3) if isinstance(vv, float) else vv) for kk, vv in r.items()}
+                for k, r in self.rows.items()
+            },
         }
         if self.dev.type != "cuda":
             meta["note"] = "CPU interpreter run: times are meaningless"
@@ -1307,14 +1558,19 @@ def print_result_table(rows: dict[str, dict], log: Callable[[str], None] = print
     body = []
     for r in sorted(rows.values(), key=lambda r: (order.index(r["op"]) if r["op"] in order else 9, r["shape"])):
         d, t = r["default_us"], r["tuned_us"]
-        body.append([r["shape"], f"{d:.1f}", f"{t:.1f}", f"{d / t:.3f}x" if t else "-", r.get("note", ""),
-                     r.get("config", "-")])
+        body.append(
+            [r["shape"], f"{d:.1f}", f"{t:.1f}", f"{d / t:.3f}x" if t else "-", r.get("note", ""), r.get("config", "-")]
+        )
     if title:
         log(title)
     head = ["shape", "default us", "tuned us", "speed-up", "note", "tuned config"]
     widths = [max(len(str(x[i])) for x in [head] + body) for i in range(len(head))]
-    fmt = lambda cells: "  ".join(str(c).rjust(w) if 0 < i < 4 else str(c).ljust(w)  # noqa: E731
-                                  for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    def fmt(cells):
+        return "  ".join(
+            str(c).rjust(w) if 0 < i < 4 else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        ).rstrip()
+
     log(fmt(head))
     log(fmt(["-" * w for w in widths]))
     for row in body:
@@ -1322,6 +1578,7 @@ def print_result_table(rows: dict[str, dict], log: Callable[[str], None] = print
 
 
 # --------------------------------------------------------------------------- --check / --show
+
 
 def target_path(args, arch: str, cus: int | None) -> Path | None:
     if args.out:
@@ -1341,7 +1598,10 @@ def check_main(args, dev: torch.device, log=print) -> int:
     path = Path(args.out).expanduser() if args.out else C.find_overlay(arch, cus)[0]
     if path is None:
         searched = C.find_overlay(arch, cus)[1]
-        log(f"no overlay for this device ({arch}, {cus or '-'} CUs); searched: {', '.join(searched) or 'nothing (overlays off)'}")
+        log(
+            f"no overlay for this device ({arch}, {cus or '-'} CUs); "
+            f"searched: {', '.join(searched) or 'nothing (overlays off)'}"
+        )
         return 0
     log(f"checking {path} for {arch} ({cus or '-'} CUs) on {dev}")
     try:
@@ -1398,8 +1658,17 @@ def show_main(args, dev: torch.device, log=print) -> int:
         if dev.type != "cuda" and not args.allow_cpu:
             log("--retime needs a GPU (or --allow-cpu)")
             return 2
-        t = Tuner(dev, list(ALL_OPS), [], quick=True, max_minutes=None, max_candidates=None,
-                  out_path=Path(os.devnull), argv=[], log=log)
+        t = Tuner(
+            dev,
+            list(ALL_OPS),
+            [],
+            quick=True,
+            max_minutes=None,
+            max_candidates=None,
+            out_path=Path(os.devnull),
+            argv=[],
+            log=log,
+        )
         shapes = {}
         for k in rows:
             op, _, rest = k.partition(" ")
@@ -1414,7 +1683,7 @@ def show_main(args, dev: torch.device, log=print) -> int:
                 continue
             told, tnew = [], []
             for rnd in range(ROUNDS):
-                for which in ((0, 1) if rnd % 2 == 0 else (1, 0)):
+                for which in (0, 1) if rnd % 2 == 0 else (1, 0):
                     if which == 0:
                         with C.overlays_disabled():
                             us, err = t.measure(op_key, d, s, check=False)
@@ -1427,12 +1696,20 @@ def show_main(args, dev: torch.device, log=print) -> int:
             med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
             new_rows[k] = {**rows[k], "default_us": med(told), "tuned_us": med(tnew), "note": "re-timed now"}
         rows.update(new_rows)
-        print_result_table(rows, log, f"\ndefault vs tuned, re-timed in this process ({len(new_rows)} shapes with a "
-                                      f"changed config; the rest from the tuning run's _meta):")
+        print_result_table(
+            rows,
+            log,
+            f"\ndefault vs tuned, re-timed in this process ({len(new_rows)} shapes with a "
+            f"changed config; the rest from the tuning run's _meta):",
+        )
     elif rows:
         meta = data["_meta"]
-        print_result_table(rows, log, f"\ndefault vs tuned per shape (tuning run of {meta.get('date')} on "
-                                      f"{meta.get('device')}, {meta.get('mode')} mode):")
+        print_result_table(
+            rows,
+            log,
+            f"\ndefault vs tuned per shape (tuning run of {meta.get('date')} on "
+            f"{meta.get('device')}, {meta.get('mode')} mode):",
+        )
     return 0
 
 
@@ -1446,8 +1723,10 @@ def describe_overlay(st: C.OverlayStatus) -> list[str]:
     if st.error is not None:
         return [f"config overlay: {st.path} IGNORED: {st.error.name}: {st.error}"]
     meta = st.data.get("_meta", {})
-    lines = [f"config overlay: {st.path} ACTIVE (tuned {meta.get('date', '?')} on {meta.get('device', '?')}, "
-             f"{meta.get('mode', '?')} mode{'' if meta.get('complete', True) else ', stopped early'})"]
+    lines = [
+        f"config overlay: {st.path} ACTIVE (tuned {meta.get('date', '?')} on {meta.get('device', '?')}, "
+        f"{meta.get('mode', '?')} mode{'' if meta.get('complete', True) else ', stopped early'})"
+    ]
     changes = []
     for op_key, entry in st.data.items():
         if op_key in C.SCHEMAS:
@@ -1458,19 +1737,31 @@ def describe_overlay(st: C.OverlayStatus) -> list[str]:
 
 # --------------------------------------------------------------------------- CLI
 
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="rocm-mla tune", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ops", default=",".join(ALL_OPS), help="comma-separated: decode, prefill, merge, rope_kv_write "
-                    "(rope_kv: the same)")
-    ap.add_argument("--shapes", default=None, help="presets (" + ", ".join(PRESETS) + "; default: deepseek-v3, "
-                    "--quick: quick) and/or ';'-separated specs like 'decode:B=64,seq=8192,N=16,q=1,kv=fp8'")
+    ap = argparse.ArgumentParser(
+        prog="rocm-mla tune", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--ops",
+        default=",".join(ALL_OPS),
+        help="comma-separated: decode, prefill, merge, rope_kv_write (rope_kv: the same)",
+    )
+    ap.add_argument(
+        "--shapes",
+        default=None,
+        help="presets (" + ", ".join(PRESETS) + "; default: deepseek-v3, "
+        "--quick: quick) and/or ';'-separated specs like 'decode:B=64,seq=8192,N=16,q=1,kv=fp8'",
+    )
     ap.add_argument("--quick", action="store_true", help="listed candidates only, capped per group; the quick preset")
     ap.add_argument("--max-minutes", type=float, default=None, help="hard stop: keeps and writes what was accepted")
     ap.add_argument("--max-candidates", type=int, default=None, help="candidates per group, the default included")
-    ap.add_argument("--out", default=None, help="overlay file to write/check/show (default: the config dir's "
-                    "<arch>-<CUs>cu.json)")
-    ap.add_argument("--allow-cpu", action="store_true", help="run without a GPU (Triton interpreter; times meaningless)")
+    ap.add_argument(
+        "--out", default=None, help="overlay file to write/check/show (default: the config dir's <arch>-<CUs>cu.json)"
+    )
+    ap.add_argument(
+        "--allow-cpu", action="store_true", help="run without a GPU (Triton interpreter; times meaningless)"
+    )
     ap.add_argument("--check", action="store_true", help="validate the overlay: schema, arch, compile, reference")
     ap.add_argument("--stamp", action="store_true", help="with --check: accept a valid overlay (write its stamp)")
     ap.add_argument("--show", action="store_true", help="which overlay is active, what it changes, its table")
@@ -1509,8 +1800,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.show:
         return show_main(args, dev)
     if not has_gpu and not args.allow_cpu:
-        print("rocm-mla tune: no GPU visible to torch. Tuning times kernels on the GPU it tunes for; "
-              "--allow-cpu runs the Triton interpreter instead (its times mean nothing; for testing)", file=sys.stderr)
+        print(
+            "rocm-mla tune: no GPU visible to torch. Tuning times kernels on the GPU it tunes for; "
+            "--allow-cpu runs the Triton interpreter instead (its times mean nothing; for testing)",
+            file=sys.stderr,
+        )
         return 2
     from .. import _platform
 
@@ -1520,29 +1814,50 @@ def main(argv: list[str] | None = None) -> int:
     if out is None:
         print("rocm-mla tune: overlays are off (ROCM_MLA_CONFIG_DIR is empty): pass --out PATH", file=sys.stderr)
         return 2
-    tuner = Tuner(dev, ops, shapes, quick=args.quick, max_minutes=args.max_minutes,
-                  max_candidates=args.max_candidates, out_path=out, argv=argv)
+    tuner = Tuner(
+        dev,
+        ops,
+        shapes,
+        quick=args.quick,
+        max_minutes=args.max_minutes,
+        max_candidates=args.max_candidates,
+        out_path=out,
+        argv=argv,
+    )
     try:
         tuner.run()
     except Exception as exc:  # e.g. a sticky device error: the context is gone
-        print(f"\nrocm-mla tune stopped: {_exc_text(exc)}\n{out} holds the groups accepted before it "
-              "(each was checked and stamped when written)", file=sys.stderr)
+        print(
+            f"\nrocm-mla tune stopped: {_exc_text(exc)}\n{out} holds the groups accepted before it "
+            "(each was checked and stamped when written)",
+            file=sys.stderr,
+        )
         raise
     print("\ngroups:")
     for g in tuner.groups:
-        print(f"  {g.op:8s} {g.name:40s} {len(g.results):3d} timed  {g.status}"
-              + (f": {g.label(g.winner)}" if g.winner else ""))
-    print(f"\nwrote {out} ({time.monotonic() - tuner.t0:.0f} s{'; ' + tuner.stopped if tuner.stopped else ''}). "
-          "Processes started from now on use it; `rocm-mla doctor` / `rocm-mla tune --show` show what it changes; "
-          "ROCM_MLA_CONFIG_DIR= turns it off.")
+        print(
+            f"  {g.op:8s} {g.name:40s} {len(g.results):3d} timed  {g.status}"
+            + (f": {g.label(g.winner)}" if g.winner else "")
+        )
+    print(
+        f"\nwrote {out} ({time.monotonic() - tuner.t0:.0f} s{'; ' + tuner.stopped if tuner.stopped else ''}). "
+        "Processes started from now on use it; `rocm-mla doctor` / `rocm-mla tune --show` show what it changes; "
+        "ROCM_MLA_CONFIG_DIR= turns it off."
+    )
     found = C.find_overlay(arch, cus)[0]
     if C.overlay_dir() is None:
         print("note: overlays are off in this environment (ROCM_MLA_CONFIG_DIR is empty)")
     elif found is None or found.resolve() != out.resolve():
-        print(f"note: the loader reads {found or C.overlay_dir()}, not this file: set ROCM_MLA_CONFIG_DIR={out} "
-              f"(a .json value names the file) or move it to {C.overlay_dir()}/{C.overlay_filename(arch, cus)}")
-    print_result_table(tuner.rows, print, "\ndefault vs tuned per shape (us; tuned is never slower: the default "
-                                          "wins ties and every winner was re-timed back to back):")
+        print(
+            f"note: the loader reads {found or C.overlay_dir()}, not this file: set ROCM_MLA_CONFIG_DIR={out} "
+            f"(a .json value names the file) or move it to {C.overlay_dir()}/{C.overlay_filename(arch, cus)}"
+        )
+    print_result_table(
+        tuner.rows,
+        print,
+        "\ndefault vs tuned per shape (us; tuned is never slower: the default "
+        "wins ties and every winner was re-timed back to back):",
+    )
     return 0
 
 

@@ -11,8 +11,8 @@ Imports go one way: ``variants.<op>`` imports ``ops.<op>``; no op imports this p
 
 from __future__ import annotations
 
+from . import context_gather, decode, merge, prefill, rope_kv_write
 from .triton_variant import TritonVariant
-from . import context_gather, decode, merge, prefill, rope_kv_write  # noqa: E402  (after TritonVariant, which they import)
 
 
 def all_triton_variants(arch: str) -> list[TritonVariant]:

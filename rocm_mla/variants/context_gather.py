@@ -23,16 +23,48 @@ def triton_variants(arch: str) -> list[TritonVariant]:
     variants = []
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         tname = triton_type(dtype)
-        for fp8 in ((False, True) if dtype != torch.float32 else (False,)):
+        for fp8 in (False, True) if dtype != torch.float32 else (False,):
             cache_t = fp8_t if fp8 else tname
-            sig = {"cache": f"*{cache_t}", "block_table": "*i32", "cu_seq_lens": "*i32", "starts": "*i32",
-                   "token_to_seq": "*i32", "k_scale_ptr": "*fp32" if fp8 else f"*{tname}", "dst": f"*{tname}",
-                   "num_tokens": "i32", "page_size": "i32", "num_seqs": "i32", "capacity": "i32",
-                   "num_blocks": "i32", "s_c_blk": "i32", "s_c_tok": "i32", "s_bt": "i32", "s_dst": "i32",
-                   "D_NOPE": "constexpr", "D_PE": "constexpr", "BLOCK_T": "constexpr", "FP8": "constexpr"}
-            variants.append(TritonVariant(
-                kernel=OP, config=f"dst={tname} cache={cache_t} rows={consts['BLOCK_T']} w{options['num_warps']}",
-                fn=context_gather_kernel, signature=sig, constexprs={**consts, "FP8": fp8}, options=options,
-                divisible_by_16=("cache", "k_scale_ptr", "dst", "page_size", "capacity", "s_c_blk", "s_c_tok",
-                                 "s_dst")))
+            sig = {
+                "cache": f"*{cache_t}",
+                "block_table": "*i32",
+                "cu_seq_lens": "*i32",
+                "starts": "*i32",
+                "token_to_seq": "*i32",
+                "k_scale_ptr": "*fp32" if fp8 else f"*{tname}",
+                "dst": f"*{tname}",
+                "num_tokens": "i32",
+                "page_size": "i32",
+                "num_seqs": "i32",
+                "capacity": "i32",
+                "num_blocks": "i32",
+                "s_c_blk": "i32",
+                "s_c_tok": "i32",
+                "s_bt": "i32",
+                "s_dst": "i32",
+                "D_NOPE": "constexpr",
+                "D_PE": "constexpr",
+                "BLOCK_T": "constexpr",
+                "FP8": "constexpr",
+            }
+            variants.append(
+                TritonVariant(
+                    kernel=OP,
+                    config=f"dst={tname} cache={cache_t} rows={consts['BLOCK_T']} w{options['num_warps']}",
+                    fn=context_gather_kernel,
+                    signature=sig,
+                    constexprs={**consts, "FP8": fp8},
+                    options=options,
+                    divisible_by_16=(
+                        "cache",
+                        "k_scale_ptr",
+                        "dst",
+                        "page_size",
+                        "capacity",
+                        "s_c_blk",
+                        "s_c_tok",
+                        "s_dst",
+                    ),
+                )
+            )
     return variants

@@ -18,36 +18,100 @@ from ..triton_common import amd_options, triton_type
 from .triton_variant import TritonVariant
 
 
-def _stage1_variant(arch: str, cfg: dict[str, Any], q_dtype: torch.dtype, kv_dtype: torch.dtype, direct: bool,
-                    scale_ptr: bool, tag: str, page_mode: int = 2) -> TritonVariant:
+def _stage1_variant(
+    arch: str,
+    cfg: dict[str, Any],
+    q_dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    direct: bool,
+    scale_ptr: bool,
+    tag: str,
+    page_mode: int = 2,
+) -> TritonVariant:
     qname, kvname = triton_type(q_dtype), triton_type(kv_dtype)
-    sig = {"q_nope": f"*{qname}", "q_pe": f"*{qname}", "kv": f"*{kvname}", "block_table": "*i32",
-           "seq_lens": "*i32", "k_scale_ptr": "*fp32", "out": f"*{qname}", "lse": "*fp32",
-           "part_o": "*fp32", "part_lse": "*fp32", "qk_scale": "fp32", "out_scale": "fp32"}
-    for name in ("num_heads", "q_len", "num_splits", "num_head_blocks", "page_size", "page_shift", "capacity",
-                 "num_pages", "s_qn_r", "s_qn_h",
-                 "s_qp_r", "s_qp_h", "s_kv_blk", "s_kv_tok", "s_bt_b", "s_o_r", "s_o_h", "s_l_r",
-                 "s_po_s", "s_pl_s"):
+    sig = {
+        "q_nope": f"*{qname}",
+        "q_pe": f"*{qname}",
+        "kv": f"*{kvname}",
+        "block_table": "*i32",
+        "seq_lens": "*i32",
+        "k_scale_ptr": "*fp32",
+        "out": f"*{qname}",
+        "lse": "*fp32",
+        "part_o": "*fp32",
+        "part_lse": "*fp32",
+        "qk_scale": "fp32",
+        "out_scale": "fp32",
+    }
+    for name in (
+        "num_heads",
+        "q_len",
+        "num_splits",
+        "num_head_blocks",
+        "page_size",
+        "page_shift",
+        "capacity",
+        "num_pages",
+        "s_qn_r",
+        "s_qn_h",
+        "s_qp_r",
+        "s_qp_h",
+        "s_kv_blk",
+        "s_kv_tok",
+        "s_bt_b",
+        "s_o_r",
+        "s_o_h",
+        "s_l_r",
+        "s_po_s",
+        "s_pl_s",
+    ):
         sig[name] = "i32"
     # Inner strides are 1 on real tensors (Triton specialises ints equal to 1).
     ones = {"s_qn_d": 1, "s_qp_d": 1, "s_o_d": 1, "s_l_h": 1, "s_sl": 1}
-    meta, options = stage1_meta(arch, cfg, q_dtype, kv_dtype != q_dtype, direct=direct,
-                                has_scale_ptr=scale_ptr, page_mode=page_mode)
+    meta, options = stage1_meta(
+        arch, cfg, q_dtype, kv_dtype != q_dtype, direct=direct, has_scale_ptr=scale_ptr, page_mode=page_mode
+    )
     consts = {**ones, **meta}
     amd = "".join(f" {k[:4]}{v}" for k, v in amd_options(cfg, arch).items())
     vsplit = f"v{consts['V_SPLIT']}" if consts["V_SPLIT"] > 1 else ""
-    label = (f"{tag}q={qname} kv={kvname} H{cfg['BLOCK_H']} N{cfg['BLOCK_N']} d{consts['D_SPLIT']}{vsplit}"
-             f"{'r' if cfg.get('RELOAD_K') else ''}{'h' if consts['F16_DOT'] else ''} "
-             f"w{cfg['num_warps']} "
-             f"s{cfg['num_stages']}{amd} {'direct' if direct else 'split'}{' kscale*' if scale_ptr else ''}"
-             f"{'' if page_mode == 2 else f' page{page_mode}'}")
+    label = (
+        f"{tag}q={qname} kv={kvname} H{cfg['BLOCK_H']} N{cfg['BLOCK_N']} d{consts['D_SPLIT']}{vsplit}"
+        f"{'r' if cfg.get('RELOAD_K') else ''}{'h' if consts['F16_DOT'] else ''} "
+        f"w{cfg['num_warps']} "
+        f"s{cfg['num_stages']}{amd} {'direct' if direct else 'split'}{' kscale*' if scale_ptr else ''}"
+        f"{'' if page_mode == 2 else f' page{page_mode}'}"
+    )
     # float32 q runs IEEE dots: MFMA has f32 instructions, NVIDIA tensor cores do not (FMA there).
     return TritonVariant(
-        kernel="mla_decode_stage1", config=label, fn=mla_decode_stage1_kernel, signature=sig,
-        constexprs=consts, options=options, expects_mfma=q_dtype != torch.float32 or is_amd_arch(arch),
-        divisible_by_16=("q_nope", "q_pe", "kv", "block_table", "seq_lens", "out", "lse", "part_o",
-                         "part_lse", "s_qn_r", "s_qn_h", "s_qp_r", "s_qp_h", "s_kv_blk", "s_kv_tok",
-                         "s_o_r", "s_o_h", "s_po_s", "s_pl_s"))
+        kernel="mla_decode_stage1",
+        config=label,
+        fn=mla_decode_stage1_kernel,
+        signature=sig,
+        constexprs=consts,
+        options=options,
+        expects_mfma=q_dtype != torch.float32 or is_amd_arch(arch),
+        divisible_by_16=(
+            "q_nope",
+            "q_pe",
+            "kv",
+            "block_table",
+            "seq_lens",
+            "out",
+            "lse",
+            "part_o",
+            "part_lse",
+            "s_qn_r",
+            "s_qn_h",
+            "s_qp_r",
+            "s_qp_h",
+            "s_kv_blk",
+            "s_kv_tok",
+            "s_o_r",
+            "s_o_h",
+            "s_po_s",
+            "s_pl_s",
+        ),
+    )
 
 
 def triton_variants(arch: str) -> list[TritonVariant]:
@@ -67,14 +131,19 @@ def triton_variants(arch: str) -> list[TritonVariant]:
             variants.append(v)
 
     # (q dtype, cache dtype): the 16/32-bit caches hold q's dtype.
-    combos = [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16), (torch.float32, torch.float32),
-              (torch.bfloat16, fp8), (torch.float16, fp8)]
+    combos = [
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float16, torch.float16),
+        (torch.float32, torch.float32),
+        (torch.bfloat16, fp8),
+        (torch.float16, fp8),
+    ]
     for tier in table["stage1"]:
         for qdt, kvdt in combos:
             is_fp8 = kvdt == fp8
             cfg = stage1_config(arch, tier["BLOCK_H"], qdt, is_fp8)
             for direct in (True, False):
-                for sptr in ((False, True) if is_fp8 else (False,)):
+                for sptr in (False, True) if is_fp8 else (False,):
                     add(_stage1_variant(arch, cfg, qdt, kvdt, direct, sptr, ""))
         # Pages smaller than a tile (block 16, block 1: PAGE_MODE 1; other sizes: 0), bf16 q and cache.
         cfg = stage1_config(arch, tier["BLOCK_H"], torch.bfloat16, False)
@@ -94,14 +163,30 @@ def triton_variants(arch: str) -> list[TritonVariant]:
         for block_s, block_d in tiles:
             consts = {"D": D_NOPE, "BLOCK_D": block_d, "BLOCK_S": block_s, "s_o_d": 1, "s_l_h": 1}
             _, options = stage2_meta(block_s, arch)
-            sig = {"part_o": "*fp32", "part_lse": "*fp32", "out": f"*{oname}", "lse": "*fp32",
-                   "num_heads": "i32", "num_splits": "i32", "s_po_s": "i32", "s_pl_s": "i32",
-                   "s_o_r": "i32", "s_o_h": "i32", "s_l_r": "i32"}
-            add(TritonVariant(kernel="mla_decode_reduce", config=f"out={oname} S{block_s} D{block_d} "
-                              f"w{options['num_warps']}", fn=mla_decode_reduce_kernel, signature=sig,
-                              constexprs=consts, options=options,
-                              divisible_by_16=("part_o", "part_lse", "out", "lse", "s_po_s", "s_pl_s",
-                                               "s_o_r", "s_o_h")))
+            sig = {
+                "part_o": "*fp32",
+                "part_lse": "*fp32",
+                "out": f"*{oname}",
+                "lse": "*fp32",
+                "num_heads": "i32",
+                "num_splits": "i32",
+                "s_po_s": "i32",
+                "s_pl_s": "i32",
+                "s_o_r": "i32",
+                "s_o_h": "i32",
+                "s_l_r": "i32",
+            }
+            add(
+                TritonVariant(
+                    kernel="mla_decode_reduce",
+                    config=f"out={oname} S{block_s} D{block_d} w{options['num_warps']}",
+                    fn=mla_decode_reduce_kernel,
+                    signature=sig,
+                    constexprs=consts,
+                    options=options,
+                    divisible_by_16=("part_o", "part_lse", "out", "lse", "s_po_s", "s_pl_s", "s_o_r", "s_o_h"),
+                )
+            )
     return variants
 
 

@@ -50,11 +50,21 @@ def triton_variant(arch: str, dtype: torch.dtype, cfg: dict, causal: bool, tag: 
     tname = triton_type(dtype)
     consts, options = triton_meta(cfg, arch, PREFILL_DIMS, causal, dtype == torch.float32)
     ptr = f"*{tname}"
-    sig = {"Q": ptr, "KN": ptr, "KPE": ptr, "V": ptr, "O": ptr, "LSE": "*fp32",
-           "CU_Q": "*i32", "CU_K": "*i32", "qk_scale": "fp32", "num_seqs": "i32",
-           "num_q_rows": "i32", "num_k_rows": "i32"}
-    strides = ["q_st", "q_sh", "kn_st", "kn_sh", "kpe_st", "kpe_sh", "v_st", "v_sh",
-               "o_st", "o_sh", "lse_sh"]
+    sig = {
+        "Q": ptr,
+        "KN": ptr,
+        "KPE": ptr,
+        "V": ptr,
+        "O": ptr,
+        "LSE": "*fp32",
+        "CU_Q": "*i32",
+        "CU_K": "*i32",
+        "qk_scale": "fp32",
+        "num_seqs": "i32",
+        "num_q_rows": "i32",
+        "num_k_rows": "i32",
+    }
+    strides = ["q_st", "q_sh", "kn_st", "kn_sh", "kpe_st", "kpe_sh", "v_st", "v_sh", "o_st", "o_sh", "lse_sh"]
     sig.update({s: "i32" for s in strides})
     # Innermost strides are 1 on real tensors, and Triton specialises ints equal to 1.
     ones = {k: 1 for k in ("q_sd", "kn_sd", "kpe_sd", "v_sd", "o_sd", "lse_st", "cuq_s", "cuk_s")}
@@ -63,17 +73,42 @@ def triton_variant(arch: str, dtype: torch.dtype, cfg: dict, causal: bool, tag: 
     return TritonVariant(
         kernel=OP,
         config=f"{tname} {'causal' if causal else 'full'} {config_label(cfg)}{tag}",
-        fn=mla_prefill_kernel, signature=sig, constexprs={**consts, **ones}, options=options,
+        fn=mla_prefill_kernel,
+        signature=sig,
+        constexprs={**consts, **ones},
+        options=options,
         # lse_sh is Tq (any value): not claimed 16-divisible.
-        divisible_by_16=("Q", "KN", "KPE", "V", "O", "LSE", "CU_Q", "CU_K", "q_st", "q_sh",
-                         "kn_st", "kn_sh", "kpe_st", "kpe_sh", "v_st", "v_sh", "o_st", "o_sh"),
+        divisible_by_16=(
+            "Q",
+            "KN",
+            "KPE",
+            "V",
+            "O",
+            "LSE",
+            "CU_Q",
+            "CU_K",
+            "q_st",
+            "q_sh",
+            "kn_st",
+            "kn_sh",
+            "kpe_st",
+            "kpe_sh",
+            "v_st",
+            "v_sh",
+            "o_st",
+            "o_sh",
+        ),
         # NVIDIA has no exact-fp32 tensor-core op: fp32 dots run on FMA there by design.
-        expects_mfma=not (dtype == torch.float32 and is_nvidia_arch(arch)))
+        expects_mfma=not (dtype == torch.float32 and is_nvidia_arch(arch)),
+    )
 
 
 def triton_variants(arch: str) -> list[TritonVariant]:
     """The Triton specialisations launched for MLA's dims (P=128, R=64, V=128), causal and not,
     bf16/fp16/fp32, with the launch config of ``arch`` (and, for bf16, each tuning candidate)."""
-    return [triton_variant(arch, dtype, cfg, causal, " cand" if cand else "")
-            for dtype in (torch.bfloat16, torch.float16, torch.float32)
-            for cfg, cand in _configs_for(arch, dtype) for causal in (True, False)]
+    return [
+        triton_variant(arch, dtype, cfg, causal, " cand" if cand else "")
+        for dtype in (torch.bfloat16, torch.float16, torch.float32)
+        for cfg, cand in _configs_for(arch, dtype)
+        for causal in (True, False)
+    ]

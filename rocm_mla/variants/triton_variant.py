@@ -35,4 +35,3 @@ class TritonVariant:
     options: dict[str, Any] = field(default_factory=dict)
     divisible_by_16: tuple[str, ...] = ()
     expects_mfma: bool = False
-

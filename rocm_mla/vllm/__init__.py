@@ -52,8 +52,7 @@ PREFILL_BACKEND_NAME = "ROCM_MLA"
 PREFILL_BACKEND_CLASS = "rocm_mla.vllm.prefill.RocmMLAPrefillBackend"
 PLUGIN_NAME = "rocm_mla"  # the entry-point name VLLM_PLUGINS must list when it is set
 
-__all__ = ["BACKEND_NAME", "BACKEND_CLASS", "PREFILL_BACKEND_NAME", "PREFILL_BACKEND_CLASS",
-           "PLUGIN_NAME", "register"]
+__all__ = ["BACKEND_NAME", "BACKEND_CLASS", "PREFILL_BACKEND_NAME", "PREFILL_BACKEND_CLASS", "PLUGIN_NAME", "register"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,10 +63,7 @@ def register() -> None:
     The ``vllm.general_plugins`` entry point of this package; safe to call any number of times,
     in any process. Requires vLLM 0.33 (``register_backend`` accepting a new name).
     """
-    from vllm.v1.attention.backends.mla.prefill.registry import (
-        MLAPrefillBackendEnum,
-        register_mla_prefill_backend,
-    )
+    from vllm.v1.attention.backends.mla.prefill.registry import MLAPrefillBackendEnum, register_mla_prefill_backend
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     if BACKEND_NAME in AttentionBackendEnum.__members__:
@@ -81,8 +77,11 @@ def register() -> None:
     if not custom.is_overridden() or custom.get_path() == BACKEND_CLASS:
         register_backend(custom, BACKEND_CLASS)
     else:
-        logger.info("rocm_mla: AttentionBackendEnum.CUSTOM is already %s; use --attention-backend "
-                    "%s for rocm_mla", custom.get_path(), BACKEND_NAME)
+        logger.info(
+            "rocm_mla: AttentionBackendEnum.CUSTOM is already %s; use --attention-backend %s for rocm_mla",
+            custom.get_path(),
+            BACKEND_NAME,
+        )
 
     if PREFILL_BACKEND_NAME in MLAPrefillBackendEnum.__members__:
         register_mla_prefill_backend(MLAPrefillBackendEnum[PREFILL_BACKEND_NAME], PREFILL_BACKEND_CLASS)

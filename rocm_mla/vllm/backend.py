@@ -61,8 +61,7 @@ class RocmMLABackend(MLACommonBackend):
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
     # 16-bit caches must hold the model dtype (the kernels do not convert between 16-bit types:
     # see supports_combination); fp8 = e4m3 of the platform (e4m3fnuz on gfx942), per-tensor k_scale.
-    supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = [
-        "auto", "bfloat16", "float16", "fp8", "fp8_e4m3"]
+    supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = ["auto", "bfloat16", "float16", "fp8", "fp8_e4m3"]
 
     @staticmethod
     def get_name() -> str:
@@ -91,12 +90,24 @@ class RocmMLABackend(MLACommonBackend):
         return True
 
     @classmethod
-    def supports_combination(cls, head_size, dtype, kv_cache_dtype, block_size, use_mla, has_sink,
-                             use_sparse, use_mm_prefix, device_capability) -> str | None:
+    def supports_combination(
+        cls,
+        head_size,
+        dtype,
+        kv_cache_dtype,
+        block_size,
+        use_mla,
+        has_sink,
+        use_sparse,
+        use_mm_prefix,
+        device_capability,
+    ) -> str | None:
         want = _16BIT_CACHE_DTYPES.get(kv_cache_dtype or "auto")
         if want is not None and want != dtype:
-            return (f"kv_cache_dtype {kv_cache_dtype} with a {str(dtype).replace('torch.', '')} model "
-                    "(a 16-bit cache must hold the model dtype; use auto or fp8)")
+            return (
+                f"kv_cache_dtype {kv_cache_dtype} with a {str(dtype).replace('torch.', '')} model "
+                "(a 16-bit cache must hold the model dtype; use auto or fp8)"
+            )
         return None
 
 
@@ -120,8 +131,7 @@ class RocmMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
         """Nothing to refresh: see ``supports_draft_decode_metadata_update``."""
 
 
-def cache_for_writers(kv_cache: torch.Tensor, kv_cache_dtype: str, k_scale: torch.Tensor
-                      ) -> tuple[torch.Tensor, dict]:
+def cache_for_writers(kv_cache: torch.Tensor, kv_cache_dtype: str, k_scale: torch.Tensor) -> tuple[torch.Tensor, dict]:
     """The layer's cache as rocm_mla's KV writers take it, with their ``kv_cache_dtype`` /
     ``k_scale`` keywords: an fp8 cache (uint8 storage) viewed as ``current_platform.fp8_dtype()``,
     the view ``forward_impl`` gives the decode, so writer and reader agree on e4m3fn vs e4m3fnuz;
@@ -140,20 +150,42 @@ class RocmMLAImpl(MLACommonImpl[MLACommonMetadata]):
     can_return_lse_for_decode: bool = True
     supports_dcp: bool = True
 
-    def __init__(self, num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
-                 kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name, **mla_args):
-        super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
-                         kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name,
-                         **mla_args)
+    def __init__(
+        self,
+        num_heads,
+        head_size,
+        scale,
+        num_kv_heads,
+        alibi_slopes,
+        sliding_window,
+        kv_cache_dtype,
+        logits_soft_cap,
+        attn_type,
+        kv_sharing_target_layer_name,
+        **mla_args,
+    ):
+        super().__init__(
+            num_heads,
+            head_size,
+            scale,
+            num_kv_heads,
+            alibi_slopes,
+            sliding_window,
+            kv_cache_dtype,
+            logits_soft_cap,
+            attn_type,
+            kv_sharing_target_layer_name,
+            **mla_args,
+        )
         if any((alibi_slopes, sliding_window, logits_soft_cap)):
-            raise NotImplementedError("ROCM_MLA does not support alibi_slopes, sliding_window or "
-                                      "logits_soft_cap")
+            raise NotImplementedError("ROCM_MLA does not support alibi_slopes, sliding_window or logits_soft_cap")
         if attn_type != AttentionType.DECODER:
             raise NotImplementedError(f"ROCM_MLA supports decoder self-attention only, got {attn_type}")
         if self.kv_lora_rank != KV_LORA_RANK or self.qk_rope_head_dim != QK_ROPE_HEAD_DIM:
             raise NotImplementedError(
                 f"ROCM_MLA's decode kernel is built for kv_lora_rank {KV_LORA_RANK} and "
-                f"qk_rope_head_dim {QK_ROPE_HEAD_DIM}, got {self.kv_lora_rank} and {self.qk_rope_head_dim}")
+                f"qk_rope_head_dim {QK_ROPE_HEAD_DIM}, got {self.kv_lora_rank} and {self.qk_rope_head_dim}"
+            )
         # With an fp8 cache the decode kernel reads bf16/fp16 queries and dequantises K/V in
         # registers. A pre-quantised query would cost vLLM's _DecodeConcatQuantFP8 (a torch.cat of
         # ql_nope and q_pe plus a quant kernel) and then a dequant here: keep the tuple path.
@@ -165,9 +197,16 @@ class RocmMLAImpl(MLACommonImpl[MLACommonMetadata]):
 
     # ------------------------------------------------------------------ KV cache write
 
-    def do_kv_cache_update(self, kv_c_normed: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
-                           slot_mapping: torch.Tensor, kv_cache_dtype: str, k_scale: torch.Tensor,
-                           skip_scale: bool = False) -> None:
+    def do_kv_cache_update(
+        self,
+        kv_c_normed: torch.Tensor,
+        k_pe: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        kv_cache_dtype: str,
+        k_scale: torch.Tensor,
+        skip_scale: bool = False,
+    ) -> None:
         """Write ``[kv_c | k_pe]`` of each token into its cache slot (slot -1: skipped).
 
         ``kv_cache`` is the layer's raw cache (uint8 storage for fp8): it is viewed as
@@ -182,9 +221,13 @@ class RocmMLAImpl(MLACommonImpl[MLACommonMetadata]):
 
     # ------------------------------------------------------------------ decode
 
-    def forward_mqa(self, q: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_c_and_k_pe_cache: torch.Tensor,
-                    attn_metadata: MLACommonMetadata, layer: AttentionLayer
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_mqa(
+        self,
+        q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+        kv_c_and_k_pe_cache: torch.Tensor,
+        attn_metadata: MLACommonMetadata,
+        layer: AttentionLayer,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Paged MQA over the latent cache for the decode rows; returns ``(out [rows, N, 512],
         lse [rows, N] float32, natural log)``.
 
@@ -205,19 +248,34 @@ class RocmMLAImpl(MLACommonImpl[MLACommonMetadata]):
         # torch.empty, not zeros: the kernel writes every element of out and lse.
         out = torch.empty(rows, num_heads, KV_LORA_RANK, dtype=q_nope.dtype, device=q_nope.device)
         lse = torch.empty(rows, num_heads, dtype=torch.float32, device=q_nope.device)
-        mla_decode(q_nope, q_pe, kv_c_and_k_pe_cache, attn_metadata.decode.block_table,
-                   attn_metadata.decode.seq_lens, sm_scale=self.scale, out=out, lse=lse,
-                   kv_cache_dtype="fp8" if self._fp8_cache else "auto",
-                   k_scale=layer._k_scale.reshape(1) if self._fp8_cache else None,
-                   max_seq_len=int(attn_metadata.max_seq_len))
+        mla_decode(
+            q_nope,
+            q_pe,
+            kv_c_and_k_pe_cache,
+            attn_metadata.decode.block_table,
+            attn_metadata.decode.seq_lens,
+            sm_scale=self.scale,
+            out=out,
+            lse=lse,
+            kv_cache_dtype="fp8" if self._fp8_cache else "auto",
+            k_scale=layer._k_scale.reshape(1) if self._fp8_cache else None,
+            max_seq_len=int(attn_metadata.max_seq_len),
+        )
         return out, lse
 
     # ------------------------------------------------------------------ prefill
 
-    def forward_mha(self, q: torch.Tensor, kv_c_normed: torch.Tensor, k_pe: torch.Tensor,
-                    kv_c_and_k_pe_cache: torch.Tensor, attn_metadata: MLACommonMetadata,
-                    k_scale: torch.Tensor, output: torch.Tensor,
-                    output_scale: torch.Tensor | None = None) -> None:
+    def forward_mha(
+        self,
+        q: torch.Tensor,
+        kv_c_normed: torch.Tensor,
+        k_pe: torch.Tensor,
+        kv_c_and_k_pe_cache: torch.Tensor,
+        attn_metadata: MLACommonMetadata,
+        k_scale: torch.Tensor,
+        output: torch.Tensor,
+        output_scale: torch.Tensor | None = None,
+    ) -> None:
         """Prefill rows: causal attention over the new tokens, then each cached-context chunk
         folded in, all written into ``output`` ``[T, N * V]`` in place.
 
@@ -228,8 +286,9 @@ class RocmMLAImpl(MLACommonImpl[MLACommonMetadata]):
         prefill = attn_metadata.prefill
         assert prefill is not None
         if self.dcp_world_size > 1:
-            return super().forward_mha(q, kv_c_normed, k_pe, kv_c_and_k_pe_cache, attn_metadata,
-                                       k_scale, output, output_scale)
+            return super().forward_mha(
+                q, kv_c_normed, k_pe, kv_c_and_k_pe_cache, attn_metadata, k_scale, output, output_scale
+            )
         if output_scale is not None:
             raise NotImplementedError("ROCM_MLA's prefill does not fuse output quantisation")
         if prefill.q_data_type not in (None, q.dtype):
@@ -240,14 +299,32 @@ class RocmMLAImpl(MLACommonImpl[MLACommonMetadata]):
         out = output.view(T, N, V)
         chunked = prefill.chunked_context
         lse = torch.empty(N, T, dtype=torch.float32, device=q.device) if chunked is not None else None
-        mla_prefill(q, kv_nope[..., :P], k_pe, kv_nope[..., P:], prefill.query_start_loc,
-                    prefill.query_start_loc, sm_scale=self.scale, causal=True, out=out, lse=lse,
-                    max_seqlen_q=prefill.max_query_len, max_seqlen_k=prefill.max_query_len)
+        mla_prefill(
+            q,
+            kv_nope[..., :P],
+            k_pe,
+            kv_nope[..., P:],
+            prefill.query_start_loc,
+            prefill.query_start_loc,
+            sm_scale=self.scale,
+            causal=True,
+            out=out,
+            lse=lse,
+            max_seqlen_q=prefill.max_query_len,
+            max_seqlen_k=prefill.max_query_len,
+        )
         if chunked is not None:
             self._fold_in_context(q, kv_c_and_k_pe_cache, prefill, k_scale, out, lse)
 
-    def _fold_in_context(self, q: torch.Tensor, kv_cache: torch.Tensor, prefill: MLACommonPrefillMetadata,
-                         k_scale: torch.Tensor, out: torch.Tensor, lse_new: torch.Tensor) -> None:
+    def _fold_in_context(
+        self,
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        prefill: MLACommonPrefillMetadata,
+        k_scale: torch.Tensor,
+        out: torch.Tensor,
+        lse_new: torch.Tensor,
+    ) -> None:
         """Merge attention over every cached-context chunk into ``out`` (``[T, N, V]``, already
         holding the new-token attention whose LSE is ``lse_new`` ``[N, T]``), in place.
 
@@ -276,19 +353,35 @@ class RocmMLAImpl(MLACommonImpl[MLACommonMetadata]):
         for i, chunk in enumerate(chunks):
             toks = chunk.num_context_tokens
             ws = chunked.workspace[:toks]
-            gather_context_chunk(kv_cache, prefill.block_table[chunk.request_slice], chunk.cu_seq_lens,
-                                 chunk.starts, chunk.token_to_seq, ws,
-                                 k_scale=k_scale.reshape(1) if fp8 else None)
+            gather_context_chunk(
+                kv_cache,
+                prefill.block_table[chunk.request_slice],
+                chunk.cu_seq_lens,
+                chunk.starts,
+                chunk.token_to_seq,
+                ws,
+                k_scale=k_scale.reshape(1) if fp8 else None,
+            )
             kv_c = ws[:, :L]
             if proj_dtype is not None and proj_dtype != kv_c.dtype:
                 kv_c = kv_c.to(proj_dtype)  # only for checkpoints whose kv_b_proj wants another dtype
             kv_nope = self.kv_b_proj(kv_c)[0].view(toks, N, P + V)
             s, e = chunk.token_slice.start, chunk.token_slice.stop
             n = e - s
-            mla_prefill(q[s:e], kv_nope[..., :P], ws[:, L:].unsqueeze(1), kv_nope[..., P:],
-                        chunk.query_start_loc, chunk.cu_seq_lens, sm_scale=self.scale, causal=False,
-                        out=chunk_out[:n], lse=chunk_lse[:, :n],
-                        max_seqlen_q=chunk.max_query_len, max_seqlen_k=chunk.max_seq_len)
+            mla_prefill(
+                q[s:e],
+                kv_nope[..., :P],
+                ws[:, L:].unsqueeze(1),
+                kv_nope[..., P:],
+                chunk.query_start_loc,
+                chunk.cu_seq_lens,
+                sm_scale=self.scale,
+                causal=False,
+                out=chunk_out[:n],
+                lse=chunk_lse[:, :n],
+                max_seqlen_q=chunk.max_query_len,
+                max_seqlen_k=chunk.max_seq_len,
+            )
             keep = i + 1 < len(chunks) and chunks[i + 1].is_continuation
             cont_end = chunk.continuation_token_end if chunk.is_continuation else s
             # The continued request's rows [s, cont_end): running LSE in `tail`.
@@ -315,5 +408,11 @@ class RocmMLAImpl(MLACommonImpl[MLACommonMetadata]):
     @staticmethod
     def _merge(out, prefix_lse, chunk_out, chunk_lse, s, a, b, dst_lse) -> None:
         # Rows [a, b) of the batch; the chunk buffers are indexed from the chunk's first row s.
-        merge_attn_states(out[a:b], out[a:b], prefix_lse[:, a:b], chunk_out[a - s:b - s],
-                          chunk_lse[:, a - s:b - s], None if dst_lse is None else dst_lse[:, a:b])
+        merge_attn_states(
+            out[a:b],
+            out[a:b],
+            prefix_lse[:, a:b],
+            chunk_out[a - s : b - s],
+            chunk_lse[:, a - s : b - s],
+            None if dst_lse is None else dst_lse[:, a:b],
+        )

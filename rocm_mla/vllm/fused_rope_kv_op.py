@@ -117,10 +117,17 @@ def last_error() -> str | None:
     return _last_error
 
 
-def fused_rope_unified_mla_kv_cache_update(positions: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor,
-                                           kv_c: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool,
-                                           kv_cache_dtype: str, kv_cache_scale: torch.Tensor,
-                                           layer_name) -> torch.Tensor:
+def fused_rope_unified_mla_kv_cache_update(
+    positions: torch.Tensor,
+    q_pe: torch.Tensor,
+    k_pe: torch.Tensor,
+    kv_c: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool,
+    kv_cache_dtype: str,
+    kv_cache_scale: torch.Tensor,
+    layer_name,
+) -> torch.Tensor:
     """The op's kernel (vLLM's schema; see the module docstring). Returns vLLM's dummy
     dependency tensor (empty)."""
     from vllm.model_executor.layers.attention.attention import get_attention_context
@@ -132,15 +139,15 @@ def fused_rope_unified_mla_kv_cache_update(positions: torch.Tensor, q_pe: torch.
     attn_metadata, layer, kv_cache, slot_mapping = get_attention_context(name)
     if not isinstance(getattr(layer, "impl", None), RocmMLAImpl):
         calls["vllm"] += 1
-        return _vllm_kernel(positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, kv_cache_dtype,
-                            kv_cache_scale, layer_name)
+        return _vllm_kernel(
+            positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox, kv_cache_dtype, kv_cache_scale, layer_name
+        )
 
     from rocm_mla.ops import fused_rope_mla_kv_write
 
     layer.prepare_kv_cache_update(attn_metadata)
     T = q_pe.shape[0]
-    direct = (slot_mapping is not None and kv_cache.numel() > 0 and not layer.use_pcp
-              and layer.hisparse_cache is None)
+    direct = slot_mapping is not None and kv_cache.numel() > 0 and not layer.use_pcp and layer.hisparse_cache is None
     if direct:
         calls["rocm_mla"] += 1
         slots = slot_mapping.flatten()[:T]
@@ -149,9 +156,19 @@ def fused_rope_unified_mla_kv_cache_update(positions: torch.Tensor, q_pe: torch.
     else:
         calls["rocm_mla_unfused_write"] += 1
         # Rotate only: no slot (an empty view), a cache with no rows (nothing is written).
-        fused_rope_mla_kv_write(positions, q_pe, k_pe, kv_c, cos_sin_cache, q_pe.new_empty((0, 1, 576)),
-                                positions[:0], is_neox=is_neox, kv_cache_dtype="auto")
+        fused_rope_mla_kv_write(
+            positions,
+            q_pe,
+            k_pe,
+            kv_c,
+            cos_sin_cache,
+            q_pe.new_empty((0, 1, 576)),
+            positions[:0],
+            is_neox=is_neox,
+            kv_cache_dtype="auto",
+        )
         if slot_mapping is not None:
-            layer.update_kv_cache(kv_c, k_pe.unsqueeze(1), kv_cache, slot_mapping, attn_metadata,
-                                  kv_cache_dtype, kv_cache_scale)
+            layer.update_kv_cache(
+                kv_c, k_pe.unsqueeze(1), kv_cache, slot_mapping, attn_metadata, kv_cache_dtype, kv_cache_scale
+            )
     return torch.empty(0, device=kv_c.device, dtype=kv_c.dtype)

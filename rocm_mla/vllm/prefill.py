@@ -48,35 +48,67 @@ class RocmMLAPrefillBackend(MLAPrefillBackend):
     def supports_mla_dimensions(cls, mla_dimensions: MLADimensions) -> bool:
         # DeepSeek-V2/V3/R1 and Kimi-K2 are (128, 64, 128); (64, 64, 128) also tiles. Not
         # (192, 64, 256) (DeepSeek-V3.2's sparse layout): 192 is not a power of two.
-        return all(_triton_dim(d) for d in (mla_dimensions.qk_nope_head_dim,
-                                            mla_dimensions.qk_rope_head_dim,
-                                            mla_dimensions.v_head_dim))
+        return all(
+            _triton_dim(d)
+            for d in (mla_dimensions.qk_nope_head_dim, mla_dimensions.qk_rope_head_dim, mla_dimensions.v_head_dim)
+        )
 
     def supports_out(self) -> bool:
         # Every call honours `out` ([T, N, v_head_dim], any strides) and returns it.
         return True
 
-    def run_prefill_new_tokens(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                               return_softmax_lse: bool, out: torch.Tensor | None = None,
-                               output_scale: torch.Tensor | None = None
-                               ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def run_prefill_new_tokens(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        return_softmax_lse: bool,
+        out: torch.Tensor | None = None,
+        output_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Causal attention of the new tokens over themselves. ``q``/``k`` ``[T, N, P + R]``,
         ``v`` ``[T, N, V]``; returns out ``[T, N, V]`` (and lse ``[N, T]`` natural log)."""
         if output_scale is not None:
-            raise NotImplementedError("RocmMLAPrefillBackend does not fuse output quantisation "
-                                      "(supports_quant_output is False)")
+            raise NotImplementedError(
+                "RocmMLAPrefillBackend does not fuse output quantisation (supports_quant_output is False)"
+            )
         m: MLACommonPrefillMetadata = self._prefill_metadata
         P = self.qk_nope_head_dim
-        out, lse = mla_prefill(q, k[..., :P], k[..., P:], v, m.query_start_loc, m.query_start_loc,
-                               sm_scale=self.scale, causal=True, out=out,
-                               max_seqlen_q=m.max_query_len, max_seqlen_k=m.max_query_len)
+        out, lse = mla_prefill(
+            q,
+            k[..., :P],
+            k[..., P:],
+            v,
+            m.query_start_loc,
+            m.query_start_loc,
+            sm_scale=self.scale,
+            causal=True,
+            out=out,
+            max_seqlen_q=m.max_query_len,
+            max_seqlen_k=m.max_query_len,
+        )
         return (out, lse) if return_softmax_lse else out
 
-    def run_prefill_context_chunk(self, chunk: MLACommonPrefillMetadata.ContextChunk, q: torch.Tensor,
-                                  k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None = None
-                                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    def run_prefill_context_chunk(
+        self,
+        chunk: MLACommonPrefillMetadata.ContextChunk,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Non-causal attention of the chunk's queries over one gathered context chunk."""
         P = self.qk_nope_head_dim
-        return mla_prefill(q, k[..., :P], k[..., P:], v, chunk.query_start_loc, chunk.cu_seq_lens,
-                           sm_scale=self.scale, causal=False, out=out,
-                           max_seqlen_q=chunk.max_query_len, max_seqlen_k=chunk.max_seq_len)
+        return mla_prefill(
+            q,
+            k[..., :P],
+            k[..., P:],
+            v,
+            chunk.query_start_loc,
+            chunk.cu_seq_lens,
+            sm_scale=self.scale,
+            causal=False,
+            out=out,
+            max_seqlen_q=chunk.max_query_len,
+            max_seqlen_k=chunk.max_seq_len,
+        )

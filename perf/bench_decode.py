@@ -62,9 +62,8 @@ import torch
 import triton
 
 from rocm_mla import __version__, _platform
-from rocm_mla.ops.decode import decode_plan
 from rocm_mla.reference import mla_decode_ref
-from rocm_mla.tools.bench_decode_inputs import BLOCK, R_DIM, SCALE, D, L, Setup, ours, shape_label
+from rocm_mla.tools.bench_decode_inputs import BLOCK, R_DIM, SCALE, D, L, Setup, ours, plan_for, shape_label
 from rocm_mla.tools.benchutil import (
     Record,
     aiter_peer_version,
@@ -303,23 +302,6 @@ class Run:
         ):
             self.records.append(Record("mla_decode", provider, s.label, metric, val, self.name, __version__))
         return f"{us:.1f}us {gbs:.0f}GB/s ({100 * gbs / self.copy:.0f}%) {tfs:.0f}TF ({100 * tfs / self.mm:.0f}%)"
-
-
-def plan_for(s: Setup, dev, config=None, num_kv_splits=None) -> dict:
-    return decode_plan(
-        batch=s.B,
-        num_heads=s.N,
-        q_len=s.q_len,
-        max_blocks=s.tables[0].shape[1],
-        block_size=s.block,
-        q_dtype=torch.bfloat16,
-        kv_fp8=s.fp8,
-        kv_elem_bytes=1 if s.fp8 else 2,
-        device=dev,
-        max_seq_len=s.seq,
-        num_kv_splits=num_kv_splits,
-        config=config,
-    )
 
 
 def time_checked(run: Run, provider: str, fn, s: Setup, ref_reqs: int) -> float | None:

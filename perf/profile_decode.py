@@ -18,8 +18,7 @@ import sys
 
 import torch
 
-from rocm_mla.ops.decode import decode_plan
-from rocm_mla.tools.bench_decode_inputs import BLOCK, Setup, ours
+from rocm_mla.tools.bench_decode_inputs import BLOCK, Setup, ours, plan_for
 from rocm_mla.tools.benchutil import bench_parser, rotating_graph_us, start_bench
 
 
@@ -42,20 +41,7 @@ def main() -> int:
     dev = gpu.dev
     s = Setup(args.B, args.seq, args.N, args.kv, dev, l2_bytes=0, block=args.block, q_len=args.q_len)
     cfg = json.loads(args.config) if args.config else None
-    plan = decode_plan(
-        batch=s.B,
-        num_heads=s.N,
-        q_len=s.q_len,
-        max_blocks=s.tables[0].shape[1],
-        block_size=s.block,
-        q_dtype=torch.bfloat16,
-        kv_fp8=s.fp8,
-        kv_elem_bytes=1 if s.fp8 else 2,
-        device=dev,
-        max_seq_len=s.seq,
-        num_kv_splits=args.splits,
-        config=cfg,
-    )
+    plan = plan_for(s, dev, cfg, args.splits)
     print(
         f"{s.label} block={s.block}: S={plan['num_kv_splits']} row_blocks={plan['row_blocks']} config={plan['config']}"
     )

@@ -15,7 +15,7 @@ import torch
 
 from .. import _platform
 from ..mla_dims import KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
-from ..ops.decode import fp8_dtype_for, mla_decode
+from ..ops.decode import decode_plan, fp8_dtype_for, mla_decode
 
 L, R_DIM, D = KV_LORA_RANK, QK_ROPE_HEAD_DIM, KV_ROW_DIM  # 512, 64, 576
 BLOCK = 64
@@ -106,3 +106,21 @@ def ours(s: Setup, config=None, num_kv_splits=None):
         return s.out
 
     return call
+
+
+def plan_for(s: Setup, device, config=None, num_kv_splits=None) -> dict:
+    """mla_decode's launch plan (splits, row blocks, config) for ``s``'s call, as ``ours`` makes it."""
+    return decode_plan(
+        batch=s.B,
+        num_heads=s.N,
+        q_len=s.q_len,
+        max_blocks=s.tables[0].shape[1],
+        block_size=s.block,
+        q_dtype=torch.bfloat16,
+        kv_fp8=s.fp8,
+        kv_elem_bytes=1 if s.fp8 else 2,
+        device=device,
+        max_seq_len=s.seq,
+        num_kv_splits=num_kv_splits,
+        config=config,
+    )

@@ -47,6 +47,11 @@ def _compare(op, backend, dtype, case, got, ref, tol) -> CheckRow:
     return CheckRow(op, backend, str(dtype).replace("torch.", ""), case, err, tol, err <= tol)
 
 
+def _failed(op, backend, dtype, case, exc: Exception) -> CheckRow:
+    """The row of a check that raised (reported; the other checks still run)."""
+    return CheckRow(op, backend, str(dtype), case, float("nan"), 0.0, False, f"{type(exc).__name__}: {exc}")
+
+
 def check_merge(device: torch.device, backends: list[str]) -> list[CheckRow]:
     from rocm_mla.ops import merge_attn_states
     from rocm_mla.reference import merge_attn_states_ref
@@ -69,18 +74,7 @@ def check_merge(device: torch.device, backends: list[str]) -> list[CheckRow]:
                 rl = _compare("merge_attn_states", backend, dtype, case + " lse", ol, ref_lse, 1e-5)
                 rows += [r, rl]
             except Exception as exc:  # report, keep checking the rest
-                rows.append(
-                    CheckRow(
-                        "merge_attn_states",
-                        backend,
-                        str(dtype),
-                        case,
-                        float("nan"),
-                        0.0,
-                        False,
-                        f"{type(exc).__name__}: {exc}",
-                    )
-                )
+                rows.append(_failed("merge_attn_states", backend, dtype, case, exc))
     return rows
 
 
@@ -116,18 +110,7 @@ def check_prefill(device: torch.device, backends: list[str]) -> list[CheckRow]:
                 rows.append(_compare("mla_prefill", backend, dtype, case, out, ref, TOL[dtype]))
                 rows.append(_compare("mla_prefill", backend, dtype, case + " lse", lse, ref_lse, 1e-4))
             except Exception as exc:  # report, keep checking the rest
-                rows.append(
-                    CheckRow(
-                        "mla_prefill",
-                        backend,
-                        str(dtype),
-                        case,
-                        float("nan"),
-                        0.0,
-                        False,
-                        f"{type(exc).__name__}: {exc}",
-                    )
-                )
+                rows.append(_failed("mla_prefill", backend, dtype, case, exc))
     return rows
 
 
@@ -177,18 +160,7 @@ def check_decode(device: torch.device, backends: list[str]) -> list[CheckRow]:
                     rows.append(_compare("mla_decode", backend, dtype, case, out, ref, TOL[dtype]))
                     rows.append(_compare("mla_decode", backend, dtype, case + " lse", lse, ref_lse, 1e-4))
                 except Exception as exc:  # report, keep checking the rest
-                    rows.append(
-                        CheckRow(
-                            "mla_decode",
-                            backend,
-                            str(dtype),
-                            case,
-                            float("nan"),
-                            0.0,
-                            False,
-                            f"{type(exc).__name__}: {exc}",
-                        )
-                    )
+                    rows.append(_failed("mla_decode", backend, dtype, case, exc))
     return rows
 
 
@@ -291,18 +263,7 @@ def check_rope_kv_write(device: torch.device, backends: list[str]) -> list[Check
                         )
                     )
                 except Exception as exc:  # report, keep checking the rest
-                    rows.append(
-                        CheckRow(
-                            "fused_rope_mla_kv_write",
-                            backend,
-                            str(dtype),
-                            case,
-                            float("nan"),
-                            0.0,
-                            False,
-                            f"{type(exc).__name__}: {exc}",
-                        )
-                    )
+                    rows.append(_failed("fused_rope_mla_kv_write", backend, dtype, case, exc))
     return rows
 
 
@@ -349,18 +310,7 @@ def check_context_gather(device: torch.device, backends: list[str]) -> list[Chec
                     ref = context_gather_ref(cache, bt.to(device), cu, st, t2s, T, k_scale).to(dtype)
                     rows.append(_compare("gather_context_chunk", backend, dtype, case, dst, ref.float(), 0.0))
                 except Exception as exc:  # report, keep checking the rest
-                    rows.append(
-                        CheckRow(
-                            "gather_context_chunk",
-                            backend,
-                            str(dtype),
-                            case,
-                            float("nan"),
-                            0.0,
-                            False,
-                            f"{type(exc).__name__}: {exc}",
-                        )
-                    )
+                    rows.append(_failed("gather_context_chunk", backend, dtype, case, exc))
     return rows
 
 

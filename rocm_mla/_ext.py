@@ -61,7 +61,12 @@ def _jit_build() -> ModuleType:
     from torch.utils.cpp_extension import load
 
     if torch.version.hip and not os.environ.get("PYTORCH_ROCM_ARCH"):
-        os.environ["PYTORCH_ROCM_ARCH"] = "gfx942"
+        # The visible GPUs' targets (gfx942 on MI300, gfx950 on MI350: a gfx942-only build would not
+        # load on the latter); gfx942 when none is visible. gcnArchName: "gfx942:sramecc+:xnack-".
+        archs = {
+            torch.cuda.get_device_properties(i).gcnArchName.split(":")[0] for i in range(torch.cuda.device_count())
+        }
+        os.environ["PYTORCH_ROCM_ARCH"] = ";".join(sorted(archs)) or "gfx942"
     build = cache_dir()
     build.mkdir(parents=True, exist_ok=True)
     if not (build / "rocm_mla_hip.so").exists():

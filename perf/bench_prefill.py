@@ -582,6 +582,127 @@ def replace_block(text: str, block: str) -> str:
     return pat.sub(lambda _: f"{BEGIN}\n{block.strip()}\n{END}", text, count=1)
 
 
+def bench_shape(
+    shape, dev, config, aiter, tile, timer, peak: float, name: str, records: list, series: dict, notes: list
+) -> list[str]:
+    """One shape: every provider checked against ours, then timed; appends to records, series and
+    notes; returns the table row."""
+    case = Case(shape, dev)
+    fns = {
+        "ours": lambda: case.ours(config),
+        "cuDNN": case.cudnn,
+        "FLASH": case.flash_kernel,
+        "upstream": case.upstream,
+    }
+    if aiter.mod is not None:
+        fns["aiter"] = lambda: aiter.run(case, aiter.launch_cfg())
+        fns["aiter-tile"] = lambda: aiter.run(case, aiter.launch_cfg(tile))
+    # correctness in the run: ours vs cuDNN (bf16 both), ours' lse vs aiter's (natural log)
+    case.out.fill_(float("nan"))
+    case.ours(config)
+    mine, mine_lse = case.out.float().clone(), case.lse.clone()
+    checks = []
+    for pname in ("cuDNN", "aiter"):
+        if pname not in fns:
+            continue
+        try:
+            if pname == "cuDNN":
+                e = rel_err(mine, case.gather(case.cudnn()))
+                checks.append(f"out vs cuDNN {e:.1e}")
+            else:
+                o, lse = fns["aiter"]()
+                e = rel_err(mine, o)
+                le = (mine_lse - lse.transpose(0, 1)).abs().max().item()
+                checks.append(f"out vs aiter {e:.1e}, lse vs aiter {le:.1e}")
+                e = max(e, le / 10)
+            if not e < 1e-2:
+                checks[-1] += " DISAGREE"
+        except Exception as exc:
+            checks.append(f"{pname} failed: {type(exc).__name__}: {str(exc)[:150]}")
+    print(f"  {shape.name} (T={case.T}): " + "; ".join(checks))
+    del mine
+    row, tf = [shape.name], {}
+    for pname in PROVIDERS:
+        if pname not in fns:
+            row.append("-")
+            series[pname].append(0.0)
+            continue
+        try:
+            ms = timer(f"{pname} {shape.name}", fns[pname])
+        except Exception as exc:  # a peer that cannot run this shape is reported, not fatal
+            notes.append(f"{pname} {shape.name}: {type(exc).__name__}: {str(exc)[:200]}")
+            print(f"  {notes[-1]}")
+            row.append("fail")
+            series[pname].append(0.0)
+            torch.cuda.synchronize()
+            continue
+        tf[pname] = shape.flops / ms / 1e9
+        row.append(f"{tf[pname]:.0f}")
+        series[pname].append(tf[pname])
+        for metric, val in (("time_us", ms * 1e3), ("TFLOP/s", tf[pname]), ("pct_matmul", 100 * tf[pname] / peak)):
+            records.append(
+                Record(
+                    "mla_prefill",
+                    pname,
+                    shape.name,
+                    metric,
+                    val,
+                    name,
+                    __version__ if pname == "ours" else torch.__version__,
+                )
+            )
+    best_aiter = max(tf.get("aiter", 0), tf.get("aiter-tile", 0))
+    for peer, val in (("cuDNN", tf.get("cuDNN", 0)), ("aiter", best_aiter)):
+        r = tf.get("ours", 0) / val if val else None
+        row.append(f"{r:.2f}x" if r else "-")
+        if r:
+            records.append(Record("mla_prefill", f"ours/{peer}", shape.name, "speedup", r, name, __version__))
+    case = fns = None
+    torch.cuda.empty_cache()
+    return row
+
+
+def results_markdown(
+    name: str, title: str, headers, rows, tune_lines, ctx_rows, ctx_note: str, notes, timer, aiter
+) -> list[str]:
+    """The prefill.md text (the RESULTS.md block): command, table, --tune sweep, context table, notes."""
+    import triton
+
+    md: list[str] = []
+    cmd = "python perf/bench_prefill.py " + " ".join(sys.argv[1:])
+    aiter_desc = (
+        f"aiter {aiter.version or '(version unknown)'}"
+        if aiter.mod is not None
+        else f"aiter unavailable: {aiter.reason}"
+    )
+    md += [
+        f"Command: `{cmd}` ({datetime.date.today()}, {name}, torch {torch.__version__}, triton {triton.__version__}, "
+        f"{aiter_desc}). {title}. Kernel-only peers (cuDNN, aiter, FLASH) get k pre-concatenated (and V padded "
+        f"for FLASH) outside their time. {LEGEND}. Varlen lengths: " + ", ".join(map(str, VARLEN)) + ".",
+        "",
+    ]
+    md += markdown(headers, rows)
+    if tune_lines:
+        md += [
+            "",
+            "`--tune` (TFLOP/s per candidate; each checked against the float32 reference and the default "
+            "config's output first):",
+            "",
+            "```",
+            *tune_lines,
+            "```",
+        ]
+    if ctx_rows:
+        md += ["", f"`mla_prefill_with_context` against the upstream-shaped composition (merge: {ctx_note}):", ""]
+        md += markdown(
+            ["case", "ours µs", "upstream µs", "speed-up", "ours TFLOP/s", "upstream TFLOP/s", "rel err vs upstream"],
+            ctx_rows,
+        )
+    if notes or timer.fallbacks:
+        md += ["", "Notes: " + "; ".join(notes + [f"not graph-captured: {f}" for f in timer.fallbacks])]
+    return md
+
+
 def main() -> int:
     ap = bench_parser(__doc__)
     ap.add_argument("--out", default="results", help="folder for prefill.csv, prefill.png, prefill.md")
@@ -617,7 +738,6 @@ def main() -> int:
         print(f"aiter unavailable: {aiter.reason}")
     else:
         print(f"aiter {aiter.version or '?'}: MI300X config {aiter.cfg}; on this GPU: {aiter.launch_cfg()}")
-    md: list[str] = []
     tune_lines: list[str] = []
     config = args.config
     if args.tune:
@@ -639,80 +759,8 @@ def main() -> int:
     )
     notes = []
     for shape in shapes:
-        case = Case(shape, dev)
         groups.append(shape.name)
-        fns = {
-            "ours": lambda: case.ours(config),
-            "cuDNN": case.cudnn,
-            "FLASH": case.flash_kernel,
-            "upstream": case.upstream,
-        }
-        if aiter.mod is not None:
-            fns["aiter"] = lambda: aiter.run(case, aiter.launch_cfg())
-            fns["aiter-tile"] = lambda: aiter.run(case, aiter.launch_cfg(tile))
-        # correctness in the run: ours vs cuDNN (bf16 both), ours' lse vs aiter's (natural log)
-        case.out.fill_(float("nan"))
-        case.ours(config)
-        mine, mine_lse = case.out.float().clone(), case.lse.clone()
-        checks = []
-        for pname in ("cuDNN", "aiter"):
-            if pname not in fns:
-                continue
-            try:
-                if pname == "cuDNN":
-                    e = rel_err(mine, case.gather(case.cudnn()))
-                    checks.append(f"out vs cuDNN {e:.1e}")
-                else:
-                    o, lse = fns["aiter"]()
-                    e = rel_err(mine, o)
-                    le = (mine_lse - lse.transpose(0, 1)).abs().max().item()
-                    checks.append(f"out vs aiter {e:.1e}, lse vs aiter {le:.1e}")
-                    e = max(e, le / 10)
-                if not e < 1e-2:
-                    checks[-1] += " DISAGREE"
-            except Exception as exc:
-                checks.append(f"{pname} failed: {type(exc).__name__}: {str(exc)[:150]}")
-        print(f"  {shape.name} (T={case.T}): " + "; ".join(checks))
-        del mine
-        row, tf = [shape.name], {}
-        for pname in PROVIDERS:
-            if pname not in fns:
-                row.append("-")
-                series[pname].append(0.0)
-                continue
-            try:
-                ms = timer(f"{pname} {shape.name}", fns[pname])
-            except Exception as exc:  # a peer that cannot run this shape is reported, not fatal
-                notes.append(f"{pname} {shape.name}: {type(exc).__name__}: {str(exc)[:200]}")
-                print(f"  {notes[-1]}")
-                row.append("fail")
-                series[pname].append(0.0)
-                torch.cuda.synchronize()
-                continue
-            tf[pname] = shape.flops / ms / 1e9
-            row.append(f"{tf[pname]:.0f}")
-            series[pname].append(tf[pname])
-            for metric, val in (("time_us", ms * 1e3), ("TFLOP/s", tf[pname]), ("pct_matmul", 100 * tf[pname] / peak)):
-                records.append(
-                    Record(
-                        "mla_prefill",
-                        pname,
-                        shape.name,
-                        metric,
-                        val,
-                        name,
-                        __version__ if pname == "ours" else torch.__version__,
-                    )
-                )
-        best_aiter = max(tf.get("aiter", 0), tf.get("aiter-tile", 0))
-        for peer, val in (("cuDNN", tf.get("cuDNN", 0)), ("aiter", best_aiter)):
-            r = tf.get("ours", 0) / val if val else None
-            row.append(f"{r:.2f}x" if r else "-")
-            if r:
-                records.append(Record("mla_prefill", f"ours/{peer}", shape.name, "speedup", r, name, __version__))
-        rows.append(row)
-        case = fns = None
-        torch.cuda.empty_cache()
+        rows.append(bench_shape(shape, dev, config, aiter, tile, timer, peak, name, records, series, notes))
     records.append(Record("matmul", "torch", "8192^3 bf16", "TFLOP/s", peak, name, torch.__version__))
     headers = ["shape", *[HEADERS[p] for p in PROVIDERS], "ours/cuDNN", "ours/aiter"]
     timing = "CUDA graphs" if timer.graphs else "do_bench (events, L2 flushed)"
@@ -753,37 +801,7 @@ def main() -> int:
         hline=peak,
         hline_label="bf16 matmul",
     )
-    cmd = "python perf/bench_prefill.py " + " ".join(sys.argv[1:])
-    aiter_desc = (
-        f"aiter {aiter.version or '(version unknown)'}"
-        if aiter.mod is not None
-        else f"aiter unavailable: {aiter.reason}"
-    )
-    md += [
-        f"Command: `{cmd}` ({datetime.date.today()}, {name}, torch {torch.__version__}, triton {triton.__version__}, "
-        f"{aiter_desc}). {title}. Kernel-only peers (cuDNN, aiter, FLASH) get k pre-concatenated (and V padded "
-        f"for FLASH) outside their time. {LEGEND}. Varlen lengths: " + ", ".join(map(str, VARLEN)) + ".",
-        "",
-    ]
-    md += markdown(headers, rows)
-    if tune_lines:
-        md += [
-            "",
-            "`--tune` (TFLOP/s per candidate; each checked against the float32 reference and the default "
-            "config's output first):",
-            "",
-            "```",
-            *tune_lines,
-            "```",
-        ]
-    if ctx_rows:
-        md += ["", f"`mla_prefill_with_context` against the upstream-shaped composition (merge: {ctx_note}):", ""]
-        md += markdown(
-            ["case", "ours µs", "upstream µs", "speed-up", "ours TFLOP/s", "upstream TFLOP/s", "rel err vs upstream"],
-            ctx_rows,
-        )
-    if notes or timer.fallbacks:
-        md += ["", "Notes: " + "; ".join(notes + [f"not graph-captured: {f}" for f in timer.fallbacks])]
+    md = results_markdown(name, title, headers, rows, tune_lines, ctx_rows, ctx_note, notes, timer, aiter)
     (out_dir / "prefill.md").write_text("\n".join(md) + "\n")
     print(f"wrote {out_dir / 'prefill.csv'}, {out_dir / 'prefill.png'}, {out_dir / 'prefill.md'}")
     if args.update_results:

@@ -84,7 +84,8 @@ from rocm_mla.variants.decode import tuning_candidates
 
 
 def vllm(s: Setup, decode_attention_fwd, sm_count: int):
-    """None, reason when TRITON_MLA cannot run the shape (it takes one query row per request)."""
+    """(call, "") running TRITON_MLA's decode as forward_mqa does; (None, reason) when it cannot
+    run the shape (it takes one query row per request)."""
     if s.q_len > 1:
         return None, "q_len > 1 (TRITON_MLA decodes one row per request)"
     S = vllm_num_kv_splits(s.seq, sm_count)
@@ -114,7 +115,7 @@ def vllm(s: Setup, decode_attention_fwd, sm_count: int):
         )
         return o
 
-    return call, S
+    return call, ""
 
 
 def aiter(s: Setup, mod, sm_count: int):
@@ -370,6 +371,11 @@ def bench_shape(run: Run, s: Setup, dev, peers: dict, sms: int) -> None:
     run.records.append(
         Record("mla_decode", "rocm_mla-triton", s.label, "num_kv_splits", plan["num_kv_splits"], run.name, __version__)
     )
+    if fns.get("vllm-0.33-triton", (None,))[0] is not None:  # the split count TRITON_MLA ran with
+        vllm_S = vllm_num_kv_splits(s.seq, sms)
+        run.records.append(
+            Record("mla_decode", "vllm-0.33-triton", s.label, "num_kv_splits", vllm_S, run.name, __version__)
+        )
     run.groups.append(s.label)
     run.rows.append(row)
     print(" | ".join(row), flush=True)

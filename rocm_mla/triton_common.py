@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .configs import is_amd_arch, platform_fp8_dtype
+from .configs import AMD_OPTIONS, is_amd_arch, platform_fp8_dtype
 
 # torch dtype -> Triton pointer element type ("*" + this) in a kernel signature.
 TRITON_TYPE = {
@@ -24,8 +24,9 @@ TRITON_TYPE = {
 }
 
 # Launch/compile options only AMD's Triton backend takes (an NVIDIA launch rejects unknown keyword
-# options). Absent, 0 and "none" all mean the backend's default.
-AMD_ONLY_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack", "schedule_hint")
+# options): the overlay schema's list (configs.AMD_OPTIONS). Absent, 0 and "none" all mean the
+# backend's default.
+AMD_ONLY_OPTIONS = tuple(AMD_OPTIONS)
 
 
 def triton_type(dtype: torch.dtype) -> str:

@@ -69,8 +69,7 @@ def _amd(table: dict[str, Any], arch: str) -> dict[str, Any]:
 def _nvidia(table: dict[str, Any], arch: str) -> dict[str, Any]:
     if arch in table:
         return table[arch]
-    major = int(arch[2:-1]) if arch.startswith("sm") and len(arch) > 3 else 0
-    if major >= 9 and "sm90" in table:
+    if (nvidia_sm(arch) or 0) >= 90 and "sm90" in table:
         return table["sm90"]
     return table["default"]
 
@@ -133,7 +132,7 @@ def _resolved(op: str, arch: str) -> dict[str, Any]:
 
 def known_arches(op: str) -> list[str]:
     """Arch keys with explicit data for ``op`` (for the ISA report)."""
-    return [k for k in _table(op) if k.startswith(("gfx", "sm"))]
+    return [k for k in _table(op) if is_amd_arch(k) or is_nvidia_arch(k)]
 
 
 def tune_space(op: str) -> dict[str, Any]:
@@ -162,8 +161,10 @@ def platform_fp8_dtype(arch: str):
 # --------------------------------------------------------------------------- overlay schema
 
 INT, BOOL, NUM, STR, BACKEND = "int", "bool", "number", "str", "backend"
-BACKENDS = ("hip", "triton", "reference")
-_AMD_OPTIONS = {"waves_per_eu": INT, "matrix_instr_nonkdim": INT, "kpack": INT}
+BACKENDS = ("hip", "triton", "reference")  # every op's implementations (ops/_dispatch.py selects one)
+# Launch/compile options only AMD's Triton backend takes (triton_common.AMD_ONLY_OPTIONS is this
+# list); absent, 0 and "none" all mean the backend's default.
+AMD_OPTIONS = {"waves_per_eu": INT, "matrix_instr_nonkdim": INT, "kpack": INT, "schedule_hint": STR}
 _DECODE_FIELDS = {
     "BLOCK_H": INT,
     "BLOCK_N": INT,
@@ -174,10 +175,10 @@ _DECODE_FIELDS = {
     "num_warps": INT,
     "num_stages": INT,
     "ctas_per_cu": INT,
-    **_AMD_OPTIONS,
+    **AMD_OPTIONS,
 }
 _DECODE_TIER = {**_DECODE_FIELDS, "fp8": _DECODE_FIELDS, "fp32": _DECODE_FIELDS, "fp16+fp8": _DECODE_FIELDS}
-_PREFILL = {"BLOCK_M": INT, "BLOCK_N": INT, "num_warps": INT, "num_stages": INT, **_AMD_OPTIONS}
+_PREFILL = {"BLOCK_M": INT, "BLOCK_N": INT, "num_warps": INT, "num_stages": INT, **AMD_OPTIONS}
 
 # The fields an overlay may set, per op (the arch objects of configs/<op>.json). Fields the
 # package's JSON gains later are accepted too (their type read from the JSON): see _schema().
@@ -414,7 +415,7 @@ def validate_overlay(data: Any, arch: str, cus: int | None = None, *, check_stam
             errors.append(OverlayTypeError(key, 'expected an object {"<arch>": {...}}'))
             continue
         for a, obj in entry.items():
-            if not a.startswith(("gfx", "sm")) and a != "cpu":
+            if not (is_amd_arch(a) or is_nvidia_arch(a)) and a != "cpu":
                 errors.append(OverlayUnknownKey(f"{key}.{a}", "unknown arch key (gfx..., sm..., cpu)"))
                 continue
             if a != arch:
@@ -490,7 +491,7 @@ def device_compute_units(arch: str) -> int | None:
     None when none is visible (e.g. a compile report on another machine), or when this process has
     not initialised the GPU runtime: a config lookup never initialises it (a serving framework may
     fork after looking things up); ops call this with tensors already on the GPU."""
-    if not arch.startswith(("gfx", "sm")):
+    if not (is_amd_arch(arch) or is_nvidia_arch(arch)):
         return None
     try:
         import torch

@@ -18,9 +18,7 @@ import os
 import torch
 
 from .. import _ext, _platform
-from ..configs import config_for
-
-BACKENDS = ("hip", "triton", "reference")
+from ..configs import BACKENDS, config_for
 
 
 def unavailable(backend: str, device: torch.device) -> str | None:

@@ -49,6 +49,7 @@ BLOCK = 64
 
 def _time_graph_us(torch, call, copies: int, calls_per_graph: int = 8, replays: int = 15) -> float:
     """Median per-call GPU time of a CUDA graph holding ``calls_per_graph`` calls that rotate over
+    (this script's own timer, not benchutil's: it must be the same for every tree, old ones included)
     ``copies`` input sets (together larger than L2, so each call reads HBM)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())

@@ -19,6 +19,8 @@ from types import ModuleType
 
 import torch
 
+from . import _platform
+
 _lock = threading.Lock()
 _module: ModuleType | None = None
 _reason: str | None = None  # why the extension is unavailable (None: not tried yet or loaded)
@@ -62,10 +64,8 @@ def _jit_build() -> ModuleType:
 
     if torch.version.hip and not os.environ.get("PYTORCH_ROCM_ARCH"):
         # The visible GPUs' targets (gfx942 on MI300, gfx950 on MI350: a gfx942-only build would not
-        # load on the latter); gfx942 when none is visible. gcnArchName: "gfx942:sramecc+:xnack-".
-        archs = {
-            torch.cuda.get_device_properties(i).gcnArchName.split(":")[0] for i in range(torch.cuda.device_count())
-        }
+        # load on the latter); gfx942 when none is visible.
+        archs = {_platform.cuda_arch(i) for i in range(torch.cuda.device_count())}
         os.environ["PYTORCH_ROCM_ARCH"] = ";".join(sorted(archs)) or "gfx942"
     build = cache_dir()
     build.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,8 @@ def vendor(device: torch.device) -> str:
 
 
 @functools.cache
-def _cuda_arch(index: int) -> str:
+def cuda_arch(index: int) -> str:
+    """Arch key of visible GPU ``index`` (``gfx942``, ``sm90``, ...)."""
     props = torch.cuda.get_device_properties(index)
     if is_rocm():
         # gcnArchName looks like "gfx942:sramecc+:xnack-": the target features are not part of the key.
@@ -37,7 +38,7 @@ def device_arch(device: torch.device) -> str:
     if device.type != "cuda":
         return "cpu"
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return _cuda_arch(index)
+    return cuda_arch(index)
 
 
 def interpreter_active() -> bool:

@@ -12,11 +12,20 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
+from ..mla_dims import FP8_DTYPES, FP8_KV_CACHE_DTYPES
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def debug_enabled(debug: bool | None) -> bool:
+    """An op's ``debug=`` argument, or when None ``ROCM_MLA_DEBUG=1`` in the environment: check index
+    values on the host (a sync, not capturable) and name the bad one."""
+    return debug if debug is not None else os.environ.get("ROCM_MLA_DEBUG", "0") == "1"
 
 
 def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:
@@ -30,7 +39,30 @@ class Checker:
         self.op = op
 
     def fail(self, name: str, expected: str, got: object, exc: type[Exception] = ValueError):
+        """Raise ``exc`` naming the argument, what was expected and what came."""
         raise exc(f"{self.op}: {name}: expected {expected}, got {got}")
+
+    def fp8_cache_kind(
+        self, kv_cache: torch.Tensor, kv_cache_dtype: str, platform_kind: Callable[[], torch.dtype]
+    ) -> torch.dtype:
+        """The FP8 E4M3 kind an fp8 cache holds, for a ``kv_cache_dtype`` of
+        ``rocm_mla.mla_dims.FP8_KV_CACHE_DTYPES``: a float8 cache's own dtype (it must be the kind
+        the name fixes, if any); for uint8 storage the named kind, else ``platform_kind()``."""
+        named = FP8_KV_CACHE_DTYPES[kv_cache_dtype]  # None: the platform's kind
+        dt, got = kv_cache.dtype, str(kv_cache.dtype).replace("torch.", "")
+        if dt in FP8_DTYPES:
+            if named is not None and named != dt:
+                want = str(named).replace("torch.", "")
+                self.fail("kv_cache", f"dtype {want} (kv_cache_dtype={kv_cache_dtype!r})", got, TypeError)
+            return dt
+        if dt == torch.uint8:
+            return named if named is not None else platform_kind()
+        self.fail(
+            "kv_cache",
+            f"dtype float8_e4m3fn, float8_e4m3fnuz or uint8 (kv_cache_dtype={kv_cache_dtype!r})",
+            got,
+            TypeError,
+        )
 
     def tensor(
         self,
@@ -96,14 +128,6 @@ class Checker:
                 "a destination whose elements do not overlap (no stride 0 in a dimension of size > 1)",
                 f"shape {tuple(x.shape)} strides {x.stride()}",
             )
-
-    def disjoint(
-        self, name: str, x: torch.Tensor, other_name: str, other: torch.Tensor | None, *, allow_identical: bool = False
-    ):
-        """A destination may not share memory with an input that other threads still read:
-        either no byte in common or, when ``allow_identical``, exactly the same view (each element
-        is then read and written by the same thread)."""
-        self.no_overlap({name: x}, {other_name: other}, identical_ok=((name, other_name),) if allow_identical else ())
 
     def no_overlap(
         self,

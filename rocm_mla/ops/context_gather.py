@@ -24,7 +24,7 @@ import triton
 from .. import _platform
 from ..configs import config_for
 from ..kernels.context_gather import context_gather_kernel
-from ..mla_dims import KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
+from ..mla_dims import FP8_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from ..reference.context_gather import context_gather_ref
 from ..triton_common import amd_options
 from ._checks import FLOAT_DTYPES, Checker
@@ -35,7 +35,6 @@ LATENT_DIM = KV_LORA_RANK
 ROPE_DIM = QK_ROPE_HEAD_DIM
 ROW_DIM = KV_ROW_DIM
 
-_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
@@ -107,7 +106,7 @@ def _check(c: Checker, kv_cache, block_table, cu_seq_lens, starts, token_to_seq,
     T = dst.shape[0]
     if dst.shape[1] != ROW_DIM:
         c.fail("dst", f"shape [T, 576] = (*, {ROW_DIM})", tuple(dst.shape))
-    c.tensor("kv_cache", kv_cache, ndim=3, layout="[num_blocks, block_size, 576]", dtypes=FLOAT_DTYPES + _FP8_DTYPES)
+    c.tensor("kv_cache", kv_cache, ndim=3, layout="[num_blocks, block_size, 576]", dtypes=FLOAT_DTYPES + FP8_DTYPES)
     if kv_cache.shape[2] != ROW_DIM:
         c.fail("kv_cache", f"shape [num_blocks, block_size, 576] = (*, *, {ROW_DIM})", tuple(kv_cache.shape))
     if kv_cache.shape[1] < 1:
@@ -131,7 +130,7 @@ def _check(c: Checker, kv_cache, block_table, cu_seq_lens, starts, token_to_seq,
     ):
         if x.shape[dim] > 1 and x.stride(dim) != 1:
             c.fail(name, f"stride 1 in dim {dim}", f"strides {x.stride()}")
-    fp8 = kv_cache.dtype in _FP8_DTYPES
+    fp8 = kv_cache.dtype in FP8_DTYPES
     if fp8:
         if k_scale is None:
             c.fail("k_scale", "a 1-element float32 tensor (an fp8 cache needs its scale)", "None", TypeError)

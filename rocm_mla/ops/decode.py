@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from typing import Any
 
 import torch
@@ -29,7 +28,7 @@ from ..kernels.mla_decode import mla_decode_reduce_kernel, mla_decode_stage1_ker
 from ..mla_dims import FP8_DTYPES, FP8_KV_CACHE_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from ..reference.decode import mla_decode_ref
 from ..triton_common import amd_options
-from ._checks import FLOAT_DTYPES, Checker
+from ._checks import FLOAT_DTYPES, Checker, debug_enabled
 from ._dispatch import select
 
 OP = "mla_decode"
@@ -199,7 +198,7 @@ def mla_decode(
             "k_scale": scale_t,
         },
     )
-    if debug if debug is not None else os.environ.get("ROCM_MLA_DEBUG", "0") == "1":
+    if debug_enabled(debug):
         _debug_checks(c, kv, block_table, seq_lens, q_len)
 
     impl = select(OP, q_nope.device, backend)
@@ -256,24 +255,8 @@ def _kv_view(
         c.fail("kv_cache_dtype", f"one of {', '.join(map(repr, _KV_DTYPE_NAMES))}", repr(kv_cache_dtype))
     dt = kv_cache.dtype
     if kv_cache_dtype in FP8_KV_CACHE_DTYPES:
-        named = FP8_KV_CACHE_DTYPES[kv_cache_dtype]  # None: the platform's kind
-        if dt == torch.uint8:
-            return kv_cache.view(named or fp8_dtype_for(_platform.device_arch(kv_cache.device))), True
-        if dt in FP8_DTYPES:
-            if named is not None and named != dt:
-                c.fail(
-                    "kv_cache",
-                    f"dtype {str(named).replace('torch.', '')} (kv_cache_dtype={kv_cache_dtype!r})",
-                    str(dt).replace("torch.", ""),
-                    TypeError,
-                )
-            return kv_cache, True
-        c.fail(
-            "kv_cache",
-            f"dtype uint8, float8_e4m3fn or float8_e4m3fnuz (kv_cache_dtype={kv_cache_dtype!r})",
-            str(dt).replace("torch.", ""),
-            TypeError,
-        )
+        kind = c.fp8_cache_kind(kv_cache, kv_cache_dtype, lambda: fp8_dtype_for(_platform.device_arch(kv_cache.device)))
+        return (kv_cache.view(kind) if dt == torch.uint8 else kv_cache), True
     if dt in FP8_DTYPES:
         if kv_cache_dtype != "auto":
             c.fail(

@@ -17,7 +17,6 @@ the result of such a call is unspecified (garbage in, garbage out), never a fore
 from __future__ import annotations
 
 import numbers
-import os
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -29,7 +28,7 @@ from ..configs import config_for, nvidia_sm
 from ..kernels.mla_prefill import mla_prefill_kernel
 from ..reference.prefill import mla_prefill_ref
 from ..triton_common import amd_options
-from ._checks import FLOAT_DTYPES, Checker
+from ._checks import FLOAT_DTYPES, Checker, debug_enabled
 from ._dispatch import select
 from .merge import merge_attn_states
 
@@ -441,7 +440,7 @@ def _host_offsets(impl: str, debug: bool | None) -> bool:
     """Check cu_seqlens' values on the host: the reference reads them there anyway; debug asks."""
     if impl == "reference":
         return True
-    return debug if debug is not None else os.environ.get("ROCM_MLA_DEBUG", "0") == "1"
+    return debug_enabled(debug)
 
 
 def _check_triton_dims(c: Checker, dims: tuple[int, int, int]) -> None:

@@ -28,8 +28,6 @@ Decisions (documented on the functions too):
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 
@@ -39,7 +37,7 @@ from ..kernels.rope_kv_write import rope_mla_kv_write_kernel
 from ..mla_dims import FP8_KV_CACHE_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from ..reference.rope_kv_write import cache_rows_ref, rope_ref, write_cache_ref
 from ..triton_common import amd_options
-from ._checks import FLOAT_DTYPES, Checker
+from ._checks import FLOAT_DTYPES, Checker, debug_enabled
 from ._dispatch import select
 
 OP = "rope_kv_write"  # config file, backend switch (ROCM_MLA_BACKEND_ROPE_KV_WRITE)
@@ -158,7 +156,7 @@ def fused_rope_mla_kv_write(
             "k_scale": k_scale if fp8 is not None else None,
         },
     )
-    if _debug(debug):
+    if debug_enabled(debug):
         _debug_ranges(c, "positions", positions, cos_sin_cache.shape[0], "cos_sin_cache's max_pos")
         _debug_slots(c, slot_mapping, kv_cache)
     launch(positions, q_pe, k2, kv_c, cos_sin_cache, kv_cache, slot_mapping, is_neox, fp8, k_scale, backend)
@@ -201,7 +199,7 @@ def concat_and_cache_mla(
         {"kv_cache": kv_cache},
         {"kv_c": kv_c, "k_pe": k2, "slot_mapping": slot_mapping, "k_scale": k_scale if fp8 is not None else None},
     )
-    if _debug(debug):
+    if debug_enabled(debug):
         _debug_slots(c, slot_mapping, kv_cache)
     launch(None, None, k2, kv_c, None, kv_cache, slot_mapping, False, fp8, k_scale, backend)
 
@@ -256,25 +254,9 @@ def _fp8_dtype(c: Checker, kv_cache: torch.Tensor, kv_cache_dtype: str, q_dtype:
             hint = " (an FP8 cache needs kv_cache_dtype='fp8')" if kv_cache.dtype in (torch.uint8, *_FP8_KIND) else ""
             c.fail("kv_cache", f"dtype {q_name} (kv_cache_dtype='auto' means the q dtype){hint}", cache_name, TypeError)
         return None
-    named = FP8_KV_CACHE_DTYPES[kv_cache_dtype]
-    if kv_cache.dtype in _FP8_KIND:
-        if named is not None and named != kv_cache.dtype:
-            c.fail(
-                "kv_cache",
-                f"dtype {str(named).replace('torch.', '')} (kv_cache_dtype={kv_cache_dtype!r})",
-                cache_name,
-                TypeError,
-            )
-        return kv_cache.dtype
-    if kv_cache.dtype == torch.uint8:
-        return named if named is not None else platform_fp8_dtype(_platform.device_arch(kv_cache.device))
-    c.fail(
-        "kv_cache",
-        f"dtype float8_e4m3fn, float8_e4m3fnuz or uint8 (kv_cache_dtype={kv_cache_dtype!r})",
-        cache_name,
-        TypeError,
+    return c.fp8_cache_kind(
+        kv_cache, kv_cache_dtype, lambda: platform_fp8_dtype(_platform.device_arch(kv_cache.device))
     )
-    return None
 
 
 def _check_scale(c: Checker, fp8: torch.dtype | None, k_scale) -> None:
@@ -286,10 +268,6 @@ def _check_scale(c: Checker, fp8: torch.dtype | None, k_scale) -> None:
     c.tensor("k_scale", k_scale, layout="(1 element)", dtypes=(torch.float32,))
     if k_scale.numel() != 1:
         c.fail("k_scale", "a 1-element float32 tensor", f"shape {tuple(k_scale.shape)}")
-
-
-def _debug(debug: bool | None = None) -> bool:
-    return debug if debug is not None else os.environ.get("ROCM_MLA_DEBUG", "0") == "1"
 
 
 def _debug_ranges(c: Checker, name: str, x: torch.Tensor, hi: int, what: str) -> None:

@@ -358,7 +358,7 @@ def run_rank_case(case: dict, rank: int, world: int, interleave: int) -> dict:
     Nl = N // world
     reqs = [H.Request(c, q) for c, q in case["requests"]]
     assert all(r.query == 1 for r in reqs), "DCP decode rows have q_len 1 (vLLM forces it)"
-    fp8 = kvd in ("fp8", "fp8_e4m3")
+    fp8 = kvd in H.VLLM_FP8_KV_CACHE_DTYPES
     vc = VllmConfig(
         model_config=ModelConfig(
             model=H._tiny_deepseek_v3_dir(), skip_tokenizer_init=True, max_model_len=4096, dtype=dtype
@@ -410,9 +410,9 @@ def run_rank_case(case: dict, rank: int, world: int, interleave: int) -> dict:
 
     bt = case["block_table"].to(dev)
     if fp8:
-        cache = torch.full((case["num_blocks"], bs, KV_LORA_RANK + QK_ROPE), 0xFF, dtype=torch.uint8, device=dev)
+        cache = torch.full((case["num_blocks"], bs, H.KV_ROW_DIM), 0xFF, dtype=torch.uint8, device=dev)
     else:
-        cache = torch.full((case["num_blocks"], bs, KV_LORA_RANK + QK_ROPE), float("nan"), dtype=dtype, device=dev)
+        cache = torch.full((case["num_blocks"], bs, H.KV_ROW_DIM), float("nan"), dtype=dtype, device=dev)
     new_slots = []
     for i, r in enumerate(reqs):  # cached context: this rank's share, through the backend's KV write
         pos = torch.arange(r.context + r.query, device=dev)

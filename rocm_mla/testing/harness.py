@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rocm_mla.mla_dims import KV_LORA_RANK, VLLM_FP8_KV_CACHE_DTYPES
+from rocm_mla.mla_dims import KV_LORA_RANK, KV_ROW_DIM, VLLM_FP8_KV_CACHE_DTYPES
 from rocm_mla.mla_dims import QK_NOPE_HEAD_DIM as QK_NOPE
 from rocm_mla.mla_dims import QK_ROPE_HEAD_DIM as QK_ROPE
 from rocm_mla.mla_dims import V_HEAD_DIM as V_HEAD
@@ -382,7 +382,7 @@ class LayerStep:
             self.builder.chunked_prefill_workspace_size = workspace_rows
             self.builder.chunked_prefill_workspace = torch.empty(
                 workspace_rows,
-                KV_LORA_RANK + QK_ROPE,
+                KV_ROW_DIM,
                 dtype=self.builder.chunked_prefill_workspace.dtype,
                 device=self.device,
             )
@@ -393,11 +393,11 @@ class LayerStep:
         num_blocks = sum(blocks_per_req) + 3
         if self.fp8:
             self.kv_cache = torch.full(
-                (num_blocks, block_size, KV_LORA_RANK + QK_ROPE), 0xFF, dtype=torch.uint8, device=self.device
+                (num_blocks, block_size, KV_ROW_DIM), 0xFF, dtype=torch.uint8, device=self.device
             )
         else:
             self.kv_cache = torch.full(
-                (num_blocks, block_size, KV_LORA_RANK + QK_ROPE), float("nan"), dtype=dtype, device=self.device
+                (num_blocks, block_size, KV_ROW_DIM), float("nan"), dtype=dtype, device=self.device
             )
         perm = torch.randperm(num_blocks, generator=gen, device="cpu")
         max_blocks = max(blocks_per_req)

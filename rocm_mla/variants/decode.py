@@ -13,7 +13,7 @@ import torch
 
 from ..configs import config_for, is_amd_arch, platform_fp8_dtype
 from ..kernels.mla_decode import mla_decode_reduce_kernel, mla_decode_stage1_kernel
-from ..ops.decode import D_NOPE, OP, stage1_config, stage1_meta, stage2_meta
+from ..ops.decode import OP, stage1_config, stage1_meta, stage2_meta
 from ..triton_common import amd_options, triton_type
 from .triton_variant import TritonVariant
 
@@ -159,10 +159,13 @@ def triton_variants(arch: str) -> list[TritonVariant]:
     s_values = sorted({1 << i for i in range(0, 7)} | {int(table["split"]["max_splits"])})
     for qdt in (torch.bfloat16, torch.float16, torch.float32):
         oname = triton_type(qdt)
-        tiles = sorted({(c["BLOCK_S"], c["BLOCK_D"]) for c in (stage2_meta(s, arch)[0] for s in s_values if s > 1)})
-        for block_s, block_d in tiles:
-            consts = {"D": D_NOPE, "BLOCK_D": block_d, "BLOCK_S": block_s, "s_o_d": 1, "s_l_h": 1}
-            _, options = stage2_meta(block_s, arch)
+        # One variant per distinct (constexprs, options) the split counts lead to.
+        metas = {}
+        for s in s_values[1:]:
+            consts, options = stage2_meta(s, arch)
+            metas.setdefault((consts["BLOCK_S"], consts["BLOCK_D"]), (consts, options))
+        for (block_s, block_d), (consts, options) in sorted(metas.items()):
+            consts = {**consts, "s_o_d": 1, "s_l_h": 1}
             sig = {
                 "part_o": "*fp32",
                 "part_lse": "*fp32",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels.merge_attn_states import merge_attn_states_kernel
+from ..mla_dims import KV_LORA_RANK, V_HEAD_DIM
 from ..ops.merge import OP, triton_meta
 from ..triton_common import triton_type
 from .triton_variant import TritonVariant
@@ -20,7 +21,7 @@ def triton_variants(arch: str) -> list[TritonVariant]:
     variants = []
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         tname = triton_type(dtype)
-        for head in (128, 512):
+        for head in (V_HEAD_DIM, KV_LORA_RANK):
             for has_lse in (True, False):
                 consts, options = triton_meta(head, has_lse, arch)
                 sig = {

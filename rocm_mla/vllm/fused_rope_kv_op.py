@@ -46,6 +46,8 @@ import logging
 
 import torch
 
+from rocm_mla.mla_dims import KV_ROW_DIM
+
 OP_NAME = "fused_rope_unified_mla_kv_cache_update"
 FUSION_MODULE = "vllm.compilation.passes.fusion.mla_rope_kvcache_cat_fusion"
 
@@ -162,7 +164,7 @@ def fused_rope_unified_mla_kv_cache_update(
             k_pe,
             kv_c,
             cos_sin_cache,
-            q_pe.new_empty((0, 1, 576)),
+            q_pe.new_empty((0, 1, KV_ROW_DIM)),
             positions[:0],
             is_neox=is_neox,
             kv_cache_dtype="auto",

@@ -43,12 +43,14 @@ def forced_backend(op: str) -> str | None:
     return os.environ.get(f"ROCM_MLA_BACKEND_{op.upper()}") or os.environ.get("ROCM_MLA_BACKEND") or None
 
 
-def select(op: str, device: torch.device, backend: str | None = None) -> str:
-    """The backend that runs ``op`` on ``device``; ``backend`` (or the environment) forces one."""
+def select(op: str, device: torch.device, backend: str | None = None, *, has_hip: bool = True) -> str:
+    """The backend that runs ``op`` on ``device``; ``backend`` (or the environment) forces one.
+    ``has_hip``: whether the op has a HIP kernel (forcing "hip" on one without raises)."""
     forced = backend or forced_backend(op)
     if forced:
         forced = forced.lower()
-        why = unavailable(forced, device)
+        why = f"{op} has no HIP kernel (use 'triton' or 'reference')" if forced == "hip" and not has_hip else None
+        why = why or unavailable(forced, device)
         if why:
             raise RuntimeError(f"{op}: backend {forced!r} was requested but cannot run: {why}")
         return forced

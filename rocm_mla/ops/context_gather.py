@@ -89,11 +89,7 @@ def gather_context_chunk(
     """
     c = Checker(OP)
     fp8 = _check(c, kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale)
-    impl = select(OP, dst.device, backend)
-    if impl == "hip":
-        raise RuntimeError(
-            f"{OP}: backend 'hip' was requested but there is no HIP kernel for {OP}; use 'triton' or 'reference'"
-        )
+    impl = select(OP, dst.device, backend, has_hip=False)
     if dst.shape[0] == 0:
         return dst
     _run(impl, None, kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale if fp8 else None)

@@ -201,13 +201,9 @@ def mla_decode(
     if debug_enabled(debug):
         _debug_checks(c, kv, block_table, seq_lens, q_len)
 
-    impl = select(OP, q_nope.device, backend)
+    impl = select(OP, q_nope.device, backend, has_hip=False)
     if out.numel() == 0 and lse.numel() == 0:
         return out, lse
-    if impl == "hip":
-        raise RuntimeError(
-            f"{OP}: backend 'hip' was requested but there is no HIP kernel for {OP}; use 'triton' or 'reference'"
-        )
     ks_float = None
     if is_fp8 and k_scale is not None and scale_t is None:
         ks_float = float(k_scale)

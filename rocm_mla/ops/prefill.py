@@ -117,7 +117,7 @@ def mla_prefill(
         TypeError / ValueError naming the argument, what was expected and what came.
     """
     c = Checker(OP)
-    impl = _select(q.device, backend)
+    impl = select(OP, q.device, backend, has_hip=False)
     dims = _check(
         c,
         q,
@@ -201,7 +201,7 @@ def mla_prefill_with_context(
         pass writes NaN, not 0 / -inf, and merge_attn_states propagates a NaN lse).
     """
     c = Checker("mla_prefill_with_context")
-    impl = _select(q.device, backend)
+    impl = select(OP, q.device, backend, has_hip=False)
     host = _host_offsets(impl, debug)
     dims = _check(
         c,
@@ -453,15 +453,6 @@ def _check_triton_dims(c: Checker, dims: tuple[int, int, int]) -> None:
                 "V=128; the reference backend takes any)",
                 x,
             )
-
-
-def _select(device: torch.device, backend: str | None) -> str:
-    impl = select(OP, device, backend)
-    if impl == "hip":
-        raise RuntimeError(
-            f"{OP}: backend 'hip' was requested but cannot run: {OP} has no HIP kernel (use 'triton' or 'reference')"
-        )
-    return impl
 
 
 # --------------------------------------------------------------------------- launch

@@ -344,6 +344,18 @@ def test_workspace_reused_and_capped():
         case.run(num_kv_splits=4, workspace=small)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_workspace_dtype_and_layout_checked_on_every_path(backend):
+    """A workspace the split path could not use is rejected by the wrapper, also where this call
+    would not touch it (reference backend, one split)."""
+    case = Case(2, 4, 1, 16, (50, 20), torch.float32)
+    need = mla_decode_workspace_numel(2, 4, 4)
+    with pytest.raises(TypeError, match="mla_decode: workspace: expected dtype float32, got float16"):
+        case.run(backend=backend, num_kv_splits=1, workspace=torch.empty(need, dtype=torch.float16, device=DEVICE))
+    with pytest.raises(ValueError, match="mla_decode: workspace: expected a contiguous tensor"):
+        case.run(backend=backend, workspace=torch.empty(2 * need, device=DEVICE)[::2])
+
+
 def test_forced_backend_env(monkeypatch):
     case = Case(1, 4, 1, 16, (9,), torch.float32)
     monkeypatch.setenv("ROCM_MLA_BACKEND_MLA_DECODE", "reference")

@@ -166,7 +166,9 @@ def mla_decode(
         c.tensor("lse", lse, shape=(rows, N), layout="[rows, N]", dtypes=(torch.float32,), like="q_nope's rows, N")
         c.writable("lse", lse)
     if workspace is not None:
-        c.tensor("workspace", workspace, layout="(float32, contiguous)")
+        c.tensor("workspace", workspace, layout="(float32, contiguous)", dtypes=(torch.float32,))
+        if not workspace.is_contiguous():
+            c.fail("workspace", "a contiguous tensor", f"strides {tuple(workspace.stride())}")
     scale_t = _check_k_scale(c, k_scale, q_nope.device)
     if num_kv_splits is not None and (
         not isinstance(num_kv_splits, int) or isinstance(num_kv_splits, bool) or num_kv_splits < 1
@@ -568,12 +570,10 @@ def _launch_triton(
         if workspace is None:
             ws = torch.empty(need, dtype=torch.float32, device=q_nope.device)
         else:
-            if workspace.dtype != torch.float32 or not workspace.is_contiguous() or workspace.numel() < need:
+            if workspace.numel() < need:  # dtype and layout: checked by the wrapper
                 raise ValueError(
                     f"{OP}: workspace: expected a contiguous float32 tensor of >= {need} elements "
-                    f"(S={S} splits x {R} rows x 513), got {workspace.dtype} "
-                    f"{'contiguous' if workspace.is_contiguous() else 'non-contiguous'} "
-                    f"of {workspace.numel()} elements"
+                    f"(S={S} splits x {R} rows x 513), got {workspace.numel()} elements"
                 )
             ws = workspace.reshape(-1)
         part_o = ws[: S * R * D_NOPE]

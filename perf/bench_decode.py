@@ -40,9 +40,11 @@ Providers, each captured in a CUDA graph (one call per graph) and timed as back-
                      built outside the timing; bf16 cache, q_len 1 (what it supports).
   torch-reference    rocm_mla.reference.mla_decode_ref, eager (it syncs), B x seq <= 32 x 4096 only.
 
-Cold caches: each provider's graphs rotate over R copies of the KV cache and block table (fresh
-page permutations), R chosen so the copies together exceed 3 x the L2 size; a replay therefore
-finds its KV in HBM, as a decode step does after the other layers ran.
+Cold caches: each provider's calls rotate over R copies of the KV cache and block table (fresh
+page permutations), R chosen so the copies together exceed 3 x the L2 size; a call therefore
+finds its KV in HBM, as a decode step does after the other layers ran. Each CUDA graph holds 8
+consecutive calls of the rotation (benchutil.rotating_graph_us), so a short call (B=1) is timed
+as the GPU runs it inside a captured step, not at the host's graph-replay rate.
 
 --tune: additionally time every stage-1 candidate of configs/mla_decode.json for this arch
 (rocm_mla.variants.decode.tuning_candidates, passed as config=) on every shape and dtype, print

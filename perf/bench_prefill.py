@@ -150,7 +150,7 @@ class Timer:
     def __call__(self, what: str, fn) -> float:
         if self.graphs:
             try:
-                return rotating_graph_us(lambda i: fn(), 1, min_ms=50.0, reps=7) / 1e3
+                return rotating_graph_us(lambda i: fn(), 1, min_ms=50.0, reps=7, calls_per_graph=1) / 1e3
             except Exception as exc:  # not capturable: say so, time it plainly
                 self.fallbacks.append(f"{what}: {type(exc).__name__}: {str(exc)[:120]}")
                 torch.cuda.synchronize()

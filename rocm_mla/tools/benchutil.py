@@ -303,10 +303,15 @@ def graph_ms(fn: Callable[[], object], warmup_ms: float = 10, rep_ms: float = 50
     return ms
 
 
-def rotating_graph_us(call: Callable[[int], object], copies: int, min_ms: float = 30.0, reps: int = 5) -> float:
-    """Median per-call time in us of back-to-back replays of ``copies`` one-call CUDA/HIP graphs
-    (``call(i)`` uses input copy i), rotating over the copies: with copies that together exceed the
-    caches, each replay finds its inputs in HBM (perf/bench_decode.py's method)."""
+def rotating_graph_us(
+    call: Callable[[int], object], copies: int, min_ms: float = 30.0, reps: int = 5, calls_per_graph: int = 8
+) -> float:
+    """Median per-call time in us of back-to-back replays of CUDA/HIP graphs that each hold
+    ``calls_per_graph`` calls (``call(i)`` uses input copy i), rotating over the copies: with
+    copies that together exceed the caches, each call finds its inputs in HBM (perf/bench_decode.py's
+    method). Several calls per graph keep the host out of the number: a replay costs the host
+    ~20 us, which one-call graphs of a short kernel (B=1 decode) measured instead of the kernel;
+    inside one graph consecutive kernels start as a serving step's do (vLLM captures whole steps)."""
     import statistics
 
     stream = torch.cuda.Stream()
@@ -317,11 +322,15 @@ def rotating_graph_us(call: Callable[[int], object], copies: int, min_ms: float 
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     pool = torch.cuda.graph_pool_handle()
+    per_graph = max(1, calls_per_graph)
     graphs = []
-    for i in range(copies):
+    # Graph g holds calls g * per_graph .. (g + 1) * per_graph - 1 of the rotation: every copy is
+    # used equally and no copy runs twice in a row (for copies > 1).
+    for g_i in range(copies):
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=pool, capture_error_mode="thread_local"):
-            call(i)
+            for k in range(per_graph):
+                call((g_i * per_graph + k) % copies)
         graphs.append(g)
     for g in graphs:
         g.replay()
@@ -341,7 +350,7 @@ def rotating_graph_us(call: Callable[[int], object], copies: int, min_ms: float 
             graphs[k % copies].replay()
         end.record()
         torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / iters)
+        samples.append(start.elapsed_time(end) * 1e3 / (iters * per_graph))
     del graphs
     return statistics.median(samples)
 

@@ -97,7 +97,8 @@ def worker(timed: bool) -> dict:
     def rnd(*shape, dtype=torch.bfloat16):
         return torch.randn(*shape, device=dev, generator=gen, dtype=torch.float32).to(dtype)
 
-    for T, N, cache, impl in ROPE_CASES:
+    ops = os.environ.get("GUARD_COST_OPS", "rope,decode").split(",")
+    for T, N, cache, impl in ROPE_CASES if "rope" in ops else []:
         copies = 2
         blocks = T // BLOCK
         sets = []
@@ -134,7 +135,7 @@ def worker(timed: bool) -> dict:
         del sets
         torch.cuda.empty_cache()
 
-    for B, S, N, cache in DECODE_CASES:
+    for B, S, N, cache in DECODE_CASES if "decode" in ops else []:
         pages = B * S // BLOCK
         copies = 2
         sets = []
@@ -181,14 +182,17 @@ UNGUARD = [
     ("rocm_mla/kernels/rope_kv_write.py", "pm = (rmask & pok)[:, None]", "pm = rmask[:, None]"),
     ("rocm_mla/kernels/rope_kv_write.py", "pm = (tmask & pok)[:, None]", "pm = km"),
     ("rocm_mla/kernels/rope_kv_write.py", "cs = cos_sin + tl.where(pok, pos, 0) * cs_sp", "cs = cos_sin + pos * cs_sp"),
+    # mla_decode: neither form of the page guard (no clamp in the loop, no check before or after it).
     (
         "rocm_mla/kernels/mla_decode.py",
-        "        for p0 in range(start // page_size, last_blk + 1, BLOCK_N):\n"
-        "            idx = p0 + offs_n\n"
-        "            pg = tl.load(bt_row + idx, mask=idx <= last_blk, other=0)\n"
-        "            bad_page = bad_page | tl.max(((pg < 0) | (pg >= num_pages)).to(tl.int32), axis=0)\n"
-        "        end = tl.where(bad_page != 0, start, end)\n",
-        "",
+        "        LATE: tl.constexpr = CLAMP_PAGES and PAGE_MODE == 2\n",
+        "        LATE: tl.constexpr = False\n",
+    ),
+    (
+        "rocm_mla/kernels/mla_decode.py",
+        "            bad_page = _pages_outside(bt_row, first_blk, last_blk, num_pages, BLOCK_N)\n"
+        "            loop_end = tl.where(bad_page != 0, start, end)\n",
+        "            loop_end = end\n",
     ),
 ]
 
@@ -251,6 +255,7 @@ def main() -> int:
     ap.add_argument("--tree", action="append", default=[], help="NAME=PATH of a checkout (first = the baseline)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None, help="folder for guard_cost.csv")
+    ap.add_argument("--ops", default="rope,decode", help="which ops' cases to time (comma-separated: rope, decode)")
     ap.add_argument(
         "--unguarded-copy",
         metavar="DIR",
@@ -269,6 +274,7 @@ def main() -> int:
     if len(a.tree) < 2:
         ap.error("give at least two --tree NAME=PATH")
     trees = [(n, Path(p)) for n, p in (t.split("=", 1) for t in a.tree)]
+    os.environ["GUARD_COST_OPS"] = a.ops  # the workers read it
     t0 = time.time()
     # Build and check every tree at once (separate processes, separate caches), untimed.
     procs = [(n, p, run_tree(n, p, timed=False)) for n, p in trees]

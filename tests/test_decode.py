@@ -601,23 +601,46 @@ def test_v_split_needs_d_split_two_is_forced():
     assert consts["V_SPLIT"] == 2 and consts["D_SPLIT"] == 2
 
 
+# The CPU tile of the default config, with the page check after the loop (clamped pages in it).
+CLAMP_CFG = {"BLOCK_H": 16, "BLOCK_N": 16, "D_SPLIT": 1, "num_warps": 4, "num_stages": 1, "CLAMP_PAGES": True}
+
+
+@pytest.mark.parametrize("cfg", [None, CLAMP_CFG], ids=["check_first", "clamp"])
 @pytest.mark.parametrize("splits", [1, 2, 5])
 @pytest.mark.parametrize("bad", ["minus_one", "num_pages", "huge"])
 @pytest.mark.parametrize("block_size", [16, 4, 24])  # PAGE_MODE 2, 1, 0 with the 16-token CPU tile
-def test_bad_page_id_makes_only_that_request_nan(splits, bad, block_size):
+def test_bad_page_id_makes_only_that_request_nan(cfg, splits, bad, block_size):
     """A used block-table entry outside the cache (debug off): that request's rows are NaN in out and
-    lse, nothing outside kv is read (page 0 is read instead), the other requests are exact."""
+    lse, nothing outside kv is read, the other requests are exact -- with either form of the guard
+    (CLAMP_PAGES: pages clamped into the cache in the loop, checked after it)."""
     case = Case(3, 4, 1, block_size, (40, 33, 9), torch.float32, seed=41)
     ro, rl = case.ref()
     n_pages = case.kv.shape[0]
     value = {"minus_one": -1, "num_pages": n_pages, "huge": 2**31 - 1}[bad]
     case.block_table[1, 1] = value  # request 1 uses blocks 0..cdiv(33, bs)-1: block 1 is used
-    out, lse = case.run(num_kv_splits=splits, backend="triton", debug=False)
+    out, lse = case.run(num_kv_splits=splits, backend="triton", debug=False, config=cfg)
     rows1 = slice(1, 2)
     assert torch.isnan(out[rows1]).all() and torch.isnan(lse[rows1]).all()
     keep = [0, 2]
     torch.testing.assert_close(out[keep], ro[keep], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(lse[keep], rl[keep], rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("cfg", [None, CLAMP_CFG], ids=["check_first", "clamp"])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_cache_without_pages_makes_used_requests_nan(cfg, splits):
+    """kv_cache of 0 pages: every entry a request with keys uses is outside it, so that request is
+    NaN (nothing is read); a request with seq_len 0 still gets out 0 and lse -inf."""
+    g = torch.Generator().manual_seed(44)
+    kv = torch.empty(0, 16, 576)
+    bt = torch.zeros(2, 3, dtype=torch.int32)
+    sl = torch.tensor([20, 0], dtype=torch.int32)
+    q, qp = torch.randn(2, 4, 512, generator=g), torch.randn(2, 4, 64, generator=g)
+    out, lse = rocm_mla.mla_decode(
+        q, qp, kv, bt, sl, sm_scale=0.1, backend="triton", num_kv_splits=splits, config=cfg, debug=False
+    )
+    assert torch.isnan(out[0]).all() and torch.isnan(lse[0]).all()
+    assert (out[1] == 0).all() and (lse[1] == float("-inf")).all()
 
 
 def test_bad_page_id_named_in_debug_mode():
@@ -627,7 +650,7 @@ def test_bad_page_id_named_in_debug_mode():
         case.run(debug=True)
 
 
-@pytest.mark.parametrize("cfg", [None, V_SPLIT_CFG], ids=["default", "v_split"])
+@pytest.mark.parametrize("cfg", [None, V_SPLIT_CFG, CLAMP_CFG], ids=["default", "v_split", "clamp"])
 @pytest.mark.parametrize("splits", [1, 2, 5])
 @pytest.mark.parametrize("poison", [NAN, float("inf")], ids=["nan", "inf"])
 def test_nan_in_used_kv_row_reaches_that_request(cfg, splits, poison):
@@ -719,6 +742,48 @@ def test_gpu_bad_page_and_nan_row(splits):
     assert torch.isnan(out[:2].float()).all() and torch.isnan(lse[:2]).all()
     torch.testing.assert_close(out[2:].float(), ro[2:], rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(lse[2:], rl[2:], rtol=0, atol=1e-3)
+
+
+def _this_gpu_tier0(clamp: bool, fp8: bool) -> dict:
+    """The 16-row tier this GPU runs, with the page guard forced to one form."""
+    from rocm_mla import _platform
+    from rocm_mla.configs import config_for
+    from rocm_mla.ops.decode import stage1_config
+
+    arch = _platform.device_arch(DEVICE)
+    tier = stage1_config(arch, 0, torch.bfloat16, fp8, config_for("mla_decode", arch)["stage1"][0])
+    return {**tier, "CLAMP_PAGES": clamp}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("clamp", [False, True], ids=["check_first", "clamp"])
+@pytest.mark.parametrize("kv", ["bf16", "fp8"])
+def test_gpu_page_guard_forms(clamp, kv):
+    """Both forms of the page guard on this GPU's 16-row tier (block 64: one page per tile): a bad
+    page NaNs only its request, a NaN KV row reaches its request, and a cache of 0 pages reads
+    nothing (its base pointer may be null: any read would fault, under memcheck or not)."""
+    fp8 = kv == "fp8"
+    cfg = _this_gpu_tier0(clamp, fp8)
+    kw = {"k_scale": 0.5} if fp8 else {}
+    case = Case(3, 16, 1, 64, (3000, 700, 90), torch.bfloat16, kv_dtype=FP8 if fp8 else None, seed=7, **kw)
+    ro, rl = case.ref()
+    case.block_table[0, 5] = -1
+    for splits in (None, 1, 16):
+        out, lse = case.run(num_kv_splits=splits, config=cfg, **kw)
+        assert torch.isnan(out[:1].float()).all() and torch.isnan(lse[:1]).all()
+        torch.testing.assert_close(out[1:].float(), ro[1:], rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(lse[1:], rl[1:], rtol=0, atol=1e-2)
+    q, qp = case.q_nope[:2], case.q_pe[:2]
+    empty = case.kv[:0]
+    bt = torch.zeros(2, 4, dtype=torch.int32, device=DEVICE)
+    sl = torch.tensor([200, 0], dtype=torch.int32, device=DEVICE)
+    for splits in (1, 4):
+        out, lse = rocm_mla.mla_decode(
+            q, qp, empty, bt, sl, sm_scale=0.1, num_kv_splits=splits, config=cfg, debug=False, **kw
+        )
+        torch.cuda.synchronize()
+        assert torch.isnan(out[0].float()).all() and torch.isnan(lse[0]).all()
+        assert (out[1] == 0).all() and (lse[1] == float("-inf")).all()
 
 
 @pytest.mark.gpu

@@ -172,6 +172,7 @@ _DECODE_FIELDS = {
     "V_SPLIT": INT,
     "RELOAD_K": BOOL,
     "F16_DOT": BOOL,
+    "CLAMP_PAGES": BOOL,
     "num_warps": INT,
     "num_stages": INT,
     "ctas_per_cu": INT,

@@ -46,6 +46,18 @@ def _xcd_local_order(pid, num_pids, NUM_XCDS: tl.constexpr):
     return tl.where(xcd < full, xcd * per + local, full * per + (xcd - full) * (per - 1) + local)
 
 
+@triton.jit
+def _pages_outside(bt_row, first_blk, last_blk, num_pages, BLOCK_N: tl.constexpr):
+    """1 when a block-table entry in [first_blk, last_blk] of the row at ``bt_row`` lies outside
+    [0, num_pages), else 0 (entries read BLOCK_N at a time: 4 bytes per page)."""
+    bad = tl.zeros([], dtype=tl.int32)
+    for p0 in range(first_blk, last_blk + 1, BLOCK_N):
+        idx = p0 + tl.arange(0, BLOCK_N)
+        pg = tl.load(bt_row + idx, mask=idx <= last_blk, other=0)
+        bad = bad | tl.max(((pg < 0) | (pg >= num_pages)).to(tl.int32), axis=0)
+    return bad
+
+
 # Counts that are often 1 (q_len, splits, head blocks, page size) are not specialised: one compiled
 # kernel per config serves every batch, and the ISA report's variants are exactly what runs.
 @triton.jit(
@@ -111,6 +123,7 @@ def mla_decode_stage1_kernel(
     F16_DOT: tl.constexpr = False,
     PAGE_MODE: tl.constexpr = 0,
     V_SPLIT: tl.constexpr = 1,
+    CLAMP_PAGES: tl.constexpr = False,
 ):
     """Stage 1; see the module docstring.
 
@@ -152,10 +165,13 @@ def mla_decode_stage1_kernel(
     dot's A operand, no cross-warp-group softmax): the trade FlashMLA avoids with two cooperating
     warp groups, which Triton does not express. The two programs are neighbours: the second finds
     the tile in L2.
-    num_pages: the cache's page count. The block-table entries a program will use are checked before
-    its KV loop; when one lies outside [0, num_pages) the loop is skipped (no page is
-    dereferenced) and the program's rows come out NaN (out and lse): a bad index is loud and
-    touches nothing outside kv. Other requests are unaffected.
+    num_pages: the cache's page count. No block-table value makes a load leave kv, and a used entry
+    outside [0, num_pages) makes the program's rows NaN (out and lse): loud, and other requests are
+    unaffected. CLAMP_PAGES picks how: False checks the entries before the KV loop and skips the
+    loop on a bad one; True (used in PAGE_MODE 2 only) clamps every tile's page into the cache as
+    the loop reads it and checks the entries after the loop. Same results; the first puts one
+    dependent table load ahead of the first KV load, the second a few instructions into the loop
+    (on the H200 the 64-row tier spills with it; fp8 at 16 rows runs faster with it).
     NaN / inf in a used KV row reaches the request's output and lse (lse -inf means only "no key"),
     also through stage 2.
     """
@@ -212,18 +228,28 @@ def mla_decode_stage1_kernel(
             mask=row_ok[:, None],
             other=0.0,
         )
-        # Check the block-table entries this program will use once, up front (4 bytes per page,
-        # against page_size x 576 cache elements per page); with a bad one the loop is skipped and
-        # the rows come out NaN. The q loads above are issued first: they do not depend on the
-        # check, so their latency and the table loads' overlap. A check inside the loop made the
-        # sm90 64-row tier spill in page modes 0/1, and in page mode 2 (one scalar check per
-        # tile) it cost more on the H200 than this pass (perf/RESULTS.md, bound guards).
+        # Bound guard: no block-table value can take a load outside kv, and a used entry outside
+        # [0, num_pages) makes the program's rows NaN (out and lse). Two forms, chosen per tier in
+        # the config (CLAMP_PAGES), both loud and both safe; they differ only in cost.
+        first_blk = start // page_size
         last_blk = (end - 1) // page_size
-        for p0 in range(start // page_size, last_blk + 1, BLOCK_N):
-            idx = p0 + offs_n
-            pg = tl.load(bt_row + idx, mask=idx <= last_blk, other=0)
-            bad_page = bad_page | tl.max(((pg < 0) | (pg >= num_pages)).to(tl.int32), axis=0)
-        end = tl.where(bad_page != 0, start, end)
+        # Only where a tile lies in one page (PAGE_MODE 2) is the clamp one scalar per tile; per
+        # row (page modes 0/1) it spilled the sm90 16-row tier: those check before the loop.
+        LATE: tl.constexpr = CLAMP_PAGES and PAGE_MODE == 2
+        if LATE:
+            # Each page is clamped into the cache as the loop reads it (one unsigned min per tile
+            # in page mode 2) and the entries are checked after the loop: the first KV load waits
+            # for no check. (The table loads issued here and examined after the loop cost more on
+            # the H200: registers held across the loop. The 64-row sm90 tier spills with the
+            # clamp: it checks first.)
+            top_page = tl.maximum(num_pages - 1, 0).to(tl.uint32)
+            loop_end = tl.where(num_pages > 0, end, start)  # an empty cache: nothing to read
+        else:
+            # The entries are checked before the loop and a bad one skips it: no register cost
+            # in the loop, one dependent table load ahead of the first KV load (the q loads above
+            # are issued first, so their latency overlaps it).
+            bad_page = _pages_outside(bt_row, first_blk, last_blk, num_pages, BLOCK_N)
+            loop_end = tl.where(bad_page != 0, start, end)
         if F16_DOT:
             qa = tl.clamp(qa.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
             if D_SPLIT == 2:
@@ -232,11 +258,14 @@ def mla_decode_stage1_kernel(
         sc = qk_scale
         if HAS_K_SCALE_PTR:
             sc = sc * tl.load(k_scale_ptr)
-        for n0 in range(start, end, BLOCK_N):
+        for n0 in range(start, loop_end, BLOCK_N):
             tok = n0 + offs_n
             tok_ok = tok < end
             if PAGE_MODE == 2:
-                page = tl.load(bt_row + n0 // page_size).to(tl.int64)  # n0 < end <= capacity; checked
+                page = tl.load(bt_row + n0 // page_size)  # n0 < end <= capacity
+                if LATE:
+                    page = tl.minimum(page.to(tl.uint32), top_page)
+                page = page.to(tl.int64)
                 tok_ptr = kv + page * s_kv_blk + (n0 % page_size + offs_n) * s_kv_tok  # [BLOCK_N]
             else:
                 if PAGE_MODE == 1:
@@ -245,7 +274,7 @@ def mla_decode_stage1_kernel(
                 else:
                     pidx = tok // page_size
                     prow = tok % page_size
-                page = tl.load(bt_row + pidx, mask=tok_ok, other=0).to(tl.int64)  # checked above
+                page = tl.load(bt_row + pidx, mask=tok_ok, other=0).to(tl.int64)  # checked before the loop
                 tok_ptr = kv + page * s_kv_blk + prow * s_kv_tok  # [BLOCK_N]
             tok_ptr2 = tok_ptr[:, None]
             ok2 = tok_ok[:, None]
@@ -295,6 +324,8 @@ def mla_decode_stage1_kernel(
                 if D_SPLIT == 2 and V_SPLIT == 1:
                     acc_b = acc_b * alpha[:, None] + tl.dot(pv, vb)
             m_i = m_new
+        if LATE:
+            bad_page = _pages_outside(bt_row, first_blk, last_blk, num_pages, BLOCK_N)
 
     # l_i == 0 only when no key was seen; a NaN l_i (a NaN or inf in a used KV row) is kept, so the
     # lse says NaN too and stage 2 cannot mistake the split for an empty one.

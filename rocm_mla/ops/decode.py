@@ -120,8 +120,10 @@ def mla_decode(
     Bad values (debug off; no host sync): nothing outside the given tensors is read or written.
     seq_lens are clamped to the table's capacity (negative = 0). A request whose used
     block-table entries include a page outside ``[0, num_blocks)`` gets NaN out and lse in
-    every row (the kernel checks a program's entries before its KV loop and then reads no page);
-    other requests are unaffected. ``debug=True`` raises a ValueError naming the entry and the bound instead.
+    every row (the kernel checks a program's entries before its KV loop and then skips it, or --
+    ``CLAMP_PAGES`` tiers -- clamps each tile's page into the cache and checks the entries after
+    the loop: no page outside the cache is read either way); other requests are unaffected.
+    ``debug=True`` raises a ValueError naming the entry and the bound instead.
     Overlap checks are host pointer arithmetic: the call stays capturable in a CUDA graph.
     Zero sizes (B = 0, N = 0, max_blocks = 0) work with or without out/lse/workspace.
 
@@ -515,6 +517,7 @@ def stage1_meta(
         "F16_DOT": bool(kv_fp8 and q_dtype == torch.bfloat16 and cfg.get("F16_DOT", False)),
         "PAGE_MODE": int(page_mode),
         "V_SPLIT": v_split,
+        "CLAMP_PAGES": bool(cfg.get("CLAMP_PAGES", False)),
     }
     options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **amd_options(cfg, arch)}
     return consts, options

@@ -567,7 +567,8 @@ _COMBOS = (
     (torch.bfloat16, True),
     (torch.float16, True),
 )
-_NEUTRAL = {"D_SPLIT": 1, "V_SPLIT": 1, "RELOAD_K": False, "F16_DOT": False}  # what a missing decode field means
+# What a missing decode field means.
+_NEUTRAL = {"D_SPLIT": 1, "V_SPLIT": 1, "RELOAD_K": False, "F16_DOT": False, "CLAMP_PAGES": False}
 
 
 def _norm(d: dict) -> dict:
@@ -621,7 +622,8 @@ def decode_label(p: dict) -> str:
     s = (
         f"H{p['BLOCK_H']} N{p['BLOCK_N']} d{p.get('D_SPLIT', 1)}{'v2' if p.get('V_SPLIT', 1) == 2 else ''}"
         f"{'r' if p.get('RELOAD_K') else ''}"
-        f"{'h' if p.get('F16_DOT') else ''} w{p['num_warps']} s{p['num_stages']} c{p.get('ctas_per_cu', 1)}"
+        f"{'h' if p.get('F16_DOT') else ''}{'g' if p.get('CLAMP_PAGES') else ''}"
+        f" w{p['num_warps']} s{p['num_stages']} c{p.get('ctas_per_cu', 1)}"
     )
     for k, tag in (("waves_per_eu", "wpe"), ("matrix_instr_nonkdim", "mi"), ("kpack", "kp")):
         if k in p:
@@ -661,7 +663,7 @@ def _decode_groups(t: Tuner, shapes: list[Shape]) -> list[Group]:
         knobs += [("num_stages", [1, 2] if gfx else [2, 3, 4, 5]), ("D_SPLIT", [1, 2])]
         if gfx:
             knobs += [("kpack", [1, 2]), ("matrix_instr_nonkdim", [16, 32])]
-        knobs += [("ctas_per_cu", [1, 2]), ("V_SPLIT", [1, 2])]
+        knobs += [("ctas_per_cu", [1, 2]), ("V_SPLIT", [1, 2]), ("CLAMP_PAGES", [False, True])]
         if combo[1]:
             knobs += [("RELOAD_K", [False, True])]
             if not gfx and combo[0] == torch.bfloat16:

@@ -76,7 +76,7 @@ def _stage1_variant(
     vsplit = f"v{consts['V_SPLIT']}" if consts["V_SPLIT"] > 1 else ""
     label = (
         f"{tag}q={qname} kv={kvname} H{cfg['BLOCK_H']} N{cfg['BLOCK_N']} d{consts['D_SPLIT']}{vsplit}"
-        f"{'r' if cfg.get('RELOAD_K') else ''}{'h' if consts['F16_DOT'] else ''} "
+        f"{'r' if cfg.get('RELOAD_K') else ''}{'h' if consts['F16_DOT'] else ''}{'g' if consts['CLAMP_PAGES'] else ''} "
         f"w{cfg['num_warps']} "
         f"s{cfg['num_stages']}{amd} {'direct' if direct else 'split'}{' kscale*' if scale_ptr else ''}"
         f"{'' if page_mode == 2 else f' page{page_mode}'}"

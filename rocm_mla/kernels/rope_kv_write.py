@@ -25,42 +25,12 @@ vendor and in the CPU interpreter, and independent of which fp8 types a Triton b
 import triton
 import triton.language as tl
 
+from .fp8_codes import fp8_e4m3_bits
+
 # CACHE_KIND values (the wrapper's names).
 CACHE_SAME = 0  # the q dtype
 CACHE_FP8_E4M3FN = 1
 CACHE_FP8_E4M3FNUZ = 2
-
-
-@triton.jit
-def _fp8_e4m3_bits(x, BIAS: tl.constexpr, MAX_BITS: tl.constexpr, MAX_CODE: tl.constexpr, FNUZ: tl.constexpr):
-    """float32 -> E4M3 code (uint8): saturating, round to nearest even (see fp8.cuh).
-
-    e4m3fn: BIAS 7, MAX_BITS 0x43E00000 (448.0), MAX_CODE 0x7E;
-    e4m3fnuz: BIAS 8, MAX_BITS 0x43700000 (240.0), MAX_CODE 0x7F.
-    """
-    bits = x.to(tl.int32, bitcast=True)
-    sign = (bits >> 24) & 0x80
-    u = bits & 0x7FFFFFFF  # non-negative: signed shifts and compares are safe from here on
-    e = u >> 23
-    # Normal: keep 3 mantissa bits, round half to even on the 20 dropped ones.
-    normal = ((u + 0x7FFFF + ((u >> 20) & 1)) >> 20) - ((127 - BIAS) << 3)
-    # Subnormal: round(m / 2^shift), m = mantissa with its hidden bit; shift >= 25 rounds to 0.
-    shift = 148 - BIAS - e
-    sh = tl.minimum(tl.maximum(shift, 1), 24)
-    m = (u & 0x7FFFFF) | 0x800000
-    q = m >> sh
-    rem = m & ((1 << sh) - 1)
-    half = 1 << (sh - 1)
-    up = (rem > half) | ((rem == half) & ((q & 1) == 1))
-    sub = tl.where(shift >= 25, 0, q + up.to(tl.int32))
-    code = tl.where(e >= 128 - BIAS, normal, sub)
-    code = tl.where(u >= MAX_BITS, MAX_CODE, code)
-    if FNUZ:
-        res = tl.where(code == 0, 0, sign | code)  # 0x80 is NaN in fnuz: zero has no sign
-        res = tl.where(u > 0x7F800000, 0x80, res)
-    else:
-        res = tl.where(u > 0x7F800000, sign | 0x7F, sign | code)
-    return res.to(tl.uint8)
 
 
 @triton.jit
@@ -73,9 +43,9 @@ def _to_cache(x, k_scale, cache_ty, CACHE_KIND: tl.constexpr):
         # torch's x / k_scale exactly.
         y = tl.math.div_rn(x, k_scale)
         if CACHE_KIND == 2:
-            return _fp8_e4m3_bits(y, 8, 0x43700000, 0x7F, True)
+            return fp8_e4m3_bits(y, 8, 0x43700000, 0x7F, True)
         else:
-            return _fp8_e4m3_bits(y, 7, 0x43E00000, 0x7E, False)
+            return fp8_e4m3_bits(y, 7, 0x43E00000, 0x7E, False)
 
 
 @triton.jit

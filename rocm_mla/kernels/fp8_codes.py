@@ -1,0 +1,43 @@
+"""float32 -> FP8 E4M3 codes in integer arithmetic, shared by the Triton kernels that write or
+make fp8 values (rope_kv_write's cache rows, mla_decode's quantised q).
+
+Integer code rather than ``.to(float8)``: the same bits on every vendor and in the CPU interpreter
+(whose float -> e4m3 conversion loses the carry into the exponent: -126.74 became -64.0 with
+triton 3.7.1), and independent of which fp8 types a Triton backend knows (NVIDIA's has no
+e4m3fnuz). The same rounding as hip_src/kernels/fp8.cuh.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def fp8_e4m3_bits(x, BIAS: tl.constexpr, MAX_BITS: tl.constexpr, MAX_CODE: tl.constexpr, FNUZ: tl.constexpr):
+    """float32 -> E4M3 code (uint8): saturating, round to nearest even (see fp8.cuh).
+
+    e4m3fn: BIAS 7, MAX_BITS 0x43E00000 (448.0), MAX_CODE 0x7E;
+    e4m3fnuz: BIAS 8, MAX_BITS 0x43700000 (240.0), MAX_CODE 0x7F.
+    """
+    bits = x.to(tl.int32, bitcast=True)
+    sign = (bits >> 24) & 0x80
+    u = bits & 0x7FFFFFFF  # non-negative: signed shifts and compares are safe from here on
+    e = u >> 23
+    # Normal: keep 3 mantissa bits, round half to even on the 20 dropped ones.
+    normal = ((u + 0x7FFFF + ((u >> 20) & 1)) >> 20) - ((127 - BIAS) << 3)
+    # Subnormal: round(m / 2^shift), m = mantissa with its hidden bit; shift >= 25 rounds to 0.
+    shift = 148 - BIAS - e
+    sh = tl.minimum(tl.maximum(shift, 1), 24)
+    m = (u & 0x7FFFFF) | 0x800000
+    q = m >> sh
+    rem = m & ((1 << sh) - 1)
+    half = 1 << (sh - 1)
+    up = (rem > half) | ((rem == half) & ((q & 1) == 1))
+    sub = tl.where(shift >= 25, 0, q + up.to(tl.int32))
+    code = tl.where(e >= 128 - BIAS, normal, sub)
+    code = tl.where(u >= MAX_BITS, MAX_CODE, code)
+    if FNUZ:
+        res = tl.where(code == 0, 0, sign | code)  # 0x80 is NaN in fnuz: zero has no sign
+        res = tl.where(u > 0x7F800000, 0x80, res)
+    else:
+        res = tl.where(u > 0x7F800000, sign | 0x7F, sign | code)
+    return res.to(tl.uint8)

@@ -341,6 +341,38 @@ def test_forward_mqa_single_tensor_query(form):
     assert (lse - lse_ref).abs().max() <= tol * 10
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "auto"])
+def test_quantize_q_opt_in_by_environment(monkeypatch, kv_cache_dtype):
+    """ROCM_MLA_QUANTIZE_Q=1 makes forward_mqa run mla_decode(quantize_q=True) with an fp8 cache
+    (and changes nothing with a 16-bit one); unset, the decode is the plain one."""
+    import rocm_mla
+
+    dtype = torch.float16 if not HAS_GPU else torch.bfloat16
+    results = {}
+    for env in ("0", "1"):
+        monkeypatch.setenv("ROCM_MLA_QUANTIZE_Q", env)
+        step = _step("decode", dtype, kv_cache_dtype, 16, 16)
+        ((_, (q, cache, md, layer), _),) = [c for c in step.capture_backend_calls() if c[0] == "forward_mqa"]
+        results[env] = step.layer.impl.forward_mqa(q, cache, md, layer)[0]
+        assert step.layer.impl._quantize_q == (env == "1" and kv_cache_dtype == "fp8")
+    if kv_cache_dtype == "fp8":
+        want, _ = rocm_mla.mla_decode(
+            q[0],
+            q[1],
+            cache,
+            md.decode.block_table,
+            md.decode.seq_lens,
+            sm_scale=step.layer.impl.scale,
+            kv_cache_dtype="fp8",
+            k_scale=layer._k_scale.reshape(1),
+            quantize_q=True,
+        )
+        torch.testing.assert_close(results["1"], want, rtol=0, atol=0)
+        assert not torch.equal(results["0"], results["1"])
+    else:
+        torch.testing.assert_close(results["0"], results["1"], rtol=0, atol=0)
+
+
 def test_forward_mqa_returns_natural_log_lse():
     step = _step("decode", torch.float32, "auto", 16, 16)
     ((_, (q, cache, md, layer), _),) = [c for c in step.capture_backend_calls() if c[0] == "forward_mqa"]

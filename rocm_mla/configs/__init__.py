@@ -173,12 +173,19 @@ _DECODE_FIELDS = {
     "RELOAD_K": BOOL,
     "F16_DOT": BOOL,
     "CLAMP_PAGES": BOOL,
+    "FP8_QK": BOOL,
     "num_warps": INT,
     "num_stages": INT,
     "ctas_per_cu": INT,
     **AMD_OPTIONS,
 }
-_DECODE_TIER = {**_DECODE_FIELDS, "fp8": _DECODE_FIELDS, "fp32": _DECODE_FIELDS, "fp16+fp8": _DECODE_FIELDS}
+_DECODE_TIER = {
+    **_DECODE_FIELDS,
+    "fp8": _DECODE_FIELDS,
+    "fp8+qk": _DECODE_FIELDS,
+    "fp32": _DECODE_FIELDS,
+    "fp16+fp8": _DECODE_FIELDS,
+}
 _PREFILL = {"BLOCK_M": INT, "BLOCK_N": INT, "num_warps": INT, "num_stages": INT, **AMD_OPTIONS}
 
 # The fields an overlay may set, per op (the arch objects of configs/<op>.json). Fields the

@@ -31,6 +31,8 @@ choice: correctness does not depend on it. Addresses that scale with the cache s
 import triton
 import triton.language as tl
 
+from .fp8_codes import fp8_e4m3_bits
+
 
 @triton.jit
 def _xcd_local_order(pid, num_pids, NUM_XCDS: tl.constexpr):
@@ -124,6 +126,8 @@ def mla_decode_stage1_kernel(
     PAGE_MODE: tl.constexpr = 0,
     V_SPLIT: tl.constexpr = 1,
     CLAMP_PAGES: tl.constexpr = False,
+    FP8_QK: tl.constexpr = False,
+    Q8_INT: tl.constexpr = False,
 ):
     """Stage 1; see the module docstring.
 
@@ -172,6 +176,14 @@ def mla_decode_stage1_kernel(
     the loop reads it and checks the entries after the loop. Same results; the first puts one
     dependent table load ahead of the first KV load, the second a few instructions into the loop
     (on the H200 the 64-row tier spills with it; fp8 at 16 rows runs faster with it).
+    FP8_QK (fp8 caches, D_SPLIT 1): q is rounded once per program to the cache's e4m3 kind with one
+    scale per (row, head) -- absmax of its 576 values over the kind's largest value -- and q . k^T
+    runs on fp8 operands read straight from the cache (no conversion of K; on sm90 fp8 wgmma/mma,
+    on gfx942 fp8 MFMA); p . v stays as without it. An accuracy trade, so no default tier sets it:
+    reference.decode.quantize_q_fp8 is its exact spec (out ~3.6% relative from the unquantised
+    float32 result on random inputs, against ~0.2%). Q8_INT: round q by integer code
+    (fp8_codes) after exact divisions -- set for the CPU interpreter, whose float -> e4m3
+    conversion is wrong near exponent boundaries.
     NaN / inf in a used KV row reaches the request's output and lse (lse -inf means only "no key"),
     also through stage 2.
     """
@@ -250,6 +262,41 @@ def mla_decode_stage1_kernel(
             # are issued first, so their latency overlaps it).
             bad_page = _pages_outside(bt_row, first_blk, last_blk, num_pages, BLOCK_N)
             loop_end = tl.where(bad_page != 0, start, end)
+        if FP8_QK:
+            # q quantised once per program to the cache's fp8 kind, one scale per row (its absmax
+            # over the 576 columns maps to the kind's largest value): q . k^T then runs on fp8
+            # operands straight from the cache, no conversion of K. The row scale goes into s.
+            tl.static_assert(D_SPLIT == 1, "FP8_QK needs D_SPLIT == 1")
+            qaf = qa.to(tl.float32)
+            qpf = qp.to(tl.float32)
+            amax = tl.maximum(tl.max(tl.abs(qaf), axis=1), tl.max(tl.abs(qpf), axis=1))
+            fnuz: tl.constexpr = kv.dtype.element_ty == tl.float8e4b8
+            q_sc = tl.where(amax > 0.0, amax / (240.0 if fnuz else 448.0), 1.0)  # a zero row: any scale
+            if Q8_INT:
+                # The CPU interpreter's float -> e4m3 conversion drops the carry into the exponent:
+                # integer rounding (fp8_codes) after exact divisions, bit for bit the codes of
+                # reference.decode.quantize_q_fp8. Not on GPUs (below): there the two cost 549 ->
+                # 622 us at N=128 B=128 on the H200; the hardware rounds to nearest even too, and a
+                # reciprocal's last-bit error can only move a value that sits on a rounding
+                # boundary to the neighbouring code.
+                q_sc = tl.where(amax > 0.0, tl.math.div_rn(amax, 240.0 if fnuz else 448.0), 1.0)
+                qa_s = tl.math.div_rn(qaf, q_sc[:, None])
+                qp_s = tl.math.div_rn(qpf, q_sc[:, None])
+                if fnuz:
+                    qa8 = fp8_e4m3_bits(qa_s, 8, 0x43700000, 0x7F, True)
+                    qp8 = fp8_e4m3_bits(qp_s, 8, 0x43700000, 0x7F, True)
+                else:
+                    qa8 = fp8_e4m3_bits(qa_s, 7, 0x43E00000, 0x7E, False)
+                    qp8 = fp8_e4m3_bits(qp_s, 7, 0x43E00000, 0x7E, False)
+                qa8 = qa8.to(kv.dtype.element_ty, bitcast=True)
+                qp8 = qp8.to(kv.dtype.element_ty, bitcast=True)
+            else:
+                # Clamped: the reciprocal may take the absmax a hair past the largest code, which
+                # a non-saturating conversion would turn into NaN.
+                fmax: tl.constexpr = 240.0 if fnuz else 448.0
+                inv = (1.0 / q_sc)[:, None]
+                qa8 = tl.clamp(qaf * inv, -fmax, fmax).to(kv.dtype.element_ty)
+                qp8 = tl.clamp(qpf * inv, -fmax, fmax).to(kv.dtype.element_ty)
         if F16_DOT:
             qa = tl.clamp(qa.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
             if D_SPLIT == 2:
@@ -258,6 +305,10 @@ def mla_decode_stage1_kernel(
         sc = qk_scale
         if HAS_K_SCALE_PTR:
             sc = sc * tl.load(k_scale_ptr)
+        if FP8_QK:
+            s_scale = (q_sc * sc)[:, None]
+        else:
+            s_scale = sc
         for n0 in range(start, loop_end, BLOCK_N):
             tok = n0 + offs_n
             tok_ok = tok < end
@@ -283,7 +334,10 @@ def mla_decode_stage1_kernel(
             va = tl.load(tok_ptr2 + offs_a[None, :], mask=ok2, other=0.0).to(qa.dtype)  # [BLOCK_N, CHUNK]
             if D_SPLIT == 2:
                 vb = tl.load(tok_ptr2 + offs_b[None, :], mask=ok2, other=0.0).to(qa.dtype)
-            if RELOAD_K:
+            if FP8_QK:
+                ka_t = tl.load(tok_ptr[None, :] + offs_a[:, None], mask=tok_ok[None, :], other=0.0)  # fp8
+                kp_t = tl.load(tok_ptr[None, :] + D_NOPE + offs_pe[:, None], mask=tok_ok[None, :], other=0.0)
+            elif RELOAD_K:
                 # K^T read a second time, already transposed: each load then has one consumer, which
                 # lets the software pipeliner stage fp8 tiles in shared memory (a tile converted once
                 # and used by both dots is not pipelined on sm90). The re-read hits L1/L2.
@@ -294,10 +348,14 @@ def mla_decode_stage1_kernel(
                 ka_t = tl.trans(va)
                 if D_SPLIT == 2:
                     kb_t = tl.trans(vb)
-            kp_t = tl.load(tok_ptr[None, :] + D_NOPE + offs_pe[:, None], mask=tok_ok[None, :], other=0.0).to(
-                qa.dtype
-            )  # [D_PE, BLOCK_N]
-            if IEEE:
+            if not FP8_QK:
+                kp_t = tl.load(tok_ptr[None, :] + D_NOPE + offs_pe[:, None], mask=tok_ok[None, :], other=0.0).to(
+                    qa.dtype
+                )  # [D_PE, BLOCK_N]
+            if FP8_QK:
+                s = tl.dot(qa8, ka_t)
+                s += tl.dot(qp8, kp_t)
+            elif IEEE:
                 s = tl.dot(qa, ka_t, input_precision="ieee")
                 if D_SPLIT == 2:
                     s += tl.dot(qb, kb_t, input_precision="ieee")
@@ -307,7 +365,7 @@ def mla_decode_stage1_kernel(
                 if D_SPLIT == 2:
                     s += tl.dot(qb, kb_t)
                 s += tl.dot(qp, kp_t)
-            s = tl.where(tok[None, :] < row_end[:, None], s * sc, float("-inf"))
+            s = tl.where(tok[None, :] < row_end[:, None], s * s_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             # A row with no visible key yet keeps m = -inf; subtracting 0 instead avoids -inf - -inf.
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)

@@ -81,6 +81,25 @@ def mla_decode_ref(
     return out, lse
 
 
+def quantize_q_fp8(
+    q_nope: torch.Tensor, q_pe: torch.Tensor, fp8_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the decode kernel's ``FP8_QK`` mode makes of q, as float32: each (row, head) of
+    ``[q_nope | q_pe]`` (576 values) scaled by ``absmax / fp8_max`` (448 for e4m3fn, 240 for
+    e4m3fnuz; an all-zero row keeps scale 1), rounded to ``fp8_dtype`` and scaled back.
+
+    ``mla_decode_ref(*quantize_q_fp8(q_nope, q_pe, kind), ...)`` is then the exact target of that
+    mode up to float32 summation order and the float16 rounding of p and V in p . v.
+    Returns ``(q_nope [rows, N, 512], q_pe [rows, N, 64])`` float32.
+    """
+    qn, qp = q_nope.float(), q_pe.float()
+    amax = torch.maximum(qn.abs().amax(-1), qp.abs().amax(-1))
+    scale = amax / torch.finfo(fp8_dtype).max
+    scale = torch.where(amax > 0, scale, torch.ones_like(scale))[..., None]
+    back = lambda x: (x / scale).to(fp8_dtype).float() * scale  # noqa: E731
+    return back(qn), back(qp)
+
+
 def default_sm_scale(qk_nope_head_dim: int = 128, qk_rope_head_dim: int = 64) -> float:
     """DeepSeek's softmax scale before yarn mscale: 1/sqrt(qk_nope + qk_rope) = 1/sqrt(192)."""
     return 1.0 / math.sqrt(qk_nope_head_dim + qk_rope_head_dim)

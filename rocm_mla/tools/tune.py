@@ -568,7 +568,7 @@ _COMBOS = (
     (torch.float16, True),
 )
 # What a missing decode field means.
-_NEUTRAL = {"D_SPLIT": 1, "V_SPLIT": 1, "RELOAD_K": False, "F16_DOT": False, "CLAMP_PAGES": False}
+_NEUTRAL = {"D_SPLIT": 1, "V_SPLIT": 1, "RELOAD_K": False, "F16_DOT": False, "CLAMP_PAGES": False, "FP8_QK": False}
 
 
 def _norm(d: dict) -> dict:
@@ -605,6 +605,8 @@ def compose_tier(arch: str, tier: dict, combo: tuple, point: dict) -> dict | Non
     for tag, sub in (("fp8", fp8), ("fp32", fp32), ("fp16+fp8", f16f8)):
         if sub:
             new[tag] = sub
+    if "fp8+qk" in tier:  # quantize_q's overrides: not tuned here, kept as they are
+        new["fp8+qk"] = dict(tier["fp8+qk"])
     try:
         if any(_norm(res(new, c)) != _norm(want[c]) for c in _COMBOS):
             return None
@@ -622,7 +624,7 @@ def decode_label(p: dict) -> str:
     s = (
         f"H{p['BLOCK_H']} N{p['BLOCK_N']} d{p.get('D_SPLIT', 1)}{'v2' if p.get('V_SPLIT', 1) == 2 else ''}"
         f"{'r' if p.get('RELOAD_K') else ''}"
-        f"{'h' if p.get('F16_DOT') else ''}{'g' if p.get('CLAMP_PAGES') else ''}"
+        f"{'h' if p.get('F16_DOT') else ''}{'g' if p.get('CLAMP_PAGES') else ''}{'q8' if p.get('FP8_QK') else ''}"
         f" w{p['num_warps']} s{p['num_stages']} c{p.get('ctas_per_cu', 1)}"
     )
     for k, tag in (("waves_per_eu", "wpe"), ("matrix_instr_nonkdim", "mi"), ("kpack", "kp")):

@@ -76,7 +76,8 @@ def _stage1_variant(
     vsplit = f"v{consts['V_SPLIT']}" if consts["V_SPLIT"] > 1 else ""
     label = (
         f"{tag}q={qname} kv={kvname} H{cfg['BLOCK_H']} N{cfg['BLOCK_N']} d{consts['D_SPLIT']}{vsplit}"
-        f"{'r' if cfg.get('RELOAD_K') else ''}{'h' if consts['F16_DOT'] else ''}{'g' if consts['CLAMP_PAGES'] else ''} "
+        f"{'r' if cfg.get('RELOAD_K') else ''}{'h' if consts['F16_DOT'] else ''}"
+        f"{'g' if consts['CLAMP_PAGES'] else ''}{'q8' if consts['FP8_QK'] else ''} "
         f"w{cfg['num_warps']} "
         f"s{cfg['num_stages']}{amd} {'direct' if direct else 'split'}{' kscale*' if scale_ptr else ''}"
         f"{'' if page_mode == 2 else f' page{page_mode}'}"
@@ -116,10 +117,10 @@ def _stage1_variant(
 
 def triton_variants(arch: str) -> list[TritonVariant]:
     """Every stage-1 config the wrapper can pick on ``arch`` (each tier, with its fp8/fp32
-    overrides, and the tuning candidates), for each q dtype and cache dtype, direct and split,
-    fp8 with a tensor or a number scale, tiles inside one page (PAGE_MODE 2); each tier once more
-    with pages smaller than a tile (PAGE_MODE 1 and 0, bf16); and the stage-2 reduce for each
-    output dtype and tile."""
+    overrides, fp8 caches with and without quantize_q, and the tuning candidates), for each q
+    dtype and cache dtype, direct and split, fp8 with a tensor or a number scale, tiles inside
+    one page (PAGE_MODE 2); each tier once more with pages smaller than a tile (PAGE_MODE 1 and
+    0, bf16); and the stage-2 reduce for each output dtype and tile."""
     table = config_for(OP, arch)
     fp8 = platform_fp8_dtype(arch)  # the kind a uint8 "fp8" cache is viewed as
     variants: list[TritonVariant] = []
@@ -141,10 +142,11 @@ def triton_variants(arch: str) -> list[TritonVariant]:
     for tier in table["stage1"]:
         for qdt, kvdt in combos:
             is_fp8 = kvdt == fp8
-            cfg = stage1_config(arch, tier["BLOCK_H"], qdt, is_fp8)
-            for direct in (True, False):
-                for sptr in (False, True) if is_fp8 else (False,):
-                    add(_stage1_variant(arch, cfg, qdt, kvdt, direct, sptr, ""))
+            for qk in (False, True) if is_fp8 else (False,):  # mla_decode(quantize_q=...)
+                cfg = stage1_config(arch, tier["BLOCK_H"], qdt, is_fp8, quantize_q=qk)
+                for direct in (True, False):
+                    for sptr in (False, True) if is_fp8 else (False,):
+                        add(_stage1_variant(arch, cfg, qdt, kvdt, direct, sptr, ""))
         # Pages smaller than a tile (block 16, block 1: PAGE_MODE 1; other sizes: 0), bf16 q and cache.
         cfg = stage1_config(arch, tier["BLOCK_H"], torch.bfloat16, False)
         for mode in (1, 0):

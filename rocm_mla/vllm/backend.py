@@ -29,6 +29,7 @@ already-rotated k_pe.
 
 from __future__ import annotations
 
+import os
 from typing import ClassVar
 
 import torch
@@ -191,6 +192,9 @@ class RocmMLAImpl(MLACommonImpl[MLACommonMetadata]):
         # ql_nope and q_pe plus a quant kernel) and then a dequant here: keep the tuple path.
         self.supports_quant_query_input = False
         self._fp8_cache = is_quantized_kv_cache(kv_cache_dtype)
+        # Opt-in accuracy trade (mla_decode's quantize_q: q rounded to e4m3 per row and head, q.k^T
+        # on fp8 operands): ROCM_MLA_QUANTIZE_Q=1, fp8 caches only.
+        self._quantize_q = self._fp8_cache and os.environ.get("ROCM_MLA_QUANTIZE_Q", "0") == "1"
         # The activation dtype: vLLM builds layers under set_default_torch_dtype(model dtype), as
         # MLAAttention.__init__ itself relies on.
         self._act_dtype = torch.get_default_dtype()
@@ -260,6 +264,7 @@ class RocmMLAImpl(MLACommonImpl[MLACommonMetadata]):
             kv_cache_dtype="fp8" if self._fp8_cache else "auto",
             k_scale=layer._k_scale.reshape(1) if self._fp8_cache else None,
             max_seq_len=int(attn_metadata.max_seq_len),
+            quantize_q=self._quantize_q,
         )
         return out, lse
 

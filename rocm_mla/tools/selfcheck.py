@@ -118,9 +118,13 @@ def check_decode(device: torch.device, backends: list[str]) -> list[CheckRow]:
     """mla_decode on a small paged batch: 3 requests (37, 5, 70 keys) with q_len 2 (causal MTP
     rows), N=16, block 16, shuffled page ids, every cache slot past seq_lens NaN, q_nope/q_pe as
     slices of one [rows, N, 584] buffer, out/lse written into NaN-poisoned buffers; once with the
-    heuristic's split count and once with 3 splits (stage 2)."""
+    heuristic's split count and once with 3 splits (stage 2). Then with the platform's fp8 cache,
+    and with quantize_q (q rounded to e4m3) against the reference of the rounded q."""
+    from rocm_mla._platform import device_arch
+    from rocm_mla.configs import platform_fp8_dtype
     from rocm_mla.ops import mla_decode
     from rocm_mla.reference import mla_decode_ref
+    from rocm_mla.reference.decode import quantize_q_fp8
 
     rows = []
     lens, N, q_len, bs = [37, 5, 70], 16, 2, 16
@@ -160,6 +164,37 @@ def check_decode(device: torch.device, backends: list[str]) -> list[CheckRow]:
                     rows.append(_compare("mla_decode", backend, dtype, case, out, ref, TOL[dtype]))
                     rows.append(_compare("mla_decode", backend, dtype, case + " lse", lse, ref_lse, 1e-4))
                 except Exception as exc:  # report, keep checking the rest
+                    rows.append(_failed("mla_decode", backend, dtype, case, exc))
+            # The platform's fp8 cache (k_scale 0.5), as stored; then quantize_q (16-bit q), whose
+            # spec is the reference fed quantize_q_fp8's q.
+            fp8 = platform_fp8_dtype(device_arch(device))
+            for quantize in (False, True) if dtype != torch.float32 else (False,):
+                case = f"B={B} N={N} q_len={q_len} block={bs} splits=3 fp8 cache" + (" quantize_q" if quantize else "")
+                try:
+                    kv8 = (kv32 / 0.5).to(fp8).to(device)
+                    q = torch.randn(B * q_len, N, 584, device=device).to(dtype)
+                    out = torch.full((B * q_len, N, 512), float("nan"), dtype=dtype, device=device)
+                    args = (
+                        q[..., :512],
+                        q[..., 512:576],
+                        kv8,
+                        bt.to(device),
+                        torch.tensor(lens, dtype=torch.int32, device=device),
+                    )
+                    _, lse = mla_decode(
+                        *args,
+                        sm_scale=192**-0.5,
+                        out=out,
+                        k_scale=0.5,
+                        num_kv_splits=3,
+                        backend=backend,
+                        quantize_q=quantize,
+                    )
+                    qn, qp = quantize_q_fp8(args[0], args[1], fp8) if quantize else args[:2]
+                    ref, ref_lse = mla_decode_ref(qn, qp, *args[2:], 192**-0.5, 0.5)
+                    rows.append(_compare("mla_decode", backend, dtype, case, out, ref, TOL[dtype]))
+                    rows.append(_compare("mla_decode", backend, dtype, case + " lse", lse, ref_lse, 1e-3))
+                except Exception as exc:
                     rows.append(_failed("mla_decode", backend, dtype, case, exc))
     return rows
 

@@ -41,7 +41,8 @@ Providers, each captured in a CUDA graph (one call per graph) and timed as back-
   torch-reference    rocm_mla.reference.mla_decode_ref, eager (it syncs), B x seq <= 32 x 4096 only.
 
 Cold caches: each provider's calls rotate over R copies of the KV cache and block table (fresh
-page permutations), R chosen so the copies together exceed 3 x the L2 size; a call therefore
+page permutations), R chosen so the copies together exceed 3 x the L2 size (on AMD at least the
+256 MB Infinity Cache: benchutil.cold_cache_bytes, rocm-mla tune's rule too); a call therefore
 finds its KV in HBM, as a decode step does after the other layers ran. Each CUDA graph holds 8
 consecutive calls of the rotation (benchutil.rotating_graph_us), so a short call (B=1) is timed
 as the GPU runs it inside a captured step, not at the host's graph-replay rate.
@@ -71,6 +72,7 @@ from rocm_mla.tools.benchutil import (
     aiter_peer_version,
     bar_plot,
     bench_parser,
+    cold_cache_bytes,
     load_aiter_peer,
     load_vllm_peer,
     print_table,
@@ -540,7 +542,7 @@ def main() -> int:
     for kind, B, seq, N, q_len in shape_list("quick" if args.quick else args.preset, kinds):
         if shape_filter and not any(f in shape_label(kind, B, seq, N, q_len) for f in shape_filter):
             continue
-        s = Setup(B, seq, N, kind, dev, l2, q_len=q_len)
+        s = Setup(B, seq, N, kind, dev, cold_cache_bytes(dev), q_len=q_len)
         if not args.no_bench:
             bench_shape(run, s, dev, peers, sms)
         if cands:

@@ -39,7 +39,7 @@ def main() -> int:
     if gpu is None:
         return 2
     dev = gpu.dev
-    s = Setup(args.B, args.seq, args.N, args.kv, dev, l2_bytes=0, block=args.block, q_len=args.q_len)
+    s = Setup(args.B, args.seq, args.N, args.kv, dev, cold_bytes=0, block=args.block, q_len=args.q_len)
     cfg = json.loads(args.config) if args.config else None
     plan = plan_for(s, dev, cfg, args.splits)
     print(

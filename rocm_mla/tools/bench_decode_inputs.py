@@ -2,9 +2,10 @@
 (scripts do not import each other): one shape's tensors as vLLM hands them to the decode, and our
 op's call on them.
 
-Block size 64, q bf16, cache bf16 or fp8 (the platform's e4m3 kind) with a per-tensor k_scale;
-R copies of the cache and block table (fresh page permutations) so that graphs rotating over
-them find their KV in HBM (see perf/bench_decode.py).
+Block size 64, q bf16 (or the given dtype), cache in q's dtype or fp8 (the platform's e4m3
+kind) with a per-tensor k_scale; R copies of the cache and block table (fresh page permutations)
+so that graphs rotating over them find their KV in HBM (see perf/bench_decode.py). rocm-mla tune
+builds its decode inputs here too.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ def shape_label(kind: str, B: int, seq: int, N: int, q_len: int) -> str:
 
 class Setup:
     """One shape: q as vLLM produces it (rows = B x q_len), out/lse buffers, R (cache, block table)
-    copies. Every request holds ``seq`` keys, its last q_len being the new tokens (MTP rows)."""
+    copies (together > 3 x ``cold_bytes``, benchutil.cold_cache_bytes; 0: one copy). Every request
+    holds ``seq`` keys, its last q_len being the new tokens (MTP rows). ``dtype``: q, out and a
+    16-bit cache."""
 
     def __init__(
         self,
@@ -37,33 +40,34 @@ class Setup:
         N: int,
         kv_kind: str,
         dev: torch.device,
-        l2_bytes: int,
+        cold_bytes: int,
         block: int = BLOCK,
         q_len: int = 1,
+        dtype: torch.dtype = torch.bfloat16,
     ):
         self.B, self.seq, self.N, self.kv_kind, self.block, self.q_len = B, seq, N, kv_kind, block, q_len
-        self.rows = B * q_len
+        self.rows, self.dtype = B * q_len, dtype
         self.fp8 = kv_kind == "fp8"
         blocks = math.ceil(seq / block)
-        elem = 1 if self.fp8 else 2
+        elem = 1 if self.fp8 else dtype.itemsize
         set_bytes = B * blocks * block * D * elem
-        self.R = max(1, min(64, math.ceil(3 * l2_bytes / set_bytes)))
+        self.R = max(1, min(64, math.ceil(3 * cold_bytes / set_bytes)))
         self.k_scale = torch.tensor([0.05], device=dev) if self.fp8 else None
         self.caches, self.tables = [], []
         fp8 = fp8_dtype_for(_platform.device_arch(dev))  # e4m3fnuz on gfx942, e4m3fn elsewhere
         for _ in range(self.R):
             npages = B * blocks
-            kv = torch.randn(npages, block, D, device=dev, dtype=torch.bfloat16)
+            kv = torch.randn(npages, block, D, device=dev, dtype=dtype)
             if self.fp8:
                 kv = (kv.float() / 0.05).clamp(-200, 200).to(fp8)
             self.caches.append(kv)
             self.tables.append(torch.randperm(npages, device=dev, dtype=torch.int32).view(B, blocks))
         self.seq_lens = torch.full((B,), seq, dtype=torch.int32, device=dev)
         # ql_nope = bmm(q_nope^T [N, rows, 128], W_UK_T [N, 128, 512]) -> [N, rows, 512], read as [rows, N, 512].
-        self.ql_nope = torch.randn(N, self.rows, L, device=dev, dtype=torch.bfloat16).transpose(0, 1)
-        self.q = torch.randn(self.rows, N, 192, device=dev, dtype=torch.bfloat16)
+        self.ql_nope = torch.randn(N, self.rows, L, device=dev, dtype=dtype).transpose(0, 1)
+        self.q = torch.randn(self.rows, N, 192, device=dev, dtype=dtype)
         self.q_pe = self.q[..., 128:]
-        self.out = torch.empty(self.rows, N, L, device=dev, dtype=torch.bfloat16)
+        self.out = torch.empty(self.rows, N, L, device=dev, dtype=dtype)
         self.lse = torch.empty(self.rows, N, device=dev, dtype=torch.float32)
 
     @property
@@ -71,8 +75,9 @@ class Setup:
         return shape_label(self.kv_kind, self.B, self.seq, self.N, self.q_len)
 
     def nbytes(self) -> float:
-        elem = 1 if self.fp8 else 2
-        return self.B * self.seq * D * elem + self.rows * self.N * D * 2 + self.rows * self.N * L * 2
+        elem = 1 if self.fp8 else self.dtype.itemsize
+        qb = self.dtype.itemsize
+        return self.B * self.seq * D * elem + self.rows * self.N * D * qb + self.rows * self.N * L * qb
 
     def keys_seen(self) -> int:
         """Keys summed over one request's rows (row t of q_len sees seq - q_len + 1 + t: causal MTP)."""

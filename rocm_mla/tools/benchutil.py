@@ -303,6 +303,19 @@ def graph_ms(fn: Callable[[], object], warmup_ms: float = 10, rep_ms: float = 50
     return ms
 
 
+def cold_cache_bytes(dev: torch.device) -> int:
+    """Bytes of cache an input set must exceed to be read from HBM: the device's L2, and on AMD at
+    least the 256 MB Infinity Cache (MI300's last level beside the L2s). Benchmarks rotate over
+    copies that together exceed three times this (perf/bench_decode.py, rocm-mla tune)."""
+    from .. import _platform
+
+    props = torch.cuda.get_device_properties(dev)
+    size = int(getattr(props, "L2_cache_size", 0) or (50 << 20))
+    if _platform.vendor(dev) == "amd":
+        size = max(size, 256 << 20)
+    return size
+
+
 def rotating_graph_us(
     call: Callable[[int], object], copies: int, min_ms: float = 30.0, reps: int = 5, calls_per_graph: int = 8
 ) -> float:

@@ -226,17 +226,6 @@ def rel_err(name: str, got: torch.Tensor, ref: torch.Tensor, tol: float) -> str:
     return "" if e <= tol else f"{name} max err {e:.3g} > {tol:g}"
 
 
-def _cache_bytes(dev: torch.device) -> int:
-    """Bytes a cold-cache input set must exceed (x3): L2, and on AMD the 256 MB Infinity Cache."""
-    from .. import _platform
-
-    props = torch.cuda.get_device_properties(dev)
-    size = int(getattr(props, "L2_cache_size", 0) or (50 << 20))
-    if _platform.vendor(dev) == "amd":
-        size = max(size, 256 << 20)
-    return size
-
-
 class Case:
     """Inputs of one shape; ``check()`` runs the op once and compares with the reference ('' = right);
     ``time_us()`` times it."""
@@ -263,40 +252,25 @@ class Case:
 
 
 class DecodeCase(Case):
-    """mla_decode as vLLM calls it: ql_nope the [N, rows, 512] bmm output seen as [rows, N, 512],
-    q_pe a slice of q [rows, N, 192], out/lse preallocated, uint8 fp8 cache with kv_cache_dtype
-    "fp8", max_seq_len given; shuffled pages; ``copies`` cache/table copies beyond the caches."""
+    """mla_decode as vLLM calls it, on perf/bench_decode.py's inputs (tools/bench_decode_inputs.Setup:
+    ql_nope the [N, rows, 512] bmm output seen as [rows, N, 512], q_pe a slice of q [rows, N, 192],
+    out/lse preallocated, shuffled pages, the same cold-cache copies); the fp8 cache handed over as
+    uint8 with kv_cache_dtype "fp8", max_seq_len given."""
 
     def __init__(self, s: Shape, dev: torch.device):
-        from .. import _platform
+        from .bench_decode_inputs import Setup
+        from .benchutil import cold_cache_bytes
 
         self.s, self.dev = s, dev
-        B, seq, N, ql, block = s["B"], s["seq"], s["N"], s["q"], s["block"]
         dt = shape_dtype(s, dev)
-        self.fp8 = s["kv"] == "fp8"
         if s["kv"] not in ("auto", "fp8"):
             raise ValueError(f"{s.key}: kv must be auto or fp8")
-        self.B, self.seq, self.ql, self.tol = B, seq, ql, _TOL[dt]
-        blocks = -(-seq // block)
-        npages = B * blocks
-        elem = 1 if self.fp8 else dt.itemsize
-        if dev.type == "cuda":
-            self.copies = max(1, min(64, math.ceil(3 * _cache_bytes(dev) / max(1, npages * block * 576 * elem))))
-        fp8t = C.platform_fp8_dtype(_platform.device_arch(dev))
-        self.k_scale = torch.tensor([0.05], device=dev) if self.fp8 else None
-        self.caches, self.tables = [], []
-        for _ in range(self.copies):
-            kv = torch.randn(npages, block, 576, device=dev, dtype=dt)
-            if self.fp8:
-                kv = (kv.float() / 0.05).clamp(-200, 200).to(fp8t)
-            self.caches.append(kv)
-            self.tables.append(torch.randperm(npages, device=dev, dtype=torch.int32).view(B, blocks))
-        self.seq_lens = torch.full((B,), seq, dtype=torch.int32, device=dev)
-        rows = B * ql
-        self.q_nope = torch.randn(N, rows, 512, device=dev, dtype=dt).transpose(0, 1)
-        self.q_pe = torch.randn(rows, N, 192, device=dev, dtype=dt)[..., 128:]
-        self.out = torch.empty(rows, N, 512, device=dev, dtype=dt)
-        self.lse = torch.empty(rows, N, device=dev, dtype=torch.float32)
+        cold = cold_cache_bytes(dev) if dev.type == "cuda" else 0
+        su = Setup(s["B"], s["seq"], s["N"], s["kv"], dev, cold, block=s["block"], q_len=s["q"], dtype=dt)
+        self.fp8, self.copies, self.k_scale = su.fp8, su.R, su.k_scale
+        self.B, self.seq, self.ql, self.tol = su.B, su.seq, su.q_len, _TOL[dt]
+        self.caches, self.tables, self.seq_lens = su.caches, su.tables, su.seq_lens
+        self.q_nope, self.q_pe, self.out, self.lse = su.ql_nope, su.q_pe, su.out, su.lse
 
     def call(self, i: int) -> None:
         from ..ops import mla_decode

@@ -1,5 +1,6 @@
 """Triton pieces shared by the ops, their variant lists, tools/ and perf/: the Triton type name of a
-torch dtype, and the compile options only AMD's Triton backend knows.
+torch dtype, the compile options only AMD's Triton backend knows, and LOG2E (the kernels' softmax
+runs in base 2: the wrappers fold log2(e) into the score scale).
 
 One copy of each, so that what the ISA report compiles and what a wrapper launches name types and
 options the same way. Imports no op and no kernel.
@@ -12,6 +13,8 @@ from typing import Any
 import torch
 
 from .configs import AMD_OPTIONS, is_amd_arch, platform_fp8_dtype
+
+LOG2E = 1.4426950408889634  # log2(e)
 
 # torch dtype -> Triton pointer element type ("*" + this) in a kernel signature.
 TRITON_TYPE = {

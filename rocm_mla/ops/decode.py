@@ -27,7 +27,7 @@ from ..configs import config_for, platform_fp8_dtype
 from ..kernels.mla_decode import mla_decode_reduce_kernel, mla_decode_stage1_kernel
 from ..mla_dims import FP8_DTYPES, FP8_KV_CACHE_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from ..reference.decode import mla_decode_ref, quantize_q_fp8
-from ..triton_common import amd_options
+from ..triton_common import LOG2E, amd_options
 from ._checks import FLOAT_DTYPES, Checker, debug_enabled
 from ._dispatch import select
 
@@ -35,7 +35,6 @@ OP = "mla_decode"
 D_NOPE = KV_LORA_RANK  # V width and the nope part of K (the kernel's constexpr names)
 D_PE = QK_ROPE_HEAD_DIM
 D_KV = KV_ROW_DIM
-LOG2E = 1.4426950408889634
 
 # Per-dtype override objects inside a stage-1 config ("fp8+qk": fp8 cache with quantize_q=True).
 _DTYPE_TAGS = ("fp8", "fp8+qk", "fp32", "fp16+fp8")

@@ -27,13 +27,12 @@ from .. import _platform
 from ..configs import config_for, nvidia_sm
 from ..kernels.mla_prefill import mla_prefill_kernel
 from ..reference.prefill import mla_prefill_ref
-from ..triton_common import amd_options
+from ..triton_common import LOG2E, amd_options
 from ._checks import FLOAT_DTYPES, Checker, debug_enabled
 from ._dispatch import select
 from .merge import merge_attn_states
 
 OP = "mla_prefill"
-LOG2E = 1.4426950408889634
 # cu_seqlens_q entries a program reads per vector step when it looks up its sequence (B <= this:
 # one step). 256 int32 is one element per lane at 4 waves of 64 or 8 warps of 32.
 SEQ_CHUNK = 256

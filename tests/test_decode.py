@@ -649,6 +649,16 @@ def test_quantize_q_bad_input_named(kv, q_dtype, value, words):
         case.run(quantize_q=value, k_scale=1.0 if kv == "fp8" else None)
 
 
+def test_fp8_qk_only_through_quantize_q():
+    """FP8_QK is an accuracy trade: config= (or an overlay) cannot switch it on, quantize_q can."""
+    case = Case(2, 4, 1, 16, (20, 5), torch.float16, kv_dtype=FP8_HERE, k_scale=0.5, seed=19)
+    cfg = {"BLOCK_H": 16, "BLOCK_N": 16, "D_SPLIT": 1, "num_warps": 4, "num_stages": 1}
+    for value in (True, False):
+        with pytest.raises(ValueError, match="mla_decode: config: expected no FP8_QK entry"):
+            case.run(config={**cfg, "FP8_QK": value}, k_scale=0.5)
+    assert "FP8_QK" not in stage1_config("sm90", 16, torch.bfloat16, True)
+
+
 def test_quantize_q_config_resolution():
     """quantize_q picks the tier's 'fp8+qk' overrides after 'fp8' and runs D_SPLIT 1, V_SPLIT 1
     (sm90's 64-row fp8 tier is a 128-row V_SPLIT tile without it, the timed 64-row tile with it);

@@ -173,7 +173,6 @@ _DECODE_FIELDS = {
     "RELOAD_K": BOOL,
     "F16_DOT": BOOL,
     "CLAMP_PAGES": BOOL,
-    "FP8_QK": BOOL,
     "num_warps": INT,
     "num_stages": INT,
     "ctas_per_cu": INT,

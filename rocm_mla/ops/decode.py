@@ -392,6 +392,9 @@ def stage1_config(
     for tag in tags:
         cfg.update(tier.get(tag, {}))
     cfg.setdefault("ctas_per_cu", 1)
+    if "FP8_QK" in cfg:  # an accuracy trade the caller asks for by name, never a tuning field
+        got = f"FP8_QK={cfg['FP8_QK']!r}"
+        raise ValueError(f"{OP}: config: expected no FP8_QK entry (quantize_q=True sets it), got {got}")
     if qk:
         cfg.update(FP8_QK=True, D_SPLIT=1, V_SPLIT=1)
     for key in ("BLOCK_H", "BLOCK_N", "num_warps", "num_stages"):

@@ -1,4 +1,9 @@
-"""Probe (session 5, run on the H200 with PYTHONPATH=<repo>): FP8_QK (q quantised to e4m3 per row, q.k^T on fp8 operands) against the default fp8 path."""
+"""Probe (session 5, run on the H200 with PYTHONPATH=<repo>): FP8_QK (q quantised to e4m3 per row, q.k^T on fp8 operands) against the default fp8 path.
+
+Kept as it ran, at commit f7a224d, when config= could carry FP8_QK. Since then mla_decode rejects an
+FP8_QK entry in config= and mla_decode(quantize_q=True) reaches the same configs (the 'fp8+qk' tier
+overrides), so this script no longer runs as written.
+"""
 
 import torch
 

@@ -41,3 +41,13 @@ def fp8_e4m3_bits(x, BIAS: tl.constexpr, MAX_BITS: tl.constexpr, MAX_CODE: tl.co
     else:
         res = tl.where(u > 0x7F800000, sign | 0x7F, sign | code)
     return res.to(tl.uint8)
+
+
+@triton.jit
+def fp8_e4m3_code(x, FNUZ: tl.constexpr):
+    """float32 -> the e4m3fnuz (FNUZ) or e4m3fn code of x (uint8): fp8_e4m3_bits with that kind's
+    constants."""
+    if FNUZ:
+        return fp8_e4m3_bits(x, 8, 0x43700000, 0x7F, True)
+    else:
+        return fp8_e4m3_bits(x, 7, 0x43E00000, 0x7E, False)

@@ -31,7 +31,7 @@ choice: correctness does not depend on it. Addresses that scale with the cache s
 import triton
 import triton.language as tl
 
-from .fp8_codes import fp8_e4m3_bits
+from .fp8_codes import fp8_e4m3_code
 
 
 @triton.jit
@@ -271,7 +271,7 @@ def mla_decode_stage1_kernel(
             qpf = qp.to(tl.float32)
             amax = tl.maximum(tl.max(tl.abs(qaf), axis=1), tl.max(tl.abs(qpf), axis=1))
             fnuz: tl.constexpr = kv.dtype.element_ty == tl.float8e4b8
-            q_sc = tl.where(amax > 0.0, amax / (240.0 if fnuz else 448.0), 1.0)  # a zero row: any scale
+            fmax: tl.constexpr = 240.0 if fnuz else 448.0  # the kind's largest value
             if Q8_INT:
                 # The CPU interpreter's float -> e4m3 conversion drops the carry into the exponent:
                 # integer rounding (fp8_codes) after exact divisions, bit for bit the codes of
@@ -279,21 +279,13 @@ def mla_decode_stage1_kernel(
                 # 622 us at N=128 B=128 on the H200; the hardware rounds to nearest even too, and a
                 # reciprocal's last-bit error can only move a value that sits on a rounding
                 # boundary to the neighbouring code.
-                q_sc = tl.where(amax > 0.0, tl.math.div_rn(amax, 240.0 if fnuz else 448.0), 1.0)
-                qa_s = tl.math.div_rn(qaf, q_sc[:, None])
-                qp_s = tl.math.div_rn(qpf, q_sc[:, None])
-                if fnuz:
-                    qa8 = fp8_e4m3_bits(qa_s, 8, 0x43700000, 0x7F, True)
-                    qp8 = fp8_e4m3_bits(qp_s, 8, 0x43700000, 0x7F, True)
-                else:
-                    qa8 = fp8_e4m3_bits(qa_s, 7, 0x43E00000, 0x7E, False)
-                    qp8 = fp8_e4m3_bits(qp_s, 7, 0x43E00000, 0x7E, False)
-                qa8 = qa8.to(kv.dtype.element_ty, bitcast=True)
-                qp8 = qp8.to(kv.dtype.element_ty, bitcast=True)
+                q_sc = tl.where(amax > 0.0, tl.math.div_rn(amax, fmax), 1.0)  # a zero row: any scale
+                qa8 = fp8_e4m3_code(tl.math.div_rn(qaf, q_sc[:, None]), fnuz).to(kv.dtype.element_ty, bitcast=True)
+                qp8 = fp8_e4m3_code(tl.math.div_rn(qpf, q_sc[:, None]), fnuz).to(kv.dtype.element_ty, bitcast=True)
             else:
                 # Clamped: the reciprocal may take the absmax a hair past the largest code, which
                 # a non-saturating conversion would turn into NaN.
-                fmax: tl.constexpr = 240.0 if fnuz else 448.0
+                q_sc = tl.where(amax > 0.0, amax / fmax, 1.0)
                 inv = (1.0 / q_sc)[:, None]
                 qa8 = tl.clamp(qaf * inv, -fmax, fmax).to(kv.dtype.element_ty)
                 qp8 = tl.clamp(qpf * inv, -fmax, fmax).to(kv.dtype.element_ty)

@@ -25,7 +25,7 @@ vendor and in the CPU interpreter, and independent of which fp8 types a Triton b
 import triton
 import triton.language as tl
 
-from .fp8_codes import fp8_e4m3_bits
+from .fp8_codes import fp8_e4m3_code
 
 # CACHE_KIND values (the wrapper's names).
 CACHE_SAME = 0  # the q dtype
@@ -41,11 +41,7 @@ def _to_cache(x, k_scale, cache_ty, CACHE_KIND: tl.constexpr):
     else:
         # Correctly rounded division (Triton's `/` is approximate on NVIDIA): the code matches
         # torch's x / k_scale exactly.
-        y = tl.math.div_rn(x, k_scale)
-        if CACHE_KIND == 2:
-            return fp8_e4m3_bits(y, 8, 0x43700000, 0x7F, True)
-        else:
-            return fp8_e4m3_bits(y, 7, 0x43E00000, 0x7E, False)
+        return fp8_e4m3_code(tl.math.div_rn(x, k_scale), CACHE_KIND == 2)
 
 
 @triton.jit

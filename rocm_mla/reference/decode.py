@@ -12,6 +12,7 @@ import math
 import torch
 
 from ..mla_dims import KV_LORA_RANK  # V = the first 512 columns of each cache row; K = all 576
+from .rope_kv_write import FP8_MAX, quantize_fp8_ref
 
 
 def mla_decode_ref(
@@ -94,10 +95,9 @@ def quantize_q_fp8(
     """
     qn, qp = q_nope.float(), q_pe.float()
     amax = torch.maximum(qn.abs().amax(-1), qp.abs().amax(-1))
-    scale = amax / torch.finfo(fp8_dtype).max
+    scale = amax / FP8_MAX[fp8_dtype]
     scale = torch.where(amax > 0, scale, torch.ones_like(scale))[..., None]
-    back = lambda x: (x / scale).to(fp8_dtype).float() * scale  # noqa: E731
-    return back(qn), back(qp)
+    return tuple(quantize_fp8_ref(x, scale, fp8_dtype).float() * scale for x in (qn, qp))
 
 
 def default_sm_scale(qk_nope_head_dim: int = 128, qk_rope_head_dim: int = 64) -> float:

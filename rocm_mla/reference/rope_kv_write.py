@@ -49,13 +49,14 @@ def rope_ref(positions: torch.Tensor, x: torch.Tensor, cos_sin_cache: torch.Tens
 
 
 def quantize_fp8_ref(x: torch.Tensor, k_scale: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
-    """``x / k_scale`` saturated to ``fp8_dtype``'s largest finite value, as ``fp8_dtype``.
+    """``x / k_scale`` saturated to ``fp8_dtype``'s largest finite value, as ``fp8_dtype``. k_scale:
+    one value (``[]`` or ``[1]``), or any shape that broadcasts against x (a scale per row).
 
     torch's own conversion turns out-of-range values into NaN (the formats have no inf): the clamp
     is what makes a finite input stay finite.
     """
     m = FP8_MAX[fp8_dtype]
-    return (x.float() / k_scale.float().reshape(())).clamp(-m, m).to(fp8_dtype)
+    return (x.float() / k_scale.float()).clamp(-m, m).to(fp8_dtype)
 
 
 def cache_rows_ref(kv_c: torch.Tensor, k_pe_rotated: torch.Tensor) -> torch.Tensor:

@@ -510,8 +510,10 @@ def main() -> int:
     props = torch.cuda.get_device_properties(dev)
     sms = props.multi_processor_count
     l2 = int(getattr(props, "L2_cache_size", 50 << 20) or (50 << 20))
+    cold = cold_cache_bytes(dev)  # what the input copies together exceed (x3)
     print(
-        f"device: {name} ({sms} SMs/CUs, L2 {l2 >> 20} MiB); copy ceiling {copy:.0f} GB/s (read+write); "
+        f"device: {name} ({sms} SMs/CUs, L2 {l2 >> 20} MiB, cold-cache sets > 3 x {cold >> 20} MiB); "
+        f"copy ceiling {copy:.0f} GB/s (read+write); "
         f"bf16 matmul {mm:.0f} TFLOP/s; torch {torch.__version__} triton {triton.__version__}"
     )
     peers: dict = {}
@@ -542,7 +544,7 @@ def main() -> int:
     for kind, B, seq, N, q_len in shape_list("quick" if args.quick else args.preset, kinds):
         if shape_filter and not any(f in shape_label(kind, B, seq, N, q_len) for f in shape_filter):
             continue
-        s = Setup(B, seq, N, kind, dev, cold_cache_bytes(dev), q_len=q_len)
+        s = Setup(B, seq, N, kind, dev, cold, q_len=q_len)
         if not args.no_bench:
             bench_shape(run, s, dev, peers, sms)
         if cands:

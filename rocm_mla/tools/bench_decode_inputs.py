@@ -88,14 +88,15 @@ class Setup:
 
 
 def ours(s: Setup, config=None, num_kv_splits=None):
-    """``call(i)``: mla_decode (Triton) on ``s`` with cache copy i; ``config`` / ``num_kv_splits``
-    as the op takes them (tuning)."""
+    """``call(i)``: mla_decode (Triton) on ``s`` with cache copy i, an fp8 cache handed over as vLLM
+    does (uint8 storage, kv_cache_dtype "fp8"); ``config`` / ``num_kv_splits`` as the op takes
+    them (tuning). perf/bench_decode.py and rocm-mla tune time this call."""
 
     def call(i: int):
         mla_decode(
             s.ql_nope,
             s.q_pe,
-            s.caches[i],
+            s.caches[i].view(torch.uint8) if s.fp8 else s.caches[i],
             s.tables[i],
             s.seq_lens,
             sm_scale=SCALE,
@@ -121,9 +122,9 @@ def plan_for(s: Setup, device, config=None, num_kv_splits=None) -> dict:
         q_len=s.q_len,
         max_blocks=s.tables[0].shape[1],
         block_size=s.block,
-        q_dtype=torch.bfloat16,
+        q_dtype=s.dtype,
         kv_fp8=s.fp8,
-        kv_elem_bytes=1 if s.fp8 else 2,
+        kv_elem_bytes=s.caches[0].element_size(),
         device=device,
         max_seq_len=s.seq,
         num_kv_splits=num_kv_splits,

@@ -258,7 +258,7 @@ class DecodeCase(Case):
     uint8 with kv_cache_dtype "fp8", max_seq_len given."""
 
     def __init__(self, s: Shape, dev: torch.device):
-        from .bench_decode_inputs import Setup
+        from .bench_decode_inputs import Setup, ours
         from .benchutil import cold_cache_bytes
 
         self.s, self.dev = s, dev
@@ -266,29 +266,12 @@ class DecodeCase(Case):
         if s["kv"] not in ("auto", "fp8"):
             raise ValueError(f"{s.key}: kv must be auto or fp8")
         cold = cold_cache_bytes(dev) if dev.type == "cuda" else 0
-        su = Setup(s["B"], s["seq"], s["N"], s["kv"], dev, cold, block=s["block"], q_len=s["q"], dtype=dt)
-        self.fp8, self.copies, self.k_scale = su.fp8, su.R, su.k_scale
-        self.B, self.seq, self.ql, self.tol = su.B, su.seq, su.q_len, _TOL[dt]
-        self.caches, self.tables, self.seq_lens = su.caches, su.tables, su.seq_lens
-        self.q_nope, self.q_pe, self.out, self.lse = su.ql_nope, su.q_pe, su.out, su.lse
+        self.su = Setup(s["B"], s["seq"], s["N"], s["kv"], dev, cold, block=s["block"], q_len=s["q"], dtype=dt)
+        self.copies, self.tol = self.su.R, _TOL[dt]
+        self._call = ours(self.su)
 
     def call(self, i: int) -> None:
-        from ..ops import mla_decode
-
-        kv = self.caches[i]
-        mla_decode(
-            self.q_nope,
-            self.q_pe,
-            kv.view(torch.uint8) if self.fp8 else kv,
-            self.tables[i],
-            self.seq_lens,
-            sm_scale=SCALE_DECODE,
-            out=self.out,
-            lse=self.lse,
-            kv_cache_dtype="fp8" if self.fp8 else "auto",
-            k_scale=self.k_scale,
-            max_seq_len=self.seq,
-        )
+        self._call(i)
 
     def fn(self) -> None:
         self.call(0)
@@ -296,19 +279,14 @@ class DecodeCase(Case):
     def check(self) -> str:
         from ..reference import mla_decode_ref
 
+        su = self.su
         self.call(0)
-        nb = min(self.B, 2)
-        r = nb * self.ql
+        nb = min(su.B, 2)
+        r = nb * su.q_len
         ro, rl = mla_decode_ref(
-            self.q_nope[:r],
-            self.q_pe[:r],
-            self.caches[0],
-            self.tables[0][:nb],
-            self.seq_lens[:nb],
-            SCALE_DECODE,
-            self.k_scale,
+            su.ql_nope[:r], su.q_pe[:r], su.caches[0], su.tables[0][:nb], su.seq_lens[:nb], SCALE_DECODE, su.k_scale
         )
-        return rel_err("out", self.out[:r], ro, self.tol) or rel_err("lse", self.lse[:r], rl, 1e-3)
+        return rel_err("out", su.out[:r], ro, self.tol) or rel_err("lse", su.lse[:r], rl, 1e-3)
 
 
 class PrefillCase(Case):

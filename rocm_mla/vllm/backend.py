@@ -47,7 +47,7 @@ from vllm.platforms import current_platform
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionLayer, AttentionType, MultipleOf
 from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 
-from rocm_mla.mla_dims import KV_LORA_RANK, QK_ROPE_HEAD_DIM, VLLM_FP8_KV_CACHE_DTYPES
+from rocm_mla.mla_dims import FP8_DTYPES, KV_LORA_RANK, QK_ROPE_HEAD_DIM, VLLM_FP8_KV_CACHE_DTYPES
 from rocm_mla.ops import concat_and_cache_mla, gather_context_chunk, merge_attn_states, mla_decode, mla_prefill
 
 # The decode kernel's fixed latent geometry (docs/ARCHITECTURE.md §1): kv_lora_rank 512, rope 64;
@@ -62,7 +62,7 @@ class RocmMLABackend(MLACommonBackend):
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
     # 16-bit caches must hold the model dtype (the kernels do not convert between 16-bit types:
     # see supports_combination); fp8 = e4m3 of the platform (e4m3fnuz on gfx942), per-tensor k_scale.
-    supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = ["auto", "bfloat16", "float16", "fp8", "fp8_e4m3"]
+    supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = ["auto", *_16BIT_CACHE_DTYPES, *VLLM_FP8_KV_CACHE_DTYPES]
 
     @staticmethod
     def get_name() -> str:
@@ -245,7 +245,7 @@ class RocmMLAImpl(MLACommonImpl[MLACommonMetadata]):
         if isinstance(q, tuple):
             q_nope, q_pe = q
         else:
-            if q.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+            if q.dtype in FP8_DTYPES:
                 q = (q.to(torch.float32) * layer._q_scale.reshape(())).to(self._act_dtype)
             q_nope, q_pe = q[..., :KV_LORA_RANK], q[..., KV_LORA_RANK:]
         rows, num_heads = q_nope.shape[0], q_nope.shape[1]

@@ -36,6 +36,16 @@ D_NOPE = KV_LORA_RANK  # V width and the nope part of K (the kernel's constexpr 
 D_PE = QK_ROPE_HEAD_DIM
 D_KV = KV_ROW_DIM
 
+# What an absent stage-1 config field means (rocm-mla tune compares configs with the same table).
+STAGE1_DEFAULTS = {
+    "D_SPLIT": 1,
+    "V_SPLIT": 1,
+    "RELOAD_K": False,
+    "F16_DOT": False,
+    "CLAMP_PAGES": False,
+    "FP8_QK": False,
+}
+
 # Per-dtype override objects inside a stage-1 config ("fp8+qk": fp8 cache with quantize_q=True).
 _DTYPE_TAGS = ("fp8", "fp8+qk", "fp32", "fp16+fp8")
 _KV_DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32", *FP8_KV_CACHE_DTYPES)
@@ -495,7 +505,7 @@ def decode_plan(
         # V_SPLIT programs share each row block's tiles: they count as row blocks for the model.
         S = choose_num_splits(
             batch,
-            row_blocks * int(cfg.get("V_SPLIT", 1)),
+            row_blocks * int(cfg.get("V_SPLIT", STAGE1_DEFAULTS["V_SPLIT"])),
             bound,
             int(cfg["BLOCK_N"]),
             int(cfg["BLOCK_H"]),
@@ -533,7 +543,8 @@ def stage1_meta(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(constexprs, compile options)`` of one stage-1 launch: the single place both the wrapper's
     launch and the ISA report's variants take them from, so what the report compiles is what runs."""
-    v_split = int(cfg.get("V_SPLIT", 1))
+    field = {**STAGE1_DEFAULTS, **cfg}
+    v_split = int(field["V_SPLIT"])
     consts = {
         "D_NOPE": D_NOPE,
         "D_PE": D_PE,
@@ -542,14 +553,14 @@ def stage1_meta(
         "DIRECT": bool(direct),
         "HAS_K_SCALE_PTR": bool(has_scale_ptr),
         "IEEE": q_dtype == torch.float32,
-        "D_SPLIT": 2 if v_split == 2 else int(cfg.get("D_SPLIT", 1)),
-        "RELOAD_K": bool(cfg.get("RELOAD_K", False)),
+        "D_SPLIT": 2 if v_split == 2 else int(field["D_SPLIT"]),
+        "RELOAD_K": bool(field["RELOAD_K"]),
         "NUM_XCDS": _num_xcds(arch),
-        "F16_DOT": bool(kv_fp8 and q_dtype == torch.bfloat16 and cfg.get("F16_DOT", False)),
+        "F16_DOT": bool(kv_fp8 and q_dtype == torch.bfloat16 and field["F16_DOT"]),
         "PAGE_MODE": int(page_mode),
         "V_SPLIT": v_split,
-        "CLAMP_PAGES": bool(cfg.get("CLAMP_PAGES", False)),
-        "FP8_QK": bool(kv_fp8 and q_dtype != torch.float32 and cfg.get("FP8_QK", False)),
+        "CLAMP_PAGES": bool(field["CLAMP_PAGES"]),
+        "FP8_QK": bool(kv_fp8 and q_dtype != torch.float32 and field["FP8_QK"]),
         # The Triton interpreter's float -> e4m3 conversion is wrong near exponent boundaries.
         "Q8_INT": arch == "cpu" or _platform.interpreter_active(),
     }

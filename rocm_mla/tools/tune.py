@@ -62,6 +62,7 @@ from typing import Any
 import torch
 
 from .. import configs as C
+from ..ops.decode import STAGE1_DEFAULTS
 
 OP_KEYS = {
     "decode": "mla_decode",
@@ -519,8 +520,7 @@ _COMBOS = (
     (torch.bfloat16, True),
     (torch.float16, True),
 )
-# What a missing decode field means.
-_NEUTRAL = {"D_SPLIT": 1, "V_SPLIT": 1, "RELOAD_K": False, "F16_DOT": False, "CLAMP_PAGES": False, "FP8_QK": False}
+_NEUTRAL = STAGE1_DEFAULTS  # what a missing decode field means
 
 
 def _norm(d: dict) -> dict:

@@ -31,9 +31,6 @@ from ._checks import FLOAT_DTYPES, Checker
 from ._dispatch import select
 
 OP = "context_gather"  # config file, backend switch (ROCM_MLA_BACKEND_CONTEXT_GATHER)
-LATENT_DIM = KV_LORA_RANK
-ROPE_DIM = QK_ROPE_HEAD_DIM
-ROW_DIM = KV_ROW_DIM
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -92,7 +89,7 @@ def gather_context_chunk(
     impl = select(OP, dst.device, backend, has_hip=False)
     if dst.shape[0] == 0:
         return dst
-    _run(impl, None, kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale if fp8 else None)
+    _run(impl, kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale if fp8 else None)
     return dst
 
 
@@ -100,11 +97,11 @@ def _check(c: Checker, kv_cache, block_table, cu_seq_lens, starts, token_to_seq,
     """Validate the arguments; returns True for an fp8 cache."""
     c.tensor("dst", dst, ndim=2, layout="[T, 576]", dtypes=FLOAT_DTYPES)
     T = dst.shape[0]
-    if dst.shape[1] != ROW_DIM:
-        c.fail("dst", f"shape [T, 576] = (*, {ROW_DIM})", tuple(dst.shape))
+    if dst.shape[1] != KV_ROW_DIM:
+        c.fail("dst", f"shape [T, 576] = (*, {KV_ROW_DIM})", tuple(dst.shape))
     c.tensor("kv_cache", kv_cache, ndim=3, layout="[num_blocks, block_size, 576]", dtypes=FLOAT_DTYPES + FP8_DTYPES)
-    if kv_cache.shape[2] != ROW_DIM:
-        c.fail("kv_cache", f"shape [num_blocks, block_size, 576] = (*, *, {ROW_DIM})", tuple(kv_cache.shape))
+    if kv_cache.shape[2] != KV_ROW_DIM:
+        c.fail("kv_cache", f"shape [num_blocks, block_size, 576] = (*, *, {KV_ROW_DIM})", tuple(kv_cache.shape))
     if kv_cache.shape[1] < 1:
         c.fail("kv_cache", "block_size >= 1", tuple(kv_cache.shape))
     for name, x in (("kv_cache", kv_cache), ("dst", dst)):
@@ -157,11 +154,10 @@ def _check(c: Checker, kv_cache, block_table, cu_seq_lens, starts, token_to_seq,
     return fp8
 
 
-def _run(impl: str, cfg: dict | None, kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale) -> None:
-    """Launch ``impl`` on validated arguments (``k_scale`` None unless the cache is fp8); ``cfg``
-    overrides the arch's Triton launch data."""
+def _run(impl: str, kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale) -> None:
+    """Launch ``impl`` on validated arguments (``k_scale`` None unless the cache is fp8)."""
     if impl == "triton":
-        _launch_triton(kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale, cfg)
+        _launch_triton(kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale)
     else:
         dst.copy_(context_gather_ref(kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst.shape[0], k_scale))
 
@@ -173,14 +169,14 @@ def triton_meta(arch: str, cfg: dict | None = None) -> tuple[dict, dict]:
     (tl.arange): the latent part and the rope part."""
     cfg = cfg or config_for(OP, arch)["triton"]
     options = {"num_warps": cfg["num_warps"], **amd_options(cfg, arch)}
-    return {"D_NOPE": LATENT_DIM, "D_PE": ROPE_DIM, "BLOCK_T": cfg["rows_per_program"]}, options
+    return {"D_NOPE": KV_LORA_RANK, "D_PE": QK_ROPE_HEAD_DIM, "BLOCK_T": cfg["rows_per_program"]}, options
 
 
-def _launch_triton(kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale, cfg=None):
+def _launch_triton(kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale):
     T = dst.shape[0]
     R, max_blocks = block_table.shape
     num_blocks, page_size = kv_cache.shape[0], kv_cache.shape[1]
-    consts, options = triton_meta(_platform.device_arch(dst.device), cfg)
+    consts, options = triton_meta(_platform.device_arch(dst.device))
     grid = (triton.cdiv(T, consts["BLOCK_T"]),)
     # Empty tensors are never dereferenced (every row is then out of range) but may carry a
     # null pointer, which the launcher rejects: hand it another live tensor instead.

@@ -41,9 +41,6 @@ from ._checks import FLOAT_DTYPES, Checker, debug_enabled
 from ._dispatch import select
 
 OP = "rope_kv_write"  # config file, backend switch (ROCM_MLA_BACKEND_ROPE_KV_WRITE)
-ROPE_DIM = QK_ROPE_HEAD_DIM
-LATENT_DIM = KV_LORA_RANK
-ROW_DIM = KV_ROW_DIM
 
 # kv_cache_dtype values: "auto" (the q dtype), or an FP8 E4M3 kind (mla_dims.FP8_KV_CACHE_DTYPES).
 KV_CACHE_DTYPES = ("auto", *FP8_KV_CACHE_DTYPES)
@@ -115,8 +112,8 @@ def fused_rope_mla_kv_write(
     c = Checker("fused_rope_mla_kv_write")
     c.tensor("q_pe", q_pe, ndim=3, layout="[T, N, 64]", dtypes=FLOAT_DTYPES)
     T, N, D = q_pe.shape
-    if D != ROPE_DIM:
-        c.fail("q_pe", f"shape [T, N, 64] = (*, *, {ROPE_DIM})", tuple(q_pe.shape))
+    if D != QK_ROPE_HEAD_DIM:
+        c.fail("q_pe", f"shape [T, N, 64] = (*, *, {QK_ROPE_HEAD_DIM})", tuple(q_pe.shape))
     if N < 1:
         c.fail("q_pe", "at least one head (N >= 1)", tuple(q_pe.shape))
     c.tensor("positions", positions, shape=(T,), layout="[T]", like="q_pe's T")
@@ -129,7 +126,7 @@ def fused_rope_mla_kv_write(
         layout="[max_pos, 64]",
         dtypes=tuple(dict.fromkeys((torch.float32, q_pe.dtype))),
     )
-    if cos_sin_cache.shape[1] != ROPE_DIM:
+    if cos_sin_cache.shape[1] != QK_ROPE_HEAD_DIM:
         c.fail("cos_sin_cache", "shape [max_pos, 64] = (*, 64) (cat(cos[32], sin[32]))", tuple(cos_sin_cache.shape))
     fp8 = _fp8_dtype(c, kv_cache, kv_cache_dtype, q_pe.dtype)
     _check_scale(c, fp8, k_scale)
@@ -186,7 +183,7 @@ def concat_and_cache_mla(
         TypeError / ValueError naming the argument, what was expected and what came.
     """
     c = Checker("concat_and_cache_mla")
-    c.tensor("kv_c", kv_c, shape=(None, LATENT_DIM), layout="[T, 512]", dtypes=FLOAT_DTYPES)
+    c.tensor("kv_c", kv_c, shape=(None, KV_LORA_RANK), layout="[T, 512]", dtypes=FLOAT_DTYPES)
     T = kv_c.shape[0]
     k2 = _check_common(c, T, k_pe, kv_c, kv_cache, slot_mapping, kv_c.dtype, "kv_c")
     fp8 = _fp8_dtype(c, kv_cache, kv_cache_dtype, kv_c.dtype)
@@ -220,9 +217,9 @@ def _check_index_dtype(c: Checker, name: str, x: torch.Tensor) -> None:
 def _check_common(c: Checker, T: int, k_pe, kv_c, kv_cache, slot_mapping, dtype, dtype_src) -> torch.Tensor:
     """Checks shared by both ops; returns k_pe as a ``[T, 64]`` view."""
     c.tensor("k_pe", k_pe, layout="[T, 1, 64] or [T, 64]")
-    if k_pe.dim() == 3 and k_pe.shape[1] == 1 and k_pe.shape[0] == T and k_pe.shape[2] == ROPE_DIM:
+    if k_pe.dim() == 3 and k_pe.shape[1] == 1 and k_pe.shape[0] == T and k_pe.shape[2] == QK_ROPE_HEAD_DIM:
         k2 = k_pe.select(1, 0)
-    elif k_pe.dim() == 2 and tuple(k_pe.shape) == (T, ROPE_DIM):
+    elif k_pe.dim() == 2 and tuple(k_pe.shape) == (T, QK_ROPE_HEAD_DIM):
         k2 = k_pe
     else:
         c.fail("k_pe", f"shape [T, 1, 64] = ({T}, 1, 64) or [T, 64] = ({T}, 64) ({dtype_src}'s T)", tuple(k_pe.shape))
@@ -230,10 +227,10 @@ def _check_common(c: Checker, T: int, k_pe, kv_c, kv_cache, slot_mapping, dtype,
     for name, x in (("k_pe", k_pe), ("kv_c", kv_c)):
         if isinstance(x, torch.Tensor) and x.dtype != dtype:
             c.fail(name, f"dtype {want} (like {dtype_src})", str(x.dtype).replace("torch.", ""), TypeError)
-    c.tensor("kv_c", kv_c, shape=(T, LATENT_DIM), layout="[T, 512]", like=f"{dtype_src}'s T")
+    c.tensor("kv_c", kv_c, shape=(T, KV_LORA_RANK), layout="[T, 512]", like=f"{dtype_src}'s T")
     c.tensor("kv_cache", kv_cache, ndim=3, layout="[num_blocks, block_size, 576]")
-    if kv_cache.shape[2] != ROW_DIM:
-        c.fail("kv_cache", f"shape [num_blocks, block_size, 576] = (*, *, {ROW_DIM})", tuple(kv_cache.shape))
+    if kv_cache.shape[2] != KV_ROW_DIM:
+        c.fail("kv_cache", f"shape [num_blocks, block_size, 576] = (*, *, {KV_ROW_DIM})", tuple(kv_cache.shape))
     if kv_cache.shape[0] * kv_cache.shape[1] >= 1 << 32:
         c.fail("kv_cache", "fewer than 2^32 slots (num_blocks x block_size)", tuple(kv_cache.shape))
     c.tensor("slot_mapping", slot_mapping, ndim=1, layout="[S <= T]")
@@ -418,9 +415,9 @@ def _launch_triton(
     # An empty cache or cos/sin cache is never dereferenced (every slot / position is out of
     # range), but it may carry a null pointer, which the launcher rejects: a 1-row stand-in.
     if num_slots == 0:
-        cache = cache.new_empty((1, 1, ROW_DIM))
+        cache = cache.new_empty((1, 1, KV_ROW_DIM))
     if rope and max_pos == 0:
-        cs = cs.new_empty((1, ROPE_DIM))
+        cs = cs.new_empty((1, QK_ROPE_HEAD_DIM))
     q_strides = q.stride() if rope else (0, 0, 0)
     cs_strides = cs.stride() if rope else (0, 0)
     rope_mla_kv_write_kernel[grid](

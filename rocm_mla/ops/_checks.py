@@ -13,10 +13,12 @@ import functools
 import math
 import numbers
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
+from .._platform import device_arch
+from ..configs import platform_fp8_dtype
 from ..mla_dims import FP8_DTYPES, FP8_KV_CACHE_DTYPES
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -42,12 +44,19 @@ class Checker:
         """Raise ``exc`` naming the argument, what was expected and what came."""
         raise exc(f"{self.op}: {name}: expected {expected}, got {got}")
 
-    def fp8_cache_kind(
-        self, kv_cache: torch.Tensor, kv_cache_dtype: str, platform_kind: Callable[[], torch.dtype]
-    ) -> torch.dtype:
+    def fp8_scale(self, name: str, k_scale) -> None:
+        """An fp8 cache's scale: a 1-element float32 tensor (its device is checked with the rest)."""
+        if k_scale is None:
+            self.fail(name, "a 1-element float32 tensor (an fp8 cache needs its scale)", "None", TypeError)
+        self.tensor(name, k_scale, layout="(1 element)", dtypes=(torch.float32,))
+        if k_scale.numel() != 1:
+            self.fail(name, "a 1-element float32 tensor", f"shape {tuple(k_scale.shape)}")
+
+    def fp8_cache_kind(self, kv_cache: torch.Tensor, kv_cache_dtype: str) -> torch.dtype:
         """The FP8 E4M3 kind an fp8 cache holds, for a ``kv_cache_dtype`` of
         ``rocm_mla.mla_dims.FP8_KV_CACHE_DTYPES``: a float8 cache's own dtype (it must be the kind
-        the name fixes, if any); for uint8 storage the named kind, else ``platform_kind()``."""
+        the name fixes, if any); for uint8 storage the named kind, else the platform's
+        (configs/platform.json for the cache's device)."""
         named = FP8_KV_CACHE_DTYPES[kv_cache_dtype]  # None: the platform's kind
         dt, got = kv_cache.dtype, str(kv_cache.dtype).replace("torch.", "")
         if dt in FP8_DTYPES:
@@ -56,7 +65,7 @@ class Checker:
                 self.fail("kv_cache", f"dtype {want} (kv_cache_dtype={kv_cache_dtype!r})", got, TypeError)
             return dt
         if dt == torch.uint8:
-            return named if named is not None else platform_kind()
+            return named if named is not None else platform_fp8_dtype(device_arch(kv_cache.device))
         self.fail(
             "kv_cache",
             f"dtype float8_e4m3fn, float8_e4m3fnuz or uint8 (kv_cache_dtype={kv_cache_dtype!r})",

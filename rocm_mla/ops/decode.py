@@ -281,7 +281,7 @@ def _kv_view(
         c.fail("kv_cache_dtype", f"one of {', '.join(map(repr, _KV_DTYPE_NAMES))}", repr(kv_cache_dtype))
     dt = kv_cache.dtype
     if kv_cache_dtype in FP8_KV_CACHE_DTYPES:
-        kind = c.fp8_cache_kind(kv_cache, kv_cache_dtype, lambda: fp8_dtype_for(_platform.device_arch(kv_cache.device)))
+        kind = c.fp8_cache_kind(kv_cache, kv_cache_dtype)
         return (kv_cache.view(kind) if dt == torch.uint8 else kv_cache), True
     if dt in FP8_DTYPES:
         if kv_cache_dtype != "auto":

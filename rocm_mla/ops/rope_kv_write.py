@@ -251,20 +251,13 @@ def _fp8_dtype(c: Checker, kv_cache: torch.Tensor, kv_cache_dtype: str, q_dtype:
             hint = " (an FP8 cache needs kv_cache_dtype='fp8')" if kv_cache.dtype in (torch.uint8, *_FP8_KIND) else ""
             c.fail("kv_cache", f"dtype {q_name} (kv_cache_dtype='auto' means the q dtype){hint}", cache_name, TypeError)
         return None
-    return c.fp8_cache_kind(
-        kv_cache, kv_cache_dtype, lambda: platform_fp8_dtype(_platform.device_arch(kv_cache.device))
-    )
+    return c.fp8_cache_kind(kv_cache, kv_cache_dtype)
 
 
 def _check_scale(c: Checker, fp8: torch.dtype | None, k_scale) -> None:
-    """An FP8 cache needs k_scale: a 1-element float32 tensor (its device is checked with the rest)."""
-    if fp8 is None:
-        return
-    if k_scale is None:
-        c.fail("k_scale", "a 1-element float32 tensor (an FP8 cache needs its scale)", "None", TypeError)
-    c.tensor("k_scale", k_scale, layout="(1 element)", dtypes=(torch.float32,))
-    if k_scale.numel() != 1:
-        c.fail("k_scale", "a 1-element float32 tensor", f"shape {tuple(k_scale.shape)}")
+    """An FP8 cache needs k_scale (Checker.fp8_scale)."""
+    if fp8 is not None:
+        c.fp8_scale("k_scale", k_scale)
 
 
 def _debug_ranges(c: Checker, name: str, x: torch.Tensor, hi: int, what: str) -> None:

@@ -82,7 +82,7 @@ def _close(torch, got, want, what: str, atol: float, rtol: float) -> None:
         raise SystemExit(f"{what}: output differs from the tree's reference (max abs err {err:.3g})")
 
 
-def worker(timed: bool) -> dict:
+def worker(timed: bool, ops: list[str]) -> dict:
     """Run every case with the rocm_mla on sys.path; return {case: us} (0 when not timed)."""
     import torch
 
@@ -97,7 +97,6 @@ def worker(timed: bool) -> dict:
     def rnd(*shape, dtype=torch.bfloat16):
         return torch.randn(*shape, device=dev, generator=gen, dtype=torch.float32).to(dtype)
 
-    ops = os.environ.get("GUARD_COST_OPS", "rope,decode").split(",")
     for T, N, cache, impl in ROPE_CASES if "rope" in ops else []:
         copies = 2
         blocks = T // BLOCK
@@ -228,14 +227,14 @@ def cache_dir(name: str) -> Path:
     return Path(tempfile.gettempdir()) / "rocm_mla_guard_cost" / name
 
 
-def run_tree(name: str, path: Path, timed: bool) -> subprocess.Popen:
+def run_tree(name: str, path: Path, timed: bool, ops: str) -> subprocess.Popen:
     env = dict(
         os.environ,
         PYTHONPATH=str(path.resolve()),
         ROCM_MLA_CACHE=str(cache_dir(name) / "ext"),
         TRITON_CACHE_DIR=str(cache_dir(name) / "triton"),
     )
-    args = [sys.executable, str(Path(__file__).resolve()), "--worker"] + ([] if timed else ["--untimed"])
+    args = [sys.executable, str(Path(__file__).resolve()), "--worker", "--ops", ops] + ([] if timed else ["--untimed"])
     return subprocess.Popen(args, env=env, cwd=str(path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -266,7 +265,7 @@ def main() -> int:
     ap.add_argument("--untimed", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        print(json.dumps(worker(timed=not a.untimed)))
+        print(json.dumps(worker(timed=not a.untimed, ops=a.ops.split(","))))
         return 0
     if a.unguarded_copy:
         unguarded_copy(Path(a.unguarded_copy))
@@ -274,10 +273,9 @@ def main() -> int:
     if len(a.tree) < 2:
         ap.error("give at least two --tree NAME=PATH")
     trees = [(n, Path(p)) for n, p in (t.split("=", 1) for t in a.tree)]
-    os.environ["GUARD_COST_OPS"] = a.ops  # the workers read it
     t0 = time.time()
     # Build and check every tree at once (separate processes, separate caches), untimed.
-    procs = [(n, p, run_tree(n, p, timed=False)) for n, p in trees]
+    procs = [(n, p, run_tree(n, p, timed=False, ops=a.ops)) for n, p in trees]
     for n, p, proc in procs:
         _result(n, proc, p)
     print(f"[guard_cost] built and checked {len(trees)} trees in {time.time() - t0:.0f} s", flush=True)
@@ -285,7 +283,7 @@ def main() -> int:
     for r in range(a.rounds):
         order = trees[r % len(trees) :] + trees[: r % len(trees)]
         for n, p in order:
-            for case, us in _result(n, run_tree(n, p, timed=True), p).items():
+            for case, us in _result(n, run_tree(n, p, timed=True, ops=a.ops), p).items():
                 times[n].setdefault(case, []).append(us)
         print(f"[guard_cost] round {r + 1}/{a.rounds} done ({time.time() - t0:.0f} s)", flush=True)
     base = trees[0][0]
@@ -302,13 +300,14 @@ def main() -> int:
     if a.out:
         import torch
 
-        os.makedirs(a.out, exist_ok=True)
+        from rocm_mla.tools.benchutil import Record, write_csv  # this process is not timed
+
         dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-        with open(os.path.join(a.out, "guard_cost.csv"), "w") as f:
-            f.write("kernel,provider,shape,metric,value,device,version\n")
-            for case, n, us in rows:
-                kernel, shape = case.split(" ", 1)
-                f.write(f"{kernel},{n},{shape},time_us,{us:.3f},{dev},{n}\n")
+        records = []
+        for case, n, us in rows:
+            kernel, shape = case.split(" ", 1)
+            records.append(Record(kernel, n, shape, "time_us", us, dev, n))
+        write_csv(Path(a.out) / "guard_cost.csv", records)
     return 0
 
 

@@ -141,6 +141,10 @@ def check_decode(device: torch.device, backends: list[str]) -> list[CheckRow]:
         bt[b, : nblk[b]] = pages.int()
         tok = torch.arange(L)
         kv32[pages[tok // bs], tok % bs] = torch.randn(L, 576, generator=g)
+    table, seq_lens = bt.to(device), torch.tensor(lens, dtype=torch.int32, device=device)
+    # The platform's fp8 kind (k_scale 0.5) for the fp8-cache cases.
+    fp8 = platform_fp8_dtype(device_arch(device))
+    kv8 = (kv32 / 0.5).to(fp8).to(device)
     for backend in backends:
         if backend == "hip":
             continue  # mla_decode has no HIP kernel
@@ -152,35 +156,21 @@ def check_decode(device: torch.device, backends: list[str]) -> list[CheckRow]:
                     q = torch.randn(B * q_len, N, 584, device=device).to(dtype)
                     out = torch.full((B * q_len, N, 520), float("nan"), dtype=dtype, device=device)[..., :512]
                     lse = torch.full((N, B * q_len), float("nan"), device=device).t()
-                    args = (
-                        q[..., :512],
-                        q[..., 512:576],
-                        kv,
-                        bt.to(device),
-                        torch.tensor(lens, dtype=torch.int32, device=device),
-                    )
+                    args = (q[..., :512], q[..., 512:576], kv, table, seq_lens)
                     mla_decode(*args, sm_scale=192**-0.5, out=out, lse=lse, num_kv_splits=splits, backend=backend)
                     ref, ref_lse = mla_decode_ref(*args, 192**-0.5)
                     rows.append(_compare("mla_decode", backend, dtype, case, out, ref, TOL[dtype]))
                     rows.append(_compare("mla_decode", backend, dtype, case + " lse", lse, ref_lse, 1e-4))
                 except Exception as exc:  # report, keep checking the rest
                     rows.append(_failed("mla_decode", backend, dtype, case, exc))
-            # The platform's fp8 cache (k_scale 0.5), as stored; then quantize_q (16-bit q), whose
-            # spec is the reference fed quantize_q_fp8's q.
-            fp8 = platform_fp8_dtype(device_arch(device))
+            # The fp8 cache as stored; then quantize_q (16-bit q), whose spec is the reference fed
+            # quantize_q_fp8's q.
             for quantize in (False, True) if dtype != torch.float32 else (False,):
                 case = f"B={B} N={N} q_len={q_len} block={bs} splits=3 fp8 cache" + (" quantize_q" if quantize else "")
                 try:
-                    kv8 = (kv32 / 0.5).to(fp8).to(device)
                     q = torch.randn(B * q_len, N, 584, device=device).to(dtype)
                     out = torch.full((B * q_len, N, 512), float("nan"), dtype=dtype, device=device)
-                    args = (
-                        q[..., :512],
-                        q[..., 512:576],
-                        kv8,
-                        bt.to(device),
-                        torch.tensor(lens, dtype=torch.int32, device=device),
-                    )
+                    args = (q[..., :512], q[..., 512:576], kv8, table, seq_lens)
                     _, lse = mla_decode(
                         *args,
                         sm_scale=192**-0.5,

@@ -48,6 +48,17 @@ def poisoned_view(
     return base, view
 
 
+def raises_naming(exc, fn, *words) -> str:
+    """``fn()`` raises ``exc`` whose message holds every one of ``words``; returns the message."""
+    import pytest
+
+    with pytest.raises(exc) as err:
+        fn()
+    for w in words:
+        assert w in str(err.value), (w, str(err.value))
+    return str(err.value)
+
+
 def outside_untouched(base: torch.Tensor, view: torch.Tensor) -> bool:
     """True when every element of ``base`` not covered by ``view`` is still NaN."""
     mask = torch.ones(base.shape, dtype=torch.bool, device=base.device)

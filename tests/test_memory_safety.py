@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 from _hip_cpu import compile_hip_on_cpu
-from _util import DEVICE, Guarded, backends
+from _util import DEVICE, Guarded, backends, raises_naming
 
 import rocm_mla
 from rocm_mla.reference import merge_attn_states_ref
@@ -46,14 +46,6 @@ def _gen(seed: int) -> torch.Generator:
 
 def _randn(shape, dtype=F32, seed=0, scale=1.0):
     return (torch.randn(shape, generator=_gen(seed)) * scale).to(dtype).to(DEVICE)
-
-
-def _raises_naming(exc, fn, *words):
-    with pytest.raises(exc) as err:
-        fn()
-    for w in words:
-        assert w in str(err.value), (w, str(err.value))
-    return str(err.value)
 
 
 # =============================================================================================
@@ -181,7 +173,7 @@ def test_merge_overlaps_rejected_naming_both():
     po, pl, so, sl = _merge_inputs(T, N, D)
     buf = torch.randn(T * N * D + N * T, device=DEVICE)
     out, olse = buf[: T * N * D].view(T, N, D), buf[T * N * D - 1 : T * N * D - 1 + N * T].view(N, T)
-    _raises_naming(
+    raises_naming(
         ValueError,
         lambda: rocm_mla.merge_attn_states(out, po, pl, so, sl, olse),
         "output",
@@ -190,21 +182,21 @@ def test_merge_overlaps_rejected_naming_both():
     )
     # output over an input lse (written while other threads read it), in either dtype view.
     lse_buf = torch.randn(T * N * D, device=DEVICE)
-    _raises_naming(
+    raises_naming(
         ValueError,
         lambda: rocm_mla.merge_attn_states(lse_buf.view(T, N, D), po, lse_buf[: N * T].view(N, T), so, sl),
         "output",
         "prefix_lse",
     )
     # output_lse over an output input.
-    _raises_naming(
+    raises_naming(
         ValueError,
         lambda: rocm_mla.merge_attn_states(torch.empty_like(po), po, pl, so, sl, so.view(-1)[: N * T].view(N, T)),
         "output_lse",
         "suffix_output",
     )
     # output_lse == an input lse, even the very same view.
-    _raises_naming(
+    raises_naming(
         ValueError,
         lambda: rocm_mla.merge_attn_states(torch.empty_like(po), po, pl, so, sl, sl),
         "output_lse",
@@ -495,13 +487,13 @@ def test_rope_debug_names_argument_index_and_bound(monkeypatch, debug):
     kw = {"debug": True} if debug == "kwarg" else {}
     if debug == "env":
         monkeypatch.setenv("ROCM_MLA_DEBUG", "1")
-    _raises_naming(
+    raises_naming(
         ValueError, lambda: case.run(None, False, **kw), "positions", f"[0, {MAX_POS})", f"{MAX_POS} at index 4"
     )
     case.positions[4] = 0
     case.slots[2] = 12
-    _raises_naming(ValueError, lambda: case.run(None, False, **kw), "slot_mapping", "= 12", "12 at index 2")
-    _raises_naming(
+    raises_naming(ValueError, lambda: case.run(None, False, **kw), "slot_mapping", "= 12", "12 at index 2")
+    raises_naming(
         ValueError,
         lambda: rocm_mla.concat_and_cache_mla(case.kv_c.view, case.k_pe, case.cache.view, case.slots, **kw),
         "concat_and_cache_mla: slot_mapping",
@@ -527,14 +519,14 @@ def test_rope_overlaps_rejected_naming_both():
     def call(**change):
         rocm_mla.fused_rope_mla_kv_write(is_neox=False, **{**kv, **change})
 
-    _raises_naming(ValueError, lambda: call(k_pe=q[:, :1, 100:164]), "q_pe", "k_pe", "no memory in common")
-    _raises_naming(ValueError, lambda: call(kv_c=case.cache.view.view(-1)[: 4 * 512].view(4, 512)), "kv_cache", "kv_c")
-    _raises_naming(
+    raises_naming(ValueError, lambda: call(k_pe=q[:, :1, 100:164]), "q_pe", "k_pe", "no memory in common")
+    raises_naming(ValueError, lambda: call(kv_c=case.cache.view.view(-1)[: 4 * 512].view(4, 512)), "kv_cache", "kv_c")
+    raises_naming(
         ValueError, lambda: call(cos_sin_cache=q.reshape(-1)[: 16 * 64].view(16, 64)), "q_pe", "cos_sin_cache"
     )
     pos_in_cache = case.cache.view.view(-1)[:8].view(torch.int64)
-    _raises_naming(ValueError, lambda: call(positions=pos_in_cache), "kv_cache", "positions")
-    _raises_naming(
+    raises_naming(ValueError, lambda: call(positions=pos_in_cache), "kv_cache", "positions")
+    raises_naming(
         ValueError,
         lambda: rocm_mla.concat_and_cache_mla(
             case.cache.view.view(-1)[: 4 * 512].view(4, 512), case.k_pe, case.cache.view, case.slots
@@ -823,13 +815,13 @@ def test_decode_overlaps_rejected_naming_both():
     rows, N = 2, 4
     kvflat = case.kv.view.view(-1)
     on_pages = kvflat[: rows * N * 512].view(rows, N, 512)  # out on cache pages a request reads
-    _raises_naming(ValueError, lambda: case.run("reference", out=on_pages), "out", "kv_cache", "no memory in common")
-    _raises_naming(ValueError, lambda: case.run("reference", out=case.q_nope), "out", "q_nope")
+    raises_naming(ValueError, lambda: case.run("reference", out=on_pages), "out", "kv_cache", "no memory in common")
+    raises_naming(ValueError, lambda: case.run("reference", out=case.q_nope), "out", "q_nope")
     lse_in_out = case.out.base[case.out.guard : case.out.guard + rows * N].view(rows, N)
-    _raises_naming(ValueError, lambda: case.run("reference", lse=lse_in_out), "out", "lse")
-    _raises_naming(ValueError, lambda: case.run("reference", lse=case.q_pe[:, :, 0]), "lse", "q_pe")
+    raises_naming(ValueError, lambda: case.run("reference", lse=lse_in_out), "out", "lse")
+    raises_naming(ValueError, lambda: case.run("reference", lse=case.q_pe[:, :, 0]), "lse", "q_pe")
     bt_buf = torch.zeros(64, dtype=torch.int32, device=DEVICE)
-    _raises_naming(
+    raises_naming(
         ValueError,
         lambda: rocm_mla.mla_decode(
             case.q_nope,
@@ -843,12 +835,12 @@ def test_decode_overlaps_rejected_naming_both():
         "lse",
         "block_table",
     )
-    _raises_naming(
+    raises_naming(
         ValueError, lambda: case.run("reference", workspace=case.out.base[case.out.guard :]), "out", "workspace"
     )
-    _raises_naming(ValueError, lambda: case.run("reference", workspace=kvflat), "workspace", "kv_cache")
+    raises_naming(ValueError, lambda: case.run("reference", workspace=kvflat), "workspace", "kv_cache")
     lse = torch.ones(rows, N, device=DEVICE)
-    _raises_naming(
+    raises_naming(
         ValueError,
         lambda: rocm_mla.mla_decode(
             case.q_nope,
@@ -895,7 +887,7 @@ def test_scale_validated_alike(op, bad, exc, words):
                 q, _randn((3, 2, 128)), _randn((3, 1, 64)), _randn((3, 2, 128)), cu, cu, sm_scale=bad
             )
 
-    _raises_naming(exc, fn, f"{op}: sm_scale", *words)
+    raises_naming(exc, fn, f"{op}: sm_scale", *words)
 
 
 @pytest.mark.gpu
@@ -1028,24 +1020,24 @@ def test_prefill_offsets_named_by_reference_and_debug():
     checks (on the CPU always; on a GPU with debug=True or for the reference backend)."""
     case = PrefillCase(13, 9, 2)
     cq, ck = _cu([5, 4, 4]), torch.tensor([0, 7, 2, 9], dtype=torch.int32, device=DEVICE)
-    _raises_naming(
+    raises_naming(
         ValueError,
         lambda: mla_prefill_ref(*case.args, cq, ck, 0.1),
         "mla_prefill_ref: cu_seqlens_k",
         "[0, 9]",
         "[0, 7, 2, 9]",
     )
-    _raises_naming(
+    raises_naming(
         ValueError, lambda: mla_prefill_ref(*case.args, _cu([5, 4, 5]), _cu([3, 3, 3]), 0.1), "cu_seqlens_q", "[0, 13]"
     )
     for backend in PREFILL_BACKENDS:
-        _raises_naming(
+        raises_naming(
             ValueError,
             lambda: rocm_mla.mla_prefill(*case.args, cq, ck, sm_scale=0.1, backend=backend, debug=True),
             "mla_prefill: cu_seqlens_k",
             "cu_seqlens_k[2] = 2 < cu_seqlens_k[1] = 7",
         )
-        _raises_naming(
+        raises_naming(
             ValueError,
             lambda: rocm_mla.mla_prefill(
                 *case.args, _cu([5, 4, 5]), _cu([3, 3, 3]), sm_scale=0.1, backend=backend, debug=True
@@ -1063,15 +1055,15 @@ def test_prefill_overlaps_rejected_naming_both():
     def call(**kw):
         return rocm_mla.mla_prefill(q, kn, kpe, v, cq, cq, sm_scale=0.1, **kw)
 
-    _raises_naming(ValueError, lambda: call(out=v, causal=False), "out", "v", "no memory in common")
-    _raises_naming(ValueError, lambda: call(out=q[..., :128]), "out", "q")
-    _raises_naming(ValueError, lambda: call(out=kn), "out", "k_nope")
+    raises_naming(ValueError, lambda: call(out=v, causal=False), "out", "v", "no memory in common")
+    raises_naming(ValueError, lambda: call(out=q[..., :128]), "out", "q")
+    raises_naming(ValueError, lambda: call(out=kn), "out", "k_nope")
     lse_in_out = case.out.base[case.out.guard : case.out.guard + 12].view(2, 6)
-    _raises_naming(ValueError, lambda: call(out=case.out.view, lse=lse_in_out), "out", "lse")
-    _raises_naming(ValueError, lambda: call(lse=case.latent.view[:, 512:514].transpose(0, 1)), "lse", "k_pe")
+    raises_naming(ValueError, lambda: call(out=case.out.view, lse=lse_in_out), "out", "lse")
+    raises_naming(ValueError, lambda: call(lse=case.latent.view[:, 512:514].transpose(0, 1)), "lse", "k_pe")
     cu_buf = torch.zeros(16, dtype=torch.int32, device=DEVICE)
     cu_buf[1] = 6
-    _raises_naming(
+    raises_naming(
         ValueError,
         lambda: rocm_mla.mla_prefill(
             q, kn, kpe, v, cu_buf[:2], cq, sm_scale=0.1, lse=cu_buf[1:13].view(torch.float32).view(2, 6)
@@ -1081,7 +1073,7 @@ def test_prefill_overlaps_rejected_naming_both():
     )
     # A context chunk read after out was written may not overlap it.
     chunk = ContextChunk(case.out.view, kpe, case.out.view, cq)
-    _raises_naming(
+    raises_naming(
         ValueError,
         lambda: rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, cq, [chunk], sm_scale=0.1, out=case.out.view),
         "context_chunks[0]",
@@ -1129,7 +1121,7 @@ def test_prefill_with_context_validates_every_chunk_before_writing(as_generator,
     arg = gen() if as_generator else chunks
     exc = TypeError if kind == "type" else ValueError
     # Offsets on a GPU are read (a sync) only with debug; on the CPU always.
-    _raises_naming(
+    raises_naming(
         exc,
         lambda: rocm_mla.mla_prefill_with_context(
             q, kn, kpe, v, cq, cq, arg, sm_scale=0.1, out=case.out.view, lse=case.lse, debug=True
@@ -1366,23 +1358,23 @@ def test_context_gather_zero_sizes(backend):
 
 def test_context_gather_overlap_and_shapes_named():
     cache, bt, cu, starts, t2s, dst = _gather_case()
-    _raises_naming(
+    raises_naming(
         ValueError,
         lambda: gather_context_chunk(cache.view, bt, cu, starts, t2s, cache.view.view(-1, 576)[:11]),
         "dst",
         "kv_cache",
     )
-    _raises_naming(
+    raises_naming(
         ValueError,
         lambda: gather_context_chunk(cache.view, bt, cu, starts, t2s[:5], dst.view),
         "token_to_seq",
         "11 rows",
     )
-    _raises_naming(
+    raises_naming(
         ValueError, lambda: gather_context_chunk(cache.view, bt, cu[:2], starts, t2s, dst.view), "cu_seq_lens", "(3,)"
     )
     buf = torch.zeros(11 * 576 + 8, dtype=torch.int32, device=DEVICE)  # dst over the block table
-    _raises_naming(
+    raises_naming(
         ValueError,
         lambda: gather_context_chunk(
             cache.view, buf[:8].view(2, 4), cu, starts, t2s, buf.view(torch.float32)[: 11 * 576].view(11, 576)
@@ -1391,7 +1383,7 @@ def test_context_gather_overlap_and_shapes_named():
         "block_table",
         "no memory in common",
     )
-    _raises_naming(
+    raises_naming(
         ValueError,
         lambda: gather_context_chunk(  # stride 0: two rows on one element
             cache.view, bt, cu, starts, t2s, torch.zeros(1, 576, device=DEVICE).expand(11, 576)

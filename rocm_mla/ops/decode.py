@@ -369,6 +369,12 @@ def num_compute_units(device: torch.device) -> int:
     return _num_cus(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def stage1_tier_index(tiers: list[dict[str, Any]], rows_per_request: int) -> int:
+    """Index of the stage-1 tier that serves ``rows_per_request`` query rows: the first whose
+    BLOCK_H holds them all, else the last (several row blocks per request)."""
+    return next((i for i, t in enumerate(tiers) if t["BLOCK_H"] >= rows_per_request), len(tiers) - 1)
+
+
 def stage1_config(
     arch: str,
     rows_per_request: int,
@@ -390,7 +396,7 @@ def stage1_config(
         tier = override
     else:
         tiers = config_for(OP, arch)["stage1"]
-        tier = next((t for t in tiers if t["BLOCK_H"] >= rows_per_request), tiers[-1])
+        tier = tiers[stage1_tier_index(tiers, rows_per_request)]
     cfg = {k: v for k, v in tier.items() if k not in _DTYPE_TAGS}
     qk = quantize_q and fp8
     tags = (

@@ -62,7 +62,7 @@ from typing import Any
 import torch
 
 from .. import configs as C
-from ..ops.decode import STAGE1_DEFAULTS
+from ..ops.decode import STAGE1_DEFAULTS, stage1_tier_index
 
 OP_KEYS = {
     "decode": "mla_decode",
@@ -596,7 +596,7 @@ def _decode_groups(t: Tuner, shapes: list[Shape]) -> list[Group]:
     for s in shapes:
         dt = shape_dtype(s, t.dev)
         m = s["q"] * s["N"]
-        ti = next((i for i, tr in enumerate(tiers) if tr["BLOCK_H"] >= m), len(tiers) - 1)
+        ti = stage1_tier_index(tiers, m)
         combo = (dt, s["kv"] == "fp8")
         if combo == (torch.float16, False):
             combo = (torch.bfloat16, False)  # the same 16-bit top level

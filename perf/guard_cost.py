@@ -190,8 +190,8 @@ UNGUARD = [
     (
         "rocm_mla/kernels/mla_decode.py",
         "            bad_page = _pages_outside(bt_row, first_blk, last_blk, num_pages, BLOCK_N)\n"
-        "            loop_end = tl.where(bad_page != 0, start, end)\n",
-        "            loop_end = end\n",
+        "            end = tl.where(bad_page != 0, start, end)\n",
+        "            pass\n",
     ),
 ]
 

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Run one mla_prefill shape a few times, for a hardware profiler (Nsight Compute on NVIDIA,
+rocprof on AMD) to attach to; prints the config and the per-call time.
+
+    ncu --clock-control none --set full -k regex:mla_prefill_kernel --launch-skip 3 --launch-count 1 \
+        python3 perf/profile_prefill.py --shape "16x1024 N=16" [--config '{"BLOCK_M": 128, ...}']
+
+The inputs are bench_prefill.py's (its Case: q, k_nope / v as strided views of one kv_b_proj output,
+k_pe one broadcast head of the latent buffer, causal, bf16) for one of its shapes (--shape, the
+label as bench_prefill prints it). --config passes a launch config (JSON, as in
+configs/mla_prefill.json) instead of the arch's default. The output is checked against the float32
+reference first (the first sequence, every head), so a profiled config is a correct one.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import torch
+from bench_prefill import SCALE, SHAPES, Case
+
+from rocm_mla.reference.prefill import mla_prefill_ref
+from rocm_mla.tools.benchutil import bench_parser, rotating_graph_us, start_bench
+
+
+def call_us(fn, dev: torch.device) -> float:
+    """Wall time of one call in us: CUDA/HIP events on a GPU (the profiler's own numbers are the
+    ones to read; these say the run is the expected one), the host clock elsewhere."""
+    if dev.type != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e6
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3
+
+
+def main() -> int:
+    ap = bench_parser(__doc__)
+    names = [s.name for s in SHAPES]
+    worst = "16x1024 N=16"  # the issue's farthest shape from cuDNN
+    default = worst if worst in names else names[0]
+    ap.add_argument("--shape", default=default, choices=names, help=f"one of bench_prefill's shapes ({default})")
+    ap.add_argument("--config", default="", help="launch config as JSON (default: the arch's)")
+    ap.add_argument("--calls", type=int, default=6)
+    ap.add_argument("--time", action="store_true", help="also print the median of CUDA-graph replays")
+    args = ap.parse_args()
+    gpu = start_bench("profile_prefill")
+    if gpu is None:
+        return 2
+    shape = SHAPES[names.index(args.shape)]
+    cfg = json.loads(args.config) if args.config else None
+    case = Case(shape, gpu.dev)
+    case.ours(cfg)
+    s, e = case.offs[0], case.offs[1]
+    cu = torch.tensor([0, e - s], dtype=torch.int32, device=gpu.dev)
+    ref, _ = mla_prefill_ref(
+        case.q[s:e].float(),
+        case.k_nope[s:e].float(),
+        case.k_pe[s:e].float(),
+        case.v[s:e].float(),
+        cu,
+        cu,
+        SCALE,
+        True,
+    )
+    err = ((case.out[s:e].float() - ref).norm() / ref.norm()).item()
+    print(f"{shape.name}: config={cfg or 'default'} first sequence rel. error {err:.2e} against float32")
+    if not err < 2e-2:
+        print("error too large: not profiling a wrong result", file=sys.stderr)
+        return 1
+    for i in range(args.calls):
+        us = call_us(lambda: case.ours(cfg), gpu.dev)
+        print(f"call {i}: {us:.1f} us ({shape.flops / us / 1e6:.0f} TFLOP/s)")
+    if args.time:
+        us = rotating_graph_us(lambda i: case.ours(cfg), 1, min_ms=50.0, reps=7, calls_per_graph=1)
+        print(f"graph replay: {us:.1f} us ({shape.flops / us / 1e6:.0f} TFLOP/s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _util import DEVICE, DTYPES, HAS_GPU, backends, raises_naming
+from _util import DEVICE, DTYPES, HAS_GPU, SENTINEL, backends, outside_untouched, poisoned_view, raises_naming
 
 from rocm_mla.ops import gather_context_chunk
 from rocm_mla.reference import context_gather_ref
@@ -69,14 +69,32 @@ class Chunk:
         return torch.stack(out) if out else torch.empty(0, 576, device=DEVICE)
 
     def dst(self, dtype, pad=0):
-        base = torch.full((self.T, 576 + pad), NAN, dtype=dtype, device=DEVICE)
-        return base, base[:, :576]
+        """(base, dst): dst is [T, 576] inside a NaN-filled base with ``pad`` extra elements per row."""
+        return poisoned_view((self.T, 576), dtype, pad_last=pad)
+
+    def args(self, dst):
+        """gather_context_chunk's arguments for this chunk, by name."""
+        return dict(
+            kv_cache=self.cache,
+            block_table=self.block_table,
+            cu_seq_lens=self.cu,
+            starts=self.starts,
+            token_to_seq=self.t2s,
+            dst=dst,
+        )
 
     def run(self, dst, backend=None, **kw):
-        kw.setdefault("k_scale", self.k_scale)
-        return gather_context_chunk(
-            self.cache, self.block_table, self.cu, self.starts, self.t2s, dst, backend=backend, **kw
-        )
+        """gather_context_chunk on this chunk into dst (k_scale: the chunk's); ``kw`` overrides any argument."""
+        return gather_context_chunk(**{**self.args(dst), "k_scale": self.k_scale, **kw}, backend=backend)
+
+    def run_poisoned(self, dtype, pad, backend):
+        """Gather into a fresh poisoned dst (``pad`` elements past each row): the op returns dst, every
+        row is written (no poison left, no NaN slot read), nothing past a row is written. Returns dst."""
+        base, dst = self.dst(dtype, pad)
+        assert self.run(dst, backend) is dst
+        assert not torch.isnan(dst.float()).any(), "a row was not written (or read a NaN slot)"
+        assert outside_untouched(base, dst), "wrote past a dst row"
+        return dst
 
     def ref(self):
         return context_gather_ref(self.cache, self.block_table, self.cu, self.starts, self.t2s, self.T, self.k_scale)
@@ -108,29 +126,23 @@ def test_reference_matches_definition(case, bs):
 @pytest.mark.parametrize("bs", [1, 16, 64])
 def test_matches_reference(backend, dtype, case, bs):
     ch = Chunk(*CASES[case], bs, dtype=dtype, seed=bs + 1)
-    base, dst = ch.dst(dtype, pad=8)
-    assert ch.run(dst, backend) is dst
-    assert not torch.isnan(dst.float()).any(), "a row was not written (or read a NaN slot)"
+    dst = ch.run_poisoned(dtype, 8, backend)
     # A gather: exact in the cache's own dtype.
     torch.testing.assert_close(dst.float(), ch.ref(), rtol=0, atol=0)
-    assert torch.isnan(base[:, 576:].float()).all(), "wrote past a dst row"
 
 
 @pytest.mark.parametrize("backend", GATHER_BACKENDS)
 @pytest.mark.parametrize("fp8", FP8_KINDS, ids=str)
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32] + ([torch.bfloat16] if HAS_GPU else []), ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_fp8_cache_dequantised(backend, fp8, dtype):
     if backend == "triton" and fp8 == torch.float8_e4m3fnuz and not HAS_GPU:
         pytest.skip("the Triton CPU interpreter has no e4m3fnuz")
     ch = Chunk(*CASES["three_requests"], 16, fp8=fp8, seed=3)
-    base, dst = ch.dst(dtype, pad=4)
-    ch.run(dst, backend)
+    dst = ch.run_poisoned(dtype, 4, backend)
     want = ch.expected()
     torch.testing.assert_close(ch.ref(), want, rtol=0, atol=0)
-    assert not torch.isnan(dst.float()).any()
     # stored x k_scale in float32, rounded once to dst's dtype
     torch.testing.assert_close(dst, want.to(dtype), rtol=0, atol=0)
-    assert torch.isnan(base[:, 576:].float()).all()
 
 
 @pytest.mark.parametrize("backend", GATHER_BACKENDS)
@@ -139,10 +151,8 @@ def test_strided_cache_and_dst(backend):
     wider buffer (the workspace may be a slice)."""
     ch = Chunk(*CASES["three_requests"], 16, seed=5, block_pad=40)
     assert not ch.cache.is_contiguous()
-    base, dst = ch.dst(F32, pad=100)
-    ch.run(dst, backend)
+    dst = ch.run_poisoned(F32, 100, backend)
     torch.testing.assert_close(dst, ch.expected(), rtol=0, atol=0)
-    assert torch.isnan(base[:, 576:]).all()
 
 
 @pytest.mark.parametrize("backend", GATHER_BACKENDS)
@@ -152,19 +162,17 @@ def test_empty_chunk_and_empty_table(backend):
     ch = Chunk(*CASES["one_request"], 16)
     dst = torch.empty(0, 576, device=DEVICE)
     assert ch.run(dst, backend) is dst
-    gather_context_chunk(
-        ch.cache,
-        torch.empty(0, 4, dtype=torch.int32, device=DEVICE),
-        _i32([0]),
-        _i32([]),
-        _i32([]),
+    ch.run(
         torch.empty(0, 576, device=DEVICE),
-        backend=backend,
+        backend,
+        block_table=torch.empty(0, 4, dtype=torch.int32, device=DEVICE),
+        cu_seq_lens=_i32([0]),
+        starts=_i32([]),
+        token_to_seq=_i32([]),
     )
-    empty_cache = torch.empty(0, 16, 576, device=DEVICE)
     _, dst = ch.dst(F32)
     dst.zero_()  # finite: the rows must be written NaN, not left as the poison
-    gather_context_chunk(empty_cache, ch.block_table, ch.cu, ch.starts, ch.t2s, dst, backend=backend)
+    ch.run(dst, backend, kv_cache=torch.empty(0, 16, 576, device=DEVICE))
     assert torch.isnan(dst).all()
 
 
@@ -180,7 +188,7 @@ def test_rows_read_only_from_their_slots(backend):
     for i, n in enumerate(ch.rows):
         pos = torch.arange(ch.start_list[i], ch.start_list[i] + n, device=DEVICE)
         covered[ch.block_table[i, pos // ch.bs].long(), pos % ch.bs] = True
-    ch.cache[~covered] = 77.0
+    ch.cache[~covered] = SENTINEL
     snap = ch.cache.clone()
     _, dst2 = ch.dst(F32)
     ch.run(dst2, backend)
@@ -207,10 +215,7 @@ def test_default_dispatch_and_forced_backend(monkeypatch):
 # ---------------------------------------------------------------- bad input
 def _args():
     ch = Chunk(*CASES["three_requests"], 16, seed=11)
-    _, dst = ch.dst(F32)
-    return dict(
-        kv_cache=ch.cache, block_table=ch.block_table, cu_seq_lens=ch.cu, starts=ch.starts, token_to_seq=ch.t2s, dst=dst
-    )
+    return ch.args(ch.dst(F32)[1])
 
 
 @pytest.mark.parametrize(

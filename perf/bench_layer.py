@@ -63,6 +63,7 @@ from rocm_mla.ops import (
     mla_decode,
     mla_prefill_with_context,
 )
+from rocm_mla.reference.rope_kv_write import rope_cos_sin_cache
 from rocm_mla.tools.benchutil import (
     DATA_MOVEMENT_KERNELS,
     Record,
@@ -114,11 +115,8 @@ class Layer:
         self.w_uk_t = torch.randn(N, P, L, device=dev, dtype=dt) / math.sqrt(P)
         self.w_uv = torch.randn(N, L, V, device=dev, dtype=dt) / math.sqrt(L)
         self.w_kv_b = torch.randn(L, N * (P + V), device=dev, dtype=dt) / math.sqrt(L)
-        inv = 1.0 / (10000 ** (torch.arange(0, R, 2, device=dev, dtype=torch.float32) / R))
-        t = torch.arange(65536, device=dev, dtype=torch.float32)
-        freqs = torch.outer(t, inv)
         # [max_pos, 64] = cat(cos, sin), vLLM's layout, in the model dtype as forward_native casts it
-        self.cos_sin = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dt)
+        self.cos_sin = rope_cos_sin_cache(65536, rot_dim=R, dtype=dt, device=dev)
 
 
 class DecodeStep:
@@ -404,9 +402,7 @@ def check_rope_kv(dev: torch.device, N: int = 4, T: int = 7) -> dict[str, float]
     by the fused variants only, as vLLM's fused op does, so its rotation is checked in the cache).
     The vllm_op variant is left out (None) when vLLM cannot be set up."""
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    inv = 1.0 / (10000 ** (torch.arange(0, R, 2, dtype=torch.float32) / R))
-    freqs = torch.outer(torch.arange(4096, dtype=torch.float32), inv)
-    cos_sin = torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dev, dtype)
+    cos_sin = rope_cos_sin_cache(4096, rot_dim=R).to(dev, dtype)  # float32, then moved and cast
     rk = RopeKV(N, T, dev, cos_sin, dtype)
     why = setup_vllm_op(dev)
     results, ref = {}, None

@@ -40,7 +40,7 @@ from rocm_mla.configs import config_for, platform_fp8_dtype, tune_candidates, tu
 from rocm_mla.ops import fused_rope_mla_kv_write
 from rocm_mla.ops._dispatch import unavailable
 from rocm_mla.ops.rope_kv_write import OP, fp8_cache_kind, launch, triton_meta
-from rocm_mla.reference.rope_kv_write import fused_rope_mla_kv_write_ref, quantize_fp8_ref
+from rocm_mla.reference.rope_kv_write import fused_rope_mla_kv_write_ref, quantize_fp8_ref, rope_cos_sin_cache
 from rocm_mla.tools.benchutil import (
     Record,
     bar_plot,
@@ -94,10 +94,8 @@ def errors_ok(err_q: float, err_c: float, fp8) -> bool:
 
 
 def make_cos_sin(dev):
-    theta = torch.outer(
-        torch.arange(MAX_POS, dtype=torch.float32, device=dev), 10000.0 ** (-torch.arange(0, 64, 2, device=dev) / 64)
-    )
-    return torch.cat((theta.cos(), theta.sin()), dim=-1).to(torch.bfloat16)  # |rotation| = 1: stable when repeated
+    """[MAX_POS, 64] bf16 cat(cos, sin), no mscale: |rotation| = 1, stable when repeated."""
+    return rope_cos_sin_cache(MAX_POS, dtype=torch.bfloat16, device=dev)
 
 
 def main() -> int:

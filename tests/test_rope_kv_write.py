@@ -21,7 +21,7 @@ from _hip_cpu import compile_hip_on_cpu
 from _util import DEVICE, DTYPES, TOL, backends
 
 import rocm_mla
-from rocm_mla.reference.rope_kv_write import FP8_MAX, cache_rows_ref, quantize_fp8_ref, rope_ref
+from rocm_mla.reference.rope_kv_write import FP8_MAX, cache_rows_ref, quantize_fp8_ref, rope_cos_sin_cache, rope_ref
 
 MAX_POS = 8192
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,10 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # ---------------------------------------------------------------- inputs
 def make_cos_sin_cache(dtype=torch.float32, max_pos=MAX_POS, base=10000.0, mscale=1.25):
-    """vLLM's layout: cat(cos, sin) * mscale (YaRN folds mscale into the cache), [max_pos, 64]."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, 64, 2, dtype=torch.float64) / 64))
-    freqs = torch.outer(torch.arange(max_pos, dtype=torch.float64), inv_freq)
-    return (torch.cat((freqs.cos(), freqs.sin()), dim=-1) * mscale).to(dtype).to(DEVICE)
+    """vLLM's layout: cat(cos, sin) * mscale (YaRN folds mscale into the cache), [max_pos, 64];
+    computed in float64, then cast to ``dtype`` and moved to DEVICE."""
+    return rope_cos_sin_cache(max_pos, base=base, mscale=mscale, dtype=dtype, compute_dtype=torch.float64).to(DEVICE)
 
 
 class Case:

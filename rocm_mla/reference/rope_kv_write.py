@@ -23,6 +23,35 @@ from ..mla_dims import QK_ROPE_HEAD_DIM
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0}
 
 
+def rope_cos_sin_cache(
+    max_pos: int,
+    *,
+    rot_dim: int = QK_ROPE_HEAD_DIM,
+    base: float = 10000.0,
+    mscale: float = 1.0,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+    compute_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """The RoPE cos/sin table ``cos_sin_cache [max_pos, rot_dim]``, vLLM's layout: row p is
+    ``cat(cos(p * inv_freq), sin(p * inv_freq)) * mscale`` -- the first half (``rot_dim / 2``
+    columns) cos, the second half sin -- with ``inv_freq[i] = 1 / base ** (2i / rot_dim)``
+    (vLLM's ``RotaryEmbedding``, DeepSeek's base 10000).
+
+    mscale: a factor folded into the table (YaRN's mscale; 1 = none, and then no multiply).
+    compute_dtype: the dtype of the frequencies, angles, cos/sin and the mscale multiply (float32
+    as vLLM; float64 for a table closer to exact); the result is then cast to ``dtype``.
+    device: where it is computed and kept (None: torch's default device).
+    """
+    exponent = torch.arange(0, rot_dim, 2, dtype=compute_dtype, device=device) / rot_dim
+    inv_freq = 1.0 / (base**exponent)
+    freqs = torch.outer(torch.arange(max_pos, dtype=compute_dtype, device=device), inv_freq)
+    cs = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+    if mscale != 1.0:
+        cs = cs * mscale
+    return cs.to(dtype)
+
+
 def rope_ref(positions: torch.Tensor, x: torch.Tensor, cos_sin_cache: torch.Tensor, *, is_neox: bool) -> torch.Tensor:
     """Rotate ``x [T, ..., 64]`` by the angles of ``positions [T]``; returns float32, x's shape.
 

@@ -367,13 +367,6 @@ class MergeCase(Case):
         return rel_err("output", self.out[:r], ro, self.tol) or rel_err("output_lse", self.ol[:, :r], rl, 1e-4)
 
 
-def rope_cos_sin(max_pos: int, dev: torch.device, dt: torch.dtype) -> torch.Tensor:
-    theta = torch.outer(
-        torch.arange(max_pos, dtype=torch.float32, device=dev), 10000.0 ** (-torch.arange(0, 64, 2, device=dev) / 64)
-    )
-    return torch.cat((theta.cos(), theta.sin()), dim=-1).to(dt)
-
-
 class RopeCase(Case):
     """fused_rope_mla_kv_write on DeepSeek's layout (perf/bench_rope_kv_write.py): q_pe = q[..., 128:] of
     [T, N, 192], k_pe = kv_a[:, 512:] of [T, 576], cos_sin_cache in the model dtype, random
@@ -381,6 +374,7 @@ class RopeCase(Case):
 
     def __init__(self, s: Shape, dev: torch.device):
         from .. import _platform
+        from ..reference.rope_kv_write import rope_cos_sin_cache
 
         self.s, self.dev = s, dev
         T, N, block = s["T"], s["N"], s["block"]
@@ -389,7 +383,7 @@ class RopeCase(Case):
             raise ValueError(f"{s.key}: kv must be auto or fp8")
         self.fp8 = C.platform_fp8_dtype(_platform.device_arch(dev)) if s["kv"] == "fp8" else None
         max_pos = MAX_POS if dev.type == "cuda" else 4096
-        self.cos_sin = rope_cos_sin(max_pos, dev, dt)
+        self.cos_sin = rope_cos_sin_cache(max_pos, dtype=dt, device=dev)
         self.q = torch.randn(T, N, 192, device=dev, dtype=dt)
         self.kv_a = torch.randn(T, 576, device=dev, dtype=dt)
         self.kv_c = torch.randn(T, 512, device=dev, dtype=dt)
@@ -814,7 +808,7 @@ def _small_merge(dev, dt, d: int, backend: str | None) -> str:
 
 def _small_rope(dev, arch, dt, n: int, fp8: bool, neox: bool, backend: str | None) -> str:
     from ..ops import fused_rope_mla_kv_write
-    from ..reference.rope_kv_write import fused_rope_mla_kv_write_ref, quantize_fp8_ref
+    from ..reference.rope_kv_write import fused_rope_mla_kv_write_ref, quantize_fp8_ref, rope_cos_sin_cache
 
     g = torch.Generator().manual_seed(7)
     T, block, max_pos = 37, 16, 4096
@@ -822,7 +816,7 @@ def _small_rope(dev, arch, dt, n: int, fp8: bool, neox: bool, backend: str | Non
     kv_a = torch.randn(T, 576, generator=g).to(dt).to(dev)
     kv_c = torch.randn(T, 512, generator=g).to(dt).to(dev)
     pos = torch.randint(0, max_pos, (T,), generator=g).to(dev)
-    cs = rope_cos_sin(max_pos, dev, torch.float32)
+    cs = rope_cos_sin_cache(max_pos, device=dev)
     nblk = T // block + 2
     slots = torch.randperm(nblk * block, generator=g)[:T].to(dev)
     f8 = C.platform_fp8_dtype(arch) if fp8 else None

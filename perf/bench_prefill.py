@@ -286,14 +286,10 @@ class Aiter:
         if not Path(peers, "aiter", "ops", "triton").is_dir():
             self.reason = f"no {peers}/aiter/ops/triton (bash perf/peers/get_aiter_peers.sh {peers}; carry it)"
             return
-        import contextlib
-        import io
-
-        buf = io.StringIO()
-        with contextlib.redirect_stdout(buf):
-            self.mod = load_aiter_peer(peers, "mha", config_arch="gfx942")
-        if self.mod is None:
-            self.reason = buf.getvalue().strip().removeprefix("aiter peer unavailable: ") or "import failed"
+        try:
+            self.mod = load_aiter_peer(peers, "mha", config_arch="gfx942", raise_errors=True)
+        except Exception as exc:  # the line load_aiter_peer would print, less its prefix
+            self.reason = f"{type(exc).__name__}: {exc}".strip()
             return
         try:
             self.cfg = dict(self.mod._get_config(False, torch.bfloat16, has_pe=True))

@@ -80,6 +80,7 @@ from rocm_mla.tools.benchutil import (
     start_bench,
     time_ms,
     vllm_num_kv_splits,
+    vllm_triton_mla_decode,
     write_csv,
 )
 from rocm_mla.variants.decode import tuning_candidates
@@ -97,27 +98,9 @@ def vllm(s: Setup, decode_attention_fwd, sm_count: int):
     scale = s.k_scale if s.fp8 else torch.ones(1, device=s.q.device)  # layer._k_scale is a tensor
 
     def call(i: int):
-        q = torch.cat((s.ql_nope, s.q_pe), dim=-1)
-        o = torch.zeros(s.B, s.N, L, dtype=q.dtype, device=q.device)
-        lse = torch.zeros(s.B, s.N, dtype=q.dtype, device=q.device)
-        kv = s.caches[i].unsqueeze(2)
-        decode_attention_fwd(
-            q,
-            kv,
-            kv[..., :L],
-            o,
-            lse,
-            s.tables[i],
-            s.seq_lens,
-            attn_logits,
-            S,
-            SCALE,
-            kv.size(1),
-            k_scale=scale,
-            v_scale=scale,
-            is_mla=True,
+        return vllm_triton_mla_decode(
+            decode_attention_fwd, s.ql_nope, s.q_pe, s.caches[i], s.tables[i], s.seq_lens, attn_logits, SCALE, scale
         )
-        return o
 
     return call, ""
 

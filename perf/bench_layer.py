@@ -76,6 +76,7 @@ from rocm_mla.tools.benchutil import (
     time_ms,
     vllm_forward_static,
     vllm_num_kv_splits,
+    vllm_triton_mla_decode,
     vllm_unfused_rope_kv_write,
     write_csv,
 )
@@ -139,6 +140,7 @@ class DecodeStep:
         self.vllm_decode = vllm_decode
         self.S = vllm_num_kv_splits(seq, sm_count)
         self.logits = torch.empty(B, N, self.S, L + 1, device=dev, dtype=torch.float32)
+        self.one = torch.ones(1, device=dev)  # k_scale / v_scale: layer._k_scale is a tensor made once
         self._saved = (self.q.clone(), self.kv_a.clone())
 
     def reset(self):
@@ -197,27 +199,16 @@ class DecodeStep:
         vllm_unfused_rope_kv_write(
             self.positions, self.q, self.kv_a, self.kv_a[:, :L], self.layer.cos_sin, self.cache, self.slots, None, None
         )
-        ql_nope = self._absorb()
-        q = torch.cat((ql_nope, self.q[..., P:]), dim=-1)
-        o = torch.zeros(self.B, self.layer.N, L, dtype=q.dtype, device=q.device)
-        lse = torch.zeros(self.B, self.layer.N, dtype=q.dtype, device=q.device)
-        kv = self.cache.unsqueeze(2)
-        one = torch.ones(1, device=q.device)
-        self.vllm_decode(
-            q,
-            kv,
-            kv[..., :L],
-            o,
-            lse,
+        o = vllm_triton_mla_decode(
+            self.vllm_decode,
+            self._absorb(),
+            self.q[..., P:],
+            self.cache,
             self.table,
             self.seq_lens,
             self.logits,
-            self.S,
             SCALE,
-            BLOCK,
-            k_scale=one,
-            v_scale=one,
-            is_mla=True,
+            self.one,
         )
         self._up(o)
 

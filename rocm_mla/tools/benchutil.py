@@ -420,6 +420,40 @@ def vllm_unfused_rope_kv_write(positions, q, kv_a, kv_c, cos_sin, cache, slots, 
     flat.index_copy_(0, slots, row)
 
 
+def vllm_triton_mla_decode(
+    decode_attention_fwd, ql_nope, q_pe, kv_cache, block_table, seq_lens, attn_logits, sm_scale, k_scale
+) -> torch.Tensor:
+    """vLLM 0.33 TRITON_MLA ``forward_mqa``'s decode as it runs it, copies included: q = cat(ql_nope
+    [B, N, 512], q_pe [B, N, 64]) -> [B, N, 576], o and lse zero-filled, kv_cache [pages, block, 576]
+    viewed [pages, block, 1, 576] as K and its first 512 columns as V, then vLLM's Triton
+    ``decode_attention_fwd`` (loaded by ``load_vllm_peer``) with ``attn_logits`` [B, N, S, 513]
+    float32 as the split workspace (S = its third dim: ``vllm_num_kv_splits``), the page size and
+    k_scale = v_scale: a float32 tensor made once by the caller, as ``layer._k_scale`` is (ones for a
+    16-bit cache; made per call it would add a fill kernel to the timed step). Returns o [B, N, 512]."""
+    L = ql_nope.shape[-1]
+    q = torch.cat((ql_nope, q_pe), dim=-1)
+    o = torch.zeros(q.shape[0], q.shape[1], L, dtype=q.dtype, device=q.device)
+    lse = torch.zeros(q.shape[0], q.shape[1], dtype=q.dtype, device=q.device)
+    kv = kv_cache.unsqueeze(2)
+    decode_attention_fwd(
+        q,
+        kv,
+        kv[..., :L],
+        o,
+        lse,
+        block_table,
+        seq_lens,
+        attn_logits,
+        attn_logits.shape[2],
+        sm_scale,
+        kv.size(1),
+        k_scale=k_scale,
+        v_scale=k_scale,
+        is_mla=True,
+    )
+    return o
+
+
 def vllm_num_kv_splits(max_seq_len: int, sm_count: int) -> int:
     """vLLM 0.33 triton_mla.py _compute_num_kv_splits (min work per split 512, 2 x SMs cap)."""
     import triton

@@ -1,0 +1,66 @@
+"""rocm_mla.tools.benchutil's stand-ins for vLLM's data path around a peer kernel: they must call
+the peer exactly as vLLM 0.33 does (the benchmarks' upstream columns are only fair if so)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from _util import DEVICE, HAS_GPU
+
+from rocm_mla.reference import mla_decode_ref
+from rocm_mla.tools.benchutil import load_vllm_peer, vllm_num_kv_splits, vllm_triton_mla_decode
+
+PEERS = Path(__file__).resolve().parent.parent / ".peers"
+
+
+def _decode_inputs(B=2, N=4, pages=9, block=16, lens=(37, 5), S=4, dtype=torch.float32, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    ql = torch.randn(B, N, 512, generator=g).to(dtype).to(DEVICE)
+    qp = torch.randn(B, N, 64, generator=g).to(dtype).to(DEVICE)
+    cache = torch.randn(pages, block, 576, generator=g).to(dtype).to(DEVICE)
+    table = torch.randperm(pages, generator=g)[: B * 4].view(B, 4).to(torch.int32).to(DEVICE)
+    seq = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    logits = torch.empty(B, N, S, 513, device=DEVICE)
+    return ql, qp, cache, table, seq, logits
+
+
+def test_triton_mla_decode_calls_the_peer_as_forward_mqa_does():
+    """A recording stand-in for decode_attention_fwd: q is cat(ql_nope, q_pe), o and lse start at 0,
+    K is the cache viewed [pages, block, 1, 576] (no copy), V its first 512 columns, the split count
+    is the workspace's, the page size the cache's, k_scale and v_scale the caller's tensor."""
+    ql, qp, cache, table, seq, logits = _decode_inputs()
+    scale = torch.full((1,), 0.5, device=DEVICE)
+    seen = {}
+
+    def peer(q, k, v, o, lse, bt, sl, att, S, sm_scale, page, **kw):
+        seen.update(q=q.clone(), k=k, v=v, o0=o.clone(), lse0=lse.clone(), bt=bt, sl=sl, att=att, S=S)
+        seen.update(sm_scale=sm_scale, page=page, kw=kw)
+        o.fill_(7.0)
+
+    o = vllm_triton_mla_decode(peer, ql, qp, cache, table, seq, logits, 0.125, scale)
+    assert torch.equal(seen["q"], torch.cat((ql, qp), dim=-1)) and seen["q"].shape == (2, 4, 576)
+    assert seen["k"].shape == (9, 16, 1, 576) and seen["k"].data_ptr() == cache.data_ptr()
+    assert seen["v"].shape == (9, 16, 1, 512) and seen["v"].data_ptr() == cache.data_ptr()
+    assert not seen["o0"].any() and not seen["lse0"].any() and seen["o0"].shape == (2, 4, 512)
+    assert seen["bt"] is table and seen["sl"] is seq and seen["att"] is logits and seen["S"] == 4
+    assert seen["sm_scale"] == 0.125 and seen["page"] == 16
+    assert seen["kw"]["k_scale"] is scale and seen["kw"]["v_scale"] is scale and seen["kw"]["is_mla"] is True
+    assert (o == 7.0).all()  # the o the peer wrote is what comes back
+
+
+@pytest.mark.skipif(
+    not (PEERS / "vllm" / "v1" / "attention" / "ops" / "triton_decode_attention.py").is_file(),
+    reason="vLLM's Triton decode is not in .peers (../shared/peers/get_vllm_peers.sh .peers makes it)",
+)
+def test_triton_mla_decode_with_vllms_kernel_matches_the_reference():
+    """The real peer kernel (interpreter on the CPU) through the stand-in: the float32 reference's
+    result, so the benchmarks' vLLM column times a correct call."""
+    fwd = load_vllm_peer(str(PEERS), "triton_decode_attention", "decode_attention_fwd")
+    assert fwd is not None
+    dtype = torch.bfloat16 if HAS_GPU else torch.float32
+    S = vllm_num_kv_splits(37, 4)
+    ql, qp, cache, table, seq, logits = _decode_inputs(S=S, dtype=dtype)
+    o = vllm_triton_mla_decode(fwd, ql, qp, cache, table, seq, logits, 0.1, torch.ones(1, device=DEVICE))
+    ro, _ = mla_decode_ref(ql.float(), qp.float(), cache.float(), table, seq, 0.1)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    torch.testing.assert_close(o.float(), ro, rtol=tol, atol=tol)

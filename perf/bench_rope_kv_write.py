@@ -74,6 +74,14 @@ def make_case(dev, T: int, N: int, fp8, cos_sin):
     return q, kv_a, kv_c, pos, slots, cache, nbytes
 
 
+def expected(q, kv_a, kv_c, pos, cos_sin, fp8, k_scale) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q_pe after RoPE, the cache rows as stored and read back) by the float32 reference: what every
+    provider's output is checked against (fp8: quantised by k_scale, dequantised again)."""
+    q_ref, _, rows_ref = fused_rope_mla_kv_write_ref(pos, q[..., 128:], kv_a[:, 512:], kv_c, cos_sin, is_neox=False)
+    want = rows_ref if fp8 is None else quantize_fp8_ref(rows_ref, k_scale, fp8).float() * k_scale
+    return q_ref, want
+
+
 def check_case(fn, q, kv_a, kv_c, pos, cos_sin, cache, slots, fp8, k_scale, q_ref, want) -> tuple[float, float]:
     """Run ``fn`` once on fresh copies of the inputs; max relative errors of q_pe and the cache rows."""
     qc, kc, cc = q.clone(), kv_a.clone(), cache.clone()
@@ -156,10 +164,7 @@ def main() -> int:
                 shape = f"T={T} N={N} {cache_name}"
                 groups.append(shape)
                 q, kv_a, kv_c, pos, slots, cache, nbytes = make_case(dev, T, N, fp8, cos_sin)
-                q_ref, _, rows_ref = fused_rope_mla_kv_write_ref(
-                    pos, q[..., 128:], kv_a[:, 512:], kv_c, cos_sin, is_neox=False
-                )
-                want = rows_ref if fp8 is None else quantize_fp8_ref(rows_ref, k_scale, fp8).float() * k_scale
+                q_ref, want = expected(q, kv_a, kv_c, pos, cos_sin, fp8, k_scale)
                 row = [shape]
                 times = {}
                 q_work, kv_work = q.clone(), kv_a.clone()  # the timed calls rotate these over and over
@@ -193,7 +198,7 @@ def main() -> int:
                 else:
                     row.append("-")
                 rows.append(row)
-                del q, kv_a, q_work, kv_work, kv_c, cache, q_ref, rows_ref, want
+                del q, kv_a, q_work, kv_work, kv_c, cache, q_ref, want
                 torch.cuda.empty_cache()
     records.append(Record("copy", "torch", "2 GiB", "GB/s", copy, name, torch.__version__))
     print(
@@ -307,11 +312,7 @@ class TuneSweep:
     def _case(self, T: int, N: int, cname: str) -> dict:
         fp8 = self.fp8_kind if cname == "fp8" else None
         q, kv_a, kv_c, pos, slots, cache, nbytes = make_case(self.dev, T, N, fp8, self.cos_sin)
-        q_ref, _, rows_ref = fused_rope_mla_kv_write_ref(
-            pos, q[..., 128:], kv_a[:, 512:], kv_c, self.cos_sin, is_neox=False
-        )
-        want = rows_ref if fp8 is None else quantize_fp8_ref(rows_ref, self.k_scale, fp8).float() * self.k_scale
-        del rows_ref
+        q_ref, want = expected(q, kv_a, kv_c, pos, self.cos_sin, fp8, self.k_scale)
         return dict(
             T=T,
             N=N,

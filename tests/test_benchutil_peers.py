@@ -1,14 +1,16 @@
 """rocm_mla.tools.benchutil's stand-ins for vLLM's data path around a peer kernel: they must call
 the peer exactly as vLLM 0.33 does (the benchmarks' upstream columns are only fair if so)."""
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from _util import DEVICE, HAS_GPU
 
-from rocm_mla.reference import mla_decode_ref
-from rocm_mla.tools.benchutil import load_vllm_peer, vllm_num_kv_splits, vllm_triton_mla_decode
+from rocm_mla.tools.benchutil import vllm_triton_mla_decode
 
 PEERS = Path(__file__).resolve().parent.parent / ".peers"
 
@@ -48,19 +50,33 @@ def test_triton_mla_decode_calls_the_peer_as_forward_mqa_does():
     assert (o == 7.0).all()  # the o the peer wrote is what comes back
 
 
+_PEER_CHILD = r"""
+import sys, torch
+sys.path[:0] = ["tests", "."]
+import test_benchutil_peers as t
+from rocm_mla.reference import mla_decode_ref
+from rocm_mla.tools.benchutil import load_vllm_peer, vllm_num_kv_splits, vllm_triton_mla_decode
+fwd = load_vllm_peer(str(t.PEERS), "triton_decode_attention", "decode_attention_fwd")
+assert fwd is not None and str(t.PEERS) in sys.modules["vllm"].__file__, sys.modules.get("vllm")
+dtype = torch.bfloat16 if t.HAS_GPU else torch.float32
+ql, qp, cache, table, seq, logits = t._decode_inputs(S=vllm_num_kv_splits(37, 4), dtype=dtype)
+o = vllm_triton_mla_decode(fwd, ql, qp, cache, table, seq, logits, 0.1, torch.ones(1, device=t.DEVICE))
+ro, _ = mla_decode_ref(ql.float(), qp.float(), cache.float(), table, seq, 0.1)
+tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+torch.testing.assert_close(o.float(), ro, rtol=tol, atol=tol)
+print("peer ok")
+"""
+
+
 @pytest.mark.skipif(
     not (PEERS / "vllm" / "v1" / "attention" / "ops" / "triton_decode_attention.py").is_file(),
     reason="vLLM's Triton decode is not in .peers (../shared/peers/get_vllm_peers.sh .peers makes it)",
 )
 def test_triton_mla_decode_with_vllms_kernel_matches_the_reference():
     """The real peer kernel (interpreter on the CPU) through the stand-in: the float32 reference's
-    result, so the benchmarks' vLLM column times a correct call."""
-    fwd = load_vllm_peer(str(PEERS), "triton_decode_attention", "decode_attention_fwd")
-    assert fwd is not None
-    dtype = torch.bfloat16 if HAS_GPU else torch.float32
-    S = vllm_num_kv_splits(37, 4)
-    ql, qp, cache, table, seq, logits = _decode_inputs(S=S, dtype=dtype)
-    o = vllm_triton_mla_decode(fwd, ql, qp, cache, table, seq, logits, 0.1, torch.ones(1, device=DEVICE))
-    ro, _ = mla_decode_ref(ql.float(), qp.float(), cache.float(), table, seq, 0.1)
-    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
-    torch.testing.assert_close(o.float(), ro, rtol=tol, atol=tol)
+    result, so the benchmarks' vLLM column times a correct call. In its own interpreter: once the
+    suite has imported the installed vLLM, ``vllm`` would resolve there, not to the peer."""
+    env = dict(os.environ, TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET", "0" if HAS_GPU else "1"))
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-c", _PEER_CHILD], cwd=root, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0 and "peer ok" in proc.stdout, proc.stdout + proc.stderr

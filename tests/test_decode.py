@@ -619,6 +619,7 @@ def _quantize_q_check(case, tol, config=None):
         torch.testing.assert_close(lse.cpu(), rl.cpu(), rtol=0, atol=tol)
     ref_o, ref_l = case.run(backend="reference", k_scale=case.k_scale, quantize_q=True)
     torch.testing.assert_close(ref_o.float().cpu(), ro.cpu(), rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(ref_l.cpu(), rl.cpu(), rtol=0, atol=1e-3)
     plain, _ = case.run(config=config, num_kv_splits=1, k_scale=case.k_scale)
     assert (plain.float() - o.float()).abs().max() > tol / 10
 
@@ -681,11 +682,14 @@ def test_quantize_q_config_resolution():
     assert not on(torch.float16, False)["FP8_QK"] and not on(torch.float32, True)["FP8_QK"]
 
 
-# The CPU tile of the default config, with the page check after the loop (clamped pages in it).
+# A 16-row, 16-token tile in one stage, with each tile's page clamped into the cache in the loop and
+# the entries checked after it.
 CLAMP_CFG = {"BLOCK_H": 16, "BLOCK_N": 16, "D_SPLIT": 1, "num_warps": 4, "num_stages": 1, "CLAMP_PAGES": True}
+# The same tile checking the block-table entries before the loop (the default is per arch: AMD clamps).
+CHECK_CFG = {**CLAMP_CFG, "CLAMP_PAGES": False}
 
 
-@pytest.mark.parametrize("cfg", [None, CLAMP_CFG], ids=["check_first", "clamp"])
+@pytest.mark.parametrize("cfg", [CHECK_CFG, CLAMP_CFG], ids=["check_first", "clamp"])
 @pytest.mark.parametrize("splits", [1, 2, 5])
 @pytest.mark.parametrize("bad", ["minus_one", "num_pages", "huge"])
 @pytest.mark.parametrize("block_size", [16, 4, 24])  # PAGE_MODE 2, 1, 0 with the 16-token CPU tile
@@ -706,16 +710,16 @@ def test_bad_page_id_makes_only_that_request_nan(cfg, splits, bad, block_size):
     torch.testing.assert_close(lse[keep], rl[keep], rtol=0, atol=1e-3)
 
 
-@pytest.mark.parametrize("cfg", [None, CLAMP_CFG], ids=["check_first", "clamp"])
+@pytest.mark.parametrize("cfg", [CHECK_CFG, CLAMP_CFG], ids=["check_first", "clamp"])
 @pytest.mark.parametrize("splits", [1, 3])
 def test_cache_without_pages_makes_used_requests_nan(cfg, splits):
     """kv_cache of 0 pages: every entry a request with keys uses is outside it, so that request is
     NaN (nothing is read); a request with seq_len 0 still gets out 0 and lse -inf."""
     g = torch.Generator().manual_seed(44)
-    kv = torch.empty(0, 16, 576)
-    bt = torch.zeros(2, 3, dtype=torch.int32)
-    sl = torch.tensor([20, 0], dtype=torch.int32)
-    q, qp = torch.randn(2, 4, 512, generator=g), torch.randn(2, 4, 64, generator=g)
+    kv = torch.empty(0, 16, 576, device=DEVICE)
+    bt = torch.zeros(2, 3, dtype=torch.int32, device=DEVICE)
+    sl = torch.tensor([20, 0], dtype=torch.int32, device=DEVICE)
+    q, qp = (torch.randn(2, 4, d, generator=g).to(DEVICE) for d in (512, 64))
     out, lse = rocm_mla.mla_decode(
         q, qp, kv, bt, sl, sm_scale=0.1, backend="triton", num_kv_splits=splits, config=cfg, debug=False
     )
@@ -840,8 +844,8 @@ def _this_gpu_tier0(clamp: bool, fp8: bool) -> dict:
 @pytest.mark.parametrize("kv", ["bf16", "fp8"])
 def test_gpu_page_guard_forms(clamp, kv):
     """Both forms of the page guard on this GPU's 16-row tier (block 64: one page per tile): a bad
-    page NaNs only its request, a NaN KV row reaches its request, and a cache of 0 pages reads
-    nothing (its base pointer may be null: any read would fault, under memcheck or not)."""
+    page NaNs only its request, and a cache of 0 pages reads nothing (its base pointer may be null:
+    any read would fault, under memcheck or not). A NaN KV row: test_gpu_bad_page_and_nan_row."""
     fp8 = kv == "fp8"
     cfg = _this_gpu_tier0(clamp, fp8)
     kw = {"k_scale": 0.5} if fp8 else {}

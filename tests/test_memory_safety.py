@@ -628,7 +628,8 @@ DECODE_BACKENDS = [b for b in ("triton", "reference") if b in backends()]  # no 
 
 class DecodeCase:
     """A decode batch with a sentinel-guarded paged cache (random values; guards reach two pages
-    past each end), a shuffled block table, and NaN-poisoned guarded out / lse."""
+    past each end), a shuffled block table, and guarded out / lse that start random (finite), so
+    that a request's NaN rows are the kernel's and an unwritten row fails the comparison."""
 
     def __init__(self, lens, N, q_len, bs, *, dtype=F32, spare_pages=2, spare_cols=1, seed=0):
         g = _gen(seed)
@@ -649,8 +650,8 @@ class DecodeCase:
         rows = self.B * q_len
         self.q_nope = _randn((rows, N, 512), dtype, seed + 1)
         self.q_pe = _randn((rows, N, 192), dtype, seed + 2)[..., 128:]
-        self.out = Guarded((rows, N, 512), dtype, fill="nan", pad_last=8)
-        self.lse = Guarded((rows, N), F32, fill="nan", pad_last=1)
+        self.out = Guarded((rows, N, 512), dtype, fill="randn", pad_last=8, generator=g)
+        self.lse = Guarded((rows, N), F32, fill="randn", pad_last=1, generator=g)
         self.sm_scale = 192**-0.5
 
     def run(self, backend, **kw):
@@ -736,19 +737,28 @@ def test_decode_reference_bad_page_makes_its_request_nan(q_len):
     torch.testing.assert_close(o[:q_len], want[0][:q_len])
 
 
+# The CPU decode tile with each form of the page guard (CLAMP_PAGES acts where a tile lies in one page).
+DECODE_GUARD_CFGS = [
+    {"BLOCK_H": 16, "BLOCK_N": 16, "D_SPLIT": 1, "num_warps": 4, "num_stages": 1, "CLAMP_PAGES": clamp}
+    for clamp in (False, True)
+]
+
+
+@pytest.mark.parametrize("cfg", DECODE_GUARD_CFGS, ids=["check_first", "clamp"])
 @pytest.mark.parametrize("splits", [None, 1, 3])
 @pytest.mark.parametrize("q_len,bs,bad", [(1, 16, -1), (1, 16, "nb"), (2, 5, "nb+1"), (1, 1, -1), (3, 32, "nb")])
-def test_decode_kernel_bad_page_makes_its_request_nan(splits, q_len, bs, bad):
-    """Triton: a used block-table entry just outside the cache (within the guard) makes its
-    request NaN -- every split and row block that reads it -- and reads nothing outside kv_cache
-    (a read of the sentinel would give a finite result); other requests are unaffected."""
+def test_decode_kernel_bad_page_makes_its_request_nan(cfg, splits, q_len, bs, bad):
+    """Triton, either form of the page guard: a used block-table entry just outside the cache
+    (within the guard) makes its request NaN -- every split and row block that reads it -- and
+    reads nothing outside kv_cache (a read of the sentinel would give a finite result); other
+    requests are unaffected."""
     if "triton" not in backends():
         pytest.skip("Triton unavailable")
     case = DecodeCase((21, 40, 6), 4, q_len, bs, seed=6)
     want = case.ref()
     page = {-1: -1, "nb": case.nb, "nb+1": case.nb + 1}[bad]
     case.block_table[1, 0] = page  # the first page: every row of the request sees it
-    case.run("triton", num_kv_splits=splits)
+    case.run("triton", num_kv_splits=splits, config=cfg)
     case.check(want, nan_requests=(1,))
 
 
@@ -1283,20 +1293,14 @@ def test_context_gather_bad_indices_nan_rows(backend, fp8):
     # positions past the table row (starts too large) and huge pages
     dst2 = Guarded((11, 576), F32, fill="randn")
     bt2 = torch.tensor([[3, 0, 5, 1], [2, (1 << 31) - 1, 1, -(1 << 31)]], dtype=torch.int32, device=DEVICE)
-    gather_context_chunk(
-        cache.view,
-        bt2,
-        cu,
-        torch.tensor([14, 0], dtype=torch.int32, device=DEVICE),
-        t2s,
-        dst2.view,
-        backend=backend,
-        **kw,
-    )
+    st2 = torch.tensor([14, 0], dtype=torch.int32, device=DEVICE)
+    gather_context_chunk(cache.view, bt2, cu, st2, t2s, dst2.view, backend=backend, **kw)
     bad2 = torch.zeros(11, dtype=torch.bool)
     bad2[[2, 3, 4, 9, 10]] = True  # request 0 positions 16..18 (capacity 16); request 1 a huge page
     assert torch.isnan(dst2.view[bad2]).all()
     assert not torch.isnan(dst2.view[~bad2]).any()
+    want2 = context_gather_ref(cache.view, bt2, cu, st2, t2s, 11, kw.get("k_scale"))
+    torch.testing.assert_close(dst2.view, want2, rtol=0, atol=0, equal_nan=True)
     for x, name in ((cache, "kv_cache"), (dst, "dst"), (dst2, "dst")):
         x.check(name)
     assert torch.equal(cache.base, cache._snap), "kv_cache changed"

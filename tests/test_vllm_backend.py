@@ -349,8 +349,11 @@ def test_quantize_q_opt_in_by_environment(monkeypatch, kv_cache_dtype):
 
     dtype = torch.float16 if not HAS_GPU else torch.bfloat16
     results = {}
-    for env in ("0", "1"):
-        monkeypatch.setenv("ROCM_MLA_QUANTIZE_Q", env)
+    for env in ("0", "1"):  # "0": the variable unset
+        if env == "1":
+            monkeypatch.setenv("ROCM_MLA_QUANTIZE_Q", env)
+        else:
+            monkeypatch.delenv("ROCM_MLA_QUANTIZE_Q", raising=False)
         step = _step("decode", dtype, kv_cache_dtype, 16, 16)
         ((_, (q, cache, md, layer), _),) = [c for c in step.capture_backend_calls() if c[0] == "forward_mqa"]
         results[env] = step.layer.impl.forward_mqa(q, cache, md, layer)[0]

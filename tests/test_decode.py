@@ -663,7 +663,7 @@ def test_fp8_qk_only_through_quantize_q():
 def test_quantize_q_config_resolution():
     """quantize_q picks the tier's 'fp8+qk' overrides after 'fp8' and runs D_SPLIT 1, V_SPLIT 1
     (sm90's 64-row fp8 tier is a 128-row V_SPLIT tile without it, the timed 64-row tile with it);
-    FP8_QK reaches the kernel only for fp8 caches and 16-bit q."""
+    FP8_QK reaches the kernel, and the plan, only for fp8 caches and 16-bit q."""
     from rocm_mla.configs import config_for
     from rocm_mla.ops.decode import stage1_meta
 
@@ -674,6 +674,10 @@ def test_quantize_q_config_resolution():
     assert (qk["BLOCK_H"], qk["BLOCK_N"], qk["D_SPLIT"], qk["V_SPLIT"], qk["FP8_QK"]) == (64, 64, 1, 1, True)
     assert stage1_config("sm90", 128, torch.bfloat16, False, quantize_q=True) == stage1_config(
         "sm90", 128, torch.bfloat16, False
+    )
+    # float32 q keeps exact products: the plan is the plain fp8 one, as the launch runs it.
+    assert stage1_config("sm90", 128, torch.float32, True, quantize_q=True) == stage1_config(
+        "sm90", 128, torch.float32, True
     )
     assert "fp8+qk" in tiers[-1]
     cfg = {"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "FP8_QK": True}

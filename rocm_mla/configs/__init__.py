@@ -178,13 +178,9 @@ _DECODE_FIELDS = {
     "ctas_per_cu": INT,
     **AMD_OPTIONS,
 }
-_DECODE_TIER = {
-    **_DECODE_FIELDS,
-    "fp8": _DECODE_FIELDS,
-    "fp8+qk": _DECODE_FIELDS,
-    "fp32": _DECODE_FIELDS,
-    "fp16+fp8": _DECODE_FIELDS,
-}
+# Per-dtype override objects inside a decode stage-1 tier ("fp8+qk": fp8 cache with quantize_q=True).
+DECODE_DTYPE_TAGS = ("fp8", "fp8+qk", "fp32", "fp16+fp8")
+_DECODE_TIER = {**_DECODE_FIELDS, **{tag: _DECODE_FIELDS for tag in DECODE_DTYPE_TAGS}}
 _PREFILL = {"BLOCK_M": INT, "BLOCK_N": INT, "num_warps": INT, "num_stages": INT, **AMD_OPTIONS}
 
 # The fields an overlay may set, per op (the arch objects of configs/<op>.json). Fields the

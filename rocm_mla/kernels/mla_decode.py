@@ -325,7 +325,8 @@ def mla_decode_stage1_kernel(
             tok_ptr2 = tok_ptr[:, None]
             ok2 = tok_ok[:, None]
             # Masked tokens load 0, never the cache's NaN/garbage: 0 * NaN would poison p . v.
-            # fp8 caches: the dots run in q's dtype; the scale is folded into sc and out_scale.
+            # fp8 caches: the dots run in q's dtype (FP8_QK: q . k^T on fp8, its scale in s_scale);
+            # k_scale is folded into sc and out_scale.
             va = tl.load(tok_ptr2 + offs_a[None, :], mask=ok2, other=0.0).to(qa.dtype)  # [BLOCK_N, CHUNK]
             if D_SPLIT == 2:
                 vb = tl.load(tok_ptr2 + offs_b[None, :], mask=ok2, other=0.0).to(qa.dtype)

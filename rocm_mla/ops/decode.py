@@ -23,7 +23,7 @@ import torch
 import triton
 
 from .. import _platform
-from ..configs import config_for, platform_fp8_dtype
+from ..configs import DECODE_DTYPE_TAGS, config_for, platform_fp8_dtype
 from ..kernels.mla_decode import mla_decode_reduce_kernel, mla_decode_stage1_kernel
 from ..mla_dims import FP8_DTYPES, FP8_KV_CACHE_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from ..reference.decode import mla_decode_ref, quantize_q_fp8
@@ -46,8 +46,6 @@ STAGE1_DEFAULTS = {
     "FP8_QK": False,
 }
 
-# Per-dtype override objects inside a stage-1 config ("fp8+qk": fp8 cache with quantize_q=True).
-_DTYPE_TAGS = ("fp8", "fp8+qk", "fp32", "fp16+fp8")
 _KV_DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32", *FP8_KV_CACHE_DTYPES)
 
 
@@ -193,7 +191,8 @@ def mla_decode(
     if not isinstance(quantize_q, bool):
         c.fail("quantize_q", "a bool", repr(quantize_q))
     if quantize_q and not is_fp8:
-        c.fail("quantize_q", "an fp8 kv_cache (q is rounded to the cache's fp8 kind)", f"a {kv.dtype} cache")
+        got = f"a {str(kv.dtype).replace('torch.', '')} cache"
+        c.fail("quantize_q", "an fp8 kv_cache (q is rounded to the cache's fp8 kind)", got)
     if quantize_q and q_nope.dtype == torch.float32:
         c.fail("quantize_q", "float16 or bfloat16 q (float32 q keeps exact products)", "float32 q")
     if num_kv_splits is not None and (
@@ -397,8 +396,8 @@ def stage1_config(
     else:
         tiers = config_for(OP, arch)["stage1"]
         tier = tiers[stage1_tier_index(tiers, rows_per_request)]
-    cfg = {k: v for k, v in tier.items() if k not in _DTYPE_TAGS}
-    qk = quantize_q and fp8
+    cfg = {k: v for k, v in tier.items() if k not in DECODE_DTYPE_TAGS}
+    qk = quantize_q and fp8 and q_dtype != torch.float32  # float32 q keeps exact products
     tags = (
         (["fp8"] if fp8 else [])
         + (["fp8+qk"] if qk else [])
@@ -565,7 +564,7 @@ def stage1_meta(
         "F16_DOT": bool(kv_fp8 and q_dtype == torch.bfloat16 and field["F16_DOT"]),
         "PAGE_MODE": int(page_mode),
         "V_SPLIT": v_split,
-        "CLAMP_PAGES": bool(field["CLAMP_PAGES"]),
+        "CLAMP_PAGES": bool(field["CLAMP_PAGES"]) and page_mode == 2,  # the kernel clamps per tile only there
         "FP8_QK": bool(kv_fp8 and q_dtype != torch.float32 and field["FP8_QK"]),
         # The Triton interpreter's float -> e4m3 conversion is wrong near exponent boundaries.
         "Q8_INT": arch == "cpu" or _platform.interpreter_active(),

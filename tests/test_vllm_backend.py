@@ -341,6 +341,14 @@ def test_forward_mqa_single_tensor_query(form):
     assert (lse - lse_ref).abs().max() <= tol * 10
 
 
+def test_quantize_q_opt_in_refused_for_a_float32_model(monkeypatch):
+    """ROCM_MLA_QUANTIZE_Q=1 with an fp8 cache and a float32 model: the backend refuses at build,
+    naming the variable (mla_decode would refuse every decode step)."""
+    monkeypatch.setenv("ROCM_MLA_QUANTIZE_Q", "1")
+    with pytest.raises(ValueError, match="ROCM_MLA_QUANTIZE_Q=1.*float32"):
+        _step("decode", torch.float32, "fp8", 16, 16)
+
+
 @pytest.mark.parametrize("kv_cache_dtype", ["fp8", "auto"])
 def test_quantize_q_opt_in_by_environment(monkeypatch, kv_cache_dtype):
     """ROCM_MLA_QUANTIZE_Q=1 makes forward_mqa run mla_decode(quantize_q=True) with an fp8 cache

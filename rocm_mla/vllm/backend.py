@@ -198,6 +198,11 @@ class RocmMLAImpl(MLACommonImpl[MLACommonMetadata]):
         # The activation dtype: vLLM builds layers under set_default_torch_dtype(model dtype), as
         # MLAAttention.__init__ itself relies on.
         self._act_dtype = torch.get_default_dtype()
+        if self._quantize_q and self._act_dtype == torch.float32:  # fail at build, not at every step
+            raise ValueError(
+                "ROCM_MLA_QUANTIZE_Q=1: expected a float16 or bfloat16 model (mla_decode's quantize_q "
+                "rounds 16-bit queries), got float32; unset it for a float32 model"
+            )
 
     # ------------------------------------------------------------------ KV cache write
 

@@ -323,16 +323,19 @@ def test_gpu_merge_head_size_zero_and_guards(backend):
 # =============================================================================================
 # fused_rope_mla_kv_write / concat_and_cache_mla
 # =============================================================================================
-from rocm_mla.reference.rope_kv_write import cache_rows_ref, quantize_fp8_ref, rope_ref  # noqa: E402
+from rocm_mla.reference.rope_kv_write import (  # noqa: E402
+    cache_rows_ref,
+    quantize_fp8_ref,
+    rope_cos_sin_cache,
+    rope_ref,
+)
 
 MAX_POS = 300
 HUGE = [1 << 40, (1 << 62) + 5]
 
 
 def _cos_sin(max_pos=MAX_POS):
-    inv = 1.0 / (10000.0 ** (torch.arange(0, 64, 2, dtype=torch.float64) / 64))
-    f = torch.outer(torch.arange(max_pos, dtype=torch.float64), inv)
-    return torch.cat((f.cos(), f.sin()), -1).float()
+    return rope_cos_sin_cache(max_pos, compute_dtype=torch.float64)
 
 
 class RopeCase:

@@ -198,11 +198,12 @@ def check_rope_kv_write(device: torch.device, backends: list[str]) -> list[Check
     from rocm_mla._platform import device_arch
     from rocm_mla.configs import platform_fp8_dtype
     from rocm_mla.ops import fused_rope_mla_kv_write
-    from rocm_mla.reference.rope_kv_write import fused_rope_mla_kv_write_ref
+    from rocm_mla.reference.rope_kv_write import fused_rope_mla_kv_write_ref, rope_cos_sin_cache
 
     rows = []
     T, N, bs, max_pos = 37, 16, 16, 4096
     fp8 = platform_fp8_dtype(device_arch(device))  # what kv_cache_dtype="fp8" means here
+    cos_sin = rope_cos_sin_cache(max_pos, device=device)  # float32: every backend and dtype reads it
     for backend in backends:
         for dtype in _dtypes(device):
             for cache_kind in ("auto", "fp8"):
@@ -213,10 +214,6 @@ def check_rope_kv_write(device: torch.device, backends: list[str]) -> list[Check
                     kv_a = torch.randn(T, 576, generator=g).to(dtype).to(device)
                     kv_c = torch.randn(T, 512, generator=g).to(dtype).to(device)
                     pos = torch.randint(0, max_pos, (T,), generator=g).to(device)
-                    theta = torch.outer(
-                        torch.arange(max_pos, dtype=torch.float32), 10000.0 ** (-torch.arange(0, 64, 2) / 64)
-                    )
-                    cos_sin = torch.cat((theta.cos(), theta.sin()), dim=-1).to(device)
                     nblk = T // bs + 2
                     slots = torch.randperm(nblk * bs, generator=g)[:T].to(device)
                     slots[3] = -1

@@ -19,7 +19,7 @@ Counted per call (the same for every provider):
   FLOPs  = B x 2 x N x keys x (576 + 512)   (q.k over 576 columns, p.v over 512; keys = the keys
                                             one request's rows see, summed: q_len x seq at q_len 1)
 
-Providers, each captured in a CUDA graph (one call per graph) and timed as back-to-back replays:
+Providers, each captured in CUDA graphs of 8 calls (benchutil.rotating_graph_us) and timed as back-to-back replays:
   rocm_mla-triton    mla_decode(ql_nope, q_pe, ...) with ql_nope the [N, B, 512] bmm output seen as
                      [B, N, 512] and q_pe a slice of q [B, N, 192]; out/lse preallocated (vLLM's
                      layer buffers); max_seq_len passed as vLLM has it on the host. The chosen split
@@ -42,7 +42,8 @@ Providers, each captured in a CUDA graph (one call per graph) and timed as back-
 
 Cold caches: each provider's calls rotate over R copies of the KV cache and block table (fresh
 page permutations), R chosen so the copies together exceed 3 x the L2 size (on AMD at least the
-256 MB Infinity Cache: benchutil.cold_cache_bytes, rocm-mla tune's rule too); a call therefore
+256 MB Infinity Cache: benchutil.cold_cache_bytes, rocm-mla tune's rule too; at most 64 copies, and
+a shape they cannot cover prints a note); a call therefore
 finds its KV in HBM, as a decode step does after the other layers ran. Each CUDA graph holds 8
 consecutive calls of the rotation (benchutil.rotating_graph_us), so a short call (B=1) is timed
 as the GPU runs it inside a captured step, not at the host's graph-replay rate.
@@ -399,7 +400,7 @@ def tune_shape(run: Run, s: Setup, dev, cands: list, cand_ids: list[int], splits
 
 def report(run: Run, out_dir: Path, cands: list) -> None:
     print(
-        f"\nmla_decode (q bf16, block {BLOCK}, CUDA-graph replay, cold L2): per call time, GB/s (% of the "
+        f"\nmla_decode (q bf16, block {BLOCK}, CUDA-graph replay, cold caches): per call time, GB/s (% of the "
         f"{run.copy:.0f} GB/s copy ceiling), TFLOP/s (% of {run.mm:.0f} bf16 matmul)"
     )
     print_table(["shape", "rocm_mla plan", *PROVIDERS, "FI/ours", "vLLM/ours"], run.rows)
@@ -528,6 +529,9 @@ def main() -> int:
         if shape_filter and not any(f in shape_label(kind, B, seq, N, q_len) for f in shape_filter):
             continue
         s = Setup(B, seq, N, kind, dev, cold, q_len=q_len)
+        if not s.cold:
+            mib = s.set_bytes * s.R >> 20
+            print(f"  note: {s.label}: {s.R} copies ({mib} MiB) stay under 3 x {cold >> 20} MiB: not all from HBM")
         if not args.no_bench:
             bench_shape(run, s, dev, peers, sms)
         if cands:

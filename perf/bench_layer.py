@@ -117,7 +117,7 @@ class Layer:
         self.w_uv = torch.randn(N, L, V, device=dev, dtype=dt) / math.sqrt(L)
         self.w_kv_b = torch.randn(L, N * (P + V), device=dev, dtype=dt) / math.sqrt(L)
         # [max_pos, 64] = cat(cos, sin), vLLM's layout, in the model dtype as forward_native casts it
-        self.cos_sin = rope_cos_sin_cache(65536, rot_dim=R, dtype=dt, device=dev)
+        self.cos_sin = rope_cos_sin_cache(65536, dtype=dt, device=dev)
 
 
 class DecodeStep:
@@ -393,7 +393,7 @@ def check_rope_kv(dev: torch.device, N: int = 4, T: int = 7) -> dict[str, float]
     by the fused variants only, as vLLM's fused op does, so its rotation is checked in the cache).
     The vllm_op variant is left out (None) when vLLM cannot be set up."""
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    cos_sin = rope_cos_sin_cache(4096, rot_dim=R).to(dev, dtype)  # float32, then moved and cast
+    cos_sin = rope_cos_sin_cache(4096).to(dev, dtype)  # float32, then moved and cast
     rk = RopeKV(N, T, dev, cos_sin, dtype)
     why = setup_vllm_op(dev)
     results, ref = {}, None

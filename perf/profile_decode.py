@@ -33,7 +33,7 @@ def main() -> int:
     ap.add_argument("--config", default="", help="stage-1 launch config as JSON (default: the arch's)")
     ap.add_argument("--splits", type=int, default=None, help="force the KV split count")
     ap.add_argument("--calls", type=int, default=6)
-    ap.add_argument("--time", action="store_true", help="also print the median of 50 CUDA-graph replays")
+    ap.add_argument("--time", action="store_true", help="also print the CUDA-graph replay time (rotating_graph_us)")
     args = ap.parse_args()
     gpu = start_bench("profile_decode")
     if gpu is None:

@@ -29,9 +29,10 @@ def shape_label(kind: str, B: int, seq: int, N: int, q_len: int) -> str:
 
 class Setup:
     """One shape: q as vLLM produces it (rows = B x q_len), out/lse buffers, R (cache, block table)
-    copies (together > 3 x ``cold_bytes``, benchutil.cold_cache_bytes; 0: one copy). Every request
-    holds ``seq`` keys, its last q_len being the new tokens (MTP rows). ``dtype``: q, out and a
-    16-bit cache."""
+    copies (together > 3 x ``cold_bytes``, benchutil.cold_cache_bytes, up to 64 copies: ``cold``
+    says whether they reach it; 0: one copy). Every request holds ``seq`` keys, its last q_len
+    being the new tokens (MTP rows). ``kv_kind``: "fp8" (the platform's e4m3 kind, k_scale 0.05),
+    or "bf16" / "auto" for a cache in ``dtype`` (q's and out's dtype)."""
 
     def __init__(
         self,
@@ -45,13 +46,18 @@ class Setup:
         q_len: int = 1,
         dtype: torch.dtype = torch.bfloat16,
     ):
+        if kv_kind not in ("fp8", "bf16", "auto"):
+            raise ValueError(f"Setup: kv_kind: expected 'fp8', 'bf16' or 'auto', got {kv_kind!r}")
         self.B, self.seq, self.N, self.kv_kind, self.block, self.q_len = B, seq, N, kv_kind, block, q_len
         self.rows, self.dtype = B * q_len, dtype
         self.fp8 = kv_kind == "fp8"
         blocks = math.ceil(seq / block)
         elem = 1 if self.fp8 else dtype.itemsize
-        set_bytes = B * blocks * block * D * elem
+        set_bytes = self.set_bytes = B * blocks * block * D * elem  # one (cache, table) copy's KV
         self.R = max(1, min(64, math.ceil(3 * cold_bytes / set_bytes)))
+        # False when 64 copies are still short of 3 x cold_bytes (small shapes against AMD's 256 MB
+        # Infinity Cache): their KV may then come partly from a cache, which the benches print.
+        self.cold = self.R * set_bytes >= 3 * cold_bytes
         self.k_scale = torch.tensor([0.05], device=dev) if self.fp8 else None
         self.caches, self.tables = [], []
         fp8 = fp8_dtype_for(_platform.device_arch(dev))  # e4m3fnuz on gfx942, e4m3fn elsewhere

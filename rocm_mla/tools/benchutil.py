@@ -6,9 +6,10 @@ CUDA-event timings with the L2 flushed between runs (``triton.testing.do_bench``
 graph replays (``graph_ms``, ``rotating_graph_us``: the one copy of each graph timer).
 
 Also what several perf/ scripts share, so that no script imports another: the preamble of their
-``main()`` (``bench_parser``, ``start_bench``), the peers' loaders, and the one copy of the vLLM
-0.33 torch paths they time ours against (``vllm_forward_static``, ``vllm_unfused_rope_kv_write``,
-``vllm_num_kv_splits``).
+``main()`` (``bench_parser``, ``start_bench``), the cold-cache rule (``cold_cache_bytes``), the
+peers' loaders, and the one copy of the vLLM 0.33 paths they time ours against
+(``vllm_forward_static``, ``vllm_unfused_rope_kv_write``, ``vllm_num_kv_splits``,
+``vllm_triton_mla_decode``).
 """
 
 from __future__ import annotations
@@ -327,6 +328,8 @@ def rotating_graph_us(
     inside one graph consecutive kernels start as a serving step's do (vLLM captures whole steps)."""
     import statistics
 
+    if isinstance(calls_per_graph, bool) or not isinstance(calls_per_graph, int) or calls_per_graph < 1:
+        raise ValueError(f"rotating_graph_us: calls_per_graph: expected an int >= 1, got {calls_per_graph!r}")
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm-up outside capture: compiles, allocator pools
@@ -335,7 +338,7 @@ def rotating_graph_us(
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     pool = torch.cuda.graph_pool_handle()
-    per_graph = max(1, calls_per_graph)
+    per_graph = calls_per_graph
     graphs = []
     # Graph g holds calls g * per_graph .. (g + 1) * per_graph - 1 of the rotation: every copy is
     # used equally and no copy runs twice in a row (for copies > 1).

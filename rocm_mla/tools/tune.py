@@ -22,12 +22,13 @@ shape of the group, and keeps a winner only when
 Candidates: the package's own tuning lists (``mla_decode``'s tiers and ``candidates``,
 ``mla_prefill``'s ``candidates``, the ``tune`` spaces of ``merge_attn_states`` and
 ``rope_kv_write``), then one coordinate-search pass over the arch's knobs (block sizes, warps,
-stages, D_SPLIT, and on gfx9 waves_per_eu, matrix_instr_nonkdim, kpack; the decode split cost model
+stages, D_SPLIT, V_SPLIT, CLAMP_PAGES, for fp8 caches RELOAD_K and F16_DOT, and on gfx9 waves_per_eu,
+matrix_instr_nonkdim, kpack; the decode split cost model
 and its reduce tile). ``--quick`` instead caps the candidates per group (the default included:
 decode 3, prefill 4, merge 12, RoPE 33): listed ones first, then single-knob neighbours of the
 default; on the ``quick`` shape preset.
 
-Timing as perf/ does: decode as back-to-back replays of one-call CUDA/HIP graphs rotating over
+Timing as perf/ does: decode as back-to-back replays of CUDA/HIP graphs of 8 calls rotating over
 cache copies larger than the caches (each replay reads its KV from HBM); the others as one
 captured call replayed under ``do_bench`` with L2 flushed before each replay. Ops are called
 through their public entry points exactly as a serving process calls them; the candidate reaches
@@ -62,7 +63,8 @@ from typing import Any
 import torch
 
 from .. import configs as C
-from ..ops.decode import STAGE1_DEFAULTS, stage1_tier_index
+from ..ops.decode import STAGE1_DEFAULTS, stage1_config, stage1_tier_index
+from .bench_decode_inputs import SCALE as SCALE_DECODE  # the timed call's scale: its check uses it too
 
 OP_KEYS = {
     "decode": "mla_decode",
@@ -78,7 +80,6 @@ MIN_GAIN = 0.01  # a winner beats the default by >= 1% (geomean over its group's
 IN_LOOP_SLACK = 0.02  # while searching: no shape more than 2% slower (noise); the re-time is strict
 ROUNDS = 3  # back-to-back re-time: default and winner alternately, median of each
 QUICK_CAP = {"decode": 3, "prefill": 4, "merge": 12, "rope_kv_write": 33}  # candidates per group, default included
-SCALE_DECODE = 1.0 / math.sqrt(192)
 MAX_POS = 163840  # DeepSeek-V3: 4096 positions x YaRN factor 40
 
 # --------------------------------------------------------------------------- shapes
@@ -514,11 +515,10 @@ _COMBOS = (
     (torch.bfloat16, True),
     (torch.float16, True),
 )
-_NEUTRAL = STAGE1_DEFAULTS  # what a missing decode field means
 
 
 def _norm(d: dict) -> dict:
-    return {**_NEUTRAL, **d}
+    return {**STAGE1_DEFAULTS, **d}
 
 
 def _diff(target: dict, base: dict) -> dict | None:
@@ -526,15 +526,13 @@ def _diff(target: dict, base: dict) -> dict | None:
     t, b = _norm(target), _norm(base)
     if set(b) - set(t):
         return None
-    return {k: target.get(k, _NEUTRAL.get(k)) for k in t if b.get(k) != t[k]}
+    return {k: target.get(k, STAGE1_DEFAULTS.get(k)) for k in t if b.get(k) != t[k]}
 
 
 def compose_tier(arch: str, tier: dict, combo: tuple, point: dict) -> dict | None:
     """A stage-1 tier whose resolved config for ``combo`` (q dtype, fp8 cache) is ``point`` while
     every other combination resolves as in ``tier`` (float16 q without fp8 shares the 16-bit
     top level); None when the tier schema cannot express that."""
-    from ..ops.decode import stage1_config
-
     res = lambda t, c: stage1_config(arch, 0, c[0], c[1], t)  # noqa: E731
     want = {c: res(tier, c) for c in _COMBOS}
     for c in [combo, (torch.float16, False)] if combo == (torch.bfloat16, False) else [combo]:
@@ -570,7 +568,7 @@ def decode_label(p: dict) -> str:
     s = (
         f"H{p['BLOCK_H']} N{p['BLOCK_N']} d{p.get('D_SPLIT', 1)}{'v2' if p.get('V_SPLIT', 1) == 2 else ''}"
         f"{'r' if p.get('RELOAD_K') else ''}"
-        f"{'h' if p.get('F16_DOT') else ''}{'g' if p.get('CLAMP_PAGES') else ''}{'q8' if p.get('FP8_QK') else ''}"
+        f"{'h' if p.get('F16_DOT') else ''}{'g' if p.get('CLAMP_PAGES') else ''}"
         f" w{p['num_warps']} s{p['num_stages']} c{p.get('ctas_per_cu', 1)}"
     )
     for k, tag in (("waves_per_eu", "wpe"), ("matrix_instr_nonkdim", "mi"), ("kpack", "kp")):
@@ -580,7 +578,6 @@ def decode_label(p: dict) -> str:
 
 
 def _decode_groups(t: Tuner, shapes: list[Shape]) -> list[Group]:
-    from ..ops.decode import stage1_config
     from ..variants.decode import tuning_candidates
 
     arch, gfx = t.arch, C.is_amd_arch(t.arch)
@@ -616,7 +613,7 @@ def _decode_groups(t: Tuner, shapes: list[Shape]) -> list[Group]:
             knobs += [("RELOAD_K", [False, True])]
             if not gfx and combo[0] == torch.bfloat16:
                 knobs += [("F16_DOT", [False, True])]
-        knobs = [(k, v) for k, v in knobs if k in p0 or k in _NEUTRAL]
+        knobs = [(k, v) for k, v in knobs if k in p0 or k in STAGE1_DEFAULTS]
 
         def build(p, ti=ti, combo=combo):
             obj = t.current["mla_decode"]
@@ -865,8 +862,6 @@ def verification_cases(
     out: list[tuple[str, Callable[[], str]]] = []
     general = any(new.get(k) != old.get(k) for k in set(new) | set(old) if k not in ("stage1", "candidates"))
     if op_key == "mla_decode":
-        from ..ops.decode import stage1_config
-
         tiers, old_tiers = new["stage1"], old.get("stage1", [])
         for ti, tier in enumerate(tiers):
             for qdt, fp8 in _COMBOS:
@@ -1099,7 +1094,7 @@ class Tuner:
     @staticmethod
     def neighbours(g: Group) -> list[dict]:
         """Single-knob changes of the default, one value of each knob before the next value of any."""
-        alts = [(k, [v for v in vs if v != g.point0.get(k, _NEUTRAL.get(k))]) for k, vs in g.knobs]
+        alts = [(k, [v for v in vs if v != g.point0.get(k, STAGE1_DEFAULTS.get(k))]) for k, vs in g.knobs]
         out = []
         for r in range(max((len(a) for _, a in alts), default=0)):
             out += [g.fix({**g.point0, k: a[r]}) for k, a in alts if r < len(a)]
@@ -1207,7 +1202,7 @@ class Tuner:
                     if len(g.results) >= cap or self.out_of_time():
                         break
                     p = g.fix({**base, knob: v})
-                    if base.get(knob, _NEUTRAL.get(knob)) == v or _key(p) in g.results:
+                    if base.get(knob, STAGE1_DEFAULTS.get(knob)) == v or _key(p) in g.results:
                         continue
                     idx += 1
                     self.evaluate(g, p, idx)

@@ -289,7 +289,7 @@ class Aiter:
         try:
             self.mod = load_aiter_peer(peers, "mha", config_arch="gfx942", raise_errors=True)
         except Exception as exc:  # the line load_aiter_peer would print, less its prefix
-            self.reason = f"{type(exc).__name__}: {exc}".strip()
+            self.reason = f"{type(exc).__name__}: {exc}"
             return
         try:
             self.cfg = dict(self.mod._get_config(False, torch.bfloat16, has_pe=True))

@@ -83,7 +83,7 @@ def _close(torch, got, want, what: str, atol: float, rtol: float) -> None:
 
 
 def worker(timed: bool, ops: list[str]) -> dict:
-    """Run every case with the rocm_mla on sys.path; return {case: us} (0 when not timed)."""
+    """Run the cases of ``ops`` with the rocm_mla on sys.path; return {case: us} (0 when not timed)."""
     import torch
 
     import rocm_mla
@@ -264,6 +264,9 @@ def main() -> int:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--untimed", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    unknown = set(a.ops.split(",")) - {"rope", "decode"}
+    if unknown:
+        ap.error(f"--ops: expected rope and/or decode, got {', '.join(sorted(unknown))}")
     if a.worker:
         print(json.dumps(worker(timed=not a.untimed, ops=a.ops.split(","))))
         return 0
@@ -300,9 +303,11 @@ def main() -> int:
     if a.out:
         import torch
 
-        from rocm_mla.tools.benchutil import Record, write_csv  # this process is not timed
+        # This process is not timed; it imports this checkout (the trees ran with their own).
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from rocm_mla.tools.benchutil import Record, device_name, write_csv
 
-        dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        dev = device_name(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
         records = []
         for case, n, us in rows:
             kernel, shape = case.split(" ", 1)

@@ -8,8 +8,10 @@ rocprof on AMD) to attach to; prints the config and the per-call time.
 The inputs are bench_prefill.py's (its Case: q, k_nope / v as strided views of one kv_b_proj output,
 k_pe one broadcast head of the latent buffer, causal, bf16) for one of its shapes (--shape, the
 label as bench_prefill prints it). --config passes a launch config (JSON, as in
-configs/mla_prefill.json) instead of the arch's default. The output is checked against the float32
-reference first (the first sequence, every head), so a profiled config is a correct one.
+configs/mla_prefill.json) instead of the arch's default. The config is first checked as
+bench_prefill checks it (check_against_reference: its small varlen batch against float32; an error
+bench_prefill calls WRONG stops the run), so a profiled config is a correct one. The one perf/
+script that imports another: it profiles bench_prefill's own inputs, call and check.
 """
 
 from __future__ import annotations
@@ -19,10 +21,9 @@ import sys
 import time
 
 import torch
-from bench_prefill import SCALE, SHAPES, Case
+from bench_prefill import SHAPES, Case, Timer, check_against_reference
 
-from rocm_mla.reference.prefill import mla_prefill_ref
-from rocm_mla.tools.benchutil import bench_parser, rotating_graph_us, start_bench
+from rocm_mla.tools.benchutil import bench_parser, start_bench
 
 
 def call_us(fn, dev: torch.device) -> float:
@@ -55,30 +56,17 @@ def main() -> int:
         return 2
     shape = SHAPES[names.index(args.shape)]
     cfg = json.loads(args.config) if args.config else None
-    case = Case(shape, gpu.dev)
-    case.ours(cfg)
-    s, e = case.offs[0], case.offs[1]
-    cu = torch.tensor([0, e - s], dtype=torch.int32, device=gpu.dev)
-    ref, _ = mla_prefill_ref(
-        case.q[s:e].float(),
-        case.k_nope[s:e].float(),
-        case.k_pe[s:e].float(),
-        case.v[s:e].float(),
-        cu,
-        cu,
-        SCALE,
-        True,
-    )
-    err = ((case.out[s:e].float() - ref).norm() / ref.norm()).item()
-    print(f"{shape.name}: config={cfg or 'default'} first sequence rel. error {err:.2e} against float32")
-    if not err < 2e-2:
+    err = check_against_reference(gpu.dev, cfg)
+    print(f"{shape.name}: config={cfg or 'default'} rel. error {err:.2e} against float32 (bench_prefill's check)")
+    if not err < 1e-2:  # bench_prefill's WRONG line
         print("error too large: not profiling a wrong result", file=sys.stderr)
         return 1
+    case = Case(shape, gpu.dev)
     for i in range(args.calls):
         us = call_us(lambda: case.ours(cfg), gpu.dev)
         print(f"call {i}: {us:.1f} us ({shape.flops / us / 1e6:.0f} TFLOP/s)")
     if args.time:
-        us = rotating_graph_us(lambda i: case.ours(cfg), 1, min_ms=50.0, reps=7, calls_per_graph=1)
+        us = Timer(graphs=True)("ours", lambda: case.ours(cfg)) * 1e3
         print(f"graph replay: {us:.1f} us ({shape.flops / us / 1e6:.0f} TFLOP/s)")
     return 0
 

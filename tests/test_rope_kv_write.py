@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from _hip_cpu import compile_hip_on_cpu
-from _util import DEVICE, DTYPES, TOL, backends
+from _util import DEVICE, DTYPES, TOL, backends, raises_naming
 
 import rocm_mla
 from rocm_mla.reference.rope_kv_write import FP8_MAX, cache_rows_ref, quantize_fp8_ref, rope_cos_sin_cache, rope_ref
@@ -32,6 +32,33 @@ def make_cos_sin_cache(dtype=torch.float32, max_pos=MAX_POS, base=10000.0, mscal
     """vLLM's layout: cat(cos, sin) * mscale (YaRN folds mscale into the cache), [max_pos, 64];
     computed in float64, then cast to ``dtype`` and moved to DEVICE."""
     return rope_cos_sin_cache(max_pos, base=base, mscale=mscale, dtype=dtype, compute_dtype=torch.float64).to(DEVICE)
+
+
+@pytest.mark.parametrize(
+    "kw,arg",
+    [
+        ({"max_pos": -1}, "max_pos"),
+        ({"max_pos": 4.0}, "max_pos"),
+        ({"rot_dim": 63}, "rot_dim"),
+        ({"rot_dim": 0}, "rot_dim"),
+        ({"base": 0.0}, "base"),
+        ({"base": float("inf")}, "base"),
+        ({"mscale": float("nan")}, "mscale"),
+        ({"mscale": True}, "mscale"),
+    ],
+)
+def test_cos_sin_cache_builder_names_a_bad_argument(kw, arg):
+    """rope_cos_sin_cache: a bad size, dimension or scale raises naming it (no torch error, no NaN table)."""
+    args = {"max_pos": 16, **kw}
+    raises_naming(ValueError, lambda: rope_cos_sin_cache(args.pop("max_pos"), **args), "rope_cos_sin_cache", arg)
+
+
+def test_cos_sin_cache_builder_layout():
+    """[max_pos, 64]: row p = cat(cos(p f), sin(p f)) * mscale, f_i = base^(-2i/64); zero rows allowed."""
+    cs = rope_cos_sin_cache(5, mscale=2.0, compute_dtype=torch.float64, dtype=torch.float64)
+    f = 1.0 / 10000.0 ** (torch.arange(0, 64, 2, dtype=torch.float64) / 64)
+    torch.testing.assert_close(cs[3], 2.0 * torch.cat(((3 * f).cos(), (3 * f).sin())), rtol=1e-12, atol=1e-12)
+    assert rope_cos_sin_cache(0).shape == (0, 64)
 
 
 class Case:

@@ -16,6 +16,8 @@ kernels do the same; vLLM's unfused path rounds after every torch op in the mode
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..mla_dims import QK_ROPE_HEAD_DIM
@@ -42,7 +44,24 @@ def rope_cos_sin_cache(
     compute_dtype: the dtype of the frequencies, angles, cos/sin and the mscale multiply (float32
     as vLLM; float64 for a table closer to exact); the result is then cast to ``dtype``.
     device: where it is computed and kept (None: torch's default device).
+    Raises ValueError naming the argument for max_pos < 0, an odd or non-positive rot_dim, or a
+    base / mscale that is not a finite number > 0.
     """
+
+    def real_above_0(x) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+    def int_at_least(x, lo: int) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x >= lo
+
+    for arg, v, ok, want in (
+        ("max_pos", max_pos, int_at_least(max_pos, 0), "an int >= 0"),
+        ("rot_dim", rot_dim, int_at_least(rot_dim, 2) and rot_dim % 2 == 0, "an even int > 0"),
+        ("base", base, real_above_0(base), "a finite number > 0"),
+        ("mscale", mscale, real_above_0(mscale), "a finite number > 0"),
+    ):
+        if not ok:
+            raise ValueError(f"rope_cos_sin_cache: {arg}: expected {want}, got {v!r}")
     exponent = torch.arange(0, rot_dim, 2, dtype=compute_dtype, device=device) / rot_dim
     inv_freq = 1.0 / (base**exponent)
     freqs = torch.outer(torch.arange(max_pos, dtype=compute_dtype, device=device), inv_freq)

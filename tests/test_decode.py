@@ -12,7 +12,7 @@ import math
 
 import pytest
 import torch
-from _util import DEVICE, HAS_GPU, backends, outside_untouched, poisoned_view
+from _util import DEVICE, DTYPES, HAS_GPU, backends, outside_untouched, poisoned_view
 
 import rocm_mla
 from rocm_mla.ops.decode import choose_num_splits, mla_decode_workspace_numel, stage1_config
@@ -21,7 +21,6 @@ from rocm_mla.variants.decode import triton_variants, tuning_candidates
 
 NAN = float("nan")
 BACKENDS = [b for b in ("triton", "reference") if b in backends()]  # no HIP decode kernel
-DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if HAS_GPU else [])
 # (rtol, atol) on out; lse is compared with 1e-3 abs (fp32 accumulation of exact products).
 TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (4e-3, 4e-3), torch.bfloat16: (2e-2, 2e-2)}
 FP8 = torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn

@@ -12,7 +12,7 @@ import triton.language as tl
 
 
 @triton.jit
-def fp8_e4m3_bits(x, BIAS: tl.constexpr, MAX_BITS: tl.constexpr, MAX_CODE: tl.constexpr, FNUZ: tl.constexpr):
+def _fp8_e4m3_bits(x, BIAS: tl.constexpr, MAX_BITS: tl.constexpr, MAX_CODE: tl.constexpr, FNUZ: tl.constexpr):
     """float32 -> E4M3 code (uint8): saturating, round to nearest even (see fp8.cuh).
 
     e4m3fn: BIAS 7, MAX_BITS 0x43E00000 (448.0), MAX_CODE 0x7E;
@@ -45,9 +45,9 @@ def fp8_e4m3_bits(x, BIAS: tl.constexpr, MAX_BITS: tl.constexpr, MAX_CODE: tl.co
 
 @triton.jit
 def fp8_e4m3_code(x, FNUZ: tl.constexpr):
-    """float32 -> the e4m3fnuz (FNUZ) or e4m3fn code of x (uint8): fp8_e4m3_bits with that kind's
+    """float32 -> the e4m3fnuz (FNUZ) or e4m3fn code of x (uint8): _fp8_e4m3_bits with that kind's
     constants."""
     if FNUZ:
-        return fp8_e4m3_bits(x, 8, 0x43700000, 0x7F, True)
+        return _fp8_e4m3_bits(x, 8, 0x43700000, 0x7F, True)
     else:
-        return fp8_e4m3_bits(x, 7, 0x43E00000, 0x7E, False)
+        return _fp8_e4m3_bits(x, 7, 0x43E00000, 0x7E, False)

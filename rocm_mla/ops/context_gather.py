@@ -158,12 +158,11 @@ def _run(impl: str, kv_cache, block_table, cu_seq_lens, starts, token_to_seq, ds
         dst.copy_(context_gather_ref(kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst.shape[0], k_scale))
 
 
-def triton_meta(arch: str, cfg: dict | None = None) -> tuple[dict, dict]:
-    """Constexprs (D_NOPE, D_PE, BLOCK_T) and compile options the wrapper uses on ``arch``
-    (``cfg``: the Triton launch data to use instead of the arch's); rocm_mla.variants.context_gather
-    builds the ISA report's variants with it. The row is read as two power-of-two pieces
-    (tl.arange): the latent part and the rope part."""
-    cfg = cfg or config_for(OP, arch)["triton"]
+def triton_meta(arch: str) -> tuple[dict, dict]:
+    """Constexprs (D_NOPE, D_PE, BLOCK_T) and compile options the wrapper uses on ``arch``;
+    rocm_mla.variants.context_gather builds the ISA report's variants with it. The row is read as
+    two power-of-two pieces (tl.arange): the latent part and the rope part."""
+    cfg = config_for(OP, arch)["triton"]
     options = {"num_warps": cfg["num_warps"], **amd_options(cfg, arch)}
     return {"D_NOPE": KV_LORA_RANK, "D_PE": QK_ROPE_HEAD_DIM, "BLOCK_T": cfg["rows_per_program"]}, options
 

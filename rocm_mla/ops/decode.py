@@ -590,7 +590,7 @@ def _launch_triton(
     max_seq_len,
     workspace,
     config,
-    quantize_q=False,
+    quantize_q,
 ):
     rows, N, _ = q_nope.shape
     B, max_blocks = block_table.shape

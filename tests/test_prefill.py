@@ -170,14 +170,54 @@ def test_block_shapes(backend, bm, bn):
     assert_matches(out, lse, ref, ref_lse, torch.float32)
 
 
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+@pytest.mark.parametrize("N,want,got", [(24, 16, 12), (6, 4, 3), (8, 8, 8), (5, 2, 1), (16, 128, 16)])
+def test_head_groups_cover_every_head_and_block(backend, N, want, got):
+    """Programs numbered by head groups (the config's head_group, cut to a divisor of N): every
+    (head, q block) is computed once and every row written -- varlen, an empty sequence, q blocks
+    of every kind."""
+    from rocm_mla.ops.prefill import head_group
+
+    assert head_group({"head_group": want}, N, 100, 512) == got
+    lq, lk = [45, 0, 70, 1], [58, 20, 70, 1]
+    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, torch.float32)
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "head_group": want}
+    out = torch.full((sum(lq), N, V), float("nan"), device=DEVICE)
+    lse = torch.full((N, sum(lq)), float("nan"), device=DEVICE)
+    rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, out=out, lse=lse, backend=backend, config=cfg)
+    ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, True)
+    assert_matches(out, lse, ref, ref_lse, torch.float32)
+
+
+def test_head_group_rules():
+    """An explicit head_group wins; head_group_kv_bytes fits the group's K/V of the longest sequence
+    in that many bytes (16 MiB: 4096 keys x 512 B per head -> 8 heads); neither: one head."""
+    from rocm_mla.ops.prefill import head_group
+
+    budget = {"head_group_kv_bytes": 16 << 20}
+    assert head_group(budget, 16, 4096, 512) == 8
+    assert head_group(budget, 128, 16384, 512) == 2
+    assert head_group(budget, 16, 1024, 512) == 16  # 32 would fit: at most N
+    assert head_group(budget, 24, 4096, 512) == 8
+    assert head_group(budget, 12, 4096, 512) == 6  # 8 does not divide 12
+    assert head_group(budget, 16, 10**6, 512) == 1
+    assert head_group({**budget, "head_group": 4}, 16, 4096, 512) == 4
+    assert head_group({}, 16, 4096, 512) == 1
+    with pytest.raises(ValueError, match="head_group must be >= 1, got 0"):
+        head_group({"head_group": 0}, 16, 4096, 512)
+
+
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("kpe_layout", ["latent", "per_head_copy"])
-def test_tma_path_matches_reference(causal, kpe_layout):
-    """The "tma" launch option (tensor descriptors for K, k_pe, V; sm90 on the GPU, run by the
-    interpreter here): same results, and the keys past a sequence's end are never read -- the
-    rows after the last sequence's keys hold NaN and must not leak (TMA zero fill replaces the
-    pointer path's load masks)."""
-    from rocm_mla.ops.prefill import _tma_ok
+@pytest.mark.parametrize("tma", [True, "host"], ids=["device_desc", "host_desc"])
+def test_tma_path_matches_reference(causal, kpe_layout, tma):
+    """The "tma" launch options (tensor descriptors for K, k_pe, V -- per program, or built on the
+    host with q too; sm90 on the GPU, run by the interpreter here): same results, and no NaN from
+    keys outside a sequence reaches it -- the rows after the last sequence's keys hold NaN (TMA
+    zero fill or the masked last block must keep them out), and a NaN in the V of sequence 2's
+    first key poisons sequence 2 only, not sequence 1, whose last key block reaches into
+    sequence 2's rows."""
+    from rocm_mla.ops.prefill import _tma_ok, triton_meta
 
     lq, lk, N = [37, 5, 70, 0, 9], [50, 5, 70, 3, 21], 2
     q, kn, kpe, v, cq, ck = make_inputs(lq, [*lk[:-1], lk[-1] + 7], N, torch.float16, kpe_layout=kpe_layout)
@@ -185,21 +225,37 @@ def test_tma_path_matches_reference(causal, kpe_layout):
     for x in (kn, kpe, v):
         x[sum(lk) :] = float("nan")
     kpe_sh = 0 if kpe.shape[1] == 1 else kpe.stride(1)
-    assert _tma_ok(kn, kpe, v, kpe_sh), "the case must take the TMA path"
-    cfg = {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "tma": True}
-    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, causal=causal, backend="triton", config=cfg)
+    cfg = {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "tma": tma}
+    assert _tma_ok(q, kn, kpe, v, kpe_sh), "the case must take the TMA path"
+    assert triton_meta(cfg, "cpu", (P, R, V), causal, False)[0]["USE_TMA"] == (2 if tma == "host" else 1)
     ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, causal)
-    assert_matches(out, lse, ref, ref_lse, torch.float16)
+    v[55, :, 3] = float("nan")  # sequence 2's first key (keys 55..124)
+    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, causal=causal, backend="triton", config=cfg)
+    seq2 = slice(42, 112)
+    assert torch.isnan(out[seq2, :, 3]).all()  # every row of sequence 2 sees its first key
+    keep = torch.ones(sum(lq), dtype=torch.bool)
+    keep[seq2] = False
+    assert_matches(out[keep], lse[:, keep], ref[keep], ref_lse[:, keep], torch.float16)
+
+
+def test_tma_option_is_checked():
+    from rocm_mla.ops.prefill import triton_meta
+
+    cfg = {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "tma": "yes"}
+    with pytest.raises(ValueError, match="tma must be false, true or \"host\", got 'yes'"):
+        triton_meta(cfg, "sm90", (P, R, V), True, False)
 
 
 def test_tma_option_needs_alignment_and_16_bit_inputs():
     from rocm_mla.ops.prefill import _tma_ok, triton_meta
 
     q, kn, kpe, v, _, _ = make_inputs([4], [4], 2, torch.float16)
-    assert _tma_ok(kn, kpe, v, 0)
+    assert _tma_ok(q, kn, kpe, v, 0)
     odd = rand((4, 2, 2 * P), torch.float16)[..., 1 : P + 1]  # base 2 bytes off 16
-    assert not _tma_ok(odd, kpe, v, 0)
-    assert not _tma_ok(kn.float(), kpe.float(), v.float(), 0)  # fp32: no TMA path
+    assert not _tma_ok(q, odd, kpe, v, 0)
+    odd_q = rand((4, 2, P + R + 8), torch.float16)[..., 1 : P + R + 1]
+    assert not _tma_ok(odd_q, kn, kpe, v, 0)  # host descriptors load q too
+    assert not _tma_ok(q.float(), kn.float(), kpe.float(), v.float(), 0)  # fp32: no TMA path
     tma = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "tma": True}
     assert triton_meta(tma, "sm90", (P, R, V), True, False)[0]["USE_TMA"]
     assert not triton_meta(tma, "gfx942", (P, R, V), True, False)[0]["USE_TMA"]

@@ -175,6 +175,7 @@ BAD = [
     ("empty tiers", {"mla_decode": {"cpu": {"stage1": []}}}, C.OverlayTypeError),
     ("incomplete tier", {"mla_decode": {"cpu": {"stage1": [{"BLOCK_H": 16, "num_warps": 4}]}}}, C.OverlayTypeError),
     ("bad backend", {"rope_kv_write": {"cpu": {"backend_order": ["cuda"]}}}, C.OverlayTypeError),
+    ("bad tma", {"mla_prefill": {"cpu": {"triton": {"tma": "yes"}}}}, C.OverlayTypeError),
     ("platform is not tunable", {"platform": {"cpu": {"fp8_dtype": "float8_e5m2"}}}, C.OverlayUnknownKey),
 ]
 

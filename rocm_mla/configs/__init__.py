@@ -161,6 +161,7 @@ def platform_fp8_dtype(arch: str):
 # --------------------------------------------------------------------------- overlay schema
 
 INT, BOOL, NUM, STR, BACKEND = "int", "bool", "number", "str", "backend"
+TMA = "tma"  # mla_prefill's "tma": false, true (per-program descriptors) or "host" (ops/prefill._tma_mode)
 BACKENDS = ("hip", "triton", "reference")  # every op's implementations (ops/_dispatch.py selects one)
 # Launch/compile options only AMD's Triton backend takes (triton_common.AMD_ONLY_OPTIONS is this
 # list); absent, 0 and "none" all mean the backend's default.
@@ -181,7 +182,17 @@ _DECODE_FIELDS = {
 # Per-dtype override objects inside a decode stage-1 tier ("fp8+qk": fp8 cache with quantize_q=True).
 DECODE_DTYPE_TAGS = ("fp8", "fp8+qk", "fp32", "fp16+fp8")
 _DECODE_TIER = {**_DECODE_FIELDS, **{tag: _DECODE_FIELDS for tag in DECODE_DTYPE_TAGS}}
-_PREFILL = {"BLOCK_M": INT, "BLOCK_N": INT, "num_warps": INT, "num_stages": INT, **AMD_OPTIONS}
+_PREFILL = {
+    "BLOCK_M": INT,
+    "BLOCK_N": INT,
+    "num_warps": INT,
+    "num_stages": INT,
+    "diag_stages": INT,
+    "tma": TMA,
+    "head_group": INT,
+    "head_group_kv_bytes": INT,
+    **AMD_OPTIONS,
+}
 
 # The fields an overlay may set, per op (the arch objects of configs/<op>.json). Fields the
 # package's JSON gains later are accepted too (their type read from the JSON): see _schema().
@@ -372,6 +383,8 @@ def _check_value(
         want = "a non-negative number"
     elif schema == BACKEND:
         ok, want = value in BACKENDS, f"one of {', '.join(BACKENDS)}"
+    elif schema == TMA:
+        ok, want = isinstance(value, bool) or value == "host", 'true, false or "host"'
     else:
         ok, want = isinstance(value, str), "a string"
     if not ok:

@@ -13,13 +13,21 @@ FlashAttention-2 forward for MLA prefill, varlen, reading the model's tensors wh
 so there is no ``cat(k_nope, k_pe.expand)``, no padding of v to 192 and no slice copy of the output.
 Scores are two dots accumulated into one tile: ``q_nope @ k_nope^T + q_pe @ k_pe^T``.
 
-Grid: (q-block slots, heads). Slot -> (sequence, q block) needs no host table and no host sync:
-sequence b owns the slots ``first(b) = cu_seqlens_q[b] // BLOCK_M + b`` onward. ``first`` grows by
+Grid: one axis of num_slots x N programs. Slot -> (sequence, q block) needs no host table and no
+host sync: sequence b owns the slots ``first(b) = cu_seqlens_q[b] // BLOCK_M + b`` onward. ``first`` grows by
 at least ceil(lq_b / BLOCK_M) from one sequence to the next, so the ranges never overlap, and
 ``Tq // BLOCK_M + B`` slots cover every sequence (a slot between ranges exits at once). A program
 finds its sequence by counting the ``first(b) <= slot`` with vector loads of SEQ_CHUNK entries of
 cu_seqlens_q (one pass for B <= SEQ_CHUNK). Within a sequence the last (causally heaviest) q block
 takes the lowest slot, so long programs start first and short ones fill the tail.
+
+Programs are numbered (head group, slot, head within the group), HEAD_GROUP heads per group (a
+divisor of N; the wrapper picks it): GPUs start programs roughly in that order, so the group's
+heaviest q blocks of all its heads start together and its light ones end it. Numbered (head, slot)
+instead, the last head's heaviest block started when only that head's work was left, and ran on
+alone while the rest of the GPU idled (a tail of several % at 4 x 4096 and 1 x 16384). Groups, not
+all N heads at once: the programs running together then read the K/V of HEAD_GROUP heads, which
+stays in L2 between one q block and the next.
 
 Per program (BLOCK_M queries of one sequence, one head), keys are visited in two loops:
   1. blocks every row of the tile fully sees: no mask at all (loads, scores);
@@ -60,8 +68,14 @@ def mla_prefill_kernel(
     LSE,
     CU_Q,
     CU_K,
+    QN_D,  # USE_TMA 2: host tensor descriptors (else None), see TMA below
+    QP_D,
+    KN_D,
+    KP_D,
+    V_D,
     qk_scale,  # sm_scale * log2(e): scores go straight into exp2
     num_seqs,
+    num_slots,  # Tq // BLOCK_M + B (see Grid in the module docstring)
     num_q_rows,
     num_k_rows,  # Tq, Tk: the bound guard below
     q_st,
@@ -92,10 +106,16 @@ def mla_prefill_kernel(
     CAUSAL: tl.constexpr,
     DOT_PREC: tl.constexpr,
     DIAG_STAGES: tl.constexpr,
-    USE_TMA: tl.constexpr,
+    USE_TMA: tl.constexpr,  # 0 pointer loads, 1 per-program descriptors, 2 host descriptors
+    HEAD_GROUP: tl.constexpr,
 ):
-    slot = tl.program_id(0)
-    h = tl.program_id(1).to(tl.int64)
+    # 1-D grid in dispatch order: head groups, then slots, then the group's heads (see Grid).
+    pid = tl.program_id(0)
+    per_group = num_slots * HEAD_GROUP
+    group = pid // per_group
+    r = pid - group * per_group
+    slot = r // HEAD_GROUP
+    h = (group * HEAD_GROUP + (r - slot * HEAD_GROUP)).to(tl.int64)
 
     # ---- which sequence owns this slot: count sequences whose first slot is <= ours.
     owners = 0
@@ -137,9 +157,17 @@ def mla_prefill_kernel(
     row_ok = rows < lq
 
     # ---- Q tile, loaded once: nope [BLOCK_M, D_NOPE] and rope [BLOCK_M, D_ROPE] parts.
-    q_base = Q + (q_start + m0).to(tl.int64) * q_st + h * q_sh
-    q_nope = tl.load(q_base + offs_m[:, None] * q_st + d_nope[None, :] * q_sd, mask=row_ok[:, None], other=0.0)
-    q_pe = tl.load(q_base + offs_m[:, None] * q_st + (D_NOPE + d_rope)[None, :] * q_sd, mask=row_ok[:, None], other=0.0)
+    if USE_TMA == 2:
+        # Rows past the sequence belong to the next one (or are TMA's zero fill past Tq): each
+        # row's softmax is its own and those rows are never stored, so they cannot reach ours.
+        q_nope = QN_D.load([q_start + m0, (h * q_sh).to(tl.int32)])
+        q_pe = QP_D.load([q_start + m0, (h * q_sh).to(tl.int32) + D_NOPE])
+    else:
+        q_base = Q + (q_start + m0).to(tl.int64) * q_st + h * q_sh
+        q_nope = tl.load(q_base + offs_m[:, None] * q_st + d_nope[None, :] * q_sd, mask=row_ok[:, None], other=0.0)
+        q_pe = tl.load(
+            q_base + offs_m[:, None] * q_st + (D_NOPE + d_rope)[None, :] * q_sd, mask=row_ok[:, None], other=0.0
+        )
 
     # K is read transposed ([D, BLOCK_N] tiles) so the score dot needs no permute.
     kn_base = KN + k_start.to(tl.int64) * kn_st + h * kn_sh
@@ -160,7 +188,13 @@ def mla_prefill_kernel(
     n_full = tl.maximum(seen_by_all, 0) // BLOCK_N * BLOCK_N
     hi = tl.maximum(hi, n_full)
 
-    if USE_TMA:
+    hi_in = hi  # the masked loop's end; USE_TMA 2 leaves a tile that crosses lk to loop 3
+    if USE_TMA == 2:
+        hi_in = tl.maximum(tl.minimum(hi, lk // BLOCK_N * BLOCK_N), n_full)
+        kn_col = (h * kn_sh).to(tl.int32)
+        kpe_col = (h * kpe_sh).to(tl.int32)
+        v_col = (h * v_sh).to(tl.int32)
+    if USE_TMA == 1:
         # Per-program 2-D descriptors over this sequence's keys of this head: rows [0, lk) of k_nope,
         # k_pe, v from the sequence's base (the wrapper checked 16-byte aligned bases and row
         # strides, unit inner strides). Rows past lk read as 0 (TMA zero fill), so no load needs a
@@ -185,12 +219,16 @@ def mla_prefill_kernel(
     v_ptr = v_base
     for start_n in range(0, n_full, BLOCK_N):
         # (load, dot, load, dot: both loads ahead of both dots costs gfx942 16 VGPRs at M128 N32 s1)
-        if USE_TMA:
+        if USE_TMA == 2:
+            kt = tl.trans(KN_D.load([k_start + start_n, kn_col]))
+        elif USE_TMA == 1:
             kt = tl.trans(kn_desc.load([start_n, 0]))
         else:
             kt = tl.load(kn_ptr + kn_off)
         s = tl.dot(q_nope, kt, input_precision=DOT_PREC)
-        if USE_TMA:
+        if USE_TMA == 2:
+            kt_pe = tl.trans(KP_D.load([k_start + start_n, kpe_col]))
+        elif USE_TMA == 1:
             kt_pe = tl.trans(kpe_desc.load([start_n, 0]))
         else:
             kt_pe = tl.load(kpe_ptr + kpe_off)
@@ -200,7 +238,9 @@ def mla_prefill_kernel(
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        if USE_TMA:
+        if USE_TMA == 2:
+            vt = V_D.load([k_start + start_n, v_col])
+        elif USE_TMA == 1:
             vt = v_desc.load([start_n, 0])
         else:
             vt = tl.load(v_ptr + v_off)
@@ -215,15 +255,19 @@ def mla_prefill_kernel(
     # steps at most, so its software pipelining is a launch option of its own (DIAG_STAGES): on
     # gfx942 unpipelined (1) it saves 8 VGPRs and 40% of the MFMA code at M128 N32 w4 s2; on sm90
     # the pipelined loop keeps cp.async (unpipelined loads go through registers: +27 registers).
-    for start_n in tl.range(n_full, hi, BLOCK_N, num_stages=DIAG_STAGES):
+    for start_n in tl.range(n_full, hi_in, BLOCK_N, num_stages=DIAG_STAGES):
         cols = start_n + offs_n
         col_ok = cols < lk
-        if USE_TMA:
+        if USE_TMA == 2:
+            kt = tl.trans(KN_D.load([k_start + start_n, kn_col]))
+        elif USE_TMA == 1:
             kt = tl.trans(kn_desc.load([start_n, 0]))
         else:
             kt = tl.load(kn_ptr + kn_off, mask=col_ok[None, :], other=0.0)
         s = tl.dot(q_nope, kt, input_precision=DOT_PREC)
-        if USE_TMA:
+        if USE_TMA == 2:
+            kt_pe = tl.trans(KP_D.load([k_start + start_n, kpe_col]))
+        elif USE_TMA == 1:
             kt_pe = tl.trans(kpe_desc.load([start_n, 0]))
         else:
             kt_pe = tl.load(kpe_ptr + kpe_off, mask=col_ok[None, :], other=0.0)
@@ -239,7 +283,9 @@ def mla_prefill_kernel(
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
-        if USE_TMA:
+        if USE_TMA == 2:
+            vt = V_D.load([k_start + start_n, v_col])
+        elif USE_TMA == 1:
             vt = v_desc.load([start_n, 0])
         else:
             vt = tl.load(v_ptr + v_off, mask=col_ok[:, None], other=0.0)
@@ -248,6 +294,38 @@ def mla_prefill_kernel(
         kn_ptr += BLOCK_N * kn_st
         kpe_ptr += BLOCK_N * kpe_st
         v_ptr += BLOCK_N * v_st
+
+    # ---- loop 3 (USE_TMA 2 only, one step at most): the key block that crosses the sequence's
+    # end. A host descriptor's rows past lk are the next sequence's keys: their scores are masked
+    # like any, but P.V would still multiply their V by 0 -- a NaN there would reach this sequence.
+    # So this block comes through masked pointer loads (0 past lk), as in loop 2 without TMA.
+    if USE_TMA == 2:
+        kn_ptr = kn_base + hi_in.to(tl.int64) * kn_st
+        kpe_ptr = kpe_base + hi_in.to(tl.int64) * kpe_st
+        v_ptr = v_base + hi_in.to(tl.int64) * v_st
+        for start_n in tl.range(hi_in, hi, BLOCK_N, num_stages=1):
+            cols = start_n + offs_n
+            col_ok = cols < lk
+            kt = tl.load(kn_ptr + kn_off, mask=col_ok[None, :], other=0.0)
+            s = tl.dot(q_nope, kt, input_precision=DOT_PREC)
+            kt_pe = tl.load(kpe_ptr + kpe_off, mask=col_ok[None, :], other=0.0)
+            s = tl.dot(q_pe, kt_pe, s, input_precision=DOT_PREC)
+            keep = col_ok[None, :]
+            if CAUSAL:
+                keep = keep & (cols[None, :] <= rows[:, None] + diag)
+            s = tl.where(keep, s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(s - m_use[:, None])
+            alpha = tl.math.exp2(m_i - m_use)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None]
+            vt = tl.load(v_ptr + v_off, mask=col_ok[:, None], other=0.0)
+            acc = tl.dot(p.to(vt.dtype), vt, acc, input_precision=DOT_PREC)
+            m_i = m_new
+            kn_ptr += BLOCK_N * kn_st
+            kpe_ptr += BLOCK_N * kpe_st
+            v_ptr += BLOCK_N * v_st
 
     # ---- epilogue: l == 0 exactly when the row saw no key (the row max contributes exp2(0) = 1);
     # only then out 0, lse -inf. l is NaN when a key the row saw (or its q) holds a NaN: that NaN

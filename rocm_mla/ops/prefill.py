@@ -6,8 +6,9 @@ Reference: rocm_mla/reference/prefill.py.
 
 Host syncs: none. The grid is sized from Tq and B (tensor shapes), not from cu_seqlens' values,
 so the GPU path never reads cu_seqlens on the host; max_seqlen_q / max_seqlen_k are accepted for
-FlashAttention-style call sites and not needed. The reference backend reads cu_seqlens on the host
-(and so always validates them); ``debug=True`` / ``ROCM_MLA_DEBUG=1`` validates them on a GPU too.
+FlashAttention-style call sites and not needed (max_seqlen_k only orders the programs). The
+reference backend reads cu_seqlens on the host (and so always validates them); ``debug=True`` /
+``ROCM_MLA_DEBUG=1`` validates them on a GPU too.
 
 Bad cu_seqlens on a GPU (not validated without debug): the kernel clamps every sequence's bounds
 to ``[0, Tq]`` / ``[0, Tk]``, so it never reads or writes outside q, k_nope, k_pe, v, out, lse;
@@ -96,7 +97,9 @@ def mla_prefill(
             overlap lse or any input (q, k_nope, k_pe, v, cu_seqlens_*): ValueError naming both.
         lse: optional ``[N, Tq]`` float32 destination of the natural-log LSE, any strides (e.g. the
             transpose of a ``[Tq, N]`` buffer). Allocated when None. Same no-overlap rule.
-        max_seqlen_q, max_seqlen_k: accepted for FlashAttention-style call sites; not needed.
+        max_seqlen_q, max_seqlen_k: accepted for FlashAttention-style call sites; not needed for
+            correctness. max_seqlen_k, when given, is a hint for the order of the programs on the GPU
+            (the config's head_group_kv_bytes); a wrong value costs speed, never a result.
         backend: ``"triton"`` or ``"reference"`` to force one (see ``rocm_mla.ops._dispatch``);
             there is no HIP kernel for this op, so ``"hip"`` raises.
         config: override of the Triton launch data (keys as in ``configs/mla_prefill.json``:
@@ -139,7 +142,21 @@ def mla_prefill(
         out = torch.empty(q.shape[0], q.shape[1], dims[2], dtype=q.dtype, device=q.device)
     if lse is None:
         lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
-    _run(impl, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, float(sm_scale), bool(causal), out, lse, config)
+    _run(
+        impl,
+        q,
+        k_nope,
+        k_pe,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        float(sm_scale),
+        bool(causal),
+        out,
+        lse,
+        config,
+        max_seqlen_k,
+    )
     return out, lse
 
 
@@ -225,31 +242,17 @@ def mla_prefill_with_context(
     def checked(i: int, chunk) -> ContextChunk:
         return _check_chunk(i, chunk, q, cu_seqlens_q, sm_scale, max_seqlen_q, dims, out, lse, host)
 
+    head = (impl, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k)
+    tail = (sm_scale, out, lse, dims, backend, config, max_seqlen_k)
     if hasattr(context_chunks, "__len__"):
         chunks = [checked(i, ch) for i, ch in enumerate(context_chunks)]  # type: ignore[arg-type]
-        return _with_context_sized(
-            impl, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, chunks, sm_scale, out, lse, dims, backend, config
-        )
-    return _with_context_lazy(
-        impl,
-        q,
-        k_nope,
-        k_pe,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        iter(context_chunks),
-        checked,
-        sm_scale,
-        out,
-        lse,
-        dims,
-        backend,
-        config,
-    )
+        return _with_context_sized(*head, chunks, *tail)
+    return _with_context_lazy(*head, iter(context_chunks), checked, *tail)
 
 
-def _with_context_sized(impl, q, k_nope, k_pe, v, cu_q, cu_k, chunks, sm_scale, out, lse, dims, backend, config):
+def _with_context_sized(
+    impl, q, k_nope, k_pe, v, cu_q, cu_k, chunks, sm_scale, out, lse, dims, backend, config, max_k=None
+):
     """Validated chunks: causal pass into out, each chunk merged into out in place."""
     Tq, N, V = q.shape[0], q.shape[1], dims[2]
     if out is None:
@@ -260,13 +263,13 @@ def _with_context_sized(impl, q, k_nope, k_pe, v, cu_q, cu_k, chunks, sm_scale, 
     # The last merge must land in lse: start on the other buffer when the chunk count is odd.
     cur = len(chunks) % 2
     lse_bufs: list[torch.Tensor | None] = [lse, new_lse() if cur else None]
-    _run(impl, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, True, out, lse_bufs[cur], config)
+    _run(impl, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, True, out, lse_bufs[cur], config, max_k)
     chunk_out = chunk_lse = None
     for ck in chunks:
         if chunk_out is None:
             chunk_out = torch.empty(Tq, N, V, dtype=q.dtype, device=q.device)
             chunk_lse = new_lse()
-        _run(impl, q, ck.k_nope, ck.k_pe, ck.v, cu_q, ck.cu_seqlens_k, sm_scale, False, chunk_out, chunk_lse, config)
+        _run_chunk(impl, q, ck, cu_q, sm_scale, chunk_out, chunk_lse, config)
         nxt = 1 - cur
         if lse_bufs[nxt] is None:
             lse_bufs[nxt] = new_lse()
@@ -275,7 +278,9 @@ def _with_context_sized(impl, q, k_nope, k_pe, v, cu_q, cu_k, chunks, sm_scale, 
     return out, lse
 
 
-def _with_context_lazy(impl, q, k_nope, k_pe, v, cu_q, cu_k, it, checked, sm_scale, out, lse, dims, backend, config):
+def _with_context_lazy(
+    impl, q, k_nope, k_pe, v, cu_q, cu_k, it, checked, sm_scale, out, lse, dims, backend, config, max_k=None
+):
     """Chunks drawn (and validated) one at a time; out/lse are written by the last step only."""
     Tq, N, V = q.shape[0], q.shape[1], dims[2]
     first = next(it, None)
@@ -285,18 +290,18 @@ def _with_context_lazy(impl, q, k_nope, k_pe, v, cu_q, cu_k, it, checked, sm_sca
     if lse is None:
         lse = torch.empty(N, Tq, dtype=torch.float32, device=q.device)
     if ck is None:  # no context: the causal pass is the result
-        _run(impl, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, True, out, lse, config)
+        _run(impl, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, True, out, lse, config, max_k)
         return out, lse
     new_lse = lambda: torch.empty(N, Tq, dtype=torch.float32, device=q.device)  # noqa: E731
     acc = torch.empty(Tq, N, V, dtype=q.dtype, device=q.device)
     acc_lse = [new_lse(), None]  # ping-pong: merge must not write the lse it reads
     cur = 0
-    _run(impl, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, True, acc, acc_lse[cur], config)
+    _run(impl, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, True, acc, acc_lse[cur], config, max_k)
     chunk_out = torch.empty(Tq, N, V, dtype=q.dtype, device=q.device)
     chunk_lse = new_lse()
     i = 0
     while ck is not None:
-        _run(impl, q, ck.k_nope, ck.k_pe, ck.v, cu_q, ck.cu_seqlens_k, sm_scale, False, chunk_out, chunk_lse, config)
+        _run_chunk(impl, q, ck, cu_q, sm_scale, chunk_out, chunk_lse, config)
         ck = first = None  # drop this chunk's K/V before the generator makes the next one
         i += 1
         nxt_chunk = next(it, None)
@@ -457,9 +462,27 @@ def _check_triton_dims(c: Checker, dims: tuple[int, int, int]) -> None:
 # --------------------------------------------------------------------------- launch
 
 
-def _run(impl, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, causal, out, lse, config):
+def _run_chunk(impl, q, ck: ContextChunk, cu_q, sm_scale, out, lse, config):
+    """The new tokens' queries against every key of one context chunk (non-causal)."""
+    _run(impl, q, ck.k_nope, ck.k_pe, ck.v, cu_q, ck.cu_seqlens_k, sm_scale, False, out, lse, config, ck.max_seqlen_k)
+
+
+def _run(impl, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, causal, out, lse, config, max_k=None):
     if impl == "triton":
-        launch_triton(q, k_nope, k_pe, v, cu_q, cu_k, out, lse, sm_scale=sm_scale, causal=causal, config=config)
+        launch_triton(
+            q,
+            k_nope,
+            k_pe,
+            v,
+            cu_q,
+            cu_k,
+            out,
+            lse,
+            sm_scale=sm_scale,
+            causal=causal,
+            config=config,
+            max_seqlen_k=max_k,
+        )
     else:
         ref_out, ref_lse = mla_prefill_ref(q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, causal)
         # Only the rows of sequences, as the kernel: rows outside every sequence stay untouched.
@@ -480,13 +503,39 @@ def launch_config(arch: str, dtype: torch.dtype) -> dict:
     return cfg["triton_fp32" if dtype == torch.float32 else "triton"]
 
 
+def head_group(cfg: dict, num_heads: int, max_seqlen_k: int, kv_head_bytes: int) -> int:
+    """Heads whose programs the kernel numbers together (HEAD_GROUP, see the kernel's Grid), a
+    divisor of ``num_heads``: the largest one not above the config's ``head_group`` when it has
+    one; else, with ``head_group_kv_bytes``, the most heads whose K/V of one sequence
+    (``max_seqlen_k`` keys x ``kv_head_bytes``) fit in that many bytes -- the programs running
+    together then re-read K/V from L2, not memory (measured on the H200, perf/RESULTS.md);
+    else 1 (one head after another)."""
+    if "head_group" in cfg:
+        want = int(cfg["head_group"])
+        if want < 1:
+            raise ValueError(f"{OP}: config head_group must be >= 1, got {want}")
+    elif "head_group_kv_bytes" in cfg:
+        want = int(cfg["head_group_kv_bytes"]) // max(1, max_seqlen_k * kv_head_bytes)
+    else:
+        want = 1
+    want = max(1, min(want, num_heads))
+    return max(g for g in range(1, want + 1) if num_heads % g == 0)
+
+
 def triton_meta(
-    cfg: dict, arch: str, dims: tuple[int, int, int], causal: bool, fp32: bool, tma_aligned: bool = True
+    cfg: dict,
+    arch: str,
+    dims: tuple[int, int, int],
+    causal: bool,
+    fp32: bool,
+    tma_aligned: bool = True,
+    group: int | None = None,
 ) -> tuple[dict, dict]:
     """``(constexprs, compile options)`` of one launch config on ``arch``: the single place the
     launch and the ISA report's variants (rocm_mla/variants/prefill.py) take them from.
     ``tma_aligned``: the tensors meet the TMA descriptors' alignment (``_tma_ok``; the variants
-    describe aligned tensors)."""
+    describe aligned tensors). ``group``: the launch's HEAD_GROUP (``head_group``); None (the
+    variants): the config's explicit ``head_group``, else 1."""
     P, R, V = dims
     consts = {
         "D_NOPE": P,
@@ -502,7 +551,8 @@ def triton_meta(
         "DIAG_STAGES": int(cfg.get("diag_stages", cfg.get("num_stages", 2))),
         # TMA tensor descriptors for K/k_pe/V: NVIDIA sm90+ (and the CPU interpreter, which
         # runs the same code path), 16-bit inputs; launch_triton also checks the alignment.
-        "USE_TMA": bool(cfg.get("tma", False)) and _tma_arch(arch) and not fp32 and bool(tma_aligned),
+        "USE_TMA": _tma_mode(cfg) if _tma_arch(arch) and not fp32 and tma_aligned else 0,
+        "HEAD_GROUP": int(group if group is not None else cfg.get("head_group", 1)),
     }
     # On AMD also waves_per_eu, matrix_instr_nonkdim, kpack and schedule_hint (the backend's
     # instruction-scheduling hint); 0 / "none" are the backend's defaults.
@@ -514,6 +564,19 @@ def triton_meta(
     return consts, options
 
 
+def _tma_mode(cfg: dict) -> int:
+    """The kernel's USE_TMA for a config's "tma" option: 0 off, 1 per-program descriptors (true),
+    2 host descriptors ("host")."""
+    tma = cfg.get("tma", False)
+    if tma in (False, None):
+        return 0
+    if tma is True:
+        return 1
+    if tma == "host":
+        return 2
+    raise ValueError(f'{OP}: config tma must be false, true or "host", got {tma!r}')
+
+
 def _tma_arch(arch: str) -> bool:
     """Archs where the "tma" launch option is honoured: Hopper and later NVIDIA, and the CPU
     interpreter (to test the path). On AMD the descriptors would be lowered back to pointer loads."""
@@ -522,13 +585,14 @@ def _tma_arch(arch: str) -> bool:
     return (nvidia_sm(arch) or 0) >= 90
 
 
-def _tma_ok(k_nope, k_pe, v, kpe_sh: int) -> bool:
+def _tma_ok(q, k_nope, k_pe, v, kpe_sh: int) -> bool:
     """TMA descriptors need 16-byte aligned bases and row/head steps, unit inner strides (and the
-    data to exist). Otherwise the launch keeps the pointer loads."""
+    data to exist). Otherwise the launch keeps the pointer loads. (q only matters to host
+    descriptors, which also load it; requiring it of both keeps one rule.)"""
     if k_nope.shape[0] == 0 or k_nope.element_size() != 2:
         return False
     e = k_nope.element_size()
-    for x, head_stride in ((k_nope, k_nope.stride(1)), (k_pe, kpe_sh), (v, v.stride(1))):
+    for x, head_stride in ((q, q.stride(1)), (k_nope, k_nope.stride(1)), (k_pe, kpe_sh), (v, v.stride(1))):
         if x.stride(2) != 1 or x.data_ptr() % 16 or (x.stride(0) * e) % 16 or (head_stride * e) % 16:
             return False
     return True
@@ -564,8 +628,10 @@ def launch_triton(
     sm_scale: float,
     causal: bool,
     config: dict | None = None,
+    max_seqlen_k: int | None = None,
 ) -> None:
     """Launch the Triton kernel on validated arguments (``mla_prefill`` checks them first).
+    ``max_seqlen_k`` (a hint: Tk when None) only picks how the programs are ordered.
 
     Exposed for the benchmark's ``--tune`` (it times each candidate config); everything else
     should call :func:`mla_prefill`.
@@ -579,10 +645,17 @@ def launch_triton(
     cfg = config if config is not None else launch_config(arch, q.dtype)
     dims = (k_nope.shape[2], k_pe.shape[2], v.shape[2])
     kpe_sh = 0 if k_pe.shape[1] == 1 else k_pe.stride(1)  # one rope head serves every head
-    tma_aligned = bool(cfg.get("tma", False)) and _tma_ok(k_nope, k_pe, v, kpe_sh)
-    consts, options = triton_meta(cfg, arch, dims, causal, q.dtype == torch.float32, tma_aligned)
+    tma_aligned = bool(_tma_mode(cfg)) and _tma_ok(q, k_nope, k_pe, v, kpe_sh)
+    group = head_group(cfg, N, max_seqlen_k or Tk, (dims[0] + dims[2]) * q.element_size())
+    consts, options = triton_meta(cfg, arch, dims, causal, q.dtype == torch.float32, tma_aligned, group)
     # Slot count: Tq // BLOCK_M + B covers every sequence's q blocks (see the kernel's docstring).
-    grid = (Tq // consts["BLOCK_M"] + B, N)
+    num_slots = Tq // consts["BLOCK_M"] + B
+    if num_slots * N >= 2**31:  # one grid axis, int32 program ids
+        raise ValueError(
+            f"{OP}: (Tq // BLOCK_M + B) * N programs must be < 2**31, got {num_slots * N} "
+            f"(Tq={Tq}, B={B}, N={N}, BLOCK_M={consts['BLOCK_M']})"
+        )
+    grid = (num_slots * N,)
     kn_st, kn_sh, kn_sd = k_nope.stride()
     kpe_st, _, kpe_sd = k_pe.stride()
     v_st, v_sh, v_sd = v.stride()
@@ -592,8 +665,11 @@ def launch_triton(
         # pointer, which the launcher rejects: hand it q's (never read).
         kn = kpe = vv = q
         kn_st = kn_sh = kn_sd = kpe_st = kpe_sh = kpe_sd = v_st = v_sh = v_sd = 0
-    if consts["USE_TMA"]:
+    if consts["USE_TMA"] == 1:
         _ensure_allocator(q.device)
+    descs = [None] * 5
+    if consts["USE_TMA"] == 2:
+        descs = _host_descriptors(q, k_nope, k_pe, v, kpe_sh, consts["BLOCK_M"], consts["BLOCK_N"])
     mla_prefill_kernel[grid](
         q,
         kn,
@@ -603,8 +679,10 @@ def launch_triton(
         lse,
         cu_seqlens_q,
         cu_seqlens_k,
+        *descs,
         float(sm_scale) * LOG2E,
         B,
+        num_slots,
         Tq,
         Tk,
         *q.stride(),
@@ -624,3 +702,25 @@ def launch_triton(
         **consts,
         **options,
     )
+
+
+def _host_descriptors(q, k_nope, k_pe, v, kpe_sh: int, block_m: int, block_n: int) -> list:
+    """USE_TMA 2: 2-D TMA descriptors built on the host (no per-program descriptor writes; the
+    kernel's TMA notes say what the rows past a sequence hold). Each spans all heads of a row:
+    ``[T, (N - 1) * head_stride + D]`` with the row stride, so head h's block is at column
+    ``h * head_stride`` (k_pe broadcast: head stride 0, one head wide)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    def desc(x, head_stride: int, width: int, rows: int) -> TensorDescriptor:
+        n = x.shape[1] if head_stride else 1
+        cols = (n - 1) * head_stride + x.shape[2]
+        return TensorDescriptor(x, [x.shape[0], cols], [x.stride(0), 1], [rows, width])
+
+    P, R, V = k_nope.shape[2], k_pe.shape[2], v.shape[2]
+    return [
+        desc(q, q.stride(1), P, block_m),
+        desc(q, q.stride(1), R, block_m),
+        desc(k_nope, k_nope.stride(1), P, block_n),
+        desc(k_pe, kpe_sh, R, block_n),
+        desc(v, v.stride(1), V, block_n),
+    ]

@@ -40,6 +40,12 @@ def config_label(cfg: dict) -> str:
         s += f" sh={cfg['schedule_hint']}"
     if cfg.get("tma"):
         s += " tma"
+    if cfg.get("head_group", 1) != 1:
+        s += f" hg{cfg['head_group']}"
+    elif "head_group_kv_bytes" in cfg:
+        s += f" kv{cfg['head_group_kv_bytes'] >> 20}M"
+    if cfg.get("tma") == "host":
+        s = s.replace(" tma", " tma=host")
     return s
 
 
@@ -61,11 +67,23 @@ def triton_variant(arch: str, dtype: torch.dtype, cfg: dict, causal: bool, tag: 
         "CU_K": "*i32",
         "qk_scale": "fp32",
         "num_seqs": "i32",
+        "num_slots": "i32",
         "num_q_rows": "i32",
         "num_k_rows": "i32",
     }
     strides = ["q_st", "q_sh", "kn_st", "kn_sh", "kpe_st", "kpe_sh", "v_st", "v_sh", "o_st", "o_sh", "lse_sh"]
     sig.update({s: "i32" for s in strides})
+    # Host TMA descriptors: typed by block shape under USE_TMA 2 (NVIDIA), None (constexpr) otherwise.
+    P, R, V = PREFILL_DIMS
+    bm, bn = consts["BLOCK_M"], consts["BLOCK_N"]
+    blocks = {"QN_D": (bm, P), "QP_D": (bm, R), "KN_D": (bn, P), "KP_D": (bn, R), "V_D": (bn, V)}
+    descs = {}
+    for k, (rows, cols) in blocks.items():
+        if consts["USE_TMA"] == 2:
+            sig[k] = f"tensordesc<{tname}[{rows},{cols}]>"
+        else:
+            sig[k] = "constexpr"
+            descs[k] = None
     # Innermost strides are 1 on real tensors, and Triton specialises ints equal to 1.
     ones = {k: 1 for k in ("q_sd", "kn_sd", "kpe_sd", "v_sd", "o_sd", "lse_st", "cuq_s", "cuk_s")}
     sig.update({k: "constexpr" for k in ones})
@@ -75,7 +93,7 @@ def triton_variant(arch: str, dtype: torch.dtype, cfg: dict, causal: bool, tag: 
         config=f"{tname} {'causal' if causal else 'full'} {config_label(cfg)}{tag}",
         fn=mla_prefill_kernel,
         signature=sig,
-        constexprs={**consts, **ones},
+        constexprs={**consts, **ones, **descs},
         options=options,
         # lse_sh is Tq (any value): not claimed 16-divisible.
         divisible_by_16=(

@@ -31,7 +31,8 @@ stays in L2 between one q block and the next.
 
 Per program (BLOCK_M queries of one sequence, one head), keys are visited in two loops:
   1. blocks every row of the tile fully sees: no mask at all (loads, scores);
-  2. the causal diagonal and the ragged end of the sequence: masked.
+  2. the causal diagonal and the ragged end of the sequence: masked
+  (and under USE_TMA 2 a third, of one step at most: the block that crosses the sequence's end).
 Causal masking is bottom-right aligned (query i of a sequence with lq queries and lk keys sees
 keys j <= i + lk - lq); blocks beyond the diagonal are never loaded. The online softmax runs in
 fp32 in the exp2 domain (log2(e) folded into the score scale); a row that sees no key ends with
@@ -41,10 +42,15 @@ masked to -inf and does not reach it). A NaN in V reaches every row that sees th
 also reach rows of the same diagonal tile that do not (0 * NaN in the P.V product, as in
 FlashAttention), never rows of other tiles.
 
-USE_TMA (sm90, launch option "tma"): K, k_pe and V blocks come through per-program tensor
-descriptors (Hopper TMA: asynchronous bulk copies into shared memory, no per-thread address math,
-zero fill past the sequence's last key) instead of pointer loads. Compiled elsewhere (gfx942, the
-interpreter) the descriptors become pointer loads again; the wrapper only turns it on for NVIDIA.
+USE_TMA (sm90, launch option "tma"): K, k_pe and V blocks come through Hopper TMA tensor
+descriptors (asynchronous bulk copies into shared memory, no per-thread address math) instead of
+pointer loads. 1 ("tma": true): per-program descriptors over the sequence's keys, built in global
+memory by each program (zero fill past the sequence's last key). 2 ("tma": "host"): descriptors the
+wrapper builds once on the host over all heads of a row (q's too); the rows past a sequence's end
+are the next sequence's, so the key block that crosses the end goes through loop 3's masked pointer
+loads. Building three descriptors per program was 9% of a 16 x 1024 prefill (ncu, session 7).
+Compiled elsewhere (gfx942, the interpreter) descriptors become pointer loads again; the wrapper
+only turns TMA on for NVIDIA (and the interpreter, to test the path).
 
 Addresses: a sequence's base is computed in int64 (Tk x token stride passes 2^31 at ~64k tokens
 with N=128) and advanced per key block as a scalar pointer; the per-tile offsets stay int32 and loop

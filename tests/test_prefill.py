@@ -189,6 +189,15 @@ def test_head_groups_cover_every_head_and_block(backend, N, want, got):
     assert_matches(out, lse, ref, ref_lse, torch.float32)
 
 
+def test_grid_stays_within_int32_program_ids():
+    from rocm_mla.ops.prefill import grid_slots
+
+    assert grid_slots(4096, 4, 16, 128) == 36
+    assert grid_slots(0, 0, 128, 128) == 0
+    with pytest.raises(ValueError, match=r"programs must be < 2\*\*31, got 2147483648 \(Tq=0, B=16777216, N=128"):
+        grid_slots(0, 2**24, 128, 128)
+
+
 def test_head_group_rules():
     """An explicit head_group wins; head_group_kv_bytes fits the group's K/V of the longest sequence
     in that many bytes (16 MiB: 4096 keys x 512 B per head -> 8 heads); neither: one head."""

@@ -142,21 +142,8 @@ def mla_prefill(
         out = torch.empty(q.shape[0], q.shape[1], dims[2], dtype=q.dtype, device=q.device)
     if lse is None:
         lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
-    _run(
-        impl,
-        q,
-        k_nope,
-        k_pe,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        float(sm_scale),
-        bool(causal),
-        out,
-        lse,
-        config,
-        max_seqlen_k,
-    )
+    tensors = (q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k)
+    _run(impl, *tensors, float(sm_scale), bool(causal), out, lse, config, max_seqlen_k)
     return out, lse
 
 
@@ -615,6 +602,18 @@ def _ensure_allocator(device: torch.device) -> None:
     triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=device))
 
 
+def grid_slots(Tq: int, B: int, N: int, block_m: int) -> int:
+    """The kernel's slot count, ``Tq // BLOCK_M + B`` (it covers every sequence's q blocks, see the
+    kernel's Grid); its one grid axis has ``slots x N`` programs, numbered in int32."""
+    slots = Tq // block_m + B
+    if slots * N >= 2**31:
+        raise ValueError(
+            f"{OP}: (Tq // BLOCK_M + B) * N programs must be < 2**31, got {slots * N} "
+            f"(Tq={Tq}, B={B}, N={N}, BLOCK_M={block_m})"
+        )
+    return slots
+
+
 def launch_triton(
     q,
     k_nope,
@@ -648,13 +647,7 @@ def launch_triton(
     tma_aligned = bool(_tma_mode(cfg)) and _tma_ok(q, k_nope, k_pe, v, kpe_sh)
     group = head_group(cfg, N, max_seqlen_k or Tk, (dims[0] + dims[2]) * q.element_size())
     consts, options = triton_meta(cfg, arch, dims, causal, q.dtype == torch.float32, tma_aligned, group)
-    # Slot count: Tq // BLOCK_M + B covers every sequence's q blocks (see the kernel's docstring).
-    num_slots = Tq // consts["BLOCK_M"] + B
-    if num_slots * N >= 2**31:  # one grid axis, int32 program ids
-        raise ValueError(
-            f"{OP}: (Tq // BLOCK_M + B) * N programs must be < 2**31, got {num_slots * N} "
-            f"(Tq={Tq}, B={B}, N={N}, BLOCK_M={consts['BLOCK_M']})"
-        )
+    num_slots = grid_slots(Tq, B, N, consts["BLOCK_M"])
     grid = (num_slots * N,)
     kn_st, kn_sh, kn_sd = k_nope.stride()
     kpe_st, _, kpe_sd = k_pe.stride()

@@ -1007,13 +1007,23 @@ BAD_OFFSETS = {  # (cu_seqlens_q, cu_seqlens_k) for Tq = 13, Tk = 9, B = 3
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("bad", list(BAD_OFFSETS))
-def test_prefill_kernel_clamps_bad_offsets(causal, bad):
+@pytest.mark.parametrize("tma", [False, True, "host"], ids=["pointers", "device_desc", "host_desc"])
+def test_prefill_kernel_clamps_bad_offsets(causal, bad, tma):
     """The Triton kernel with offsets nobody validated (a GPU call without debug; here the
     launcher is called directly to bypass the CPU check): whatever they hold, nothing outside
-    q, k_nope, k_pe, v, out, lse is read or written."""
+    q, k_nope, k_pe, v, out, lse is read or written -- with pointer loads and with either kind
+    of TMA descriptor (16-bit inputs; the interpreter runs the TMA path as sm90 does)."""
+    from rocm_mla import _platform
+    from rocm_mla.ops.prefill import _tma_arch, _tma_ok
+
     if "triton" not in backends():
         pytest.skip("Triton unavailable")
-    case = PrefillCase(13, 9, 2, seed=2)
+    if tma and not _tma_arch(_platform.device_arch(torch.device(DEVICE))):
+        pytest.skip("TMA descriptors need an NVIDIA sm90+ GPU or the interpreter")
+    case = PrefillCase(13, 9, 2, dtype=torch.float16 if tma else F32, seed=2)
+    if tma:
+        q, kn, kpe, v = case.args
+        assert _tma_ok(q, kn, kpe, v, 0), "the case must take the TMA path"
     cq, ck = (torch.tensor(x, dtype=torch.int32, device=DEVICE) for x in BAD_OFFSETS[bad])
     launch_triton(
         *case.args,
@@ -1023,7 +1033,7 @@ def test_prefill_kernel_clamps_bad_offsets(causal, bad):
         case.lse,
         sm_scale=0.1,
         causal=causal,
-        config={"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
+        config={"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "tma": tma},
     )
     case.check_guards()
 

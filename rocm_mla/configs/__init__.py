@@ -161,7 +161,9 @@ def platform_fp8_dtype(arch: str):
 # --------------------------------------------------------------------------- overlay schema
 
 INT, BOOL, NUM, STR, BACKEND = "int", "bool", "number", "str", "backend"
-TMA = "tma"  # mla_prefill's "tma": false, true (per-program descriptors) or "host" (ops/prefill._tma_mode)
+TMA = "tma"  # mla_prefill's "tma": one of PREFILL_TMA_MODES
+# mla_prefill's "tma" values -> the kernel's USE_TMA: off, per-program descriptors, host descriptors.
+PREFILL_TMA_MODES = {False: 0, True: 1, "host": 2}
 BACKENDS = ("hip", "triton", "reference")  # every op's implementations (ops/_dispatch.py selects one)
 # Launch/compile options only AMD's Triton backend takes (triton_common.AMD_ONLY_OPTIONS is this
 # list); absent, 0 and "none" all mean the backend's default.
@@ -384,7 +386,8 @@ def _check_value(
     elif schema == BACKEND:
         ok, want = value in BACKENDS, f"one of {', '.join(BACKENDS)}"
     elif schema == TMA:
-        ok, want = isinstance(value, bool) or value == "host", 'true, false or "host"'
+        ok = any(value is m or (isinstance(m, str) and value == m) for m in PREFILL_TMA_MODES)
+        want = 'true, false or "host"'
     else:
         ok, want = isinstance(value, str), "a string"
     if not ok:

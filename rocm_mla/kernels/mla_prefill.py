@@ -21,12 +21,12 @@ finds its sequence by counting the ``first(b) <= slot`` with vector loads of SEQ
 cu_seqlens_q (one pass for B <= SEQ_CHUNK). Within a sequence the last (causally heaviest) q block
 takes the lowest slot, so long programs start first and short ones fill the tail.
 
-Programs are numbered (head group, slot, head within the group), HEAD_GROUP heads per group (a
+Programs are numbered (head group, slot, head within the group), head_group heads per group (a
 divisor of N; the wrapper picks it): GPUs start programs roughly in that order, so the group's
 heaviest q blocks of all its heads start together and its light ones end it. Numbered (head, slot)
 instead, the last head's heaviest block started when only that head's work was left, and ran on
 alone while the rest of the GPU idled (a tail of several % at 4 x 4096 and 1 x 16384). Groups, not
-all N heads at once: the programs running together then read the K/V of HEAD_GROUP heads, which
+all N heads at once: the programs running together then read the K/V of head_group heads, which
 stays in L2 between one q block and the next.
 
 Per program (BLOCK_M queries of one sequence, one head), keys are visited in two loops:
@@ -48,7 +48,7 @@ pointer loads. 1 ("tma": true): per-program descriptors over the sequence's keys
 memory by each program (zero fill past the sequence's last key). 2 ("tma": "host"): descriptors the
 wrapper builds once on the host over all heads of a row (q's too); the rows past a sequence's end
 are the next sequence's, so the key block that crosses the end goes through loop 3's masked pointer
-loads. Building three descriptors per program was 9% of a 16 x 1024 prefill (ncu, session 7).
+loads. Building three descriptors per program was 9% of a 16 x 1024 prefill (ncu; perf/RESULTS.md).
 Compiled elsewhere (gfx942, the interpreter) descriptors become pointer loads again; the wrapper
 only turns TMA on for NVIDIA (and the interpreter, to test the path).
 
@@ -74,7 +74,7 @@ def mla_prefill_kernel(
     LSE,
     CU_Q,
     CU_K,
-    QN_D,  # USE_TMA 2: host tensor descriptors (else None), see TMA below
+    QN_D,  # USE_TMA 2: host tensor descriptors (else None), see USE_TMA in the module docstring
     QP_D,
     KN_D,
     KP_D,
@@ -82,6 +82,7 @@ def mla_prefill_kernel(
     qk_scale,  # sm_scale * log2(e): scores go straight into exp2
     num_seqs,
     num_slots,  # Tq // BLOCK_M + B (see Grid in the module docstring)
+    head_group,  # heads per program group, a divisor of N (a runtime value: no compile per size)
     num_q_rows,
     num_k_rows,  # Tq, Tk: the bound guard below
     q_st,
@@ -113,15 +114,14 @@ def mla_prefill_kernel(
     DOT_PREC: tl.constexpr,
     DIAG_STAGES: tl.constexpr,
     USE_TMA: tl.constexpr,  # 0 pointer loads, 1 per-program descriptors, 2 host descriptors
-    HEAD_GROUP: tl.constexpr,
 ):
     # 1-D grid in dispatch order: head groups, then slots, then the group's heads (see Grid).
     pid = tl.program_id(0)
-    per_group = num_slots * HEAD_GROUP
+    per_group = num_slots * head_group
     group = pid // per_group
     r = pid - group * per_group
-    slot = r // HEAD_GROUP
-    h = (group * HEAD_GROUP + (r - slot * HEAD_GROUP)).to(tl.int64)
+    slot = r // head_group
+    h = (group * head_group + (r - slot * head_group)).to(tl.int64)
 
     # ---- which sequence owns this slot: count sequences whose first slot is <= ours.
     owners = 0

@@ -25,7 +25,7 @@ import torch
 import triton
 
 from .. import _platform
-from ..configs import config_for, nvidia_sm
+from ..configs import PREFILL_TMA_MODES, config_for, nvidia_sm
 from ..kernels.mla_prefill import mla_prefill_kernel
 from ..reference.prefill import mla_prefill_ref
 from ..triton_common import LOG2E, amd_options
@@ -102,9 +102,9 @@ def mla_prefill(
             (the config's head_group_kv_bytes); a wrong value costs speed, never a result.
         backend: ``"triton"`` or ``"reference"`` to force one (see ``rocm_mla.ops._dispatch``);
             there is no HIP kernel for this op, so ``"hip"`` raises.
-        config: override of the Triton launch data (keys as in ``configs/mla_prefill.json``:
-            BLOCK_M, BLOCK_N, num_warps, num_stages, and on gfx9 waves_per_eu,
-            matrix_instr_nonkdim, kpack); for tuning and tests.
+        config: override of the Triton launch data, one object with the keys of an arch's
+            ``triton`` entry in ``configs/mla_prefill.json`` (its ``_doc`` says what each does:
+            tiles, warps, stages, tma, head_group, the gfx9 options); for tuning and tests.
         debug: validate cu_seqlens on a GPU too (a host sync: not capturable), naming the
             argument, the index and the bound. Default: ``ROCM_MLA_DEBUG=1`` in the environment.
 
@@ -491,7 +491,7 @@ def launch_config(arch: str, dtype: torch.dtype) -> dict:
 
 
 def head_group(cfg: dict, num_heads: int, max_seqlen_k: int, kv_head_bytes: int) -> int:
-    """Heads whose programs the kernel numbers together (HEAD_GROUP, see the kernel's Grid), a
+    """Heads whose programs the kernel numbers together (its head_group, see the kernel's Grid), a
     divisor of ``num_heads``: the largest one not above the config's ``head_group`` when it has
     one; else, with ``head_group_kv_bytes``, the most heads whose K/V of one sequence
     (``max_seqlen_k`` keys x ``kv_head_bytes``) fit in that many bytes -- the programs running
@@ -516,13 +516,11 @@ def triton_meta(
     causal: bool,
     fp32: bool,
     tma_aligned: bool = True,
-    group: int | None = None,
 ) -> tuple[dict, dict]:
     """``(constexprs, compile options)`` of one launch config on ``arch``: the single place the
     launch and the ISA report's variants (rocm_mla/variants/prefill.py) take them from.
     ``tma_aligned``: the tensors meet the TMA descriptors' alignment (``_tma_ok``; the variants
-    describe aligned tensors). ``group``: the launch's HEAD_GROUP (``head_group``); None (the
-    variants): the config's explicit ``head_group``, else 1."""
+    describe aligned tensors)."""
     P, R, V = dims
     consts = {
         "D_NOPE": P,
@@ -536,10 +534,10 @@ def triton_meta(
         "DOT_PREC": "ieee" if fp32 else None,
         # software-pipelining depth of the masked (diagonal / ragged-end) loop; default: num_stages
         "DIAG_STAGES": int(cfg.get("diag_stages", cfg.get("num_stages", 2))),
-        # TMA tensor descriptors for K/k_pe/V: NVIDIA sm90+ (and the CPU interpreter, which
-        # runs the same code path), 16-bit inputs; launch_triton also checks the alignment.
+        # TMA tensor descriptors for K/k_pe/V ("host": q too): NVIDIA sm90+ (and the CPU
+        # interpreter, which runs the same code path), 16-bit inputs; launch_triton also checks
+        # the alignment.
         "USE_TMA": _tma_mode(cfg) if _tma_arch(arch) and not fp32 and tma_aligned else 0,
-        "HEAD_GROUP": int(group if group is not None else cfg.get("head_group", 1)),
     }
     # On AMD also waves_per_eu, matrix_instr_nonkdim, kpack and schedule_hint (the backend's
     # instruction-scheduling hint); 0 / "none" are the backend's defaults.
@@ -552,15 +550,12 @@ def triton_meta(
 
 
 def _tma_mode(cfg: dict) -> int:
-    """The kernel's USE_TMA for a config's "tma" option: 0 off, 1 per-program descriptors (true),
-    2 host descriptors ("host")."""
+    """The kernel's USE_TMA for a config's "tma" option (configs.PREFILL_TMA_MODES: false 0, true 1
+    per-program descriptors, "host" 2 host descriptors)."""
     tma = cfg.get("tma", False)
-    if tma in (False, None):
-        return 0
-    if tma is True:
-        return 1
-    if tma == "host":
-        return 2
+    for value, mode in PREFILL_TMA_MODES.items():
+        if tma is value or (isinstance(value, str) and tma == value):
+            return mode
     raise ValueError(f'{OP}: config tma must be false, true or "host", got {tma!r}')
 
 
@@ -646,7 +641,7 @@ def launch_triton(
     kpe_sh = 0 if k_pe.shape[1] == 1 else k_pe.stride(1)  # one rope head serves every head
     tma_aligned = bool(_tma_mode(cfg)) and _tma_ok(q, k_nope, k_pe, v, kpe_sh)
     group = head_group(cfg, N, max_seqlen_k or Tk, (dims[0] + dims[2]) * q.element_size())
-    consts, options = triton_meta(cfg, arch, dims, causal, q.dtype == torch.float32, tma_aligned, group)
+    consts, options = triton_meta(cfg, arch, dims, causal, q.dtype == torch.float32, tma_aligned)
     num_slots = grid_slots(Tq, B, N, consts["BLOCK_M"])
     grid = (num_slots * N,)
     kn_st, kn_sh, kn_sd = k_nope.stride()
@@ -676,6 +671,7 @@ def launch_triton(
         float(sm_scale) * LOG2E,
         B,
         num_slots,
+        group,
         Tq,
         Tk,
         *q.stride(),

@@ -39,13 +39,11 @@ def config_label(cfg: dict) -> str:
     if cfg.get("schedule_hint", "none") != "none":
         s += f" sh={cfg['schedule_hint']}"
     if cfg.get("tma"):
-        s += " tma"
-    if cfg.get("head_group", 1) != 1:
-        s += f" hg{cfg['head_group']}"
+        s += " tma=host" if cfg["tma"] == "host" else " tma"
+    if "head_group" in cfg:  # the precedence of ops.prefill.head_group
+        s += f" hg{cfg['head_group']}" if cfg["head_group"] != 1 else ""
     elif "head_group_kv_bytes" in cfg:
         s += f" kv{cfg['head_group_kv_bytes'] >> 20}M"
-    if cfg.get("tma") == "host":
-        s = s.replace(" tma", " tma=host")
     return s
 
 
@@ -68,6 +66,7 @@ def triton_variant(arch: str, dtype: torch.dtype, cfg: dict, causal: bool, tag: 
         "qk_scale": "fp32",
         "num_seqs": "i32",
         "num_slots": "i32",
+        "head_group": "i32",
         "num_q_rows": "i32",
         "num_k_rows": "i32",
     }

@@ -16,10 +16,8 @@ from __future__ import annotations
 import json
 import sys
 
-import torch
-
 from rocm_mla.tools.bench_decode_inputs import BLOCK, Setup, ours, plan_for
-from rocm_mla.tools.benchutil import bench_parser, rotating_graph_us, start_bench
+from rocm_mla.tools.benchutil import bench_parser, one_call_us, rotating_graph_us, start_bench
 
 
 def main() -> int:
@@ -46,13 +44,8 @@ def main() -> int:
         f"{s.label} block={s.block}: S={plan['num_kv_splits']} row_blocks={plan['row_blocks']} config={plan['config']}"
     )
     fn = ours(s, cfg, args.splits)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for i in range(args.calls):
-        start.record()
-        fn(0)
-        end.record()
-        torch.cuda.synchronize()
-        us = start.elapsed_time(end) * 1e3
+        us = one_call_us(lambda: fn(0), dev)
         print(f"call {i}: {us:.1f} us ({s.nbytes() / us / 1e3:.0f} GB/s)")
     if args.time:
         us = rotating_graph_us(fn, 1)

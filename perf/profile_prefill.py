@@ -18,27 +18,10 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
-import torch
 from bench_prefill import SHAPES, Case, Timer, check_against_reference
 
-from rocm_mla.tools.benchutil import bench_parser, start_bench
-
-
-def call_us(fn, dev: torch.device) -> float:
-    """Wall time of one call in us: CUDA/HIP events on a GPU (the profiler's own numbers are the
-    ones to read; these say the run is the expected one), the host clock elsewhere."""
-    if dev.type != "cuda":
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e6
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3
+from rocm_mla.tools.benchutil import bench_parser, one_call_us, start_bench
 
 
 def main() -> int:
@@ -63,7 +46,7 @@ def main() -> int:
         return 1
     case = Case(shape, gpu.dev)
     for i in range(args.calls):
-        us = call_us(lambda: case.ours(cfg), gpu.dev)
+        us = one_call_us(lambda: case.ours(cfg), gpu.dev)
         print(f"call {i}: {us:.1f} us ({shape.flops / us / 1e6:.0f} TFLOP/s)")
     if args.time:
         us = Timer(graphs=True)("ours", lambda: case.ours(cfg)) * 1e3

@@ -1,5 +1,5 @@
 """The mla_decode benchmark's inputs, shared by perf/bench_decode.py and perf/profile_decode.py
-(scripts do not import each other): one shape's tensors as vLLM hands them to the decode, and our
+(so that the profile script need not import the benchmark): one shape's tensors as vLLM hands them to the decode, and our
 op's call on them.
 
 Block size 64, q bf16 (or the given dtype), cache in q's dtype or fp8 (the platform's e4m3

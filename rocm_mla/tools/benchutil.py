@@ -5,9 +5,10 @@ Ceilings are measured in the same run as the kernels they judge: a large device-
 CUDA-event timings with the L2 flushed between runs (``triton.testing.do_bench``), or of CUDA/HIP
 graph replays (``graph_ms``, ``rotating_graph_us``: the one copy of each graph timer).
 
-Also what several perf/ scripts share, so that no script imports another: the preamble of their
-``main()`` (``bench_parser``, ``start_bench``), the cold-cache rule (``cold_cache_bytes``), the
-peers' loaders, and the one copy of the vLLM 0.33 paths they time ours against
+Also what several perf/ scripts share (one script imports another only where it profiles that
+script's own inputs: perf/profile_prefill.py): the preamble of their ``main()`` (``bench_parser``,
+``start_bench``), one call's time for the profile scripts (``one_call_us``), the cold-cache rule
+(``cold_cache_bytes``), the peers' loaders, and the one copy of the vLLM 0.33 paths they time ours against
 (``vllm_forward_static``, ``vllm_unfused_rope_kv_write``, ``vllm_num_kv_splits``,
 ``vllm_triton_mla_decode``).
 """
@@ -369,6 +370,24 @@ def rotating_graph_us(
         samples.append(start.elapsed_time(end) * 1e3 / (iters * per_graph))
     del graphs
     return statistics.median(samples)
+
+
+def one_call_us(fn: Callable[[], object], dev: torch.device) -> float:
+    """Time of one call of ``fn`` in us, for the profile scripts (a profiler attached to them has
+    the real numbers; this says the run is the expected one): CUDA/HIP events on a GPU, the host
+    clock elsewhere."""
+    import time
+
+    if dev.type != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e6
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3
 
 
 def wall_ms(fn: Callable[[], object], reps: int = 3) -> float:

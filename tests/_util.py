@@ -149,3 +149,11 @@ class Guarded:
         assert changed.numel() == 0, (
             f"{what}: {changed.numel()} guard elements changed (first at flat index {int(changed[0])})"
         )
+
+
+# mla_decode's CPU tile with each form of the page guard: a 16-row, 16-token tile in one stage,
+# checking the block-table entries before the loop (CHECK_CFG) or clamping each tile's page into
+# the cache in the loop and checking the entries after it (CLAMP_CFG; it acts where a tile lies in
+# one page). The default is per arch (AMD clamps).
+CLAMP_CFG = {"BLOCK_H": 16, "BLOCK_N": 16, "D_SPLIT": 1, "num_warps": 4, "num_stages": 1, "CLAMP_PAGES": True}
+CHECK_CFG = {**CLAMP_CFG, "CLAMP_PAGES": False}

@@ -1,5 +1,7 @@
-"""rocm_mla.tools.benchutil's stand-ins for vLLM's data path around a peer kernel: they must call
-the peer exactly as vLLM 0.33 does (the benchmarks' upstream columns are only fair if so)."""
+"""rocm_mla.tools.benchutil's stand-ins for vLLM's data path around a peer kernel (the benchmarks'
+upstream columns are only fair if they call the peer as vLLM 0.33 does): the exact call, against a
+recording stand-in written from vLLM 0.33's forward_mqa; and vLLM's own kernel through the helper
+against the float32 reference, where .peers/vllm is present."""
 
 import os
 import subprocess

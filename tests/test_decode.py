@@ -12,7 +12,17 @@ import math
 
 import pytest
 import torch
-from _util import DEVICE, DTYPES, HAS_GPU, backends, outside_untouched, poisoned_view, raises_naming
+from _util import (
+    CHECK_CFG,
+    CLAMP_CFG,
+    DEVICE,
+    DTYPES,
+    HAS_GPU,
+    backends,
+    outside_untouched,
+    poisoned_view,
+    raises_naming,
+)
 
 import rocm_mla
 from rocm_mla.ops.decode import choose_num_splits, mla_decode_workspace_numel, stage1_config
@@ -678,13 +688,6 @@ def test_quantize_q_config_resolution():
     on = lambda q, fp8: stage1_meta("default", cfg, q, fp8, direct=True, has_scale_ptr=False, page_mode=2)[0]  # noqa: E731
     assert on(torch.float16, True)["FP8_QK"]
     assert not on(torch.float16, False)["FP8_QK"] and not on(torch.float32, True)["FP8_QK"]
-
-
-# A 16-row, 16-token tile in one stage, with each tile's page clamped into the cache in the loop and
-# the entries checked after it.
-CLAMP_CFG = {"BLOCK_H": 16, "BLOCK_N": 16, "D_SPLIT": 1, "num_warps": 4, "num_stages": 1, "CLAMP_PAGES": True}
-# The same tile checking the block-table entries before the loop (the default is per arch: AMD clamps).
-CHECK_CFG = {**CLAMP_CFG, "CLAMP_PAGES": False}
 
 
 @pytest.mark.parametrize("cfg", [CHECK_CFG, CLAMP_CFG], ids=["check_first", "clamp"])

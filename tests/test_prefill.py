@@ -174,8 +174,8 @@ def test_block_shapes(backend, bm, bn):
 @pytest.mark.parametrize("N,want,got", [(24, 16, 12), (6, 4, 3), (8, 8, 8), (5, 2, 1), (16, 128, 16)])
 def test_head_groups_cover_every_head_and_block(backend, N, want, got):
     """Programs numbered by head groups (the config's head_group, cut to a divisor of N): every
-    (head, q block) is computed once and every row written -- varlen, an empty sequence, q blocks
-    of every kind."""
+    (head, q block) is computed and every row written (NaN-poisoned out and lse) -- varlen, an
+    empty sequence, q blocks of every kind."""
     from rocm_mla.ops.prefill import head_group
 
     assert head_group({"head_group": want}, N, 100, 512) == got

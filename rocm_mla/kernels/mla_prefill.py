@@ -306,6 +306,8 @@ def mla_prefill_kernel(
     # like any, but P.V would still multiply their V by 0 -- a NaN there would reach this sequence.
     # So this block comes through masked pointer loads (0 past lk), as in loop 2 without TMA.
     if USE_TMA == 2:
+        # From the bases, not from loops 1-2's walking pointers: those go unused under USE_TMA 2
+        # and so compile away.
         kn_ptr = kn_base + hi_in.to(tl.int64) * kn_st
         kpe_ptr = kpe_base + hi_in.to(tl.int64) * kpe_st
         v_ptr = v_base + hi_in.to(tl.int64) * v_st

@@ -1,6 +1,6 @@
 """The mla_decode benchmark's inputs, shared by perf/bench_decode.py and perf/profile_decode.py
-(so that the profile script need not import the benchmark): one shape's tensors as vLLM hands them to the decode, and our
-op's call on them.
+(so that the profile script need not import the benchmark): one shape's tensors as vLLM hands
+them to the decode, and our op's call on them.
 
 Block size 64, q bf16 (or the given dtype), cache in q's dtype or fp8 (the platform's e4m3
 kind) with a per-tensor k_scale; R copies of the cache and block table (fresh page permutations)

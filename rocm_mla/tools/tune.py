@@ -65,6 +65,7 @@ import torch
 from .. import configs as C
 from ..ops.decode import STAGE1_DEFAULTS, stage1_config, stage1_tier_index
 from .bench_decode_inputs import SCALE as SCALE_DECODE  # the timed call's scale: its check uses it too
+from .bench_decode_inputs import Setup, ours
 
 OP_KEYS = {
     "decode": "mla_decode",
@@ -260,7 +261,6 @@ class DecodeCase(Case):
     uint8 with kv_cache_dtype "fp8", max_seq_len given."""
 
     def __init__(self, s: Shape, dev: torch.device):
-        from .bench_decode_inputs import Setup, ours
         from .benchutil import cold_cache_bytes
 
         self.s, self.dev = s, dev

@@ -62,9 +62,11 @@ void dispatch(const at::Tensor* positions, const at::Tensor* q_pe, at::Tensor& k
              inner_ok(kv_c) && step_ok(kv_c, 0, kq) && aligned16(kv_c.data_ptr()) &&
              inner_ok(cache) && step_ok(cache, 0, kc) && step_ok(cache, 1, kc) && aligned16(cache.data_ptr());
   if (q_pe != nullptr) {
+    // The vector kernel's cos/sin row offsets are 32-bit: every row must start below 2^31 elements.
+    const bool cs_off32 = (cos_sin->size(0) - 1) * cos_sin->stride(0) < (int64_t{1} << 31);
     vec = vec && inner_ok(*q_pe) && step_ok(*q_pe, 0, kq) && step_ok(*q_pe, 1, kq) &&
           aligned16(q_pe->data_ptr()) && inner_ok(*cos_sin) && step_ok(*cos_sin, 0, kcs) &&
-          aligned16(cos_sin->data_ptr());
+          aligned16(cos_sin->data_ptr()) && cs_off32;
   }
   const int64_t* pos = positions ? positions->data_ptr<int64_t>() : nullptr;
   QS* q = q_pe ? reinterpret_cast<QS*>(q_pe->data_ptr()) : nullptr;

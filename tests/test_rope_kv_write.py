@@ -273,6 +273,43 @@ def test_matches_reference_and_unfused(backend, dtype, is_neox, N, block_size):
     _check_against_both(case, is_neox, exact=DEVICE.type == "cpu")
 
 
+@pytest.mark.parametrize("is_neox", [False, True], ids=["gptj", "neox"])
+def test_triton_64_bit_cos_sin_offsets(monkeypatch, is_neox):
+    """The Triton kernel's CS_I64 branch (64-bit cos/sin row offsets, which the launcher takes for a
+    cos_sin_cache whose last row starts 2^31 elements or more from its first: too big to allocate
+    here) gives the reference's results like the 32-bit one."""
+    import rocm_mla.ops.rope_kv_write as rk
+
+    orig, taken = rk.triton_meta, []
+
+    def forced(*args, **kw):
+        consts, options = orig(*args, **{**kw, "cs_i64": True})
+        taken.append(consts["CS_I64"])
+        return consts, options
+
+    monkeypatch.setattr(rk, "triton_meta", forced)
+    case = Case(13, 8, 16, torch.float32, skip=(1, 6))
+    case.run("triton", is_neox)
+    assert taken == [True]
+    _check_against_both(case, is_neox)
+
+
+def test_triton_cos_sin_offset_width_from_the_cache_extent():
+    """CS_I64 is taken exactly when the cache's last row starts 2^31 elements or more from its first
+    (shapes and strides only: no 8 GB cache needed)."""
+    from types import SimpleNamespace
+
+    from rocm_mla.ops.rope_kv_write import cos_sin_offsets_need_64_bit as need
+
+    def cs(rows, row_stride):
+        return SimpleNamespace(shape=(rows, 64), stride=lambda dim: (row_stride, 1)[dim])
+
+    assert not need(cs(163840, 64)) and not need(cs(0, 64)) and not need(cs(1, 2**40))
+    assert not need(cs(2**25, 64))  # last row at 2^31 - 64
+    assert need(cs(2**25 + 1, 64))  # last row at 2^31
+    assert need(cs(3, 2**30 + 1))
+
+
 @pytest.mark.parametrize("backend", backends())
 @pytest.mark.parametrize("cs_dtype", ["q", torch.float32], ids=["cs=q", "cs=fp32"])
 def test_cos_sin_cache_in_q_dtype(backend, cs_dtype):

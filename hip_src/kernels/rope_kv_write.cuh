@@ -277,7 +277,10 @@ __global__ void rope_mla_kv_write_kernel(const int64_t* __restrict__ positions,
       using CSS = typename elem<CSTag>::storage;
       float c[8], s[8];
       if constexpr (VEC) {
-        const CSS* cs = pos_ok ? cos_sin + pos * p.cs_sp : reinterpret_cast<const CSS*>(kNanRow);
+        // 32-bit row offset: the launcher takes VEC only where every row starts below 2^31 elements,
+        // and pos_ok bounds the row (unsigned: a bad pos wraps harmlessly, its pointer is not used).
+        const uint32_t cs_off = static_cast<uint32_t>(pos) * static_cast<uint32_t>(p.cs_sp);
+        const CSS* cs = pos_ok ? cos_sin + cs_off : reinterpret_cast<const CSS*>(kNanRow);
         load8<VEC, CSTag>(cs + 8 * r, 1, c);
         load8<VEC, CSTag>(cs + 32 + 8 * r, 1, s);
       } else {

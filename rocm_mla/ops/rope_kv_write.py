@@ -363,7 +363,14 @@ def fp8_cache_kind(arch: str) -> int:
 
 
 def triton_meta(
-    num_heads: int, arch: str, *, rope: bool, is_neox: bool, cache_kind: int, config: dict | None = None
+    num_heads: int,
+    arch: str,
+    *,
+    rope: bool,
+    is_neox: bool,
+    cache_kind: int,
+    config: dict | None = None,
+    cs_i64: bool = False,
 ) -> tuple[dict, dict]:
     """``(constexprs, compile options)`` of one Triton launch for ``num_heads`` heads on ``arch``
     (``config``: the launch data to use instead of the arch's, for tuning): the single place the
@@ -371,7 +378,9 @@ def triton_meta(
 
     TOKENS: tokens per program, so that a program moves about ``rows_per_program`` q_pe rows
     (16 heads -> 8 tokens, 128 heads -> 1), at most ``max_tokens`` (its [TOKENS, 512] kv_c tile
-    lives in registers).
+    lives in registers). CS_I64 (``cs_i64``): 64-bit cos/sin row offsets, for a cos_sin_cache whose
+    last row starts 2^31 elements or more from its first (32-bit otherwise: the position guard bounds
+    the row).
     """
     cfg = config or config_for(OP, arch)["triton"]
     tokens = max(1, min(cfg["max_tokens"], cfg["rows_per_program"] // max(1, num_heads)))
@@ -385,7 +394,15 @@ def triton_meta(
         "ROPE": bool(rope),
         "IS_NEOX": bool(is_neox and rope),
         "CACHE_KIND": int(cache_kind),
+        "CS_I64": bool(cs_i64 and rope),
     }, options
+
+
+def cos_sin_offsets_need_64_bit(cos_sin_cache: torch.Tensor) -> bool:
+    """Whether the Triton kernel needs 64-bit cos/sin row offsets (CS_I64): when the last row of
+    ``cos_sin_cache`` ``[max_pos, 64]`` starts 2^31 elements or more from its first. Otherwise they
+    are 32-bit: the position guard keeps every row the kernel reads below max_pos."""
+    return (cos_sin_cache.shape[0] - 1) * cos_sin_cache.stride(0) >= 2**31
 
 
 def _launch_triton(
@@ -394,8 +411,9 @@ def _launch_triton(
     T = k_pe.shape[0]
     rope = q_pe is not None
     N = q_pe.shape[1] if rope else 0
+    cs_i64 = rope and cos_sin_offsets_need_64_bit(cos_sin_cache)
     consts, options = triton_meta(
-        N, _platform.device_arch(cache.device), rope=rope, is_neox=is_neox, cache_kind=kind, config=cfg
+        N, _platform.device_arch(cache.device), rope=rope, is_neox=is_neox, cache_kind=kind, config=cfg, cs_i64=cs_i64
     )
     grid = (triton.cdiv(T, consts["TOKENS"]),)
     # Unused pointers get a live tensor of the right kind (never read: ROPE / CACHE_KIND are constexpr).

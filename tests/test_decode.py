@@ -693,22 +693,43 @@ def test_quantize_q_config_resolution():
 @pytest.mark.parametrize("cfg", [CHECK_CFG, CLAMP_CFG], ids=["check_first", "clamp"])
 @pytest.mark.parametrize("splits", [1, 2, 5])
 @pytest.mark.parametrize("bad", ["minus_one", "num_pages", "huge"])
-@pytest.mark.parametrize("block_size", [16, 4, 24])  # PAGE_MODE 2, 1, 0 with the 16-token CPU tile
-def test_bad_page_id_makes_only_that_request_nan(cfg, splits, bad, block_size):
+@pytest.mark.parametrize("block_size", [16, 4, 24, 1])  # PAGE_MODE 2, 1, 0, 1 with the 16-token CPU tile
+@pytest.mark.parametrize("which", ["second", "last"])
+def test_bad_page_id_makes_only_that_request_nan(cfg, splits, bad, block_size, which):
     """A used block-table entry outside the cache (debug off): that request's rows are NaN in out and
     lse, nothing outside kv is read, the other requests are exact -- with either form of the guard
-    (CLAMP_PAGES: pages clamped into the cache in the loop, checked after it)."""
+    (CLAMP_PAGES: pages clamped into the cache in the loop, checked after it). The bad entry is the
+    request's second or its last used one (block 32 at block size 1: past the first 16 entries,
+    which the check-first form reads apart from the rest)."""
     case = Case(3, 4, 1, block_size, (40, 33, 9), torch.float32, seed=41)
     ro, rl = case.ref()
     n_pages = case.kv.shape[0]
     value = {"minus_one": -1, "num_pages": n_pages, "huge": 2**31 - 1}[bad]
-    case.block_table[1, 1] = value  # request 1 uses blocks 0..cdiv(33, bs)-1: block 1 is used
+    blk = 1 if which == "second" else (33 - 1) // block_size  # request 1 uses blocks 0..cdiv(33, bs)-1
+    case.block_table[1, blk] = value
     out, lse = case.run(num_kv_splits=splits, backend="triton", debug=False, config=cfg)
     rows1 = slice(1, 2)
     assert torch.isnan(out[rows1]).all() and torch.isnan(lse[rows1]).all()
     keep = [0, 2]
     torch.testing.assert_close(out[keep], ro[keep], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(lse[keep], rl[keep], rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("cfg", [CHECK_CFG, CLAMP_CFG], ids=["check_first", "clamp"])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("block_size", [16, 4, 24])  # PAGE_MODE 2, 1, 0 with the 16-token CPU tile
+def test_bad_page_seen_by_one_mtp_row_makes_every_row_nan(cfg, splits, block_size):
+    """MTP (q_len 3): the last used page holds key 32, which only the request's last row sees
+    (causal). A bad entry there still makes every row of that request NaN in out and lse (the
+    request's result is unusable, not just the rows that read the page); the others are exact."""
+    case = Case(2, 4, 3, block_size, (33, 20), torch.float32, seed=45)
+    ro, rl = case.ref()
+    case.block_table[0, 32 // block_size] = -1
+    out, lse = case.run(num_kv_splits=splits, backend="triton", debug=False, config=cfg)
+    rows0 = slice(0, 3)  # request 0's three rows
+    assert torch.isnan(out[rows0]).all() and torch.isnan(lse[rows0]).all()
+    torch.testing.assert_close(out[3:], ro[3:], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(lse[3:], rl[3:], rtol=0, atol=1e-3)
 
 
 @pytest.mark.parametrize("cfg", [CHECK_CFG, CLAMP_CFG], ids=["check_first", "clamp"])

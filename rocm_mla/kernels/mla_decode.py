@@ -173,9 +173,11 @@ def mla_decode_stage1_kernel(
     outside [0, num_pages) makes the program's rows NaN (out and lse): loud, and other requests are
     unaffected. CLAMP_PAGES picks how: False checks the entries before the KV loop and skips the
     loop on a bad one; True (used in PAGE_MODE 2 only) clamps every tile's page into the cache as
-    the loop reads it and checks the entries after the loop. Same results; the first puts one
-    dependent table load ahead of the first KV load, the second a few instructions into the loop
-    (on the H200 the 64-row tier spills with it; fp8 at 16 rows runs faster with it).
+    the loop reads it and checks the entries after the loop. Same results; the first adds a
+    reduction ahead of the first KV load (its table load is issued with seq_len's, so the first
+    split of a request up to BLOCK_N pages waits for no load of its own), the second a few
+    instructions into the loop (on the H200 the 64-row tier spills with it; fp8 at 16 rows runs
+    faster with it).
     FP8_QK (fp8 caches, D_SPLIT 1): q is rounded once per program to the cache's e4m3 kind with one
     scale per (row, head) -- absmax of its 576 values over the kind's largest value -- and q . k^T
     runs on fp8 operands read straight from the cache (no conversion of K; on sm90 fp8 wgmma/mma,
@@ -198,6 +200,11 @@ def mla_decode_stage1_kernel(
     rest = pid // num_head_blocks
     split = rest % num_splits
     b = rest // num_splits
+    bt_row = block_table + b.to(tl.int64) * s_bt_b
+    # The first BLOCK_N block-table entries of the request (those in the table), loaded beside
+    # seq_len: the page guard's check of them below then waits for no load of its own.
+    head_blk = tl.arange(0, BLOCK_N)
+    head_pages = tl.load(bt_row + head_blk, mask=head_blk * page_size < capacity, other=0)
 
     seq_len = tl.minimum(tl.load(seq_lens + b * s_sl), capacity)
     m_rows = q_len * num_heads
@@ -230,7 +237,6 @@ def mla_decode_stage1_kernel(
     bad_page = tl.zeros([], dtype=tl.int32)  # 1 once a used block-table entry lies outside the cache
 
     if end > start:
-        bt_row = block_table + b.to(tl.int64) * s_bt_b
         qn_row = q_nope + q_row[:, None] * s_qn_r + h[:, None] * s_qn_h
         qa = tl.load(qn_row + offs_a[None, :] * s_qn_d, mask=row_ok[:, None], other=0.0)
         if D_SPLIT == 2:
@@ -258,12 +264,18 @@ def mla_decode_stage1_kernel(
             end = tl.where(num_pages > 0, end, start)  # an empty cache: nothing to read
         else:
             # The entries are checked before the loop and a bad one skips it: no register cost
-            # in the loop, one dependent table load ahead of the first KV load (the q loads above
-            # are issued first, so their latency overlaps it). A bad entry moves `end` itself (not
-            # a separate loop bound): the loop then bounds and masks by one value, as unguarded
-            # (H200, bf16 N=16: +1.1-1.2% against the unguarded tree, +1.6-2.0% with a second bound
-            # live in the loop; the instructions were the same, ptxas scheduled them differently).
-            bad_page = _pages_outside(bt_row, first_blk, last_blk, num_pages, BLOCK_N)
+            # in the loop. The first split checks its first BLOCK_N entries from head_pages
+            # (loaded with seq_len), the rest of a split's entries with loads of their own (H200,
+            # bf16 N=16 B=128, one split: a table load of the check's own, issued here, cost
+            # +1.0-1.2% against the unguarded tree; head_pages -0.2%). A bad
+            # entry moves `end` itself (not a separate loop bound): the loop then bounds and masks
+            # by one value, as unguarded (H200, bf16 N=16: +1.6-2.0% with a second bound live in
+            # the loop; the instructions were the same, ptxas scheduled them differently).
+            in_head = (first_blk == 0) & (head_blk <= last_blk)
+            head_bad = in_head & ((head_pages < 0) | (head_pages >= num_pages))
+            rest_blk = tl.where(first_blk == 0, BLOCK_N, first_blk)
+            bad_page = tl.max(head_bad.to(tl.int32), axis=0)
+            bad_page = bad_page | _pages_outside(bt_row, rest_blk, last_blk, num_pages, BLOCK_N)
             end = tl.where(bad_page != 0, start, end)
         if FP8_QK:
             # q quantised once per program to the cache's fp8 kind, one scale per row (its absmax

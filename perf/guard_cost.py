@@ -1,7 +1,7 @@
 """What the bound guards cost (issue #15): the same kernels timed from several source trees, in one run.
 
     python perf/guard_cost.py --unguarded-copy .guard_off          # this tree with the guards cut out
-    python perf/guard_cost.py --tree off=.guard_off --tree on=. [--rounds 3] [--out DIR]
+    python perf/guard_cost.py --tree off=.guard_off --tree on=. [--rounds 3] [--out DIR] [--case TEXT ...]
 
 Each ``--tree NAME=PATH`` is a checkout of this repository (e.g. ``git archive c3828e8 | tar -x -C
 .guard_base``: the tree before the guards). Every (round, tree) runs in its own process with
@@ -14,8 +14,9 @@ against the tree's own reference backend (``backend="reference"``) on the same i
 ``--unguarded-copy DIR`` writes a copy of this checkout (tracked and untracked files, not ignored ones)
 with the bound guards of the timed kernels removed by exact text edits (each must match, so a
 changed kernel fails here instead of silently keeping its guard): the HIP and Triton RoPE + KV write
-go back to "slot < 0 skips, any position is read", mla_decode drops its block-table check. Timed
-beside this tree, that isolates the guards' cost from every other change.
+go back to "slot < 0 skips, any position is read" (with 64-bit cos/sin row offsets: nothing bounds the
+row), mla_decode drops its block-table check. Timed beside this tree, that isolates the guards' cost
+from every other change.
 
 Cases: ``fused_rope_mla_kv_write`` at T=32768 (HIP and Triton, bf16 and FP8 caches) and
 ``mla_decode`` at B=128, seq 4096 (bf16 N=16 / N=128, FP8 N=16): the shapes large enough to read a
@@ -82,8 +83,9 @@ def _close(torch, got, want, what: str, atol: float, rtol: float) -> None:
         raise SystemExit(f"{what}: output differs from the tree's reference (max abs err {err:.3g})")
 
 
-def worker(timed: bool, ops: list[str]) -> dict:
-    """Run the cases of ``ops`` with the rocm_mla on sys.path; return {case: us} (0 when not timed)."""
+def worker(timed: bool, ops: list[str], cases: list[str]) -> dict:
+    """Run the cases of ``ops`` whose label contains one of ``cases`` (all when empty) with the
+    rocm_mla on sys.path; return {case: us} (0 when not timed)."""
     import torch
 
     import rocm_mla
@@ -97,7 +99,13 @@ def worker(timed: bool, ops: list[str]) -> dict:
     def rnd(*shape, dtype=torch.bfloat16):
         return torch.randn(*shape, device=dev, generator=gen, dtype=torch.float32).to(dtype)
 
+    def wanted(label: str) -> bool:
+        return not cases or any(c in label for c in cases)
+
     for T, N, cache, impl in ROPE_CASES if "rope" in ops else []:
+        label = f"rope {impl} T={T} N={N} {cache}"
+        if not wanted(label):
+            continue
         copies = 2
         blocks = T // BLOCK
         sets = []
@@ -112,7 +120,6 @@ def worker(timed: bool, ops: list[str]) -> dict:
         kw = dict(is_neox=False, backend=impl)
         if cache == "fp8":
             kw.update(kv_cache_dtype="fp8", k_scale=ks)
-        label = f"rope {impl} T={T} N={N} {cache}"
         # Check first, on copies of set 0 (the op works in place).
         pos, qp, kp, kc, kv, slots = sets[0]
         got = [x.clone() for x in (qp, kp, kv)]
@@ -135,6 +142,9 @@ def worker(timed: bool, ops: list[str]) -> dict:
         torch.cuda.empty_cache()
 
     for B, S, N, cache in DECODE_CASES if "decode" in ops else []:
+        label = f"decode B={B} seq={S} N={N} {cache}"
+        if not wanted(label):
+            continue
         pages = B * S // BLOCK
         copies = 2
         sets = []
@@ -151,7 +161,6 @@ def worker(timed: bool, ops: list[str]) -> dict:
         kw = dict(sm_scale=576**-0.5, max_seq_len=S)
         if cache == "fp8":
             kw.update(kv_cache_dtype="fp8", k_scale=torch.tensor([0.25], device=dev))
-        label = f"decode B={B} seq={S} N={N} {cache}"
         qn, qpe, kv, table, seq, o, lse = sets[0]
         mla_decode(qn, qpe, kv, table, seq, out=o, lse=lse, **kw)
         ro, rl = mla_decode(qn, qpe, kv, table, seq, backend="reference", **kw)
@@ -177,10 +186,19 @@ UNGUARD = [
         "const bool cached = slot >= 0;",
     ),
     ("hip_src/kernels/rope_kv_write.cuh", "const bool pos_ok = in_range(pos, p.max_pos);", "const bool pos_ok = true;"),
+    (
+        "hip_src/kernels/rope_kv_write.cuh",
+        "const uint32_t cs_off = static_cast<uint32_t>(pos) * static_cast<uint32_t>(p.cs_sp);",
+        "const int64_t cs_off = pos * p.cs_sp;",  # 64-bit: unguarded, nothing bounds the row
+    ),
     ("rocm_mla/kernels/rope_kv_write.py", "smask = (slot >= 0) & (slot < num_slots)", "smask = slot >= 0"),
     ("rocm_mla/kernels/rope_kv_write.py", "pm = (rmask & pok)[:, None]", "pm = rmask[:, None]"),
     ("rocm_mla/kernels/rope_kv_write.py", "pm = (tmask & pok)[:, None]", "pm = km"),
-    ("rocm_mla/kernels/rope_kv_write.py", "cs = cos_sin + tl.where(pok, pos, 0) * cs_sp", "cs = cos_sin + pos * cs_sp"),
+    (
+        "rocm_mla/kernels/rope_kv_write.py",
+        "cs = cos_sin + _cs_offset(pos, pok, cs_sp, CS_I64)",
+        "cs = cos_sin + pos * cs_sp",  # 64-bit: unguarded, nothing bounds the row
+    ),
     # mla_decode: neither form of the page guard (no clamp in the loop, no check before or after it).
     (
         "rocm_mla/kernels/mla_decode.py",
@@ -189,7 +207,11 @@ UNGUARD = [
     ),
     (
         "rocm_mla/kernels/mla_decode.py",
-        "            bad_page = _pages_outside(bt_row, first_blk, last_blk, num_pages, BLOCK_N)\n"
+        "            in_head = (first_blk == 0) & (head_blk <= last_blk)\n"
+        "            head_bad = in_head & ((head_pages < 0) | (head_pages >= num_pages))\n"
+        "            rest_blk = tl.where(first_blk == 0, BLOCK_N, first_blk)\n"
+        "            bad_page = tl.max(head_bad.to(tl.int32), axis=0)\n"
+        "            bad_page = bad_page | _pages_outside(bt_row, rest_blk, last_blk, num_pages, BLOCK_N)\n"
         "            end = tl.where(bad_page != 0, start, end)\n",
         "            pass\n",
     ),
@@ -227,14 +249,15 @@ def cache_dir(name: str) -> Path:
     return Path(tempfile.gettempdir()) / "rocm_mla_guard_cost" / name
 
 
-def run_tree(name: str, path: Path, timed: bool, ops: str) -> subprocess.Popen:
+def run_tree(name: str, path: Path, timed: bool, ops: str, cases: list[str]) -> subprocess.Popen:
     env = dict(
         os.environ,
         PYTHONPATH=str(path.resolve()),
         ROCM_MLA_CACHE=str(cache_dir(name) / "ext"),
         TRITON_CACHE_DIR=str(cache_dir(name) / "triton"),
     )
-    args = [sys.executable, str(Path(__file__).resolve()), "--worker", "--ops", ops] + ([] if timed else ["--untimed"])
+    args = [sys.executable, str(Path(__file__).resolve()), "--worker", "--ops", ops]
+    args += [f"--case={c}" for c in cases] + ([] if timed else ["--untimed"])
     return subprocess.Popen(args, env=env, cwd=str(path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -261,6 +284,12 @@ def main() -> int:
         default=None,
         help="write this checkout with the guards cut out to DIR, then exit",
     )
+    ap.add_argument(
+        "--case",
+        action="append",
+        default=[],
+        help="time only the cases whose label contains this text (repeatable), e.g. 'rope triton'",
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--untimed", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -268,7 +297,7 @@ def main() -> int:
     if unknown:
         ap.error(f"--ops: expected rope and/or decode, got {', '.join(sorted(unknown))}")
     if a.worker:
-        print(json.dumps(worker(timed=not a.untimed, ops=a.ops.split(","))))
+        print(json.dumps(worker(timed=not a.untimed, ops=a.ops.split(","), cases=a.case)))
         return 0
     if a.unguarded_copy:
         unguarded_copy(Path(a.unguarded_copy))
@@ -278,7 +307,7 @@ def main() -> int:
     trees = [(n, Path(p)) for n, p in (t.split("=", 1) for t in a.tree)]
     t0 = time.time()
     # Build and check every tree at once (separate processes, separate caches), untimed.
-    procs = [(n, p, run_tree(n, p, timed=False, ops=a.ops)) for n, p in trees]
+    procs = [(n, p, run_tree(n, p, timed=False, ops=a.ops, cases=a.case)) for n, p in trees]
     for n, p, proc in procs:
         _result(n, proc, p)
     print(f"[guard_cost] built and checked {len(trees)} trees in {time.time() - t0:.0f} s", flush=True)
@@ -286,7 +315,7 @@ def main() -> int:
     for r in range(a.rounds):
         order = trees[r % len(trees) :] + trees[: r % len(trees)]
         for n, p in order:
-            for case, us in _result(n, run_tree(n, p, timed=True, ops=a.ops), p).items():
+            for case, us in _result(n, run_tree(n, p, timed=True, ops=a.ops, cases=a.case), p).items():
                 times[n].setdefault(case, []).append(us)
         print(f"[guard_cost] round {r + 1}/{a.rounds} done ({time.time() - t0:.0f} s)", flush=True)
     base = trees[0][0]

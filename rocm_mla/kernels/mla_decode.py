@@ -264,13 +264,13 @@ def mla_decode_stage1_kernel(
             end = tl.where(num_pages > 0, end, start)  # an empty cache: nothing to read
         else:
             # The entries are checked before the loop and a bad one skips it: no register cost
-            # in the loop. The first split checks its first BLOCK_N entries from head_pages
-            # (loaded with seq_len), the rest of a split's entries with loads of their own (H200,
-            # bf16 N=16 B=128, one split: a table load of the check's own, issued here, cost
-            # +1.0-1.2% against the unguarded tree; head_pages -0.2%). A bad
-            # entry moves `end` itself (not a separate loop bound): the loop then bounds and masks
-            # by one value, as unguarded (H200, bf16 N=16: +1.6-2.0% with a second bound live in
-            # the loop; the instructions were the same, ptxas scheduled them differently).
+            # in the loop. A split starting at block 0 checks its first BLOCK_N entries from
+            # head_pages (loaded with seq_len), the rest with loads of its own (H200, bf16 N=16
+            # B=128, one split: a table load of the check's own, issued here, cost +1.0-1.2%
+            # against the unguarded tree; head_pages -0.2%). A bad entry moves `end` itself (not a
+            # separate loop bound): the loop then bounds and masks by one value, as unguarded
+            # (H200, bf16 N=16: +1.6-2.0% with a second bound live in the loop; the instructions
+            # were the same, ptxas scheduled them differently).
             in_head = (first_blk == 0) & (head_blk <= last_blk)
             head_bad = in_head & ((head_pages < 0) | (head_pages >= num_pages))
             rest_blk = tl.where(first_blk == 0, BLOCK_N, first_blk)

@@ -174,8 +174,8 @@ def mla_decode_stage1_kernel(
     unaffected. CLAMP_PAGES picks how: False checks the entries before the KV loop and skips the
     loop on a bad one; True (used in PAGE_MODE 2 only) clamps every tile's page into the cache as
     the loop reads it and checks the entries after the loop. Same results; the first adds a
-    reduction ahead of the first KV load (its table load is issued with seq_len's, so the first
-    split of a request up to BLOCK_N pages waits for no load of its own), the second a few
+    reduction ahead of the first KV load (the first BLOCK_N entries are loaded beside seq_len, so a
+    split that starts at block 0 and uses no more waits for no load of its own), the second a few
     instructions into the loop (on the H200 the 64-row tier spills with it; fp8 at 16 rows runs
     faster with it).
     FP8_QK (fp8 caches, D_SPLIT 1): q is rounded once per program to the cache's e4m3 kind with one

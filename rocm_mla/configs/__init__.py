@@ -168,6 +168,17 @@ BACKENDS = ("hip", "triton", "reference")  # every op's implementations (ops/_di
 # Launch/compile options only AMD's Triton backend takes (triton_common.AMD_ONLY_OPTIONS is this
 # list); absent, 0 and "none" all mean the backend's default.
 AMD_OPTIONS = {"waves_per_eu": INT, "matrix_instr_nonkdim": INT, "kpack": INT, "schedule_hint": STR}
+
+
+def prefill_tma_mode(value: Any) -> int | None:
+    """mla_prefill's USE_TMA for a config's "tma" value (PREFILL_TMA_MODES), None for anything else.
+    By identity for the booleans: 0 and 1 are not false and true here."""
+    for key, mode in PREFILL_TMA_MODES.items():
+        if value is key or (isinstance(key, str) and value == key):
+            return mode
+    return None
+
+
 _DECODE_FIELDS = {
     "BLOCK_H": INT,
     "BLOCK_N": INT,
@@ -386,7 +397,7 @@ def _check_value(
     elif schema == BACKEND:
         ok, want = value in BACKENDS, f"one of {', '.join(BACKENDS)}"
     elif schema == TMA:
-        ok = any(value is m or (isinstance(m, str) and value == m) for m in PREFILL_TMA_MODES)
+        ok = prefill_tma_mode(value) is not None
         want = 'true, false or "host"'
     else:
         ok, want = isinstance(value, str), "a string"

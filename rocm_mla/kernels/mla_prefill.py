@@ -82,7 +82,7 @@ def mla_prefill_kernel(
     qk_scale,  # sm_scale * log2(e): scores go straight into exp2
     num_seqs,
     num_slots,  # Tq // BLOCK_M + B (see Grid in the module docstring)
-    head_group,  # heads per program group, a divisor of N (a runtime value: no compile per size)
+    head_group,  # heads per program group, a divisor of N (not a constexpr; Triton still specialises 1)
     num_q_rows,
     num_k_rows,  # Tq, Tk: the bound guard below
     q_st,

@@ -25,7 +25,7 @@ import torch
 import triton
 
 from .. import _platform
-from ..configs import PREFILL_TMA_MODES, config_for, nvidia_sm
+from ..configs import config_for, nvidia_sm, prefill_tma_mode
 from ..kernels.mla_prefill import mla_prefill_kernel
 from ..reference.prefill import mla_prefill_ref
 from ..triton_common import LOG2E, amd_options
@@ -553,9 +553,9 @@ def _tma_mode(cfg: dict) -> int:
     """The kernel's USE_TMA for a config's "tma" option (configs.PREFILL_TMA_MODES: false 0, true 1
     per-program descriptors, "host" 2 host descriptors)."""
     tma = cfg.get("tma", False)
-    for value, mode in PREFILL_TMA_MODES.items():
-        if tma is value or (isinstance(value, str) and tma == value):
-            return mode
+    mode = prefill_tma_mode(tma)
+    if mode is not None:
+        return mode
     raise ValueError(f'{OP}: config tma must be false, true or "host", got {tma!r}')
 
 

@@ -202,7 +202,9 @@ def mla_decode_stage1_kernel(
     b = rest // num_splits
     bt_row = block_table + b.to(tl.int64) * s_bt_b
     # The first BLOCK_N block-table entries of the request (those in the table), loaded beside
-    # seq_len: the page guard's check of them below then waits for no load of its own.
+    # seq_len: the page guard's check of them below then waits for no load of its own. (A load
+    # issued after seq_len, in the check, put one memory latency before the first KV load: +1% at
+    # B=128, where each program is the kernel's length.)
     head_blk = tl.arange(0, BLOCK_N)
     head_pages = tl.load(bt_row + head_blk, mask=head_blk * page_size < capacity, other=0)
 
@@ -265,12 +267,9 @@ def mla_decode_stage1_kernel(
         else:
             # The entries are checked before the loop and a bad one skips it: no register cost
             # in the loop. A split starting at block 0 checks its first BLOCK_N entries from
-            # head_pages (loaded with seq_len), the rest with loads of its own (H200, bf16 N=16
-            # B=128, one split: a table load of the check's own, issued here, cost +1.0-1.2%
-            # against the unguarded tree; head_pages -0.2%). A bad entry moves `end` itself (not a
-            # separate loop bound): the loop then bounds and masks by one value, as unguarded
-            # (H200, bf16 N=16: +1.6-2.0% with a second bound live in the loop; the instructions
-            # were the same, ptxas scheduled them differently).
+            # head_pages, the rest with loads of its own. A bad entry moves `end` itself (not a
+            # separate loop bound): the loop then bounds and masks by one value, as unguarded.
+            # (Each alternative's cost on the H200: perf/RESULTS.md, "Bound guards".)
             in_head = (first_blk == 0) & (head_blk <= last_blk)
             head_bad = in_head & ((head_pages < 0) | (head_pages >= num_pages))
             rest_blk = tl.where(first_blk == 0, BLOCK_N, first_blk)

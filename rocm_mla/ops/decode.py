@@ -564,7 +564,7 @@ def stage1_meta(
         "F16_DOT": bool(kv_fp8 and q_dtype == torch.bfloat16 and field["F16_DOT"]),
         "PAGE_MODE": int(page_mode),
         "V_SPLIT": v_split,
-        "CLAMP_PAGES": bool(field["CLAMP_PAGES"]) and page_mode == 2,  # the kernel clamps per tile only there
+        "CLAMP_PAGES": bool(field["CLAMP_PAGES"]) and page_mode == 2,  # the kernel's LATE: labels say what runs
         "FP8_QK": bool(kv_fp8 and q_dtype != torch.float32 and field["FP8_QK"]),
         # The Triton interpreter's float -> e4m3 conversion is wrong near exponent boundaries.
         "Q8_INT": arch == "cpu" or _platform.interpreter_active(),

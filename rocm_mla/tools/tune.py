@@ -22,8 +22,8 @@ shape of the group, and keeps a winner only when
 Candidates: the package's own tuning lists (``mla_decode``'s tiers and ``candidates``,
 ``mla_prefill``'s ``candidates``, the ``tune`` spaces of ``merge_attn_states`` and
 ``rope_kv_write``), then one coordinate-search pass over the arch's knobs (block sizes, warps,
-stages, D_SPLIT, V_SPLIT, CLAMP_PAGES, for fp8 caches RELOAD_K and F16_DOT, and on gfx9 waves_per_eu,
-matrix_instr_nonkdim, kpack; the decode split cost model
+stages, D_SPLIT, V_SPLIT, ctas_per_cu, CLAMP_PAGES, for fp8 caches RELOAD_K and, on NVIDIA with a
+bf16 q, F16_DOT, and on gfx9 waves_per_eu, matrix_instr_nonkdim, kpack; the decode split cost model
 and its reduce tile). ``--quick`` instead caps the candidates per group (the default included:
 decode 3, prefill 4, merge 12, RoPE 33): listed ones first, then single-knob neighbours of the
 default; on the ``quick`` shape preset.

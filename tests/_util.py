@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 HAS_GPU = torch.cuda.is_available()
@@ -154,6 +155,7 @@ class Guarded:
 # mla_decode's CPU tile with each form of the page guard: a 16-row, 16-token tile in one stage,
 # checking the block-table entries before the loop (CHECK_CFG) or clamping each tile's page into
 # the cache in the loop and checking the entries after it (CLAMP_CFG; it acts where a tile lies in
-# one page). The default is per arch (AMD clamps).
+# one page). The default is per arch (AMD clamps; sm90 clamps with fp8 caches at 16 rows).
 CLAMP_CFG = {"BLOCK_H": 16, "BLOCK_N": 16, "D_SPLIT": 1, "num_warps": 4, "num_stages": 1, "CLAMP_PAGES": True}
 CHECK_CFG = {**CLAMP_CFG, "CLAMP_PAGES": False}
+PAGE_GUARD_CFGS = [pytest.param(CHECK_CFG, id="check_first"), pytest.param(CLAMP_CFG, id="clamp")]

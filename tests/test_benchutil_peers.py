@@ -80,5 +80,7 @@ def test_triton_mla_decode_with_vllms_kernel_matches_the_reference():
     suite has imported the installed vLLM, ``vllm`` would resolve there, not to the peer."""
     env = dict(os.environ, TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET", "0" if HAS_GPU else "1"))
     root = Path(__file__).resolve().parent.parent
-    proc = subprocess.run([sys.executable, "-c", _PEER_CHILD], cwd=root, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", _PEER_CHILD], cwd=root, env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0 and "peer ok" in proc.stdout, proc.stdout + proc.stderr

@@ -13,11 +13,11 @@ import math
 import pytest
 import torch
 from _util import (
-    CHECK_CFG,
     CLAMP_CFG,
     DEVICE,
     DTYPES,
     HAS_GPU,
+    PAGE_GUARD_CFGS,
     backends,
     outside_untouched,
     poisoned_view,
@@ -690,14 +690,15 @@ def test_quantize_q_config_resolution():
     assert not on(torch.float16, False)["FP8_QK"] and not on(torch.float32, True)["FP8_QK"]
 
 
-@pytest.mark.parametrize("cfg", [CHECK_CFG, CLAMP_CFG], ids=["check_first", "clamp"])
+@pytest.mark.parametrize("cfg", PAGE_GUARD_CFGS)
 @pytest.mark.parametrize("splits", [1, 2, 5])
 @pytest.mark.parametrize("bad", ["minus_one", "num_pages", "huge"])
 @pytest.mark.parametrize("block_size", [16, 4, 24, 1])  # PAGE_MODE 2, 1, 0, 1 with the 16-token CPU tile
 @pytest.mark.parametrize("which", ["second", "last"])
 def test_bad_page_id_makes_only_that_request_nan(cfg, splits, bad, block_size, which):
     """A used block-table entry outside the cache (debug off): that request's rows are NaN in out and
-    lse, nothing outside kv is read, the other requests are exact -- with either form of the guard
+    lse, the other requests are exact (that nothing outside kv is read: test_memory_safety's
+    test_decode_kernel_bad_page_makes_its_request_nan, with guard regions) -- with either form of the guard
     (CLAMP_PAGES: pages clamped into the cache in the loop, checked after it). The bad entry is the
     request's second or its last used one (block 32 at block size 1: past the first 16 entries,
     which the check-first form reads apart from the rest)."""
@@ -715,7 +716,7 @@ def test_bad_page_id_makes_only_that_request_nan(cfg, splits, bad, block_size, w
     torch.testing.assert_close(lse[keep], rl[keep], rtol=0, atol=1e-3)
 
 
-@pytest.mark.parametrize("cfg", [CHECK_CFG, CLAMP_CFG], ids=["check_first", "clamp"])
+@pytest.mark.parametrize("cfg", PAGE_GUARD_CFGS)
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("block_size", [16, 4, 24])  # PAGE_MODE 2, 1, 0 with the 16-token CPU tile
 def test_bad_page_seen_by_one_mtp_row_makes_every_row_nan(cfg, splits, block_size):
@@ -732,7 +733,7 @@ def test_bad_page_seen_by_one_mtp_row_makes_every_row_nan(cfg, splits, block_siz
     torch.testing.assert_close(lse[3:], rl[3:], rtol=0, atol=1e-3)
 
 
-@pytest.mark.parametrize("cfg", [CHECK_CFG, CLAMP_CFG], ids=["check_first", "clamp"])
+@pytest.mark.parametrize("cfg", PAGE_GUARD_CFGS)
 @pytest.mark.parametrize("splits", [1, 3])
 def test_cache_without_pages_makes_used_requests_nan(cfg, splits):
     """kv_cache of 0 pages: every entry a request with keys uses is outside it, so that request is

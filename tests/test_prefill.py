@@ -221,7 +221,8 @@ def test_head_group_rules():
 @pytest.mark.parametrize("tma", [True, "host"], ids=["device_desc", "host_desc"])
 def test_tma_path_matches_reference(causal, kpe_layout, tma):
     """The "tma" launch options (tensor descriptors for K, k_pe, V -- per program, or built on the
-    host with q too; sm90 on the GPU, run by the interpreter here): same results, and no NaN from
+    host with q too; taken on sm90 GPUs and by the interpreter; on other GPUs the launch uses
+    pointer loads and this checks those): same results, and no NaN from
     keys outside a sequence reaches it -- the rows after the last sequence's keys hold NaN (TMA
     zero fill or the masked last block must keep them out), and a NaN in the V of sequence 2's
     first key poisons sequence 2 only, not sequence 1, whose last key block reaches into

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs vLLM 0.33.0 for the CPU tests of the ROCM_MLA backend (tests/test_vllm_backend.py), the
-# way the team's note on vLLM 0.33 on CPU found working:
+# Installs vLLM 0.33.0 for the CPU tests of the ROCM_MLA backend (the vLLM tests), as
+# docs/notes/vllm-0.33-on-cpu.md describes:
 #   1. `pip install --no-deps vllm==0.33.0`: the CUDA-13 wheel's metadata wants torch==2.14.0, which
 #      would replace the torch in use (ROCm, CUDA or CPU 2.13); --no-deps keeps it. Its compiled ops
 #      do not load without a GPU driver, and nothing under test needs them.

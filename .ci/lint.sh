@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Lint: ruff on the Python code (lint rules and the format check, configured in pyproject.toml),
 # hadolint on docker/Dockerfile, shellcheck on every shell script of the repository (*.sh, and
-# extension-less files with a sh/bash shebang such as .ci/run).
+# extension-less files with a sh/bash shebang such as .ci/run), and a scan of every file for words
+# that tell how the work went instead of what the product is (HISTORY_WORDS below).
 #
 #   bash .ci/lint.sh        exit 0 only when all are clean (hadolint: any finding, info included)
 #   ruff format .           (locally) rewrites files into the checked format
@@ -16,6 +17,13 @@ PY=${PYTHON:-python3}
 HADOLINT_PIN=2.15.1
 SHELLCHECK_PIN=0.11.0.1
 RUFF_PIN=0.14.0
+
+# The project speaks of the product alone: no work rounds, borrowed machines, the tool that reached
+# them, or issue numbers in code, docs, tests or results. A number's source is named as "measured on
+# an NVIDIA H200 (date, versions, command)". Matched case-insensitively; lines that also match
+# HISTORY_OK are technical uses of the same words (start_new_session, a pytest session fixture).
+HISTORY_WORDS='\bsessions?\b|\blent\b|device[ ]tool|issues? #[0-9]+|\(#[0-9]+\)'
+HISTORY_OK='start_new_session|scope=.session.|pytest session|session-scoped'
 
 # Shell scripts not yet clean: reported, not silently dropped. Remove an entry once its findings
 # are fixed.
@@ -71,9 +79,17 @@ shellcheck -x "${scripts[@]}" || status=1
 if ((${#skipped[@]})); then
   echo "[lint] not checked yet (listed in .ci/lint.sh PENDING): ${skipped[*]}"
 fi
+echo "[lint] history words: every file git knows (.ci/lint.sh HISTORY_WORDS)"
+hist=$(list_files | while IFS= read -r f; do [[ -f $f ]] && printf '%s\0' "$f"; done |
+  xargs -0 -r grep -nIiE -- "$HISTORY_WORDS" | grep -viE -- "$HISTORY_OK" || true)
+if [[ -n $hist ]]; then
+  echo "[lint] $(wc -l <<<"$hist") line(s) speak of how the work went; say them as product facts:" >&2
+  cut -c1-200 <<<"$hist" >&2
+  status=1
+fi
 if ((status)); then
   echo "[lint] FAILED" >&2
 else
-  echo "[lint] clean: Python (ruff), docker/Dockerfile and ${#scripts[@]} shell scripts"
+  echo "[lint] clean: Python (ruff), docker/Dockerfile, ${#scripts[@]} shell scripts, no history words"
 fi
 exit "$status"

@@ -1,4 +1,4 @@
-"""Config overlays (rocm_mla/configs) and the tuner (rocm_mla/tools/tune.py), issue 17.
+"""Config overlays (rocm_mla/configs) and the tuner (rocm_mla/tools/tune/).
 
 The overlay mechanism: where files are found, merge precedence (override > overlay > package),
 the cache (reload_overlays), the named schema errors, the stamp, and that a bad overlay is ignored
@@ -21,7 +21,12 @@ import pytest
 import torch
 
 import rocm_mla.configs as C
-from rocm_mla.tools import tune as T
+from rocm_mla.tools.tune import acceptance, inputs
+from rocm_mla.tools.tune.cli import main as tune_main
+from rocm_mla.tools.tune.groups import COMBOS, _decode_fix, compose_tier, full_stage1
+from rocm_mla.tools.tune.overlay import describe_overlay
+from rocm_mla.tools.tune.shapes import ALL_OPS, OP_KEYS, Shape, parse_shapes
+from rocm_mla.tools.tune.tuner import Tuner
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -230,22 +235,22 @@ def test_meta_arch_mismatch(cfgdir):
 
 
 def test_shapes_and_presets():
-    q = T.parse_shapes("quick")
-    assert {s.op for s in q} == set(T.ALL_OPS)
-    assert T.Shape.make("decode", B=128, N=16) in q
-    mixed = T.parse_shapes("tp8,mtp;decode:B=64,seq=8192,N=16,kv=fp8")
-    assert mixed[-1] == T.Shape.make("decode", B=64, seq=8192, N=16, kv="fp8")
+    q = parse_shapes("quick")
+    assert {s.op for s in q} == set(ALL_OPS)
+    assert Shape.make("decode", B=128, N=16) in q
+    mixed = parse_shapes("tp8,mtp;decode:B=64,seq=8192,N=16,kv=fp8")
+    assert mixed[-1] == Shape.make("decode", B=64, seq=8192, N=16, kv="fp8")
     assert len(mixed) == len(set(mixed))
-    full = T.parse_shapes("deepseek-v3")
+    full = parse_shapes("deepseek-v3")
     assert any(s.op == "decode" and s["N"] == 128 for s in full) and any(
         s["kv"] == "fp8" for s in full if s.op == "decode"
     )
     assert any(s.op == "decode" and s["q"] > 1 for s in full)
     for bad in ("nope", "decode:X=1", "decode:B"):
         with pytest.raises(ValueError):
-            T.parse_shapes(bad)
-    s = T.Shape.make("decode", B=2, block=16)
-    assert T.Shape.make("decode", **dict(kv.split("=") for kv in s.label.split())) == s
+            parse_shapes(bad)
+    s = Shape.make("decode", B=2, block=16)
+    assert Shape.make("decode", **dict(kv.split("=") for kv in s.label.split())) == s
 
 
 @pytest.mark.parametrize("arch", ["gfx942", "sm90", "cpu"])
@@ -260,16 +265,16 @@ def test_compose_tier_changes_only_its_combination(arch):
                 point = stage1_config(arch, 0, combo[0], combo[1], cand)
                 if not combo[1] and point["BLOCK_H"] != tier["BLOCK_H"]:
                     continue
-                new = T.compose_tier(arch, tier, combo, point)
+                new = compose_tier(arch, tier, combo, point)
                 assert new is not None, (tier, combo, cand)
                 assert new["BLOCK_H"] == tier["BLOCK_H"]  # tier selection unchanged
-                for c in T._COMBOS:
+                for c in COMBOS:
                     want = (
                         point
                         if c == combo or (combo == (torch.bfloat16, False) and c[1] is False and c[0] == torch.float16)
                         else stage1_config(arch, 0, *c, tier)
                     )
-                    assert T._norm(stage1_config(arch, 0, c[0], c[1], new)) == T._norm(want), (c, new)
+                    assert full_stage1(stage1_config(arch, 0, c[0], c[1], new)) == full_stage1(want), (c, new)
                 assert (
                     C.validate_overlay(_overlay(arch, {"mla_decode": {"stage1": [new]}}), arch, check_stamp=False) == []
                 )
@@ -282,12 +287,12 @@ def test_compose_tier_with_v_split():
 
     tier = C.package_config("mla_decode", "sm90")["stage1"][2]
     point = {**stage1_config("sm90", 0, torch.bfloat16, False, tier), "D_SPLIT": 2, "V_SPLIT": 2, "num_warps": 4}
-    new = T.compose_tier("sm90", tier, (torch.bfloat16, False), point)
+    new = compose_tier("sm90", tier, (torch.bfloat16, False), point)
     assert new is not None and stage1_config("sm90", 0, torch.bfloat16, False, new)["V_SPLIT"] == 2
     # the fp8 path keeps its own config, whatever it is
     assert stage1_config("sm90", 0, torch.bfloat16, True, new) == stage1_config("sm90", 0, torch.bfloat16, True, tier)
     assert C.validate_overlay(_overlay("sm90", {"mla_decode": {"stage1": [new]}}), "sm90", check_stamp=False) == []
-    assert T._decode_fix({"D_SPLIT": 1, "V_SPLIT": 2})["D_SPLIT"] == 2
+    assert _decode_fix({"D_SPLIT": 1, "V_SPLIT": 2})["D_SPLIT"] == 2
 
 
 class _FakeCase:
@@ -303,7 +308,7 @@ class _FakeCase:
 
 def _fake_tuner(tmp_path, monkeypatch, times, ops=("merge",), shapes="merge:T=40,N=4,D=128;merge:T=64,N=4,D=128", **kw):
     """A Tuner for merge on the CPU whose timer returns times[(tile_elems, num_warps)][shape T]."""
-    monkeypatch.setitem(T.CASES, "merge", _FakeCase)
+    monkeypatch.setitem(inputs.CASES, "merge", _FakeCase)
     calls = []
 
     def timer(case):
@@ -314,11 +319,11 @@ def _fake_tuner(tmp_path, monkeypatch, times, ops=("merge",), shapes="merge:T=40
         return t
 
     kw.setdefault("quick", True)
-    monkeypatch.setattr(T, "verify", lambda *a, **k: [])  # the small real-kernel checks are tested below
-    tuner = T.Tuner(
+    monkeypatch.setattr(acceptance, "verify", lambda *a, **k: [])  # the small real-kernel checks are tested below
+    tuner = Tuner(
         torch.device("cpu"),
         list(ops),
-        T.parse_shapes(shapes),
+        parse_shapes(shapes),
         max_minutes=kw.pop("max_minutes", None),
         max_candidates=None,
         out_path=tmp_path / "cpu.json",
@@ -398,7 +403,7 @@ def test_max_minutes_is_a_hard_stop_that_still_writes(cfgdir, tmp_path, monkeypa
 def test_cli_refuses_cpu_without_allow_cpu(capsys):
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
-    assert T.main(["--shapes", "tiny"]) == 2
+    assert tune_main(["--shapes", "tiny"]) == 2
     assert "--allow-cpu" in capsys.readouterr().err
 
 
@@ -410,7 +415,7 @@ def test_cli_refuses_cpu_without_allow_cpu(capsys):
 def test_check_reports_compile_errors_by_name(cfgdir, capsys):
     a = _here()
     path = _write(cfgdir / f"{a}.json", _overlay(a, {"mla_prefill": {"triton": {"BLOCK_M": 48}}}))  # not 2^k
-    assert T.main(["--check", "--allow-cpu"]) == 1
+    assert tune_main(["--check", "--allow-cpu"]) == 1
     out = capsys.readouterr().out
     assert f"OverlayCompileError: mla_prefill.{a}.triton" in out
     assert path.is_file()
@@ -418,9 +423,9 @@ def test_check_reports_compile_errors_by_name(cfgdir, capsys):
 
 def test_check_reports_reference_errors_by_name(cfgdir, capsys, monkeypatch):
     a = _here()
-    monkeypatch.setattr(T, "_small_prefill", lambda dev, dt, causal: "out max err 1 > 0.005")
+    monkeypatch.setattr(inputs, "small_prefill", lambda dev, dt, causal: "out max err 1 > 0.005")
     _write(cfgdir / f"{a}.json", _overlay(a, PREFILL_M64))
-    assert T.main(["--check", "--allow-cpu"]) == 1
+    assert tune_main(["--check", "--allow-cpu"]) == 1
     assert f"OverlayReferenceError: mla_prefill.{a}.triton" in capsys.readouterr().out
 
 
@@ -429,19 +434,19 @@ def test_check_stamp_accepts_a_hand_written_overlay(cfgdir, capsys):
     path = _write(cfgdir / f"{a}.json", _overlay(a, PREFILL_M64), stamp=False)
     with pytest.warns(C.OverlayWarning, match="OverlayUnverified"):
         assert C.config_for("mla_prefill", a) is C.package_config("mla_prefill", a)
-    assert T.main(["--check", "--allow-cpu"]) == 1
+    assert tune_main(["--check", "--allow-cpu"]) == 1
     assert "OverlayUnverified" in capsys.readouterr().out
-    assert T.main(["--check", "--stamp", "--allow-cpu"]) == 0
+    assert tune_main(["--check", "--stamp", "--allow-cpu"]) == 0
     C.reload_overlays()
     assert C.config_for("mla_prefill", a)["triton"]["BLOCK_M"] == 64
     assert C.stamp_problems(json.loads(path.read_text())) == []
-    assert T.main(["--check", "--allow-cpu"]) == 0
+    assert tune_main(["--check", "--allow-cpu"]) == 0
 
 
 def test_check_names_schema_errors(cfgdir, capsys):
     a = _here()
     _write(cfgdir / f"{a}.json", {"mla_prefill": {a: {"triton": {"BLOCK_Q": 1}}}, "_meta": {"arch": a}})
-    assert T.main(["--check", "--allow-cpu"]) == 1
+    assert tune_main(["--check", "--allow-cpu"]) == 1
     assert f"OverlayUnknownKey: mla_prefill.{a}.triton.BLOCK_Q" in capsys.readouterr().out
 
 
@@ -450,14 +455,14 @@ def test_check_names_schema_errors(cfgdir, capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter run is the CPU test; GPUs run the real tuner")
 def test_tiny_interpreter_run_and_the_next_process_uses_it(cfgdir, capsys):
-    rc = T.main(["--allow-cpu", "--shapes", "tiny", "--max-candidates", "2"])
+    rc = tune_main(["--allow-cpu", "--shapes", "tiny", "--max-candidates", "2"])
     out = capsys.readouterr().out
     assert rc == 0
     path = cfgdir / "cpu.json"
     data = json.loads(path.read_text())
     meta = data["_meta"]
     assert meta["arch"] == "cpu" and meta["complete"] and meta["note"].startswith("CPU interpreter")
-    assert {r["op"] for r in meta["shapes"].values()} == set(T.OP_KEYS.values())
+    assert {r["op"] for r in meta["shapes"].values()} == set(OP_KEYS.values())
     for r in meta["shapes"].values():
         assert r["tuned_us"] <= r["default_us"]
     assert out.rstrip().splitlines()[-1].startswith("rope_kv")  # the table comes last
@@ -484,20 +489,20 @@ def test_tiny_interpreter_run_and_the_next_process_uses_it(cfgdir, capsys):
     child = json.loads(res.stdout)
     assert child["path"] == str(path) and child["error"] is None
     assert child["cfg"] == json.loads(json.dumps({op: C.config_for(op, "cpu") for op in C.SCHEMAS}))
-    assert T.main(["--show"]) == 0
+    assert tune_main(["--show"]) == 0
     shown = capsys.readouterr().out
     assert "ACTIVE" in shown and "default vs tuned per shape" in shown
 
 
 def test_describe_overlay_states(cfgdir, monkeypatch):
-    assert "none for cpu" in T.describe_overlay(C.overlay_status("cpu"))[0]
+    assert "none for cpu" in describe_overlay(C.overlay_status("cpu"))[0]
     _write(cfgdir / "cpu.json", _overlay("cpu", PREFILL_M64))
     C.reload_overlays()
-    lines = T.describe_overlay(C.overlay_status("cpu"))
+    lines = describe_overlay(C.overlay_status("cpu"))
     old = C.package_config("mla_prefill", "cpu")["triton"]["BLOCK_M"]
     assert "ACTIVE" in lines[0] and any(f"mla_prefill.triton.BLOCK_M: {old} -> 64" in x for x in lines)
     _write(cfgdir / "cpu.json", _overlay("cpu", PREFILL_M64), stamp=False)
     C.reload_overlays()
-    assert "IGNORED: OverlayUnverified" in T.describe_overlay(C.overlay_status("cpu"))[0]
+    assert "IGNORED: OverlayUnverified" in describe_overlay(C.overlay_status("cpu"))[0]
     monkeypatch.setenv("ROCM_MLA_CONFIG_DIR", "")
-    assert "off" in T.describe_overlay(C.overlay_status("cpu"))[0]
+    assert "off" in describe_overlay(C.overlay_status("cpu"))[0]

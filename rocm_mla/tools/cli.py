@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     if args.cmd == "tune":
         _use_interpreter_if_no_gpu(False)
-        from rocm_mla.tools.tune import main as tune_main
+        from rocm_mla.tools.tune.cli import main as tune_main
 
         return tune_main(rest)
     if args.cmd == "isa-report":

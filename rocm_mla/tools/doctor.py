@@ -84,7 +84,7 @@ def _overlay(dev) -> None:
     """Which config overlay (``rocm-mla tune``) this device's ops use, and what it changes."""
     from rocm_mla import _platform
     from rocm_mla.configs import overlay_status
-    from rocm_mla.tools.tune import describe_overlay
+    from rocm_mla.tools.tune.overlay import describe_overlay
 
     print("config overlay (rocm-mla tune; ROCM_MLA_CONFIG_DIR)")
     for line in describe_overlay(overlay_status(_platform.device_arch(dev))):

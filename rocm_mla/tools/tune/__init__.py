@@ -1,0 +1,52 @@
+"""``rocm-mla tune``: measure the launch configs of every op on this GPU and keep what is faster.
+
+    rocm-mla tune [--ops decode,prefill,merge,rope_kv_write] [--shapes PRESET|LIST] [--quick]
+                  [--max-minutes M] [--max-candidates K] [--out PATH]
+    rocm-mla tune --check [--stamp] [--out PATH]      # validate (and accept) an overlay
+    rocm-mla tune --show [--retime] [--out PATH]      # what the active overlay changes, its table
+    rocm-mla tune --list-shapes [--shapes ...]
+
+For each op the tuner splits the shapes into groups that one part of the op's config serves (a
+decode stage-1 tier for 16-bit or fp8 caches, prefill's 16-bit config, the merge / RoPE+KV-write
+implementation the op dispatches to), times the default and the candidates of each group on every
+shape of the group, and keeps a winner only when
+
+* its output matched the float32 reference on every shape (every candidate is checked before it
+  is timed: a subset of rows of the timed call, against ``rocm_mla.reference``);
+* it is at least 1% faster than the default over the group (geometric mean) and, timed again back
+  to back with the default (alternating, median of 3), slower on no shape of the group: the
+  default is always a candidate and wins ties;
+* every config it changes compiles and passes the reference for the other dtypes it serves
+  (small cases; the same check as ``--check``).
+
+Candidates: the package's own tuning lists (``mla_decode``'s tiers and ``candidates``,
+``mla_prefill``'s ``candidates``, the ``tune`` spaces of ``merge_attn_states`` and
+``rope_kv_write``), then one coordinate-search pass over the arch's knobs (block sizes, warps,
+stages, D_SPLIT, V_SPLIT, ctas_per_cu, CLAMP_PAGES, for fp8 caches RELOAD_K and, on NVIDIA with a
+bf16 q, F16_DOT, and on gfx9 waves_per_eu, matrix_instr_nonkdim, kpack; the decode split cost model
+and its reduce tile). ``--quick`` instead caps the candidates per group (the default included:
+decode 3, prefill 4, merge 12, RoPE 33): listed ones first, then single-knob neighbours of the
+default; on the ``quick`` shape preset.
+
+Timing as perf/ does: decode as back-to-back replays of CUDA/HIP graphs of 8 calls rotating over
+cache copies larger than the caches (each replay reads its KV from HBM); the others as one
+captured call replayed under ``do_bench`` with L2 flushed before each replay. Ops are called
+through their public entry points exactly as a serving process calls them; the candidate reaches
+them through ``rocm_mla.configs.override`` (the same path an overlay takes).
+
+The result is a config overlay (``rocm_mla/configs``: ``<arch>-<CUs>cu.json`` in
+``$ROCM_MLA_CONFIG_DIR``, default ``~/.config/rocm_mla``; or ``--out PATH``), written after every
+accepted group (``--max-minutes`` stops early and keeps what was accepted), with a ``_meta``
+object: date, device, CU count, versions, and the default and tuned time of every shape. Processes
+started afterwards use it; ``rocm-mla doctor`` shows what it changes.
+
+On a machine without a GPU the tuner refuses to run unless ``--allow-cpu``: the Triton kernels
+then run in the CPU interpreter and the "times" are interpreter wall times that say nothing about
+any GPU (the mode exists to test the tuner itself, with ``--shapes tiny``).
+
+The package: ``shapes`` (Shape, PRESETS, parse_shapes), ``inputs`` (the timed inputs of each op and
+the small verification calls), ``groups`` (which part of a config serves which shapes, and its
+candidates), ``timing`` (the timer), ``acceptance`` (the rules a winner passes: MIN_GAIN, the
+re-time, verify), ``tuner`` (the search loop), ``overlay`` (writing and describing the overlay, the
+result table) and ``cli`` (``rocm-mla tune``, ``--check``, ``--show``).
+"""

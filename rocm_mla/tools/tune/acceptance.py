@@ -1,0 +1,298 @@
+"""What a candidate must pass to be kept: at least MIN_GAIN faster than the default over its group
+(geometric mean) with no shape more than IN_LOOP_SLACK slower while searching; then, timed again
+back to back with the default (ROUNDS alternating rounds, median), slower on no shape; then every
+config it changes compiles and matches the float32 reference (``verify``, also ``--check``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from rocm_mla import configs as C
+from rocm_mla.ops.decode import stage1_config
+
+from . import inputs
+from .groups import COMBOS, Group, full_stage1, point_key
+from .shapes import OP_KEYS, Shape
+
+MIN_GAIN = 0.01  # a winner beats the default by >= 1% (geomean over its group's shapes)
+IN_LOOP_SLACK = 0.02  # while searching: no shape more than 2% slower (noise); the re-time is strict
+ROUNDS = 3  # back-to-back re-time: default and winner alternately, median of each
+
+
+def geomean(vals) -> float:
+    """Geometric mean (1.0 of nothing)."""
+    vals = list(vals)
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else 1.0
+
+
+def exc_text(exc: BaseException) -> str:
+    """An exception in one line: its type, first and last lines of its message, 300 characters."""
+    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+    text = lines[0] if lines else ""
+    if len(lines) > 1:
+        text += " ... " + lines[-1]
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
+def sync_or_raise(dev: torch.device) -> None:
+    """After a failed call: a sticky device error (the context is gone) ends the run."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _dtypes(dev) -> list[torch.dtype]:
+    """The q dtypes verified on ``dev`` (bf16 only on a GPU: the interpreter's bf16 dots are wrong)."""
+    return ([torch.bfloat16] if dev.type == "cuda" else []) + [torch.float16, torch.float32]
+
+
+def verification_cases(
+    op_key: str, arch: str, dev: torch.device, old: dict, new: dict
+) -> list[tuple[str, Callable[[], str]]]:
+    """(what, check) for every launch config of ``new`` that differs from ``old`` (both complete
+    arch objects of ``op_key``): small calls through the public op against the float32 reference."""
+    from rocm_mla.ops._dispatch import unavailable
+
+    where = f"{op_key}.{arch}"
+    out: list[tuple[str, Callable[[], str]]] = []
+    general = any(new.get(k) != old.get(k) for k in set(new) | set(old) if k not in ("stage1", "candidates"))
+    if op_key == "mla_decode":
+        tiers, old_tiers = new["stage1"], old.get("stage1", [])
+        for ti, tier in enumerate(tiers):
+            for qdt, fp8 in COMBOS:
+                if qdt not in _dtypes(dev):
+                    continue
+                cfg = stage1_config(arch, 0, qdt, fp8, tier)
+                same = (
+                    ti < len(old_tiers)
+                    and len(tiers) == len(old_tiers)
+                    and full_stage1(stage1_config(arch, 0, qdt, fp8, old_tiers[ti])) == full_stage1(cfg)
+                )
+                if same and not general:
+                    continue
+                n = tier["BLOCK_H"]
+                for splits in (1, 3):
+                    what = f"{where}.stage1[{ti}] q={str(qdt)[6:]} cache={'fp8' if fp8 else 'q dtype'} N={n} S={splits}"
+                    out.append(
+                        (what, lambda qdt=qdt, fp8=fp8, n=n, s=splits: inputs.small_decode(dev, arch, qdt, fp8, n, s))
+                    )
+        if general:
+            for n, s in ((16, None), (128, None), (16, 40)):
+                out.append(
+                    (
+                        f"{where} N={n} S={s or 'auto'}",
+                        lambda n=n, s=s: inputs.small_decode(dev, arch, _dtypes(dev)[0], False, n, s),
+                    )
+                )
+    elif op_key == "mla_prefill":
+        for key, dts in (("triton", [d for d in _dtypes(dev) if d != torch.float32]), ("triton_fp32", [torch.float32])):
+            if new.get(key) == old.get(key) and new.get("backend_order") == old.get("backend_order"):
+                continue
+            for dt in dts:
+                for causal in (True, False):
+                    out.append(
+                        (
+                            f"{where}.{key} {str(dt)[6:]} {'causal' if causal else 'full'}",
+                            lambda dt=dt, c=causal: inputs.small_prefill(dev, dt, c),
+                        )
+                    )
+    elif op_key in ("merge_attn_states", "rope_kv_write"):
+        impls = [b for b in ("hip", "triton") if new.get(b) != old.get(b) and unavailable(b, dev) is None]
+        if new.get("backend_order") != old.get("backend_order"):
+            impls.append(None)
+        for b in impls:
+            tag = f".{b}" if b else " (default dispatch)"
+            for dt in _dtypes(dev):
+                if op_key == "merge_attn_states":
+                    for d in (128, 512):
+                        out.append(
+                            (
+                                f"{where}{tag} {str(dt)[6:]} D={d}",
+                                lambda dt=dt, d=d, b=b: inputs.small_merge(dev, dt, d, b),
+                            )
+                        )
+                elif dt != torch.float32:
+                    for n, fp8, neox in ((16, False, False), (128, False, False), (16, True, False), (16, False, True)):
+                        out.append(
+                            (
+                                f"{where}{tag} {str(dt)[6:]} N={n}{' fp8' if fp8 else ''}{' neox' if neox else ''}",
+                                lambda dt=dt, n=n, f=fp8, x=neox, b=b: inputs.small_rope(dev, arch, dt, n, f, x, b),
+                            )
+                        )
+    return out
+
+
+def verify(op_key: str, arch: str, dev: torch.device, old: dict, new: dict) -> list[C.OverlayError]:
+    """Compile-and-reference errors of ``new`` (what differs from ``old``), named."""
+    errors: list[C.OverlayError] = []
+    with C.override(op_key, arch, new):
+        for what, check in verification_cases(op_key, arch, dev, old, new):
+            try:
+                bad = check()
+            except Exception as exc:
+                sync_or_raise(dev)
+                errors.append(C.OverlayCompileError(what, exc_text(exc)))
+                continue
+            if bad:
+                errors.append(C.OverlayReferenceError(what, bad))
+    return errors
+
+
+class Acceptance:
+    """The Tuner's rules for a winner: its score against the default while searching, the
+    back-to-back re-time, verification, and the final pass per op that reverts a group a shape
+    came out slower under."""
+
+    def score(self, g: Group, r: dict) -> float | None:
+        """geomean time ratio to the default over the group's shapes; None when not eligible."""
+        d0 = g.results[point_key(g.point0)]["times"]
+        if r["error"] or len(r["times"]) != len(d0):
+            return None
+        ratios = [r["times"][k] / d0[k] for k in d0]
+        if any(x > 1 + IN_LOOP_SLACK for x in ratios):
+            return None
+        return geomean(ratios)
+
+    def best(self, g: Group) -> dict:
+        best, best_s = g.point0, 1.0
+        for r in g.results.values():
+            sc = self.score(g, r)
+            if sc is not None and sc < best_s - 1e-9:
+                best, best_s = r["point"], sc
+        return best
+
+    def retime(self, op_key: str, shapes: list[Shape], old: dict, new: dict) -> tuple[dict, dict] | None:
+        """Median of ROUNDS back-to-back timings of ``old`` and ``new`` per shape (alternating which
+        goes first); None when a timing fails."""
+        told: dict[str, list[float]] = {s.key: [] for s in shapes}
+        tnew: dict[str, list[float]] = {s.key: [] for s in shapes}
+        for rnd in range(ROUNDS):
+            for s in shapes:
+                order = [(old, told), (new, tnew)] if rnd % 2 == 0 else [(new, tnew), (old, told)]
+                for obj, acc in order:
+                    us, err = self.measure(op_key, obj, s, check=False)
+                    if err:
+                        self.log(f"  re-time failed at {s.key}: {err}")
+                        return None
+                    acc[s.key].append(us)
+        med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+        return {k: med(v) for k, v in told.items()}, {k: med(v) for k, v in tnew.items()}
+
+    def accept(self, g: Group, ranked: list[dict]) -> None:
+        old = self.current[g.op_key]
+        d0 = g.results[point_key(g.point0)]["times"]
+        if len(d0) != len(g.shapes):
+            return
+        for s in g.shapes:  # a shape an earlier group of the op tuned keeps that group's row
+            self.rows.setdefault(
+                s.key,
+                {
+                    "op": g.op_key,
+                    "shape": s.key,
+                    "default_us": d0[s.key],
+                    "tuned_us": d0[s.key],
+                    "config": "default",
+                    "note": "",
+                },
+            )
+        if not ranked:
+            g.status = g.status if g.status != "pending" else "default kept (no candidate >= 1% faster)"
+            return
+        for p in ranked[:3]:
+            if self.out_of_time(final=True):
+                g.status = "default kept (--max-minutes reached before the re-time)"
+                return
+            new = g.build(p)
+            rt = self.retime(g.op_key, g.shapes, old, new)
+            if rt is None:
+                continue
+            t_old, t_new = rt
+            ratios = {k: t_new[k] / t_old[k] for k in t_old}
+            worse = [k for k, x in ratios.items() if x > 1.0]
+            geo = geomean(ratios.values())
+            if worse or geo > 1 - MIN_GAIN / 2:
+                self.log(
+                    f"  {g.label(p)}: rejected after the back-to-back re-time ({1 / geo:.3f}x"
+                    f"{'; slower at ' + ', '.join(worse) if worse else ''})"
+                )
+                continue
+            errs = verify(g.op_key, self.arch, self.dev, old, new)
+            if errs:
+                self.log(f"  {g.label(p)}: rejected: {errs[0].name}: {errs[0]}")
+                continue
+            self.current[g.op_key] = new
+            self.accepted.append((g, p))
+            g.status, g.winner = "accepted", p
+            for s in g.shapes:
+                row = self.rows[s.key]
+                if row["config"] == "default":  # t_old is the package's default for this shape
+                    row["default_us"] = t_old[s.key]
+                row["tuned_us"] = t_new[s.key]
+            self.relabel(g.op)
+            self.log(
+                f"  accepted {g.label(p)}: {1 / geo:.3f}x the default's speed over the group (back to back: "
+                + ", ".join(f"{t_old[k]:.1f}->{t_new[k]:.1f}" for k in t_old)
+                + " us)"
+            )
+            self.write()
+            return
+        g.status = "default kept (no candidate survived the re-time and checks)"
+
+    def relabel(self, op: str) -> None:
+        """Each row's config column: the accepted groups that cover the shape (else "default")."""
+        for s in self.shapes:
+            if s.op == op and s.key in self.rows:
+                cover = [(g, p) for g, p in self.accepted if g.op == op and s in g.shapes]
+                parts = [f"{g.name}: {g.label(p)}" if len(cover) > 1 else g.label(p) for g, p in cover]
+                self.rows[s.key]["config"] = "; ".join(parts) or "default"
+
+    def rebuild(self, op_key: str) -> None:
+        self.current[op_key] = self.package[op_key]
+        for g, p in self.accepted:
+            if g.op_key == op_key:
+                self.current[op_key] = g.build(p)
+
+    def final_pass(self, op: str) -> None:
+        """Per shape of ``op``: the package's config against the final one, back to back; a shape
+        that comes out slower reverts the groups that cover it."""
+        op_key = OP_KEYS[op]
+        if self.current[op_key] == self.package[op_key]:
+            return
+        covered = {s.key for g, _ in self.accepted if g.op == op for s in g.shapes}
+        shapes = [s for s in self.shapes if s.op == op and s.key in covered]
+        if self.time_left() < 20 + 2 * len(shapes):
+            self.log(f"{op}: no time left for the final back-to-back pass; the table shows the per-group re-times")
+            return
+        for attempt in range(2):
+            rt = self.retime(op_key, shapes, self.package[op_key], self.current[op_key])
+            if rt is None:
+                return
+            t_def, t_tun = rt
+            slower = {k for k in t_def if t_tun[k] > t_def[k]}
+            for k in t_def:
+                if k in self.rows:
+                    self.rows[k].update(default_us=t_def[k], tuned_us=t_tun[k], note="final pass")
+            if not slower:
+                return
+            revert = [(g, p) for g, p in self.accepted if g.op == op and slower & {s.key for s in g.shapes}]
+            for g, p in revert:
+                self.accepted.remove((g, p))
+                g.status = "reverted (slower in the final pass)"
+                g.winner = None
+            self.relabel(op)
+            for g, _ in revert:
+                for s in g.shapes:
+                    row = self.rows[s.key]
+                    row["note"] = "reverted"
+                    if row["config"] == "default":  # the package's config again: its own time
+                        row["tuned_us"] = row["default_us"]
+            self.log(
+                f"{op}: slower in the final pass at {', '.join(sorted(slower))}: reverted "
+                + ", ".join(g.name for g, _ in revert)
+            )
+            self.rebuild(op_key)
+            self.write()
+            if self.current[op_key] == self.package[op_key] or attempt == 1:
+                return

@@ -1,0 +1,308 @@
+"""Groups: the shapes one part of an op's config serves (a decode stage-1 tier for one q dtype and
+cache kind, decode's split and stage-2 parts, prefill's 16-bit or float32 config, the merge or
+RoPE+KV-write implementation the op dispatches to) with that part's default, its listed candidates
+and the knobs of the coordinate search; ``compose_tier`` writes a decode point back into the
+stage-1 tier schema."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from rocm_mla import configs as C
+from rocm_mla.ops.decode import STAGE1_DEFAULTS, stage1_config, stage1_tier_index
+
+from .inputs import shape_dtype
+from .shapes import OP_KEYS, Shape
+
+if TYPE_CHECKING:
+    from .tuner import Tuner
+
+
+def point_key(p: dict) -> str:
+    """A candidate point's identity (its JSON, keys sorted)."""
+    return json.dumps(p, sort_keys=True)
+
+
+_SHORT = {
+    "waves_per_block": "w",
+    "vecs_per_thread": "v",
+    "units_per_thread": "u",
+    "min_blocks_per_cu": "m",
+    "rows_per_program": "r",
+    "block_rows": "b",
+    "num_warps": "nw",
+    "tile_elems": "t",
+    "max_tokens": "mt",
+    "waves_per_eu": "wpe",
+    "min_tokens_per_split": "mt",
+    "max_splits": "ms",
+    "fixed_tiles": "ft",
+    "launch_tiles": "lt",
+    "max_block_s": "bs",
+}
+
+
+def _short(p: dict, names: dict[str, str] | None = None) -> str:
+    names = names or {}
+    return " ".join(f"{names.get(k, k)}{'=' if k not in names else ''}{json.dumps(v)}" for k, v in p.items())
+
+
+def _nearest_first(p0: dict, points: list[dict]) -> list[dict]:
+    """Distinct points other than p0, fewest differing fields first (the cap keeps neighbours)."""
+    seen, out = {point_key(p0)}, []
+    for p in points:
+        if point_key(p) not in seen:
+            seen.add(point_key(p))
+            out.append(p)
+    diff = lambda p: sum(p.get(k) != p0.get(k) for k in set(p) | set(p0))  # noqa: E731
+    return sorted(out, key=diff)
+
+
+@dataclass
+class Group:
+    """Shapes one part of an op's config serves, and the candidate values of that part."""
+
+    op: str  # decode, prefill, merge, rope_kv_write
+    name: str
+    shapes: list[Shape]
+    point0: dict  # the package's value of the part (the default)
+    listed: list[dict]  # the package's candidates for it
+    knobs: list[tuple[str, list]]  # coordinate-search axes (full mode)
+    build: Callable[[dict], dict | None]  # point -> complete arch object of the op (None: cannot express)
+    label: Callable[[dict], str]
+    results: dict[str, dict] = field(default_factory=dict)  # point_key(point) -> {"point", "times", "error"}
+    status: str = "pending"
+    winner: dict | None = None
+    impl_pending: bool = False  # merge / rope_kv_write: the implementation is chosen when the group is reached
+    fix: Callable[[dict], dict] = lambda p: p  # makes a generated point consistent (e.g. V_SPLIT 2 needs D_SPLIT 2)
+
+    @property
+    def op_key(self) -> str:
+        return OP_KEYS[self.op]
+
+
+# decode: stage-1 tiers, per q dtype x cache kind combination
+COMBOS = (
+    (torch.bfloat16, False),
+    (torch.float16, False),
+    (torch.float32, False),
+    (torch.bfloat16, True),
+    (torch.float16, True),
+)
+
+
+def full_stage1(d: dict) -> dict:
+    """``d`` with the stage-1 defaults filled in: a field left out equals its default spelled out."""
+    return {**STAGE1_DEFAULTS, **d}
+
+
+def _diff(target: dict, base: dict) -> dict | None:
+    """Fields that turn ``base`` into ``target`` (None when a field of base cannot be removed)."""
+    t, b = full_stage1(target), full_stage1(base)
+    if set(b) - set(t):
+        return None
+    return {k: target.get(k, STAGE1_DEFAULTS.get(k)) for k in t if b.get(k) != t[k]}
+
+
+def compose_tier(arch: str, tier: dict, combo: tuple, point: dict) -> dict | None:
+    """A stage-1 tier whose resolved config for ``combo`` (q dtype, fp8 cache) is ``point`` while
+    every other combination resolves as in ``tier`` (float16 q without fp8 shares the 16-bit
+    top level); None when the tier schema cannot express that."""
+    res = lambda t, c: stage1_config(arch, 0, c[0], c[1], t)  # noqa: E731
+    want = {c: res(tier, c) for c in COMBOS}
+    for c in [combo, (torch.float16, False)] if combo == (torch.bfloat16, False) else [combo]:
+        want[c] = dict(point)
+    top = dict(want[(torch.bfloat16, False)])
+    new = dict(top)
+    fp8 = _diff(want[(torch.bfloat16, True)], top)
+    fp32 = _diff(want[(torch.float32, False)], top)
+    if fp8 is None or fp32 is None:
+        return None
+    f16f8 = _diff(want[(torch.float16, True)], {**top, **fp8})
+    if f16f8 is None:
+        return None
+    for tag, sub in (("fp8", fp8), ("fp32", fp32), ("fp16+fp8", f16f8)):
+        if sub:
+            new[tag] = sub
+    if "fp8+qk" in tier:  # quantize_q's overrides: not tuned here, kept as they are
+        new["fp8+qk"] = dict(tier["fp8+qk"])
+    try:
+        if any(full_stage1(res(new, c)) != full_stage1(want[c]) for c in COMBOS):
+            return None
+    except ValueError:
+        return None
+    return new
+
+
+def _decode_fix(p: dict) -> dict:
+    """V_SPLIT 2 needs D_SPLIT 2 (the kernel asserts it)."""
+    return {**p, "D_SPLIT": 2} if p.get("V_SPLIT", 1) == 2 else p
+
+
+def decode_label(p: dict) -> str:
+    s = (
+        f"H{p['BLOCK_H']} N{p['BLOCK_N']} d{p.get('D_SPLIT', 1)}{'v2' if p.get('V_SPLIT', 1) == 2 else ''}"
+        f"{'r' if p.get('RELOAD_K') else ''}"
+        f"{'h' if p.get('F16_DOT') else ''}{'g' if p.get('CLAMP_PAGES') else ''}"
+        f" w{p['num_warps']} s{p['num_stages']} c{p.get('ctas_per_cu', 1)}"
+    )
+    for k, tag in (("waves_per_eu", "wpe"), ("matrix_instr_nonkdim", "mi"), ("kpack", "kp")):
+        if k in p:
+            s += f" {tag}{p[k]}"
+    return s
+
+
+def decode_groups(t: Tuner, shapes: list[Shape]) -> list[Group]:
+    from rocm_mla.variants.decode import tuning_candidates
+
+    arch, gfx = t.arch, C.is_amd_arch(t.arch)
+    pkg = t.package["mla_decode"]
+    tiers = pkg["stage1"]
+    by: dict[tuple, list[Shape]] = {}
+    for s in shapes:
+        dt = shape_dtype(s, t.dev)
+        m = s["q"] * s["N"]
+        ti = stage1_tier_index(tiers, m)
+        combo = (dt, s["kv"] == "fp8")
+        if combo == (torch.float16, False):
+            combo = (torch.bfloat16, False)  # the same 16-bit top level
+        by.setdefault((ti, combo), []).append(s)
+    cands = tuning_candidates(arch)
+    groups = []
+    for (ti, combo), ss in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1][1], str(kv[0][1][0]))):
+        h = tiers[ti]["BLOCK_H"]
+        p0 = stage1_config(arch, 0, combo[0], combo[1], tiers[ti])
+        ok = (lambda p: 16 <= p["BLOCK_H"] <= h) if combo[1] else (lambda p: p["BLOCK_H"] == h)
+        listed = _nearest_first(
+            p0, [p for c in cands for p in [stage1_config(arch, 0, combo[0], combo[1], c)] if ok(p)]
+        )
+        # most promising first: --quick tries single-knob neighbours of the default in this order
+        knobs = [("BLOCK_N", [16, 32, 64]), ("num_warps", [4, 8])]
+        if gfx:
+            knobs += [("waves_per_eu", [0, 1, 2])]
+        knobs += [("num_stages", [1, 2] if gfx else [2, 3, 4, 5]), ("D_SPLIT", [1, 2])]
+        if gfx:
+            knobs += [("kpack", [1, 2]), ("matrix_instr_nonkdim", [16, 32])]
+        knobs += [("ctas_per_cu", [1, 2]), ("V_SPLIT", [1, 2]), ("CLAMP_PAGES", [False, True])]
+        if combo[1]:
+            knobs += [("RELOAD_K", [False, True])]
+            if not gfx and combo[0] == torch.bfloat16:
+                knobs += [("F16_DOT", [False, True])]
+        knobs = [(k, v) for k, v in knobs if k in p0 or k in STAGE1_DEFAULTS]
+
+        def build(p, ti=ti, combo=combo):
+            obj = t.current["mla_decode"]
+            tier = compose_tier(arch, obj["stage1"][ti], combo, p)
+            if tier is None:
+                return None
+            return {**obj, "stage1": [tier if i == ti else x for i, x in enumerate(obj["stage1"])]}
+
+        qname = "" if combo[0] == torch.bfloat16 else f"{str(combo[0]).replace('torch.', '')} q, "
+        name = f"stage1[{ti}] H{h} {qname}{'fp8' if combo[1] else '16-bit'} cache"
+        groups.append(Group("decode", name, ss, p0, listed, knobs, build, decode_label, fix=_decode_fix))
+    if not t.quick and shapes:
+        for part, knobs in (
+            (
+                "split",
+                [
+                    ("max_splits", [16, 32, 64, 128]),
+                    ("min_tokens_per_split", [32, 64, 128]),
+                    ("fixed_tiles", [1, 2, 4]),
+                    ("launch_tiles", [2, 3, 4, 6]),
+                ],
+            ),
+            ("stage2", [("num_warps", [4, 8]), ("tile_elems", [2048, 4096, 8192]), ("max_block_s", [16, 32, 64])]),
+        ):
+            p0 = dict(pkg[part])
+            groups.append(
+                Group(
+                    "decode",
+                    part,
+                    list(shapes),
+                    p0,
+                    [],
+                    [(k, v) for k, v in knobs if k in p0],
+                    lambda p, part=part: {**t.current["mla_decode"], part: p},
+                    lambda p, part=part: f"{part} " + _short(p, _SHORT),
+                )
+            )
+    return groups
+
+
+def prefill_groups(t: Tuner, shapes: list[Shape]) -> list[Group]:
+    from rocm_mla.variants.prefill import config_label
+
+    gfx = C.is_amd_arch(t.arch)
+    pkg = t.package["mla_prefill"]
+    by: dict[str, list[Shape]] = {}
+    for s in shapes:
+        by.setdefault("triton_fp32" if shape_dtype(s, t.dev) == torch.float32 else "triton", []).append(s)
+    groups = []
+    for key, ss in by.items():
+        p0 = dict(pkg[key])
+        listed = _nearest_first(p0, [dict(c) for c in pkg.get("candidates", [])]) if key == "triton" else []
+        knobs = [("BLOCK_N", [16, 32] if key == "triton_fp32" else [32, 64, 128]), ("num_warps", [4, 8])]
+        if gfx:
+            knobs += [("waves_per_eu", [0, 1, 2])]
+        knobs += [
+            ("num_stages", [1, 2] if gfx else [1, 2, 3, 4]),
+            ("BLOCK_M", [16, 32, 64] if key == "triton_fp32" else [64, 128]),
+        ]
+        if gfx:
+            knobs += [("matrix_instr_nonkdim", [16, 32]), ("kpack", [1, 2])]
+        knobs = [(k, v) for k, v in knobs if k in p0 or k in ("num_stages",)]
+        groups.append(
+            Group(
+                "prefill",
+                key,
+                ss,
+                p0,
+                listed,
+                knobs,
+                lambda p, key=key: {**t.current["mla_prefill"], key: p},
+                config_label,
+            )
+        )
+    return groups
+
+
+def impl_groups(t: Tuner, op: str, shapes: list[Shape]) -> list[Group]:
+    """merge / rope_kv_write: the implementation the op dispatches to here, over the package's tune space."""
+    from rocm_mla.ops._dispatch import select
+
+    op_key = OP_KEYS[op]
+    impl = select(op_key, t.dev)
+    if impl == "reference":
+        t.log(f"{op}: only the reference runs here; nothing to tune")
+        return []
+    pkg = t.package[op_key]
+    p0 = dict(pkg[impl])
+    space = C.tune_space(op_key).get(impl, {})
+    listed = [{**p0, **c} for c in C.tune_candidates(op_key).get(impl, [])] if space else []
+    listed = _nearest_first(p0, listed)
+    knobs = []
+    if impl == "triton":
+        knobs = [(k, v) for k, v in space.items()]
+        if C.is_amd_arch(t.arch):
+            knobs.append(("waves_per_eu", [0, 1, 2]))
+        if op == "rope_kv_write":
+            knobs.append(("max_tokens", [4, 8, 16]))
+    else:
+        knobs = [(k, v) for k, v in space.items()]
+    return [
+        Group(
+            op,
+            impl,
+            list(shapes),
+            p0,
+            listed,
+            knobs,
+            lambda p: {**t.current[op_key], impl: p},
+            lambda p: f"{impl} {_short(p, _SHORT)}",
+        )
+    ]

@@ -209,7 +209,9 @@ def device_name(device: torch.device) -> str:
 
 @dataclass
 class Record:
-    """One long-format result row."""
+    """One long-format result row of a benchmark's own CSV (perf/bench.py adds the run's versions,
+    commit and date when it appends the row to perf/results.csv). ``config``: the launch config of
+    our kernel that produced the value ("" for peers)."""
 
     kernel: str
     provider: str
@@ -218,17 +220,18 @@ class Record:
     value: float
     device: str
     version: str
+    config: str = ""
 
 
 def write_csv(path: str | os.PathLike, records: list[Record]) -> None:
-    """Write long-format CSV: kernel, provider, shape, metric, value, device, version."""
+    """Write long-format CSV: kernel, provider, shape, metric, value, device, version, config."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["kernel", "provider", "shape", "metric", "value", "device", "version"])
+        w.writerow(["kernel", "provider", "shape", "metric", "value", "device", "version", "config"])
         for r in records:
-            w.writerow([r.kernel, r.provider, r.shape, r.metric, f"{r.value:.6g}", r.device, r.version])
+            w.writerow([r.kernel, r.provider, r.shape, r.metric, f"{r.value:.6g}", r.device, r.version, r.config])
 
 
 def print_table(headers: list[str], rows: list[list[object]]) -> None:

@@ -8,7 +8,8 @@ Bytes counted per call: prefix + suffix read and output written (T*N*D elements 
 two lse reads and the output_lse write (T*N float32 each). Shapes: T in {4096, 32768}, N in
 {16, 128}, D in {128, 512}; "contiguous" rows, or "strided" rows padded to D+64 (the pad_v view
 [T, N, 192][..., :128] at D=128; [T, N, 576][..., :512] at D=512). bf16.
-vLLM's merge is made importable by ../shared/peers/get_vllm_peers.sh .peers (never committed).
+vLLM's merge is made importable by perf/peers/get_vllm_peers.sh .peers (never committed).
+The launch configs are swept by `rocm-mla tune`, not here.
 """
 
 from __future__ import annotations
@@ -19,10 +20,8 @@ from pathlib import Path
 import torch
 
 from rocm_mla import __version__
-from rocm_mla.configs import tune_candidates
 from rocm_mla.ops import merge_attn_states
 from rocm_mla.ops._dispatch import unavailable
-from rocm_mla.ops.merge import launch
 from rocm_mla.reference import merge_attn_states_ref
 from rocm_mla.tools.benchutil import (
     Record,
@@ -41,9 +40,6 @@ def main() -> int:
     ap.add_argument("--out", default="results", help="folder for merge.csv and merge.png")
     ap.add_argument("--peers", default=".peers", help="folder made by get_vllm_peers.sh")
     ap.add_argument("--quick", action="store_true", help="T=4096 only")
-    ap.add_argument(
-        "--tune", action="store_true", help="also sweep the launch candidates of configs/merge_attn_states.json"
-    )
     args = ap.parse_args()
     gpu = start_bench("bench_merge", copy=True)
     if gpu is None:
@@ -121,29 +117,7 @@ def main() -> int:
         hline_label="copy ceiling",
     )
     print(f"wrote {out_dir / 'merge.csv'} and {out_dir / 'merge.png'}")
-    if args.tune:
-        tune(dev, copy)
     return 0
-
-
-def tune(dev, copy: float) -> None:
-    """Sweep every candidate launch config (configs/merge_attn_states.json "tune") at two shapes,
-    through the op's public launch entry point (ops.merge.launch, config=)."""
-    rows = []
-    for T, N, D in ((32768, 128, 128), (4096, 16, 128)):
-        mk = lambda: torch.randn(T, N, D + 64, device=dev, dtype=torch.bfloat16)[..., :D]  # noqa: E731
-        po, so, out = mk(), mk(), mk()
-        pl, sl, ol = (torch.randn(N, T, device=dev) for _ in range(3))
-        nbytes = 3 * T * N * D * 2 + 3 * T * N * 4
-        for impl, cands in tune_candidates("merge_attn_states").items():
-            if unavailable(impl, dev):
-                continue
-            for cfg in cands:
-                ms = time_ms(lambda: launch(impl, out, po, pl, so, sl, ol, config=cfg))
-                gbs = nbytes / ms / 1e6
-                rows.append([f"T={T} N={N} D={D} strided", impl, str(cfg), f"{gbs:.0f} ({100 * gbs / copy:.0f}%)"])
-    print("\ntuning sweep (bf16):")
-    print_table(["shape", "impl", "config", "GB/s"], rows)
 
 
 if __name__ == "__main__":

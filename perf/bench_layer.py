@@ -36,7 +36,7 @@ RoPE + KV write alone (second table), per decode batch (B tokens) and prefill (n
               inside vLLM's CUDA graphs that cost is not paid. Needs vLLM importable
               (perf/vllm_on_device.sh); skipped with a note otherwise.
 
-The upstream decode needs vLLM's Triton kernels (../shared/peers/get_vllm_peers.sh .peers).
+The upstream decode needs vLLM's Triton kernels (perf/peers/get_vllm_peers.sh .peers).
 `python perf/bench_layer.py --check-rope-kv` runs only the RoPE + KV write variants once on tiny
 shapes and checks that they agree (also on CPU, in the Triton interpreter; no timing).
 """

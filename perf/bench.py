@@ -14,9 +14,10 @@ versions, the git commit and the start time (columns: perf/resultsfile.py). A pr
 benchmark, then a short table of this run.
 ``python perf/report.py`` turns the CSV into perf/RESULTS.md and perf/plots/.
 
-Needs a GPU: without one it says so and exits 2 (``--list`` works anywhere). The peers folder is made
+Needs a GPU: without one it says so and exits 2 (``--list`` and ``--merge`` work anywhere). The peers folder is made
 by perf/peers/get_vllm_peers.sh, get_aiter_peers.sh (into PEERS/aiter) and get_flashinfer_peer.sh;
-on a GPU machine without network access, copy the folder there and run through perf/device_run.sh.
+on a GPU machine without network access, copy the folder there, run through perf/device_run.sh
+(``--ops``), bring its results.csv back and fold it in with ``--merge FILE``.
 """
 
 from __future__ import annotations
@@ -172,7 +173,15 @@ def main(argv=None) -> int:
     ap.add_argument("--logs", default="", help="folder for each benchmark's log and own CSV (default: a temp dir)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per benchmark")
     ap.add_argument("--list", action="store_true", help="print each benchmark's command and exit")
+    ap.add_argument(
+        "--merge", metavar="FILE", help="append the rows of another results file (a GPU machine's) to --out and exit"
+    )
     args = ap.parse_args(argv)
+    if args.merge:
+        rows = resultsfile.read(args.merge)
+        resultsfile.append(args.out, rows)
+        print(f"appended {len(rows)} rows of {args.merge} to {args.out}")
+        return 0
     names = [n.strip() for n in args.ops.split(",") if n.strip()]
     unknown = [n for n in names if n not in BENCHES]
     if unknown or not names:

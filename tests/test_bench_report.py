@@ -141,3 +141,7 @@ def test_runner_appends_checked_rows_with_their_run(tmp_path, monkeypatch, capsy
         assert (merge["config"], merge["value"]) == ("tile 64", "123")
         assert merge["versions"].startswith(f"torch={torch.__version__} triton=") and merge["date"] == ceiling["date"]
         assert "| T=9 | 123 | tile 64 |" in printed  # the run's own table
+        home = tmp_path / "home.csv"
+        assert bench.main(["--merge", str(out), "--out", str(home)]) == 0
+        assert bench.main(["--merge", str(out), "--out", str(home)]) == 0
+        assert resultsfile.read(home) == rows + rows

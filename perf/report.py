@@ -98,16 +98,18 @@ def is_ours(provider: str) -> bool:
 
 
 def current_rows(rows: list[dict], kernel: str) -> dict[str, list[dict]]:
-    """The rows of ``kernel`` by shape, each shape's from its latest run (largest date) alone, in
-    the order the shapes first appear in the file."""
+    """The rows of ``kernel`` by shape (in the order the shapes first appear in the file), each
+    provider's from the latest run (largest date) that measured it at that shape."""
     by_shape: dict[str, list[dict]] = {}
     for r in rows:
         if r["kernel"] == kernel:
             by_shape.setdefault(r["shape"], []).append(r)
     out = {}
     for shape, rs in by_shape.items():
-        latest = max(r["date"] for r in rs)
-        out[shape] = [r for r in rs if r["date"] == latest]
+        latest: dict[str, str] = {}
+        for r in rs:
+            latest[r["provider"]] = max(latest.get(r["provider"], ""), r["date"])
+        out[shape] = [r for r in rs if r["date"] == latest[r["provider"]]]
     return out
 
 
@@ -141,7 +143,7 @@ def op_section(rows: list[dict], view: OpView) -> tuple[list[str], dict[str, dic
     providers.sort(key=lambda p: not is_ours(p))  # stable: ours first, then the file's order
     ours = [p for p in providers if is_ours(p)]
     peers = [p for p in providers if not is_ours(p)]
-    dates = {r["date"] for rs in cur.values() for r in rs}
+    dates = {r["date"] for rs in cur.values() for r in rs if r["metric"] == view.metric}
     ceil = ceilings(rows, view.benches, dates)
     ceil_shape = CEILING_OF.get(view.metric)
     many_runs = len(dates) > 1
@@ -154,17 +156,17 @@ def op_section(rows: list[dict], view: OpView) -> tuple[list[str], dict[str, dic
     table = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     series: dict[str, dict[str, float]] = {p: {} for p in providers}
     for shape, rs in cur.items():
-        date = rs[0]["date"]
-        val = {r["provider"]: float(r["value"]) for r in rs if r["metric"] == view.metric}
-        if not val:
+        chosen = {r["provider"]: r for r in rs if r["metric"] == view.metric}  # a run's later row wins
+        if not chosen:
             continue
-        cells = [shape] + ([date] if many_runs else [])
-        ref = ceil.get((date, ceil_shape)) if ceil_shape else None
+        val = {p: float(r["value"]) for p, r in chosen.items()}
+        cells = [shape] + ([" + ".join(sorted({r["date"] for r in chosen.values()}))] if many_runs else [])
         for p in providers:
             if p not in val:
                 cells.append("–")
                 continue
             series[p][shape] = val[p]
+            ref = ceil.get((chosen[p]["date"], ceil_shape)) if ceil_shape else None
             cells.append(fmt(val[p]) + (f" ({100 * val[p] / ref:.0f}%)" if ref else ""))
         mine = [val[p] for p in ours if p in val]
         best = (max(mine) if view.higher_is_better else min(mine)) if mine else None
@@ -178,7 +180,8 @@ def op_section(rows: list[dict], view: OpView) -> tuple[list[str], dict[str, dic
                 n = {r["metric"]: r["value"] for r in rs if r["provider"] == p}
                 cells.append("/".join(f"{float(n[m]):g}" if m in n else "–" for m in view.counts))
         if has_config:
-            cells.append("; ".join(dict.fromkeys(r["config"] for r in rs if is_ours(r["provider"]) and r["config"])))
+            named = [(p, r["config"]) for p, r in chosen.items() if is_ours(p) and r["config"]]
+            cells.append("; ".join(f"{p}: {c}" if len(ours) > 1 else c for p, c in named))
         table.append("| " + " | ".join(cells) + " |")
 
     unit = {"time_us": "µs"}.get(view.metric, view.metric)

@@ -51,6 +51,7 @@ def test_report_latest_run_per_shape_ratios_and_ceilings(tmp_path):
         row("ceiling", "torch", "copy 2 GiB", "GB/s", 1, new, "decode"),  # another bench's: not shown
         row("merge_attn_states", "rocm_mla-triton", "T=1", "GB/s", 1000, old),
         row("merge_attn_states", "vllm-0.33-triton", "T=1", "GB/s", 500, old),
+        row("merge_attn_states", "torch-reference", "T=1", "GB/s", 120, old),  # measured in the old run alone
         row("merge_attn_states", "rocm_mla-triton", "T=1", "GB/s", 2100, new, "tile 4096"),
         row("merge_attn_states", "rocm_mla-hip", "T=1", "GB/s", 1050, new),
         row("merge_attn_states", "vllm-0.33-triton", "T=1", "GB/s", 700, new),
@@ -64,12 +65,13 @@ def test_report_latest_run_per_shape_ratios_and_ceilings(tmp_path):
     assert resultsfile.read(csv_path) == rows
     text, _ = report.render(resultsfile.read(csv_path), None)
     merge = text.split("## merge_attn_states")[1].split("##")[0]
-    # T=1 from the newer run alone: its peer, its ceiling (2100 / 4200 = 50%), the best of ours over vLLM (3.00x)
-    assert (
-        "| shape | run | rocm_mla-triton | rocm_mla-hip | vllm-0.33-triton | best ours vs vllm-0.33-triton |" in merge
-    )
-    assert "| T=1 | 2026-01-02T03:04+00:00 | 2100 (50%) | 1050 (25%) | 700 (17%) | 3.00× | tile 4096 |" in merge
-    assert "| T=2 | 2026-01-01 | 300 (8%) | – | – | – |  |" in merge
+    # T=1: each provider from the latest run that measured it, against that run's ceiling (2100 / 4200 = 50%,
+    # 120 / 4000 = 3%); the best of ours over each peer (2100 / 700 = 3.00x); both runs named
+    head = "| shape | run | rocm_mla-triton | rocm_mla-hip | torch-reference | vllm-0.33-triton | best ours vs torch"
+    assert head in merge
+    t1 = "| T=1 | 2026-01-01 + 2026-01-02T03:04+00:00 | 2100 (50%) | 1050 (25%) | 120 (3%) | 700 (17%) | 17.50× | 3.00×"
+    assert t1 + " | rocm_mla-triton: tile 4096 |" in merge
+    assert "| T=2 | 2026-01-01 | 300 (8%) | – | – | – | – | – |  |" in merge
     assert "copy 2 GiB 4200" in merge and "copy 2 GiB 4000" in merge and "copy 2 GiB 1.00" not in merge
     assert "Command: `python perf/bench.py --ops merge`" in merge
     decode = text.split("## mla_decode")[1]

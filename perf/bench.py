@@ -186,16 +186,16 @@ def main(argv=None) -> int:
     unknown = [n for n in names if n not in BENCHES]
     if unknown or not names:
         ap.error(f"--ops: expected names from {', '.join(BENCHES)}, got {', '.join(unknown) or 'none'}")
-    logs = Path(args.logs or tempfile.mkdtemp(prefix="rocm_mla_bench_"))
     if args.list:
         for n in names:
-            print(f"{n}: {' '.join(command(n, logs / n, args.peers, args.quick)[1:])}")
+            print(f"{n}: {' '.join(command(n, Path(args.logs or 'LOGS') / n, args.peers, args.quick)[1:])}")
         return 0
     import torch
 
     if not torch.cuda.is_available():
         print("perf/bench.py: needs a GPU (torch sees none); nothing was run")
         return 2
+    logs = Path(args.logs or tempfile.mkdtemp(prefix="rocm_mla_bench_"))
     vers, commit = versions(args.peers), git_commit()
     print(f"{torch.cuda.get_device_name()}; {vers}; commit {commit or '?'}; logs in {logs}", flush=True)
     t_all = time.perf_counter()

@@ -10,11 +10,11 @@ dest=${1:?usage: get_vllm_peers.sh DEST_DIR}
 ver=${VLLM_PEER_VERSION:-0.33.0}
 cache=${TMPDIR:-/tmp}/vllm-wheel-$ver
 mkdir -p "$cache" "$dest"
-whl=$(ls "$cache"/vllm-"$ver"-*.whl 2>/dev/null | head -n 1)
+whl=$(find "$cache" -maxdepth 1 -name "vllm-$ver-*.whl" | head -n 1)
 if [ -z "$whl" ]; then
   python3 -m pip download -q --no-deps --only-binary :all: --platform manylinux_2_28_x86_64 --python-version 3.12 \
     -d "$cache" "vllm==$ver"
-  whl=$(ls "$cache"/vllm-"$ver"-*.whl | head -n 1)
+  whl=$(find "$cache" -maxdepth 1 -name "vllm-$ver-*.whl" | head -n 1)
 fi
 ops=vllm/v1/attention/ops
 python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2], [sys.argv[3] + '/triton_decode_attention.py', sys.argv[3] + '/triton_merge_attn_states.py'])" "$whl" "$cache" "$ops"

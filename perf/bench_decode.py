@@ -65,7 +65,6 @@ from rocm_mla.tools.bench_decode_inputs import BLOCK, R_DIM, SCALE, D, L, Setup,
 from rocm_mla.tools.benchutil import (
     Record,
     aiter_peer_version,
-    bar_plot,
     bench_parser,
     cold_cache_bytes,
     load_aiter_peer,
@@ -244,7 +243,7 @@ PROVIDERS = ["rocm_mla-triton", "flashinfer-fa3", "vllm-0.33-triton", "aiter-tri
 
 
 class Run:
-    """What one benchmark run accumulates: table rows, CSV records, plot series, notes."""
+    """What one benchmark run accumulates: table rows, CSV records, notes."""
 
     def __init__(self, name: str, copy: float, mm: float):
         self.name, self.copy, self.mm = name, copy, mm
@@ -253,9 +252,6 @@ class Run:
             Record("matmul", "torch", "8192^3 bf16", "TFLOP/s", mm, name, torch.__version__),
         ]
         self.rows: list[list[str]] = []
-        self.groups: list[str] = []
-        self.gbs = {p: [] for p in PROVIDERS}
-        self.tfs = {p: [] for p in PROVIDERS}
         self.notes: list[str] = []
         self.skipped: set[tuple[str, str]] = set()
 
@@ -266,12 +262,8 @@ class Run:
 
     def add(self, provider: str, s: Setup, us: float | None, config: str = "") -> str:
         if us is None:
-            self.gbs[provider].append(0.0)
-            self.tfs[provider].append(0.0)
             return "-"
         gbs, tfs = s.nbytes() / us / 1e3, s.flops() / us / 1e6
-        self.gbs[provider].append(gbs)
-        self.tfs[provider].append(tfs)
         for metric, val in (
             ("time_us", us),
             ("GB/s", gbs),
@@ -354,7 +346,6 @@ def bench_shape(run: Run, s: Setup, dev, peers: dict, sms: int) -> None:
         run.records.append(
             Record("mla_decode", "vllm-0.33-triton", s.label, "num_kv_splits", vllm_S, run.name, __version__)
         )
-    run.groups.append(s.label)
     run.rows.append(row)
     print(" | ".join(row), flush=True)
 
@@ -368,30 +359,12 @@ def report(run: Run, out_dir: Path) -> None:
     for n in run.notes:
         print(n)
     write_csv(out_dir / "decode.csv", run.records)
-    bar_plot(
-        out_dir / "decode_gbs.png",
-        f"mla_decode GB/s on {run.name}",
-        run.groups,
-        run.gbs,
-        "GB/s",
-        hline=run.copy,
-        hline_label="copy ceiling",
-    )
-    bar_plot(
-        out_dir / "decode_tflops.png",
-        f"mla_decode TFLOP/s on {run.name}",
-        run.groups,
-        run.tfs,
-        "TFLOP/s",
-        hline=run.mm,
-        hline_label="bf16 matmul",
-    )
-    print(f"wrote {out_dir / 'decode.csv'}, decode_gbs.png, decode_tflops.png")
+    print(f"wrote {out_dir / 'decode.csv'}")
 
 
 def main() -> int:
     ap = bench_parser(__doc__)
-    ap.add_argument("--out", default="results", help="folder for decode.csv and decode_*.png")
+    ap.add_argument("--out", default="results", help="folder for decode.csv")
     ap.add_argument("--peers", default=".peers", help="folder made by get_vllm_peers.sh (aiter under PEERS/aiter)")
     ap.add_argument(
         "--preset",

@@ -25,7 +25,6 @@ from rocm_mla.ops._dispatch import unavailable
 from rocm_mla.reference import merge_attn_states_ref
 from rocm_mla.tools.benchutil import (
     Record,
-    bar_plot,
     bench_parser,
     load_vllm_peer,
     print_table,
@@ -37,7 +36,7 @@ from rocm_mla.tools.benchutil import (
 
 def main() -> int:
     ap = bench_parser(__doc__)
-    ap.add_argument("--out", default="results", help="folder for merge.csv and merge.png")
+    ap.add_argument("--out", default="results", help="folder for merge.csv")
     ap.add_argument("--peers", default=".peers", help="folder made by get_vllm_peers.sh")
     ap.add_argument("--quick", action="store_true", help="T=4096 only")
     args = ap.parse_args()
@@ -66,8 +65,7 @@ def main() -> int:
 
     providers["torch-reference"] = torch_ref
 
-    records, rows, groups = [], [], []
-    series: dict[str, list[float]] = {p: [] for p in providers}
+    records, rows = [], []
     for T in [4096] if args.quick else [4096, 32768]:
         for N in (16, 128):
             for D in (128, 512):
@@ -78,13 +76,11 @@ def main() -> int:
                     pl, sl, ol = (torch.randn(N, T, device=dev) * 3 for _ in range(3))
                     nbytes = 3 * T * N * D * 2 + 3 * T * N * 4
                     shape = f"T={T} N={N} D={D} {layout}"
-                    groups.append(shape)
                     ref, _ = merge_attn_states_ref(po, pl, so, sl)
                     row = [shape]
                     for pname, fn in providers.items():
                         if pname == "torch-reference" and T * N * D > 4096 * 128 * 512:
                             row.append("-")  # float32 temporaries of ~50 GB: not informative
-                            series[pname].append(0.0)
                             continue
                         out.fill_(float("nan"))
                         fn(out, po, pl, so, sl, ol)
@@ -96,7 +92,6 @@ def main() -> int:
                         )
                         gbs = nbytes / ms / 1e6
                         row.append(f"{gbs:.0f} ({100 * gbs / copy:.0f}%)")
-                        series[pname].append(gbs)
                         for metric, val in (("time_us", ms * 1e3), ("GB/s", gbs), ("pct_copy", 100 * gbs / copy)):
                             records.append(Record("merge_attn_states", pname, shape, metric, val, name, __version__))
                     rows.append(row)
@@ -107,16 +102,7 @@ def main() -> int:
     print_table(["shape", *providers], rows)
     out_dir = Path(args.out)
     write_csv(out_dir / "merge.csv", records)
-    bar_plot(
-        out_dir / "merge.png",
-        f"merge_attn_states bf16 on {name}",
-        groups,
-        series,
-        "GB/s",
-        hline=copy,
-        hline_label="copy ceiling",
-    )
-    print(f"wrote {out_dir / 'merge.csv'} and {out_dir / 'merge.png'}")
+    print(f"wrote {out_dir / 'merge.csv'}")
     return 0
 
 

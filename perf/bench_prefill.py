@@ -59,7 +59,6 @@ from rocm_mla.reference import mla_prefill_ref
 from rocm_mla.tools.benchutil import (
     Record,
     aiter_peer_version,
-    bar_plot,
     bench_parser,
     device_name,
     load_aiter_peer,
@@ -490,10 +489,10 @@ def table_lines(headers: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def bench_shape(
-    shape, dev, config, aiter, tile, timer, peak: float, name: str, records: list, series: dict, notes: list
+    shape, dev, config, aiter, tile, timer, peak: float, name: str, records: list, notes: list
 ) -> list[str]:
-    """One shape: every provider checked against ours, then timed; appends to records, series and
-    notes; returns the table row."""
+    """One shape: every provider checked against ours, then timed; appends to records and notes;
+    returns the table row."""
     case = Case(shape, dev)
     fns = {
         "ours": lambda: case.ours(config),
@@ -532,7 +531,6 @@ def bench_shape(
     for pname in PROVIDERS:
         if pname not in fns:
             row.append("-")
-            series[pname].append(0.0)
             continue
         try:
             ms = timer(f"{pname} {shape.name}", fns[pname])
@@ -540,12 +538,10 @@ def bench_shape(
             notes.append(f"{pname} {shape.name}: {type(exc).__name__}: {str(exc)[:200]}")
             print(f"  {notes[-1]}")
             row.append("fail")
-            series[pname].append(0.0)
             torch.cuda.synchronize()
             continue
         tf[pname] = shape.flops / ms / 1e9
         row.append(f"{tf[pname]:.0f}")
-        series[pname].append(tf[pname])
         for metric, val in (("time_us", ms * 1e3), ("TFLOP/s", tf[pname]), ("pct_matmul", 100 * tf[pname] / peak)):
             records.append(
                 Record(
@@ -571,7 +567,7 @@ def bench_shape(
 
 def main() -> int:
     ap = bench_parser(__doc__)
-    ap.add_argument("--out", default="results", help="folder for prefill.csv and prefill.png")
+    ap.add_argument("--out", default="results", help="folder for prefill.csv")
     ap.add_argument("--quick", action="store_true", help="4 shapes (the issue's three + varlen N=16), compact table")
     ap.add_argument(
         "--config", type=json.loads, default=None, metavar="JSON", help="our launch config instead of the JSON's"
@@ -608,7 +604,7 @@ def main() -> int:
         + ("" if err < MAX_REL_ERR else "  WRONG")
     )
 
-    records, rows, series, groups = [], [], {p: [] for p in PROVIDERS}, []
+    records, rows = [], []
     tile = (
         launch_config(arch, DTYPE)
         if is_nvidia_arch(arch)
@@ -616,8 +612,7 @@ def main() -> int:
     )
     notes = []
     for shape in shapes:
-        groups.append(shape.name)
-        rows.append(bench_shape(shape, dev, config, aiter, tile, timer, peak, name, records, series, notes))
+        rows.append(bench_shape(shape, dev, config, aiter, tile, timer, peak, name, records, notes))
     for r in records:
         if r.provider == "ours":
             r.config = label
@@ -652,18 +647,9 @@ def main() -> int:
 
     out_dir = Path(args.out)
     write_csv(out_dir / "prefill.csv", records)
-    bar_plot(
-        out_dir / "prefill.png",
-        f"MLA prefill causal bf16 on {name} (ours: {label})",
-        groups,
-        {HEADERS[p]: series[p] for p in PROVIDERS},
-        "TFLOP/s",
-        hline=peak,
-        hline_label="bf16 matmul",
-    )
     if notes:
         print("notes: " + "; ".join(notes))
-    print(f"wrote {out_dir / 'prefill.csv'} and {out_dir / 'prefill.png'}")
+    print(f"wrote {out_dir / 'prefill.csv'}")
     return 0
 
 

@@ -38,7 +38,6 @@ from rocm_mla.ops._dispatch import unavailable
 from rocm_mla.reference.rope_kv_write import fused_rope_mla_kv_write_ref, quantize_fp8_ref, rope_cos_sin_cache
 from rocm_mla.tools.benchutil import (
     Record,
-    bar_plot,
     bench_parser,
     print_table,
     start_bench,
@@ -101,7 +100,7 @@ def make_cos_sin(dev):
 
 def main() -> int:
     ap = bench_parser(__doc__)
-    ap.add_argument("--out", default="results", help="folder for rope_kv_write.csv and rope_kv_write.png")
+    ap.add_argument("--out", default="results", help="folder for rope_kv_write.csv")
     ap.add_argument("--quick", action="store_true", help="T=4096 only")
     args = ap.parse_args()
     gpu = start_bench("bench_rope_kv_write", copy=True)
@@ -139,14 +138,12 @@ def main() -> int:
     cos_sin = make_cos_sin(dev)
     k_scale = torch.tensor([0.05], device=dev)
 
-    records, rows, groups = [], [], []
-    series: dict[str, list[float]] = {p: [] for p in providers}
+    records, rows = [], []
     for cache_name in ("bf16", "fp8"):
         fp8 = fp8_kind if cache_name == "fp8" else None
         for T in [4096] if args.quick else [1, 64, 4096, 32768]:
             for N in (16, 128):
                 shape = f"T={T} N={N} {cache_name}"
-                groups.append(shape)
                 q, kv_a, kv_c, pos, slots, cache, nbytes = make_case(dev, T, N, fp8, cos_sin)
                 q_ref, want = expected(q, kv_a, kv_c, pos, cos_sin, fp8, k_scale)
                 row = [shape]
@@ -161,7 +158,6 @@ def main() -> int:
                     times[pname] = ms
                     gbs = nbytes / ms / 1e6
                     row.append(f"{gbs:.0f} ({100 * gbs / copy:.0f}%) {ms * 1e3:.1f}us")
-                    series[pname].append(gbs)
                     for metric, val in (("time_us", ms * 1e3), ("GB/s", gbs), ("pct_copy", 100 * gbs / copy)):
                         records.append(Record("fused_rope_mla_kv_write", pname, shape, metric, val, name, __version__))
                 fused_times = [v for k, v in times.items() if k != "unfused-torch"]
@@ -192,16 +188,7 @@ def main() -> int:
     print_table(["shape", *providers, "best fused / unfused"], rows)
     out_dir = Path(args.out)
     write_csv(out_dir / "rope_kv_write.csv", records)
-    bar_plot(
-        out_dir / "rope_kv_write.png",
-        f"fused RoPE + MLA KV write on {name}",
-        groups,
-        series,
-        "GB/s",
-        hline=copy,
-        hline_label="copy ceiling",
-    )
-    print(f"wrote {out_dir / 'rope_kv_write.csv'} and {out_dir / 'rope_kv_write.png'}")
+    print(f"wrote {out_dir / 'rope_kv_write.csv'}")
     return 0
 
 

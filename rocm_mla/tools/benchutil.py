@@ -270,7 +270,8 @@ def bar_plot(
     hline: float | None = None,
     hline_label: str = "",
 ) -> bool:
-    """Grouped bar chart (one bar per provider per shape). Returns False if matplotlib is missing."""
+    """Grouped bar chart (one bar per provider per shape), as perf/report.py draws perf/plots/*.png.
+    Returns False if matplotlib is missing."""
     try:
         import matplotlib
 

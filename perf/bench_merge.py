@@ -34,6 +34,17 @@ from rocm_mla.tools.benchutil import (
 )
 
 
+def make_case(dev, T: int, N: int, D: int, layout: str):
+    """One merge's inputs and outputs, bf16: prefix/suffix/output [T, N, D] ("strided": views of
+    rows padded to D + 64, the pad_v layout), lse [N, T] float32; and the bytes the call moves.
+    Returns (prefix, prefix_lse, suffix, suffix_lse, out, out_lse, nbytes)."""
+    width = D if layout == "contiguous" else D + 64
+    mk = lambda: torch.randn(T, N, width, device=dev, dtype=torch.bfloat16)[..., :D]  # noqa: E731
+    po, so, out = mk(), mk(), mk()
+    pl, sl, ol = (torch.randn(N, T, device=dev) * 3 for _ in range(3))
+    return po, pl, so, sl, out, ol, 3 * T * N * D * 2 + 3 * T * N * 4
+
+
 def main() -> int:
     ap = bench_parser(__doc__)
     ap.add_argument("--out", default="results", help="folder for merge.csv")
@@ -70,11 +81,7 @@ def main() -> int:
         for N in (16, 128):
             for D in (128, 512):
                 for layout in ("contiguous", "strided"):
-                    width = D if layout == "contiguous" else D + 64
-                    mk = lambda: torch.randn(T, N, width, device=dev, dtype=torch.bfloat16)[..., :D]  # noqa: E731
-                    po, so, out = mk(), mk(), mk()
-                    pl, sl, ol = (torch.randn(N, T, device=dev) * 3 for _ in range(3))
-                    nbytes = 3 * T * N * D * 2 + 3 * T * N * 4
+                    po, pl, so, sl, out, ol, nbytes = make_case(dev, T, N, D, layout)
                     shape = f"T={T} N={N} D={D} {layout}"
                     ref, _ = merge_attn_states_ref(po, pl, so, sl)
                     row = [shape]

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as dt
-import os
 import subprocess
 import sys
 import tempfile
@@ -84,8 +83,9 @@ def versions(peers: str) -> str:
     import triton
 
     parts = [f"torch={torch.__version__}", f"triton={triton.__version__}"]
-    if Path(peers, "vllm").is_dir():
-        parts.append(f"vllm={os.environ.get('VLLM_PEER_VERSION', '0.33.0')}")
+    if Path(peers, "vllm").is_dir():  # get_vllm_peers.sh records its version; older folders hold its pin
+        recorded = Path(peers, "VLLM_VERSION")
+        parts.append(f"vllm={recorded.read_text().strip() if recorded.is_file() else '0.33.0'}")
     try:
         parts.append(f"flashinfer={md.version('flashinfer-python')}")
     except md.PackageNotFoundError:

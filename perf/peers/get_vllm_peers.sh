@@ -67,4 +67,5 @@ class _Platform:
 
 current_platform = _Platform()
 PY
+echo "$ver" > "$dest/VLLM_VERSION"
 echo "vLLM $ver Triton MLA peers ready in $dest (decode_attention_fwd, merge_attn_states)"

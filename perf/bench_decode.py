@@ -3,8 +3,8 @@
 torch reference at small shapes, and FlashInfer's MLA decode when importable: time per call,
 GB/s, TFLOP/s and % of the copy / matmul ceilings measured in the same run.
 
-    python perf/bench_decode.py [--out results] [--peers .peers] [--preset flashmla|quick|serving] [--tune]
-                                [--dtypes bf16,fp8] [--shapes 'LABEL;...'] [--cand-json JSON|@file]
+    python perf/bench_decode.py [--out results] [--peers .peers] [--preset flashmla|quick|serving]
+                                [--dtypes bf16,fp8] [--shapes 'LABEL;...']
 
 Shapes: --preset flashmla (default; FlashMLA's benchmark): B in {1, 32, 128}, seq in {1024, 4096,
 16384} (every request that long), N in {16, 128}; --preset quick: B in {1, 128}, seq 4096;
@@ -28,12 +28,12 @@ Providers, each captured in CUDA graphs of 8 calls (benchutil.rotating_graph_us)
                      q (counted), torch.zeros o and lse (counted), attn_logits workspace preallocated
                      (vLLM reserves it once), num_kv_splits from its _compute_num_kv_splits
                      (next_pow2(max_seq_len // 512), capped at 2 x SMs), k_scale/v_scale = the layer's
-                     scale tensor. Importable via `../shared/peers/get_vllm_peers.sh .peers`.
+                     scale tensor. Importable via `perf/peers/get_vllm_peers.sh .peers`.
   flashinfer-fa3     BatchMLAPagedAttentionWrapper(backend="fa3") planned outside the timing, q
                      pre-concatenated (kernel only), fp8 with ckv_scale = kpe_scale = k_scale, MTP
                      rows causal (qo_indptr steps by q_len);
                      skipped with a note when not importable or when it refuses the shape. See
-                     ../shared/peers/get_flashinfer_peer.sh.
+                     perf/peers/get_flashinfer_peer.sh.
   aiter-triton       aiter's decode_attention_fwd_grouped_rope (amd-aiter wheel's Triton files, made
                      importable by perf/peers/get_aiter_peers.sh PEERS/aiter), rope off, its MI300X
                      config (AMD-only options dropped on NVIDIA), q pre-concatenated and token indices
@@ -48,30 +48,23 @@ finds its KV in HBM, as a decode step does after the other layers ran. Each CUDA
 consecutive calls of the rotation (benchutil.rotating_graph_us), so a short call (B=1) is timed
 as the GPU runs it inside a captured step, not at the host's graph-replay rate.
 
---tune: additionally time every stage-1 candidate of configs/mla_decode.json for this arch
-(rocm_mla.variants.decode.tuning_candidates, passed as config=) on every shape and dtype, print
-a table of times and the winner per shape, and write tune.csv. --splits / --b1-splits also force
-split counts (a grid candidate x S per shape; 'auto' = the heuristic), --cands picks candidates by
-index, --shapes filters shapes; the winners are printed with their config object as JSON. Move winners into the arch's
-"stage1" tiers (by BLOCK_H, with fp8 overrides) by hand.
+--shapes filters shapes. The launch configs are swept by `rocm-mla tune`, not here.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import torch
 import triton
 
-from rocm_mla import __version__, _platform
+from rocm_mla import __version__
 from rocm_mla.reference import mla_decode_ref
 from rocm_mla.tools.bench_decode_inputs import BLOCK, R_DIM, SCALE, D, L, Setup, ours, plan_for, shape_label
 from rocm_mla.tools.benchutil import (
     Record,
     aiter_peer_version,
-    bar_plot,
     bench_parser,
     cold_cache_bytes,
     load_aiter_peer,
@@ -84,7 +77,6 @@ from rocm_mla.tools.benchutil import (
     vllm_triton_mla_decode,
     write_csv,
 )
-from rocm_mla.variants.decode import tuning_candidates
 
 # --------------------------------------------------------------------------- providers
 
@@ -251,7 +243,7 @@ PROVIDERS = ["rocm_mla-triton", "flashinfer-fa3", "vllm-0.33-triton", "aiter-tri
 
 
 class Run:
-    """What one benchmark run accumulates: table rows, CSV records, plot series, notes."""
+    """What one benchmark run accumulates: table rows, CSV records, notes."""
 
     def __init__(self, name: str, copy: float, mm: float):
         self.name, self.copy, self.mm = name, copy, mm
@@ -260,28 +252,18 @@ class Run:
             Record("matmul", "torch", "8192^3 bf16", "TFLOP/s", mm, name, torch.__version__),
         ]
         self.rows: list[list[str]] = []
-        self.groups: list[str] = []
-        self.gbs = {p: [] for p in PROVIDERS}
-        self.tfs = {p: [] for p in PROVIDERS}
         self.notes: list[str] = []
         self.skipped: set[tuple[str, str]] = set()
-        self.tune_rows: list[tuple] = []
-        self.tune_records: list[Record] = []
-        self.winners: list[tuple] = []
 
     def skip(self, provider: str, s: Setup, why: str) -> None:
         if (provider, why) not in self.skipped:
             self.skipped.add((provider, why))
             self.notes.append(f"  {provider} skipped ({s.label} and alike): {why}")
 
-    def add(self, provider: str, s: Setup, us: float | None) -> str:
+    def add(self, provider: str, s: Setup, us: float | None, config: str = "") -> str:
         if us is None:
-            self.gbs[provider].append(0.0)
-            self.tfs[provider].append(0.0)
             return "-"
         gbs, tfs = s.nbytes() / us / 1e3, s.flops() / us / 1e6
-        self.gbs[provider].append(gbs)
-        self.tfs[provider].append(tfs)
         for metric, val in (
             ("time_us", us),
             ("GB/s", gbs),
@@ -289,7 +271,7 @@ class Run:
             ("TFLOP/s", tfs),
             ("pct_matmul", 100 * tfs / self.mm),
         ):
-            self.records.append(Record("mla_decode", provider, s.label, metric, val, self.name, __version__))
+            self.records.append(Record("mla_decode", provider, s.label, metric, val, self.name, __version__, config))
         return f"{us:.1f}us {gbs:.0f}GB/s ({100 * gbs / self.copy:.0f}%) {tfs:.0f}TF ({100 * tfs / self.mm:.0f}%)"
 
 
@@ -339,7 +321,7 @@ def bench_shape(run: Run, s: Setup, dev, peers: dict, sms: int) -> None:
                 us = time_checked(run, p, fn, s, min(s.B, 2))
         if us is not None:
             times[p] = us
-        row.append(run.add(p, s, us))
+        row.append(run.add(p, s, us, row[1] if p == "rocm_mla-triton" else ""))
     ours_us = times.get("rocm_mla-triton")
     for peer in ("flashinfer-fa3", "vllm-0.33-triton", "aiter-triton"):
         if ours_us and peer in times:
@@ -364,41 +346,11 @@ def bench_shape(run: Run, s: Setup, dev, peers: dict, sms: int) -> None:
         run.records.append(
             Record("mla_decode", "vllm-0.33-triton", s.label, "num_kv_splits", vllm_S, run.name, __version__)
         )
-    run.groups.append(s.label)
     run.rows.append(row)
     print(" | ".join(row), flush=True)
 
 
-def tune_shape(run: Run, s: Setup, dev, cands: list, cand_ids: list[int], splits: list) -> None:
-    best = None
-    for ci in cand_ids:
-        cand = cands[ci]
-        for S in splits:
-            p = plan_for(s, dev, cand, S)
-            label = (
-                f"c{ci}:H{cand['BLOCK_H']} N{cand['BLOCK_N']} d{cand.get('D_SPLIT', 1)} "
-                f"w{cand['num_warps']} s{cand['num_stages']}"
-            )
-            col = f"{label} S={'a' if S is None else S}"
-            try:
-                fn = ours(s, cand, S)
-                bad = check(label, fn(0), s, min(s.B, 2))
-                us = float("nan") if bad else rotating_graph_us(fn, s.R, min_ms=15, reps=3)
-                if bad:
-                    run.notes.append(bad)
-            except Exception as exc:
-                run.notes.append(f"  tune {col} {s.label}: {type(exc).__name__}: {str(exc)[:160]}")
-                us = float("nan")
-            print(f"  tune {s.label} | {col} [S={p['num_kv_splits']}] | {us:.1f} us", flush=True)
-            run.tune_rows.append((s.label, ci, S, p["num_kv_splits"], us))
-            run.tune_records.append(Record("mla_decode_tune", col, s.label, "time_us", us, run.name, __version__))
-            if us == us and (best is None or us < best[3]):
-                best = (s.label, ci, p["num_kv_splits"], us)
-    if best is not None:
-        run.winners.append(best)
-
-
-def report(run: Run, out_dir: Path, cands: list) -> None:
+def report(run: Run, out_dir: Path) -> None:
     print(
         f"\nmla_decode (q bf16, block {BLOCK}, CUDA-graph replay, cold caches): per call time, GB/s (% of the "
         f"{run.copy:.0f} GB/s copy ceiling), TFLOP/s (% of {run.mm:.0f} bf16 matmul)"
@@ -407,56 +359,12 @@ def report(run: Run, out_dir: Path, cands: list) -> None:
     for n in run.notes:
         print(n)
     write_csv(out_dir / "decode.csv", run.records)
-    bar_plot(
-        out_dir / "decode_gbs.png",
-        f"mla_decode GB/s on {run.name}",
-        run.groups,
-        run.gbs,
-        "GB/s",
-        hline=run.copy,
-        hline_label="copy ceiling",
-    )
-    bar_plot(
-        out_dir / "decode_tflops.png",
-        f"mla_decode TFLOP/s on {run.name}",
-        run.groups,
-        run.tfs,
-        "TFLOP/s",
-        hline=run.mm,
-        hline_label="bf16 matmul",
-    )
-    print(f"wrote {out_dir / 'decode.csv'}, decode_gbs.png, decode_tflops.png")
-    if not run.tune_rows:
-        return
-    print(
-        "\n--tune: per-call us of each stage-1 candidate (rows) x forced split count S (a = the "
-        "heuristic; [n] = the S it picked); best per shape marked *"
-    )
-    for sh in dict.fromkeys(r[0] for r in run.tune_rows):
-        rows_sh = [r for r in run.tune_rows if r[0] == sh]
-        svals = list(dict.fromkeys(r[2] for r in rows_sh))
-        bst = min((r[4] for r in rows_sh if r[4] == r[4]), default=float("nan"))
-        table = []
-        for ci in dict.fromkeys(r[1] for r in rows_sh):
-            c = cands[ci]
-            line = [f"c{ci} H{c['BLOCK_H']} N{c['BLOCK_N']} w{c['num_warps']} s{c['num_stages']}"]
-            for S in svals:
-                r = next(r for r in rows_sh if r[1] == ci and r[2] == S)
-                txt = "x" if r[4] != r[4] else f"{r[4]:.1f}{'*' if r[4] == bst else ''}"
-                line.append(txt + (f" [{r[3]}]" if S is None else ""))
-            table.append(line)
-        print(f"\n{sh}")
-        print_table(["cand", *(f"S={'a' if S is None else S}" for S in svals)], table)
-    print("\nwinners (shape: candidate, S, us) and the config object to move into the stage1 tiers:")
-    for sh, ci, S, us in run.winners:
-        print(f"  {sh}: c{ci} S={S} {us:.1f}us  {json.dumps(cands[ci], separators=(',', ':'))}")
-    write_csv(out_dir / "tune.csv", run.tune_records)
-    print(f"wrote {out_dir / 'tune.csv'}")
+    print(f"wrote {out_dir / 'decode.csv'}")
 
 
 def main() -> int:
     ap = bench_parser(__doc__)
-    ap.add_argument("--out", default="results", help="folder for decode.csv, decode_*.png (and tune.csv)")
+    ap.add_argument("--out", default="results", help="folder for decode.csv")
     ap.add_argument("--peers", default=".peers", help="folder made by get_vllm_peers.sh (aiter under PEERS/aiter)")
     ap.add_argument(
         "--preset",
@@ -465,27 +373,15 @@ def main() -> int:
         help="shape set (see SERVING / shape_list)",
     )
     ap.add_argument("--quick", action="store_true", help="= --preset quick")
-    ap.add_argument("--tune", action="store_true", help="time every stage-1 candidate config too")
-    ap.add_argument(
-        "--cand-json", default="", help="--tune: extra candidates, a JSON list of stage-1 configs (or @file)"
-    )
     ap.add_argument("--dtypes", default="bf16,fp8", help="cache dtypes, comma-separated: bf16, fp8")
     ap.add_argument("--no-flashinfer", action="store_true", help="skip the FlashInfer peer")
     ap.add_argument("--no-vllm", action="store_true", help="skip the vLLM peer")
     ap.add_argument("--no-aiter", action="store_true", help="skip the aiter peer")
     ap.add_argument(
-        "--splits",
-        default="",
-        help="--tune: also force these split counts for B > 1 (comma-separated; 'auto' = the heuristic)",
-    )
-    ap.add_argument("--b1-splits", default="", help="--tune: split counts for B = 1 (default: --splits)")
-    ap.add_argument(
         "--shapes",
         default="",
         help="only shapes whose label contains one of these (';'-separated, e.g. 'bf16 B=128 seq=4096 N=16;q2')",
     )
-    ap.add_argument("--cands", default="", help="--tune: only these candidate indices (comma-separated)")
-    ap.add_argument("--no-bench", action="store_true", help="--tune only: skip the provider comparison")
     args = ap.parse_args()
     gpu = start_bench("bench_decode", copy=True, matmul=True)
     if gpu is None:
@@ -513,17 +409,8 @@ def main() -> int:
             peers["aiter"] = mod
             print(f"aiter peer: amd-aiter {aiter_peer_version(str(Path(args.peers) / 'aiter'))}")
 
-    def split_list(text: str) -> list:
-        return [None if t.strip() == "auto" else int(t) for t in text.split(",") if t.strip()] or [None]
-
-    splits_b, splits_1 = split_list(args.splits), split_list(args.b1_splits or args.splits)
     shape_filter = [f.strip() for f in args.shapes.split(";") if f.strip()]
     kinds = [k.strip() for k in args.dtypes.split(",") if k.strip()]
-    cands = list(tuning_candidates(_platform.device_arch(dev))) if args.tune else []
-    if args.tune and args.cand_json:
-        text = Path(args.cand_json[1:]).read_text() if args.cand_json.startswith("@") else args.cand_json
-        cands += json.loads(text)
-    cand_ids = [int(c) for c in args.cands.split(",") if c.strip()] or list(range(len(cands)))
     run = Run(name, copy, mm)
     for kind, B, seq, N, q_len in shape_list("quick" if args.quick else args.preset, kinds):
         if shape_filter and not any(f in shape_label(kind, B, seq, N, q_len) for f in shape_filter):
@@ -532,13 +419,10 @@ def main() -> int:
         if not s.cold:
             mib = s.set_bytes * s.R >> 20
             print(f"  note: {s.label}: {s.R} copies ({mib} MiB) stay under 3 x {cold >> 20} MiB: not all from HBM")
-        if not args.no_bench:
-            bench_shape(run, s, dev, peers, sms)
-        if cands:
-            tune_shape(run, s, dev, cands, cand_ids, splits_1 if B == 1 else splits_b)
+        bench_shape(run, s, dev, peers, sms)
         del s
         torch.cuda.empty_cache()
-    report(run, Path(args.out), cands)
+    report(run, Path(args.out))
     return 0
 
 

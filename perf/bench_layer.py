@@ -36,7 +36,7 @@ RoPE + KV write alone (second table), per decode batch (B tokens) and prefill (n
               inside vLLM's CUDA graphs that cost is not paid. Needs vLLM importable
               (perf/vllm_on_device.sh); skipped with a note otherwise.
 
-The upstream decode needs vLLM's Triton kernels (../shared/peers/get_vllm_peers.sh .peers).
+The upstream decode needs vLLM's Triton kernels (perf/peers/get_vllm_peers.sh .peers).
 `python perf/bench_layer.py --check-rope-kv` runs only the RoPE + KV write variants once on tiny
 shapes and checks that they agree (also on CPU, in the Triton interpreter; no timing).
 """
@@ -67,7 +67,6 @@ from rocm_mla.reference.rope_kv_write import rope_cos_sin_cache
 from rocm_mla.tools.benchutil import (
     DATA_MOVEMENT_KERNELS,
     Record,
-    bar_plot,
     bench_parser,
     data_movement_kind,
     load_vllm_peer,
@@ -445,7 +444,7 @@ def rope_kv_table(dev, name, shapes, cos_sin, records) -> list[list[str]]:
 
 def main() -> int:
     ap = bench_parser(__doc__)
-    ap.add_argument("--out", default="results", help="folder for layer.csv and layer.png")
+    ap.add_argument("--out", default="results", help="folder for layer.csv")
     ap.add_argument("--peers", default=".peers", help="folder made by get_vllm_peers.sh")
     ap.add_argument("--quick", action="store_true", help="smaller batches")
     ap.add_argument(
@@ -474,8 +473,7 @@ def main() -> int:
     # One sequence: SDPA returns lse as [B, N, L], and for B > 1 turning that into vLLM's [N, T]
     # would need a copy that upstream's varlen FlashAttention does not make.
     B_pre, new_pre, ctx_pre = (1, 2048, 4096) if args.quick else (1, 4096, 8192)
-    rows, records, groups = [], [], []
-    series: dict[str, list[float]] = {"upstream": [], "rocm_mla_nopass": [], "rocm_mla": []}
+    rows, records = [], []
     for N, tp in ((128, "TP1"), (16, "TP8")):
         layer = Layer(N, dev)
         steps = [
@@ -507,13 +505,11 @@ def main() -> int:
                 records.append(Record("layer_step", prov, label, "time_us", ms * 1e3, name, __version__))
                 for kind, n in moves.items():
                     records.append(Record("layer_step", prov, label, f"{kind}_kernels", n, name, __version__))
-                series[prov].append(ms * 1e3)
             for prov in ("rocm_mla_nopass", "rocm_mla"):
                 err = ((outs[prov] - outs["upstream"]).norm() / outs["upstream"].norm()).item()
                 if not err < 2e-2:  # bf16 compositions agree to ~1e-2 relative; NaN fails too
                     print(f"  {label}: {prov} and upstream DISAGREE (relative error {err:.3g})")
                 records.append(Record("layer_step", prov, label, "rel_err_vs_upstream", err, name, __version__))
-            groups.append(label)
             fmt = lambda m: "/".join(str(m[k]) for k in ("cat", "pad", "copy", "fill")) + f" ={sum(m.values())}"  # noqa: E731
             rows.append(
                 [
@@ -561,8 +557,7 @@ def main() -> int:
     print_table(["tokens", *ROPE_KV_VARIANTS, "upstream/fused", "no-pass/fused"], rk_rows)
     out = Path(args.out)
     write_csv(out / "layer.csv", records)
-    bar_plot(out / "layer.png", f"MLA layer step on {name}", groups, series, "us per step")
-    print(f"wrote {out / 'layer.csv'} and {out / 'layer.png'}")
+    print(f"wrote {out / 'layer.csv'}")
     return 0
 
 

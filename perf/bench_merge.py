@@ -8,7 +8,8 @@ Bytes counted per call: prefix + suffix read and output written (T*N*D elements 
 two lse reads and the output_lse write (T*N float32 each). Shapes: T in {4096, 32768}, N in
 {16, 128}, D in {128, 512}; "contiguous" rows, or "strided" rows padded to D+64 (the pad_v view
 [T, N, 192][..., :128] at D=128; [T, N, 576][..., :512] at D=512). bf16.
-vLLM's merge is made importable by ../shared/peers/get_vllm_peers.sh .peers (never committed).
+vLLM's merge is made importable by perf/peers/get_vllm_peers.sh .peers (never committed).
+The launch configs are swept by `rocm-mla tune`, not here.
 """
 
 from __future__ import annotations
@@ -19,14 +20,11 @@ from pathlib import Path
 import torch
 
 from rocm_mla import __version__
-from rocm_mla.configs import tune_candidates
 from rocm_mla.ops import merge_attn_states
 from rocm_mla.ops._dispatch import unavailable
-from rocm_mla.ops.merge import launch
 from rocm_mla.reference import merge_attn_states_ref
 from rocm_mla.tools.benchutil import (
     Record,
-    bar_plot,
     bench_parser,
     load_vllm_peer,
     print_table,
@@ -36,14 +34,22 @@ from rocm_mla.tools.benchutil import (
 )
 
 
+def make_case(dev, T: int, N: int, D: int, layout: str):
+    """One merge's inputs and outputs, bf16: prefix/suffix/output [T, N, D] ("strided": views of
+    rows padded to D + 64, the pad_v layout), lse [N, T] float32; and the bytes the call moves.
+    Returns (prefix, prefix_lse, suffix, suffix_lse, out, out_lse, nbytes)."""
+    width = D if layout == "contiguous" else D + 64
+    mk = lambda: torch.randn(T, N, width, device=dev, dtype=torch.bfloat16)[..., :D]  # noqa: E731
+    po, so, out = mk(), mk(), mk()
+    pl, sl, ol = (torch.randn(N, T, device=dev) * 3 for _ in range(3))
+    return po, pl, so, sl, out, ol, 3 * T * N * D * 2 + 3 * T * N * 4
+
+
 def main() -> int:
     ap = bench_parser(__doc__)
-    ap.add_argument("--out", default="results", help="folder for merge.csv and merge.png")
+    ap.add_argument("--out", default="results", help="folder for merge.csv")
     ap.add_argument("--peers", default=".peers", help="folder made by get_vllm_peers.sh")
     ap.add_argument("--quick", action="store_true", help="T=4096 only")
-    ap.add_argument(
-        "--tune", action="store_true", help="also sweep the launch candidates of configs/merge_attn_states.json"
-    )
     args = ap.parse_args()
     gpu = start_bench("bench_merge", copy=True)
     if gpu is None:
@@ -70,25 +76,18 @@ def main() -> int:
 
     providers["torch-reference"] = torch_ref
 
-    records, rows, groups = [], [], []
-    series: dict[str, list[float]] = {p: [] for p in providers}
+    records, rows = [], []
     for T in [4096] if args.quick else [4096, 32768]:
         for N in (16, 128):
             for D in (128, 512):
                 for layout in ("contiguous", "strided"):
-                    width = D if layout == "contiguous" else D + 64
-                    mk = lambda: torch.randn(T, N, width, device=dev, dtype=torch.bfloat16)[..., :D]  # noqa: E731
-                    po, so, out = mk(), mk(), mk()
-                    pl, sl, ol = (torch.randn(N, T, device=dev) * 3 for _ in range(3))
-                    nbytes = 3 * T * N * D * 2 + 3 * T * N * 4
+                    po, pl, so, sl, out, ol, nbytes = make_case(dev, T, N, D, layout)
                     shape = f"T={T} N={N} D={D} {layout}"
-                    groups.append(shape)
                     ref, _ = merge_attn_states_ref(po, pl, so, sl)
                     row = [shape]
                     for pname, fn in providers.items():
                         if pname == "torch-reference" and T * N * D > 4096 * 128 * 512:
                             row.append("-")  # float32 temporaries of ~50 GB: not informative
-                            series[pname].append(0.0)
                             continue
                         out.fill_(float("nan"))
                         fn(out, po, pl, so, sl, ol)
@@ -100,7 +99,6 @@ def main() -> int:
                         )
                         gbs = nbytes / ms / 1e6
                         row.append(f"{gbs:.0f} ({100 * gbs / copy:.0f}%)")
-                        series[pname].append(gbs)
                         for metric, val in (("time_us", ms * 1e3), ("GB/s", gbs), ("pct_copy", 100 * gbs / copy)):
                             records.append(Record("merge_attn_states", pname, shape, metric, val, name, __version__))
                     rows.append(row)
@@ -111,39 +109,8 @@ def main() -> int:
     print_table(["shape", *providers], rows)
     out_dir = Path(args.out)
     write_csv(out_dir / "merge.csv", records)
-    bar_plot(
-        out_dir / "merge.png",
-        f"merge_attn_states bf16 on {name}",
-        groups,
-        series,
-        "GB/s",
-        hline=copy,
-        hline_label="copy ceiling",
-    )
-    print(f"wrote {out_dir / 'merge.csv'} and {out_dir / 'merge.png'}")
-    if args.tune:
-        tune(dev, copy)
+    print(f"wrote {out_dir / 'merge.csv'}")
     return 0
-
-
-def tune(dev, copy: float) -> None:
-    """Sweep every candidate launch config (configs/merge_attn_states.json "tune") at two shapes,
-    through the op's public launch entry point (ops.merge.launch, config=)."""
-    rows = []
-    for T, N, D in ((32768, 128, 128), (4096, 16, 128)):
-        mk = lambda: torch.randn(T, N, D + 64, device=dev, dtype=torch.bfloat16)[..., :D]  # noqa: E731
-        po, so, out = mk(), mk(), mk()
-        pl, sl, ol = (torch.randn(N, T, device=dev) for _ in range(3))
-        nbytes = 3 * T * N * D * 2 + 3 * T * N * 4
-        for impl, cands in tune_candidates("merge_attn_states").items():
-            if unavailable(impl, dev):
-                continue
-            for cfg in cands:
-                ms = time_ms(lambda: launch(impl, out, po, pl, so, sl, ol, config=cfg))
-                gbs = nbytes / ms / 1e6
-                rows.append([f"T={T} N={N} D={D} strided", impl, str(cfg), f"{gbs:.0f} ({100 * gbs / copy:.0f}%)"])
-    print("\ntuning sweep (bf16):")
-    print_table(["shape", "impl", "config", "GB/s"], rows)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,8 @@
 and mla_prefill_with_context against the upstream-shaped chunked-context composition.
 
     python perf/bench_prefill.py --quick                       # compact table, 4 shapes, ~1 min
-    python perf/bench_prefill.py --tune --context --update-results perf/RESULTS.md   # the full run
-    options: --config JSON (our launch config), --no-graphs, --aiter-peers DIR, --vllm-peers DIR,
-             --candidates JSON-list (extra --tune candidates), --out DIR
+    python perf/bench_prefill.py --context                     # the full run (perf/bench.py --ops prefill)
+    options: --config JSON (our launch config), --no-graphs, --aiter-peers DIR, --vllm-peers DIR, --out DIR
 
 Shapes (B x L, heads N): 4x4096 and 1x16384 at N=16/128, 16x1024 at N=16, and a varlen batch of
 unequal lengths (log-uniform draws from 128..8192 plus one 8192) at N=16/128. FLOPs per call:
@@ -28,25 +27,22 @@ kv_b_proj output, k_pe the [T, 576][:, 512:] slice of the latent buffer):
   upstream      vLLM's ROCm FA path with SDPA FLASH standing in for the varlen call: cat k,
                 pad v, FLASH, the [..., :128] slice copied out -- every copy timed.
 
---tune: every candidate config of configs/mla_prefill.json for this arch (plus --candidates),
-each checked against the float32 reference on a small varlen batch and against the default
-config's output on every shape, timed on every shape; the winner (geometric-mean time) is used.
+Our output is checked against the float32 reference on a small varlen batch first, and every
+peer's output against ours on every shape. The launch configs are swept by `rocm-mla tune`, not here.
 
 --context: mla_prefill_with_context (one sequence, 4096 new tokens after 8192 cached ones in 2,
 3 or 4 chunks, N=16/128) against the upstream-shaped composition of vLLM 0.33's chunked-context
 prefill (MLACommonImpl._compute_prefill_context + the new tokens + the final merge): per chunk
 cat k + pad v + FLASH with lse, merge_attn_states into a fresh buffer from the second chunk on,
 the new tokens' causal FLASH, the final merge, the [..., :128] copy into the layer output. The
-merge is vLLM's Triton kernel when --vllm-peers has it (../shared/peers/get_vllm_peers.sh), else
+merge is vLLM's Triton kernel when --vllm-peers has it (perf/peers/get_vllm_peers.sh), else
 ours (said in the output). Both sides see the chunks already up-projected (not timed).
 """
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from rocm_mla import __version__, _platform
-from rocm_mla.configs import config_for, is_nvidia_arch
+from rocm_mla.configs import is_nvidia_arch
 from rocm_mla.mla_dims import PREFILL_DIMS
 from rocm_mla.ops.merge import merge_attn_states
 from rocm_mla.ops.prefill import ContextChunk, launch_config, mla_prefill, mla_prefill_with_context
@@ -63,7 +59,6 @@ from rocm_mla.reference import mla_prefill_ref
 from rocm_mla.tools.benchutil import (
     Record,
     aiter_peer_version,
-    bar_plot,
     bench_parser,
     device_name,
     load_aiter_peer,
@@ -362,75 +357,6 @@ def check_against_reference(dev: torch.device, config) -> float:
     return float("inf") if bad_lse else rel_err(out, ref)
 
 
-# --------------------------------------------------------------------------- tune
-
-
-def tune(dev, shapes, timer: Timer, extra: list[dict]) -> tuple[dict | None, list[str]]:
-    arch = _platform.device_arch(dev)
-    cands = config_for("mla_prefill", arch).get("candidates", []) + extra
-    lines = []
-    if not cands:
-        print(f"--tune: no candidates for {arch} in configs/mla_prefill.json")
-        return None, lines
-    default = launch_config(arch, DTYPE)
-    print(f"--tune on {arch}: {len(cands)} candidates (default {config_label(default)})")
-    ok, times = {}, {i: [] for i in range(len(cands))}
-    for i, cfg in enumerate(cands):
-        try:
-            err = check_against_reference(dev, cfg)
-        except Exception as exc:
-            print(f"  {config_label(cfg)}: failed: {type(exc).__name__}: {str(exc)[:200]}")
-            err = float("inf")
-        ok[i] = err < MAX_REL_ERR
-        if not ok[i]:
-            print(f"  {config_label(cfg)}: WRONG vs the float32 reference (rel err {err:.3g}): excluded")
-    rows = []
-    for shape in shapes:
-        case = Case(shape, dev)
-        case.ours(default)
-        base = case.out.float().clone()
-        row = [shape.name]
-        for i, cfg in enumerate(cands):
-            ms = float("inf")
-            if ok[i]:
-                try:
-                    case.out.fill_(float("nan"))
-                    case.ours(cfg)
-                    e = rel_err(case.out, base)
-                    if not e < MAX_REL_ERR:
-                        print(f"  {config_label(cfg)} {shape.name}: differs from the default config (rel {e:.3g})")
-                        ok[i] = False
-                    else:
-                        ms = timer(f"tune {config_label(cfg)}", lambda cfg=cfg, case=case: case.ours(cfg))
-                except Exception as exc:
-                    print(f"  {config_label(cfg)} {shape.name}: failed: {type(exc).__name__}: {str(exc)[:200]}")
-            times[i].append(ms)
-            row.append(f"{shape.flops / ms / 1e9:.0f}" if math.isfinite(ms) else "fail")
-        rows.append(row)
-        del case, base
-        torch.cuda.empty_cache()
-    geo = {
-        i: math.exp(sum(math.log(t) for t in ts) / len(ts))
-        if ok[i] and all(math.isfinite(t) for t in ts)
-        else float("inf")
-        for i, ts in times.items()
-    }
-    labels = [config_label(c) for c in cands]
-    rows.append(["geo-mean ms"] + [f"{geo[i]:.3f}" if math.isfinite(geo[i]) else "-" for i in range(len(cands))])
-    print("\nmla_prefill candidates, TFLOP/s:")
-    lines += table_lines(["shape", *labels], rows)
-    print("\n".join(lines))
-    best = min(geo, key=geo.get)
-    if not math.isfinite(geo[best]):
-        print("no candidate ran on every shape: keeping the default")
-        return None, lines
-    print(f"\nwinner (geometric-mean time): {labels[best]}\n  {json.dumps(cands[best])}")
-    if cands[best] != default:
-        print(f"  differs from the JSON's {arch} 'triton' entry {json.dumps(default)}: update configs/mla_prefill.json")
-    lines.append(f"winner (geometric-mean time): {labels[best]}")
-    return cands[best], lines
-
-
 # --------------------------------------------------------------------------- chunked context
 
 
@@ -562,28 +488,11 @@ def table_lines(headers: list[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
-def markdown(headers: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)] + [
-        "| " + " | ".join(r) + " |" for r in rows
-    ]
-
-
-BEGIN, END = "<!-- bench_prefill:begin -->", "<!-- bench_prefill:end -->"
-
-
-def replace_block(text: str, block: str) -> str:
-    """``text`` with the part between the BEGIN/END markers replaced by ``block`` (markers kept)."""
-    pat = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.DOTALL)
-    if not pat.search(text):
-        raise ValueError(f"no {BEGIN} ... {END} block to replace")
-    return pat.sub(lambda _: f"{BEGIN}\n{block.strip()}\n{END}", text, count=1)
-
-
 def bench_shape(
-    shape, dev, config, aiter, tile, timer, peak: float, name: str, records: list, series: dict, notes: list
+    shape, dev, config, aiter, tile, timer, peak: float, name: str, records: list, notes: list
 ) -> list[str]:
-    """One shape: every provider checked against ours, then timed; appends to records, series and
-    notes; returns the table row."""
+    """One shape: every provider checked against ours, then timed; appends to records and notes;
+    returns the table row."""
     case = Case(shape, dev)
     fns = {
         "ours": lambda: case.ours(config),
@@ -622,7 +531,6 @@ def bench_shape(
     for pname in PROVIDERS:
         if pname not in fns:
             row.append("-")
-            series[pname].append(0.0)
             continue
         try:
             ms = timer(f"{pname} {shape.name}", fns[pname])
@@ -630,12 +538,10 @@ def bench_shape(
             notes.append(f"{pname} {shape.name}: {type(exc).__name__}: {str(exc)[:200]}")
             print(f"  {notes[-1]}")
             row.append("fail")
-            series[pname].append(0.0)
             torch.cuda.synchronize()
             continue
         tf[pname] = shape.flops / ms / 1e9
         row.append(f"{tf[pname]:.0f}")
-        series[pname].append(tf[pname])
         for metric, val in (("time_us", ms * 1e3), ("TFLOP/s", tf[pname]), ("pct_matmul", 100 * tf[pname] / peak)):
             records.append(
                 Record(
@@ -659,63 +565,17 @@ def bench_shape(
     return row
 
 
-def results_markdown(
-    name: str, title: str, headers, rows, tune_lines, ctx_rows, ctx_note: str, notes, timer, aiter
-) -> list[str]:
-    """The prefill.md text (the RESULTS.md block): command, table, --tune sweep, context table, notes."""
-    import triton
-
-    md: list[str] = []
-    cmd = "python perf/bench_prefill.py " + " ".join(sys.argv[1:])
-    aiter_desc = (
-        f"aiter {aiter.version or '(version unknown)'}"
-        if aiter.mod is not None
-        else f"aiter unavailable: {aiter.reason}"
-    )
-    md += [
-        f"Command: `{cmd}` ({datetime.date.today()}, {name}, torch {torch.__version__}, triton {triton.__version__}, "
-        f"{aiter_desc}). {title}. Kernel-only peers (cuDNN, aiter, FLASH) get k pre-concatenated (and V padded "
-        f"for FLASH) outside their time. {LEGEND}. Varlen lengths: " + ", ".join(map(str, VARLEN)) + ".",
-        "",
-    ]
-    md += markdown(headers, rows)
-    if tune_lines:
-        md += [
-            "",
-            "`--tune` (TFLOP/s per candidate; each checked against the float32 reference and the default "
-            "config's output first):",
-            "",
-            "```",
-            *tune_lines,
-            "```",
-        ]
-    if ctx_rows:
-        md += ["", f"`mla_prefill_with_context` against the upstream-shaped composition (merge: {ctx_note}):", ""]
-        md += markdown(
-            ["case", "ours µs", "upstream µs", "speed-up", "ours TFLOP/s", "upstream TFLOP/s", "rel err vs upstream"],
-            ctx_rows,
-        )
-    if notes or timer.fallbacks:
-        md += ["", "Notes: " + "; ".join(notes + [f"not graph-captured: {f}" for f in timer.fallbacks])]
-    return md
-
-
 def main() -> int:
     ap = bench_parser(__doc__)
-    ap.add_argument("--out", default="results", help="folder for prefill.csv, prefill.png, prefill.md")
+    ap.add_argument("--out", default="results", help="folder for prefill.csv")
     ap.add_argument("--quick", action="store_true", help="4 shapes (the issue's three + varlen N=16), compact table")
-    ap.add_argument("--tune", action="store_true", help="time the arch's candidate configs first; use the winner")
-    ap.add_argument(
-        "--candidates", type=json.loads, default=[], metavar="JSON", help="extra --tune candidates (a list)"
-    )
     ap.add_argument(
         "--config", type=json.loads, default=None, metavar="JSON", help="our launch config instead of the JSON's"
     )
     ap.add_argument("--context", action="store_true", help="also mla_prefill_with_context vs the upstream composition")
     ap.add_argument("--no-graphs", action="store_true", help="time with triton's do_bench instead of CUDA graphs")
     ap.add_argument("--aiter-peers", default=".peers/aiter", help="folder made by perf/peers/get_aiter_peers.sh")
-    ap.add_argument("--vllm-peers", default=".peers", help="folder made by ../shared/peers/get_vllm_peers.sh")
-    ap.add_argument("--update-results", metavar="RESULTS_MD", help="replace the bench_prefill block of this file")
+    ap.add_argument("--vllm-peers", default=".peers", help="folder made by perf/peers/get_vllm_peers.sh")
     args = ap.parse_args()
     gpu = start_bench("bench_prefill", matmul=True)
     if gpu is None:
@@ -735,11 +595,7 @@ def main() -> int:
         print(f"aiter unavailable: {aiter.reason}")
     else:
         print(f"aiter {aiter.version or '?'}: MI300X config {aiter.cfg}; on this GPU: {aiter.launch_cfg()}")
-    tune_lines: list[str] = []
     config = args.config
-    if args.tune:
-        config, tune_lines = tune(dev, shapes, timer, args.candidates)
-        config = config or args.config
     ours_cfg = config or launch_config(arch, DTYPE)
     label = config_label(ours_cfg)
     err = check_against_reference(dev, config)
@@ -748,7 +604,7 @@ def main() -> int:
         + ("" if err < MAX_REL_ERR else "  WRONG")
     )
 
-    records, rows, series, groups = [], [], {p: [] for p in PROVIDERS}, []
+    records, rows = [], []
     tile = (
         launch_config(arch, DTYPE)
         if is_nvidia_arch(arch)
@@ -756,8 +612,10 @@ def main() -> int:
     )
     notes = []
     for shape in shapes:
-        groups.append(shape.name)
-        rows.append(bench_shape(shape, dev, config, aiter, tile, timer, peak, name, records, series, notes))
+        rows.append(bench_shape(shape, dev, config, aiter, tile, timer, peak, name, records, notes))
+    for r in records:
+        if r.provider == "ours":
+            r.config = label
     records.append(Record("matmul", "torch", "8192^3 bf16", "TFLOP/s", peak, name, torch.__version__))
     headers = ["shape", *[HEADERS[p] for p in PROVIDERS], "ours/cuDNN", "ours/aiter"]
     timing = "CUDA graphs" if timer.graphs else "do_bench (events, L2 flushed)"
@@ -789,22 +647,9 @@ def main() -> int:
 
     out_dir = Path(args.out)
     write_csv(out_dir / "prefill.csv", records)
-    bar_plot(
-        out_dir / "prefill.png",
-        f"MLA prefill causal bf16 on {name} (ours: {label})",
-        groups,
-        {HEADERS[p]: series[p] for p in PROVIDERS},
-        "TFLOP/s",
-        hline=peak,
-        hline_label="bf16 matmul",
-    )
-    md = results_markdown(name, title, headers, rows, tune_lines, ctx_rows, ctx_note, notes, timer, aiter)
-    (out_dir / "prefill.md").write_text("\n".join(md) + "\n")
-    print(f"wrote {out_dir / 'prefill.csv'}, {out_dir / 'prefill.png'}, {out_dir / 'prefill.md'}")
-    if args.update_results:
-        p = Path(args.update_results)
-        p.write_text(replace_block(p.read_text(), "\n".join(md)))
-        print(f"updated the bench_prefill block of {p}")
+    if notes:
+        print("notes: " + "; ".join(notes))
+    print(f"wrote {out_dir / 'prefill.csv'}")
     return 0
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Side by side of two benchmark CSVs (the long format every perf/bench_*.py writes): per kernel,
-provider and shape, the time of A, the time of B and B / A. Used to show what a change costs, with
-both CSVs from the same device call (e.g. the tree before and after the bound guards).
+"""Side by side of two benchmark CSVs (the long format every perf/bench_*.py and perf/guard_cost.py
+writes, and perf/results.csv extends): per kernel, provider and shape, the time of A, the time of B
+and B / A. Shows what a change costs when both CSVs come from one GPU machine in one sitting (e.g.
+the tree before and after a change, each run with --logs into its own folder).
 
     python perf/compare_csv.py A.csv B.csv [--metric time_us] [--label-a before] [--label-b after]
 """

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# One call on a lent GPU machine (the session's device tool): build the HIP extension, run the
-# whole test suite (GPU tests included), run the GPU kernels' tests under compute-sanitizer
-# (memcheck; racecheck for kernels that use shared memory), then the named benchmarks.
+# For a GPU machine without network access (the repository and the peer folders copied there): build
+# the HIP extension, run the whole test suite (GPU tests included), run the GPU kernels' tests under
+# compute-sanitizer (memcheck; racecheck for kernels that use shared memory), then the op benchmarks
+# through perf/bench.py and any other perf/ scripts named.
 #   bash perf/device_run.sh [--sanitize PYTEST_K_EXPR] [--tests PYTEST_ARGS] [--no-tests] \
-#       bench_merge [bench_prefill:--tune ...]      (text after ':' = the bench's own arguments)
-# Logs and CSV/PNG go to $OUT/run/ (the device tool's output folder, or ./results) and are packed
-# into $OUT/run.tgz (the device tool brings back only a few files). FlashInfer (the decode peer) is
-# unpacked from .peers/flashinfer when present (../shared/peers/get_flashinfer_peer.sh).
+#       [--ops merge,decode[:--quick]] [guard_cost[:ARGS] ...]    (text after ':' = the script's own arguments)
+# Everything lands in $OUT/run/ ($OUT defaults to ./results): logs, the benchmarks' rows in
+# results.csv (fold them into perf/results.csv with `python perf/bench.py --merge FILE`), packed
+# into $OUT/run.tgz, one file to copy back. FlashInfer (the decode peer) is unpacked from
+# .peers/flashinfer when present (perf/peers/get_flashinfer_peer.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 TOP=${OUT:-results}
@@ -17,11 +19,13 @@ sanitize="merge and (hip or triton) and not large"
 tests="tests"
 run_tests=1
 benches=()
+ops=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --sanitize) sanitize=$2; shift 2 ;;
     --tests) tests=$2; shift 2 ;;
     --no-tests) run_tests=0; sanitize=""; shift ;;
+    --ops) ops=$2; shift 2 ;;
     *) benches+=("$1"); shift ;;
   esac
 done
@@ -50,6 +54,14 @@ if [ -n "$sanitize" ] && command -v compute-sanitizer >/dev/null; then
     echo "== compute-sanitizer racecheck: -k '$RACECHECK'"
     timeout "${SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest -q -x tests -k "$RACECHECK" 2>&1 | tee "$OUT/racecheck.log" | tail -8
   fi
+fi
+if [ -n "$ops" ]; then
+  extra=""
+  [ "$ops" != "${ops%%:*}" ] && extra=${ops#*:}
+  echo "== perf/bench.py --ops ${ops%%:*} $extra"
+  # shellcheck disable=SC2086
+  python3 perf/bench.py --ops "${ops%%:*}" --timeout "$BENCH_TIMEOUT" --out "$OUT/results.csv" --logs "$OUT/logs" \
+    $extra 2>&1 | tee "$OUT/bench.log" | tail -80
 fi
 for spec in "${benches[@]}"; do
   b=${spec%%:*}

@@ -1,10 +1,10 @@
-"""What the bound guards cost (issue #15): the same kernels timed from several source trees, in one run.
+"""What the bound guards cost: the same kernels timed from several source trees, in one run.
 
     python perf/guard_cost.py --unguarded-copy .guard_off          # this tree with the guards cut out
     python perf/guard_cost.py --tree off=.guard_off --tree on=. [--rounds 3] [--out DIR] [--case TEXT ...]
 
-Each ``--tree NAME=PATH`` is a checkout of this repository (e.g. ``git archive c3828e8 | tar -x -C
-.guard_base``: the tree before the guards). Every (round, tree) runs in its own process with
+Each ``--tree NAME=PATH`` is a checkout of this repository (e.g. ``git archive COMMIT | tar -x -C
+.guard_base``: a tree before a change). Every (round, tree) runs in its own process with
 ``PYTHONPATH=PATH`` and its own extension and Triton caches (``$TMPDIR/rocm_mla_guard_cost/NAME``), so each tree's HIP
 extension and Triton kernels are built from its own sources; the trees take turns within each round
 (the order rotates), so clock and thermal drift fall on all of them alike. The timer and the inputs

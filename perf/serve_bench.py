@@ -552,7 +552,7 @@ def run_backend(
     cmd = serve_command(cfg, backend)
     print(f"\n== {backend}: starting the server (log: {server_log})\n$ {shlex.join(cmd)}", flush=True)
     with server_log.open("w") as log:
-        # Own session: the server and its workers form one process group, stopped together.
+        # start_new_session: the server and its workers form one process group, stopped together.
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env(os.environ), start_new_session=True
         )

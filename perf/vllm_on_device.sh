@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# On the GPU machine (no network), from the repo root:  source perf/vllm_on_device.sh
+# For a GPU machine without network access, from the repo root:  source perf/vllm_on_device.sh
 # (or `bash perf/vllm_on_device.sh` and use the export line it prints), with the carry folder
-# $VLLM_CARRY (default .vllm_carry, git-ignored via .git/info/exclude; name it in the device
-# tool's `carry`). Its contents (perf/vllm_on_device_manifest.txt lists them) are built on the
+# $VLLM_CARRY (default .vllm_carry, git-ignored via .git/info/exclude; copy it there with the
+# repository). Its contents (perf/vllm_on_device_manifest.txt lists them) are built on the
 # CPU machine: vllm-0.33.0-py.tar.xz = the vllm==0.33.0 wheel minus *.so, vllm/vllm-rs and the
 # C/C++/CUDA sources under third_party; whl/ and whl_override/ = cp312 manylinux wheels of the
 # pins in .ci/vllm-0.33-cpu-requirements.txt that the device image lacks / may have older

@@ -72,7 +72,7 @@ print("peer ok")
 
 @pytest.mark.skipif(
     not (PEERS / "vllm" / "v1" / "attention" / "ops" / "triton_decode_attention.py").is_file(),
-    reason="vLLM's Triton decode is not in .peers (../shared/peers/get_vllm_peers.sh .peers makes it)",
+    reason="vLLM's Triton decode is not in .peers (perf/peers/get_vllm_peers.sh .peers makes it)",
 )
 def test_triton_mla_decode_with_vllms_kernel_matches_the_reference():
     """The real peer kernel (interpreter on the CPU) through the stand-in: the float32 reference's

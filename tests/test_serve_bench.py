@@ -299,7 +299,7 @@ def test_csv_rows(tmp_path, blocks):
     sb.write_csv(path, records)
     with path.open() as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["kernel", "provider", "shape", "metric", "value", "device", "version"]
+    assert list(rows[0]) == ["kernel", "provider", "shape", "metric", "value", "device", "version", "config"]
     row = next(r for r in rows if r["provider"] == "ROCM_MLA" and r["metric"] == "mean_ttft_ms")
     assert row == {
         "kernel": "vllm-serve",
@@ -309,6 +309,7 @@ def test_csv_rows(tmp_path, blocks):
         "value": "387.51",
         "device": "AMD Instinct MI300X",
         "version": "rocm_mla-0.1.0/vllm-0.33.0",
+        "config": "",
     }
     got = {(r["provider"], r["metric"]): float(r["value"]) for r in rows}
     assert got[("TRITON_MLA", "output_throughput")] == 404.01

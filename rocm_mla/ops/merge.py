@@ -103,8 +103,8 @@ def launch(
     impl: str, output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, *, config: dict | None = None
 ) -> None:
     """Launch ``impl`` ("hip", "triton", "reference") on arguments :func:`merge_attn_states` has
-    validated; ``config`` replaces the arch's launch data of ``impl`` (tuning: perf/bench_merge.py
-    --tune). Everything else should call :func:`merge_attn_states`."""
+    validated; ``config`` replaces the arch's launch data of ``impl`` (tuning: ``rocm-mla
+    tune``). Everything else should call :func:`merge_attn_states`."""
     cfg = config
     if cfg is None and impl != "reference":
         cfg = config_for(OP, _platform.device_arch(output.device))[impl]

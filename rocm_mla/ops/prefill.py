@@ -627,7 +627,7 @@ def launch_triton(
     """Launch the Triton kernel on validated arguments (``mla_prefill`` checks them first).
     ``max_seqlen_k`` (a hint: Tk when None) only picks how the programs are ordered.
 
-    Exposed for the benchmark's ``--tune`` (it times each candidate config); everything else
+    Exposed for ``rocm-mla tune`` (it times each candidate config); everything else
     should call :func:`mla_prefill`.
     """
     Tq, N, _ = q.shape

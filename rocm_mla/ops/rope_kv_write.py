@@ -308,10 +308,10 @@ def launch(
     config: dict | None = None,
 ):
     """Validated arguments (k_pe as [T, 64]; q_pe None = no rope; fp8: the cache's FP8 dtype or
-    None) -> the selected implementation. The public ops validate, then call this; the benchmark's
-    ``--tune`` calls it directly.
+    None) -> the selected implementation. The public ops validate, then call this; ``rocm-mla tune``
+    calls it directly.
 
-    ``config`` (tuning only: perf/bench_rope_kv_write.py --tune) overrides keys of the selected
+    ``config`` (tuning only: ``rocm-mla tune``) overrides keys of the selected
     implementation's launch data (configs/rope_kv_write.json, this arch); the rest of the path --
     dispatch, kernels, launch arithmetic -- is the op's own.
     """

@@ -1,16 +1,33 @@
-"""Timing and reporting helpers shared by perf/ and ``rocm-mla doctor``.
+"""Timing and reporting helpers shared by perf/, ``rocm-mla tune`` and ``rocm-mla doctor``.
 
-Ceilings are measured in the same run as the kernels they judge: a large device-to-device copy
-(bytes read + written) for bandwidth, a large bf16 matmul for compute. Kernel times are medians of
-CUDA-event timings with the L2 flushed between runs (``triton.testing.do_bench``), or of CUDA/HIP
-graph replays (``graph_ms``, ``rotating_graph_us``: the one copy of each graph timer).
+Ceilings are measured in the same process as the kernels they judge: a large device-to-device copy
+(bytes read + written) for bandwidth, a large bf16 matmul for compute.
 
-Also what several perf/ scripts share (one script imports another only where it profiles that
-script's own inputs: perf/profile_prefill.py): the preamble of their ``main()`` (``bench_parser``,
-``start_bench``), one call's time for the profile scripts (``one_call_us``), the cold-cache rule
-(``cold_cache_bytes``), the peers' loaders, and the one copy of the vLLM 0.33 paths they time ours against
-(``vllm_forward_static``, ``vllm_unfused_rope_kv_write``, ``vllm_num_kv_splits``,
-``vllm_triton_mla_decode``).
+One timer per purpose (each a median):
+
+=====================  ==========================================  ==========================================
+timer                  what it measures                            who uses it, and why
+=====================  ==========================================  ==========================================
+``time_ms``            eager calls, CUDA/HIP events, L2 flushed    bench_merge, bench_rope_kv_write,
+                       before each (``triton.testing.do_bench``)   bench_layer, the ceilings: the host cost
+                                                                   of a launch is part of what they compare
+``graph_ms``           one call captured in a graph, replays       ``rocm-mla tune`` (merge, RoPE, prefill):
+                       under ``do_bench`` (L2 flushed)             the kernel without the launcher's host time
+``rotating_graph_us``  back-to-back replays of graphs of several   bench_decode and ``rocm-mla tune``'s decode
+                       calls, rotating over input copies larger    (short calls reading KV from HBM, as a
+                       than the caches                             captured serving step runs them);
+                                                                   bench_prefill (one copy, one call a graph)
+``one_call_us``        one call (events; host clock off a GPU)     perf/profile_*.py: says a profiled run is
+                                                                   the expected one
+``wall_ms``            host clock after a warm-up call             CPU runs (Triton interpreter): exercises a
+                                                                   timing loop, measures nothing of a GPU
+=====================  ==========================================  ==========================================
+
+Also what the perf/ scripts share: the preamble of their ``main()`` (``bench_parser``,
+``start_bench``), the cold-cache rule (``cold_cache_bytes``), a benchmark's own CSV (``Record``,
+``write_csv``; perf/bench.py folds it into perf/results.csv), the peers' loaders, and the vLLM 0.33
+paths they time ours against (``vllm_forward_static``, ``vllm_unfused_rope_kv_write``,
+``vllm_num_kv_splits``, ``vllm_triton_mla_decode``).
 """
 
 from __future__ import annotations
@@ -55,13 +72,13 @@ def matmul_tflops(device: torch.device, n: int = 8192) -> float:
 
 def load_vllm_peer(peers: str, module: str, name: str):
     """``name`` from vLLM 0.33's ``vllm.v1.attention.ops.<module>``, importable from the ``peers``
-    folder that ../shared/peers/get_vllm_peers.sh makes; None (with the reason printed) when it is
+    folder that perf/peers/get_vllm_peers.sh makes; None (with the reason printed) when it is
     missing or fails to import — a peer that cannot load is reported, not fatal."""
     import importlib
     import sys
 
     if not Path(peers, "vllm").is_dir():
-        print(f"vLLM peer unavailable: no {peers}/vllm (run ../shared/peers/get_vllm_peers.sh {peers})")
+        print(f"vLLM peer unavailable: no {peers}/vllm (run perf/peers/get_vllm_peers.sh {peers})")
         return None
     if peers not in sys.path:
         sys.path.insert(0, peers)
@@ -209,7 +226,9 @@ def device_name(device: torch.device) -> str:
 
 @dataclass
 class Record:
-    """One long-format result row."""
+    """One long-format result row of a benchmark's own CSV (perf/bench.py adds the run's versions,
+    commit and date when it appends the row to perf/results.csv). ``config``: the launch config of
+    our kernel that produced the value ("" for peers)."""
 
     kernel: str
     provider: str
@@ -218,17 +237,18 @@ class Record:
     value: float
     device: str
     version: str
+    config: str = ""
 
 
 def write_csv(path: str | os.PathLike, records: list[Record]) -> None:
-    """Write long-format CSV: kernel, provider, shape, metric, value, device, version."""
+    """Write long-format CSV: kernel, provider, shape, metric, value, device, version, config."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["kernel", "provider", "shape", "metric", "value", "device", "version"])
+        w.writerow(["kernel", "provider", "shape", "metric", "value", "device", "version", "config"])
         for r in records:
-            w.writerow([r.kernel, r.provider, r.shape, r.metric, f"{r.value:.6g}", r.device, r.version])
+            w.writerow([r.kernel, r.provider, r.shape, r.metric, f"{r.value:.6g}", r.device, r.version, r.config])
 
 
 def print_table(headers: list[str], rows: list[list[object]]) -> None:
@@ -250,7 +270,8 @@ def bar_plot(
     hline: float | None = None,
     hline_label: str = "",
 ) -> bool:
-    """Grouped bar chart (one bar per provider per shape). Returns False if matplotlib is missing."""
+    """Grouped bar chart (one bar per provider per shape), as perf/report.py draws perf/plots/*.png.
+    Returns False if matplotlib is missing."""
     try:
         import matplotlib
 
@@ -376,12 +397,8 @@ def one_call_us(fn: Callable[[], object], dev: torch.device) -> float:
     """Time of one call of ``fn`` in us, for the profile scripts (a profiler attached to them has
     the real numbers; this says the run is the expected one): CUDA/HIP events on a GPU, the host
     clock elsewhere."""
-    import time
-
     if dev.type != "cuda":
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e6
+        return _host_ms(fn) * 1e3
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     fn()
@@ -394,15 +411,18 @@ def wall_ms(fn: Callable[[], object], reps: int = 3) -> float:
     """Median wall time in ms of ``fn`` after one warm-up call (CPU runs, e.g. the Triton
     interpreter: it exercises a timing loop, it measures nothing about a GPU)."""
     import statistics
-    import time
 
     fn()
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(samples)
+    return statistics.median(_host_ms(fn) for _ in range(reps))
+
+
+def _host_ms(fn: Callable[[], object]) -> float:
+    """Host-clock time of one call of ``fn`` in ms."""
+    import time
+
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
 
 
 # --------------------------------------------------------------------------- vLLM 0.33's torch paths

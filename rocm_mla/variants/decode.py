@@ -1,5 +1,5 @@
 """mla_decode: the Triton variants the wrapper can launch (for the ISA report) and the stage-1
-tuning candidates (for ``perf/bench_decode.py --tune`` and ``rocm-mla tune``).
+tuning candidates (for ``rocm-mla tune``).
 
 Constexprs and options come from ``rocm_mla.ops.decode.stage1_meta`` / ``stage2_meta``, the
 functions the launch uses; the stage-1 config from ``stage1_config``, the wrapper's choice.
@@ -196,7 +196,7 @@ def triton_variants(arch: str) -> list[TritonVariant]:
 
 
 def tuning_candidates(arch: str) -> list[dict[str, Any]]:
-    """Stage-1 configs ``perf/bench_decode.py --tune`` times (pass each as ``config=``):
+    """Stage-1 configs ``rocm-mla tune`` times (pass each as ``config=``):
     every tier plus ``candidates``, with their fp8/fp32 sub-objects."""
     table = config_for(OP, arch)
     out: list[dict[str, Any]] = []

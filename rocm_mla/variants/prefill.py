@@ -1,4 +1,4 @@
-"""mla_prefill: the Triton variants the wrapper (and ``bench_prefill.py --tune``) can launch, for
+"""mla_prefill: the Triton variants the wrapper (and ``rocm-mla tune``) can launch, for
 the ISA report, and the short label of a launch config.
 
 Constexprs and options come from ``rocm_mla.ops.prefill.triton_meta``, the function the launch uses.
@@ -17,7 +17,7 @@ from .triton_variant import TritonVariant
 
 
 def _configs_for(arch: str, dtype: torch.dtype) -> list[tuple[dict, bool]]:
-    """(config, is_candidate) the wrapper or ``bench_prefill.py --tune`` can launch."""
+    """(config, is_candidate) the wrapper or ``rocm-mla tune`` can launch."""
     main = launch_config(arch, dtype)
     out = [(main, False)]
     if dtype == torch.bfloat16:  # candidates are tuned in bf16 (the serving dtype)

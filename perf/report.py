@@ -1,0 +1,276 @@
+#!/usr/bin/env python3
+"""Generate perf/RESULTS.md and perf/plots/*.png from perf/results.csv.
+
+    python perf/report.py [--csv perf/results.csv] [--out perf/RESULTS.md] [--plots perf/plots] [--no-plots]
+
+Per op: the current numbers (for each shape, the rows of the latest run that measured it) with the
+peers beside ours and the speed-up of our best implementation over each peer, the ceilings that run
+measured in its own process, the device, versions, commit and date of the runs, and the perf/bench.py
+command that measures them again. Needs no GPU. The page is a function of the CSV alone:
+tests/test_bench_report.py checks that the committed page equals this script's output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import resultsfile  # noqa: E402
+
+
+@dataclass(frozen=True)
+class OpView:
+    """How one kernel's rows become a table: its headline metric, whether larger is better, the
+    perf/bench.py benches that measure it, and metrics shown joined beside the headline."""
+
+    kernel: str
+    title: str
+    metric: str
+    higher_is_better: bool
+    benches: tuple[str, ...]
+    note: str = ""
+    counts: tuple[str, ...] = field(default_factory=tuple)
+
+
+VIEWS = (
+    OpView(
+        "merge_attn_states",
+        "merge_attn_states",
+        "GB/s",
+        True,
+        ("merge",),
+        "bf16; bytes = prefix + suffix read + output written + 3 lse; % of the copy ceiling of the same run.",
+    ),
+    OpView(
+        "fused_rope_mla_kv_write",
+        "fused_rope_mla_kv_write",
+        "GB/s",
+        True,
+        ("rope_kv_write",),
+        "GPT-J RoPE, block-64 cache; unfused-torch = vLLM 0.33's torch RoPE + cat + index_copy_ cache write.",
+    ),
+    OpView(
+        "mla_decode",
+        "mla_decode",
+        "time_us",
+        False,
+        ("decode", "decode_matrix"),
+        "µs per call, q bf16, block 64, CUDA graphs of 8 calls, KV cold in L2; every output checked.",
+    ),
+    OpView(
+        "mla_prefill",
+        "mla_prefill",
+        "TFLOP/s",
+        True,
+        ("prefill",),
+        "causal bf16, Dqk 192 / Dv 128, CUDA graphs; % of the bf16 matmul ceiling of the same run.",
+    ),
+    OpView(
+        "mla_prefill_with_context",
+        "mla_prefill_with_context",
+        "time_us",
+        False,
+        ("prefill",),
+        "µs per call; upstream = the vLLM-shaped composition with vLLM 0.33's Triton merge.",
+    ),
+    OpView(
+        "layer_step",
+        "One MLA layer step",
+        "time_us",
+        False,
+        ("layer",),
+        "µs per step (events, L2 flushed); kernels = device kernels named cat/pad/copy/fill (torch.profiler).",
+        ("cat_kernels", "pad_kernels", "copy_kernels", "fill_kernels"),
+    ),
+)
+CEILING_OF = {"GB/s": "copy 2 GiB", "TFLOP/s": "matmul 8192^3 bf16"}
+COMMAND = "python perf/bench.py --ops {ops}"
+
+
+# Our kernels with inputs rounded on purpose (mla_decode(quantize_q=True): an accuracy trade): shown
+# beside the others, left out of the speed-up columns.
+LOSSY = ("rocm_mla-triton-quantize_q",)
+
+
+def is_ours(provider: str) -> bool:
+    return provider == "ours" or provider == "rocm_mla" or provider.startswith("rocm_mla-")
+
+
+def current_rows(rows: list[dict], kernel: str) -> dict[str, list[dict]]:
+    """The rows of ``kernel`` by shape (in the order the shapes first appear in the file), each
+    provider's from the latest run (largest date) that measured it at that shape."""
+    by_shape: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["kernel"] == kernel:
+            by_shape.setdefault(r["shape"], []).append(r)
+    out = {}
+    for shape, rs in by_shape.items():
+        latest: dict[str, str] = {}
+        for r in rs:
+            latest[r["provider"]] = max(latest.get(r["provider"], ""), r["date"])
+        out[shape] = [r for r in rs if r["date"] == latest[r["provider"]]]
+    return out
+
+
+def fmt(v: float) -> str:
+    if v >= 100:
+        return f"{v:.0f}"
+    if v >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+def ceilings(rows: list[dict], benches: tuple[str, ...], dates: set[str]) -> dict[tuple[str, str], float]:
+    """(date, ceiling shape) -> value for the ceilings the given benches measured on those dates."""
+    return {
+        (r["date"], r["shape"]): float(r["value"])
+        for r in rows
+        if r["kernel"] == "ceiling" and r["config"] in benches and r["date"] in dates
+    }
+
+
+def op_section(rows: list[dict], view: OpView) -> tuple[list[str], dict[str, dict[str, float]]]:
+    """The Markdown lines of one op and its plotted series (provider -> shape -> headline value)."""
+    cur = current_rows(rows, view.kernel)
+    if not cur:
+        return [], {}
+    providers: list[str] = []
+    for rs in cur.values():
+        for r in rs:
+            if r["metric"] == view.metric and r["provider"] not in providers:
+                providers.append(r["provider"])
+    providers.sort(key=lambda p: not is_ours(p))  # stable: ours first, then the file's order
+    ours = [p for p in providers if is_ours(p)]
+    peers = [p for p in providers if not is_ours(p)]
+    dates = {r["date"] for rs in cur.values() for r in rs if r["metric"] == view.metric}
+    ceil = ceilings(rows, view.benches, dates)
+    ceil_shape = CEILING_OF.get(view.metric)
+    many_runs = len(dates) > 1
+    has_config = any(r["config"] for rs in cur.values() for r in rs if is_ours(r["provider"]))
+
+    head = ["shape"] + (["run"] if many_runs else []) + providers
+    exact = [p for p in ours if p not in LOSSY]
+    head += [f"{'best ours' if len(exact) > 1 else exact[0]} vs {p}" for p in peers] if exact else []
+    head += [f"{p} cat/pad/copy/fill" for p in providers] if view.counts else []
+    head += ["our config"] if has_config else []
+    table = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    series: dict[str, dict[str, float]] = {p: {} for p in providers}
+    for shape, rs in cur.items():
+        chosen = {r["provider"]: r for r in rs if r["metric"] == view.metric}  # a run's later row wins
+        if not chosen:
+            continue
+        val = {p: float(r["value"]) for p, r in chosen.items()}
+        cells = [shape] + ([" + ".join(sorted({r["date"] for r in chosen.values()}))] if many_runs else [])
+        for p in providers:
+            if p not in val:
+                cells.append("–")
+                continue
+            series[p][shape] = val[p]
+            ref = ceil.get((chosen[p]["date"], ceil_shape)) if ceil_shape else None
+            cells.append(fmt(val[p]) + (f" ({100 * val[p] / ref:.0f}%)" if ref else ""))
+        mine = [val[p] for p in ours if p in val and p not in LOSSY]
+        best = (max(mine) if view.higher_is_better else min(mine)) if mine else None
+        for p in peers if exact else []:
+            if best is None or p not in val or val[p] == 0 or best == 0:
+                cells.append("–")
+            else:
+                cells.append(f"{(best / val[p] if view.higher_is_better else val[p] / best):.2f}×")
+        if view.counts:
+            for p in providers:
+                n = {r["metric"]: r["value"] for r in rs if r["provider"] == p}
+                cells.append("/".join(f"{float(n[m]):g}" if m in n else "–" for m in view.counts))
+        if has_config:
+            named = [(p, r["config"]) for p, r in chosen.items() if is_ours(p) and r["config"]]
+            cells.append("; ".join(f"{p}: {c}" if len(ours) > 1 else c for p, c in named))
+        table.append("| " + " | ".join(cells) + " |")
+
+    unit = {"time_us": "µs"}.get(view.metric, view.metric)
+    speed = "larger is faster" if view.higher_is_better else "smaller is faster"
+    intro = f"{unit} ({speed}); the speed-up columns are > 1 where ours is faster. {view.note}"
+    lines = [f"## {view.title}", "", intro]
+    lines += ["", f"Command: `{COMMAND.format(ops=','.join(view.benches))}`", "", *table, ""]
+    runs = sorted(dates)
+    for d in runs:
+        r = next(r for rs in cur.values() for r in rs if r["date"] == d)
+        c = "; ".join(f"{s} {fmt(v)}" for (dd, s), v in sorted(ceil.items()) if dd == d)
+        commit = f", commit {r['commit']}" if r["commit"] else ""
+        lines.append(
+            f"- run {d}: {r['device']}, {r['versions']}{commit}; ceilings of the same run: {c or 'none recorded'}"
+        )
+    return lines + [""], series
+
+
+def render(rows: list[dict], plots_rel: str | None = "plots") -> tuple[str, dict[str, dict[str, dict[str, float]]]]:
+    """RESULTS.md's text and, per kernel, the series to plot (links point into ``plots_rel``)."""
+    out = [
+        "# Measured results",
+        "",
+        "Generated by `python perf/report.py` from [`results.csv`](results.csv) (one row per measured value,"
+        " appended by `perf/bench.py`); do not edit by hand. Per shape the rows of the latest run that"
+        " measured it; the runs' device, versions and ceilings are listed under each table.",
+        "",
+    ]
+    plotted = {}
+    known = {v.kernel for v in VIEWS}
+    extra = sorted({r["kernel"] for r in rows} - known - {"ceiling"})
+    views = list(VIEWS) + [OpView(k, k, rows_metric(rows, k), False, (k,)) for k in extra]
+    for view in views:
+        lines, series = op_section(rows, view)
+        if not lines:
+            continue
+        if plots_rel and any(series.values()):
+            lines += [f"![{view.kernel}]({plots_rel}/{view.kernel}.png)", ""]
+            plotted[view.kernel] = series
+        out += lines
+    return "\n".join(out).rstrip() + "\n", plotted
+
+
+def rows_metric(rows: list[dict], kernel: str) -> str:
+    """The headline metric of a kernel without a view: time_us when measured, else its first metric."""
+    metrics = [r["metric"] for r in rows if r["kernel"] == kernel]
+    return "time_us" if "time_us" in metrics else metrics[0]
+
+
+def write_plots(plotted: dict, folder: Path) -> None:
+    from rocm_mla.tools.benchutil import bar_plot
+
+    view_of = {v.kernel: v for v in VIEWS}
+    for kernel, series in plotted.items():
+        shapes = list(dict.fromkeys(s for ser in series.values() for s in ser))
+        metric = view_of[kernel].metric if kernel in view_of else "value"
+        bar_plot(
+            folder / f"{kernel}.png",
+            f"{kernel} ({metric})",
+            shapes,
+            {p: [ser.get(s, 0.0) for s in shapes] for p, ser in series.items()},
+            metric,
+        )
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--csv", default=str(resultsfile.DEFAULT_PATH), help="the results file")
+    ap.add_argument("--out", default=str(HERE / "RESULTS.md"), help="the page to write")
+    ap.add_argument("--plots", default=str(HERE / "plots"), help="folder for <kernel>.png")
+    ap.add_argument("--no-plots", action="store_true", help="write the page alone")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    plots = Path(args.plots)
+    rel = Path(os.path.relpath(plots.resolve(), out.resolve().parent)).as_posix()
+    text, plotted = render(resultsfile.read(args.csv), rel)
+    out.write_text(text)
+    print(f"wrote {out}")
+    if not args.no_plots:
+        write_plots(plotted, plots)
+        print(f"wrote {len(plotted)} plots to {plots}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

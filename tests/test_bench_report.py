@@ -1,0 +1,149 @@
+"""perf/bench.py (the benchmark runner) and perf/report.py (RESULTS.md from perf/results.csv) on the CPU.
+
+The runner is exercised with stand-in benchmark scripts (the real ones need a GPU); the report with a
+small CSV, and on the committed CSV: the committed perf/RESULTS.md must be exactly its output.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "perf"))
+
+import bench  # noqa: E402
+import report  # noqa: E402
+import resultsfile  # noqa: E402
+
+
+def row(kernel, provider, shape, metric, value, date="2026-01-02T03:04+00:00", config=""):
+    return dict(
+        kernel=kernel,
+        provider=provider,
+        shape=shape,
+        metric=metric,
+        value=str(value),
+        device="GPU X",
+        versions="torch=1 triton=2",
+        commit="abc",
+        config=config,
+        date=date,
+    )
+
+
+def test_committed_results_md_is_the_generated_page():
+    text, plotted = report.render(resultsfile.read(ROOT / "perf" / "results.csv"))
+    assert (ROOT / "perf" / "RESULTS.md").read_text() == text, "run: python perf/report.py"
+    for view in report.VIEWS:
+        assert view.kernel in plotted and f"## {view.title}" in text
+
+
+def test_report_latest_run_per_shape_ratios_and_ceilings(tmp_path):
+    old, new = "2026-01-01", "2026-01-02T03:04+00:00"
+    rows = [
+        row("ceiling", "torch", "copy 2 GiB", "GB/s", 4000, old, "merge"),
+        row("ceiling", "torch", "copy 2 GiB", "GB/s", 4200, new, "merge"),
+        row("ceiling", "torch", "copy 2 GiB", "GB/s", 1, new, "decode"),  # another bench's: not shown
+        row("merge_attn_states", "rocm_mla-triton", "T=1", "GB/s", 1000, old),
+        row("merge_attn_states", "vllm-0.33-triton", "T=1", "GB/s", 500, old),
+        row("merge_attn_states", "torch-reference", "T=1", "GB/s", 120, old),  # measured in the old run alone
+        row("merge_attn_states", "rocm_mla-triton", "T=1", "GB/s", 2100, new, "tile 4096"),
+        row("merge_attn_states", "rocm_mla-hip", "T=1", "GB/s", 1050, new),
+        row("merge_attn_states", "vllm-0.33-triton", "T=1", "GB/s", 700, new),
+        row("merge_attn_states", "rocm_mla-triton", "T=2", "GB/s", 300, old),
+        row("mla_decode", "rocm_mla-triton", "B=1", "time_us", 10, new),
+        row("mla_decode", "flashinfer-fa3", "B=1", "time_us", 20, new),
+        row("mla_decode", "rocm_mla-triton", "B=1", "GB/s", 5, new),
+    ]
+    csv_path = tmp_path / "r.csv"
+    resultsfile.append(csv_path, rows)
+    assert resultsfile.read(csv_path) == rows
+    text, _ = report.render(resultsfile.read(csv_path), None)
+    merge = text.split("## merge_attn_states")[1].split("##")[0]
+    # T=1: each provider from the latest run that measured it, against that run's ceiling (2100 / 4200 = 50%,
+    # 120 / 4000 = 3%); the best of ours over each peer (2100 / 700 = 3.00x); both runs named
+    head = "| shape | run | rocm_mla-triton | rocm_mla-hip | torch-reference | vllm-0.33-triton | best ours vs torch"
+    assert head in merge
+    t1 = "| T=1 | 2026-01-01 + 2026-01-02T03:04+00:00 | 2100 (50%) | 1050 (25%) | 120 (3%) | 700 (17%) | 17.50× | 3.00×"
+    assert t1 + " | rocm_mla-triton: tile 4096 |" in merge
+    assert "| T=2 | 2026-01-01 | 300 (8%) | – | – | – | – | – |  |" in merge
+    assert "copy 2 GiB 4200" in merge and "copy 2 GiB 4000" in merge and "copy 2 GiB 1.00" not in merge
+    assert "Command: `python perf/bench.py --ops merge`" in merge
+    decode = text.split("## mla_decode")[1]
+    assert "| B=1 | 10.0 | 20.0 | 2.00× |" in decode  # a time: the peer's over ours
+    assert "ceilings of the same run: copy 2 GiB 1.00" in decode  # the decode bench's own
+    args = ["--csv", str(csv_path), "--out", str(tmp_path / "R.md"), "--plots", str(tmp_path / "plots"), "--no-plots"]
+    assert report.main(args) == 0
+    assert (tmp_path / "R.md").read_text() == report.render(rows, "plots")[0]
+
+
+def test_results_file_rejects_other_columns(tmp_path):
+    p = tmp_path / "x.csv"
+    p.write_text("kernel,provider\nk,p\n")
+    with pytest.raises(ValueError, match="columns"):
+        resultsfile.read(p)
+    with pytest.raises(ValueError, match="lacks"):
+        resultsfile.append(p.with_name("y.csv"), [{"kernel": "k"}])
+
+
+def test_runner_lists_and_needs_a_gpu(capsys, monkeypatch):
+    assert bench.main(["--list", "--ops", "decode,prefill", "--quick", "--peers", "P"]) == 0
+    out = capsys.readouterr().out
+    assert "bench_decode.py" in out and "--preset quick" in out and "--aiter-peers P/aiter" in out
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench.main(["--ops", "merge"]) == 2
+    assert "needs a GPU" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench.main(["--ops", "nope"])
+
+
+FAKE = """
+import argparse, sys
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from rocm_mla.tools.benchutil import Record, write_csv
+ap = argparse.ArgumentParser()
+ap.add_argument("--out")
+ap.add_argument("--peers")
+ap.add_argument("--quick", action="store_true")
+a = ap.parse_args()
+print("{line}")
+write_csv(Path(a.out) / "fake.csv", [
+    Record("copy", "torch", "2 GiB", "GB/s", 4000.0, "GPU X", "1"),
+    Record("merge_attn_states", "rocm_mla-triton", "T=9", "GB/s", 123.0, "GPU X", "0.1", "tile 64"),
+])
+sys.exit({rc})
+"""
+
+
+@pytest.mark.parametrize(
+    "line,rc,status,appended",
+    [("all outputs checked", 0, "ok", 2), ("  x T=9: WRONG (max err 1)", 0, "WRONG output", 0), ("", 3, "FAILED", 0)],
+)
+def test_runner_appends_checked_rows_with_their_run(tmp_path, monkeypatch, capsys, line, rc, status, appended):
+    script = tmp_path / "fake_bench.py"
+    script.write_text(textwrap.dedent(FAKE.format(root=str(ROOT), line=line, rc=rc)))
+    monkeypatch.setitem(bench.BENCHES, "fake", bench.Bench(str(script), "fake.csv"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "GPU X")
+    out = tmp_path / "results.csv"
+    got = bench.main(["--ops", "fake", "--out", str(out), "--logs", str(tmp_path / "logs"), "--peers", "P"])
+    printed = capsys.readouterr().out
+    assert got == (0 if status == "ok" else 1) and status in printed
+    rows = resultsfile.read(out) if out.exists() else []
+    assert len(rows) == appended
+    if appended:
+        ceiling, merge = rows
+        assert (ceiling["kernel"], ceiling["shape"], ceiling["config"]) == ("ceiling", "copy 2 GiB", "fake")
+        assert (merge["config"], merge["value"]) == ("tile 64", "123")
+        assert merge["versions"].startswith(f"torch={torch.__version__} triton=") and merge["date"] == ceiling["date"]
+        assert "| T=9 | 123 | tile 64 |" in printed  # the run's own table
+        home = tmp_path / "home.csv"
+        assert bench.main(["--merge", str(out), "--out", str(home)]) == 0
+        assert bench.main(["--merge", str(out), "--out", str(home)]) == 0
+        assert resultsfile.read(home) == rows + rows

@@ -13,15 +13,14 @@ from dataclasses import dataclass, field
 import torch
 
 from ._buffers import poisoned
-from ._compare import Bound, Comparison, compare, first_problem, raise_on
+from ._compare import NORM, Bound, Comparison, compare, first_problem, raise_on
 from ._paged import generator, randn
 
-# One table: tests/_util.py's element-wise atol/rtol (the doctor's too); lse 1e-5 (a float32
-# logaddexp); norm-wise bf16 1e-2 beside the element-wise part.
+# One table (the rule: rocm_mla.cases._compare). Element-wise: tests/_util.py's atol/rtol (the
+# doctor's too); lse 1e-5 (a float32 logaddexp). Norm-wise: NORM.
 TOLERANCE: dict[torch.dtype, dict[str, Bound]] = {
-    torch.float32: {"output": Bound(1e-5, 1e-5, norm=1e-5), "output_lse": Bound(1e-5, 1e-5)},
-    torch.float16: {"output": Bound(2e-3, 2e-3, norm=2e-3), "output_lse": Bound(1e-5, 1e-5)},
-    torch.bfloat16: {"output": Bound(1.6e-2, 1.6e-2, norm=1e-2), "output_lse": Bound(1e-5, 1e-5)},
+    dt: {"output": Bound(t, t, norm=NORM[dt]), "output_lse": Bound(1e-5, 1e-5)}
+    for dt, t in ((torch.float32, 1e-5), (torch.float16, 2e-3), (torch.bfloat16, 1.6e-2))
 }
 
 # layout -> (poisoned() keywords of the [T, N, D] tensors, of the [N, T] lse tensors)

@@ -17,13 +17,14 @@ import torch
 
 from ..mla_dims import KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from ..reference.rope_kv_write import rope_cos_sin_cache
-from ._compare import Bound, Comparison, compare, dtype_name, first_problem, raise_on
+from ._compare import NORM, Bound, Comparison, compare, dtype_name, first_problem, raise_on
 from ._paged import generator, nan_filled, platform_fp8, randn
 
 MAX_POS = 163840  # DeepSeek-V3: 4096 positions x YaRN factor 40
 
 
-def _table(t: float, unfused: float, norm: float) -> dict[str, Bound]:
+def _table(dtype: torch.dtype, t: float, unfused: float) -> dict[str, Bound]:
+    norm = NORM[dtype]
     return {
         "q_pe": Bound(t, t, norm=norm),
         "k_pe": Bound(t, t, norm=norm),
@@ -37,12 +38,12 @@ def _table(t: float, unfused: float, norm: float) -> dict[str, Bound]:
     }
 
 
-# One table: tests/_util.py's element-wise atol/rtol (the doctor's too) for the rotated q_pe/k_pe and
-# the written rows; norm-wise bf16 1e-2 beside it.
+# One table (the rule: rocm_mla.cases._compare). Element-wise: tests/_util.py's atol/rtol (the
+# doctor's too) for the rotated q_pe/k_pe and the written rows. Norm-wise: NORM.
 TOLERANCE: dict[torch.dtype, dict[str, Bound]] = {
-    torch.float32: _table(1e-5, 1e-5, 1e-5),
-    torch.float16: _table(2e-3, 4e-3, 2e-3),
-    torch.bfloat16: _table(1.6e-2, 3.2e-2, 1e-2),
+    torch.float32: _table(torch.float32, 1e-5, 1e-5),
+    torch.float16: _table(torch.float16, 2e-3, 4e-3),
+    torch.bfloat16: _table(torch.bfloat16, 1.6e-2, 3.2e-2),
 }
 
 

@@ -402,3 +402,41 @@ def test_cases_import_no_test_or_tool_code():
                 if n.split(".")[0] in ("pytest", "perf", "tests") or "tools" in n.split(".") or "testing" in n:
                     bad.append(f"{path.name}: {n}")
     assert not bad, bad
+
+
+def test_rope_copies_independent_and_untouched_catches_a_stray_write():
+    s = rope_kv_write.RopeShape(20, 2, block=16, kv="fp8")
+    a, b = rope_kv_write.make_copies(s, 2, dtype=F32, fp8=E4M3)
+    assert a.cos_sin is b.cos_sin and not torch.equal(a.slots, b.slots) and not torch.equal(a.q, b.q)
+    a.run(backend="reference")
+    assert a.mismatch() == ""
+    free = sorted(set(range(s.num_blocks() * 16)) - set(a.slots.tolist()))[0]
+    a.cache.view(torch.uint8)[free // 16, free % 16, 0] = 0
+    assert "without a slot" in a.untouched()
+    a.restore()
+    a.run(backend="reference")
+    codes = a.cache.view(torch.uint8)
+    t = int(a.slots[0])
+    codes[t // 16, t % 16, 520] ^= 0x06  # two code steps off
+    assert a.mismatch().startswith("cache rows (fp8 codes)")
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: decode.make_inputs(decode.SHAPES["selfcheck"][0], dtype=F32, device=DEVICE),
+        lambda: decode.make_inputs(
+            dataclasses.replace(decode.SHAPES["tiny"][0], kv="fp8"), dtype=F32, device=DEVICE, copies=2, spare_cols=0
+        ),
+        lambda: prefill.make_inputs(prefill.SHAPES["selfcheck"][0], dtype=F32, device=DEVICE),
+        lambda: merge.make_inputs(merge.SHAPES["selfcheck"][0], dtype=F32, device=DEVICE),
+        lambda: rope_kv_write.make_inputs(rope_kv_write.SHAPES["tiny"][0], dtype=F32, device=DEVICE, skip=(2,)),
+        lambda: context_gather.make_inputs(context_gather.SHAPES["selfcheck"][0], dtype=F32, device=DEVICE),
+    ],
+    ids=["decode", "decode_fp8_copies", "prefill", "merge", "rope_kv_write", "context_gather"],
+)
+def test_run_calls_the_public_op_and_check_passes(make):
+    """args()/kwargs() are the op's own call: the reference backend through the public op agrees."""
+    case = make()
+    case.run(backend="reference")
+    case.check()

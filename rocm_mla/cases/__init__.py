@@ -23,6 +23,11 @@ call), ``run(**overrides)``, ``reference(...)`` (float32), ``compare(...)`` (a l
 the reference has them, ``|got - ref| <= atol + rtol * |ref|`` element-wise, and, where a bound has
 one, ``||got - ref|| <= norm * ||ref||``.
 
+``copies=R`` (decode, context_gather) gives R independent (cache, block table) pairs with fresh page
+permutations, ``args(i)`` / ``run(i)`` the call on copy i; ``rope_kv_write.make_copies(shape, R)``
+gives R whole input sets (the op writes its inputs). ``cold_copies(set_bytes, cold_bytes)`` says how
+many copies a cold-L2 rotation needs.
+
 Random values are fresh normal draws (never zeros) from a generator on the target device
 (``seed=``, or ``gen=``); unused cache pages, page tails and output buffers hold NaN.
 

@@ -306,3 +306,12 @@ def make_inputs(
         kv_a.clone(),
         cache_base.clone(),
     )
+
+
+def make_copies(shape: RopeShape, copies: int, *, seed: int = 0, **kw) -> list[RopeInputs]:
+    """``copies`` independent input sets of ``shape`` (seeds seed, seed + 1, ...; fresh slots and
+    caches each) sharing one cos/sin table: a timing loop rotating over them writes caches that
+    are not in L2. ``kw``: :func:`make_inputs`'s keywords."""
+    first = make_inputs(shape, seed=seed, **kw)
+    kw["cos_sin"] = first.cos_sin
+    return [first] + [make_inputs(shape, seed=seed + i, **kw) for i in range(1, copies)]

@@ -440,3 +440,23 @@ def test_run_calls_the_public_op_and_check_passes(make):
     case = make()
     case.run(backend="reference")
     case.check()
+
+
+@pytest.mark.parametrize("fp8", [None, E4M3], ids=["f16", "e4m3fn"])
+def test_paged_cache_finite_unused_slots_inside_guards(fp8):
+    g = _paged.generator(3, "cpu")
+    pc = paged_cache(
+        [5, 20], 16, dtype=F16, device="cpu", gen=g, fp8=fp8, k_scale=0.5, unused="randn", guard=100, copies=2
+    )
+    assert torch.isfinite(pc.cache.float()).all() and (pc.cache.float() != 0).float().mean() > 0.99
+    scale = 0.5 if fp8 else 1.0
+    for b, n in enumerate(pc.lens):  # values: still the requests' keys as the cache holds them
+        tok = torch.arange(n)
+        rows = pc.cache[pc.table[b, tok // 16].long(), tok % 16].float() * scale
+        torch.testing.assert_close(rows, pc.values[b], rtol=0, atol=0)
+    pc.check_guards()
+    flat = pc.guards[1][0]
+    assert flat[:100].float().eq(flat[:1].float()).all() and torch.isfinite(flat[:100].float()).all()
+    flat[-1] = 0
+    with pytest.raises(AssertionError, match=r"copy 1: \d guard bytes changed"):
+        pc.check_guards()

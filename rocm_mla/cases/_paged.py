@@ -17,6 +17,7 @@ import torch
 
 from ..mla_dims import KV_ROW_DIM
 from ..reference.rope_kv_write import FP8_MAX
+from ._buffers import SENTINEL
 
 # The NaN bit pattern of each fp8 kind (e4m3fnuz has one NaN: the negative zero code).
 _FP8_NAN_CODE = {torch.float8_e4m3fn: 0x7F, torch.float8_e4m3fnuz: 0x80}
@@ -88,6 +89,8 @@ class PagedCache:
     fp8: torch.dtype | None
     k_scale: float | None
     values: list[torch.Tensor] | None = field(default=None, repr=False)
+    # (flat buffer, guard length, snapshot of its guard bytes) per copy, when made with guard=
+    guards: list = field(default_factory=list, repr=False)
 
     @property
     def cache(self) -> torch.Tensor:
@@ -101,12 +104,20 @@ class PagedCache:
     def copies(self) -> int:
         return len(self.caches)
 
+    def check_guards(self, what: str = "kv_cache") -> None:
+        """Raise AssertionError when a byte of a guard region (``guard=``) changed."""
+        for i, (flat, g, snap) in enumerate(self.guards):
+            now = torch.cat([flat[:g], flat[-g:]]).view(torch.uint8)
+            if not torch.equal(now, snap):
+                raise AssertionError(f"{what} copy {i}: {int((now != snap).sum())} guard bytes changed")
+
     def stored(self, i: int = 0) -> torch.Tensor:
         """Copy i as vLLM hands it over: an fp8 cache as uint8 storage (kv_cache_dtype "fp8")."""
         return self.caches[i].view(torch.uint8) if self.fp8 is not None else self.caches[i]
 
 
-def _one_copy(lens, block_size, gen, device, dtype, fp8, k_scale, spare_pages, spare_cols, scale, page_pad, keep):
+def _one_copy(lens, block_size, gen, device, dtype, fp8, k_scale, opts: dict, keep: bool):
+    spare_pages, spare_cols, scale = opts["spare_pages"], opts["spare_cols"], opts["scale"]
     nblk = [-(-n // block_size) for n in lens]
     used = sum(nblk)
     num_pages = used + spare_pages
@@ -127,19 +138,45 @@ def _one_copy(lens, block_size, gen, device, dtype, fp8, k_scale, spare_pages, s
     start = torch.tensor([0] + list(lens), dtype=torch.long, device=device).cumsum(0)[:-1]
     tok = torch.arange(total, device=device) - start[req] if total else torch.zeros(0, dtype=torch.long, device=device)
     page, off = table[req, tok // block_size].long(), tok % block_size
-    vals = randn((total, KV_ROW_DIM), gen, device, scale=scale)
-    # page_pad: extra elements after each page (a block stride wider than block_size * 576).
-    base = nan_filled((num_pages, block_size * KV_ROW_DIM + page_pad), fp8 or dtype, device)
-    cache = base[:, : block_size * KV_ROW_DIM].view(num_pages, block_size, KV_ROW_DIM)
+    kind = fp8 or dtype
+    # page_pad: extra elements after each page (a block stride wider than block_size * 576);
+    # guard: sentinel elements before and after the whole cache (a read past it shows as 77).
+    row = block_size * KV_ROW_DIM + opts["page_pad"]
+    guard = opts["guard"]
+    flat = nan_filled((2 * guard + num_pages * row,), kind, device)
+    if guard:
+        sentinel = torch.full((guard,), SENTINEL, device=device)
+        for part in (flat[:guard], flat[guard + num_pages * row :]):
+            part.view(torch.uint8).copy_(sentinel.to(kind).view(torch.uint8))
+    cache = flat[guard : guard + num_pages * row].view(num_pages, row)[:, : block_size * KV_ROW_DIM]
+    cache = cache.view(num_pages, block_size, KV_ROW_DIM)
+    if opts["unused"] == "randn":  # every slot random; the covered ones are the requests' keys
+        every = randn((num_pages, block_size, KV_ROW_DIM), gen, device, scale=scale)
+        vals = every[page, off]
+        _store(cache, every, fp8, k_scale, dtype)
+    else:
+        vals = randn((total, KV_ROW_DIM), gen, device, scale=scale)
+    held = _store(cache, vals, fp8, k_scale, dtype, page, off)
+    values = list(held.split(list(lens))) if keep and total * KV_ROW_DIM <= _KEEP_VALUES_NUMEL else None
+    return cache, table, values, flat
+
+
+def _store(cache, vals, fp8, k_scale, dtype, page=None, off=None) -> torch.Tensor:
+    """Write ``vals`` at (page, off) (all of the cache: None), quantised for fp8; returns the values
+    as the cache holds them, float32."""
     if fp8 is not None:
         codes = to_fp8(vals, k_scale, fp8)
-        cache.view(torch.uint8)[page, off] = codes.view(torch.uint8)  # float8 indexing is missing from some builds
-        held = codes.float() * k_scale
+        dst = cache.view(torch.uint8)  # float8 indexing is missing from some torch builds
+        if page is None:
+            dst.copy_(codes.view(torch.uint8))
+        else:
+            dst[page, off] = codes.view(torch.uint8)
+        return codes.float() * k_scale
+    if page is None:
+        cache.copy_(vals)
     else:
         cache[page, off] = vals.to(dtype)
-        held = vals.to(dtype).float()
-    values = list(held.split(list(lens))) if keep and total * KV_ROW_DIM <= _KEEP_VALUES_NUMEL else None
-    return cache, table, values
+    return vals.to(dtype).float()
 
 
 def paged_cache(
@@ -156,22 +193,34 @@ def paged_cache(
     copies: int = 1,
     scale: float = 1.0,
     page_pad: int = 0,
+    unused: str = "nan",
+    guard: int = 0,
 ) -> PagedCache:
     """R = ``copies`` paged caches of requests holding ``lens`` keys each (see the module docstring).
 
     ``dtype``: the 16/32-bit cache dtype; ``fp8``: an e4m3 kind instead (``k_scale`` required;
     values saturate at the kind's range). ``scale``: the keys' standard deviation. ``page_pad``:
-    extra (NaN) elements after each page, a non-contiguous block stride.
+    extra (NaN) elements after each page, a non-contiguous block stride. ``unused``: "nan" (every
+    slot no request covers: a stray read poisons the result) or "randn" (finite everywhere: a
+    request's NaN is the kernel's verdict, not a read). ``guard``: that many sentinel elements
+    (:data:`SENTINEL`) before and after each cache, checked by :meth:`PagedCache.check_guards`.
     """
     lens = [int(n) for n in lens]
     if fp8 is not None and k_scale is None:
         raise ValueError("paged_cache: an fp8 cache needs k_scale")
-    caches, tables, values = [], [], None
+    if unused not in ("nan", "randn"):
+        raise ValueError(f"paged_cache: unused: expected 'nan' or 'randn', got {unused!r}")
+    opts = dict(
+        spare_pages=spare_pages, spare_cols=spare_cols, scale=scale, page_pad=page_pad, unused=unused, guard=guard
+    )
+    caches, tables, values, flats = [], [], None, []
     for i in range(copies):
-        c, t, v = _one_copy(
-            lens, block_size, gen, device, dtype, fp8, k_scale, spare_pages, spare_cols, scale, page_pad, keep=i == 0
-        )
+        c, t, v, f = _one_copy(lens, block_size, gen, device, dtype, fp8, k_scale, opts, keep=i == 0)
         caches.append(c)
         tables.append(t)
+        flats.append(f)
         values = v if i == 0 else values
-    return PagedCache(caches, tables, lens, block_size, fp8, k_scale, values)
+    pc = PagedCache(caches, tables, lens, block_size, fp8, k_scale, values)
+    if guard:
+        pc.guards = [(f, guard, torch.cat([f[:guard], f[-guard:]]).view(torch.uint8).clone()) for f in flats]
+    return pc

@@ -149,9 +149,12 @@ def make_inputs(
     spare_pages: int = 2,
     spare_cols: int = 1,
     page_pad: int = 0,
+    unused: str = "nan",
+    guard: int = 0,
 ) -> ChunkInputs:
     """Fresh random inputs of ``shape`` (see the module docstring); the context keys have standard
-    deviation 2. dtype: the cache's (unless fp8) and dst's. dst_pad: elements past each dst row."""
+    deviation 2. dtype: the cache's (unless fp8) and dst's. dst_pad: elements past each dst row.
+    page_pad / unused / guard: see :func:`rocm_mla.cases.paged_cache`."""
     device = torch.device(device)
     g = gen if gen is not None else generator(seed, device)
     kind = (fp8 or platform_fp8(device)) if shape.kv == "fp8" else None
@@ -166,6 +169,8 @@ def make_inputs(
         spare_pages=spare_pages,
         spare_cols=spare_cols,
         copies=copies,
+        unused=unused,
+        guard=guard,
         scale=2.0,
         page_pad=page_pad,
     )

@@ -126,6 +126,8 @@ SHAPES: dict[str, list[DecodeShape]] = {
         DecodeShape(128, 4096, 128, kv="fp8"),
         DecodeShape(1, 4096, 16),
     ],
+    # The bound-guard cost measurement (perf/guard_cost.py): TP8, DP, and TP8 with an fp8 cache.
+    "guard": [DecodeShape(128, 4096, 16), DecodeShape(128, 4096, 128), DecodeShape(128, 4096, 16, kv="fp8")],
     "sweep": _sweep((1, 32, 128), (1024, 4096, 16384)),
     "sweep-quick": _sweep((1, 128), (4096,)),
     # One or two shapes per tuning group that matters (a ten-minute tuning run).
@@ -264,6 +266,8 @@ def make_inputs(
     lse_layout: str = "contiguous",
     spare_pages: int = 3,
     spare_cols: int = 1,
+    unused: str = "nan",
+    guard: int = 0,
 ) -> DecodeInputs:
     """Fresh random inputs of ``shape`` (see the module docstring).
 
@@ -276,6 +280,8 @@ def make_inputs(
     lse_layout: "contiguous" ``[rows, N]`` or "transposed" (``[N, rows]`` buffer's transpose).
     spare_pages / spare_cols: NaN pages and the table columns pointing at them (benches and the
     tuner pass spare_cols=0: a table as wide as the longest request, the width the plan sees).
+    unused / guard: see :func:`rocm_mla.cases.paged_cache` (the bad-input tests: finite unused slots
+    inside sentinel guards).
     """
     for name, v, ok in (("q_layout", q_layout, Q_LAYOUTS), ("out_layout", out_layout, OUT_LAYOUTS)):
         if v not in ok:
@@ -296,6 +302,8 @@ def make_inputs(
         spare_pages=spare_pages,
         spare_cols=spare_cols,
         copies=copies,
+        unused=unused,
+        guard=guard,
     )
     rows, N, L = shape.rows, shape.N, KV_LORA_RANK
     if q_layout == "vllm":

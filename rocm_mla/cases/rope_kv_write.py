@@ -101,6 +101,8 @@ SHAPES: dict[str, list[RopeShape]] = {
         RopeShape(32768, 16, kv="fp8"),
     ],
     "quick": [RopeShape(4096, 16), RopeShape(32768, 128), RopeShape(4096, 16, kv="fp8")],
+    # The bound-guard cost measurement (perf/guard_cost.py): a prefill chunk of tokens.
+    "guard": [RopeShape(32768, N, kv=kv) for kv in ("auto", "fp8") for N in (16, 128)],
     "tiny": [RopeShape(24, 4, block=16)],
     "selfcheck": [RopeShape(37, 16, block=16), RopeShape(37, 16, block=16, kv="fp8")],
     "verify": [RopeShape(37, 16, block=16), RopeShape(37, 128, block=16), RopeShape(37, 16, block=16, kv="fp8")],

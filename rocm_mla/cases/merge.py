@@ -16,8 +16,8 @@ from ._buffers import poisoned
 from ._compare import NORM, Bound, Comparison, compare, first_problem, raise_on
 from ._paged import generator, randn
 
-# One table (the rule: rocm_mla.cases._compare). Element-wise: tests/_util.py's atol/rtol (the
-# doctor's too); lse 1e-5 (a float32 logaddexp). Norm-wise: NORM.
+# One table (the rule: rocm_mla.cases._compare). Element-wise: one rounding of the output plus
+# float32 math; lse 1e-5 (a float32 logaddexp). Norm-wise: NORM.
 TOLERANCE: dict[torch.dtype, dict[str, Bound]] = {
     dt: {"output": Bound(t, t, norm=NORM[dt]), "output_lse": Bound(1e-5, 1e-5)}
     for dt, t in ((torch.float32, 1e-5), (torch.float16, 2e-3), (torch.bfloat16, 1.6e-2))

@@ -24,9 +24,9 @@ from ._paged import generator, randn
 P, R, V = QK_NOPE_HEAD_DIM, QK_ROPE_HEAD_DIM, V_HEAD_DIM  # 128, 64, 128
 SM_SCALE = 1.0 / math.sqrt(P + R)
 
-# One table (the rule: rocm_mla.cases._compare). Element-wise: tests/test_prefill.py's atol/rtol
-# (fp16 output error is a few ulps of the largest |v| ~ 4). Norm-wise: NORM. lse: -inf exactly
-# where the reference has it, close elsewhere.
+# One table (the rule: rocm_mla.cases._compare). Element-wise: fp16 output error is a few ulps of
+# the largest |v| ~ 4 (p and V in 16 bits). Norm-wise: NORM. lse: -inf exactly where the
+# reference has it, close elsewhere.
 TOLERANCE: dict[torch.dtype, dict[str, Bound]] = {
     torch.float32: {"out": Bound(2e-5, 2e-5, norm=NORM[torch.float32]), "lse": Bound(1e-5, 1e-5)},
     torch.float16: {"out": Bound(4e-3, 4e-3, norm=NORM[torch.float16]), "lse": Bound(1e-4, 1e-4)},

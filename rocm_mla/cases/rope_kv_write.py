@@ -38,8 +38,8 @@ def _table(dtype: torch.dtype, t: float, unfused: float) -> dict[str, Bound]:
     }
 
 
-# One table (the rule: rocm_mla.cases._compare). Element-wise: tests/_util.py's atol/rtol (the
-# doctor's too) for the rotated q_pe/k_pe and the written rows. Norm-wise: NORM.
+# One table (the rule: rocm_mla.cases._compare). Element-wise: float32 rotation rounded once on
+# store, for the rotated q_pe/k_pe and the written rows. Norm-wise: NORM.
 TOLERANCE: dict[torch.dtype, dict[str, Bound]] = {
     torch.float32: _table(torch.float32, 1e-5, 1e-5),
     torch.float16: _table(torch.float16, 2e-3, 4e-3),

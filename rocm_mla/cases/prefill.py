@@ -1,0 +1,274 @@
+"""mla_prefill's cases: varlen batches laid out as the model produces them, the tolerance, the check.
+
+Inputs (:func:`make_inputs`): ``q [Tq, N, 192]`` (nope then rope); ``k_nope`` and ``v`` the two
+halves of one ``[Tk, N, 256]`` kv_b_proj output (strided views); ``k_pe`` ``[Tk, 1, 64]`` the rope
+slice of the ``[Tk, 576]`` latent buffer (or expanded over N, or a real per-head copy);
+``cu_seqlens_q/k`` int32 offsets; out ``[Tq, N, 128]`` and lse ``[N, Tq]`` NaN-poisoned in the
+chosen layout (the layer's ``[Tq, N * 128]`` output, the pad_v ``[Tq, N, 192][..., :128]`` rows).
+Causal is bottom-right aligned: query i of a sequence with lq queries and lk keys sees keys
+j <= i + lk - lq; a query that sees no key gets out 0, lse -inf.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ..mla_dims import KV_ROW_DIM, QK_NOPE_HEAD_DIM, QK_ROPE_HEAD_DIM, V_HEAD_DIM
+from ._buffers import poisoned
+from ._compare import NORM, Bound, Comparison, compare, first_problem, raise_on
+from ._paged import generator, randn
+
+P, R, V = QK_NOPE_HEAD_DIM, QK_ROPE_HEAD_DIM, V_HEAD_DIM  # 128, 64, 128
+SM_SCALE = 1.0 / math.sqrt(P + R)
+
+# One table (the rule: rocm_mla.cases._compare). Element-wise: fp16 output error is a few ulps of
+# the largest |v| ~ 4 (p and V in 16 bits). Norm-wise: NORM. lse: -inf exactly where the
+# reference has it, close elsewhere.
+TOLERANCE: dict[torch.dtype, dict[str, Bound]] = {
+    torch.float32: {"out": Bound(2e-5, 2e-5, norm=NORM[torch.float32]), "lse": Bound(1e-5, 1e-5)},
+    torch.float16: {"out": Bound(4e-3, 4e-3, norm=NORM[torch.float16]), "lse": Bound(1e-4, 1e-4)},
+    torch.bfloat16: {"out": Bound(2e-2, 2e-2, norm=NORM[torch.bfloat16]), "lse": Bound(1e-4, 1e-4)},
+}
+
+
+@dataclass(frozen=True)
+class PrefillShape:
+    """A varlen batch: ``lq[i]`` queries and ``lk[i]`` keys in sequence i (``lk`` None: = lq), N heads."""
+
+    lq: tuple[int, ...]
+    N: int = 16
+    lk: tuple[int, ...] | None = None
+    causal: bool = True
+    name: str = ""
+
+    def __post_init__(self):
+        object.__setattr__(self, "lq", tuple(int(n) for n in self.lq))
+        lk = self.lq if self.lk is None else tuple(int(n) for n in self.lk)
+        if len(lk) != len(self.lq):
+            raise ValueError(f"PrefillShape: lq and lk: expected equal counts, got {len(self.lq)} and {len(lk)}")
+        object.__setattr__(self, "lk", lk)
+
+    @staticmethod
+    def equal(B: int, L: int, N: int) -> PrefillShape:
+        """B sequences of L queries over their own L keys: ``"4x4096 N=16"``."""
+        return PrefillShape((L,) * B, N, name=f"{B}x{L} N={N}")
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        lk = "" if self.lk == self.lq else f" lk={','.join(map(str, self.lk))}"
+        return f"lq={','.join(map(str, self.lq))}{lk} N={self.N}" + ("" if self.causal else " full")
+
+    @property
+    def Tq(self) -> int:
+        return sum(self.lq)
+
+    @property
+    def Tk(self) -> int:
+        return sum(self.lk)
+
+    def flops(self) -> float:
+        """2 dots (Dqk 192, Dv 128) over the (query, key) pairs each query sees."""
+        pairs = 0
+        for q, k in zip(self.lq, self.lk):
+            if self.causal:
+                pairs += _causal_pairs(q, k)
+            else:
+                pairs += q * k
+        return 2.0 * self.N * pairs * (P + R + V)
+
+
+def _causal_pairs(q: int, k: int) -> int:
+    # sum over i < q of clamp(i + k - q + 1, 0, k), in closed form.
+    first = max(0, q - k)  # rows before this see no key
+    n = q - first
+    lo = first + k - q + 1
+    return n * lo + n * (n - 1) // 2
+
+
+def _varlen_lengths() -> tuple[int, ...]:
+    """Eight log-uniform draws from [128, 8192] (torch seed 13) and one 8192: unequal lengths."""
+    g = torch.Generator().manual_seed(13)
+    return tuple(int(round(2 ** (7 + 6 * u))) for u in torch.rand(8, generator=g).tolist()) + (8192,)
+
+
+VARLEN = _varlen_lengths()
+_E = PrefillShape.equal
+
+SHAPES: dict[str, list[PrefillShape]] = {
+    # The benchmark: DeepSeek-V3 prefill chunks at TP8 (16 heads) and DP (128), and a varlen batch.
+    "bench": [
+        _E(4, 4096, 16),
+        _E(4, 4096, 128),
+        _E(16, 1024, 16),
+        _E(1, 16384, 16),
+        _E(1, 16384, 128),
+        PrefillShape(VARLEN, 16, name="varlen N=16"),
+        PrefillShape(VARLEN, 128, name="varlen N=128"),
+    ],
+    "bench-quick": [_E(4, 4096, 16), _E(4, 4096, 128), _E(16, 1024, 16), PrefillShape(VARLEN, 16, name="varlen N=16")],
+    # The tuner's DeepSeek-V3 set, and its ten-minute subset.
+    "tune": [_E(B, L, N) for B, L in ((4, 4096), (1, 16384)) for N in (16, 128)],
+    "quick": [_E(4, 4096, 16), _E(4, 4096, 128)],
+    "tiny": [_E(1, 48, 2)],
+    # Uneven lengths, lq != lk, an empty sequence: the doctor's self-check and a config's acceptance.
+    "selfcheck": [PrefillShape((37, 0, 20, 5), 16, lk=(37, 6, 45, 5))],
+    "verify": [
+        PrefillShape((37, 0, 20, 5), 4, lk=(37, 6, 45, 5)),
+        PrefillShape((37, 0, 20, 5), 4, (37, 6, 45, 5), False),
+    ],
+    # Ragged ends, an empty sequence, lq != lk at bench scale (bf16 on a GPU).
+    "reference": [PrefillShape((300, 1029, 0, 77, 513), 16, lk=(300, 1100, 12, 77, 700))],
+    # Odd sizes: self-attention crossing blocks raggedly, new tokens after a prefix, causal rows that
+    # see nothing (lq > lk, lk = 0), lq = 0 with keys, one token, N = 128 and N = 1.
+    "odd": [
+        PrefillShape((37, 5, 70), 16, name="uneven"),
+        PrefillShape((10, 33, 4), 4, lk=(50, 33, 17), name="lq_lt_lk"),
+        PrefillShape((40, 7, 3), 4, lk=(9, 0, 3), name="lq_gt_lk"),
+        PrefillShape((0, 12, 0, 1), 2, lk=(5, 12, 0, 1), name="empty_seqs"),
+        PrefillShape((20, 9), 128, name="N128"),
+        PrefillShape((100, 37), 1, name="N1"),
+        PrefillShape((), 16, name="no_sequences"),
+    ],
+}
+
+KPE_LAYOUTS = ("latent", "expand", "per_head_copy")
+OUT_LAYOUTS = ("flat", "contiguous", "pad_v")
+LSE_LAYOUTS = ("contiguous", "transposed")
+
+
+def cu_seqlens(lengths, device) -> torch.Tensor:
+    """``[0, l0, l0 + l1, ...]`` int32."""
+    offs = [0]
+    for n in lengths:
+        offs.append(offs[-1] + int(n))
+    return torch.tensor(offs, dtype=torch.int32, device=device)
+
+
+@dataclass
+class PrefillInputs:
+    """One mla_prefill call's tensors: ``args()`` its positional arguments, ``kwargs()`` its keywords
+    (out/lse the NaN-poisoned views inside ``out_base`` / ``lse_base``)."""
+
+    shape: PrefillShape
+    dtype: torch.dtype
+    q: torch.Tensor
+    k_nope: torch.Tensor
+    k_pe: torch.Tensor
+    v: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    out: torch.Tensor
+    lse: torch.Tensor
+    out_base: torch.Tensor = field(repr=False)
+    lse_base: torch.Tensor = field(repr=False)
+    sm_scale: float = SM_SCALE
+
+    def args(self) -> tuple:
+        return (self.q, self.k_nope, self.k_pe, self.v, self.cu_seqlens_q, self.cu_seqlens_k)
+
+    def kwargs(self, **overrides) -> dict:
+        kw = dict(
+            sm_scale=self.sm_scale,
+            causal=self.shape.causal,
+            out=self.out,
+            lse=self.lse,
+            max_seqlen_q=max(self.shape.lq, default=0),
+            max_seqlen_k=max(self.shape.lk, default=0),
+        )
+        kw.update(overrides)
+        return kw
+
+    def run(self, **overrides):
+        """mla_prefill writing ``out`` / ``lse`` (``overrides``: backend, config, out=None, ...)."""
+        from ..ops import mla_prefill
+
+        return mla_prefill(*self.args(), **self.kwargs(**overrides))
+
+    def reference(self, first_rows: int | None = None):
+        """(out [Tq, N, 128], lse [N, Tq]) float32; ``first_rows=m``: only the first m queries of
+        sequence 0 (a long causal self-attention: those see only its first m keys)."""
+        from ..reference import mla_prefill_ref
+
+        if first_rows is None:
+            return mla_prefill_ref(*self.args(), self.sm_scale, self.shape.causal)
+        s = self.shape
+        if not (s.causal and s.lq and s.lq[0] == s.lk[0]):
+            raise ValueError("PrefillInputs.reference: first_rows needs a causal sequence 0 with lq == lk")
+        m = min(first_rows, s.lq[0])
+        cu = torch.tensor([0, m], dtype=torch.int32, device=self.q.device)
+        return mla_prefill_ref(self.q[:m], self.k_nope[:m], self.k_pe[:m], self.v[:m], cu, cu, self.sm_scale, True)
+
+    def compare(self, out=None, lse=None, *, first_rows=None, ref=None) -> list[Comparison]:
+        out = self.out if out is None else out
+        lse = self.lse if lse is None else lse
+        ro, rl = ref if ref is not None else self.reference(first_rows)
+        m = ro.shape[0]
+        tol = TOLERANCE[self.dtype]
+        return [compare("out", out[:m], ro, tol["out"]), compare("lse", lse[:, :m], rl, tol["lse"])]
+
+    def mismatch(self, out=None, lse=None, **kw) -> str:
+        return first_problem(*self.compare(out, lse, **kw))
+
+    def check(self, out=None, lse=None, **kw) -> None:
+        raise_on(self.mismatch(out, lse, **kw))
+
+
+def make_inputs(
+    shape: PrefillShape,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    device="cpu",
+    seed: int = 0,
+    gen: torch.Generator | None = None,
+    kpe_layout: str = "latent",
+    out_layout: str = "flat",
+    lse_layout: str = "contiguous",
+) -> PrefillInputs:
+    """Fresh random inputs of ``shape`` (see the module docstring).
+
+    kpe_layout: "latent" (``[Tk, 576][:, 512:]`` unsqueezed), "expand" (``.expand(Tk, N, 64)``: head
+    stride 0), "per_head_copy" (a real ``[Tk, N, 64]``, every head equal). out_layout: "flat" (a
+    ``[Tq, N * 128]`` buffer viewed ``[Tq, N, 128]``: the layer's output), "contiguous", "pad_v"
+    (``[Tq, N, 192][..., :128]``). lse_layout: "contiguous" ``[N, Tq]`` or "transposed" (a
+    ``[Tq, N]`` buffer's transpose).
+    """
+    if kpe_layout not in KPE_LAYOUTS or out_layout not in OUT_LAYOUTS or lse_layout not in LSE_LAYOUTS:
+        raise ValueError(
+            f"prefill make_inputs: layouts: expected kpe in {KPE_LAYOUTS}, out in {OUT_LAYOUTS}, "
+            f"lse in {LSE_LAYOUTS}; got {kpe_layout!r}, {out_layout!r}, {lse_layout!r}"
+        )
+    device = torch.device(device)
+    g = gen if gen is not None else generator(seed, device)
+    N, Tq, Tk = shape.N, shape.Tq, shape.Tk
+    q = randn((Tq, N, P + R), g, device, dtype)
+    kv = randn((Tk, N, P + V), g, device, dtype)  # kv_b_proj output
+    k_pe = randn((Tk, KV_ROW_DIM), g, device, dtype)[:, 512:].unsqueeze(1)  # [kv_c | k_pe] latent
+    if kpe_layout == "expand":
+        k_pe = k_pe.expand(Tk, N, R)
+    elif kpe_layout == "per_head_copy":
+        k_pe = k_pe.expand(Tk, N, R).contiguous()
+    if out_layout == "flat":
+        out_base, flat = poisoned((Tq, N * V), dtype, device)
+        out = flat.view(Tq, N, V)
+    else:
+        out_base, out = poisoned((Tq, N, V), dtype, device, pad_last=P + R - V if out_layout == "pad_v" else 0)
+    lse_base, lse = poisoned((N, Tq), torch.float32, device, transpose01=lse_layout == "transposed")
+    return PrefillInputs(
+        shape,
+        dtype,
+        q,
+        kv[..., :P],
+        k_pe,
+        kv[..., P:],
+        cu_seqlens(shape.lq, device),
+        cu_seqlens(shape.lk, device),
+        out,
+        lse,
+        out_base,
+        lse_base,
+    )

@@ -109,12 +109,12 @@ def test_default_dir_and_single_file(tmp_path, monkeypatch, cfgdir):
 
 
 def test_cu_specific_file_first(cfgdir, monkeypatch):
-    monkeypatch.setattr(C, "device_compute_units", lambda arch: 304 if arch == "gfx942" else None)
+    monkeypatch.setattr(C.loader, "device_compute_units", lambda arch: 304 if arch == "gfx942" else None)
     _write(cfgdir / "gfx942-304cu.json", _overlay("gfx942", {"mla_prefill": {"triton": {"BLOCK_N": 64}}}, cus=304))
     _write(cfgdir / "gfx942.json", _overlay("gfx942", {"mla_prefill": {"triton": {"BLOCK_N": 16}}}))
     C.reload_overlays()
     assert C.config_for("mla_prefill", "gfx942")["triton"]["BLOCK_N"] == 64
-    monkeypatch.setattr(C, "device_compute_units", lambda arch: 80)  # an MI308X: only the generic file fits
+    monkeypatch.setattr(C.loader, "device_compute_units", lambda arch: 80)  # an MI308X: only the generic file fits
     C.reload_overlays()
     assert C.config_for("mla_prefill", "gfx942")["triton"]["BLOCK_N"] == 16
     # a CU-specific overlay for another CU count is refused even under the generic name
@@ -209,7 +209,7 @@ def test_stamp_errors(cfgdir, monkeypatch):
     edited_meta["_meta"]["note"] = "comments in _meta do not matter"
     assert C.stamp_problems(edited_meta) == []
     real = C.software_versions()
-    monkeypatch.setattr(C, "software_versions", lambda: {**real, "triton": "9.9.9"})  # Triton upgraded
+    monkeypatch.setattr(C.overlay, "software_versions", lambda: {**real, "triton": "9.9.9"})  # Triton upgraded
     errs = C.stamp_problems(stamped)
     assert isinstance(errs[0], C.OverlayStale) and "9.9.9" in str(errs[0])
 

@@ -28,6 +28,7 @@ import torch
 
 import rocm_mla._platform as platform
 import rocm_mla.ops.decode as decode_mod
+import rocm_mla.ops.decode_plan as plan_mod
 from rocm_mla.configs import config_for, platform_fp8_dtype
 
 GRID_FILE = Path(__file__).parent / "data" / "decode_plan_grid.json"
@@ -142,7 +143,7 @@ def record(case: dict[str, Any], monkeypatch) -> list[dict[str, Any]]:
     arch = case["arch"]
     monkeypatch.setattr(platform, "device_arch", lambda device: arch)
     monkeypatch.setattr(platform, "interpreter_active", lambda: False)
-    monkeypatch.setattr(decode_mod, "num_compute_units", lambda device: ARCHES[arch])
+    monkeypatch.setattr(plan_mod, "num_compute_units", lambda device: ARCHES[arch])
     monkeypatch.setattr(decode_mod, "select", lambda *a, **k: "triton")
     kw = _inputs(case)
     launches: list = []
@@ -195,6 +196,95 @@ def test_the_grid_covers_both_launch_forms_and_the_workspace_error(frozen):
     kinds = {tuple(p.split()[0] for p in v["summary"].split(" | ")) for v in frozen.values()}
     assert {("stage1",), ("stage1", "reduce"), ("error:",)} <= kinds
     assert len(frozen) == len(CASES)
+
+
+def _plan(case: dict[str, Any], **over) -> plan_mod.DecodePlan:
+    kw = _inputs(case)
+    kv = kw["kv_cache"]
+    ks = kw["k_scale"]
+    args = dict(
+        batch=case["B"],
+        num_heads=case["N"],
+        q_len=case["q_len"],
+        max_blocks=kw["block_table"].shape[1],
+        block_size=case["block"],
+        q_dtype=DTYPES[case["dtype"]],
+        kv_dtype=platform_fp8_dtype(case["arch"]) if kv.dtype == torch.uint8 else kv.dtype,
+        device=torch.device("cpu"),
+        max_seq_len=kw["max_seq_len"],
+        num_kv_splits=kw["num_kv_splits"],
+        workspace_numel=None if kw["workspace"] is None else kw["workspace"].numel(),
+        config=kw["config"],
+        quantize_q=kw["quantize_q"],
+        k_scale_on_device=isinstance(ks, torch.Tensor),
+    )
+    return plan_mod.plan_decode(**{**args, **over})
+
+
+def _json(x: Any) -> Any:
+    return json.loads(json.dumps(x))
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_plan_names_the_launches(case, monkeypatch):
+    launches = record(case, monkeypatch)  # the patches (arch, CU count) stay for the plan
+    plan = _plan(case)
+    if "error" in launches[0]:
+        assert plan.workspace_numel > _inputs(case)["workspace"].numel()
+        assert f">= {plan.workspace_numel} elements (S={plan.num_kv_splits} splits" in launches[0]["error"]
+        return
+    assert plan.arch == case["arch"] and plan.num_cus == ARCHES[case["arch"]]
+    assert len(launches) == plan.launches == (1 if plan.direct else 2)
+    s1 = launches[0]
+    assert s1["grid"] == list(plan.stage1_grid)
+    assert s1["meta"] == _json({**plan.stage1_constexprs, **plan.stage1_options})
+    assert s1["args"][14] == plan.num_kv_splits and s1["args"][15] == plan.row_blocks
+    assert s1["args"][17] == plan.page_shift and plan.stage1_constexprs["PAGE_MODE"] == plan.page_mode
+    assert plan.stage1_constexprs["BLOCK_H"] == plan.config["BLOCK_H"]
+    if plan.direct:
+        assert plan.workspace_numel == 0 and plan.workspace_shapes is None and plan.stage2_grid is None
+        return
+    (so, sl) = plan.workspace_shapes
+    assert plan.workspace_numel == so[0] * so[1] * so[2] + sl[0] * sl[1]
+    assert s1["args"][8][2] == [so[0] * so[1] * so[2]] and s1["args"][9][2] == [sl[0] * sl[1]]  # part_o, part_lse
+    s2 = launches[1]
+    assert s2["grid"] == list(plan.stage2_grid)
+    assert s2["meta"] == _json({**plan.stage2_constexprs, **plan.stage2_options})
+
+
+def test_plan_tier_is_the_configs_index_or_none_for_an_override():
+    cpu = torch.device("cpu")
+    base = dict(q_len=1, max_blocks=64, block_size=64, q_dtype=torch.float16, kv_dtype=torch.float16, device=cpu)
+    tiers = config_for("mla_decode", "cpu")["stage1"]
+    for n in (1, tiers[0]["BLOCK_H"], tiers[0]["BLOCK_H"] + 1, 128):
+        plan = plan_mod.plan_decode(batch=2, num_heads=n, **base)
+        assert plan.tier == plan_mod.stage1_tier_index(tiers, n)
+        assert plan.config == plan_mod.stage1_config("cpu", n, torch.float16, False)
+    assert plan_mod.plan_decode(batch=2, num_heads=16, config=tiers[-1], **base).tier is None
+
+
+def test_plan_is_frozen_and_uint8_storage_plans_as_fp8():
+    import dataclasses
+
+    cpu = torch.device("cpu")
+    base = dict(batch=4, num_heads=16, q_len=2, max_blocks=70, block_size=16, q_dtype=torch.bfloat16, device=cpu)
+    plan = plan_mod.plan_decode(kv_dtype=torch.uint8, **base)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.num_kv_splits = 3
+    assert plan == plan_mod.plan_decode(kv_dtype=platform_fp8_dtype("cpu"), **base)
+
+
+def test_a_workspace_caps_the_split_count_a_forced_one_does_not():
+    cpu = torch.device("cpu")
+    base = dict(batch=1, num_heads=16, q_len=1, max_blocks=64, block_size=64, q_dtype=torch.float16)
+    base.update(kv_dtype=torch.float16, device=cpu)
+    free = plan_mod.plan_decode(**base)
+    assert free.num_kv_splits > 2
+    per_split = 16 * 513
+    assert plan_mod.plan_decode(workspace_numel=2 * per_split + 5, **base).num_kv_splits == 2
+    assert plan_mod.plan_decode(workspace_numel=0, **base).num_kv_splits == 1
+    forced = plan_mod.plan_decode(workspace_numel=0, num_kv_splits=4, **base)
+    assert forced.num_kv_splits == 4 and forced.workspace_numel == 4 * per_split
 
 
 def _write() -> None:

@@ -250,7 +250,7 @@ def test_shapes_and_presets():
 
 @pytest.mark.parametrize("arch", ["gfx942", "sm90", "cpu"])
 def test_compose_tier_changes_only_its_combination(arch):
-    from rocm_mla.ops.decode import stage1_config
+    from rocm_mla.ops.decode_plan import stage1_config
     from rocm_mla.variants.decode import tuning_candidates
 
     pkg = C.package_config("mla_decode", arch)
@@ -278,7 +278,7 @@ def test_compose_tier_changes_only_its_combination(arch):
 def test_compose_tier_with_v_split():
     """A V_SPLIT point (perf/sweeps/decode_sm90_vsplit.json) is expressible, and the tuner's knob
     moves keep V_SPLIT 2 with D_SPLIT 2."""
-    from rocm_mla.ops.decode import stage1_config
+    from rocm_mla.ops.decode_plan import stage1_config
 
     tier = C.package_config("mla_decode", "sm90")["stage1"][2]
     point = {**stage1_config("sm90", 0, torch.bfloat16, False, tier), "D_SPLIT": 2, "V_SPLIT": 2, "num_warps": 4}

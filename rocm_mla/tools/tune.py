@@ -63,7 +63,7 @@ from typing import Any
 import torch
 
 from .. import configs as C
-from ..ops.decode import STAGE1_DEFAULTS, stage1_config, stage1_tier_index
+from ..ops.decode_plan import STAGE1_DEFAULTS, stage1_config, stage1_tier_index
 from .bench_decode_inputs import SCALE as SCALE_DECODE  # the timed call's scale: its check uses it too
 from .bench_decode_inputs import Setup, ours
 

@@ -83,7 +83,7 @@ def mla_decode(
         k_scale: fp8 dequant scale, value = stored x k_scale (K and V share it). A float, or a
             float32 tensor of one element on the device (read by the kernel: no host sync).
             Ignored for 16/32-bit caches (vLLM passes 1.0 there). None means 1.
-        num_kv_splits: force the split count S (>= 1). Default: ``choose_num_splits``. Only
+        num_kv_splits: force the split count S (>= 1). Default: ``plan_decode``'s choice. Only
             load balance depends on it, never the result.
         max_seq_len: optional host-side upper bound of max(seq_lens) (vLLM's
             ``attn_metadata.max_seq_len``); sharpens the split choice. Default: the block table's

@@ -40,9 +40,7 @@ def main() -> int:
     s = Setup(args.B, args.seq, args.N, args.kv, dev, cold_bytes=0, block=args.block, q_len=args.q_len)
     cfg = json.loads(args.config) if args.config else None
     plan = plan_for(s, dev, cfg, args.splits)
-    print(
-        f"{s.label} block={s.block}: S={plan['num_kv_splits']} row_blocks={plan['row_blocks']} config={plan['config']}"
-    )
+    print(f"{s.label} block={s.block}: S={plan.num_kv_splits} row_blocks={plan.row_blocks} config={plan.config}")
     fn = ours(s, cfg, args.splits)
     for i in range(args.calls):
         us = one_call_us(lambda: fn(0), dev)

@@ -1,5 +1,5 @@
 """gfx950 launch data after its copies of gfx942 left configs/*.json: the loader's fallback
-(rocm_mla/configs/__init__.py: a gfx9 arch without its own entry takes gfx942's) resolves every op
+(rocm_mla/configs/tables.py: a gfx9 arch without its own entry takes gfx942's) resolves every op
 on gfx950 to exactly what it resolved to before (tests/data/gfx950_configs_snapshot.json, taken from
 the JSON files with their gfx950 blocks)."""
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rocm_mla.configs import _table, config_for
+from rocm_mla.configs import config_for
+from rocm_mla.configs.tables import _table
 
 SNAPSHOT = json.loads((Path(__file__).parent / "data" / "gfx950_configs_snapshot.json").read_text())
 OPS = sorted(k for k in SNAPSHOT if not k.startswith("_"))

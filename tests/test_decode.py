@@ -25,7 +25,7 @@ from _util import (
 )
 
 import rocm_mla
-from rocm_mla.ops.decode import choose_num_splits, mla_decode_workspace_numel, stage1_config
+from rocm_mla.ops.decode_plan import choose_num_splits, mla_decode_workspace_numel, stage1_config
 from rocm_mla.reference import mla_decode_ref
 from rocm_mla.variants.decode import triton_variants, tuning_candidates
 
@@ -157,7 +157,7 @@ def test_reference_row_without_keys():
 
 
 def test_page_mode_for():
-    from rocm_mla.ops.decode import page_mode_for
+    from rocm_mla.ops.decode_plan import page_mode_for
 
     assert page_mode_for(64, 64) == (2, 0) and page_mode_for(128, 32) == (2, 0) and page_mode_for(48, 16) == (2, 0)
     assert page_mode_for(16, 64) == (1, 4) and page_mode_for(1, 16) == (1, 0) and page_mode_for(32, 64) == (1, 5)
@@ -597,7 +597,7 @@ def test_v_split_matches_reference(dtype, splits, name):
 
 
 def test_v_split_needs_d_split_two_is_forced():
-    from rocm_mla.ops.decode import stage1_meta
+    from rocm_mla.ops.decode_plan import stage1_meta
 
     consts, _ = stage1_meta(
         "cpu", {**V_SPLIT_CFG, "D_SPLIT": 1}, torch.float16, False, direct=True, has_scale_ptr=False, page_mode=2
@@ -669,7 +669,7 @@ def test_quantize_q_config_resolution():
     (sm90's 64-row fp8 tier is a 128-row V_SPLIT tile without it, the timed 64-row tile with it);
     FP8_QK reaches the kernel, and the plan, only for fp8 caches and 16-bit q."""
     from rocm_mla.configs import config_for
-    from rocm_mla.ops.decode import stage1_meta
+    from rocm_mla.ops.decode_plan import stage1_meta
 
     tiers = config_for("mla_decode", "sm90")["stage1"]
     plain = stage1_config("sm90", 128, torch.bfloat16, True)
@@ -855,7 +855,7 @@ def _this_gpu_tier0(clamp: bool, fp8: bool) -> dict:
     """The 16-row tier this GPU runs, with the page guard forced to one form."""
     from rocm_mla import _platform
     from rocm_mla.configs import config_for
-    from rocm_mla.ops.decode import stage1_config
+    from rocm_mla.ops.decode_plan import stage1_config
 
     arch = _platform.device_arch(DEVICE)
     tier = stage1_config(arch, 0, torch.bfloat16, fp8, config_for("mla_decode", arch)["stage1"][0])

@@ -114,12 +114,12 @@ def test_default_dir_and_single_file(tmp_path, monkeypatch, cfgdir):
 
 
 def test_cu_specific_file_first(cfgdir, monkeypatch):
-    monkeypatch.setattr(C, "device_compute_units", lambda arch: 304 if arch == "gfx942" else None)
+    monkeypatch.setattr(C.loader, "device_compute_units", lambda arch: 304 if arch == "gfx942" else None)
     _write(cfgdir / "gfx942-304cu.json", _overlay("gfx942", {"mla_prefill": {"triton": {"BLOCK_N": 64}}}, cus=304))
     _write(cfgdir / "gfx942.json", _overlay("gfx942", {"mla_prefill": {"triton": {"BLOCK_N": 16}}}))
     C.reload_overlays()
     assert C.config_for("mla_prefill", "gfx942")["triton"]["BLOCK_N"] == 64
-    monkeypatch.setattr(C, "device_compute_units", lambda arch: 80)  # an MI308X: only the generic file fits
+    monkeypatch.setattr(C.loader, "device_compute_units", lambda arch: 80)  # an MI308X: only the generic file fits
     C.reload_overlays()
     assert C.config_for("mla_prefill", "gfx942")["triton"]["BLOCK_N"] == 16
     # a CU-specific overlay for another CU count is refused even under the generic name
@@ -214,7 +214,7 @@ def test_stamp_errors(cfgdir, monkeypatch):
     edited_meta["_meta"]["note"] = "comments in _meta do not matter"
     assert C.stamp_problems(edited_meta) == []
     real = C.software_versions()
-    monkeypatch.setattr(C, "software_versions", lambda: {**real, "triton": "9.9.9"})  # Triton upgraded
+    monkeypatch.setattr(C.overlay, "software_versions", lambda: {**real, "triton": "9.9.9"})  # Triton upgraded
     errs = C.stamp_problems(stamped)
     assert isinstance(errs[0], C.OverlayStale) and "9.9.9" in str(errs[0])
 
@@ -255,7 +255,7 @@ def test_shapes_and_presets():
 
 @pytest.mark.parametrize("arch", ["gfx942", "sm90", "cpu"])
 def test_compose_tier_changes_only_its_combination(arch):
-    from rocm_mla.ops.decode import stage1_config
+    from rocm_mla.ops.decode_plan import stage1_config
     from rocm_mla.variants.decode import tuning_candidates
 
     pkg = C.package_config("mla_decode", arch)
@@ -283,7 +283,7 @@ def test_compose_tier_changes_only_its_combination(arch):
 def test_compose_tier_with_v_split():
     """A V_SPLIT point (perf/sweeps/decode_sm90_vsplit.json) is expressible, and the tuner's knob
     moves keep V_SPLIT 2 with D_SPLIT 2."""
-    from rocm_mla.ops.decode import stage1_config
+    from rocm_mla.ops.decode_plan import stage1_config
 
     tier = C.package_config("mla_decode", "sm90")["stage1"][2]
     point = {**stage1_config("sm90", 0, torch.bfloat16, False, tier), "D_SPLIT": 2, "V_SPLIT": 2, "num_warps": 4}

@@ -1,703 +1,116 @@
 """Per-arch launch data: one JSON file per op, keyed by arch (gfx942, gfx950, sm90, default), and
 an optional user overlay that ``rocm-mla tune`` writes.
 
-``config_for(op, arch)`` is the single entry point; it hands the lookup to one function per vendor,
-which knows how that vendor's arch names fall back (an unknown CDNA part takes gfx942's data, an
-unknown Hopper-or-newer part takes sm90's), then merges the user's overlay for exactly that arch
-over the result. No code outside this module inspects arch strings.
+``config_for(op, arch)`` is the single entry point the ops use. The package is three modules, each
+depending only on the ones before it:
 
-Overlays (``rocm-mla tune`` writes them; README "On an MI300"):
+* ``tables``: the package's JSON per op and the per-vendor arch selection (``package_config``,
+  ``is_amd_arch``, ``is_nvidia_arch``, ``nvidia_sm``, the tuning spaces).
+* ``overlay``: the user's tuned overlay: the schema of every op's fields, validation
+  (``validate_overlay``, the ``OverlayError`` family), the verification stamp, the files, the merge.
+* ``loader``: ``config_for`` (package data plus the verified overlay for exactly that arch, cached),
+  ``overlay_status``, ``reload_overlays``, ``overlays_disabled`` and ``override`` (the tuner's).
 
-* Where: ``$ROCM_MLA_CONFIG_DIR`` (default ``$XDG_CONFIG_HOME/rocm_mla``, else ``~/.config/rocm_mla``);
-  ``ROCM_MLA_CONFIG_DIR=`` (empty) turns overlays off; a value ending in ``.json`` names one
-  overlay file. In the folder, the file for a device is ``<arch>-<CUs>cu.json`` (e.g.
-  ``gfx942-304cu.json``: the tuner's name), else ``<arch>.json`` (any CU count).
-* What: the configs' own schema, ``{"<op>": {"<arch>": {fields of that arch's object}}, "_meta": {...}}``.
-  Objects merge field by field over the package's object; a list or a scalar replaces the
-  package's value whole (e.g. ``mla_decode``'s ``stage1`` tiers).
-* Trust: an overlay is used only when it is well formed (known ops, fields and types), names the
-  arch (and CU count) of the device, and carries the stamp that ``rocm-mla tune`` (or
-  ``rocm-mla tune --check --stamp``) writes after compiling every config in it and checking it
-  against the float32 reference: ``_meta.verified`` = the digest of its content plus the rocm_mla
-  and Triton versions it was checked with. An edited or stale overlay could fail to compile or be
-  wrong, and this module cannot tell without running it: such a file is ignored, with one
-  ``OverlayWarning`` per process, and the package's data is used. Nothing here raises.
-* Caching: the resolved data is cached per (op, arch); ``reload_overlays()`` drops the cache (the
-  tuner calls it after writing, so a ``tune`` run and later calls in one process agree). A file
-  written by another process is seen by processes started after it (a serving process does not
-  change configs under its own feet). Set ``ROCM_MLA_CONFIG_DIR`` before the first op call, or call
-  ``reload_overlays()`` after changing it.
+Every name below is importable from ``rocm_mla.configs``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import functools
-import hashlib
-import itertools
-import json
-import math
-import os
-import re
-import warnings
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from importlib import resources
-from pathlib import Path
-from typing import Any
-
-OVERLAY_SCHEMA_VERSION = 1
-OVERLAY_ENV = "ROCM_MLA_CONFIG_DIR"
-
-
-@functools.cache
-def _table(op: str) -> dict[str, Any]:
-    text = resources.files(__package__).joinpath(f"{op}.json").read_text()
-    return json.loads(text)
-
-
-def _amd(table: dict[str, Any], arch: str) -> dict[str, Any]:
-    if arch in table:
-        return table[arch]
-    # CDNA3/4 share wave64, 64 KiB LDS per CU and the MFMA shapes the configs name.
-    if arch.startswith("gfx9") and "gfx942" in table:
-        return table["gfx942"]
-    return table["default"]
-
-
-def _nvidia(table: dict[str, Any], arch: str) -> dict[str, Any]:
-    if arch in table:
-        return table[arch]
-    if (nvidia_sm(arch) or 0) >= 90 and "sm90" in table:
-        return table["sm90"]
-    return table["default"]
-
-
-def is_amd_arch(arch: str) -> bool:
-    """True for an AMD GPU arch key (``gfx942``, ``gfx950``, ...): where the AMD backend's compile
-    options apply. With ``is_nvidia_arch`` and ``nvidia_sm``, the one place outside ``_platform``
-    that reads a vendor or a generation from an arch name."""
-    return arch.startswith("gfx")
-
-
-def is_nvidia_arch(arch: str) -> bool:
-    """True for an NVIDIA GPU arch key (``sm90``, ...)."""
-    return arch.startswith("sm")
-
-
-def nvidia_sm(arch: str) -> int | None:
-    """The compute capability of an NVIDIA arch key as a number (``sm90`` / ``sm90a`` -> 90), else None."""
-    m = re.fullmatch(r"sm(\d+)\w*", arch)
-    return int(m.group(1)) if m else None
-
-
-def package_config(op: str, arch: str) -> dict[str, Any]:
-    """The package's own launch data of ``op`` on ``arch`` (no overlay): what ``config_for``
-    returns when overlays are off."""
-    table = _table(op)
-    if is_amd_arch(arch):
-        return _amd(table, arch)
-    if is_nvidia_arch(arch):
-        return _nvidia(table, arch)
-    return table["default"]
-
-
-def config_for(op: str, arch: str) -> dict[str, Any]:
-    """Launch data of ``op`` on ``arch`` (``gfx942``, ``sm90``, ``cpu``, ...).
-
-    Returns the JSON object for that arch (see ``rocm_mla/configs/<op>.json`` for the fields), with
-    the user's verified overlay for that arch merged over it (see the module docstring). Callers
-    must not modify it.
-    """
-    return _resolved(op, arch)
-
-
-@functools.cache
-def _resolved(op: str, arch: str) -> dict[str, Any]:
-    override = _STATE.overrides.get((op, arch))
-    if override is not None:
-        return override
-    base = package_config(op, arch)
-    if _STATE.disabled or op not in SCHEMAS:
-        return base
-    status = overlay_status(arch)
-    if status.error is not None:
-        _warn_once(status)
-        return base
-    if status.data is not None and op in status.data:
-        return _deep_merge(base, status.data[op][arch])
-    return base
-
-
-def known_arches(op: str) -> list[str]:
-    """Arch keys with explicit data for ``op`` (for the ISA report)."""
-    return [k for k in _table(op) if is_amd_arch(k) or is_nvidia_arch(k)]
-
-
-def tune_space(op: str) -> dict[str, Any]:
-    """Candidate launch values per implementation that ``perf/bench_<op> --tune`` and
-    ``rocm-mla tune`` sweep."""
-    return _table(op).get("tune", {})
-
-
-def tune_candidates(op: str) -> dict[str, list[dict[str, Any]]]:
-    """Per implementation, every combination of its ``tune_space`` values (keys in the JSON's
-    order, the last key varying fastest): the launch-data candidates a sweep times, each to be
-    merged over the arch's entry."""
-    return {
-        impl: [dict(zip(space, vals)) for vals in itertools.product(*space.values())]
-        for impl, space in tune_space(op).items()
-    }
-
-
-def platform_fp8_dtype(arch: str):
-    """The torch FP8 E4M3 dtype a plain "fp8" cache holds on ``arch`` (``platform.json``)."""
-    import torch
-
-    return getattr(torch, config_for("platform", arch)["fp8_dtype"])
-
-
-# --------------------------------------------------------------------------- overlay schema
-
-INT, BOOL, NUM, STR, BACKEND = "int", "bool", "number", "str", "backend"
-TMA = "tma"  # mla_prefill's "tma": one of PREFILL_TMA_MODES
-# mla_prefill's "tma" values -> the kernel's USE_TMA: off, per-program descriptors, host descriptors.
-PREFILL_TMA_MODES = {False: 0, True: 1, "host": 2}
-BACKENDS = ("hip", "triton", "reference")  # every op's implementations (ops/_dispatch.py selects one)
-# Launch/compile options only AMD's Triton backend takes (triton_common.AMD_ONLY_OPTIONS is this
-# list); absent, 0 and "none" all mean the backend's default.
-AMD_OPTIONS = {"waves_per_eu": INT, "matrix_instr_nonkdim": INT, "kpack": INT, "schedule_hint": STR}
-
-
-def prefill_tma_mode(value: Any) -> int | None:
-    """mla_prefill's USE_TMA for a config's "tma" value (PREFILL_TMA_MODES), None for anything else.
-    By identity for the booleans: 0 and 1 are not false and true here."""
-    for key, mode in PREFILL_TMA_MODES.items():
-        if value is key or (isinstance(key, str) and value == key):
-            return mode
-    return None
-
-
-_DECODE_FIELDS = {
-    "BLOCK_H": INT,
-    "BLOCK_N": INT,
-    "D_SPLIT": INT,
-    "V_SPLIT": INT,
-    "RELOAD_K": BOOL,
-    "F16_DOT": BOOL,
-    "CLAMP_PAGES": BOOL,
-    "num_warps": INT,
-    "num_stages": INT,
-    "ctas_per_cu": INT,
-    **AMD_OPTIONS,
-}
-# Per-dtype override objects inside a decode stage-1 tier ("fp8+qk": fp8 cache with quantize_q=True).
-DECODE_DTYPE_TAGS = ("fp8", "fp8+qk", "fp32", "fp16+fp8")
-_DECODE_TIER = {**_DECODE_FIELDS, **{tag: _DECODE_FIELDS for tag in DECODE_DTYPE_TAGS}}
-_PREFILL = {
-    "BLOCK_M": INT,
-    "BLOCK_N": INT,
-    "num_warps": INT,
-    "num_stages": INT,
-    "diag_stages": INT,
-    "tma": TMA,
-    "head_group": INT,
-    "head_group_kv_bytes": INT,
-    **AMD_OPTIONS,
-}
-
-# The fields an overlay may set, per op (the arch objects of configs/<op>.json). Fields the
-# package's JSON gains later are accepted too (their type read from the JSON): see _schema().
-SCHEMAS: dict[str, dict[str, Any]] = {
-    "mla_decode": {
-        "backend_order": [BACKEND],
-        "num_xcds": INT,
-        "split": {"min_tokens_per_split": INT, "max_splits": INT, "fixed_tiles": NUM, "launch_tiles": NUM},
-        "stage1": [_DECODE_TIER],
-        "stage2": {"num_warps": INT, "tile_elems": INT, "max_block_s": INT, "waves_per_eu": INT},
-        "candidates": [_DECODE_TIER],
-    },
-    "mla_prefill": {"backend_order": [BACKEND], "triton": _PREFILL, "triton_fp32": _PREFILL, "candidates": [_PREFILL]},
-    "merge_attn_states": {
-        "backend_order": [BACKEND],
-        "hip": {"waves_per_block": INT, "vecs_per_thread": INT},
-        "triton": {"tile_elems": INT, "num_warps": INT, "waves_per_eu": INT},
-    },
-    "rope_kv_write": {
-        "backend_order": [BACKEND],
-        "hip": {"waves_per_block": INT, "units_per_thread": INT, "min_blocks_per_cu": INT},
-        "triton": {
-            "rows_per_program": INT,
-            "max_tokens": INT,
-            "block_rows": INT,
-            "num_warps": INT,
-            "waves_per_eu": INT,
-        },
-    },
-}
-
-
-def _infer(value: Any) -> Any:
-    if isinstance(value, bool):
-        return BOOL
-    if isinstance(value, int):
-        return INT
-    if isinstance(value, float):
-        return NUM
-    if isinstance(value, str):
-        return STR
-    if isinstance(value, dict):
-        return {k: _infer(v) for k, v in value.items()}
-    if isinstance(value, list):
-        elem: Any = None
-        for v in value:
-            elem = _infer(v) if elem is None else _union(elem, _infer(v))
-        return [elem if elem is not None else STR]
-    return STR
-
-
-def _union(a: Any, b: Any) -> Any:
-    """Schema that accepts what ``a`` accepts and the fields ``b`` adds (``a`` wins on types)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = dict(a)
-        for k, v in b.items():
-            out[k] = _union(out[k], v) if k in out else v
-        return out
-    if isinstance(a, list) and isinstance(b, list):
-        return [_union(a[0], b[0])]
-    if isinstance(a, str) and isinstance(b, str) and {a, b} == {INT, NUM}:
-        return NUM
-    return a
-
-
-@functools.cache
-def _schema(op: str) -> dict[str, Any]:
-    schema = SCHEMAS[op]
-    for key, obj in _table(op).items():
-        if not key.startswith("_") and key != "tune" and isinstance(obj, dict):
-            schema = _union(schema, _infer(obj))
-    return schema
-
-
-@functools.cache
-def _required_list_fields(op: str) -> dict[str, frozenset[str]]:
-    """Per list-of-objects field (``stage1``, ``candidates``): the fields every element of the
-    package's lists has (an overlay's list replaces the package's whole, so its elements must be
-    complete)."""
-    out: dict[str, frozenset[str]] = {}
-    for key, obj in _table(op).items():
-        if key.startswith("_") or key == "tune" or not isinstance(obj, dict):
-            continue
-        for name, val in obj.items():
-            if isinstance(val, list) and val and all(isinstance(v, dict) for v in val):
-                common = frozenset.intersection(*(frozenset(v) for v in val))
-                out[name] = out[name] & common if name in out else common
-    return out
-
-
-# --------------------------------------------------------------------------- overlay errors
-
-
-class OverlayError(ValueError):
-    """A user overlay that cannot be used; the subclass names what is wrong."""
-
-    def __init__(self, where: str, what: str):
-        super().__init__(f"{where}: {what}" if where else what)
-        self.where, self.what = where, what
-
-    @property
-    def name(self) -> str:
-        return type(self).__name__
-
-
-class OverlayParseError(OverlayError):
-    """Not readable, not JSON, or not a JSON object."""
-
-
-class OverlayUnknownKey(OverlayError):
-    """An op, arch or field name the configs' schema does not have."""
-
-
-class OverlayTypeError(OverlayError):
-    """A field of the wrong type (or an empty list, a negative count, an unknown backend)."""
-
-
-class OverlayArchMismatch(OverlayError):
-    """The overlay is for another arch or another CU count than the device's."""
-
-
-class OverlayUnverified(OverlayError):
-    """No verification stamp, or the content changed after it was verified."""
-
-
-class OverlayStale(OverlayError):
-    """Verified with another rocm_mla or Triton version: re-check before it is used."""
-
-
-class OverlayCompileError(OverlayError):
-    """A config of the overlay fails to compile or launch (``rocm-mla tune --check``)."""
-
-
-class OverlayReferenceError(OverlayError):
-    """A config of the overlay gives results that differ from the float32 reference."""
-
-
-class OverlayWarning(UserWarning):
-    """Issued once per process per ignored overlay file."""
-
-
-# --------------------------------------------------------------------------- overlay validation
-
-_MAY_BE_EMPTY = frozenset({"candidates"})  # list fields an overlay may empty (the others are needed)
-
-
-def _check_value(
-    where: str,
-    value: Any,
-    schema: Any,
-    required: dict[str, frozenset[str]],
-    errors: list[OverlayError],
-    field_name: str = "",
-) -> None:
-    if isinstance(schema, dict):
-        if not isinstance(value, dict):
-            errors.append(OverlayTypeError(where, f"expected an object, got {type(value).__name__}"))
-            return
-        for k, v in value.items():
-            if k not in schema:
-                errors.append(OverlayUnknownKey(f"{where}.{k}", f"unknown field (known: {', '.join(sorted(schema))})"))
-                continue
-            _check_value(f"{where}.{k}", v, schema[k], required, errors, k)
-        return
-    if isinstance(schema, list):
-        if not isinstance(value, list) or not (value or field_name in _MAY_BE_EMPTY):
-            errors.append(OverlayTypeError(where, f"expected a non-empty list, got {json.dumps(value)[:60]}"))
-            return
-        need = required.get(field_name, frozenset())
-        for i, v in enumerate(value):
-            _check_value(f"{where}[{i}]", v, schema[0], required, errors)
-            if need and isinstance(v, dict) and not need <= set(v):
-                errors.append(
-                    OverlayTypeError(
-                        f"{where}[{i}]",
-                        f"a replaced list's objects must be complete: missing {', '.join(sorted(need - set(v)))}",
-                    )
-                )
-        return
-    ok = True
-    if schema == INT:
-        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
-        want = "a non-negative integer"
-    elif schema == BOOL:
-        ok, want = isinstance(value, bool), "true or false"
-    elif schema == NUM:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-        want = "a non-negative number"
-    elif schema == BACKEND:
-        ok, want = value in BACKENDS, f"one of {', '.join(BACKENDS)}"
-    elif schema == TMA:
-        ok = prefill_tma_mode(value) is not None
-        want = 'true, false or "host"'
-    else:
-        ok, want = isinstance(value, str), "a string"
-    if not ok:
-        errors.append(OverlayTypeError(where, f"expected {want}, got {json.dumps(value)[:60]}"))
-
-
-def overlay_digest(data: dict[str, Any]) -> str:
-    """sha256 of an overlay's op entries (everything but ``_meta``/``_doc``), canonical JSON."""
-    body = {k: v for k, v in data.items() if not k.startswith("_")}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def software_versions() -> dict[str, str]:
-    """The versions a verification stamp is tied to (and the rest ``_meta`` records)."""
-    import torch
-    import triton
-
-    from .. import __version__
-
-    return {
-        "rocm_mla": __version__,
-        "triton": triton.__version__,
-        "torch": torch.__version__,
-        "hip": torch.version.hip or "",
-        "cuda": torch.version.cuda or "",
-    }
-
-
-def validate_overlay(data: Any, arch: str, cus: int | None = None, *, check_stamp: bool = True) -> list[OverlayError]:
-    """Every problem of overlay ``data`` for a device of ``arch`` with ``cus`` CUs (None: not
-    known), as named errors (empty: usable). Compile and reference checks are not done here
-    (``rocm-mla tune --check`` adds them)."""
-    errors: list[OverlayError] = []
-    if not isinstance(data, dict):
-        return [OverlayParseError("", f"expected a JSON object, got {type(data).__name__}")]
-    meta = data.get("_meta")
-    for key, entry in data.items():
-        if key in ("_meta", "_doc"):
-            continue
-        if key not in SCHEMAS:
-            errors.append(OverlayUnknownKey(key, f"unknown op (known: {', '.join(sorted(SCHEMAS))})"))
-            continue
-        if not isinstance(entry, dict) or not entry:
-            errors.append(OverlayTypeError(key, 'expected an object {"<arch>": {...}}'))
-            continue
-        for a, obj in entry.items():
-            if not (is_amd_arch(a) or is_nvidia_arch(a)) and a != "cpu":
-                errors.append(OverlayUnknownKey(f"{key}.{a}", "unknown arch key (gfx..., sm..., cpu)"))
-                continue
-            if a != arch:
-                errors.append(OverlayArchMismatch(f"{key}.{a}", f"an entry for another arch than this device's {arch}"))
-                continue
-            _check_value(f"{key}.{a}", obj, _schema(key), _required_list_fields(key), errors)
-    if not isinstance(meta, dict):
-        errors.append(OverlayUnverified("_meta", "missing: an overlay needs the _meta object rocm-mla tune writes"))
-        return errors
-    if meta.get("arch") not in (None, arch):
-        errors.append(OverlayArchMismatch("_meta.arch", f"made for {meta.get('arch')}, this device is {arch}"))
-    mcus = meta.get("cus")
-    if cus is not None and mcus not in (None, cus):
-        errors.append(OverlayArchMismatch("_meta.cus", f"made for {mcus} CUs/SMs, this device has {cus}"))
-    if check_stamp:
-        errors.extend(stamp_problems(data))
-    return errors
-
-
-def stamp_problems(data: dict[str, Any]) -> list[OverlayError]:
-    """Why the verification stamp of ``data`` does not cover it here (empty: it does)."""
-    meta = data.get("_meta") if isinstance(data, dict) else None
-    ver = meta.get("verified") if isinstance(meta, dict) else None
-    fix = "run `rocm-mla tune --check --stamp` to check it and accept it"
-    if not isinstance(ver, dict) or "sha256" not in ver:
-        return [OverlayUnverified("_meta.verified", f"no verification stamp; {fix}")]
-    if ver.get("sha256") != overlay_digest(data):
-        return [OverlayUnverified("_meta.verified", f"the content changed after it was verified; {fix}")]
-    now = software_versions()
-    stale = [f"{k} {ver.get(k)} -> {now[k]}" for k in ("rocm_mla", "triton") if ver.get(k) != now[k]]
-    if stale:
-        return [OverlayStale("_meta.verified", f"verified with other versions ({'; '.join(stale)}); {fix}")]
-    return []
-
-
-def stamp_overlay(data: dict[str, Any], by: str) -> dict[str, Any]:
-    """``data`` with a verification stamp for its current content and this software (call only
-    after the compile and reference checks passed)."""
-    import datetime
-
-    meta = dict(data.get("_meta") or {})
-    v = software_versions()
-    meta["verified"] = {
-        "sha256": overlay_digest(data),
-        "rocm_mla": v["rocm_mla"],
-        "triton": v["triton"],
-        "torch": v["torch"],
-        "by": by,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-    return {**data, "_meta": meta}
-
-
-# --------------------------------------------------------------------------- overlay files
-
-
-def overlay_dir() -> Path | None:
-    """The folder (or single ``.json`` file) overlays come from; None when turned off."""
-    value = os.environ.get(OVERLAY_ENV)
-    if value is not None:
-        return Path(value).expanduser() if value.strip() else None
-    base = os.environ.get("XDG_CONFIG_HOME") or "~/.config"
-    return Path(base).expanduser() / "rocm_mla"
-
-
-def overlay_filename(arch: str, cus: int | None) -> str:
-    """The tuner's file name for a device: ``<arch>-<CUs>cu.json`` (``cpu.json`` on the CPU)."""
-    return f"{arch}-{cus}cu.json" if cus else f"{arch}.json"
-
-
-def device_compute_units(arch: str) -> int | None:
-    """CU (AMD) / SM (NVIDIA) count of a visible device of ``arch`` (the current device first);
-    None when none is visible (e.g. a compile report on another machine), or when this process has
-    not initialised the GPU runtime: a config lookup never initialises it (a serving framework may
-    fork after looking things up); ops call this with tensors already on the GPU."""
-    if not (is_amd_arch(arch) or is_nvidia_arch(arch)):
-        return None
-    try:
-        import torch
-
-        from .. import _platform
-
-        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
-            return None
-        cur = torch.cuda.current_device()
-        for i in [cur] + [i for i in range(torch.cuda.device_count()) if i != cur]:
-            if _platform.device_arch(torch.device("cuda", i)) == arch:
-                return int(torch.cuda.get_device_properties(i).multi_processor_count)
-    except Exception:  # no driver, no device: no CU count
-        return None
-    return None
-
-
-@dataclass
-class OverlayStatus:
-    """What the loader found for one arch: the file, its data when usable, else the first error."""
-
-    arch: str
-    cus: int | None
-    path: Path | None = None
-    data: dict[str, Any] | None = None
-    error: OverlayError | None = None
-    searched: list[str] = field(default_factory=list)
-
-
-def find_overlay(arch: str, cus: int | None) -> tuple[Path | None, list[str]]:
-    """The overlay file for a device of ``arch``/``cus`` and the paths searched."""
-    d = overlay_dir()
-    if d is None:
-        return None, []
-    paths = (
-        [d]
-        if d.suffix == ".json"
-        else ([d / overlay_filename(arch, cus)] if cus else []) + [d / overlay_filename(arch, None)]
-    )
-    for p in paths:
-        if p.is_file():
-            return p, [str(x) for x in paths]
-    return None, [str(x) for x in paths]
-
-
-def read_overlay(path: Path) -> dict[str, Any]:
-    """Parse an overlay file (OverlayParseError when it cannot be)."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise OverlayParseError(str(path), f"{type(exc).__name__}: {exc}") from None
-    if not isinstance(data, dict):
-        raise OverlayParseError(str(path), f"expected a JSON object, got {type(data).__name__}")
-    return data
-
-
-@functools.cache
-def overlay_status(arch: str) -> OverlayStatus:
-    """The overlay the loader uses for ``arch`` on this machine (cached; ``reload_overlays()``)."""
-    cus = device_compute_units(arch)
-    st = OverlayStatus(arch, cus)
-    if _STATE.disabled:
-        return st
-    try:
-        st.path, st.searched = find_overlay(arch, cus)
-        if st.path is None:
-            return st
-        data = read_overlay(st.path)
-        errors = validate_overlay(data, arch, cus)
-    except OverlayError as exc:
-        st.error = exc
-        return st
-    except Exception as exc:  # e.g. a folder it may not read: never an error in the caller
-        st.error = OverlayParseError(str(st.path or overlay_dir()), f"{type(exc).__name__}: {exc}")
-        return st
-    if errors:
-        st.error = errors[0]
-    else:
-        st.data = data
-    return st
-
-
-_WARNED: set[tuple[str, str]] = set()
-
-
-def _warn_once(st: OverlayStatus) -> None:
-    key = (str(st.path), str(st.error))
-    if key in _WARNED:
-        return
-    _WARNED.add(key)
-    more = "" if st.error is None else f"{st.error.name}: {st.error}"
-    warnings.warn(
-        f"rocm_mla: ignoring the config overlay {st.path} ({more}); using the package's launch "
-        f"configs. `rocm-mla tune --check` explains it; ROCM_MLA_CONFIG_DIR= turns overlays off.",
-        OverlayWarning,
-        stacklevel=4,
-    )
-
-
-def _deep_merge(base: Any, over: Any) -> Any:
-    if isinstance(base, dict) and isinstance(over, dict):
-        out = dict(base)
-        for k, v in over.items():
-            out[k] = _deep_merge(base[k], v) if k in base else copy.deepcopy(v)
-        return out
-    return copy.deepcopy(over)
-
-
-def merge_overlay(base: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
-    """``entry`` (an overlay's object for one op and arch) merged over ``base``: objects field by
-    field, lists and scalars replaced whole."""
-    return _deep_merge(base, entry)
-
-
-def overlay_changes(op: str, base: Any, entry: Any, where: str = "") -> list[str]:
-    """Lines ``field: package value -> overlay value`` for what ``entry`` changes in ``base``."""
-    where = where or op
-    if isinstance(base, dict) and isinstance(entry, dict):
-        out = []
-        for k, v in entry.items():
-            out += overlay_changes(op, base.get(k), v, f"{where}.{k}")
-        return out
-    if base == entry:
-        return []
-    if isinstance(base, list) and isinstance(entry, list) and len(base) == len(entry):
-        out = []
-        for i, (b, e) in enumerate(zip(base, entry)):
-            out += overlay_changes(op, b, e, f"{where}[{i}]")
-        return out
-    fmt = lambda v: "-" if v is None else json.dumps(v, separators=(",", ":"))  # noqa: E731
-    return [f"{where}: {fmt(base)} -> {fmt(entry)}"]
-
-
-def reload_overlays() -> None:
-    """Forget the cached overlay and resolved configs: the next ``config_for`` reads the overlay
-    folder again (call after writing an overlay or changing ROCM_MLA_CONFIG_DIR in-process)."""
-    overlay_status.cache_clear()
-    _resolved.cache_clear()
-
-
-class _State:
-    def __init__(self):
-        self.disabled = False
-        self.overrides: dict[tuple[str, str], dict[str, Any]] = {}
-
-
-_STATE = _State()
-
-
-@contextlib.contextmanager
-def overlays_disabled() -> Iterator[None]:
-    """Within the block, ``config_for`` returns the package's data (what ``tune`` calls the
-    default)."""
-    prev = _STATE.disabled
-    _STATE.disabled = True
-    reload_overlays()
-    try:
-        yield
-    finally:
-        _STATE.disabled = prev
-        reload_overlays()
-
-
-@contextlib.contextmanager
-def override(op: str, arch: str, obj: dict[str, Any]) -> Iterator[None]:
-    """Within the block, ``config_for(op, arch)`` returns ``obj`` (a complete arch object): how the
-    tuner times a candidate through the op's own public entry point."""
-    key = (op, arch)
-    prev = _STATE.overrides.get(key)
-    _STATE.overrides[key] = obj
-    _resolved.cache_clear()
-    try:
-        yield
-    finally:
-        if prev is None:
-            _STATE.overrides.pop(key, None)
-        else:
-            _STATE.overrides[key] = prev
-        _resolved.cache_clear()
+from .loader import _WARNED as _WARNED  # the once-per-process warnings' memory (tests reset it)
+from .loader import (
+    config_for,
+    overlay_status,
+    overlays_disabled,
+    override,
+    platform_fp8_dtype,
+    reload_overlays,
+)
+from .overlay import (
+    AMD_OPTIONS,
+    BACKENDS,
+    DECODE_DTYPE_TAGS,
+    OVERLAY_ENV,
+    OVERLAY_SCHEMA_VERSION,
+    PREFILL_TMA_MODES,
+    SCHEMAS,
+    OverlayArchMismatch,
+    OverlayCompileError,
+    OverlayError,
+    OverlayParseError,
+    OverlayReferenceError,
+    OverlayStale,
+    OverlayStatus,
+    OverlayTypeError,
+    OverlayUnknownKey,
+    OverlayUnverified,
+    OverlayWarning,
+    device_compute_units,
+    find_overlay,
+    merge_overlay,
+    overlay_changes,
+    overlay_digest,
+    overlay_dir,
+    overlay_filename,
+    prefill_tma_mode,
+    read_overlay,
+    software_versions,
+    stamp_overlay,
+    stamp_problems,
+    validate_overlay,
+)
+from .tables import (
+    is_amd_arch,
+    is_nvidia_arch,
+    known_arches,
+    nvidia_sm,
+    package_config,
+    tune_candidates,
+    tune_space,
+)
+
+__all__ = [
+    "AMD_OPTIONS",
+    "BACKENDS",
+    "DECODE_DTYPE_TAGS",
+    "OVERLAY_ENV",
+    "OVERLAY_SCHEMA_VERSION",
+    "PREFILL_TMA_MODES",
+    "SCHEMAS",
+    "OverlayArchMismatch",
+    "OverlayCompileError",
+    "OverlayError",
+    "OverlayParseError",
+    "OverlayReferenceError",
+    "OverlayStale",
+    "OverlayStatus",
+    "OverlayTypeError",
+    "OverlayUnknownKey",
+    "OverlayUnverified",
+    "OverlayWarning",
+    "config_for",
+    "device_compute_units",
+    "find_overlay",
+    "is_amd_arch",
+    "is_nvidia_arch",
+    "known_arches",
+    "merge_overlay",
+    "nvidia_sm",
+    "overlay_changes",
+    "overlay_digest",
+    "overlay_dir",
+    "overlay_filename",
+    "overlay_status",
+    "overlays_disabled",
+    "override",
+    "package_config",
+    "platform_fp8_dtype",
+    "prefill_tma_mode",
+    "read_overlay",
+    "reload_overlays",
+    "software_versions",
+    "stamp_overlay",
+    "stamp_problems",
+    "tune_candidates",
+    "tune_space",
+    "validate_overlay",
+]

@@ -1,50 +1,27 @@
 """mla_decode: paged MQA over the MLA latent cache (absorbed-weight decode), split-KV, in place.
 
 Kernels: rocm_mla/kernels/mla_decode.py (Triton, stage 1 + stage 2). Reference:
-rocm_mla/reference/decode.py. Launch data: rocm_mla/configs/mla_decode.json.
-
-What the wrapper decides on the host, without reading any device value (so the call can be
-captured in a CUDA/HIP graph):
-  * the stage-1 tier (BLOCK_H query rows per program) from M = q_len x N;
-  * the split count S (``choose_num_splits``): a small cost model over the CU/SM count, the
-    batch, the row blocks and an upper bound of the longest sequence (the ``max_seq_len`` hint,
-    else the block table's capacity ``max_blocks x block_size``);
-  * S == 1: stage 1 writes out/lse directly (one launch); S > 1: partials go to a float32
-    workspace (``torch.empty`` per call, or the caller's ``workspace=``) and stage 2 merges them.
+rocm_mla/reference/decode.py. The wrapper validates, plans (``plan_decode``,
+rocm_mla/ops/decode_plan.py: tier, split count, workspace, launch configs, decided on the host from
+sizes alone so the call can be captured in a CUDA/HIP graph), then launches what the plan says:
+stage 1 alone (one split: it writes out/lse), or stage 1 into a float32 workspace (``torch.empty``
+per call, or the caller's ``workspace=``) and stage 2 merging the splits.
 """
 
 from __future__ import annotations
 
-import functools
-import math
 from typing import Any
 
 import torch
-import triton
 
-from .. import _platform
-from ..configs import DECODE_DTYPE_TAGS, config_for, platform_fp8_dtype
+from ..configs import platform_fp8_dtype
 from ..kernels.mla_decode import mla_decode_reduce_kernel, mla_decode_stage1_kernel
-from ..mla_dims import FP8_DTYPES, FP8_KV_CACHE_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
+from ..mla_dims import FP8_DTYPES, FP8_KV_CACHE_DTYPES
 from ..reference.decode import mla_decode_ref, quantize_q_fp8
-from ..triton_common import LOG2E, amd_options
+from ..triton_common import LOG2E
 from ._checks import FLOAT_DTYPES, Checker, debug_enabled
 from ._dispatch import select
-
-OP = "mla_decode"
-D_NOPE = KV_LORA_RANK  # V width and the nope part of K (the kernel's constexpr names)
-D_PE = QK_ROPE_HEAD_DIM
-D_KV = KV_ROW_DIM
-
-# What an absent stage-1 config field means (rocm-mla tune compares configs with the same table).
-STAGE1_DEFAULTS = {
-    "D_SPLIT": 1,
-    "V_SPLIT": 1,
-    "RELOAD_K": False,
-    "F16_DOT": False,
-    "CLAMP_PAGES": False,
-    "FP8_QK": False,
-}
+from .decode_plan import D_KV, D_NOPE, D_PE, OP, DecodePlan, plan_decode
 
 _KV_DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32", *FP8_KV_CACHE_DTYPES)
 
@@ -106,7 +83,7 @@ def mla_decode(
         k_scale: fp8 dequant scale, value = stored x k_scale (K and V share it). A float, or a
             float32 tensor of one element on the device (read by the kernel: no host sync).
             Ignored for 16/32-bit caches (vLLM passes 1.0 there). None means 1.
-        num_kv_splits: force the split count S (>= 1). Default: ``choose_num_splits``. Only
+        num_kv_splits: force the split count S (>= 1). Default: ``plan_decode``'s choice. Only
             load balance depends on it, never the result.
         max_seq_len: optional host-side upper bound of max(seq_lens) (vLLM's
             ``attn_metadata.max_seq_len``); sharpens the split choice. Default: the block table's
@@ -235,7 +212,32 @@ def mla_decode(
     if is_fp8 and k_scale is not None and scale_t is None:
         ks_float = float(k_scale)
     if impl == "triton":
+        plan = plan_decode(
+            batch=B,
+            num_heads=N,
+            q_len=q_len,
+            max_blocks=max_blocks,
+            block_size=kv.shape[1],
+            q_dtype=q_nope.dtype,
+            kv_dtype=kv.dtype,
+            device=q_nope.device,
+            max_seq_len=max_seq_len,
+            num_kv_splits=num_kv_splits,
+            workspace_numel=None if workspace is None else workspace.numel(),
+            config=config,
+            quantize_q=quantize_q,
+            k_scale_on_device=is_fp8 and scale_t is not None,
+        )
+        if workspace is not None and workspace.numel() < plan.workspace_numel:
+            R = rows * N
+            c.fail(
+                "workspace",
+                f"a contiguous float32 tensor of >= {plan.workspace_numel} elements "
+                f"(S={plan.num_kv_splits} splits x {R} rows x 513)",
+                f"{workspace.numel()} elements",
+            )
         _launch_triton(
+            plan,
             q_nope,
             q_pe,
             kv,
@@ -243,16 +245,10 @@ def mla_decode(
             seq_lens,
             out,
             lse,
+            workspace,
             float(sm_scale),
-            q_len,
-            is_fp8,
             ks_float,
             scale_t if is_fp8 else None,
-            num_kv_splits,
-            max_seq_len,
-            workspace,
-            config,
-            quantize_q,
         )
     else:
         ref_scale = (scale_t if scale_t is not None else ks_float) if is_fp8 else None
@@ -345,291 +341,32 @@ def _debug_checks(c: Checker, kv: torch.Tensor, block_table: torch.Tensor, seq_l
         )
 
 
-def mla_decode_workspace_numel(rows: int, num_heads: int, num_kv_splits: int) -> int:
-    """float32 elements a ``workspace=`` needs for ``num_kv_splits`` splits (0 for one split):
-    partial outputs ``[S, rows*N, 512]`` then partial lses ``[S, rows*N]``."""
-    if num_kv_splits <= 1:
-        return 0
-    return num_kv_splits * rows * num_heads * (D_NOPE + 1)
-
-
-# --------------------------------------------------------------------------- launch decisions
-
-
-@functools.cache
-def _num_cus(device_index: int) -> int:
-    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
-
-
-def num_compute_units(device: torch.device) -> int:
-    """CUs (AMD) / SMs (NVIDIA) of ``device``; 4 for the CPU interpreter (no hardware to fill)."""
-    if device.type != "cuda":
-        return 4
-    return _num_cus(device.index if device.index is not None else torch.cuda.current_device())
-
-
-def stage1_tier_index(tiers: list[dict[str, Any]], rows_per_request: int) -> int:
-    """Index of the stage-1 tier that serves ``rows_per_request`` query rows: the first whose
-    BLOCK_H holds them all, else the last (several row blocks per request)."""
-    return next((i for i, t in enumerate(tiers) if t["BLOCK_H"] >= rows_per_request), len(tiers) - 1)
-
-
-def stage1_config(
-    arch: str,
-    rows_per_request: int,
-    q_dtype: torch.dtype,
-    fp8: bool,
-    override: dict[str, Any] | None = None,
-    quantize_q: bool = False,
-) -> dict[str, Any]:
-    """The stage-1 launch config for ``rows_per_request`` = q_len x N query rows.
-
-    The first tier (configs' ``stage1``, sorted by BLOCK_H) that holds every row of a request;
-    else the largest tier, with several row blocks per request. ``override`` (a tuning candidate,
-    or ``config=``) replaces the tier. The chosen object's sub-objects then override fields,
-    in this order: ``fp8`` (fp8 cache), ``fp8+qk`` (fp8 cache, ``quantize_q``), ``fp32`` (float32
-    q), ``fp16+fp8`` (float16 q, fp8 cache). ``quantize_q`` (fp8 caches) then sets FP8_QK, which
-    runs the 512 latent columns as one tile (D_SPLIT 1, V_SPLIT 1 whatever the tier says).
-    """
-    if override is not None:
-        tier = override
-    else:
-        tiers = config_for(OP, arch)["stage1"]
-        tier = tiers[stage1_tier_index(tiers, rows_per_request)]
-    cfg = {k: v for k, v in tier.items() if k not in DECODE_DTYPE_TAGS}
-    qk = quantize_q and fp8 and q_dtype != torch.float32  # float32 q keeps exact products
-    tags = (
-        (["fp8"] if fp8 else [])
-        + (["fp8+qk"] if qk else [])
-        + (["fp32"] if q_dtype == torch.float32 else [])
-        + (["fp16+fp8"] if fp8 and q_dtype == torch.float16 else [])
-    )
-    for tag in tags:
-        cfg.update(tier.get(tag, {}))
-    cfg.setdefault("ctas_per_cu", 1)
-    if "FP8_QK" in cfg:  # an accuracy trade the caller asks for by name, never a tuning field
-        got = f"FP8_QK={cfg['FP8_QK']!r}"
-        raise ValueError(f"{OP}: config: expected no FP8_QK entry (quantize_q=True sets it), got {got}")
-    if qk:
-        cfg.update(FP8_QK=True, D_SPLIT=1, V_SPLIT=1)
-    for key in ("BLOCK_H", "BLOCK_N", "num_warps", "num_stages"):
-        if key not in cfg:
-            raise ValueError(f"{OP}: config: expected a {key} entry, got keys {sorted(cfg)}")
-    return cfg
-
-
-@functools.lru_cache(maxsize=4096)
-def choose_num_splits(
-    batch: int,
-    row_blocks: int,
-    max_seq_len: int,
-    block_n: int,
-    block_h: int,
-    kv_elem_bytes: int,
-    num_cus: int,
-    ctas_per_cu: int,
-    min_tokens_per_split: int,
-    max_splits: int,
-    fixed_tiles: float,
-    launch_tiles: float,
-) -> int:
-    """Split count S that minimises a modelled time, in units of one program streaming one KV tile.
-
-    Programs = batch x row_blocks x S run in waves of ``num_cus x ctas_per_cu`` slots; each
-    streams ``cdiv(tiles, S)`` tiles (tiles = cdiv(max_seq_len, block_n)) plus ``fixed_tiles`` of
-    prologue/epilogue. S > 1 adds, per program, the float32 partial written and read back
-    (2 x block_h x 513 x 4 bytes, in tiles of block_n x 576 x kv_elem_bytes) and one stage-2
-    launch (``launch_tiles``). S ranges over 1 .. min(max_splits, cdiv(max_seq_len,
-    min_tokens_per_split)); ties go to fewer splits. Examples with the sm90 config (132 SMs,
-    1 program/SM, block_n 64, max_splits 64): B=128, N=16, seq 4096 -> 1 (one launch: 128
-    programs already fill the GPU); B=32 -> 4 (128 programs); B=1 -> 64 (one tile per program:
-    latency-bound, two launches).
-    """
-    if batch <= 0 or max_seq_len <= 0:
-        return 1
-    slots = max(1, num_cus * ctas_per_cu)
-    tiles = triton.cdiv(max_seq_len, block_n)
-    s_max = max(1, min(max_splits, triton.cdiv(max_seq_len, max(1, min_tokens_per_split)), tiles))
-    partial_tiles = 2.0 * block_h * (D_NOPE + 1) * 4 / (block_n * D_KV * kv_elem_bytes)
-    best_s, best = 1, math.inf
-    for s in range(1, s_max + 1):
-        waves = triton.cdiv(batch * row_blocks * s, slots)
-        per_prog = triton.cdiv(tiles, s) + fixed_tiles + (partial_tiles if s > 1 else 0.0)
-        cost = waves * per_prog + (launch_tiles if s > 1 else 0.0)
-        if cost < best - 1e-9:
-            best_s, best = s, cost
-    return best_s
-
-
-def _num_xcds(arch: str) -> int:
-    """Dies dealt workgroups round-robin (configs' ``num_xcds``; 1 = no remap). The remap is
-    applied whatever the row-block count (harmless with one), so one compiled kernel per config."""
-    return int(config_for(OP, arch).get("num_xcds", 1))
-
-
-def stage2_meta(num_splits: int, arch: str) -> tuple[dict, dict]:
-    """``(constexprs, compile options)`` of the stage-2 reduce for ``num_splits`` splits, for the
-    launch and the ISA report alike. Reduce tile: BLOCK_S splits x BLOCK_D columns with
-    BLOCK_S x BLOCK_D <= tile_elems, so a long split list is read in few, wide steps (each step
-    waits for its loads once)."""
-    cfg = config_for(OP, arch)["stage2"]
-    block_s = min(triton.next_power_of_2(max(1, num_splits)), int(cfg["max_block_s"]))
-    block_d = max(64, min(D_NOPE, int(cfg["tile_elems"]) // block_s))
-    options = {"num_warps": int(cfg["num_warps"]), **amd_options(cfg, arch)}
-    return {"D": D_NOPE, "BLOCK_D": block_d, "BLOCK_S": block_s}, options
-
-
-def decode_plan(
-    *,
-    batch: int,
-    num_heads: int,
-    q_len: int,
-    max_blocks: int,
-    block_size: int,
-    q_dtype: torch.dtype,
-    kv_fp8: bool,
-    kv_elem_bytes: int,
-    device: torch.device,
-    max_seq_len: int | None = None,
-    num_kv_splits: int | None = None,
-    config: dict[str, Any] | None = None,
-    quantize_q: bool = False,
-) -> dict[str, Any]:
-    """What a call with these shapes launches, decided on the host from shapes alone:
-    ``{"config": stage-1 config, "row_blocks": int, "num_kv_splits": S, "launches": 1 or 2}``.
-    (perf/bench_decode.py prints it next to each timing.)"""
-    arch = _platform.device_arch(device)
-    m_rows = q_len * num_heads
-    cfg = stage1_config(arch, m_rows, q_dtype, kv_fp8, config, quantize_q=quantize_q)
-    row_blocks = triton.cdiv(m_rows, int(cfg["BLOCK_H"]))
-    S = num_kv_splits
-    if S is None:
-        sp = config_for(OP, arch)["split"]
-        cap = max_blocks * block_size
-        bound = cap if max_seq_len is None else min(max_seq_len, cap)
-        # V_SPLIT programs share each row block's tiles: they count as row blocks for the model.
-        S = choose_num_splits(
-            batch,
-            row_blocks * int(cfg.get("V_SPLIT", STAGE1_DEFAULTS["V_SPLIT"])),
-            bound,
-            int(cfg["BLOCK_N"]),
-            int(cfg["BLOCK_H"]),
-            kv_elem_bytes,
-            num_compute_units(device),
-            int(cfg["ctas_per_cu"]),
-            int(sp["min_tokens_per_split"]),
-            int(sp["max_splits"]),
-            float(sp["fixed_tiles"]),
-            float(sp["launch_tiles"]),
-        )
-    return {"config": cfg, "row_blocks": row_blocks, "num_kv_splits": S, "launches": 1 if S == 1 else 2}
-
-
-def page_mode_for(page_size: int, block_n: int) -> tuple[int, int]:
-    """Stage 1's PAGE_MODE and page_shift for a cache page size and a tile of block_n tokens:
-    (2, 0) when every tile lies in one page (page_size a multiple of block_n), (1, log2) for other
-    powers of two, (0, 0) otherwise (see the kernel's docstring)."""
-    if page_size % block_n == 0:
-        return 2, 0
-    if page_size & (page_size - 1) == 0:
-        return 1, page_size.bit_length() - 1
-    return 0, 0
-
-
-def stage1_meta(
-    arch: str,
-    cfg: dict[str, Any],
-    q_dtype: torch.dtype,
-    kv_fp8: bool,
-    *,
-    direct: bool,
-    has_scale_ptr: bool,
-    page_mode: int,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(constexprs, compile options)`` of one stage-1 launch: the single place both the wrapper's
-    launch and the ISA report's variants take them from, so what the report compiles is what runs."""
-    field = {**STAGE1_DEFAULTS, **cfg}
-    v_split = int(field["V_SPLIT"])
-    consts = {
-        "D_NOPE": D_NOPE,
-        "D_PE": D_PE,
-        "BLOCK_H": int(cfg["BLOCK_H"]),
-        "BLOCK_N": int(cfg["BLOCK_N"]),
-        "DIRECT": bool(direct),
-        "HAS_K_SCALE_PTR": bool(has_scale_ptr),
-        "IEEE": q_dtype == torch.float32,
-        "D_SPLIT": 2 if v_split == 2 else int(field["D_SPLIT"]),
-        "RELOAD_K": bool(field["RELOAD_K"]),
-        "NUM_XCDS": _num_xcds(arch),
-        "F16_DOT": bool(kv_fp8 and q_dtype == torch.bfloat16 and field["F16_DOT"]),
-        "PAGE_MODE": int(page_mode),
-        "V_SPLIT": v_split,
-        "CLAMP_PAGES": bool(field["CLAMP_PAGES"]) and page_mode == 2,  # the kernel's LATE: labels say what runs
-        "FP8_QK": bool(kv_fp8 and q_dtype != torch.float32 and field["FP8_QK"]),
-        # The Triton interpreter's float -> e4m3 conversion is wrong near exponent boundaries.
-        "Q8_INT": arch == "cpu" or _platform.interpreter_active(),
-    }
-    options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **amd_options(cfg, arch)}
-    return consts, options
-
-
 def _launch_triton(
-    q_nope,
-    q_pe,
-    kv,
-    block_table,
-    seq_lens,
-    out,
-    lse,
-    sm_scale,
-    q_len,
-    is_fp8,
-    ks_float,
-    ks_tensor,
-    num_kv_splits,
-    max_seq_len,
-    workspace,
-    config,
-    quantize_q,
-):
-    rows, N, _ = q_nope.shape
-    B, max_blocks = block_table.shape
-    page_size = kv.shape[1]
-    arch = _platform.device_arch(q_nope.device)
-    R = rows * N
-    plan = decode_plan(
-        batch=B,
-        num_heads=N,
-        q_len=q_len,
-        max_blocks=max_blocks,
-        block_size=page_size,
-        q_dtype=q_nope.dtype,
-        kv_fp8=is_fp8,
-        kv_elem_bytes=kv.element_size(),
-        device=q_nope.device,
-        max_seq_len=max_seq_len,
-        num_kv_splits=num_kv_splits,
-        config=config,
-        quantize_q=quantize_q,
-    )
-    cfg, row_blocks, S = plan["config"], plan["row_blocks"], plan["num_kv_splits"]
-    block_n = int(cfg["BLOCK_N"])
-    if num_kv_splits is None and workspace is not None:
-        S = max(1, min(S, workspace.numel() // max(1, R * (D_NOPE + 1))))
-    direct = S == 1
-    if direct:
+    plan: DecodePlan,
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    workspace: torch.Tensor | None,
+    sm_scale: float,
+    ks_float: float | None,
+    ks_tensor: torch.Tensor | None,
+) -> None:
+    """Runs ``plan`` on validated tensors: stage 1, then (S > 1) the reduce."""
+    N = plan.num_heads
+    S = plan.num_kv_splits
+    R = plan.batch * plan.q_len * N
+    if plan.direct:
         part_o = part_lse = lse  # unused placeholders (DIRECT=True never touches them)
         s_po = s_pl = 0
     else:
-        need = mla_decode_workspace_numel(rows, N, S)
+        need = plan.workspace_numel
         if workspace is None:
             ws = torch.empty(need, dtype=torch.float32, device=q_nope.device)
         else:
-            if workspace.numel() < need:  # dtype and layout: checked by the wrapper
-                raise ValueError(
-                    f"{OP}: workspace: expected a contiguous float32 tensor of >= {need} elements "
-                    f"(S={S} splits x {R} rows x 513), got {workspace.numel()} elements"
-                )
             ws = workspace.reshape(-1)
         part_o = ws[: S * R * D_NOPE]
         part_lse = ws[S * R * D_NOPE : need]
@@ -638,12 +375,9 @@ def _launch_triton(
     qk_scale = sm_scale * LOG2E * (ks_float if ks_float is not None else 1.0)
     out_scale = ks_float if ks_float is not None else 1.0
     scale_ptr = ks_tensor if ks_tensor is not None else lse  # unused when HAS_K_SCALE_PTR=False
-    page_mode, page_shift = page_mode_for(page_size, block_n)
-    consts, options = stage1_meta(
-        arch, cfg, q_nope.dtype, is_fp8, direct=direct, has_scale_ptr=ks_tensor is not None, page_mode=page_mode
-    )
-    grid = (B * S * row_blocks * consts["V_SPLIT"],)
-    mla_decode_stage1_kernel[grid](
+    page_size = kv.shape[1]
+    max_blocks = block_table.shape[1]
+    mla_decode_stage1_kernel[plan.stage1_grid](
         q_nope,
         q_pe,
         kv,
@@ -657,11 +391,11 @@ def _launch_triton(
         qk_scale,
         out_scale,
         N,
-        q_len,
+        plan.q_len,
         S,
-        row_blocks,
+        plan.row_blocks,
         page_size,
-        page_shift,
+        plan.page_shift,
         max_blocks * page_size,
         kv.shape[0],
         *q_nope.stride(),
@@ -674,24 +408,25 @@ def _launch_triton(
         *lse.stride(),
         s_po,
         s_pl,
-        **consts,
-        **options,
+        **plan.stage1_constexprs,
+        **plan.stage1_options,
     )
-    if direct:
+    if plan.direct:
         return
-    consts, options2 = stage2_meta(S, arch)
-    mla_decode_reduce_kernel[(R, D_NOPE // consts["BLOCK_D"])](
-        part_o, part_lse, out, lse, N, S, s_po, s_pl, *out.stride(), *lse.stride(), **consts, **options2
+    mla_decode_reduce_kernel[plan.stage2_grid](
+        part_o,
+        part_lse,
+        out,
+        lse,
+        N,
+        S,
+        s_po,
+        s_pl,
+        *out.stride(),
+        *lse.stride(),
+        **plan.stage2_constexprs,
+        **plan.stage2_options,
     )
 
 
-__all__ = [
-    "mla_decode",
-    "mla_decode_workspace_numel",
-    "choose_num_splits",
-    "stage1_config",
-    "decode_plan",
-    "stage1_meta",
-    "stage2_meta",
-    "fp8_dtype_for",
-]
+__all__ = ["mla_decode", "fp8_dtype_for"]

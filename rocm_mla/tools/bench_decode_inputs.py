@@ -16,7 +16,8 @@ import torch
 
 from .. import _platform
 from ..mla_dims import KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
-from ..ops.decode import decode_plan, fp8_dtype_for, mla_decode
+from ..ops.decode import fp8_dtype_for, mla_decode
+from ..ops.decode_plan import DecodePlan, plan_decode
 
 L, R_DIM, D = KV_LORA_RANK, QK_ROPE_HEAD_DIM, KV_ROW_DIM  # 512, 64, 576
 BLOCK = 64
@@ -120,17 +121,16 @@ def ours(s: Setup, config=None, num_kv_splits=None):
     return call
 
 
-def plan_for(s: Setup, device, config=None, num_kv_splits=None) -> dict:
+def plan_for(s: Setup, device, config=None, num_kv_splits=None) -> DecodePlan:
     """mla_decode's launch plan (splits, row blocks, config) for ``s``'s call, as ``ours`` makes it."""
-    return decode_plan(
+    return plan_decode(
         batch=s.B,
         num_heads=s.N,
         q_len=s.q_len,
         max_blocks=s.tables[0].shape[1],
         block_size=s.block,
         q_dtype=s.dtype,
-        kv_fp8=s.fp8,
-        kv_elem_bytes=s.caches[0].element_size(),
+        kv_dtype=s.caches[0].dtype,
         device=device,
         max_seq_len=s.seq,
         num_kv_splits=num_kv_splits,

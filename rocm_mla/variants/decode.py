@@ -1,8 +1,8 @@
 """mla_decode: the Triton variants the wrapper can launch (for the ISA report) and the stage-1
 tuning candidates (for ``rocm-mla tune``).
 
-Constexprs and options come from ``rocm_mla.ops.decode.stage1_meta`` / ``stage2_meta``, the
-functions the launch uses; the stage-1 config from ``stage1_config``, the wrapper's choice.
+Constexprs and options come from ``rocm_mla.ops.decode_plan.stage1_meta`` / ``stage2_meta``, the
+functions ``plan_decode`` takes a launch's from; the stage-1 config from ``stage1_config``, the plan's choice.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 
 from ..configs import config_for, is_amd_arch, platform_fp8_dtype
 from ..kernels.mla_decode import mla_decode_reduce_kernel, mla_decode_stage1_kernel
-from ..ops.decode import OP, stage1_config, stage1_meta, stage2_meta
+from ..ops.decode_plan import OP, stage1_config, stage1_meta, stage2_meta
 from ..triton_common import amd_options, triton_type
 from .triton_variant import TritonVariant
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 
 from rocm_mla import configs as C
-from rocm_mla.ops.decode import stage1_config
+from rocm_mla.ops.decode_plan import stage1_config
 
 from . import inputs
 from .groups import COMBOS, Group, full_stage1, point_key

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rocm_mla import configs as C
-from rocm_mla.ops.decode import STAGE1_DEFAULTS, stage1_config, stage1_tier_index
+from rocm_mla.ops.decode_plan import STAGE1_DEFAULTS, stage1_config, stage1_tier_index
 
 from .inputs import shape_dtype
 from .shapes import OP_KEYS, Shape

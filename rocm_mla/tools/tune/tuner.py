@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from rocm_mla import configs as C
-from rocm_mla.ops.decode import STAGE1_DEFAULTS
+from rocm_mla.ops.decode_plan import STAGE1_DEFAULTS
 
 from .acceptance import MIN_GAIN, Acceptance, exc_text, geomean, sync_or_raise
 from .groups import Group, decode_groups, impl_groups, point_key, prefill_groups

@@ -1,0 +1,87 @@
+"""The package's launch data: one JSON file per op (``rocm_mla/configs/<op>.json``) keyed by arch
+(gfx942, gfx950, sm90, default), and the one function per vendor that picks an arch's object: an
+unknown CDNA part takes gfx942's data, an unknown Hopper-or-newer part takes sm90's. No code
+outside this package inspects arch strings.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import re
+from importlib import resources
+from typing import Any
+
+
+@functools.cache
+def _table(op: str) -> dict[str, Any]:
+    text = resources.files(__package__).joinpath(f"{op}.json").read_text()
+    return json.loads(text)
+
+
+def _amd(table: dict[str, Any], arch: str) -> dict[str, Any]:
+    if arch in table:
+        return table[arch]
+    # CDNA3/4 share wave64, 64 KiB LDS per CU and the MFMA shapes the configs name.
+    if arch.startswith("gfx9") and "gfx942" in table:
+        return table["gfx942"]
+    return table["default"]
+
+
+def _nvidia(table: dict[str, Any], arch: str) -> dict[str, Any]:
+    if arch in table:
+        return table[arch]
+    if (nvidia_sm(arch) or 0) >= 90 and "sm90" in table:
+        return table["sm90"]
+    return table["default"]
+
+
+def is_amd_arch(arch: str) -> bool:
+    """True for an AMD GPU arch key (``gfx942``, ``gfx950``, ...): where the AMD backend's compile
+    options apply. With ``is_nvidia_arch`` and ``nvidia_sm``, the one place outside ``_platform``
+    that reads a vendor or a generation from an arch name."""
+    return arch.startswith("gfx")
+
+
+def is_nvidia_arch(arch: str) -> bool:
+    """True for an NVIDIA GPU arch key (``sm90``, ...)."""
+    return arch.startswith("sm")
+
+
+def nvidia_sm(arch: str) -> int | None:
+    """The compute capability of an NVIDIA arch key as a number (``sm90`` / ``sm90a`` -> 90), else None."""
+    m = re.fullmatch(r"sm(\d+)\w*", arch)
+    return int(m.group(1)) if m else None
+
+
+def package_config(op: str, arch: str) -> dict[str, Any]:
+    """The package's own launch data of ``op`` on ``arch`` (no overlay): what ``config_for``
+    returns when overlays are off."""
+    table = _table(op)
+    if is_amd_arch(arch):
+        return _amd(table, arch)
+    if is_nvidia_arch(arch):
+        return _nvidia(table, arch)
+    return table["default"]
+
+
+def known_arches(op: str) -> list[str]:
+    """Arch keys with explicit data for ``op`` (for the ISA report)."""
+    return [k for k in _table(op) if is_amd_arch(k) or is_nvidia_arch(k)]
+
+
+def tune_space(op: str) -> dict[str, Any]:
+    """Candidate launch values per implementation that ``perf/bench_<op> --tune`` and
+    ``rocm-mla tune`` sweep."""
+    return _table(op).get("tune", {})
+
+
+def tune_candidates(op: str) -> dict[str, list[dict[str, Any]]]:
+    """Per implementation, every combination of its ``tune_space`` values (keys in the JSON's
+    order, the last key varying fastest): the launch-data candidates a sweep times, each to be
+    merged over the arch's entry."""
+    return {
+        impl: [dict(zip(space, vals)) for vals in itertools.product(*space.values())]
+        for impl, space in tune_space(op).items()
+    }

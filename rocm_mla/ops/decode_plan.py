@@ -1,0 +1,393 @@
+"""mla_decode's plan: everything a call launches, decided on the host from the call's sizes, dtypes
+and device, without reading any device value (so the call can be captured in a CUDA/HIP graph).
+
+``plan_decode(...) -> DecodePlan`` (flashinfer's plan/run split): the wrapper validates, plans, then
+launches exactly what the plan says. What it decides:
+  * the stage-1 tier (BLOCK_H query rows per program) from M = q_len x N (``stage1_config``);
+  * the split count S (``choose_num_splits``): a small cost model over the CU/SM count, the
+    batch, the row blocks and an upper bound of the longest sequence (the ``max_seq_len`` hint,
+    else the block table's capacity ``max_blocks x block_size``), capped to what a given
+    workspace holds;
+  * S == 1: stage 1 writes out/lse directly (one launch); S > 1: partials go to a float32
+    workspace of ``mla_decode_workspace_numel`` elements and stage 2 (the reduce) merges them;
+  * each launch's grid, constexprs and compile options (``stage1_meta``, ``stage2_meta``: the ISA
+    report compiles its variants from the same two functions, so what it reports is what runs).
+
+Launch data: rocm_mla/configs/mla_decode.json.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+
+from .. import _platform
+from ..configs import DECODE_DTYPE_TAGS, config_for
+from ..mla_dims import FP8_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
+from ..triton_common import amd_options
+
+OP = "mla_decode"
+D_NOPE = KV_LORA_RANK  # V width and the nope part of K (the kernel's constexpr names)
+D_PE = QK_ROPE_HEAD_DIM
+D_KV = KV_ROW_DIM
+
+# What an absent stage-1 config field means (rocm-mla tune compares configs with the same table).
+STAGE1_DEFAULTS = {
+    "D_SPLIT": 1,
+    "V_SPLIT": 1,
+    "RELOAD_K": False,
+    "F16_DOT": False,
+    "CLAMP_PAGES": False,
+    "FP8_QK": False,
+}
+
+
+def mla_decode_workspace_numel(rows: int, num_heads: int, num_kv_splits: int) -> int:
+    """float32 elements a ``workspace=`` needs for ``num_kv_splits`` splits (0 for one split):
+    partial outputs ``[S, rows*N, 512]`` then partial lses ``[S, rows*N]``."""
+    if num_kv_splits <= 1:
+        return 0
+    return num_kv_splits * rows * num_heads * (D_NOPE + 1)
+
+
+# --------------------------------------------------------------------------- launch decisions
+
+
+@functools.cache
+def _num_cus(device_index: int) -> int:
+    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
+
+
+def num_compute_units(device: torch.device) -> int:
+    """CUs (AMD) / SMs (NVIDIA) of ``device``; 4 for the CPU interpreter (no hardware to fill)."""
+    if device.type != "cuda":
+        return 4
+    return _num_cus(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def stage1_tier_index(tiers: list[dict[str, Any]], rows_per_request: int) -> int:
+    """Index of the stage-1 tier that serves ``rows_per_request`` query rows: the first whose
+    BLOCK_H holds them all, else the last (several row blocks per request)."""
+    return next((i for i, t in enumerate(tiers) if t["BLOCK_H"] >= rows_per_request), len(tiers) - 1)
+
+
+def stage1_config(
+    arch: str,
+    rows_per_request: int,
+    q_dtype: torch.dtype,
+    fp8: bool,
+    override: dict[str, Any] | None = None,
+    quantize_q: bool = False,
+) -> dict[str, Any]:
+    """The stage-1 launch config for ``rows_per_request`` = q_len x N query rows.
+
+    The first tier (configs' ``stage1``, sorted by BLOCK_H) that holds every row of a request;
+    else the largest tier, with several row blocks per request. ``override`` (a tuning candidate,
+    or ``config=``) replaces the tier. The chosen object's sub-objects then override fields,
+    in this order: ``fp8`` (fp8 cache), ``fp8+qk`` (fp8 cache, ``quantize_q``), ``fp32`` (float32
+    q), ``fp16+fp8`` (float16 q, fp8 cache). ``quantize_q`` (fp8 caches) then sets FP8_QK, which
+    runs the 512 latent columns as one tile (D_SPLIT 1, V_SPLIT 1 whatever the tier says).
+    """
+    if override is not None:
+        tier = override
+    else:
+        tiers = config_for(OP, arch)["stage1"]
+        tier = tiers[stage1_tier_index(tiers, rows_per_request)]
+    cfg = {k: v for k, v in tier.items() if k not in DECODE_DTYPE_TAGS}
+    qk = quantize_q and fp8 and q_dtype != torch.float32  # float32 q keeps exact products
+    tags = (
+        (["fp8"] if fp8 else [])
+        + (["fp8+qk"] if qk else [])
+        + (["fp32"] if q_dtype == torch.float32 else [])
+        + (["fp16+fp8"] if fp8 and q_dtype == torch.float16 else [])
+    )
+    for tag in tags:
+        cfg.update(tier.get(tag, {}))
+    cfg.setdefault("ctas_per_cu", 1)
+    if "FP8_QK" in cfg:  # an accuracy trade the caller asks for by name, never a tuning field
+        got = f"FP8_QK={cfg['FP8_QK']!r}"
+        raise ValueError(f"{OP}: config: expected no FP8_QK entry (quantize_q=True sets it), got {got}")
+    if qk:
+        cfg.update(FP8_QK=True, D_SPLIT=1, V_SPLIT=1)
+    for key in ("BLOCK_H", "BLOCK_N", "num_warps", "num_stages"):
+        if key not in cfg:
+            raise ValueError(f"{OP}: config: expected a {key} entry, got keys {sorted(cfg)}")
+    return cfg
+
+
+@functools.lru_cache(maxsize=4096)
+def choose_num_splits(
+    batch: int,
+    row_blocks: int,
+    max_seq_len: int,
+    block_n: int,
+    block_h: int,
+    kv_elem_bytes: int,
+    num_cus: int,
+    ctas_per_cu: int,
+    min_tokens_per_split: int,
+    max_splits: int,
+    fixed_tiles: float,
+    launch_tiles: float,
+) -> int:
+    """Split count S that minimises a modelled time, in units of one program streaming one KV tile.
+
+    Programs = batch x row_blocks x S run in waves of ``num_cus x ctas_per_cu`` slots; each
+    streams ``cdiv(tiles, S)`` tiles (tiles = cdiv(max_seq_len, block_n)) plus ``fixed_tiles`` of
+    prologue/epilogue. S > 1 adds, per program, the float32 partial written and read back
+    (2 x block_h x 513 x 4 bytes, in tiles of block_n x 576 x kv_elem_bytes) and one stage-2
+    launch (``launch_tiles``). S ranges over 1 .. min(max_splits, cdiv(max_seq_len,
+    min_tokens_per_split)); ties go to fewer splits. Examples with the sm90 config (132 SMs,
+    1 program/SM, block_n 64, max_splits 64): B=128, N=16, seq 4096 -> 1 (one launch: 128
+    programs already fill the GPU); B=32 -> 4 (128 programs); B=1 -> 64 (one tile per program:
+    latency-bound, two launches).
+    """
+    if batch <= 0 or max_seq_len <= 0:
+        return 1
+    slots = max(1, num_cus * ctas_per_cu)
+    tiles = triton.cdiv(max_seq_len, block_n)
+    s_max = max(1, min(max_splits, triton.cdiv(max_seq_len, max(1, min_tokens_per_split)), tiles))
+    partial_tiles = 2.0 * block_h * (D_NOPE + 1) * 4 / (block_n * D_KV * kv_elem_bytes)
+    best_s, best = 1, math.inf
+    for s in range(1, s_max + 1):
+        waves = triton.cdiv(batch * row_blocks * s, slots)
+        per_prog = triton.cdiv(tiles, s) + fixed_tiles + (partial_tiles if s > 1 else 0.0)
+        cost = waves * per_prog + (launch_tiles if s > 1 else 0.0)
+        if cost < best - 1e-9:
+            best_s, best = s, cost
+    return best_s
+
+
+def _num_xcds(arch: str) -> int:
+    """Dies dealt workgroups round-robin (configs' ``num_xcds``; 1 = no remap). The remap is
+    applied whatever the row-block count (harmless with one), so one compiled kernel per config."""
+    return int(config_for(OP, arch).get("num_xcds", 1))
+
+
+def stage2_meta(num_splits: int, arch: str) -> tuple[dict, dict]:
+    """``(constexprs, compile options)`` of the stage-2 reduce for ``num_splits`` splits, for the
+    launch and the ISA report alike. Reduce tile: BLOCK_S splits x BLOCK_D columns with
+    BLOCK_S x BLOCK_D <= tile_elems, so a long split list is read in few, wide steps (each step
+    waits for its loads once)."""
+    cfg = config_for(OP, arch)["stage2"]
+    block_s = min(triton.next_power_of_2(max(1, num_splits)), int(cfg["max_block_s"]))
+    block_d = max(64, min(D_NOPE, int(cfg["tile_elems"]) // block_s))
+    options = {"num_warps": int(cfg["num_warps"]), **amd_options(cfg, arch)}
+    return {"D": D_NOPE, "BLOCK_D": block_d, "BLOCK_S": block_s}, options
+
+
+def page_mode_for(page_size: int, block_n: int) -> tuple[int, int]:
+    """Stage 1's PAGE_MODE and page_shift for a cache page size and a tile of block_n tokens:
+    (2, 0) when every tile lies in one page (page_size a multiple of block_n), (1, log2) for other
+    powers of two, (0, 0) otherwise (see the kernel's docstring)."""
+    if page_size % block_n == 0:
+        return 2, 0
+    if page_size & (page_size - 1) == 0:
+        return 1, page_size.bit_length() - 1
+    return 0, 0
+
+
+def stage1_meta(
+    arch: str,
+    cfg: dict[str, Any],
+    q_dtype: torch.dtype,
+    kv_fp8: bool,
+    *,
+    direct: bool,
+    has_scale_ptr: bool,
+    page_mode: int,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(constexprs, compile options)`` of one stage-1 launch: the single place both the wrapper's
+    launch and the ISA report's variants take them from, so what the report compiles is what runs."""
+    field = {**STAGE1_DEFAULTS, **cfg}
+    v_split = int(field["V_SPLIT"])
+    consts = {
+        "D_NOPE": D_NOPE,
+        "D_PE": D_PE,
+        "BLOCK_H": int(cfg["BLOCK_H"]),
+        "BLOCK_N": int(cfg["BLOCK_N"]),
+        "DIRECT": bool(direct),
+        "HAS_K_SCALE_PTR": bool(has_scale_ptr),
+        "IEEE": q_dtype == torch.float32,
+        "D_SPLIT": 2 if v_split == 2 else int(field["D_SPLIT"]),
+        "RELOAD_K": bool(field["RELOAD_K"]),
+        "NUM_XCDS": _num_xcds(arch),
+        "F16_DOT": bool(kv_fp8 and q_dtype == torch.bfloat16 and field["F16_DOT"]),
+        "PAGE_MODE": int(page_mode),
+        "V_SPLIT": v_split,
+        "CLAMP_PAGES": bool(field["CLAMP_PAGES"]) and page_mode == 2,  # the kernel's LATE: labels say what runs
+        "FP8_QK": bool(kv_fp8 and q_dtype != torch.float32 and field["FP8_QK"]),
+        # The Triton interpreter's float -> e4m3 conversion is wrong near exponent boundaries.
+        "Q8_INT": arch == "cpu" or _platform.interpreter_active(),
+    }
+    options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **amd_options(cfg, arch)}
+    return consts, options
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """What one mla_decode call launches (``plan_decode`` makes it; the wrapper runs it).
+
+    The call: ``rows = batch x q_len`` query rows of ``num_heads`` heads; R = rows x num_heads.
+    Stage 1 runs ``stage1_grid = (batch x num_kv_splits x row_blocks x V_SPLIT,)`` programs, each
+    ``BLOCK_H`` query rows of one request over one split of its keys. With ``num_kv_splits == 1`` it
+    writes out ``[rows, N, 512]`` and lse ``[rows, N]`` directly and nothing else runs; otherwise it
+    writes float32 partials into a workspace of ``workspace_numel`` elements, partial outputs
+    ``[S, R, 512]`` then partial lses ``[S, R]``, and stage 2 (the reduce,
+    ``stage2_grid = (R, 512 / BLOCK_D)``) merges them into out and lse.
+    """
+
+    arch: str  # the device's arch key (gfx942, sm90, cpu, ...)
+    num_cus: int  # CUs / SMs the split model fills
+    batch: int
+    num_heads: int
+    q_len: int
+    tier: int | None  # index into configs' stage1 tiers; None when a config= override replaces the tier
+    config: dict[str, Any]  # the resolved stage-1 config (stage1_config)
+    row_blocks: int  # cdiv(q_len x N, BLOCK_H): programs per request and split
+    num_kv_splits: int  # S
+    workspace_numel: int  # float32 elements of the partials; 0 when S == 1
+    page_mode: int  # stage 1's PAGE_MODE (page_mode_for)
+    page_shift: int
+    stage1_grid: tuple[int]
+    stage1_constexprs: dict[str, Any]
+    stage1_options: dict[str, Any]
+    stage2_grid: tuple[int, int] | None  # None when S == 1
+    stage2_constexprs: dict[str, Any] | None
+    stage2_options: dict[str, Any] | None
+
+    @property
+    def direct(self) -> bool:
+        """Stage 1 writes out/lse itself (one launch, no workspace)."""
+        return self.num_kv_splits == 1
+
+    @property
+    def launches(self) -> int:
+        return 1 if self.direct else 2
+
+    @property
+    def workspace_shapes(self) -> tuple[tuple[int, int, int], tuple[int, int]] | None:
+        """``([S, R, 512], [S, R])``: the partial outputs and lses in the workspace; None when S == 1."""
+        if self.direct:
+            return None
+        r = self.batch * self.q_len * self.num_heads
+        return (self.num_kv_splits, r, D_NOPE), (self.num_kv_splits, r)
+
+
+def plan_decode(
+    *,
+    batch: int,
+    num_heads: int,
+    q_len: int,
+    max_blocks: int,
+    block_size: int,
+    q_dtype: torch.dtype,
+    kv_dtype: torch.dtype,
+    device: torch.device,
+    max_seq_len: int | None = None,
+    num_kv_splits: int | None = None,
+    workspace_numel: int | None = None,
+    config: dict[str, Any] | None = None,
+    quantize_q: bool = False,
+    k_scale_on_device: bool = False,
+) -> DecodePlan:
+    """The launches of an mla_decode call with these sizes, from the sizes alone (no device read).
+
+    Args:
+        batch: B, the block table's rows; ``q_nope`` is ``[B x q_len, num_heads, 512]``.
+        num_heads: N.
+        q_len: query rows per request (1 for decode, more for MTP / spec-decode verification).
+        max_blocks: the block table's columns (``block_table [B, max_blocks]``).
+        block_size: tokens per cache page (``kv_cache [num_blocks, block_size, 576]``).
+        q_dtype: float16, bfloat16 or float32.
+        kv_dtype: the cache's dtype as the kernel reads it: q's dtype, or an fp8 e4m3 kind (uint8
+            storage counts as fp8).
+        device: where the call runs (its arch and CU/SM count; the CPU interpreter counts 4).
+        max_seq_len: a host-side upper bound of max(seq_lens); default the table's capacity
+            ``max_blocks x block_size``. Only the split count depends on it.
+        num_kv_splits: force S (>= 1); default ``choose_num_splits``.
+        workspace_numel: float32 elements of a caller's ``workspace=``; with no num_kv_splits, S is
+            capped to what it holds (the wrapper checks that a forced S fits).
+        config: a stage-1 config replacing the tier (tuning; ``stage1_config``'s ``override``).
+        quantize_q: fp8 caches, 16-bit q: q . k^T on fp8 operands (``mla_decode(quantize_q=)``).
+        k_scale_on_device: k_scale is a device tensor that stage 1 reads (not a host number).
+    """
+    arch = _platform.device_arch(device)
+    num_cus = num_compute_units(device)
+    kv_fp8 = kv_dtype in FP8_DTYPES or kv_dtype == torch.uint8
+    m_rows = q_len * num_heads
+    tier = None if config is not None else stage1_tier_index(config_for(OP, arch)["stage1"], m_rows)
+    cfg = stage1_config(arch, m_rows, q_dtype, kv_fp8, config, quantize_q=quantize_q)
+    row_blocks = triton.cdiv(m_rows, int(cfg["BLOCK_H"]))
+    block_n = int(cfg["BLOCK_N"])
+    r = batch * q_len * num_heads
+    S = num_kv_splits
+    if S is None:
+        sp = config_for(OP, arch)["split"]
+        cap = max_blocks * block_size
+        bound = cap if max_seq_len is None else min(max_seq_len, cap)
+        # V_SPLIT programs share each row block's tiles: they count as row blocks for the model.
+        S = choose_num_splits(
+            batch,
+            row_blocks * int(cfg.get("V_SPLIT", STAGE1_DEFAULTS["V_SPLIT"])),
+            bound,
+            block_n,
+            int(cfg["BLOCK_H"]),
+            kv_dtype.itemsize,
+            num_cus,
+            int(cfg["ctas_per_cu"]),
+            int(sp["min_tokens_per_split"]),
+            int(sp["max_splits"]),
+            float(sp["fixed_tiles"]),
+            float(sp["launch_tiles"]),
+        )
+        if workspace_numel is not None:
+            S = max(1, min(S, workspace_numel // max(1, r * (D_NOPE + 1))))
+    page_mode, page_shift = page_mode_for(block_size, block_n)
+    consts1, options1 = stage1_meta(
+        arch, cfg, q_dtype, kv_fp8, direct=S == 1, has_scale_ptr=k_scale_on_device, page_mode=page_mode
+    )
+    consts2 = options2 = grid2 = None
+    if S > 1:
+        consts2, options2 = stage2_meta(S, arch)
+        grid2 = (r, D_NOPE // consts2["BLOCK_D"])
+    return DecodePlan(
+        arch=arch,
+        num_cus=num_cus,
+        batch=batch,
+        num_heads=num_heads,
+        q_len=q_len,
+        tier=tier,
+        config=cfg,
+        row_blocks=row_blocks,
+        num_kv_splits=S,
+        workspace_numel=mla_decode_workspace_numel(batch * q_len, num_heads, S),
+        page_mode=page_mode,
+        page_shift=page_shift,
+        stage1_grid=(batch * S * row_blocks * consts1["V_SPLIT"],),
+        stage1_constexprs=consts1,
+        stage1_options=options1,
+        stage2_grid=grid2,
+        stage2_constexprs=consts2,
+        stage2_options=options2,
+    )
+
+
+__all__ = [
+    "DecodePlan",
+    "plan_decode",
+    "mla_decode_workspace_numel",
+    "choose_num_splits",
+    "stage1_config",
+    "stage1_meta",
+    "stage2_meta",
+    "stage1_tier_index",
+    "page_mode_for",
+    "num_compute_units",
+    "STAGE1_DEFAULTS",
+]

@@ -15,8 +15,7 @@ Public API (see each function's docstring for shapes and layouts):
                          k_scale=None) -> None (in place)
 
 Every op also takes ``backend=`` (and the index-reading ones ``debug=``); bad index values never
-make a kernel touch memory outside its tensors, and destinations may not overlap inputs (README,
-"Bad input").
+make a kernel touch memory outside its tensors, and destinations may not overlap inputs (docs/bad-input.md).
 
 The ops are imported lazily: ``rocm_mla.tools`` can set TRITON_INTERPRET (which Triton reads when a
 kernel is decorated) before any kernel module loads.

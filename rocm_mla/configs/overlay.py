@@ -1,5 +1,5 @@
 """The user's tuned overlay: where it lives, its schema, how it is validated and stamped, and how
-it merges over the package's data (``rocm-mla tune`` writes it; README "On an MI300").
+it merges over the package's data (``rocm-mla tune`` writes it; docs/tuning.md).
 
 * Where: ``$ROCM_MLA_CONFIG_DIR`` (default ``$XDG_CONFIG_HOME/rocm_mla``, else ``~/.config/rocm_mla``);
   ``ROCM_MLA_CONFIG_DIR=`` (empty) turns overlays off; a value ending in ``.json`` names one

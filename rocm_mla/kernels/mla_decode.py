@@ -269,7 +269,7 @@ def mla_decode_stage1_kernel(
             # in the loop. A split starting at block 0 checks its first BLOCK_N entries from
             # head_pages, the rest with loads of its own. A bad entry moves `end` itself (not a
             # separate loop bound): the loop then bounds and masks by one value, as unguarded.
-            # (Each alternative's cost on the H200: perf/RESULTS.md, "Bound guards".)
+            # (Each alternative's cost on the H200: docs/notes/bound-guards.md.)
             in_head = (first_blk == 0) & (head_blk <= last_blk)
             head_bad = in_head & ((head_pages < 0) | (head_pages >= num_pages))
             rest_blk = tl.where(first_blk == 0, BLOCK_N, first_blk)

@@ -48,7 +48,8 @@ pointer loads. 1 ("tma": true): per-program descriptors over the sequence's keys
 memory by each program (zero fill past the sequence's last key). 2 ("tma": "host"): descriptors the
 wrapper builds once on the host over all heads of a row (q's too); the rows past a sequence's end
 are the next sequence's, so the key block that crosses the end goes through loop 3's masked pointer
-loads. Building three descriptors per program was 9% of a 16 x 1024 prefill (ncu; perf/RESULTS.md).
+loads. Building three descriptors per program was 9% of a 16 x 1024 prefill (ncu;
+docs/notes/prefill-tma-and-head-groups.md).
 Compiled elsewhere (gfx942, the interpreter) descriptors become pointer loads again; the wrapper
 only turns TMA on for NVIDIA (and the interpreter, to test the path).
 
@@ -138,7 +139,7 @@ def mla_prefill_kernel(
     q_end = tl.load(CU_Q + (seq + 1) * cuq_s)
     k_start = tl.load(CU_K + seq * cuk_s)
     k_end = tl.load(CU_K + (seq + 1) * cuk_s)
-    # ---- bound guard (issue #15): cu_seqlens on a GPU are not validated (that would sync), so
+    # ---- bound guard: cu_seqlens on a GPU are not validated (that would sync), so
     # clamp the sequence to the tensors' extents -- rows [0, Tq) of q/out/lse, [0, Tk) of k/v --
     # whatever the offsets hold. Valid offsets are unchanged by it.
     q_start = tl.minimum(tl.maximum(q_start, 0), num_q_rows)

@@ -103,7 +103,7 @@ def mla_decode(
             reference backend applies it too). FlashMLA's fp8 mode; an accuracy trade: on random
             inputs out moves ~3.6% (relative norm) from the unquantised float32 result, against
             ~0.2% without it. On the H200 at N=128 it runs 1.6x faster than the fp8 default
-            (perf/RESULTS.md); off by default.
+            (docs/notes/fp8-decode.md); off by default.
         debug: validate seq_lens and block-table entries against the cache (reads device values:
             a host sync, so not capturable). Default: ``ROCM_MLA_DEBUG=1`` in the environment.
 

@@ -1,7 +1,7 @@
-"""gfx950 launch data after its copies of gfx942 left configs/*.json: the loader's fallback
-(rocm_mla/configs/tables.py: a gfx9 arch without its own entry takes gfx942's) resolves every op
-on gfx950 to exactly what it resolved to before (tests/data/gfx950_configs_snapshot.json, taken from
-the JSON files with their gfx950 blocks)."""
+"""gfx950 launch data: the loader's fallback (rocm_mla/configs/tables.py: a gfx9 arch without its
+own entry takes gfx942's) resolves every op on gfx950 to the pinned snapshot
+(tests/data/gfx950_configs_snapshot.json), so a change to gfx942's data that gfx950 inherits is
+deliberate."""
 
 from __future__ import annotations
 
@@ -47,8 +47,8 @@ def test_no_arch_block_copies_gfx942():
 
 
 def test_docs_narrate_no_dates():
-    """_doc strings say what fields mean and where values come from; dated history lives in
-    perf/RESULTS.md and git."""
+    """_doc strings say what fields mean and where values come from; the measurements behind
+    the values live in docs/notes/config-rationale.md and git."""
     import re
 
     for path in sorted((Path(__file__).resolve().parents[1] / "rocm_mla" / "configs").glob("*.json")):

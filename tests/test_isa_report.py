@@ -308,7 +308,7 @@ def test_peer_rows_are_reported_not_gated(monkeypatch, capsys):
 )
 def test_aiter_mha_compiles_for_gfx942(tmp_path):
     """aiter's _attn_fwd with its MI300X config compiles for gfx942 beside ours (a subprocess: the
-    compiler needs @triton.jit without the interpreter this test session runs with)."""
+    compiler needs @triton.jit without the interpreter these tests run with)."""
     import subprocess
     import sys
 
@@ -347,7 +347,7 @@ def test_aiter_mha_compiles_for_gfx942(tmp_path):
 )
 def test_decode_side_by_side_with_aiter_on_gfx942(tmp_path):
     """aiter's MLA decode compiled for gfx942 with its MI300X config beside our decode tiers (a
-    subprocess: the compiler needs @triton.jit without the interpreter this session runs with)."""
+    subprocess: the compiler needs @triton.jit without the interpreter these tests run with)."""
     import subprocess
     import sys
 

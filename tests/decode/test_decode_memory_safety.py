@@ -35,7 +35,7 @@ from _util import DEVICE, PAGE_GUARD_CFGS, Guarded, backends, raises_naming
 import rocm_mla
 from rocm_mla.reference import merge_attn_states_ref
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NAN = float("nan")
 F32 = torch.float32
 

@@ -36,7 +36,7 @@ H.use_simulated_gfx942_platform()
 
 from rocm_mla.testing import dcp_check  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("world,interleave,block_size", [(2, 1, 16), (2, 8, 16), (4, 1, 1), (4, 16, 64), (8, 2, 16)])

@@ -27,7 +27,7 @@ except Exception as e:  # not installed, or installed without its pinned depende
 if vllm.__version__ != "0.33.0":
     pytest.skip(f"written against vLLM 0.33.0, found {vllm.__version__}", allow_module_level=True)
 
-from rocm_mla.testing import harness as H
+from vllm_harness import layer_step as H
 
 H.use_simulated_gfx942_platform()
 H.stub_vllm_compiled_op_schemas()

@@ -9,6 +9,7 @@ from _util import (
     DEVICE,
     F32,
     Guarded,
+    assert_close,
     assert_no_sync_and_capturable,
     backends,
     raises_naming,
@@ -65,7 +66,7 @@ def test_context_gather_bad_indices_nan_rows(backend, fp8):
     bad[[0, 2, 3, 4, 5, 9, 10]] = True
     gather_context_chunk(cache.view, bt, cu, starts, t2s_bad, dst.view, backend=backend, **kw)
     assert torch.isnan(dst.view[bad]).all(), "bad rows not NaN"
-    torch.testing.assert_close(dst.view[~bad].float(), want[~bad], rtol=0, atol=0)
+    assert_close(dst.view[~bad].float(), want[~bad], rtol=0, atol=0)
     ref = context_gather_ref(cache.view, bt, cu, starts, t2s_bad, 11, kw.get("k_scale"))
     assert torch.equal(torch.isnan(ref), torch.isnan(dst.view))
     # positions past the table row (starts too large) and huge pages
@@ -78,7 +79,7 @@ def test_context_gather_bad_indices_nan_rows(backend, fp8):
     assert torch.isnan(dst2.view[bad2]).all()
     assert not torch.isnan(dst2.view[~bad2]).any()
     want2 = context_gather_ref(cache.view, bt2, cu, st2, t2s, 11, kw.get("k_scale"))
-    torch.testing.assert_close(dst2.view, want2, rtol=0, atol=0, equal_nan=True)
+    assert_close(dst2.view, want2, rtol=0, atol=0, equal_nan=True)
     for x, name in ((cache, "kv_cache"), (dst, "dst"), (dst2, "dst")):
         x.check(name)
     assert torch.equal(cache.base, cache._snap), "kv_cache changed"
@@ -109,7 +110,7 @@ def test_context_gather_every_bad_page_kind_per_block_size(backend, bs, nb):
             pos = rows - ctx[0]
             bad = (pos >= 0) & (pos // bs == col)
             assert torch.isnan(dst.view[bad]).all(), (col, page)
-            torch.testing.assert_close(dst.view[~bad], want[~bad], rtol=0, atol=0)
+            assert_close(dst.view[~bad], want[~bad], rtol=0, atol=0)
             dst.check("dst")
     cache.check("kv_cache")
 

@@ -12,15 +12,8 @@ import math
 
 import pytest
 import torch
-from _util import (
-    DEVICE,
-    DTYPES,
-    HAS_GPU,
-    outside_untouched,
-    poisoned_view,
-    raises_naming,
-)
-from decode_case import BACKENDS, FP8_HERE, NAN, TOL, V_SPLIT_CFG, Case, check_case
+from _util import DEVICE, DTYPES, HAS_GPU, assert_close, outside_untouched, poisoned_view, raises_naming
+from decode_case import BACKENDS, FP8, FP8_HERE, NAN, TOL, V_SPLIT_CFG, Case, check_case
 
 import rocm_mla
 from rocm_mla.ops.decode import choose_num_splits, mla_decode_workspace_numel, stage1_config
@@ -57,8 +50,8 @@ def test_reference_equals_dense_attention(q_len, block_size, lens):
     case = Case(len(lens), 3, q_len, block_size, lens, torch.float32, seed=1)
     ro, rl = case.ref()
     do, dl = _dense_attention(case)
-    torch.testing.assert_close(ro.cpu(), do, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(rl.cpu(), dl, rtol=1e-5, atol=1e-5)
+    assert_close(ro.cpu(), do, rtol=1e-5, atol=1e-5)
+    assert_close(rl.cpu(), dl, rtol=1e-5, atol=1e-5)
 
 
 def test_reference_row_without_keys():
@@ -142,8 +135,8 @@ def test_more_splits_than_tokens_and_empty_requests():
     assert torch.equal(out[0].float(), torch.zeros(4, 512, device=DEVICE))
     assert bool((lse[0] == -math.inf).all())
     ro, rl = case.ref()
-    torch.testing.assert_close(out[1:].float(), ro[1:], rtol=4e-3, atol=4e-3)
-    torch.testing.assert_close(lse[1:], rl[1:], rtol=0, atol=1e-3)
+    assert_close(out[1:].float(), ro[1:], rtol=4e-3, atol=4e-3)
+    assert_close(lse[1:], rl[1:], rtol=0, atol=1e-3)
 
 
 @pytest.mark.parametrize("splits", [1, 2])
@@ -154,8 +147,8 @@ def test_rows_without_keys_in_a_multi_token_block(splits):
     out, lse = case.run(num_kv_splits=splits)
     assert torch.equal(out[0], torch.zeros_like(out[0])) and bool((lse[0] == -math.inf).all())
     ro, rl = case.ref()
-    torch.testing.assert_close(out[1:], ro[1:], rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(lse[1:], rl[1:], rtol=0, atol=1e-4)
+    assert_close(out[1:], ro[1:], rtol=1e-4, atol=1e-4)
+    assert_close(lse[1:], rl[1:], rtol=0, atol=1e-4)
 
 
 def test_split_count_does_not_change_result():
@@ -163,8 +156,8 @@ def test_split_count_does_not_change_result():
     ref = case.run(num_kv_splits=1)
     for s in (2, 4, 6):
         out, lse = case.run(num_kv_splits=s)
-        torch.testing.assert_close(out, ref[0], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(lse, ref[1], rtol=0, atol=1e-5)
+        assert_close(out, ref[0], rtol=1e-5, atol=1e-5)
+        assert_close(lse, ref[1], rtol=0, atol=1e-5)
 
 
 def test_causal_rows_see_their_own_prefix():
@@ -207,7 +200,7 @@ def test_fp8_cache(scale_kind, storage, kv_name):
         check_case(case, out, lse, tol=TOL[dtype])
     # The same values against the dense formulation (the scale really applied, to K and V).
     do, dl = _dense_attention(case)
-    torch.testing.assert_close(out.float().cpu(), do, rtol=TOL[dtype][0], atol=TOL[dtype][1])
+    assert_close(out.float().cpu(), do, rtol=TOL[dtype][0], atol=TOL[dtype][1])
 
 
 @pytest.mark.parametrize("storage", ["float8", "uint8"])
@@ -485,7 +478,7 @@ def test_debug_checks_seq_lens_and_pages():
     # garbage out), and the other request is unaffected.
     out, lse = rocm_mla.mla_decode(**{**args, "seq_lens": bad})
     ro, rl = mla_decode_ref(args["q_nope"], args["q_pe"], args["kv_cache"], args["block_table"], args["seq_lens"], 0.1)
-    torch.testing.assert_close(out[0], ro[0], rtol=1e-4, atol=1e-4)
+    assert_close(out[0], ro[0], rtol=1e-4, atol=1e-4)
 
 
 # ---------------------------------------------------------------- V_SPLIT
@@ -513,3 +506,32 @@ def test_v_split_needs_d_split_two_is_forced():
         "cpu", {**V_SPLIT_CFG, "D_SPLIT": 1}, torch.float16, False, direct=True, has_scale_ptr=False, page_mode=2
     )
     assert consts["V_SPLIT"] == 2 and consts["D_SPLIT"] == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["bf16", "fp8"])
+@pytest.mark.parametrize("N,q_len", [(128, 1), (128, 2), (16, 2), (16, 4)])
+def test_gpu_v_split_and_wide_tiles(kv, N, q_len):
+    """V_SPLIT and the 64-row tiles on the GPU (wgmma on sm90), MTP and fp8 included."""
+    lens = (3000, 17, 900, q_len)
+    case = Case(
+        4,
+        N,
+        q_len,
+        64,
+        lens,
+        torch.bfloat16,
+        kv_dtype=FP8 if kv == "fp8" else None,
+        k_scale=0.25 if kv == "fp8" else None,
+        seed=5,
+        q_layout="separate",
+    )
+    for cfg in (
+        {"BLOCK_H": 64, "BLOCK_N": 32, "D_SPLIT": 2, "V_SPLIT": 2, "num_warps": 4, "num_stages": 2},
+        {"BLOCK_H": 64, "BLOCK_N": 64, "D_SPLIT": 1, "num_warps": 8, "num_stages": 2},
+    ):
+        for splits in (None, 1, 7):
+            out_base, out = poisoned_view((4 * q_len, N, 512), torch.bfloat16, token_pad=1)
+            o, lse = case.run(out=out, config=cfg, num_kv_splits=splits, k_scale=0.25 if kv == "fp8" else None)
+            check_case(case, o, lse)
+            assert outside_untouched(out_base, out)

@@ -6,11 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _util import (
-    CLAMP_CFG,
-    DEVICE,
-    PAGE_GUARD_CFGS,
-)
+from _util import CLAMP_CFG, DEVICE, PAGE_GUARD_CFGS, assert_close
 from decode_case import FP8, NAN, V_SPLIT_CFG, Case
 
 import rocm_mla
@@ -39,8 +35,8 @@ def test_bad_page_id_makes_only_that_request_nan(cfg, splits, bad, block_size, w
     rows1 = slice(1, 2)
     assert torch.isnan(out[rows1]).all() and torch.isnan(lse[rows1]).all()
     keep = [0, 2]
-    torch.testing.assert_close(out[keep], ro[keep], rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(lse[keep], rl[keep], rtol=0, atol=1e-3)
+    assert_close(out[keep], ro[keep], rtol=1e-4, atol=1e-4)
+    assert_close(lse[keep], rl[keep], rtol=0, atol=1e-3)
 
 
 @pytest.mark.parametrize("cfg", PAGE_GUARD_CFGS)
@@ -56,8 +52,8 @@ def test_bad_page_seen_by_one_mtp_row_makes_every_row_nan(cfg, splits, block_siz
     out, lse = case.run(num_kv_splits=splits, backend="triton", debug=False, config=cfg)
     rows0 = slice(0, 3)  # request 0's three rows
     assert torch.isnan(out[rows0]).all() and torch.isnan(lse[rows0]).all()
-    torch.testing.assert_close(out[3:], ro[3:], rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(lse[3:], rl[3:], rtol=0, atol=1e-3)
+    assert_close(out[3:], ro[3:], rtol=1e-4, atol=1e-4)
+    assert_close(lse[3:], rl[3:], rtol=0, atol=1e-3)
 
 
 @pytest.mark.parametrize("cfg", PAGE_GUARD_CFGS)
@@ -103,8 +99,8 @@ def test_nan_in_used_kv_row_reaches_that_request(cfg, splits, poison):
         assert (~torch.isfinite(out[1])).any(-1).all()
         assert torch.isnan(lse[1][~torch.isfinite(rl[1])]).all()
     keep = [0, 2]
-    torch.testing.assert_close(out[keep], ro[keep], rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(lse[keep], rl[keep], rtol=0, atol=1e-3)
+    assert_close(out[keep], ro[keep], rtol=1e-4, atol=1e-4)
+    assert_close(lse[keep], rl[keep], rtol=0, atol=1e-3)
 
 
 @pytest.mark.gpu
@@ -117,8 +113,8 @@ def test_gpu_bad_page_and_nan_row(splits):
     case.kv[page, 5, 3] = NAN
     out, lse = case.run(num_kv_splits=splits)
     assert torch.isnan(out[:2].float()).all() and torch.isnan(lse[:2]).all()
-    torch.testing.assert_close(out[2:].float(), ro[2:], rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(lse[2:], rl[2:], rtol=0, atol=1e-3)
+    assert_close(out[2:].float(), ro[2:], rtol=2e-2, atol=2e-2)
+    assert_close(lse[2:], rl[2:], rtol=0, atol=1e-3)
 
 
 def _this_gpu_tier0(clamp: bool, fp8: bool) -> dict:
@@ -147,8 +143,8 @@ def test_gpu_page_guard_forms(clamp, kv):
     for splits in (None, 1, 16):
         out, lse = case.run(num_kv_splits=splits, config=cfg, **kw)
         assert torch.isnan(out[:1].float()).all() and torch.isnan(lse[:1]).all()
-        torch.testing.assert_close(out[1:].float(), ro[1:], rtol=2e-2, atol=2e-2)
-        torch.testing.assert_close(lse[1:], rl[1:], rtol=0, atol=1e-2)
+        assert_close(out[1:].float(), ro[1:], rtol=2e-2, atol=2e-2)
+        assert_close(lse[1:], rl[1:], rtol=0, atol=1e-2)
     q, qp = case.q_nope[:2], case.q_pe[:2]
     empty = case.kv[:0]
     bt = torch.zeros(2, 4, dtype=torch.int32, device=DEVICE)

@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _util import (
-    HAS_GPU,
-    outside_untouched,
-    poisoned_view,
-)
+from _util import HAS_GPU, assert_close, outside_untouched, poisoned_view
 from decode_case import FP8, FP8_HERE, Case
 
 from rocm_mla.ops.decode import stage1_config
@@ -30,11 +26,11 @@ def _quantize_q_check(case, tol, config=None):
         base, out = poisoned_view((case.q_nope.shape[0], case.N, 512), case.dtype, token_pad=1)
         o, lse = case.run(out=out, config=config, num_kv_splits=splits, k_scale=case.k_scale, quantize_q=True)
         assert o is out and outside_untouched(base, out)
-        torch.testing.assert_close(o.float().cpu(), ro.cpu(), rtol=tol, atol=tol)
-        torch.testing.assert_close(lse.cpu(), rl.cpu(), rtol=0, atol=tol)
+        assert_close(o.float().cpu(), ro.cpu(), rtol=tol, atol=tol)
+        assert_close(lse.cpu(), rl.cpu(), rtol=0, atol=tol)
     ref_o, ref_l = case.run(backend="reference", k_scale=case.k_scale, quantize_q=True)
-    torch.testing.assert_close(ref_o.float().cpu(), ro.cpu(), rtol=1e-2, atol=1e-2)
-    torch.testing.assert_close(ref_l.cpu(), rl.cpu(), rtol=0, atol=1e-3)
+    assert_close(ref_o.float().cpu(), ro.cpu(), rtol=1e-2, atol=1e-2)
+    assert_close(ref_l.cpu(), rl.cpu(), rtol=0, atol=1e-3)
     plain, _ = case.run(config=config, num_kv_splits=1, k_scale=case.k_scale)
     assert (plain.float() - o.float()).abs().max() > tol / 10
 

@@ -1,5 +1,5 @@
-"""mla_decode on the GPU only: bf16 and fp8 at serving sizes, V_SPLIT and the wide tiles, every
-block size, no host sync and CUDA-graph capture, the default dispatch."""
+"""mla_decode on the GPU only: bf16 and fp8 at serving sizes, every block size, no host sync and
+CUDA-graph capture, the default dispatch (V_SPLIT and the wide tiles: tests/decode/test_decode.py)."""
 
 from __future__ import annotations
 
@@ -39,35 +39,6 @@ def test_gpu_large(kv, N, q_len):
         o, lse = case.run(out=out, k_scale=ks, num_kv_splits=splits)
         check_case(case, o, lse)
         assert outside_untouched(out_base, out)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("kv", ["bf16", "fp8"])
-@pytest.mark.parametrize("N,q_len", [(128, 1), (128, 2), (16, 2), (16, 4)])
-def test_gpu_v_split_and_wide_tiles(kv, N, q_len):
-    """V_SPLIT and the 64-row tiles on the GPU (wgmma on sm90), MTP and fp8 included."""
-    lens = (3000, 17, 900, q_len)
-    case = Case(
-        4,
-        N,
-        q_len,
-        64,
-        lens,
-        torch.bfloat16,
-        kv_dtype=FP8 if kv == "fp8" else None,
-        k_scale=0.25 if kv == "fp8" else None,
-        seed=5,
-        q_layout="separate",
-    )
-    for cfg in (
-        {"BLOCK_H": 64, "BLOCK_N": 32, "D_SPLIT": 2, "V_SPLIT": 2, "num_warps": 4, "num_stages": 2},
-        {"BLOCK_H": 64, "BLOCK_N": 64, "D_SPLIT": 1, "num_warps": 8, "num_stages": 2},
-    ):
-        for splits in (None, 1, 7):
-            out_base, out = poisoned_view((4 * q_len, N, 512), torch.bfloat16, token_pad=1)
-            o, lse = case.run(out=out, config=cfg, num_kv_splits=splits, k_scale=0.25 if kv == "fp8" else None)
-            check_case(case, o, lse)
-            assert outside_untouched(out_base, out)
 
 
 @pytest.mark.gpu

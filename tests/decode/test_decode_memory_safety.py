@@ -17,6 +17,7 @@ from _util import (
     F32,
     PAGE_GUARD_CFGS,
     Guarded,
+    assert_close,
     assert_no_sync_and_capturable,
     backends,
     raises_naming,
@@ -95,8 +96,8 @@ class DecodeCase:
                 assert torch.isnan(out[r]).all() and torch.isnan(lse[r]).all(), f"request {b}: not NaN"
             else:
                 assert not torch.isnan(out[r]).any(), f"request {b}: NaN in out (leaked from another request)"
-                torch.testing.assert_close(out[r], ro[r], rtol=tol, atol=tol)
-                torch.testing.assert_close(lse[r], rl[r], rtol=0, atol=1e-3)
+                assert_close(out[r], ro[r], rtol=tol, atol=tol)
+                assert_close(lse[r], rl[r], rtol=0, atol=1e-3)
         self.out.check("out")
         self.lse.check("lse")
         self.kv.check("kv_cache")
@@ -141,7 +142,7 @@ def test_decode_reference_bad_page_makes_its_request_nan(q_len):
     case.check(want, nan_requests=(1, 2))
     o, lse = case.ref()  # the reference function itself, too
     assert torch.isnan(o[q_len:]).all() and torch.isnan(lse[q_len:]).all()
-    torch.testing.assert_close(o[:q_len], want[0][:q_len])
+    assert_close(o[:q_len], want[0][:q_len])
 
 
 @pytest.mark.parametrize("cfg", PAGE_GUARD_CFGS)

@@ -12,6 +12,7 @@ from _util import (
     DEVICE,
     F32,
     Guarded,
+    assert_close,
     assert_no_sync_and_capturable,
     backends,
     raises_naming,
@@ -40,8 +41,8 @@ def test_merge_guarded_destinations(backend, T, N, D):
     olse = Guarded((N, T), F32, fill="nan", pad_last=1)
     rocm_mla.merge_attn_states(out.view, po, pl, so, sl, olse.view, backend=backend)
     ref, ref_lse = merge_attn_states_ref(po, pl, so, sl)
-    torch.testing.assert_close(out.view, ref, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(olse.view, ref_lse, rtol=1e-5, atol=1e-5)
+    assert_close(out.view, ref, rtol=1e-5, atol=1e-5)
+    assert_close(olse.view, ref_lse, rtol=1e-5, atol=1e-5)
     out.check("output")
     olse.check("output_lse")
 
@@ -54,7 +55,7 @@ def test_merge_head_size_zero_writes_only_output_lse(backend, T, N):
     olse = Guarded((N, T), F32, fill="nan")
     out = torch.empty(T, N, 0, device=DEVICE)
     rocm_mla.merge_attn_states(out, po, pl, so, sl, olse.view, backend=backend)
-    torch.testing.assert_close(olse.view, torch.logaddexp(pl, sl), rtol=1e-5, atol=1e-5)
+    assert_close(olse.view, torch.logaddexp(pl, sl), rtol=1e-5, atol=1e-5)
     olse.check("output_lse")
     rocm_mla.merge_attn_states(out, po, pl, so, sl, backend=backend)  # no output_lse: nothing to do
 
@@ -104,7 +105,7 @@ def test_merge_overlaps_rejected_naming_both():
     # The documented alias still passes: output is suffix_output itself.
     s2 = so.clone()
     rocm_mla.merge_attn_states(s2, po, pl, s2, sl)
-    torch.testing.assert_close(s2, merge_attn_states_ref(po, pl, so, sl)[0], rtol=1e-5, atol=1e-5)
+    assert_close(s2, merge_attn_states_ref(po, pl, so, sl)[0], rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------- the HIP merge kernel on the CPU
@@ -203,8 +204,8 @@ def test_hip_merge_kernel_on_cpu(hip_merge_on_cpu, vec, T, N, D):
     olse = Guarded((N, T), F32, fill="nan", pad_last=2)
     _run_hip_merge_on_cpu(hip_merge_on_cpu, out.view, olse.view, po, pl, so, sl, vec=vec)
     ref, ref_lse = merge_attn_states_ref(po, pl, so, sl)
-    torch.testing.assert_close(out.view, ref, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(olse.view, ref_lse, rtol=1e-5, atol=1e-5)
+    assert_close(out.view, ref, rtol=1e-5, atol=1e-5)
+    assert_close(olse.view, ref_lse, rtol=1e-5, atol=1e-5)
     out.check("output")
     olse.check("output_lse")
 

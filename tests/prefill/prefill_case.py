@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import torch
-from _util import DEVICE, backends, rand
+from _util import DEVICE, assert_close, backends, rand
 
 from rocm_mla.ops.prefill import ContextChunk
 
@@ -46,11 +46,11 @@ def assert_matches(out, lse, ref, ref_lse, dtype):
     rtol, atol = TOL[dtype]
     assert not torch.isnan(out.float()).any(), "an output element was not written (NaN)"
     assert not torch.isnan(lse).any(), "an lse element was not written (NaN)"
-    torch.testing.assert_close(out.float(), ref, rtol=rtol, atol=atol)
+    assert_close(out.float(), ref, rtol=rtol, atol=atol)
     # -inf where the reference has -inf (rows that see no key), close elsewhere.
     assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)), "lse -inf pattern differs"
     fin = torch.isfinite(ref_lse)
-    torch.testing.assert_close(
+    assert_close(
         lse[fin],
         ref_lse[fin],
         rtol=1e-4 if dtype != torch.float32 else 1e-5,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from _util import DEVICE, DTYPES, HAS_GPU, backends, outside_untouched, poisoned_view, raises_naming, rand
+from _util import DEVICE, DTYPES, HAS_GPU, assert_close, backends, outside_untouched, poisoned_view, raises_naming, rand
 from prefill_case import (
     KERNEL_BACKENDS,
     SCALE,
@@ -67,13 +67,13 @@ def test_reference_matches_dense_attention(causal):
     v = torch.randn(Tk, N, V, generator=g).to(DEVICE)
     out, lse = mla_prefill_ref(q, kn, kpe, v, cu(lq), cu(lk), 0.07, causal)
     dout, dlse = _dense_attention_f64(q, kn, kpe, v, lq, lk, 0.07, causal)
-    torch.testing.assert_close(out, dout.float(), rtol=1e-5, atol=1e-5)
+    assert_close(out, dout.float(), rtol=1e-5, atol=1e-5)
     assert torch.equal(torch.isneginf(lse), torch.isneginf(dlse.float()))
     # Sequence 3 (lq=6 > lk=2, q rows 14..19): causal rows 0..3 see no key.
     assert bool(torch.isneginf(lse[:, 14:18]).all()) == causal and torch.isfinite(lse[:, 18:20]).all()
     assert torch.isneginf(lse[:, 20:]).all()  # sequence 4 has no keys
     fin = torch.isfinite(dlse)
-    torch.testing.assert_close(lse[fin], dlse[fin].float(), rtol=1e-5, atol=1e-5)
+    assert_close(lse[fin], dlse[fin].float(), rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------- kernel vs reference (CPU and GPU)
@@ -274,7 +274,7 @@ def test_rows_that_see_no_key_are_zero_and_minus_inf(backend):
     assert torch.isneginf(lse[:, blind]).all()
     assert torch.isfinite(lse[:, [4, 5]]).all()
     # row 4 sees key 0 only: its output is v[0] exactly (weight 1)
-    torch.testing.assert_close(out[4], v[0], rtol=1e-6, atol=1e-6)
+    assert_close(out[4], v[0], rtol=1e-6, atol=1e-6)
 
 
 # ---------------------------------------------------------------- strided inputs, output views
@@ -318,7 +318,7 @@ def test_pad_v_style_output_and_inner_strides(backend):
     out_base, out = poisoned_view((sum(lq), N, V), torch.float32, pad_last=64)
     rocm_mla.mla_prefill(q2, kn2, kpe, v, cq2, ck2, sm_scale=SCALE, out=out, backend=backend)
     ref, _ = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, True)
-    torch.testing.assert_close(out, ref, rtol=2e-5, atol=2e-5)
+    assert_close(out, ref, rtol=2e-5, atol=2e-5)
     assert outside_untouched(out_base, out)
 
 

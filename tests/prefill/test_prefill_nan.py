@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _util import DEVICE, DTYPES
+from _util import DEVICE, DTYPES, assert_close
 from prefill_case import (
     KERNEL_BACKENDS,
     SCALE,
@@ -67,7 +67,7 @@ def test_nan_in_k_reaches_exactly_the_rows_that_see_it(backend, dtype, causal):
         fin = ~torch.isnan(ref_lse)
         ok = fin.transpose(0, 1)  # [Tq, N]
         rtol, atol = TOL[dtype]
-        torch.testing.assert_close(out.float()[ok], ref[ok], rtol=rtol, atol=atol)
+        assert_close(out.float()[ok], ref[ok], rtol=rtol, atol=atol)
         assert torch.equal(torch.isneginf(lse[fin]), torch.isneginf(ref_lse[fin]))
 
 
@@ -97,8 +97,8 @@ def test_nan_in_q_or_v_reaches_the_rows_that_see_it(backend):
     other = torch.ones(sum(lq), dtype=torch.bool, device=DEVICE)
     other[32:70] = False  # the key's diagonal tile (rows 32..63) and the rows that see it
     assert not torch.isnan(out[other]).any()
-    torch.testing.assert_close(out[other], ref[other], rtol=2e-5, atol=2e-5)
-    torch.testing.assert_close(lse, ref_lse, rtol=1e-5, atol=1e-5)
+    assert_close(out[other], ref[other], rtol=2e-5, atol=2e-5)
+    assert_close(lse, ref_lse, rtol=1e-5, atol=1e-5)
 
 
 def _check_poisoned_side(backend, where, lq, splits, N, dtype, b, key):
@@ -123,9 +123,9 @@ def _check_poisoned_side(backend, where, lq, splits, N, dtype, b, key):
     _assert_nan_exactly(ref[:, 0], hit, "reference out head 0")
     ok = ~torch.isnan(ref)
     rtol, atol = TOL[dtype]
-    torch.testing.assert_close(out.float()[ok], ref[ok], rtol=rtol, atol=atol)
+    assert_close(out.float()[ok], ref[ok], rtol=rtol, atol=atol)
     fin = ~torch.isnan(ref_lse)
-    torch.testing.assert_close(lse[fin], ref_lse[fin], rtol=1e-4, atol=1e-4)
+    assert_close(lse[fin], ref_lse[fin], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("backend", [*KERNEL_BACKENDS, "reference"])

@@ -6,7 +6,7 @@ call against both (16-bit caches) or against the quantised reference (fp8 caches
 from __future__ import annotations
 
 import torch
-from _util import DEVICE, TOL
+from _util import DEVICE, TOL, assert_close
 
 import rocm_mla
 from rocm_mla.reference.rope_kv_write import FP8_MAX, cache_rows_ref, quantize_fp8_ref, rope_cos_sin_cache, rope_ref
@@ -172,13 +172,13 @@ def check_against_both(case: Case, is_neox: bool, exact: bool = False):
     valid = case.slots >= 0
     got_rows = case.rows()
     assert not torch.isnan(case.q_pe.float()).any() and not torch.isnan(got_rows.float()).any()
-    torch.testing.assert_close(case.q_pe.float(), q_rot, rtol=rtol, atol=atol)
-    torch.testing.assert_close(case.k_pe.float(), k_rot, rtol=rtol, atol=atol)
-    torch.testing.assert_close(got_rows.float(), rows[valid], rtol=rtol, atol=atol)
+    assert_close(case.q_pe.float(), q_rot, rtol=rtol, atol=atol)
+    assert_close(case.k_pe.float(), k_rot, rtol=rtol, atol=atol)
+    assert_close(got_rows.float(), rows[valid], rtol=rtol, atol=atol)
     # The path vLLM runs today rounds after every op in the model dtype: looser, same answer.
-    torch.testing.assert_close(case.q_pe.float(), uq.float(), rtol=ut, atol=ut)
-    torch.testing.assert_close(case.k_pe.float(), uk.float(), rtol=ut, atol=ut)
-    torch.testing.assert_close(got_rows.float(), urows.float(), rtol=ut, atol=ut)
+    assert_close(case.q_pe.float(), uq.float(), rtol=ut, atol=ut)
+    assert_close(case.k_pe.float(), uk.float(), rtol=ut, atol=ut)
+    assert_close(got_rows.float(), urows.float(), rtol=ut, atol=ut)
     if exact:
         # Same float32 operations in the same order, no fused multiply-add: the one rounding per
         # store must give the reference's values bit for bit (catches a wrong rounding mode).
@@ -217,6 +217,6 @@ def check_fp8(case: Case, is_neox: bool):
     assert (err <= x.abs() * 2.0**-4 * 1.01 + half_sub * case.k_scale * 1.01).all()
     # q_pe / k_pe stay in the model dtype.
     rtol, atol = TOL[case.dtype]
-    torch.testing.assert_close(case.q_pe.float(), q_rot, rtol=rtol, atol=atol)
-    torch.testing.assert_close(case.k_pe.float(), k_rot, rtol=rtol, atol=atol)
+    assert_close(case.q_pe.float(), q_rot, rtol=rtol, atol=atol)
+    assert_close(case.k_pe.float(), k_rot, rtol=rtol, atol=atol)
     case.untouched_elsewhere()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _util import DEVICE, DTYPES, backends, raises_naming
+from _util import DEVICE, DTYPES, assert_close, backends, raises_naming
 from rope_case import (
     MAX_POS,
     Q_WIDTH,
@@ -51,7 +51,7 @@ def test_cos_sin_cache_builder_layout():
     """[max_pos, 64]: row p = cat(cos(p f), sin(p f)) * mscale, f_i = base^(-2i/64); zero rows allowed."""
     cs = rope_cos_sin_cache(5, mscale=2.0, compute_dtype=torch.float64, dtype=torch.float64)
     f = 1.0 / 10000.0 ** (torch.arange(0, 64, 2, dtype=torch.float64) / 64)
-    torch.testing.assert_close(cs[3], 2.0 * torch.cat(((3 * f).cos(), (3 * f).sin())), rtol=1e-12, atol=1e-12)
+    assert_close(cs[3], 2.0 * torch.cat(((3 * f).cos(), (3 * f).sin())), rtol=1e-12, atol=1e-12)
     assert rope_cos_sin_cache(0).shape == (0, 64)
 
 
@@ -70,8 +70,8 @@ def test_reference_rope_is_complex_rotation():
     gptj = torch.view_as_real(torch.complex(x[..., 0::2], x[..., 1::2]) * rot).flatten(-2)
     z = torch.complex(x[..., :32], x[..., 32:]) * rot
     neox = torch.cat((z.real, z.imag), dim=-1)
-    torch.testing.assert_close(rope_ref(pos, x.float(), cs.float(), is_neox=False), gptj.float(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(rope_ref(pos, x.float(), cs.float(), is_neox=True), neox.float(), rtol=1e-5, atol=1e-5)
+    assert_close(rope_ref(pos, x.float(), cs.float(), is_neox=False), gptj.float(), rtol=1e-5, atol=1e-5)
+    assert_close(rope_ref(pos, x.float(), cs.float(), is_neox=True), neox.float(), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("is_neox", [False, True], ids=["gptj", "neox"])
@@ -83,8 +83,8 @@ def test_reference_equals_vllm_forward_static_in_float64(is_neox):
     pos = torch.randint(0, MAX_POS, (T,), generator=g)
     cs = make_cos_sin_cache(torch.float64).cpu()
     vq, vk = vllm_forward_static(pos, q, k, cs, is_neox)
-    torch.testing.assert_close(rope_ref(pos, q, cs, is_neox=is_neox), vq.float(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(rope_ref(pos, k, cs, is_neox=is_neox), vk.float(), rtol=1e-5, atol=1e-5)
+    assert_close(rope_ref(pos, q, cs, is_neox=is_neox), vq.float(), rtol=1e-5, atol=1e-5)
+    assert_close(rope_ref(pos, k, cs, is_neox=is_neox), vk.float(), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("backend", backends())
@@ -185,11 +185,11 @@ def test_inner_strided_scalar_path(backend):
     )
     q_rot = rope_ref(case.positions, q0, case.cos_sin, is_neox=True)
     k_rot = rope_ref(case.positions, k0, case.cos_sin, is_neox=True)
-    torch.testing.assert_close(q_pe, q_rot, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(k_pe, k_rot, rtol=1e-5, atol=1e-5)
+    assert_close(q_pe, q_rot, rtol=1e-5, atol=1e-5)
+    assert_close(k_pe, k_rot, rtol=1e-5, atol=1e-5)
     valid = case.slots[case.slots >= 0]
     rows = cache[valid // 4, valid % 4]
-    torch.testing.assert_close(rows, cache_rows_ref(kv_c, k_rot)[case.slots >= 0], rtol=1e-5, atol=1e-5)
+    assert_close(rows, cache_rows_ref(kv_c, k_rot)[case.slots >= 0], rtol=1e-5, atol=1e-5)
     assert torch.isnan(cache_b[..., 1::2]).all(), "wrote between the strided cache elements"
 
 
@@ -202,10 +202,10 @@ def test_slot_minus_one_and_short_slot_mapping(backend):
     case.slots = full[:6]  # vLLM: slot_mapping unpadded, batch padded for CUDA graphs
     case.run(backend, False)
     q_rot, k_rot, rows = rope_reference(case, False)
-    torch.testing.assert_close(case.q_pe, q_rot, rtol=1e-5, atol=1e-5)  # all 9 rotated
-    torch.testing.assert_close(case.k_pe, k_rot, rtol=1e-5, atol=1e-5)
+    assert_close(case.q_pe, q_rot, rtol=1e-5, atol=1e-5)  # all 9 rotated
+    assert_close(case.k_pe, k_rot, rtol=1e-5, atol=1e-5)
     valid = case.slots >= 0
-    torch.testing.assert_close(case.rows(), rows[:6][valid], rtol=1e-5, atol=1e-5)
+    assert_close(case.rows(), rows[:6][valid], rtol=1e-5, atol=1e-5)
     case.untouched_elsewhere()  # slots full[6:] and the -1 tokens: not written
     assert valid.sum() == 4
 
@@ -215,7 +215,7 @@ def test_all_slots_skipped(backend):
     case = Case(5, 2, 16, torch.float32, skip=range(5))
     case.run(backend, True)
     q_rot, _, _ = rope_reference(case, True)
-    torch.testing.assert_close(case.q_pe, q_rot, rtol=1e-5, atol=1e-5)
+    assert_close(case.q_pe, q_rot, rtol=1e-5, atol=1e-5)
     case.untouched_elsewhere()
 
 
@@ -360,7 +360,7 @@ def test_forced_backend(monkeypatch):
     monkeypatch.setenv("ROCM_MLA_BACKEND_ROPE_KV_WRITE", "reference")
     q0 = a["q_pe"].clone()
     rocm_mla.fused_rope_mla_kv_write(is_neox=False, **a)
-    torch.testing.assert_close(a["q_pe"], rope_ref(a["positions"], q0, a["cos_sin_cache"], is_neox=False))
+    assert_close(a["q_pe"], rope_ref(a["positions"], q0, a["cos_sin_cache"], is_neox=False))
     monkeypatch.setenv("ROCM_MLA_BACKEND_ROPE_KV_WRITE", "cuda-magic")
     with pytest.raises(ValueError, match="backend.*hip, triton, reference.*cuda-magic"):
         rocm_mla.fused_rope_mla_kv_write(is_neox=False, **a)

@@ -11,6 +11,7 @@ from _util import (
     DEVICE,
     F32,
     Guarded,
+    assert_close,
     assert_no_sync_and_capturable,
     backends,
     raises_naming,
@@ -86,8 +87,8 @@ class RopeCase:
             k_rot = rope_ref(self.positions, self.k0[:, 512:], self.cos_sin.view, is_neox=is_neox)
             assert torch.isnan(self.q_pe[~good_pos].float()).all(), "bad position: q_pe not NaN"
             assert torch.isnan(self.k_pe[~good_pos].float()).all(), "bad position: k_pe not NaN"
-            torch.testing.assert_close(self.q_pe[good_pos].float(), q_rot[good_pos], rtol=tol, atol=tol)
-            torch.testing.assert_close(self.k_pe[good_pos].squeeze(1).float(), k_rot[good_pos], rtol=tol, atol=tol)
+            assert_close(self.q_pe[good_pos].float(), q_rot[good_pos], rtol=tol, atol=tol)
+            assert_close(self.k_pe[good_pos].squeeze(1).float(), k_rot[good_pos], rtol=tol, atol=tol)
         else:
             k_rot = self.k0[:, 512:].float()
             assert torch.equal(self.kv_a.view, self.k0), "concat_and_cache_mla changed k_pe"
@@ -105,7 +106,7 @@ class RopeCase:
             got, want = got.float(), want.float()
         nan_want = torch.isnan(want.float())
         assert torch.equal(torch.isnan(got.float()), nan_want), "NaN pattern of the cache rows"
-        torch.testing.assert_close(got.float()[~nan_want], want.float()[~nan_want], rtol=tol, atol=tol)
+        assert_close(got.float()[~nan_want], want.float()[~nan_want], rtol=tol, atol=tol)
         snap = self.cache._snap[self.cache.guard : self.cache.guard + flat.numel()].view(-1, 576)
         assert torch.equal(
             flat[~written].view(torch.uint8) if flat.dtype.itemsize == 1 else flat[~written].view(torch.uint8),

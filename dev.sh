@@ -20,7 +20,7 @@ setup() {
   # Editable, no build isolation: uses the torch above, so a GPU torch gets the HIP extension built now.
   "$PY" -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
   bash .ci/install_gfx942_toolchain.sh
-  PYTHON="$PY" bash .ci/install_vllm_cpu.sh  # vLLM 0.33.0 for tests/test_vllm_backend.py (skips if absent)
+  PYTHON="$PY" bash .ci/install_vllm_cpu.sh  # vLLM 0.33.0 for tests/vllm/test_vllm_backend.py (skips if absent)
 }
 
 cmd=${1:-}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs vLLM 0.33.0 for the CPU tests of the ROCM_MLA backend (tests/test_vllm_backend.py), the
+# Installs vLLM 0.33.0 for the CPU tests of the ROCM_MLA backend (tests/vllm/test_vllm_backend.py), the
 # way the team's note on vLLM 0.33 on CPU found working:
 #   1. `pip install --no-deps vllm==0.33.0`: the CUDA-13 wheel's metadata wants torch==2.14.0, which
 #      would replace the torch in use (ROCm, CUDA or CPU 2.13); --no-deps keeps it. Its compiled ops
@@ -20,7 +20,7 @@ PY=${PYTHON:-python3}
 have_vllm() { "$PY" -c "import vllm, sys; sys.exit(vllm.__version__ != '0.33.0')" >/dev/null 2>&1; }
 
 fail() {
-  echo "[setup] WARNING: $1; tests/test_vllm_backend.py will skip" >&2
+  echo "[setup] WARNING: $1; tests/vllm/test_vllm_backend.py will skip" >&2
   [ "${CI:-}" = true ] && exit 1
   exit 0
 }

@@ -1,6 +1,6 @@
 """gather_context_chunk (context_gather): every backend against the float32 reference, the
 reference against a plain loop over vLLM's chunk indexing, block sizes 1/16/64, fp8 caches,
-strided caches and destinations, empty chunks, bad input. Bad index values: test_memory_safety.py."""
+strided caches and destinations, empty chunks, bad input. Bad index values: test_context_gather_memory_safety.py."""
 
 from __future__ import annotations
 

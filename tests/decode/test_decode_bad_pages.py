@@ -20,7 +20,7 @@ from rocm_mla.ops.decode import stage1_config
 @pytest.mark.parametrize("which", ["second", "last"])
 def test_bad_page_id_makes_only_that_request_nan(cfg, splits, bad, block_size, which):
     """A used block-table entry outside the cache (debug off): that request's rows are NaN in out and
-    lse, the other requests are exact (that nothing outside kv is read: test_memory_safety's
+    lse, the other requests are exact (that nothing outside kv is read: test_decode_memory_safety.py's
     test_decode_kernel_bad_page_makes_its_request_nan, with guard regions) -- with either form of the guard
     (CLAMP_PAGES: pages clamped into the cache in the loop, checked after it). The bad entry is the
     request's second or its last used one (block 32 at block size 1: past the first 16 entries,

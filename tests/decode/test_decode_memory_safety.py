@@ -284,7 +284,7 @@ def test_decode_scale_validated(bad, exc, words):
 @pytest.mark.parametrize("kv", ["bf16", "fp8"])
 @pytest.mark.parametrize("bs", [1, 16, 64])
 def test_gpu_decode_bad_pages(kv, bs):
-    """The real decode kernel (lead's guard) on bad pages, huge ones included, every split
+    """The real decode kernel (its page guard) on bad pages, huge ones included, every split
     choice; run under compute-sanitizer memcheck."""
     for splits in (None, 1, 4):
         for page in ("-1", "nb", (1 << 31) - 1, -(1 << 31)):

@@ -50,7 +50,7 @@ def test_merge_guarded_destinations(backend, T, N, D):
 @pytest.mark.parametrize("backend", backends())
 @pytest.mark.parametrize("T,N", [(5, 3), (1, 1)])
 def test_merge_head_size_zero_writes_only_output_lse(backend, T, N):
-    """D = 0 with output_lse (was a ZeroDivisionError): the lse is merged, nothing else."""
+    """D = 0 with output_lse: the lse is merged, nothing else (no division by the head size)."""
     po, pl, so, sl = _merge_inputs(T, N, 0)
     olse = Guarded((N, T), F32, fill="nan")
     out = torch.empty(T, N, 0, device=DEVICE)

@@ -133,7 +133,7 @@ def _check_poisoned_side(backend, where, lq, splits, N, dtype, b, key):
 def test_chunked_context_keeps_a_poisoned_side(backend, where):
     """mla_prefill_with_context: a NaN in the new tokens' K, or in a context chunk's K, reaches the
     out and lse of exactly the rows that see it -- the merge must not read the poisoned side's
-    lse as "saw no key" and return attention over the other side alone (issue #13)."""
+    lse as "saw no key" and return attention over the other side alone."""
     lq, splits = [6, 20, 9], [[4, 7, 3], [5, 0, 6]]
     b, key = (1, 13) if where == "new" else (2, 0)
     _check_poisoned_side(backend, where, lq, splits, 2, torch.float32, b, key)

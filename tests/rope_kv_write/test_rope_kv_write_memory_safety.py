@@ -123,7 +123,7 @@ class RopeCase:
 
 def _bad_indices(case: RopeCase, bad_slots=True, bad_pos=True):
     T = case.T
-    if bad_slots:  # one past the end, a few past, negative, huge (a segfault before the guard)
+    if bad_slots:  # one past the end, a few past, negative, huge (unguarded, a segfault)
         vals = [case.num_slots, case.num_slots + 1, -7] + HUGE
         for i, v in zip(range(1, T, 2), vals):
             case.slots[i] = v

@@ -24,14 +24,12 @@ from _util import (
     seeded_generator,
     seeded_randn,
 )
+from decode_case import BACKENDS, FP8
 
 import rocm_mla
 from rocm_mla.reference import mla_decode_ref
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-DECODE_BACKENDS = [b for b in ("triton", "reference") if b in backends()]  # no HIP decode kernel
 
 
 class DecodeCase:
@@ -103,7 +101,7 @@ class DecodeCase:
         self.kv.check("kv_cache")
 
 
-@pytest.mark.parametrize("backend", DECODE_BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("splits", [None, 1, 3])
 @pytest.mark.parametrize("q_len,bs", [(1, 16), (2, 5), (1, 1)])
 def test_decode_bad_lengths_and_unused_entries(backend, splits, q_len, bs):
@@ -196,7 +194,7 @@ def test_decode_kernel_huge_page_in_child(page):
         assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
 
 
-@pytest.mark.parametrize("backend", DECODE_BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_decode_zero_sizes(backend):
     """B = 0, N = 0, a table of 0 columns (every row sees no key) and a cache of 0 pages with
     zero lengths: with and without out / lse / workspace."""
@@ -293,8 +291,7 @@ def test_gpu_decode_bad_pages(kv, bs):
             case.block_table[2, 3] = {"-1": -1, "nb": case.nb}.get(page, page)
             kw = {}
             if kv == "fp8":
-                fp8 = torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn
-                case.kv = Guarded((case.nb, bs, 576), fp8, fill=case.kv.view.float().to(fp8), guard=2 * bs * 576 + 64)
+                case.kv = Guarded((case.nb, bs, 576), FP8, fill=case.kv.view.float().to(FP8), guard=2 * bs * 576 + 64)
                 want = case.ref()
                 case.block_table[2, 3] = {"-1": -1, "nb": case.nb}.get(page, page)
                 kw = {"k_scale": 1.0}

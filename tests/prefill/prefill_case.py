@@ -18,8 +18,9 @@ TOL = {torch.float32: (2e-5, 2e-5), torch.float16: (4e-3, 4e-3), torch.bfloat16:
 KERNEL_BACKENDS = [b for b in backends() if b == "triton"]
 
 
-def cu(lengths) -> torch.Tensor:
-    out = [0]
+def cu(lengths, start=0) -> torch.Tensor:
+    """cu_seqlens [B + 1] int32 of ``lengths``, from ``start`` (rows before it belong to no sequence)."""
+    out = [start]
     for n in lengths:
         out.append(out[-1] + n)
     return torch.tensor(out, dtype=torch.int32, device=DEVICE)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _hip_cpu import compile_hip_on_cpu
 from _util import (
     DEVICE,
     F32,
@@ -17,6 +16,7 @@ from _util import (
     raises_naming,
     seeded_generator,
 )
+from rope_hip_cpu import compile_rope_kv_on_cpu, run_hip_kernel_on_cpu
 
 import rocm_mla
 from rocm_mla.reference.rope_kv_write import (
@@ -242,9 +242,7 @@ def test_rope_overlaps_rejected_naming_both():
 def hip_rope_on_cpu(tmp_path_factory):
     if DEVICE.type != "cpu":
         pytest.skip("CPU emulation test (the GPU tests run the real kernel)")
-    from test_rope_kv_write import _DRIVER
-
-    return compile_hip_on_cpu(tmp_path_factory.mktemp("hip_rope_cpu"), _DRIVER, "librope_cpu.so")
+    return compile_rope_kv_on_cpu(tmp_path_factory.mktemp("hip_rope_cpu"))
 
 
 @pytest.mark.parametrize("vec", [True, False], ids=["vec", "scalar"])
@@ -254,7 +252,6 @@ def test_hip_rope_kernel_on_cpu_bad_indices(hip_rope_on_cpu, vec, is_neox, fp8):
     """hip_src/kernels/rope_kv_write.cuh on the host, launched as the launcher does: the same
     guards as Triton (bad slot skipped, bad position NaN, guards intact), an empty cos/sin
     cache and an empty cache included."""
-    from test_rope_kv_write import run_hip_kernel_on_cpu
 
     def go(case, rope=True):
         run_hip_kernel_on_cpu(

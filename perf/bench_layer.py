@@ -80,6 +80,9 @@ from rocm_mla.tools.benchutil import (
     write_csv,
 )
 
+# The vLLM layer-step harness lives with the tests (tests/vllm_harness).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
 P, R, V, L = *PREFILL_DIMS, KV_LORA_RANK  # 128, 64, 128, 512
 BLOCK = 64
 SCALE = 1.0 / math.sqrt(P + R)
@@ -326,8 +329,8 @@ class RopeKV:
         forward context with this slot mapping. Raises if vLLM or the plugin's override is missing."""
         from vllm.forward_context import set_forward_context
         from vllm.utils.torch_utils import _encode_layer_name
+        from vllm_harness import layer_step as harness
 
-        from rocm_mla.testing import harness
         from rocm_mla.vllm import fused_rope_kv_op
         from rocm_mla.vllm.backend import RocmMLABackend
 
@@ -367,7 +370,8 @@ def setup_vllm_op(dev: torch.device) -> str | None:
     fusion module importable with the compiled-op schemas it looks up stubbed); None when it is,
     else why not."""
     try:
-        from rocm_mla.testing import harness
+        from vllm_harness import layer_step as harness
+
         from rocm_mla.vllm import fused_rope_kv_op
 
         harness.use_simulated_gfx942_platform()

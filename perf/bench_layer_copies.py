@@ -1,6 +1,6 @@
 """Copy/cat/pad/fill kernels in one MLA attention step: ROCM_MLA vs the upstream-shaped composition.
 
-One layer step (rocm_mla.testing.harness.LayerStep: vLLM 0.33's MLAAttention layer, vLLM's metadata
+One layer step (tests/vllm_harness/layer_step.py LayerStep: vLLM 0.33's MLAAttention layer, vLLM's metadata
 builder, a paged cache) is run through the ROCM_MLA backend, and the calls vLLM made into the
 backend (``do_kv_cache_update``, ``forward_mqa``, ``forward_mha``: the attention path) are replayed
 under ``torch.profiler``. The same step runs through ``UpstreamShapedImpl``: the data movement
@@ -40,6 +40,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from rocm_mla.tools.benchutil import DATA_MOVEMENT_KERNELS, data_movement_kind
+
+# The vLLM layer-step harness lives with the tests (tests/vllm_harness).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 DATA_MOVEMENT_OPS = {
     "aten::cat": "cat",
@@ -263,7 +266,7 @@ def measure(
 ) -> dict:
     """One step of ``batch`` through ``backend``: max error vs the float32 reference, and the
     data-movement counts of the replayed backend calls."""
-    from rocm_mla.testing.harness import LayerStep, Request
+    from vllm_harness.layer_step import LayerStep, Request
 
     step = LayerStep(
         backend,
@@ -313,7 +316,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"])
     args = ap.parse_args(argv)
-    from rocm_mla.testing.harness import use_simulated_gfx942_platform
+    from vllm_harness.layer_step import use_simulated_gfx942_platform
 
     if not (torch.version.hip and torch.cuda.is_available()):
         use_simulated_gfx942_platform()

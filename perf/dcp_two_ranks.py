@@ -8,9 +8,9 @@ rank's KV shard, against the 1-rank result. Prints per case and rank the max err
     # on CPU (gloo, 2 processes, Triton interpreter; small cases):
     python3 perf/dcp_two_ranks.py --backend gloo --quick
 
-What runs (rocm_mla/testing/dcp_check.py has the details):
+What runs (tests/vllm_harness/dcp.py has the details):
 1. The parent builds a world-1 ROCM_MLA layer step of decode requests with all N heads
-   (rocm_mla.testing.harness.LayerStep: vLLM's MLAAttention + metadata builder) and runs it: the 1-rank
+   (tests/vllm_harness/layer_step.py LayerStep: vLLM's MLAAttention + metadata builder) and runs it: the 1-rank
    output and the float32 reference; inputs, weights and block table go to a temporary folder.
 2. ``world`` processes (torch.multiprocessing, spawn) each start vLLM's distributed environment with
    TP = DCP = world (``init_distributed_environment`` + ``initialize_model_parallel``; NCCL on GPUs,
@@ -51,6 +51,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ["HIP_VISIBLE_DEVICES"] = ""
 
+# The vLLM layer-step and DCP harness lives with the tests (tests/vllm_harness).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
 # (num_heads, block_size, kv_cache_dtype, interleave)
 FULL = [
     (16, 16, "auto", 1),
@@ -67,7 +70,7 @@ QUICK_REQUESTS = [(90, 1), (17, 1), (0, 1), (40, 1), (31, 1)]
 
 
 def _setup_vllm():
-    from rocm_mla.testing import harness as H
+    from vllm_harness import layer_step as H
 
     H.use_simulated_gfx942_platform()
     from rocm_mla.vllm import register
@@ -78,7 +81,8 @@ def _setup_vllm():
 
 def prepare(tmp: Path, cases, requests, dtype) -> list[dict]:
     H = _setup_vllm()
-    from rocm_mla.testing.dcp_check import prepare_case
+    from vllm_harness.dcp import prepare_case
+
     from rocm_mla.vllm.backend import RocmMLABackend
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -119,7 +123,7 @@ def rank_main(rank: int, world: int, port: int, backend: str, communicator: str,
         if torch.cuda.is_available():
             torch.cuda.set_device(rank)  # before anything touches the GPU (the platform set-up reads its arch)
         _setup_vllm()
-        from rocm_mla.testing import dcp_check
+        from vllm_harness import dcp as dcp_check
 
         first = torch.load(Path(tmp) / "case0.pt")
         dcp_check.init_vllm_dcp(rank, world, port, backend, communicator, first["interleave"])

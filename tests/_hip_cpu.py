@@ -2,7 +2,7 @@
 stands in for cuda_runtime.h / cuda_fp16.h) with a test's driver, and loaded through ctypes.
 
 Faithful for kernels without shared memory or barriers (every one of ours): the driver runs each
-block's threads one after another. Used by tests/test_rope_kv_write.py and tests/test_memory_safety.py.
+block's threads one after another. Used by the HIP-on-CPU tests of rope_kv_write and merge.
 """
 
 from __future__ import annotations

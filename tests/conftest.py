@@ -2,9 +2,14 @@
 
 TRITON_INTERPRET must be set before any @triton.jit decorator runs, so it is set here, before
 rocm_mla is imported. GPU-only tests carry the ``gpu`` marker and skip cleanly without a GPU.
+
+Layout: one folder per op (tests/<op>/: correctness and memory safety side by side), tests/vllm/
+(marker ``vllm``), and the tool tests named in TOOL_TESTS (marker ``tools``). Select with
+``-m "not vllm and not tools"`` and the like; the markers are registered in pyproject.toml.
 """
 
 import os
+from pathlib import Path
 
 import torch
 
@@ -17,15 +22,30 @@ os.environ["ROCM_MLA_CONFIG_DIR"] = ""
 
 import pytest  # noqa: E402
 
+TESTS = Path(__file__).resolve().parent
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs a CUDA or ROCm GPU (skipped on CPU)")
+# Tests of the command-line tools, the bench scripts and the package layout (not of an op).
+TOOL_TESTS = {
+    "test_bench_prefill.py",
+    "test_benchutil_peers.py",
+    "test_config_fallback.py",
+    "test_isa_report.py",
+    "test_layering.py",
+    "test_profile_scripts.py",
+    "test_selfcheck.py",
+    "test_serve_bench.py",
+    "test_triton_interpreter.py",
+    "test_tune.py",
+}
 
 
 def pytest_collection_modifyitems(config, items):
-    if HAS_GPU:
-        return
     skip = pytest.mark.skip(reason="needs a GPU (CUDA or ROCm); none visible to torch")
     for item in items:
-        if "gpu" in item.keywords:
+        path = Path(str(item.path)).resolve()
+        if path.parent == TESTS / "vllm":
+            item.add_marker(pytest.mark.vllm)
+        if path.name in TOOL_TESTS:
+            item.add_marker(pytest.mark.tools)
+        if not HAS_GPU and "gpu" in item.keywords:
             item.add_marker(skip)

@@ -1,7 +1,7 @@
 """Float32 reference of mla_decode: gather each request's pages, dense softmax attention.
 
 Deliberately plain (a Python loop over requests, no splits, no online softmax) so that it is an
-independent yardstick for the split-KV kernels; tests/test_decode.py checks it in turn against a
+independent yardstick for the split-KV kernels; tests/decode/test_decode.py checks it in turn against a
 float64 SDPA formulation.
 """
 

@@ -1,7 +1,8 @@
 """mla_prefill / mla_prefill_with_context: the Triton kernel against the float32 reference, the
 reference against dense attention on an explicitly concatenated k, varlen batches (uneven,
 lq != lk, empty sequences, rows that see no key), strided inputs and NaN-poisoned output views,
-the chunked-context helper against one-shot attention, bad input.
+bad input. The chunked-context helper, NaN rows and the GPU-only sizes: the test_prefill_*.py files
+beside this one.
 
 CPU: the Triton interpreter (conftest sets TRITON_INTERPRET=1), fp32/fp16, small sizes and the
 "default" config (BLOCK_M 32, BLOCK_N 16) so that short sequences cross several blocks.
@@ -10,62 +11,23 @@ GPU (@pytest.mark.gpu): bf16/fp16/fp32 at serving sizes with the arch's config, 
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 import torch.nn.functional as F
-from _util import DEVICE, DTYPES, HAS_GPU, backends, outside_untouched, poisoned_view, raises_naming, rand
+from _util import DEVICE, DTYPES, HAS_GPU, assert_close, backends, outside_untouched, poisoned_view, raises_naming, rand
+from prefill_case import (
+    KERNEL_BACKENDS,
+    SCALE,
+    P,
+    R,
+    V,
+    assert_matches,
+    cu,
+    make_inputs,
+)
 
 import rocm_mla
-from rocm_mla.ops.prefill import ContextChunk
 from rocm_mla.reference import mla_prefill_ref
-
-P, R, V = 128, 64, 128
-SCALE = 1.0 / math.sqrt(P + R)
-# Attention output error in fp16 is a few ulps of the largest |v| (~4): 2e-3 relative is too tight.
-TOL = {torch.float32: (2e-5, 2e-5), torch.float16: (4e-3, 4e-3), torch.bfloat16: (2e-2, 2e-2)}
-KERNEL_BACKENDS = [b for b in backends() if b == "triton"]
-
-
-def cu(lengths) -> torch.Tensor:
-    out = [0]
-    for n in lengths:
-        out.append(out[-1] + n)
-    return torch.tensor(out, dtype=torch.int32, device=DEVICE)
-
-
-def make_inputs(lq, lk, N, dtype, *, kpe_layout="latent"):
-    """q [Tq, N, 192]; k_nope, v as views of one [Tk, N, 256] kv_b_proj-shaped buffer; k_pe as
-    ``latent``: [Tk, 576][:, 512:] unsqueezed to [Tk, 1, 64]; ``expand``: [Tk, 1, 64].expand(N) (head
-    stride 0); ``per_head_copy``: a real [Tk, N, 64] tensor with every head equal."""
-    Tq, Tk = sum(lq), sum(lk)
-    q = rand((Tq, N, P + R), dtype)
-    kv = rand((Tk, N, P + V), dtype)
-    latent = rand((Tk, 512 + R), dtype)
-    k_pe = latent[:, 512:].unsqueeze(1)
-    if kpe_layout == "expand":
-        k_pe = k_pe.expand(Tk, N, R)
-    elif kpe_layout == "per_head_copy":
-        k_pe = k_pe.expand(Tk, N, R).contiguous()
-    return q, kv[..., :P], k_pe, kv[..., P:], cu(lq), cu(lk)
-
-
-def assert_matches(out, lse, ref, ref_lse, dtype):
-    rtol, atol = TOL[dtype]
-    assert not torch.isnan(out.float()).any(), "an output element was not written (NaN)"
-    assert not torch.isnan(lse).any(), "an lse element was not written (NaN)"
-    torch.testing.assert_close(out.float(), ref, rtol=rtol, atol=atol)
-    # -inf where the reference has -inf (rows that see no key), close elsewhere.
-    assert torch.equal(torch.isneginf(lse), torch.isneginf(ref_lse)), "lse -inf pattern differs"
-    fin = torch.isfinite(ref_lse)
-    torch.testing.assert_close(
-        lse[fin],
-        ref_lse[fin],
-        rtol=1e-4 if dtype != torch.float32 else 1e-5,
-        atol=1e-4 if dtype != torch.float32 else 1e-5,
-    )
-
 
 # ---------------------------------------------------------------- the reference itself
 
@@ -105,13 +67,13 @@ def test_reference_matches_dense_attention(causal):
     v = torch.randn(Tk, N, V, generator=g).to(DEVICE)
     out, lse = mla_prefill_ref(q, kn, kpe, v, cu(lq), cu(lk), 0.07, causal)
     dout, dlse = _dense_attention_f64(q, kn, kpe, v, lq, lk, 0.07, causal)
-    torch.testing.assert_close(out, dout.float(), rtol=1e-5, atol=1e-5)
+    assert_close(out, dout.float(), rtol=1e-5, atol=1e-5)
     assert torch.equal(torch.isneginf(lse), torch.isneginf(dlse.float()))
     # Sequence 3 (lq=6 > lk=2, q rows 14..19): causal rows 0..3 see no key.
     assert bool(torch.isneginf(lse[:, 14:18]).all()) == causal and torch.isfinite(lse[:, 18:20]).all()
     assert torch.isneginf(lse[:, 20:]).all()  # sequence 4 has no keys
     fin = torch.isfinite(dlse)
-    torch.testing.assert_close(lse[fin], dlse[fin].float(), rtol=1e-5, atol=1e-5)
+    assert_close(lse[fin], dlse[fin].float(), rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------- kernel vs reference (CPU and GPU)
@@ -312,7 +274,7 @@ def test_rows_that_see_no_key_are_zero_and_minus_inf(backend):
     assert torch.isneginf(lse[:, blind]).all()
     assert torch.isfinite(lse[:, [4, 5]]).all()
     # row 4 sees key 0 only: its output is v[0] exactly (weight 1)
-    torch.testing.assert_close(out[4], v[0], rtol=1e-6, atol=1e-6)
+    assert_close(out[4], v[0], rtol=1e-6, atol=1e-6)
 
 
 # ---------------------------------------------------------------- strided inputs, output views
@@ -356,226 +318,8 @@ def test_pad_v_style_output_and_inner_strides(backend):
     out_base, out = poisoned_view((sum(lq), N, V), torch.float32, pad_last=64)
     rocm_mla.mla_prefill(q2, kn2, kpe, v, cq2, ck2, sm_scale=SCALE, out=out, backend=backend)
     ref, _ = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, True)
-    torch.testing.assert_close(out, ref, rtol=2e-5, atol=2e-5)
+    assert_close(out, ref, rtol=2e-5, atol=2e-5)
     assert outside_untouched(out_base, out)
-
-
-# ---------------------------------------------------------------- chunked context
-
-
-def _context_case(lq, ctx_splits, N, dtype):
-    """New tokens (lq per sequence) and context chunks: ctx_splits[c][b] = keys of sequence b in
-    chunk c. Returns the helper's inputs and the one-shot inputs (keys = [context..., new])."""
-    q, kn, kpe, v, cq, ck = make_inputs(lq, lq, N, dtype)
-    chunks = []
-    for split in ctx_splits:
-        _, c_kn, c_kpe, c_v, _, c_ck = make_inputs(lq, split, N, dtype)
-        chunks.append(ContextChunk(c_kn, c_kpe, c_v, c_ck))
-    return (q, kn, kpe, v, cq, ck, chunks), _one_shot_from(q, kn, kpe, v, cq, ck, chunks)
-
-
-def _one_shot_from(q, kn, kpe, v, cq, ck, chunks):
-    """One-shot inputs equal to the chunked-context call: each sequence's keys = [its keys of
-    chunk 0, chunk 1, ..., its new keys] (copies of the given tensors)."""
-    B = cq.shape[0] - 1
-    per_seq = [[] for _ in range(B)]  # per_seq[b]: (kn, kpe, v) pieces in order
-    for c in [*chunks, ContextChunk(kn, kpe, v, ck)]:
-        for b in range(B):
-            s, e = int(c.cu_seqlens_k[b]), int(c.cu_seqlens_k[b + 1])
-            per_seq[b].append((c.k_nope[s:e], c.k_pe[s:e], c.v[s:e]))
-    full = [torch.cat([piece[i] for b in range(B) for piece in per_seq[b]]) for i in range(3)]
-    total = [sum(piece[0].shape[0] for piece in per_seq[b]) for b in range(B)]
-    return (q, *full, cq, cu(total))
-
-
-CTX = {
-    # name: (lq, ctx_splits, N)
-    "two_chunks": ([7, 0, 20], [[20, 5, 0], [10, 7, 0]], 4),
-    "three_chunks_odd": ([5, 16], [[3, 0], [0, 30], [11, 2]], 2),
-    "no_context": ([9, 4], [], 2),
-}
-
-
-@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("case", list(CTX))
-@pytest.mark.parametrize("as_generator", [False, True], ids=["list", "generator"])
-def test_chunked_context_equals_one_shot(backend, dtype, case, as_generator):
-    lq, splits, N = CTX[case]
-    (q, kn, kpe, v, cq, ck, chunks), one_shot = _context_case(lq, splits, N, dtype)
-    Tq = sum(lq)
-    out_base, out = poisoned_view((Tq, N, V), dtype, pad_last=64)
-    lse_base, lse = poisoned_view((N, Tq), torch.float32, transpose01=True)
-    arg = (c for c in chunks) if as_generator else chunks
-    got, got_lse = rocm_mla.mla_prefill_with_context(
-        q, kn, kpe, v, cq, ck, arg, sm_scale=SCALE, out=out, lse=lse, backend=backend
-    )
-    assert got is out and got_lse is lse
-    ref, ref_lse = mla_prefill_ref(*one_shot, SCALE, True)
-    assert_matches(out, lse, ref, ref_lse, dtype)
-    assert outside_untouched(out_base, out) and outside_untouched(lse_base, lse)
-    # and the kernel's one-shot path agrees with the helper
-    one, one_lse = rocm_mla.mla_prefill(*one_shot, sm_scale=SCALE, backend=backend)
-    assert_matches(out, lse, one.float(), one_lse, dtype)
-
-
-@pytest.mark.parametrize("n_chunks", [1, 2, 3])
-def test_chunked_context_merges_in_place_into_the_callers_lse(monkeypatch, n_chunks):
-    """The data path: every merge writes ``out`` over itself, never writes the lse it reads (the
-    HIP merge reads an lse row from several threads), and with a sized chunk list the last merge
-    lands in the caller's ``lse`` (no final copy)."""
-    import rocm_mla.ops.prefill as prefill_mod
-
-    calls = []
-    real = prefill_mod.merge_attn_states
-
-    def spy(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None, **kw):
-        calls.append((output, prefix_output, prefix_lse, output_lse))
-        return real(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, **kw)
-
-    monkeypatch.setattr(prefill_mod, "merge_attn_states", spy)
-    lq = [4, 6]
-    splits = [[3, 2], [0, 5], [7, 1]][:n_chunks]
-    (q, kn, kpe, v, cq, ck, chunks), one_shot = _context_case(lq, splits, 2, torch.float32)
-    lse = torch.full((2, 10), float("nan"), device=DEVICE)
-    out, _ = rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, ck, chunks, sm_scale=SCALE, lse=lse)
-    assert len(calls) == n_chunks
-    for output, prefix_output, prefix_lse, output_lse in calls:
-        assert output is out and prefix_output is out
-        assert output_lse.data_ptr() != prefix_lse.data_ptr()
-    assert calls[-1][3] is lse
-    ref, ref_lse = mla_prefill_ref(*one_shot, SCALE, True)
-    assert_matches(out, lse, ref, ref_lse, torch.float32)
-
-
-def test_chunked_context_rejects_bad_chunk():
-    lq = [3, 2]
-    (q, kn, kpe, v, cq, ck, chunks), _ = _context_case(lq, [[4, 1]], 2, torch.float32)
-    bad = chunks[0]._replace(cu_seqlens_k=torch.tensor([0, 5], dtype=torch.int32, device=DEVICE))
-    with pytest.raises(ValueError, match=r"context_chunks\[1\].*cu_seqlens_k.*\(3,\).*\(2,\)"):
-        rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, ck, [chunks[0], bad], sm_scale=SCALE)
-    with pytest.raises(TypeError, match=r"context_chunks\[0\].*tuple.*int"):
-        rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, ck, [3], sm_scale=SCALE)
-
-
-# ---------------------------------------------------------------- NaN is not "no key"
-
-
-def _seq_rows_seeing(lq, lk, b, key, causal=True):
-    """Global q rows of sequence b that see its key ``key`` (bottom-right causal)."""
-    q0 = sum(lq[:b])
-    return [q0 + i for i in range(lq[b]) if not causal or key <= i + lk[b] - lq[b]]
-
-
-def _assert_nan_exactly(x, rows, what):
-    """x [Tq, ...] (rows first): NaN in every element of ``rows`` and in no other row."""
-    nan_rows = torch.isnan(x.float()).reshape(x.shape[0], -1)
-    want = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
-    want[rows] = True
-    assert bool(nan_rows[want].all()), f"{what}: a row that sees the NaN is not NaN"
-    assert not bool(nan_rows[~want].any()), f"{what}: NaN reached a row that does not see it"
-
-
-@pytest.mark.parametrize("backend", [*KERNEL_BACKENDS, "reference"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_nan_in_k_reaches_exactly_the_rows_that_see_it(backend, dtype, causal):
-    """A NaN in k_nope (or k_pe) of one key: the rows that see that key get NaN out and NaN lse
-    (not 0 / -inf, which merge would read as "saw no key"); every other row is unaffected."""
-    lq, lk, N = [37, 21, 5], [37, 40, 5], 3
-    for which, b, key in (("k_nope", 0, 29), ("k_pe", 1, 3)):
-        q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, dtype)
-        row = sum(lk[:b]) + key
-        if which == "k_nope":
-            kn[row, 1, 7] = float("nan")  # one head
-            heads = [1]
-        else:
-            kpe[row, 0, 5] = float("nan")  # the rope head is shared: every head
-            heads = list(range(N))
-        out = torch.full((sum(lq), N, V), float("nan"), dtype=dtype, device=DEVICE)
-        lse = torch.full((N, sum(lq)), float("nan"), device=DEVICE)
-        rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, causal=causal, out=out, lse=lse, backend=backend)
-        hit = _seq_rows_seeing(lq, lk, b, key, causal)
-        assert hit, "the case must have rows that see the key"
-        for h in range(N):
-            rows = hit if h in heads else []
-            _assert_nan_exactly(out[:, h], rows, f"{which} out head {h}")
-            _assert_nan_exactly(lse[h], rows, f"{which} lse head {h}")
-        ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, causal)
-        assert torch.equal(torch.isnan(ref), torch.isnan(out.float())), "reference NaN pattern differs"
-        fin = ~torch.isnan(ref_lse)
-        ok = fin.transpose(0, 1)  # [Tq, N]
-        rtol, atol = TOL[dtype]
-        torch.testing.assert_close(out.float()[ok], ref[ok], rtol=rtol, atol=atol)
-        assert torch.equal(torch.isneginf(lse[fin]), torch.isneginf(ref_lse[fin]))
-
-
-@pytest.mark.parametrize("backend", [*KERNEL_BACKENDS, "reference"])
-def test_nan_in_q_or_v_reaches_the_rows_that_see_it(backend):
-    """NaN in one q row: that row's out and lse are NaN, nothing else. NaN in one v row: every
-    row that sees it is NaN (lse stays finite); rows outside the key's diagonal q tile (BLOCK_M
-    32 here) that do not see it are unaffected and equal to the reference."""
-    lq, lk, N = [70, 9], [70, 9], 2
-    cfg = {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
-    kw = dict(sm_scale=SCALE, backend=backend, config=cfg if backend == "triton" else None)
-    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, torch.float32)
-    q[40, 0, 150] = float("nan")
-    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, **kw)
-    _assert_nan_exactly(out[:, 0], [40], "q: out")
-    _assert_nan_exactly(lse[0], [40], "q: lse")
-    assert not torch.isnan(out[:, 1]).any() and not torch.isnan(lse[1]).any()
-
-    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, torch.float32)
-    key = 50  # sequence 0 (rows 0..69): rows 50..69 see it; the kernel's q tiles: 0..31, 32..63, 64..69
-    v[key, 1, 3] = float("nan")
-    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, **kw)
-    ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, True)
-    assert bool(torch.isnan(out[50:70, 1, 3]).all()) and bool(torch.isnan(ref[50:70, 1, 3]).all())
-    assert not torch.isnan(lse).any() and not torch.isnan(ref_lse).any()
-    _assert_nan_exactly(ref[:, 1, 3], list(range(50, 70)), "reference: v")
-    other = torch.ones(sum(lq), dtype=torch.bool, device=DEVICE)
-    other[32:70] = False  # the key's diagonal tile (rows 32..63) and the rows that see it
-    assert not torch.isnan(out[other]).any()
-    torch.testing.assert_close(out[other], ref[other], rtol=2e-5, atol=2e-5)
-    torch.testing.assert_close(lse, ref_lse, rtol=1e-5, atol=1e-5)
-
-
-def _check_poisoned_side(backend, where, lq, splits, N, dtype, b, key):
-    """A NaN in head 0 of new key ``key`` of sequence b (where="new"), or of chunk 1's first key
-    of sequence b (where="context"): exactly the rows that see it are NaN (out and lse), the rest
-    equal one-shot attention over [context, new]."""
-    (q, kn, kpe, v, cq, ck, chunks), _ = _context_case(lq, splits, N, dtype)
-    q0 = sum(lq[:b])
-    if where == "new":
-        kn[q0 + key, 0, 2] = float("nan")  # causal: the sequence's rows key.. see it
-        hit = [q0 + i for i in range(key, lq[b])]
-    else:
-        chunks[1].k_nope[int(chunks[1].cu_seqlens_k[b]), 0, 2] = float("nan")  # every row of b sees it
-        hit = list(range(q0, q0 + lq[b]))
-    out = torch.full((sum(lq), N, V), float("nan"), dtype=dtype, device=DEVICE)
-    lse = torch.full((N, sum(lq)), float("nan"), device=DEVICE)
-    rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, ck, chunks, sm_scale=SCALE, out=out, lse=lse, backend=backend)
-    _assert_nan_exactly(out[:, 0], hit, "out head 0")
-    _assert_nan_exactly(lse[0], hit, "lse head 0")
-    assert not torch.isnan(out[:, 1:].float()).any() and not torch.isnan(lse[1:]).any()
-    ref, ref_lse = mla_prefill_ref(*_one_shot_from(q, kn, kpe, v, cq, ck, chunks), SCALE, True)
-    _assert_nan_exactly(ref[:, 0], hit, "reference out head 0")
-    ok = ~torch.isnan(ref)
-    rtol, atol = TOL[dtype]
-    torch.testing.assert_close(out.float()[ok], ref[ok], rtol=rtol, atol=atol)
-    fin = ~torch.isnan(ref_lse)
-    torch.testing.assert_close(lse[fin], ref_lse[fin], rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("backend", [*KERNEL_BACKENDS, "reference"])
-@pytest.mark.parametrize("where", ["new", "context"])
-def test_chunked_context_keeps_a_poisoned_side(backend, where):
-    """mla_prefill_with_context: a NaN in the new tokens' K, or in a context chunk's K, reaches the
-    out and lse of exactly the rows that see it -- the merge must not read the poisoned side's
-    lse as "saw no key" and return attention over the other side alone (issue #13)."""
-    lq, splits = [6, 20, 9], [[4, 7, 3], [5, 0, 6]]
-    b, key = (1, 13) if where == "new" else (2, 0)
-    _check_poisoned_side(backend, where, lq, splits, 2, torch.float32, b, key)
 
 
 # ---------------------------------------------------------------- edge shapes, dispatch
@@ -701,116 +445,3 @@ def test_mixed_devices_message_without_gpu():
     args["lse"] = torch.empty(2, 5, device="meta")
     with pytest.raises(ValueError, match="lse.*device"):
         rocm_mla.mla_prefill(**args, sm_scale=SCALE)
-
-
-# ---------------------------------------------------------------- GPU only (bf16, serving sizes)
-
-gpu = pytest.mark.gpu
-
-
-@gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-@pytest.mark.parametrize("N", [1, 16, 128])
-def test_gpu_varlen(dtype, causal, N):
-    lq = [700, 1, 0, 1500, 129]
-    lk = [700, 64, 9, 1500, 300]
-    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, dtype)
-    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, causal=causal, backend="triton")
-    ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, causal)
-    assert_matches(out, lse, ref, ref_lse, dtype)
-
-
-@gpu
-@pytest.mark.parametrize("N", [16, 128])
-@pytest.mark.parametrize("kpe_layout", ["latent", "expand"])
-def test_gpu_strided_bf16_poisoned(N, kpe_layout):
-    lq, lk = [1000, 37, 2048], [1000, 500, 2048]
-    Tq = sum(lq)
-    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, torch.bfloat16, kpe_layout=kpe_layout)
-    out_base = torch.full((Tq, N * V + 64), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-    out = out_base[:, : N * V].view(Tq, N, V)
-    lse_base, lse = poisoned_view((N, Tq), torch.float32, transpose01=True)
-    rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, out=out, lse=lse, backend="triton")
-    ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, True)
-    assert_matches(out, lse, ref, ref_lse, torch.bfloat16)
-    assert outside_untouched(out_base, out) and outside_untouched(lse_base, lse)
-
-
-@gpu
-def test_gpu_chunked_context_bf16():
-    (q, kn, kpe, v, cq, ck, chunks), one_shot = _context_case(
-        [300, 0, 1024], [[2000, 64, 0], [512, 700, 0], [5, 0, 0]], 16, torch.bfloat16
-    )
-    out, lse = rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, ck, chunks, sm_scale=SCALE)
-    ref, ref_lse = mla_prefill_ref(*one_shot, SCALE, True)
-    assert_matches(out, lse, ref, ref_lse, torch.bfloat16)
-
-
-@gpu
-@pytest.mark.parametrize("where", ["new", "context"])
-def test_gpu_chunked_context_keeps_a_poisoned_side_bf16(where):
-    """The NaN rule on the GPU (its row max ignores NaN, unlike the interpreter's), bf16, the arch's
-    launch config, q blocks of every kind (full, diagonal, ragged end)."""
-    lq, splits = [300, 1029, 77], [[2000, 64, 5], [512, 700, 0], [5, 0, 9]]
-    b, key = (1, 517) if where == "new" else (0, 0)
-    _check_poisoned_side("triton", where, lq, splits, 16, torch.bfloat16, b, key)
-
-
-def _sm90_tma_candidates():
-    from rocm_mla.configs import config_for
-
-    return [c for c in config_for("mla_prefill", "sm90").get("candidates", []) if c.get("tma")]
-
-
-@gpu
-@pytest.mark.parametrize(
-    "cfg", _sm90_tma_candidates(), ids=lambda c: f"M{c['BLOCK_M']}N{c['BLOCK_N']}s{c['num_stages']}"
-)
-def test_gpu_tma_candidates_bf16(cfg):
-    """The sm90 "tma" candidates --tune will time: bf16 varlen (ragged ends, lq != lk, an empty
-    sequence), N=16 and N=128 heads, key rows after the last sequence poisoned with NaN (TMA's
-    zero fill must keep them out), out into a strided view, checked against the float32 reference."""
-    from rocm_mla import _platform
-    from rocm_mla.ops.prefill import _tma_arch
-
-    if not _tma_arch(_platform.device_arch(torch.device(DEVICE))):
-        pytest.skip("TMA descriptors need an NVIDIA sm90+ GPU")
-    for N in (16, 128):
-        lq, lk = [700, 1, 0, 1029, 129], [700, 64, 9, 1100, 300]
-        q, kn, kpe, v, cq, ck = make_inputs(lq, [*lk[:-1], lk[-1] + 40], N, torch.bfloat16)
-        ck = cu(lk)
-        for x in (kn, kpe, v):
-            x[sum(lk) :] = float("nan")
-        Tq = sum(lq)
-        out_base = torch.full((Tq, N * V + 64), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-        out = out_base[:, : N * V].view(Tq, N, V)
-        _, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, out=out, backend="triton", config=cfg)
-        ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, True)
-        assert_matches(out, lse, ref, ref_lse, torch.bfloat16)
-        assert outside_untouched(out_base, out)
-
-
-@gpu
-def test_gpu_int64_addressing():
-    """A sequence whose last key row sits past 2^31 elements of k_nope/v (N=128, 256 wide rows)."""
-    N, lq, lk = 128, [16, 16], [1000, 69000]
-    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, torch.bfloat16)
-    assert (sum(lk) - 1) * kn.stride(0) > 2**31
-    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, causal=False, backend="triton")
-    ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, False)
-    assert_matches(out, lse, ref, ref_lse, torch.bfloat16)
-
-
-@gpu
-def test_gpu_no_host_sync():
-    """The Triton path must not read cu_seqlens on the host (a sync would serialise the stream)."""
-    q, kn, kpe, v, cq, ck = make_inputs([300, 200], [300, 250], 16, torch.bfloat16)
-    rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, backend="triton")  # compile first
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, backend="triton")
-        rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, cq, [(kn, kpe, v, ck)], sm_scale=SCALE, backend="triton")
-    finally:
-        torch.cuda.set_sync_debug_mode("default")

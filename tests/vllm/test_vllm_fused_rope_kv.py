@@ -27,7 +27,7 @@ except Exception as e:  # not installed, or installed without its pinned depende
 if vllm.__version__ != "0.33.0":
     pytest.skip(f"written against vLLM 0.33.0, found {vllm.__version__}", allow_module_level=True)
 
-from rocm_mla.testing import harness as H
+from vllm_harness import layer_step as H
 
 H.use_simulated_gfx942_platform()
 H.stub_vllm_compiled_op_schemas()
@@ -592,7 +592,7 @@ def test_serve_sh_flags_as_vllm_0_33_reads_them(fuse):
     from vllm.entrypoints.common.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "MODEL", "TP", "ATTENTION"))}
     env.update(DRY_RUN="1", MODEL=H._tiny_deepseek_v3_dir(), MAX_MODEL_LEN="512", ROCM_MLA_FUSE_ROPE_KV=fuse)
     proc = subprocess.run(
@@ -623,7 +623,7 @@ def test_bench_layer_rope_kv_variants_agree():
     import sys
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     # The script imports the package as installed; PYTHONPATH makes that this checkout's.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])))
     r = subprocess.run(

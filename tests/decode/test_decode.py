@@ -12,109 +12,13 @@ import math
 
 import pytest
 import torch
-from _util import (
-    CLAMP_CFG,
-    DEVICE,
-    DTYPES,
-    HAS_GPU,
-    PAGE_GUARD_CFGS,
-    backends,
-    outside_untouched,
-    poisoned_view,
-    raises_naming,
-)
+from _util import DEVICE, DTYPES, HAS_GPU, assert_close, outside_untouched, poisoned_view, raises_naming
+from decode_case import BACKENDS, FP8, FP8_HERE, NAN, TOL, V_SPLIT_CFG, Case, check_case
 
 import rocm_mla
 from rocm_mla.ops.decode_plan import choose_num_splits, mla_decode_workspace_numel, stage1_config
 from rocm_mla.reference import mla_decode_ref
 from rocm_mla.variants.decode import triton_variants, tuning_candidates
-
-NAN = float("nan")
-BACKENDS = [b for b in ("triton", "reference") if b in backends()]  # no HIP decode kernel
-# (rtol, atol) on out; lse is compared with 1e-3 abs (fp32 accumulation of exact products).
-TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (4e-3, 4e-3), torch.bfloat16: (2e-2, 2e-2)}
-FP8 = torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn
-# The interpreter converts e4m3fn only; GPU runs use the platform's flavour (gfx942: e4m3fnuz).
-FP8_HERE = FP8 if HAS_GPU else torch.float8_e4m3fn
-
-
-class Case:
-    """One decode batch: paged cache (NaN wherever seq_lens does not reach), shuffled block table,
-    q_nope/q_pe as strided slices, and the logical (unpaged) per-request K rows for the
-    independent check."""
-
-    def __init__(
-        self,
-        B,
-        N,
-        q_len,
-        block_size,
-        lens,
-        dtype,
-        *,
-        kv_dtype=None,
-        k_scale=None,
-        seed=0,
-        spare_cols=1,
-        q_layout="one_buffer",
-    ):
-        assert len(lens) == B
-        g = torch.Generator().manual_seed(seed)
-        self.B, self.N, self.q_len, self.lens, self.dtype = B, N, q_len, list(lens), dtype
-        nblk = [math.ceil(L / block_size) for L in lens]
-        used = sum(nblk)
-        num_pages = used + 3  # 3 all-NaN pages for unused table entries
-        perm = torch.randperm(num_pages, generator=g)
-        max_blocks = max(nblk + [1]) + spare_cols
-        kv = torch.full((num_pages, block_size, 576), NAN)
-        bt = torch.empty(B, max_blocks, dtype=torch.int32)
-        self.logical = []
-        k = 0
-        scale = 1.0 if k_scale is None else float(k_scale)
-        for b, L in enumerate(lens):
-            pages = perm[k : k + nblk[b]]
-            k += nblk[b]
-            bt[b, : nblk[b]] = pages.int()
-            bt[b, nblk[b] :] = perm[used + (b % 3)].int()
-            vals = torch.randn(L, 576, generator=g)
-            if kv_dtype is not None and kv_dtype.is_floating_point and kv_dtype.itemsize == 1:
-                vals = (vals / scale).to(kv_dtype).float() * scale  # what the cache can hold
-            tok = torch.arange(L)
-            kv[pages[tok // block_size], tok % block_size] = vals / scale
-            self.logical.append(vals)
-        kvd = kv_dtype or dtype
-        self.kv = kv.to(kvd).to(DEVICE)
-        self.block_table = bt.to(DEVICE)
-        self.seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
-        rows = B * q_len
-        if q_layout == "one_buffer":  # [rows, N, 576 + 8]: nope and pe are slices of one row
-            base = torch.randn(rows, N, 584, generator=g).to(dtype).to(DEVICE)
-            self.q_nope, self.q_pe = base[..., :512], base[..., 512:576]
-        else:  # separate buffers, q_pe a [.., 192][..., 128:] slice and token-strided
-            self.q_nope = torch.randn(rows, N, 512, generator=g).to(dtype).to(DEVICE)
-            qb = torch.randn(rows + 1, N, 192, generator=g).to(dtype).to(DEVICE)
-            self.q_pe = qb[1:, :, 128:]
-        self.k_scale = k_scale
-        self.sm_scale = 1.0 / math.sqrt(192)
-
-    def run(self, **kw):
-        return rocm_mla.mla_decode(
-            self.q_nope, self.q_pe, self.kv, self.block_table, self.seq_lens, sm_scale=self.sm_scale, **kw
-        )
-
-    def ref(self):
-        return mla_decode_ref(
-            self.q_nope, self.q_pe, self.kv, self.block_table, self.seq_lens, self.sm_scale, self.k_scale
-        )
-
-
-def _check(case, out, lse, ref=None, tol=None):
-    ro, rl = ref if ref is not None else case.ref()
-    rtol, atol = tol or TOL[case.dtype]
-    assert not torch.isnan(out.float()).any(), "NaN in out: an element not written, or a poisoned slot read"
-    assert not torch.isnan(lse).any(), "NaN in lse"
-    torch.testing.assert_close(out.float(), ro, rtol=rtol, atol=atol)
-    torch.testing.assert_close(lse, rl, rtol=0, atol=1e-3)
 
 
 # ---------------------------------------------------------------- the reference itself
@@ -146,8 +50,8 @@ def test_reference_equals_dense_attention(q_len, block_size, lens):
     case = Case(len(lens), 3, q_len, block_size, lens, torch.float32, seed=1)
     ro, rl = case.ref()
     do, dl = _dense_attention(case)
-    torch.testing.assert_close(ro.cpu(), do, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(rl.cpu(), dl, rtol=1e-5, atol=1e-5)
+    assert_close(ro.cpu(), do, rtol=1e-5, atol=1e-5)
+    assert_close(rl.cpu(), dl, rtol=1e-5, atol=1e-5)
 
 
 def test_reference_row_without_keys():
@@ -192,7 +96,7 @@ def test_matches_reference(backend, dtype, splits, name):
     out, lse = case.run(num_kv_splits=splits, backend=backend)
     assert out.shape == (B * q_len, N, 512) and out.dtype == dtype
     assert lse.shape == (B * q_len, N) and lse.dtype == torch.float32
-    _check(case, out, lse)
+    check_case(case, out, lse)
 
 
 @pytest.mark.parametrize("splits", [1, 3])
@@ -200,7 +104,7 @@ def test_many_heads_several_row_blocks(splits):
     """N=128 with q_len=2: 256 rows per request, several row blocks sharing each KV tile."""
     case = Case(1, 128, 2, 16, (21,), torch.float16, seed=3)
     out, lse = case.run(num_kv_splits=splits, backend="triton")
-    _check(case, out, lse)
+    check_case(case, out, lse)
 
 
 @pytest.mark.parametrize("splits", [1, 3])
@@ -213,14 +117,14 @@ def test_strided_outputs_written_in_place(splits):
     lse_base, lse = poisoned_view((4, 6), torch.float32, transpose01=True)
     o2, l2 = case.run(out=out, lse=lse, num_kv_splits=splits)
     assert o2 is out and l2 is lse
-    _check(case, out, lse)
+    check_case(case, out, lse)
     assert outside_untouched(out_base, out) and outside_untouched(lse_base, lse)
 
 
 @pytest.mark.parametrize("splits", [1, None, 5])
 def test_mixed_lengths_one_much_longer(splits):
     case = Case(3, 4, 1, 16, (3, 300, 9), torch.float16, seed=5)
-    _check(case, *case.run(num_kv_splits=splits, max_seq_len=300))
+    check_case(case, *case.run(num_kv_splits=splits, max_seq_len=300))
 
 
 def test_more_splits_than_tokens_and_empty_requests():
@@ -231,8 +135,8 @@ def test_more_splits_than_tokens_and_empty_requests():
     assert torch.equal(out[0].float(), torch.zeros(4, 512, device=DEVICE))
     assert bool((lse[0] == -math.inf).all())
     ro, rl = case.ref()
-    torch.testing.assert_close(out[1:].float(), ro[1:], rtol=4e-3, atol=4e-3)
-    torch.testing.assert_close(lse[1:], rl[1:], rtol=0, atol=1e-3)
+    assert_close(out[1:].float(), ro[1:], rtol=4e-3, atol=4e-3)
+    assert_close(lse[1:], rl[1:], rtol=0, atol=1e-3)
 
 
 @pytest.mark.parametrize("splits", [1, 2])
@@ -243,8 +147,8 @@ def test_rows_without_keys_in_a_multi_token_block(splits):
     out, lse = case.run(num_kv_splits=splits)
     assert torch.equal(out[0], torch.zeros_like(out[0])) and bool((lse[0] == -math.inf).all())
     ro, rl = case.ref()
-    torch.testing.assert_close(out[1:], ro[1:], rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(lse[1:], rl[1:], rtol=0, atol=1e-4)
+    assert_close(out[1:], ro[1:], rtol=1e-4, atol=1e-4)
+    assert_close(lse[1:], rl[1:], rtol=0, atol=1e-4)
 
 
 def test_split_count_does_not_change_result():
@@ -252,8 +156,8 @@ def test_split_count_does_not_change_result():
     ref = case.run(num_kv_splits=1)
     for s in (2, 4, 6):
         out, lse = case.run(num_kv_splits=s)
-        torch.testing.assert_close(out, ref[0], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(lse, ref[1], rtol=0, atol=1e-5)
+        assert_close(out, ref[0], rtol=1e-5, atol=1e-5)
+        assert_close(lse, ref[1], rtol=0, atol=1e-5)
 
 
 def test_causal_rows_see_their_own_prefix():
@@ -266,7 +170,7 @@ def test_causal_rows_see_their_own_prefix():
     case.kv[page, 9, 512:] = 0.0
     out, _ = case.run(num_kv_splits=2)
     assert float(out[:2].abs().max()) < 10.0 < float(out[2].abs().max())
-    _check(case, out, _)
+    check_case(case, out, _)
 
 
 # ---------------------------------------------------------------- fp8 caches
@@ -293,10 +197,10 @@ def test_fp8_cache(scale_kind, storage, kv_name):
             k_scale=ks,
             num_kv_splits=splits,
         )
-        _check(case, out, lse, tol=TOL[dtype])
+        check_case(case, out, lse, tol=TOL[dtype])
     # The same values against the dense formulation (the scale really applied, to K and V).
     do, dl = _dense_attention(case)
-    torch.testing.assert_close(out.float().cpu(), do, rtol=TOL[dtype][0], atol=TOL[dtype][1])
+    assert_close(out.float().cpu(), do, rtol=TOL[dtype][0], atol=TOL[dtype][1])
 
 
 @pytest.mark.parametrize("storage", ["float8", "uint8"])
@@ -318,7 +222,7 @@ def test_fp8_cache_named_kind(storage):
         k_scale=0.5,
         num_kv_splits=3,
     )
-    _check(case, out, lse, tol=TOL[dtype])
+    check_case(case, out, lse, tol=TOL[dtype])
     if storage == "float8":
         other = "fp8_e4m3fnuz" if name == "fp8_e4m3fn" else "fp8_e4m3fn"
         with pytest.raises(TypeError, match=f"kv_cache: expected dtype float8_e4m3fnu?z? \\(kv_cache_dtype='{other}'"):
@@ -338,7 +242,7 @@ def test_k_scale_ignored_for_16bit_cache():
     """vLLM passes layer._k_scale (1.0) for every cache; a 16-bit cache is not scaled."""
     case = Case(1, 4, 1, 16, (20,), torch.float16)
     a = case.run(k_scale=torch.tensor(3.0, device=DEVICE))
-    _check(case, *a)
+    check_case(case, *a)
 
 
 # ---------------------------------------------------------------- workspace, dispatch
@@ -346,9 +250,9 @@ def test_workspace_reused_and_capped():
     case = Case(2, 4, 1, 16, (50, 20), torch.float32)
     need = mla_decode_workspace_numel(2, 4, 4)
     ws = torch.full((need,), NAN, device=DEVICE)
-    _check(case, *case.run(num_kv_splits=4, workspace=ws))
+    check_case(case, *case.run(num_kv_splits=4, workspace=ws))
     small = torch.empty(mla_decode_workspace_numel(2, 4, 2), device=DEVICE)
-    _check(case, *case.run(workspace=small))  # S capped to what the workspace holds
+    check_case(case, *case.run(workspace=small))  # S capped to what the workspace holds
     with pytest.raises(ValueError, match="workspace: expected a contiguous float32 tensor of >= "):
         case.run(num_kv_splits=4, workspace=small)
 
@@ -368,7 +272,7 @@ def test_workspace_dtype_and_layout_checked_on_every_path(backend):
 def test_forced_backend_env(monkeypatch):
     case = Case(1, 4, 1, 16, (9,), torch.float32)
     monkeypatch.setenv("ROCM_MLA_BACKEND_MLA_DECODE", "reference")
-    _check(case, *case.run())
+    check_case(case, *case.run())
     # No HIP decode kernel: forcing it raises (on CPU because HIP cannot run at all).
     with pytest.raises(RuntimeError, match="backend 'hip' was requested but"):
         case.run(backend="hip")
@@ -425,7 +329,7 @@ def test_stage1_config_tiers_and_overrides():
 def test_launch_config_override_runs():
     case = Case(2, 4, 1, 16, (30, 12), torch.float16)
     cfg = {"BLOCK_H": 32, "BLOCK_N": 32, "D_SPLIT": 2, "num_warps": 4, "num_stages": 1}
-    _check(case, *case.run(config=cfg, num_kv_splits=2))
+    check_case(case, *case.run(config=cfg, num_kv_splits=2))
 
 
 def test_fp8_cache_f16_dots_with_bf16_q():
@@ -435,7 +339,7 @@ def test_fp8_cache_f16_dots_with_bf16_q():
     case = Case(2, 20, 1, 16, (45, 7), torch.bfloat16, kv_dtype=FP8_HERE, k_scale=0.5, seed=21)
     cfg = {"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "RELOAD_K": True, "F16_DOT": True}
     for splits in (1, 2):
-        _check(case, *case.run(config=cfg, num_kv_splits=splits, k_scale=0.5))
+        check_case(case, *case.run(config=cfg, num_kv_splits=splits, k_scale=0.5))
     assert stage1_config("sm90", 16, torch.bfloat16, True)["F16_DOT"] is True
 
 
@@ -458,7 +362,7 @@ def test_every_arch_config_is_right(cfg, fp8):
         2, 20, 1, 16, (45, 7), torch.float16, kv_dtype=FP8_HERE if fp8 else None, k_scale=0.5 if fp8 else None, seed=13
     )
     for splits in (1, 2):
-        _check(case, *case.run(config=cfg, num_kv_splits=splits, k_scale=0.5 if fp8 else None))
+        check_case(case, *case.run(config=cfg, num_kv_splits=splits, k_scale=0.5 if fp8 else None))
 
 
 @pytest.mark.parametrize("arch", ["gfx942", "sm90"])
@@ -574,11 +478,10 @@ def test_debug_checks_seq_lens_and_pages():
     # garbage out), and the other request is unaffected.
     out, lse = rocm_mla.mla_decode(**{**args, "seq_lens": bad})
     ro, rl = mla_decode_ref(args["q_nope"], args["q_pe"], args["kv_cache"], args["block_table"], args["seq_lens"], 0.1)
-    torch.testing.assert_close(out[0], ro[0], rtol=1e-4, atol=1e-4)
+    assert_close(out[0], ro[0], rtol=1e-4, atol=1e-4)
 
 
-# ---------------------------------------------------------------- V_SPLIT, bad pages, NaN in the cache
-V_SPLIT_CFG = {"BLOCK_H": 16, "BLOCK_N": 16, "D_SPLIT": 2, "V_SPLIT": 2, "num_warps": 4, "num_stages": 1}
+# ---------------------------------------------------------------- V_SPLIT
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
@@ -592,7 +495,7 @@ def test_v_split_matches_reference(dtype, splits, name):
     out_base, out = poisoned_view((B * q_len, N, 512), dtype, token_pad=3)
     lse_base, lse = poisoned_view((B * q_len, N), torch.float32, transpose01=True)
     case.run(out=out, lse=lse, config=V_SPLIT_CFG, num_kv_splits=splits, backend="triton")
-    _check(case, out, lse)
+    check_case(case, out, lse)
     assert outside_untouched(out_base, out) and outside_untouched(lse_base, lse)
 
 
@@ -603,209 +506,6 @@ def test_v_split_needs_d_split_two_is_forced():
         "cpu", {**V_SPLIT_CFG, "D_SPLIT": 1}, torch.float16, False, direct=True, has_scale_ptr=False, page_mode=2
     )
     assert consts["V_SPLIT"] == 2 and consts["D_SPLIT"] == 2
-
-
-def _quantize_q_check(case, tol, config=None):
-    """quantize_q=True against the float32 reference fed the q it rounds to (exact up to summation
-    order, p and V rounded to 16 bits, and on GPUs a rare 1-code flip where q / scale lands on a
-    rounding boundary): every element written, nothing around out touched, one split and
-    several; the reference backend gives the same; without it the result differs (q really
-    rounded)."""
-    from rocm_mla.reference.decode import quantize_q_fp8
-
-    qn8, qp8 = quantize_q_fp8(case.q_nope, case.q_pe, case.kv.dtype)
-    ro, rl = mla_decode_ref(qn8, qp8, case.kv, case.block_table, case.seq_lens, case.sm_scale, case.k_scale)
-    for splits in (1, 3):
-        base, out = poisoned_view((case.q_nope.shape[0], case.N, 512), case.dtype, token_pad=1)
-        o, lse = case.run(out=out, config=config, num_kv_splits=splits, k_scale=case.k_scale, quantize_q=True)
-        assert o is out and outside_untouched(base, out)
-        torch.testing.assert_close(o.float().cpu(), ro.cpu(), rtol=tol, atol=tol)
-        torch.testing.assert_close(lse.cpu(), rl.cpu(), rtol=0, atol=tol)
-    ref_o, ref_l = case.run(backend="reference", k_scale=case.k_scale, quantize_q=True)
-    torch.testing.assert_close(ref_o.float().cpu(), ro.cpu(), rtol=1e-2, atol=1e-2)
-    torch.testing.assert_close(ref_l.cpu(), rl.cpu(), rtol=0, atol=1e-3)
-    plain, _ = case.run(config=config, num_kv_splits=1, k_scale=case.k_scale)
-    assert (plain.float() - o.float()).abs().max() > tol / 10
-
-
-@pytest.mark.parametrize("q_len,N", [(1, 16), (2, 8), (1, 24)])
-@pytest.mark.parametrize("tier", ["default", "d_split2"])
-def test_quantize_q_matches_reference_of_quantised_q(q_len, N, tier):
-    """quantize_q=True (FP8_QK: q rounded to the cache's e4m3 per row and head, q . k^T on fp8
-    operands) with the default tiers and with a tier that splits the latent columns (the mode
-    runs them whole), one row block and several."""
-    dtype = torch.bfloat16 if HAS_GPU else torch.float16
-    case = Case(3, N, q_len, 16, (45, 7, 130), dtype, kv_dtype=FP8_HERE, k_scale=0.5, seed=17)
-    cfg = None if tier == "default" else {"BLOCK_H": 16, "BLOCK_N": 16, "D_SPLIT": 2, "num_warps": 4, "num_stages": 1}
-    _quantize_q_check(case, 2e-2 if dtype == torch.bfloat16 else 4e-3, cfg)
-
-
-@pytest.mark.parametrize(
-    "kv,q_dtype,value,words",
-    [
-        ("fp16", torch.float16, True, "an fp8 kv_cache"),
-        ("fp8", torch.float32, True, "float16 or bfloat16 q"),
-        ("fp8", torch.float16, 1, "a bool"),
-    ],
-)
-def test_quantize_q_bad_input_named(kv, q_dtype, value, words):
-    case = Case(2, 4, 1, 16, (20, 5), q_dtype, kv_dtype=FP8_HERE if kv == "fp8" else None, seed=18)
-    with pytest.raises(ValueError, match=f"mla_decode: quantize_q: expected {words}"):
-        case.run(quantize_q=value, k_scale=1.0 if kv == "fp8" else None)
-
-
-def test_fp8_qk_only_through_quantize_q():
-    """FP8_QK is an accuracy trade: config= (or an overlay) cannot switch it on, quantize_q can."""
-    case = Case(2, 4, 1, 16, (20, 5), torch.float16, kv_dtype=FP8_HERE, k_scale=0.5, seed=19)
-    cfg = {"BLOCK_H": 16, "BLOCK_N": 16, "D_SPLIT": 1, "num_warps": 4, "num_stages": 1}
-    for value in (True, False):
-        with pytest.raises(ValueError, match="mla_decode: config: expected no FP8_QK entry"):
-            case.run(config={**cfg, "FP8_QK": value}, k_scale=0.5)
-    assert "FP8_QK" not in stage1_config("sm90", 16, torch.bfloat16, True)
-
-
-def test_quantize_q_config_resolution():
-    """quantize_q picks the tier's 'fp8+qk' overrides after 'fp8' and runs D_SPLIT 1, V_SPLIT 1
-    (sm90's 64-row fp8 tier is a 128-row V_SPLIT tile without it, the timed 64-row tile with it);
-    FP8_QK reaches the kernel, and the plan, only for fp8 caches and 16-bit q."""
-    from rocm_mla.configs import config_for
-    from rocm_mla.ops.decode_plan import stage1_meta
-
-    tiers = config_for("mla_decode", "sm90")["stage1"]
-    plain = stage1_config("sm90", 128, torch.bfloat16, True)
-    qk = stage1_config("sm90", 128, torch.bfloat16, True, quantize_q=True)
-    assert plain["V_SPLIT"] == 2 and plain["BLOCK_H"] == 128
-    assert (qk["BLOCK_H"], qk["BLOCK_N"], qk["D_SPLIT"], qk["V_SPLIT"], qk["FP8_QK"]) == (64, 64, 1, 1, True)
-    assert stage1_config("sm90", 128, torch.bfloat16, False, quantize_q=True) == stage1_config(
-        "sm90", 128, torch.bfloat16, False
-    )
-    # float32 q keeps exact products: the plan is the plain fp8 one, as the launch runs it.
-    assert stage1_config("sm90", 128, torch.float32, True, quantize_q=True) == stage1_config(
-        "sm90", 128, torch.float32, True
-    )
-    assert "fp8+qk" in tiers[-1]
-    cfg = {"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "FP8_QK": True}
-    on = lambda q, fp8: stage1_meta("default", cfg, q, fp8, direct=True, has_scale_ptr=False, page_mode=2)[0]  # noqa: E731
-    assert on(torch.float16, True)["FP8_QK"]
-    assert not on(torch.float16, False)["FP8_QK"] and not on(torch.float32, True)["FP8_QK"]
-
-
-@pytest.mark.parametrize("cfg", PAGE_GUARD_CFGS)
-@pytest.mark.parametrize("splits", [1, 2, 5])
-@pytest.mark.parametrize("bad", ["minus_one", "num_pages", "huge"])
-@pytest.mark.parametrize("block_size", [16, 4, 24, 1])  # PAGE_MODE 2, 1, 0, 1 with the 16-token CPU tile
-@pytest.mark.parametrize("which", ["second", "last"])
-def test_bad_page_id_makes_only_that_request_nan(cfg, splits, bad, block_size, which):
-    """A used block-table entry outside the cache (debug off): that request's rows are NaN in out and
-    lse, the other requests are exact (that nothing outside kv is read: test_memory_safety's
-    test_decode_kernel_bad_page_makes_its_request_nan, with guard regions) -- with either form of the guard
-    (CLAMP_PAGES: pages clamped into the cache in the loop, checked after it). The bad entry is the
-    request's second or its last used one (block 32 at block size 1: past the first 16 entries,
-    which the check-first form reads apart from the rest)."""
-    case = Case(3, 4, 1, block_size, (40, 33, 9), torch.float32, seed=41)
-    ro, rl = case.ref()
-    n_pages = case.kv.shape[0]
-    value = {"minus_one": -1, "num_pages": n_pages, "huge": 2**31 - 1}[bad]
-    blk = 1 if which == "second" else (33 - 1) // block_size  # request 1 uses blocks 0..cdiv(33, bs)-1
-    case.block_table[1, blk] = value
-    out, lse = case.run(num_kv_splits=splits, backend="triton", debug=False, config=cfg)
-    rows1 = slice(1, 2)
-    assert torch.isnan(out[rows1]).all() and torch.isnan(lse[rows1]).all()
-    keep = [0, 2]
-    torch.testing.assert_close(out[keep], ro[keep], rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(lse[keep], rl[keep], rtol=0, atol=1e-3)
-
-
-@pytest.mark.parametrize("cfg", PAGE_GUARD_CFGS)
-@pytest.mark.parametrize("splits", [1, 3])
-@pytest.mark.parametrize("block_size", [16, 4, 24])  # PAGE_MODE 2, 1, 0 with the 16-token CPU tile
-def test_bad_page_seen_by_one_mtp_row_makes_every_row_nan(cfg, splits, block_size):
-    """MTP (q_len 3): the last used page holds key 32, which only the request's last row sees
-    (causal). A bad entry there still makes every row of that request NaN in out and lse (the
-    request's result is unusable, not just the rows that read the page); the others are exact."""
-    case = Case(2, 4, 3, block_size, (33, 20), torch.float32, seed=45)
-    ro, rl = case.ref()
-    case.block_table[0, 32 // block_size] = -1
-    out, lse = case.run(num_kv_splits=splits, backend="triton", debug=False, config=cfg)
-    rows0 = slice(0, 3)  # request 0's three rows
-    assert torch.isnan(out[rows0]).all() and torch.isnan(lse[rows0]).all()
-    torch.testing.assert_close(out[3:], ro[3:], rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(lse[3:], rl[3:], rtol=0, atol=1e-3)
-
-
-@pytest.mark.parametrize("cfg", PAGE_GUARD_CFGS)
-@pytest.mark.parametrize("splits", [1, 3])
-def test_cache_without_pages_makes_used_requests_nan(cfg, splits):
-    """kv_cache of 0 pages: every entry a request with keys uses is outside it, so that request is
-    NaN (nothing is read); a request with seq_len 0 still gets out 0 and lse -inf."""
-    g = torch.Generator().manual_seed(44)
-    kv = torch.empty(0, 16, 576, device=DEVICE)
-    bt = torch.zeros(2, 3, dtype=torch.int32, device=DEVICE)
-    sl = torch.tensor([20, 0], dtype=torch.int32, device=DEVICE)
-    q, qp = (torch.randn(2, 4, d, generator=g).to(DEVICE) for d in (512, 64))
-    out, lse = rocm_mla.mla_decode(
-        q, qp, kv, bt, sl, sm_scale=0.1, backend="triton", num_kv_splits=splits, config=cfg, debug=False
-    )
-    assert torch.isnan(out[0]).all() and torch.isnan(lse[0]).all()
-    assert (out[1] == 0).all() and (lse[1] == float("-inf")).all()
-
-
-def test_bad_page_id_named_in_debug_mode():
-    case = Case(2, 4, 1, 16, (40, 9), torch.float32, seed=42)
-    case.block_table[0, 1] = case.kv.shape[0]
-    with pytest.raises(ValueError, match="block_table"):
-        case.run(debug=True)
-
-
-@pytest.mark.parametrize("cfg", [None, V_SPLIT_CFG, CLAMP_CFG], ids=["default", "v_split", "clamp"])
-@pytest.mark.parametrize("splits", [1, 2, 5])
-@pytest.mark.parametrize("poison", [NAN, float("inf")], ids=["nan", "inf"])
-def test_nan_in_used_kv_row_reaches_that_request(cfg, splits, poison):
-    """A NaN or inf in one used KV row: every row of that request that sees the key is NaN in out
-    and lse, whatever the split count (a split's NaN lse is not read as 'no key'); the other
-    requests are exact."""
-    case = Case(3, 4, 1, 16, (40, 33, 9), torch.float32, seed=43)
-    ro, rl = case.ref()
-    tok = 20  # a key of request 1 that every one of its rows sees
-    page = int(case.block_table[1, tok // 16])
-    case.kv[page, tok % 16, 7] = poison
-    out, lse = case.run(num_kv_splits=splits, backend="triton", config=cfg)
-    if poison != poison:
-        assert torch.isnan(out[1]).all() and torch.isnan(lse[1]).all()
-    else:  # inf: a head whose score is -inf skips the key, but 0 x inf still reaches column 7
-        assert (~torch.isfinite(out[1])).any(-1).all()
-        assert torch.isnan(lse[1][~torch.isfinite(rl[1])]).all()
-    keep = [0, 2]
-    torch.testing.assert_close(out[keep], ro[keep], rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(lse[keep], rl[keep], rtol=0, atol=1e-3)
-
-
-# ---------------------------------------------------------------- GPU
-@pytest.mark.gpu
-@pytest.mark.parametrize("kv", ["bf16", "fp8"])
-@pytest.mark.parametrize("N,q_len", [(16, 1), (128, 1), (24, 2), (64, 3)])
-def test_gpu_large(kv, N, q_len):
-    lens = (4000, 17, 1500, 1) if q_len == 1 else (4000, 17, 1500, 3)
-    kv_dtype = FP8 if kv == "fp8" else None
-    case = Case(
-        4,
-        N,
-        q_len,
-        64,
-        lens,
-        torch.bfloat16,
-        kv_dtype=kv_dtype,
-        k_scale=0.25 if kv == "fp8" else None,
-        seed=2,
-        q_layout="separate",
-    )
-    ks = torch.tensor(0.25, device=DEVICE) if kv == "fp8" else None
-    out_base, out = poisoned_view((4 * q_len, N, 512), torch.bfloat16, token_pad=1)
-    for splits in (None, 1, 16):
-        out.fill_(NAN)
-        o, lse = case.run(out=out, k_scale=ks, num_kv_splits=splits)
-        _check(case, o, lse)
-        assert outside_untouched(out_base, out)
 
 
 @pytest.mark.gpu
@@ -833,113 +533,5 @@ def test_gpu_v_split_and_wide_tiles(kv, N, q_len):
         for splits in (None, 1, 7):
             out_base, out = poisoned_view((4 * q_len, N, 512), torch.bfloat16, token_pad=1)
             o, lse = case.run(out=out, config=cfg, num_kv_splits=splits, k_scale=0.25 if kv == "fp8" else None)
-            _check(case, o, lse)
+            check_case(case, o, lse)
             assert outside_untouched(out_base, out)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("splits", [None, 1, 16])
-def test_gpu_bad_page_and_nan_row(splits):
-    case = Case(3, 16, 1, 64, (3000, 700, 90), torch.bfloat16, seed=6)
-    ro, rl = case.ref()
-    case.block_table[0, 5] = case.kv.shape[0] + 1000
-    page = int(case.block_table[1, 3])
-    case.kv[page, 5, 3] = NAN
-    out, lse = case.run(num_kv_splits=splits)
-    assert torch.isnan(out[:2].float()).all() and torch.isnan(lse[:2]).all()
-    torch.testing.assert_close(out[2:].float(), ro[2:], rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(lse[2:], rl[2:], rtol=0, atol=1e-3)
-
-
-def _this_gpu_tier0(clamp: bool, fp8: bool) -> dict:
-    """The 16-row tier this GPU runs, with the page guard forced to one form."""
-    from rocm_mla import _platform
-    from rocm_mla.configs import config_for
-    from rocm_mla.ops.decode_plan import stage1_config
-
-    arch = _platform.device_arch(DEVICE)
-    tier = stage1_config(arch, 0, torch.bfloat16, fp8, config_for("mla_decode", arch)["stage1"][0])
-    return {**tier, "CLAMP_PAGES": clamp}
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("clamp", [False, True], ids=["check_first", "clamp"])
-@pytest.mark.parametrize("kv", ["bf16", "fp8"])
-def test_gpu_page_guard_forms(clamp, kv):
-    """Both forms of the page guard on this GPU's 16-row tier (block 64: one page per tile): a bad
-    page NaNs only its request, and a cache of 0 pages reads nothing (its base pointer may be null:
-    any read would fault, under memcheck or not). A NaN KV row: test_gpu_bad_page_and_nan_row."""
-    fp8 = kv == "fp8"
-    cfg = _this_gpu_tier0(clamp, fp8)
-    kw = {"k_scale": 0.5} if fp8 else {}
-    case = Case(3, 16, 1, 64, (3000, 700, 90), torch.bfloat16, kv_dtype=FP8 if fp8 else None, seed=7, **kw)
-    ro, rl = case.ref()
-    case.block_table[0, 5] = -1
-    for splits in (None, 1, 16):
-        out, lse = case.run(num_kv_splits=splits, config=cfg, **kw)
-        assert torch.isnan(out[:1].float()).all() and torch.isnan(lse[:1]).all()
-        torch.testing.assert_close(out[1:].float(), ro[1:], rtol=2e-2, atol=2e-2)
-        torch.testing.assert_close(lse[1:], rl[1:], rtol=0, atol=1e-2)
-    q, qp = case.q_nope[:2], case.q_pe[:2]
-    empty = case.kv[:0]
-    bt = torch.zeros(2, 4, dtype=torch.int32, device=DEVICE)
-    sl = torch.tensor([200, 0], dtype=torch.int32, device=DEVICE)
-    for splits in (1, 4):
-        out, lse = rocm_mla.mla_decode(
-            q, qp, empty, bt, sl, sm_scale=0.1, num_kv_splits=splits, config=cfg, debug=False, **kw
-        )
-        torch.cuda.synchronize()
-        assert torch.isnan(out[0].float()).all() and torch.isnan(lse[0]).all()
-        assert (out[1] == 0).all() and (lse[1] == float("-inf")).all()
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("N,q_len", [(16, 1), (16, 2), (128, 1), (128, 2)])
-def test_gpu_quantize_q(N, q_len):
-    """quantize_q=True on this GPU through the tiers the wrapper picks (sm90's 64-row tier: fp8
-    wgmma for q . k^T): the reference of the quantised q, long and short requests."""
-    case = Case(3, N, q_len, 64, (3000, 130, 7), torch.bfloat16, kv_dtype=FP8, k_scale=0.5, seed=N + q_len)
-    _quantize_q_check(case, 3e-2)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("block_size", [1, 16, 24, 32, 96, 128])
-def test_gpu_block_sizes(block_size):
-    case = Case(3, 16, 1, block_size, (700, 5, 129), torch.bfloat16, seed=4)
-    _check(case, *case.run())
-
-
-@pytest.mark.gpu
-def test_gpu_no_host_sync_and_cuda_graph():
-    """No synchronising call (torch's sync debug mode raises on one), and a captured graph
-    replays with new q values in place."""
-    case = Case(4, 16, 1, 64, (900, 33, 4096, 70), torch.bfloat16, q_layout="separate")
-    out = torch.empty(4, 16, 512, dtype=torch.bfloat16, device=DEVICE)
-    lse = torch.empty(4, 16, device=DEVICE)
-    case.run(out=out, lse=lse, max_seq_len=4096)  # compile outside the checks
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        case.run(out=out, lse=lse, max_seq_len=4096)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        case.run(out=out, lse=lse, max_seq_len=4096)
-    torch.cuda.current_stream().wait_stream(stream)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        case.run(out=out, lse=lse, max_seq_len=4096)
-    case.q_nope.copy_(torch.randn_like(case.q_nope, dtype=torch.float32).to(torch.bfloat16))
-    out.fill_(NAN)
-    g.replay()
-    torch.cuda.synchronize()
-    _check(case, out, lse)
-
-
-@pytest.mark.gpu
-def test_gpu_default_dispatch_is_triton():
-    from rocm_mla.ops._dispatch import select
-
-    assert select("mla_decode", DEVICE) == "triton"

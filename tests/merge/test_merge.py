@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from _util import DEVICE, DTYPES, TOL, backends, outside_untouched, poisoned_view, raises_naming, rand
+from _util import DEVICE, DTYPES, TOL, assert_close, backends, outside_untouched, poisoned_view, raises_naming, rand
 
 import rocm_mla
 from rocm_mla.reference import merge_attn_states_ref
@@ -33,8 +33,8 @@ def test_reference_equals_attention_over_all_keys():
     o2, l2 = _attn_with_lse(q, k[S1:], v[S1:])
     full, lfull = _attn_with_lse(q, k, v)
     out, lse = merge_attn_states_ref(o1, l1.float(), o2, l2.float())
-    torch.testing.assert_close(out, full.float(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(lse, lfull.float(), rtol=1e-5, atol=1e-5)
+    assert_close(out, full.float(), rtol=1e-5, atol=1e-5)
+    assert_close(lse, lfull.float(), rtol=1e-5, atol=1e-5)
 
 
 LAYOUTS = {
@@ -71,8 +71,8 @@ def test_matches_reference(backend, dtype, layout, T, N, D):
     ref, ref_lse = merge_attn_states_ref(po, pl, so, sl)
     rtol, atol = TOL[dtype]
     assert not torch.isnan(out.float()).any(), "an output element was not written"
-    torch.testing.assert_close(out.float(), ref, rtol=rtol, atol=atol)
-    torch.testing.assert_close(ol, ref_lse, rtol=1e-5, atol=1e-5)
+    assert_close(out.float(), ref, rtol=rtol, atol=atol)
+    assert_close(ol, ref_lse, rtol=1e-5, atol=1e-5)
     assert outside_untouched(out_base, out), "wrote outside the output view"
     assert outside_untouched(ol_base, ol), "wrote outside the output_lse view"
 
@@ -82,7 +82,7 @@ def test_without_output_lse(backend):
     po, pl, so, sl, out_base, out, _, _ = _case(9, 16, 128, torch.float16, "pad_v", with_lse=False)
     rocm_mla.merge_attn_states(out, po, pl, so, sl, backend=backend)
     ref, _ = merge_attn_states_ref(po, pl, so, sl)
-    torch.testing.assert_close(out.float(), ref, rtol=2e-3, atol=2e-3)
+    assert_close(out.float(), ref, rtol=2e-3, atol=2e-3)
     assert outside_untouched(out_base, out)
 
 
@@ -103,14 +103,14 @@ def test_inf_rules(backend):
     ol = torch.full((N, T), float("nan"), device=DEVICE)
     rocm_mla.merge_attn_states(out, po, pl, so, sl, ol, backend=backend)
     assert not torch.isnan(out).any() and not torch.isnan(ol).any()
-    torch.testing.assert_close(out[0, 0], so[0, 0])  # only suffix saw keys
-    torch.testing.assert_close(out[0, 1], po[0, 1])  # only prefix saw keys
+    assert_close(out[0, 0], so[0, 0])  # only suffix saw keys
+    assert_close(out[0, 1], po[0, 1])  # only prefix saw keys
     assert torch.equal(out[1, :], torch.zeros_like(out[1, :]))  # both empty -> 0
     assert ol[0, 1] == -inf and ol[1, 1] == -inf
     assert ol[0, 0].item() == pytest.approx(0.3, abs=1e-6)
     ref, ref_lse = merge_attn_states_ref(po, pl, so, sl)
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ol, ref_lse, rtol=1e-5, atol=1e-5)
+    assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert_close(ol, ref_lse, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("backend", backends())
@@ -134,10 +134,10 @@ def test_nan_lse_propagates(backend, with_lse):
     ref, ref_lse = merge_attn_states_ref(po, pl, so, sl)
     assert torch.equal(torch.isnan(ref), torch.isnan(out)) and torch.equal(torch.isnan(ref_lse), bad)
     ok = ~bad.transpose(0, 1)
-    torch.testing.assert_close(out[ok], ref[ok], rtol=1e-5, atol=1e-5)
+    assert_close(out[ok], ref[ok], rtol=1e-5, atol=1e-5)
     if with_lse:
         assert torch.equal(torch.isnan(ol), bad)
-        torch.testing.assert_close(ol[~bad], ref_lse[~bad], rtol=1e-5, atol=1e-5)
+        assert_close(ol[~bad], ref_lse[~bad], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("backend", backends())
@@ -148,7 +148,7 @@ def test_large_lse_difference_is_stable(backend):
     sl = torch.full((N, T), -1000.0, device=DEVICE)
     out = torch.full_like(po, float("nan"))
     rocm_mla.merge_attn_states(out, po, pl, so, sl, backend=backend)
-    torch.testing.assert_close(out, po)
+    assert_close(out, po)
 
 
 @pytest.mark.parametrize("backend", backends())
@@ -167,7 +167,7 @@ def test_in_place_over_prefix():
     for b in backends():
         buf = po.clone()
         rocm_mla.merge_attn_states(buf, buf, pl, so, sl, backend=b)
-        torch.testing.assert_close(buf, ref, rtol=1e-5, atol=1e-5)
+        assert_close(buf, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_aliasing_rules():
@@ -245,7 +245,7 @@ def test_forced_backend(monkeypatch):
     monkeypatch.setenv("ROCM_MLA_BACKEND_MERGE_ATTN_STATES", "reference")
     rocm_mla.merge_attn_states(**args)
     ref, _ = merge_attn_states_ref(args["prefix_output"], args["prefix_lse"], args["suffix_output"], args["suffix_lse"])
-    torch.testing.assert_close(args["output"], ref)
+    assert_close(args["output"], ref)
     monkeypatch.setenv("ROCM_MLA_BACKEND_MERGE_ATTN_STATES", "cuda-magic")
     with pytest.raises(ValueError, match="backend.*hip, triton, reference.*cuda-magic"):
         rocm_mla.merge_attn_states(**args)
@@ -275,7 +275,7 @@ def test_hip_misaligned_falls_back_to_scalar(dtype):
     rocm_mla.merge_attn_states(out, po, pl, so, sl, backend="hip")
     ref, _ = merge_attn_states_ref(po, pl, so, sl)
     rtol, atol = TOL[dtype]
-    torch.testing.assert_close(out.float(), ref, rtol=rtol, atol=atol)
+    assert_close(out.float(), ref, rtol=rtol, atol=atol)
 
 
 @pytest.mark.gpu
@@ -287,8 +287,8 @@ def test_gpu_large_strided_bf16(backend):
     po, pl, so, sl, out_base, out, ol_base, ol = _case(T, N, D, torch.bfloat16, "pad_v")
     rocm_mla.merge_attn_states(out, po, pl, so, sl, ol, backend=backend)
     ref, ref_lse = merge_attn_states_ref(po, pl, so, sl)
-    torch.testing.assert_close(out.float(), ref, rtol=1.6e-2, atol=1.6e-2)
-    torch.testing.assert_close(ol, ref_lse, rtol=1e-5, atol=1e-5)
+    assert_close(out.float(), ref, rtol=1.6e-2, atol=1.6e-2)
+    assert_close(ol, ref_lse, rtol=1e-5, atol=1e-5)
     assert outside_untouched(out_base, out)
 
 

@@ -1,5 +1,5 @@
 """Decode context parallelism (DCP) with the ROCM_MLA decode, through vLLM 0.33's own DCP code
-(rocm_mla/testing/dcp_check.py describes what vLLM does; perf/dcp_two_ranks.py runs it on 2 ranks).
+(tests/vllm_harness/dcp.py describes what vLLM does; perf/dcp_two_ranks.py runs it on 2 ranks).
 
 * vLLM's token-interleaved slot mapping (its ComputeSlotMappingKernel formula) and its
   get_dcp_local_seq_lens agree, and the shards partition each sequence in order.
@@ -30,13 +30,13 @@ except Exception as e:  # noqa: BLE001
 if vllm.__version__ != "0.33.0":
     pytest.skip(f"written against vLLM 0.33.0, found {vllm.__version__}", allow_module_level=True)
 
-from rocm_mla.testing import harness as H
+from vllm_harness import layer_step as H
 
 H.use_simulated_gfx942_platform()
 
-from rocm_mla.testing import dcp_check  # noqa: E402
+from vllm_harness import dcp as dcp_check  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("world,interleave,block_size", [(2, 1, 16), (2, 8, 16), (4, 1, 1), (4, 16, 64), (8, 2, 16)])
@@ -69,7 +69,7 @@ def test_slot_mapping_and_local_seq_lens_agree(world, interleave, block_size):
 
 def _emulate(*cases: str) -> list[dict]:
     r = subprocess.run(
-        [sys.executable, "-m", "rocm_mla.testing.dcp_check", *[a for c in cases for a in ("--case", c)]],
+        [sys.executable, "-m", "vllm_harness.dcp", *[a for c in cases for a in ("--case", c)]],
         capture_output=True,
         text=True,
         cwd=REPO,

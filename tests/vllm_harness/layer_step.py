@@ -70,8 +70,8 @@ def use_simulated_gfx942_platform() -> None:
     import vllm.platforms as platforms
     from vllm.platforms.interface import DeviceCapability
 
-    from .. import _platform
-    from ..configs import platform_fp8_dtype
+    from rocm_mla import _platform
+    from rocm_mla.configs import platform_fp8_dtype
 
     if isinstance(platforms._current_platform, _SimulatedMarker):
         return

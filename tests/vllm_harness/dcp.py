@@ -42,7 +42,7 @@ from types import SimpleNamespace
 
 import torch
 
-from . import harness as H
+from . import layer_step as H
 
 KV_LORA_RANK, QK_ROPE = H.KV_LORA_RANK, H.QK_ROPE
 # Decode requests (context, 1 new token): long, short, one whose single token leaves rank 1 empty,
@@ -51,8 +51,11 @@ DECODE_BATCH = [H.Request(90, 1), H.Request(17, 1), H.Request(0, 1), H.Request(4
 
 
 def cpu_env() -> dict[str, str]:
-    """Environment for a CPU child process that should run vLLM's Triton kernels interpreted."""
+    """Environment for a child process that imports this harness (tests/ on PYTHONPATH) and, on a
+    machine without a GPU, runs vLLM's Triton kernels interpreted."""
     env = dict(os.environ)
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [tests, env.get("PYTHONPATH")]))
     if not torch.cuda.is_available():
         env["TRITON_INTERPRET"] = "1"
         env["HIP_VISIBLE_DEVICES"] = ""
@@ -487,7 +490,7 @@ def run_rank_case(case: dict, rank: int, world: int, interleave: int) -> dict:
 
 
 def main(argv=None) -> int:
-    """``python -m rocm_mla.testing.dcp_check [--case WORLD:INTERLEAVE:BLOCK:HEADS:DTYPE:KV_CACHE_DTYPE ...]``:
+    """``python -m vllm_harness.dcp [--case WORLD:INTERLEAVE:BLOCK:HEADS:DTYPE:KV_CACHE_DTYPE ...]``:
     the one-process emulation; prints one ``DCP_RESULT {json}`` line per case. Tests run it in a
     child process with :func:`cpu_env` (on CPU)."""
     import argparse

@@ -1,12 +1,22 @@
 """gather_context_chunk (context_gather): every backend against the float32 reference, the
 reference against a plain loop over vLLM's chunk indexing, block sizes 1/16/64, fp8 caches,
-strided caches and destinations, empty chunks, bad input. Bad index values: test_memory_safety.py."""
+strided caches and destinations, empty chunks, bad input. Bad index values: test_context_gather_memory_safety.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from _util import DEVICE, DTYPES, HAS_GPU, SENTINEL, backends, outside_untouched, poisoned_view, raises_naming
+from _util import (
+    DEVICE,
+    DTYPES,
+    HAS_GPU,
+    SENTINEL,
+    assert_close,
+    backends,
+    outside_untouched,
+    poisoned_view,
+    raises_naming,
+)
 
 from rocm_mla.ops import gather_context_chunk
 from rocm_mla.reference import context_gather_ref
@@ -117,7 +127,7 @@ def test_reference_matches_definition(case, bs):
     want = ch.expected()
     got = ch.ref()
     assert not torch.isnan(got).any()
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert_close(got, want, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("backend", GATHER_BACKENDS)
@@ -128,7 +138,7 @@ def test_matches_reference(backend, dtype, case, bs):
     ch = Chunk(*CASES[case], bs, dtype=dtype, seed=bs + 1)
     dst = ch.run_poisoned(dtype, 8, backend)
     # A gather: exact in the cache's own dtype.
-    torch.testing.assert_close(dst.float(), ch.ref(), rtol=0, atol=0)
+    assert_close(dst.float(), ch.ref(), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("backend", GATHER_BACKENDS)
@@ -140,9 +150,9 @@ def test_fp8_cache_dequantised(backend, fp8, dtype):
     ch = Chunk(*CASES["three_requests"], 16, fp8=fp8, seed=3)
     dst = ch.run_poisoned(dtype, 4, backend)
     want = ch.expected()
-    torch.testing.assert_close(ch.ref(), want, rtol=0, atol=0)
+    assert_close(ch.ref(), want, rtol=0, atol=0)
     # stored x k_scale in float32, rounded once to dst's dtype
-    torch.testing.assert_close(dst, want.to(dtype), rtol=0, atol=0)
+    assert_close(dst, want.to(dtype), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("backend", GATHER_BACKENDS)
@@ -152,7 +162,7 @@ def test_strided_cache_and_dst(backend):
     ch = Chunk(*CASES["three_requests"], 16, seed=5, block_pad=40)
     assert not ch.cache.is_contiguous()
     dst = ch.run_poisoned(F32, 100, backend)
-    torch.testing.assert_close(dst, ch.expected(), rtol=0, atol=0)
+    assert_close(dst, ch.expected(), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("backend", GATHER_BACKENDS)
@@ -204,7 +214,7 @@ def test_default_dispatch_and_forced_backend(monkeypatch):
     monkeypatch.setenv("ROCM_MLA_BACKEND_CONTEXT_GATHER", "reference")
     _, dst = ch.dst(F32)
     ch.run(dst)
-    torch.testing.assert_close(dst, ch.expected(), rtol=0, atol=0)
+    assert_close(dst, ch.expected(), rtol=0, atol=0)
     # There is no HIP kernel: forcing it raises (where the extension loads: "no HIP kernel";
     # elsewhere the dispatcher's "cannot run").
     with pytest.raises(RuntimeError, match="no HIP kernel for context_gather|'hip' was requested but cannot run"):

@@ -2,7 +2,7 @@
 
 Needs vLLM 0.33.0 importable (CI: .ci/install_vllm_cpu.sh, called by ./dev.sh test); the whole
 module is skipped, with the reason, when it is not. No MI300 here: vLLM's ROCm platform is
-simulated as gfx942 (``rocm_mla.testing.harness.use_simulated_gfx942_platform``: only the host
+simulated as gfx942 (``vllm_harness.layer_step.use_simulated_gfx942_platform``: only the host
 queries are patched) before any vLLM module that binds ``current_platform`` is imported.
 Kernels run in the Triton CPU interpreter (conftest sets TRITON_INTERPRET=1; fp32/fp16) or on a
 GPU (``gpu`` marker; bf16 and N=128 there).
@@ -34,7 +34,7 @@ if vllm.__version__ != "0.33.0":
         f"the ROCM_MLA backend is written against vLLM 0.33.0, found {vllm.__version__}", allow_module_level=True
     )
 
-from rocm_mla.testing.harness import LayerStep, Request, use_simulated_gfx942_platform
+from vllm_harness.layer_step import LayerStep, Request, use_simulated_gfx942_platform
 
 use_simulated_gfx942_platform()
 
@@ -46,7 +46,7 @@ rocm_vllm.register()
 
 from rocm_mla.vllm.backend import RocmMLABackend, RocmMLAImpl, RocmMLAMetadataBuilder  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CPU_DTYPES = [torch.float32, torch.float16]
 GPU_DTYPES = [torch.bfloat16, torch.float16]
 TOL = {torch.float32: 2e-4, torch.float16: 1e-2, torch.bfloat16: 4e-2}
@@ -55,6 +55,7 @@ TOL = {torch.float32: 2e-4, torch.float16: 1e-2, torch.bfloat16: 4e-2}
 def _python(code: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter (a process that has loaded no plugin yet)."""
     env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), env.get("PYTHONPATH")]))  # vllm_harness
     env.update(env_extra or {})
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
 
@@ -118,7 +119,7 @@ def test_spawned_process_unpickles_the_config_before_loading_plugins(tmp_path):
     # import, and on an NVIDIA machine that is CUDA, whose module needs vLLM's compiled CUDA ops.
     code = f"""
 import pickle
-from rocm_mla.testing.harness import use_simulated_gfx942_platform
+from vllm_harness.layer_step import use_simulated_gfx942_platform
 use_simulated_gfx942_platform()
 from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
 assert "ROCM_MLA" not in E.__members__
@@ -152,8 +153,7 @@ def test_cli_parses_attention_backend():
 
 def test_engine_args_create_engine_config_on_rocm():
     from vllm.engine.arg_utils import EngineArgs
-
-    from rocm_mla.testing.harness import _tiny_deepseek_v3_dir
+    from vllm_harness.layer_step import _tiny_deepseek_v3_dir
 
     ea = EngineArgs(
         model=_tiny_deepseek_v3_dir(), attention_backend="ROCM_MLA", skip_tokenizer_init=True, max_model_len=512

@@ -1,0 +1,13 @@
+"""The vLLM test harness (tests/vllm/ and the layer-step and DCP scripts of ``perf/`` import it; it
+lives outside the wheel: nothing in ``rocm_mla`` needs it at run time). Importable with tests/ on
+sys.path (pytest's conftest puts it there; the perf scripts insert it).
+
+* ``layer_step``: one MLA layer step through a vLLM 0.33 attention backend on vLLM's own objects, a
+  simulated gfx942 ROCm platform for machines without one, stubs of vLLM's compiled-op schemas,
+  and the float32 result of the step from ``rocm_mla.reference``.
+* ``dcp``: decode context parallelism through vLLM's own DCP code, W ranks emulated in one
+  process (``python -m vllm_harness.dcp`` from tests/) or run as real ranks (perf/dcp_two_ranks.py).
+
+Both patch vLLM (its platform, its model-inspection subprocess, its dispatch keys) for the
+duration of a test process: never import them in a serving process.
+"""

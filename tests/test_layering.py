@@ -1,5 +1,7 @@
-"""Package layering: the runtime package does not import its test scaffolding (rocm_mla.testing
-patches vLLM), and ``import rocm_mla`` / the vLLM plugin module load neither it nor vLLM."""
+"""Package layering: the wheel's package imports none of the test scaffolding (tests/vllm_harness
+patches vLLM), pytest or the perf scripts; ``rocm_mla.cases`` (shared by tests, doctor, tuner and
+benches) stays below the tools; and ``import rocm_mla`` / the vLLM plugin module load neither the
+scaffolding nor vLLM."""
 
 from __future__ import annotations
 
@@ -10,25 +12,44 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "rocm_mla"
 
+# Module names a runtime file must never import: the test scaffolding, the test runner, the benches.
+FORBIDDEN = ("vllm_harness", "pytest", "perf", "tests", "_util")
+IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import|import\s+([\w.]+))", re.MULTILINE)
 
-def test_runtime_modules_do_not_import_testing():
-    pat = re.compile(
-        r"^\s*(from\s+(rocm_mla\.testing|\.+testing)\b|import\s+rocm_mla\.testing\b)"
-        r"|^\s*from\s+(rocm_mla|\.+)\s+import\s+.*\btesting\b",
-        re.MULTILINE,
-    )
-    offenders = [
-        str(p.relative_to(PKG.parent))
+
+def _imports(path: Path) -> set[str]:
+    return {m.group(1) or m.group(2) for m in IMPORT.finditer(path.read_text())}
+
+
+def test_runtime_modules_import_no_scaffolding():
+    offenders = {
+        str(p.relative_to(PKG.parent)): sorted(mods)
         for p in PKG.rglob("*.py")
-        if "testing" not in p.relative_to(PKG).parts and pat.search(p.read_text())
-    ]
-    assert not offenders, f"runtime modules importing rocm_mla.testing: {offenders}"
+        if (mods := {m for m in _imports(p) if m.split(".")[0] in FORBIDDEN})
+    }
+    assert not offenders, f"runtime modules importing test or bench code: {offenders}"
+
+
+def test_cases_stay_below_the_tools():
+    """rocm_mla.cases builds inputs for tests, doctor, the tuner and the benches: it may use the
+    ops, references and configs, never the tools that use it."""
+    offenders = {
+        str(p.relative_to(PKG.parent)): sorted(mods)
+        for p in (PKG / "cases").glob("*.py")
+        if (mods := {m for m in _imports(p) if m.startswith(("rocm_mla.tools", "..tools", "rocm_mla.vllm", "..vllm"))})
+    }
+    assert not offenders, offenders
+
+
+def test_scaffolding_lives_outside_the_package():
+    assert not (PKG / "testing").exists(), "rocm_mla/testing is back inside the wheel"
+    assert (PKG.parent / "tests" / "vllm_harness" / "__init__.py").is_file()
 
 
 def test_import_loads_no_scaffolding():
     code = (
-        "import sys, rocm_mla, rocm_mla.ops, rocm_mla.vllm; "
-        "print(sorted(m for m in sys.modules if m.startswith(('rocm_mla.testing', 'vllm'))))"
+        "import sys, rocm_mla, rocm_mla.ops, rocm_mla.vllm, rocm_mla.cases; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'vllm_harness', 'pytest')))"
     )
     r = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=PKG.parent, timeout=300, check=False

@@ -253,6 +253,37 @@ def test_shapes_and_presets():
     assert Shape.make("decode", **dict(kv.split("=") for kv in s.label.split())) == s
 
 
+def test_presets_are_the_cases_shape_sets():
+    from rocm_mla import cases
+
+    sets = {"tp8": ("decode", "tp8"), "dp": ("decode", "dp"), "mtp": ("decode", "mtp")}
+    sets.update({op: (op, "tune") for op in ("prefill", "merge", "rope_kv_write")})
+    for preset, (op, name) in sets.items():
+        want = getattr(cases, op).SHAPES[name]
+        got = parse_shapes(preset)
+        assert [s.case_shape for s in got] == want, preset  # the timed inputs are built from these
+        assert all(s.op == op and Shape.from_case(op, s.case_shape) == s for s in got)
+    assert [s.case_shape for s in parse_shapes("tiny")] == [getattr(cases, op).SHAPES["tiny"][0] for op in ALL_OPS]
+    with pytest.raises(ValueError, match="not expressible"):
+        Shape.from_case("prefill", cases.prefill.SHAPES["verify"][0])  # uneven lengths: no B x L spec
+
+
+def test_tiny_cases_check_against_the_reference(monkeypatch):
+    """Each op's timed call on the tiny preset matches the reference; one wrong element is named."""
+    dev = torch.device("cpu")
+    for s in parse_shapes("tiny"):
+        case = inputs.CASES[s.op](s, dev)
+        assert case.copies == 1 and case.check() == "", s.key
+        inp = case.inputs
+        wrong = inp.q_pe if s.op == "rope_kv_write" else inp.output if s.op == "merge" else inp.out
+        run = type(inp).run
+        monkeypatch.setattr(
+            inp, "run", lambda *a, inp=inp, run=run, wrong=wrong, **k: (run(inp, *a, **k), wrong[0, 0, 0].add_(1.0))
+        )
+        name = {"rope_kv_write": "q_pe", "merge": "output"}.get(s.op, "out")
+        assert case.check().startswith(f"{name}: 1 of"), s.key
+
+
 @pytest.mark.parametrize("arch", ["gfx942", "sm90", "cpu"])
 def test_compose_tier_changes_only_its_combination(arch):
     from rocm_mla.ops.decode_plan import stage1_config
@@ -423,7 +454,7 @@ def test_check_reports_compile_errors_by_name(cfgdir, capsys):
 
 def test_check_reports_reference_errors_by_name(cfgdir, capsys, monkeypatch):
     a = _here()
-    monkeypatch.setattr(inputs, "small_prefill", lambda dev, dt, causal: "out max err 1 > 0.005")
+    monkeypatch.setattr(inputs, "verify_call", lambda op, shape, dev, dt, *a, **k: "out: relative norm error 1 > 0.002")
     _write(cfgdir / f"{a}.json", _overlay(a, PREFILL_M64))
     assert tune_main(["--check", "--allow-cpu"]) == 1
     assert f"OverlayReferenceError: mla_prefill.{a}.triton" in capsys.readouterr().out

@@ -12,12 +12,12 @@ implementation the op dispatches to), times the default and the candidates of ea
 shape of the group, and keeps a winner only when
 
 * its output matched the float32 reference on every shape (every candidate is checked before it
-  is timed: a subset of rows of the timed call, against ``rocm_mla.reference``);
+  is timed: a subset of rows of the timed call, under the op's ``rocm_mla.cases`` tolerance);
 * it is at least 1% faster than the default over the group (geometric mean) and, timed again back
   to back with the default (alternating, median of 3), slower on no shape of the group: the
   default is always a candidate and wins ties;
 * every config it changes compiles and passes the reference for the other dtypes it serves
-  (small cases; the same check as ``--check``).
+  (the ``verify`` shapes of ``rocm_mla.cases``; the same check as ``--check``).
 
 Candidates: the package's own tuning lists (``mla_decode``'s tiers and ``candidates``,
 ``mla_prefill``'s ``candidates``, the ``tune`` spaces of ``merge_attn_states`` and
@@ -44,9 +44,12 @@ On a machine without a GPU the tuner refuses to run unless ``--allow-cpu``: the 
 then run in the CPU interpreter and the "times" are interpreter wall times that say nothing about
 any GPU (the mode exists to test the tuner itself, with ``--shapes tiny``).
 
-The package: ``shapes`` (Shape, PRESETS, parse_shapes), ``inputs`` (the timed inputs of each op and
-the small verification calls), ``groups`` (which part of a config serves which shapes, and its
-candidates), ``timing`` (the timer), ``acceptance`` (the rules a winner passes: MIN_GAIN, the
-re-time, verify), ``tuner`` (the search loop), ``overlay`` (writing and describing the overlay, the
-result table) and ``cli`` (``rocm-mla tune``, ``--check``, ``--show``).
+The inputs, the shape sets and the checks are ``rocm_mla.cases``'s (one builder and one tolerance
+per op, shared with the tests, the doctor and the benches). The package: ``shapes`` (Shape,
+PRESETS: named cases shape sets, parse_shapes), ``inputs`` (a cases input object as the tuner's
+timed and checked call, and the small verification call), ``groups`` (which part of a config
+serves which shapes, and its candidates), ``timing`` (the timer), ``acceptance`` (the rules a
+winner passes: MIN_GAIN, the re-time, verify), ``tuner`` (the search loop), ``overlay`` (writing
+and describing the overlay, the result table) and ``cli`` (``rocm-mla tune``, ``--check``,
+``--show``).
 """

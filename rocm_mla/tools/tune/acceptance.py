@@ -5,12 +5,14 @@ config it changes compiles and matches the float32 reference (``verify``, also `
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
 import torch
 
 from rocm_mla import configs as C
+from rocm_mla.cases import decode, merge, prefill, rope_kv_write
 from rocm_mla.ops.decode_plan import stage1_config
 
 from . import inputs
@@ -52,13 +54,23 @@ def verification_cases(
     op_key: str, arch: str, dev: torch.device, old: dict, new: dict
 ) -> list[tuple[str, Callable[[], str]]]:
     """(what, check) for every launch config of ``new`` that differs from ``old`` (both complete
-    arch objects of ``op_key``): small calls through the public op against the float32 reference."""
+    arch objects of ``op_key``): small calls through the public op on the ``verify`` shapes of
+    ``rocm_mla.cases`` (uneven lengths, a short page, lq != lk, both merge head sizes) against the
+    float32 reference."""
     from rocm_mla.ops._dispatch import unavailable
 
     where = f"{op_key}.{arch}"
     out: list[tuple[str, Callable[[], str]]] = []
     general = any(new.get(k) != old.get(k) for k in set(new) | set(old) if k not in ("stage1", "candidates"))
     if op_key == "mla_decode":
+        fp8_kind = {"fp8": C.platform_fp8_dtype(arch)}
+        base = decode.SHAPES["verify"][0]
+
+        def check(qdt, fp8: bool, n: int, splits):
+            # the tier's BLOCK_H as the head count: one row block, the tier's own config
+            shape = dataclasses.replace(base, N=n, kv="fp8" if fp8 else "auto")
+            return lambda: inputs.verify_call("decode", shape, dev, qdt, fp8_kind, num_kv_splits=splits)
+
         tiers, old_tiers = new["stage1"], old.get("stage1", [])
         for ti, tier in enumerate(tiers):
             for qdt, fp8 in COMBOS:
@@ -75,50 +87,51 @@ def verification_cases(
                 n = tier["BLOCK_H"]
                 for splits in (1, 3):
                     what = f"{where}.stage1[{ti}] q={str(qdt)[6:]} cache={'fp8' if fp8 else 'q dtype'} N={n} S={splits}"
-                    out.append(
-                        (what, lambda qdt=qdt, fp8=fp8, n=n, s=splits: inputs.small_decode(dev, arch, qdt, fp8, n, s))
-                    )
+                    out.append((what, check(qdt, fp8, n, splits)))
         if general:
             for n, s in ((16, None), (128, None), (16, 40)):
-                out.append(
-                    (
-                        f"{where} N={n} S={s or 'auto'}",
-                        lambda n=n, s=s: inputs.small_decode(dev, arch, _dtypes(dev)[0], False, n, s),
-                    )
-                )
+                out.append((f"{where} N={n} S={s or 'auto'}", check(_dtypes(dev)[0], False, n, s)))
     elif op_key == "mla_prefill":
         for key, dts in (("triton", [d for d in _dtypes(dev) if d != torch.float32]), ("triton_fp32", [torch.float32])):
             if new.get(key) == old.get(key) and new.get("backend_order") == old.get("backend_order"):
                 continue
             for dt in dts:
-                for causal in (True, False):
+                for shape in prefill.SHAPES["verify"]:
                     out.append(
                         (
-                            f"{where}.{key} {str(dt)[6:]} {'causal' if causal else 'full'}",
-                            lambda dt=dt, c=causal: inputs.small_prefill(dev, dt, c),
+                            f"{where}.{key} {str(dt)[6:]} {'causal' if shape.causal else 'full'}",
+                            lambda dt=dt, shape=shape: inputs.verify_call("prefill", shape, dev, dt),
                         )
                     )
     elif op_key in ("merge_attn_states", "rope_kv_write"):
         impls = [b for b in ("hip", "triton") if new.get(b) != old.get(b) and unavailable(b, dev) is None]
         if new.get("backend_order") != old.get("backend_order"):
             impls.append(None)
+        # RoPE: the verify shapes in GPT-J style, and the first one in NeoX style as well
+        ropes = [(shape, False) for shape in rope_kv_write.SHAPES["verify"]] + [
+            (rope_kv_write.SHAPES["verify"][0], True)
+        ]
         for b in impls:
             tag = f".{b}" if b else " (default dispatch)"
             for dt in _dtypes(dev):
                 if op_key == "merge_attn_states":
-                    for d in (128, 512):
+                    for shape in merge.SHAPES["verify"]:
                         out.append(
                             (
-                                f"{where}{tag} {str(dt)[6:]} D={d}",
-                                lambda dt=dt, d=d, b=b: inputs.small_merge(dev, dt, d, b),
+                                f"{where}{tag} {str(dt)[6:]} D={shape.D}",
+                                lambda dt=dt, shape=shape, b=b: inputs.verify_call("merge", shape, dev, dt, backend=b),
                             )
                         )
                 elif dt != torch.float32:
-                    for n, fp8, neox in ((16, False, False), (128, False, False), (16, True, False), (16, False, True)):
+                    for shape, neox in ropes:
+                        make = {"fp8": C.platform_fp8_dtype(arch), "is_neox": neox}
                         out.append(
                             (
-                                f"{where}{tag} {str(dt)[6:]} N={n}{' fp8' if fp8 else ''}{' neox' if neox else ''}",
-                                lambda dt=dt, n=n, f=fp8, x=neox, b=b: inputs.small_rope(dev, arch, dt, n, f, x, b),
+                                f"{where}{tag} {str(dt)[6:]} N={shape.N}{' fp8' if shape.fp8 else ''}"
+                                f"{' neox' if neox else ''}",
+                                lambda dt=dt, shape=shape, make=make, b=b: inputs.verify_call(
+                                    "rope_kv_write", shape, dev, dt, make, backend=b
+                                ),
                             )
                         )
     return out

@@ -16,7 +16,6 @@ import torch
 from rocm_mla import configs as C
 from rocm_mla.ops.decode_plan import STAGE1_DEFAULTS, stage1_config, stage1_tier_index
 
-from .inputs import shape_dtype
 from .shapes import OP_KEYS, Shape
 
 if TYPE_CHECKING:
@@ -165,7 +164,7 @@ def decode_groups(t: Tuner, shapes: list[Shape]) -> list[Group]:
     tiers = pkg["stage1"]
     by: dict[tuple, list[Shape]] = {}
     for s in shapes:
-        dt = shape_dtype(s, t.dev)
+        dt = s.dtype(t.dev)
         m = s["q"] * s["N"]
         ti = stage1_tier_index(tiers, m)
         combo = (dt, s["kv"] == "fp8")
@@ -241,7 +240,7 @@ def prefill_groups(t: Tuner, shapes: list[Shape]) -> list[Group]:
     pkg = t.package["mla_prefill"]
     by: dict[str, list[Shape]] = {}
     for s in shapes:
-        by.setdefault("triton_fp32" if shape_dtype(s, t.dev) == torch.float32 else "triton", []).append(s)
+        by.setdefault("triton_fp32" if s.dtype(t.dev) == torch.float32 else "triton", []).append(s)
     groups = []
     for key, ss in by.items():
         p0 = dict(pkg[key])

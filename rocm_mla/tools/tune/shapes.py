@@ -1,9 +1,15 @@
-"""The shapes the tuner times: ``Shape`` (one op and its parameters), the named ``PRESETS``
-(DeepSeek-V3 serving and the op benches' shapes) and ``parse_shapes`` for ``--shapes``."""
+"""The shapes the tuner times: ``Shape`` (one op, its parameters and q's dtype), the named
+``PRESETS`` (shape sets of ``rocm_mla.cases``: DeepSeek-V3 serving and the op benches' shapes) and
+``parse_shapes`` for ``--shapes``. ``Shape.case_shape`` is the ``rocm_mla.cases`` shape the timed
+inputs are built from; ``Shape.from_case`` the other way."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
+
+from rocm_mla.cases import decode, merge, prefill, rope_kv_write
 
 OP_KEYS = {
     "decode": "mla_decode",
@@ -12,10 +18,12 @@ OP_KEYS = {
     "rope_kv_write": "rope_kv_write",
 }
 ALL_OPS = tuple(OP_KEYS)
-# Former op names still accepted in --ops, shape specs and preset names (and read from older
-# overlays' _meta): "rope_kv" is the rope_kv_write family's old short name.
+# "rope_kv" is accepted for rope_kv_write in --ops, shape specs, preset names and overlays' _meta.
 OP_ALIASES = {"rope_kv": "rope_kv_write"}
+CASE_MODULES = {"decode": decode, "prefill": prefill, "merge": merge, "rope_kv_write": rope_kv_write}
 
+# The parameters of a shape spec and their defaults. dt "auto": bf16 on a GPU, fp16 in the CPU
+# interpreter (its bf16 dots are wrong: triton issue 11584).
 PARAMS = {
     "decode": {"B": 128, "seq": 4096, "N": 16, "q": 1, "kv": "auto", "block": 64, "dt": "auto"},
     "prefill": {"B": 4, "L": 4096, "N": 16, "dt": "auto"},
@@ -23,6 +31,7 @@ PARAMS = {
     "rope_kv_write": {"T": 4096, "N": 16, "kv": "auto", "block": 64, "dt": "auto"},
 }
 _HIDDEN_DEFAULTS = {"dt": "auto", "block": 64}  # left out of labels when default
+_DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 @dataclass(frozen=True)
@@ -47,8 +56,43 @@ class Shape:
             vals[k] = type(PARAMS[op][k])(v)
         return Shape(op, tuple(vals.items()))
 
+    @staticmethod
+    def from_case(op: str, cs) -> Shape:
+        """The tuner's shape of a ``rocm_mla.cases`` shape (one the spec can say: uniform lengths,
+        DeepSeek's q width, the merge layout's own lse layout); ValueError otherwise."""
+        if op == "decode" and cs.lens is None:
+            return Shape.make(op, B=cs.B, seq=cs.seq, N=cs.N, q=cs.q_len, kv=cs.kv, block=cs.block)
+        if op == "prefill" and cs.causal and cs.lq and cs.lk == cs.lq and len(set(cs.lq)) == 1:
+            return Shape.make(op, B=len(cs.lq), L=cs.lq[0], N=cs.N)
+        if op == "merge" and cs.lse is None:
+            return Shape.make(op, T=cs.T, N=cs.N, D=cs.D, layout=cs.layout)
+        if op == "rope_kv_write" and cs.q_width == 192:
+            return Shape.make(op, T=cs.T, N=cs.N, kv=cs.kv, block=cs.block)
+        raise ValueError(f"{op} shape {cs!r}: not expressible as a tuning shape")
+
     def __getitem__(self, k: str):
         return dict(self.items)[k]
+
+    @property
+    def case_shape(self):
+        """The ``rocm_mla.cases`` shape of this one (DecodeShape, PrefillShape, MergeShape, RopeShape)."""
+        p = dict(self.items)
+        if self.op == "decode":
+            return decode.DecodeShape(p["B"], p["seq"], p["N"], p["q"], block=p["block"], kv=p["kv"])
+        if self.op == "prefill":
+            return prefill.PrefillShape.equal(p["B"], p["L"], p["N"])
+        if self.op == "merge":
+            return merge.MergeShape(p["T"], p["N"], p["D"], p["layout"])
+        return rope_kv_write.RopeShape(p["T"], p["N"], block=p["block"], kv=p["kv"])
+
+    def dtype(self, dev: torch.device) -> torch.dtype:
+        """q's dtype on ``dev`` (see PARAMS)."""
+        dt = self["dt"]
+        if dt == "auto":
+            return torch.bfloat16 if dev.type == "cuda" else torch.float16
+        if dt not in _DT:
+            raise ValueError(f"{self.key}: dt must be auto, bf16, fp16 or fp32")
+        return _DT[dt]
 
     @property
     def label(self) -> str:
@@ -59,57 +103,29 @@ class Shape:
         return f"{self.op} {self.label}"
 
 
-def _d(B, seq, N, q=1, kv="auto"):
-    return f"decode:B={B},seq={seq},N={N},q={q},kv={kv}"
+def _sets(*names: tuple[str, str]) -> list[Shape]:
+    return [Shape.from_case(op, cs) for op, name in names for cs in CASE_MODULES[op].SHAPES[name]]
 
 
-PRESETS: dict[str, list[str]] = {
-    # DeepSeek-V3 serving. TP8: 128 heads / 8 = 16 per GPU; DP attention: all 128 heads per GPU.
-    "tp8": [_d(B, 4096, 16, 1, kv) for kv in ("auto", "fp8") for B in (1, 32, 128)] + [_d(32, 16384, 16)],
-    "dp": [_d(B, 4096, 128, 1, kv) for kv in ("auto", "fp8") for B in (1, 32, 128)],
-    "mtp": [_d(128, 4096, 16, 2), _d(128, 4096, 16, 4), _d(32, 4096, 128, 2), _d(128, 4096, 16, 2, "fp8")],
-    # perf/bench_prefill.py, bench_merge.py (the pad_v-strided D=128 merges prefill does), bench_rope_kv_write.py
-    "prefill": [f"prefill:B={B},L={L},N={N}" for B, L in ((4, 4096), (1, 16384)) for N in (16, 128)],
-    "merge": [f"merge:T={T},N={N},D=128,layout=strided" for T in (4096, 32768) for N in (16, 128)],
-    "rope_kv_write": [
-        f"rope_kv_write:T={T},N={N},kv={kv}"
-        for T, N, kv in (
-            (64, 16, "auto"),
-            (64, 128, "auto"),
-            (4096, 16, "auto"),
-            (4096, 128, "auto"),
-            (32768, 16, "auto"),
-            (32768, 128, "auto"),
-            (32768, 16, "fp8"),
-        )
-    ],
+_SERVING = (("decode", "tp8"), ("decode", "dp"), ("decode", "mtp"))
+_OPS = (("prefill", "tune"), ("merge", "tune"), ("rope_kv_write", "tune"))
+
+# Preset -> shapes, each a named set of rocm_mla.cases (<op>.SHAPES[name]).
+PRESETS: dict[str, list[Shape]] = {
+    # DeepSeek-V3 serving (decode.SHAPES): TP8 (16 heads per GPU), DP attention (128), MTP rows.
+    "tp8": _sets(("decode", "tp8")),
+    "dp": _sets(("decode", "dp")),
+    "mtp": _sets(("decode", "mtp")),
+    # The prefill chunks, the pad_v-strided D=128 merges prefill does, the RoPE+KV-write token counts.
+    "prefill": _sets(("prefill", "tune")),
+    "merge": _sets(("merge", "tune")),
+    "rope_kv_write": _sets(("rope_kv_write", "tune")),
     # --quick: one or two shapes per group that matters (fits 10 minutes on one GPU with compiles)
-    "quick": [
-        _d(128, 4096, 16),
-        _d(1, 4096, 16),
-        _d(128, 4096, 16, 1, "fp8"),
-        _d(128, 4096, 16, 2),
-        _d(32, 4096, 128),
-        _d(32, 4096, 128, 1, "fp8"),
-        "prefill:B=4,L=4096,N=16",
-        "prefill:B=4,L=4096,N=128",
-        "merge:T=32768,N=128,D=128,layout=strided",
-        "merge:T=4096,N=16,D=128,layout=strided",
-        "rope_kv_write:T=4096,N=16",
-        "rope_kv_write:T=32768,N=128",
-        "rope_kv_write:T=4096,N=16,kv=fp8",
-    ],
+    "quick": _sets(*((op, "quick") for op in ALL_OPS)),
     # the CPU interpreter (tests of the tuner itself)
-    "tiny": [
-        "decode:B=2,seq=64,N=16,block=16",
-        "prefill:B=1,L=48,N=2",
-        "merge:T=40,N=4,D=128",
-        "rope_kv_write:T=24,N=4,block=16",
-    ],
+    "tiny": _sets(*((op, "tiny") for op in ALL_OPS)),
+    "deepseek-v3": _sets(*_SERVING, *_OPS),
 }
-PRESETS["deepseek-v3"] = (
-    PRESETS["tp8"] + PRESETS["dp"] + PRESETS["mtp"] + PRESETS["prefill"] + PRESETS["merge"] + PRESETS["rope_kv_write"]
-)
 
 
 def parse_shapes(text: str) -> list[Shape]:
@@ -132,5 +148,5 @@ def parse_shapes(text: str) -> list[Shape]:
         for name in (OP_ALIASES.get(n.strip(), n.strip()) for n in part.split(",")):
             if name not in PRESETS:
                 raise ValueError(f"unknown shape preset {name!r} (presets: {', '.join(PRESETS)}; or op:k=v,...)")
-            out += parse_shapes(";".join(PRESETS[name]))
+            out += PRESETS[name]
     return list(dict.fromkeys(out))

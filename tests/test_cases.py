@@ -460,3 +460,29 @@ def test_paged_cache_finite_unused_slots_inside_guards(fp8):
     flat[-1] = 0
     with pytest.raises(AssertionError, match=r"copy 1: \d guard bytes changed"):
         pc.check_guards()
+
+
+@pytest.mark.parametrize("kv", ["auto", "fp8"])
+def test_decode_plan_is_the_plan_of_the_call(kv):
+    """DecodeInputs.plan: plan_decode on the call's own sizes (the table's width, the cache's
+    dtype as stored, k_scale on the device), max_seq_len the longest request by default."""
+    from rocm_mla.ops import plan_decode
+
+    shape = decode.DecodeShape(3, 80, 16, 2, block=16, kv=kv)
+    case = decode.make_inputs(shape, dtype=torch.float16, device=DEVICE, spare_cols=0)
+    got = case.plan(num_kv_splits=2)
+    want = plan_decode(
+        batch=3,
+        num_heads=16,
+        q_len=2,
+        max_blocks=5,
+        block_size=16,
+        q_dtype=torch.float16,
+        kv_dtype=case.paged.cache.dtype,
+        device=torch.device(DEVICE),
+        max_seq_len=80,
+        num_kv_splits=2,
+        k_scale_on_device=kv == "fp8",
+    )
+    assert got == want and case.block_table.shape == (3, 5)
+    assert case.plan(max_seq_len=16).num_kv_splits <= got.num_kv_splits

@@ -16,12 +16,14 @@ PREFILL = """
     import profile_prefill as p
     from rocm_mla.tools.benchutil import BenchGPU
     b.DTYPE = torch.float16  # bf16 dots are wrong in the interpreter
-    p.SHAPES[:] = [b.Shape("2x40 N=2", (40, 40), 2), b.Shape("varlen N=2", (17, 70, 5), 2)]
-    b.REF_CASE = ([30, 0, 7], [41, 3, 7], 2)  # bench_prefill's check, at a CPU size
+    from rocm_mla.cases import Comparison
+    from rocm_mla.cases.prefill import PrefillShape
+    p.SHAPES[:] = [PrefillShape((40, 40), 2, name="2x40 N=2"), PrefillShape((17, 70, 5), 2, name="varlen N=2")]
+    b.REF_CASE = PrefillShape((30, 0, 7), 2, lk=(41, 3, 7))  # bench_prefill's check, at a CPU size
     p.start_bench = lambda name, **kw: BenchGPU(torch.device("cpu"), "cpu")
     if "--break-ref" in sys.argv:  # a check that fails: the run must stop before profiling
         sys.argv.remove("--break-ref")
-        p.check_against_reference = lambda dev, cfg: 0.5
+        p.check_against_reference = lambda dev, cfg: [Comparison("out", 0.5, 0.5, "out: relative norm error 0.5")]
     sys.argv = ["profile_prefill.py", "--shape", sys.argv[1], "--calls", "2"] + sys.argv[2:]
     sys.exit(p.main())
 """

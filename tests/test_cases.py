@@ -23,6 +23,7 @@ from rocm_mla.cases import (
     compare,
     context_gather,
     decode,
+    first_problem,
     merge,
     outside_untouched,
     paged_cache,
@@ -358,7 +359,7 @@ def test_every_tolerance_table_covers_the_dtypes():
         (decode, {"out", "lse"}),
         (prefill, {"out", "lse"}),
         (merge, {"output", "output_lse"}),
-        (rope_kv_write, {"q_pe", "k_pe", "rows", "rows_fp8", "unfused"}),
+        (rope_kv_write, {"q_pe", "k_pe", "rows", "rows_fp8", "unfused", "rows_fp8_unfused"}),
         (context_gather, {"dst"}),
     ):
         assert set(mod.TOLERANCE) == {F32, F16, BF16}, mod.__name__
@@ -486,3 +487,20 @@ def test_decode_plan_is_the_plan_of_the_call(kv):
     )
     assert got == want and case.block_table.shape == (3, 5)
     assert case.plan(max_seq_len=16).num_kv_splits <= got.num_kv_splits
+
+
+@pytest.mark.parametrize("kv", ["auto", "fp8"])
+def test_rope_compare_unfused_takes_vllms_two_step_path(kv):
+    """RopeInputs.compare_unfused: vLLM's unfused path (benchutil.vllm_unfused_rope_kv_write, k_pe
+    left unrotated in kv_a) agrees under the "unfused" bound; a wrong rotation or row is caught."""
+    from rocm_mla.tools.benchutil import vllm_unfused_rope_kv_write
+
+    shape = rope_kv_write.RopeShape(24, 4, block=16, kv=kv)
+    case = rope_kv_write.make_inputs(shape, dtype=BF16, cs_dtype=BF16)  # cos/sin in the model dtype, as vLLM
+    ref = case.reference()
+    vllm_unfused_rope_kv_write(
+        case.positions, case.q, case.kv_a, case.kv_c, case.cos_sin, case.cache, case.slots, case.fp8, case.k_scale
+    )
+    assert first_problem(*case.compare_unfused(ref=ref)) == "" and case.untouched() == ""
+    case.q[0, 0, -1] += 1.0
+    assert first_problem(*case.compare_unfused(ref=ref)).startswith("q_pe")

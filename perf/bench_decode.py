@@ -96,7 +96,8 @@ class Setup:
     """One shape's inputs (``case``: rocm_mla.cases.decode, R cache copies over 3 x the cold-cache
     bytes, table as wide as the longest request) and what the peers read of them."""
 
-    def __init__(self, shape: DecodeShape, dev: torch.device, cold_bytes: int, dtype: torch.dtype = DTYPE):
+    def __init__(self, shape: DecodeShape, dev: torch.device, cold_bytes: int, dtype: torch.dtype | None = None):
+        dtype = dtype or DTYPE
         self.shape, self.dtype = shape, dtype
         self.R, self.cold = cold_copies(shape.set_bytes(dtype), cold_bytes)
         self.case: DecodeInputs = decode.make_inputs(shape, dtype=dtype, device=dev, copies=self.R, spare_cols=0)

@@ -163,6 +163,9 @@ SMOKE = """
     b.REF_CASE = b.PrefillShape((30, 0, 7), 2, lk=(41, 3, 7))
     real_ctx = b.ContextCase
     b.ContextCase = lambda new, ctx, n, N, dev: real_ctx(48, 64, n, 2, dev)
+    if len(sys.argv) > 2:  # --break: ours writes a wrong out; its checks must say so
+        real_ours = b.Case.ours
+        b.Case.ours = lambda self, config=None: (real_ours(self, config), self.out.add_(0.5))
     sys.argv = ["bench_prefill.py", "--quick", "--no-graphs", "--context", "--out", sys.argv[1],
                 "--aiter-peers", ".peers/aiter"]
     sys.exit(b.main())
@@ -199,3 +202,20 @@ def test_cpu_smoke_run_of_the_whole_script(tmp_path):
     assert any(r["shape"].endswith("in 4 chunks") for r in rows)
     ours = [r for r in rows if r["kernel"] == "mla_prefill" and r["provider"] == "ours"]
     assert ours and all(r["config"] for r in ours)
+
+
+def test_cpu_smoke_run_names_a_wrong_kernel(tmp_path):
+    """The same run with ours writing out + 0.5: every shape's check of ours fails against float32
+    and against cuDNN (WRONG, DISAGREE: perf/bench.py then fails the run)."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(SMOKE), str(tmp_path / "out"), "--break"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log
+    assert log.count("ours WRONG (out:") == 2 and log.count("out vs cuDNN") == 2 and "DISAGREE" in log, log

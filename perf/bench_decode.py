@@ -8,8 +8,10 @@ GB/s, TFLOP/s and % of the copy / matmul ceilings measured in the same run.
 
 Shapes: --preset flashmla (default; FlashMLA's benchmark): B in {1, 32, 128}, seq in {1024, 4096,
 16384} (every request that long), N in {16, 128}; --preset quick: B in {1, 128}, seq 4096;
---preset serving: what DeepSeek-V3 decode runs on a rank (SERVING below: TP8 16 heads, DP 128
-heads, MTP q_len 2 and 4, fp8 cache, B=1). Block size 64, q bf16, cache bf16 or fp8 (e4m3fn on
+--preset serving: what DeepSeek-V3 decode runs on a rank (TP8 16 heads, DP 128 heads, MTP q_len 2
+and 4, fp8 cache, B=1). The presets are rocm_mla.cases.decode's shape sets (PRESETS), and the inputs
+and the check of every timed output (its first requests against float32, cases.decode.TOLERANCE)
+come from there too. Block size 64, q bf16, cache bf16 or fp8 (e4m3fn on
 NVIDIA, e4m3fnuz on gfx942) with a per-tensor k_scale. MTP rows: request b owns rows
 b*q_len .. b*q_len+q_len-1, causal among themselves (row t sees seq - q_len + 1 + t keys).
 
@@ -60,8 +62,13 @@ import torch
 import triton
 
 from rocm_mla import __version__
+from rocm_mla.cases import cold_copies, compare, decode
+from rocm_mla.cases.decode import SM_SCALE as SCALE
+from rocm_mla.cases.decode import DecodeInputs, DecodeShape
+from rocm_mla.mla_dims import KV_LORA_RANK as L
+from rocm_mla.mla_dims import KV_ROW_DIM as D
+from rocm_mla.mla_dims import QK_ROPE_HEAD_DIM as R_DIM
 from rocm_mla.reference import mla_decode_ref
-from rocm_mla.tools.bench_decode_inputs import BLOCK, R_DIM, SCALE, D, L, Setup, ours, plan_for, shape_label
 from rocm_mla.tools.benchutil import (
     Record,
     aiter_peer_version,
@@ -78,7 +85,48 @@ from rocm_mla.tools.benchutil import (
     write_csv,
 )
 
+DTYPE = torch.bfloat16  # q's and out's dtype (and a 16-bit cache's)
+CHECK_REQUESTS = 2  # every timed output is checked on its first requests against float32
+
+# --preset -> the rocm_mla.cases.decode shape set it runs.
+PRESETS = {"flashmla": "sweep", "quick": "sweep-quick", "serving": "serving"}
+
+
+class Setup:
+    """One shape's inputs (``case``: rocm_mla.cases.decode, R cache copies over 3 x the cold-cache
+    bytes, table as wide as the longest request) and what the peers read of them."""
+
+    def __init__(self, shape: DecodeShape, dev: torch.device, cold_bytes: int, dtype: torch.dtype | None = None):
+        dtype = dtype or DTYPE
+        self.shape, self.dtype = shape, dtype
+        self.R, self.cold = cold_copies(shape.set_bytes(dtype), cold_bytes)
+        self.case: DecodeInputs = decode.make_inputs(shape, dtype=dtype, device=dev, copies=self.R, spare_cols=0)
+        c = self.case
+        self.B, self.seq, self.N, self.q_len, self.block = shape.B, shape.seq, shape.N, shape.q_len, shape.block
+        self.rows, self.fp8, self.label = shape.rows, shape.fp8, shape.label(dtype)
+        self.ql_nope, self.q_pe, self.seq_lens, self.k_scale = c.q_nope, c.q_pe, c.seq_lens, c.k_scale
+        self.caches, self.tables = c.paged.caches, c.paged.tables  # typed (fp8: the e4m3 kind)
+        self.dev = dev
+
+    def nbytes(self) -> float:
+        return self.shape.nbytes(self.dtype)
+
+    def flops(self) -> float:
+        return self.shape.flops()
+
+
 # --------------------------------------------------------------------------- providers
+
+
+def ours(s: Setup):
+    """``call(i)``: mla_decode (Triton) on cache copy i as vLLM hands it over (an fp8 cache as uint8
+    storage, kv_cache_dtype "fp8"), max_seq_len as vLLM has it on the host."""
+
+    def call(i: int):
+        s.case.run(i, max_seq_len=s.seq, backend="triton")
+        return s.case.out
+
+    return call
 
 
 def vllm(s: Setup, decode_attention_fwd, sm_count: int):
@@ -87,8 +135,8 @@ def vllm(s: Setup, decode_attention_fwd, sm_count: int):
     if s.q_len > 1:
         return None, "q_len > 1 (TRITON_MLA decodes one row per request)"
     S = vllm_num_kv_splits(s.seq, sm_count)
-    attn_logits = torch.empty(s.B, s.N, S, L + 1, dtype=torch.float32, device=s.q.device)
-    scale = s.k_scale if s.fp8 else torch.ones(1, device=s.q.device)  # layer._k_scale is a tensor
+    attn_logits = torch.empty(s.B, s.N, S, L + 1, dtype=torch.float32, device=s.dev)
+    scale = s.k_scale if s.fp8 else torch.ones(1, device=s.dev)  # layer._k_scale is a tensor
 
     def call(i: int):
         return vllm_triton_mla_decode(
@@ -110,7 +158,7 @@ def aiter(s: Setup, mod, sm_count: int):
         return None, "bf16 cache and q_len 1 only"
     from rocm_mla.triton_common import without_amd_options
 
-    dev = s.q.device
+    dev = s.dev
     S = vllm_num_kv_splits(s.seq, sm_count)
     q_full = torch.cat((s.ql_nope, s.q_pe), dim=-1).contiguous()
     o = torch.empty(s.B, s.N, L, dtype=torch.bfloat16, device=dev)
@@ -157,7 +205,7 @@ def flashinfer(s: Setup):
     except Exception as exc:
         return None, f"not importable ({type(exc).__name__})"
     try:
-        dev = s.q.device
+        dev = s.dev
         ws = torch.empty(256 << 20, dtype=torch.int8, device=dev)
         blocks = s.tables[0].shape[1]
         q_full = torch.cat((s.ql_nope, s.q_pe), dim=-1).contiguous()
@@ -201,42 +249,17 @@ def flashinfer(s: Setup):
 # --------------------------------------------------------------------------- timing
 
 
-def check(name: str, got: torch.Tensor, s: Setup, ref_reqs: int) -> str:
-    """Max abs error on the first ref_reqs requests (their q_len rows each) against the float32
-    reference ('' if fine)."""
-    r = ref_reqs * s.q_len
-    ro, _ = mla_decode_ref(
-        s.ql_nope[:r], s.q_pe[:r], s.caches[0], s.tables[0][:ref_reqs], s.seq_lens[:ref_reqs], SCALE, s.k_scale
-    )
-    err = (got[:r].float() - ro).abs().max().item()
-    if not err <= 3e-2:
-        return f"  {name} {s.label}: WRONG (max err {err:.3g})"
-    return ""
+def check(name: str, got: torch.Tensor, s: Setup, ref: tuple) -> str:
+    """'' when ``got``'s first CHECK_REQUESTS requests agree with the float32 reference ``ref``
+    under rocm_mla.cases.decode.TOLERANCE, else the table's note."""
+    ro = ref[0]
+    problem = compare("out", got[: ro.shape[0]], ro, decode.TOLERANCE[s.dtype]["out"]).problem
+    return f"  {name} {s.label}: WRONG ({problem})" if problem else ""
 
 
-# --------------------------------------------------------------------------- main
-
-# (kv kind, B, seq, N, q_len). "serving": what DeepSeek-V3 decode runs (TP8 16 heads, DP 128 heads,
-# MTP rows, fp8 cache), issue 12's table; "flashmla": FlashMLA's benchmark matrix; "quick": its
-# B in {1, 128} at seq 4096.
-SERVING = [
-    ("bf16", 128, 4096, 16, 1),
-    ("bf16", 128, 4096, 128, 1),
-    ("bf16", 32, 16384, 128, 1),
-    ("bf16", 128, 4096, 16, 2),
-    ("bf16", 64, 4096, 16, 4),
-    ("bf16", 64, 4096, 128, 2),
-    ("fp8", 128, 4096, 16, 1),
-    ("fp8", 128, 4096, 128, 1),
-    ("bf16", 1, 4096, 16, 1),
-]
-
-
-def shape_list(preset: str, kinds: list[str]) -> list[tuple[str, int, int, int, int]]:
-    if preset == "serving":
-        return [sh for sh in SERVING if sh[0] in kinds]
-    Bs, seqs = ((1, 128), (4096,)) if preset == "quick" else ((1, 32, 128), (1024, 4096, 16384))
-    return [(k, B, seq, N, 1) for k in kinds for N in (16, 128) for B in Bs for seq in seqs]
+def shape_list(preset: str, kinds: list[str]) -> list[DecodeShape]:
+    """The preset's shapes whose cache kind ("bf16" for a cache in q's dtype, "fp8") is in ``kinds``."""
+    return [sh for sh in decode.SHAPES[PRESETS[preset]] if ("fp8" if sh.fp8 else "bf16") in kinds]
 
 
 PROVIDERS = ["rocm_mla-triton", "flashinfer-fa3", "vllm-0.33-triton", "aiter-triton", "torch-reference"]
@@ -275,12 +298,16 @@ class Run:
         return f"{us:.1f}us {gbs:.0f}GB/s ({100 * gbs / self.copy:.0f}%) {tfs:.0f}TF ({100 * tfs / self.mm:.0f}%)"
 
 
-def time_checked(run: Run, provider: str, fn, s: Setup, ref_reqs: int) -> float | None:
-    """Check the output against float32 first, then time; None (noted) on error."""
+def time_checked(run: Run, provider: str, fn, s: Setup, ref: tuple) -> float | None:
+    """Check the output against float32 first (ours: out and lse), then time; None (noted) on error."""
     try:
         got = fn(0)
         torch.cuda.synchronize()
-        bad = check(provider, got, s, ref_reqs)
+        if provider == "rocm_mla-triton":
+            problem = s.case.mismatch(ref=ref)
+            bad = f"  {provider} {s.label}: WRONG ({problem})" if problem else ""
+        else:
+            bad = check(provider, got, s, ref)
         if bad:
             run.notes.append(bad)
         return rotating_graph_us(fn, s.R)
@@ -290,7 +317,7 @@ def time_checked(run: Run, provider: str, fn, s: Setup, ref_reqs: int) -> float 
 
 
 def bench_shape(run: Run, s: Setup, dev, peers: dict, sms: int) -> None:
-    plan = plan_for(s, dev)
+    plan = s.case.plan(dev, max_seq_len=s.seq)
     cfg = plan.config
     row = [
         s.label,
@@ -304,6 +331,7 @@ def bench_shape(run: Run, s: Setup, dev, peers: dict, sms: int) -> None:
         fns["flashinfer-fa3"] = flashinfer(s)
     if "aiter" in peers:
         fns["aiter-triton"] = aiter(s, peers["aiter"], sms)
+    ref = s.case.reference(CHECK_REQUESTS)
     times: dict[str, float] = {}
     for p in PROVIDERS:
         us = None
@@ -318,7 +346,7 @@ def bench_shape(run: Run, s: Setup, dev, peers: dict, sms: int) -> None:
             if fn is None:
                 run.skip(p, s, why)
             else:
-                us = time_checked(run, p, fn, s, min(s.B, 2))
+                us = time_checked(run, p, fn, s, ref)
         if us is not None:
             times[p] = us
         row.append(run.add(p, s, us, row[1] if p == "rocm_mla-triton" else ""))
@@ -352,7 +380,7 @@ def bench_shape(run: Run, s: Setup, dev, peers: dict, sms: int) -> None:
 
 def report(run: Run, out_dir: Path) -> None:
     print(
-        f"\nmla_decode (q bf16, block {BLOCK}, CUDA-graph replay, cold caches): per call time, GB/s (% of the "
+        f"\nmla_decode (q bf16, block 64, CUDA-graph replay, cold caches): per call time, GB/s (% of the "
         f"{run.copy:.0f} GB/s copy ceiling), TFLOP/s (% of {run.mm:.0f} bf16 matmul)"
     )
     print_table(["shape", "rocm_mla plan", *PROVIDERS, "FI/ours", "vLLM/ours"], run.rows)
@@ -370,7 +398,7 @@ def main() -> int:
         "--preset",
         default="flashmla",
         choices=["flashmla", "quick", "serving"],
-        help="shape set (see SERVING / shape_list)",
+        help="shape set: rocm_mla.cases.decode.SHAPES[PRESETS[preset]]",
     )
     ap.add_argument("--quick", action="store_true", help="= --preset quick")
     ap.add_argument("--dtypes", default="bf16,fp8", help="cache dtypes, comma-separated: bf16, fp8")
@@ -412,12 +440,12 @@ def main() -> int:
     shape_filter = [f.strip() for f in args.shapes.split(";") if f.strip()]
     kinds = [k.strip() for k in args.dtypes.split(",") if k.strip()]
     run = Run(name, copy, mm)
-    for kind, B, seq, N, q_len in shape_list("quick" if args.quick else args.preset, kinds):
-        if shape_filter and not any(f in shape_label(kind, B, seq, N, q_len) for f in shape_filter):
+    for shape in shape_list("quick" if args.quick else args.preset, kinds):
+        if shape_filter and not any(f in shape.label(DTYPE) for f in shape_filter):
             continue
-        s = Setup(B, seq, N, kind, dev, cold, q_len=q_len)
+        s = Setup(shape, dev, cold)
         if not s.cold:
-            mib = s.set_bytes * s.R >> 20
+            mib = shape.set_bytes(DTYPE) * s.R >> 20
             print(f"  note: {s.label}: {s.R} copies ({mib} MiB) stay under 3 x {cold >> 20} MiB: not all from HBM")
         bench_shape(run, s, dev, peers, sms)
         del s

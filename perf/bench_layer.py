@@ -56,6 +56,7 @@ if "--check-rope-kv" in sys.argv and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit runs
 
 from rocm_mla import __version__
+from rocm_mla.cases import generator, paged_cache
 from rocm_mla.mla_dims import KV_LORA_RANK, PREFILL_DIMS
 from rocm_mla.ops import (
     concat_and_cache_mla,
@@ -128,8 +129,12 @@ class DecodeStep:
         self.layer, self.B, self.ctx = layer, B, ctx
         seq = ctx + 1
         blocks = math.ceil(seq / BLOCK)
-        self.cache = torch.randn(B * blocks, BLOCK, L + R, device=dev, dtype=dt)
-        self.table = torch.randperm(B * blocks, device=dev, dtype=torch.int32).view(B, blocks)
+        # rocm_mla.cases' paged cache: shuffled pages, every slot finite (the step writes slot ctx)
+        paged = paged_cache(
+            [seq] * B, BLOCK, dtype=dt, device=dev, gen=generator(0, dev), spare_pages=0, spare_cols=0, unused="randn"
+        )
+        self.cache, self.table = paged.cache, paged.table
+        assert self.table.shape == (B, blocks)
         self.seq_lens = torch.full((B,), seq, dtype=torch.int32, device=dev)
         self.positions = torch.full((B,), ctx, dtype=torch.int64, device=dev)
         pages = self.table[:, ctx // BLOCK].long()

@@ -7,7 +7,9 @@ reference, as GB/s and % of the copy bandwidth measured in the same run.
 Bytes counted per call: prefix + suffix read and output written (T*N*D elements each) plus the
 two lse reads and the output_lse write (T*N float32 each). Shapes: T in {4096, 32768}, N in
 {16, 128}, D in {128, 512}; "contiguous" rows, or "strided" rows padded to D+64 (the pad_v view
-[T, N, 192][..., :128] at D=128; [T, N, 576][..., :512] at D=512). bf16.
+[T, N, 192][..., :128] at D=128; [T, N, 576][..., :512] at D=512). bf16. Shapes, inputs and the
+check of every timed output and output_lse against float32 come from rocm_mla.cases.merge
+(SHAPES["bench"] / ["bench-quick"], make_inputs, TOLERANCE).
 vLLM's merge is made importable by perf/peers/get_vllm_peers.sh .peers (never committed).
 The launch configs are swept by `rocm-mla tune`, not here.
 """
@@ -20,6 +22,7 @@ from pathlib import Path
 import torch
 
 from rocm_mla import __version__
+from rocm_mla.cases import merge
 from rocm_mla.ops import merge_attn_states
 from rocm_mla.ops._dispatch import unavailable
 from rocm_mla.reference import merge_attn_states_ref
@@ -32,17 +35,6 @@ from rocm_mla.tools.benchutil import (
     time_ms,
     write_csv,
 )
-
-
-def make_case(dev, T: int, N: int, D: int, layout: str):
-    """One merge's inputs and outputs, bf16: prefix/suffix/output [T, N, D] ("strided": views of
-    rows padded to D + 64, the pad_v layout), lse [N, T] float32; and the bytes the call moves.
-    Returns (prefix, prefix_lse, suffix, suffix_lse, out, out_lse, nbytes)."""
-    width = D if layout == "contiguous" else D + 64
-    mk = lambda: torch.randn(T, N, width, device=dev, dtype=torch.bfloat16)[..., :D]  # noqa: E731
-    po, so, out = mk(), mk(), mk()
-    pl, sl, ol = (torch.randn(N, T, device=dev) * 3 for _ in range(3))
-    return po, pl, so, sl, out, ol, 3 * T * N * D * 2 + 3 * T * N * 4
 
 
 def main() -> int:
@@ -77,33 +69,30 @@ def main() -> int:
     providers["torch-reference"] = torch_ref
 
     records, rows = [], []
-    for T in [4096] if args.quick else [4096, 32768]:
-        for N in (16, 128):
-            for D in (128, 512):
-                for layout in ("contiguous", "strided"):
-                    po, pl, so, sl, out, ol, nbytes = make_case(dev, T, N, D, layout)
-                    shape = f"T={T} N={N} D={D} {layout}"
-                    ref, _ = merge_attn_states_ref(po, pl, so, sl)
-                    row = [shape]
-                    for pname, fn in providers.items():
-                        if pname == "torch-reference" and T * N * D > 4096 * 128 * 512:
-                            row.append("-")  # float32 temporaries of ~50 GB: not informative
-                            continue
-                        out.fill_(float("nan"))
-                        fn(out, po, pl, so, sl, ol)
-                        err = (out.float() - ref).abs().max().item()
-                        if not err <= 3e-2:
-                            print(f"  {pname} {shape}: WRONG (max err {err})")
-                        ms = time_ms(
-                            lambda fn=fn, out=out, po=po, pl=pl, so=so, sl=sl, ol=ol: fn(out, po, pl, so, sl, ol)
-                        )
-                        gbs = nbytes / ms / 1e6
-                        row.append(f"{gbs:.0f} ({100 * gbs / copy:.0f}%)")
-                        for metric, val in (("time_us", ms * 1e3), ("GB/s", gbs), ("pct_copy", 100 * gbs / copy)):
-                            records.append(Record("merge_attn_states", pname, shape, metric, val, name, __version__))
-                    rows.append(row)
-                    del po, so, out, ref
-                    torch.cuda.empty_cache()
+    for shape in merge.SHAPES["bench-quick" if args.quick else "bench"]:
+        case = merge.make_inputs(shape, dtype=torch.bfloat16, device=dev)
+        ref = case.reference()
+        nbytes = shape.nbytes(case.dtype)
+        call_args = case.args()
+        row = [shape.label]
+        for pname, fn in providers.items():
+            if pname == "torch-reference" and shape.T * shape.N * shape.D > 4096 * 128 * 512:
+                row.append("-")  # float32 temporaries of ~50 GB: not informative
+                continue
+            case.output.fill_(float("nan"))
+            case.output_lse.fill_(float("nan"))
+            fn(*call_args)
+            problem = case.mismatch(ref=ref)
+            if problem:
+                print(f"  {pname} {shape.label}: WRONG ({problem})")
+            ms = time_ms(lambda fn=fn, a=call_args: fn(*a))
+            gbs = nbytes / ms / 1e6
+            row.append(f"{gbs:.0f} ({100 * gbs / copy:.0f}%)")
+            for metric, val in (("time_us", ms * 1e3), ("GB/s", gbs), ("pct_copy", 100 * gbs / copy)):
+                records.append(Record("merge_attn_states", pname, shape.label, metric, val, name, __version__))
+        rows.append(row)
+        del case, call_args, ref
+        torch.cuda.empty_cache()
     records.append(Record("copy", "torch", "2 GiB", "GB/s", copy, name, torch.__version__))
     print(f"\nmerge_attn_states, bf16: GB/s (% of the {copy:.0f} GB/s copy ceiling)")
     print_table(["shape", *providers], rows)

@@ -15,7 +15,10 @@ Layout (DeepSeek-V3, bf16 model): q [T, N, 192] with q_pe = q[..., 128:] (stride
 kv_a[:, 512:] of a [T, 576] buffer (strided); kv_c [T, 512] contiguous; cos_sin_cache
 [163840, 64] bf16 (vLLM keeps it in the model dtype); random positions; cache
 [num_blocks, 64, 576] bf16 or FP8 (e4m3fn on NVIDIA, e4m3fnuz on gfx94x) with k_scale; shuffled
-slots. T in {1, 64, 4096, 32768}, N in {16, 128}.
+slots. T in {1, 64, 4096, 32768}, N in {16, 128}. Shapes and inputs: rocm_mla.cases.rope_kv_write
+(SHAPES["bench"] / ["bench-quick"], make_inputs); every provider is checked against the float32
+reference on the untouched inputs before it is timed (the fused kernels: q_pe, k_pe, the cache rows
+and nothing else written, cases TOLERANCE; the unfused path: RopeInputs.compare_unfused).
 
 Bytes counted per call (the same for every provider: it is the op's work, not a provider's
 traffic): q_pe read + write (T*N*64*2 each), k_pe read + write (T*64*2 each), kv_c read (T*512*2),
@@ -25,17 +28,18 @@ The launch data are swept by `rocm-mla tune`, not here.
 
 from __future__ import annotations
 
-import functools
 import sys
 from pathlib import Path
 
 import torch
 
 from rocm_mla import __version__, _platform
+from rocm_mla.cases import first_problem, rope_kv_write
+from rocm_mla.cases.rope_kv_write import MAX_POS
 from rocm_mla.configs import platform_fp8_dtype
 from rocm_mla.ops import fused_rope_mla_kv_write
 from rocm_mla.ops._dispatch import unavailable
-from rocm_mla.reference.rope_kv_write import fused_rope_mla_kv_write_ref, quantize_fp8_ref, rope_cos_sin_cache
+from rocm_mla.reference.rope_kv_write import rope_cos_sin_cache
 from rocm_mla.tools.benchutil import (
     Record,
     bench_parser,
@@ -46,56 +50,24 @@ from rocm_mla.tools.benchutil import (
     write_csv,
 )
 
-MAX_POS = 163840  # DeepSeek-V3: 4096 positions x YaRN factor 40
-BLOCK_SIZE = 64
-
-
-def make_case(dev, T: int, N: int, fp8, cos_sin):
-    """One benchmark shape in the layouts described above; returns its tensors and byte count."""
-    q = torch.randn(T, N, 192, device=dev, dtype=torch.bfloat16)
-    kv_a = torch.randn(T, 576, device=dev, dtype=torch.bfloat16)
-    kv_c = torch.randn(T, 512, device=dev, dtype=torch.bfloat16)
-    pos = torch.randint(0, MAX_POS, (T,), device=dev)
-    num_blocks = (T * 5 // 4 + BLOCK_SIZE - 1) // BLOCK_SIZE + 1
-    slots = torch.randperm(num_blocks * BLOCK_SIZE, device=dev)[:T]
-    cache = torch.zeros(num_blocks, BLOCK_SIZE, 576, device=dev, dtype=torch.bfloat16)
-    if fp8 is not None:
-        cache = cache.to(fp8)
-    elem = cache.element_size()
-    nbytes = 2 * T * N * 64 * 2 + 2 * T * 64 * 2 + T * 512 * 2 + T * 576 * elem + 2 * T * 8 + T * 64 * 2
-    return q, kv_a, kv_c, pos, slots, cache, nbytes
-
-
-def expected(q, kv_a, kv_c, pos, cos_sin, fp8, k_scale) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q_pe after RoPE, the cache rows as stored and read back) by the float32 reference: what every
-    provider's output is checked against (fp8: quantised by k_scale, dequantised again)."""
-    q_ref, _, rows_ref = fused_rope_mla_kv_write_ref(pos, q[..., 128:], kv_a[:, 512:], kv_c, cos_sin, is_neox=False)
-    want = rows_ref if fp8 is None else quantize_fp8_ref(rows_ref, k_scale, fp8).float() * k_scale
-    return q_ref, want
-
-
-def check_case(fn, q, kv_a, kv_c, pos, cos_sin, cache, slots, fp8, k_scale, q_ref, want) -> tuple[float, float]:
-    """Run ``fn`` once on fresh copies of the inputs; max relative errors of q_pe and the cache rows."""
-    qc, kc, cc = q.clone(), kv_a.clone(), cache.clone()
-    fn(pos, qc, kc, kv_c, cos_sin, cc, slots, fp8, k_scale)
-    if fp8 is not None:  # gather bytes: float8 indexing is not in every torch build
-        got = cc.view(torch.uint8)[slots // BLOCK_SIZE, slots % BLOCK_SIZE].view(fp8).float() * k_scale
-    else:
-        got = cc[slots // BLOCK_SIZE, slots % BLOCK_SIZE].float()
-    err_q = ((qc[..., 128:].float() - q_ref).abs() / (1 + q_ref.abs())).max().item()
-    err_c = ((got - want).abs() / (1 + want.abs())).max().item()
-    return err_q, err_c
-
-
-def errors_ok(err_q: float, err_c: float, fp8) -> bool:
-    # FP8: one code step (2^-3 relative) apart is right (the unfused path quantises the
-    # bf16-rounded k_pe, the fused kernels the float32 rotation).
-    return err_q <= 3e-2 and err_c <= (0.13 if fp8 is not None else 3e-2)
-
 
 def make_cos_sin(dev):
     """[MAX_POS, 64] bf16 cat(cos, sin), no mscale: |rotation| = 1, stable when repeated."""
     return rope_cos_sin_cache(MAX_POS, dtype=torch.bfloat16, device=dev)
+
+
+def call_args(case: rope_kv_write.RopeInputs) -> tuple:
+    """A provider's arguments (positions, q, kv_a, kv_c, cos_sin, cache, slots, fp8, k_scale) on ``case``."""
+    return (case.positions, case.q, case.kv_a, case.kv_c, case.cos_sin, case.cache, case.slots, case.fp8, case.k_scale)
+
+
+def problem(pname: str, fn, case: rope_kv_write.RopeInputs, ref) -> str:
+    """Run ``fn`` once on the untouched inputs; '' when its result agrees with the reference."""
+    case.restore()
+    fn(*call_args(case))
+    if pname == "unfused-torch":
+        return first_problem(*case.compare_unfused(ref=ref)) or case.untouched()
+    return case.mismatch(ref=ref)
 
 
 def main() -> int:
@@ -136,50 +108,39 @@ def main() -> int:
     providers["unfused-torch"] = vllm_unfused_rope_kv_write
 
     cos_sin = make_cos_sin(dev)
-    k_scale = torch.tensor([0.05], device=dev)
 
     records, rows = [], []
-    for cache_name in ("bf16", "fp8"):
-        fp8 = fp8_kind if cache_name == "fp8" else None
-        for T in [4096] if args.quick else [1, 64, 4096, 32768]:
-            for N in (16, 128):
-                shape = f"T={T} N={N} {cache_name}"
-                q, kv_a, kv_c, pos, slots, cache, nbytes = make_case(dev, T, N, fp8, cos_sin)
-                q_ref, want = expected(q, kv_a, kv_c, pos, cos_sin, fp8, k_scale)
-                row = [shape]
-                times = {}
-                q_work, kv_work = q.clone(), kv_a.clone()  # the timed calls rotate these over and over
-                for pname, fn in providers.items():
-                    # Correctness first, on fresh copies of the untouched inputs.
-                    err_q, err_c = check_case(fn, q, kv_a, kv_c, pos, cos_sin, cache, slots, fp8, k_scale, q_ref, want)
-                    if not errors_ok(err_q, err_c, fp8):
-                        print(f"  {pname} {shape}: WRONG (q_pe err {err_q:.3g}, cache err {err_c:.3g})")
-                    ms = time_ms(functools.partial(fn, pos, q_work, kv_work, kv_c, cos_sin, cache, slots, fp8, k_scale))
-                    times[pname] = ms
-                    gbs = nbytes / ms / 1e6
-                    row.append(f"{gbs:.0f} ({100 * gbs / copy:.0f}%) {ms * 1e3:.1f}us")
-                    for metric, val in (("time_us", ms * 1e3), ("GB/s", gbs), ("pct_copy", 100 * gbs / copy)):
-                        records.append(Record("fused_rope_mla_kv_write", pname, shape, metric, val, name, __version__))
-                fused_times = [v for k, v in times.items() if k != "unfused-torch"]
-                if fused_times:
-                    speedup = times["unfused-torch"] / min(fused_times)
-                    row.append(f"{speedup:.1f}x")
-                    records.append(
-                        Record(
-                            "fused_rope_mla_kv_write",
-                            "best-fused",
-                            shape,
-                            "speedup_vs_unfused",
-                            speedup,
-                            name,
-                            __version__,
-                        )
-                    )
-                else:
-                    row.append("-")
-                rows.append(row)
-                del q, kv_a, q_work, kv_work, kv_c, cache, q_ref, want
-                torch.cuda.empty_cache()
+    for shape in rope_kv_write.SHAPES["bench-quick" if args.quick else "bench"]:
+        label = shape.label(torch.bfloat16)
+        case = rope_kv_write.make_inputs(shape, dtype=torch.bfloat16, device=dev, cos_sin=cos_sin, fp8=fp8_kind)
+        ref = case.reference()
+        nbytes = shape.nbytes(torch.bfloat16)
+        timed_args = call_args(case)
+        row = [label]
+        times = {}
+        for pname, fn in providers.items():
+            bad = problem(pname, fn, case, ref)  # correctness first, on the untouched inputs
+            if bad:
+                print(f"  {pname} {label}: WRONG ({bad})")
+            # the timed calls rotate q_pe / k_pe over and over (|rotation| = 1: the values stay bounded)
+            ms = time_ms(lambda fn=fn, a=timed_args: fn(*a))
+            times[pname] = ms
+            gbs = nbytes / ms / 1e6
+            row.append(f"{gbs:.0f} ({100 * gbs / copy:.0f}%) {ms * 1e3:.1f}us")
+            for metric, val in (("time_us", ms * 1e3), ("GB/s", gbs), ("pct_copy", 100 * gbs / copy)):
+                records.append(Record("fused_rope_mla_kv_write", pname, label, metric, val, name, __version__))
+        fused_times = [v for k, v in times.items() if k != "unfused-torch"]
+        if fused_times:
+            speedup = times["unfused-torch"] / min(fused_times)
+            row.append(f"{speedup:.1f}x")
+            records.append(
+                Record("fused_rope_mla_kv_write", "best-fused", label, "speedup_vs_unfused", speedup, name, __version__)
+            )
+        else:
+            row.append("-")
+        rows.append(row)
+        del case, ref, timed_args
+        torch.cuda.empty_cache()
     records.append(Record("copy", "torch", "2 GiB", "GB/s", copy, name, torch.__version__))
     print(
         f"\nfused_rope_mla_kv_write, bf16 model, GPT-J: GB/s (% of the {copy:.0f} GB/s copy ceiling) time;"

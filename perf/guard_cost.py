@@ -7,9 +7,11 @@ Each ``--tree NAME=PATH`` is a checkout of this repository (e.g. ``git archive C
 .guard_base``: a tree before a change). Every (round, tree) runs in its own process with
 ``PYTHONPATH=PATH`` and its own extension and Triton caches (``$TMPDIR/rocm_mla_guard_cost/NAME``), so each tree's HIP
 extension and Triton kernels are built from its own sources; the trees take turns within each round
-(the order rotates), so clock and thermal drift fall on all of them alike. The timer and the inputs
-are this script's, identical for every tree; only the package differs. Each timed output is checked
-against the tree's own reference backend (``backend="reference"``) on the same inputs.
+(the order rotates), so clock and thermal drift fall on all of them alike. The timer is this
+script's, identical for every tree; the inputs and their check are each tree's rocm_mla.cases
+(decode and rope_kv_write ``SHAPES["guard"]``, ``make_inputs``, ``mismatch``: the same seeds, shapes
+and layouts in every tree that has them), so a tree must hold rocm_mla.cases. Each timed output is
+checked against the float32 reference before it is timed.
 
 ``--unguarded-copy DIR`` writes a copy of this checkout (tracked and untracked files, not ignored ones)
 with the bound guards of the timed kernels removed by exact text edits (each must match, so a
@@ -18,8 +20,9 @@ go back to "slot < 0 skips, any position is read" (with 64-bit cos/sin row offse
 row), mla_decode drops its block-table check. Timed beside this tree, that isolates the guards' cost
 from every other change.
 
-Cases: ``fused_rope_mla_kv_write`` at T=32768 (HIP and Triton, bf16 and FP8 caches) and
-``mla_decode`` at B=128, seq 4096 (bf16 N=16 / N=128, FP8 N=16): the shapes large enough to read a
+Cases: ``fused_rope_mla_kv_write`` at T=32768 (HIP: bf16 and FP8 caches, Triton: bf16) and
+``mla_decode`` at B=128, seq 4096 (bf16 N=16 / N=128, FP8 N=16), in vLLM's layouts (q_pe a slice of
+q [T, N, 192], k_pe of kv_a [T, 576]; decode's q as the W_UK bmm leaves it): the shapes large enough to read a
 1% difference (smaller ones move more than that between runs of one tree). Prints per-case medians
 over the rounds and each tree's cost against the first; writes guard_cost.csv (long format).
 """
@@ -36,16 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROPE_CASES = [
-    (32768, 16, "bf16", "hip"),
-    (32768, 128, "bf16", "hip"),
-    (32768, 16, "fp8", "hip"),
-    (32768, 128, "fp8", "hip"),
-    (32768, 16, "bf16", "triton"),
-    (32768, 128, "bf16", "triton"),
-]
-DECODE_CASES = [(128, 4096, 16, "bf16"), (128, 4096, 128, "bf16"), (128, 4096, 16, "fp8")]
-BLOCK = 64
+ROPE_IMPLS = {"hip": ("auto", "fp8"), "triton": ("auto",)}  # backend -> the cache kinds it is timed with
+COPIES = 2  # input sets a graph rotates over (together larger than L2)
 
 
 def _time_graph_us(torch, call, copies: int, calls_per_graph: int = 8, replays: int = 15) -> float:
@@ -76,103 +71,55 @@ def _time_graph_us(torch, call, copies: int, calls_per_graph: int = 8, replays: 
     return statistics.median(times)
 
 
-def _close(torch, got, want, what: str, atol: float, rtol: float) -> None:
-    got, want = got.float(), want.float()
-    if not torch.allclose(got, want, atol=atol, rtol=rtol, equal_nan=True):
-        err = (got - want).abs().nan_to_num(float("inf")).max().item()
-        raise SystemExit(f"{what}: output differs from the tree's reference (max abs err {err:.3g})")
-
-
 def worker(timed: bool, ops: list[str], cases: list[str]) -> dict:
     """Run the cases of ``ops`` whose label contains one of ``cases`` (all when empty) with the
     rocm_mla on sys.path; return {case: us} (0 when not timed)."""
     import torch
 
     import rocm_mla
-    from rocm_mla.ops import fused_rope_mla_kv_write, mla_decode
+    from rocm_mla.cases import decode, rope_kv_write
 
-    dev = "cuda"
-    fp8 = torch.float8_e4m3fn
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # the CPU: an untimed check only
+    bf16 = torch.bfloat16
     out: dict[str, float] = {"_package": rocm_mla.__file__}
-    gen = torch.Generator(device=dev).manual_seed(0)
-
-    def rnd(*shape, dtype=torch.bfloat16):
-        return torch.randn(*shape, device=dev, generator=gen, dtype=torch.float32).to(dtype)
 
     def wanted(label: str) -> bool:
         return not cases or any(c in label for c in cases)
 
-    for T, N, cache, impl in ROPE_CASES if "rope" in ops else []:
-        label = f"rope {impl} T={T} N={N} {cache}"
+    for impl, kinds in ROPE_IMPLS.items() if "rope" in ops else []:
+        for shape in rope_kv_write.SHAPES["guard"]:
+            label = f"rope {impl} {shape.label(bf16)}"
+            if shape.kv not in kinds or not wanted(label):
+                continue
+            sets = rope_kv_write.make_copies(shape, COPIES, dtype=bf16, device=dev)
+            # Check first, on set 0's untouched inputs (the op works in place).
+            sets[0].run(backend=impl)
+            bad = sets[0].mismatch()
+            if bad:
+                raise SystemExit(f"{label}: {bad}")
+
+            def call(i, sets=sets, impl=impl):
+                sets[i].run(backend=impl)
+
+            out[label] = _time_graph_us(torch, call, COPIES) if timed else 0.0
+            del sets
+            torch.cuda.empty_cache()
+
+    for shape in decode.SHAPES["guard"] if "decode" in ops else []:
+        label = f"decode B={shape.B} seq={shape.seq} N={shape.N} {'fp8' if shape.fp8 else 'bf16'}"
         if not wanted(label):
             continue
-        copies = 2
-        blocks = T // BLOCK
-        sets = []
-        for _ in range(copies):
-            qp, kp, kc = rnd(T, N, 64), rnd(T, 64), rnd(T, 512)
-            pos = torch.randint(0, 8192, (T,), device=dev, generator=gen)
-            slots = torch.randperm(blocks * BLOCK, device=dev, generator=gen)[:T]
-            kv = torch.zeros(blocks, BLOCK, 576, device=dev, dtype=torch.uint8 if cache == "fp8" else torch.bfloat16)
-            sets.append((pos, qp, kp, kc, kv, slots))
-        cs = rnd(8192, 64, dtype=torch.float32)
-        ks = torch.tensor([0.05], device=dev)
-        kw = dict(is_neox=False, backend=impl)
-        if cache == "fp8":
-            kw.update(kv_cache_dtype="fp8", k_scale=ks)
-        # Check first, on copies of set 0 (the op works in place).
-        pos, qp, kp, kc, kv, slots = sets[0]
-        got = [x.clone() for x in (qp, kp, kv)]
-        fused_rope_mla_kv_write(pos, got[0], got[1], kc, cs, got[2], slots, **kw)
-        ref = [x.clone() for x in (qp, kp, kv)]
-        fused_rope_mla_kv_write(pos, ref[0], ref[1], kc, cs, ref[2], slots, **{**kw, "backend": "reference"})
-        for g_, r_, name in zip(got[:2], ref[:2], ("q_pe", "k_pe")):
-            _close(torch, g_, r_, f"{label} {name}", 2e-2, 2e-2)
-        if cache == "fp8":
-            _close(torch, got[2].view(fp8).float(), ref[2].view(fp8).float(), f"{label} kv_cache", 0.0625, 0.13)
-        else:
-            _close(torch, got[2], ref[2], f"{label} kv_cache", 2e-2, 2e-2)
+        case = decode.make_inputs(shape, dtype=bf16, device=dev, copies=COPIES, spare_cols=0)
+        case.run(0, max_seq_len=shape.seq)
+        bad = case.mismatch()
+        if bad:
+            raise SystemExit(f"{label}: {bad}")
 
-        def call(i, sets=sets, kw=kw):
-            p_, q_, k_, c_, kv_, s_ = sets[i]
-            fused_rope_mla_kv_write(p_, q_, k_, c_, cs, kv_, s_, **kw)
+        def call(i, case=case, seq=shape.seq):
+            case.run(i, max_seq_len=seq)
 
-        out[label] = _time_graph_us(torch, call, copies) if timed else 0.0
-        del sets
-        torch.cuda.empty_cache()
-
-    for B, S, N, cache in DECODE_CASES if "decode" in ops else []:
-        label = f"decode B={B} seq={S} N={N} {cache}"
-        if not wanted(label):
-            continue
-        pages = B * S // BLOCK
-        copies = 2
-        sets = []
-        for _ in range(copies):
-            qn, qpe = rnd(B, N, 512), rnd(B, N, 64)
-            kv = rnd(pages, BLOCK, 576)
-            if cache == "fp8":
-                kv = (kv * 4).to(fp8).view(torch.uint8)
-            table = torch.randperm(pages, device=dev, generator=gen).view(B, S // BLOCK).to(torch.int32)
-            seq = torch.full((B,), S, device=dev, dtype=torch.int32)
-            o = torch.empty(B, N, 512, device=dev, dtype=torch.bfloat16)
-            lse = torch.empty(B, N, device=dev, dtype=torch.float32)
-            sets.append((qn, qpe, kv, table, seq, o, lse))
-        kw = dict(sm_scale=576**-0.5, max_seq_len=S)
-        if cache == "fp8":
-            kw.update(kv_cache_dtype="fp8", k_scale=torch.tensor([0.25], device=dev))
-        qn, qpe, kv, table, seq, o, lse = sets[0]
-        mla_decode(qn, qpe, kv, table, seq, out=o, lse=lse, **kw)
-        ro, rl = mla_decode(qn, qpe, kv, table, seq, backend="reference", **kw)
-        _close(torch, o, ro, f"{label} out", 2e-2, 2e-2)
-        _close(torch, lse, rl, f"{label} lse", 1e-3, 1e-3)
-
-        def call(i, sets=sets, kw=kw):
-            qn_, qpe_, kv_, t_, s_, o_, l_ = sets[i]
-            mla_decode(qn_, qpe_, kv_, t_, s_, out=o_, lse=l_, **kw)
-
-        out[label] = _time_graph_us(torch, call, copies) if timed else 0.0
-        del sets
+        out[label] = _time_graph_us(torch, call, COPIES) if timed else 0.0
+        del case
         torch.cuda.empty_cache()
     return out
 

@@ -5,10 +5,10 @@ rocprof on AMD) to attach to; prints the plan and the per-call time.
     ncu --clock-control none --set full -k regex:mla_decode_stage1 --launch-skip 3 --launch-count 1 \
         python3 perf/profile_decode.py --B 128 --seq 4096 --N 16 [--kv fp8] [--config '{"BLOCK_H": 64, ...}']
 
-The inputs are bench_decode.py's (rocm_mla.tools.bench_decode_inputs: block 64, shuffled pages,
-q as vLLM produces it), one cache copy (a profiler replays the kernel with its own cache control).
---config passes a stage-1 launch config (JSON, as in configs/mla_decode.json) instead of the
-arch's default.
+The inputs are bench_decode.py's (rocm_mla.cases.decode.make_inputs: block 64, shuffled pages, q
+as vLLM produces it, a table as wide as the longest request), one cache copy (a profiler replays
+the kernel with its own cache control). --config passes a stage-1 launch config (JSON, as in
+configs/mla_decode.json) instead of the arch's default.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 import sys
 
-from rocm_mla.tools.bench_decode_inputs import BLOCK, Setup, ours, plan_for
+import torch
+
+from rocm_mla.cases import decode
 from rocm_mla.tools.benchutil import bench_parser, one_call_us, rotating_graph_us, start_bench
 
 
@@ -27,7 +29,7 @@ def main() -> int:
     ap.add_argument("--N", type=int, default=16)
     ap.add_argument("--kv", default="bf16", choices=["bf16", "fp8"])
     ap.add_argument("--q-len", type=int, default=1, help="query rows per request (MTP)")
-    ap.add_argument("--block", type=int, default=BLOCK, help="cache page size (tokens)")
+    ap.add_argument("--block", type=int, default=64, help="cache page size (tokens)")
     ap.add_argument("--config", default="", help="stage-1 launch config as JSON (default: the arch's)")
     ap.add_argument("--splits", type=int, default=None, help="force the KV split count")
     ap.add_argument("--calls", type=int, default=6)
@@ -37,17 +39,24 @@ def main() -> int:
     if gpu is None:
         return 2
     dev = gpu.dev
-    s = Setup(args.B, args.seq, args.N, args.kv, dev, cold_bytes=0, block=args.block, q_len=args.q_len)
+    kv = "fp8" if args.kv == "fp8" else "auto"
+    shape = decode.DecodeShape(args.B, args.seq, args.N, args.q_len, block=args.block, kv=kv)
+    case = decode.make_inputs(shape, dtype=torch.bfloat16, device=dev, spare_cols=0)
     cfg = json.loads(args.config) if args.config else None
-    plan = plan_for(s, dev, cfg, args.splits)
-    print(f"{s.label} block={s.block}: S={plan.num_kv_splits} row_blocks={plan.row_blocks} config={plan.config}")
-    fn = ours(s, cfg, args.splits)
+    plan = case.plan(dev, config=cfg, num_kv_splits=args.splits)
+    label = shape.label(torch.bfloat16)
+    print(f"{label} block={shape.block}: S={plan.num_kv_splits} row_blocks={plan.row_blocks} config={plan.config}")
+    nbytes = shape.nbytes(torch.bfloat16)
+
+    def fn(i: int = 0):
+        case.run(i, max_seq_len=shape.seq, backend="triton", config=cfg, num_kv_splits=args.splits)
+
     for i in range(args.calls):
-        us = one_call_us(lambda: fn(0), dev)
-        print(f"call {i}: {us:.1f} us ({s.nbytes() / us / 1e3:.0f} GB/s)")
+        us = one_call_us(fn, dev)
+        print(f"call {i}: {us:.1f} us ({nbytes / us / 1e3:.0f} GB/s)")
     if args.time:
         us = rotating_graph_us(fn, 1)
-        print(f"graph replay: {us:.1f} us ({s.nbytes() / us / 1e3:.0f} GB/s)")
+        print(f"graph replay: {us:.1f} us ({nbytes / us / 1e3:.0f} GB/s)")
     return 0
 
 

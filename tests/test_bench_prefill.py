@@ -30,7 +30,7 @@ needs_aiter = pytest.mark.skipif(
 
 def test_shapes_and_flops():
     assert all(128 <= L <= 8192 for L in bench.VARLEN) and len(set(bench.VARLEN)) > 4
-    names = [s.name for s in bench.SHAPES]
+    names = [s.label for s in bench.SHAPES]
     for want in (
         "4x4096 N=16",
         "4x4096 N=128",
@@ -42,8 +42,9 @@ def test_shapes_and_flops():
     ):
         assert want in names
     # 2 * (192 + 128) * N * L (L + 1) / 2 per causal sequence
-    assert bench.causal_flops([4, 2], 3) == 2 * 320 * 3 * (10 + 3)
-    assert bench.SHAPES[0].flops == bench.causal_flops([4096] * 4, 16)
+    assert bench.PrefillShape((4, 2), 3).flops() == 2 * 320 * 3 * (10 + 3)
+    assert bench.SHAPES[0].flops() == 2 * 320 * 16 * 4 * 4096 * 4097 / 2
+    assert [s.label for s in bench.QUICK] == ["4x4096 N=16", "4x4096 N=128", "16x1024 N=16", "varlen N=16"]
 
 
 def test_aiter_unavailable_is_a_reason_not_a_crash(tmp_path):
@@ -101,7 +102,7 @@ def test_aiter_varlen_matches_reference_in_interpreter():
     b.DTYPE = torch.float16  # bf16 dots are wrong in the interpreter (triton issue 11584)
     a = b.Aiter(".peers/aiter")
     assert a.mod is not None, a.reason
-    case = b.Case(b.Shape("varlen", (17, 70, 5), 2), torch.device("cpu"))
+    case = b.Case(b.PrefillShape((17, 70, 5), 2, name="varlen"), torch.device("cpu"))
     out, lse = a.run(case, a.launch_cfg({"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}))
     ref, ref_lse = mla_prefill_ref(case.q, case.k_nope, case.k_pe, case.v, case.cu, case.cu, b.SCALE, True)
     assert out.shape == (92, 2, 128) and lse.shape == (92, 2), (out.shape, lse.shape)
@@ -157,10 +158,14 @@ SMOKE = """
 
     torch.ops.aten._scaled_dot_product_flash_attention = flash
     b.DTYPE = torch.float16  # bf16 dots are wrong in the interpreter
-    b.SHAPES = b.QUICK = [b.Shape("2x40 N=2", (40, 40), 2), b.Shape("varlen N=2", (17, 70, 5), 2)]
-    b.REF_CASE = ([30, 0, 7], [41, 3, 7], 2)
+    S = b.PrefillShape
+    b.SHAPES = b.QUICK = [S((40, 40), 2, name="2x40 N=2"), S((17, 70, 5), 2, name="varlen N=2")]
+    b.REF_CASE = b.PrefillShape((30, 0, 7), 2, lk=(41, 3, 7))
     real_ctx = b.ContextCase
     b.ContextCase = lambda new, ctx, n, N, dev: real_ctx(48, 64, n, 2, dev)
+    if len(sys.argv) > 2:  # --break: ours writes a wrong out; its checks must say so
+        real_ours = b.Case.ours
+        b.Case.ours = lambda self, config=None: (real_ours(self, config), self.out.add_(0.5))
     sys.argv = ["bench_prefill.py", "--quick", "--no-graphs", "--context", "--out", sys.argv[1],
                 "--aiter-peers", ".peers/aiter"]
     sys.exit(b.main())
@@ -187,7 +192,9 @@ def test_cpu_smoke_run_of_the_whole_script(tmp_path):
     assert "WRONG" not in log and "DISAGREE" not in log and "failed" not in log, log
     assert "mla_prefill_with_context vs the upstream" in log
     if HAS_AITER:
-        assert "out vs aiter" in log and "aiter unavailable" not in log, log
+        assert "aiter ok" in log and "aiter-tile ok" in log and "aiter unavailable" not in log, log
+    assert "ours ok" in log and "cuDNN ok" in log and "FLASH ok" in log and "upstream ok" in log, log
+    assert "out vs cuDNN" in log, log
     with (out / "prefill.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))
     kernels = {r["kernel"] for r in rows}
@@ -195,3 +202,20 @@ def test_cpu_smoke_run_of_the_whole_script(tmp_path):
     assert any(r["shape"].endswith("in 4 chunks") for r in rows)
     ours = [r for r in rows if r["kernel"] == "mla_prefill" and r["provider"] == "ours"]
     assert ours and all(r["config"] for r in ours)
+
+
+def test_cpu_smoke_run_names_a_wrong_kernel(tmp_path):
+    """The same run with ours writing out + 0.5: every shape's check of ours fails against float32
+    and against cuDNN (WRONG, DISAGREE: perf/bench.py then fails the run)."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(SMOKE), str(tmp_path / "out"), "--break"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log
+    assert log.count("ours WRONG (out:") == 2 and log.count("out vs cuDNN") == 2 and "DISAGREE" in log, log

@@ -23,6 +23,7 @@ from rocm_mla.cases import (
     compare,
     context_gather,
     decode,
+    first_problem,
     merge,
     outside_untouched,
     paged_cache,
@@ -358,7 +359,7 @@ def test_every_tolerance_table_covers_the_dtypes():
         (decode, {"out", "lse"}),
         (prefill, {"out", "lse"}),
         (merge, {"output", "output_lse"}),
-        (rope_kv_write, {"q_pe", "k_pe", "rows", "rows_fp8", "unfused"}),
+        (rope_kv_write, {"q_pe", "k_pe", "rows", "rows_fp8", "unfused", "rows_fp8_unfused"}),
         (context_gather, {"dst"}),
     ):
         assert set(mod.TOLERANCE) == {F32, F16, BF16}, mod.__name__
@@ -460,3 +461,46 @@ def test_paged_cache_finite_unused_slots_inside_guards(fp8):
     flat[-1] = 0
     with pytest.raises(AssertionError, match=r"copy 1: \d guard bytes changed"):
         pc.check_guards()
+
+
+@pytest.mark.parametrize("kv", ["auto", "fp8"])
+def test_decode_plan_is_the_plan_of_the_call(kv):
+    """DecodeInputs.plan: plan_decode on the call's own sizes (the table's width, the cache's
+    dtype as stored, k_scale on the device), max_seq_len the longest request by default."""
+    from rocm_mla.ops import plan_decode
+
+    shape = decode.DecodeShape(3, 80, 16, 2, block=16, kv=kv)
+    case = decode.make_inputs(shape, dtype=torch.float16, device=DEVICE, spare_cols=0)
+    got = case.plan(num_kv_splits=2)
+    want = plan_decode(
+        batch=3,
+        num_heads=16,
+        q_len=2,
+        max_blocks=5,
+        block_size=16,
+        q_dtype=torch.float16,
+        kv_dtype=case.paged.cache.dtype,
+        device=torch.device(DEVICE),
+        max_seq_len=80,
+        num_kv_splits=2,
+        k_scale_on_device=kv == "fp8",
+    )
+    assert got == want and case.block_table.shape == (3, 5)
+    assert case.plan(max_seq_len=16).num_kv_splits <= got.num_kv_splits
+
+
+@pytest.mark.parametrize("kv", ["auto", "fp8"])
+def test_rope_compare_unfused_takes_vllms_two_step_path(kv):
+    """RopeInputs.compare_unfused: vLLM's unfused path (benchutil.vllm_unfused_rope_kv_write, k_pe
+    left unrotated in kv_a) agrees under the "unfused" bound; a wrong rotation or row is caught."""
+    from rocm_mla.tools.benchutil import vllm_unfused_rope_kv_write
+
+    shape = rope_kv_write.RopeShape(24, 4, block=16, kv=kv)
+    case = rope_kv_write.make_inputs(shape, dtype=BF16, cs_dtype=BF16)  # cos/sin in the model dtype, as vLLM
+    ref = case.reference()
+    vllm_unfused_rope_kv_write(
+        case.positions, case.q, case.kv_a, case.kv_c, case.cos_sin, case.cache, case.slots, case.fp8, case.k_scale
+    )
+    assert first_problem(*case.compare_unfused(ref=ref)) == "" and case.untouched() == ""
+    case.q[0, 0, -1] += 1.0
+    assert first_problem(*case.compare_unfused(ref=ref)).startswith("q_pe")

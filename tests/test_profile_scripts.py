@@ -1,5 +1,6 @@
-"""perf/profile_*.py: the drivers a profiler attaches to run end to end on the CPU (interpreter,
-float16, a tiny shape; the GPU preamble stood in for), so a device call is not spent on a typo."""
+"""perf/profile_*.py and perf/bench_decode.py: the drivers a profiler attaches to, and the decode
+benchmark, run end to end on the CPU (interpreter, float16, tiny shapes; the GPU preamble and timers
+stood in for), so a device call is not spent on a typo."""
 
 import os
 import subprocess
@@ -16,12 +17,14 @@ PREFILL = """
     import profile_prefill as p
     from rocm_mla.tools.benchutil import BenchGPU
     b.DTYPE = torch.float16  # bf16 dots are wrong in the interpreter
-    p.SHAPES[:] = [b.Shape("2x40 N=2", (40, 40), 2), b.Shape("varlen N=2", (17, 70, 5), 2)]
-    b.REF_CASE = ([30, 0, 7], [41, 3, 7], 2)  # bench_prefill's check, at a CPU size
+    from rocm_mla.cases import Comparison
+    from rocm_mla.cases.prefill import PrefillShape
+    p.SHAPES[:] = [PrefillShape((40, 40), 2, name="2x40 N=2"), PrefillShape((17, 70, 5), 2, name="varlen N=2")]
+    b.REF_CASE = PrefillShape((30, 0, 7), 2, lk=(41, 3, 7))  # bench_prefill's check, at a CPU size
     p.start_bench = lambda name, **kw: BenchGPU(torch.device("cpu"), "cpu")
     if "--break-ref" in sys.argv:  # a check that fails: the run must stop before profiling
         sys.argv.remove("--break-ref")
-        p.check_against_reference = lambda dev, cfg: 0.5
+        p.check_against_reference = lambda dev, cfg: [Comparison("out", 0.5, 0.5, "out: relative norm error 0.5")]
     sys.argv = ["profile_prefill.py", "--shape", sys.argv[1], "--calls", "2"] + sys.argv[2:]
     sys.exit(p.main())
 """
@@ -54,3 +57,74 @@ def test_profile_prefill_refuses_to_profile_a_wrong_result():
     proc = _run("2x40 N=2", "--break-ref")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "error too large" in proc.stderr and "call 0:" not in proc.stdout
+
+
+DECODE_BENCH = """
+    import sys, types, torch
+    sys.path.insert(0, "perf")
+    import bench_decode as b
+    from rocm_mla.cases import decode
+    from rocm_mla.tools.benchutil import BenchGPU, wall_ms
+    b.start_bench = lambda name, **kw: BenchGPU(torch.device("cpu"), "cpu", 100.0, 1000.0)
+    props = types.SimpleNamespace(multi_processor_count=4, L2_cache_size=1 << 20)
+    torch.cuda.get_device_properties = lambda dev: props
+    torch.cuda.synchronize = lambda *a: None
+    torch.cuda.empty_cache = lambda: None
+    b.cold_cache_bytes = lambda dev: 1 << 16  # a few copies of each tiny shape
+    b.rotating_graph_us = lambda fn, R: 1e3 * wall_ms(lambda: [fn(i) for i in range(R)]) / R
+    b.time_ms = lambda fn, **k: wall_ms(fn)
+    b.DTYPE = torch.float16  # bf16 dots are wrong in the interpreter
+    decode.SHAPES["serving"] = [decode.DecodeShape(3, 80, 16), decode.DecodeShape(2, 80, 16, 2),
+                                decode.DecodeShape(3, 80, 16, kv="fp8")]
+    if "--break" in sys.argv:  # a kernel that writes a wrong out: every shape must say WRONG
+        sys.argv.remove("--break")
+        real = b.ours
+        b.ours = lambda s: (lambda i, call=real(s): call(i).add_(0.5))
+    out = sys.argv[1]
+    sys.argv = ["bench_decode.py", "--preset", "serving", "--peers", "/nowhere", "--no-flashinfer", "--out", out]
+    sys.exit(b.main())
+"""
+
+
+def _bench_decode(*args):
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    cmd = [sys.executable, "-c", textwrap.dedent(DECODE_BENCH), *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_bench_decode_runs_checks_and_writes_its_rows(tmp_path):
+    """The serving flow on the CPU: inputs from rocm_mla.cases.decode (cold copies, fp8, MTP rows),
+    the plan column, every output checked (no WRONG), the CSV rows keyed by the cases labels."""
+    import csv
+
+    proc = _bench_decode(str(tmp_path))
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "WRONG" not in log, log
+    assert "fp16 B=2 seq=80 N=16 q2 | S=" in log and "fp8 B=3 seq=80 N=16 | S=" in log, log
+    with (tmp_path / "decode.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    shapes = {r["shape"] for r in rows if r["kernel"] == "mla_decode" and r["provider"] == "rocm_mla-triton"}
+    assert shapes == {"fp16 B=3 seq=80 N=16", "fp16 B=2 seq=80 N=16 q2", "fp8 B=3 seq=80 N=16"}, shapes
+    broken = _bench_decode(str(tmp_path / "broken"), "--break")
+    assert broken.returncode == 0  # reported, not fatal: perf/bench.py fails a run that prints WRONG
+    wrong = [line for line in broken.stdout.splitlines() if "rocm_mla-triton" in line and "WRONG" in line]
+    assert len(wrong) == 3, broken.stdout + broken.stderr
+
+
+def test_profile_decode_runs():
+    code = """
+    import sys, torch
+    sys.path.insert(0, "perf")
+    import profile_decode as p
+    from rocm_mla.tools.benchutil import BenchGPU
+    p.start_bench = lambda name, **kw: BenchGPU(torch.device("cpu"), "cpu")
+    sys.argv = ["profile_decode.py", "--B", "2", "--seq", "80", "--N", "16", "--kv", "fp8", "--calls", "2"]
+    sys.exit(p.main())
+    """
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log
+    assert "fp8 B=2 seq=80 N=16 block=64: S=" in log and "call 1:" in log, log

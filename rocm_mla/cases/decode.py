@@ -218,6 +218,27 @@ class DecodeInputs:
 
         return mla_decode(*self.args(i), **self.kwargs(**overrides))
 
+    def plan(self, device=None, **overrides):
+        """The :class:`~rocm_mla.ops.DecodePlan` of :meth:`run`'s call (``overrides``: config,
+        num_kv_splits, max_seq_len, quantize_q, as :func:`~rocm_mla.ops.plan_decode` takes them;
+        max_seq_len defaults to the longest request, as a benchmark passes it)."""
+        from ..ops import plan_decode
+
+        kw = dict(max_seq_len=self.shape.seq)
+        kw.update(overrides)
+        return plan_decode(
+            batch=self.shape.B,
+            num_heads=self.shape.N,
+            q_len=self.shape.q_len,
+            max_blocks=self.paged.table.shape[1],
+            block_size=self.shape.block,
+            q_dtype=self.dtype,
+            kv_dtype=self.paged.cache.dtype,
+            device=torch.device(device) if device is not None else self.q_nope.device,
+            k_scale_on_device=self.k_scale is not None,
+            **kw,
+        )
+
     def reference(self, requests: int | None = None, *, quantize_q: bool = False, i: int = 0):
         """(out [rows', N, 512], lse [rows', N]) float32 of the first ``requests`` requests (all:
         None), from cache copy i; ``quantize_q``: of q rounded as the FP8_QK mode rounds it."""

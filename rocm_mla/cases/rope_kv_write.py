@@ -35,6 +35,9 @@ def _table(dtype: torch.dtype, t: float, unfused: float) -> dict[str, Bound]:
         "rows_fp8": Bound(2.0**-9, 2.0**-3),
         # vLLM's unfused path rounds after every torch op in the model dtype: looser, same answer.
         "unfused": Bound(unfused, unfused),
+        # Its fp8 rows, dequantized (code x k_scale): that rounding (absolute: rotated k_pe near zero
+        # cancels in 16 bits) plus one code step (2^-3 relative).
+        "rows_fp8_unfused": Bound(unfused, 2.0**-3),
     }
 
 
@@ -220,6 +223,24 @@ class RopeInputs:
             compare("k_pe", self.k_pe[:r], k_ref, tol["k_pe"]),
             rows_cmp,
         ]
+
+    def compare_unfused(self, *, ref=None) -> list[Comparison]:
+        """vLLM's unfused two-step path (torch RoPE, then a torch cache write) against the reference:
+        q_pe and the written cache rows under the "unfused" bound (fp8 rows dequantized:
+        "rows_fp8_unfused"). That path leaves k_pe unrotated in kv_a, so k_pe is not compared."""
+        from ..reference.rope_kv_write import quantize_fp8_ref
+
+        q_ref, _, row_ref = ref if ref is not None else self.reference()
+        tol = TOLERANCE[self.dtype]
+        valid = self.slots >= 0
+        got = self.written_rows()
+        if self.fp8 is not None:
+            ks = self.k_scale.float()
+            want = quantize_fp8_ref(row_ref[valid], self.k_scale, self.fp8).float() * ks
+            rows_cmp = compare("cache rows (fp8, dequantized)", got.float() * ks, want, tol["rows_fp8_unfused"])
+        else:
+            rows_cmp = compare("cache rows", got, row_ref[valid], tol["unfused"])
+        return [compare("q_pe", self.q_pe, q_ref, tol["unfused"]), rows_cmp]
 
     def untouched(self) -> str:
         """'' when every cache row without a slot, q outside q_pe and kv_a outside k_pe are bitwise

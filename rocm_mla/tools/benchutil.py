@@ -16,7 +16,8 @@ timer                  what it measures                            who uses it, 
 ``rotating_graph_us``  back-to-back replays of graphs of several   bench_decode and ``rocm-mla tune``'s decode
                        calls, rotating over input copies larger    (short calls reading KV from HBM, as a
                        than the caches                             captured serving step runs them);
-                                                                   bench_prefill (one copy, one call a graph)
+                                                                   bench_prefill (one input set, one call a
+                                                                   graph)
 ``one_call_us``        one call (events; host clock off a GPU)     perf/profile_*.py: says a profiled run is
                                                                    the expected one
 ``wall_ms``            host clock after a warm-up call             CPU runs (Triton interpreter): exercises a

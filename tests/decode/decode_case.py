@@ -1,105 +1,91 @@
-"""The decode tests' batch: a paged cache with NaN wherever seq_lens does not reach (page tails and
-whole unused pages), a shuffled block table whose unused entries point at all-NaN pages (one stray
-read poisons the output), q_nope / q_pe as strided slices; the comparison against the float32
-reference."""
+"""The decode tests' glue over rocm_mla.cases.decode: a batch on DEVICE from request lengths, and
+the batch inside sentinel guards that the memory-safety tests use.
+
+Inputs, tolerance and the check are rocm_mla.cases.decode's (make_inputs, TOLERANCE, check): a paged
+cache with NaN wherever seq_lens does not reach, a shuffled block table whose unused entries point at
+all-NaN pages, q_nope / q_pe as strided slices, out / lse NaN-poisoned views.
+"""
 
 from __future__ import annotations
 
-import math
-
 import torch
-from _util import DEVICE, HAS_GPU, assert_close, backends
+from _util import DEVICE, backends
 
-import rocm_mla
-from rocm_mla.reference import mla_decode_ref
+from rocm_mla.cases import Guarded, decode, generator
+from rocm_mla.mla_dims import KV_LORA_RANK, KV_ROW_DIM
 
-NAN = float("nan")
 BACKENDS = [b for b in ("triton", "reference") if b in backends()]  # no HIP decode kernel
-# (rtol, atol) on out; lse is compared with 1e-3 abs (fp32 accumulation of exact products).
-TOL = {torch.float32: (1e-4, 1e-4), torch.float16: (4e-3, 4e-3), torch.bfloat16: (2e-2, 2e-2)}
-FP8 = torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn
-# The interpreter converts e4m3fn only; GPU runs use the platform's flavour (gfx942: e4m3fnuz).
-FP8_HERE = FP8 if HAS_GPU else torch.float8_e4m3fn
 
 V_SPLIT_CFG = {"BLOCK_H": 16, "BLOCK_N": 16, "D_SPLIT": 2, "V_SPLIT": 2, "num_warps": 4, "num_stages": 1}
 
 
-class Case:
-    """One decode batch: paged cache (NaN wherever seq_lens does not reach), shuffled block table,
-    q_nope/q_pe as strided slices, and the logical (unpaged) per-request K rows for the
-    independent check."""
+def make_case(lens, N, q_len=1, block=16, dtype=torch.float32, *, fp8=False, **kw) -> decode.DecodeInputs:
+    """decode.make_inputs on DEVICE for requests of ``lens`` keys, N heads, q_len rows each, pages of
+    ``block`` tokens; ``fp8``: an fp8 cache of the platform's e4m3 kind (``k_scale=``). q_nope / q_pe
+    are slices of one ``[rows, N, 584]`` buffer unless ``q_layout=`` says otherwise."""
+    kw.setdefault("q_layout", "one_buffer")
+    shape = decode.DecodeShape(N=N, q_len=q_len, block=block, lens=tuple(lens), kv="fp8" if fp8 else "auto")
+    return decode.make_inputs(shape, dtype=dtype, device=DEVICE, **kw)
 
-    def __init__(
-        self,
-        B,
-        N,
-        q_len,
-        block_size,
-        lens,
-        dtype,
-        *,
-        kv_dtype=None,
-        k_scale=None,
-        seed=0,
-        spare_cols=1,
-        q_layout="one_buffer",
-    ):
-        assert len(lens) == B
-        g = torch.Generator().manual_seed(seed)
-        self.B, self.N, self.q_len, self.lens, self.dtype = B, N, q_len, list(lens), dtype
-        nblk = [math.ceil(L / block_size) for L in lens]
-        used = sum(nblk)
-        num_pages = used + 3  # 3 all-NaN pages for unused table entries
-        perm = torch.randperm(num_pages, generator=g)
-        max_blocks = max(nblk + [1]) + spare_cols
-        kv = torch.full((num_pages, block_size, 576), NAN)
-        bt = torch.empty(B, max_blocks, dtype=torch.int32)
-        self.logical = []
-        k = 0
-        scale = 1.0 if k_scale is None else float(k_scale)
-        for b, L in enumerate(lens):
-            pages = perm[k : k + nblk[b]]
-            k += nblk[b]
-            bt[b, : nblk[b]] = pages.int()
-            bt[b, nblk[b] :] = perm[used + (b % 3)].int()
-            vals = torch.randn(L, 576, generator=g)
-            if kv_dtype is not None and kv_dtype.is_floating_point and kv_dtype.itemsize == 1:
-                vals = (vals / scale).to(kv_dtype).float() * scale  # what the cache can hold
-            tok = torch.arange(L)
-            kv[pages[tok // block_size], tok % block_size] = vals / scale
-            self.logical.append(vals)
-        kvd = kv_dtype or dtype
-        self.kv = kv.to(kvd).to(DEVICE)
-        self.block_table = bt.to(DEVICE)
-        self.seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
-        rows = B * q_len
-        if q_layout == "one_buffer":  # [rows, N, 576 + 8]: nope and pe are slices of one row
-            base = torch.randn(rows, N, 584, generator=g).to(dtype).to(DEVICE)
-            self.q_nope, self.q_pe = base[..., :512], base[..., 512:576]
-        else:  # separate buffers, q_pe a [.., 192][..., 128:] slice and token-strided
-            self.q_nope = torch.randn(rows, N, 512, generator=g).to(dtype).to(DEVICE)
-            qb = torch.randn(rows + 1, N, 192, generator=g).to(dtype).to(DEVICE)
-            self.q_pe = qb[1:, :, 128:]
-        self.k_scale = k_scale
-        self.sm_scale = 1.0 / math.sqrt(192)
 
-    def run(self, **kw):
-        return rocm_mla.mla_decode(
-            self.q_nope, self.q_pe, self.kv, self.block_table, self.seq_lens, sm_scale=self.sm_scale, **kw
+class GuardedCase:
+    """A decode batch inside sentinel guards (rocm_mla.cases.SENTINEL): the cache finite in every
+    slot (unused ones random: a request's NaN rows are the kernel's verdict, not a stray read),
+    guards reaching two pages past each end of it; out ``[rows, N, 512]`` (8 elements after each
+    row) and lse ``[rows, N]`` (1 after each row) as Guarded views that start random (finite), so
+    an unwritten row fails the comparison."""
+
+    def __init__(self, lens, N, q_len, block, *, dtype=torch.float32, fp8=False, spare_pages=2, spare_cols=1, seed=0):
+        self.inputs = make_case(
+            lens,
+            N,
+            q_len,
+            block,
+            dtype,
+            fp8=fp8,
+            k_scale=1.0,
+            seed=seed,
+            q_layout="vllm",
+            spare_pages=spare_pages,
+            spare_cols=spare_cols,
+            unused="randn",
+            guard=2 * block * KV_ROW_DIM + 64,
         )
+        rows, g = len(lens) * q_len, generator(seed + 1, "cpu")
+        self.out = Guarded((rows, N, KV_LORA_RANK), dtype, device=DEVICE, fill="randn", pad_last=8, generator=g)
+        self.lse = Guarded((rows, N), torch.float32, device=DEVICE, fill="randn", pad_last=1, generator=g)
+        self.q_len = q_len
 
-    def ref(self):
-        return mla_decode_ref(
-            self.q_nope, self.q_pe, self.kv, self.block_table, self.seq_lens, self.sm_scale, self.k_scale
-        )
+    @property
+    def kv(self) -> torch.Tensor:
+        return self.inputs.kv_cache
 
+    @property
+    def nb(self) -> int:
+        """Pages in the cache."""
+        return self.kv.shape[0]
 
-def check_case(case, out, lse, ref=None, tol=None):
-    """out and lse of ``case`` against ``ref`` (default: its float32 reference): no NaN, TOL on out,
-    1e-3 absolute on lse."""
-    ro, rl = ref if ref is not None else case.ref()
-    rtol, atol = tol or TOL[case.dtype]
-    assert not torch.isnan(out.float()).any(), "NaN in out: an element not written, or a poisoned slot read"
-    assert not torch.isnan(lse).any(), "NaN in lse"
-    assert_close(out.float(), ro, rtol=rtol, atol=atol)
-    assert_close(lse, rl, rtol=0, atol=1e-3)
+    def __getattr__(self, name):  # q_nope, q_pe, block_table, seq_lens, reference, ...
+        if name == "inputs":
+            raise AttributeError(name)
+        return getattr(self.inputs, name)
+
+    def run(self, backend, **kw):
+        kw.setdefault("out", self.out.view)
+        kw.setdefault("lse", self.lse.view)
+        return self.inputs.run(backend=backend, **kw)
+
+    def check(self, want, *, nan_requests=()):
+        """Requests in ``nan_requests``: every row NaN in out and lse; the others agree with ``want``
+        (out, lse) under the decode tolerance; no guard byte of out, lse or the cache changed."""
+        ro, rl = want
+        out, lse = self.out.view, self.lse.view
+        for b in range(self.inputs.shape.B):
+            r = slice(b * self.q_len, (b + 1) * self.q_len)
+            if b in nan_requests:
+                assert torch.isnan(out[r].float()).all() and torch.isnan(lse[r]).all(), f"request {b}: not NaN"
+            else:
+                self.inputs.check(out[r], lse[r], ref=(ro[r], rl[r]))
+        self.out.check("out")
+        self.lse.check("lse")
+        self.inputs.paged.check_guards("kv_cache")

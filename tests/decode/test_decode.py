@@ -12,10 +12,11 @@ import math
 
 import pytest
 import torch
-from _util import DEVICE, DTYPES, HAS_GPU, assert_close, outside_untouched, poisoned_view, raises_naming
-from decode_case import BACKENDS, FP8, FP8_HERE, NAN, TOL, V_SPLIT_CFG, Case, check_case
+from _util import DEVICE, DTYPES, HAS_GPU, raises_naming
+from decode_case import BACKENDS, V_SPLIT_CFG, make_case
 
 import rocm_mla
+from rocm_mla.cases import compare, decode, outside_untouched, poisoned, raise_on
 from rocm_mla.ops.decode_plan import choose_num_splits, mla_decode_workspace_numel, stage1_config
 from rocm_mla.reference import mla_decode_ref
 from rocm_mla.variants.decode import triton_variants, tuning_candidates
@@ -23,19 +24,21 @@ from rocm_mla.variants.decode import triton_variants, tuning_candidates
 
 # ---------------------------------------------------------------- the reference itself
 def _dense_attention(case):
-    """Independent formulation in float64: per request, the logical (never paged) K rows and
-    SDPA with an explicit causal mask; lse from logsumexp of explicit scores."""
+    """Independent formulation in float64: per request, the logical (never paged) K rows as the
+    cache holds them (case.paged.values) and SDPA with an explicit causal mask; lse from logsumexp
+    of explicit scores."""
     q = torch.cat([case.q_nope, case.q_pe], -1).double().cpu()
+    N, q_len = case.shape.N, case.shape.q_len
     outs, lses = [], []
-    for b, L in enumerate(case.lens):
-        k = case.logical[b].double()
-        qb = q[b * case.q_len : (b + 1) * case.q_len].transpose(0, 1)  # [N, q_len, 576]
-        pos = torch.arange(case.q_len) + L - case.q_len
+    for b, L in enumerate(case.shape.seq_lens):
+        k = case.paged.values[b].double().cpu()
+        qb = q[b * q_len : (b + 1) * q_len].transpose(0, 1)  # [N, q_len, 576]
+        pos = torch.arange(q_len) + L - q_len
         mask = torch.arange(L)[None, :] <= pos[:, None]  # [q_len, L]
         o = torch.nn.functional.scaled_dot_product_attention(
             qb,
-            k[None].expand(case.N, L, 576),
-            k[None, :, :512].expand(case.N, L, 512),
+            k[None].expand(N, L, 576),
+            k[None, :, :512].expand(N, L, 512),
             attn_mask=mask,
             scale=case.sm_scale,
         )
@@ -47,16 +50,16 @@ def _dense_attention(case):
 
 @pytest.mark.parametrize("q_len,block_size,lens", [(1, 16, (37, 5)), (3, 4, (9, 3)), (2, 1, (6, 2))])
 def test_reference_equals_dense_attention(q_len, block_size, lens):
-    case = Case(len(lens), 3, q_len, block_size, lens, torch.float32, seed=1)
-    ro, rl = case.ref()
+    case = make_case(lens, 3, q_len, block_size, seed=1)
+    ro, rl = case.reference()
     do, dl = _dense_attention(case)
-    assert_close(ro.cpu(), do, rtol=1e-5, atol=1e-5)
-    assert_close(rl.cpu(), dl, rtol=1e-5, atol=1e-5)
+    raise_on(compare("out", ro.cpu(), do, decode.DENSE_F64).problem)
+    raise_on(compare("lse", rl.cpu(), dl, decode.DENSE_F64).problem)
 
 
 def test_reference_row_without_keys():
-    case = Case(2, 2, 1, 16, (0, 4), torch.float32)
-    ro, rl = case.ref()
+    case = make_case((0, 4), 2)
+    ro, rl = case.reference()
     assert torch.equal(ro[0], torch.zeros_like(ro[0])) and bool((rl[0] == -math.inf).all())
 
 
@@ -92,19 +95,20 @@ def test_matches_reference(backend, dtype, splits, name):
     if backend == "reference" and splits not in (None,):
         pytest.skip("the reference has no splits")
     B, N, q_len, bs, lens = CASES[name]
-    case = Case(B, N, q_len, bs, lens, dtype, q_layout="one_buffer" if splits != 7 else "separate")
-    out, lse = case.run(num_kv_splits=splits, backend=backend)
+    case = make_case(lens, N, q_len, bs, dtype, q_layout="one_buffer" if splits != 7 else "separate")
+    # out and lse allocated by the op (the given-buffer path: the strided tests below)
+    out, lse = case.run(num_kv_splits=splits, backend=backend, out=None, lse=None)
     assert out.shape == (B * q_len, N, 512) and out.dtype == dtype
     assert lse.shape == (B * q_len, N) and lse.dtype == torch.float32
-    check_case(case, out, lse)
+    case.check(out, lse)
 
 
 @pytest.mark.parametrize("splits", [1, 3])
 def test_many_heads_several_row_blocks(splits):
     """N=128 with q_len=2: 256 rows per request, several row blocks sharing each KV tile."""
-    case = Case(1, 128, 2, 16, (21,), torch.float16, seed=3)
-    out, lse = case.run(num_kv_splits=splits, backend="triton")
-    check_case(case, out, lse)
+    case = make_case((21,), 128, 2, 16, torch.float16, seed=3)
+    case.run(num_kv_splits=splits, backend="triton")
+    case.check()
 
 
 @pytest.mark.parametrize("splits", [1, 3])
@@ -112,65 +116,62 @@ def test_strided_outputs_written_in_place(splits):
     """out a token- and dim-padded view, lse the transpose of an [N, rows] buffer: every element
     of both views written (by stage 1 directly, or by stage 2), nothing around them touched, and
     the given tensors returned."""
-    case = Case(2, 6, 2, 16, (25, 9), torch.float16, q_layout="separate")
-    out_base, out = poisoned_view((4, 6, 512), torch.float16, pad_last=64, token_pad=2)
-    lse_base, lse = poisoned_view((4, 6), torch.float32, transpose01=True)
+    case = make_case((25, 9), 6, 2, 16, torch.float16, q_layout="separate")
+    out_base, out = poisoned((4, 6, 512), torch.float16, DEVICE, pad_last=64, token_pad=2)
+    lse_base, lse = poisoned((4, 6), torch.float32, DEVICE, transpose01=True)
     o2, l2 = case.run(out=out, lse=lse, num_kv_splits=splits)
     assert o2 is out and l2 is lse
-    check_case(case, out, lse)
+    case.check(out, lse)
     assert outside_untouched(out_base, out) and outside_untouched(lse_base, lse)
 
 
 @pytest.mark.parametrize("splits", [1, None, 5])
 def test_mixed_lengths_one_much_longer(splits):
-    case = Case(3, 4, 1, 16, (3, 300, 9), torch.float16, seed=5)
-    check_case(case, *case.run(num_kv_splits=splits, max_seq_len=300))
+    case = make_case((3, 300, 9), 4, 1, 16, torch.float16, seed=5)
+    case.run(num_kv_splits=splits, max_seq_len=300)
+    case.check()
 
 
 def test_more_splits_than_tokens_and_empty_requests():
     """seq_len 0 (a padding request) gives out 0 and lse -inf; splits past a request's end write
     nothing the reduction reads."""
-    case = Case(3, 4, 1, 16, (0, 2, 17), torch.float16)
+    case = make_case((0, 2, 17), 4, 1, 16, torch.float16)
     out, lse = case.run(num_kv_splits=9)
     assert torch.equal(out[0].float(), torch.zeros(4, 512, device=DEVICE))
     assert bool((lse[0] == -math.inf).all())
-    ro, rl = case.ref()
-    assert_close(out[1:].float(), ro[1:], rtol=4e-3, atol=4e-3)
-    assert_close(lse[1:], rl[1:], rtol=0, atol=1e-3)
+    case.check()  # row 0 too: out 0 and lse -inf are the reference's
 
 
 @pytest.mark.parametrize("splits", [1, 2])
 def test_rows_without_keys_in_a_multi_token_block(splits):
     """seq_len 2 with q_len 3: row 0 sees no key (out 0, lse -inf) while rows 1 and 2 of the same
     program do -- the online softmax must not turn the empty row into NaN."""
-    case = Case(2, 4, 3, 16, (2, 20), torch.float32)
+    case = make_case((2, 20), 4, 3, 16)
     out, lse = case.run(num_kv_splits=splits)
     assert torch.equal(out[0], torch.zeros_like(out[0])) and bool((lse[0] == -math.inf).all())
-    ro, rl = case.ref()
-    assert_close(out[1:], ro[1:], rtol=1e-4, atol=1e-4)
-    assert_close(lse[1:], rl[1:], rtol=0, atol=1e-4)
+    case.check(tol=decode.FP32_SHORT)
 
 
 def test_split_count_does_not_change_result():
-    case = Case(2, 16, 1, 16, (90, 47), torch.float32, seed=7)
-    ref = case.run(num_kv_splits=1)
+    case = make_case((90, 47), 16, 1, 16, seed=7)
+    one = tuple(t.clone() for t in case.run(num_kv_splits=1))
+    case.check(*one)
     for s in (2, 4, 6):
-        out, lse = case.run(num_kv_splits=s)
-        assert_close(out, ref[0], rtol=1e-5, atol=1e-5)
-        assert_close(lse, ref[1], rtol=0, atol=1e-5)
+        out, lse = case.run(num_kv_splits=s, out=None, lse=None)
+        case.check(out, lse, ref=one, tol=decode.SPLIT_ORDER)
 
 
 def test_causal_rows_see_their_own_prefix():
     """MTP rows: row t must not see the keys of later new tokens. A huge value on the last key
     would dominate every row that (wrongly) saw it."""
-    case = Case(1, 2, 3, 16, (10,), torch.float32)
+    case = make_case((10,), 2, 3, 16)
     page = int(case.block_table[0, 0])
-    case.kv[page, 9, :] = 0.0
-    case.kv[page, 9, :512] = 50.0  # V of the last token: only row 2 may see it
-    case.kv[page, 9, 512:] = 0.0
+    case.kv_cache[page, 9, :] = 0.0
+    case.kv_cache[page, 9, :512] = 50.0  # V of the last token: only row 2 may see it
+    case.kv_cache[page, 9, 512:] = 0.0
     out, _ = case.run(num_kv_splits=2)
     assert float(out[:2].abs().max()) < 10.0 < float(out[2].abs().max())
-    check_case(case, out, _)
+    case.check()
 
 
 # ---------------------------------------------------------------- fp8 caches
@@ -182,9 +183,9 @@ def test_fp8_cache(scale_kind, storage, kv_name):
     """fp8 caches as vLLM hands them over: a float8 tensor, or uint8 storage plus the
     kv_cache_dtype string (viewed as the platform's e4m3: e4m3fnuz on gfx942, e4m3fn elsewhere)."""
     dtype = torch.bfloat16 if HAS_GPU else torch.float16
-    case = Case(2, 8, 2, 16, (40, 6), dtype, kv_dtype=FP8_HERE, k_scale=0.5, seed=11)
+    case = make_case((40, 6), 8, 2, 16, dtype, fp8=True, k_scale=0.5, seed=11)
     ks = torch.tensor(0.5, device=DEVICE) if scale_kind == "tensor" else 0.5
-    kv = case.kv.view(torch.uint8) if storage == "uint8" else case.kv
+    kv = case.kv_cache.view(torch.uint8) if storage == "uint8" else case.kv_cache
     for splits in (1, 3):
         out, lse = rocm_mla.mla_decode(
             case.q_nope,
@@ -197,10 +198,10 @@ def test_fp8_cache(scale_kind, storage, kv_name):
             k_scale=ks,
             num_kv_splits=splits,
         )
-        check_case(case, out, lse, tol=TOL[dtype])
+        case.check(out, lse)
     # The same values against the dense formulation (the scale really applied, to K and V).
     do, dl = _dense_attention(case)
-    assert_close(out.float().cpu(), do, rtol=TOL[dtype][0], atol=TOL[dtype][1])
+    raise_on(compare("out", out.float().cpu(), do, decode.TOLERANCE[dtype]["out"]).problem)
 
 
 @pytest.mark.parametrize("storage", ["float8", "uint8"])
@@ -208,9 +209,9 @@ def test_fp8_cache_named_kind(storage):
     """The fp8 names that name a kind ("fp8_e4m3fn", "fp8_e4m3fnuz"), as fused_rope_mla_kv_write
     takes them: uint8 storage is read as that kind; a float8 cache of the other kind is refused."""
     dtype = torch.bfloat16 if HAS_GPU else torch.float16
-    name = {torch.float8_e4m3fn: "fp8_e4m3fn", torch.float8_e4m3fnuz: "fp8_e4m3fnuz"}[FP8_HERE]
-    case = Case(2, 8, 2, 16, (40, 6), dtype, kv_dtype=FP8_HERE, k_scale=0.5, seed=11)
-    kv = case.kv.view(torch.uint8) if storage == "uint8" else case.kv
+    case = make_case((40, 6), 8, 2, 16, dtype, fp8=True, k_scale=0.5, seed=11)
+    name = {torch.float8_e4m3fn: "fp8_e4m3fn", torch.float8_e4m3fnuz: "fp8_e4m3fnuz"}[case.paged.fp8]
+    kv = case.kv_cache.view(torch.uint8) if storage == "uint8" else case.kv_cache
     out, lse = rocm_mla.mla_decode(
         case.q_nope,
         case.q_pe,
@@ -222,7 +223,7 @@ def test_fp8_cache_named_kind(storage):
         k_scale=0.5,
         num_kv_splits=3,
     )
-    check_case(case, out, lse, tol=TOL[dtype])
+    case.check(out, lse)
     if storage == "float8":
         other = "fp8_e4m3fnuz" if name == "fp8_e4m3fn" else "fp8_e4m3fn"
         with pytest.raises(TypeError, match=f"kv_cache: expected dtype float8_e4m3fnu?z? \\(kv_cache_dtype='{other}'"):
@@ -240,19 +241,19 @@ def test_fp8_cache_named_kind(storage):
 
 def test_k_scale_ignored_for_16bit_cache():
     """vLLM passes layer._k_scale (1.0) for every cache; a 16-bit cache is not scaled."""
-    case = Case(1, 4, 1, 16, (20,), torch.float16)
-    a = case.run(k_scale=torch.tensor(3.0, device=DEVICE))
-    check_case(case, *a)
+    case = make_case((20,), 4, 1, 16, torch.float16)
+    case.run(k_scale=torch.tensor(3.0, device=DEVICE))
+    case.check()
 
 
 # ---------------------------------------------------------------- workspace, dispatch
 def test_workspace_reused_and_capped():
-    case = Case(2, 4, 1, 16, (50, 20), torch.float32)
+    case = make_case((50, 20), 4, 1, 16)
     need = mla_decode_workspace_numel(2, 4, 4)
-    ws = torch.full((need,), NAN, device=DEVICE)
-    check_case(case, *case.run(num_kv_splits=4, workspace=ws))
+    ws = torch.full((need,), math.nan, device=DEVICE)
+    case.check(*case.run(num_kv_splits=4, workspace=ws))
     small = torch.empty(mla_decode_workspace_numel(2, 4, 2), device=DEVICE)
-    check_case(case, *case.run(workspace=small))  # S capped to what the workspace holds
+    case.check(*case.run(workspace=small, out=None, lse=None))  # S capped to what the workspace holds
     with pytest.raises(ValueError, match="workspace: expected a contiguous float32 tensor of >= "):
         case.run(num_kv_splits=4, workspace=small)
 
@@ -261,7 +262,7 @@ def test_workspace_reused_and_capped():
 def test_workspace_dtype_and_layout_checked_on_every_path(backend):
     """A workspace the split path could not use is rejected by the wrapper, also where this call
     would not touch it (reference backend, one split)."""
-    case = Case(2, 4, 1, 16, (50, 20), torch.float32)
+    case = make_case((50, 20), 4, 1, 16)
     need = mla_decode_workspace_numel(2, 4, 4)
     with pytest.raises(TypeError, match="mla_decode: workspace: expected dtype float32, got float16"):
         case.run(backend=backend, num_kv_splits=1, workspace=torch.empty(need, dtype=torch.float16, device=DEVICE))
@@ -270,18 +271,18 @@ def test_workspace_dtype_and_layout_checked_on_every_path(backend):
 
 
 def test_forced_backend_env(monkeypatch):
-    case = Case(1, 4, 1, 16, (9,), torch.float32)
+    case = make_case((9,), 4, 1, 16)
     monkeypatch.setenv("ROCM_MLA_BACKEND_MLA_DECODE", "reference")
-    check_case(case, *case.run())
+    case.check(*case.run())
     # No HIP decode kernel: forcing it raises (on CPU because HIP cannot run at all).
     with pytest.raises(RuntimeError, match="backend 'hip' was requested but"):
         case.run(backend="hip")
 
 
 def test_empty_batch():
-    case = Case(1, 4, 1, 16, (3,), torch.float32)
+    case = make_case((3,), 4, 1, 16)
     qn, qp = case.q_nope[:0], case.q_pe[:0]
-    out, lse = rocm_mla.mla_decode(qn, qp, case.kv, case.block_table[:0], case.seq_lens[:0], sm_scale=0.1)
+    out, lse = rocm_mla.mla_decode(qn, qp, case.kv_cache, case.block_table[:0], case.seq_lens[:0], sm_scale=0.1)
     assert out.shape == (0, 4, 512) and lse.shape == (0, 4)
 
 
@@ -327,19 +328,19 @@ def test_stage1_config_tiers_and_overrides():
 
 
 def test_launch_config_override_runs():
-    case = Case(2, 4, 1, 16, (30, 12), torch.float16)
+    case = make_case((30, 12), 4, 1, 16, torch.float16)
     cfg = {"BLOCK_H": 32, "BLOCK_N": 32, "D_SPLIT": 2, "num_warps": 4, "num_stages": 1}
-    check_case(case, *case.run(config=cfg, num_kv_splits=2))
+    case.check(*case.run(config=cfg, num_kv_splits=2))
 
 
 def test_fp8_cache_f16_dots_with_bf16_q():
     """F16_DOT (sm90 fp8 tiers): a bfloat16 q and an fp8 cache run both dots in float16; the
     result stays within the bf16 tolerance, split or not, and q beyond the f16 range saturates
     instead of turning into inf/NaN."""
-    case = Case(2, 20, 1, 16, (45, 7), torch.bfloat16, kv_dtype=FP8_HERE, k_scale=0.5, seed=21)
+    case = make_case((45, 7), 20, 1, 16, torch.bfloat16, fp8=True, k_scale=0.5, seed=21)
     cfg = {"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "RELOAD_K": True, "F16_DOT": True}
     for splits in (1, 2):
-        check_case(case, *case.run(config=cfg, num_kv_splits=splits, k_scale=0.5))
+        case.check(*case.run(config=cfg, num_kv_splits=splits, k_scale=0.5, out=None, lse=None))
     assert stage1_config("sm90", 16, torch.bfloat16, True)["F16_DOT"] is True
 
 
@@ -358,11 +359,9 @@ def _arch_configs():
 
 @pytest.mark.parametrize("cfg,fp8", _arch_configs())
 def test_every_arch_config_is_right(cfg, fp8):
-    case = Case(
-        2, 20, 1, 16, (45, 7), torch.float16, kv_dtype=FP8_HERE if fp8 else None, k_scale=0.5 if fp8 else None, seed=13
-    )
+    case = make_case((45, 7), 20, 1, 16, torch.float16, fp8=fp8, k_scale=0.5, seed=13)
     for splits in (1, 2):
-        check_case(case, *case.run(config=cfg, num_kv_splits=splits, k_scale=0.5 if fp8 else None))
+        case.check(*case.run(config=cfg, num_kv_splits=splits, k_scale=0.5 if fp8 else None, out=None, lse=None))
 
 
 @pytest.mark.parametrize("arch", ["gfx942", "sm90"])
@@ -389,10 +388,10 @@ def test_variants_cover_every_config(arch):
 
 
 # ---------------------------------------------------------------- bad input
-def _good():
-    c = Case(2, 4, 1, 16, (9, 3), torch.float32)
+def _good(c=None):
+    c = make_case((9, 3), 4, 1, 16) if c is None else c
     return dict(
-        q_nope=c.q_nope, q_pe=c.q_pe, kv_cache=c.kv, block_table=c.block_table, seq_lens=c.seq_lens, sm_scale=0.1
+        q_nope=c.q_nope, q_pe=c.q_pe, kv_cache=c.kv_cache, block_table=c.block_table, seq_lens=c.seq_lens, sm_scale=0.1
     )
 
 
@@ -463,7 +462,8 @@ def test_bad_input_names_argument(change, exc, words):
 def test_debug_checks_seq_lens_and_pages():
     """The syncing checks (debug=True / ROCM_MLA_DEBUG=1): lengths past the table's capacity, and
     page ids outside the cache for blocks in use."""
-    args = _good()
+    case = make_case((9, 3), 4, 1, 16)
+    args = _good(case)
     cap = args["block_table"].shape[1] * args["kv_cache"].shape[1]
     bad = args["seq_lens"].clone()
     bad[1] = cap + 1
@@ -478,7 +478,7 @@ def test_debug_checks_seq_lens_and_pages():
     # garbage out), and the other request is unaffected.
     out, lse = rocm_mla.mla_decode(**{**args, "seq_lens": bad})
     ro, rl = mla_decode_ref(args["q_nope"], args["q_pe"], args["kv_cache"], args["block_table"], args["seq_lens"], 0.1)
-    assert_close(out[0], ro[0], rtol=1e-4, atol=1e-4)
+    case.check(out[:1], lse[:1], ref=(ro[:1], rl[:1]))
 
 
 # ---------------------------------------------------------------- V_SPLIT
@@ -491,11 +491,11 @@ def test_v_split_matches_reference(dtype, splits, name):
     """V_SPLIT=2: two programs per row block, each owning half of the 512 output columns; every
     element still written once (NaN-poisoned strided out), lse written by one of them."""
     B, N, q_len, bs, lens = CASES[name]
-    case = Case(B, N, q_len, bs, lens, dtype, seed=31)
-    out_base, out = poisoned_view((B * q_len, N, 512), dtype, token_pad=3)
-    lse_base, lse = poisoned_view((B * q_len, N), torch.float32, transpose01=True)
+    case = make_case(lens, N, q_len, bs, dtype, seed=31)
+    out_base, out = poisoned((B * q_len, N, 512), dtype, DEVICE, token_pad=3)
+    lse_base, lse = poisoned((B * q_len, N), torch.float32, DEVICE, transpose01=True)
     case.run(out=out, lse=lse, config=V_SPLIT_CFG, num_kv_splits=splits, backend="triton")
-    check_case(case, out, lse)
+    case.check(out, lse)
     assert outside_untouched(out_base, out) and outside_untouched(lse_base, lse)
 
 
@@ -514,24 +514,15 @@ def test_v_split_needs_d_split_two_is_forced():
 def test_gpu_v_split_and_wide_tiles(kv, N, q_len):
     """V_SPLIT and the 64-row tiles on the GPU (wgmma on sm90), MTP and fp8 included."""
     lens = (3000, 17, 900, q_len)
-    case = Case(
-        4,
-        N,
-        q_len,
-        64,
-        lens,
-        torch.bfloat16,
-        kv_dtype=FP8 if kv == "fp8" else None,
-        k_scale=0.25 if kv == "fp8" else None,
-        seed=5,
-        q_layout="separate",
-    )
+    case = make_case(lens, N, q_len, 64, torch.bfloat16, fp8=kv == "fp8", k_scale=0.25, seed=5, q_layout="separate")
     for cfg in (
         {"BLOCK_H": 64, "BLOCK_N": 32, "D_SPLIT": 2, "V_SPLIT": 2, "num_warps": 4, "num_stages": 2},
         {"BLOCK_H": 64, "BLOCK_N": 64, "D_SPLIT": 1, "num_warps": 8, "num_stages": 2},
     ):
         for splits in (None, 1, 7):
-            out_base, out = poisoned_view((4 * q_len, N, 512), torch.bfloat16, token_pad=1)
-            o, lse = case.run(out=out, config=cfg, num_kv_splits=splits, k_scale=0.25 if kv == "fp8" else None)
-            check_case(case, o, lse)
+            out_base, out = poisoned((4 * q_len, N, 512), torch.bfloat16, DEVICE, token_pad=1)
+            o, lse = case.run(
+                out=out, lse=None, config=cfg, num_kv_splits=splits, k_scale=0.25 if kv == "fp8" else None
+            )
+            case.check(o, lse)
             assert outside_untouched(out_base, out)

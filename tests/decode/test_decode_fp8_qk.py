@@ -5,34 +5,28 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _util import HAS_GPU, assert_close, outside_untouched, poisoned_view
-from decode_case import FP8, FP8_HERE, Case
+from _util import DEVICE, HAS_GPU
+from decode_case import make_case
 
+from rocm_mla.cases import decode, outside_untouched, poisoned
 from rocm_mla.ops.decode_plan import stage1_config
-from rocm_mla.reference import mla_decode_ref
 
 
 def _quantize_q_check(case, tol, config=None):
-    """quantize_q=True against the float32 reference fed the q it rounds to (exact up to summation
-    order, p and V rounded to 16 bits, and on GPUs a rare 1-code flip where q / scale lands on a
-    rounding boundary): every element written, nothing around out touched, one split and
-    several; the reference backend gives the same; without it the result differs (q really
-    rounded)."""
-    from rocm_mla.reference.decode import quantize_q_fp8
-
-    qn8, qp8 = quantize_q_fp8(case.q_nope, case.q_pe, case.kv.dtype)
-    ro, rl = mla_decode_ref(qn8, qp8, case.kv, case.block_table, case.seq_lens, case.sm_scale, case.k_scale)
+    """quantize_q=True against the float32 reference fed the q it rounds to (``tol``: a
+    decode.QUANTIZED_Q bound, which says why): every element written, nothing around out touched,
+    one split and several; the reference backend gives the same; without it the result differs
+    (q really rounded)."""
+    ref = case.reference(quantize_q=True)
     for splits in (1, 3):
-        base, out = poisoned_view((case.q_nope.shape[0], case.N, 512), case.dtype, token_pad=1)
-        o, lse = case.run(out=out, config=config, num_kv_splits=splits, k_scale=case.k_scale, quantize_q=True)
+        base, out = poisoned((case.q_nope.shape[0], case.shape.N, 512), case.dtype, DEVICE, token_pad=1)
+        o, lse = case.run(out=out, lse=None, config=config, num_kv_splits=splits, quantize_q=True)
         assert o is out and outside_untouched(base, out)
-        assert_close(o.float().cpu(), ro.cpu(), rtol=tol, atol=tol)
-        assert_close(lse.cpu(), rl.cpu(), rtol=0, atol=tol)
-    ref_o, ref_l = case.run(backend="reference", k_scale=case.k_scale, quantize_q=True)
-    assert_close(ref_o.float().cpu(), ro.cpu(), rtol=1e-2, atol=1e-2)
-    assert_close(ref_l.cpu(), rl.cpu(), rtol=0, atol=1e-3)
-    plain, _ = case.run(config=config, num_kv_splits=1, k_scale=case.k_scale)
-    assert (plain.float() - o.float()).abs().max() > tol / 10
+        case.check(o, lse, ref=ref, tol=tol)
+    ref_o, ref_l = case.run(backend="reference", out=None, lse=None, quantize_q=True)
+    case.check(ref_o, ref_l, ref=ref, tol=decode.QUANTIZED_Q_REFERENCE)
+    plain, _ = case.run(config=config, num_kv_splits=1, out=None, lse=None)
+    assert (plain.float() - o.float()).abs().max() > tol["out"].atol / 10
 
 
 @pytest.mark.parametrize("q_len,N", [(1, 16), (2, 8), (1, 24)])
@@ -42,9 +36,9 @@ def test_quantize_q_matches_reference_of_quantised_q(q_len, N, tier):
     operands) with the default tiers and with a tier that splits the latent columns (the mode
     runs them whole), one row block and several."""
     dtype = torch.bfloat16 if HAS_GPU else torch.float16
-    case = Case(3, N, q_len, 16, (45, 7, 130), dtype, kv_dtype=FP8_HERE, k_scale=0.5, seed=17)
+    case = make_case((45, 7, 130), N, q_len, 16, dtype, fp8=True, k_scale=0.5, seed=17)
     cfg = None if tier == "default" else {"BLOCK_H": 16, "BLOCK_N": 16, "D_SPLIT": 2, "num_warps": 4, "num_stages": 1}
-    _quantize_q_check(case, 2e-2 if dtype == torch.bfloat16 else 4e-3, cfg)
+    _quantize_q_check(case, decode.QUANTIZED_Q[dtype], cfg)
 
 
 @pytest.mark.parametrize(
@@ -56,14 +50,14 @@ def test_quantize_q_matches_reference_of_quantised_q(q_len, N, tier):
     ],
 )
 def test_quantize_q_bad_input_named(kv, q_dtype, value, words):
-    case = Case(2, 4, 1, 16, (20, 5), q_dtype, kv_dtype=FP8_HERE if kv == "fp8" else None, seed=18)
+    case = make_case((20, 5), 4, 1, 16, q_dtype, fp8=kv == "fp8", k_scale=1.0, seed=18)
     with pytest.raises(ValueError, match=f"mla_decode: quantize_q: expected {words}"):
-        case.run(quantize_q=value, k_scale=1.0 if kv == "fp8" else None)
+        case.run(quantize_q=value)
 
 
 def test_fp8_qk_only_through_quantize_q():
     """FP8_QK is an accuracy trade: config= (or an overlay) cannot switch it on, quantize_q can."""
-    case = Case(2, 4, 1, 16, (20, 5), torch.float16, kv_dtype=FP8_HERE, k_scale=0.5, seed=19)
+    case = make_case((20, 5), 4, 1, 16, torch.float16, fp8=True, k_scale=0.5, seed=19)
     cfg = {"BLOCK_H": 16, "BLOCK_N": 16, "D_SPLIT": 1, "num_warps": 4, "num_stages": 1}
     for value in (True, False):
         with pytest.raises(ValueError, match="mla_decode: config: expected no FP8_QK entry"):
@@ -102,5 +96,5 @@ def test_quantize_q_config_resolution():
 def test_gpu_quantize_q(N, q_len):
     """quantize_q=True on this GPU through the tiers the wrapper picks (sm90's 64-row tier: fp8
     wgmma for q . k^T): the reference of the quantised q, long and short requests."""
-    case = Case(3, N, q_len, 64, (3000, 130, 7), torch.bfloat16, kv_dtype=FP8, k_scale=0.5, seed=N + q_len)
-    _quantize_q_check(case, 3e-2)
+    case = make_case((3000, 130, 7), N, q_len, 64, torch.bfloat16, fp8=True, k_scale=0.5, seed=N + q_len)
+    _quantize_q_check(case, decode.QUANTIZED_Q_SERVING)

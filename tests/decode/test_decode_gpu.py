@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _util import (
-    DEVICE,
-    outside_untouched,
-    poisoned_view,
-)
-from decode_case import FP8, NAN, Case, check_case
+from _util import DEVICE
+from decode_case import make_case
+
+from rocm_mla.cases import outside_untouched, poisoned
 
 
 # ---------------------------------------------------------------- GPU
@@ -19,42 +17,29 @@ from decode_case import FP8, NAN, Case, check_case
 @pytest.mark.parametrize("N,q_len", [(16, 1), (128, 1), (24, 2), (64, 3)])
 def test_gpu_large(kv, N, q_len):
     lens = (4000, 17, 1500, 1) if q_len == 1 else (4000, 17, 1500, 3)
-    kv_dtype = FP8 if kv == "fp8" else None
-    case = Case(
-        4,
-        N,
-        q_len,
-        64,
-        lens,
-        torch.bfloat16,
-        kv_dtype=kv_dtype,
-        k_scale=0.25 if kv == "fp8" else None,
-        seed=2,
-        q_layout="separate",
-    )
+    case = make_case(lens, N, q_len, 64, torch.bfloat16, fp8=kv == "fp8", k_scale=0.25, seed=2, q_layout="separate")
     ks = torch.tensor(0.25, device=DEVICE) if kv == "fp8" else None
-    out_base, out = poisoned_view((4 * q_len, N, 512), torch.bfloat16, token_pad=1)
+    out_base, out = poisoned((4 * q_len, N, 512), torch.bfloat16, DEVICE, token_pad=1)
     for splits in (None, 1, 16):
-        out.fill_(NAN)
-        o, lse = case.run(out=out, k_scale=ks, num_kv_splits=splits)
-        check_case(case, o, lse)
+        out.fill_(float("nan"))
+        o, lse = case.run(out=out, lse=None, k_scale=ks, num_kv_splits=splits)
+        case.check(o, lse)
         assert outside_untouched(out_base, out)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("block_size", [1, 16, 24, 32, 96, 128])
 def test_gpu_block_sizes(block_size):
-    case = Case(3, 16, 1, block_size, (700, 5, 129), torch.bfloat16, seed=4)
-    check_case(case, *case.run())
+    case = make_case((700, 5, 129), 16, 1, block_size, torch.bfloat16, seed=4)
+    case.check(*case.run(out=None, lse=None))
 
 
 @pytest.mark.gpu
 def test_gpu_no_host_sync_and_cuda_graph():
     """No synchronising call (torch's sync debug mode raises on one), and a captured graph
     replays with new q values in place."""
-    case = Case(4, 16, 1, 64, (900, 33, 4096, 70), torch.bfloat16, q_layout="separate")
-    out = torch.empty(4, 16, 512, dtype=torch.bfloat16, device=DEVICE)
-    lse = torch.empty(4, 16, device=DEVICE)
+    case = make_case((900, 33, 4096, 70), 16, 1, 64, torch.bfloat16, q_layout="separate")
+    out, lse = case.out, case.lse  # NaN-poisoned [4, 16, 512] bf16 and [4, 16] float32
     case.run(out=out, lse=lse, max_seq_len=4096)  # compile outside the checks
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -71,10 +56,10 @@ def test_gpu_no_host_sync_and_cuda_graph():
     with torch.cuda.graph(g):
         case.run(out=out, lse=lse, max_seq_len=4096)
     case.q_nope.copy_(torch.randn_like(case.q_nope, dtype=torch.float32).to(torch.bfloat16))
-    out.fill_(NAN)
+    out.fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
-    check_case(case, out, lse)
+    case.check(out, lse)
 
 
 @pytest.mark.gpu

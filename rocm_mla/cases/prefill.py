@@ -7,6 +7,10 @@ slice of the ``[Tk, 576]`` latent buffer (or expanded over N, or a real per-head
 chosen layout (the layer's ``[Tq, N * 128]`` output, the pad_v ``[Tq, N, 192][..., :128]`` rows).
 Causal is bottom-right aligned: query i of a sequence with lq queries and lk keys sees keys
 j <= i + lk - lq; a query that sees no key gets out 0, lse -inf.
+
+Chunked context (:func:`make_context_inputs`, mla_prefill_with_context): the new tokens as above
+(causal among themselves) and context chunks of keys laid out the same way; the check compares
+with one causal mla_prefill over each sequence's [chunk 0, chunk 1, ..., new] keys.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..mla_dims import KV_ROW_DIM, QK_NOPE_HEAD_DIM, QK_ROPE_HEAD_DIM, V_HEAD_DIM
-from ._buffers import poisoned
+from ._buffers import Guarded, poisoned
 from ._compare import NORM, Bound, Comparison, compare, first_problem, raise_on
 from ._paged import generator, randn
 
@@ -32,6 +36,13 @@ TOLERANCE: dict[torch.dtype, dict[str, Bound]] = {
     torch.float16: {"out": Bound(4e-3, 4e-3, norm=NORM[torch.float16]), "lse": Bound(1e-4, 1e-4)},
     torch.bfloat16: {"out": Bound(2e-2, 2e-2, norm=NORM[torch.bfloat16]), "lse": Bound(1e-4, 1e-4)},
 }
+# The float32 reference against an independent float64 formula (dense softmax attention over an
+# explicitly concatenated k): both sides see the same float32 inputs, so only the reference's
+# float32 roundings (dots of 192, a softmax) separate them.
+REFERENCE_VS_F64 = Bound(1e-5, 1e-5)
+# A row that sees exactly one key: its weight is exp(0) / 1 = 1, so out is that key's v up to
+# float32 rounding of p * v / l (a few ulps of |v| ~ 4), much tighter than a softmax over many keys.
+ONE_KEY = Bound(1e-6, 1e-6)
 
 
 @dataclass(frozen=True)
@@ -138,12 +149,13 @@ SHAPES: dict[str, list[PrefillShape]] = {
 
 KPE_LAYOUTS = ("latent", "expand", "per_head_copy")
 OUT_LAYOUTS = ("flat", "contiguous", "pad_v")
-LSE_LAYOUTS = ("contiguous", "transposed")
+LSE_LAYOUTS = ("contiguous", "transposed", "transposed_padded")
+Q_LAYOUTS = ("contiguous", "head_slice")
 
 
-def cu_seqlens(lengths, device) -> torch.Tensor:
-    """``[0, l0, l0 + l1, ...]`` int32."""
-    offs = [0]
+def cu_seqlens(lengths, device, start: int = 0) -> torch.Tensor:
+    """``[start, start + l0, start + l0 + l1, ...]`` int32 (rows before ``start`` belong to no sequence)."""
+    offs = [int(start)]
     for n in lengths:
         offs.append(offs[-1] + int(n))
     return torch.tensor(offs, dtype=torch.int32, device=device)
@@ -167,6 +179,13 @@ class PrefillInputs:
     out_base: torch.Tensor = field(repr=False)
     lse_base: torch.Tensor = field(repr=False)
     sm_scale: float = SM_SCALE
+    # name -> Guarded, when made with guard= (q, kv: the [Tk, N, 256] buffer, latent, out, lse)
+    guards: dict = field(default_factory=dict, repr=False)
+
+    def check_guards(self) -> None:
+        """Raise AssertionError naming the buffer when a byte of a guard region (``guard=``) changed."""
+        for name, g in self.guards.items():
+            g.check(name)
 
     def args(self) -> tuple:
         return (self.q, self.k_nope, self.k_pe, self.v, self.cu_seqlens_q, self.cu_seqlens_k)
@@ -228,47 +247,241 @@ def make_inputs(
     kpe_layout: str = "latent",
     out_layout: str = "flat",
     lse_layout: str = "contiguous",
+    q_layout: str = "contiguous",
+    key_tail: int = 0,
+    guard: int = 0,
 ) -> PrefillInputs:
     """Fresh random inputs of ``shape`` (see the module docstring).
 
     kpe_layout: "latent" (``[Tk, 576][:, 512:]`` unsqueezed), "expand" (``.expand(Tk, N, 64)``: head
     stride 0), "per_head_copy" (a real ``[Tk, N, 64]``, every head equal). out_layout: "flat" (a
     ``[Tq, N * 128]`` buffer viewed ``[Tq, N, 128]``: the layer's output), "contiguous", "pad_v"
-    (``[Tq, N, 192][..., :128]``). lse_layout: "contiguous" ``[N, Tq]`` or "transposed" (a
-    ``[Tq, N]`` buffer's transpose).
+    (``[Tq, N, 192][..., :128]``). lse_layout: "contiguous" ``[N, Tq]``, "transposed" (a
+    ``[Tq, N]`` buffer's transpose) or "transposed_padded" (``[Tq, N + 1][:, :N]`` transposed: the
+    lse column of a wider per-token row). q_layout: "contiguous" or "head_slice" (``[Tq, N + 2,
+    200][:, 1:N + 1, :192]``: token and head strides wider than the data).
+
+    key_tail: that many extra rows of k_nope, k_pe and v after the last sequence's keys, NaN (no
+    sequence owns them: a kernel that reads past a sequence's end, or a descriptor that does not
+    clip there, poisons the result). guard: that many sentinel elements (:data:`SENTINEL
+    <rocm_mla.cases.SENTINEL>`) before and after each of q, the kv_b_proj buffer, the latent
+    buffer, out and lse (no other padding between them; out/lse keep their layout's pads as
+    sentinel); :meth:`PrefillInputs.check_guards` checks them bitwise.
     """
-    if kpe_layout not in KPE_LAYOUTS or out_layout not in OUT_LAYOUTS or lse_layout not in LSE_LAYOUTS:
+    if (
+        kpe_layout not in KPE_LAYOUTS
+        or out_layout not in OUT_LAYOUTS
+        or lse_layout not in LSE_LAYOUTS
+        or q_layout not in Q_LAYOUTS
+    ):
         raise ValueError(
             f"prefill make_inputs: layouts: expected kpe in {KPE_LAYOUTS}, out in {OUT_LAYOUTS}, "
-            f"lse in {LSE_LAYOUTS}; got {kpe_layout!r}, {out_layout!r}, {lse_layout!r}"
+            f"lse in {LSE_LAYOUTS}, q in {Q_LAYOUTS}; got {kpe_layout!r}, {out_layout!r}, {lse_layout!r}, "
+            f"{q_layout!r}"
         )
     device = torch.device(device)
     g = gen if gen is not None else generator(seed, device)
-    N, Tq, Tk = shape.N, shape.Tq, shape.Tk
-    q = randn((Tq, N, P + R), g, device, dtype)
-    kv = randn((Tk, N, P + V), g, device, dtype)  # kv_b_proj output
-    k_pe = randn((Tk, KV_ROW_DIM), g, device, dtype)[:, 512:].unsqueeze(1)  # [kv_c | k_pe] latent
-    if kpe_layout == "expand":
-        k_pe = k_pe.expand(Tk, N, R)
-    elif kpe_layout == "per_head_copy":
-        k_pe = k_pe.expand(Tk, N, R).contiguous()
+    N, Tq = shape.N, shape.Tq
+    bufs = _Buffers(device, dtype, guard)
+    if q_layout == "head_slice":
+        q = bufs.randn("q", (Tq, N + 2, P + R + 8), g)[:, 1 : N + 1, : P + R]
+    else:
+        q = bufs.randn("q", (Tq, N, P + R), g)
+    k_nope, k_pe, v = _keys(shape.Tk, N, g, bufs, kpe_layout, key_tail)
     if out_layout == "flat":
-        out_base, flat = poisoned((Tq, N * V), dtype, device)
+        out_base, flat = bufs.dest("out", (Tq, N * V), dtype)
         out = flat.view(Tq, N, V)
     else:
-        out_base, out = poisoned((Tq, N, V), dtype, device, pad_last=P + R - V if out_layout == "pad_v" else 0)
-    lse_base, lse = poisoned((N, Tq), torch.float32, device, transpose01=lse_layout == "transposed")
+        out_base, out = bufs.dest("out", (Tq, N, V), dtype, pad_last=P + R - V if out_layout == "pad_v" else 0)
+    lse_base, lse = bufs.dest(
+        "lse",
+        (N, Tq),
+        torch.float32,
+        transpose01=lse_layout != "contiguous",
+        pad_last=1 if lse_layout == "transposed_padded" else 0,
+    )
     return PrefillInputs(
         shape,
         dtype,
         q,
-        kv[..., :P],
+        k_nope,
         k_pe,
-        kv[..., P:],
+        v,
         cu_seqlens(shape.lq, device),
         cu_seqlens(shape.lk, device),
         out,
         lse,
         out_base,
         lse_base,
+        guards=bufs.guards,
     )
+
+
+class _Buffers:
+    """Allocations of one input set: plain tensors, or (``guard`` > 0) views inside
+    :class:`Guarded` buffers, kept by name for :meth:`PrefillInputs.check_guards`."""
+
+    def __init__(self, device, dtype, guard: int):
+        self.device, self.dtype, self.guard = device, dtype, guard
+        self.guards: dict[str, Guarded] = {}
+
+    def randn(self, name: str, shape, g: torch.Generator) -> torch.Tensor:
+        x = randn(shape, g, self.device, self.dtype)
+        if not self.guard:
+            return x
+        self.guards[name] = Guarded(shape, self.dtype, device=self.device, fill=x, guard=self.guard)
+        return self.guards[name].view
+
+    def dest(self, name: str, shape, dtype, *, pad_last: int = 0, transpose01: bool = False):
+        """(base, view): NaN-poisoned; with a guard the base holds the sentinel outside the view."""
+        if not self.guard:
+            return poisoned(shape, dtype, self.device, pad_last=pad_last, transpose01=transpose01)
+        alloc = (shape[1], shape[0], *shape[2:]) if transpose01 else tuple(shape)
+        gd = Guarded(alloc, dtype, device=self.device, fill="nan", guard=self.guard, pad_last=pad_last)
+        self.guards[name] = gd
+        return gd.base, gd.view.transpose(0, 1) if transpose01 else gd.view
+
+
+def _keys(Tk: int, N: int, g, bufs: _Buffers, kpe_layout: str, tail: int = 0):
+    """(k_nope, k_pe, v) of Tk keys (+ ``tail`` NaN rows): k_nope / v the halves of one kv_b_proj
+    output ``[Tk, N, 256]``, k_pe the rope slice of the ``[Tk, 576]`` latent buffer in ``kpe_layout``."""
+    kv = bufs.randn("kv", (Tk + tail, N, P + V), g)  # kv_b_proj output
+    latent = bufs.randn("latent", (Tk + tail, KV_ROW_DIM), g)  # [kv_c | k_pe]
+    if tail:
+        kv[Tk:] = float("nan")
+        latent[Tk:] = float("nan")
+    k_pe = latent[:, KV_ROW_DIM - R :].unsqueeze(1)
+    if kpe_layout == "expand":
+        k_pe = k_pe.expand(Tk + tail, N, R)
+    elif kpe_layout == "per_head_copy":
+        k_pe = k_pe.expand(Tk + tail, N, R).contiguous()
+    return kv[..., :P], k_pe, kv[..., P:]
+
+
+# ---------------------------------------------------------------- chunked context
+
+
+@dataclass(frozen=True)
+class ContextShape:
+    """New tokens ``lq[i]`` of sequence i (causal among themselves) after its cached context, in
+    chunks: ``chunks[c][i]`` keys of sequence i in chunk c (any may be 0); N heads."""
+
+    lq: tuple[int, ...]
+    chunks: tuple[tuple[int, ...], ...] = ()
+    N: int = 16
+    name: str = ""
+
+    def __post_init__(self):
+        object.__setattr__(self, "lq", tuple(int(n) for n in self.lq))
+        chunks = tuple(tuple(int(n) for n in c) for c in self.chunks)
+        if any(len(c) != len(self.lq) for c in chunks):
+            raise ValueError("ContextShape: chunks: expected one key count per sequence in every chunk")
+        object.__setattr__(self, "chunks", chunks)
+
+    @property
+    def new(self) -> PrefillShape:
+        """The new tokens' causal self-attention."""
+        return PrefillShape(self.lq, self.N, name=self.name)
+
+    @property
+    def one_shot(self) -> PrefillShape:
+        """The equal one-shot call: each sequence's keys = its context, then its new tokens."""
+        lk = tuple(q + sum(c[i] for c in self.chunks) for i, q in enumerate(self.lq))
+        return PrefillShape(self.lq, self.N, lk=lk, name=self.name)
+
+    @property
+    def label(self) -> str:
+        return self.name or f"lq={','.join(map(str, self.lq))} chunks={len(self.chunks)} N={self.N}"
+
+
+CONTEXT_SHAPES: dict[str, list[ContextShape]] = {
+    # Chunks with empty sequences, a sequence without new tokens, uneven chunk sizes, no chunk at all.
+    "odd": [
+        ContextShape((7, 0, 20), ((20, 5, 0), (10, 7, 0)), 4, name="two_chunks"),
+        ContextShape((5, 16), ((3, 0), (0, 30), (11, 2)), 2, name="three_chunks_odd"),
+        ContextShape((9, 4), (), 2, name="no_context"),
+    ],
+    # Serving-sized chunks (bf16 on a GPU): long context, a sequence without new tokens, 16 heads.
+    "gpu": [ContextShape((300, 0, 1024), ((2000, 64, 0), (512, 700, 0), (5, 0, 0)), 16, name="long")],
+}
+
+
+@dataclass
+class ContextInputs(PrefillInputs):
+    """One mla_prefill_with_context call: the new tokens' tensors (as :class:`PrefillInputs`) and
+    ``chunks``, a list of :class:`rocm_mla.ops.prefill.ContextChunk`; ``reference`` is one causal
+    attention over each sequence's [context, new] keys, built from the tensors as they are now."""
+
+    context: ContextShape | None = None
+    chunks: list = field(default_factory=list)
+
+    def kwargs(self, **overrides) -> dict:
+        kw = super().kwargs(**overrides)
+        kw.pop("causal")  # the new tokens are always causal
+        return kw
+
+    def run(self, chunks=None, **overrides):
+        """mla_prefill_with_context over ``chunks`` (default: ``self.chunks``; any iterable)."""
+        from ..ops import mla_prefill_with_context
+
+        chunks = self.chunks if chunks is None else chunks
+        return mla_prefill_with_context(*self.args(), chunks, **self.kwargs(**overrides))
+
+    def one_shot(self) -> tuple:
+        """mla_prefill's positional arguments equal to this call: q and cu_seqlens_q as they are,
+        each sequence's keys = [its keys of chunk 0, chunk 1, ..., its new keys] (copies)."""
+        B = len(self.shape.lq)
+        pieces: list[list[tuple]] = [[] for _ in range(B)]
+        for kn, kpe, v, ck in [c[:4] for c in self.chunks] + [self.args()[1:4] + (self.cu_seqlens_k,)]:
+            offs = ck.tolist()
+            for b in range(B):
+                pieces[b].append((kn[offs[b] : offs[b + 1]], kpe[offs[b] : offs[b + 1]], v[offs[b] : offs[b + 1]]))
+        full = [torch.cat([p[i] for b in range(B) for p in pieces[b]]) for i in range(3)]
+        total = [sum(p[0].shape[0] for p in pieces[b]) for b in range(B)]
+        return (self.q, *full, self.cu_seqlens_q, cu_seqlens(total, self.q.device))
+
+    def reference(self, first_rows: int | None = None):
+        """(out [Tq, N, 128], lse [N, Tq]) float32 of :meth:`one_shot`."""
+        from ..reference import mla_prefill_ref
+
+        if first_rows is not None:
+            raise ValueError("ContextInputs.reference: first_rows applies to a one-shot call only")
+        return mla_prefill_ref(*self.one_shot(), self.sm_scale, True)
+
+
+def make_context_inputs(
+    shape: ContextShape,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    device="cpu",
+    seed: int = 0,
+    gen: torch.Generator | None = None,
+    kpe_layout: str = "latent",
+    out_layout: str = "flat",
+    lse_layout: str = "contiguous",
+    guard: int = 0,
+) -> ContextInputs:
+    """Fresh random inputs of ``shape``: the new tokens as :func:`make_inputs` makes them (the same
+    layouts and ``guard``: the chunks are not guarded), then each chunk's k_nope / v (views of its
+    own ``[Tc, N, 256]`` buffer), k_pe (in ``kpe_layout``) and cu_seqlens_k."""
+    from ..ops.prefill import ContextChunk
+
+    device = torch.device(device)
+    g = gen if gen is not None else generator(seed, device)
+    new = make_inputs(
+        shape.new,
+        dtype=dtype,
+        device=device,
+        gen=g,
+        kpe_layout=kpe_layout,
+        out_layout=out_layout,
+        lse_layout=lse_layout,
+        guard=guard,
+    )
+    bufs = _Buffers(device, dtype, 0)
+    chunks = []
+    for lens in shape.chunks:
+        kn, kpe, v = _keys(sum(lens), shape.N, g, bufs, kpe_layout)
+        chunks.append(ContextChunk(kn, kpe, v, cu_seqlens(lens, device)))
+    fields = {f: getattr(new, f) for f in PrefillInputs.__dataclass_fields__}
+    return ContextInputs(**fields, context=shape, chunks=chunks)

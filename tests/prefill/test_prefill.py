@@ -11,23 +11,20 @@ GPU (@pytest.mark.gpu): bf16/fp16/fp32 at serving sizes with the arch's config, 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
-from _util import DEVICE, DTYPES, HAS_GPU, assert_close, backends, outside_untouched, poisoned_view, raises_naming, rand
-from prefill_case import (
-    KERNEL_BACKENDS,
-    SCALE,
-    P,
-    R,
-    V,
-    assert_matches,
-    cu,
-    make_inputs,
-)
+from _util import DEVICE, DTYPES, HAS_GPU, backends, raises_naming
+from prefill_case import KERNEL_BACKENDS, case, cu
 
 import rocm_mla
+from rocm_mla.cases import compare, first_problem, generator, outside_untouched, poisoned, prefill, raise_on, randn
+from rocm_mla.cases.prefill import SM_SCALE, P, R, V
 from rocm_mla.reference import mla_prefill_ref
+
+F32, F16 = torch.float32, torch.float16
 
 # ---------------------------------------------------------------- the reference itself
 
@@ -58,48 +55,32 @@ def _dense_attention_f64(q, k_nope, k_pe, v, lq, lk, scale, causal):
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_reference_matches_dense_attention(causal):
-    g = torch.Generator().manual_seed(0)
     lq, lk, N = [5, 0, 9, 6, 3], [5, 4, 12, 2, 0], 3  # equal, lq=0, lq<lk, lq>lk, lk=0
-    Tq, Tk = sum(lq), sum(lk)
-    q = torch.randn(Tq, N, P + R, generator=g).to(DEVICE)
-    kn = torch.randn(Tk, N, P, generator=g).to(DEVICE)
-    kpe = torch.randn(Tk, 1, R, generator=g).to(DEVICE)
-    v = torch.randn(Tk, N, V, generator=g).to(DEVICE)
-    out, lse = mla_prefill_ref(q, kn, kpe, v, cu(lq), cu(lk), 0.07, causal)
-    dout, dlse = _dense_attention_f64(q, kn, kpe, v, lq, lk, 0.07, causal)
-    assert_close(out, dout.float(), rtol=1e-5, atol=1e-5)
-    assert torch.equal(torch.isneginf(lse), torch.isneginf(dlse.float()))
+    c = case(lq, lk, N, F32, causal=causal)
+    out, lse = mla_prefill_ref(*c.args(), 0.07, causal)
+    dout, dlse = _dense_attention_f64(c.q, c.k_nope, c.k_pe, c.v, lq, lk, 0.07, causal)
+    # lse: -inf exactly where the dense formula has it (rows that see no key), close elsewhere.
+    bound = prefill.REFERENCE_VS_F64
+    raise_on(first_problem(compare("out", out, dout, bound), compare("lse", lse, dlse, bound)))
     # Sequence 3 (lq=6 > lk=2, q rows 14..19): causal rows 0..3 see no key.
     assert bool(torch.isneginf(lse[:, 14:18]).all()) == causal and torch.isfinite(lse[:, 18:20]).all()
     assert torch.isneginf(lse[:, 20:]).all()  # sequence 4 has no keys
-    fin = torch.isfinite(dlse)
-    assert_close(lse[fin], dlse[fin].float(), rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------- kernel vs reference (CPU and GPU)
-
-CASES = {
-    # name: (lq, lk, N)
-    "uneven": ([37, 5, 70], [37, 5, 70], 16),  # self-attention, lengths cross blocks raggedly
-    "lq_lt_lk": ([10, 33, 4], [50, 33, 17], 4),  # new tokens after a prefix
-    "lq_gt_lk": ([40, 7, 3], [9, 0, 3], 4),  # causal rows that see nothing; lk = 0
-    "empty_seqs": ([0, 12, 0, 1], [5, 12, 0, 1], 2),  # lq = 0 with keys, both 0, single token
-    "N128": ([20, 9], [20, 9], 128),
-    "N1": ([100, 37], [100, 37], 1),
-}
 
 
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-@pytest.mark.parametrize("case", list(CASES))
-def test_matches_reference(backend, dtype, causal, case):
-    lq, lk, N = CASES[case]
-    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, dtype)
-    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, causal=causal, backend=backend)
-    assert out.shape == (sum(lq), N, V) and out.dtype == dtype and lse.shape == (N, sum(lq))
-    ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, causal)
-    assert_matches(out, lse, ref, ref_lse, dtype)
+@pytest.mark.parametrize("shape", [pytest.param(s, id=s.name) for s in prefill.SHAPES["odd"]])
+def test_matches_reference(backend, dtype, causal, shape):
+    """The odd sizes (ragged blocks, lq != lk, rows that see no key, empty sequences, N=1 and 128),
+    out and lse allocated by the op."""
+    c = prefill.make_inputs(dataclasses.replace(shape, causal=causal), dtype=dtype, device=DEVICE, seed=1)
+    out, lse = rocm_mla.mla_prefill(*c.args(), sm_scale=SM_SCALE, causal=causal, backend=backend)
+    assert out.shape == (shape.Tq, shape.N, V) and out.dtype == dtype and lse.shape == (shape.N, shape.Tq)
+    c.check(out, lse)
 
 
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
@@ -112,11 +93,9 @@ def test_more_sequences_than_one_lookup_step(backend):
     lq = torch.randint(0, 4, (B,), generator=g).tolist()
     lq[SEQ_CHUNK + 7] = 70  # a multi-block sequence in the second step
     lk = [n + int(x) for n, x in zip(lq, torch.randint(0, 3, (B,), generator=g))]
-    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, 1, torch.float32)
-    out = torch.full((sum(lq), 1, V), float("nan"), device=DEVICE)
-    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, out=out, backend=backend)
-    ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, True)
-    assert_matches(out, lse, ref, ref_lse, torch.float32)
+    c = case(lq, lk, 1, F32, out_layout="contiguous")
+    c.run(backend=backend)
+    c.check()
 
 
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
@@ -124,12 +103,10 @@ def test_more_sequences_than_one_lookup_step(backend):
 def test_block_shapes(backend, bm, bn):
     """BLOCK_N > BLOCK_M and BLOCK_M > BLOCK_N put the causal diagonal across several key blocks;
     lk - lq not a multiple of either block puts it mid-block."""
-    lq, lk, N = [45, 3, 70], [58, 20, 70], 2
-    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, torch.float32)
+    c = case([45, 3, 70], [58, 20, 70], 2, F32)
     cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4, "num_stages": 1}
-    ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, True)
-    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, backend=backend, config=cfg)
-    assert_matches(out, lse, ref, ref_lse, torch.float32)
+    c.run(backend=backend, config=cfg)
+    c.check()
 
 
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
@@ -141,14 +118,10 @@ def test_head_groups_cover_every_head_and_block(backend, N, want, got):
     from rocm_mla.ops.prefill import head_group
 
     assert head_group({"head_group": want}, N, 100, 512) == got
-    lq, lk = [45, 0, 70, 1], [58, 20, 70, 1]
-    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, torch.float32)
+    c = case([45, 0, 70, 1], [58, 20, 70, 1], N, F32, out_layout="contiguous")
     cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "head_group": want}
-    out = torch.full((sum(lq), N, V), float("nan"), device=DEVICE)
-    lse = torch.full((N, sum(lq)), float("nan"), device=DEVICE)
-    rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, out=out, lse=lse, backend=backend, config=cfg)
-    ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, True)
-    assert_matches(out, lse, ref, ref_lse, torch.float32)
+    c.run(backend=backend, config=cfg)
+    c.check()
 
 
 def test_grid_stays_within_int32_program_ids():
@@ -192,22 +165,21 @@ def test_tma_path_matches_reference(causal, kpe_layout, tma):
     from rocm_mla.ops.prefill import _tma_ok, triton_meta
 
     lq, lk, N = [37, 5, 70, 0, 9], [50, 5, 70, 3, 21], 2
-    q, kn, kpe, v, cq, ck = make_inputs(lq, [*lk[:-1], lk[-1] + 7], N, torch.float16, kpe_layout=kpe_layout)
-    ck = cu(lk)  # 7 key rows after the last sequence's end, poisoned:
-    for x in (kn, kpe, v):
-        x[sum(lk) :] = float("nan")
+    c = case(lq, lk, N, F16, causal=causal, kpe_layout=kpe_layout, key_tail=7)  # 7 NaN key rows past the end
+    kn, kpe, v = c.k_nope, c.k_pe, c.v
+    assert kn.shape[0] == sum(lk) + 7 and torch.isnan(v[sum(lk) :]).all() and torch.isnan(kpe[sum(lk) :]).all()
     kpe_sh = 0 if kpe.shape[1] == 1 else kpe.stride(1)
     cfg = {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "tma": tma}
-    assert _tma_ok(q, kn, kpe, v, kpe_sh), "the case must take the TMA path"
+    assert _tma_ok(c.q, kn, kpe, v, kpe_sh), "the case must take the TMA path"
     assert triton_meta(cfg, "cpu", (P, R, V), causal, False)[0]["USE_TMA"] == (2 if tma == "host" else 1)
-    ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, causal)
+    ref, ref_lse = c.reference()
     v[55, :, 3] = float("nan")  # sequence 2's first key (keys 55..124)
-    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, causal=causal, backend="triton", config=cfg)
+    out, lse = c.run(backend="triton", config=cfg)
     seq2 = slice(42, 112)
     assert torch.isnan(out[seq2, :, 3]).all()  # every row of sequence 2 sees its first key
     keep = torch.ones(sum(lq), dtype=torch.bool)
     keep[seq2] = False
-    assert_matches(out[keep], lse[:, keep], ref[keep], ref_lse[:, keep], torch.float16)
+    c.check(out[keep], lse[:, keep], ref=(ref[keep], ref_lse[:, keep]))
 
 
 def test_tma_option_is_checked():
@@ -221,11 +193,12 @@ def test_tma_option_is_checked():
 def test_tma_option_needs_alignment_and_16_bit_inputs():
     from rocm_mla.ops.prefill import _tma_ok, triton_meta
 
-    q, kn, kpe, v, _, _ = make_inputs([4], [4], 2, torch.float16)
+    q, kn, kpe, v = case([4], [4], 2, F16).args()[:4]
     assert _tma_ok(q, kn, kpe, v, 0)
-    odd = rand((4, 2, 2 * P), torch.float16)[..., 1 : P + 1]  # base 2 bytes off 16
+    g = generator(0, DEVICE)
+    odd = randn((4, 2, 2 * P), g, DEVICE, F16)[..., 1 : P + 1]  # base 2 bytes off 16
     assert not _tma_ok(q, odd, kpe, v, 0)
-    odd_q = rand((4, 2, P + R + 8), torch.float16)[..., 1 : P + R + 1]
+    odd_q = randn((4, 2, P + R + 8), g, DEVICE, F16)[..., 1 : P + R + 1]
     assert not _tma_ok(odd_q, kn, kpe, v, 0)  # host descriptors load q too
     assert not _tma_ok(q.float(), kn.float(), kpe.float(), v.float(), 0)  # fp32: no TMA path
     tma = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "tma": True}
@@ -264,17 +237,16 @@ def test_tma_allocator_is_set_only_when_none_is():
 def test_rows_that_see_no_key_are_zero_and_minus_inf(backend):
     if backend == "hip":
         pytest.skip("no HIP kernel for mla_prefill")
-    lq, lk, N = [6, 3], [2, 0], 2  # causal, seq 0: rows 0..3 see nothing; seq 1: no keys at all
-    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, torch.float32)
-    out = torch.full((9, N, V), float("nan"), device=DEVICE)
-    lse = torch.full((N, 9), float("nan"), device=DEVICE)
-    rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, out=out, lse=lse, backend=backend)
+    # causal, seq 0: rows 0..3 see nothing; seq 1: no keys at all
+    c = case([6, 3], [2, 0], 2, F32, out_layout="contiguous")
+    out, lse = c.run(backend=backend)
     blind = [0, 1, 2, 3, 6, 7, 8]
     assert torch.equal(out[blind], torch.zeros_like(out[blind]))
     assert torch.isneginf(lse[:, blind]).all()
     assert torch.isfinite(lse[:, [4, 5]]).all()
-    # row 4 sees key 0 only: its output is v[0] exactly (weight 1)
-    assert_close(out[4], v[0], rtol=1e-6, atol=1e-6)
+    # row 4 sees key 0 only: its output is v[0] up to rounding (weight 1)
+    raise_on(compare("out[4]", out[4], c.v[0], prefill.ONE_KEY).problem)
+    c.check()
 
 
 # ---------------------------------------------------------------- strided inputs, output views
@@ -286,19 +258,16 @@ def test_rows_that_see_no_key_are_zero_and_minus_inf(backend):
 def test_strided_inputs_and_poisoned_output_views(backend, dtype, kpe_layout):
     lq, lk, N = [19, 40, 2], [30, 40, 2], 3
     Tq = sum(lq)
-    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, dtype, kpe_layout=kpe_layout)
     # q as a head slice of a wider buffer (token stride != N * 192)
-    q_buf = rand((Tq, N + 2, P + R + 8), dtype)
-    q_view = q_buf[:, 1 : N + 1, : P + R]
-    q_view.copy_(q)
+    c = case(lq, lk, N, dtype, kpe_layout=kpe_layout, q_layout="head_slice")
+    assert c.q.stride()[:2] == ((N + 2) * (P + R + 8), P + R + 8)
     # out: the layer's [T, N*128 (+pad)] buffer viewed as [T, N, 128]; lse: [N, Tq] view of [Tq, N]
-    out_base = torch.full((Tq, N * V + 24), float("nan"), dtype=dtype, device=DEVICE)
-    out = out_base[:, : N * V].view(Tq, N, V)
-    lse_base, lse = poisoned_view((N, Tq), torch.float32, transpose01=True, token_pad=1)
-    got, got_lse = rocm_mla.mla_prefill(q_view, kn, kpe, v, cq, ck, sm_scale=SCALE, out=out, lse=lse, backend=backend)
+    out_base, out_rows = poisoned((Tq, N * V), dtype, DEVICE, pad_last=24)
+    out = out_rows.view(Tq, N, V)
+    lse_base, lse = poisoned((N, Tq), F32, DEVICE, transpose01=True, token_pad=1)
+    got, got_lse = c.run(backend=backend, out=out, lse=lse)
     assert got is out and got_lse is lse, "must return the caller's buffers"
-    ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, True)
-    assert_matches(out, lse, ref, ref_lse, dtype)
+    c.check(out, lse)
     assert outside_untouched(out_base, out), "wrote outside the out view"
     assert outside_untouched(lse_base, lse), "wrote outside the lse view"
 
@@ -307,19 +276,17 @@ def test_strided_inputs_and_poisoned_output_views(backend, dtype, kpe_layout):
 def test_pad_v_style_output_and_inner_strides(backend):
     """out as the [T, N, 192][..., :128] view, inputs with an inner stride of 2 (Triton's generic
     path), cu_seqlens as strided views."""
-    lq, lk, N = [9, 14], [9, 20], 2
-    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, torch.float32)
-    q2 = torch.zeros(q.shape[0], N, 2 * (P + R), device=DEVICE)[..., ::2]
-    q2.copy_(q)
-    kn2 = torch.zeros(kn.shape[0], N, 2 * P, device=DEVICE)[..., ::2]
-    kn2.copy_(kn)
+    c = case([9, 14], [9, 20], 2, F32, out_layout="pad_v")
+    _, q2 = poisoned(c.q.shape, F32, DEVICE, inner_stride=2)  # NaN between the elements
+    q2.copy_(c.q)
+    _, kn2 = poisoned(c.k_nope.shape, F32, DEVICE, inner_stride=2)
+    kn2.copy_(c.k_nope)
+    cq, ck = c.cu_seqlens_q, c.cu_seqlens_k
     cq2 = torch.stack([cq, torch.zeros_like(cq)], 1)[:, 0]
     ck2 = torch.stack([ck, torch.zeros_like(ck)], 1)[:, 0]
-    out_base, out = poisoned_view((sum(lq), N, V), torch.float32, pad_last=64)
-    rocm_mla.mla_prefill(q2, kn2, kpe, v, cq2, ck2, sm_scale=SCALE, out=out, backend=backend)
-    ref, _ = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, True)
-    assert_close(out, ref, rtol=2e-5, atol=2e-5)
-    assert outside_untouched(out_base, out)
+    rocm_mla.mla_prefill(q2, kn2, c.k_pe, c.v, cq2, ck2, sm_scale=SM_SCALE, out=c.out, lse=c.lse, backend=backend)
+    c.check()
+    assert outside_untouched(c.out_base, c.out)
 
 
 # ---------------------------------------------------------------- edge shapes, dispatch
@@ -329,34 +296,33 @@ def test_pad_v_style_output_and_inner_strides(backend):
 def test_no_tokens_no_sequences(backend):
     if backend == "hip":
         pytest.skip("no HIP kernel for mla_prefill")
-    q, kn, kpe, v, cq, ck = make_inputs([0, 0], [3, 0], 2, torch.float32)
-    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, backend=backend)
+    # out and lse allocated by the op
+    out, lse = case([0, 0], [3, 0], 2, F32).run(backend=backend, out=None, lse=None)
     assert out.shape == (0, 2, V) and lse.shape == (2, 0)
-    q, kn, kpe, v, _, _ = make_inputs([], [], 2, torch.float32)
-    z = torch.zeros(1, dtype=torch.int32, device=DEVICE)
-    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, z, z.clone(), sm_scale=SCALE, backend=backend)
+    c = case([], [], 2, F32)
+    assert c.cu_seqlens_q.tolist() == c.cu_seqlens_k.tolist() == [0]
+    out, lse = c.run(backend=backend, out=None, lse=None)
     assert out.shape == (0, 2, V)
     # keys empty everywhere (Tk = 0): every row is blind
-    q, kn, kpe, v, cq, ck = make_inputs([4, 1], [0, 0], 2, torch.float32)
-    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, causal=False, backend=backend)
+    out, lse = case([4, 1], [0, 0], 2, F32, causal=False).run(backend=backend, out=None, lse=None)
     assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
 
 
 def test_forced_hip_raises_clearly():
-    q, kn, kpe, v, cq, ck = make_inputs([2], [2], 1, torch.float32)
+    c = case([2], [2], 1, F32)
     if "hip" in backends():
         with pytest.raises(RuntimeError, match="mla_prefill.*'hip'.*no HIP kernel"):
-            rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, backend="hip")
+            c.run(backend="hip")
     else:
         with pytest.raises(RuntimeError, match="'hip' was requested but cannot run"):
-            rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, backend="hip")
+            c.run(backend="hip")
 
 
 def test_forced_reference_by_environment(monkeypatch):
-    q, kn, kpe, v, cq, ck = make_inputs([5, 3], [5, 6], 2, torch.float32)
+    c = case([5, 3], [5, 6], 2, F32)
     monkeypatch.setenv("ROCM_MLA_BACKEND_MLA_PREFILL", "reference")
-    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE)
-    ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, True)
+    out, lse = c.run(out=None, lse=None)
+    ref, ref_lse = c.reference()
     assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
 
 
@@ -370,8 +336,8 @@ def test_default_dispatch():
 
 
 def _good(lq=(3, 2), lk=(4, 2), N=2):
-    q, kn, kpe, v, cq, ck = make_inputs(list(lq), list(lk), N, torch.float32)
-    return dict(q=q, k_nope=kn, k_pe=kpe, v=v, cu_seqlens_q=cq, cu_seqlens_k=ck)
+    c = case(lq, lk, N, F32)
+    return dict(zip(("q", "k_nope", "k_pe", "v", "cu_seqlens_q", "cu_seqlens_k"), c.args()))
 
 
 CPU_OFFSETS_ONLY = pytest.mark.skipif(
@@ -425,18 +391,18 @@ def test_bad_input_names_argument(change, exc, words):
     args = _good()
     for k, val in change.items():
         args[k] = val.to(DEVICE) if isinstance(val, torch.Tensor) else val
-    args.setdefault("sm_scale", SCALE)
+    args.setdefault("sm_scale", SM_SCALE)
     assert raises_naming(exc, lambda: rocm_mla.mla_prefill(**args), *words).startswith("mla_prefill: ")
 
 
 def test_triton_rejects_non_power_of_two_dims():
     lq = [3]
-    q = rand((3, 2, 100 + 64), torch.float32)
-    kn, kpe, v = rand((3, 2, 100), torch.float32), rand((3, 1, 64), torch.float32), rand((3, 2, 128), torch.float32)
+    g = generator(0, DEVICE)
+    q, kn, kpe, v = (randn(s, g, DEVICE) for s in ((3, 2, 100 + 64), (3, 2, 100), (3, 1, 64), (3, 2, 128)))
     with pytest.raises(ValueError, match=r"k_nope: expected last dim P a power of two >= 16.*got 100"):
-        rocm_mla.mla_prefill(q, kn, kpe, v, cu(lq), cu(lq), sm_scale=SCALE, backend="triton")
+        rocm_mla.mla_prefill(q, kn, kpe, v, cu(lq), cu(lq), sm_scale=SM_SCALE, backend="triton")
     # the reference takes any dims
-    out, _ = rocm_mla.mla_prefill(q, kn, kpe, v, cu(lq), cu(lq), sm_scale=SCALE, backend="reference")
+    out, _ = rocm_mla.mla_prefill(q, kn, kpe, v, cu(lq), cu(lq), sm_scale=SM_SCALE, backend="reference")
     assert out.shape == (3, 2, 128)
 
 
@@ -444,4 +410,4 @@ def test_mixed_devices_message_without_gpu():
     args = _good()
     args["lse"] = torch.empty(2, 5, device="meta")
     with pytest.raises(ValueError, match="lse.*device"):
-        rocm_mla.mla_prefill(**args, sm_scale=SCALE)
+        rocm_mla.mla_prefill(**args, sm_scale=SM_SCALE)

@@ -5,17 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _util import DEVICE, outside_untouched, poisoned_view
-from prefill_case import (
-    SCALE,
-    V,
-    assert_matches,
-    cu,
-    make_inputs,
-)
+from _util import DEVICE
+from prefill_case import case
 
 import rocm_mla
-from rocm_mla.reference import mla_prefill_ref
+from rocm_mla.cases import outside_untouched, poisoned
+from rocm_mla.cases.prefill import V
 
 # ---------------------------------------------------------------- GPU only (bf16, serving sizes)
 
@@ -27,10 +22,9 @@ from rocm_mla.reference import mla_prefill_ref
 def test_gpu_varlen(dtype, causal, N):
     lq = [700, 1, 0, 1500, 129]
     lk = [700, 64, 9, 1500, 300]
-    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, dtype)
-    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, causal=causal, backend="triton")
-    ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, causal)
-    assert_matches(out, lse, ref, ref_lse, dtype)
+    c = case(lq, lk, N, dtype, causal=causal)
+    out, lse = c.run(backend="triton", out=None, lse=None)
+    c.check(out, lse)
 
 
 @pytest.mark.gpu
@@ -39,14 +33,12 @@ def test_gpu_varlen(dtype, causal, N):
 def test_gpu_strided_bf16_poisoned(N, kpe_layout):
     lq, lk = [1000, 37, 2048], [1000, 500, 2048]
     Tq = sum(lq)
-    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, torch.bfloat16, kpe_layout=kpe_layout)
-    out_base = torch.full((Tq, N * V + 64), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-    out = out_base[:, : N * V].view(Tq, N, V)
-    lse_base, lse = poisoned_view((N, Tq), torch.float32, transpose01=True)
-    rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, out=out, lse=lse, backend="triton")
-    ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, True)
-    assert_matches(out, lse, ref, ref_lse, torch.bfloat16)
-    assert outside_untouched(out_base, out) and outside_untouched(lse_base, lse)
+    c = case(lq, lk, N, torch.bfloat16, kpe_layout=kpe_layout, lse_layout="transposed")
+    out_base, out_rows = poisoned((Tq, N * V), torch.bfloat16, DEVICE, pad_last=64)  # the layer's out, padded rows
+    out = out_rows.view(Tq, N, V)
+    c.run(backend="triton", out=out)
+    c.check(out)
+    assert outside_untouched(out_base, out) and outside_untouched(c.lse_base, c.lse)
 
 
 def _sm90_tma_candidates():
@@ -70,16 +62,12 @@ def test_gpu_tma_candidates_bf16(cfg):
         pytest.skip("TMA descriptors need an NVIDIA sm90+ GPU")
     for N in (16, 128):
         lq, lk = [700, 1, 0, 1029, 129], [700, 64, 9, 1100, 300]
-        q, kn, kpe, v, cq, ck = make_inputs(lq, [*lk[:-1], lk[-1] + 40], N, torch.bfloat16)
-        ck = cu(lk)
-        for x in (kn, kpe, v):
-            x[sum(lk) :] = float("nan")
+        c = case(lq, lk, N, torch.bfloat16, key_tail=40)  # 40 NaN key rows after the last sequence
         Tq = sum(lq)
-        out_base = torch.full((Tq, N * V + 64), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-        out = out_base[:, : N * V].view(Tq, N, V)
-        _, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, out=out, backend="triton", config=cfg)
-        ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, True)
-        assert_matches(out, lse, ref, ref_lse, torch.bfloat16)
+        out_base, out_rows = poisoned((Tq, N * V), torch.bfloat16, DEVICE, pad_last=64)
+        out = out_rows.view(Tq, N, V)
+        _, lse = c.run(out=out, lse=None, backend="triton", config=cfg)
+        c.check(out, lse)
         assert outside_untouched(out_base, out)
 
 
@@ -87,22 +75,25 @@ def test_gpu_tma_candidates_bf16(cfg):
 def test_gpu_int64_addressing():
     """A sequence whose last key row sits past 2^31 elements of k_nope/v (N=128, 256 wide rows)."""
     N, lq, lk = 128, [16, 16], [1000, 69000]
-    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, torch.bfloat16)
-    assert (sum(lk) - 1) * kn.stride(0) > 2**31
-    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, causal=False, backend="triton")
-    ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, False)
-    assert_matches(out, lse, ref, ref_lse, torch.bfloat16)
+    c = case(lq, lk, N, torch.bfloat16, causal=False)
+    assert (sum(lk) - 1) * c.k_nope.stride(0) > 2**31
+    out, lse = c.run(backend="triton", out=None, lse=None)
+    c.check(out, lse)
 
 
 @pytest.mark.gpu
 def test_gpu_no_host_sync():
     """The Triton path must not read cu_seqlens on the host (a sync would serialise the stream)."""
-    q, kn, kpe, v, cq, ck = make_inputs([300, 200], [300, 250], 16, torch.bfloat16)
-    rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, backend="triton")  # compile first
+    c = case([300, 200], [300, 250], 16, torch.bfloat16)
+    q, kn, kpe, v, cq, ck = c.args()
+    sm_scale = c.sm_scale
+    rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=sm_scale, backend="triton")  # compile first
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, backend="triton")
-        rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, cq, [(kn, kpe, v, ck)], sm_scale=SCALE, backend="triton")
+        rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=sm_scale, backend="triton")
+        rocm_mla.mla_prefill_with_context(
+            q, kn, kpe, v, cq, cq, [(kn, kpe, v, ck)], sm_scale=sm_scale, backend="triton"
+        )
     finally:
         torch.cuda.set_sync_debug_mode("default")

@@ -8,72 +8,54 @@ import math
 
 import pytest
 import torch
-from _util import (
-    BAD_SCALES,
-    DEVICE,
-    F32,
-    Guarded,
-    assert_close,
-    assert_no_sync_and_capturable,
-    backends,
-    raises_naming,
-    seeded_generator,
-    seeded_randn,
-)
-from prefill_case import cu
+from _util import BAD_SCALES, DEVICE, assert_no_sync_and_capturable, backends, raises_naming
+from prefill_case import case, cu
 
 import rocm_mla
+from rocm_mla.cases import prefill
+from rocm_mla.cases.prefill import ContextShape
 from rocm_mla.ops.prefill import ContextChunk, launch_triton
 from rocm_mla.reference import mla_prefill_ref
 
+F32 = torch.float32
 PREFILL_BACKENDS = [b for b in ("triton", "reference") if b in backends()]  # no HIP prefill kernel
+# Guarded layouts: q, the kv_b_proj buffer (k_nope / v views) and the latent buffer (the k_pe view)
+# inside sentinel guards; out as [T, N, 192][..., :128] rows and lse as the transpose of a
+# [T, N + 1] buffer's [:, :N], guarded and NaN-poisoned.
+GUARDED = dict(guard=1200, out_layout="pad_v", lse_layout="transposed_padded")
 
 
-class PrefillCase:
-    """q [Tq, N, 192], k_nope/v views of one [Tk, N, 256] buffer, k_pe a [Tk, 576][:, 512:] view:
-    all inside sentinel guards; out / lse guarded and NaN-poisoned (lse as the transpose of a
-    [Tq, N] buffer)."""
+def guarded(Tq, Tk, N, *, dtype=F32, seed=0) -> prefill.PrefillInputs:
+    """Tq query rows and Tk key rows (the tests pass their own cu_seqlens), every buffer guarded."""
+    return case([Tq], [Tk], N, dtype, seed=seed, **GUARDED)
 
-    def __init__(self, Tq, Tk, N, *, dtype=F32, seed=0):
-        g = seeded_generator(seed)
-        self.Tq, self.Tk, self.N = Tq, Tk, N
-        self.q = Guarded((Tq, N, 192), dtype, generator=g)
-        self.kv = Guarded((Tk, N, 256), dtype, generator=g)
-        self.latent = Guarded((Tk, 576), dtype, generator=g)
-        self.out = Guarded((Tq, N, 128), dtype, fill="nan", pad_last=16)
-        self.lse_t = Guarded((Tq, N), F32, fill="nan", pad_last=1)
 
-    @property
-    def args(self):
-        return (self.q.view, self.kv.view[..., :128], self.latent.view[:, 512:].unsqueeze(1), self.kv.view[..., 128:])
+def guarded_context(lq, chunks, N, *, seed=0) -> prefill.ContextInputs:
+    """New tokens (lq per sequence, their own keys) guarded as above, and context chunks of
+    ``chunks[c][b]`` keys of sequence b."""
+    return prefill.make_context_inputs(ContextShape(lq, chunks, N), dtype=F32, device=DEVICE, seed=seed, **GUARDED)
 
-    @property
-    def lse(self):
-        return self.lse_t.view.transpose(0, 1)
 
-    def check_guards(self):
-        for name in ("q", "kv", "latent", "out", "lse_t"):
-            getattr(self, name).check(name)
+def qkv(c: prefill.PrefillInputs) -> tuple:
+    """(q, k_nope, k_pe, v) of ``c``."""
+    return c.args()[:4]
 
 
 @pytest.mark.parametrize("backend", PREFILL_BACKENDS)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_prefill_writes_only_the_rows_of_sequences(backend, causal):
     """q rows outside every sequence are never written (the reference backend wrote them)."""
-    case = PrefillCase(15, 11, 3, seed=1)
+    c = guarded(15, 11, 3, seed=1)
     cq, ck = cu([4, 0, 5], start=2), cu([3, 6, 2])  # rows 0-1 and 11-14 belong to no sequence
-    rocm_mla.mla_prefill(
-        *case.args, cq, ck, sm_scale=0.1, causal=causal, out=case.out.view, lse=case.lse, backend=backend
-    )
-    ref, ref_lse = mla_prefill_ref(*case.args, cq, ck, 0.1, causal)
+    rocm_mla.mla_prefill(*qkv(c), cq, ck, sm_scale=0.1, causal=causal, out=c.out, lse=c.lse, backend=backend)
+    ref, ref_lse = mla_prefill_ref(*qkv(c), cq, ck, 0.1, causal)
     own = torch.zeros(15, dtype=torch.bool)
     own[2:11] = True
-    assert_close(case.out.view[own], ref[own], rtol=2e-5, atol=2e-5)
-    assert_close(case.lse[:, own], ref_lse[:, own], rtol=2e-5, atol=2e-5)
-    assert torch.isnan(case.out.view[~own]).all() and torch.isnan(case.lse[:, ~own]).all(), (
+    c.check(c.out[own], c.lse[:, own], ref=(ref[own], ref_lse[:, own]))
+    assert torch.isnan(c.out[~own]).all() and torch.isnan(c.lse[:, ~own]).all(), (
         "rows that belong to no sequence were written"
     )
-    case.check_guards()
+    c.check_guards()
 
 
 BAD_OFFSETS = {  # (cu_seqlens_q, cu_seqlens_k) for Tq = 13, Tk = 9, B = 3
@@ -99,59 +81,59 @@ def test_prefill_kernel_clamps_bad_offsets(causal, bad, tma):
         pytest.skip("Triton unavailable")
     if tma and not _tma_arch(_platform.device_arch(torch.device(DEVICE))):
         pytest.skip("TMA descriptors need an NVIDIA sm90+ GPU or the interpreter")
-    case = PrefillCase(13, 9, 2, dtype=torch.float16 if tma else F32, seed=2)
+    c = guarded(13, 9, 2, dtype=torch.float16 if tma else F32, seed=2)
     if tma:
-        q, kn, kpe, v = case.args
-        assert _tma_ok(q, kn, kpe, v, 0), "the case must take the TMA path"
+        assert _tma_ok(*qkv(c), 0), "the case must take the TMA path"
     cq, ck = (torch.tensor(x, dtype=torch.int32, device=DEVICE) for x in BAD_OFFSETS[bad])
     launch_triton(
-        *case.args,
+        *qkv(c),
         cq,
         ck,
-        case.out.view,
-        case.lse,
+        c.out,
+        c.lse,
         sm_scale=0.1,
         causal=causal,
         config={"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "tma": tma},
     )
-    case.check_guards()
+    c.check_guards()
 
 
 def test_prefill_offsets_named_by_reference_and_debug():
     """The reference (the spec) names bad offsets, with the index and the bound; so do the op's
     checks (on the CPU always; on a GPU with debug=True or for the reference backend)."""
-    case = PrefillCase(13, 9, 2)
+    c = guarded(13, 9, 2)
+    args = qkv(c)
     cq, ck = cu([5, 4, 4]), torch.tensor([0, 7, 2, 9], dtype=torch.int32, device=DEVICE)
     raises_naming(
         ValueError,
-        lambda: mla_prefill_ref(*case.args, cq, ck, 0.1),
+        lambda: mla_prefill_ref(*args, cq, ck, 0.1),
         "mla_prefill_ref: cu_seqlens_k",
         "[0, 9]",
         "[0, 7, 2, 9]",
     )
     raises_naming(
-        ValueError, lambda: mla_prefill_ref(*case.args, cu([5, 4, 5]), cu([3, 3, 3]), 0.1), "cu_seqlens_q", "[0, 13]"
+        ValueError, lambda: mla_prefill_ref(*args, cu([5, 4, 5]), cu([3, 3, 3]), 0.1), "cu_seqlens_q", "[0, 13]"
     )
     for backend in PREFILL_BACKENDS:
         raises_naming(
             ValueError,
-            lambda: rocm_mla.mla_prefill(*case.args, cq, ck, sm_scale=0.1, backend=backend, debug=True),
+            lambda: rocm_mla.mla_prefill(*args, cq, ck, sm_scale=0.1, backend=backend, debug=True),
             "mla_prefill: cu_seqlens_k",
             "cu_seqlens_k[2] = 2 < cu_seqlens_k[1] = 7",
         )
         raises_naming(
             ValueError,
             lambda: rocm_mla.mla_prefill(
-                *case.args, cu([5, 4, 5]), cu([3, 3, 3]), sm_scale=0.1, backend=backend, debug=True
+                *args, cu([5, 4, 5]), cu([3, 3, 3]), sm_scale=0.1, backend=backend, debug=True
             ),
             "cu_seqlens_q[3] = 14 > Tq=13",
         )
-    case.check_guards()
+    c.check_guards()
 
 
 def test_prefill_overlaps_rejected_naming_both():
-    case = PrefillCase(6, 6, 2)
-    q, kn, kpe, v = case.args
+    c = guarded(6, 6, 2)
+    q, kn, kpe, v = qkv(c)
     cq = cu([6])
 
     def call(**kw):
@@ -160,9 +142,9 @@ def test_prefill_overlaps_rejected_naming_both():
     raises_naming(ValueError, lambda: call(out=v, causal=False), "out", "v", "no memory in common")
     raises_naming(ValueError, lambda: call(out=q[..., :128]), "out", "q")
     raises_naming(ValueError, lambda: call(out=kn), "out", "k_nope")
-    lse_in_out = case.out.base[case.out.guard : case.out.guard + 12].view(2, 6)
-    raises_naming(ValueError, lambda: call(out=case.out.view, lse=lse_in_out), "out", "lse")
-    raises_naming(ValueError, lambda: call(lse=case.latent.view[:, 512:514].transpose(0, 1)), "lse", "k_pe")
+    lse_in_out = c.out[0, :, :6]  # [N, Tq] = (2, 6) on out's first row
+    raises_naming(ValueError, lambda: call(out=c.out, lse=lse_in_out), "out", "lse")
+    raises_naming(ValueError, lambda: call(lse=kpe[:, 0, :2].transpose(0, 1)), "lse", "k_pe")
     cu_buf = torch.zeros(16, dtype=torch.int32, device=DEVICE)
     cu_buf[1] = 6
     raises_naming(
@@ -174,15 +156,15 @@ def test_prefill_overlaps_rejected_naming_both():
         "cu_seqlens_q",
     )
     # A context chunk read after out was written may not overlap it.
-    chunk = ContextChunk(case.out.view, kpe, case.out.view, cq)
+    chunk = ContextChunk(c.out, kpe, c.out, cq)
     raises_naming(
         ValueError,
-        lambda: rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, cq, [chunk], sm_scale=0.1, out=case.out.view),
+        lambda: rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, cq, [chunk], sm_scale=0.1, out=c.out),
         "context_chunks[0]",
         "out",
         "k_nope",
     )
-    case.check_guards()
+    c.check_guards()
 
 
 @pytest.mark.parametrize("as_generator", [False, True], ids=["list", "generator"])
@@ -191,26 +173,15 @@ def test_prefill_overlaps_rejected_naming_both():
 def test_prefill_with_context_validates_every_chunk_before_writing(as_generator, bad_at, kind):
     """A bad chunk anywhere -- the last one of a generator included -- raises with out and lse
     bitwise untouched (they were poisoned: nothing was written)."""
-    case = PrefillCase(7, 7, 2, seed=3)
-    q, kn, kpe, v = case.args
-    cq = cu([3, 4])
-    g = seeded_generator(9)
-    chunks = []
-    for lens in ([2, 5], [0, 3], [4, 1]):
-        Tc = sum(lens)
-        kvc = torch.randn(Tc, 2, 256, generator=g).to(DEVICE)
-        chunks.append(
-            ContextChunk(kvc[..., :128], torch.randn(Tc, 1, 64, generator=g).to(DEVICE), kvc[..., 128:], cu(lens))
-        )
+    c = guarded_context([3, 4], [[2, 5], [0, 3], [4, 1]], 2, seed=3)
+    chunks = list(c.chunks)
     good = chunks[bad_at]
     if kind == "shape":
         chunks[bad_at] = good._replace(v=good.v[..., :64])
     elif kind == "offsets":
         chunks[bad_at] = good._replace(cu_seqlens_k=cu([good.k_nope.shape[0] + 1, 0]))
-    elif kind == "overlap":
-        chunks[bad_at] = good._replace(k_nope=case.out.view)._replace(
-            k_pe=torch.randn(7, 1, 64, device=DEVICE), v=torch.randn(7, 2, 128, device=DEVICE), cu_seqlens_k=cu([3, 4])
-        )
+    elif kind == "overlap":  # a 7-row chunk whose k_nope is out
+        chunks[bad_at] = good._replace(k_nope=c.out, k_pe=c.k_pe, v=c.v, cu_seqlens_k=cu([3, 4]))
     else:
         chunks[bad_at] = 3
     drawn = []
@@ -223,15 +194,9 @@ def test_prefill_with_context_validates_every_chunk_before_writing(as_generator,
     arg = gen() if as_generator else chunks
     exc = TypeError if kind == "type" else ValueError
     # Offsets on a GPU are read (a sync) only with debug; on the CPU always.
-    raises_naming(
-        exc,
-        lambda: rocm_mla.mla_prefill_with_context(
-            q, kn, kpe, v, cq, cq, arg, sm_scale=0.1, out=case.out.view, lse=case.lse, debug=True
-        ),
-        f"context_chunks[{bad_at}]",
-    )
-    assert torch.isnan(case.out.view).all() and torch.isnan(case.lse).all(), "written before validation"
-    case.check_guards()
+    raises_naming(exc, lambda: c.run(arg, sm_scale=0.1, debug=True), f"context_chunks[{bad_at}]")
+    assert torch.isnan(c.out).all() and torch.isnan(c.lse).all(), "written before validation"
+    c.check_guards()
     if as_generator:
         assert len(drawn) == bad_at + 1, "the generator was drawn past the bad chunk"
 
@@ -240,38 +205,12 @@ def test_prefill_with_context_validates_every_chunk_before_writing(as_generator,
 def test_prefill_with_context_generator_matches_list(backend):
     """The lazy path (running result in its own buffer, out/lse written by the last merge only)
     equals the sized path bit for bit (same merges in the same order); 0, 1 and 3 chunks."""
-    case = PrefillCase(9, 9, 3, seed=4)
-    q, kn, kpe, v = case.args
-    cq = cu([2, 7])
-    g = seeded_generator(5)
-    chunks = []
-    for lens in ([3, 0], [4, 6], [0, 2]):
-        Tc = sum(lens)
-        chunks.append(
-            (
-                torch.randn(Tc, 3, 128, generator=g).to(DEVICE),
-                torch.randn(Tc, 1, 64, generator=g).to(DEVICE),
-                torch.randn(Tc, 3, 128, generator=g).to(DEVICE),
-                cu(lens),
-            )
-        )
+    c = guarded_context([2, 7], [[3, 0], [4, 6], [0, 2]], 3, seed=4)
     for n in (0, 1, 3):
-        o1, l1 = rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, cq, chunks[:n], sm_scale=0.1, backend=backend)
-        rocm_mla.mla_prefill_with_context(
-            q,
-            kn,
-            kpe,
-            v,
-            cq,
-            cq,
-            (c for c in chunks[:n]),
-            sm_scale=0.1,
-            out=case.out.view,
-            lse=case.lse,
-            backend=backend,
-        )
-        assert torch.equal(o1, case.out.view) and torch.equal(l1, case.lse)
-    case.check_guards()
+        o1, l1 = c.run(c.chunks[:n], sm_scale=0.1, out=None, lse=None, backend=backend)
+        c.run((ch for ch in c.chunks[:n]), sm_scale=0.1, backend=backend)
+        assert torch.equal(o1, c.out) and torch.equal(l1, c.lse)
+    c.check_guards()
 
 
 @pytest.mark.parametrize("backend", PREFILL_BACKENDS)
@@ -279,23 +218,21 @@ def test_prefill_zero_sizes(backend):
     """Tq = 0, Tk = 0, B = 0, with out/lse given or not; empty chunks; an empty generator."""
     for Tq, Tk, lq, lk in ((0, 0, [0, 0], [0, 0]), (5, 0, [2, 3], [0, 0]), (0, 4, [0, 0], [1, 3]), (3, 3, [], [])):
         for given in (True, False):
-            case = PrefillCase(Tq, Tk, 2)
+            c = guarded(Tq, Tk, 2)
             cq, ck = cu(lq), cu(lk)
-            kw = {"out": case.out.view, "lse": case.lse} if given else {}
-            out, lse = rocm_mla.mla_prefill(*case.args, cq, ck, sm_scale=0.1, backend=backend, **kw)
+            kw = {"out": c.out, "lse": c.lse} if given else {}
+            out, lse = rocm_mla.mla_prefill(*qkv(c), cq, ck, sm_scale=0.1, backend=backend, **kw)
             assert out.shape == (Tq, 2, 128) and lse.shape == (2, Tq)
             if lq:  # every row belongs to a sequence and sees no key when Tk = 0
                 if Tk == 0 and Tq:
                     assert bool((out == 0).all()) and bool((lse == -math.inf).all())
-            empty = ContextChunk(
-                torch.empty(0, 2, 128, device=DEVICE),
-                torch.empty(0, 1, 64, device=DEVICE),
-                torch.empty(0, 2, 128, device=DEVICE),
-                cu([0] * len(lq)),
-            )
-            for chunks in ([empty, empty], (c for c in [empty]), iter(())):
-                rocm_mla.mla_prefill_with_context(*case.args, cq, ck, chunks, sm_scale=0.1, backend=backend, **kw)
-            case.check_guards()
+            # one empty chunk (0 keys for every sequence)
+            (empty,) = prefill.make_context_inputs(
+                ContextShape(lq, [[0] * len(lq)], 2), dtype=F32, device=DEVICE
+            ).chunks
+            for chunks in ([empty, empty], (ch for ch in [empty]), iter(())):
+                rocm_mla.mla_prefill_with_context(*qkv(c), cq, ck, chunks, sm_scale=0.1, backend=backend, **kw)
+            c.check_guards()
 
 
 @pytest.mark.gpu
@@ -305,17 +242,15 @@ def test_gpu_prefill_bad_offsets_stay_inside(causal, bad):
     """On a GPU, mla_prefill does not read cu_seqlens (no sync): the kernel's clamp keeps every
     access inside the tensors (compute-sanitizer memcheck); debug=True names the error."""
     for dtype in (torch.bfloat16, torch.float16):
-        case = PrefillCase(13, 9, 16, dtype=dtype, seed=2)
+        c = guarded(13, 9, 16, dtype=dtype, seed=2)
         cq, ck = (torch.tensor(x, dtype=torch.int32, device=DEVICE) for x in BAD_OFFSETS[bad])
-        rocm_mla.mla_prefill(
-            *case.args, cq, ck, sm_scale=0.1, causal=causal, out=case.out.view, lse=case.lse, backend="triton"
-        )
+        rocm_mla.mla_prefill(*qkv(c), cq, ck, sm_scale=0.1, causal=causal, out=c.out, lse=c.lse, backend="triton")
         torch.cuda.synchronize()
-        case.check_guards()
+        c.check_guards()
         with pytest.raises(ValueError, match="cu_seqlens"):
-            rocm_mla.mla_prefill(*case.args, cq, ck, sm_scale=0.1, causal=causal, backend="triton", debug=True)
+            rocm_mla.mla_prefill(*qkv(c), cq, ck, sm_scale=0.1, causal=causal, backend="triton", debug=True)
         with pytest.raises(ValueError, match="cu_seqlens"):
-            rocm_mla.mla_prefill(*case.args, cq, ck, sm_scale=0.1, causal=causal, backend="reference")
+            rocm_mla.mla_prefill(*qkv(c), cq, ck, sm_scale=0.1, causal=causal, backend="reference")
 
 
 @pytest.mark.gpu
@@ -330,13 +265,10 @@ def test_gpu_prefill_rows_zero_sizes_and_context():
 def test_prefill_scale_validated(bad, exc, words):
     """sm_scale: one rule (Checker.scale) for decode and prefill, the same messages
     (tests/decode/test_decode_memory_safety.py: test_decode_scale_validated)."""
-    q = seeded_randn((3, 2, 192))
-    cq = cu([3])
+    c = case([3], [3], 2, F32)
 
     def fn():
-        return rocm_mla.mla_prefill(
-            q, seeded_randn((3, 2, 128)), seeded_randn((3, 1, 64)), seeded_randn((3, 2, 128)), cq, cq, sm_scale=bad
-        )
+        return rocm_mla.mla_prefill(*c.args(), sm_scale=bad)
 
     raises_naming(exc, fn, "mla_prefill: sm_scale", *words)
 
@@ -344,10 +276,10 @@ def test_prefill_scale_validated(bad, exc, words):
 @pytest.mark.gpu
 def test_gpu_prefill_checks_no_sync_and_capturable():
     """mla_prefill with caller-given out / lse (the overlap checks run): no host sync, capturable."""
-    pre = PrefillCase(40, 40, 16, dtype=torch.bfloat16)
+    pre = guarded(40, 40, 16, dtype=torch.bfloat16)
     cq = cu([10, 30])
 
     def run():
-        rocm_mla.mla_prefill(*pre.args, cq, cq, sm_scale=0.1, out=pre.out.view, lse=pre.lse, backend="triton")
+        rocm_mla.mla_prefill(*qkv(pre), cq, cq, sm_scale=0.1, out=pre.out, lse=pre.lse, backend="triton")
 
-    assert_no_sync_and_capturable([run], [pre.out, pre.lse_t])
+    assert_no_sync_and_capturable([run], list(pre.guards.values()))

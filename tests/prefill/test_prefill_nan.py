@@ -5,19 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _util import DEVICE, DTYPES, assert_close
-from prefill_case import (
-    KERNEL_BACKENDS,
-    SCALE,
-    TOL,
-    V,
-    context_case,
-    make_inputs,
-    one_shot_from,
-)
+from _util import DEVICE, DTYPES
+from prefill_case import KERNEL_BACKENDS, case
 
-import rocm_mla
-from rocm_mla.reference import mla_prefill_ref
+from rocm_mla.cases import compare, first_problem, prefill, raise_on
 
 # ---------------------------------------------------------------- NaN is not "no key"
 
@@ -45,30 +36,23 @@ def test_nan_in_k_reaches_exactly_the_rows_that_see_it(backend, dtype, causal):
     (not 0 / -inf, which merge would read as "saw no key"); every other row is unaffected."""
     lq, lk, N = [37, 21, 5], [37, 40, 5], 3
     for which, b, key in (("k_nope", 0, 29), ("k_pe", 1, 3)):
-        q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, dtype)
+        c = case(lq, lk, N, dtype, causal=causal, out_layout="contiguous")
         row = sum(lk[:b]) + key
         if which == "k_nope":
-            kn[row, 1, 7] = float("nan")  # one head
+            c.k_nope[row, 1, 7] = float("nan")  # one head
             heads = [1]
         else:
-            kpe[row, 0, 5] = float("nan")  # the rope head is shared: every head
+            c.k_pe[row, 0, 5] = float("nan")  # the rope head is shared: every head
             heads = list(range(N))
-        out = torch.full((sum(lq), N, V), float("nan"), dtype=dtype, device=DEVICE)
-        lse = torch.full((N, sum(lq)), float("nan"), device=DEVICE)
-        rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=SCALE, causal=causal, out=out, lse=lse, backend=backend)
+        out, lse = c.run(backend=backend)
         hit = _seq_rows_seeing(lq, lk, b, key, causal)
         assert hit, "the case must have rows that see the key"
         for h in range(N):
             rows = hit if h in heads else []
             _assert_nan_exactly(out[:, h], rows, f"{which} out head {h}")
             _assert_nan_exactly(lse[h], rows, f"{which} lse head {h}")
-        ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, causal)
-        assert torch.equal(torch.isnan(ref), torch.isnan(out.float())), "reference NaN pattern differs"
-        fin = ~torch.isnan(ref_lse)
-        ok = fin.transpose(0, 1)  # [Tq, N]
-        rtol, atol = TOL[dtype]
-        assert_close(out.float()[ok], ref[ok], rtol=rtol, atol=atol)
-        assert torch.equal(torch.isneginf(lse[fin]), torch.isneginf(ref_lse[fin]))
+        # NaN exactly where the reference has it (out and lse), every other element within the bound
+        c.check()
 
 
 @pytest.mark.parametrize("backend", [*KERNEL_BACKENDS, "reference"])
@@ -78,54 +62,52 @@ def test_nan_in_q_or_v_reaches_the_rows_that_see_it(backend):
     32 here) that do not see it are unaffected and equal to the reference."""
     lq, lk, N = [70, 9], [70, 9], 2
     cfg = {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
-    kw = dict(sm_scale=SCALE, backend=backend, config=cfg if backend == "triton" else None)
-    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, torch.float32)
-    q[40, 0, 150] = float("nan")
-    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, **kw)
+    kw = dict(backend=backend, config=cfg if backend == "triton" else None)
+    c = case(lq, lk, N, torch.float32, seed=1)
+    c.q[40, 0, 150] = float("nan")
+    out, lse = c.run(**kw)
     _assert_nan_exactly(out[:, 0], [40], "q: out")
     _assert_nan_exactly(lse[0], [40], "q: lse")
     assert not torch.isnan(out[:, 1]).any() and not torch.isnan(lse[1]).any()
 
-    q, kn, kpe, v, cq, ck = make_inputs(lq, lk, N, torch.float32)
+    c = case(lq, lk, N, torch.float32, seed=2)
     key = 50  # sequence 0 (rows 0..69): rows 50..69 see it; the kernel's q tiles: 0..31, 32..63, 64..69
-    v[key, 1, 3] = float("nan")
-    out, lse = rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, **kw)
-    ref, ref_lse = mla_prefill_ref(q, kn, kpe, v, cq, ck, SCALE, True)
+    c.v[key, 1, 3] = float("nan")
+    out, lse = c.run(**kw)
+    ref, ref_lse = c.reference()
     assert bool(torch.isnan(out[50:70, 1, 3]).all()) and bool(torch.isnan(ref[50:70, 1, 3]).all())
     assert not torch.isnan(lse).any() and not torch.isnan(ref_lse).any()
     _assert_nan_exactly(ref[:, 1, 3], list(range(50, 70)), "reference: v")
     other = torch.ones(sum(lq), dtype=torch.bool, device=DEVICE)
     other[32:70] = False  # the key's diagonal tile (rows 32..63) and the rows that see it
     assert not torch.isnan(out[other]).any()
-    assert_close(out[other], ref[other], rtol=2e-5, atol=2e-5)
-    assert_close(lse, ref_lse, rtol=1e-5, atol=1e-5)
+    tol = prefill.TOLERANCE[torch.float32]
+    raise_on(
+        first_problem(compare("out", out[other], ref[other], tol["out"]), compare("lse", lse, ref_lse, tol["lse"]))
+    )
 
 
 def _check_poisoned_side(backend, where, lq, splits, N, dtype, b, key):
     """A NaN in head 0 of new key ``key`` of sequence b (where="new"), or of chunk 1's first key
     of sequence b (where="context"): exactly the rows that see it are NaN (out and lse), the rest
     equal one-shot attention over [context, new]."""
-    (q, kn, kpe, v, cq, ck, chunks), _ = context_case(lq, splits, N, dtype)
+    shape = prefill.ContextShape(lq, splits, N)
+    c = prefill.make_context_inputs(shape, dtype=dtype, device=DEVICE, out_layout="contiguous")
     q0 = sum(lq[:b])
     if where == "new":
-        kn[q0 + key, 0, 2] = float("nan")  # causal: the sequence's rows key.. see it
+        c.k_nope[q0 + key, 0, 2] = float("nan")  # causal: the sequence's rows key.. see it
         hit = [q0 + i for i in range(key, lq[b])]
     else:
-        chunks[1].k_nope[int(chunks[1].cu_seqlens_k[b]), 0, 2] = float("nan")  # every row of b sees it
+        chunk = c.chunks[1]
+        chunk.k_nope[int(chunk.cu_seqlens_k[b]), 0, 2] = float("nan")  # every row of b sees it
         hit = list(range(q0, q0 + lq[b]))
-    out = torch.full((sum(lq), N, V), float("nan"), dtype=dtype, device=DEVICE)
-    lse = torch.full((N, sum(lq)), float("nan"), device=DEVICE)
-    rocm_mla.mla_prefill_with_context(q, kn, kpe, v, cq, ck, chunks, sm_scale=SCALE, out=out, lse=lse, backend=backend)
+    out, lse = c.run(backend=backend)
     _assert_nan_exactly(out[:, 0], hit, "out head 0")
     _assert_nan_exactly(lse[0], hit, "lse head 0")
     assert not torch.isnan(out[:, 1:].float()).any() and not torch.isnan(lse[1:]).any()
-    ref, ref_lse = mla_prefill_ref(*one_shot_from(q, kn, kpe, v, cq, ck, chunks), SCALE, True)
+    ref, ref_lse = c.reference()  # one shot over [context, new] as the tensors are now
     _assert_nan_exactly(ref[:, 0], hit, "reference out head 0")
-    ok = ~torch.isnan(ref)
-    rtol, atol = TOL[dtype]
-    assert_close(out.float()[ok], ref[ok], rtol=rtol, atol=atol)
-    fin = ~torch.isnan(ref_lse)
-    assert_close(lse[fin], ref_lse[fin], rtol=1e-4, atol=1e-4)
+    c.check(ref=(ref, ref_lse))
 
 
 @pytest.mark.parametrize("backend", [*KERNEL_BACKENDS, "reference"])

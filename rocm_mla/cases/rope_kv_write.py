@@ -47,10 +47,11 @@ TOLERANCE: dict[torch.dtype, dict[str, Bound]] = {
     torch.bfloat16: _table(torch.bfloat16, 1.6e-2, 3.2e-2),
 }
 
-# fp8 cache rows in code units where the kernel's float32 math is the reference's (the latent
-# part everywhere, a pure conversion; the rope part in the CPU interpreter and in the HIP kernel
-# compiled for the host): the reference's codes, but for one step of the smallest e4m3fn
-# subnormal. Tighter than TOLERANCE's "rows_fp8" (one code step anywhere).
+# fp8 cache rows in code units, for the memory-safety checks: the reference's codes, but for one
+# step of the smallest e4m3fn subnormal. The latent part is a pure conversion; the rope part is the
+# reference's float32 math (the CPU interpreter and the HIP kernel compiled for the host: the same
+# operations; a GPU: the same but for an fma landing on a rounding boundary, which random values
+# hardly ever reach). Tighter than TOLERANCE's "rows_fp8" (one code step anywhere).
 FP8_SAME_CODES = Bound(2.0**-9, 0.0)
 
 # The stored codes against the unrounded x / k_scale (saturated to the kind's range), in code

@@ -23,17 +23,14 @@ FP8_KINDS = [torch.float8_e4m3fn, torch.float8_e4m3fnuz]
 Q_WIDTH = {1: 64, 8: 192, 16: 136, 24: 256, 128: 192}
 
 
-def make_case(T, N, block_size, dtype, *, is_neox=False, fp8=None, skip=(1,), seed=0, q_width=192, **kw) -> RopeInputs:
-    """The cases' inputs of ``RopeShape(T, N, block_size)`` on DEVICE: a YaRN-like table (mscale
-    1.25, float64 angles) of MAX_POS rows, k_scale 0.37, token 1's slot -1; ``fp8`` an e4m3 kind
-    (an fp8 cache). ``kw``: make_inputs' keywords (cs_dtype, block_pad, scale, inner_stride)."""
-    cs_dtype = kw.pop("cs_dtype", torch.float32)
+def make_case(T, N, block_size, dtype, *, fp8=None, cs_dtype=torch.float32, skip=(1,), q_width=192, **kw) -> RopeInputs:
+    """The cases' inputs of ``RopeShape(T, N, block_size)`` on DEVICE with the tests' choices: a
+    YaRN-like table (mscale 1.25, float64 angles, ``cs_dtype``) of MAX_POS rows, k_scale 0.37,
+    token 1's slot -1; ``fp8`` an e4m3 kind (an fp8 cache). ``kw``: make_inputs' keywords
+    (is_neox, seed, block_pad, scale, inner_stride)."""
     cos_sin = rope_cos_sin_cache(MAX_POS, mscale=1.25, compute_dtype=torch.float64, dtype=cs_dtype, device=DEVICE)
     shape = RopeShape(T, N, block=block_size, kv="fp8" if fp8 else "auto", q_width=q_width)
-    return cases.make_inputs(
-        shape, dtype=dtype, device=DEVICE, seed=seed, is_neox=is_neox, cos_sin=cos_sin, k_scale=0.37, fp8=fp8,
-        skip=skip, **kw,
-    )  # fmt: skip
+    return cases.make_inputs(shape, dtype=dtype, device=DEVICE, cos_sin=cos_sin, k_scale=0.37, fp8=fp8, skip=skip, **kw)
 
 
 def run(case: RopeInputs, backend, **kw):

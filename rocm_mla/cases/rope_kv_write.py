@@ -17,6 +17,7 @@ import torch
 
 from ..mla_dims import KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from ..reference.rope_kv_write import rope_cos_sin_cache
+from ._buffers import poisoned
 from ._compare import NORM, Bound, Comparison, compare, dtype_name, first_problem, raise_on
 from ._paged import generator, nan_filled, platform_fp8, randn
 
@@ -47,6 +48,21 @@ TOLERANCE: dict[torch.dtype, dict[str, Bound]] = {
     torch.float32: _table(torch.float32, 1e-5, 1e-5),
     torch.float16: _table(torch.float16, 2e-3, 4e-3),
     torch.bfloat16: _table(torch.bfloat16, 1.6e-2, 3.2e-2),
+}
+
+# fp8 cache rows in code units, for the memory-safety checks: the reference's codes, but for one
+# step of the smallest e4m3fn subnormal. The latent part is a pure conversion; the rope part is the
+# reference's float32 math (the CPU interpreter and the HIP kernel compiled for the host: the same
+# operations; a GPU: the same but for an fma landing on a rounding boundary, which random values
+# hardly ever reach). Tighter than TOLERANCE's "rows_fp8" (one code step anywhere).
+FP8_SAME_CODES = Bound(2.0**-9, 0.0)
+
+# The stored codes against the unrounded x / k_scale (saturated to the kind's range), in code
+# units: half a code step (2^-4 relative, or half the kind's smallest subnormal), with 1% slack
+# for the float32 division.
+FP8_ROUND_TRIP: dict[torch.dtype, Bound] = {
+    torch.float8_e4m3fn: Bound(1.01 * 2.0**-10, 1.01 * 2.0**-4),
+    torch.float8_e4m3fnuz: Bound(1.01 * 2.0**-11, 1.01 * 2.0**-4),
 }
 
 
@@ -195,29 +211,41 @@ class RopeInputs:
             is_neox=self.is_neox,
         )
 
-    def written_rows(self, slots: torch.Tensor | None = None) -> torch.Tensor:
-        """The cache rows at the valid (>= 0) ``slots`` (default: all of them), in token order, as stored."""
+    def cached(self, slots: torch.Tensor | None = None) -> torch.Tensor:
+        """Which of ``slots`` (default: all of them) the op writes: ``0 <= slot < num_blocks x block``
+        (a negative slot or one outside the cache is skipped)."""
         slots = self.slots if slots is None else slots
-        valid = slots[slots >= 0]
+        return (slots >= 0) & (slots < self.cache.shape[0] * self.cache.shape[1])
+
+    def written_rows(self, slots: torch.Tensor | None = None) -> torch.Tensor:
+        """The cache rows at the written (:meth:`cached`) ``slots`` (default: all of them), in token
+        order, as stored."""
+        slots = self.slots if slots is None else slots
+        valid = slots[self.cached(slots)]
         bs = self.shape.block
+        if self.cache.element_size() > 1:
+            return self.cache[valid // bs, valid % bs]
         # Gather bytes: float8 indexing is missing from some torch builds.
         return self.cache.view(torch.uint8)[valid // bs, valid % bs].view(self.cache.dtype)
 
-    def compare(self, *, rows: int | None = None, ref=None) -> list[Comparison]:
-        """q_pe, k_pe and the written cache rows of the first ``rows`` tokens against the reference."""
+    def compare(self, *, rows: int | None = None, ref=None, fp8_bound: Bound | None = None) -> list[Comparison]:
+        """q_pe, k_pe and the written cache rows of the first ``rows`` tokens against the reference
+        (a NaN rotation where a position lies outside the cos/sin cache). ``fp8_bound``: the bound of
+        fp8 cache rows in code units (default ``TOLERANCE[dtype]["rows_fp8"]``; :data:`FP8_SAME_CODES`)."""
         from ..reference.rope_kv_write import quantize_fp8_ref
 
         q_ref, k_ref, row_ref = ref if ref is not None else self.reference(rows)
         r = q_ref.shape[0]
         tol = TOLERANCE[self.dtype]
-        sl = self.slots[:r]
-        valid = sl >= 0
+        sl = self.slots[:r]  # a slot mapping shorter than the batch: its tokens only
+        valid = self.cached(sl)
         got = self.written_rows(sl)
+        want = row_ref[: sl.shape[0]][valid]
         if self.fp8 is not None:
-            want = quantize_fp8_ref(row_ref[valid], self.k_scale, self.fp8).float()
-            rows_cmp = compare("cache rows (fp8 codes)", got.float(), want, tol["rows_fp8"])
+            want = quantize_fp8_ref(want, self.k_scale, self.fp8).float()
+            rows_cmp = compare("cache rows (fp8 codes)", got.float(), want, fp8_bound or tol["rows_fp8"])
         else:
-            rows_cmp = compare("cache rows", got, row_ref[valid], tol["rows"])
+            rows_cmp = compare("cache rows", got, want, tol["rows"])
         return [
             compare("q_pe", self.q_pe[:r], q_ref, tol["q_pe"]),
             compare("k_pe", self.k_pe[:r], k_ref, tol["k_pe"]),
@@ -245,12 +273,18 @@ class RopeInputs:
     def untouched(self) -> str:
         """'' when every cache row without a slot, q outside q_pe and kv_a outside k_pe are bitwise
         what they were (NaN stays NaN: compared as bytes), else what changed."""
-        written = torch.zeros(self.cache_base.shape[:2], dtype=torch.bool, device=self.cache.device)
-        valid = self.slots[self.slots >= 0]
+        # The elements of the written rows, mapped onto cache_base through the view's strides (pages
+        # between the shown ones, elements between strided ones: untouched too).
+        written = torch.zeros(self.cache_base.shape, dtype=torch.bool, device=self.cache.device)
+        offset = self.cache.storage_offset() - self.cache_base.storage_offset()
+        valid = self.slots[self.cached()]
         bs = self.shape.block
-        step = self.cache_base.shape[0] // max(self.cache.shape[0], 1)
-        written[(valid // bs) * step, valid % bs] = True
-        if not torch.equal(self.cache_base.view(torch.uint8)[~written], self.cache0.view(torch.uint8)[~written]):
+        written.as_strided(self.cache.shape, self.cache.stride(), offset)[valid // bs, valid % bs] = True
+
+        def as_bytes(x):
+            return x.view(torch.uint8).view(*x.shape, -1)
+
+        if not torch.equal(as_bytes(self.cache_base)[~written], as_bytes(self.cache0)[~written]):
             return "kv_cache: a row without a slot was written"
         nope = self.q.shape[-1] - QK_ROPE_HEAD_DIM
         if not torch.equal(self.q[..., :nope], self.q0[..., :nope]):
@@ -283,6 +317,7 @@ def make_inputs(
     skip=(),
     block_pad: int = 0,
     scale: float = 1.0,
+    inner_stride: int = 1,
 ) -> RopeInputs:
     """Fresh random inputs of ``shape`` (see the module docstring).
 
@@ -290,7 +325,9 @@ def make_inputs(
     mscale=mscale, dtype=cs_dtype)``; a table in the model dtype is what vLLM keeps). skip: token
     indices whose slot is -1. block_pad: extra pages between the ones the cache view shows (a
     non-contiguous block stride). fp8: the e4m3 kind of an fp8 cache (default: the platform's).
-    scale: the standard deviation of q, kv_a and kv_c.
+    scale: the standard deviation of q, kv_a and kv_c. inner_stride: the element stride of the last
+    dim of q, kv_a, kv_c and the cache (each a view of a NaN buffer ``inner_stride`` times as wide:
+    the kernels' scalar path); ``cache_base`` is then ``[.., block, 576 * inner_stride]``.
     """
     device = torch.device(device)
     g = gen if gen is not None else generator(seed, device)
@@ -298,9 +335,16 @@ def make_inputs(
     if cos_sin is None:
         cos_sin = rope_cos_sin_cache(max_pos, mscale=mscale, dtype=cs_dtype, device=device)
     max_pos = cos_sin.shape[0]
-    q = randn((T, N, shape.q_width), g, device, dtype, scale)
-    kv_a = randn((T, KV_ROW_DIM), g, device, dtype, scale)
-    kv_c = randn((T, KV_LORA_RANK), g, device, dtype, scale)
+
+    def values(shape_):
+        x = randn(shape_, g, device, dtype, scale)
+        if inner_stride == 1:
+            return x
+        return poisoned(shape_, dtype, device, inner_stride=inner_stride)[1].copy_(x)
+
+    q = values((T, N, shape.q_width))
+    kv_a = values((T, KV_ROW_DIM))
+    kv_c = values((T, KV_LORA_RANK))
     positions = torch.randint(0, max_pos, (T,), generator=g, device=g.device).to(device)
     nb = shape.num_blocks()
     slots = torch.randperm(nb * shape.block, generator=g, device=g.device)[:T].to(device)
@@ -308,8 +352,8 @@ def make_inputs(
         if i < T:
             slots[i] = -1
     kind = (fp8 or platform_fp8(device)) if shape.fp8 else None
-    cache_base = nan_filled((nb * (1 + block_pad), shape.block, KV_ROW_DIM), kind or dtype, device)
-    cache = cache_base[:: 1 + block_pad]
+    cache_base = nan_filled((nb * (1 + block_pad), shape.block, KV_ROW_DIM * inner_stride), kind or dtype, device)
+    cache = cache_base[:: 1 + block_pad, :, ::inner_stride]
     ks = torch.tensor([k_scale], device=device)
     return RopeInputs(
         shape,

@@ -7,10 +7,23 @@ import math
 
 import pytest
 import torch
-from _util import DEVICE, DTYPES, TOL, assert_close, backends, outside_untouched, poisoned_view, raises_naming, rand
+from _util import DEVICE, DTYPES, backends, raises_naming
 
 import rocm_mla
+from rocm_mla.cases import compare, generator, outside_untouched, raise_on, randn
+from rocm_mla.cases import merge as cases
+from rocm_mla.cases.merge import ONE_SIDE, MergeShape
 from rocm_mla.reference import merge_attn_states_ref
+
+F32_TOL = cases.TOLERANCE[torch.float32]
+
+
+def _expect(name, got, ref, bound):
+    raise_on(compare(name, got, ref, bound).problem)
+
+
+def _rand(shape, seed):
+    return randn(shape, generator(seed, DEVICE), DEVICE)
 
 
 def _attn_with_lse(q, k, v):
@@ -33,65 +46,42 @@ def test_reference_equals_attention_over_all_keys():
     o2, l2 = _attn_with_lse(q, k[S1:], v[S1:])
     full, lfull = _attn_with_lse(q, k, v)
     out, lse = merge_attn_states_ref(o1, l1.float(), o2, l2.float())
-    assert_close(out, full.float(), rtol=1e-5, atol=1e-5)
-    assert_close(lse, lfull.float(), rtol=1e-5, atol=1e-5)
+    _expect("output", out, full.float(), F32_TOL["output"])
+    _expect("output_lse", lse, lfull.float(), F32_TOL["output_lse"])
 
 
-LAYOUTS = {
-    # name: (kwargs for outputs, kwargs for lse)
-    "contiguous": ({}, {}),
-    "pad_v": ({"pad_last": 64}, {}),  # [T, N, 192][..., :128]-style rows
-    "head_slice": ({"token_pad": 3}, {"transpose01": True}),  # token stride != N*D, lse [T, N].T
-    "inner_stride2": ({"inner_stride": 2}, {"token_pad": 1}),  # scalar path
-}
-
-
-def _case(T, N, D, dtype, layout, with_lse=True):
-    okw, lkw = LAYOUTS[layout]
-    po_base, po = poisoned_view((T, N, D), dtype, **okw)
-    so_base, so = poisoned_view((T, N, D), dtype, **okw)
-    po.copy_(rand((T, N, D), dtype))
-    so.copy_(rand((T, N, D), dtype))
-    _, pl = poisoned_view((N, T), torch.float32, **lkw)
-    _, sl = poisoned_view((N, T), torch.float32, **lkw)
-    pl.copy_(rand((N, T), torch.float32, 3.0))
-    sl.copy_(rand((N, T), torch.float32, 3.0))
-    out_base, out = poisoned_view((T, N, D), dtype, **okw)
-    ol_base, ol = poisoned_view((N, T), torch.float32, **lkw) if with_lse else (None, None)
-    return po, pl, so, sl, out_base, out, ol_base, ol
+# The cases' layouts; "strided" (the pad_v rows prefill writes) keeps its test id "pad_v".
+LAYOUT_IDS = {"strided": "pad_v"}
 
 
 @pytest.mark.parametrize("backend", backends())
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("layout", list(cases.LAYOUTS), ids=lambda x: LAYOUT_IDS.get(x, x))
 @pytest.mark.parametrize("T,N,D", [(1, 1, 128), (7, 8, 128), (5, 24, 512), (3, 3, 72), (4, 2, 13)])
 def test_matches_reference(backend, dtype, layout, T, N, D):
-    po, pl, so, sl, out_base, out, ol_base, ol = _case(T, N, D, dtype, layout)
-    rocm_mla.merge_attn_states(out, po, pl, so, sl, ol, backend=backend)
-    ref, ref_lse = merge_attn_states_ref(po, pl, so, sl)
-    rtol, atol = TOL[dtype]
-    assert not torch.isnan(out.float()).any(), "an output element was not written"
-    assert_close(out.float(), ref, rtol=rtol, atol=atol)
-    assert_close(ol, ref_lse, rtol=1e-5, atol=1e-5)
-    assert outside_untouched(out_base, out), "wrote outside the output view"
-    assert outside_untouched(ol_base, ol), "wrote outside the output_lse view"
+    """Every output element written (NaN-poisoned views), within the op's bound, nothing written
+    outside the output and output_lse views."""
+    case = cases.make_inputs(MergeShape(T, N, D, layout), dtype=dtype, device=DEVICE)
+    case.run(backend=backend)
+    case.check()
+    assert outside_untouched(case.output_base, case.output), "wrote outside the output view"
+    assert outside_untouched(case.output_lse_base, case.output_lse), "wrote outside the output_lse view"
 
 
 @pytest.mark.parametrize("backend", backends())
 def test_without_output_lse(backend):
-    po, pl, so, sl, out_base, out, _, _ = _case(9, 16, 128, torch.float16, "pad_v", with_lse=False)
-    rocm_mla.merge_attn_states(out, po, pl, so, sl, backend=backend)
-    ref, _ = merge_attn_states_ref(po, pl, so, sl)
-    assert_close(out.float(), ref, rtol=2e-3, atol=2e-3)
-    assert outside_untouched(out_base, out)
+    case = cases.make_inputs(MergeShape(9, 16, 128, "strided"), dtype=torch.float16, device=DEVICE, with_lse=False)
+    case.run(backend=backend)
+    case.check()
+    assert outside_untouched(case.output_base, case.output)
 
 
 @pytest.mark.parametrize("backend", backends())
 def test_inf_rules(backend):
     """+inf reads as -inf; both empty -> 0 and -inf; a zero-weight side's NaN never leaks."""
     T, N, D = 4, 2, 32
-    po = rand((T, N, D), torch.float32)
-    so = rand((T, N, D), torch.float32)
+    po = _rand((T, N, D), 1)
+    so = _rand((T, N, D), 2)
     inf = float("inf")
     pl = torch.tensor([[inf, -inf, -inf, 1.0], [2.0, inf, 0.5, -inf]], device=DEVICE)
     sl = torch.tensor([[0.3, inf, 2.0, -inf], [-inf, -inf, 0.7, 1.5]], device=DEVICE)
@@ -103,14 +93,14 @@ def test_inf_rules(backend):
     ol = torch.full((N, T), float("nan"), device=DEVICE)
     rocm_mla.merge_attn_states(out, po, pl, so, sl, ol, backend=backend)
     assert not torch.isnan(out).any() and not torch.isnan(ol).any()
-    assert_close(out[0, 0], so[0, 0])  # only suffix saw keys
-    assert_close(out[0, 1], po[0, 1])  # only prefix saw keys
+    _expect("output[0, 0]", out[0, 0], so[0, 0], ONE_SIDE)  # only suffix saw keys
+    _expect("output[0, 1]", out[0, 1], po[0, 1], ONE_SIDE)  # only prefix saw keys
     assert torch.equal(out[1, :], torch.zeros_like(out[1, :]))  # both empty -> 0
     assert ol[0, 1] == -inf and ol[1, 1] == -inf
     assert ol[0, 0].item() == pytest.approx(0.3, abs=1e-6)
     ref, ref_lse = merge_attn_states_ref(po, pl, so, sl)
-    assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    assert_close(ol, ref_lse, rtol=1e-5, atol=1e-5)
+    _expect("output", out, ref, F32_TOL["output"])
+    _expect("output_lse", ol, ref_lse, F32_TOL["output_lse"])
 
 
 @pytest.mark.parametrize("backend", backends())
@@ -120,8 +110,8 @@ def test_nan_lse_propagates(backend, with_lse):
     holds (-inf, +inf, finite, NaN): out and output_lse NaN, never read as "saw no key". Rows
     without a NaN are unaffected."""
     T, N, D = 5, 2, 24
-    po = rand((T, N, D), torch.float32)
-    so = rand((T, N, D), torch.float32)
+    po = _rand((T, N, D), 3)
+    so = _rand((T, N, D), 4)
     inf, nan = float("inf"), float("nan")
     pl = torch.tensor([[nan, nan, nan, nan, 0.5], [-inf, inf, 1.0, 0.2, 0.1]], device=DEVICE)
     sl = torch.tensor([[-inf, inf, 1.0, nan, 0.3], [nan, nan, nan, -inf, 0.4]], device=DEVICE)
@@ -134,49 +124,45 @@ def test_nan_lse_propagates(backend, with_lse):
     ref, ref_lse = merge_attn_states_ref(po, pl, so, sl)
     assert torch.equal(torch.isnan(ref), torch.isnan(out)) and torch.equal(torch.isnan(ref_lse), bad)
     ok = ~bad.transpose(0, 1)
-    assert_close(out[ok], ref[ok], rtol=1e-5, atol=1e-5)
+    _expect("output", out[ok], ref[ok], F32_TOL["output"])
     if with_lse:
         assert torch.equal(torch.isnan(ol), bad)
-        assert_close(ol[~bad], ref_lse[~bad], rtol=1e-5, atol=1e-5)
+        _expect("output_lse", ol[~bad], ref_lse[~bad], F32_TOL["output_lse"])
 
 
 @pytest.mark.parametrize("backend", backends())
 def test_large_lse_difference_is_stable(backend):
     T, N, D = 3, 4, 16
-    po, so = rand((T, N, D), torch.float32), rand((T, N, D), torch.float32)
-    pl = torch.full((N, T), 1000.0, device=DEVICE)
-    sl = torch.full((N, T), -1000.0, device=DEVICE)
-    out = torch.full_like(po, float("nan"))
-    rocm_mla.merge_attn_states(out, po, pl, so, sl, backend=backend)
-    assert_close(out, po)
+    case = cases.make_inputs(MergeShape(T, N, D, "contiguous"), dtype=torch.float32, device=DEVICE, with_lse=False)
+    case.prefix_lse.fill_(1000.0)
+    case.suffix_lse.fill_(-1000.0)
+    case.run(backend=backend)
+    _expect("output", case.output, case.prefix_output, ONE_SIDE)
 
 
 @pytest.mark.parametrize("backend", backends())
 def test_empty_batch(backend):
-    z = torch.empty(0, 4, 128, device=DEVICE)
-    lz = torch.empty(4, 0, device=DEVICE)
-    rocm_mla.merge_attn_states(z, z.clone(), lz, z.clone(), lz.clone(), lz.clone(), backend=backend)
+    cases.make_inputs(MergeShape(0, 4, 128, "contiguous"), dtype=torch.float32, device=DEVICE).run(backend=backend)
 
 
 def test_in_place_over_prefix():
     """output may be the prefix buffer itself (each element is read before it is written)."""
-    T, N, D = 5, 4, 64
-    po, so = rand((T, N, D), torch.float32), rand((T, N, D), torch.float32)
-    pl, sl = rand((N, T), torch.float32), rand((N, T), torch.float32)
-    ref, _ = merge_attn_states_ref(po, pl, so, sl)
+    shape = MergeShape(5, 4, 64, "contiguous")
+    case = cases.make_inputs(shape, dtype=torch.float32, device=DEVICE, lse_scale=1.0, with_lse=False)
+    ref = case.reference()
     for b in backends():
-        buf = po.clone()
-        rocm_mla.merge_attn_states(buf, buf, pl, so, sl, backend=b)
-        assert_close(buf, ref, rtol=1e-5, atol=1e-5)
+        buf = case.prefix_output.clone()
+        rocm_mla.merge_attn_states(buf, buf, case.prefix_lse, case.suffix_output, case.suffix_lse, backend=b)
+        case.check(buf, ref=ref)
 
 
 def test_aliasing_rules():
     """output may be an input itself; partial overlaps and an output_lse aliasing an input lse are
     rejected (threads of one row read the lse while one of them writes it)."""
     T, N, D = 4, 2, 16
-    buf = rand((T + 1, N, D), torch.float32)
-    pl, sl = rand((N, T), torch.float32), rand((N, T), torch.float32)
-    so = rand((T, N, D), torch.float32)
+    buf = _rand((T + 1, N, D), 5)
+    pl, sl = _rand((N, T), 6), _rand((N, T), 7)
+    so = _rand((T, N, D), 8)
     with pytest.raises(ValueError, match="output: expected no memory in common .*prefix_output"):
         rocm_mla.merge_attn_states(buf[1:], buf[:-1], pl, so, sl)
     with pytest.raises(ValueError, match="output_lse: expected no memory in common with prefix_lse"):
@@ -185,13 +171,13 @@ def test_aliasing_rules():
 
 # ---------------------------------------------------------------- bad input
 def _good(T=3, N=2, D=8):
-    o = rand((T, N, D), torch.float32)
+    o = _rand((T, N, D), 9)
     return dict(
         output=torch.empty_like(o),
         prefix_output=o,
-        prefix_lse=rand((N, T), torch.float32),
+        prefix_lse=_rand((N, T), 10),
         suffix_output=o.clone(),
-        suffix_lse=rand((N, T), torch.float32),
+        suffix_lse=_rand((N, T), 11),
     )
 
 
@@ -245,7 +231,7 @@ def test_forced_backend(monkeypatch):
     monkeypatch.setenv("ROCM_MLA_BACKEND_MERGE_ATTN_STATES", "reference")
     rocm_mla.merge_attn_states(**args)
     ref, _ = merge_attn_states_ref(args["prefix_output"], args["prefix_lse"], args["suffix_output"], args["suffix_lse"])
-    assert_close(args["output"], ref)
+    assert torch.equal(args["output"], ref), "the forced reference backend is the reference"
     monkeypatch.setenv("ROCM_MLA_BACKEND_MERGE_ATTN_STATES", "cuda-magic")
     with pytest.raises(ValueError, match="backend.*hip, triton, reference.*cuda-magic"):
         rocm_mla.merge_attn_states(**args)
@@ -267,15 +253,12 @@ def test_hip_misaligned_falls_back_to_scalar(dtype):
     if "hip" not in backends():
         pytest.skip("HIP extension unavailable")
     T, N, D = 33, 16, 128
-    base = rand((T * N * D + 1,), dtype)
-    po = base[1:].view(T, N, D)  # 2- or 4-byte offset
-    so = rand((T, N, D), dtype)
-    pl, sl = rand((N, T), torch.float32), rand((N, T), torch.float32)
-    out = torch.full((T, N, D), float("nan"), dtype=dtype, device=DEVICE)
-    rocm_mla.merge_attn_states(out, po, pl, so, sl, backend="hip")
-    ref, _ = merge_attn_states_ref(po, pl, so, sl)
-    rtol, atol = TOL[dtype]
-    assert_close(out.float(), ref, rtol=rtol, atol=atol)
+    shape = MergeShape(T, N, D, "contiguous")
+    case = cases.make_inputs(shape, dtype=dtype, device=DEVICE, lse_scale=1.0, with_lse=False)
+    base = torch.empty(T * N * D + 1, dtype=dtype, device=DEVICE)
+    case.prefix_output = base[1:].view(T, N, D).copy_(case.prefix_output)  # 2- or 4-byte offset
+    case.run(backend="hip")
+    case.check()
 
 
 @pytest.mark.gpu
@@ -283,13 +266,10 @@ def test_hip_misaligned_falls_back_to_scalar(dtype):
 def test_gpu_large_strided_bf16(backend):
     if backend not in backends():
         pytest.skip(f"{backend} unavailable")
-    T, N, D = 4099, 128, 128
-    po, pl, so, sl, out_base, out, ol_base, ol = _case(T, N, D, torch.bfloat16, "pad_v")
-    rocm_mla.merge_attn_states(out, po, pl, so, sl, ol, backend=backend)
-    ref, ref_lse = merge_attn_states_ref(po, pl, so, sl)
-    assert_close(out.float(), ref, rtol=1.6e-2, atol=1.6e-2)
-    assert_close(ol, ref_lse, rtol=1e-5, atol=1e-5)
-    assert outside_untouched(out_base, out)
+    case = cases.make_inputs(MergeShape(4099, 128, 128, "strided"), dtype=torch.bfloat16, device=DEVICE)
+    case.run(backend=backend)
+    case.check()
+    assert outside_untouched(case.output_base, case.output)
 
 
 def test_default_dispatch_on_cpu():

@@ -8,41 +8,36 @@ import ctypes
 import pytest
 import torch
 from _hip_cpu import compile_hip_on_cpu
-from _util import (
-    DEVICE,
-    F32,
-    Guarded,
-    assert_close,
-    assert_no_sync_and_capturable,
-    backends,
-    raises_naming,
-    seeded_randn,
-)
+from _util import DEVICE, assert_no_sync_and_capturable, backends, raises_naming
 
 import rocm_mla
+from rocm_mla.cases import Guarded, compare, generator, raise_on, randn
+from rocm_mla.cases import merge as cases
+from rocm_mla.cases.merge import MergeShape
 from rocm_mla.reference import merge_attn_states_ref
+
+F32 = torch.float32
 
 
 def _merge_inputs(T, N, D, seed=0, dtype=F32):
-    return (
-        seeded_randn((T, N, D), dtype, seed),
-        seeded_randn((N, T), F32, seed + 1, 2.0),
-        seeded_randn((T, N, D), dtype, seed + 2),
-        seeded_randn((N, T), F32, seed + 3, 2.0),
-    )
+    """Contiguous prefix/suffix outputs [T, N, D] and lse [N, T] (normal x 2); the tests give their
+    own guarded destinations."""
+    return cases.make_inputs(MergeShape(T, N, D, "contiguous"), dtype=dtype, device=DEVICE, seed=seed, lse_scale=2.0)
+
+
+def _sides(case):
+    return case.prefix_output, case.prefix_lse, case.suffix_output, case.suffix_lse
 
 
 @pytest.mark.parametrize("backend", backends())
 @pytest.mark.parametrize("T,N,D", [(5, 3, 13), (7, 2, 128)])
 def test_merge_guarded_destinations(backend, T, N, D):
     """Strided destinations inside sentinel guards: every element written, nothing else."""
-    po, pl, so, sl = _merge_inputs(T, N, D)
-    out = Guarded((T, N, D), F32, fill="nan", pad_last=3)
-    olse = Guarded((N, T), F32, fill="nan", pad_last=1)
-    rocm_mla.merge_attn_states(out.view, po, pl, so, sl, olse.view, backend=backend)
-    ref, ref_lse = merge_attn_states_ref(po, pl, so, sl)
-    assert_close(out.view, ref, rtol=1e-5, atol=1e-5)
-    assert_close(olse.view, ref_lse, rtol=1e-5, atol=1e-5)
+    case = _merge_inputs(T, N, D)
+    out = Guarded((T, N, D), F32, device=DEVICE, fill="nan", pad_last=3)
+    olse = Guarded((N, T), F32, device=DEVICE, fill="nan", pad_last=1)
+    rocm_mla.merge_attn_states(out.view, *_sides(case), olse.view, backend=backend)
+    case.check(out.view, olse.view)
     out.check("output")
     olse.check("output_lse")
 
@@ -51,11 +46,13 @@ def test_merge_guarded_destinations(backend, T, N, D):
 @pytest.mark.parametrize("T,N", [(5, 3), (1, 1)])
 def test_merge_head_size_zero_writes_only_output_lse(backend, T, N):
     """D = 0 with output_lse: the lse is merged, nothing else (no division by the head size)."""
-    po, pl, so, sl = _merge_inputs(T, N, 0)
-    olse = Guarded((N, T), F32, fill="nan")
-    out = torch.empty(T, N, 0, device=DEVICE)
+    case = _merge_inputs(T, N, 0)
+    po, pl, so, sl = _sides(case)
+    olse = Guarded((N, T), F32, device=DEVICE, fill="nan")
+    out = case.output  # [T, N, 0]
     rocm_mla.merge_attn_states(out, po, pl, so, sl, olse.view, backend=backend)
-    assert_close(olse.view, torch.logaddexp(pl, sl), rtol=1e-5, atol=1e-5)
+    bound = cases.TOLERANCE[F32]["output_lse"]
+    raise_on(compare("output_lse", olse.view, torch.logaddexp(pl, sl), bound).problem)
     olse.check("output_lse")
     rocm_mla.merge_attn_states(out, po, pl, so, sl, backend=backend)  # no output_lse: nothing to do
 
@@ -63,15 +60,17 @@ def test_merge_head_size_zero_writes_only_output_lse(backend, T, N):
 @pytest.mark.parametrize("backend", backends())
 @pytest.mark.parametrize("T,N,D", [(0, 3, 8), (4, 0, 8), (0, 0, 0)])
 def test_merge_zero_sizes(backend, T, N, D):
-    po, pl, so, sl = _merge_inputs(T, N, D)
-    for olse in (None, torch.empty(N, T, device=DEVICE)):
-        rocm_mla.merge_attn_states(torch.empty(T, N, D, device=DEVICE), po, pl, so, sl, olse, backend=backend)
+    case = _merge_inputs(T, N, D)
+    for olse in (None, case.output_lse):
+        rocm_mla.merge_attn_states(case.output, *_sides(case), olse, backend=backend)
 
 
 def test_merge_overlaps_rejected_naming_both():
     T, N, D = 4, 3, 8
-    po, pl, so, sl = _merge_inputs(T, N, D)
-    buf = torch.randn(T * N * D + N * T, device=DEVICE)
+    case = _merge_inputs(T, N, D)
+    po, pl, so, sl = _sides(case)
+    gen = generator(1, DEVICE)
+    buf = randn((T * N * D + N * T,), gen, DEVICE)
     out, olse = buf[: T * N * D].view(T, N, D), buf[T * N * D - 1 : T * N * D - 1 + N * T].view(N, T)
     raises_naming(
         ValueError,
@@ -81,7 +80,7 @@ def test_merge_overlaps_rejected_naming_both():
         "no memory in common",
     )
     # output over an input lse (written while other threads read it), in either dtype view.
-    lse_buf = torch.randn(T * N * D, device=DEVICE)
+    lse_buf = randn((T * N * D,), gen, DEVICE)
     raises_naming(
         ValueError,
         lambda: rocm_mla.merge_attn_states(lse_buf.view(T, N, D), po, lse_buf[: N * T].view(N, T), so, sl),
@@ -91,21 +90,22 @@ def test_merge_overlaps_rejected_naming_both():
     # output_lse over an output input.
     raises_naming(
         ValueError,
-        lambda: rocm_mla.merge_attn_states(torch.empty_like(po), po, pl, so, sl, so.view(-1)[: N * T].view(N, T)),
+        lambda: rocm_mla.merge_attn_states(case.output, po, pl, so, sl, so.view(-1)[: N * T].view(N, T)),
         "output_lse",
         "suffix_output",
     )
     # output_lse == an input lse, even the very same view.
     raises_naming(
         ValueError,
-        lambda: rocm_mla.merge_attn_states(torch.empty_like(po), po, pl, so, sl, sl),
+        lambda: rocm_mla.merge_attn_states(case.output, po, pl, so, sl, sl),
         "output_lse",
         "suffix_lse",
     )
     # The documented alias still passes: output is suffix_output itself.
     s2 = so.clone()
     rocm_mla.merge_attn_states(s2, po, pl, s2, sl)
-    assert_close(s2, merge_attn_states_ref(po, pl, so, sl)[0], rtol=1e-5, atol=1e-5)
+    ref, _ = merge_attn_states_ref(po, pl, so, sl)
+    raise_on(compare("output", s2, ref, cases.TOLERANCE[F32]["output"]).problem)
 
 
 # ---------------------------------------------------------------- the HIP merge kernel on the CPU
@@ -199,13 +199,11 @@ def _run_hip_merge_on_cpu(lib, out, olse, po, pl, so, sl, *, vec):
 def test_hip_merge_kernel_on_cpu(hip_merge_on_cpu, vec, T, N, D):
     """hip_src/kernels/merge_attn_states.cuh on the host: head size 0 writes output_lse only
     (the kernel counted no work before and left it unwritten); guards untouched."""
-    po, pl, so, sl = _merge_inputs(T, N, D, seed=7)
-    out = Guarded((T, N, D), F32, fill="nan")
-    olse = Guarded((N, T), F32, fill="nan", pad_last=2)
-    _run_hip_merge_on_cpu(hip_merge_on_cpu, out.view, olse.view, po, pl, so, sl, vec=vec)
-    ref, ref_lse = merge_attn_states_ref(po, pl, so, sl)
-    assert_close(out.view, ref, rtol=1e-5, atol=1e-5)
-    assert_close(olse.view, ref_lse, rtol=1e-5, atol=1e-5)
+    case = _merge_inputs(T, N, D, seed=7)
+    out = Guarded((T, N, D), F32, device=DEVICE, fill="nan")
+    olse = Guarded((N, T), F32, device=DEVICE, fill="nan", pad_last=2)
+    _run_hip_merge_on_cpu(hip_merge_on_cpu, out.view, olse.view, *_sides(case), vec=vec)
+    case.check(out.view, olse.view)
     out.check("output")
     olse.check("output_lse")
 
@@ -224,11 +222,9 @@ def test_gpu_merge_head_size_zero_and_guards(backend):
 def test_gpu_merge_checks_no_sync_and_capturable():
     """merge_attn_states with caller-given output / output_lse (the overlap checks run), HIP and
     Triton: no host sync, capturable."""
-    bf16 = torch.bfloat16
-    merge_in = _merge_inputs(33, 8, 128, dtype=bf16)
-    merge_out, merge_lse = torch.empty(33, 8, 128, dtype=bf16, device=DEVICE), torch.empty(8, 33, device=DEVICE)
+    case = _merge_inputs(33, 8, 128, dtype=torch.bfloat16)
     ops = [
-        lambda b=b: rocm_mla.merge_attn_states(merge_out, *merge_in[:2], *merge_in[2:], merge_lse, backend=b)
+        lambda b=b: rocm_mla.merge_attn_states(case.output, *_sides(case), case.output_lse, backend=b)
         for b in ("hip", "triton")
         if b in backends()
     ]

@@ -13,19 +13,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _util import DEVICE, DTYPES, assert_close, backends, raises_naming
-from rope_case import (
-    MAX_POS,
-    Q_WIDTH,
-    Case,
-    check_against_both,
-    make_cos_sin_cache,
-    rope_reference,
-    vllm_forward_static,
-)
+from _util import DEVICE, DTYPES, backends, raises_naming
+from rope_case import MAX_POS, Q_WIDTH, check_against_both, make_case, run, vllm_forward_static
 
 import rocm_mla
-from rocm_mla.reference.rope_kv_write import cache_rows_ref, rope_cos_sin_cache, rope_ref
+from rocm_mla.cases import compare, generator, outside_untouched, poisoned, raise_on, randn
+from rocm_mla.cases import rope_kv_write as cases
+from rocm_mla.reference.rope_kv_write import rope_cos_sin_cache, rope_ref
+
+F32_TOL = cases.TOLERANCE[torch.float32]
 
 
 @pytest.mark.parametrize(
@@ -51,7 +47,8 @@ def test_cos_sin_cache_builder_layout():
     """[max_pos, 64]: row p = cat(cos(p f), sin(p f)) * mscale, f_i = base^(-2i/64); zero rows allowed."""
     cs = rope_cos_sin_cache(5, mscale=2.0, compute_dtype=torch.float64, dtype=torch.float64)
     f = 1.0 / 10000.0 ** (torch.arange(0, 64, 2, dtype=torch.float64) / 64)
-    assert_close(cs[3], 2.0 * torch.cat(((3 * f).cos(), (3 * f).sin())), rtol=1e-12, atol=1e-12)
+    # A float64 table against its formula: float64 exactness (the cases' rule compares in float32).
+    torch.testing.assert_close(cs[3], 2.0 * torch.cat(((3 * f).cos(), (3 * f).sin())), rtol=1e-12, atol=1e-12)
     assert rope_cos_sin_cache(0).shape == (0, 64)
 
 
@@ -59,9 +56,9 @@ def test_cos_sin_cache_builder_layout():
 def test_reference_rope_is_complex_rotation():
     """Independent check: GPT-J rotation is (x + iy) * r e^{i theta} on pairs (2i, 2i+1); NeoX the
     same on (i, i+32); r = mscale. float64 formula, float32 reference."""
-    g = torch.Generator().manual_seed(1)
+    g = generator(1, "cpu")
     T, N = 7, 3
-    x = torch.randn(T, N, 64, generator=g, dtype=torch.float64)
+    x = randn((T, N, 64), g, "cpu", torch.float64)
     pos = torch.randint(0, 500, (T,), generator=g)
     theta = torch.rand(500, 32, generator=g, dtype=torch.float64) * 6.3
     r = 1.3
@@ -70,21 +67,22 @@ def test_reference_rope_is_complex_rotation():
     gptj = torch.view_as_real(torch.complex(x[..., 0::2], x[..., 1::2]) * rot).flatten(-2)
     z = torch.complex(x[..., :32], x[..., 32:]) * rot
     neox = torch.cat((z.real, z.imag), dim=-1)
-    assert_close(rope_ref(pos, x.float(), cs.float(), is_neox=False), gptj.float(), rtol=1e-5, atol=1e-5)
-    assert_close(rope_ref(pos, x.float(), cs.float(), is_neox=True), neox.float(), rtol=1e-5, atol=1e-5)
+    bound = F32_TOL["q_pe"]
+    raise_on(compare("gptj", rope_ref(pos, x.float(), cs.float(), is_neox=False), gptj.float(), bound).problem)
+    raise_on(compare("neox", rope_ref(pos, x.float(), cs.float(), is_neox=True), neox.float(), bound).problem)
 
 
 @pytest.mark.parametrize("is_neox", [False, True], ids=["gptj", "neox"])
 def test_reference_equals_vllm_forward_static_in_float64(is_neox):
-    g = torch.Generator().manual_seed(2)
+    g = generator(2, "cpu")
     T, N = 9, 4
-    q = torch.randn(T, N, 64, generator=g, dtype=torch.float64)
-    k = torch.randn(T, 1, 64, generator=g, dtype=torch.float64)
+    q = randn((T, N, 64), g, "cpu", torch.float64)
+    k = randn((T, 1, 64), g, "cpu", torch.float64)
     pos = torch.randint(0, MAX_POS, (T,), generator=g)
-    cs = make_cos_sin_cache(torch.float64).cpu()
+    cs = rope_cos_sin_cache(MAX_POS, mscale=1.25, compute_dtype=torch.float64, dtype=torch.float64)
     vq, vk = vllm_forward_static(pos, q, k, cs, is_neox)
-    assert_close(rope_ref(pos, q, cs, is_neox=is_neox), vq.float(), rtol=1e-5, atol=1e-5)
-    assert_close(rope_ref(pos, k, cs, is_neox=is_neox), vk.float(), rtol=1e-5, atol=1e-5)
+    raise_on(compare("q_pe", rope_ref(pos, q, cs, is_neox=is_neox), vq.float(), F32_TOL["q_pe"]).problem)
+    raise_on(compare("k_pe", rope_ref(pos, k, cs, is_neox=is_neox), vk.float(), F32_TOL["k_pe"]).problem)
 
 
 @pytest.mark.parametrize("backend", backends())
@@ -93,9 +91,9 @@ def test_reference_equals_vllm_forward_static_in_float64(is_neox):
 @pytest.mark.parametrize("N", [1, 8, 24, 128])
 @pytest.mark.parametrize("block_size", [1, 16, 64])
 def test_matches_reference_and_unfused(backend, dtype, is_neox, N, block_size):
-    case = Case(13, N, block_size, dtype, skip=(1, 6), q_width=Q_WIDTH[N])
-    case.run(backend, is_neox)
-    check_against_both(case, is_neox, exact=DEVICE.type == "cpu")
+    case = make_case(13, N, block_size, dtype, is_neox=is_neox, skip=(1, 6), q_width=Q_WIDTH[N])
+    run(case, backend)
+    check_against_both(case, exact=DEVICE.type == "cpu")
 
 
 @pytest.mark.parametrize("is_neox", [False, True], ids=["gptj", "neox"])
@@ -113,10 +111,10 @@ def test_triton_64_bit_cos_sin_offsets(monkeypatch, is_neox):
         return consts, options
 
     monkeypatch.setattr(rk, "triton_meta", forced)
-    case = Case(13, 8, 16, torch.float32, skip=(1, 6))
-    case.run("triton", is_neox)
+    case = make_case(13, 8, 16, torch.float32, is_neox=is_neox, skip=(1, 6))
+    run(case, "triton")
     assert taken == [True]
-    check_against_both(case, is_neox)
+    check_against_both(case)
 
 
 def test_triton_cos_sin_offset_width_from_the_cache_extent():
@@ -139,9 +137,9 @@ def test_triton_cos_sin_offset_width_from_the_cache_extent():
 @pytest.mark.parametrize("cs_dtype", ["q", torch.float32], ids=["cs=q", "cs=fp32"])
 def test_cos_sin_cache_in_q_dtype(backend, cs_dtype):
     dtype = torch.float16
-    case = Case(11, 16, 16, dtype, cs_dtype=dtype if cs_dtype == "q" else cs_dtype)
-    case.run(backend, False)
-    check_against_both(case, False)
+    case = make_case(11, 16, 16, dtype, cs_dtype=dtype if cs_dtype == "q" else cs_dtype)
+    run(case, backend)
+    check_against_both(case)
 
 
 @pytest.mark.parametrize("backend", backends())
@@ -149,14 +147,11 @@ def test_strided_everything(backend):
     """Non-contiguous block stride, kv_c and cos_sin_cache with padded rows, k_pe [T, 64] 2-D,
     q_pe with a token stride that is not N * 192."""
     T, N, bs = 10, 8, 16
-    case = Case(T, N, bs, torch.float32, block_pad=1)
-    q_wide = torch.full((T, N + 2, 192), float("nan"), device=DEVICE)
-    q_wide[:, :N] = case.q
-    case.q = q_wide[:, :N]
-    case.before["q"] = case.q.clone()
-    kv_c_wide = torch.full((T, 640), float("nan"), device=DEVICE)
-    kv_c_wide[:, 64:576] = case.kv_c
-    case.kv_c = kv_c_wide[:, 64:576]
+    case = make_case(T, N, bs, torch.float32, block_pad=1)
+    q_wide, case.q = poisoned((T, N, 192), torch.float32, DEVICE, token_pad=2)
+    case.q.copy_(case.q0)
+    kv_c_wide, _ = poisoned((T, 512), torch.float32, DEVICE, pad_last=128)
+    case.kv_c = kv_c_wide[:, 64:576].copy_(case.kv_c)
     cs_wide = torch.zeros(MAX_POS, 96, device=DEVICE)
     cs_wide[:, 16:80] = case.cos_sin
     case.cos_sin = cs_wide[:, 16:80]
@@ -164,90 +159,70 @@ def test_strided_everything(backend):
     rocm_mla.fused_rope_mla_kv_write(
         case.positions, case.q_pe, k2, case.kv_c, case.cos_sin, case.cache, case.slots, is_neox=False, backend=backend
     )
-    check_against_both(case, False)
-    assert torch.isnan(q_wide[:, N:]).all(), "wrote heads outside the q_pe view"
+    check_against_both(case)
+    assert outside_untouched(q_wide, case.q), "wrote heads outside the q_pe view"
 
 
 @pytest.mark.parametrize("backend", backends())
 def test_inner_strided_scalar_path(backend):
     """Inner stride 2 everywhere (the HIP scalar path on a GPU)."""
-    T, N = 6, 3
-    case = Case(T, N, 4, torch.float32)
-    qb = torch.randn(T, N, 128, device=DEVICE)
-    kb = torch.randn(T, 1, 128, device=DEVICE)
-    cb = torch.randn(T, 1024, device=DEVICE)
-    q_pe, k_pe, kv_c = qb[..., ::2], kb[..., ::2], cb[:, ::2]
-    q0, k0 = q_pe.clone(), k_pe.clone()
-    cache_b = torch.full((case.cache.shape[0], 4, 1152), float("nan"), device=DEVICE)
-    cache = cache_b[..., ::2]
-    rocm_mla.fused_rope_mla_kv_write(
-        case.positions, q_pe, k_pe, kv_c, case.cos_sin, cache, case.slots, is_neox=True, backend=backend
-    )
-    q_rot = rope_ref(case.positions, q0, case.cos_sin, is_neox=True)
-    k_rot = rope_ref(case.positions, k0, case.cos_sin, is_neox=True)
-    assert_close(q_pe, q_rot, rtol=1e-5, atol=1e-5)
-    assert_close(k_pe, k_rot, rtol=1e-5, atol=1e-5)
-    valid = case.slots[case.slots >= 0]
-    rows = cache[valid // 4, valid % 4]
-    assert_close(rows, cache_rows_ref(kv_c, k_rot)[case.slots >= 0], rtol=1e-5, atol=1e-5)
-    assert torch.isnan(cache_b[..., 1::2]).all(), "wrote between the strided cache elements"
+    case = make_case(6, 3, 4, torch.float32, is_neox=True, q_width=64, inner_stride=2)
+    assert case.q_pe.stride(-1) == case.k_pe.stride(-1) == case.kv_c.stride(-1) == case.cache.stride(-1) == 2
+    run(case, backend)
+    check_against_both(case)  # untouched: the elements between the strided cache elements included
+    assert outside_untouched(case.cache_base, case.cache), "wrote between the strided cache elements"
 
 
 @pytest.mark.parametrize("backend", backends())
 def test_slot_minus_one_and_short_slot_mapping(backend):
     """Negative slots and tokens past len(slot_mapping) are rotated but never cached."""
     T = 9
-    case = Case(T, 4, 16, torch.float32, skip=(0, 4, 8))
+    case = make_case(T, 4, 16, torch.float32, skip=(0, 4, 8))
     full = case.slots.clone()
     case.slots = full[:6]  # vLLM: slot_mapping unpadded, batch padded for CUDA graphs
-    case.run(backend, False)
-    q_rot, k_rot, rows = rope_reference(case, False)
-    assert_close(case.q_pe, q_rot, rtol=1e-5, atol=1e-5)  # all 9 rotated
-    assert_close(case.k_pe, k_rot, rtol=1e-5, atol=1e-5)
-    valid = case.slots >= 0
-    assert_close(case.rows(), rows[:6][valid], rtol=1e-5, atol=1e-5)
-    case.untouched_elsewhere()  # slots full[6:] and the -1 tokens: not written
-    assert valid.sum() == 4
+    run(case, backend)
+    # All 9 rotated; the rows of the first 6 tokens; slots full[6:] and the -1 tokens not written.
+    case.check()
+    assert case.cached().sum() == 4
 
 
 @pytest.mark.parametrize("backend", backends())
 def test_all_slots_skipped(backend):
-    case = Case(5, 2, 16, torch.float32, skip=range(5))
-    case.run(backend, True)
-    q_rot, _, _ = rope_reference(case, True)
-    assert_close(case.q_pe, q_rot, rtol=1e-5, atol=1e-5)
-    case.untouched_elsewhere()
+    case = make_case(5, 2, 16, torch.float32, is_neox=True, skip=range(5))
+    run(case, backend)
+    assert not case.cached().any()
+    case.check()
 
 
 @pytest.mark.parametrize("backend", backends())
 def test_empty_batch(backend):
-    case = Case(0, 8, 16, torch.float32)
-    case.run(backend, False)
+    case = make_case(0, 8, 16, torch.float32)
+    run(case, backend)
     rocm_mla.concat_and_cache_mla(case.kv_c, case.k_pe, case.cache, case.slots, backend=backend)
-    assert torch.equal(case.cache_base.view(torch.uint8), case.before["cache"].view(torch.uint8))
+    assert torch.equal(case.cache_base.view(torch.uint8), case.cache0.view(torch.uint8))
 
 
 @pytest.mark.parametrize("backend", backends())
 @pytest.mark.parametrize("k_shape", ["[T,1,64]", "[T,64]"])
 def test_concat_and_cache_mla(backend, k_shape):
-    case = Case(12, 1, 16, torch.float16, skip=(3,))
+    case = make_case(12, 1, 16, torch.float16, skip=(3,))
     k_pe = case.k_pe if k_shape == "[T,1,64]" else case.k_pe.squeeze(1)
     rocm_mla.concat_and_cache_mla(case.kv_c, k_pe, case.cache, case.slots, backend=backend)
-    assert torch.equal(case.kv_a, case.before["kv_a"]), "concat_and_cache_mla must not rotate k_pe"
+    assert torch.equal(case.kv_a, case.kv_a0), "concat_and_cache_mla must not rotate k_pe"
     want = torch.cat((case.kv_c, case.kv_a[:, 512:]), dim=-1)[case.slots >= 0]
-    assert torch.equal(case.rows(), want), "rows must be [kv_c | k_pe], copied exactly"
-    case.untouched_elsewhere()
+    assert torch.equal(case.written_rows(), want), "rows must be [kv_c | k_pe], copied exactly"
+    raise_on(case.untouched())
 
 
 # ---------------------------------------------------------------- bad input
 def _good(T=3, N=2):
-    g = torch.Generator().manual_seed(4)
+    g = generator(4, "cpu")
     return dict(
         positions=torch.randint(0, 16, (T,), generator=g),
-        q_pe=torch.randn(T, N, 64, generator=g),
-        k_pe=torch.randn(T, 1, 64, generator=g),
-        kv_c=torch.randn(T, 512, generator=g),
-        cos_sin_cache=torch.randn(16, 64, generator=g),
+        q_pe=randn((T, N, 64), g, "cpu"),
+        k_pe=randn((T, 1, 64), g, "cpu"),
+        kv_c=randn((T, 512), g, "cpu"),
+        cos_sin_cache=randn((16, 64), g, "cpu"),
         kv_cache=torch.zeros(2, 4, 576),
         slot_mapping=torch.tensor([0, 5, -1]),
     )
@@ -360,7 +335,8 @@ def test_forced_backend(monkeypatch):
     monkeypatch.setenv("ROCM_MLA_BACKEND_ROPE_KV_WRITE", "reference")
     q0 = a["q_pe"].clone()
     rocm_mla.fused_rope_mla_kv_write(is_neox=False, **a)
-    assert_close(a["q_pe"], rope_ref(a["positions"], q0, a["cos_sin_cache"], is_neox=False))
+    want = rope_ref(a["positions"], q0, a["cos_sin_cache"], is_neox=False)
+    assert torch.equal(a["q_pe"], want), "the forced reference backend is the reference"
     monkeypatch.setenv("ROCM_MLA_BACKEND_ROPE_KV_WRITE", "cuda-magic")
     with pytest.raises(ValueError, match="backend.*hip, triton, reference.*cuda-magic"):
         rocm_mla.fused_rope_mla_kv_write(is_neox=False, **a)

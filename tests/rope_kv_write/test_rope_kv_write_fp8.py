@@ -11,11 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from _util import DEVICE, DTYPES, backends
-from rope_case import (
-    FP8_KINDS,
-    Case,
-    check_fp8,
-)
+from rope_case import FP8_KINDS, check_fp8, make_case, run
 
 from rocm_mla.reference.rope_kv_write import FP8_MAX, quantize_fp8_ref
 
@@ -27,22 +23,20 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("is_neox", [False, True], ids=["gptj", "neox"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_fp8_cache(backend, fp8, is_neox, dtype):
-    case = Case(11, 8, 16, dtype, fp8=fp8, scale=0.8)
-    case.run(backend, is_neox)
-    check_fp8(case, is_neox)
+    case = make_case(11, 8, 16, dtype, is_neox=is_neox, fp8=fp8, scale=0.8)
+    run(case, backend)
+    check_fp8(case)
 
 
 @pytest.mark.parametrize("backend", backends())
 @pytest.mark.parametrize("fp8", FP8_KINDS, ids=str)
 def test_fp8_uint8_storage(backend, fp8):
     """vLLM passes the FP8 cache as uint8: the kind comes from kv_cache_dtype."""
-    case = Case(7, 4, 16, torch.float32, fp8=fp8)
-    case.cache_base = case.cache_base.view(torch.uint8)
-    case.cache = case.cache_base
-    case.before["cache"] = case.before["cache"].view(torch.uint8)
+    case = make_case(7, 4, 16, torch.float32, fp8=fp8)
     name = {torch.float8_e4m3fn: "fp8_e4m3fn", torch.float8_e4m3fnuz: "fp8_e4m3fnuz"}[fp8]
-    case.run(backend, False, kv_cache_dtype=name)
-    check_fp8(case, False)
+    assert case.args()[5].dtype == torch.uint8
+    case.run(backend=backend, kv_cache_dtype=name)  # the cache as uint8 storage
+    check_fp8(case)
 
 
 @pytest.mark.parametrize("backend", backends())
@@ -50,16 +44,16 @@ def test_fp8_uint8_storage(backend, fp8):
 def test_fp8_saturates_and_signed_zero(backend, fp8):
     """Beyond +-max stores +-max (torch's plain .to() would store NaN); -0.0 and tiny negatives
     store 0x00 in fnuz (0x80 is its NaN); inf saturates too."""
-    case = Case(4, 2, 16, torch.float32, fp8=fp8, skip=())
+    case = make_case(4, 2, 16, torch.float32, fp8=fp8, skip=())
     m = FP8_MAX[fp8]
     pattern = torch.tensor([1e6, -1e6, float("inf"), -float("inf"), -0.0, -1e-12, 0.0, m * 0.37 * 1.01], device=DEVICE)
     case.kv_c.copy_(pattern.repeat(64)[None, :].expand(4, 512))
-    case.run(backend, False)
-    rows = case.rows()[:, :8].view(fp8).float()
+    run(case, backend)
+    rows = case.written_rows()[:, :8].view(fp8).float()
     assert not torch.isnan(rows).any(), "a finite or infinite input stored NaN"
     want = torch.tensor([m, -m, m, -m, 0.0, 0.0, 0.0, m], device=DEVICE)
     assert torch.equal(rows[0], want)
-    codes = case.rows()[:, :8].view(torch.uint8)
+    codes = case.written_rows()[:, :8].view(torch.uint8)
     if fp8 == torch.float8_e4m3fnuz:
         assert (codes[:, 4:6] == 0).all(), "fnuz has no -0: 0x80 would read as NaN"
     else:
@@ -75,12 +69,12 @@ def test_fp8_every_half_value(backend, fp8, scale):
     about 60 of these codes differ between x / 7 and x * (1 / 7): a division is what is checked."""
     T = 128
     x = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
-    case = Case(T, 1, 16, torch.float32, fp8=fp8, skip=())
+    case = make_case(T, 1, 16, torch.float32, fp8=fp8, skip=())
     case.kv_c.copy_(x.view(T, 512).to(DEVICE))
     case.k_scale.fill_(scale)
-    case.run(backend, False)
+    run(case, backend)
     want = quantize_fp8_ref(case.kv_c, case.k_scale, fp8).view(torch.uint8)
-    got = case.rows()[:, :512].view(torch.uint8)
+    got = case.written_rows()[:, :512].view(torch.uint8)
     bad = (got != want).nonzero()
     assert bad.shape[0] == 0, [(case.kv_c[i, j].item(), int(want[i, j]), int(got[i, j])) for i, j in bad[:5].tolist()]
 

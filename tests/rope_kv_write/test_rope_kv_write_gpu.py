@@ -6,12 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _util import DEVICE, backends
-from rope_case import (
-    FP8_KINDS,
-    Case,
-    check_against_both,
-    check_fp8,
-)
+from rope_case import FP8_KINDS, check_against_both, check_fp8, make_case, run
 
 
 # ---------------------------------------------------------------- GPU-only paths
@@ -24,18 +19,18 @@ def _gpu_backends():
 @pytest.mark.parametrize("T,N,bs", [(4099, 128, 64), (5000, 16, 16), (333, 24, 1)])
 def test_gpu_large_bf16(is_neox, T, N, bs):
     for backend in _gpu_backends():
-        case = Case(T, N, bs, torch.bfloat16, skip=(0, 7, T - 1), block_pad=1)
-        case.run(backend, is_neox)
-        check_against_both(case, is_neox)
+        case = make_case(T, N, bs, torch.bfloat16, is_neox=is_neox, skip=(0, 7, T - 1), block_pad=1)
+        run(case, backend)
+        check_against_both(case)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fp8", FP8_KINDS, ids=str)
 def test_gpu_large_fp8(fp8):
     for backend in _gpu_backends():
-        case = Case(4099, 128, 64, torch.bfloat16, fp8=fp8, skip=(3,))
-        case.run(backend, False)
-        check_fp8(case, False)
+        case = make_case(4099, 128, 64, torch.bfloat16, fp8=fp8, skip=(3,))
+        run(case, backend)
+        check_fp8(case)
 
 
 @pytest.mark.gpu
@@ -45,12 +40,11 @@ def test_hip_misaligned_falls_back_to_scalar(dtype):
     if "hip" not in backends():
         pytest.skip("HIP extension unavailable")
     T, N = 37, 16
-    case = Case(T, N, 16, dtype)
-    base = torch.randn(T * N * 192 + 1, device=DEVICE).to(dtype)
-    case.q = base[1:].view(T, N, 192)
-    case.q.copy_(case.before["q"])
-    case.run("hip", False)
-    check_against_both(case, False)
+    case = make_case(T, N, 16, dtype)
+    base = torch.empty(T * N * 192 + 1, dtype=dtype, device=DEVICE)
+    case.q = base[1:].view(T, N, 192).copy_(case.q0)
+    run(case, "hip")
+    check_against_both(case)
 
 
 @pytest.mark.gpu
@@ -60,7 +54,7 @@ def test_hip_and_triton_agree_bitwise_on_fp8_latent():
         pytest.skip("needs both the HIP extension and Triton")
     out = []
     for backend in _gpu_backends():
-        case = Case(1000, 16, 64, torch.bfloat16, fp8=torch.float8_e4m3fn, seed=5)
-        case.run(backend, False)
-        out.append(case.rows().view(torch.uint8)[:, :512])
+        case = make_case(1000, 16, 64, torch.bfloat16, fp8=torch.float8_e4m3fn, seed=5)
+        run(case, backend)
+        out.append(case.written_rows().view(torch.uint8)[:, :512])
     assert torch.equal(out[0], out[1])

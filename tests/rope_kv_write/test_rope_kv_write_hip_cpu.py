@@ -6,15 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 from _util import DEVICE
-from rope_case import (
-    FP8_KINDS,
-    Q_WIDTH,
-    Case,
-    check_against_both,
-    check_fp8,
-)
+from rope_case import FP8_KINDS, Q_WIDTH, check_against_both, check_fp8, make_case
 from rope_hip_cpu import compile_rope_kv_on_cpu, run_hip_kernel_on_cpu
 
+from rocm_mla.cases import raise_on
 from rocm_mla.reference.rope_kv_write import quantize_fp8_ref
 
 
@@ -35,7 +30,7 @@ HIP_CPU_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 def test_hip_kernel_on_cpu(hip_kernel_on_cpu, dtype, is_neox, N, block_size, threads, upt, vec):
     if DEVICE.type != "cpu":
         pytest.skip("CPU emulation test (the GPU tests run the real kernel)")
-    case = Case(13, N, block_size, dtype, skip=(1, 6), block_pad=int(vec), q_width=Q_WIDTH[N])
+    case = make_case(13, N, block_size, dtype, is_neox=is_neox, skip=(1, 6), block_pad=int(vec), q_width=Q_WIDTH[N])
     run_hip_kernel_on_cpu(
         hip_kernel_on_cpu,
         case.positions,
@@ -52,7 +47,7 @@ def test_hip_kernel_on_cpu(hip_kernel_on_cpu, dtype, is_neox, N, block_size, thr
         units_per_thread=upt,
         vec=vec,
     )
-    check_against_both(case, is_neox, exact=True)
+    check_against_both(case, exact=True)
 
 
 @pytest.mark.parametrize("fp8", FP8_KINDS, ids=str)
@@ -66,7 +61,7 @@ def test_hip_kernel_on_cpu(hip_kernel_on_cpu, dtype, is_neox, N, block_size, thr
 def test_hip_kernel_on_cpu_fp8(hip_kernel_on_cpu, fp8, is_neox, dtype, cs, vec):
     if DEVICE.type != "cpu":
         pytest.skip("CPU emulation test (the GPU tests run the real kernel)")
-    case = Case(11, 8, 16, dtype, fp8=fp8, cs_dtype=cs, scale=0.8)
+    case = make_case(11, 8, 16, dtype, is_neox=is_neox, fp8=fp8, cs_dtype=cs, scale=0.8)
     run_hip_kernel_on_cpu(
         hip_kernel_on_cpu,
         case.positions,
@@ -81,7 +76,7 @@ def test_hip_kernel_on_cpu_fp8(hip_kernel_on_cpu, fp8, is_neox, dtype, cs, vec):
         fp8=fp8,
         vec=vec,
     )
-    check_fp8(case, is_neox)
+    check_fp8(case)
 
 
 @pytest.mark.parametrize("fp8", FP8_KINDS, ids=str)
@@ -91,7 +86,7 @@ def test_hip_kernel_on_cpu_fp8_every_half_value(hip_kernel_on_cpu, fp8, vec, sca
     if DEVICE.type != "cpu":
         pytest.skip("CPU emulation test (the GPU tests run the real kernel)")
     T = 128
-    case = Case(T, 1, 16, torch.float32, fp8=fp8, skip=())
+    case = make_case(T, 1, 16, torch.float32, fp8=fp8, skip=())
     case.k_scale.fill_(scale)
     case.kv_c.copy_(
         torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.float16).float().view(T, 512)
@@ -111,7 +106,7 @@ def test_hip_kernel_on_cpu_fp8_every_half_value(hip_kernel_on_cpu, fp8, vec, sca
         vec=vec,
     )
     want = quantize_fp8_ref(case.kv_c, case.k_scale, fp8).view(torch.uint8)
-    assert torch.equal(case.rows()[:, :512].view(torch.uint8), want)
+    assert torch.equal(case.written_rows()[:, :512].view(torch.uint8), want)
 
 
 @pytest.mark.parametrize("vec", [True, False], ids=["vec", "scalar"])
@@ -119,7 +114,7 @@ def test_hip_kernel_on_cpu_concat_and_short_slots(hip_kernel_on_cpu, vec):
     """No-rope mode (concat_and_cache_mla), slot_mapping shorter than the batch, T = 0."""
     if DEVICE.type != "cpu":
         pytest.skip("CPU emulation test (the GPU tests run the real kernel)")
-    case = Case(9, 1, 16, torch.bfloat16, skip=(2,))
+    case = make_case(9, 1, 16, torch.bfloat16, skip=(2,))
     case.slots = case.slots[:7]
     run_hip_kernel_on_cpu(
         hip_kernel_on_cpu,
@@ -135,11 +130,11 @@ def test_hip_kernel_on_cpu_concat_and_short_slots(hip_kernel_on_cpu, vec):
         fp8=None,
         vec=vec,
     )
-    assert torch.equal(case.kv_a, case.before["kv_a"])
+    assert torch.equal(case.kv_a, case.kv_a0)
     want = torch.cat((case.kv_c, case.kv_a[:, 512:]), dim=-1)[:7][case.slots >= 0]
-    assert torch.equal(case.rows(), want)
-    case.untouched_elsewhere()
-    empty = Case(0, 4, 16, torch.bfloat16)
+    assert torch.equal(case.written_rows(), want)
+    raise_on(case.untouched())
+    empty = make_case(0, 4, 16, torch.bfloat16)
     run_hip_kernel_on_cpu(
         hip_kernel_on_cpu,
         empty.positions,

@@ -6,19 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _util import (
-    DEVICE,
-    F32,
-    Guarded,
-    assert_close,
-    assert_no_sync_and_capturable,
-    backends,
-    raises_naming,
-    seeded_generator,
-)
+from _util import DEVICE, assert_no_sync_and_capturable, backends, raises_naming
 from rope_hip_cpu import compile_rope_kv_on_cpu, run_hip_kernel_on_cpu
 
 import rocm_mla
+from rocm_mla.cases import Guarded, compare, first_problem, generator, raise_on
+from rocm_mla.cases import rope_kv_write as cases
 from rocm_mla.reference.rope_kv_write import (
     cache_rows_ref,
     quantize_fp8_ref,
@@ -26,6 +19,7 @@ from rocm_mla.reference.rope_kv_write import (
     rope_ref,
 )
 
+F32 = torch.float32
 MAX_POS = 300
 HUGE = [1 << 40, (1 << 62) + 5]
 
@@ -35,18 +29,19 @@ def _cos_sin(max_pos=MAX_POS):
 
 
 class RopeCase:
-    """One KV-write batch with every tensor inside a sentinel-guarded buffer: q [T, N, 192] (q_pe
-    its rope slice), kv_a [T, 576] (k_pe its [:, 512:] slice), cos/sin cache, a NaN-poisoned paged
-    cache whose guards reach two whole pages past each end (a stray row write lands there)."""
+    """One KV-write batch with every tensor inside a sentinel-guarded buffer (rocm_mla.cases.Guarded:
+    the layout the cases' RopeInputs has not): q [T, N, 192] (q_pe its rope slice), kv_a [T, 576]
+    (k_pe its [:, 512:] slice), cos/sin cache, a NaN-poisoned paged cache whose guards reach two
+    whole pages past each end (a stray row write lands there)."""
 
     def __init__(self, T, N, bs, nb, *, dtype=F32, fp8=None, max_pos=MAX_POS, seed=0):
-        g = seeded_generator(seed)
-        self.T, self.N, self.fp8 = T, N, fp8
-        self.q = Guarded((T, N, 192), dtype, generator=g)
-        self.kv_a = Guarded((T, 576), dtype, generator=g)
-        self.kv_c = Guarded((T, 512), dtype, generator=g)
-        self.cos_sin = Guarded((max_pos, 64), F32, fill=_cos_sin(max_pos).to(DEVICE))
-        self.cache = Guarded((nb, bs, 576), fp8 or dtype, fill="nan", guard=2 * bs * 576 + 64)
+        g = generator(seed, "cpu")
+        self.T, self.N, self.dtype, self.fp8 = T, N, dtype, fp8
+        self.q = Guarded((T, N, 192), dtype, device=DEVICE, generator=g)
+        self.kv_a = Guarded((T, 576), dtype, device=DEVICE, generator=g)
+        self.kv_c = Guarded((T, 512), dtype, device=DEVICE, generator=g)
+        self.cos_sin = Guarded((max_pos, 64), F32, device=DEVICE, fill=_cos_sin(max_pos).to(DEVICE))
+        self.cache = Guarded((nb, bs, 576), fp8 or dtype, device=DEVICE, fill="nan", guard=2 * bs * 576 + 64)
         self.k_scale = torch.tensor([0.5], device=DEVICE)
         self.q0, self.k0 = self.q.view.clone(), self.kv_a.view.clone()
         self.num_slots = nb * bs
@@ -77,8 +72,10 @@ class RopeCase:
             **kw,
         )
 
-    def check(self, is_neox, *, rope=True, tol=1e-5):
-        """Good tokens as the reference, bad positions NaN, bad slots skipped, guards intact."""
+    def check(self, is_neox, *, rope=True):
+        """Good tokens as the reference (the op's bound; fp8 codes: FP8_SAME_CODES), bad positions
+        NaN, bad slots skipped, guards intact."""
+        tol = cases.TOLERANCE[self.dtype]
         pos, slots = self.positions.long(), self.slots.long()
         good_pos = (pos >= 0) & (pos < self.cos_sin.view.shape[0])
         good_slot = (slots >= 0) & (slots < self.num_slots)
@@ -87,8 +84,13 @@ class RopeCase:
             k_rot = rope_ref(self.positions, self.k0[:, 512:], self.cos_sin.view, is_neox=is_neox)
             assert torch.isnan(self.q_pe[~good_pos].float()).all(), "bad position: q_pe not NaN"
             assert torch.isnan(self.k_pe[~good_pos].float()).all(), "bad position: k_pe not NaN"
-            assert_close(self.q_pe[good_pos].float(), q_rot[good_pos], rtol=tol, atol=tol)
-            assert_close(self.k_pe[good_pos].squeeze(1).float(), k_rot[good_pos], rtol=tol, atol=tol)
+            # NaN exactly at the bad positions, the rest within the bound.
+            raise_on(
+                first_problem(
+                    compare("q_pe", self.q_pe, q_rot, tol["q_pe"]),
+                    compare("k_pe", self.k_pe.squeeze(1), k_rot, tol["k_pe"]),
+                )
+            )
         else:
             k_rot = self.k0[:, 512:].float()
             assert torch.equal(self.kv_a.view, self.k0), "concat_and_cache_mla changed k_pe"
@@ -101,12 +103,13 @@ class RopeCase:
         written[slots[good_slot]] = True
         got = flat[slots[good_slot]]
         want = rows[: slots.shape[0]][good_slot]
+        bound = tol["rows"]
         if self.fp8 is not None:
             want = quantize_fp8_ref(want, self.k_scale, self.fp8)
-            got, want = got.float(), want.float()
+            got, want, bound = got.float(), want.float(), cases.FP8_SAME_CODES
         nan_want = torch.isnan(want.float())
         assert torch.equal(torch.isnan(got.float()), nan_want), "NaN pattern of the cache rows"
-        assert_close(got.float()[~nan_want], want.float()[~nan_want], rtol=tol, atol=tol)
+        raise_on(compare("cache rows", got.float()[~nan_want], want.float()[~nan_want], bound).problem)
         snap = self.cache._snap[self.cache.guard : self.cache.guard + flat.numel()].view(-1, 576)
         assert torch.equal(
             flat[~written].view(torch.uint8) if flat.dtype.itemsize == 1 else flat[~written].view(torch.uint8),
@@ -150,7 +153,7 @@ def test_rope_bad_indices_fp8_cache(backend, fp8):
     case = RopeCase(13, 2, 8, nb=4, dtype=torch.float16, fp8=fp8, seed=3)
     _bad_indices(case)
     case.run(backend, False)
-    case.check(False, tol=2e-3)
+    case.check(False)
 
 
 @pytest.mark.parametrize("backend", backends())
@@ -270,19 +273,18 @@ def test_hip_rope_kernel_on_cpu_bad_indices(hip_rope_on_cpu, vec, is_neox, fp8):
         )
 
     dtype = torch.bfloat16 if fp8 else F32
-    tol = 1.6e-2 if fp8 else 1e-5
     case = RopeCase(17, 3, 8, nb=5, dtype=dtype, fp8=fp8, seed=11)
     _bad_indices(case)
     go(case)
-    case.check(is_neox, tol=tol)
+    case.check(is_neox)
     concat = RopeCase(9, 1, 8, nb=2, dtype=dtype, fp8=fp8, seed=12)
     _bad_indices(concat, bad_pos=False)
     go(concat, rope=False)
-    concat.check(is_neox, rope=False, tol=tol)
+    concat.check(is_neox, rope=False)
     no_rows = RopeCase(4, 2, 8, nb=2, dtype=dtype, fp8=fp8, max_pos=0)
     no_rows.positions.zero_()
     go(no_rows)
-    no_rows.check(is_neox, tol=tol)
+    no_rows.check(is_neox)
 
 
 @pytest.mark.gpu
@@ -294,24 +296,23 @@ def test_gpu_rope_bad_indices(backend, dtype, is_neox):
     paths, bf16 and fp8 caches, huge indices."""
     if backend not in backends():
         pytest.skip(f"{backend} unavailable")
-    tol = 3.2e-2
     for N, bs, nb, fp8 in ((16, 16, 9, None), (128, 64, 3, None), (3, 5, 40, "fp8")):
         fp8_dtype = (torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn) if fp8 else None
         case = RopeCase(101, N, bs, nb=nb, dtype=dtype, fp8=fp8_dtype, seed=N)
         _bad_indices(case)
         case.run(backend, is_neox)
-        case.check(is_neox, tol=tol)
+        case.check(is_neox)
     misaligned = RopeCase(33, 4, 16, nb=3, dtype=dtype, seed=9)  # HIP scalar path: q_pe off 16 bytes
-    base = Guarded((33 * 4 * 192 + 1,), dtype)
+    base = Guarded((33 * 4 * 192 + 1,), dtype, device=DEVICE, generator=generator(10, "cpu"))
     misaligned.q = base
     misaligned.q.view = base.view[1:].view(33, 4, 192)
     misaligned.q0 = misaligned.q.view.clone()
     _bad_indices(misaligned)
     misaligned.run(backend, is_neox)
-    misaligned.check(is_neox, tol=tol)
+    misaligned.check(is_neox)
     empty = RopeCase(7, 2, 16, nb=0, dtype=dtype)
     empty.run(backend, is_neox)
-    empty.check(is_neox, tol=tol)
+    empty.check(is_neox)
 
 
 @pytest.mark.gpu

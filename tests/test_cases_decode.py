@@ -63,3 +63,10 @@ def test_quantized_q_bounds_no_looser_than_the_plain_ones_on_out():
     for dtype in (F16, BF16):
         q, plain = decode.QUANTIZED_Q[dtype]["out"], decode.TOLERANCE[dtype]["out"]
         assert (q.atol, q.rtol) == (plain.atol, plain.rtol)
+
+
+def test_quantize_q_bound_per_device():
+    """The interpreter rounds q exactly as the reference does; a GPU may flip one e4m3 code."""
+    assert decode.quantize_q_bound(torch.float16, "cpu") is decode.QUANTIZED_Q[torch.float16]
+    assert decode.quantize_q_bound(torch.bfloat16, "cpu") is decode.QUANTIZED_Q[torch.bfloat16]
+    assert decode.quantize_q_bound(torch.float16, "cuda") is decode.QUANTIZED_Q_SERVING

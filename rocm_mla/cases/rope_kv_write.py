@@ -260,7 +260,7 @@ class RopeInputs:
 
         q_ref, _, row_ref = ref if ref is not None else self.reference()
         tol = TOLERANCE[self.dtype]
-        valid = self.slots >= 0
+        valid = self.cached()
         got = self.written_rows()
         if self.fp8 is not None:
             ks = self.k_scale.float()

@@ -141,8 +141,9 @@ def check_decode(device: torch.device, backends: list[str]) -> list[CheckRow]:
                         fp8_shape, dtype=dtype, device=device, k_scale=0.5, q_layout="one_buffer"
                     )
                     _, lse = inp.run(lse=None, num_kv_splits=3, backend=backend, quantize_q=quantize)
-                    comps = inp.compare(inp.out, lse, quantize_q=quantize)
-                    rows += _rows(op, backend, dtype, case, comps, tol, names)
+                    qtol = decode_cases.quantize_q_bound(dtype, device) if quantize else None
+                    comps = inp.compare(inp.out, lse, quantize_q=quantize, tol=qtol)
+                    rows += _rows(op, backend, dtype, case, comps, qtol or tol, names)
                 except Exception as exc:
                     rows.append(_failed(op, backend, dtype, case, exc))
     return rows

@@ -7,7 +7,7 @@ Per op: the current numbers (for each shape, the rows of the latest run that mea
 peers beside ours and the speed-up of our best implementation over each peer, the ceilings that run
 measured in its own process, the device, versions, commit and date of the runs, and the perf/bench.py
 command that measures them again. Needs no GPU. The page is a function of the CSV alone:
-tests/test_bench_report.py checks that the committed page equals this script's output.
+tests/tools/test_bench_report.py checks that the committed page equals this script's output.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ Writes, under --out:
 
 Runs on an MI300 machine with vLLM 0.33 (docker/Dockerfile), not on the CPU machines where it was
 written. The output parsing, command construction, CSV rows and table are pure functions that the
-tests run on recorded `vllm bench serve` output (tests/test_serve_bench.py).
+tests run on recorded `vllm bench serve` output (tests/tools/test_serve_bench.py).
 
 One run of 32 prompts moves by a few percent between two runs of the same server (the recorded
 samples: TTFT 396 vs 388 ms): treat differences of that size as noise; use more prompts to resolve less.

@@ -3,9 +3,10 @@
 TRITON_INTERPRET must be set before any @triton.jit decorator runs, so it is set here, before
 rocm_mla is imported. GPU-only tests carry the ``gpu`` marker and skip cleanly without a GPU.
 
-Layout: one folder per op (tests/<op>/: correctness and memory safety side by side), tests/vllm/
-(marker ``vllm``), and the tool tests named in TOOL_TESTS (marker ``tools``). Select with
-``-m "not vllm and not tools"`` and the like; the markers are registered in pyproject.toml.
+Layout: one folder per op (tests/<op>/: correctness and memory safety side by side), the shared
+input builders (tests/cases/), tests/vllm/ (marker ``vllm``) and the tests of the tools, bench
+scripts and package layout (tests/tools/, marker ``tools``). Select with ``-m "not vllm and not
+tools"`` and the like; the markers are registered in pyproject.toml.
 """
 
 import os
@@ -17,26 +18,12 @@ HAS_GPU = torch.cuda.is_available()
 if not HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 # The tests check the package's own launch data: a tuned overlay of the machine's user
-# (`rocm-mla tune`, ~/.config/rocm_mla) must not change it. tests/test_tune.py uses its own folders.
+# (`rocm-mla tune`, ~/.config/rocm_mla) must not change it. tests/tools/test_tune.py uses its own folders.
 os.environ["ROCM_MLA_CONFIG_DIR"] = ""
 
 import pytest  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
-
-# Tests of the command-line tools, the bench scripts and the package layout (not of an op).
-TOOL_TESTS = {
-    "test_bench_prefill.py",
-    "test_benchutil_peers.py",
-    "test_config_fallback.py",
-    "test_isa_report.py",
-    "test_layering.py",
-    "test_profile_scripts.py",
-    "test_selfcheck.py",
-    "test_serve_bench.py",
-    "test_triton_interpreter.py",
-    "test_tune.py",
-}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -45,7 +32,7 @@ def pytest_collection_modifyitems(config, items):
         path = Path(str(item.path)).resolve()
         if path.parent == TESTS / "vllm":
             item.add_marker(pytest.mark.vllm)
-        if path.name in TOOL_TESTS:
+        if path.parent == TESTS / "tools":
             item.add_marker(pytest.mark.tools)
         if not HAS_GPU and "gpu" in item.keywords:
             item.add_marker(skip)

@@ -6,7 +6,7 @@
 //   e4m3fnuz (gfx942 / MI300):      bias 8, max 240 (0x7f), no inf, NaN = 0x80, no -0.
 // Both are written by one template over a format descriptor, bit for bit what torch's
 // `tensor.clamp(-max, max).to(torch.float8_e4m3fn / float8_e4m3fnuz)` stores (round to nearest
-// even, subnormals included); tests/test_rope_kv_write.py compiles this header with the host compiler
+// even, subnormals included); tests/rope_kv_write/test_rope_kv_write_fp8.py compiles this header with the host compiler
 // and compares every float16 value and a million random float32 patterns with torch.
 //
 // This header needs no GPU header at all: it builds as device code (nvcc, hipcc, clang -x hip)

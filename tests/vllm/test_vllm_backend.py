@@ -34,7 +34,7 @@ if vllm.__version__ != "0.33.0":
         f"the ROCM_MLA backend is written against vLLM 0.33.0, found {vllm.__version__}", allow_module_level=True
     )
 
-from vllm_harness.layer_step import LayerStep, Request, use_simulated_gfx942_platform
+from vllm_harness.layer_step import LAYER_TOLERANCE, LayerStep, Request, use_simulated_gfx942_platform
 
 use_simulated_gfx942_platform()
 
@@ -49,7 +49,7 @@ from rocm_mla.vllm.backend import RocmMLABackend, RocmMLAImpl, RocmMLAMetadataBu
 REPO = Path(__file__).resolve().parents[2]
 CPU_DTYPES = [torch.float32, torch.float16]
 GPU_DTYPES = [torch.bfloat16, torch.float16]
-TOL = {torch.float32: 2e-4, torch.float16: 1e-2, torch.bfloat16: 4e-2}
+TOL = LAYER_TOLERANCE
 
 
 def _python(code: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:

@@ -33,6 +33,8 @@ H.use_simulated_gfx942_platform()
 H.stub_vllm_compiled_op_schemas()
 
 import rocm_mla.vllm as rocm_vllm  # noqa: E402
+from rocm_mla.cases import compare, raise_on  # noqa: E402
+from rocm_mla.cases import rope_kv_write as rope_cases  # noqa: E402
 from rocm_mla.vllm import fused_rope_kv_op as F  # noqa: E402
 
 rocm_vllm.register()
@@ -66,9 +68,6 @@ ROPES = {
     ),
 }
 BATCH = [H.Request(37, 1), H.Request(0, 1), H.Request(70, 1), H.Request(12, 5), H.Request(0, 6)]
-# Relative tolerance of one rounding of the model dtype (forward_static rounds each product and
-# sum in the model dtype; rocm_mla rotates in float32 and rounds once).
-RTOL = {torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
 class FusedCase:
@@ -166,20 +165,11 @@ class FusedCase:
 
 
 def _close(got, want, dtype, what):
-    tol = RTOL[dtype] * (1 + want.abs())
-    err = (got.float() - want.float()).abs()
-    assert torch.isfinite(got).all() and (err <= tol).all(), f"{what}: max |err| {err.max().item()}"
+    raise_on(compare(what, got, want, rope_cases.ONE_MODEL_ROUNDING[dtype]).problem)
 
 
 def _fp8_rows_close(got, want, dtype):
-    """fp8 cache rows (dequantised) of the fused write against vLLM's unfused path: one e4m3 step
-    (3 mantissa bits: |want| / 8, or the scaled subnormal step) plus the error of vLLM's rotation
-    itself, which runs in the model dtype (the same absolute-ish tolerance the k_pe check uses).
-    Seen on the H200 (bf16): where x cos - y sin cancels, vLLM's bf16 rotation is off by several
-    e4m3 steps of the small result; ours rotates in float32 (HIP and Triton wrote the same bytes)."""
-    tol = want.abs() / 8 + 0.05 * 2**-9 + RTOL[dtype] * (1 + want.abs())
-    err = (got - want).abs()
-    assert (err <= tol).all(), f"fp8 cache rows: max |err| {err.max().item()}"
+    raise_on(compare("fp8 cache rows", got, want, rope_cases.fp8_rows_vs_model_rounding(dtype, 0.05)).problem)
 
 
 def _check_against_unfused(case: FusedCase, dtype):

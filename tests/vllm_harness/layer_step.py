@@ -277,6 +277,12 @@ def _ensure_single_process_group(vllm_config) -> None:
         ps.initialize_model_parallel(1, 1)
 
 
+# A layer step through a backend against LayerStep.reference, as max |err| over max(1, max |ref|):
+# the step runs vLLM's W_UK / W_UV bmms and the attention in the model dtype, the reference in
+# float32 from the same weights and cache.
+LAYER_TOLERANCE = {torch.float32: 2e-4, torch.float16: 1e-2, torch.bfloat16: 4e-2}
+
+
 @dataclass
 class Request:
     """One request of the batch: ``context`` tokens already cached, ``query`` new tokens."""

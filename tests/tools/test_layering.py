@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[1] / "rocm_mla"
+PKG = Path(__file__).resolve().parents[2] / "rocm_mla"
 
 # Module names a runtime file must never import: the test scaffolding, the test runner, the benches.
 FORBIDDEN = ("vllm_harness", "pytest", "perf", "tests", "_util")

@@ -9,7 +9,7 @@ sha256 of their canonical JSON beside a readable summary (kernel, grid, tile, sp
 replays each call with the kernels replaced by recorders and asserts the same launches, then
 asserts that ``plan_decode`` for the call names exactly those launches.
 
-``python3 tests/test_decode_plan.py --write`` records the table again; do that only for a change
+``python3 tests/decode/test_decode_plan.py --write`` records the table again; do that only for a change
 meant to alter what the kernels are launched with.
 """
 
@@ -31,7 +31,7 @@ import rocm_mla.ops.decode as decode_mod
 import rocm_mla.ops.decode_plan as plan_mod
 from rocm_mla.configs import config_for, platform_fp8_dtype
 
-GRID_FILE = Path(__file__).parent / "data" / "decode_plan_grid.json"
+GRID_FILE = Path(__file__).resolve().parents[1] / "data" / "decode_plan_grid.json"
 ARCHES = {"gfx942": 304, "gfx950": 256, "sm90": 132, "cpu": 4}
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

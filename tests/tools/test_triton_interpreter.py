@@ -68,7 +68,7 @@ _SCRIPT = textwrap.dedent("""
 
 
 def _run(install: bool, tmp_path) -> subprocess.CompletedProcess:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's rocm_mla
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's rocm_mla
     env = dict(
         os.environ,
         TRITON_CACHE_DIR=str(tmp_path / "triton_cache"),

@@ -14,7 +14,7 @@ from _util import DEVICE, HAS_GPU
 
 from rocm_mla.tools.benchutil import vllm_triton_mla_decode
 
-PEERS = Path(__file__).resolve().parent.parent / ".peers"
+PEERS = Path(__file__).resolve().parents[2] / ".peers"
 
 
 def _decode_inputs(B=2, N=4, pages=9, block=16, lens=(37, 5), S=4, dtype=torch.float32, seed=3):
@@ -79,7 +79,7 @@ def test_triton_mla_decode_with_vllms_kernel_matches_the_reference():
     result, so the benchmarks' vLLM column times a correct call. In its own interpreter: once the
     suite has imported the installed vLLM, ``vllm`` would resolve there, not to the peer."""
     env = dict(os.environ, TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET", "0" if HAS_GPU else "1"))
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     proc = subprocess.run(
         [sys.executable, "-c", _PEER_CHILD], cwd=root, env=env, capture_output=True, text=True, timeout=600
     )

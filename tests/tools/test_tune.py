@@ -28,7 +28,7 @@ from rocm_mla.tools.tune.overlay import describe_overlay
 from rocm_mla.tools.tune.shapes import ALL_OPS, OP_KEYS, Shape, parse_shapes
 from rocm_mla.tools.tune.tuner import Tuner
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _here() -> str:

@@ -1,5 +1,5 @@
 """rocm_mla.cases.rope_kv_write and .merge: the options and bounds the op tests use beyond the
-common ones (tests/test_cases.py): skipped and short slot mappings, the inner-stride layout, the
+common ones (tests/cases/test_cases.py): skipped and short slot mappings, the inner-stride layout, the
 fp8 code bounds, the one-side merge bound."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import pytest
 from rocm_mla.configs import config_for
 from rocm_mla.configs.tables import _table
 
-SNAPSHOT = json.loads((Path(__file__).parent / "data" / "gfx950_configs_snapshot.json").read_text())
+SNAPSHOT = json.loads((Path(__file__).resolve().parents[1] / "data" / "gfx950_configs_snapshot.json").read_text())
 OPS = sorted(k for k in SNAPSHOT if not k.startswith("_"))
 # The blocks that were verbatim copies of gfx942 (removed) and those that differ (kept).
 COPIED = ("merge_attn_states", "mla_decode", "rope_kv_write")
@@ -39,7 +39,7 @@ def test_own_gfx950_blocks_stay_and_differ(op):
 
 def test_no_arch_block_copies_gfx942():
     """A block identical to gfx942's is dead weight: the fallback gives it anyway."""
-    for path in sorted((Path(__file__).resolve().parents[1] / "rocm_mla" / "configs").glob("*.json")):
+    for path in sorted((Path(__file__).resolve().parents[2] / "rocm_mla" / "configs").glob("*.json")):
         table = json.loads(path.read_text())
         for arch, obj in table.items():
             if arch.startswith("gfx9") and arch != "gfx942":
@@ -51,7 +51,7 @@ def test_docs_narrate_no_dates():
     the values live in docs/notes/config-rationale.md and git."""
     import re
 
-    for path in sorted((Path(__file__).resolve().parents[1] / "rocm_mla" / "configs").glob("*.json")):
+    for path in sorted((Path(__file__).resolve().parents[2] / "rocm_mla" / "configs").glob("*.json")):
         doc = json.loads(path.read_text()).get("_doc", "")
         text = " ".join(doc) if isinstance(doc, list) else doc
         assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text), path.name

@@ -34,7 +34,7 @@ from rocm_mla.cases import (
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 E4M3 = torch.float8_e4m3fn
-PKG = Path(__file__).resolve().parents[1] / "rocm_mla" / "cases"
+PKG = Path(__file__).resolve().parents[2] / "rocm_mla" / "cases"
 
 
 # ---------------------------------------------------------------- the paged cache

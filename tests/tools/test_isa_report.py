@@ -303,7 +303,7 @@ def test_peer_rows_are_reported_not_gated(monkeypatch, capsys):
 
 
 @pytest.mark.skipif(
-    not (isa_report.Path(__file__).resolve().parents[1] / ".peers" / "aiter" / "aiter").is_dir(),
+    not (isa_report.Path(__file__).resolve().parents[2] / ".peers" / "aiter" / "aiter").is_dir(),
     reason="no .peers/aiter (bash perf/peers/get_aiter_peers.sh .peers/aiter)",
 )
 def test_aiter_mha_compiles_for_gfx942(tmp_path):
@@ -328,7 +328,7 @@ def test_aiter_mha_compiles_for_gfx942(tmp_path):
             "--json",
             str(out),
         ],
-        cwd=isa_report.Path(__file__).resolve().parents[1],
+        cwd=isa_report.Path(__file__).resolve().parents[2],
         env=env,
         capture_output=True,
         text=True,
@@ -342,7 +342,7 @@ def test_aiter_mha_compiles_for_gfx942(tmp_path):
 
 
 @pytest.mark.skipif(
-    not (isa_report.Path(__file__).resolve().parents[1] / ".peers" / "aiter" / "aiter").is_dir(),
+    not (isa_report.Path(__file__).resolve().parents[2] / ".peers" / "aiter" / "aiter").is_dir(),
     reason="no .peers/aiter (bash perf/peers/get_aiter_peers.sh .peers/aiter; .ci/run fetches it)",
 )
 def test_decode_side_by_side_with_aiter_on_gfx942(tmp_path):
@@ -351,7 +351,7 @@ def test_decode_side_by_side_with_aiter_on_gfx942(tmp_path):
     import subprocess
     import sys
 
-    root = isa_report.Path(__file__).resolve().parents[1]
+    root = isa_report.Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "tc")
     p = subprocess.run(

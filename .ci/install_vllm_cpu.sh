@@ -20,7 +20,7 @@ PY=${PYTHON:-python3}
 have_vllm() { "$PY" -c "import vllm, sys; sys.exit(vllm.__version__ != '0.33.0')" >/dev/null 2>&1; }
 
 fail() {
-  echo "[setup] WARNING: $1; the vLLM tests (tests/vllm/) will skip" >&2
+  echo "[setup] WARNING: $1; the vLLM tests (tests/vllm_backend/) will skip" >&2
   [ "${CI:-}" = true ] && exit 1
   exit 0
 }

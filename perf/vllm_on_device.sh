@@ -9,7 +9,7 @@
 # (`pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
 #  --platform manylinux_2_28_x86_64 ...`), plus typing_extensions 4.16. About 30 MB in all.
 # Seen on the H200 (2026-11-29, torch 2.11 / transformers 5.17 there): vLLM imports, and every GPU
-# test of tests/vllm/test_vllm_backend.py passes. vLLM's compiled CUDA ops are not carried, so anything
+# test of tests/vllm_backend/test_vllm_backend.py passes. vLLM's compiled CUDA ops are not carried, so anything
 # that resolves vLLM's platform to CUDA fails; the test harness
 # (tests/vllm_harness/layer_step.py: use_simulated_gfx942_platform) keeps vLLM on a simulated ROCm platform,
 # in spawned interpreters too.

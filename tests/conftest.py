@@ -4,7 +4,7 @@ TRITON_INTERPRET must be set before any @triton.jit decorator runs, so it is set
 rocm_mla is imported. GPU-only tests carry the ``gpu`` marker and skip cleanly without a GPU.
 
 Layout: one folder per op (tests/<op>/: correctness and memory safety side by side), the shared
-input builders (tests/cases/), tests/vllm/ (marker ``vllm``) and the tests of the tools, bench
+input builders (tests/cases/), tests/vllm_backend/ (marker ``vllm``; not named ``vllm``, which would shadow the package) and the tests of the tools, bench
 scripts and package layout (tests/tools/, marker ``tools``). Select with ``-m "not vllm and not
 tools"`` and the like; the markers are registered in pyproject.toml.
 """
@@ -30,7 +30,7 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a GPU (CUDA or ROCm); none visible to torch")
     for item in items:
         path = Path(str(item.path)).resolve()
-        if path.parent == TESTS / "vllm":
+        if path.parent == TESTS / "vllm_backend":
             item.add_marker(pytest.mark.vllm)
         if path.parent == TESTS / "tools":
             item.add_marker(pytest.mark.tools)

@@ -54,7 +54,7 @@ def test_triton_mla_decode_calls_the_peer_as_forward_mqa_does():
 
 _PEER_CHILD = r"""
 import sys, torch
-sys.path[:0] = ["tests", "."]
+sys.path[:0] = ["tests/tools", "tests", "."]
 import test_benchutil_peers as t
 from rocm_mla.reference import mla_decode_ref
 from rocm_mla.tools.benchutil import load_vllm_peer, vllm_num_kv_splits, vllm_triton_mla_decode

@@ -564,7 +564,7 @@ FUSE_FLAGS = ["-cc.use_inductor_graph_partition=true", "-cc.pass_config.fuse_rop
 
 
 def test_serve_sh_turns_the_fused_rope_kv_write_on_for_rocm_mla():
-    """The fuse_rope_kvcache_cat_mla pass flags (what vLLM makes of them: tests/vllm/test_vllm_fused_rope_kv.py),
+    """The fuse_rope_kvcache_cat_mla pass flags (what vLLM makes of them: tests/vllm_backend/test_vllm_fused_rope_kv.py),
     before VLLM_EXTRA_ARGS and the arguments, so a later -cc.* flag overrides them."""
     _, cmd = _serve_sh({"VLLM_EXTRA_ARGS": "--dtype bfloat16"}, "-cc.pass_config.fuse_rope_kvcache_cat_mla=false")
     argv = cmd.split()

@@ -1,4 +1,4 @@
-"""The vLLM test harness (tests/vllm/ and the layer-step and DCP scripts of ``perf/`` import it; it
+"""The vLLM test harness (tests/vllm_backend/ and the layer-step and DCP scripts of ``perf/`` import it; it
 lives outside the wheel: nothing in ``rocm_mla`` needs it at run time). Importable with tests/ on
 sys.path (pytest's conftest puts it there; the perf scripts insert it).
 

@@ -4,9 +4,10 @@ TRITON_INTERPRET must be set before any @triton.jit decorator runs, so it is set
 rocm_mla is imported. GPU-only tests carry the ``gpu`` marker and skip cleanly without a GPU.
 
 Layout: one folder per op (tests/<op>/: correctness and memory safety side by side), the shared
-input builders (tests/cases/), tests/vllm_backend/ (marker ``vllm``; not named ``vllm``, which would shadow the package) and the tests of the tools, bench
-scripts and package layout (tests/tools/, marker ``tools``). Select with ``-m "not vllm and not
-tools"`` and the like; the markers are registered in pyproject.toml.
+input builders (tests/cases/), the vLLM backend's tests (tests/vllm_backend/, marker ``vllm``; a
+folder named ``vllm`` would shadow the package where vLLM is not installed) and the tests of the
+tools, bench scripts and package layout (tests/tools/, marker ``tools``). Select with
+``-m "not vllm and not tools"`` and the like; the markers are registered in pyproject.toml.
 """
 
 import os

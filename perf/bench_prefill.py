@@ -59,7 +59,8 @@ from rocm_mla.cases.prefill import VARLEN, PrefillShape
 from rocm_mla.configs import is_nvidia_arch
 from rocm_mla.mla_dims import PREFILL_DIMS
 from rocm_mla.ops.merge import merge_attn_states
-from rocm_mla.ops.prefill import ContextChunk, launch_config, mla_prefill_with_context
+from rocm_mla.ops.prefill_context import ContextChunk, mla_prefill_with_context
+from rocm_mla.ops.prefill_plan import launch_config
 from rocm_mla.tools.benchutil import (
     Record,
     aiter_peer_version,

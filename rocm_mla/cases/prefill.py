@@ -409,7 +409,7 @@ CONTEXT_SHAPES: dict[str, list[ContextShape]] = {
 @dataclass
 class ContextInputs(PrefillInputs):
     """One mla_prefill_with_context call: the new tokens' tensors (as :class:`PrefillInputs`) and
-    ``chunks``, a list of :class:`rocm_mla.ops.prefill.ContextChunk`; ``reference`` is one causal
+    ``chunks``, a list of :class:`rocm_mla.ops.prefill_context.ContextChunk`; ``reference`` is one causal
     attention over each sequence's [context, new] keys, built from the tensors as they are now."""
 
     context: ContextShape | None = None
@@ -464,7 +464,7 @@ def make_context_inputs(
     """Fresh random inputs of ``shape``: the new tokens as :func:`make_inputs` makes them (the same
     layouts and ``guard``: the chunks are not guarded), then each chunk's k_nope / v (views of its
     own ``[Tc, N, 256]`` buffer), k_pe (in ``kpe_layout``) and cu_seqlens_k."""
-    from ..ops.prefill import ContextChunk
+    from ..ops.prefill_context import ContextChunk
 
     device = torch.device(device)
     g = gen if gen is not None else generator(seed, device)

@@ -4,7 +4,8 @@ from .context_gather import gather_context_chunk
 from .decode import mla_decode
 from .decode_plan import DecodePlan, mla_decode_workspace_numel, plan_decode
 from .merge import merge_attn_states
-from .prefill import mla_prefill, mla_prefill_with_context
+from .prefill import mla_prefill
+from .prefill_context import mla_prefill_with_context
 from .rope_kv_write import concat_and_cache_mla, fused_rope_mla_kv_write
 
 __all__ = [

@@ -1,7 +1,7 @@
 """mla_prefill: the Triton variants the wrapper (and ``rocm-mla tune``) can launch, for
 the ISA report, and the short label of a launch config.
 
-Constexprs and options come from ``rocm_mla.ops.prefill.triton_meta``, the function the launch uses.
+Constexprs and options come from ``rocm_mla.ops.prefill_plan.triton_meta``, the function the launch uses.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from ..configs import config_for, is_nvidia_arch
 from ..kernels.mla_prefill import mla_prefill_kernel
 from ..mla_dims import PREFILL_DIMS
-from ..ops.prefill import OP, launch_config, triton_meta
+from ..ops.prefill_plan import OP, launch_config, triton_meta
 from ..triton_common import triton_type
 from .triton_variant import TritonVariant
 
@@ -40,7 +40,7 @@ def config_label(cfg: dict) -> str:
         s += f" sh={cfg['schedule_hint']}"
     if cfg.get("tma"):
         s += " tma=host" if cfg["tma"] == "host" else " tma"
-    if "head_group" in cfg:  # the precedence of ops.prefill.head_group
+    if "head_group" in cfg:  # the precedence of ops.prefill_plan.head_group
         s += f" hg{cfg['head_group']}" if cfg["head_group"] != 1 else ""
     elif "head_group_kv_bytes" in cfg:
         s += f" kv{cfg['head_group_kv_bytes'] >> 20}M"

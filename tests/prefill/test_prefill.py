@@ -86,7 +86,7 @@ def test_matches_reference(backend, dtype, causal, shape):
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
 def test_more_sequences_than_one_lookup_step(backend):
     """B > SEQ_CHUNK: a program finds its sequence over several vector steps of cu_seqlens_q."""
-    from rocm_mla.ops.prefill import SEQ_CHUNK
+    from rocm_mla.ops.prefill_plan import SEQ_CHUNK
 
     g = torch.Generator().manual_seed(1)
     B = SEQ_CHUNK + 40
@@ -115,7 +115,7 @@ def test_head_groups_cover_every_head_and_block(backend, N, want, got):
     """Programs numbered by head groups (the config's head_group, cut to a divisor of N): every
     (head, q block) is computed and every row written (NaN-poisoned out and lse) -- varlen, an
     empty sequence, q blocks of every kind."""
-    from rocm_mla.ops.prefill import head_group
+    from rocm_mla.ops.prefill_plan import head_group
 
     assert head_group({"head_group": want}, N, 100, 512) == got
     c = case([45, 0, 70, 1], [58, 20, 70, 1], N, F32, out_layout="contiguous")
@@ -125,7 +125,7 @@ def test_head_groups_cover_every_head_and_block(backend, N, want, got):
 
 
 def test_grid_stays_within_int32_program_ids():
-    from rocm_mla.ops.prefill import grid_slots
+    from rocm_mla.ops.prefill_plan import grid_slots
 
     assert grid_slots(4096, 4, 16, 128) == 36
     assert grid_slots(0, 0, 128, 128) == 0
@@ -136,7 +136,7 @@ def test_grid_stays_within_int32_program_ids():
 def test_head_group_rules():
     """An explicit head_group wins; head_group_kv_bytes fits the group's K/V of the longest sequence
     in that many bytes (16 MiB: 4096 keys x 512 B per head -> 8 heads); neither: one head."""
-    from rocm_mla.ops.prefill import head_group
+    from rocm_mla.ops.prefill_plan import head_group
 
     budget = {"head_group_kv_bytes": 16 << 20}
     assert head_group(budget, 16, 4096, 512) == 8
@@ -162,7 +162,7 @@ def test_tma_path_matches_reference(causal, kpe_layout, tma):
     zero fill or the masked last block must keep them out), and a NaN in the V of sequence 2's
     first key poisons sequence 2 only, not sequence 1, whose last key block reaches into
     sequence 2's rows."""
-    from rocm_mla.ops.prefill import _tma_ok, triton_meta
+    from rocm_mla.ops.prefill_plan import _tma_ok, triton_meta
 
     lq, lk, N = [37, 5, 70, 0, 9], [50, 5, 70, 3, 21], 2
     c = case(lq, lk, N, F16, causal=causal, kpe_layout=kpe_layout, key_tail=7)  # 7 NaN key rows past the end
@@ -183,7 +183,7 @@ def test_tma_path_matches_reference(causal, kpe_layout, tma):
 
 
 def test_tma_option_is_checked():
-    from rocm_mla.ops.prefill import triton_meta
+    from rocm_mla.ops.prefill_plan import triton_meta
 
     cfg = {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "tma": "yes"}
     with pytest.raises(ValueError, match="tma must be false, true or \"host\", got 'yes'"):
@@ -191,7 +191,7 @@ def test_tma_option_is_checked():
 
 
 def test_tma_option_needs_alignment_and_16_bit_inputs():
-    from rocm_mla.ops.prefill import _tma_ok, triton_meta
+    from rocm_mla.ops.prefill_plan import _tma_ok, triton_meta
 
     q, kn, kpe, v = case([4], [4], 2, F16).args()[:4]
     assert _tma_ok(q, kn, kpe, v, 0)

@@ -41,7 +41,7 @@ def test_chunked_context_merges_in_place_into_the_callers_lse(monkeypatch, n_chu
     """The data path: every merge writes ``out`` over itself, never writes the lse it reads (the
     HIP merge reads an lse row from several threads), and with a sized chunk list the last merge
     lands in the caller's ``lse`` (no final copy)."""
-    import rocm_mla.ops.prefill as prefill_mod
+    import rocm_mla.ops.prefill_context as prefill_mod
 
     calls = []
     real = prefill_mod.merge_attn_states

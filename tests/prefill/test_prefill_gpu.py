@@ -56,7 +56,7 @@ def test_gpu_tma_candidates_bf16(cfg):
     sequence), N=16 and N=128 heads, key rows after the last sequence poisoned with NaN (TMA's
     zero fill must keep them out), out into a strided view, checked against the float32 reference."""
     from rocm_mla import _platform
-    from rocm_mla.ops.prefill import _tma_arch
+    from rocm_mla.ops.prefill_plan import _tma_arch
 
     if not _tma_arch(_platform.device_arch(torch.device(DEVICE))):
         pytest.skip("TMA descriptors need an NVIDIA sm90+ GPU")

@@ -14,7 +14,8 @@ from prefill_case import case, cu
 import rocm_mla
 from rocm_mla.cases import prefill
 from rocm_mla.cases.prefill import ContextShape
-from rocm_mla.ops.prefill import ContextChunk, launch_triton
+from rocm_mla.ops.prefill import launch_triton
+from rocm_mla.ops.prefill_context import ContextChunk
 from rocm_mla.reference import mla_prefill_ref
 
 F32 = torch.float32
@@ -75,7 +76,7 @@ def test_prefill_kernel_clamps_bad_offsets(causal, bad, tma):
     q, k_nope, k_pe, v, out, lse is read or written -- with pointer loads and with either kind
     of TMA descriptor (16-bit inputs; the interpreter runs the TMA path as sm90 does)."""
     from rocm_mla import _platform
-    from rocm_mla.ops.prefill import _tma_arch, _tma_ok
+    from rocm_mla.ops.prefill_plan import _tma_arch, _tma_ok
 
     if "triton" not in backends():
         pytest.skip("Triton unavailable")

@@ -85,7 +85,7 @@ def test_overlay_merges_objects_and_replaces_lists(cfgdir):
     assert C.config_for("mla_decode", "cpu")["stage1"] == tiers[:2]  # a list is replaced whole
     assert C.package_config("mla_prefill", "cpu") == pkg_prefill  # the package's data is not modified
     assert C.config_for("mla_prefill", "sm90") is C.package_config("mla_prefill", "sm90")  # other arches untouched
-    from rocm_mla.ops.prefill import launch_config
+    from rocm_mla.ops.prefill_plan import launch_config
 
     assert launch_config("cpu", torch.float16)["BLOCK_M"] == 64  # the op reads it through config_for
 

@@ -38,7 +38,8 @@ RoPE + KV write alone (second table), per decode batch (B tokens) and prefill (n
 
 The upstream decode needs vLLM's Triton kernels (perf/peers/get_vllm_peers.sh .peers).
 `python perf/bench_layer.py --check-rope-kv` runs only the RoPE + KV write variants once on tiny
-shapes and checks that they agree (also on CPU, in the Triton interpreter; no timing).
+shapes and checks each against the float32 reference and against each other (check_rope_kv; also
+on CPU, in the Triton interpreter; no timing).
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ if "--check-rope-kv" in sys.argv and not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit runs
 
 from rocm_mla import __version__
-from rocm_mla.cases import generator, paged_cache
+from rocm_mla.cases import Bound, compare, first_problem, generator, paged_cache, rope_kv_write
+from rocm_mla.cases.rope_kv_write import ONE_MODEL_ROUNDING, RopeShape
 from rocm_mla.mla_dims import KV_LORA_RANK, PREFILL_DIMS
 from rocm_mla.ops import (
     concat_and_cache_mla,
@@ -227,9 +229,15 @@ class PrefillStep:
         T, Tc = B * new, B * ctx
         self.q = torch.randn(T, N, P + R, device=dev, dtype=dt)
         self.latent = torch.randn(T, L + R, device=dev, dtype=dt)  # new tokens' [kv_c | k_pe]
-        # the cached context, in pages; gathered per step (an index copy in both compositions)
-        self.ctx_pages = torch.randn(Tc // BLOCK + 1, BLOCK, L + R, device=dev, dtype=dt)
-        self.ctx_rows = torch.randperm(self.ctx_pages.shape[0] * BLOCK, device=dev)[:Tc]
+        # The cached context in rocm_mla.cases' paged cache (shuffled pages, every slot finite),
+        # gathered per step through its block table (an index copy in both compositions).
+        paged = paged_cache(
+            [ctx] * B, BLOCK, dtype=dt, device=dev, gen=generator(1, dev), spare_pages=0, spare_cols=0, unused="randn"
+        )
+        self.ctx_pages = paged.cache
+        tok = torch.arange(ctx, device=dev)
+        self.ctx_rows = (paged.table[:, tok // BLOCK].long() * BLOCK + tok % BLOCK).flatten()  # [B * ctx] slots
+        assert self.ctx_rows.shape == (Tc,)
         self.cu_q = torch.arange(0, T + 1, new, dtype=torch.int32, device=dev)
         self.cu_c = torch.arange(0, Tc + 1, ctx, dtype=torch.int32, device=dev)
         self.output = torch.empty(T, N * V, device=dev, dtype=dt)
@@ -286,42 +294,39 @@ class PrefillStep:
 
 class RopeKV:
     """RoPE of q_pe / k_pe + the latent KV-cache write of T new tokens, in the variants of the
-    module docstring. Layout as the model hands it over: q [T, N, 192] (q_pe = q[..., 128:]),
-    kv_a [T, 576] (kv_c = kv_a[:, :512], k_pe = kv_a[:, 512:]), bf16 cache [blocks, 64, 576],
-    shuffled slots, random positions."""
+    module docstring, on rocm_mla.cases.rope_kv_write's inputs: q [T, N, 192] (q_pe = q[..., 128:]),
+    kv_a [T, 576] (k_pe = kv_a[:, 512:]), kv_c [T, 512] (kv_a_layernorm's output), a NaN-poisoned
+    cache [blocks, 64, 576] in q's dtype, slots drawn without repeats from a quarter more slots than
+    tokens, random positions."""
 
     def __init__(self, N: int, T: int, dev: torch.device, cos_sin: torch.Tensor, dtype=torch.bfloat16):
         self.N, self.T, self.dev, self.cos_sin = N, T, dev, cos_sin
-        self.q = torch.randn(T, N, P + R, device=dev, dtype=dtype)
-        self.kv_a = torch.randn(T, L + R, device=dev, dtype=dtype)
-        self.positions = torch.randint(0, cos_sin.shape[0], (T,), device=dev)
-        blocks = (T * 5 // 4 + BLOCK - 1) // BLOCK + 1
-        self.slots = torch.randperm(blocks * BLOCK, device=dev)[:T]
-        self.cache = torch.zeros(blocks, BLOCK, L + R, device=dev, dtype=dtype)
-        self._saved = (self.q.clone(), self.kv_a.clone())
+        self.case = rope_kv_write.make_inputs(RopeShape(T, N, block=BLOCK), dtype=dtype, device=dev, cos_sin=cos_sin)
+        c = self.case
+        self.q, self.kv_a, self.kv_c, self.positions, self.slots = c.q, c.kv_a, c.kv_c, c.positions, c.slots
+        self.cache = c.cache
         self._vllm = None  # (layer step, forward-context factory), built on first use
 
     def reset(self):
-        self.q.copy_(self._saved[0])
-        self.kv_a.copy_(self._saved[1])
-        self.cache.zero_()
+        """The inputs and the cache as drawn (the variants rotate q_pe / k_pe in place)."""
+        self.case.restore()
 
     def upstream(self):
         vllm_unfused_rope_kv_write(
-            self.positions, self.q, self.kv_a, self.kv_a[:, :L], self.cos_sin, self.cache, self.slots, None, None
+            self.positions, self.q, self.kv_a, self.kv_c, self.cos_sin, self.cache, self.slots, None, None
         )
 
     def nopass(self):
         q_rot, k_rot = vllm_forward_static(self.positions, self.q[..., P:], self.kv_a[:, L:].unsqueeze(1), self.cos_sin)
         self.q[..., P:] = q_rot
-        concat_and_cache_mla(self.kv_a[:, :L], k_rot, self.cache, self.slots)
+        concat_and_cache_mla(self.kv_c, k_rot, self.cache, self.slots)
 
     def fused(self):
         fused_rope_mla_kv_write(
             self.positions,
             self.q[..., P:],
             self.kv_a[:, L:],
-            self.kv_a[:, :L],
+            self.kv_c,
             self.cos_sin,
             self.cache,
             self.slots,
@@ -361,7 +366,7 @@ class RopeKV:
             self.positions,
             self.q[..., P:],
             self.kv_a[:, L:],
-            self.kv_a[:, :L],
+            self.kv_c,
             self.cos_sin,
             False,
             "auto",
@@ -395,16 +400,24 @@ def setup_vllm_op(dev: torch.device) -> str | None:
 ROPE_KV_VARIANTS = ("upstream", "nopass", "fused", "vllm_op")
 
 
-def check_rope_kv(dev: torch.device, N: int = 4, T: int = 7) -> dict[str, float]:
-    """Run every RoPE + KV write variant once on the same inputs; max |difference| of q, kv_c and
-    the cache from the upstream variant (bf16 on a GPU, float32 on CPU; k_pe is rotated in place
-    by the fused variants only, as vLLM's fused op does, so its rotation is checked in the cache).
-    The vllm_op variant is left out (None) when vLLM cannot be set up."""
+def check_rope_kv(dev: torch.device, N: int = 4, T: int = 7) -> dict[str, str | None]:
+    """Run every RoPE + KV write variant once on the same inputs (bf16 on a GPU, float32 on CPU);
+    per variant '' when it holds, else what differs (None: vllm_op skipped, vLLM cannot be set up).
+
+    Each variant against the float32 reference (rocm_mla.cases.rope_kv_write): the fused ones
+    (fused, vllm_op) under the op's TOLERANCE (q_pe, k_pe, the written rows), the unfused ones
+    (upstream, nopass: torch RoPE in the model dtype, k_pe left unrotated in kv_a, as vLLM's
+    unfused path leaves it) under its "unfused" bounds; every variant leaves q outside q_pe, kv_a
+    outside k_pe and the cache rows without a slot bitwise as they were. Against each other:
+    nopass is upstream bitwise (the same RoPE, a copy of the same rows), vllm_op is fused bitwise
+    (the same kernel), fused is upstream within one rounding of the model dtype."""
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     cos_sin = rope_cos_sin_cache(4096).to(dev, dtype)  # float32, then moved and cast
     rk = RopeKV(N, T, dev, cos_sin, dtype)
+    case = rk.case
+    ref = case.reference()
     why = setup_vllm_op(dev)
-    results, ref = {}, None
+    results, got = {}, {}
     for v in ROPE_KV_VARIANTS:
         rk.reset()
         if v == "vllm_op":
@@ -415,10 +428,21 @@ def check_rope_kv(dev: torch.device, N: int = 4, T: int = 7) -> dict[str, float]
                 rk.vllm_op()
         else:
             getattr(rk, v)()
-        got = (rk.q.float().clone(), rk.kv_a[:, :L].float().clone(), rk.cache.float().clone())
-        if ref is None:
-            ref = got
-        results[v] = max((a - b).abs().max().item() for a, b in zip(got, ref))
+        checks = case.compare(ref=ref) if v in ("fused", "vllm_op") else case.compare_unfused(ref=ref)
+        got[v] = (case.q_pe.clone(), case.kv_a.clone(), case.written_rows().clone())
+        results[v] = first_problem(*checks) or case.untouched()
+    same = Bound(0.0, 0.0)
+    for v, base, bound in (
+        ("nopass", "upstream", same),
+        ("vllm_op", "fused", same),
+        ("fused", "upstream", ONE_MODEL_ROUNDING[dtype]),
+    ):
+        if results.get(v) == "" and base in got:
+            (q, kv_a, rows), (q0, kv_a0, rows0) = got[v], got[base]
+            pairs = [compare(f"q_pe vs {base}", q, q0, bound), compare(f"cache rows vs {base}", rows, rows0, bound)]
+            if bound is same and v == "vllm_op":
+                pairs.append(compare(f"kv_a vs {base}", kv_a, kv_a0, bound))
+            results[v] = first_problem(*pairs)
     return results
 
 
@@ -465,13 +489,14 @@ def main() -> int:
     if args.check_rope_kv:
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         res = check_rope_kv(dev)
-        print("bench_layer --check-rope-kv: max |diff| vs upstream:", res)
-        tol = 3e-2 if dev.type == "cuda" else 1e-5
-        return 0 if all(v is None or v <= tol for v in res.values()) else 1
+        print("bench_layer --check-rope-kv: what differs ('' = agrees):", res)
+        return 0 if all(not v for v in res.values()) else 1
     gpu = start_bench("bench_layer")
     if gpu is None:
         return 2
     dev, name = gpu.dev, gpu.name
+    from vllm_harness.layer_step import LAYER_AGREEMENT
+
     decode_attention_fwd = load_vllm_peer(args.peers, "triton_decode_attention", "decode_attention_fwd")
     vllm_merge = load_vllm_peer(args.peers, "triton_merge_attn_states", "merge_attn_states")
     if decode_attention_fwd is None or vllm_merge is None:
@@ -515,9 +540,11 @@ def main() -> int:
                 for kind, n in moves.items():
                     records.append(Record("layer_step", prov, label, f"{kind}_kernels", n, name, __version__))
             for prov in ("rocm_mla_nopass", "rocm_mla"):
-                err = ((outs[prov] - outs["upstream"]).norm() / outs["upstream"].norm()).item()
-                if not err < 2e-2:  # bf16 compositions agree to ~1e-2 relative; NaN fails too
-                    print(f"  {label}: {prov} and upstream DISAGREE (relative error {err:.3g})")
+                c = compare(f"{prov} vs upstream", outs[prov], outs["upstream"], LAYER_AGREEMENT)
+                finite = bool(torch.isfinite(outs[prov]).all() and torch.isfinite(outs["upstream"]).all())
+                if c.problem or not finite:
+                    print(f"  {label}: {prov} and upstream DISAGREE ({c.problem or 'not finite'})")
+                err = c.norm_err if finite else math.nan
                 records.append(Record("layer_step", prov, label, "rel_err_vs_upstream", err, name, __version__))
             fmt = lambda m: "/".join(str(m[k]) for k in ("cat", "pad", "copy", "fill")) + f" ={sum(m.values())}"  # noqa: E731
             rows.append(

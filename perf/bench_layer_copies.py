@@ -23,7 +23,8 @@ What is counted:
   interpreter it moves its arguments with aten ops of its own, which are not counted.
 
 Usage:  python perf/bench_layer_copies.py [--heads 16] [--dtype float16] [--kv-cache-dtype auto]
-(on CPU it sets TRITON_INTERPRET=1). Prints a table; exit status 1 if ROCM_MLA's count is not 0.
+(on CPU it sets TRITON_INTERPRET=1). Prints a table; exit status 1 if ROCM_MLA's count is not 0
+or a composition disagrees with the reference (LayerStep.mismatch: LAYER_TOLERANCE).
 """
 
 from __future__ import annotations
@@ -264,8 +265,9 @@ def measure(
     decode_threshold: int = 1,
     workspace_rows: int | None = 48,
 ) -> dict:
-    """One step of ``batch`` through ``backend``: max error vs the float32 reference, and the
-    data-movement counts of the replayed backend calls."""
+    """One step of ``batch`` through ``backend``: its check against the float32 reference
+    (``mismatch``: '' or what differs, LayerStep.mismatch; ``max_abs_err``), and the data-movement
+    counts of the replayed backend calls."""
     from vllm_harness.layer_step import LayerStep, Request
 
     step = LayerStep(
@@ -281,9 +283,11 @@ def measure(
         k_scale=0.05,
     )
     calls = step.capture_backend_calls()
-    err = (step.output.float() - step.reference()).abs().max().item()
+    ref = step.reference()
+    mismatch = step.mismatch(ref=ref)
+    err = (step.output.float() - ref).abs().max().item()
     counts = count_data_movement(lambda: step.replay(calls))
-    counts["max_abs_err"] = err
+    counts["max_abs_err"], counts["mismatch"] = err, mismatch
     counts["calls"] = [name for name, _, _ in calls]
     return counts
 
@@ -342,6 +346,9 @@ def main(argv=None) -> int:
             f"{n:>6} {c['triton_launches'] or sum(c['kernel_names'].values()):>8} {c['max_abs_err']:>9.2e}"
         )
         bad |= label == "ROCM_MLA" and n != 0
+        if c["mismatch"]:
+            print(f"  {step} / {label}: WRONG ({c['mismatch']})")
+            bad = True
     if torch.cuda.is_available():
         for (step, label), c in res.items():
             print(f"\n{step} / {label} kernels:")

@@ -217,7 +217,9 @@ def main() -> int:
         if r["error"]:
             ok = False
             print(f"rank {r['rank']} FAILED:\n{r['error']}")
-    tol = 2e-5 if dtype == torch.float32 else 2e-2
+    from vllm_harness.layer_step import DCP_TOLERANCE
+
+    tol = DCP_TOLERANCE[dtype]  # max |err| vs 1-rank <= tol x max(1, max |ref|)
     rows = []
     for m in meta:
         i = m["case"]

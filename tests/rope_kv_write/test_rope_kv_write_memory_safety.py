@@ -46,6 +46,8 @@ class RopeCase:
         self.q0, self.k0 = self.q.view.clone(), self.kv_a.view.clone()
         self.num_slots = nb * bs
         self.positions = torch.randint(0, max(1, max_pos), (T,), generator=g).to(DEVICE)
+        # The draw of rope_kv_write.make_inputs (slots without repeats), kept here: the cache is
+        # this case's guarded buffer (cases' RopeInputs has no guard layout), and tests overwrite slots.
         self.slots = torch.randperm(self.num_slots, generator=g)[:T].to(DEVICE)
 
     @property

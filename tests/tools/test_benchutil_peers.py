@@ -12,27 +12,33 @@ import pytest
 import torch
 from _util import DEVICE, HAS_GPU
 
+from rocm_mla.cases import decode
 from rocm_mla.tools.benchutil import vllm_triton_mla_decode
 
 PEERS = Path(__file__).resolve().parents[2] / ".peers"
 
 
-def _decode_inputs(B=2, N=4, pages=9, block=16, lens=(37, 5), S=4, dtype=torch.float32, seed=3):
-    g = torch.Generator().manual_seed(seed)
-    ql = torch.randn(B, N, 512, generator=g).to(dtype).to(DEVICE)
-    qp = torch.randn(B, N, 64, generator=g).to(dtype).to(DEVICE)
-    cache = torch.randn(pages, block, 576, generator=g).to(dtype).to(DEVICE)
-    table = torch.randperm(pages, generator=g)[: B * 4].view(B, 4).to(torch.int32).to(DEVICE)
-    seq = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
-    logits = torch.empty(B, N, S, 513, device=DEVICE)
-    return ql, qp, cache, table, seq, logits
+def _decode_inputs(N=4, block=16, lens=(37, 5), S=4, dtype=torch.float32, seed=3):
+    """rocm_mla.cases.decode's inputs (contiguous q_nope, q_pe a slice; a shuffled paged cache,
+    every slot finite: the peer is not under test for stray reads), and the peer's split workspace."""
+    case = decode.make_inputs(
+        decode.DecodeShape(N=N, block=block, lens=lens),
+        dtype=dtype,
+        device=DEVICE,
+        seed=seed,
+        q_layout="separate",
+        unused="randn",
+    )
+    logits = torch.empty(case.shape.B, N, S, 513, device=DEVICE)
+    return case, logits
 
 
 def test_triton_mla_decode_calls_the_peer_as_forward_mqa_does():
     """A recording stand-in for decode_attention_fwd: q is cat(ql_nope, q_pe), o and lse start at 0,
     K is the cache viewed [pages, block, 1, 576] (no copy), V its first 512 columns, the split count
     is the workspace's, the page size the cache's, k_scale and v_scale the caller's tensor."""
-    ql, qp, cache, table, seq, logits = _decode_inputs()
+    case, logits = _decode_inputs()
+    ql, qp, cache, table, seq = case.args()
     scale = torch.full((1,), 0.5, device=DEVICE)
     seen = {}
 
@@ -43,8 +49,9 @@ def test_triton_mla_decode_calls_the_peer_as_forward_mqa_does():
 
     o = vllm_triton_mla_decode(peer, ql, qp, cache, table, seq, logits, 0.125, scale)
     assert torch.equal(seen["q"], torch.cat((ql, qp), dim=-1)) and seen["q"].shape == (2, 4, 576)
-    assert seen["k"].shape == (9, 16, 1, 576) and seen["k"].data_ptr() == cache.data_ptr()
-    assert seen["v"].shape == (9, 16, 1, 512) and seen["v"].data_ptr() == cache.data_ptr()
+    pages = cache.shape[0]
+    assert seen["k"].shape == (pages, 16, 1, 576) and seen["k"].data_ptr() == cache.data_ptr()
+    assert seen["v"].shape == (pages, 16, 1, 512) and seen["v"].data_ptr() == cache.data_ptr()
     assert not seen["o0"].any() and not seen["lse0"].any() and seen["o0"].shape == (2, 4, 512)
     assert seen["bt"] is table and seen["sl"] is seq and seen["att"] is logits and seen["S"] == 4
     assert seen["sm_scale"] == 0.125 and seen["page"] == 16
@@ -56,16 +63,16 @@ _PEER_CHILD = r"""
 import sys, torch
 sys.path[:0] = ["tests/tools", "tests", "."]
 import test_benchutil_peers as t
-from rocm_mla.reference import mla_decode_ref
+from rocm_mla.cases import compare, decode, raise_on
 from rocm_mla.tools.benchutil import load_vllm_peer, vllm_num_kv_splits, vllm_triton_mla_decode
 fwd = load_vllm_peer(str(t.PEERS), "triton_decode_attention", "decode_attention_fwd")
 assert fwd is not None and str(t.PEERS) in sys.modules["vllm"].__file__, sys.modules.get("vllm")
 dtype = torch.bfloat16 if t.HAS_GPU else torch.float32
-ql, qp, cache, table, seq, logits = t._decode_inputs(S=vllm_num_kv_splits(37, 4), dtype=dtype)
-o = vllm_triton_mla_decode(fwd, ql, qp, cache, table, seq, logits, 0.1, torch.ones(1, device=t.DEVICE))
-ro, _ = mla_decode_ref(ql.float(), qp.float(), cache.float(), table, seq, 0.1)
-tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
-torch.testing.assert_close(o.float(), ro, rtol=tol, atol=tol)
+case, logits = t._decode_inputs(S=vllm_num_kv_splits(37, 4), dtype=dtype)
+case.sm_scale = 0.1
+o = vllm_triton_mla_decode(fwd, *case.args(), logits, 0.1, torch.ones(1, device=t.DEVICE))
+ro, _ = case.reference()
+raise_on(compare("vLLM's decode out", o, ro, decode.TOLERANCE[dtype]["out"]).problem)
 print("peer ok")
 """
 

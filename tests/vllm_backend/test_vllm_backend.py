@@ -34,7 +34,7 @@ if vllm.__version__ != "0.33.0":
         f"the ROCM_MLA backend is written against vLLM 0.33.0, found {vllm.__version__}", allow_module_level=True
     )
 
-from vllm_harness.layer_step import LAYER_TOLERANCE, LayerStep, Request, use_simulated_gfx942_platform
+from vllm_harness.layer_step import LayerStep, Request, use_simulated_gfx942_platform
 
 use_simulated_gfx942_platform()
 
@@ -44,12 +44,22 @@ import rocm_mla.vllm as rocm_vllm  # noqa: E402
 
 rocm_vllm.register()
 
+from rocm_mla.cases import compare, first_problem, raise_on  # noqa: E402
+from rocm_mla.cases import decode as decode_cases  # noqa: E402
+from rocm_mla.cases import rope_kv_write as rope_cases  # noqa: E402
+from rocm_mla.reference import mla_decode_ref  # noqa: E402
+from rocm_mla.reference.rope_kv_write import quantize_fp8_ref  # noqa: E402
 from rocm_mla.vllm.backend import RocmMLABackend, RocmMLAImpl, RocmMLAMetadataBuilder  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CPU_DTYPES = [torch.float32, torch.float16]
 GPU_DTYPES = [torch.bfloat16, torch.float16]
-TOL = LAYER_TOLERANCE
+
+
+def _fp8_kind() -> torch.dtype:
+    from vllm.platforms import current_platform
+
+    return current_platform.fp8_dtype()
 
 
 def _python(code: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
@@ -267,17 +277,15 @@ def _check_forward(batch, dtype, kv_cache_dtype, block_size, num_heads):
     if batch == "prefill_context":
         chunks = md.prefill.chunked_context.chunks
         assert len(chunks) >= 6 and sum(c.is_continuation for c in chunks) == (4 if block_size <= 48 else 2)
-    out = step.run()
-    ref = step.reference()
-    assert torch.isfinite(out).all()
-    err = (out.float() - ref).abs().max().item()
-    assert err <= TOL[dtype] * max(1.0, ref.abs().max().item()), f"max |err| {err}"
+    step.run()
+    raise_on(step.mismatch())
     # The KV write put the new tokens where the decode and later steps read them.
     for i, r in enumerate(step.requests):
-        got = torch.cat(step.cached_rows(i, r.context, r.context + r.query), dim=-1)
+        got = torch.cat(step.cached_rows(i, r.context, r.context + r.query, codes=True), dim=-1)
         want = torch.cat([step.kv_c[i][r.context :], step.k_pe[i][r.context :]], dim=-1).float()
-        if step.fp8:  # e4m3: 3 mantissa bits (relative step 1/16), scale 0.05
-            assert ((got - want).abs() <= want.abs() / 16 + 0.05 * 2**-7).all()
+        if step.fp8:  # the reference's e4m3 codes of want / k_scale
+            want = quantize_fp8_ref(want, step.layer._k_scale.reshape(1), _fp8_kind()).float()
+            raise_on(compare(f"request {i}: new cache rows (fp8 codes)", got, want, rope_cases.FP8_SAME_CODES).problem)
         else:
             assert torch.equal(got, want)
 
@@ -328,17 +336,28 @@ def test_forward_mqa_single_tensor_query(form):
     ((_, (q, cache, md, layer), _),) = [c for c in calls if c[0] == "forward_mqa"]
     o_ref, lse_ref = step.layer.impl.forward_mqa(q, cache, md, layer)
     full = torch.cat(q, dim=-1)
-    tol = 2e-2
-    if form == "fp8_quantized":
-        from vllm.platforms import current_platform
-
-        q_scale = full.float().abs().max() / 200
-        layer._q_scale.fill_(q_scale)
-        full = (full.float() / q_scale).to(current_platform.fp8_dtype())
-        tol = 0.15
+    if form == "concatenated":
+        # The same values through the same kernel, only the strides differ: the same result.
+        o, lse = step.layer.impl.forward_mqa(full, cache, md, layer)
+        assert torch.equal(o, o_ref) and torch.equal(lse, lse_ref)
+        return
+    q_scale = full.float().abs().max() / 200
+    layer._q_scale.fill_(q_scale)
+    full = (full.float() / q_scale).to(_fp8_kind())
     o, lse = step.layer.impl.forward_mqa(full, cache, md, layer)
-    assert (o.float() - o_ref.float()).abs().max() <= tol * o_ref.abs().max()
-    assert (lse - lse_ref).abs().max() <= tol * 10
+    # The float32 reference of the query the fp8 codes hold (codes x q_scale, in the model dtype).
+    qd = (full.float() * q_scale).to(o.dtype).float()
+    want_o, want_lse = mla_decode_ref(
+        qd[..., :512],
+        qd[..., 512:],
+        cache.view(_fp8_kind()),
+        md.decode.block_table,
+        md.decode.seq_lens,
+        step.layer.impl.scale,
+        layer._k_scale.reshape(1),
+    )
+    tol = decode_cases.TOLERANCE[o.dtype]
+    raise_on(first_problem(compare("out", o, want_o, tol["out"]), compare("lse", lse, want_lse, tol["lse"])))
 
 
 def test_quantize_q_opt_in_refused_for_a_float32_model(monkeypatch):
@@ -378,10 +397,10 @@ def test_quantize_q_opt_in_by_environment(monkeypatch, kv_cache_dtype):
             k_scale=layer._k_scale.reshape(1),
             quantize_q=True,
         )
-        torch.testing.assert_close(results["1"], want, rtol=0, atol=0)
+        assert torch.equal(results["1"], want)
         assert not torch.equal(results["0"], results["1"])
     else:
-        torch.testing.assert_close(results["0"], results["1"], rtol=0, atol=0)
+        assert torch.equal(results["0"], results["1"])
 
 
 def test_forward_mqa_returns_natural_log_lse():
@@ -396,7 +415,7 @@ def test_forward_mqa_returns_natural_log_lse():
             torch.einsum("nd,snd->ns", qq[:, :128], torch.einsum("sl,lnd->snd", kv_c, w[..., :128]))
             + torch.einsum("nd,sd->ns", qq[:, 128:], k_pe)
         ) * step.scale
-        torch.testing.assert_close(lse[i], torch.logsumexp(s, -1), atol=1e-3, rtol=1e-4)
+        raise_on(compare(f"request {i}: lse", lse[i], torch.logsumexp(s, -1), decode_cases.FP32_SHORT["lse"]).problem)
 
 
 def test_kv_write_with_gfx942_fp8_kind():
@@ -419,11 +438,10 @@ def test_kv_write_with_gfx942_fp8_kind():
         slots = torch.tensor([3, 17, -1, 40, 63], device=DEVICE)
         scale = torch.tensor([0.02], device=DEVICE)
         impl.do_kv_cache_update(kv_c, k_pe, cache, slots, "fp8", scale)
-        rows = cache.view(-1, 576).view(torch.float8_e4m3fnuz).float() * 0.02
-        for t, s in enumerate(slots.tolist()):
-            if s >= 0:
-                assert (rows[s, :512] - kv_c[t]).abs().max() <= 0.07 * kv_c[t].abs().max() + 0.02
-                assert (rows[s, 512:] - k_pe[t, 0]).abs().max() <= 0.07 * k_pe[t].abs().max() + 0.02
+        codes = cache.view(-1, 576).view(torch.float8_e4m3fnuz).float()
+        want = quantize_fp8_ref(torch.cat([kv_c, k_pe[:, 0]], dim=-1), scale, torch.float8_e4m3fnuz).float()
+        keep = slots >= 0
+        raise_on(compare("e4m3fnuz cache rows", codes[slots[keep]], want[keep], rope_cases.FP8_SAME_CODES).problem)
         assert cache.view(-1, 576)[[0, 1, 2]].eq(0).all()  # untouched rows
     finally:
         cls.fp8_dtype = orig
@@ -453,9 +471,7 @@ def test_prefill_backend_through_vllm_common_path(dtype, monkeypatch):
     import rocm_mla
 
     monkeypatch.setattr(mla_attention, "merge_attn_states", rocm_mla.merge_attn_states)
-    out = step.run()
-    err = (out.float() - step.reference()).abs().max().item()
-    assert err <= TOL[dtype] * 4
+    raise_on(step.mismatch(step.run()))
 
 
 def _compute_context_with(impl, step):
@@ -528,7 +544,7 @@ def test_attention_path_launches_no_copy_kernels(kv_cache_dtype):
     res = bench.compare(num_heads=16, dtype=dtype, kv_cache_dtype=kv_cache_dtype, device=DEVICE)
     for step in ("decode", "prefill+context"):
         ours, up = res[(step, "ROCM_MLA")], res[(step, "upstream-shaped")]
-        assert ours["max_abs_err"] <= TOL[dtype] * 4 and up["max_abs_err"] <= TOL[dtype] * 4
+        assert not ours["mismatch"] and not up["mismatch"], (step, ours["mismatch"], up["mismatch"])
         assert sum(ours["ops"].values()) == 0, (step, ours["ops"])
         if HAS_GPU:
             assert sum(ours["kernels"].values()) == 0, (step, ours["kernel_names"])

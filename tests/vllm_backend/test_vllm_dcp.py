@@ -32,6 +32,8 @@ if vllm.__version__ != "0.33.0":
 
 from vllm_harness import layer_step as H
 
+from rocm_mla.cases import generator, paged_cache
+
 H.use_simulated_gfx942_platform()
 
 from vllm_harness import dcp as dcp_check  # noqa: E402
@@ -43,11 +45,20 @@ REPO = Path(__file__).resolve().parents[2]
 def test_slot_mapping_and_local_seq_lens_agree(world, interleave, block_size):
     from vllm.v1.attention.backends.utils import get_dcp_local_seq_lens
 
-    gen = torch.Generator().manual_seed(world * 100 + interleave)
     seq_lens = torch.tensor([1, 2, 7, block_size * world, block_size * world + 1, 333], dtype=torch.int32)
     B, vbs = len(seq_lens), block_size * world
     max_vblocks = int((seq_lens.max() + vbs - 1) // vbs)
-    block_table = torch.randperm(B * max_vblocks, generator=gen).view(B, max_vblocks).to(torch.int32)
+    # Every request max_vblocks distinct shuffled pages (only the table is used).
+    block_table = paged_cache(
+        [max_vblocks * block_size] * B,
+        block_size,
+        dtype=torch.float32,
+        device="cpu",
+        gen=generator(world * 100 + interleave, "cpu"),
+        spare_pages=0,
+        spare_cols=0,
+    ).table
+    assert block_table.shape == (B, max_vblocks)
     for i, S in enumerate(seq_lens.tolist()):
         pos = torch.arange(S)
         owner = torch.full((S,), -1)
@@ -93,7 +104,7 @@ def test_dcp_math_with_rocm_mla_decode_equals_one_rank():
     results = _emulate(*cases)
     assert len(results) == len(cases)
     for res in results:
-        tol = {"float32": 2e-5, "float16": 1e-2, "bfloat16": 2e-2}[res["dtype"]]
+        tol = H.DCP_TOLERANCE[getattr(torch, res["dtype"])]
         what = json.dumps(res)
         assert res["vllm_triton"], "vLLM's correct_attn_out did not run as a Triton kernel: " + what
         assert res["finite"] and res["lse_1rank_finite"], what

@@ -159,10 +159,7 @@ def local_cache(step: H.LayerStep, world: int, rank: int, interleave: int) -> tu
     ROCM_MLA impl's KV write through vLLM's DCP slot mapping; returns (cache, local seq_lens)."""
     from vllm.v1.attention.backends.utils import get_dcp_local_seq_lens
 
-    if step.fp8:
-        cache = torch.full_like(step.kv_cache, 0xFF)
-    else:
-        cache = torch.full_like(step.kv_cache, float("nan"))
+    cache = H.nan_cache(step.kv_cache.shape[0], step.bs, step.dtype, step.fp8, step.device)
     counts = []
     for i, r in enumerate(step.requests):
         S = r.context + r.query
@@ -412,10 +409,7 @@ def run_rank_case(case: dict, rank: int, world: int, interleave: int) -> dict:
     assert layer.dcp_manager is not None and builder.reorder_batch_threshold == 1
 
     bt = case["block_table"].to(dev)
-    if fp8:
-        cache = torch.full((case["num_blocks"], bs, H.KV_ROW_DIM), 0xFF, dtype=torch.uint8, device=dev)
-    else:
-        cache = torch.full((case["num_blocks"], bs, H.KV_ROW_DIM), float("nan"), dtype=dtype, device=dev)
+    cache = H.nan_cache(case["num_blocks"], bs, dtype, fp8, dev)
     new_slots = []
     for i, r in enumerate(reqs):  # cached context: this rank's share, through the backend's KV write
         pos = torch.arange(r.context + r.query, device=dev)

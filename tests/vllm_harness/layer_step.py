@@ -9,8 +9,8 @@ A :class:`LayerStep` builds the pieces a serving step has, with vLLM's own code:
 * vLLM's ``MLAAttention`` layer with that backend and a real ``ColumnParallelLinear`` ``kv_b_proj``
   (a one-process gloo "distributed" group, as vLLM's CPU tests use), weights processed by
   ``process_weights_after_loading`` (``W_UK_T`` / ``W_UV``);
-* a paged cache (NaN-filled, shuffled block tables) holding each request's cached context, written
-  through the backend's own KV write;
+* a paged cache (NaN-filled; shuffled block tables from ``rocm_mla.cases.paged_cache``) holding
+  each request's cached context, written through the backend's own KV write;
 * ``CommonAttentionMetadata`` of the batch and the backend's metadata builder's ``build`` output.
 
 :meth:`LayerStep.run` is one layer step as vLLM's ``MLAAttention.forward`` does it:
@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rocm_mla.cases import Bound, generator, nan_filled, paged_cache
 from rocm_mla.mla_dims import KV_LORA_RANK, KV_ROW_DIM, VLLM_FP8_KV_CACHE_DTYPES
 from rocm_mla.mla_dims import QK_NOPE_HEAD_DIM as QK_NOPE
 from rocm_mla.mla_dims import QK_ROPE_HEAD_DIM as QK_ROPE
@@ -282,6 +283,52 @@ def _ensure_single_process_group(vllm_config) -> None:
 # float32 from the same weights and cache.
 LAYER_TOLERANCE = {torch.float32: 2e-4, torch.float16: 1e-2, torch.bfloat16: 4e-2}
 
+# The same form for one layer step compiled with vLLM's fusion pass (the fused RoPE + KV write in
+# the graph) against that step run eagerly (vLLM's forward_static RoPE, then the KV write): the
+# fused op rotates in float32 and rounds once, forward_static rounds after each op in the model
+# dtype, and attention carries that difference into the output.
+COMPILED_VS_EAGER = {torch.float32: 1e-5, torch.float16: 3e-2, torch.bfloat16: 3e-2}
+
+# Decode context parallelism (vllm_harness.dcp) against the 1-rank step, in the same form: each
+# rank attends its KV shard and vLLM's cp_lse_ag_out_rs rescales and sums the partials in the model
+# dtype, a different summation order of the same float32 softmax.
+DCP_TOLERANCE = {torch.float32: 2e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+
+
+# perf/bench_layer.py's layer steps (its own compositions, bf16 on a GPU): rocm_mla's output against
+# the upstream composition's on the same inputs, as the relative Frobenius error (element-wise
+# unbounded): two bf16 compositions of the same attention (FlashAttention on padded v with vLLM's
+# Triton kernels, against ours) agree to about 1e-2.
+LAYER_AGREEMENT = Bound(math.inf, 0.0, norm=2e-2)
+
+
+def scaled_error(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """(max |got - ref|, max(1, max |ref|)): the two sides of the layer-step bounds above (NaN
+    anywhere gives a NaN error, which no bound holds)."""
+    err = (got.float() - ref.float()).abs().max().item() if got.numel() else 0.0
+    return err, max(1.0, ref.float().abs().max().item()) if ref.numel() else 1.0
+
+
+def layer_mismatch(got: torch.Tensor, ref: torch.Tensor, tol: float, what: str = "layer output") -> str:
+    """'' when ``max |got - ref| <= tol * max(1, max |ref|)`` (got finite), else what differs."""
+    err, scale = scaled_error(got, ref)
+    if not bool(torch.isfinite(got).all()):
+        return f"{what}: {int((~torch.isfinite(got)).sum())} elements not finite"
+    if not err <= tol * scale:
+        return f"{what}: max |err| {err:.3g} > {tol:g} x {scale:.3g}"
+    return ""
+
+
+def nan_cache(num_blocks: int, block_size: int, dtype: torch.dtype, fp8: bool, device) -> torch.Tensor:
+    """vLLM's latent cache ``[num_blocks, block_size, 576]`` holding NaN in every slot: ``dtype``,
+    or with ``fp8`` uint8 storage of the platform kind's NaN code (vLLM's fp8 cache)."""
+    if fp8:
+        from vllm.platforms import current_platform
+
+        kind = current_platform.fp8_dtype()
+        return nan_filled((num_blocks, block_size, KV_ROW_DIM), kind, device).view(torch.uint8)
+    return nan_filled((num_blocks, block_size, KV_ROW_DIM), dtype, device)
+
 
 @dataclass
 class Request:
@@ -393,26 +440,20 @@ class LayerStep:
                 device=self.device,
             )
 
-        # Paged cache: NaN everywhere a token was never written (fp8: the all-ones byte, NaN in
-        # e4m3fn and e4m3fnuz alike), pages handed out in a shuffled order.
-        blocks_per_req = [math.ceil((r.context + r.query) / block_size) for r in requests]
-        num_blocks = sum(blocks_per_req) + 3
-        if self.fp8:
-            self.kv_cache = torch.full(
-                (num_blocks, block_size, KV_ROW_DIM), 0xFF, dtype=torch.uint8, device=self.device
-            )
-        else:
-            self.kv_cache = torch.full(
-                (num_blocks, block_size, KV_ROW_DIM), float("nan"), dtype=dtype, device=self.device
-            )
-        perm = torch.randperm(num_blocks, generator=gen, device="cpu")
-        max_blocks = max(blocks_per_req)
-        self.block_table = torch.zeros(len(requests), max_blocks + 1, dtype=torch.int32)
-        used = 0
-        for i, nb in enumerate(blocks_per_req):
-            self.block_table[i, :nb] = perm[used : used + nb].to(torch.int32)
-            used += nb
-        self.block_table = self.block_table.to(self.device)
+        # Paged cache: shuffled pages and a spare column from rocm_mla.cases.paged_cache (its own
+        # generator: the values above keep their seed); vLLM's cache object is NaN everywhere (fp8:
+        # the platform kind's NaN code, as uint8 storage) until the backend's KV write fills it.
+        paged = paged_cache(
+            [r.context + r.query for r in requests],
+            block_size,
+            dtype=torch.float32,
+            device=self.device,
+            gen=generator(seed, self.device),
+        )
+        self.block_table = paged.table
+        num_blocks = paged.cache.shape[0]
+        del paged
+        self.kv_cache = nan_cache(num_blocks, block_size, dtype, self.fp8, self.device)
 
         # Per request: the latent rows of its whole sequence (context + new) and its new queries.
         self.kv_c = [randn(r.context + r.query, KV_LORA_RANK).to(dtype) for r in requests]
@@ -511,14 +552,23 @@ class LayerStep:
 
     # ------------------------------------------------------------------ float32 reference
 
-    def cached_rows(self, i: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Request i's tokens [lo, hi) as the cache holds them, in float32 (fp8 dequantised)."""
+    def mismatch(self, out: torch.Tensor | None = None, *, ref: torch.Tensor | None = None) -> str:
+        """'' when ``out`` (default: the step's output) agrees with :meth:`reference` under
+        LAYER_TOLERANCE[dtype], else what differs."""
+        out = self.output if out is None else out
+        return layer_mismatch(out, self.reference() if ref is None else ref, LAYER_TOLERANCE[self.dtype])
+
+    def cached_rows(self, i: int, lo: int, hi: int, *, codes: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Request i's tokens [lo, hi) as the cache holds them, in float32 (fp8 dequantised, or with
+        ``codes`` the stored e4m3 values themselves: value / k_scale)."""
         from vllm.platforms import current_platform
 
         pos = torch.arange(lo, hi, device=self.device)
         rows = self.kv_cache[self.block_table[i, pos // self.bs].long(), pos % self.bs]
         if self.fp8:
-            rows = rows.view(current_platform.fp8_dtype()).float() * float(self.layer._k_scale)
+            rows = rows.view(current_platform.fp8_dtype()).float()
+            if not codes:
+                rows = rows * float(self.layer._k_scale)
         rows = rows.float()
         return rows[:, :KV_LORA_RANK], rows[:, KV_LORA_RANK:]
 

@@ -9,7 +9,7 @@
 #
 # Not done here, on purpose: Debian's device libraries stop at gfx940 and clang wants an
 # oclc_isa_version_942.bc. The report builds that itself, lazily, on first use
-# (rocm_mla/tools/_hip_compile.py: device_lib_dir): a folder of symlinks to the system bitcode
+# (rocm_mla/tools/isa_report/hip_compile.py: device_lib_dir): a folder of symlinks to the system bitcode
 # plus a 942 copy of the 940 ISA-version file, cached under ~/.cache/rocm_mla/bitcode/
 # ($ROCM_MLA_CACHE_DIR or $XDG_CACHE_HOME move it). Keeping it in Python means machines that got
 # the packages some other way work too, and a package upgrade gets a fresh folder automatically.

@@ -58,7 +58,7 @@ with N=128) and advanced per key block as a scalar pointer; the per-tile offsets
 invariant, so a key block costs one scalar add per operand, not a 64-bit multiply per element
 (gfx942 with triton 3.7.1: 16-byte global_load_dwordx4 for K and V). The kernel calls no other
 @triton.jit function so that the ISA report can compile it from a process that imported it under
-TRITON_INTERPRET=1 (rocm_mla.tools._triton_compile.as_jit).
+TRITON_INTERPRET=1 (rocm_mla.tools.isa_report.triton_compile.as_jit).
 """
 
 import triton

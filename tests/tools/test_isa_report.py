@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -17,10 +18,10 @@ triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-from rocm_mla.tools import _hip_compile as hipc  # noqa: E402
-from rocm_mla.tools import _triton_compile as tc  # noqa: E402
 from rocm_mla.tools import isa_report  # noqa: E402
 from rocm_mla.tools.isa_report import collect, failures, main, summary  # noqa: E402
+from rocm_mla.tools.isa_report import hip_compile as hipc  # noqa: E402
+from rocm_mla.tools.isa_report import triton_compile as tc  # noqa: E402
 from rocm_mla.variants import TritonVariant  # noqa: E402
 
 
@@ -272,8 +273,6 @@ def test_sm90_spill_outside_loops_is_a_note_not_a_failure():
 
 @pytest.mark.skipif(tc.find_ptxas() is None, reason="no ptxas (Triton's bundled one or on PATH)")
 def test_sm90_sass_is_read_when_nvdisasm_is_there():
-    from pathlib import Path
-
     ptxas = tc.find_ptxas()
     if not (Path(ptxas).resolve().parent / "nvdisasm").exists() and shutil.which("nvdisasm") is None:
         pytest.skip("no nvdisasm next to ptxas or on PATH")
@@ -303,7 +302,7 @@ def test_peer_rows_are_reported_not_gated(monkeypatch, capsys):
 
 
 @pytest.mark.skipif(
-    not (isa_report.Path(__file__).resolve().parents[2] / ".peers" / "aiter" / "aiter").is_dir(),
+    not (Path(__file__).resolve().parents[2] / ".peers" / "aiter" / "aiter").is_dir(),
     reason="no .peers/aiter (bash perf/peers/get_aiter_peers.sh .peers/aiter)",
 )
 def test_aiter_mha_compiles_for_gfx942(tmp_path):
@@ -328,7 +327,7 @@ def test_aiter_mha_compiles_for_gfx942(tmp_path):
             "--json",
             str(out),
         ],
-        cwd=isa_report.Path(__file__).resolve().parents[2],
+        cwd=Path(__file__).resolve().parents[2],
         env=env,
         capture_output=True,
         text=True,
@@ -342,7 +341,7 @@ def test_aiter_mha_compiles_for_gfx942(tmp_path):
 
 
 @pytest.mark.skipif(
-    not (isa_report.Path(__file__).resolve().parents[2] / ".peers" / "aiter" / "aiter").is_dir(),
+    not (Path(__file__).resolve().parents[2] / ".peers" / "aiter" / "aiter").is_dir(),
     reason="no .peers/aiter (bash perf/peers/get_aiter_peers.sh .peers/aiter; .ci/run fetches it)",
 )
 def test_decode_side_by_side_with_aiter_on_gfx942(tmp_path):
@@ -351,7 +350,7 @@ def test_decode_side_by_side_with_aiter_on_gfx942(tmp_path):
     import subprocess
     import sys
 
-    root = isa_report.Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "tc")
     p = subprocess.run(

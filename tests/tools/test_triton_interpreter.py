@@ -48,7 +48,7 @@ _SCRIPT = textwrap.dedent("""
     print("leaked:", len(leaked_patches()))
 
     from rocm_mla.variants import TritonVariant  # imports the kernels: installs the fix, too late
-    from rocm_mla.tools import _triton_compile as tc
+    from rocm_mla.tools.isa_report import triton_compile as tc
 
     def _add(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

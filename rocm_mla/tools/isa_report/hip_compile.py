@@ -30,7 +30,7 @@ _MARKER = re.compile(r"//\s*isa-report:\s*expects-mfma\s+(.+?)\s*$", re.MULTILIN
 
 def hip_src_dir() -> Path | None:
     """``hip_src/``: the installed copy inside the package, else the source checkout's."""
-    pkg = Path(__file__).resolve().parents[1]  # .../rocm_mla
+    pkg = Path(__file__).resolve().parents[2]  # .../rocm_mla
     for cand in (pkg / "hip_src", pkg.parent / "hip_src"):
         if (cand / "isa").is_dir():
             return cand
@@ -184,7 +184,7 @@ def compile_sm90(src: Path, nvcc: str) -> tuple[str, str]:
     PTX first (to count ``mma``/``wgmma``), then the ptxas of the same CUDA install: nvcc's PTX
     version may be newer than what Triton's bundled ptxas accepts.
     """
-    from ._triton_compile import run_ptxas
+    from .triton_compile import run_ptxas
 
     ptxas = Path(nvcc).resolve().parent / "ptxas"
     ptxas_path = str(ptxas) if ptxas.exists() else shutil.which("ptxas")

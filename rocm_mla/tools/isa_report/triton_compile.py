@@ -1,8 +1,8 @@
 """Ahead-of-time compilation of one Triton variant, without a GPU or driver.
 
 Only runs the compiler and hands back its text outputs; what those outputs mean (registers,
-spills, MFMA count) is parsed in ``isa_report``, which shares one AMDGCN parser between Triton
-and HIP.
+spills, MFMA count) is parsed in ``gfx942`` and ``sm90`` of this package, one parser per target
+shared between Triton and HIP.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# isa_report architecture name -> (triton backend, arch, warp size) for GPUTarget.
+# report architecture name -> (triton backend, arch, warp size) for GPUTarget.
 TARGETS = {"gfx942": ("hip", "gfx942", 64), "sm90": ("cuda", 90, 32)}
 
 
@@ -133,7 +133,7 @@ def compile_variant(variant: Any, arch: str) -> TritonArtifacts:
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from .._triton_interpreter import install, leaked_patches
+    from ..._triton_interpreter import install, leaked_patches
 
     install()
     leaked = leaked_patches()

@@ -1,0 +1,98 @@
+"""sm90 (H100/H200) figures from PTX (Triton's, or nvcc ``-ptx``) and its ``ptxas -v`` log: registers,
+stack frame, spill bytes, static smem, MMA = ``mma.sync``/``wgmma.mma_async`` lines in the PTX; where
+the loops of the SASS (``nvdisasm -c``) put the spill traffic; blocks per SM."""
+
+from __future__ import annotations
+
+import math
+import re
+
+_ENTRY_RE = re.compile(r"^\s*(?:\.visible\s+|\.weak\s+)?\.entry\s+([\w$]+)\s*\(", re.MULTILINE)
+_MMA_RE = re.compile(r"^\s*(?:@!?%\w+\s+)?(?:wgmma\.mma_async|mma\.sync)\b", re.MULTILINE)
+
+
+def parse_ptx_ptxas(ptx: str, log: str) -> dict[str, dict[str, int]]:
+    """Per-entry resources from PTX text plus its ``ptxas -v`` log, by symbol name.
+
+    Keys: vgprs (registers/thread), scratch (stack frame bytes), spills (store + load bytes),
+    lds (static smem bytes), mfma (``mma.sync`` + ``wgmma.mma_async`` in the PTX).
+    """
+    entries = list(_ENTRY_RE.finditer(ptx))
+    mma = {
+        m.group(1): len(_MMA_RE.findall(ptx[m.end() : entries[i + 1].start() if i + 1 < len(entries) else len(ptx)]))
+        for i, m in enumerate(entries)
+    }
+    out: dict[str, dict[str, int]] = {}
+    for block in re.split(r"(?=ptxas info\s*: Compiling entry function)", log):
+        head = re.match(r"ptxas info\s*: Compiling entry function '([^']+)'", block)
+        if not head:
+            continue
+        name = head.group(1)
+        props = re.search(
+            re.escape(name) + r"\s*\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores, "
+            r"(\d+) bytes spill loads",
+            block,
+        )
+        regs = re.search(r"Used (\d+) registers", block)
+        smem = re.search(r"(\d+) bytes smem", block)
+        out[name] = {
+            "vgprs": int(regs.group(1)) if regs else 0,
+            "scratch": int(props.group(1)) if props else 0,
+            "spills": int(props.group(2)) + int(props.group(3)) if props else 0,
+            "lds": int(smem.group(1)) if smem else 0,
+            "mfma": mma.get(name, 0),
+        }
+    return out
+
+
+_SASS_INSN_RE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_SASS_LABEL_RE = re.compile(r"^\s*(\.L_\w+):")
+_SASS_BRA_RE = re.compile(r"\bBRA\b[^`]*`\((\.L_\w+)\)")
+_SASS_LOCAL_RE = re.compile(r"\b(?:LDL|STL)\b")
+
+
+def local_memory_in_loops(sass: str) -> tuple[int, int]:
+    """``(inside loops, total)`` local-memory instructions (``LDL``/``STL``) of one kernel's SASS
+    (``nvdisasm -c``). A loop is the address range from a branch target to a branch back to it.
+
+    Spilled registers cost their local-memory traffic where that traffic runs: a spill stored
+    once before the main loop and reloaded after it is a few instructions per thread, one inside
+    the loop is paid on every iteration.
+    """
+    labels: dict[str, int] = {}
+    pending: list[str] = []
+    insns: list[tuple[int, str]] = []
+    for line in sass.splitlines():
+        lab = _SASS_LABEL_RE.match(line)
+        if lab:
+            pending.append(lab.group(1))
+            continue
+        m = _SASS_INSN_RE.search(line)
+        if not m:
+            continue
+        addr = int(m.group(1), 16)
+        for name in pending:
+            labels[name] = addr
+        pending = []
+        insns.append((addr, m.group(2)))
+    loops = []
+    for addr, text in insns:
+        b = _SASS_BRA_RE.search(text)
+        if b and b.group(1) in labels and labels[b.group(1)] <= addr:
+            loops.append((labels[b.group(1)], addr))
+    local = [a for a, t in insns if _SASS_LOCAL_RE.search(t)]
+    return sum(any(lo <= a <= hi for lo, hi in loops) for a in local), len(local)
+
+
+def sm90_blocks_per_sm(regs: int, smem: int, threads: int) -> int:
+    """Resident blocks per SM on H100/H200, as CUDA's occupancy calculator counts them.
+
+    Limits: 32 blocks, 64 warps, 64K registers (allocated per warp in 256-register units),
+    228 KiB shared memory with 1 KiB reserved per block.
+    """
+    warps = max(1, math.ceil(threads / 32))
+    regs_per_warp = math.ceil(max(regs, 1) * 32 / 256) * 256
+    by_regs = (65536 // regs_per_warp) // warps
+    by_warps = 64 // warps
+    by_smem = (228 * 1024) // (smem + 1024)
+    return min(32, by_warps, by_regs, by_smem)

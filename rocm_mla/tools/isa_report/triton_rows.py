@@ -1,0 +1,44 @@
+"""A ``Row`` from one ``TritonVariant``: compiled ahead of time by ``triton_compile`` and read by the
+target's parser. Triton allocates LDS dynamically, so the asm says 0 and LDS comes from
+``metadata.shared``; gfx942's asm Occupancy then ignores LDS and is combined with it here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import triton_compile as tc
+from .gfx942 import gfx942_occupancy, parse_amdgcn
+from .rows import Row, error_text
+from .sm90 import local_memory_in_loops, parse_ptx_ptxas, sm90_blocks_per_sm
+
+
+def triton_row(v: Any, arch: str) -> Row:
+    """The ungated row of variant ``v`` for ``arch``; a compile failure is the row's ``error``."""
+    row = Row(
+        kernel=v.kernel,
+        config=v.config,
+        backend="triton",
+        arch=arch,
+        expects_mfma=bool(v.expects_mfma),
+        source=f"{getattr(getattr(v.fn, 'fn', v.fn), '__module__', '?')}.{getattr(v.fn, '__name__', '?')}",
+    )
+    try:
+        art = tc.compile_variant(v, arch)
+        if arch == "gfx942":
+            res = next(iter(parse_amdgcn(art.isa).values()))
+            row.vgprs, row.agprs, row.sgprs = res["vgprs"], res["agprs"], res["sgprs"]
+            row.spills, row.scratch, row.mfma = res["spills"], res["scratch"], res["mfma"]
+            row.lds = max(art.shared, res["lds"])
+            row.occupancy = gfx942_occupancy(res["occupancy"], row.lds, art.num_warps)
+        else:
+            res = next(iter(parse_ptx_ptxas(art.isa, art.ptxas_log).values()))
+            row.vgprs, row.spills, row.scratch, row.mfma = res["vgprs"], res["spills"], res["scratch"], res["mfma"]
+            row.lds = max(art.shared, res["lds"])  # Triton's smem is dynamic: ptxas sees 0
+            row.occupancy = sm90_blocks_per_sm(row.vgprs, row.lds, art.num_warps * 32)
+            if art.sass:
+                row.local_in_loops = local_memory_in_loops(art.sass)[0]
+    except StopIteration:
+        row.error = "compiler output has no kernel resource information"
+    except Exception as e:  # one bad variant must not hide the others
+        row.error = error_text(e)
+    return row

@@ -72,8 +72,7 @@ def known_arches(op: str) -> list[str]:
 
 
 def tune_space(op: str) -> dict[str, Any]:
-    """Candidate launch values per implementation that ``perf/bench_<op> --tune`` and
-    ``rocm-mla tune`` sweep."""
+    """Candidate launch values per implementation that ``rocm-mla tune`` sweeps."""
     return _table(op).get("tune", {})
 
 

@@ -52,7 +52,7 @@ def _sm90_tma_candidates():
     "cfg", _sm90_tma_candidates(), ids=lambda c: f"M{c['BLOCK_M']}N{c['BLOCK_N']}s{c['num_stages']}"
 )
 def test_gpu_tma_candidates_bf16(cfg):
-    """The sm90 "tma" candidates --tune will time: bf16 varlen (ragged ends, lq != lk, an empty
+    """The sm90 "tma" candidates `rocm-mla tune` times: bf16 varlen (ragged ends, lq != lk, an empty
     sequence), N=16 and N=128 heads, key rows after the last sequence poisoned with NaN (TMA's
     zero fill must keep them out), out into a strided view, checked against the float32 reference."""
     from rocm_mla import _platform

@@ -430,21 +430,28 @@ def _host_ms(fn: Callable[[], object]) -> float:
 
 
 def _rotate_gptj(x: torch.Tensor) -> torch.Tensor:
-    x1 = x[..., ::2]
-    x2 = x[..., 1::2]
-    x = torch.stack((-x2, x1), dim=-1)
-    return x.flatten(-2)
+    x1, x2 = x[..., ::2], x[..., 1::2]
+    return torch.stack((-x2, x1), dim=-1).flatten(-2)
 
 
-def vllm_forward_static(positions, query, key, cos_sin_cache):
-    """vLLM 0.33 DeepseekScalingRotaryEmbedding.forward_static, rotary_dim == head_size == 64, GPT-J."""
-    cos_sin = cos_sin_cache[positions]
-    cos, sin = cos_sin.chunk(2, dim=-1)
-    cos = cos.repeat_interleave(2, dim=-1).unsqueeze(-2)
-    sin = sin.repeat_interleave(2, dim=-1).unsqueeze(-2)
-    query = query * cos + _rotate_gptj(query) * sin
-    key = key * cos + _rotate_gptj(key) * sin
-    return query, key
+def _rotate_neox(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def vllm_forward_static(positions, query, key, cos_sin_cache, is_neox: bool = False):
+    """vLLM 0.33 DeepseekScalingRotaryEmbedding.forward_static, rotary_dim == head_size == 64, in
+    the inputs' dtype (cos_sin_cache in the model dtype, as vLLM converts it at init): the timed
+    unfused peer here and the unfused path the RoPE tests compare against."""
+    cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)
+    if is_neox:
+        cos = torch.cat((cos, cos), dim=-1).unsqueeze(-2)
+        sin = torch.cat((sin, sin), dim=-1).unsqueeze(-2)
+    else:
+        cos = cos.repeat_interleave(2, dim=-1).unsqueeze(-2)
+        sin = sin.repeat_interleave(2, dim=-1).unsqueeze(-2)
+    rot = _rotate_neox if is_neox else _rotate_gptj
+    return query * cos + rot(query) * sin, key * cos + rot(key) * sin
 
 
 def vllm_unfused_rope_kv_write(positions, q, kv_a, kv_c, cos_sin, cache, slots, fp8, k_scale) -> None:

@@ -14,6 +14,7 @@ from rocm_mla.cases import compare, first_problem, raise_on
 from rocm_mla.cases import rope_kv_write as cases
 from rocm_mla.cases.rope_kv_write import RopeInputs, RopeShape
 from rocm_mla.reference.rope_kv_write import FP8_MAX, quantize_fp8_ref, rope_cos_sin_cache
+from rocm_mla.tools.benchutil import vllm_forward_static
 
 MAX_POS = 8192
 FP8_KINDS = [torch.float8_e4m3fn, torch.float8_e4m3fnuz]
@@ -43,30 +44,6 @@ def run(case: RopeInputs, backend, **kw):
 
 
 # ---------------------------------------------------------------- vLLM's unfused path
-def _rotate_neox(x):
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def _rotate_gptj(x):
-    x1, x2 = x[..., ::2], x[..., 1::2]
-    return torch.stack((-x2, x1), dim=-1).flatten(-2)
-
-
-def vllm_forward_static(positions, query, key, cos_sin_cache, is_neox):
-    """DeepseekScalingRotaryEmbedding.forward_static of vLLM 0.33 (rotary_dim == head_size == 64),
-    in the inputs' dtype; cos_sin_cache in the model dtype (vLLM converts it at init)."""
-    cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)
-    if is_neox:
-        cos = torch.cat((cos, cos), dim=-1).unsqueeze(-2)
-        sin = torch.cat((sin, sin), dim=-1).unsqueeze(-2)
-    else:
-        cos = cos.repeat_interleave(2, dim=-1).unsqueeze(-2)
-        sin = sin.repeat_interleave(2, dim=-1).unsqueeze(-2)
-    rot = _rotate_neox if is_neox else _rotate_gptj
-    return query * cos + rot(query) * sin, key * cos + rot(key) * sin
-
-
 def unfused_vllm(case: RopeInputs):
     """What vLLM does today: torch RoPE (several kernels, model dtype), copy back into q, then a
     separate cache write of [kv_c | k_pe]. Returns (q_pe, k_pe, rows at the written slots)."""

@@ -26,6 +26,8 @@ Providers, each captured in CUDA graphs of 8 calls (benchutil.rotating_graph_us)
                      [B, N, 512] and q_pe a slice of q [B, N, 192]; out/lse preallocated (vLLM's
                      layer buffers); max_seq_len passed as vLLM has it on the host. The chosen split
                      count and launches are printed.
+  rocm_mla-triton-fp8qk / -fp8all  (fp8 caches) the same call with fp8_dots="qk" / "all", checked
+                     against the unrounded float32 reference under cases.decode.FP8_DOTS_ACCURACY.
   vllm-0.33-triton   decode_attention_fwd exactly as TRITON_MLA.forward_mqa calls it: torch.cat of
                      q (counted), torch.zeros o and lse (counted), attn_logits workspace preallocated
                      (vLLM reserves it once), num_kv_splits from its _compute_num_kv_splits
@@ -118,12 +120,14 @@ class Setup:
 # --------------------------------------------------------------------------- providers
 
 
-def ours(s: Setup):
+def ours(s: Setup, fp8_dots: str | None = None):
     """``call(i)``: mla_decode (Triton) on cache copy i as vLLM hands it over (an fp8 cache as uint8
-    storage, kv_cache_dtype "fp8"), max_seq_len as vLLM has it on the host."""
+    storage, kv_cache_dtype "fp8"), max_seq_len as vLLM has it on the host; ``fp8_dots``: that mode
+    (fp8 caches), else the op's default."""
+    kw = {} if fp8_dots is None else {"fp8_dots": fp8_dots}
 
     def call(i: int):
-        s.case.run(i, max_seq_len=s.seq, backend="triton")
+        s.case.run(i, max_seq_len=s.seq, backend="triton", **kw)
         return s.case.out
 
     return call
@@ -262,7 +266,10 @@ def shape_list(preset: str, kinds: list[str]) -> list[DecodeShape]:
     return [sh for sh in decode.SHAPES[PRESETS[preset]] if ("fp8" if sh.fp8 else "bf16") in kinds]
 
 
-PROVIDERS = ["rocm_mla-triton", "flashinfer-fa3", "vllm-0.33-triton", "aiter-triton", "torch-reference"]
+# Our fp8_dots modes on fp8 caches (rounded q, and p): each checked against the unrounded float32
+# reference under cases.decode.FP8_DOTS_ACCURACY, the accuracy it trades.
+LOSSY = {"rocm_mla-triton-fp8qk": "qk", "rocm_mla-triton-fp8all": "all"}
+PROVIDERS = ["rocm_mla-triton", *LOSSY, "flashinfer-fa3", "vllm-0.33-triton", "aiter-triton", "torch-reference"]
 
 
 class Run:
@@ -303,8 +310,9 @@ def time_checked(run: Run, provider: str, fn, s: Setup, ref: tuple) -> float | N
     try:
         got = fn(0)
         torch.cuda.synchronize()
-        if provider == "rocm_mla-triton":
-            problem = s.case.mismatch(ref=ref)
+        if provider == "rocm_mla-triton" or provider in LOSSY:
+            tol = decode.FP8_DOTS_ACCURACY[LOSSY[provider]] if provider in LOSSY else None
+            problem = s.case.mismatch(ref=ref, tol=tol)
             bad = f"  {provider} {s.label}: WRONG ({problem})" if problem else ""
         else:
             bad = check(provider, got, s, ref)
@@ -325,6 +333,8 @@ def bench_shape(run: Run, s: Setup, dev, peers: dict, sms: int) -> None:
         f"w{cfg['num_warps']} s{cfg['num_stages']}",
     ]
     fns = {"rocm_mla-triton": (ours(s), "")}
+    if s.fp8:
+        fns.update({p: (ours(s, mode), "") for p, mode in LOSSY.items()})
     if "vllm" in peers:
         fns["vllm-0.33-triton"] = vllm(s, peers["vllm"], sms)
     if "flashinfer" in peers:

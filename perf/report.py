@@ -93,9 +93,9 @@ CEILING_OF = {"GB/s": "copy 2 GiB", "TFLOP/s": "matmul 8192^3 bf16"}
 COMMAND = "python perf/bench.py --ops {ops}"
 
 
-# Our kernels with inputs rounded on purpose (mla_decode(quantize_q=True): an accuracy trade): shown
-# beside the others, left out of the speed-up columns.
-LOSSY = ("rocm_mla-triton-quantize_q",)
+# Our kernels with inputs rounded on purpose (mla_decode(fp8_dots="qk" / "all"; quantize_q=True is
+# "qk"): an accuracy trade, shown beside the others, left out of the speed-up columns.
+LOSSY = ("rocm_mla-triton-quantize_q", "rocm_mla-triton-fp8qk", "rocm_mla-triton-fp8all")
 
 
 def is_ours(provider: str) -> bool:

@@ -32,10 +32,14 @@ def generator(seed: int, device) -> torch.Generator:
     return torch.Generator(device=dev).manual_seed(seed)
 
 
-def randn(shape, gen: torch.Generator, device, dtype=torch.float32, scale: float = 1.0) -> torch.Tensor:
-    """Normal values from ``gen`` (drawn on its device), scaled, as ``dtype`` on ``device``."""
+def randn(shape, gen: torch.Generator, device, dtype=torch.float32, scale: float | torch.Tensor = 1.0) -> torch.Tensor:
+    """Normal values from ``gen`` (drawn on its device), scaled (a number, or a tensor that
+    broadcasts against the last dims, e.g. one standard deviation per channel), as ``dtype`` on
+    ``device``."""
     x = torch.randn(tuple(shape), generator=gen, device=gen.device)
-    if scale != 1.0:
+    if isinstance(scale, torch.Tensor):
+        x = x * scale.to(x.device)
+    elif scale != 1.0:
         x = x * scale
     return x.to(device=device, dtype=dtype)
 
@@ -191,7 +195,7 @@ def paged_cache(
     spare_pages: int = 3,
     spare_cols: int = 1,
     copies: int = 1,
-    scale: float = 1.0,
+    scale: float | torch.Tensor = 1.0,
     page_pad: int = 0,
     unused: str = "nan",
     guard: int = 0,
@@ -199,7 +203,8 @@ def paged_cache(
     """R = ``copies`` paged caches of requests holding ``lens`` keys each (see the module docstring).
 
     ``dtype``: the 16/32-bit cache dtype; ``fp8``: an e4m3 kind instead (``k_scale`` required;
-    values saturate at the kind's range). ``scale``: the keys' standard deviation. ``page_pad``:
+    values saturate at the kind's range). ``scale``: the keys' standard deviation (or ``[576]``, one
+    per channel). ``page_pad``:
     extra (NaN) elements after each page, a non-contiguous block stride. ``unused``: "nan" (every
     slot no request covers: a stray read poisons the result) or "randn" (finite everywhere: a
     request's NaN is the kernel's verdict, not a read). ``guard``: that many sentinel elements

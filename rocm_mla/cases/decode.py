@@ -65,6 +65,48 @@ def quantize_q_bound(dtype: torch.dtype, device) -> dict[str, Bound]:
     return QUANTIZED_Q_SERVING if torch.device(device).type != "cpu" else QUANTIZED_Q[dtype]
 
 
+# fp8_dots (mla_decode) against the reference of the values that mode rounds
+# (DecodeInputs.reference(fp8_dots=)): "qk" is quantize_q_bound (the same q codes); "all" also
+# rounds p, which the kernel scales by its running row max and the reference by the global one
+# (they agree on later tiles; on early ones a weight's e4m3 rounding, 2^-4 relative, differs).
+# In the CPU interpreter (fp16, N=16..128, up to 200 keys): <= 3.3e-2 element-wise, 1.2e-2 norm.
+# lse is exactly "qk"'s: the normaliser sums the unrounded p.
+FP8_ALL_OUT = Bound(6e-2, 6e-2, norm=3e-2)
+
+# Each fp8_dots mode against the float32 reference of the unrounded q (the accuracy the mode
+# trades; that reference agrees with float64 attention within DENSE_F64). The norm-wise part is
+# the statement: "none" rounds only out; "qk" and "all" <= 7% relative (Frobenius), lse <= 0.1 on
+# random data (measured: ~3.5% and ~0.07 in the CPU interpreter, ~3.7% and ~0.024 on the
+# H200 at B=128 seq 4096). The element-wise part only catches gross errors: a q rounding moves
+# single scores by up to 2^-4 of |q||k|.
+FP8_DOTS_ACCURACY: dict[str, dict[str, Bound]] = {
+    "none": {"out": Bound(2e-2, 2e-2, norm=NORM[torch.bfloat16]), "lse": Bound(1e-3, 0.0)},
+    "qk": {"out": Bound(0.3, 0.3, norm=0.07), "lse": Bound(0.1, 0.0)},
+    "all": {"out": Bound(0.3, 0.3, norm=0.07), "lse": Bound(0.1, 0.0)},
+}
+
+# Data shaped like a model's latent cache (make_inputs(outliers=)): a few channels of the cache
+# and of q have this many times the others' standard deviation.
+OUTLIER_GAIN = 16.0
+# "qk" and "all" on such data (8 large channels in the cache, 8 in q, rows of norms 0.01..1),
+# against the unrounded q: the scores are larger, so the same relative q rounding moves them
+# more. Measured in the CPU interpreter (fp16, N=16, 150 + 33 keys): 3.4-4.7% relative norm,
+# lse up to 0.25, single elements up to 1.3 off (1 + |ref| units). The norm bound is the
+# random-data one; lse and the element-wise part are sized to what was measured.
+FP8_DOTS_OUTLIERS = {"out": Bound(2.0, 2.0, norm=0.07), "lse": Bound(0.35, 0.0)}
+
+
+def fp8_dots_bound(fp8_dots: str, dtype: torch.dtype, device) -> dict[str, Bound]:
+    """The bound of ``mla_decode(fp8_dots=mode)`` against ``reference(fp8_dots=mode)`` on
+    ``device`` (see FP8_ALL_OUT and quantize_q_bound)."""
+    qk = quantize_q_bound(dtype, device)
+    if fp8_dots == "qk":
+        return qk
+    if fp8_dots == "all":
+        return {"out": FP8_ALL_OUT, "lse": qk["lse"]}
+    raise ValueError(f"fp8_dots_bound: expected 'qk' or 'all', got {fp8_dots!r}")
+
+
 @dataclass(frozen=True)
 class DecodeShape:
     """One decode batch: B requests of ``seq`` keys each (or ``lens``, one per request, overriding
@@ -156,7 +198,10 @@ SHAPES: dict[str, list[DecodeShape]] = {
         DecodeShape(64, 4096, 128, 2),
         DecodeShape(128, 4096, 16, kv="fp8"),
         DecodeShape(128, 4096, 128, kv="fp8"),
+        DecodeShape(128, 4096, 16, 2, kv="fp8"),
+        DecodeShape(64, 4096, 128, 2, kv="fp8"),
         DecodeShape(1, 4096, 16),
+        DecodeShape(1, 4096, 16, kv="fp8"),
     ],
     # The bound-guard cost measurement (perf/guard_cost.py): TP8, DP, and TP8 with an fp8 cache.
     "guard": [DecodeShape(128, 4096, 16), DecodeShape(128, 4096, 128), DecodeShape(128, 4096, 16, kv="fp8")],
@@ -251,7 +296,7 @@ class DecodeInputs:
 
     def plan(self, device=None, **overrides):
         """The :class:`~rocm_mla.ops.DecodePlan` of :meth:`run`'s call (``overrides``: config,
-        num_kv_splits, max_seq_len, quantize_q, as :func:`~rocm_mla.ops.plan_decode` takes them;
+        num_kv_splits, max_seq_len, fp8_dots, as :func:`~rocm_mla.ops.plan_decode` takes them;
         max_seq_len defaults to the longest request, as a benchmark passes it)."""
         from ..ops import plan_decode
 
@@ -270,29 +315,38 @@ class DecodeInputs:
             **kw,
         )
 
-    def reference(self, requests: int | None = None, *, quantize_q: bool = False, i: int = 0):
+    def reference(self, requests: int | None = None, *, fp8_dots: str = "none", i: int = 0):
         """(out [rows', N, 512], lse [rows', N]) float32 of the first ``requests`` requests (all:
-        None), from cache copy i; ``quantize_q``: of q rounded as the FP8_QK mode rounds it."""
+        None), from cache copy i; ``fp8_dots`` ("qk", "all"): of q (and p) rounded as that
+        mla_decode mode rounds them (``reference.decode``: quantize_q_fp8, mla_decode_ref(p_fp8=))."""
         from ..reference import mla_decode_ref
         from ..reference.decode import quantize_q_fp8
 
         n = self.shape.B if requests is None else min(requests, self.shape.B)
         r = n * self.shape.q_len
         qn, qp = self.q_nope[:r], self.q_pe[:r]
-        if quantize_q:
-            qn, qp = quantize_q_fp8(qn, qp, self.paged.fp8 or platform_fp8(qn.device))
+        kind = (self.paged.fp8 or platform_fp8(qn.device)) if fp8_dots != "none" else None
+        if kind is not None:
+            qn, qp = quantize_q_fp8(qn, qp, kind)
         ks = self.k_scale
         return mla_decode_ref(
-            qn, qp, self.paged.caches[i], self.paged.tables[i][:n], self.seq_lens[:n], self.sm_scale, ks
+            qn,
+            qp,
+            self.paged.caches[i],
+            self.paged.tables[i][:n],
+            self.seq_lens[:n],
+            self.sm_scale,
+            ks,
+            p_fp8=kind if fp8_dots == "all" else None,
         )
 
-    def compare(self, out=None, lse=None, *, requests=None, quantize_q=False, ref=None, tol=None) -> list[Comparison]:
+    def compare(self, out=None, lse=None, *, requests=None, fp8_dots="none", ref=None, tol=None) -> list[Comparison]:
         """out and lse (default: the buffers) against the reference of the first ``requests`` (or
         ``ref``: (out, lse) of as many rows as compared), under ``tol`` ({"out": Bound, "lse":
         Bound}; default TOLERANCE[dtype], else one of the named bounds above)."""
         out = self.out if out is None else out
         lse = self.lse if lse is None else lse
-        ro, rl = ref if ref is not None else self.reference(requests, quantize_q=quantize_q)
+        ro, rl = ref if ref is not None else self.reference(requests, fp8_dots=fp8_dots)
         r = ro.shape[0]
         tol = TOLERANCE[self.dtype] if tol is None else tol
         return [compare("out", out[:r], ro, tol["out"]), compare("lse", lse[:r], rl, tol["lse"])]
@@ -323,6 +377,7 @@ def make_inputs(
     spare_cols: int = 1,
     unused: str = "nan",
     guard: int = 0,
+    outliers: int = 0,
 ) -> DecodeInputs:
     """Fresh random inputs of ``shape`` (see the module docstring).
 
@@ -336,7 +391,9 @@ def make_inputs(
     spare_pages / spare_cols: NaN pages and the table columns pointing at them (benches and the
     tuner pass spare_cols=0: a table as wide as the longest request, the width the plan sees).
     unused / guard: see :func:`rocm_mla.cases.paged_cache` (the bad-input tests: finite unused slots
-    inside sentinel guards).
+    inside sentinel guards). outliers: that many latent channels of the cache, and as many others
+    of q_nope, drawn OUTLIER_GAIN times wider (a model's latent cache has a few large channels);
+    an fp8 cache's k_scale is then OUTLIER_GAIN times larger, so that they fit the kind's range.
     """
     for name, v, ok in (("q_layout", q_layout, Q_LAYOUTS), ("out_layout", out_layout, OUT_LAYOUTS)):
         if v not in ok:
@@ -346,6 +403,13 @@ def make_inputs(
     device = torch.device(device)
     g = gen if gen is not None else generator(seed, device)
     kind = (fp8 or platform_fp8(device)) if shape.fp8 else None
+    k_std, q_std = 1.0, None
+    if outliers:
+        k_std, q_std = torch.ones(KV_ROW_DIM), torch.ones(KV_LORA_RANK)
+        step = KV_LORA_RANK // (2 * outliers)
+        k_std[torch.arange(outliers) * 2 * step] = OUTLIER_GAIN  # even slots for the cache,
+        q_std[torch.arange(outliers) * 2 * step + step] = OUTLIER_GAIN  # odd ones for q
+        k_scale = k_scale * OUTLIER_GAIN
     paged = paged_cache(
         shape.seq_lens,
         shape.block,
@@ -359,6 +423,7 @@ def make_inputs(
         copies=copies,
         unused=unused,
         guard=guard,
+        scale=k_std,
     )
     rows, N, L = shape.rows, shape.N, KV_LORA_RANK
     if q_layout == "vllm":
@@ -371,6 +436,8 @@ def make_inputs(
     else:
         q_nope = randn((rows, N, L), g, device, dtype)
         q_pe = randn((rows + 1, N, 192), g, device, dtype)[1:, :, 128:]
+    if q_std is not None:
+        q_nope.mul_(q_std.to(device=device, dtype=dtype))
     okw = {"contiguous": {}, "padded": {"pad_last": 8}, "token_pad": {"token_pad": 1}}[out_layout]
     out_base, out = poisoned((rows, N, L), dtype, device, **okw)
     lse_base, lse = poisoned((rows, N), torch.float32, device, transpose01=lse_layout == "transposed")

@@ -69,8 +69,9 @@ _DECODE_FIELDS = {
     "ctas_per_cu": INT,
     **AMD_OPTIONS,
 }
-# Per-dtype override objects inside a decode stage-1 tier ("fp8+qk": fp8 cache with quantize_q=True).
-DECODE_DTYPE_TAGS = ("fp8", "fp8+qk", "fp32", "fp16+fp8")
+# Per-dtype override objects inside a decode stage-1 tier ("fp8+qk" / "fp8+all": fp8 cache with
+# mla_decode(fp8_dots="qk" / "all"); "all" applies both, in that order).
+DECODE_DTYPE_TAGS = ("fp8", "fp8+qk", "fp8+all", "fp32", "fp16+fp8")
 _DECODE_TIER = {**_DECODE_FIELDS, **{tag: _DECODE_FIELDS for tag in DECODE_DTYPE_TAGS}}
 _PREFILL = {
     "BLOCK_M": INT,

@@ -128,6 +128,7 @@ def mla_decode_stage1_kernel(
     CLAMP_PAGES: tl.constexpr = False,
     FP8_QK: tl.constexpr = False,
     Q8_INT: tl.constexpr = False,
+    FP8_PV: tl.constexpr = False,
 ):
     """Stage 1; see the module docstring.
 
@@ -183,9 +184,18 @@ def mla_decode_stage1_kernel(
     runs on fp8 operands read straight from the cache (no conversion of K; on sm90 fp8 wgmma/mma,
     on gfx942 fp8 MFMA); p . v stays as without it. An accuracy trade, so no default tier sets it:
     reference.decode.quantize_q_fp8 is its exact spec (out ~3.6% relative from the unquantised
-    float32 result on random inputs, against ~0.2%). Q8_INT: round q by integer code
-    (fp8_codes) after exact divisions -- set for the CPU interpreter, whose float -> e4m3
+    float32 result on random inputs, against ~0.2%). Q8_INT: round q (and FP8_PV's p) by integer
+    code (fp8_codes) after exact divisions -- set for the CPU interpreter, whose float -> e4m3
     conversion is wrong near exponent boundaries.
+    FP8_PV (needs FP8_QK): p . v on fp8 operands too, V read as stored (no conversion in the loop).
+    p is rounded to the cache's e4m3 kind after the running-max subtraction, scaled so that a
+    row's largest weight maps to the kind's largest value (p = exp2(s - m + log2(fmax)), in
+    [0, fmax]); l sums the unrounded p with the same scale, so out = acc / l needs no unscaling
+    and only lse subtracts log2(fmax). A scale per tile would change nothing above e4m3's
+    subnormals: its relative precision (2^-4) is the same in every normal binade, and the normal
+    range reaches weights 2^-15 below the row's largest. reference.decode.mla_decode_ref(p_fp8=)
+    rounds p the same way against the global row max (the kernel's running max differs on early
+    tiles, so the two agree to the rounding, not bit for bit).
     NaN / inf in a used KV row reaches the request's output and lse (lse -inf means only "no key"),
     also through stage 2.
     """
@@ -237,6 +247,10 @@ def mla_decode_stage1_kernel(
     acc_a = tl.zeros([BLOCK_H, CHUNK], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK_H, CHUNK], dtype=tl.float32)  # dead (removed) when D_SPLIT == 1 or V_SPLIT == 2
     bad_page = tl.zeros([], dtype=tl.int32)  # 1 once a used block-table entry lies outside the cache
+    fnuz: tl.constexpr = kv.dtype.element_ty == tl.float8e4b8
+    # log2 of the e4m3 kind's largest value (240 fnuz, 448 fn): FP8_PV's p scale.
+    LOG2_PMAX: tl.constexpr = 7.906890595608519 if fnuz else 8.807354922057604
+    tl.static_assert(not FP8_PV or FP8_QK, "FP8_PV needs FP8_QK")
 
     if end > start:
         qn_row = q_nope + q_row[:, None] * s_qn_r + h[:, None] * s_qn_h
@@ -284,7 +298,6 @@ def mla_decode_stage1_kernel(
             qaf = qa.to(tl.float32)
             qpf = qp.to(tl.float32)
             amax = tl.maximum(tl.max(tl.abs(qaf), axis=1), tl.max(tl.abs(qpf), axis=1))
-            fnuz: tl.constexpr = kv.dtype.element_ty == tl.float8e4b8
             fmax: tl.constexpr = 240.0 if fnuz else 448.0  # the kind's largest value
             if Q8_INT:
                 # The CPU interpreter's float -> e4m3 conversion drops the carry into the exponent:
@@ -338,7 +351,9 @@ def mla_decode_stage1_kernel(
             # Masked tokens load 0, never the cache's NaN/garbage: 0 * NaN would poison p . v.
             # fp8 caches: the dots run in q's dtype (FP8_QK: q . k^T on fp8, its scale in s_scale);
             # k_scale is folded into sc and out_scale.
-            va = tl.load(tok_ptr2 + offs_a[None, :], mask=ok2, other=0.0).to(qa.dtype)  # [BLOCK_N, CHUNK]
+            va = tl.load(tok_ptr2 + offs_a[None, :], mask=ok2, other=0.0)  # [BLOCK_N, CHUNK]
+            if not FP8_PV:
+                va = va.to(qa.dtype)
             if D_SPLIT == 2:
                 vb = tl.load(tok_ptr2 + offs_b[None, :], mask=ok2, other=0.0).to(qa.dtype)
             if FP8_QK:
@@ -377,9 +392,18 @@ def mla_decode_stage1_kernel(
             # A row with no visible key yet keeps m = -inf; subtracting 0 instead avoids -inf - -inf.
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp2(m_i - m_use)
-            p = tl.exp2(s - m_use[:, None])
+            if FP8_PV:
+                p = tl.exp2(s - (m_use - LOG2_PMAX)[:, None])  # in [0, fmax]: see FP8_PV
+            else:
+                p = tl.exp2(s - m_use[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            if IEEE:
+            if FP8_PV:
+                if Q8_INT:
+                    p8 = fp8_e4m3_code(p, fnuz).to(kv.dtype.element_ty, bitcast=True)
+                else:
+                    p8 = p.to(kv.dtype.element_ty)
+                acc_a = acc_a * alpha[:, None] + tl.dot(p8, va)
+            elif IEEE:
                 acc_a = acc_a * alpha[:, None] + tl.dot(p, va, input_precision="ieee")
                 if D_SPLIT == 2 and V_SPLIT == 1:
                     acc_b = acc_b * alpha[:, None] + tl.dot(p, vb, input_precision="ieee")
@@ -401,6 +425,8 @@ def mla_decode_stage1_kernel(
         osc = osc * tl.load(k_scale_ptr)
     inv = tl.where(poison, float("nan"), osc / tl.where(no_key, 1.0, l_i))[:, None]
     lse2 = tl.where(no_key, float("-inf"), m_i + tl.log2(tl.where(no_key, 1.0, l_i)))
+    if FP8_PV:
+        lse2 = lse2 - LOG2_PMAX  # l summed p scaled by fmax
     lse2 = tl.where(poison, float("nan"), lse2)
     own_lse = vh == 0  # both V halves compute the same lse: one writes it
     if DIRECT:

@@ -21,9 +21,11 @@ from ..reference.decode import mla_decode_ref, quantize_q_fp8
 from ..triton_common import LOG2E
 from ._checks import FLOAT_DTYPES, Checker, debug_enabled
 from ._dispatch import select
-from .decode_plan import D_KV, D_NOPE, D_PE, OP, DecodePlan, plan_decode
+from .decode_plan import D_KV, D_NOPE, D_PE, FP8_DOTS, OP, DecodePlan, plan_decode
 
 _KV_DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32", *FP8_KV_CACHE_DTYPES)
+# fp8_dots of an fp8-cache call that names none (16-bit q): the trade docs/notes/fp8-decode.md measures.
+DEFAULT_FP8_DOTS = "none"
 
 
 def mla_decode(
@@ -45,6 +47,7 @@ def mla_decode(
     config: dict[str, Any] | None = None,
     debug: bool | None = None,
     quantize_q: bool = False,
+    fp8_dots: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Paged multi-query attention of MLA decode over the latent cache; returns ``(out, lse)``.
 
@@ -97,13 +100,19 @@ def mla_decode(
             No HIP or aiter kernel exists for decode yet.
         config: override the stage-1 launch config (``BLOCK_H``, ``BLOCK_N``,
             ``num_warps``, ``num_stages``, AMD options, ``ctas_per_cu``); for tuning.
-        quantize_q: fp8 caches only (16-bit q): round q to the cache's e4m3 kind, one scale per
-            (row, head) = absmax of its 576 values over the kind's largest value, and compute
-            q . k^T on fp8 operands (``reference.decode.quantize_q_fp8`` is the exact spec; the
-            reference backend applies it too). FlashMLA's fp8 mode; an accuracy trade: on random
-            inputs out moves ~3.6% (relative norm) from the unquantised float32 result, against
-            ~0.2% without it. On the H200 at N=128 it runs 1.6x faster than the fp8 default
-            (docs/notes/fp8-decode.md); off by default.
+        fp8_dots: fp8 caches only: which dots run on fp8 matrix instructions (fp8 MFMA on gfx9,
+            fp8 mma/wgmma on NVIDIA), an accuracy trade for speed (docs/notes/fp8-decode.md):
+            ``"none"``: both dots in q's dtype, K and V converted from e4m3 in the loop;
+            ``"qk"``: q rounded to the cache's e4m3 kind with one scale per (row, head) (absmax
+            of its 576 values over the kind's largest value; ``reference.decode.quantize_q_fp8``
+            is the exact spec) and q . k^T on fp8 operands read straight from the cache;
+            ``"all"``: "qk" plus p rounded to e4m3 after the running-max subtraction (a row's
+            largest weight maps to the kind's largest value) and p . v on fp8 V as stored: no
+            conversion in the loop. None: ``DEFAULT_FP8_DOTS`` for fp8 caches, "none" otherwise.
+            The reference backend rounds the same values (p against the global row max). Not
+            for float32 q (exact products) nor 16/32-bit caches (ValueError).
+        quantize_q: ``True`` is ``fp8_dots="qk"`` (FlashMLA's fp8 mode; kept for callers that
+            name it).
         debug: validate seq_lens and block-table entries against the cache (reads device values:
             a host sync, so not capturable). Default: ``ROCM_MLA_DEBUG=1`` in the environment.
 
@@ -165,13 +174,7 @@ def mla_decode(
         if not workspace.is_contiguous():
             c.fail("workspace", "a contiguous tensor", f"strides {tuple(workspace.stride())}")
     scale_t = _check_k_scale(c, k_scale, q_nope.device)
-    if not isinstance(quantize_q, bool):
-        c.fail("quantize_q", "a bool", repr(quantize_q))
-    if quantize_q and not is_fp8:
-        got = f"a {str(kv.dtype).replace('torch.', '')} cache"
-        c.fail("quantize_q", "an fp8 kv_cache (q is rounded to the cache's fp8 kind)", got)
-    if quantize_q and q_nope.dtype == torch.float32:
-        c.fail("quantize_q", "float16 or bfloat16 q (float32 q keeps exact products)", "float32 q")
+    dots = _fp8_dots(c, fp8_dots, quantize_q, is_fp8, kv.dtype, q_nope.dtype)
     if num_kv_splits is not None and (
         not isinstance(num_kv_splits, int) or isinstance(num_kv_splits, bool) or num_kv_splits < 1
     ):
@@ -225,7 +228,7 @@ def mla_decode(
             num_kv_splits=num_kv_splits,
             workspace_numel=None if workspace is None else workspace.numel(),
             config=config,
-            quantize_q=quantize_q,
+            fp8_dots=dots,
             k_scale_on_device=is_fp8 and scale_t is not None,
         )
         if workspace is not None and workspace.numel() < plan.workspace_numel:
@@ -252,14 +255,40 @@ def mla_decode(
         )
     else:
         ref_scale = (scale_t if scale_t is not None else ks_float) if is_fp8 else None
-        qn, qp = quantize_q_fp8(q_nope, q_pe, kv.dtype) if quantize_q else (q_nope, q_pe)
-        o, lse_ref = mla_decode_ref(qn, qp, kv, block_table, seq_lens, float(sm_scale), ref_scale)
+        qn, qp = quantize_q_fp8(q_nope, q_pe, kv.dtype) if dots != "none" else (q_nope, q_pe)
+        p_fp8 = kv.dtype if dots == "all" else None
+        o, lse_ref = mla_decode_ref(qn, qp, kv, block_table, seq_lens, float(sm_scale), ref_scale, p_fp8=p_fp8)
         out.copy_(o)
         lse.copy_(lse_ref)
     return out, lse
 
 
 # --------------------------------------------------------------------------- validation helpers
+
+
+def _fp8_dots(c: Checker, fp8_dots, quantize_q, is_fp8: bool, kv_dtype: torch.dtype, q_dtype: torch.dtype) -> str:
+    """The fp8_dots mode of a call (``FP8_DOTS``): the argument, ``quantize_q=True`` as "qk", or
+    the default; "none" for 16/32-bit caches."""
+    if not isinstance(quantize_q, bool):
+        c.fail("quantize_q", "a bool", repr(quantize_q))
+    if fp8_dots is not None and fp8_dots not in FP8_DOTS:
+        c.fail("fp8_dots", f"None or one of {', '.join(map(repr, FP8_DOTS))}", repr(fp8_dots))
+    if quantize_q:
+        if fp8_dots not in (None, "qk"):
+            c.fail("quantize_q", "quantize_q=True only with fp8_dots None or 'qk' (it means 'qk')", repr(fp8_dots))
+        name, dots = "quantize_q", "qk"
+    else:
+        name, dots = "fp8_dots", fp8_dots
+    if not is_fp8:
+        if dots not in (None, "none"):
+            got = f"a {str(kv_dtype).replace('torch.', '')} cache"
+            c.fail(name, "an fp8 kv_cache (q and p are rounded to the cache's fp8 kind)", got)
+        return "none"
+    if dots is None:
+        return DEFAULT_FP8_DOTS if q_dtype != torch.float32 else "none"
+    if dots != "none" and q_dtype == torch.float32:
+        c.fail(name, "float16 or bfloat16 q (float32 q keeps exact products)", "float32 q")
+    return dots
 
 
 def fp8_dtype_for(arch: str) -> torch.dtype:
@@ -429,4 +458,4 @@ def _launch_triton(
     )
 
 
-__all__ = ["mla_decode", "fp8_dtype_for"]
+__all__ = ["mla_decode", "fp8_dtype_for", "DEFAULT_FP8_DOTS"]

@@ -44,7 +44,13 @@ STAGE1_DEFAULTS = {
     "F16_DOT": False,
     "CLAMP_PAGES": False,
     "FP8_QK": False,
+    "FP8_PV": False,
 }
+
+# mla_decode(fp8_dots=): which dots of an fp8-cache decode run on fp8 matrix instructions.
+# "none": both in q's dtype (K and V converted from e4m3 in the loop); "qk": q rounded to e4m3
+# per (row, head), q . k^T on fp8 (FP8_QK); "all": p rounded to e4m3 too, p . v on fp8 (FP8_PV).
+FP8_DOTS = ("none", "qk", "all")
 
 
 def mla_decode_workspace_numel(rows: int, num_heads: int, num_kv_splits: int) -> int:
@@ -82,38 +88,44 @@ def stage1_config(
     q_dtype: torch.dtype,
     fp8: bool,
     override: dict[str, Any] | None = None,
-    quantize_q: bool = False,
+    fp8_dots: str = "none",
 ) -> dict[str, Any]:
     """The stage-1 launch config for ``rows_per_request`` = q_len x N query rows.
 
     The first tier (configs' ``stage1``, sorted by BLOCK_H) that holds every row of a request;
     else the largest tier, with several row blocks per request. ``override`` (a tuning candidate,
     or ``config=``) replaces the tier. The chosen object's sub-objects then override fields,
-    in this order: ``fp8`` (fp8 cache), ``fp8+qk`` (fp8 cache, ``quantize_q``), ``fp32`` (float32
-    q), ``fp16+fp8`` (float16 q, fp8 cache). ``quantize_q`` (fp8 caches) then sets FP8_QK, which
-    runs the 512 latent columns as one tile (D_SPLIT 1, V_SPLIT 1 whatever the tier says).
+    in this order: ``fp8`` (fp8 cache), ``fp8+qk`` (fp8 cache, ``fp8_dots`` "qk" or "all"),
+    ``fp8+all`` (``fp8_dots="all"``), ``fp32`` (float32 q), ``fp16+fp8`` (float16 q, fp8 cache).
+    ``fp8_dots`` (fp8 caches, 16-bit q; ``FP8_DOTS``) then sets FP8_QK ("qk", "all") and FP8_PV
+    ("all"), which run the 512 latent columns as one tile (D_SPLIT 1, V_SPLIT 1 whatever the
+    tier says).
     """
+    if fp8_dots not in FP8_DOTS:
+        raise ValueError(f"{OP}: fp8_dots: expected one of {', '.join(map(repr, FP8_DOTS))}, got {fp8_dots!r}")
     if override is not None:
         tier = override
     else:
         tiers = config_for(OP, arch)["stage1"]
         tier = tiers[stage1_tier_index(tiers, rows_per_request)]
     cfg = {k: v for k, v in tier.items() if k not in DECODE_DTYPE_TAGS}
-    qk = quantize_q and fp8 and q_dtype != torch.float32  # float32 q keeps exact products
+    dots = fp8_dots if fp8 and q_dtype != torch.float32 else "none"  # float32 q keeps exact products
+    qk = dots != "none"
     tags = (
         (["fp8"] if fp8 else [])
         + (["fp8+qk"] if qk else [])
+        + (["fp8+all"] if dots == "all" else [])
         + (["fp32"] if q_dtype == torch.float32 else [])
         + (["fp16+fp8"] if fp8 and q_dtype == torch.float16 else [])
     )
     for tag in tags:
         cfg.update(tier.get(tag, {}))
     cfg.setdefault("ctas_per_cu", 1)
-    if "FP8_QK" in cfg:  # an accuracy trade the caller asks for by name, never a tuning field
-        got = f"FP8_QK={cfg['FP8_QK']!r}"
-        raise ValueError(f"{OP}: config: expected no FP8_QK entry (quantize_q=True sets it), got {got}")
+    for key in ("FP8_QK", "FP8_PV"):  # an accuracy trade the caller asks for by name, never a tuning field
+        if key in cfg:
+            raise ValueError(f"{OP}: config: expected no {key} entry (fp8_dots= sets it), got {key}={cfg[key]!r}")
     if qk:
-        cfg.update(FP8_QK=True, D_SPLIT=1, V_SPLIT=1)
+        cfg.update(FP8_QK=True, FP8_PV=dots == "all", D_SPLIT=1, V_SPLIT=1)
     for key in ("BLOCK_H", "BLOCK_N", "num_warps", "num_stages"):
         if key not in cfg:
             raise ValueError(f"{OP}: config: expected a {key} entry, got keys {sorted(cfg)}")
@@ -222,6 +234,7 @@ def stage1_meta(
         "V_SPLIT": v_split,
         "CLAMP_PAGES": bool(field["CLAMP_PAGES"]) and page_mode == 2,  # the kernel's LATE: labels say what runs
         "FP8_QK": bool(kv_fp8 and q_dtype != torch.float32 and field["FP8_QK"]),
+        "FP8_PV": bool(kv_fp8 and q_dtype != torch.float32 and field["FP8_QK"] and field["FP8_PV"]),
         # The Triton interpreter's float -> e4m3 conversion is wrong near exponent boundaries.
         "Q8_INT": arch == "cpu" or _platform.interpreter_active(),
     }
@@ -293,7 +306,7 @@ def plan_decode(
     num_kv_splits: int | None = None,
     workspace_numel: int | None = None,
     config: dict[str, Any] | None = None,
-    quantize_q: bool = False,
+    fp8_dots: str = "none",
     k_scale_on_device: bool = False,
 ) -> DecodePlan:
     """The launches of an mla_decode call with these sizes, from the sizes alone (no device read).
@@ -314,7 +327,8 @@ def plan_decode(
         workspace_numel: float32 elements of a caller's ``workspace=``; with no num_kv_splits, S is
             capped to what it holds (the wrapper checks that a forced S fits).
         config: a stage-1 config replacing the tier (tuning; ``stage1_config``'s ``override``).
-        quantize_q: fp8 caches, 16-bit q: q . k^T on fp8 operands (``mla_decode(quantize_q=)``).
+        fp8_dots: fp8 caches, 16-bit q: which dots run on fp8 operands, one of ``FP8_DOTS``
+            (``mla_decode(fp8_dots=)``; ignored for other caches and float32 q).
         k_scale_on_device: k_scale is a device tensor that stage 1 reads (not a host number).
     """
     arch = _platform.device_arch(device)
@@ -322,7 +336,7 @@ def plan_decode(
     kv_fp8 = kv_dtype in FP8_DTYPES or kv_dtype == torch.uint8
     m_rows = q_len * num_heads
     tier = None if config is not None else stage1_tier_index(config_for(OP, arch)["stage1"], m_rows)
-    cfg = stage1_config(arch, m_rows, q_dtype, kv_fp8, config, quantize_q=quantize_q)
+    cfg = stage1_config(arch, m_rows, q_dtype, kv_fp8, config, fp8_dots=fp8_dots)
     row_blocks = triton.cdiv(m_rows, int(cfg["BLOCK_H"]))
     block_n = int(cfg["BLOCK_N"])
     r = batch * q_len * num_heads
@@ -390,4 +404,5 @@ __all__ = [
     "page_mode_for",
     "num_compute_units",
     "STAGE1_DEFAULTS",
+    "FP8_DOTS",
 ]

@@ -23,6 +23,8 @@ def mla_decode_ref(
     seq_lens: torch.Tensor,
     sm_scale: float,
     k_scale: float | torch.Tensor | None = None,
+    *,
+    p_fp8: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Paged MQA over the MLA latent cache, in float32.
 
@@ -32,6 +34,11 @@ def mla_decode_ref(
     k_scale when k_scale is given). block_table ``[B, max_blocks]`` int: token j of request b lives
     at ``kv_cache[block_table[b, j // block_size], j % block_size]``. seq_lens ``[B]``: keys per
     request, the new tokens included. Row t of request b sees keys ``j <= seq_len - q_len + t``.
+
+    p_fp8: an e4m3 dtype: round the softmax weights as ``mla_decode(fp8_dots="all")`` does before
+    p . v -- each row's weights exp(s - max) scaled by the kind's largest value (448 e4m3fn, 240
+    e4m3fnuz), rounded to ``p_fp8`` and scaled back; the normaliser sums the unrounded weights.
+    (The kernel subtracts its running max, which on early tiles is below the global one.)
 
     Returns ``(out [rows, N, 512] float32, lse [rows, N] float32)``, lse the natural-log
     sum-exp of the scaled scores. A row that sees no key gets out 0 and lse -inf. Cache slots
@@ -77,9 +84,23 @@ def mla_decode_ref(
         seen = row_lse > float("-inf")
         p = torch.exp(s - torch.where(seen, row_lse, 0.0)[..., None])
         p = torch.where(seen[..., None], p, 0.0)
+        if p_fp8 is not None:
+            p = _round_p(s, seen, row_lse, p_fp8)
         out[b * q_len : (b + 1) * q_len] = torch.einsum("tnj,jd->tnd", p, v.to(p.device))
         lse[b * q_len : (b + 1) * q_len] = row_lse
     return out, lse
+
+
+def _round_p(s: torch.Tensor, seen: torch.Tensor, row_lse: torch.Tensor, kind: torch.dtype) -> torch.Tensor:
+    """The normalised weights p = exp(s - lse) with each row's exp(s - max) rounded to e4m3 at
+    the scale that maps the row's largest weight to the kind's largest value (``p_fp8``)."""
+    fmax = FP8_MAX[kind]
+    m = torch.where(seen, s.amax(-1), 0.0)[..., None]
+    w = torch.exp(s - m) * fmax  # in [0, fmax]
+    w8 = quantize_fp8_ref(w, torch.ones((), dtype=torch.float32, device=w.device), kind).float()
+    # p = w8 / sum(w): the unrounded sum, as the kernel's l; exp(lse - m) = sum(exp(s - m)).
+    denom = torch.exp(torch.where(seen, row_lse, 0.0)[..., None] - m) * fmax
+    return torch.where(seen[..., None], w8 / denom, 0.0)
 
 
 def quantize_q_fp8(

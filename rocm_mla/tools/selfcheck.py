@@ -18,6 +18,7 @@ from rocm_mla.cases import decode as decode_cases
 from rocm_mla.cases import merge as merge_cases
 from rocm_mla.cases import prefill as prefill_cases
 from rocm_mla.cases import rope_kv_write as rope_cases
+from rocm_mla.ops.decode_plan import FP8_DOTS
 
 
 @dataclass
@@ -103,7 +104,8 @@ def check_decode(device: torch.device, backends: list[str]) -> list[CheckRow]:
     rows), N=16, block 16, shuffled page ids, every cache slot past seq_lens NaN, q_nope/q_pe as
     slices of one [rows, N, 584] buffer, out/lse written into NaN-poisoned buffers; once with the
     heuristic's split count and once with 3 splits (stage 2). Then with the platform's fp8 cache
-    (k_scale 0.5), and with quantize_q (q rounded to e4m3) against the reference of the rounded q."""
+    (k_scale 0.5) in each fp8_dots mode: "none" against the float32 reference, "qk" and "all" (q,
+    and p, rounded to e4m3) against the reference of the rounded values."""
     op, rows = "mla_decode", []
     (shape,) = decode_cases.SHAPES["selfcheck"]
     head = f"B={shape.B} N={shape.N} q_len={shape.q_len} block={shape.block}"
@@ -128,11 +130,11 @@ def check_decode(device: torch.device, backends: list[str]) -> list[CheckRow]:
                     rows += _rows(op, backend, dtype, case, inp.compare(), tol, names)
                 except Exception as exc:  # report, keep checking the rest
                     rows.append(_failed(op, backend, dtype, case, exc))
-            # The fp8 cache as stored; then quantize_q (16-bit q), whose spec is the reference fed
-            # quantize_q_fp8's q. The cache is made inside each case's try: a torch without the
-            # platform's kind reports failed rows instead of ending the check.
-            for quantize in (False, True) if dtype != torch.float32 else (False,):
-                case = f"{head} splits=3 fp8 cache" + (" quantize_q" if quantize else "")
+            # The fp8 cache as stored, in each fp8_dots mode (16-bit q), whose spec is the reference
+            # of the values the mode rounds. The cache is made inside each case's try: a torch
+            # without the platform's kind reports failed rows instead of ending the check.
+            for dots in FP8_DOTS if dtype != torch.float32 else ("none",):
+                case = f"{head} splits=3 fp8 cache" + (f" fp8_dots={dots}" if dots != "none" else "")
                 try:
                     fp8_shape = decode_cases.DecodeShape(
                         N=shape.N, q_len=shape.q_len, block=shape.block, lens=shape.lens, kv="fp8"
@@ -140,9 +142,9 @@ def check_decode(device: torch.device, backends: list[str]) -> list[CheckRow]:
                     inp = decode_cases.make_inputs(
                         fp8_shape, dtype=dtype, device=device, k_scale=0.5, q_layout="one_buffer"
                     )
-                    _, lse = inp.run(lse=None, num_kv_splits=3, backend=backend, quantize_q=quantize)
-                    qtol = decode_cases.quantize_q_bound(dtype, device) if quantize else None
-                    comps = inp.compare(inp.out, lse, quantize_q=quantize, tol=qtol)
+                    _, lse = inp.run(lse=None, num_kv_splits=3, backend=backend, fp8_dots=dots)
+                    qtol = decode_cases.fp8_dots_bound(dots, dtype, device) if dots != "none" else None
+                    comps = inp.compare(inp.out, lse, fp8_dots=dots, tol=qtol)
                     rows += _rows(op, backend, dtype, case, comps, qtol or tol, names)
                 except Exception as exc:
                     rows.append(_failed(op, backend, dtype, case, exc))

@@ -13,7 +13,7 @@ import torch
 
 from ..configs import config_for, is_amd_arch, platform_fp8_dtype
 from ..kernels.mla_decode import mla_decode_reduce_kernel, mla_decode_stage1_kernel
-from ..ops.decode_plan import OP, stage1_config, stage1_meta, stage2_meta
+from ..ops.decode_plan import FP8_DOTS, OP, stage1_config, stage1_meta, stage2_meta
 from ..triton_common import amd_options, triton_type
 from .triton_variant import TritonVariant
 
@@ -77,7 +77,7 @@ def _stage1_variant(
     label = (
         f"{tag}q={qname} kv={kvname} H{cfg['BLOCK_H']} N{cfg['BLOCK_N']} d{consts['D_SPLIT']}{vsplit}"
         f"{'r' if cfg.get('RELOAD_K') else ''}{'h' if consts['F16_DOT'] else ''}"
-        f"{'g' if consts['CLAMP_PAGES'] else ''}{'q8' if consts['FP8_QK'] else ''} "
+        f"{'g' if consts['CLAMP_PAGES'] else ''}{'q8' if consts['FP8_QK'] else ''}{'p8' if consts['FP8_PV'] else ''} "
         f"w{cfg['num_warps']} "
         f"s{cfg['num_stages']}{amd} {'direct' if direct else 'split'}{' kscale*' if scale_ptr else ''}"
         f"{'' if page_mode == 2 else f' page{page_mode}'}"
@@ -117,7 +117,7 @@ def _stage1_variant(
 
 def triton_variants(arch: str) -> list[TritonVariant]:
     """Every stage-1 config the wrapper can pick on ``arch`` (each tier, with its fp8/fp32
-    overrides, fp8 caches with and without quantize_q, and the tuning candidates), for each q
+    overrides, fp8 caches in each fp8_dots mode, and the tuning candidates), for each q
     dtype and cache dtype, direct and split, fp8 with a tensor or a number scale, tiles inside
     one page (PAGE_MODE 2); each tier once more with pages smaller than a tile (PAGE_MODE 1 and
     0, bf16); and the stage-2 reduce for each output dtype and tile."""
@@ -142,8 +142,8 @@ def triton_variants(arch: str) -> list[TritonVariant]:
     for tier in table["stage1"]:
         for qdt, kvdt in combos:
             is_fp8 = kvdt == fp8
-            for qk in (False, True) if is_fp8 else (False,):  # mla_decode(quantize_q=...)
-                cfg = stage1_config(arch, tier["BLOCK_H"], qdt, is_fp8, quantize_q=qk)
+            for dots in FP8_DOTS if is_fp8 else ("none",):  # mla_decode(fp8_dots=...)
+                cfg = stage1_config(arch, tier["BLOCK_H"], qdt, is_fp8, fp8_dots=dots)
                 for direct in (True, False):
                     for sptr in (False, True) if is_fp8 else (False,):
                         add(_stage1_variant(arch, cfg, qdt, kvdt, direct, sptr, ""))

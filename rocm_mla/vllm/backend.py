@@ -49,6 +49,7 @@ from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 
 from rocm_mla.mla_dims import FP8_DTYPES, KV_LORA_RANK, QK_ROPE_HEAD_DIM, VLLM_FP8_KV_CACHE_DTYPES
 from rocm_mla.ops import concat_and_cache_mla, gather_context_chunk, merge_attn_states, mla_decode, mla_prefill
+from rocm_mla.ops.decode_plan import FP8_DOTS
 
 # The decode kernel's fixed latent geometry (docs/ARCHITECTURE.md §1): kv_lora_rank 512, rope 64;
 # and vLLM's names of an e4m3 cache (the platform's kind): rocm_mla.mla_dims.
@@ -132,6 +133,26 @@ class RocmMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
         """Nothing to refresh: see ``supports_draft_decode_metadata_update``."""
 
 
+def fp8_dots_from_env(fp8_cache: bool, act_dtype: torch.dtype) -> str | None:
+    """mla_decode's ``fp8_dots`` for a layer from ``ROCM_MLA_FP8_DOTS`` (none, qk, all; unset or
+    empty: None, the op's default). Checked when the layer is built, not at every step: a value
+    that is not a mode, or qk/all with a float32 model (exact products), raise ValueError; with a
+    16-bit cache the variable does not apply and None is returned."""
+    value = os.environ.get("ROCM_MLA_FP8_DOTS", "").strip().lower()
+    if not value:
+        return None
+    if value not in FP8_DOTS:
+        raise ValueError(f"ROCM_MLA_FP8_DOTS: expected one of {', '.join(FP8_DOTS)}, got {value!r}")
+    if not fp8_cache:
+        return None
+    if value != "none" and act_dtype == torch.float32:
+        raise ValueError(
+            f"ROCM_MLA_FP8_DOTS={value}: expected a float16 or bfloat16 model (fp8 dots round 16-bit "
+            "queries), got float32; unset it or set none for a float32 model"
+        )
+    return value
+
+
 def cache_for_writers(kv_cache: torch.Tensor, kv_cache_dtype: str, k_scale: torch.Tensor) -> tuple[torch.Tensor, dict]:
     """The layer's cache as rocm_mla's KV writers take it, with their ``kv_cache_dtype`` /
     ``k_scale`` keywords: an fp8 cache (uint8 storage) viewed as ``current_platform.fp8_dtype()``,
@@ -192,17 +213,12 @@ class RocmMLAImpl(MLACommonImpl[MLACommonMetadata]):
         # ql_nope and q_pe plus a quant kernel) and then a dequant here: keep the tuple path.
         self.supports_quant_query_input = False
         self._fp8_cache = is_quantized_kv_cache(kv_cache_dtype)
-        # Opt-in accuracy trade (mla_decode's quantize_q: q rounded to e4m3 per row and head, q.k^T
-        # on fp8 operands): ROCM_MLA_QUANTIZE_Q=1, fp8 caches only.
-        self._quantize_q = self._fp8_cache and os.environ.get("ROCM_MLA_QUANTIZE_Q", "0") == "1"
         # The activation dtype: vLLM builds layers under set_default_torch_dtype(model dtype), as
         # MLAAttention.__init__ itself relies on.
         self._act_dtype = torch.get_default_dtype()
-        if self._quantize_q and self._act_dtype == torch.float32:  # fail at build, not at every step
-            raise ValueError(
-                "ROCM_MLA_QUANTIZE_Q=1: expected a float16 or bfloat16 model (mla_decode's quantize_q "
-                "rounds 16-bit queries), got float32; unset it for a float32 model"
-            )
+        # mla_decode's fp8_dots for an fp8 cache (an accuracy trade: docs/notes/fp8-decode.md):
+        # ROCM_MLA_FP8_DOTS = none | qk | all; unset: mla_decode's DEFAULT_FP8_DOTS.
+        self._fp8_dots = fp8_dots_from_env(self._fp8_cache, self._act_dtype)
 
     # ------------------------------------------------------------------ KV cache write
 
@@ -269,7 +285,7 @@ class RocmMLAImpl(MLACommonImpl[MLACommonMetadata]):
             kv_cache_dtype="fp8" if self._fp8_cache else "auto",
             k_scale=layer._k_scale.reshape(1) if self._fp8_cache else None,
             max_seq_len=int(attn_metadata.max_seq_len),
-            quantize_q=self._quantize_q,
+            fp8_dots=self._fp8_dots,
         )
         return out, lse
 

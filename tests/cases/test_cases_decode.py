@@ -15,6 +15,8 @@ NAMED = {
     "QUANTIZED_Q_SERVING": decode.QUANTIZED_Q_SERVING,
     "QUANTIZED_Q_REFERENCE": decode.QUANTIZED_Q_REFERENCE,
     **{f"QUANTIZED_Q[{d}]": decode.QUANTIZED_Q[d] for d in (F16, BF16)},
+    **{f"FP8_DOTS_ACCURACY[{m}]": decode.FP8_DOTS_ACCURACY[m] for m in ("none", "qk", "all")},
+    "FP8_DOTS_OUTLIERS": decode.FP8_DOTS_OUTLIERS,
 }
 
 
@@ -70,3 +72,27 @@ def test_quantize_q_bound_per_device():
     assert decode.quantize_q_bound(torch.float16, "cpu") is decode.QUANTIZED_Q[torch.float16]
     assert decode.quantize_q_bound(torch.bfloat16, "cpu") is decode.QUANTIZED_Q[torch.bfloat16]
     assert decode.quantize_q_bound(torch.float16, "cuda") is decode.QUANTIZED_Q_SERVING
+
+
+def test_fp8_dots_bounds():
+    """ "qk" is quantize_q_bound; "all" keeps its lse and takes FP8_ALL_OUT for out; the accuracy
+    statement is 7% relative norm and lse 0.1 for both rounded modes."""
+    for dev in ("cpu", "cuda"):
+        assert decode.fp8_dots_bound("qk", F16, dev) is decode.quantize_q_bound(F16, dev)
+        al = decode.fp8_dots_bound("all", F16, dev)
+        assert al["out"] is decode.FP8_ALL_OUT and al["lse"] is decode.quantize_q_bound(F16, dev)["lse"]
+    for mode in ("qk", "all"):
+        assert decode.FP8_DOTS_ACCURACY[mode]["out"].norm == 0.07 and decode.FP8_DOTS_ACCURACY[mode]["lse"].atol == 0.1
+    with pytest.raises(ValueError, match="fp8_dots_bound: expected 'qk' or 'all', got 'none'"):
+        decode.fp8_dots_bound("none", F16, "cpu")
+
+
+def test_outliers_widen_the_chosen_channels():
+    """make_inputs(outliers=): the cache's and q's chosen channels are OUTLIER_GAIN wider."""
+    c = decode.make_inputs(decode.DecodeShape(N=16, block=16, lens=(400,)), dtype=F32, seed=5, outliers=4)
+    k = c.kv_cache[c.block_table[0, :25].long()].reshape(-1, 576)[:400]
+    std = k.std(0)
+    wide = std > 8
+    assert int(wide.sum()) == 4 and bool((std[~wide] < 1.5).all())
+    qstd = c.q_nope.reshape(-1, 512).std(0)
+    assert int((qstd > 8).sum()) == 4 and not bool(((qstd > 8) & wide[:512]).any())

@@ -215,7 +215,7 @@ def _plan(case: dict[str, Any], **over) -> plan_mod.DecodePlan:
         num_kv_splits=kw["num_kv_splits"],
         workspace_numel=None if kw["workspace"] is None else kw["workspace"].numel(),
         config=kw["config"],
-        quantize_q=kw["quantize_q"],
+        fp8_dots="qk" if kw["quantize_q"] else "none",
         k_scale_on_device=isinstance(ks, torch.Tensor),
     )
     return plan_mod.plan_decode(**{**args, **over})

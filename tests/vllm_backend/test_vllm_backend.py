@@ -360,47 +360,52 @@ def test_forward_mqa_single_tensor_query(form):
     raise_on(first_problem(compare("out", o, want_o, tol["out"]), compare("lse", lse, want_lse, tol["lse"])))
 
 
-def test_quantize_q_opt_in_refused_for_a_float32_model(monkeypatch):
-    """ROCM_MLA_QUANTIZE_Q=1 with an fp8 cache and a float32 model: the backend refuses at build,
-    naming the variable (mla_decode would refuse every decode step)."""
-    monkeypatch.setenv("ROCM_MLA_QUANTIZE_Q", "1")
-    with pytest.raises(ValueError, match="ROCM_MLA_QUANTIZE_Q=1.*float32"):
-        _step("decode", torch.float32, "fp8", 16, 16)
+def test_fp8_dots_refused_for_a_float32_model(monkeypatch):
+    """ROCM_MLA_FP8_DOTS=qk/all with an fp8 cache and a float32 model: the backend refuses at
+    build, naming the variable (mla_decode would refuse every decode step); a value that is not
+    a mode is refused too."""
+    for value, words in (("qk", "ROCM_MLA_FP8_DOTS=qk.*float32"), ("all", "ROCM_MLA_FP8_DOTS=all.*float32")):
+        monkeypatch.setenv("ROCM_MLA_FP8_DOTS", value)
+        with pytest.raises(ValueError, match=words):
+            _step("decode", torch.float32, "fp8", 16, 16)
+    monkeypatch.setenv("ROCM_MLA_FP8_DOTS", "pv")
+    with pytest.raises(ValueError, match="ROCM_MLA_FP8_DOTS: expected one of none, qk, all, got 'pv'"):
+        _step("decode", torch.float16, "fp8", 16, 16)
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["fp8", "auto"])
-def test_quantize_q_opt_in_by_environment(monkeypatch, kv_cache_dtype):
-    """ROCM_MLA_QUANTIZE_Q=1 makes forward_mqa run mla_decode(quantize_q=True) with an fp8 cache
-    (and changes nothing with a 16-bit one); unset, the decode is the plain one."""
+def test_fp8_dots_by_environment(monkeypatch, kv_cache_dtype):
+    """ROCM_MLA_FP8_DOTS=qk / all makes forward_mqa run mla_decode(fp8_dots=...) with an fp8 cache
+    (and changes nothing with a 16-bit one); unset, the decode is the op's default."""
     import rocm_mla
 
     dtype = torch.float16 if not HAS_GPU else torch.bfloat16
     results = {}
-    for env in ("0", "1"):  # "0": the variable unset
-        if env == "1":
-            monkeypatch.setenv("ROCM_MLA_QUANTIZE_Q", env)
+    for env in ("", "qk", "all"):  # "": the variable unset
+        if env:
+            monkeypatch.setenv("ROCM_MLA_FP8_DOTS", env)
         else:
-            monkeypatch.delenv("ROCM_MLA_QUANTIZE_Q", raising=False)
+            monkeypatch.delenv("ROCM_MLA_FP8_DOTS", raising=False)
         step = _step("decode", dtype, kv_cache_dtype, 16, 16)
         ((_, (q, cache, md, layer), _),) = [c for c in step.capture_backend_calls() if c[0] == "forward_mqa"]
         results[env] = step.layer.impl.forward_mqa(q, cache, md, layer)[0]
-        assert step.layer.impl._quantize_q == (env == "1" and kv_cache_dtype == "fp8")
-    if kv_cache_dtype == "fp8":
-        want, _ = rocm_mla.mla_decode(
-            q[0],
-            q[1],
-            cache,
-            md.decode.block_table,
-            md.decode.seq_lens,
-            sm_scale=step.layer.impl.scale,
-            kv_cache_dtype="fp8",
-            k_scale=layer._k_scale.reshape(1),
-            quantize_q=True,
-        )
-        assert torch.equal(results["1"], want)
-        assert not torch.equal(results["0"], results["1"])
-    else:
-        assert torch.equal(results["0"], results["1"])
+        assert step.layer.impl._fp8_dots == (env if env and kv_cache_dtype == "fp8" else None)
+        if kv_cache_dtype == "fp8" and env:
+            want, _ = rocm_mla.mla_decode(
+                q[0],
+                q[1],
+                cache,
+                md.decode.block_table,
+                md.decode.seq_lens,
+                sm_scale=step.layer.impl.scale,
+                kv_cache_dtype="fp8",
+                k_scale=layer._k_scale.reshape(1),
+                fp8_dots=env,
+            )
+            assert torch.equal(results[env], want)
+            assert not torch.equal(results[""], results[env])
+    if kv_cache_dtype != "fp8":
+        assert torch.equal(results[""], results["qk"]) and torch.equal(results[""], results["all"])
 
 
 def test_forward_mqa_returns_natural_log_lse():

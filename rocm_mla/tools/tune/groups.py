@@ -128,8 +128,9 @@ def compose_tier(arch: str, tier: dict, combo: tuple, point: dict) -> dict | Non
     for tag, sub in (("fp8", fp8), ("fp32", fp32), ("fp16+fp8", f16f8)):
         if sub:
             new[tag] = sub
-    if "fp8+qk" in tier:  # quantize_q's overrides: not tuned here, kept as they are
-        new["fp8+qk"] = dict(tier["fp8+qk"])
+    for tag in ("fp8+qk", "fp8+all"):  # fp8_dots' overrides: not tuned here, kept as they are
+        if tag in tier:
+            new[tag] = dict(tier[tag])
     try:
         if any(full_stage1(res(new, c)) != full_stage1(want[c]) for c in COMBOS):
             return None

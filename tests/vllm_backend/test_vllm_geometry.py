@@ -106,6 +106,13 @@ def test_layer_step_other_geometries(geo):
         workspace_rows=48,
         dims=PREFILL_GEOMETRIES[geo],
     )
+    # vLLM's own selection on the simulated gfx942 platform, for this model config: the attention
+    # backend (latent head 576) and the layer's MLA prefill backend (this geometry).
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.attention.selector import get_attn_backend
+
+    with set_current_vllm_config(step.vllm_config):
+        assert get_attn_backend(576, dtype, "auto", use_mla=True, num_heads=4) is RocmMLABackend
     assert isinstance(step.layer.prefill_backend, RocmMLAPrefillBackend)
     assert step.metadata.num_decodes == 2 and len(step.metadata.prefill.chunked_context.chunks) >= 2
     out = step.run()

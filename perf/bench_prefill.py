@@ -493,7 +493,7 @@ def bench_shape(
                 )
             )
     best_aiter = max(tf.get("aiter", 0), tf.get("aiter-tile", 0))
-    for peer, val in (("cuDNN", tf.get("cuDNN", 0)), ("aiter", best_aiter)):
+    for peer, val in (("cuDNN", tf.get("cuDNN", 0)), ("aiter", best_aiter), ("upstream", tf.get("upstream", 0))):
         r = tf.get("ours", 0) / val if val else None
         row.append(f"{r:.2f}x" if r else "-")
         if r:
@@ -567,7 +567,7 @@ def main() -> int:
             if r.provider == "ours":
                 r.config = labels[shape.dims]
     records.append(Record("matmul", "torch", "8192^3 bf16", "TFLOP/s", peak, name, torch.__version__))
-    headers = ["shape", *[HEADERS[p] for p in PROVIDERS], "ours/cuDNN", "ours/aiter"]
+    headers = ["shape", *[HEADERS[p] for p in PROVIDERS], "ours/cuDNN", "ours/aiter", "ours/upstream"]
     timing = "CUDA graphs" if timer.graphs else "do_bench (events, L2 flushed)"
     dims_text = "head geometries P/R/V as labelled" if args.geometry else "Dqk 192 / Dv 128"
     title = f"mla_prefill causal bf16, {dims_text}, TFLOP/s ({timing}; bf16 matmul {peak:.0f} TFLOP/s); ours: {label}"

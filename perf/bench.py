@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run any subset of the op benchmarks, each in its own process, and append their rows to perf/results.csv.
 
-    python perf/bench.py [--ops merge,rope_kv_write,decode,decode_matrix,prefill,layer] [--quick]
+    python perf/bench.py [--ops merge,rope_kv_write,decode,decode_matrix,prefill,prefill_geometry,layer] [--quick]
                          [--peers .peers] [--out perf/results.csv] [--logs DIR] [--timeout 900] [--list]
 
 Each benchmark times our kernels with its peers beside them (vLLM 0.33's Triton kernels, FlashInfer,
@@ -61,6 +61,14 @@ BENCHES = {
         "prefill.csv",
         ("--context",),
         ("--quick", "--context"),
+        ("--vllm-peers", "{peers}", "--aiter-peers", "{peers}/aiter"),
+    ),
+    # The other MLA head geometries (192/64/256 GLM-4.x-Lite, 64/64/128, 256/0/256) beside the same peers.
+    "prefill_geometry": Bench(
+        "bench_prefill.py",
+        "prefill.csv",
+        ("--geometry",),
+        ("--quick", "--geometry"),
         ("--vllm-peers", "{peers}", "--aiter-peers", "{peers}/aiter"),
     ),
     "layer": Bench("bench_layer.py", "layer.csv"),

@@ -4,6 +4,7 @@ and mla_prefill_with_context against the upstream-shaped chunked-context composi
 
     python perf/bench_prefill.py --quick                       # compact table, 4 shapes, ~1 min
     python perf/bench_prefill.py --context                     # the full run (perf/bench.py --ops prefill)
+    python perf/bench_prefill.py --geometry                    # the other MLA head geometries (--ops prefill_geometry)
     options: --config JSON (our launch config), --no-graphs, --aiter-peers DIR, --vllm-peers DIR, --out DIR
 
 Shapes (B x L, heads N): 4x4096 and 1x16384 at N=16/128, 16x1024 at N=16, and a varlen batch of
@@ -12,8 +13,14 @@ unequal lengths (log-uniform draws from 128..8192 plus one 8192) at N=16/128. FL
 work, the same count for every provider. Times: CUDA-graph replays (one call captured, replayed,
 median of rounds; --no-graphs: events with L2 flushes, triton's do_bench).
 
-Providers (inputs laid out as the model produces them: k_nope / v views of the [T, N, 256]
-kv_b_proj output, k_pe the [T, 576][:, 512:] slice of the latent buffer):
+--geometry: the same providers on the other head geometries (P, R, V) vLLM serves for MLA
+(SHAPES["bench-geometry"]): GLM-4.x-Lite's 192/64/256 at the shapes above (4x4096 N=16/128, 16x1024,
+1x16384, varlen N=16), 64/64/128 and the no-RoPE 256/0/256 at 4x4096 N=16/128; each with our launch
+data for that geometry, FLOPs 2 * (P + R + V) * N * pairs, cuDNN's k = cat(k_nope, k_pe) (k_nope
+itself when R = 0) and FLASH's v padded to P + R (vLLM's F.pad, width 0 when V = P + R) as below.
+
+Providers (inputs laid out as the model produces them: k_nope / v views of the [T, N, P + V]
+kv_b_proj output, k_pe the [T, 512 + R][:, 512:] slice of the latent buffer):
   ours          mla_prefill: strided k_nope / v, broadcast k_pe, out written into the layer's
                 [T, N*128] buffer, lse into [N, T]. No cat, pad or copy.
   cuDNN         SDPA's cuDNN kernel (Dv 128 directly) on a pre-built k = cat(k_nope, k_pe) and a
@@ -82,6 +89,8 @@ CHECK_ROWS = 128  # every timed output: the first causal rows of sequence 0 agai
 
 SHAPES = prefill.SHAPES["bench"]
 QUICK = prefill.SHAPES["bench-quick"]  # 4x4096 N=16/128, 16x1024 N=16 and the varlen batch
+GEOMETRY = prefill.SHAPES["bench-geometry"]  # 192/64/256 (GLM-4.x-Lite), 64/64/128, 256/0/256
+GEOMETRY_QUICK = [s for s in GEOMETRY if s.name.startswith("4x4096 N=16 ")]
 REF_CASE = prefill.SHAPES["reference"][0]  # ragged ends, an empty sequence, lq != lk
 
 PROVIDERS = ["ours", "cuDNN", "aiter", "aiter-tile", "FLASH", "upstream"]
@@ -95,7 +104,7 @@ HEADERS = {
 }
 LEGEND = (
     "aiter: its MI300X config (AMD-only options dropped on NVIDIA); aiter@tile: aiter's kernel with our tile "
-    "(M128 N64 w8 s3 on sm90); FLASH: SDPA FLASH on V padded to 192; upstream: cat k + pad v + FLASH + "
+    "(M128 N64 w8 s3 on sm90); FLASH: SDPA FLASH on V padded to P + R; upstream: cat k + pad v + FLASH + "
     "slice copy, all timed; ours/aiter: against the faster aiter column"
 )
 
@@ -126,11 +135,13 @@ class Timer:
 
 class Case:
     """Inputs of one shape, laid out as the model produces them (rocm_mla.cases.prefill.make_inputs:
-    k_nope / v views of the kv_b_proj output, k_pe the latent buffer's slice, out the layer's
-    [T, N*128] buffer, lse [N, T]), and the peers' calls on them."""
+    k_nope / v views of the kv_b_proj output, k_pe the latent buffer's slice (None when R = 0), out
+    the layer's [T, N*V] buffer, lse [N, T]), and the peers' calls on them."""
 
     def __init__(self, shape: PrefillShape, dev: torch.device, dtype=None):
         self.inputs = c = prefill.make_inputs(shape, dtype=dtype or DTYPE, device=dev)
+        self.P, self.R, self.V = shape.dims
+        self.scale = c.sm_scale
         self.shape, self.N, self.lengths = shape, shape.N, list(shape.lq)
         self.T = shape.Tq
         self.equal = len(set(self.lengths)) == 1
@@ -145,13 +156,23 @@ class Case:
     @property
     def k_cat(self):
         if self._k_cat is None:
-            self._k_cat = torch.cat([self.k_nope, self.k_pe.expand(self.T, self.N, R)], dim=-1)
+            self._k_cat = self.cat_k()
         return self._k_cat
+
+    def cat_k(self) -> torch.Tensor:
+        """vLLM's k = cat(k_nope, k_pe.expand(N)) (_concat_k_nope_k_pe: k_nope itself when R = 0)."""
+        if self.k_pe is None:
+            return self.k_nope
+        return torch.cat([self.k_nope, self.k_pe.expand(self.T, self.N, self.R)], dim=-1)
+
+    def pad_v(self) -> torch.Tensor:
+        """vLLM's ROCm FA path: v padded to P + R (F.pad, a copy even at width 0)."""
+        return F.pad(self.v, [0, self.P + self.R - self.V])
 
     @property
     def v_pad(self):
         if self._v_pad is None:
-            self._v_pad = F.pad(self.v, [0, P + R - V])
+            self._v_pad = self.pad_v()
         return self._v_pad
 
     @property
@@ -187,7 +208,7 @@ class Case:
                     self.bhsd(self.k_cat, s, e),
                     self.bhsd(v, s, e),
                     is_causal=True,
-                    scale=SCALE,
+                    scale=self.scale,
                 )
                 outs.append((s, e, o))
         return outs
@@ -199,23 +220,22 @@ class Case:
         return self.sdpa("FLASH_ATTENTION", self.v_pad)
 
     def upstream(self):
-        """cat k + pad v + FLASH + [..., :128] copy into the layer output, each copy timed."""
+        """cat k + pad v + FLASH + [..., :V] copy into the layer output, each copy timed."""
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        k = torch.cat([self.k_nope, self.k_pe.expand(self.T, self.N, R)], dim=-1)
-        vp = F.pad(self.v, [0, P + R - V])
+        k, vp = self.cat_k(), self.pad_v()
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
             for s, e in self._spans():
                 o = F.scaled_dot_product_attention(
-                    self.bhsd(self.q, s, e), self.bhsd(k, s, e), self.bhsd(vp, s, e), is_causal=True, scale=SCALE
+                    self.bhsd(self.q, s, e), self.bhsd(k, s, e), self.bhsd(vp, s, e), is_causal=True, scale=self.scale
                 )
-                self.bhsd(self.out, s, e).copy_(o[..., :V])
+                self.bhsd(self.out, s, e).copy_(o[..., : self.V])
 
     def gather(self, outs) -> torch.Tensor:
         """SDPA results ([B, N, L, D] per span) as one [T, N, V] float tensor."""
-        full = torch.empty(self.T, self.N, V, device=self.q.device, dtype=torch.float32)
+        full = torch.empty(self.T, self.N, self.V, device=self.q.device, dtype=torch.float32)
         for s, e, o in outs:
-            self.bhsd(full, s, e).copy_(o[..., :V].float())
+            self.bhsd(full, s, e).copy_(o[..., : self.V].float())
         return full
 
 
@@ -259,7 +279,7 @@ class Aiter:
             case.cu,
             case.max_len,
             case.max_len,
-            softmax_scale=SCALE,
+            softmax_scale=case.scale,
             causal=True,
             return_lse=True,
             config=cfg,
@@ -269,10 +289,11 @@ class Aiter:
 # --------------------------------------------------------------------------- correctness
 
 
-def check_against_reference(dev: torch.device, config) -> list:
-    """mla_prefill (``config``) on REF_CASE against the float32 reference: the comparisons of out
-    and lse (rocm_mla.cases.prefill.TOLERANCE)."""
-    case = prefill.make_inputs(REF_CASE, dtype=DTYPE, device=dev, seed=5)
+def check_against_reference(dev: torch.device, config, dims=PREFILL_DIMS) -> list:
+    """mla_prefill (``config``) on REF_CASE (of head geometry ``dims``) against the float32
+    reference: the comparisons of out and lse (rocm_mla.cases.prefill.TOLERANCE)."""
+    shape = PrefillShape(REF_CASE.lq, REF_CASE.N, lk=REF_CASE.lk, name=REF_CASE.name, dims=dims)
+    case = prefill.make_inputs(shape, dtype=DTYPE, device=dev, seed=5)
     case.run(backend="triton", config=config)
     return case.compare()
 
@@ -472,7 +493,7 @@ def bench_shape(
                 )
             )
     best_aiter = max(tf.get("aiter", 0), tf.get("aiter-tile", 0))
-    for peer, val in (("cuDNN", tf.get("cuDNN", 0)), ("aiter", best_aiter)):
+    for peer, val in (("cuDNN", tf.get("cuDNN", 0)), ("aiter", best_aiter), ("upstream", tf.get("upstream", 0))):
         r = tf.get("ours", 0) / val if val else None
         row.append(f"{r:.2f}x" if r else "-")
         if r:
@@ -490,6 +511,11 @@ def main() -> int:
         "--config", type=json.loads, default=None, metavar="JSON", help="our launch config instead of the JSON's"
     )
     ap.add_argument("--context", action="store_true", help="also mla_prefill_with_context vs the upstream composition")
+    ap.add_argument(
+        "--geometry",
+        action="store_true",
+        help="the other MLA head geometries (192/64/256 GLM-4.x-Lite, 64/64/128, 256/0/256) instead of DeepSeek's",
+    )
     ap.add_argument("--no-graphs", action="store_true", help="time with triton's do_bench instead of CUDA graphs")
     ap.add_argument("--aiter-peers", default=".peers/aiter", help="folder made by perf/peers/get_aiter_peers.sh")
     ap.add_argument("--vllm-peers", default=".peers", help="folder made by perf/peers/get_vllm_peers.sh")
@@ -499,7 +525,10 @@ def main() -> int:
         return 2
     dev, name, peak = gpu.dev, gpu.name, gpu.matmul_tflops
     arch = _platform.device_arch(dev)
-    shapes = QUICK if args.quick else SHAPES
+    if args.geometry:
+        shapes = GEOMETRY_QUICK if args.quick else GEOMETRY
+    else:
+        shapes = QUICK if args.quick else SHAPES
     import triton
 
     print(
@@ -513,13 +542,16 @@ def main() -> int:
     else:
         print(f"aiter {aiter.version or '?'}: MI300X config {aiter.cfg}; on this GPU: {aiter.launch_cfg()}")
     config = args.config
-    ours_cfg = config or launch_config(arch, DTYPE)
-    label = config_label(ours_cfg)
-    problem = first_problem(*check_against_reference(dev, config))
-    print(
-        f"ours: config {label}; vs float32 reference ({REF_CASE.label}): "
-        + (f"WRONG ({problem})" if problem else "within rocm_mla.cases.prefill.TOLERANCE")
-    )
+    labels = {}  # head geometry -> our launch config's label
+    for dims in dict.fromkeys(s.dims for s in shapes):
+        labels[dims] = config_label(config or launch_config(arch, DTYPE, dims))
+        problem = first_problem(*check_against_reference(dev, config, dims))
+        geo = "" if dims == PREFILL_DIMS else f" {'/'.join(map(str, dims))}"
+        print(
+            f"ours{geo}: config {labels[dims]}; vs float32 reference ({REF_CASE.label}): "
+            + (f"WRONG ({problem})" if problem else "within rocm_mla.cases.prefill.TOLERANCE")
+        )
+    label = " | ".join(labels.values())
 
     records, rows = [], []
     tile = (
@@ -529,16 +561,16 @@ def main() -> int:
     )
     notes = []
     for shape in shapes:
+        first = len(records)
         rows.append(bench_shape(shape, dev, config, aiter, tile, timer, peak, name, records, notes))
-    for r in records:
-        if r.provider == "ours":
-            r.config = label
+        for r in records[first:]:
+            if r.provider == "ours":
+                r.config = labels[shape.dims]
     records.append(Record("matmul", "torch", "8192^3 bf16", "TFLOP/s", peak, name, torch.__version__))
-    headers = ["shape", *[HEADERS[p] for p in PROVIDERS], "ours/cuDNN", "ours/aiter"]
+    headers = ["shape", *[HEADERS[p] for p in PROVIDERS], "ours/cuDNN", "ours/aiter", "ours/upstream"]
     timing = "CUDA graphs" if timer.graphs else "do_bench (events, L2 flushed)"
-    title = (
-        f"mla_prefill causal bf16, Dqk 192 / Dv 128, TFLOP/s ({timing}; bf16 matmul {peak:.0f} TFLOP/s); ours: {label}"
-    )
+    dims_text = "head geometries P/R/V as labelled" if args.geometry else "Dqk 192 / Dv 128"
+    title = f"mla_prefill causal bf16, {dims_text}, TFLOP/s ({timing}; bf16 matmul {peak:.0f} TFLOP/s); ours: {label}"
     print(f"\n{title}")
     print("\n".join(table_lines(headers, rows)))
     print(LEGEND)
@@ -547,7 +579,7 @@ def main() -> int:
         print(f"  (not graph-captured, timed with do_bench: {f})")
 
     ctx_rows, ctx_note = [], ""
-    if args.context:
+    if args.context and not args.geometry:
         ctx_rows, ctx_records, ctx_note = context_bench(dev, timer, args.vllm_peers, args.quick, config)
         records += ctx_records
         ctx_headers = [

@@ -6,7 +6,8 @@ against these names instead of keeping their own copies. A leaf module: imports 
 
 Latent cache row (decode, KV write): ``[kv_c (KV_LORA_RANK) | k_pe (QK_ROPE_HEAD_DIM)]`` =
 ``KV_ROW_DIM`` = 576 columns. Prefill (after kv_b_proj): q/k ``QK_NOPE_HEAD_DIM + QK_ROPE_HEAD_DIM``
-= 192 per head, v ``V_HEAD_DIM`` = 128.
+= 192 per head, v ``V_HEAD_DIM`` = 128 for DeepSeek; the other head geometries vLLM serves are
+``PREFILL_GEOMETRIES``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,16 @@ QK_ROPE_HEAD_DIM = 64  # rotary part of q and k
 KV_ROW_DIM = KV_LORA_RANK + QK_ROPE_HEAD_DIM  # 576: one latent cache row
 QK_NOPE_HEAD_DIM = 128  # prefill: the nope part of q / k per head
 V_HEAD_DIM = 128  # prefill: v per head
-PREFILL_DIMS = (QK_NOPE_HEAD_DIM, QK_ROPE_HEAD_DIM, V_HEAD_DIM)  # (P, R, V) the Triton prefill is built for
+PREFILL_DIMS = (QK_NOPE_HEAD_DIM, QK_ROPE_HEAD_DIM, V_HEAD_DIM)  # (P, R, V) of DeepSeek-V2/V3/R1, Kimi-K2
+# Every MLA head geometry (qk_nope_head_dim, qk_rope_head_dim, v_head_dim) vLLM 0.33 serves (its
+# FLASH_ATTN MLA prefill's supports_mla_dimensions), by name; the prefill runs each of them. The
+# decode and the KV write run those whose latent row is KV_ROW_DIM (kv_lora_rank 512 + rope 64).
+PREFILL_GEOMETRIES: dict[str, tuple[int, int, int]] = {
+    "deepseek": PREFILL_DIMS,  # DeepSeek-V2/V3/R1, Kimi-K2
+    "glm-lite": (192, 64, 256),  # GLM-4.x-Lite (Glm4MoeLiteAttention), the DeepSeek-V3.2 layout
+    "nope64": (64, 64, 128),
+    "norope": (256, 0, 256),  # no RoPE part (GLM5Next's layout): k_pe absent
+}
 
 # kv_cache_dtype names of an FP8 E4M3 cache -> the torch dtype they name, or None for "the
 # platform's kind" (configs/platform.json fp8_dtype: e4m3fnuz on gfx942, e4m3fn elsewhere; vLLM's
@@ -41,6 +51,7 @@ __all__ = [
     "QK_NOPE_HEAD_DIM",
     "V_HEAD_DIM",
     "PREFILL_DIMS",
+    "PREFILL_GEOMETRIES",
     "FP8_KV_CACHE_DTYPES",
     "VLLM_FP8_KV_CACHE_DTYPES",
     "FP8_DTYPES",

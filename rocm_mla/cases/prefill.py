@@ -1,10 +1,12 @@
 """mla_prefill's cases: varlen batches laid out as the model produces them, the tolerance, the check.
 
-Inputs (:func:`make_inputs`): ``q [Tq, N, 192]`` (nope then rope); ``k_nope`` and ``v`` the two
-halves of one ``[Tk, N, 256]`` kv_b_proj output (strided views); ``k_pe`` ``[Tk, 1, 64]`` the rope
-slice of the ``[Tk, 576]`` latent buffer (or expanded over N, or a real per-head copy);
-``cu_seqlens_q/k`` int32 offsets; out ``[Tq, N, 128]`` and lse ``[N, Tq]`` NaN-poisoned in the
-chosen layout (the layer's ``[Tq, N * 128]`` output, the pad_v ``[Tq, N, 192][..., :128]`` rows).
+Inputs (:func:`make_inputs`), for a head geometry ``shape.dims`` = (P, R, V) (:data:`GEOMETRIES`;
+DeepSeek's (128, 64, 128) by default): ``q [Tq, N, P + R]`` (nope then rope); ``k_nope`` and ``v``
+the two halves of one ``[Tk, N, P + V]`` kv_b_proj output (strided views); ``k_pe`` ``[Tk, 1, R]``
+the rope slice of the ``[Tk, 512 + R]`` latent buffer (or expanded over N, or a real per-head copy;
+None when R = 0); ``cu_seqlens_q/k`` int32 offsets; out ``[Tq, N, V]`` and lse ``[N, Tq]``
+NaN-poisoned in the chosen layout (the layer's ``[Tq, N * V]`` output, the pad_v
+``[Tq, N, P + R][..., :V]`` rows).
 Causal is bottom-right aligned: query i of a sequence with lq queries and lk keys sees keys
 j <= i + lk - lq; a query that sees no key gets out 0, lse -inf.
 
@@ -20,13 +22,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..mla_dims import KV_ROW_DIM, QK_NOPE_HEAD_DIM, QK_ROPE_HEAD_DIM, V_HEAD_DIM
+from ..mla_dims import KV_LORA_RANK, PREFILL_DIMS, PREFILL_GEOMETRIES
 from ._buffers import Guarded, poisoned
 from ._compare import NORM, Bound, Comparison, compare, first_problem, raise_on
 from ._paged import generator, randn
 
-P, R, V = QK_NOPE_HEAD_DIM, QK_ROPE_HEAD_DIM, V_HEAD_DIM  # 128, 64, 128
+P, R, V = PREFILL_DIMS  # DeepSeek's 128, 64, 128: the default geometry
 SM_SCALE = 1.0 / math.sqrt(P + R)
+# Every MLA head geometry (P, R, V) vLLM serves, by name (rocm_mla.mla_dims.PREFILL_GEOMETRIES).
+GEOMETRIES: dict[str, tuple[int, int, int]] = PREFILL_GEOMETRIES
 
 # One table (the rule: rocm_mla.cases._compare). Element-wise: fp16 output error is a few ulps of
 # the largest |v| ~ 4 (p and V in 16 bits). Norm-wise: NORM. lse: -inf exactly where the
@@ -47,13 +51,15 @@ ONE_KEY = Bound(1e-6, 1e-6)
 
 @dataclass(frozen=True)
 class PrefillShape:
-    """A varlen batch: ``lq[i]`` queries and ``lk[i]`` keys in sequence i (``lk`` None: = lq), N heads."""
+    """A varlen batch: ``lq[i]`` queries and ``lk[i]`` keys in sequence i (``lk`` None: = lq), N heads,
+    head geometry ``dims`` = (P, R, V)."""
 
     lq: tuple[int, ...]
     N: int = 16
     lk: tuple[int, ...] | None = None
     causal: bool = True
     name: str = ""
+    dims: tuple[int, int, int] = PREFILL_DIMS
 
     def __post_init__(self):
         object.__setattr__(self, "lq", tuple(int(n) for n in self.lq))
@@ -61,18 +67,22 @@ class PrefillShape:
         if len(lk) != len(self.lq):
             raise ValueError(f"PrefillShape: lq and lk: expected equal counts, got {len(self.lq)} and {len(lk)}")
         object.__setattr__(self, "lk", lk)
+        object.__setattr__(self, "dims", tuple(int(d) for d in self.dims))
 
     @staticmethod
-    def equal(B: int, L: int, N: int) -> PrefillShape:
-        """B sequences of L queries over their own L keys: ``"4x4096 N=16"``."""
-        return PrefillShape((L,) * B, N, name=f"{B}x{L} N={N}")
+    def equal(B: int, L: int, N: int, dims: tuple[int, int, int] = PREFILL_DIMS) -> PrefillShape:
+        """B sequences of L queries over their own L keys: ``"4x4096 N=16"`` (other geometries:
+        ``"4x4096 N=16 192/64/256"``)."""
+        tag = "" if tuple(dims) == PREFILL_DIMS else " " + "/".join(map(str, dims))
+        return PrefillShape((L,) * B, N, name=f"{B}x{L} N={N}{tag}", dims=tuple(dims))
 
     @property
     def label(self) -> str:
         if self.name:
             return self.name
         lk = "" if self.lk == self.lq else f" lk={','.join(map(str, self.lk))}"
-        return f"lq={','.join(map(str, self.lq))}{lk} N={self.N}" + ("" if self.causal else " full")
+        geo = "" if self.dims == PREFILL_DIMS else " " + "/".join(map(str, self.dims))
+        return f"lq={','.join(map(str, self.lq))}{lk} N={self.N}" + ("" if self.causal else " full") + geo
 
     @property
     def Tq(self) -> int:
@@ -83,14 +93,14 @@ class PrefillShape:
         return sum(self.lk)
 
     def flops(self) -> float:
-        """2 dots (Dqk 192, Dv 128) over the (query, key) pairs each query sees."""
+        """2 dots (Dqk P + R, Dv V) over the (query, key) pairs each query sees."""
         pairs = 0
         for q, k in zip(self.lq, self.lk):
             if self.causal:
                 pairs += _causal_pairs(q, k)
             else:
                 pairs += q * k
-        return 2.0 * self.N * pairs * (P + R + V)
+        return 2.0 * self.N * pairs * sum(self.dims)
 
 
 def _causal_pairs(q: int, k: int) -> int:
@@ -109,6 +119,7 @@ def _varlen_lengths() -> tuple[int, ...]:
 
 VARLEN = _varlen_lengths()
 _E = PrefillShape.equal
+_GLM = GEOMETRIES["glm-lite"]
 
 SHAPES: dict[str, list[PrefillShape]] = {
     # The benchmark: DeepSeek-V3 prefill chunks at TP8 (16 heads) and DP (128), and a varlen batch.
@@ -144,6 +155,22 @@ SHAPES: dict[str, list[PrefillShape]] = {
         PrefillShape((20, 9), 128, name="N128"),
         PrefillShape((100, 37), 1, name="N1"),
         PrefillShape((), 16, name="no_sequences"),
+    ],
+    # Every other head geometry (GEOMETRIES): the GLM-4.x-Lite bench beside DeepSeek's, the others' 4x4096.
+    "bench-geometry": [
+        *(_E(B, L, N, _GLM) for B, L, N in ((4, 4096, 16), (4, 4096, 128), (16, 1024, 16), (1, 16384, 16))),
+        PrefillShape(VARLEN, 16, name="varlen N=16 192/64/256", dims=_GLM),
+        *(_E(4, 4096, N, d) for d in (GEOMETRIES["nope64"], GEOMETRIES["norope"]) for N in (16, 128)),
+    ],
+    "tune-geometry": [_E(4, 4096, N, d) for k, d in GEOMETRIES.items() if k != "deepseek" for N in (16, 128)],
+    # The interpreter's per-geometry set: ragged blocks, lq != lk both ways, an empty sequence, one token.
+    "geometry": [
+        s
+        for k, d in GEOMETRIES.items()
+        for s in (
+            PrefillShape((37, 5, 1), 2, lk=(37, 20, 1), name=f"{k} uneven", dims=d),
+            PrefillShape((9, 0, 4), 1, lk=(3, 6, 4), name=f"{k} lq_gt_lk", dims=d),
+        )
     ],
 }
 
@@ -209,7 +236,7 @@ class PrefillInputs:
         return mla_prefill(*self.args(), **self.kwargs(**overrides))
 
     def reference(self, first_rows: int | None = None):
-        """(out [Tq, N, 128], lse [N, Tq]) float32; ``first_rows=m``: only the first m queries of
+        """(out [Tq, N, V], lse [N, Tq]) float32; ``first_rows=m``: only the first m queries of
         sequence 0 (a long causal self-attention: those see only its first m keys)."""
         from ..reference import mla_prefill_ref
 
@@ -220,7 +247,8 @@ class PrefillInputs:
             raise ValueError("PrefillInputs.reference: first_rows needs a causal sequence 0 with lq == lk")
         m = min(first_rows, s.lq[0])
         cu = torch.tensor([0, m], dtype=torch.int32, device=self.q.device)
-        return mla_prefill_ref(self.q[:m], self.k_nope[:m], self.k_pe[:m], self.v[:m], cu, cu, self.sm_scale, True)
+        kpe = None if self.k_pe is None else self.k_pe[:m]
+        return mla_prefill_ref(self.q[:m], self.k_nope[:m], kpe, self.v[:m], cu, cu, self.sm_scale, True)
 
     def compare(self, out=None, lse=None, *, first_rows=None, ref=None) -> list[Comparison]:
         out = self.out if out is None else out
@@ -282,17 +310,19 @@ def make_inputs(
     device = torch.device(device)
     g = gen if gen is not None else generator(seed, device)
     N, Tq = shape.N, shape.Tq
+    P, R, V = shape.dims
     bufs = _Buffers(device, dtype, guard)
     if q_layout == "head_slice":
         q = bufs.randn("q", (Tq, N + 2, P + R + 8), g)[:, 1 : N + 1, : P + R]
     else:
         q = bufs.randn("q", (Tq, N, P + R), g)
-    k_nope, k_pe, v = _keys(shape.Tk, N, g, bufs, kpe_layout, key_tail)
+    k_nope, k_pe, v = _keys(shape.Tk, N, g, bufs, kpe_layout, key_tail, shape.dims)
     if out_layout == "flat":
         out_base, flat = bufs.dest("out", (Tq, N * V), dtype)
         out = flat.view(Tq, N, V)
     else:
-        out_base, out = bufs.dest("out", (Tq, N, V), dtype, pad_last=P + R - V if out_layout == "pad_v" else 0)
+        pad = max(0, P + R - V) if out_layout == "pad_v" else 0  # upstream pads v to P + R when wider
+        out_base, out = bufs.dest("out", (Tq, N, V), dtype, pad_last=pad)
     lse_base, lse = bufs.dest(
         "lse",
         (N, Tq),
@@ -313,6 +343,7 @@ def make_inputs(
         lse,
         out_base,
         lse_base,
+        sm_scale=1.0 / math.sqrt(P + R),
         guards=bufs.guards,
     )
 
@@ -342,15 +373,19 @@ class _Buffers:
         return gd.base, gd.view.transpose(0, 1) if transpose01 else gd.view
 
 
-def _keys(Tk: int, N: int, g, bufs: _Buffers, kpe_layout: str, tail: int = 0):
+def _keys(Tk: int, N: int, g, bufs: _Buffers, kpe_layout: str, tail: int = 0, dims=PREFILL_DIMS):
     """(k_nope, k_pe, v) of Tk keys (+ ``tail`` NaN rows): k_nope / v the halves of one kv_b_proj
-    output ``[Tk, N, 256]``, k_pe the rope slice of the ``[Tk, 576]`` latent buffer in ``kpe_layout``."""
+    output ``[Tk, N, P + V]``, k_pe the rope slice of the ``[Tk, 512 + R]`` latent buffer in
+    ``kpe_layout`` (None when R = 0)."""
+    P, R, V = dims
     kv = bufs.randn("kv", (Tk + tail, N, P + V), g)  # kv_b_proj output
-    latent = bufs.randn("latent", (Tk + tail, KV_ROW_DIM), g)  # [kv_c | k_pe]
+    latent = bufs.randn("latent", (Tk + tail, KV_LORA_RANK + R), g)  # [kv_c | k_pe]
     if tail:
         kv[Tk:] = float("nan")
         latent[Tk:] = float("nan")
-    k_pe = latent[:, KV_ROW_DIM - R :].unsqueeze(1)
+    if R == 0:
+        return kv[..., :P], None, kv[..., P:]
+    k_pe = latent[:, KV_LORA_RANK:].unsqueeze(1)
     if kpe_layout == "expand":
         k_pe = k_pe.expand(Tk + tail, N, R)
     elif kpe_layout == "per_head_copy":
@@ -370,6 +405,7 @@ class ContextShape:
     chunks: tuple[tuple[int, ...], ...] = ()
     N: int = 16
     name: str = ""
+    dims: tuple[int, int, int] = PREFILL_DIMS
 
     def __post_init__(self):
         object.__setattr__(self, "lq", tuple(int(n) for n in self.lq))
@@ -381,13 +417,13 @@ class ContextShape:
     @property
     def new(self) -> PrefillShape:
         """The new tokens' causal self-attention."""
-        return PrefillShape(self.lq, self.N, name=self.name)
+        return PrefillShape(self.lq, self.N, name=self.name, dims=self.dims)
 
     @property
     def one_shot(self) -> PrefillShape:
         """The equal one-shot call: each sequence's keys = its context, then its new tokens."""
         lk = tuple(q + sum(c[i] for c in self.chunks) for i, q in enumerate(self.lq))
-        return PrefillShape(self.lq, self.N, lk=lk, name=self.name)
+        return PrefillShape(self.lq, self.N, lk=lk, name=self.name, dims=self.dims)
 
     @property
     def label(self) -> str:
@@ -395,6 +431,12 @@ class ContextShape:
 
 
 CONTEXT_SHAPES: dict[str, list[ContextShape]] = {
+    # Two chunks with an empty sequence, per head geometry other than DeepSeek's.
+    "geometry": [
+        ContextShape((7, 0, 3), ((20, 5, 0), (9, 7, 1)), 2, name=k, dims=d)
+        for k, d in GEOMETRIES.items()
+        if k != "deepseek"
+    ],
     # Chunks with empty sequences, a sequence without new tokens, uneven chunk sizes, no chunk at all.
     "odd": [
         ContextShape((7, 0, 20), ((20, 5, 0), (10, 7, 0)), 4, name="two_chunks"),
@@ -435,13 +477,18 @@ class ContextInputs(PrefillInputs):
         for kn, kpe, v, ck in [c[:4] for c in self.chunks] + [self.args()[1:4] + (self.cu_seqlens_k,)]:
             offs = ck.tolist()
             for b in range(B):
-                pieces[b].append((kn[offs[b] : offs[b + 1]], kpe[offs[b] : offs[b + 1]], v[offs[b] : offs[b + 1]]))
-        full = [torch.cat([p[i] for b in range(B) for p in pieces[b]]) for i in range(3)]
+                rows = slice(offs[b], offs[b + 1])
+                pieces[b].append((kn[rows], None if kpe is None else kpe[rows], v[rows]))
+        full = [
+            torch.cat([p[i] for b in range(B) for p in pieces[b]]) for i in range(3) if self.k_pe is not None or i != 1
+        ]
+        if self.k_pe is None:  # R = 0: no rope part
+            full.insert(1, None)
         total = [sum(p[0].shape[0] for p in pieces[b]) for b in range(B)]
         return (self.q, *full, self.cu_seqlens_q, cu_seqlens(total, self.q.device))
 
     def reference(self, first_rows: int | None = None):
-        """(out [Tq, N, 128], lse [N, Tq]) float32 of :meth:`one_shot`."""
+        """(out [Tq, N, V], lse [N, Tq]) float32 of :meth:`one_shot`."""
         from ..reference import mla_prefill_ref
 
         if first_rows is not None:
@@ -481,7 +528,7 @@ def make_context_inputs(
     bufs = _Buffers(device, dtype, 0)
     chunks = []
     for lens in shape.chunks:
-        kn, kpe, v = _keys(sum(lens), shape.N, g, bufs, kpe_layout)
+        kn, kpe, v = _keys(sum(lens), shape.N, g, bufs, kpe_layout, dims=shape.dims)
         chunks.append(ContextChunk(kn, kpe, v, cu_seqlens(lens, device)))
     fields = {f: getattr(new, f) for f in PrefillInputs.__dataclass_fields__}
     return ContextInputs(**fields, context=shape, chunks=chunks)

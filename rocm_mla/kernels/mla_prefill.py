@@ -13,6 +13,15 @@ FlashAttention-2 forward for MLA prefill, varlen, reading the model's tensors wh
 so there is no ``cat(k_nope, k_pe.expand)``, no padding of v to 192 and no slice copy of the output.
 Scores are two dots accumulated into one tile: ``q_nope @ k_nope^T + q_pe @ k_pe^T``.
 
+Head geometry (P, R, V) = (D_NOPE, D_ROPE, D_V), any of MLA's: (128, 64, 128) DeepSeek-V2/V3, (192, 64,
+256) GLM-4.x-Lite, (64, 64, 128), (256, 0, 256). tl.arange wants powers of two, so each dim is tiled by
+BLOCK_DN / BLOCK_DR / BLOCK_DV (the next power of two, >= 16 for tl.dot) and, where that is wider than
+the dim, the columns past it are masked in every load (read as 0, so they add 0 to the scores and to
+acc) and in the store: nothing past a head's last column is read or written, nothing is padded in
+memory. Where tile and dim agree the masks are not emitted at all (constexpr branches), so the
+(128, 64, 128) kernel is the same code with or without this generality. D_ROPE == 0 (no RoPE part)
+removes the k_pe loads and the second dot; KPE is then never read.
+
 Grid: one axis of num_slots x N programs. Slot -> (sequence, q block) needs no host table and no
 host sync: sequence b owns the slots ``first(b) = cu_seqlens_q[b] // BLOCK_M + b`` onward. ``first`` grows by
 at least ceil(lq_b / BLOCK_M) from one sequence to the next, so the ranges never overlap, and
@@ -108,6 +117,9 @@ def mla_prefill_kernel(
     D_NOPE: tl.constexpr,
     D_ROPE: tl.constexpr,
     D_V: tl.constexpr,
+    BLOCK_DN: tl.constexpr,  # the tiles of D_NOPE, D_ROPE, D_V: powers of two >= 16 (>= the dim)
+    BLOCK_DR: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SEQ_CHUNK: tl.constexpr,
@@ -157,9 +169,13 @@ def mla_prefill_kernel(
 
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    d_nope = tl.arange(0, D_NOPE)
-    d_rope = tl.arange(0, D_ROPE)
-    d_v = tl.arange(0, D_V)
+    d_nope = tl.arange(0, BLOCK_DN)
+    d_rope = tl.arange(0, BLOCK_DR)
+    d_v = tl.arange(0, BLOCK_DV)
+    # Column masks of tiles wider than their dim; used only under `BLOCK_D* != D_*` (else unused).
+    dn_ok = d_nope < D_NOPE
+    dr_ok = d_rope < D_ROPE
+    dv_ok = d_v < D_V
     rows = m0 + offs_m  # query index within the sequence
     row_ok = rows < lq
 
@@ -167,14 +183,22 @@ def mla_prefill_kernel(
     if USE_TMA == 2:
         # Rows past the sequence belong to the next one (or are TMA's zero fill past Tq): each
         # row's softmax is its own and those rows are never stored, so they cannot reach ours.
+        # (The plan takes this mode only where every tile equals its dim: a host descriptor's
+        # columns past a head's dim are the next head's, not zero fill.)
         q_nope = QN_D.load([q_start + m0, (h * q_sh).to(tl.int32)])
-        q_pe = QP_D.load([q_start + m0, (h * q_sh).to(tl.int32) + D_NOPE])
+        if D_ROPE > 0:
+            q_pe = QP_D.load([q_start + m0, (h * q_sh).to(tl.int32) + D_NOPE])
     else:
         q_base = Q + (q_start + m0).to(tl.int64) * q_st + h * q_sh
-        q_nope = tl.load(q_base + offs_m[:, None] * q_st + d_nope[None, :] * q_sd, mask=row_ok[:, None], other=0.0)
-        q_pe = tl.load(
-            q_base + offs_m[:, None] * q_st + (D_NOPE + d_rope)[None, :] * q_sd, mask=row_ok[:, None], other=0.0
-        )
+        qn_mask = row_ok[:, None]
+        if BLOCK_DN != D_NOPE:
+            qn_mask = qn_mask & dn_ok[None, :]
+        q_nope = tl.load(q_base + offs_m[:, None] * q_st + d_nope[None, :] * q_sd, mask=qn_mask, other=0.0)
+        if D_ROPE > 0:
+            qp_mask = row_ok[:, None]
+            if BLOCK_DR != D_ROPE:
+                qp_mask = qp_mask & dr_ok[None, :]
+            q_pe = tl.load(q_base + offs_m[:, None] * q_st + (D_NOPE + d_rope)[None, :] * q_sd, mask=qp_mask, other=0.0)
 
     # K is read transposed ([D, BLOCK_N] tiles) so the score dot needs no permute.
     kn_base = KN + k_start.to(tl.int64) * kn_st + h * kn_sh
@@ -206,18 +230,22 @@ def mla_prefill_kernel(
         # k_pe, v from the sequence's base (the wrapper checked 16-byte aligned bases and row
         # strides, unit inner strides). Rows past lk read as 0 (TMA zero fill), so no load needs a
         # mask -- not even another sequence's NaN can reach this one.
+        # A tile wider than its dim reads TMA's zero fill past the dim's last column.
         lk_box = tl.maximum(lk, 1)
         kn_desc = tl.make_tensor_descriptor(
-            kn_base, shape=[lk_box, D_NOPE], strides=[kn_st, 1], block_shape=[BLOCK_N, D_NOPE]
+            kn_base, shape=[lk_box, D_NOPE], strides=[kn_st, 1], block_shape=[BLOCK_N, BLOCK_DN]
         )
-        kpe_desc = tl.make_tensor_descriptor(
-            kpe_base, shape=[lk_box, D_ROPE], strides=[kpe_st, 1], block_shape=[BLOCK_N, D_ROPE]
+        if D_ROPE > 0:
+            kpe_desc = tl.make_tensor_descriptor(
+                kpe_base, shape=[lk_box, D_ROPE], strides=[kpe_st, 1], block_shape=[BLOCK_N, BLOCK_DR]
+            )
+        v_desc = tl.make_tensor_descriptor(
+            v_base, shape=[lk_box, D_V], strides=[v_st, 1], block_shape=[BLOCK_N, BLOCK_DV]
         )
-        v_desc = tl.make_tensor_descriptor(v_base, shape=[lk_box, D_V], strides=[v_st, 1], block_shape=[BLOCK_N, D_V])
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, D_V], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
     # ---- loop 1: key blocks that every row sees in full -- no masks.
     # Scalar base pointers walk the key blocks (int64 arithmetic); the tile offsets stay int32.
@@ -230,16 +258,21 @@ def mla_prefill_kernel(
             kt = tl.trans(KN_D.load([k_start + start_n, kn_col]))
         elif USE_TMA == 1:
             kt = tl.trans(kn_desc.load([start_n, 0]))
-        else:
+        elif BLOCK_DN == D_NOPE:
             kt = tl.load(kn_ptr + kn_off)
-        s = tl.dot(q_nope, kt, input_precision=DOT_PREC)
-        if USE_TMA == 2:
-            kt_pe = tl.trans(KP_D.load([k_start + start_n, kpe_col]))
-        elif USE_TMA == 1:
-            kt_pe = tl.trans(kpe_desc.load([start_n, 0]))
         else:
-            kt_pe = tl.load(kpe_ptr + kpe_off)
-        s = tl.dot(q_pe, kt_pe, s, input_precision=DOT_PREC)
+            kt = tl.load(kn_ptr + kn_off, mask=dn_ok[:, None], other=0.0)
+        s = tl.dot(q_nope, kt, input_precision=DOT_PREC)
+        if D_ROPE > 0:
+            if USE_TMA == 2:
+                kt_pe = tl.trans(KP_D.load([k_start + start_n, kpe_col]))
+            elif USE_TMA == 1:
+                kt_pe = tl.trans(kpe_desc.load([start_n, 0]))
+            elif BLOCK_DR == D_ROPE:
+                kt_pe = tl.load(kpe_ptr + kpe_off)
+            else:
+                kt_pe = tl.load(kpe_ptr + kpe_off, mask=dr_ok[:, None], other=0.0)
+            s = tl.dot(q_pe, kt_pe, s, input_precision=DOT_PREC)
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
         p = tl.math.exp2(s * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
@@ -249,8 +282,10 @@ def mla_prefill_kernel(
             vt = V_D.load([k_start + start_n, v_col])
         elif USE_TMA == 1:
             vt = v_desc.load([start_n, 0])
-        else:
+        elif BLOCK_DV == D_V:
             vt = tl.load(v_ptr + v_off)
+        else:
+            vt = tl.load(v_ptr + v_off, mask=dv_ok[None, :], other=0.0)
         acc = tl.dot(p.to(vt.dtype), vt, acc, input_precision=DOT_PREC)
         m_i = m_new
         kn_ptr += BLOCK_N * kn_st
@@ -270,15 +305,22 @@ def mla_prefill_kernel(
         elif USE_TMA == 1:
             kt = tl.trans(kn_desc.load([start_n, 0]))
         else:
-            kt = tl.load(kn_ptr + kn_off, mask=col_ok[None, :], other=0.0)
+            kn_mask = col_ok[None, :]
+            if BLOCK_DN != D_NOPE:
+                kn_mask = kn_mask & dn_ok[:, None]
+            kt = tl.load(kn_ptr + kn_off, mask=kn_mask, other=0.0)
         s = tl.dot(q_nope, kt, input_precision=DOT_PREC)
-        if USE_TMA == 2:
-            kt_pe = tl.trans(KP_D.load([k_start + start_n, kpe_col]))
-        elif USE_TMA == 1:
-            kt_pe = tl.trans(kpe_desc.load([start_n, 0]))
-        else:
-            kt_pe = tl.load(kpe_ptr + kpe_off, mask=col_ok[None, :], other=0.0)
-        s = tl.dot(q_pe, kt_pe, s, input_precision=DOT_PREC)
+        if D_ROPE > 0:
+            if USE_TMA == 2:
+                kt_pe = tl.trans(KP_D.load([k_start + start_n, kpe_col]))
+            elif USE_TMA == 1:
+                kt_pe = tl.trans(kpe_desc.load([start_n, 0]))
+            else:
+                kp_mask = col_ok[None, :]
+                if BLOCK_DR != D_ROPE:
+                    kp_mask = kp_mask & dr_ok[:, None]
+                kt_pe = tl.load(kpe_ptr + kpe_off, mask=kp_mask, other=0.0)
+            s = tl.dot(q_pe, kt_pe, s, input_precision=DOT_PREC)
         keep = col_ok[None, :]
         if CAUSAL:
             keep = keep & (cols[None, :] <= rows[:, None] + diag)
@@ -295,7 +337,10 @@ def mla_prefill_kernel(
         elif USE_TMA == 1:
             vt = v_desc.load([start_n, 0])
         else:
-            vt = tl.load(v_ptr + v_off, mask=col_ok[:, None], other=0.0)
+            v_mask = col_ok[:, None]
+            if BLOCK_DV != D_V:
+                v_mask = v_mask & dv_ok[None, :]
+            vt = tl.load(v_ptr + v_off, mask=v_mask, other=0.0)
         acc = tl.dot(p.to(vt.dtype), vt, acc, input_precision=DOT_PREC)
         m_i = m_new
         kn_ptr += BLOCK_N * kn_st
@@ -317,8 +362,9 @@ def mla_prefill_kernel(
             col_ok = cols < lk
             kt = tl.load(kn_ptr + kn_off, mask=col_ok[None, :], other=0.0)
             s = tl.dot(q_nope, kt, input_precision=DOT_PREC)
-            kt_pe = tl.load(kpe_ptr + kpe_off, mask=col_ok[None, :], other=0.0)
-            s = tl.dot(q_pe, kt_pe, s, input_precision=DOT_PREC)
+            if D_ROPE > 0:
+                kt_pe = tl.load(kpe_ptr + kpe_off, mask=col_ok[None, :], other=0.0)
+                s = tl.dot(q_pe, kt_pe, s, input_precision=DOT_PREC)
             keep = col_ok[None, :]
             if CAUSAL:
                 keep = keep & (cols[None, :] <= rows[:, None] + diag)
@@ -343,7 +389,10 @@ def mla_prefill_kernel(
     l_safe = tl.where(blind, 1.0, l_i)
     out = tl.where(blind[:, None], 0.0, acc * (1.0 / l_safe)[:, None])
     o_base = O + (q_start + m0).to(tl.int64) * o_st + h * o_sh
-    tl.store(o_base + offs_m[:, None] * o_st + d_v[None, :] * o_sd, out.to(O.dtype.element_ty), mask=row_ok[:, None])
+    o_mask = row_ok[:, None]
+    if BLOCK_DV != D_V:
+        o_mask = o_mask & dv_ok[None, :]
+    tl.store(o_base + offs_m[:, None] * o_st + d_v[None, :] * o_sd, out.to(O.dtype.element_ty), mask=o_mask)
     # Back from the log2 domain: lse = ln(2) * (m + log2(l)).
     lse = tl.where(blind, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
     lse_base = LSE + h * lse_sh + (q_start + m0).to(tl.int64) * lse_st

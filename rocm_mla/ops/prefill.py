@@ -1,8 +1,15 @@
-"""mla_prefill: varlen MLA prefill attention (Dqk = 128 + 64, Dv = 128) reading k_nope, k_pe and v
-in place, writing out and lse in place. The wrapper validates, then launches the Triton kernel
-through its plan (``plan_prefill``, rocm_mla/ops/prefill_plan.py: launch data, head group, grid, TMA
-mode) or runs the float32 reference. The chunked-context composition, ``mla_prefill_with_context``,
-is rocm_mla/ops/prefill_context.py.
+"""mla_prefill: varlen MLA prefill attention (Dqk = P + R, Dv = V) reading k_nope, k_pe and v
+in place, writing out and lse in place.
+
+Head geometries (P = qk_nope_head_dim, R = qk_rope_head_dim, V = v_head_dim), every one vLLM serves
+for MLA: (128, 64, 128) DeepSeek-V2/V3/R1 and Kimi-K2, (192, 64, 256) GLM-4.x-Lite and the
+DeepSeek-V3.2 layout, (64, 64, 128), and (256, 0, 256) without a RoPE part (``k_pe=None``). The
+Triton kernel takes any P, V in [1, 256] and R in [0, 256]: a dim that is not a power of two is
+tiled by the next one and masked inside the kernel (no padding, no copy); the reference any size.
+
+The wrapper validates, then launches the Triton kernel through its plan (``plan_prefill``,
+rocm_mla/ops/prefill_plan.py: launch data, head group, grid, TMA mode) or runs the float32 reference.
+The chunked-context composition, ``mla_prefill_with_context``, is rocm_mla/ops/prefill_context.py.
 
 Kernel: rocm_mla/kernels/mla_prefill.py (Triton; there is no HIP kernel for this op).
 Reference: rocm_mla/reference/prefill.py.
@@ -32,6 +39,9 @@ from ._checks import FLOAT_DTYPES, Checker, debug_enabled
 from ._dispatch import select
 from .prefill_plan import OP, PrefillPlan, plan_prefill
 
+# The widest head dim (P, R or V) the Triton kernel tiles: one power-of-two register tile per dim.
+MAX_TRITON_HEAD_DIM = 256
+
 
 def mla_prefill(
     q: torch.Tensor,
@@ -54,13 +64,15 @@ def mla_prefill(
     """Varlen MLA prefill attention, no concat, no padding, output and LSE in place.
 
     Args:
-        q: ``[Tq, N, P + R]`` (MLA: 192 = 128 nope then 64 rope), float16/bfloat16/float32, any strides.
+        q: ``[Tq, N, P + R]``, nope part then rope part of each head (DeepSeek 192 = 128 + 64, GLM-4.x-Lite
+            256 = 192 + 64, no RoPE 256 = 256 + 0), float16/bfloat16/float32, any strides.
         k_nope: ``[Tk, N, P]``, q's dtype, any strides (e.g. ``kv[..., :128]`` of the
             ``[Tk, N, 256]`` kv_b_proj output).
         k_pe: ``[Tk, 1, R]``: one rope head broadcast over the N heads (e.g. a slice of the
             ``[Tk, 576]`` latent buffer, unsqueezed); ``[Tk, N, R]`` is also taken (e.g.
             ``k_pe.expand(Tk, N, R)``, head stride 0, or a real per-head tensor). q's dtype, any strides.
-        v: ``[Tk, N, V]`` (MLA: 128), q's dtype, any strides (e.g. ``kv[..., 128:]``).
+            None for a geometry without RoPE part (R = 0: q is ``[Tq, N, P]``).
+        v: ``[Tk, N, V]`` (DeepSeek 128, GLM-4.x-Lite 256), q's dtype, any strides (e.g. ``kv[..., P:]``).
         cu_seqlens_q, cu_seqlens_k: ``[B + 1]`` int32 prefix sums: sequence b owns q rows
             ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` and k/v rows ``cu_seqlens_k[b]:cu_seqlens_k[b+1]``.
             Lengths may differ between q and k and may be 0. They must start at 0-or-more, not
@@ -68,7 +80,7 @@ def mla_prefill(
             (by any backend). Checked for CPU tensors, by the reference backend, and with
             ``debug``; on a GPU otherwise (a check would cost a host sync) bad values cannot make
             the kernel touch memory outside the tensors (see the module docstring).
-        sm_scale: softmax scale (> 0), e.g. ``1 / sqrt(192)`` times the yarn mscale correction.
+        sm_scale: softmax scale (> 0), e.g. ``1 / sqrt(P + R)`` times the yarn mscale correction.
         causal: bottom-right aligned causal mask: query i of a sequence with lq queries and lk keys
             sees keys ``j <= i + lk - lq`` (FlashAttention's convention). False: every key.
         out: optional ``[Tq, N, V]`` destination, q's dtype, any strides (e.g. the layer's
@@ -153,18 +165,23 @@ def _check(
     c.tensor("k_nope", k_nope, ndim=3, layout="[Tk, N, P]")
     Tk, P = k_nope.shape[0], k_nope.shape[2]
     c.tensor("k_nope", k_nope, shape=(None, N, None), layout="[Tk, N, P]", like="q's N")
-    c.tensor("k_pe", k_pe, ndim=3, layout="[Tk, 1, R]")
-    if k_pe.shape[0] != Tk or k_pe.shape[1] not in (1, N):
-        c.fail("k_pe", f"shape [Tk, 1, R] = ({Tk}, 1, *) (k_nope's Tk; [Tk, N, R] also taken)", tuple(k_pe.shape))
-    R = k_pe.shape[2]
+    if k_pe is None:  # no RoPE part: q is [Tq, N, P]
+        R = 0
+    else:
+        c.tensor("k_pe", k_pe, ndim=3, layout="[Tk, 1, R]")
+        if k_pe.shape[0] != Tk or k_pe.shape[1] not in (1, N):
+            c.fail("k_pe", f"shape [Tk, 1, R] = ({Tk}, 1, *) (k_nope's Tk; [Tk, N, R] also taken)", tuple(k_pe.shape))
+        R = k_pe.shape[2]
+        if R == 0:
+            c.fail("k_pe", "a non-empty last dim R, or None for a geometry without RoPE part", 0)
     c.tensor("v", v, shape=(Tk, N, None), layout="[Tk, N, V]", like="k_nope's Tk, N")
     V = v.shape[2]
     if Dqk != P + R:
         c.fail("q", f"shape [Tq, N, P + R] = (*, {N}, {P + R}) (k_nope's P={P} + k_pe's R={R})", tuple(q.shape))
     c.same_dtype("q", q, k_nope=k_nope, k_pe=k_pe, v=v)
-    for name, x in (("P", P), ("R", R), ("V", V)):
+    for name, x in (("P", P), ("V", V)):
         if x == 0:
-            c.fail({"P": "k_nope", "R": "k_pe", "V": "v"}[name], f"a non-empty last dim {name}", 0)
+            c.fail({"P": "k_nope", "V": "v"}[name], f"a non-empty last dim {name}", 0)
     ints = (torch.int32,)
     c.tensor("cu_seqlens_q", cu_q, ndim=1, layout="[B + 1]", dtypes=ints)
     if cu_q.shape[0] < 1:
@@ -224,13 +241,13 @@ def _host_offsets(impl: str, debug: bool | None) -> bool:
 
 
 def _check_triton_dims(c: Checker, dims: tuple[int, int, int]) -> None:
-    # tl.arange needs powers of two, tl.dot tiles of at least 16; MLA is (128, 64, 128).
+    # Each dim is one register tile of the next power of two (masked past the dim): up to 256.
     for arg, name, x in zip(("k_nope", "k_pe", "v"), ("P", "R", "V"), dims):
-        if x < 16 or x & (x - 1):
+        if x > MAX_TRITON_HEAD_DIM:
             c.fail(
                 arg,
-                f"last dim {name} a power of two >= 16 for the Triton kernel (MLA: P=128, R=64, "
-                "V=128; the reference backend takes any)",
+                f"last dim {name} <= {MAX_TRITON_HEAD_DIM} for the Triton kernel (MLA geometries (P, R, V): "
+                "(128, 64, 128), (192, 64, 256), (64, 64, 128), (256, 0, 256); the reference backend takes any)",
                 x,
             )
 
@@ -305,9 +322,11 @@ def _launch(plan: PrefillPlan, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, o
     consts = plan.constexprs
     kpe_sh = plan.kpe_head_stride
     kn_st, kn_sh, kn_sd = k_nope.stride()
-    kpe_st, _, kpe_sd = k_pe.stride()
+    kpe_st, _, kpe_sd = k_pe.stride() if k_pe is not None else (0, 0, 0)
     v_st, v_sh, v_sd = v.stride()
     kn, kpe, vv = k_nope, k_pe, v
+    if k_pe is None:
+        kpe = q  # R = 0: the kernel has no k_pe load (D_ROPE == 0); any valid pointer
     if Tk == 0:
         # Every sequence has lk == 0, so no key is ever loaded; empty tensors may carry a null
         # pointer, which the launcher rejects: hand it q's (never read).
@@ -382,11 +401,12 @@ def _host_descriptors(q, k_nope, k_pe, v, kpe_sh: int, block_m: int, block_n: in
         cols = (n - 1) * head_stride + x.shape[2]
         return TensorDescriptor(x, [x.shape[0], cols], [x.stride(0), 1], [rows, width])
 
-    P, R, V = k_nope.shape[2], k_pe.shape[2], v.shape[2]
+    P, V = k_nope.shape[2], v.shape[2]
+    R = 0 if k_pe is None else k_pe.shape[2]
     return [
         desc(q, q.stride(1), P, block_m),
-        desc(q, q.stride(1), R, block_m),
+        desc(q, q.stride(1), R, block_m) if R else None,  # R = 0: no rope part to load
         desc(k_nope, k_nope.stride(1), P, block_n),
-        desc(k_pe, kpe_sh, R, block_n),
+        desc(k_pe, kpe_sh, R, block_n) if R else None,
         desc(v, v.stride(1), V, block_n),
     ]

@@ -23,7 +23,7 @@ from .prefill_plan import OP
 class ContextChunk(NamedTuple):
     """Keys/values of one chunk of cached context, for :func:`mla_prefill_with_context`.
 
-    k_nope ``[Tc, N, P]``, k_pe ``[Tc, 1, R]`` (or ``[Tc, N, R]``), v ``[Tc, N, V]`` (any strides, e.g.
+    k_nope ``[Tc, N, P]``, k_pe ``[Tc, 1, R]`` (or ``[Tc, N, R]``; None when R = 0), v ``[Tc, N, V]`` (any strides, e.g.
     views of the chunk's up-projected ``[Tc, N, P + V]`` buffer); cu_seqlens_k ``[B + 1]`` int32:
     sequence b's keys of this chunk are rows ``cu_seqlens_k[b]:cu_seqlens_k[b+1]`` (may be empty).
     """

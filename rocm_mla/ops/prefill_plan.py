@@ -5,7 +5,10 @@ sized from Tq and B, not from cu_seqlens, so the call can be captured in a CUDA/
 ``plan_prefill(...) -> PrefillPlan`` (flashinfer's plan/run split): ``launch_triton`` plans, then
 launches exactly what the plan says. What it decides:
   * the launch data: a ``config=`` override, else the arch's entry in configs/mla_prefill.json
-    (``launch_config``: ``triton`` for 16-bit inputs, ``triton_fp32`` for float32);
+    (``launch_config``: ``triton`` for 16-bit inputs, ``triton_fp32`` for float32; a head geometry
+    listed under the arch's ``geometries`` takes its own entries);
+  * the head-dim tiles (``dim_tiles``): each of P, R, V tiled by the next power of two, the columns
+    past the dim masked in the kernel;
   * the head group (``head_group``): how many heads' programs the kernel numbers together;
   * the grid: ``grid_slots`` slots x N programs on one axis;
   * the TMA mode (``USE_TMA``: 0 pointer loads, 1 per-program descriptors, 2 host descriptors),
@@ -26,6 +29,7 @@ import torch
 
 from .. import _platform
 from ..configs import config_for, nvidia_sm, prefill_tma_mode
+from ..mla_dims import PREFILL_DIMS
 from ..triton_common import amd_options
 
 OP = "mla_prefill"
@@ -34,10 +38,29 @@ OP = "mla_prefill"
 SEQ_CHUNK = 256
 
 
-def launch_config(arch: str, dtype: torch.dtype) -> dict:
-    """The launch data the wrapper uses for ``dtype`` on ``arch`` (see configs/mla_prefill.json)."""
+def geometry_key(dims: tuple[int, int, int]) -> str:
+    """``"P/R/V"``: the key of a head geometry under an arch's ``geometries`` in configs/mla_prefill.json."""
+    return "/".join(str(int(d)) for d in dims)
+
+
+def launch_config(arch: str, dtype: torch.dtype, dims: tuple[int, int, int] = PREFILL_DIMS) -> dict:
+    """The launch data the wrapper uses for ``dtype`` and head geometry ``dims`` = (P, R, V) on
+    ``arch`` (see configs/mla_prefill.json): the geometry's own entry when the arch lists one under
+    ``geometries``, else the arch's."""
     cfg = config_for(OP, arch)
-    return cfg["triton_fp32" if dtype == torch.float32 else "triton"]
+    key = "triton_fp32" if dtype == torch.float32 else "triton"
+    own = cfg.get("geometries", {}).get(geometry_key(dims), {})
+    return own.get(key, cfg[key])
+
+
+def dim_tile(d: int) -> int:
+    """The kernel's tile of a head dim ``d``: the next power of two, at least 16 (tl.dot's minimum)."""
+    return max(16, 1 << max(0, int(d) - 1).bit_length())
+
+
+def dim_tiles(dims: tuple[int, int, int]) -> tuple[int, int, int]:
+    """(BLOCK_DN, BLOCK_DR, BLOCK_DV) of (P, R, V); R = 0 still gets a (never used) tile of 16."""
+    return tuple(dim_tile(d) for d in dims)  # type: ignore[return-value]
 
 
 def head_group(cfg: dict, num_heads: int, max_seqlen_k: int, kv_head_bytes: int) -> int:
@@ -72,10 +95,19 @@ def triton_meta(
     ``tma_aligned``: the tensors meet the TMA descriptors' alignment (``_tma_ok``; the variants
     describe aligned tensors)."""
     P, R, V = dims
+    tiles = dim_tiles(dims)
+    # A host descriptor reads whole tiles along a row of all heads: past a head's dim it would read
+    # the next head's columns, not zero fill. Tiles wider than a dim keep per-program descriptors.
+    tma = _tma_mode(cfg) if _tma_arch(arch) and not fp32 and tma_aligned else 0
+    if tma == 2 and any(t != d for t, d in zip(tiles, dims) if d):
+        tma = 1
     consts = {
         "D_NOPE": P,
         "D_ROPE": R,
         "D_V": V,
+        "BLOCK_DN": tiles[0],
+        "BLOCK_DR": tiles[1],
+        "BLOCK_DV": tiles[2],
         "BLOCK_M": int(cfg["BLOCK_M"]),
         "BLOCK_N": int(cfg["BLOCK_N"]),
         "SEQ_CHUNK": SEQ_CHUNK,
@@ -87,7 +119,7 @@ def triton_meta(
         # TMA tensor descriptors for K/k_pe/V ("host": q too): NVIDIA sm90+ (and the CPU
         # interpreter, which runs the same code path), 16-bit inputs; plan_prefill also checks
         # the alignment.
-        "USE_TMA": _tma_mode(cfg) if _tma_arch(arch) and not fp32 and tma_aligned else 0,
+        "USE_TMA": tma,
     }
     # On AMD also waves_per_eu, matrix_instr_nonkdim, kpack and schedule_hint (the backend's
     # instruction-scheduling hint); 0 / "none" are the backend's defaults.
@@ -120,11 +152,15 @@ def _tma_arch(arch: str) -> bool:
 def _tma_ok(q, k_nope, k_pe, v, kpe_sh: int) -> bool:
     """TMA descriptors need 16-byte aligned bases and row/head steps, unit inner strides (and the
     data to exist). Otherwise the launch keeps the pointer loads. (q only matters to host
-    descriptors, which also load it; requiring it of both keeps one rule.)"""
+    descriptors, which also load it; requiring it of both keeps one rule.) ``k_pe`` None: no
+    RoPE part (R = 0), nothing to describe."""
     if k_nope.shape[0] == 0 or k_nope.element_size() != 2:
         return False
     e = k_nope.element_size()
-    for x, head_stride in ((q, q.stride(1)), (k_nope, k_nope.stride(1)), (k_pe, kpe_sh), (v, v.stride(1))):
+    tensors = [(q, q.stride(1)), (k_nope, k_nope.stride(1)), (v, v.stride(1))]
+    if k_pe is not None:
+        tensors.append((k_pe, kpe_sh))
+    for x, head_stride in tensors:
         if x.stride(2) != 1 or x.data_ptr() % 16 or (x.stride(0) * e) % 16 or (head_stride * e) % 16:
             return False
     return True
@@ -182,8 +218,8 @@ def plan_prefill(
     and alignment (no device value is read).
 
     Args:
-        q, k_nope, k_pe, v: ``[Tq, N, P + R]``, ``[Tk, N, P]``, ``[Tk, 1 or N, R]``, ``[Tk, N, V]``,
-            as :func:`rocm_mla.mla_prefill` takes them (any strides).
+        q, k_nope, k_pe, v: ``[Tq, N, P + R]``, ``[Tk, N, P]``, ``[Tk, 1 or N, R]`` (None: R = 0),
+            ``[Tk, N, V]``, as :func:`rocm_mla.mla_prefill` takes them (any strides).
         batch: B, the sequences (``cu_seqlens_q`` has B + 1 entries).
         causal: the kernel's CAUSAL.
         config: override of the launch data (``launch_config``'s keys); tuning and tests.
@@ -197,9 +233,9 @@ def plan_prefill(
     Tq, N, _ = q.shape
     Tk = k_nope.shape[0]
     arch = _platform.device_arch(q.device)
-    cfg = config if config is not None else launch_config(arch, q.dtype)
-    dims = (k_nope.shape[2], k_pe.shape[2], v.shape[2])
-    kpe_sh = 0 if k_pe.shape[1] == 1 else k_pe.stride(1)  # one rope head serves every head
+    dims = (k_nope.shape[2], 0 if k_pe is None else k_pe.shape[2], v.shape[2])
+    cfg = config if config is not None else launch_config(arch, q.dtype, dims)
+    kpe_sh = 0 if k_pe is None or k_pe.shape[1] == 1 else k_pe.stride(1)  # one rope head serves every head
     tma_aligned = bool(_tma_mode(cfg)) and _tma_ok(q, k_nope, k_pe, v, kpe_sh)
     group = head_group(cfg, N, max_seqlen_k or Tk, (dims[0] + dims[2]) * q.element_size())
     consts, options = triton_meta(cfg, arch, dims, causal, q.dtype == torch.float32, tma_aligned)
@@ -222,6 +258,9 @@ __all__ = [
     "PrefillPlan",
     "plan_prefill",
     "launch_config",
+    "geometry_key",
+    "dim_tile",
+    "dim_tiles",
     "head_group",
     "triton_meta",
     "grid_slots",

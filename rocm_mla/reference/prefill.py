@@ -19,7 +19,9 @@ def mla_prefill_ref(
     """Varlen MLA prefill attention in float32.
 
     q: ``[Tq, N, P + R]`` (nope part, then rope part); k_nope: ``[Tk, N, P]``; k_pe: ``[Tk, 1, R]``
-    (broadcast over heads) or ``[Tk, N, R]``; v: ``[Tk, N, V]``; cu_seqlens_q, cu_seqlens_k: ``[B + 1]``
+    (broadcast over heads) or ``[Tk, N, R]``, or None when there is no rope part (R = 0, q
+    ``[Tq, N, P]``); v: ``[Tk, N, V]``; any P, R, V (MLA's geometries: (128, 64, 128), (192, 64, 256),
+    (64, 64, 128), (256, 0, 256)); cu_seqlens_q, cu_seqlens_k: ``[B + 1]``
     integer prefix sums (sequence b owns q rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` and k/v rows
     ``cu_seqlens_k[b]:cu_seqlens_k[b+1]``). Any strides.
 
@@ -52,8 +54,10 @@ def mla_prefill_ref(
         if lq == 0:
             continue
         qb = q[q0:q1].float()
-        kpe = k_pe[k0:k1].float().expand(lk, N, k_pe.shape[-1])
-        kb = torch.cat([k_nope[k0:k1].float(), kpe], dim=-1)  # [lk, N, P + R]
+        kb = k_nope[k0:k1].float()
+        if k_pe is not None:
+            kpe = k_pe[k0:k1].float().expand(lk, N, k_pe.shape[-1])
+            kb = torch.cat([kb, kpe], dim=-1)  # [lk, N, P + R]
         vb = v[k0:k1].float()
         s = torch.einsum("ind,jnd->nij", qb, kb) * sm_scale  # [N, lq, lk]
         i = torch.arange(lq, device=q.device)[:, None]

@@ -10,17 +10,17 @@ import torch
 
 from ..configs import config_for, is_nvidia_arch
 from ..kernels.mla_prefill import mla_prefill_kernel
-from ..mla_dims import PREFILL_DIMS
-from ..ops.prefill_plan import OP, launch_config, triton_meta
+from ..mla_dims import PREFILL_DIMS, PREFILL_GEOMETRIES
+from ..ops.prefill_plan import OP, geometry_key, launch_config, triton_meta
 from ..triton_common import triton_type
 from .triton_variant import TritonVariant
 
 
-def _configs_for(arch: str, dtype: torch.dtype) -> list[tuple[dict, bool]]:
-    """(config, is_candidate) the wrapper or ``rocm-mla tune`` can launch."""
-    main = launch_config(arch, dtype)
+def _configs_for(arch: str, dtype: torch.dtype, dims: tuple[int, int, int] = PREFILL_DIMS) -> list[tuple[dict, bool]]:
+    """(config, is_candidate) the wrapper or ``rocm-mla tune`` can launch (candidates: DeepSeek's dims)."""
+    main = launch_config(arch, dtype, dims)
     out = [(main, False)]
-    if dtype == torch.bfloat16:  # candidates are tuned in bf16 (the serving dtype)
+    if dtype == torch.bfloat16 and dims == PREFILL_DIMS:  # candidates are tuned in bf16 (the serving dtype)
         for cand in config_for(OP, arch).get("candidates", []):
             if all(cand.get(k) == main.get(k) for k in set(cand) | set(main)):
                 continue
@@ -47,12 +47,15 @@ def config_label(cfg: dict) -> str:
     return s
 
 
-def triton_variant(arch: str, dtype: torch.dtype, cfg: dict, causal: bool, tag: str = "") -> TritonVariant:
-    """The Triton specialisation launched for MLA's dims (P=128, R=64, V=128) with launch config
-    ``cfg`` on ``arch``: innermost strides 1, head/token strides and pointers 16-divisible, k_pe
-    head stride 0 (``perf/isa_sweep_prefill.py`` compiles any config through this)."""
+def triton_variant(
+    arch: str, dtype: torch.dtype, cfg: dict, causal: bool, tag: str = "", dims: tuple[int, int, int] = PREFILL_DIMS
+) -> TritonVariant:
+    """The Triton specialisation launched for head geometry ``dims`` = (P, R, V) (DeepSeek's
+    (128, 64, 128) by default) with launch config ``cfg`` on ``arch``: innermost strides 1,
+    head/token strides and pointers 16-divisible, k_pe head stride 0 (``perf/isa_sweep_prefill.py``
+    compiles any config through this). Another geometry's config label starts with ``P/R/V``."""
     tname = triton_type(dtype)
-    consts, options = triton_meta(cfg, arch, PREFILL_DIMS, causal, dtype == torch.float32)
+    consts, options = triton_meta(cfg, arch, dims, causal, dtype == torch.float32)
     ptr = f"*{tname}"
     sig = {
         "Q": ptr,
@@ -73,12 +76,12 @@ def triton_variant(arch: str, dtype: torch.dtype, cfg: dict, causal: bool, tag: 
     strides = ["q_st", "q_sh", "kn_st", "kn_sh", "kpe_st", "kpe_sh", "v_st", "v_sh", "o_st", "o_sh", "lse_sh"]
     sig.update({s: "i32" for s in strides})
     # Host TMA descriptors: typed by block shape under USE_TMA 2 (NVIDIA), None (constexpr) otherwise.
-    P, R, V = PREFILL_DIMS
+    P, R, V = dims
     bm, bn = consts["BLOCK_M"], consts["BLOCK_N"]
     blocks = {"QN_D": (bm, P), "QP_D": (bm, R), "KN_D": (bn, P), "KP_D": (bn, R), "V_D": (bn, V)}
     descs = {}
     for k, (rows, cols) in blocks.items():
-        if consts["USE_TMA"] == 2:
+        if consts["USE_TMA"] == 2 and cols:  # R = 0: no rope descriptors
             sig[k] = f"tensordesc<{tname}[{rows},{cols}]>"
         else:
             sig[k] = "constexpr"
@@ -87,9 +90,10 @@ def triton_variant(arch: str, dtype: torch.dtype, cfg: dict, causal: bool, tag: 
     ones = {k: 1 for k in ("q_sd", "kn_sd", "kpe_sd", "v_sd", "o_sd", "lse_st", "cuq_s", "cuk_s")}
     sig.update({k: "constexpr" for k in ones})
     sig.update({k: "constexpr" for k in consts})
+    geo = "" if dims == PREFILL_DIMS else geometry_key(dims) + " "
     return TritonVariant(
         kernel=OP,
-        config=f"{tname} {'causal' if causal else 'full'} {config_label(cfg)}{tag}",
+        config=f"{tname} {'causal' if causal else 'full'} {geo}{config_label(cfg)}{tag}",
         fn=mla_prefill_kernel,
         signature=sig,
         constexprs={**consts, **ones, **descs},
@@ -121,11 +125,13 @@ def triton_variant(arch: str, dtype: torch.dtype, cfg: dict, causal: bool, tag: 
 
 
 def triton_variants(arch: str) -> list[TritonVariant]:
-    """The Triton specialisations launched for MLA's dims (P=128, R=64, V=128), causal and not,
-    bf16/fp16/fp32, with the launch config of ``arch`` (and, for bf16, each tuning candidate)."""
+    """The Triton specialisations launched for every MLA head geometry (rocm_mla.mla_dims.PREFILL_GEOMETRIES),
+    causal and not, bf16/fp16/fp32, with the launch config of ``arch`` for that geometry (and, for
+    DeepSeek's dims in bf16, each tuning candidate)."""
     return [
-        triton_variant(arch, dtype, cfg, causal, " cand" if cand else "")
+        triton_variant(arch, dtype, cfg, causal, " cand" if cand else "", dims)
+        for dims in PREFILL_GEOMETRIES.values()
         for dtype in (torch.bfloat16, torch.float16, torch.float32)
-        for cfg, cand in _configs_for(arch, dtype)
+        for cfg, cand in _configs_for(arch, dtype, dims)
         for causal in (True, False)
     ]

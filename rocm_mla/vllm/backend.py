@@ -47,7 +47,7 @@ from vllm.platforms import current_platform
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionLayer, AttentionType, MultipleOf
 from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 
-from rocm_mla.mla_dims import FP8_DTYPES, KV_LORA_RANK, QK_ROPE_HEAD_DIM, VLLM_FP8_KV_CACHE_DTYPES
+from rocm_mla.mla_dims import FP8_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM, VLLM_FP8_KV_CACHE_DTYPES
 from rocm_mla.ops import concat_and_cache_mla, gather_context_chunk, merge_attn_states, mla_decode, mla_prefill
 from rocm_mla.ops.decode_plan import FP8_DOTS
 
@@ -79,7 +79,7 @@ class RocmMLABackend(MLACommonBackend):
 
     @classmethod
     def get_supported_head_sizes(cls) -> list[int]:
-        return [KV_LORA_RANK + QK_ROPE_HEAD_DIM]  # 576: one latent "head" of [kv_c | k_pe]
+        return [KV_ROW_DIM]  # 576: one latent "head" of [kv_c | k_pe]
 
     @staticmethod
     def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
@@ -104,6 +104,16 @@ class RocmMLABackend(MLACommonBackend):
         use_mm_prefix,
         device_capability,
     ) -> str | None:
+        # Head geometry: the decode, the KV write and the context gather work on the latent row,
+        # the same for every (qk_nope, v) head geometry whose row is 512 + 64; the prefill takes
+        # every MLA geometry (rocm_mla.vllm.prefill.RocmMLAPrefillBackend.supported_mla_dimensions).
+        if use_mla and head_size != KV_ROW_DIM:
+            return (
+                f"MLA latent head size {head_size} (kv_lora_rank + qk_rope_head_dim): ROCM_MLA's decode and KV "
+                f"write are built for {KV_LORA_RANK} + {QK_ROPE_HEAD_DIM} = {KV_ROW_DIM} (any qk_nope_head_dim / "
+                "v_head_dim of vLLM's MLA geometries); a model without RoPE part can still use ROCM_MLA as its "
+                "MLA prefill backend (-ac.mla_prefill_backend=ROCM_MLA)"
+            )
         want = _16BIT_CACHE_DTYPES.get(kv_cache_dtype or "auto")
         if want is not None and want != dtype:
             return (

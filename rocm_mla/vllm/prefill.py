@@ -4,9 +4,9 @@ vLLM 0.33's common prefill (``MLACommonBaseImpl.forward_mha`` in
 vllm/model_executor/layers/attention/mla_attention.py) up-projects the new tokens, concatenates
 ``k = cat(k_nope, k_pe.expand(N))`` itself, and then calls the layer's prefill backend with
 ``(q, k, v)``. This backend runs that call on :func:`rocm_mla.mla_prefill`: ``k`` is read as two
-strided views (``k[..., :128]`` and ``k[..., 128:]``), ``v`` (a strided slice of the kv_b_proj
-output) is not padded to 192, and the output is ``[T, N, 128]`` written in place when ``out`` is
-given — so FlashAttention's pad-v and the ``[..., :128]`` slice copy disappear. The concatenation
+strided views (``k[..., :P]`` and ``k[..., P:]``; no rope view when R = 0), ``v`` (a strided slice of
+the kv_b_proj output) is not padded to P + R, and the output is ``[T, N, V]`` written in place when
+``out`` is given — so FlashAttention's pad-v and the ``[..., :128]`` slice copy disappear. The concatenation
 of ``k`` stays: it happens in vLLM before this backend is called. The ROCM_MLA attention backend
 (backend.py) therefore does not route its own prefill through this API; it overrides
 ``forward_mha`` and feeds ``k_nope``, ``k_pe`` and ``v`` to the kernel with no concatenation at all.
@@ -23,35 +23,30 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from vllm.v1.attention.backends.mla.prefill.base import MLADimensions, MLAPrefillBackend
 
+from rocm_mla.mla_dims import PREFILL_GEOMETRIES
 from rocm_mla.ops import mla_prefill
 
 if TYPE_CHECKING:
     from vllm.model_executor.layers.attention.mla_attention import MLACommonPrefillMetadata
 
 
-def _triton_dim(x: int) -> bool:
-    # The Triton prefill kernel tiles each head dim with tl.arange: powers of two >= 16.
-    return x >= 16 and x & (x - 1) == 0
-
-
 class RocmMLAPrefillBackend(MLAPrefillBackend):
     """MLA prefill on :func:`rocm_mla.mla_prefill`: varlen, Dqk = P + R and Dv = V natively (no
-    padding), k/v read through their strides, output and LSE written in place."""
+    padding), k/v read through their strides, output and LSE written in place.
+
+    Head geometries: every one vLLM 0.33's FLASH_ATTN MLA prefill accepts, each tested here
+    (rocm_mla.mla_dims.PREFILL_GEOMETRIES): (128, 64, 128) DeepSeek-V2/V3/R1 and Kimi-K2, (192, 64,
+    256) GLM-4.x-Lite and the DeepSeek-V3.2 layout, (64, 64, 128), (256, 0, 256) without RoPE."""
 
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
+    # vLLM's base class checks a model's dims against this list and names it in its reason.
+    supported_mla_dimensions: ClassVar[list[MLADimensions]] = [
+        MLADimensions(qk_nope_head_dim=p, qk_rope_head_dim=r, v_head_dim=v) for p, r, v in PREFILL_GEOMETRIES.values()
+    ]
 
     @staticmethod
     def get_name() -> str:
         return "ROCM_MLA"
-
-    @classmethod
-    def supports_mla_dimensions(cls, mla_dimensions: MLADimensions) -> bool:
-        # DeepSeek-V2/V3/R1 and Kimi-K2 are (128, 64, 128); (64, 64, 128) also tiles. Not
-        # (192, 64, 256) (DeepSeek-V3.2's sparse layout): 192 is not a power of two.
-        return all(
-            _triton_dim(d)
-            for d in (mla_dimensions.qk_nope_head_dim, mla_dimensions.qk_rope_head_dim, mla_dimensions.v_head_dim)
-        )
 
     def supports_out(self) -> bool:
         # Every call honours `out` ([T, N, v_head_dim], any strides) and returns it.
@@ -73,11 +68,11 @@ class RocmMLAPrefillBackend(MLAPrefillBackend):
                 "RocmMLAPrefillBackend does not fuse output quantisation (supports_quant_output is False)"
             )
         m: MLACommonPrefillMetadata = self._prefill_metadata
-        P = self.qk_nope_head_dim
+        k_nope, k_pe = self._split_k(k)
         out, lse = mla_prefill(
             q,
-            k[..., :P],
-            k[..., P:],
+            k_nope,
+            k_pe,
             v,
             m.query_start_loc,
             m.query_start_loc,
@@ -98,11 +93,11 @@ class RocmMLAPrefillBackend(MLAPrefillBackend):
         out: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Non-causal attention of the chunk's queries over one gathered context chunk."""
-        P = self.qk_nope_head_dim
+        k_nope, k_pe = self._split_k(k)
         return mla_prefill(
             q,
-            k[..., :P],
-            k[..., P:],
+            k_nope,
+            k_pe,
             v,
             chunk.query_start_loc,
             chunk.cu_seq_lens,
@@ -112,3 +107,9 @@ class RocmMLAPrefillBackend(MLAPrefillBackend):
             max_seqlen_q=chunk.max_query_len,
             max_seqlen_k=chunk.max_seq_len,
         )
+
+    def _split_k(self, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """vLLM's ``k = cat(k_nope, k_pe.expand(N))`` ``[T, N, P + R]`` as the two strided views the
+        kernel reads (the rope view is a real per-head tensor here); no rope view when R = 0."""
+        P = self.qk_nope_head_dim
+        return k[..., :P], (k[..., P:] if self.qk_rope_head_dim else None)

@@ -219,3 +219,30 @@ def test_cpu_smoke_run_names_a_wrong_kernel(tmp_path):
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log
     assert log.count("ours WRONG (out:") == 2 and log.count("out vs cuDNN") == 2 and "DISAGREE" in log, log
+
+
+def test_cpu_smoke_run_of_the_geometry_table(tmp_path):
+    """--geometry on the CPU as the smoke run above: GLM-4.x-Lite's 192/64/256 and the no-RoPE
+    256/0/256 (k = k_nope, no k_pe) through every provider, each checked against float32 before
+    timing; the CSV rows carry each geometry's launch config."""
+    out = tmp_path / "out"
+    code = textwrap.dedent(SMOKE).replace(
+        'b.SHAPES = b.QUICK = [S((40, 40), 2, name="2x40 N=2"), S((17, 70, 5), 2, name="varlen N=2")]',
+        'b.GEOMETRY_QUICK = [S((40, 40), 2, name="2x40 N=2 192/64/256", dims=(192, 64, 256)),'
+        ' S((17, 70, 5), 2, name="varlen N=2 256/0/256", dims=(256, 0, 256))]',
+    )
+    code = code.replace('"--context", "--out"', '"--geometry", "--out"')
+    assert "GEOMETRY_QUICK" in code and "--geometry" in code
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log
+    assert "WRONG" not in log and "DISAGREE" not in log, log
+    for prov in ("ours", "cuDNN", "FLASH", "upstream"):
+        assert log.count(f"{prov} ok") == 2, log
+    with (out / "prefill.csv").open(newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["kernel"] == "mla_prefill" and r["provider"] == "ours"]
+    assert {r["shape"] for r in rows} == {"2x40 N=2 192/64/256", "varlen N=2 256/0/256"}
+    assert all(r["config"] for r in rows)

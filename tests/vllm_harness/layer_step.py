@@ -43,7 +43,7 @@ from rocm_mla.mla_dims import V_HEAD_DIM as V_HEAD
 # DeepSeek-V3 per-layer attention geometry (rocm_mla.mla_dims, docs/ARCHITECTURE.md); N is per GPU
 # rank and chosen per step.
 
-_model_dir: str | None = None
+_model_dirs: dict[tuple[int, int, int], str] = {}
 
 
 def use_simulated_gfx942_platform() -> None:
@@ -225,10 +225,10 @@ class _SimulatedMarker:
     """Marks the simulated platform (so a second call is a no-op)."""
 
 
-def _tiny_deepseek_v3_dir() -> str:
-    """A folder with the config.json of a one-layer DeepSeek-V3-shaped model (no weights)."""
-    global _model_dir
-    if _model_dir is None:
+def _tiny_deepseek_v3_dir(dims: tuple[int, int, int] = (QK_NOPE, QK_ROPE, V_HEAD)) -> str:
+    """A folder with the config.json of a one-layer DeepSeek-V3-shaped model (no weights), of head
+    geometry ``dims`` = (qk_nope, qk_rope, v) (GLM-4.x-Lite's attention is DeepSeek-V2's with 192/64/256)."""
+    if dims not in _model_dirs:
         d = tempfile.mkdtemp(prefix="rocm_mla_dsv3_")
         cfg = {
             "architectures": ["DeepseekV3ForCausalLM"],
@@ -245,9 +245,9 @@ def _tiny_deepseek_v3_dir() -> str:
             "first_k_dense_replace": 1,
             "kv_lora_rank": KV_LORA_RANK,
             "q_lora_rank": 128,
-            "qk_nope_head_dim": QK_NOPE,
-            "qk_rope_head_dim": QK_ROPE,
-            "v_head_dim": V_HEAD,
+            "qk_nope_head_dim": dims[0],
+            "qk_rope_head_dim": dims[1],
+            "v_head_dim": dims[2],
             "vocab_size": 1024,
             "max_position_embeddings": 4096,
             "rope_theta": 10000,
@@ -257,8 +257,8 @@ def _tiny_deepseek_v3_dir() -> str:
         }
         with open(f"{d}/config.json", "w") as f:
             json.dump(cfg, f)
-        _model_dir = d
-    return _model_dir
+        _model_dirs[dims] = d
+    return _model_dirs[dims]
 
 
 def _ensure_single_process_group(vllm_config) -> None:
@@ -351,6 +351,8 @@ class LayerStep:
             and requests split across chunks); default vLLM's.
         k_scale: the layer's fp8 KV scale.
         prefill_backend: vLLM's ``mla_prefill_backend`` name ("ROCM_MLA" by default).
+        dims: the head geometry (qk_nope_head_dim, qk_rope_head_dim, v_head_dim); DeepSeek-V3's by
+            default, e.g. (192, 64, 256) for GLM-4.x-Lite (the latent row stays 512 + 64).
     """
 
     def __init__(
@@ -368,6 +370,7 @@ class LayerStep:
         k_scale: float = 1.0,
         prefill_backend: str = "ROCM_MLA",
         seed: int = 0,
+        dims: tuple[int, int, int] = (QK_NOPE, QK_ROPE, V_HEAD),
     ):
         from vllm.config import CacheConfig, DeviceConfig, ModelConfig, VllmConfig, set_current_vllm_config
         from vllm.config.attention import AttentionConfig
@@ -379,6 +382,11 @@ class LayerStep:
         self.dtype, self.N, self.bs = dtype, num_heads, block_size
         self.kv_cache_dtype, self.fp8 = kv_cache_dtype, kv_cache_dtype in VLLM_FP8_KV_CACHE_DTYPES
         self.requests = requests
+        dims = tuple(dims)
+        P, R, V = dims
+        if R != QK_ROPE:
+            raise ValueError(f"LayerStep: dims: expected qk_rope_head_dim {QK_ROPE} (latent row 512 + 64), got {R}")
+        self.P, self.V = P, V
         gen = torch.Generator().manual_seed(seed)
 
         def randn(*shape, scale=1.0):
@@ -386,7 +394,7 @@ class LayerStep:
 
         dev_type = "cpu" if self.device.type == "cpu" else "cuda"
         model_config = ModelConfig(
-            model=_tiny_deepseek_v3_dir(), skip_tokenizer_init=True, max_model_len=4096, dtype=dtype
+            model=_tiny_deepseek_v3_dir(dims), skip_tokenizer_init=True, max_model_len=4096, dtype=dtype
         )
         cache_config = CacheConfig(block_size=block_size, cache_dtype=kv_cache_dtype)
         self.vllm_config = vc = VllmConfig(
@@ -397,14 +405,14 @@ class LayerStep:
         )
         _ensure_single_process_group(vc)
 
-        self.scale = 1.0 / math.sqrt(QK_NOPE + QK_ROPE)
+        self.scale = 1.0 / math.sqrt(P + QK_ROPE)
         prev_dtype = torch.get_default_dtype()
         torch.set_default_dtype(dtype)  # vLLM builds layers under the model dtype
         try:
             with set_current_vllm_config(vc), torch.device(self.device):
                 kvb = ColumnParallelLinear(
                     KV_LORA_RANK,
-                    num_heads * (QK_NOPE + V_HEAD),
+                    num_heads * (P + V),
                     bias=False,
                     prefix="model.layers.0.self_attn.kv_b_proj",
                 )
@@ -412,9 +420,9 @@ class LayerStep:
                 self.layer = MLAAttention(
                     num_heads=num_heads,
                     scale=self.scale,
-                    qk_nope_head_dim=QK_NOPE,
+                    qk_nope_head_dim=P,
                     qk_rope_head_dim=QK_ROPE,
-                    v_head_dim=V_HEAD,
+                    v_head_dim=V,
                     q_lora_rank=None,
                     kv_lora_rank=KV_LORA_RANK,
                     kv_b_proj=kvb,
@@ -458,7 +466,7 @@ class LayerStep:
         # Per request: the latent rows of its whole sequence (context + new) and its new queries.
         self.kv_c = [randn(r.context + r.query, KV_LORA_RANK).to(dtype) for r in requests]
         self.k_pe = [randn(r.context + r.query, QK_ROPE).to(dtype) for r in requests]
-        self.q = [randn(r.query, num_heads, QK_NOPE + QK_ROPE, scale=0.5).to(dtype) for r in requests]
+        self.q = [randn(r.query, num_heads, P + QK_ROPE, scale=0.5).to(dtype) for r in requests]
 
         def slots(i: int, lo: int, hi: int) -> torch.Tensor:
             pos = torch.arange(lo, hi, device=self.device)
@@ -502,7 +510,7 @@ class LayerStep:
             seq_lens_cpu_upper_bound=torch.tensor(seq_lens, dtype=torch.int32),
         )
         self.metadata = self.builder.build(0, self.common)
-        self.output = torch.empty(self.num_tokens, num_heads * V_HEAD, dtype=dtype, device=self.device)
+        self.output = torch.empty(self.num_tokens, num_heads * V, dtype=dtype, device=self.device)
 
     # ------------------------------------------------------------------ the step
 
@@ -588,9 +596,9 @@ class LayerStep:
         """
         from rocm_mla.reference import mla_decode_ref, mla_prefill_ref
 
-        N, dev = self.N, self.device
-        w = self.layer.kv_b_proj.weight.float().T.reshape(KV_LORA_RANK, N, QK_NOPE + V_HEAD)
-        w_uk, w_uv = w[..., :QK_NOPE], w[..., QK_NOPE:]
+        N, dev, P, V = self.N, self.device, self.P, self.V
+        w = self.layer.kv_b_proj.weight.float().T.reshape(KV_LORA_RANK, N, P + V)
+        w_uk, w_uv = w[..., :P], w[..., P:]
         nd = self.metadata.num_decodes
         outs = []
         if nd:
@@ -598,17 +606,15 @@ class LayerStep:
             q_len = reqs[0].query
             assert all(r.query == q_len for r in reqs), "decode rows: uniform q_len"
             q = torch.cat(self.q[:nd]).float()  # [nd * q_len, N, 192]
-            ql_nope = torch.einsum("tnd,lnd->tnl", q[..., :QK_NOPE], w_uk)
+            ql_nope = torch.einsum("tnd,lnd->tnl", q[..., :P], w_uk)
             cache, k_scale = self.kv_cache, None
             if self.fp8:
                 from vllm.platforms import current_platform
 
                 cache, k_scale = cache.view(current_platform.fp8_dtype()), float(self.layer._k_scale)
             seq_lens = torch.tensor([r.context + r.query for r in reqs], dtype=torch.int32, device=dev)
-            o, _ = mla_decode_ref(
-                ql_nope, q[..., QK_NOPE:], cache, self.block_table[:nd], seq_lens, self.scale, k_scale
-            )
-            outs.append(torch.einsum("tnl,lnd->tnd", o, w_uv).reshape(-1, N * V_HEAD))
+            o, _ = mla_decode_ref(ql_nope, q[..., P:], cache, self.block_table[:nd], seq_lens, self.scale, k_scale)
+            outs.append(torch.einsum("tnl,lnd->tnd", o, w_uv).reshape(-1, N * V))
         if nd < len(self.requests):
             kv_c, k_pe, cu_k = [], [], [0]
             for i in range(nd, len(self.requests)):
@@ -632,5 +638,5 @@ class LayerStep:
                 self.scale,
                 causal=True,
             )
-            outs.append(o.reshape(-1, N * V_HEAD))
+            outs.append(o.reshape(-1, N * V))
         return torch.cat(outs)

@@ -26,11 +26,12 @@ CASE_MODULES = {"decode": decode, "prefill": prefill, "merge": merge, "rope_kv_w
 # interpreter (its bf16 dots are wrong: triton issue 11584).
 PARAMS = {
     "decode": {"B": 128, "seq": 4096, "N": 16, "q": 1, "kv": "auto", "block": 64, "dt": "auto"},
-    "prefill": {"B": 4, "L": 4096, "N": 16, "dt": "auto"},
+    # geo: the head geometry by name (rocm_mla.cases.prefill.GEOMETRIES: deepseek, glm-lite, nope64, norope)
+    "prefill": {"B": 4, "L": 4096, "N": 16, "geo": "deepseek", "dt": "auto"},
     "merge": {"T": 32768, "N": 128, "D": 128, "layout": "strided", "dt": "auto"},
     "rope_kv_write": {"T": 4096, "N": 16, "kv": "auto", "block": 64, "dt": "auto"},
 }
-_HIDDEN_DEFAULTS = {"dt": "auto", "block": 64}  # left out of labels when default
+_HIDDEN_DEFAULTS = {"dt": "auto", "block": 64, "geo": "deepseek"}  # left out of labels when default
 _DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -62,8 +63,9 @@ class Shape:
         DeepSeek's q width, the merge layout's own lse layout); ValueError otherwise."""
         if op == "decode" and cs.lens is None:
             return Shape.make(op, B=cs.B, seq=cs.seq, N=cs.N, q=cs.q_len, kv=cs.kv, block=cs.block)
-        if op == "prefill" and cs.causal and cs.lq and cs.lk == cs.lq and len(set(cs.lq)) == 1:
-            return Shape.make(op, B=len(cs.lq), L=cs.lq[0], N=cs.N)
+        geo = {d: k for k, d in prefill.GEOMETRIES.items()}.get(getattr(cs, "dims", None))
+        if op == "prefill" and geo and cs.causal and cs.lq and cs.lk == cs.lq and len(set(cs.lq)) == 1:
+            return Shape.make(op, B=len(cs.lq), L=cs.lq[0], N=cs.N, geo=geo)
         if op == "merge" and cs.lse is None:
             return Shape.make(op, T=cs.T, N=cs.N, D=cs.D, layout=cs.layout)
         if op == "rope_kv_write" and cs.q_width == 192:
@@ -80,7 +82,9 @@ class Shape:
         if self.op == "decode":
             return decode.DecodeShape(p["B"], p["seq"], p["N"], p["q"], block=p["block"], kv=p["kv"])
         if self.op == "prefill":
-            return prefill.PrefillShape.equal(p["B"], p["L"], p["N"])
+            if p["geo"] not in prefill.GEOMETRIES:
+                raise ValueError(f"{self.key}: geo must be one of {', '.join(prefill.GEOMETRIES)}")
+            return prefill.PrefillShape.equal(p["B"], p["L"], p["N"], prefill.GEOMETRIES[p["geo"]])
         if self.op == "merge":
             return merge.MergeShape(p["T"], p["N"], p["D"], p["layout"])
         return rope_kv_write.RopeShape(p["T"], p["N"], block=p["block"], kv=p["kv"])
@@ -118,6 +122,8 @@ PRESETS: dict[str, list[Shape]] = {
     "mtp": _sets(("decode", "mtp")),
     # The prefill chunks, the pad_v-strided D=128 merges prefill does, the RoPE+KV-write token counts.
     "prefill": _sets(("prefill", "tune")),
+    # The other MLA head geometries' prefill (GLM-4.x-Lite 192/64/256, 64/64/128, 256/0/256), 4x4096 N=16/128.
+    "prefill-geometry": _sets(("prefill", "tune-geometry")),
     "merge": _sets(("merge", "tune")),
     "rope_kv_write": _sets(("rope_kv_write", "tune")),
     # --quick: one or two shapes per group that matters (fits 10 minutes on one GPU with compiles)

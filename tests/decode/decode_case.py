@@ -75,9 +75,10 @@ class GuardedCase:
         kw.setdefault("lse", self.lse.view)
         return self.inputs.run(backend=backend, **kw)
 
-    def check(self, want, *, nan_requests=()):
+    def check(self, want, *, nan_requests=(), tol=None):
         """Requests in ``nan_requests``: every row NaN in out and lse; the others agree with ``want``
-        (out, lse) under the decode tolerance; no guard byte of out, lse or the cache changed."""
+        (out, lse) under ``tol`` (default the decode tolerance); no guard byte of out, lse or the
+        cache changed."""
         ro, rl = want
         out, lse = self.out.view, self.lse.view
         for b in range(self.inputs.shape.B):
@@ -85,7 +86,7 @@ class GuardedCase:
             if b in nan_requests:
                 assert torch.isnan(out[r].float()).all() and torch.isnan(lse[r]).all(), f"request {b}: not NaN"
             else:
-                self.inputs.check(out[r], lse[r], ref=(ro[r], rl[r]))
+                self.inputs.check(out[r], lse[r], ref=(ro[r], rl[r]), tol=tol)
         self.out.check("out")
         self.lse.check("lse")
         self.inputs.paged.check_guards("kv_cache")

@@ -22,6 +22,7 @@ from _util import (
 from decode_case import BACKENDS, GuardedCase
 
 import rocm_mla
+from rocm_mla.cases import decode
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -218,6 +219,22 @@ def test_gpu_decode_bad_pages(kv, bs):
             case.block_table[2, 3] = {"-1": -1, "nb": case.nb}.get(page, page)
             case.run("triton", num_kv_splits=splits)
             case.check(want, nan_requests=(2,))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["qk", "all"])
+@pytest.mark.parametrize("N", [16, 128])
+def test_gpu_decode_fp8_dots_bad_pages(mode, N):
+    """The fp8_dots modes' tiers on bad pages (the guard and the fp8 loads of both dots), one
+    split and several: the bad request NaN, the others their rounded reference, no guard byte
+    touched; run under compute-sanitizer memcheck."""
+    for splits in (None, 4):
+        for page in ("nb", -(1 << 31)):
+            case = GuardedCase((300, 77, 1000, 5), N, 1, 64, dtype=torch.bfloat16, fp8=True, seed=N)
+            want = case.reference(fp8_dots=mode)
+            case.block_table[2, 3] = case.nb if page == "nb" else page
+            case.run("triton", num_kv_splits=splits, fp8_dots=mode)
+            case.check(want, nan_requests=(2,), tol=decode.fp8_dots_bound(mode, torch.bfloat16, "cuda"))
 
 
 @pytest.mark.gpu

@@ -186,7 +186,7 @@ def mla_decode(
     ):
         c.fail("num_kv_splits", "None or an int >= 1", repr(num_kv_splits))
     if not isinstance(batch_invariant, bool):
-        c.fail("batch_invariant", "a bool", repr(batch_invariant))
+        c.fail("batch_invariant", "a bool", repr(batch_invariant), TypeError)
     if batch_invariant and num_kv_splits is not None:
         c.fail("num_kv_splits", "None with batch_invariant=True (the split rule is fixed)", repr(num_kv_splits))
     if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len < 0):

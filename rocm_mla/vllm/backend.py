@@ -49,6 +49,7 @@ from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 
 from rocm_mla.mla_dims import FP8_DTYPES, KV_LORA_RANK, QK_ROPE_HEAD_DIM, VLLM_FP8_KV_CACHE_DTYPES
 from rocm_mla.ops import concat_and_cache_mla, gather_context_chunk, merge_attn_states, mla_decode, mla_prefill
+from rocm_mla.vllm.invariant_context import fold_in_context_invariant
 
 # The decode kernel's fixed latent geometry (docs/ARCHITECTURE.md §1): kv_lora_rank 512, rope 64;
 # and vLLM's names of an e4m3 cache (the platform's kind): rocm_mla.mla_dims.
@@ -84,6 +85,12 @@ class RocmMLABackend(MLACommonBackend):
     def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
         # Decode, KV write and context gather index pages with any block size (1, 16, 64, ...).
         return [MultipleOf(1)]
+
+    @classmethod
+    def supports_batch_invariance(cls) -> bool:
+        # A request's out and lse do not depend on the batch (batch_invariant=True of the ops;
+        # RocmMLAImpl turns it on under VLLM_BATCH_INVARIANT=1 or ROCM_MLA_BATCH_INVARIANT=1).
+        return True
 
     @classmethod
     def supports_compute_capability(cls, capability) -> bool:
@@ -144,6 +151,14 @@ def cache_for_writers(kv_cache: torch.Tensor, kv_cache_dtype: str, k_scale: torc
     return kv_cache, {"kv_cache_dtype": "auto"}
 
 
+def batch_invariant_requested() -> bool:
+    """vLLM's ``VLLM_BATCH_INVARIANT=1`` or ``ROCM_MLA_BATCH_INVARIANT=1``: every op runs with
+    ``batch_invariant=True`` and cached context is cut per request (``fold_in_context_invariant``)."""
+    import vllm.envs as envs
+
+    return bool(envs.VLLM_BATCH_INVARIANT) or os.environ.get("ROCM_MLA_BATCH_INVARIANT", "0") == "1"
+
+
 class RocmMLAImpl(MLACommonImpl[MLACommonMetadata]):
     """The attention steps of an MLA layer on rocm_mla's kernels (see the module docstring)."""
 
@@ -195,6 +210,7 @@ class RocmMLAImpl(MLACommonImpl[MLACommonMetadata]):
         # Opt-in accuracy trade (mla_decode's quantize_q: q rounded to e4m3 per row and head, q.k^T
         # on fp8 operands): ROCM_MLA_QUANTIZE_Q=1, fp8 caches only.
         self._quantize_q = self._fp8_cache and os.environ.get("ROCM_MLA_QUANTIZE_Q", "0") == "1"
+        self._batch_invariant = batch_invariant_requested()
         # The activation dtype: vLLM builds layers under set_default_torch_dtype(model dtype), as
         # MLAAttention.__init__ itself relies on.
         self._act_dtype = torch.get_default_dtype()
@@ -270,6 +286,7 @@ class RocmMLAImpl(MLACommonImpl[MLACommonMetadata]):
             k_scale=layer._k_scale.reshape(1) if self._fp8_cache else None,
             max_seq_len=int(attn_metadata.max_seq_len),
             quantize_q=self._quantize_q,
+            batch_invariant=self._batch_invariant,
         )
         return out, lse
 
@@ -322,8 +339,11 @@ class RocmMLAImpl(MLACommonImpl[MLACommonMetadata]):
             lse=lse,
             max_seqlen_q=prefill.max_query_len,
             max_seqlen_k=prefill.max_query_len,
+            batch_invariant=self._batch_invariant,
         )
-        if chunked is not None:
+        if chunked is not None and self._batch_invariant:
+            fold_in_context_invariant(self, q, kv_c_and_k_pe_cache, prefill, k_scale, out, lse)
+        elif chunked is not None:
             self._fold_in_context(q, kv_c_and_k_pe_cache, prefill, k_scale, out, lse)
 
     def _fold_in_context(

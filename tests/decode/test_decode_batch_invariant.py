@@ -175,3 +175,27 @@ def test_gpu_invariant_under_cuda_graph():
     g.replay()
     torch.cuda.synchronize()
     assert _same_bits(out[2:3], ref_o) and _same_bits(lse[2:3], ref_l)
+
+
+@pytest.mark.parametrize("where", ["q", "kv"])
+def test_nan_reaches_its_request_only(where):
+    """NaN-reach contract (docs/bad-input.md): a NaN in q reaches its own row and head; a NaN in a
+    used cache row (K and V: the same row) the rows of its request; never another request."""
+    case = make_case(POOL, 4, 2, 16, torch.float32, seed=8)
+    idx = [2, 0, 3]  # the request with 100 keys in the middle: rows 2, 3
+    clean = [t.clone() for t in _run(case, idx, 2)]
+    q_nope, q_pe, kv, table, seq_lens = _batch(case, idx, 2)
+    if where == "q":
+        q_nope[3, 1, 100] = float("nan")
+    else:
+        kv = kv.clone()
+        j = 40  # a key both rows of the request see
+        kv[int(table[1, j // 16]), j % 16, 7] = float("nan")
+    o, lse = mla_decode(q_nope, q_pe, kv, table, seq_lens, sm_scale=case.sm_scale, batch_invariant=True)
+    nan_rows = torch.isnan(o).any(dim=2)  # [rows, N]
+    others = [0, 1, 4, 5]
+    assert _same_bits(o[others], clean[0][others]) and _same_bits(lse[others], clean[1][others])
+    if where == "q":
+        assert nan_rows[3, 1] and nan_rows.sum() == 1 and torch.isnan(lse[3, 1])
+    else:
+        assert nan_rows[2:4].all() and torch.isnan(lse[2:4]).all()

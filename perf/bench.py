@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run any subset of the op benchmarks, each in its own process, and append their rows to perf/results.csv.
 
-    python perf/bench.py [--ops merge,rope_kv_write,decode,decode_matrix,prefill,layer] [--quick]
+    python perf/bench.py [--ops merge,rope_kv_write,decode,decode_matrix,prefill,layer,decode_invariant] [--quick]
                          [--peers .peers] [--out perf/results.csv] [--logs DIR] [--timeout 900] [--list]
 
 Each benchmark times our kernels with its peers beside them (vLLM 0.33's Triton kernels, FlashInfer,
@@ -64,6 +64,7 @@ BENCHES = {
         ("--vllm-peers", "{peers}", "--aiter-peers", "{peers}/aiter"),
     ),
     "layer": Bench("bench_layer.py", "layer.csv"),
+    "decode_invariant": Bench("bench_decode_invariant.py", "decode_invariant.csv", ("--split-tokens", "256,512,1024")),
 }
 CEILING_SHAPES = {"copy": "copy 2 GiB", "matmul": "matmul 8192^3 bf16"}
 

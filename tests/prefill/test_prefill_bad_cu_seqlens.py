@@ -28,16 +28,19 @@ CASES = {  # (cu_seqlens_q, cu_seqlens_k), B = 3
     "decreasing_k": ([0, 5, 9, 13], [0, 7, 2, 9]),
     "huge": ([0, (1 << 31) - 1, -(1 << 31), 13], [(1 << 31) - 1, 0, -(1 << 31), 9]),
     "valid": ([0, 5, 5, 13], [0, 3, 6, 9]),
+    # Tq = 70 (several 16-row blocks): sequence 2 starts inside sequence 0, whose blocks past it
+    # must still be its own (the slots follow the running maximum of the starts).
+    "overlapping_long": ([0, 50, 10, 70], [0, 3, 6, 9], 70),
 }
 
 
-def owned_rows(cq, ck):
+def owned_rows(cq, ck, tq=TQ):
     """[(lo, hi, bad)] per sequence, by the rule of the module docstring."""
-    lo = [min(max(max(cq[: b + 1]), 0), TQ) for b in range(len(cq) - 1)]
+    lo = [min(max(max(cq[: b + 1]), 0), tq) for b in range(len(cq) - 1)]
     res = []
     for b in range(len(cq) - 1):
-        hi = min(max(cq[b + 1], lo[b]), TQ)
-        bad = cq[b + 1] < cq[b] or cq[b + 1] > TQ or lo[b] != cq[b]
+        hi = min(max(cq[b + 1], lo[b]), tq)
+        bad = cq[b + 1] < cq[b] or cq[b + 1] > tq or lo[b] != cq[b]
         bad = bad or ck[b] < 0 or ck[b + 1] < ck[b] or ck[b + 1] > TK
         res.append((lo[b], hi, bad))
     return res
@@ -47,13 +50,14 @@ def owned_rows(cq, ck):
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("bad", list(CASES))
 def test_invalid_sequences_get_nan_rows(bad, causal):
-    c = case([TQ], [TK], 2, torch.float32, seed=4, guard=1200, out_layout="pad_v", lse_layout="transposed_padded")
+    cq_l, ck_l, *more = CASES[bad]
+    tq = more[0] if more else TQ
+    c = case([tq], [TK], 2, torch.float32, seed=4, guard=1200, out_layout="pad_v", lse_layout="transposed_padded")
     g = torch.Generator(device="cpu").manual_seed(1)
     c.out.copy_(torch.randn(c.out.shape, generator=g))  # finite: a row left unwritten fails
     c.lse.copy_(torch.randn(c.lse.shape, generator=g))
     before_out, before_lse = c.out.clone(), c.lse.clone()
-    cq_l, ck_l = CASES[bad]
-    cq, ck = (torch.tensor(x, dtype=torch.int32, device=DEVICE) for x in CASES[bad])
+    cq, ck = (torch.tensor(x, dtype=torch.int32, device=DEVICE) for x in (cq_l, ck_l))
     launch_triton(
         *c.args()[:4],
         cq,
@@ -65,8 +69,8 @@ def test_invalid_sequences_get_nan_rows(bad, causal):
         config={"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
     )
     c.check_guards()
-    written = torch.zeros(TQ, dtype=torch.bool)
-    for b, (lo, hi, is_bad) in enumerate(owned_rows(cq_l, ck_l)):
+    written = torch.zeros(tq, dtype=torch.bool)
+    for b, (lo, hi, is_bad) in enumerate(owned_rows(cq_l, ck_l, tq)):
         if hi <= lo:
             continue
         written[lo:hi] = True
@@ -83,13 +87,14 @@ def test_invalid_sequences_get_nan_rows(bad, causal):
     assert torch.equal(c.out[~written], before_out[~written]), "a row no sequence owns was written"
     assert torch.equal(c.lse[:, ~written], before_lse[:, ~written])
     if bad == "valid":
-        assert written.sum() == TQ
+        assert written.sum() == tq
 
 
 def test_rule_marks_what_the_issue_lists():
     """Decreasing, negative first entry and last past the tensor each leave NaN rows."""
-    for name in ("past_the_end", "negative_start", "decreasing_k", "overlapping_q", "huge"):
-        assert any(bad and hi > lo for lo, hi, bad in owned_rows(*CASES[name])), name
+    for name in ("past_the_end", "negative_start", "decreasing_k", "overlapping_q", "huge", "overlapping_long"):
+        cq, ck, *more = CASES[name]
+        assert any(bad and hi > lo for lo, hi, bad in owned_rows(cq, ck, *more)), name
 
 
 @pytest.mark.gpu
@@ -98,13 +103,15 @@ def test_gpu_bad_offsets_nan_rows_no_sync(bad):
     """Through mla_prefill on a GPU (bf16, the default launch data, TMA where the arch has it)."""
     import rocm_mla
 
-    c = case([TQ], [TK], 16, torch.bfloat16, seed=4, guard=1200, out_layout="pad_v", lse_layout="transposed_padded")
+    cq_l, ck_l, *more = CASES[bad]
+    tq = more[0] if more else TQ
+    c = case([tq], [TK], 16, torch.bfloat16, seed=4, guard=1200, out_layout="pad_v", lse_layout="transposed_padded")
     c.out.normal_()
     c.lse.normal_()
-    cq, ck = (torch.tensor(x, dtype=torch.int32, device=DEVICE) for x in CASES[bad])
+    cq, ck = (torch.tensor(x, dtype=torch.int32, device=DEVICE) for x in (cq_l, ck_l))
     rocm_mla.mla_prefill(*c.args()[:4], cq, ck, sm_scale=0.1, out=c.out, lse=c.lse, backend="triton")
     torch.cuda.synchronize()
     c.check_guards()
-    for lo, hi, is_bad in owned_rows(*CASES[bad]):
+    for lo, hi, is_bad in owned_rows(cq_l, ck_l, tq):
         if is_bad and hi > lo:
             assert torch.isnan(c.out[lo:hi].float()).all() and torch.isnan(c.lse[:, lo:hi]).all()

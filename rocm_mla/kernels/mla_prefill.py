@@ -153,7 +153,7 @@ def mla_prefill_kernel(
     # ---- bound guard: cu_seqlens on a GPU are not validated (that would sync). A sequence whose
     # bounds are invalid -- q: cu_q[b] < 0, decreasing, past Tq, or below an earlier sequence's
     # start (overlapping rows); k: cu_k[b] < 0, decreasing, past Tk -- gets NaN out and lse in every
-    # row it owns (the final stores), detected here from the offsets alone. Every access stays in
+    # row it owns (l starts at NaN, below), detected here from the offsets alone. Every access stays in
     # the tensors: rows [q_start, q_end) of q/out/lse within [0, Tq), keys within [0, Tk).
     bad_seq = (cu_q1 < cu_q0) | (cu_q1 > num_q_rows) | (q_lo != cu_q0)
     bad_seq = bad_seq | (cu_k0 < 0) | (cu_k1 < cu_k0) | (cu_k1 > num_k_rows)
@@ -231,7 +231,9 @@ def mla_prefill_kernel(
         v_desc = tl.make_tensor_descriptor(v_base, shape=[lk_box, D_V], strides=[v_st, 1], block_shape=[BLOCK_N, D_V])
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    # Invalid bounds (the guard above) start l at NaN: it stays NaN through every update, so the
+    # epilogue writes NaN out and lse, and no flag is held across the loops.
+    l_i = tl.where(bad_seq, float("nan"), tl.zeros([BLOCK_M], dtype=tl.float32))
     acc = tl.zeros([BLOCK_M, D_V], dtype=tl.float32)
 
     # ---- loop 1: key blocks that every row sees in full -- no masks.
@@ -357,11 +359,9 @@ def mla_prefill_kernel(
     blind = l_i == 0.0
     l_safe = tl.where(blind, 1.0, l_i)
     out = tl.where(blind[:, None], 0.0, acc * (1.0 / l_safe)[:, None])
-    out = tl.where(bad_seq, float("nan"), out)  # invalid bounds (the guard above): loud
     o_base = O + (q_start + m0).to(tl.int64) * o_st + h * o_sh
     tl.store(o_base + offs_m[:, None] * o_st + d_v[None, :] * o_sd, out.to(O.dtype.element_ty), mask=row_ok[:, None])
     # Back from the log2 domain: lse = ln(2) * (m + log2(l)).
     lse = tl.where(blind, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
-    lse = tl.where(bad_seq, float("nan"), lse)
     lse_base = LSE + h * lse_sh + (q_start + m0).to(tl.int64) * lse_st
     tl.store(lse_base + offs_m * lse_st, lse, mask=row_ok)

@@ -17,7 +17,9 @@ from _util import DEVICE
 from prefill_case import KERNEL_BACKENDS, case
 
 import rocm_mla
+from rocm_mla._platform import device_arch
 from rocm_mla.ops.prefill_context import ContextChunk
+from rocm_mla.ops.prefill_plan import launch_config
 
 LENS = (20, 7, 1, 33, 0)  # causal self-attention, lq == lk per sequence
 N = 3
@@ -168,7 +170,7 @@ def test_gpu_prefill_bf16_alone_equals_in_batches(tma):
     """bf16 on the GPU, with and without host TMA descriptors."""
     lens = (1000, 17, 4096, 1, 333)
     pool = case(lens, lens, 16, torch.bfloat16, seed=14)
-    cfg = dict(rocm_mla.ops.prefill_plan.launch_config("sm90", torch.bfloat16), tma=tma)
+    cfg = dict(launch_config(device_arch(DEVICE), torch.bfloat16), tma=tma)
 
     def take(idx):
         out = []

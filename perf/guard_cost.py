@@ -23,7 +23,10 @@ from every other change.
 Cases: ``fused_rope_mla_kv_write`` at T=32768 (HIP: bf16 and FP8 caches, Triton: bf16) and
 ``mla_decode`` at B=128, seq 4096 (bf16 N=16 / N=128, FP8 N=16), in vLLM's layouts (q_pe a slice of
 q [T, N, 192], k_pe of kv_a [T, 576]; decode's q as the W_UK bmm leaves it): the shapes large enough to read a
-1% difference (smaller ones move more than that between runs of one tree). Prints per-case medians
+1% difference (smaller ones move more than that between runs of one tree). ``--ops prefill``:
+``mla_prefill`` at ``cases.prefill.SHAPES["quick"]`` (bf16, 4 x 4096 causal, N=16 / N=128), whose
+cu_seqlens check is timed against a tree from before it (``--tree base=...``: --unguarded-copy
+does not cut it). Prints per-case medians
 over the rounds and each tree's cost against the first; writes guard_cost.csv (long format).
 """
 
@@ -120,6 +123,26 @@ def worker(timed: bool, ops: list[str], cases: list[str]) -> dict:
 
         out[label] = _time_graph_us(torch, call, COPIES) if timed else 0.0
         del case
+        torch.cuda.empty_cache()
+
+    # mla_prefill's per-sequence cu_seqlens check (time it against a tree from before it: --tree).
+    from rocm_mla.cases import prefill
+
+    for shape in prefill.SHAPES["quick"] if "prefill" in ops else []:
+        label = f"prefill {shape.label}"
+        if not wanted(label):
+            continue
+        pcase = prefill.make_inputs(shape, dtype=bf16, device=dev)
+        pcase.run()
+        bad = pcase.mismatch()
+        if bad:
+            raise SystemExit(f"{label}: {bad}")
+
+        def pcall(i, pcase=pcase):
+            pcase.run()
+
+        out[label] = _time_graph_us(torch, pcall, 1) if timed else 0.0
+        del pcase
         torch.cuda.empty_cache()
     return out
 
@@ -224,7 +247,7 @@ def main() -> int:
     ap.add_argument("--tree", action="append", default=[], help="NAME=PATH of a checkout (first = the baseline)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None, help="folder for guard_cost.csv")
-    ap.add_argument("--ops", default="rope,decode", help="which ops' cases to time (comma-separated: rope, decode)")
+    ap.add_argument("--ops", default="rope,decode", help="ops to time: rope, decode, prefill")
     ap.add_argument(
         "--unguarded-copy",
         metavar="DIR",
@@ -240,9 +263,9 @@ def main() -> int:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--untimed", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    unknown = set(a.ops.split(",")) - {"rope", "decode"}
+    unknown = set(a.ops.split(",")) - {"rope", "decode", "prefill"}
     if unknown:
-        ap.error(f"--ops: expected rope and/or decode, got {', '.join(sorted(unknown))}")
+        ap.error(f"--ops: expected rope, decode and/or prefill, got {', '.join(sorted(unknown))}")
     if a.worker:
         print(json.dumps(worker(timed=not a.untimed, ops=a.ops.split(","), cases=a.case)))
         return 0

@@ -129,6 +129,8 @@ def mla_decode_stage1_kernel(
     FP8_QK: tl.constexpr = False,
     Q8_INT: tl.constexpr = False,
     FP8_PV: tl.constexpr = False,
+    SPLIT_TOKENS: tl.constexpr = 0,
+    SPLIT_CAP: tl.constexpr = 0,
 ):
     """Stage 1; see the module docstring.
 
@@ -196,6 +198,12 @@ def mla_decode_stage1_kernel(
     range reaches weights 2^-15 below the row's largest. reference.decode.mla_decode_ref(p_fp8=)
     rounds p the same way against the global row max (the kernel's running max differs on early
     tiles, so the two agree to the rounding, not bit for bit).
+    SPLIT_TOKENS, SPLIT_CAP (batch-invariant mode when SPLIT_TOKENS > 0): a split holds
+    max(SPLIT_TOKENS, cdiv(seq_len, SPLIT_CAP) rounded up to BLOCK_N) keys, a function of the
+    request's own seq_len, so its partials do not depend on num_splits (the grid's split count,
+    which the host takes from the batch); splits past the request's last key are empty, and the
+    last split of the grid takes every key left (a grid too small for a request stays correct).
+    SPLIT_TOKENS is a multiple of BLOCK_N. 0: the split length follows num_splits.
     NaN / inf in a used KV row reaches the request's output and lse (lse -inf means only "no key"),
     also through stage 2.
     """
@@ -228,10 +236,15 @@ def mla_decode_stage1_kernel(
     # Key j is visible to row t when j < row_end[t] (causal among the request's new tokens).
     row_end = tl.where(row_ok, seq_len - q_len + 1 + t, 0)
 
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    if SPLIT_TOKENS > 0:
+        split_len = tl.maximum(tl.cdiv(tl.cdiv(seq_len, SPLIT_CAP), BLOCK_N) * BLOCK_N, SPLIT_TOKENS)
+    else:
+        split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * split_len
     # The rows of this block see nothing past their largest row_end: stop loading there.
     end = tl.minimum(start + split_len, tl.max(row_end, axis=0))
+    if SPLIT_TOKENS > 0:
+        end = tl.where(split == num_splits - 1, tl.max(row_end, axis=0), end)
 
     # Column chunk a = [0, CHUNK), chunk b = [CHUNK, 2 CHUNK) (only when D_SPLIT == 2). With
     # V_SPLIT == 2, a is this program's own half (K and V) and b the other half (K only).

@@ -136,28 +136,43 @@ def mla_prefill_kernel(
     slot = r // head_group
     h = (group * head_group + (r - slot * head_group)).to(tl.int64)
 
-    # ---- which sequence owns this slot: count sequences whose first slot is <= ours.
-    owners = 0
+    # ---- which sequence owns this slot. Sequence b's q rows are taken as [lo(b), lo(b + 1)) with
+    # lo(b) = max(cu_q[0..b]) clamped to [0, Tq] -- its own rows for valid offsets, and for any
+    # offsets consecutive disjoint ranges inside q, so that the slots ``first(b) = lo(b) // BLOCK_M
+    # + b`` grow with b and cover every row. The owner is the last b with first(b) <= slot, found
+    # without a prefix scan: first(b) > slot exactly when some b' <= b has
+    # clamp(cu_q[b']) // BLOCK_M > slot - b, so the first failing b is min over b' of
+    # max(b', slot + 1 - clamp(cu_q[b']) // BLOCK_M).
+    fail = num_seqs
     for c in range(0, num_seqs, SEQ_CHUNK):
         idx = c + tl.arange(0, SEQ_CHUNK)
         ok = idx < num_seqs
-        starts = tl.load(CU_Q + idx * cuq_s, mask=ok, other=0)
-        first = starts // BLOCK_M + idx
-        owners += tl.sum((ok & (first <= slot)).to(tl.int32), axis=0)
-    seq = owners - 1
+        starts = tl.minimum(tl.maximum(tl.load(CU_Q + idx * cuq_s, mask=ok, other=0), 0), num_q_rows)
+        fails_at = tl.where(ok, tl.maximum(idx, slot + 1 - starts // BLOCK_M), num_seqs)
+        fail = tl.minimum(fail, tl.min(fails_at, axis=0))
+    seq = fail - 1
     if seq < 0:
         return
-    q_start = tl.load(CU_Q + seq * cuq_s)
-    q_end = tl.load(CU_Q + (seq + 1) * cuq_s)
-    k_start = tl.load(CU_K + seq * cuk_s)
-    k_end = tl.load(CU_K + (seq + 1) * cuk_s)
-    # ---- bound guard: cu_seqlens on a GPU are not validated (that would sync), so
-    # clamp the sequence to the tensors' extents -- rows [0, Tq) of q/out/lse, [0, Tk) of k/v --
-    # whatever the offsets hold. Valid offsets are unchanged by it.
-    q_start = tl.minimum(tl.maximum(q_start, 0), num_q_rows)
-    q_end = tl.minimum(tl.maximum(q_end, q_start), num_q_rows)
-    k_start = tl.minimum(tl.maximum(k_start, 0), num_k_rows)
-    k_end = tl.minimum(tl.maximum(k_end, k_start), num_k_rows)
+    q_lo = tl.zeros([], dtype=tl.int32)
+    for c in range(0, seq + 1, SEQ_CHUNK):
+        idx = c + tl.arange(0, SEQ_CHUNK)
+        starts = tl.load(CU_Q + idx * cuq_s, mask=idx <= seq, other=0)
+        q_lo = tl.maximum(q_lo, tl.max(tl.minimum(tl.maximum(starts, 0), num_q_rows), axis=0))
+    cu_q0 = tl.load(CU_Q + seq * cuq_s)
+    cu_q1 = tl.load(CU_Q + (seq + 1) * cuq_s)
+    cu_k0 = tl.load(CU_K + seq * cuk_s)
+    cu_k1 = tl.load(CU_K + (seq + 1) * cuk_s)
+    # ---- bound guard: cu_seqlens on a GPU are not validated (that would sync). A sequence whose
+    # bounds are invalid -- q: cu_q[b] < 0, decreasing, past Tq, or below an earlier sequence's
+    # start (overlapping rows); k: cu_k[b] < 0, decreasing, past Tk -- gets NaN out and lse in every
+    # row it owns (l starts at NaN, below), detected here from the offsets alone. Every access stays in
+    # the tensors: rows [q_start, q_end) of q/out/lse within [0, Tq), keys within [0, Tk).
+    bad_seq = (cu_q1 < cu_q0) | (cu_q1 > num_q_rows) | (q_lo != cu_q0)
+    bad_seq = bad_seq | (cu_k0 < 0) | (cu_k1 < cu_k0) | (cu_k1 > num_k_rows)
+    q_start = q_lo
+    q_end = tl.minimum(tl.maximum(cu_q1, q_start), num_q_rows)
+    k_start = tl.minimum(tl.maximum(cu_k0, 0), num_k_rows)
+    k_end = tl.minimum(tl.maximum(cu_k1, k_start), num_k_rows)
     # ---- end of the bound guard
     lq = q_end - q_start
     lk = k_end - k_start
@@ -244,7 +259,9 @@ def mla_prefill_kernel(
         )
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    # Invalid bounds (the guard above) start l at NaN: it stays NaN through every update, so the
+    # epilogue writes NaN out and lse, and no flag is held across the loops.
+    l_i = tl.where(bad_seq, float("nan"), tl.zeros([BLOCK_M], dtype=tl.float32))
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
 
     # ---- loop 1: key blocks that every row sees in full -- no masks.

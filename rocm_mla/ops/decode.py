@@ -48,6 +48,7 @@ def mla_decode(
     debug: bool | None = None,
     quantize_q: bool = False,
     fp8_dots: str | None = None,
+    batch_invariant: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Paged multi-query attention of MLA decode over the latent cache; returns ``(out, lse)``.
 
@@ -113,6 +114,14 @@ def mla_decode(
             for float32 q (exact products) nor 16/32-bit caches (ValueError).
         quantize_q: ``True`` is ``fp8_dots="qk"`` (FlashMLA's fp8 mode; kept for callers that
             name it).
+        batch_invariant: a request's out and lse do not depend on the batch: bitwise the same
+            whatever the other requests, their lengths, their order and its position (every
+            cache dtype, q_len, block size, N; under CUDA/HIP graphs too). Each request is split
+            by a number of keys that is a function of its own seq_len (configs/mla_decode.json
+            ``batch_invariant``), the split count comes from the table's capacity (not from
+            max_seq_len or the batch) and the reduce reads the splits in a fixed order;
+            num_kv_splits must be None. A workspace must hold that split count (ValueError).
+            docs/batch-invariance.md gives the rule and its cost. vLLM's VLLM_BATCH_INVARIANT.
         debug: validate seq_lens and block-table entries against the cache (reads device values:
             a host sync, so not capturable). Default: ``ROCM_MLA_DEBUG=1`` in the environment.
 
@@ -179,6 +188,10 @@ def mla_decode(
         not isinstance(num_kv_splits, int) or isinstance(num_kv_splits, bool) or num_kv_splits < 1
     ):
         c.fail("num_kv_splits", "None or an int >= 1", repr(num_kv_splits))
+    if not isinstance(batch_invariant, bool):
+        c.fail("batch_invariant", "a bool", repr(batch_invariant), TypeError)
+    if batch_invariant and num_kv_splits is not None:
+        c.fail("num_kv_splits", "None with batch_invariant=True (the split rule is fixed)", repr(num_kv_splits))
     if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len < 0):
         c.fail("max_seq_len", "None or an int >= 0", repr(max_seq_len))
     c.same_device(
@@ -230,6 +243,7 @@ def mla_decode(
             config=config,
             fp8_dots=dots,
             k_scale_on_device=is_fp8 and scale_t is not None,
+            batch_invariant=batch_invariant,
         )
         if workspace is not None and workspace.numel() < plan.workspace_numel:
             R = rows * N

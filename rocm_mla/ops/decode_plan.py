@@ -8,6 +8,11 @@ launches exactly what the plan says. What it decides:
     batch, the row blocks and an upper bound of the longest sequence (the ``max_seq_len`` hint,
     else the block table's capacity ``max_blocks x block_size``), capped to what a given
     workspace holds;
+  * batch-invariant mode (``batch_invariant=True``, ``invariant_split``): a split holds a number of
+    keys that is a function of the request's own length (configs' ``batch_invariant``:
+    ``split_tokens``, ``max_splits``), the grid has enough splits for the longest request the
+    block table can hold and the reduce reads the splits in a fixed order, so a request's bits do
+    not depend on the batch (docs/batch-invariance.md);
   * S == 1: stage 1 writes out/lse directly (one launch); S > 1: partials go to a float32
     workspace of ``mla_decode_workspace_numel`` elements and stage 2 (the reduce) merges them;
   * each launch's grid, constexprs and compile options (``stage1_meta``, ``stage2_meta``: the ISA
@@ -175,19 +180,41 @@ def choose_num_splits(
     return best_s
 
 
+def invariant_split(arch: str, block_n: int) -> tuple[int, int]:
+    """``(split_tokens, max_splits)`` of the batch-invariant mode on ``arch`` (configs'
+    ``batch_invariant``): a request of seq_len keys is cut into splits of
+    ``max(split_tokens, cdiv(seq_len, max_splits) rounded up to block_n)`` keys, split_tokens
+    rounded up to a multiple of block_n (the tile). A function of the request alone."""
+    cfg = config_for(OP, arch)["batch_invariant"]
+    tokens, cap = int(cfg["split_tokens"]), int(cfg["max_splits"])
+    if tokens < 1 or cap < 1:
+        raise ValueError(f"{OP}: config batch_invariant: expected split_tokens >= 1, max_splits >= 1, got {cfg}")
+    return triton.cdiv(tokens, block_n) * block_n, cap
+
+
+def invariant_num_splits(capacity: int, split_tokens: int, max_splits: int) -> int:
+    """The grid's split count in batch-invariant mode: enough for every request the block table can
+    hold (``capacity`` = max_blocks x block_size keys), from the table's shape alone -- not from
+    seq_lens or the max_seq_len hint, so a graph captured once stays invariant on replay."""
+    return max(1, min(max_splits, triton.cdiv(max(capacity, 1), split_tokens)))
+
+
 def _num_xcds(arch: str) -> int:
     """Dies dealt workgroups round-robin (configs' ``num_xcds``; 1 = no remap). The remap is
     applied whatever the row-block count (harmless with one), so one compiled kernel per config."""
     return int(config_for(OP, arch).get("num_xcds", 1))
 
 
-def stage2_meta(num_splits: int, arch: str) -> tuple[dict, dict]:
+def stage2_meta(num_splits: int, arch: str, block_s_for: int | None = None) -> tuple[dict, dict]:
     """``(constexprs, compile options)`` of the stage-2 reduce for ``num_splits`` splits, for the
     launch and the ISA report alike. Reduce tile: BLOCK_S splits x BLOCK_D columns with
     BLOCK_S x BLOCK_D <= tile_elems, so a long split list is read in few, wide steps (each step
-    waits for its loads once)."""
+    waits for its loads once). ``block_s_for``: size BLOCK_S for that many splits instead (the
+    batch-invariant mode passes its fixed cap: the reduction's order then never follows the
+    batch; the extra splits are empty and add exact zeros)."""
     cfg = config_for(OP, arch)["stage2"]
-    block_s = min(triton.next_power_of_2(max(1, num_splits)), int(cfg["max_block_s"]))
+    sized = num_splits if block_s_for is None else block_s_for
+    block_s = min(triton.next_power_of_2(max(1, sized)), int(cfg["max_block_s"]))
     block_d = max(64, min(D_NOPE, int(cfg["tile_elems"]) // block_s))
     options = {"num_warps": int(cfg["num_warps"]), **amd_options(cfg, arch)}
     return {"D": D_NOPE, "BLOCK_D": block_d, "BLOCK_S": block_s}, options
@@ -213,6 +240,8 @@ def stage1_meta(
     direct: bool,
     has_scale_ptr: bool,
     page_mode: int,
+    split_tokens: int = 0,
+    split_cap: int = 0,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(constexprs, compile options)`` of one stage-1 launch: the single place both the wrapper's
     launch and the ISA report's variants take them from, so what the report compiles is what runs."""
@@ -238,6 +267,8 @@ def stage1_meta(
         # The Triton interpreter's float -> e4m3 conversion is wrong near exponent boundaries.
         "Q8_INT": arch == "cpu" or _platform.interpreter_active(),
     }
+    if split_tokens:  # batch-invariant mode (invariant_split); absent, the kernel's default 0
+        consts.update(SPLIT_TOKENS=int(split_tokens), SPLIT_CAP=int(split_cap))
     options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **amd_options(cfg, arch)}
     return consts, options
 
@@ -273,6 +304,7 @@ class DecodePlan:
     stage2_grid: tuple[int, int] | None  # None when S == 1
     stage2_constexprs: dict[str, Any] | None
     stage2_options: dict[str, Any] | None
+    batch_invariant: bool = False  # split lengths from each request's own length (invariant_split)
 
     @property
     def direct(self) -> bool:
@@ -308,6 +340,7 @@ def plan_decode(
     config: dict[str, Any] | None = None,
     fp8_dots: str = "none",
     k_scale_on_device: bool = False,
+    batch_invariant: bool = False,
 ) -> DecodePlan:
     """The launches of an mla_decode call with these sizes, from the sizes alone (no device read).
 
@@ -330,6 +363,11 @@ def plan_decode(
         fp8_dots: fp8 caches, 16-bit q: which dots run on fp8 operands, one of ``FP8_DOTS``
             (``mla_decode(fp8_dots=)``; ignored for other caches and float32 q).
         k_scale_on_device: k_scale is a device tensor that stage 1 reads (not a host number).
+        batch_invariant: split each request by ``invariant_split`` (a function of its own length),
+            S = ``invariant_num_splits`` of the table's capacity (max_seq_len and workspace_numel
+            do not change it), stage 2's BLOCK_S sized for the config's max_splits. With S == 1
+            stage 1 writes out directly: for a request with one live split that gives the bits
+            the two-stage path gives (tests/decode/test_decode_batch_invariant.py).
     """
     arch = _platform.device_arch(device)
     num_cus = num_compute_units(device)
@@ -341,6 +379,12 @@ def plan_decode(
     block_n = int(cfg["BLOCK_N"])
     r = batch * q_len * num_heads
     S = num_kv_splits
+    split_tokens = split_cap = 0
+    if batch_invariant:
+        if num_kv_splits is not None:
+            raise ValueError(f"{OP}: num_kv_splits: expected None with batch_invariant=True, got {num_kv_splits}")
+        split_tokens, split_cap = invariant_split(arch, block_n)
+        S = invariant_num_splits(max_blocks * block_size, split_tokens, split_cap)
     if S is None:
         sp = config_for(OP, arch)["split"]
         cap = max_blocks * block_size
@@ -364,11 +408,19 @@ def plan_decode(
             S = max(1, min(S, workspace_numel // max(1, r * (D_NOPE + 1))))
     page_mode, page_shift = page_mode_for(block_size, block_n)
     consts1, options1 = stage1_meta(
-        arch, cfg, q_dtype, kv_fp8, direct=S == 1, has_scale_ptr=k_scale_on_device, page_mode=page_mode
+        arch,
+        cfg,
+        q_dtype,
+        kv_fp8,
+        direct=S == 1,
+        has_scale_ptr=k_scale_on_device,
+        page_mode=page_mode,
+        split_tokens=split_tokens,
+        split_cap=split_cap,
     )
     consts2 = options2 = grid2 = None
     if S > 1:
-        consts2, options2 = stage2_meta(S, arch)
+        consts2, options2 = stage2_meta(S, arch, split_cap if batch_invariant else None)
         grid2 = (r, D_NOPE // consts2["BLOCK_D"])
     return DecodePlan(
         arch=arch,
@@ -389,6 +441,7 @@ def plan_decode(
         stage2_grid=grid2,
         stage2_constexprs=consts2,
         stage2_options=options2,
+        batch_invariant=batch_invariant,
     )
 
 
@@ -397,6 +450,8 @@ __all__ = [
     "plan_decode",
     "mla_decode_workspace_numel",
     "choose_num_splits",
+    "invariant_split",
+    "invariant_num_splits",
     "stage1_config",
     "stage1_meta",
     "stage2_meta",

@@ -29,6 +29,7 @@ def merge_attn_states(
     output_lse: torch.Tensor | None = None,
     *,
     backend: str | None = None,
+    batch_invariant: bool = False,
 ) -> None:
     """Merge two partial attention results by their log-sum-exps, writing ``output`` in place.
 
@@ -44,6 +45,10 @@ def merge_attn_states(
             memory with output or any input (prefix_lse / suffix_lse included).
         backend: ``"hip"``, ``"triton"`` or ``"reference"`` to force one (default: fastest
             available; see ``rocm_mla.ops._dispatch``).
+        batch_invariant: a row's result bitwise the same whatever T, the other rows and the
+            strides (docs/batch-invariance.md). Always so: each (token, head) row is merged on
+            its own, by a backend chosen from the device alone; the keyword states the
+            requirement, and is checked to be a bool.
 
     Per row: ``out = w_p * prefix + w_s * suffix`` with ``w = softmax([lse_p, lse_s])``; a side
     with weight 0 is not read; both sides -inf gives 0 and lse -inf; a NaN lse on either side (a
@@ -59,6 +64,8 @@ def merge_attn_states(
         TypeError / ValueError naming the argument, what was expected and what came.
     """
     c = Checker(OP)
+    if not isinstance(batch_invariant, bool):
+        c.fail("batch_invariant", "a bool", repr(batch_invariant), TypeError)
     c.tensor("output", output, ndim=3, layout="[T, N, D]", dtypes=FLOAT_DTYPES)
     T, N, D = output.shape
     c.tensor("prefix_output", prefix_output, shape=(T, N, D), layout="[T, N, D]", like="output's")

@@ -20,9 +20,10 @@ FlashAttention-style call sites and not needed (max_seqlen_k only orders the pro
 reference backend reads cu_seqlens on the host (and so always validates them); ``debug=True`` /
 ``ROCM_MLA_DEBUG=1`` validates them on a GPU too.
 
-Bad cu_seqlens on a GPU (not validated without debug): the kernel clamps every sequence's bounds
-to ``[0, Tq]`` / ``[0, Tk]``, so it never reads or writes outside q, k_nope, k_pe, v, out, lse;
-the result of such a call is unspecified (garbage in, garbage out), never a foreign access.
+Bad cu_seqlens on a GPU (not validated without debug): the kernel deals q rows to sequences in
+order and clamps every sequence's bounds to ``[0, Tq]`` / ``[0, Tk]``, so it never reads or writes
+outside q, k_nope, k_pe, v, out, lse; every row owned by a sequence whose bounds are invalid gets
+NaN out and NaN lse, detected in the kernel (no sync, capturable); docs/bad-input.md gives the rule.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def mla_prefill(
     backend: str | None = None,
     config: dict | None = None,
     debug: bool | None = None,
+    batch_invariant: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Varlen MLA prefill attention, no concat, no padding, output and LSE in place.
 
@@ -98,6 +100,12 @@ def mla_prefill(
             tiles, warps, stages, tma, head_group, the gfx9 options); for tuning and tests.
         debug: validate cu_seqlens on a GPU too (a host sync: not capturable), naming the
             argument, the index and the bound. Default: ``ROCM_MLA_DEBUG=1`` in the environment.
+        batch_invariant: a sequence's out and lse bitwise the same whatever the other sequences,
+            their lengths, order and its position (docs/batch-invariance.md). Always so here: a
+            program's keys, tiles and softmax order start at its own sequence's first row and key,
+            and no launch choice that changes arithmetic follows the batch (the head group and
+            max_seqlen_k order the programs only; the TMA mode follows the tensors' alignment);
+            the keyword states the requirement, and is checked to be a bool.
 
     Returns:
         ``(out, lse)``: the destinations (the caller's own tensors when passed). Every element of
@@ -110,6 +118,8 @@ def mla_prefill(
         TypeError / ValueError naming the argument, what was expected and what came.
     """
     c = Checker(OP)
+    if not isinstance(batch_invariant, bool):
+        c.fail("batch_invariant", "a bool", repr(batch_invariant), TypeError)
     impl = select(OP, q.device, backend, has_hip=False)
     dims = _check(
         c,

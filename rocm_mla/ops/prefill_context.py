@@ -52,6 +52,7 @@ def mla_prefill_with_context(
     backend: str | None = None,
     config: dict | None = None,
     debug: bool | None = None,
+    batch_invariant: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Prefill with cached context, as vLLM's chunked-context MLA path computes it, in place.
 
@@ -85,6 +86,10 @@ def mla_prefill_with_context(
             cu_seqlens_k[, max_seqlen_k])``, each with its own number of rows and the same B. A
             chunk's tensors may not overlap ``out`` or ``lse``. ``backend`` is passed on to
             merge_attn_states as well.
+        batch_invariant: as in :func:`mla_prefill` (always so): a sequence's out and lse depend
+            on its own keys and on how its own context is cut into chunks (the row's merges run
+            in chunk order; a chunk where it has no key merges an empty side, which changes no
+            bit), never on the other sequences or their chunking.
 
     Returns:
         ``(out, lse)``: attention over context + new tokens, lse the natural-log LSE over both. A
@@ -92,6 +97,8 @@ def mla_prefill_with_context(
         pass writes NaN, not 0 / -inf, and merge_attn_states propagates a NaN lse).
     """
     c = Checker("mla_prefill_with_context")
+    if not isinstance(batch_invariant, bool):
+        c.fail("batch_invariant", "a bool", repr(batch_invariant), TypeError)
     impl = select(OP, q.device, backend, has_hip=False)
     host = _host_offsets(impl, debug)
     dims = _check(

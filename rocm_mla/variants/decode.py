@@ -13,7 +13,7 @@ import torch
 
 from ..configs import config_for, is_amd_arch, platform_fp8_dtype
 from ..kernels.mla_decode import mla_decode_reduce_kernel, mla_decode_stage1_kernel
-from ..ops.decode_plan import FP8_DOTS, OP, stage1_config, stage1_meta, stage2_meta
+from ..ops.decode_plan import FP8_DOTS, OP, invariant_split, stage1_config, stage1_meta, stage2_meta
 from ..triton_common import amd_options, triton_type
 from .triton_variant import TritonVariant
 
@@ -27,6 +27,7 @@ def _stage1_variant(
     scale_ptr: bool,
     tag: str,
     page_mode: int = 2,
+    split: tuple[int, int] = (0, 0),
 ) -> TritonVariant:
     qname, kvname = triton_type(q_dtype), triton_type(kv_dtype)
     sig = {
@@ -69,7 +70,15 @@ def _stage1_variant(
     # Inner strides are 1 on real tensors (Triton specialises ints equal to 1).
     ones = {"s_qn_d": 1, "s_qp_d": 1, "s_o_d": 1, "s_l_h": 1, "s_sl": 1}
     meta, options = stage1_meta(
-        arch, cfg, q_dtype, kv_dtype != q_dtype, direct=direct, has_scale_ptr=scale_ptr, page_mode=page_mode
+        arch,
+        cfg,
+        q_dtype,
+        kv_dtype != q_dtype,
+        direct=direct,
+        has_scale_ptr=scale_ptr,
+        page_mode=page_mode,
+        split_tokens=split[0],
+        split_cap=split[1],
     )
     consts = {**ones, **meta}
     amd = "".join(f" {k[:4]}{v}" for k, v in amd_options(cfg, arch).items())
@@ -151,6 +160,14 @@ def triton_variants(arch: str) -> list[TritonVariant]:
         cfg = stage1_config(arch, tier["BLOCK_H"], torch.bfloat16, False)
         for mode in (1, 0):
             add(_stage1_variant(arch, cfg, torch.bfloat16, torch.bfloat16, False, False, "", mode))
+    # Batch-invariant mode (SPLIT_TOKENS / SPLIT_CAP set): each tier, bf16 and fp8 caches, both launches.
+    for tier in table["stage1"]:
+        for qdt, kvdt in combos[:1] + combos[3:4]:
+            is_fp8 = kvdt == fp8
+            cfg = stage1_config(arch, tier["BLOCK_H"], qdt, is_fp8)
+            split = invariant_split(arch, int(cfg["BLOCK_N"]))
+            for direct in (True, False):
+                add(_stage1_variant(arch, cfg, qdt, kvdt, direct, is_fp8, "inv ", split=split))
     # Tuning candidates: the dtypes the benchmark tunes (bf16 and fp8 caches with bf16 q).
     for cand in table.get("candidates", []):
         for qdt, kvdt in combos[:1] + combos[3:4]:

@@ -50,6 +50,7 @@ from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 from rocm_mla.mla_dims import FP8_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM, VLLM_FP8_KV_CACHE_DTYPES
 from rocm_mla.ops import concat_and_cache_mla, gather_context_chunk, merge_attn_states, mla_decode, mla_prefill
 from rocm_mla.ops.decode_plan import FP8_DOTS
+from rocm_mla.vllm.invariant_context import fold_in_context_invariant
 
 # The decode kernel's fixed latent geometry (docs/ARCHITECTURE.md §1): kv_lora_rank 512, rope 64;
 # and vLLM's names of an e4m3 cache (the platform's kind): rocm_mla.mla_dims.
@@ -85,6 +86,12 @@ class RocmMLABackend(MLACommonBackend):
     def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
         # Decode, KV write and context gather index pages with any block size (1, 16, 64, ...).
         return [MultipleOf(1)]
+
+    @classmethod
+    def supports_batch_invariance(cls) -> bool:
+        # A request's out and lse do not depend on the batch (batch_invariant=True of the ops;
+        # RocmMLAImpl turns it on under VLLM_BATCH_INVARIANT=1 or ROCM_MLA_BATCH_INVARIANT=1).
+        return True
 
     @classmethod
     def supports_compute_capability(cls, capability) -> bool:
@@ -175,6 +182,14 @@ def cache_for_writers(kv_cache: torch.Tensor, kv_cache_dtype: str, k_scale: torc
     return kv_cache, {"kv_cache_dtype": "auto"}
 
 
+def batch_invariant_requested() -> bool:
+    """vLLM's ``VLLM_BATCH_INVARIANT=1`` or ``ROCM_MLA_BATCH_INVARIANT=1``: every op runs with
+    ``batch_invariant=True`` and cached context is cut per request (``fold_in_context_invariant``)."""
+    import vllm.envs as envs
+
+    return bool(envs.VLLM_BATCH_INVARIANT) or os.environ.get("ROCM_MLA_BATCH_INVARIANT", "0") == "1"
+
+
 class RocmMLAImpl(MLACommonImpl[MLACommonMetadata]):
     """The attention steps of an MLA layer on rocm_mla's kernels (see the module docstring)."""
 
@@ -223,6 +238,7 @@ class RocmMLAImpl(MLACommonImpl[MLACommonMetadata]):
         # ql_nope and q_pe plus a quant kernel) and then a dequant here: keep the tuple path.
         self.supports_quant_query_input = False
         self._fp8_cache = is_quantized_kv_cache(kv_cache_dtype)
+        self._batch_invariant = batch_invariant_requested()
         # The activation dtype: vLLM builds layers under set_default_torch_dtype(model dtype), as
         # MLAAttention.__init__ itself relies on.
         self._act_dtype = torch.get_default_dtype()
@@ -296,6 +312,7 @@ class RocmMLAImpl(MLACommonImpl[MLACommonMetadata]):
             k_scale=layer._k_scale.reshape(1) if self._fp8_cache else None,
             max_seq_len=int(attn_metadata.max_seq_len),
             fp8_dots=self._fp8_dots,
+            batch_invariant=self._batch_invariant,
         )
         return out, lse
 
@@ -348,8 +365,11 @@ class RocmMLAImpl(MLACommonImpl[MLACommonMetadata]):
             lse=lse,
             max_seqlen_q=prefill.max_query_len,
             max_seqlen_k=prefill.max_query_len,
+            batch_invariant=self._batch_invariant,
         )
-        if chunked is not None:
+        if chunked is not None and self._batch_invariant:
+            fold_in_context_invariant(self, q, kv_c_and_k_pe_cache, prefill, k_scale, out, lse)
+        elif chunked is not None:
             self._fold_in_context(q, kv_c_and_k_pe_cache, prefill, k_scale, out, lse)
 
     def _fold_in_context(

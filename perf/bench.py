@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Run any subset of the op benchmarks, each in its own process, and append their rows to perf/results.csv.
 
-    python perf/bench.py [--ops merge,rope_kv_write,decode,decode_matrix,decode_invariant,prefill,prefill_geometry,layer]
-                         [--quick]
+    python perf/bench.py [--ops merge,rope_kv_write,decode,decode_matrix,decode_invariant,prefill,
+                                prefill_geometry,layer] [--quick]
                          [--peers .peers] [--out perf/results.csv] [--logs DIR] [--timeout 900] [--list]
 
 Each benchmark times our kernels with its peers beside them (vLLM 0.33's Triton kernels, FlashInfer,

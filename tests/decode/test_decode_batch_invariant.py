@@ -15,6 +15,7 @@ import torch
 from _util import DEVICE
 from decode_case import make_case
 
+from rocm_mla.cases import decode
 from rocm_mla.ops import mla_decode, plan_decode
 from rocm_mla.ops.decode_plan import invariant_num_splits, invariant_split
 
@@ -75,17 +76,33 @@ POOL = (100, 1, 37, 5, 33, 0)
 )
 def test_request_alone_equals_request_in_batches(dtype, fp8, N, q_len, block):
     case = make_case(POOL, N, q_len, block, dtype, fp8=fp8, k_scale=0.5, seed=3)
-    for target in (0, 2):  # a long and a middle request
-        o1, l1 = _run(case, [target], q_len, trim=True)
-        ref_o, ref_l = o1.clone(), l1.clone()
-        for k, (idx, pos) in enumerate(_batches(len(POOL), target, (3, len(POOL)), seed=target)):
-            o, lse = _run(case, idx, q_len, extra_cols=3 * k)
-            go, gl = _rows_of(o, lse, pos, q_len)
-            assert _same_bits(go, ref_o), f"out of request {target} differs in batch {idx} (position {pos})"
-            assert _same_bits(gl, ref_l), f"lse of request {target} differs in batch {idx} (position {pos})"
+    _alone_vs_batches(case, q_len)
     # The whole pool in order is also right (not only self-consistent).
     o, lse = _run(case, list(range(len(POOL))), q_len)
     case.check(o, lse)
+
+
+@pytest.mark.parametrize("mode", ["qk", "all"])
+def test_fp8_dots_request_alone_equals_request_in_batches(mode):
+    """Each fp8_dots mode: q's per-(row, head) scale and p's rounding are per row, so the mode
+    keeps a request's bits whatever the batch; and it is right against its rounded reference."""
+    case = make_case(POOL, 4, 1, 16, torch.float16, fp8=True, k_scale=0.5, seed=5)
+    _alone_vs_batches(case, 1, fp8_dots=mode)
+    o, lse = _run(case, list(range(len(POOL))), 1, fp8_dots=mode)
+    case.check(o, lse, fp8_dots=mode, tol=decode.fp8_dots_bound(mode, torch.float16, DEVICE))
+
+
+def _alone_vs_batches(case, q_len, **kw):
+    """A long and a middle request of the pool alone (a table as wide as it needs) against the
+    same request in shuffled batches of 3 and of the whole pool with wider tables: same bits."""
+    for target in (0, 2):
+        o1, l1 = _run(case, [target], q_len, trim=True, **kw)
+        ref_o, ref_l = o1.clone(), l1.clone()
+        for k, (idx, pos) in enumerate(_batches(len(POOL), target, (3, len(POOL)), seed=target)):
+            o, lse = _run(case, idx, q_len, extra_cols=3 * k, **kw)
+            go, gl = _rows_of(o, lse, pos, q_len)
+            assert _same_bits(go, ref_o), f"out of request {target} differs in batch {idx} (position {pos})"
+            assert _same_bits(gl, ref_l), f"lse of request {target} differs in batch {idx} (position {pos})"
 
 
 def test_default_mode_is_not_invariant_here():
@@ -143,19 +160,22 @@ def test_bad_keyword_values():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kv", ["bf16", "fp8"])
+@pytest.mark.parametrize("kv", ["bf16", "fp8", "fp8-qk", "fp8-all"])
 @pytest.mark.parametrize("N,q_len,block", [(16, 1, 64), (128, 1, 64), (16, 2, 16), (128, 1, 1)])
 def test_gpu_invariant_serving_sizes(kv, N, q_len, block):
-    """bf16/fp8 at serving lengths: a request alone vs batches of 1..64 (the issue's 1e-3 case)."""
+    """bf16/fp8 (each fp8_dots mode) at serving lengths: a request alone vs batches of 1..64."""
     lens = tuple([4096, 17, 8192, 1, 1500] + [64 * (i + 1) + i for i in range(59)])
-    case = make_case(lens, N, q_len, block, torch.bfloat16, fp8=kv == "fp8", k_scale=0.25, seed=7)
+    case = make_case(lens, N, q_len, block, torch.bfloat16, fp8=kv != "bf16", k_scale=0.25, seed=7)
+    kw = {"fp8_dots": kv.split("-")[1]} if "-" in kv else {}
     for target in (0, 2):
-        ref_o, ref_l = (t.clone() for t in _run(case, [target], q_len))
+        ref_o, ref_l = (t.clone() for t in _run(case, [target], q_len, **kw))
         for k, (idx, pos) in enumerate(_batches(len(lens), target, (2, 8, 32, 64), seed=target)):
-            o, lse = _run(case, idx, q_len, extra_cols=k)
+            o, lse = _run(case, idx, q_len, extra_cols=k, **kw)
             go, gl = _rows_of(o, lse, pos, q_len)
             assert _same_bits(go, ref_o) and _same_bits(gl, ref_l), f"request {target} in {len(idx)}"
-    case.check(*_run(case, list(range(len(lens))), q_len))
+    mode = kw.get("fp8_dots", "none")
+    tol = decode.fp8_dots_bound(mode, torch.bfloat16, DEVICE) if mode != "none" else None
+    case.check(*_run(case, list(range(len(lens))), q_len, **kw), fp8_dots=mode, tol=tol)
 
 
 @pytest.mark.gpu

@@ -17,12 +17,13 @@ from .rows import Row, error_digest
 from .triton_rows import triton_row
 
 # Columns the loop figures add to a decode table (headers in order).
-LOOP_HEADERS = ["instrs/KV row", "MFMA/KV row", "LDS B/KV row", "vmcnt(0) drains/tile", "MFMA shapes"]
+LOOP_HEADERS = ["instrs/KV row", "MFMA/KV row", "LDS B/KV row", "round trips/tile", "per 16 rows", "MFMA shapes"]
 
 
 def loop_cells(row: Row, variant: Any) -> list[str]:
     """The ``LOOP_HEADERS`` cells of a decode row: the main loop's per-wave figures times the
-    workgroup's waves, divided by the tile's KV rows (BLOCK_N); drains per tile are per wave
+    workgroup's waves, divided by the tile's KV rows (BLOCK_N); the serial global round trips
+    (``kv_loop``: waits that drain every outstanding load) per tile and per 16 KV rows are per wave
     (each wave waits for its own loads). ``-`` where the row has no loop figures."""
     loop = row.loop
     bn = int(variant.constexprs.get("BLOCK_N", 0)) if variant is not None else 0
@@ -35,6 +36,7 @@ def loop_cells(row: Row, variant: Any) -> list[str]:
         f"{loop['mfma'] * waves / bn:.1f}",
         f"{loop['lds_bytes'] * waves / bn:.0f}",
         str(loop["drains"]),
+        f"{loop['drains'] * 16 / bn:.1f}",
         ",".join(shapes) or "-",
     ]
 
@@ -58,7 +60,7 @@ def decode_tiers(arches: tuple[str, ...] = ("gfx942", "gfx950"), progress: bool 
     """``(table text, gated rows)``: each default decode tier of each arch compiled, with the
     registers, LDS, occupancy and the KV loop per KV row. A tier whose tile waits for global
     memory with nothing in flight more than once per tile at one wave per SIMD is flagged
-    ("serial"): nothing hides those round trips (docs/notes/gfx950.md)."""
+    ("serial"): no other wave on the SIMD hides those round trips (docs/notes/gfx950.md)."""
     table = [["arch", "tier", "config", "VGPR", "spills", "LDS", "waves/SIMD", *LOOP_HEADERS, "status"]]
     rows: list[Row] = []
     for arch in arches:

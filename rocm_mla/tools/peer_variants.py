@@ -55,13 +55,22 @@ def load_aiter_mha_kernels(peers: str | os.PathLike, config_arch: str = "gfx942"
     return load_aiter_peer(str(peers), "_triton_kernels.mha", config_arch=config_arch, raise_errors=True)
 
 
+def _forget_config(mod) -> None:
+    """Make aiter's ``_get_config`` read its JSON again, for the arch asked now: it keeps the file's
+    content on itself and, in some modules, behind an ``lru_cache`` too."""
+    fn = mod._get_config
+    if hasattr(fn, "cache_clear"):
+        fn.cache_clear()
+    if hasattr(fn, "_config_dict"):
+        del fn._config_dict
+
+
 def aiter_mha_config(mod, dtype_name: str = "bf16") -> dict:
     """The launch config aiter's wrapper picks for MLA prefill (has_pe, no dropout)."""
     import torch
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
-    if hasattr(mod._get_config, "_config_dict"):
-        del mod._get_config._config_dict  # read for the arch asked now, not a cached one
+    _forget_config(mod)
     return dict(mod._get_config(False, dtype, has_pe=True))
 
 
@@ -203,8 +212,7 @@ def aiter_decode_variants(arch: str, peers: str | os.PathLike | None = None, hea
     mod = load_aiter_peer(
         str(peers or aiter_peers_dir()), "_triton_kernels.mla_decode_rope", config_arch=config_arch, raise_errors=True
     )
-    if hasattr(mod._get_config, "_config_dict"):
-        del mod._get_config._config_dict
+    _forget_config(mod)
     cfg = dict(mod._get_config()["fwd_grouped_kernel_stage1_rope"])
     options = {k: cfg.pop(k) for k in ("num_warps", "num_stages", *AMD_ONLY_OPTIONS) if k in cfg}
     if not is_amd_arch(arch):

@@ -463,3 +463,28 @@ def test_aiter_peers_take_their_mi350x_configs_on_gfx950():
     assert "(MI350X cfg)" in v950[0].config and "(MI300X cfg)" in v942[0].config
     assert v950[0].options != v942[0].options  # the two files differ (stages, waves_per_eu, kpack)
     assert v950[0].options.get("kpack", 1) == 1
+
+
+def test_decode_tiers_view_compiles_both_arches(tmp_path):
+    """`rocm-mla isa-report --decode-tiers`: every default decode tier of gfx942 and gfx950 compiled and
+    gated, with the KV loop per KV row (a subprocess: the decode kernel calls other @triton.jit
+    helpers, which the interpreter these tests run with would have wrapped)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "tc")
+    p = subprocess.run(
+        [sys.executable, "-m", "rocm_mla.tools.cli", "isa-report", "--decode-tiers", "-q"],
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith(("gfx942 ", "gfx950 "))]
+    assert [ln.split()[:2] for ln in lines] == [[a, f"H{h}"] for a in ("gfx942", "gfx950") for h in (16, 32, 64)]
+    assert all(" ok" in ln for ln in lines), p.stdout
+    assert all("16x16x32_bf16" in ln for ln in lines[3:]) and not any("16x16x32" in ln for ln in lines[:3])
+    assert "round trips/tile" in p.stdout and "per 16 rows" in p.stdout

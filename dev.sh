@@ -4,7 +4,8 @@
 #   ./dev.sh test     install what is missing, then run the test suite
 # Python: $PYTHON (default python3). A torch that is already installed (ROCm or CUDA build) is
 # kept; otherwise the CPU build torch==2.13.0 is installed (a plain `torch` would pull a
-# multi-GB CUDA build). apt installs clang-19/lld-19/ROCm device libs for the gfx942 HIP check.
+# multi-GB CUDA build). apt installs clang-19 and clang-22 (with lld and llvm) and the ROCm device
+# libs for the gfx942 and gfx950 HIP checks.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
@@ -19,7 +20,7 @@ setup() {
   "$PY" -c "import matplotlib" 2>/dev/null || "$PY" -m pip install -q matplotlib || echo "[setup] matplotlib unavailable: benchmarks will skip plots" >&2
   # Editable, no build isolation: uses the torch above, so a GPU torch gets the HIP extension built now.
   "$PY" -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
-  bash .ci/install_gfx942_toolchain.sh
+  bash .ci/install_amd_toolchain.sh
   PYTHON="$PY" bash .ci/install_vllm_cpu.sh  # vLLM 0.33.0 for the vLLM tests (they skip without it)
 }
 

@@ -1,7 +1,8 @@
 """The package's launch data: one JSON file per op (``rocm_mla/configs/<op>.json``) keyed by arch
 (gfx942, gfx950, sm90, default), and the one function per vendor that picks an arch's object: an
-unknown CDNA part takes gfx942's data, an unknown Hopper-or-newer part takes sm90's. No code
-outside this package inspects arch strings.
+AMD part without its own entry takes the entry of the first ``AMD_FALLBACK`` prefix it matches
+(another CDNA4 part gfx950's, any other gfx9 part gfx942's), an unknown Hopper-or-newer part
+takes sm90's. No code outside this package inspects arch strings.
 """
 
 from __future__ import annotations
@@ -20,13 +21,25 @@ def _table(op: str) -> dict[str, Any]:
     return json.loads(text)
 
 
-def _amd(table: dict[str, Any], arch: str) -> dict[str, Any]:
+# (arch prefix, entry) in order: an AMD arch without its own entry takes the first match's. gfx95x
+# parts share gfx950's 160 KiB LDS and its MFMA shapes; every gfx9 part is wave64 with the MFMA
+# shapes gfx942's entries name, and 64 KiB of LDS fits all of them.
+AMD_FALLBACK = (("gfx95", "gfx950"), ("gfx9", "gfx942"))
+
+
+def amd_entry_key(table: dict[str, Any], arch: str) -> str:
+    """The key of ``table`` whose object an AMD ``arch`` uses: its own, the ``AMD_FALLBACK``
+    match present in the table, else ``default``."""
     if arch in table:
-        return table[arch]
-    # CDNA3/4 share wave64, 64 KiB LDS per CU and the MFMA shapes the configs name.
-    if arch.startswith("gfx9") and "gfx942" in table:
-        return table["gfx942"]
-    return table["default"]
+        return arch
+    for prefix, key in AMD_FALLBACK:
+        if arch.startswith(prefix) and key in table:
+            return key
+    return "default"
+
+
+def _amd(table: dict[str, Any], arch: str) -> dict[str, Any]:
+    return table[amd_entry_key(table, arch)]
 
 
 def _nvidia(table: dict[str, Any], arch: str) -> dict[str, Any]:

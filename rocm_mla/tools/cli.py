@@ -22,10 +22,12 @@ def main(argv: list[str] | None = None) -> int:
     doc = sub.add_parser(
         "doctor",
         help="versions, device, HIP extension, self-check of every op, "
-        "gfx942 compile report (and a quick benchmark on a GPU)",
+        "compile report per arch (and a quick benchmark on a GPU)",
     )
     doc.add_argument("--no-gpu", action="store_true", help="check on the CPU (Triton interpreter) even with a GPU")
-    doc.add_argument("--arch", default="gfx942", help="arch of the compile report (gfx942, sm90)")
+    doc.add_argument(
+        "--arch", default="gfx942", help="arches of the compile report, comma-separated (gfx942, gfx950, sm90)"
+    )
     doc.add_argument("--skip-isa", action="store_true", help="skip the compile report")
     doc.add_argument("--no-bench", dest="bench", action="store_false", help="skip the quick GPU benchmark")
     sub.add_parser(

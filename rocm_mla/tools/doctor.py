@@ -1,8 +1,9 @@
 """``rocm-mla doctor``: what is installed, what the GPU is, which config overlay is active (and
-what it changes), whether every op is right here (with that overlay), and the gfx942 compile report.
+what it changes), whether every op is right here (with that overlay), and the compile report of
+each arch ``--arch`` names (gfx942 by default; ``--arch gfx942,gfx950`` for MI300 and MI350).
 
 On a machine without a GPU (or with ``--no-gpu``) the Triton kernels run in the CPU interpreter;
-the HIP kernels are then checked only by the gfx942/sm90 compile report.
+the HIP kernels are then checked only by the gfx942/gfx950/sm90 compile report.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def _device(use_gpu: bool):
     return dev
 
 
-def _extension(dev) -> None:
+def _extension(dev, arches: list[str]) -> None:
     import torch
 
     from rocm_mla import _ext
@@ -70,7 +71,7 @@ def _extension(dev) -> None:
     )
     _line("backend name", f"'hip' (ROCM_MLA_BACKEND=hip), built with {build}")
     if dev.type != "cuda":
-        _line("status", "not loaded (CPU run); compiled for gfx942 by the ISA report below")
+        _line("status", f"not loaded (CPU run); compiled for {', '.join(arches)} by the ISA report below")
         return
     t0 = time.perf_counter()
     mod = _ext.load()
@@ -127,13 +128,26 @@ def _isa(arch: str) -> bool:
     return proc.returncode == 0
 
 
+def report_arches(value: str) -> list[str]:
+    """The arches of ``--arch`` (comma-separated, e.g. ``gfx942,gfx950``), each one the ISA report
+    knows; ValueError naming the unknown one otherwise."""
+    from rocm_mla.tools.isa_report.rows import ARCHS
+
+    arches = [a.strip() for a in value.split(",") if a.strip()]
+    bad = [a for a in arches if a not in ARCHS]
+    if bad or not arches:
+        raise ValueError(f"--arch: expected a comma-separated list of {', '.join(sorted(ARCHS))}, got {value!r}")
+    return arches
+
+
 def main(args) -> int:
-    """Run the doctor; exit status 0 only when every self-check and the compile report pass."""
+    """Run the doctor; exit status 0 only when every self-check and every compile report pass."""
+    arches = report_arches(args.arch)
     _versions()
     import torch
 
     dev = _device(use_gpu=torch.cuda.is_available() and not args.no_gpu)
-    _extension(dev)
+    _extension(dev, arches)
     _overlay(dev)
     ok = _selfcheck(dev)
     if dev.type == "cuda" and args.bench:
@@ -141,6 +155,7 @@ def main(args) -> int:
 
         quickbench(dev)
     if not args.skip_isa:
-        ok = _isa(args.arch) and ok
+        for arch in arches:
+            ok = _isa(arch) and ok
     print("doctor:", "all checks passed" if ok else "FAILED (see above)")
     return 0 if ok else 1

@@ -27,6 +27,9 @@ from ..mla_dims import PREFILL_DIMS
 from ..triton_common import AMD_ONLY_OPTIONS, without_amd_options
 from ..variants.triton_variant import TritonVariant
 
+# The arches aiter ships Triton configs for, with its file prefix (aiter's arch_info names them so);
+# any other arch (sm90) compiles aiter's kernels with its gfx942 configs.
+AITER_CONFIG_FILES = {"gfx942": "MI300X", "gfx950": "MI350X"}
 AITER_KERNEL = "aiter_mha_fwd"
 AITER_DECODE_KERNEL = "aiter_mla_decode_stage1"
 # The launch perf/bench_prefill.py times: q / k_cat contiguous [T, N, 192], v the [..., 128:] view
@@ -52,23 +55,34 @@ def load_aiter_mha_kernels(peers: str | os.PathLike, config_arch: str = "gfx942"
     return load_aiter_peer(str(peers), "_triton_kernels.mha", config_arch=config_arch, raise_errors=True)
 
 
+def _forget_config(mod) -> None:
+    """Make aiter's ``_get_config`` read its JSON again, for the arch asked now: it keeps the file's
+    content on itself and, in some modules, behind an ``lru_cache`` too."""
+    fn = mod._get_config
+    if hasattr(fn, "cache_clear"):
+        fn.cache_clear()
+    if hasattr(fn, "_config_dict"):
+        del fn._config_dict
+
+
 def aiter_mha_config(mod, dtype_name: str = "bf16") -> dict:
     """The launch config aiter's wrapper picks for MLA prefill (has_pe, no dropout)."""
     import torch
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
-    if hasattr(mod._get_config, "_config_dict"):
-        del mod._get_config._config_dict  # read for the arch asked now, not a cached one
+    _forget_config(mod)
     return dict(mod._get_config(False, dtype, has_pe=True))
 
 
 def aiter_mha_variants(arch: str, peers: str | os.PathLike | None = None, heads=(16, 128)) -> list[TritonVariant]:
     """aiter's MHA forward as flash_attn_varlen_func launches it for MLA prefill (bf16, causal,
     varlen, Dqk 192 / Dv 128), one variant per head count (NUM_Q_HEADS is a constexpr), with the
-    MI300X config (its AMD-only options dropped for sm90). Raises when aiter cannot be loaded."""
+    arch's config (MI300X for gfx942 and sm90, its AMD-only options dropped there; MI350X for gfx950).
+    Raises when aiter cannot be loaded."""
     import torch
 
-    mod = load_aiter_mha_kernels(peers or aiter_peers_dir(), config_arch="gfx942")
+    config_arch = arch if arch in AITER_CONFIG_FILES else "gfx942"
+    mod = load_aiter_mha_kernels(peers or aiter_peers_dir(), config_arch=config_arch)
     cfg = aiter_mha_config(mod)
     consts_cfg = {k: cfg[k] for k in ("BLOCK_M", "BLOCK_N", "PRELOAD_V") if k in cfg}
     options = {k: v for k, v in cfg.items() if k not in consts_cfg}
@@ -174,7 +188,7 @@ def aiter_mha_variants(arch: str, peers: str | os.PathLike | None = None, heads=
         out.append(
             TritonVariant(
                 kernel=AITER_KERNEL,
-                config=f"mla_prefill peer: bf16 causal N={n} {label} (MI300X cfg)",
+                config=f"mla_prefill peer: bf16 causal N={n} {label} ({AITER_CONFIG_FILES[config_arch]} cfg)",
                 fn=mod._attn_fwd,
                 signature=sig,
                 constexprs=constexprs,
@@ -188,16 +202,17 @@ def aiter_mha_variants(arch: str, peers: str | os.PathLike | None = None, heads=
 
 def aiter_decode_variants(arch: str, peers: str | os.PathLike | None = None, heads=(16, 128)) -> list[TritonVariant]:
     """aiter's Triton MLA decode stage 1 (``_fwd_grouped_kernel_stage1_rope``, what vLLM's ROCm
-    Triton MLA path runs; rope off, bf16 q and cache) with its own MI300X config
-    (``MI300X-MLA_DECODE_ROPE-DEFAULT.json``; AMD-only options dropped for sm90), one variant per
+    Triton MLA path runs; rope off, bf16 q and cache) with its own config for the arch
+    (``MI300X-MLA_DECODE_ROPE-DEFAULT.json``, AMD-only options dropped for sm90;
+    ``MI350X-...`` for gfx950), one variant per
     head count (aiter makes it a constexpr). Raises when aiter cannot be loaded."""
     from .benchutil import load_aiter_peer
 
+    config_arch = arch if arch in AITER_CONFIG_FILES else "gfx942"
     mod = load_aiter_peer(
-        str(peers or aiter_peers_dir()), "_triton_kernels.mla_decode_rope", config_arch="gfx942", raise_errors=True
+        str(peers or aiter_peers_dir()), "_triton_kernels.mla_decode_rope", config_arch=config_arch, raise_errors=True
     )
-    if hasattr(mod._get_config, "_config_dict"):
-        del mod._get_config._config_dict
+    _forget_config(mod)
     cfg = dict(mod._get_config()["fwd_grouped_kernel_stage1_rope"])
     options = {k: cfg.pop(k) for k in ("num_warps", "num_stages", *AMD_ONLY_OPTIONS) if k in cfg}
     if not is_amd_arch(arch):
@@ -249,7 +264,8 @@ def aiter_decode_variants(arch: str, peers: str | os.PathLike | None = None, hea
         out.append(
             TritonVariant(
                 kernel=AITER_DECODE_KERNEL,
-                config=f"mla_decode peer: bf16 N={n} H{cfg.get('BLOCK_H')} N{cfg.get('BLOCK_N')} {label} (MI300X cfg)",
+                config=f"mla_decode peer: bf16 N={n} H{cfg.get('BLOCK_H')} N{cfg.get('BLOCK_N')} {label} "
+                f"({AITER_CONFIG_FILES[config_arch]} cfg)",
                 fn=mod._fwd_grouped_kernel_stage1_rope,
                 signature=sig_n,
                 constexprs=consts,

@@ -95,7 +95,8 @@ class RocmMLABackend(MLACommonBackend):
 
     @classmethod
     def supports_compute_capability(cls, capability) -> bool:
-        # Triton kernels: compiled for gfx942 (MI300) in CI, run and timed on an NVIDIA H200 (sm90).
+        # Triton kernels: compiled for gfx942 (MI300) and gfx950 (MI350) in CI, run and timed on an
+        # NVIDIA H200 (sm90).
         return True
 
     @classmethod

@@ -349,7 +349,7 @@ def _arch_configs():
     caches, as (id, config, fp8) -- the interpreter runs each code path (BLOCK_H/BLOCK_N, D_SPLIT,
     RELOAD_K) that the GPUs compile."""
     out = []
-    for arch in ("gfx942", "sm90"):
+    for arch in ("gfx942", "gfx950", "sm90"):
         for i, tier in enumerate(tuning_candidates(arch)):
             for fp8 in (False, True):
                 cfg = stage1_config(arch, 0, torch.float16, fp8, tier)
@@ -364,7 +364,7 @@ def test_every_arch_config_is_right(cfg, fp8):
         case.check(*case.run(config=cfg, num_kv_splits=splits, k_scale=0.5 if fp8 else None, out=None, lse=None))
 
 
-@pytest.mark.parametrize("arch", ["gfx942", "sm90"])
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950", "sm90"])
 def test_variants_cover_every_config(arch):
     """The ISA report's list holds each tier's config for each dtype, direct and split."""
     vs = triton_variants(arch)

@@ -1,7 +1,6 @@
-"""gfx950 launch data: the loader's fallback (rocm_mla/configs/tables.py: a gfx9 arch without its
-own entry takes gfx942's) resolves every op on gfx950 to the pinned snapshot
-(tests/data/gfx950_configs_snapshot.json), so a change to gfx942's data that gfx950 inherits is
-deliberate."""
+"""Per-arch launch data: every op has a gfx950 entry of its own beside gfx942's, an AMD arch
+without an entry takes the nearest one (rocm_mla/configs/tables.py: AMD_FALLBACK), and the gfx950
+entries keep the structure of gfx942's with the values its compiler honours."""
 
 from __future__ import annotations
 
@@ -10,40 +9,66 @@ from pathlib import Path
 
 import pytest
 
-from rocm_mla.configs import config_for
-from rocm_mla.configs.tables import _table
+from rocm_mla.configs import config_for, package_config
+from rocm_mla.configs.tables import AMD_FALLBACK, _table, amd_entry_key
 
-SNAPSHOT = json.loads((Path(__file__).resolve().parents[1] / "data" / "gfx950_configs_snapshot.json").read_text())
-OPS = sorted(k for k in SNAPSHOT if not k.startswith("_"))
-# The blocks that were verbatim copies of gfx942 (removed) and those that differ (kept).
-COPIED = ("merge_attn_states", "mla_decode", "rope_kv_write")
-OWN = ("mla_prefill", "platform")
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "rocm_mla" / "configs"
+OPS = sorted(p.stem for p in CONFIG_DIR.glob("*.json"))
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_gfx950_resolves_as_before(op):
-    assert config_for(op, "gfx950") == SNAPSHOT[op]
+def test_every_op_has_gfx942_and_gfx950_entries(op):
+    table = _table(op)
+    assert "gfx942" in table and "gfx950" in table, f"{op}.json: {sorted(table)}"
+    assert package_config(op, "gfx950") is table["gfx950"]
+    assert config_for(op, "gfx950") == table["gfx950"]  # no overlay in the tests
 
 
-@pytest.mark.parametrize("op", COPIED)
-def test_copied_blocks_are_gone_and_gfx950_equals_gfx942(op):
-    assert "gfx950" not in _table(op)
-    assert config_for(op, "gfx950") == config_for(op, "gfx942")
+@pytest.mark.parametrize("op", OPS)
+def test_amd_fallback_rules(op):
+    table = _table(op)
+    assert amd_entry_key(table, "gfx955") == "gfx950"  # another CDNA4 part: gfx950's 160 KiB LDS
+    assert amd_entry_key(table, "gfx90a") == "gfx942"  # any other gfx9 part: gfx942's
+    assert amd_entry_key(table, "gfx1100") == "default"  # RDNA: no CDNA data
+    assert package_config(op, "gfx955") == table["gfx950"]
+    assert package_config(op, "gfx90a") == table["gfx942"]
+    assert package_config(op, "gfx1100") == table["default"]
+    assert [k for _, k in AMD_FALLBACK] == ["gfx950", "gfx942"]
 
 
-@pytest.mark.parametrize("op", OWN)
-def test_own_gfx950_blocks_stay_and_differ(op):
-    assert "gfx950" in _table(op)
-    assert config_for(op, "gfx950") != config_for(op, "gfx942")
+def test_gfx950_decode_tiers_keep_gfx942s_structure():
+    """The tiers are chosen per arch, their shape is shared: the same tier count and BLOCK_H
+    ladder (the tier lookup depends on it), the same top-level fields per tier."""
+    t942, t950 = _table("mla_decode")["gfx942"], _table("mla_decode")["gfx950"]
+    assert set(t950) == set(t942)
+    assert [t["BLOCK_H"] for t in t950["stage1"]] == [t["BLOCK_H"] for t in t942["stage1"]]
+    for a, b in zip(t942["stage1"], t950["stage1"]):
+        assert {k for k in b if not isinstance(b[k], dict)} == {k for k in a if not isinstance(a[k], dict)}
 
 
-def test_no_arch_block_copies_gfx942():
-    """A block identical to gfx942's is dead weight: the fallback gives it anyway."""
-    for path in sorted((Path(__file__).resolve().parents[2] / "rocm_mla" / "configs").glob("*.json")):
-        table = json.loads(path.read_text())
-        for arch, obj in table.items():
-            if arch.startswith("gfx9") and arch != "gfx942":
-                assert obj != table.get("gfx942"), f"{path.name}: {arch} copies gfx942"
+def _walk(obj, where=""):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _walk(v, f"{where}.{k}")
+            if k == "kpack":
+                yield where, v
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _walk(v, f"{where}[{i}]")
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_gfx950_kpack_is_one_the_compiler_honours(op):
+    """Triton replaces kpack 2 by 1 on gfx950 (with a warning): a 2 there would be a config that
+    is not what it says (configs/platform.json: kpack_values)."""
+    allowed = config_for("platform", "gfx950")["kpack_values"]
+    bad = [(w, v) for w, v in _walk(_table(op)["gfx950"]) if v not in allowed]
+    assert not bad, bad
+
+
+def test_platform_fp8_kinds_follow_vllm():
+    assert config_for("platform", "gfx942")["fp8_dtype"] == "float8_e4m3fnuz"
+    assert config_for("platform", "gfx950")["fp8_dtype"] == "float8_e4m3fn"
 
 
 def test_docs_narrate_no_dates():
@@ -51,7 +76,7 @@ def test_docs_narrate_no_dates():
     the values live in docs/notes/config-rationale.md and git."""
     import re
 
-    for path in sorted((Path(__file__).resolve().parents[2] / "rocm_mla" / "configs").glob("*.json")):
+    for path in sorted(CONFIG_DIR.glob("*.json")):
         doc = json.loads(path.read_text()).get("_doc", "")
         text = " ".join(doc) if isinstance(doc, list) else doc
         assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text), path.name

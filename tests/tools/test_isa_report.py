@@ -78,7 +78,11 @@ SPILL = TritonVariant(
 )
 
 HAS_CLANG = hipc.find_clang() is not None
-needs_clang = pytest.mark.skipif(not HAS_CLANG, reason="clang++-19 not found (run .ci/install_gfx942_toolchain.sh)")
+needs_clang = pytest.mark.skipif(not HAS_CLANG, reason="clang++-19 not found (run .ci/install_amd_toolchain.sh)")
+HAS_CLANG_GFX950 = hipc.find_clang("gfx950") is not None
+needs_clang_gfx950 = pytest.mark.skipif(
+    not HAS_CLANG_GFX950, reason="clang++-22 not found (run .ci/install_amd_toolchain.sh)"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -118,6 +122,37 @@ def test_triton_gfx942_dot_has_mfma(gfx942_triton_rows):
     assert r.status == "ok"
 
 
+@pytest.fixture(scope="module")
+def gfx950_triton_rows():
+    return _by_config(collect("gfx950", triton_variants=[ADD, DOT, SPILL], hip_sources=[], progress=False))
+
+
+def test_triton_gfx950_dot_uses_cdna4_mfma(gfx950_triton_rows):
+    """hip:gfx950:64: a bf16 dot becomes CDNA4's double-K MFMA, the gate and parser are gfx942's."""
+    r = gfx950_triton_rows[DOT.config]
+    assert r.error == "", r.error
+    assert r.arch == "gfx950" and r.mfma > 0 and r.status == "ok"
+    assert 1 <= r.occupancy <= 8 and r.lds > 0
+    assert gfx950_triton_rows[ADD.config].status == "ok"
+    planted = gfx950_triton_rows[SPILL.config]
+    assert planted.failed and any("scratch" in p for p in planted.problems)
+
+
+def test_gfx950_mfma_shapes_in_the_isa():
+    art = tc.compile_variant(DOT, "gfx950")
+    assert "v_mfma_f32_32x32x16_bf16" in art.isa or "v_mfma_f32_16x16x32_bf16" in art.isa
+    assert "v_mfma_f32_32x32x16_bf16" not in tc.compile_variant(DOT, "gfx942").isa  # CDNA3 has no such shape
+
+
+def test_lds_gate_uses_each_archs_limit():
+    Row = isa_report.Row
+    kw = dict(kernel="k", config="c", backend="triton", spills=0, scratch=0, lds=100 * 1024)
+    assert any("LDS" in p for p in isa_report.check(Row(arch="gfx942", **kw)))
+    assert isa_report.check(Row(arch="gfx950", **kw)) == []
+    assert any("LDS" in p for p in isa_report.check(Row(arch="gfx950", **{**kw, "lds": 160 * 1024 + 1})))
+    assert isa_report.ARCHS["gfx950"].lds_limit == 160 * 1024
+
+
 def test_missing_mfma_is_flagged(gfx942_triton_rows):
     r = gfx942_triton_rows[ADD_CLAIMS_DOT.config]
     assert r.mfma == 0 and r.failed
@@ -130,15 +165,19 @@ def test_planted_triton_spill_fails_gate(gfx942_triton_rows):
     assert r.scratch > 0 and r.spills > 0
     assert r.failed and any("scratch" in p for p in r.problems)
     # The asm's Occupancy ignores Triton's dynamic LDS; the report folds it in.
-    assert r.occupancy == isa_report.gfx942_occupancy(8, r.lds, 1) < 8
+    assert r.occupancy == isa_report.amd_occupancy(8, r.lds, 1) < 8
     text = summary(list(gfx942_triton_rows.values()))
     assert "failing" in text and "planted spill" in text
 
 
 def test_occupancy_and_names():
-    assert isa_report.gfx942_occupancy(8, 0, 4) == 8
-    assert isa_report.gfx942_occupancy(8, 32 * 1024, 4) == 2  # 2 workgroups x 4 waves over 4 SIMDs
-    assert isa_report.gfx942_occupancy(8, 64 * 1024 + 1, 4) == 0
+    assert isa_report.amd_occupancy(8, 0, 4) == 8
+    assert isa_report.amd_occupancy(8, 32 * 1024, 4) == 2  # 2 workgroups x 4 waves over 4 SIMDs
+    assert isa_report.amd_occupancy(8, 64 * 1024 + 1, 4) == 0
+    # gfx950: 160 KiB of LDS per CU, 5 workgroups of 32 KiB; one workgroup may take 100 KiB
+    assert isa_report.amd_occupancy(8, 32 * 1024, 4, "gfx950") == 5
+    assert isa_report.amd_occupancy(8, 100 * 1024, 4, "gfx950") == 1
+    assert isa_report.amd_occupancy(8, 160 * 1024 + 1, 4, "gfx950") == 0
     assert hipc.short_name(
         "void rocm_mla::k<rocm_mla::bf16_t, 8, unsigned int>(rocm_mla::elem<rocm_mla::bf16_t>::storage*, float*)"
     ) == ("k", "<bf16_t, 8, unsigned int>")
@@ -192,11 +231,36 @@ def test_hip_isa_sources_compile_clean_for_gfx942(tmp_path, capsys):
     assert "merge_attn_states_kernel" in table and "<bf16_t, 8, 4, unsigned int>" in table
 
 
+@needs_clang_gfx950
+def test_planted_hip_kernels_gfx950(tmp_path):
+    src = tmp_path / "planted.cu"
+    src.write_text(PLANTED_CU)
+    rows = {r.kernel: r for r in collect("gfx950", triton_variants=[], hip_sources=[src], progress=False)}
+    assert set(rows) == {"scratch_kernel", "plain_kernel", "mfma_kernel"}, rows
+    assert rows["scratch_kernel"].scratch > 0 and rows["scratch_kernel"].failed
+    assert rows["plain_kernel"].failed and rows["mfma_kernel"].mfma >= 1 and rows["mfma_kernel"].status == "ok"
+
+
+@needs_clang_gfx950
+def test_hip_isa_sources_compile_clean_for_gfx950(tmp_path, capsys):
+    """clang-22 (Debian's old HIP headers with the report's prelude) builds every HIP kernel for gfx950."""
+    out = tmp_path / "rows.json"
+    rc = main(["--arch", "gfx950", "--filter", "hip", "--json", str(out), "--strict", "-q"])
+    table = capsys.readouterr().out
+    rows = json.loads(out.read_text())
+    assert rc == 0, table
+    assert rows and all(r["backend"] == "hip" and r["arch"] == "gfx950" for r in rows)
+    for r in rows:
+        assert r["scratch"] == 0 and r["spills"] == 0 and r["vgprs"] > 0 and r["occupancy"] >= 1, r
+    assert "merge_attn_states_kernel" in table
+
+
 def test_missing_clang_skips_unless_strict(monkeypatch, capsys):
-    monkeypatch.setattr(hipc, "find_clang", lambda: None)
+    monkeypatch.setattr(hipc, "find_clang", lambda arch="gfx942": None)
     rows = collect("gfx942", triton_variants=[], progress=False)
-    assert rows and all(r.skipped.startswith("clang-19 not found") for r in rows)
-    assert "install_gfx942_toolchain.sh" in rows[0].skipped
+    assert rows and all(r.skipped.startswith("clang++-19 or clang++-22 not found") for r in rows)
+    assert "install_amd_toolchain.sh" in rows[0].skipped
+    assert collect("gfx950", triton_variants=[], progress=False)[0].skipped.startswith("clang++-22 not found")
     assert failures(rows) == [] and len(failures(rows, strict=True)) == len(rows)
     assert main(["--arch", "gfx942", "--filter", "hip", "-q"]) == 0
     assert main(["--arch", "gfx942", "--filter", "hip", "-q", "--strict"]) == 1
@@ -385,3 +449,42 @@ def test_side_by_side_without_peer_says_why():
 
     text = decode_side_by_side("gfx942", [], [])
     assert "aiter's decode not compiled" in text and "get_aiter_peers.sh" in text
+
+
+@pytest.mark.skipif(
+    not (Path(__file__).resolve().parents[2] / ".peers" / "aiter" / "aiter").is_dir(),
+    reason="no .peers/aiter (bash perf/peers/get_aiter_peers.sh .peers/aiter; .ci/run fetches it)",
+)
+def test_aiter_peers_take_their_mi350x_configs_on_gfx950():
+    """On gfx950 the peers are compiled with aiter's own MI350X files, on gfx942 and sm90 its MI300X ones."""
+    from rocm_mla.tools.peer_variants import aiter_decode_variants
+
+    v950, v942 = aiter_decode_variants("gfx950", heads=(16,)), aiter_decode_variants("gfx942", heads=(16,))
+    assert "(MI350X cfg)" in v950[0].config and "(MI300X cfg)" in v942[0].config
+    assert v950[0].options != v942[0].options  # the two files differ (stages, waves_per_eu, kpack)
+    assert v950[0].options.get("kpack", 1) == 1
+
+
+def test_decode_tiers_view_compiles_both_arches(tmp_path):
+    """`rocm-mla isa-report --decode-tiers`: every default decode tier of gfx942 and gfx950 compiled and
+    gated, with the KV loop per KV row (a subprocess: the decode kernel calls other @triton.jit
+    helpers, which the interpreter these tests run with would have wrapped)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "tc")
+    p = subprocess.run(
+        [sys.executable, "-m", "rocm_mla.tools.cli", "isa-report", "--decode-tiers", "-q"],
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith(("gfx942 ", "gfx950 "))]
+    assert [ln.split()[:2] for ln in lines] == [[a, f"H{h}"] for a in ("gfx942", "gfx950") for h in (16, 32, 64)]
+    assert all(" ok" in ln for ln in lines), p.stdout
+    assert all("16x16x32_bf16" in ln for ln in lines[3:]) and not any("16x16x32" in ln for ln in lines[:3])
+    assert "round trips/tile" in p.stdout and "per 16 rows" in p.stdout

@@ -129,6 +129,30 @@ def test_cu_specific_file_first(cfgdir, monkeypatch):
         assert C.config_for("mla_prefill", "gfx942") is C.package_config("mla_prefill", "gfx942")
 
 
+def test_gfx950_overlay_is_its_own(cfgdir, monkeypatch):
+    """An MI355X (gfx950, 256 CUs) reads gfx950-256cu.json over gfx950's own package data; a
+    gfx942 overlay is not used there, nor a gfx950 one on gfx942."""
+    monkeypatch.setattr(C.loader, "device_compute_units", lambda arch: {"gfx942": 304, "gfx950": 256}.get(arch))
+    tier = dict(C.package_config("mla_decode", "gfx950")["stage1"][0], BLOCK_N=32)
+    entry = {"mla_decode": {"stage1": [tier, *C.package_config("mla_decode", "gfx950")["stage1"][1:]]}}
+    _write(cfgdir / "gfx950-256cu.json", _overlay("gfx950", entry, cus=256))
+    _write(cfgdir / "gfx942-304cu.json", _overlay("gfx942", PREFILL_M64, cus=304))
+    C.reload_overlays()
+    assert C.config_for("mla_decode", "gfx950")["stage1"][0]["BLOCK_N"] == 32
+    assert C.config_for("mla_prefill", "gfx950") == C.package_config("mla_prefill", "gfx950")
+    assert C.config_for("mla_decode", "gfx942") == C.package_config("mla_decode", "gfx942")
+    assert C.overlay_filename("gfx950", 256) == "gfx950-256cu.json"
+    errs = C.validate_overlay(_overlay("gfx950", entry, cus=256), "gfx942", 304, check_stamp=False)
+    assert errs and all(isinstance(e, C.OverlayArchMismatch) for e in errs)
+
+
+def test_tuner_sweeps_only_the_kpack_the_compiler_honours():
+    from rocm_mla.tools.tune.groups import kpack_values
+
+    assert kpack_values("gfx942") == [1, 2]
+    assert kpack_values("gfx950") == [1]  # Triton replaces kpack 2 by 1 on gfx950
+
+
 def test_cache_is_not_stale_after_reload(cfgdir):
     assert C.config_for("mla_prefill", "cpu") is C.package_config("mla_prefill", "cpu")
     _write(cfgdir / "cpu.json", _overlay("cpu", PREFILL_M64))
@@ -284,7 +308,7 @@ def test_tiny_cases_check_against_the_reference(monkeypatch):
         assert case.check().startswith(f"{name}: 1 of"), s.key
 
 
-@pytest.mark.parametrize("arch", ["gfx942", "sm90", "cpu"])
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950", "sm90", "cpu"])
 def test_compose_tier_changes_only_its_combination(arch):
     from rocm_mla.ops.decode_plan import stage1_config
     from rocm_mla.variants.decode import tuning_candidates

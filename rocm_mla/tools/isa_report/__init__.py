@@ -2,7 +2,8 @@
 
 Compiles ahead of time, on a machine without a GPU, every kernel configuration the package can
 launch -- the Triton variants listed by ``rocm_mla.variants.all_triton_variants`` and every
-HIP kernel instantiated by ``hip_src/isa/*.cu`` -- for gfx942 (MI300) or sm90 (H100/H200), and
+HIP kernel instantiated by ``hip_src/isa/*.cu`` -- for gfx942 (MI300), gfx950 (MI350) or sm90
+(H100/H200), and
 prints one row per kernel/config. A row fails when the kernel uses scratch or spills registers,
 needs more LDS than the chip has, or should use matrix instructions (``tl.dot``, or a HIP kernel
 marked ``// isa-report: expects-mfma SUBSTR``) and has none. Exit status 1 when any row fails.
@@ -11,15 +12,20 @@ access outside the kernel's loops, the spill is noted in the status column ("ok 
 no local-memory access inside a loop)") instead of failing the row.
 
 Where the figures come from:
-  gfx942  the AMDGCN text (Triton's ``asm["amdgcn"]``, clang-19 ``-S`` for HIP): the per-kernel
+  gfx942, gfx950  the AMDGCN text (Triton's ``asm["amdgcn"]``; for HIP ``-S`` of clang-19 on gfx942,
+          clang-22 on gfx950, which clang-19 does not know): the per-kernel
           "; Kernel info:" comments (VGPR/AGPR/SGPR, ScratchSize, Occupancy, LDSByteSize) and the
           ``.amdgpu_metadata`` YAML (spill counts, workgroup size); MFMA = ``v_mfma`` lines.
           Triton allocates LDS dynamically, so the text says 0 and LDS comes from
-          ``metadata.shared``; the asm's Occupancy then ignores LDS and is combined with it here.
+          ``metadata.shared``; the asm's Occupancy then ignores LDS and is combined with it here
+          (64 KiB per CU on gfx942, 160 KiB on gfx950). The main loop's figures per iteration
+          (instructions, MFMA, LDS bytes, serial global round trips) come from ``kv_loop``.
   sm90    PTX (Triton's, or nvcc ``-ptx``) run through ``ptxas -v``: registers, stack frame,
           spill bytes, static smem; MMA = ``mma.sync``/``wgmma.mma_async`` lines in the PTX.
 
-Modules: ``rows`` (the Row model, per-arch limits), ``gfx942`` and ``sm90`` (parsers, occupancy),
+Modules: ``rows`` (the Row model, per-arch limits), ``gfx942`` (AMDGCN, gfx942 and gfx950) and
+``sm90`` (parsers, occupancy), ``kv_loop`` (the main loop of AMDGCN text), ``decode_view`` (the
+decode tiers of gfx942 and gfx950 side by side),
 ``gate`` (pass/fail), ``triton_rows``, ``hip_rows`` and ``peers`` (a Row per compiled kernel, with
 ``triton_compile`` and ``hip_compile`` running the compilers), ``collect`` (all rows of one arch),
 ``output`` (table, summary, JSON), ``cli`` (the command).
@@ -27,8 +33,10 @@ Modules: ``rows`` (the Row model, per-arch limits), ``gfx942`` and ``sm90`` (par
 
 from .cli import main
 from .collect import collect
+from .decode_view import decode_tiers
 from .gate import check, failures, notes
-from .gfx942 import gfx942_occupancy, parse_amdgcn
+from .gfx942 import amd_occupancy, parse_amdgcn
+from .kv_loop import LoopStats, main_loop_stats
 from .output import format_table, summary, write_json
 from .peers import decode_side_by_side
 from .rows import ARCHS, ArchInfo, Row, error_digest, label
@@ -37,17 +45,20 @@ from .sm90 import local_memory_in_loops, parse_ptx_ptxas, sm90_blocks_per_sm
 __all__ = [
     "ARCHS",
     "ArchInfo",
+    "LoopStats",
     "Row",
     "check",
     "collect",
+    "amd_occupancy",
     "decode_side_by_side",
+    "decode_tiers",
     "error_digest",
     "failures",
     "format_table",
-    "gfx942_occupancy",
     "label",
     "local_memory_in_loops",
     "main",
+    "main_loop_stats",
     "notes",
     "parse_amdgcn",
     "parse_ptx_ptxas",

@@ -8,6 +8,7 @@ import os
 import sys
 
 from .collect import collect
+from .decode_view import decode_tiers
 from .gate import failures
 from .output import format_table, write_json
 from .peers import decode_side_by_side, side_by_side_variants
@@ -35,10 +36,20 @@ def main(argv: list[str] | None = None) -> int:
         "or .peers/aiter, made by perf/peers/get_aiter_peers.sh); they are reported beside ours, "
         "never gated",
     )
+    ap.add_argument(
+        "--decode-tiers",
+        action="store_true",
+        help="only the default decode tiers of gfx942 and gfx950 side by side (registers, LDS, occupancy, "
+        "instructions/MFMA/LDS bytes per KV row, serial global round trips per tile); exit 1 when one fails",
+    )
     args = ap.parse_args(argv)
     # The report needs Triton's compiler; an interpreter switch leaked from the shell (or the CPU
     # test set-up) would make every kernel imported from here on an InterpretedFunction.
     os.environ.pop("TRITON_INTERPRET", None)
+    if args.decode_tiers:
+        text, tier_rows = decode_tiers(progress=not args.quiet)
+        print(text)
+        return 1 if failures(tier_rows) else 0
 
     rows = collect(args.arch, args.filter, progress=not args.quiet, peers=not args.no_peers)
     if not rows:

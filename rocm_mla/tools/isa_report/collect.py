@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from ...configs import is_amd_arch
 from . import hip_compile as hipc
 from .gate import check, notes
 from .hip_rows import hip_rows
@@ -80,9 +81,9 @@ def collect(
         rows.extend(skipped)
     sources = list(hipc.isa_sources() if hip_sources is None else hip_sources)
 
-    if arch == "gfx942":
-        tool = hipc.find_clang()
-        missing = None if tool else f"clang-19 not found ({hipc.INSTALL_HINT})"
+    if is_amd_arch(arch):
+        tool = hipc.find_clang(arch)
+        missing = None if tool else f"{' or '.join(hipc.CLANGS[arch])} not found ({hipc.INSTALL_HINT})"
     else:
         tool = hipc.find_nvcc()
         missing = None if tool else "nvcc not found"

@@ -1,4 +1,5 @@
-"""gfx942 (MI300) figures from AMDGCN assembly text, Triton's ``asm["amdgcn"]`` or clang-19 ``-S``:
+"""gfx942 (MI300) and gfx950 (MI350) figures from AMDGCN assembly text, Triton's ``asm["amdgcn"]`` or
+clang ``-S`` (clang-19 for gfx942, clang-22 for gfx950: both print the same comments):
 the per-kernel "; Kernel info:" comments (VGPR/AGPR/SGPR, ScratchSize, Occupancy, LDSByteSize),
 the ``.amdgpu_metadata`` YAML (spill counts, workgroup size), MFMA = ``v_mfma`` lines, and the
 LDS-aware occupancy."""
@@ -73,16 +74,18 @@ def _parse_kernel_metadata(text: str) -> dict[str, dict[str, int]]:
     return out
 
 
-def gfx942_occupancy(asm_occupancy: int, lds: int, waves_per_workgroup: int) -> int:
-    """Waves per SIMD given the asm's register-limited Occupancy and the LDS per workgroup.
+def amd_occupancy(asm_occupancy: int, lds: int, waves_per_workgroup: int, arch: str = "gfx942") -> int:
+    """Waves per SIMD on ``arch`` (gfx942, gfx950) given the asm's register-limited Occupancy and
+    the LDS per workgroup.
 
-    Same rule as LLVM's occupancy-with-LDS: workgroups per CU = 64 KiB // LDS, their waves
-    spread over the CU's 4 SIMDs (rounded up), capped by the register limit.
+    Same rule as LLVM's occupancy-with-LDS: workgroups per CU = the CU's LDS (64 KiB on gfx942,
+    160 KiB on gfx950) // LDS, their waves spread over the CU's 4 SIMDs (rounded up), capped by
+    the register limit.
     """
-    limit = ARCHS["gfx942"].lds_limit
+    info = ARCHS[arch]
     if lds <= 0:
         return asm_occupancy
-    if lds > limit:
+    if lds > info.lds_limit:
         return 0
-    groups = limit // lds
-    return min(asm_occupancy, math.ceil(groups * waves_per_workgroup / ARCHS["gfx942"].simds_per_cu))
+    groups = info.lds_limit // lds
+    return min(asm_occupancy, math.ceil(groups * waves_per_workgroup / info.simds_per_cu))

@@ -1,12 +1,14 @@
 """Compiling the HIP ISA translation units (``hip_src/isa/*.cu``) without a GPU.
 
-gfx942: Debian's clang-19 with a private device-library folder (see ``device_lib_dir``);
-sm90: nvcc to PTX, then ``ptxas -v``. Only runs the compilers and hands back text; the ISA
-report parses it.
+gfx942: Debian's clang-19 (clang-22 where clang-19 is missing); gfx950: Debian's clang-22
+(clang-19 rejects ``--offload-arch=gfx950``); both with a private device-library folder (see
+``device_lib_dir``); sm90: nvcc to PTX, then ``ptxas -v``. Only runs the compilers and hands back
+text; the ISA report parses it.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -15,7 +17,24 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-INSTALL_HINT = "run .ci/install_gfx942_toolchain.sh"
+INSTALL_HINT = "run .ci/install_amd_toolchain.sh"
+
+# clang++ names that can target each AMD arch, first found on PATH wins ($ROCM_MLA_CLANG overrides).
+CLANGS = {"gfx942": ("clang++-19", "clang++-22"), "gfx950": ("clang++-22",)}
+# The ISA version constant of oclc_isa_version_<n>.bc (major, minor, stepping as decimal digits).
+_ISA_VERSION = {"gfx942": 9402, "gfx950": 9500}
+
+# Debian's HIP headers (5.2.3) predate clang 20: they read the __AMDGCN_WAVEFRONT_SIZE macro that
+# clang 20 dropped (wave64 is the only width on CDNA) and, under clang's HIP wrapper, expect the
+# wrapper to declare __llvm_amdgcn_rcp_f16/__llvm_amdgcn_rcp_2f16, which newer wrappers do not.
+_NEW_CLANG_PRELUDE = """\
+#define __AMDGCN_WAVEFRONT_SIZE 64
+typedef _Float16 __rocm_mla_2f16 __attribute__((ext_vector_type(2)));
+extern "C" __attribute__((device, const)) _Float16 __llvm_amdgcn_rcp_f16(_Float16) __asm("llvm.amdgcn.rcp.f16");
+extern "C" __attribute__((device)) inline __rocm_mla_2f16 __llvm_amdgcn_rcp_2f16(__rocm_mla_2f16 x) {
+  return __rocm_mla_2f16{__llvm_amdgcn_rcp_f16(x.x), __llvm_amdgcn_rcp_f16(x.y)};
+}
+"""
 
 # Where distributions put the AMD device libraries (Debian/Ubuntu's rocm-device-libs, ROCm).
 _DEVICE_LIB_CANDIDATES = (
@@ -56,15 +75,28 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rocm_mla"
 
 
-def find_clang() -> str | None:
-    """clang++ able to target gfx942: $ROCM_MLA_CLANG, else clang++-19 on PATH.
+def find_clang(arch: str = "gfx942") -> str | None:
+    """clang++ able to target ``arch`` (gfx942, gfx950): $ROCM_MLA_CLANG, else the first of
+    ``CLANGS[arch]`` on PATH.
 
     Debian's hipcc is not used: it wraps clang-15, which rejects gfx942.
     """
     env = os.environ.get("ROCM_MLA_CLANG")
     if env:
         return shutil.which(env) or (env if Path(env).exists() else None)
-    return shutil.which("clang++-19")
+    for name in CLANGS.get(arch, ()):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+@functools.cache
+def clang_major(clang: str) -> int:
+    """The major version of ``clang`` (``clang --version``), 0 when it does not say."""
+    proc = subprocess.run([clang, "--version"], capture_output=True, text=True)
+    m = re.search(r"clang version (\d+)", proc.stdout)
+    return int(m.group(1)) if m else 0
 
 
 def find_nvcc() -> str | None:
@@ -94,33 +126,35 @@ def system_device_libs() -> Path | None:
     return None
 
 
-def device_lib_dir(clang: str) -> Path:
-    """A device-library folder that has gfx942's ISA-version file; built lazily, then cached.
+def device_lib_dir(clang: str, arch: str = "gfx942") -> Path:
+    """A device-library folder that has ``arch``'s ISA-version file; built lazily, then cached.
 
     Debian's rocm-device-libs stop at gfx940, and clang refuses to link a HIP kernel without
-    ``oclc_isa_version_942.bc``. That file holds a single constant (the ISA version), so a copy
-    of the 940 one with 9400 -> 9402 is exact. The folder is symlinks to the system files plus
-    that copy, in the user cache. It is built here rather than by the install script so that
-    a machine that got the packages some other way also works.
+    ``oclc_isa_version_942.bc`` (``_950`` for gfx950). That file holds a single constant (the ISA
+    version), so a copy of the 940 one with 9400 -> 9402 (9500) is exact. The folder is symlinks
+    to the system files plus that copy, in the user cache. It is built here rather than by the
+    install script so that a machine that got the packages some other way also works.
     """
+    version = _ISA_VERSION[arch]
+    isa_file = f"oclc_isa_version_{arch[3:]}.bc"
     sys_dir = system_device_libs()
     if sys_dir is None:
         raise FileNotFoundError(f"AMD device libraries (ocml.bc) not found; {INSTALL_HINT}")
-    if (sys_dir / "oclc_isa_version_942.bc").exists():
+    if (sys_dir / isa_file).exists():
         return sys_dir  # ROCm, or a newer distribution: nothing to patch
     src940 = sys_dir / "oclc_isa_version_940.bc"
-    # Keyed on the system folder and the 940 file's mtime: a reinstall or upgrade gets a fresh
-    # folder, and a finished folder is never modified or deleted (safe for concurrent runs).
-    key = hashlib.sha1(f"{sys_dir.resolve()}:{src940.stat().st_mtime_ns}".encode()).hexdigest()[:12]
+    # Keyed on the system folder, the 940 file's mtime and the arch: a reinstall or upgrade gets
+    # a fresh folder, and a finished folder is never modified or deleted (safe for concurrent runs).
+    key = hashlib.sha1(f"{sys_dir.resolve()}:{src940.stat().st_mtime_ns}:{arch}".encode()).hexdigest()[:12]
     out = cache_dir() / "bitcode" / key
-    if (out / "oclc_isa_version_942.bc").exists() and (out / "ocml.bc").exists():
+    if (out / isa_file).exists() and (out / "ocml.bc").exists():
         return out
 
     dis, asm = _llvm_tool(clang, "llvm-dis"), _llvm_tool(clang, "llvm-as")
     if not (dis and asm):
-        raise FileNotFoundError(f"llvm-dis/llvm-as (llvm-19) not found; {INSTALL_HINT}")
+        raise FileNotFoundError(f"llvm-dis/llvm-as (the LLVM of {Path(clang).name}) not found; {INSTALL_HINT}")
     text = subprocess.run([dis, str(src940), "-o", "-"], capture_output=True, text=True, check=True).stdout
-    patched, n = re.subn(r"\bi32 9400\b", "i32 9402", text)
+    patched, n = re.subn(r"\bi32 9400\b", f"i32 {version}", text)
     if n != 1:
         raise RuntimeError(f"{src940}: expected one 'i32 9400' constant to patch, found {n}")
 
@@ -132,7 +166,7 @@ def device_lib_dir(clang: str) -> Path:
         for f in sys_dir.iterdir():
             (tmp / f.name).symlink_to(f)
         subprocess.run(
-            [asm, "-", "-o", str(tmp / "oclc_isa_version_942.bc")],
+            [asm, "-", "-o", str(tmp / isa_file)],
             input=patched,
             text=True,
             capture_output=True,
@@ -147,21 +181,30 @@ def device_lib_dir(clang: str) -> Path:
     return out
 
 
-def compile_gfx942(src: Path, clang: str) -> str:
-    """AMDGCN assembly text of one translation unit for gfx942.
+def compile_amdgcn(src: Path, clang: str, arch: str = "gfx942") -> str:
+    """AMDGCN assembly text of one translation unit for ``arch`` (gfx942, gfx950).
 
     ``-S`` alone is enough: the text carries the same per-kernel resource block that
     ``-Rpass-analysis=kernel-resource-usage`` prints (both come from the AMDGPU asm printer),
-    plus the instructions for counting MFMA, so one compile serves both.
+    plus the instructions for counting MFMA, so one compile serves both. With clang 20 or newer
+    (clang-22: the one Debian clang that knows gfx950) Debian's old HIP headers need
+    ``_NEW_CLANG_PRELUDE``, and code object v5: that clang defaults to v6, whose ABI file
+    (``oclc_abi_version_600.bc``) Debian's device libraries lack; the kernels' code and resource
+    figures do not depend on it.
     """
-    libs = device_lib_dir(clang)
+    libs = device_lib_dir(clang, arch)
     with tempfile.TemporaryDirectory(prefix="rocm_mla_hip_") as tmp:
         out = Path(tmp) / "k.s"
+        extra: list[str] = []
+        if clang_major(clang) >= 20:
+            prelude = Path(tmp) / "prelude.h"
+            prelude.write_text(_NEW_CLANG_PRELUDE)
+            extra = ["-mcode-object-version=5", "-include", str(prelude)]
         cmd = [
             clang,
             "-x",
             "hip",
-            "--offload-arch=gfx942",
+            f"--offload-arch={arch}",
             "--cuda-device-only",
             "--no-gpu-bundle-output",
             "-O3",
@@ -171,6 +214,7 @@ def compile_gfx942(src: Path, clang: str) -> str:
             "-o",
             str(out),
             f"--rocm-device-lib-path={libs}",
+            *extra,
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -202,7 +246,8 @@ def compile_sm90(src: Path, nvcc: str) -> tuple[str, str]:
 
 def demangle(names: list[str]) -> dict[str, str]:
     """Itanium-demangled names (identity when no demangler is installed)."""
-    tool = shutil.which("llvm-cxxfilt-19") or shutil.which("llvm-cxxfilt") or shutil.which("c++filt")
+    names_ = ("llvm-cxxfilt-19", "llvm-cxxfilt-22", "llvm-cxxfilt", "c++filt")
+    tool = next((t for t in map(shutil.which, names_) if t), None)
     if not tool or not names:
         return {n: n for n in names}
     proc = subprocess.run([tool], input="\n".join(names) + "\n", capture_output=True, text=True)

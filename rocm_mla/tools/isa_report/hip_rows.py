@@ -6,18 +6,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ...configs import is_amd_arch
 from . import hip_compile as hipc
-from .gfx942 import gfx942_occupancy, parse_amdgcn
+from .gfx942 import amd_occupancy, parse_amdgcn
 from .rows import Row
 from .sm90 import parse_ptx_ptxas
 
 
 def hip_rows(src: Path, arch: str, tool: str) -> list[Row]:
-    """Ungated rows of ``src`` for ``arch``, compiled with ``tool`` (clang++-19 for gfx942, nvcc for
-    sm90), sorted by demangled name. Raises when the compiler fails."""
+    """Ungated rows of ``src`` for ``arch``, compiled with ``tool`` (``hip_compile.find_clang(arch)``
+    for gfx942/gfx950, nvcc for sm90), sorted by demangled name. Raises when the compiler fails."""
     markers = hipc.mfma_markers(src)
-    if arch == "gfx942":
-        res = parse_amdgcn(hipc.compile_gfx942(src, tool))
+    if is_amd_arch(arch):
+        res = parse_amdgcn(hipc.compile_amdgcn(src, tool, arch))
     else:
         ptx, log = hipc.compile_sm90(src, tool)
         res = parse_ptx_ptxas(ptx, log)
@@ -28,10 +29,10 @@ def hip_rows(src: Path, arch: str, tool: str) -> list[Row]:
         kernel, config = hipc.short_name(names[sym])
         full = f"{kernel}{config}"
         occ = None
-        if arch == "gfx942":
+        if is_amd_arch(arch):
             # clang's Occupancy already counts static LDS for the declared workgroup size; the
             # same rule again is a no-op there and keeps Triton and HIP rows comparable.
-            occ = gfx942_occupancy(r["occupancy"], r["lds"], max(1, r["workgroup"] // 64))
+            occ = amd_occupancy(r["occupancy"], r["lds"], max(1, r["workgroup"] // 64), arch)
         rows.append(
             Row(
                 kernel=kernel,

@@ -5,6 +5,7 @@ and the decode side-by-side table. A peer that cannot be loaded is a skipped row
 from __future__ import annotations
 
 from ...configs import is_amd_arch
+from .decode_view import LOOP_HEADERS, loop_cells
 from .gate import gate_problems
 from .output import aligned
 from .rows import Row, error_digest, error_text, matches
@@ -68,7 +69,9 @@ def decode_side_by_side(arch: str, rows: list[Row], variants: list) -> str:
     """Our decode stage-1 tiers (bf16 q and cache, one split) beside aiter's decode (the peer rows
     of ``rows``), with the matrix instructions one KV tile issues per 16 rows x 16 keys, summed over
     the workgroup's waves (the ideal is 68 MFMA 16x16x16: 36 for q.k over 576 columns, 32 for p.v
-    over 512; more means waves repeat work, e.g. every wave computing the same 16-row scores).
+    over 512; more means waves repeat work, e.g. every wave computing the same 16-row scores; a
+    gfx950 16x16x32 instruction does the work of two); on AMD arches also the KV loop per KV row
+    (``decode_view.loop_cells``).
     ``variants``: the TritonVariants the rows were compiled from (tile shapes, warps)."""
     by_config = {v.config: v for v in variants}
     picked = []
@@ -101,6 +104,7 @@ def decode_side_by_side(arch: str, rows: list[Row], variants: list) -> str:
         "occupancy",
         "MFMA/wave/tile",
         "MFMA per 16x16",
+        *(LOOP_HEADERS if is_amd_arch(arch) else []),
         "status",
     ]
     table = [head]
@@ -116,9 +120,10 @@ def decode_side_by_side(arch: str, rows: list[Row], variants: list) -> str:
                 f"{bh} x {bn}",
                 *(("-" if x is None else str(x)) for x in (r.vgprs, r.spills, r.scratch, r.lds, r.occupancy, r.mfma)),
                 per,
+                *(loop_cells(r, v) if is_amd_arch(arch) else []),
                 status,
             ]
         )
-    lines.append(aligned(table, {"kernel", "config", "rows x keys", "status"}))
+    lines.append(aligned(table, {"kernel", "config", "rows x keys", "MFMA shapes", "status"}))
     lines.append(f"ideal MFMA per 16 rows x 16 keys (16x16x16 instructions): {_MFMA_PER_16X16:.0f}")
     return "\n".join(lines)

@@ -12,11 +12,16 @@ class ArchInfo:
 
     lds_limit: int  # bytes of LDS / shared memory one workgroup may use
     simds_per_cu: int = 4
+    # The matrix-instruction shapes a 16-bit tl.dot may lower to (M x N x K), for the decode view.
+    mfma_bf16: tuple[str, ...] = ()
 
 
 ARCHS = {
     # MI300 (CDNA3): 64 KiB LDS per CU, 4 SIMDs per CU, 8 waves per SIMD at most.
-    "gfx942": ArchInfo(lds_limit=64 * 1024),
+    "gfx942": ArchInfo(lds_limit=64 * 1024, mfma_bf16=("16x16x16", "32x32x8")),
+    # MI350X/MI355X (CDNA4): 160 KiB LDS per CU (one workgroup may take all of it), the same
+    # register file and wave limits, and MFMA with twice the K per instruction for 16-bit and fp8.
+    "gfx950": ArchInfo(lds_limit=160 * 1024, mfma_bf16=("16x16x32", "32x32x16")),
     # H100/H200: up to 227 KiB of shared memory per block (opt-in). The 64 KiB rule is MI300's,
     # so failing sm90 rows above 64 KiB would reject legal sm90-only configs.
     "sm90": ArchInfo(lds_limit=227 * 1024),
@@ -27,15 +32,17 @@ ARCHS = {
 class Row:
     """One kernel/config of the report. ``None`` figures were not available (shown as ``-``).
 
-    vgprs: gfx942: VGPRs incl. AGPRs (one unified 512-register file per lane on CDNA3);
+    vgprs: gfx942/gfx950: VGPRs incl. AGPRs (one unified 512-register file per lane on CDNA3/4);
         sm90: registers per thread.
-    spills: gfx942: spilled VGPRs + SGPRs (count); sm90: spill store + load bytes.
-    scratch: gfx942: ScratchSize (bytes per lane); sm90: stack frame (bytes per thread).
+    spills: gfx942/gfx950: spilled VGPRs + SGPRs (count); sm90: spill store + load bytes.
+    scratch: gfx942/gfx950: ScratchSize (bytes per lane); sm90: stack frame (bytes per thread).
     lds: bytes of LDS / shared memory per workgroup.
-    occupancy: gfx942: waves per SIMD, LDS-aware; sm90: blocks per SM (Triton rows only).
-    mfma: matrix instructions in the code: ``v_mfma`` (gfx942), ``mma``/``wgmma`` (sm90 PTX).
+    occupancy: gfx942/gfx950: waves per SIMD, LDS-aware; sm90: blocks per SM (Triton rows only).
+    mfma: matrix instructions in the code: ``v_mfma`` (gfx942/gfx950), ``mma``/``wgmma`` (sm90 PTX).
     local_in_loops: sm90: local-memory instructions (``LDL``/``STL``: spill traffic) inside a loop
         of the SASS, or None when the SASS was not available.
+    loop: gfx942/gfx950 Triton rows: figures of the kernel's main loop (``kv_loop.LoopStats``
+        as a dict), None when it has none.
     problems: why the row fails the gate (empty: it passes).
     notes: what the row passes with but a reader should know (e.g. spills outside loops).
     """
@@ -57,6 +64,7 @@ class Row:
     skipped: str = ""
     error: str = ""
     local_in_loops: int | None = None
+    loop: dict | None = None
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     peer: bool = False  # a peer's kernel (e.g. aiter's), compiled for comparison: reported, never gated

@@ -1,7 +1,7 @@
 """Ahead-of-time compilation of one Triton variant, without a GPU or driver.
 
 Only runs the compiler and hands back its text outputs; what those outputs mean (registers,
-spills, MFMA count) is parsed in ``gfx942`` and ``sm90`` of this package, one parser per target
+spills, MFMA count) is parsed in ``gfx942`` (gfx942 and gfx950) and ``sm90`` of this package, one parser per target
 shared between Triton and HIP.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 # report architecture name -> (triton backend, arch, warp size) for GPUTarget.
-TARGETS = {"gfx942": ("hip", "gfx942", 64), "sm90": ("cuda", 90, 32)}
+TARGETS = {"gfx942": ("hip", "gfx942", 64), "gfx950": ("hip", "gfx950", 64), "sm90": ("cuda", 90, 32)}
 
 
 @dataclass
@@ -126,7 +126,7 @@ def as_jit(fn: Any) -> Any:
 
 
 def compile_variant(variant: Any, arch: str) -> TritonArtifacts:
-    """Compile one ``TritonVariant`` for ``arch`` ("gfx942" or "sm90") ahead of time.
+    """Compile one ``TritonVariant`` for ``arch`` (a key of ``TARGETS``) ahead of time.
 
     Uses ``triton.compile`` directly: ``python -m triton.tools.compile`` needs a live driver.
     """

@@ -1,13 +1,15 @@
 """A ``Row`` from one ``TritonVariant``: compiled ahead of time by ``triton_compile`` and read by the
 target's parser. Triton allocates LDS dynamically, so the asm says 0 and LDS comes from
-``metadata.shared``; gfx942's asm Occupancy then ignores LDS and is combined with it here."""
+``metadata.shared``; the AMD asm's Occupancy then ignores LDS and is combined with it here."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from ...configs import is_amd_arch
 from . import triton_compile as tc
-from .gfx942 import gfx942_occupancy, parse_amdgcn
+from .gfx942 import amd_occupancy, parse_amdgcn
+from .kv_loop import main_loop_stats
 from .rows import Row, error_text
 from .sm90 import local_memory_in_loops, parse_ptx_ptxas, sm90_blocks_per_sm
 
@@ -24,12 +26,14 @@ def triton_row(v: Any, arch: str) -> Row:
     )
     try:
         art = tc.compile_variant(v, arch)
-        if arch == "gfx942":
+        if is_amd_arch(arch):
             res = next(iter(parse_amdgcn(art.isa).values()))
             row.vgprs, row.agprs, row.sgprs = res["vgprs"], res["agprs"], res["sgprs"]
             row.spills, row.scratch, row.mfma = res["spills"], res["scratch"], res["mfma"]
             row.lds = max(art.shared, res["lds"])
-            row.occupancy = gfx942_occupancy(res["occupancy"], row.lds, art.num_warps)
+            row.occupancy = amd_occupancy(res["occupancy"], row.lds, art.num_warps, arch)
+            loop = main_loop_stats(art.isa)
+            row.loop = loop.as_dict() if loop else None
         else:
             res = next(iter(parse_ptx_ptxas(art.isa, art.ptxas_log).values()))
             row.vgprs, row.spills, row.scratch, row.mfma = res["vgprs"], res["spills"], res["scratch"], res["mfma"]

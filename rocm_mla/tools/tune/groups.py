@@ -157,6 +157,12 @@ def decode_label(p: dict) -> str:
     return s
 
 
+def kpack_values(arch: str) -> list[int]:
+    """The kpack values worth sweeping on an AMD ``arch`` (configs/platform.json: [1] where the
+    compiler ignores 2, as on gfx950)."""
+    return list(C.config_for("platform", arch).get("kpack_values", [1, 2]))
+
+
 def decode_groups(t: Tuner, shapes: list[Shape]) -> list[Group]:
     from rocm_mla.variants.decode import tuning_candidates
 
@@ -187,7 +193,7 @@ def decode_groups(t: Tuner, shapes: list[Shape]) -> list[Group]:
             knobs += [("waves_per_eu", [0, 1, 2])]
         knobs += [("num_stages", [1, 2] if gfx else [2, 3, 4, 5]), ("D_SPLIT", [1, 2])]
         if gfx:
-            knobs += [("kpack", [1, 2]), ("matrix_instr_nonkdim", [16, 32])]
+            knobs += [("kpack", kpack_values(arch)), ("matrix_instr_nonkdim", [16, 32])]
         knobs += [("ctas_per_cu", [1, 2]), ("V_SPLIT", [1, 2]), ("CLAMP_PAGES", [False, True])]
         if combo[1]:
             knobs += [("RELOAD_K", [False, True])]
@@ -254,7 +260,7 @@ def prefill_groups(t: Tuner, shapes: list[Shape]) -> list[Group]:
             ("BLOCK_M", [16, 32, 64] if key == "triton_fp32" else [64, 128]),
         ]
         if gfx:
-            knobs += [("matrix_instr_nonkdim", [16, 32]), ("kpack", [1, 2])]
+            knobs += [("matrix_instr_nonkdim", [16, 32]), ("kpack", kpack_values(t.arch))]
         knobs = [(k, v) for k, v in knobs if k in p0 or k in ("num_stages",)]
         groups.append(
             Group(

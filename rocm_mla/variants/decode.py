@@ -80,7 +80,9 @@ def _stage1_variant(
         split_tokens=split[0],
         split_cap=split[1],
     )
-    consts = {**ones, **meta}
+    # The split rule's constexprs keep the kernel's defaults (0: the default mode) unless the
+    # batch-invariant plan sets them: a launch leaves them out, an AOT compile must name them.
+    consts = {**ones, "SPLIT_TOKENS": 0, "SPLIT_CAP": 0, **meta}
     amd = "".join(f" {k[:4]}{v}" for k, v in amd_options(cfg, arch).items())
     vsplit = f"v{consts['V_SPLIT']}" if consts["V_SPLIT"] > 1 else ""
     label = (

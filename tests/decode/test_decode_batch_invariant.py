@@ -219,3 +219,11 @@ def test_nan_reaches_its_request_only(where):
         assert nan_rows[3, 1] and nan_rows.sum() == 1 and torch.isnan(lse[3, 1])
     else:
         assert nan_rows[2:4].all() and torch.isnan(lse[2:4]).all()
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950", "sm90", "default"])
+def test_every_arch_has_the_split_rule(arch):
+    """Each arch's launch data carries the mode's split rule (a missing one would fail every
+    batch-invariant call there, and the ISA report's variants)."""
+    tokens, cap = invariant_split(arch, 16)
+    assert tokens % 16 == 0 and tokens > 0 and cap >= 1

@@ -42,12 +42,17 @@ def main(argv: list[str] | None = None) -> int:
         help="only the default decode tiers of gfx942 and gfx950 side by side (registers, LDS, occupancy, "
         "instructions/MFMA/LDS bytes per KV row, serial global round trips per tile); exit 1 when one fails",
     )
+    ap.add_argument(
+        "--fp8",
+        action="store_true",
+        help="with --decode-tiers: also each tier with the platform's fp8 cache in every fp8_dots mode",
+    )
     args = ap.parse_args(argv)
     # The report needs Triton's compiler; an interpreter switch leaked from the shell (or the CPU
     # test set-up) would make every kernel imported from here on an InterpretedFunction.
     os.environ.pop("TRITON_INTERPRET", None)
     if args.decode_tiers:
-        text, tier_rows = decode_tiers(progress=not args.quiet)
+        text, tier_rows = decode_tiers(progress=not args.quiet, fp8=args.fp8)
         print(text)
         return 1 if failures(tier_rows) else 0
 

@@ -79,7 +79,7 @@ DECODE_BENCH = """
     if "--break" in sys.argv:  # a kernel that writes a wrong out: every shape must say WRONG
         sys.argv.remove("--break")
         real = b.ours
-        b.ours = lambda s: (lambda i, call=real(s): call(i).add_(0.5))
+        b.ours = lambda s, *mode: (lambda i, call=real(s, *mode): call(i).add_(0.5))
     out = sys.argv[1]
     sys.argv = ["bench_decode.py", "--preset", "serving", "--peers", "/nowhere", "--no-flashinfer", "--out", out]
     sys.exit(b.main())
@@ -107,8 +107,11 @@ def test_bench_decode_runs_checks_and_writes_its_rows(tmp_path):
     assert shapes == {"fp16 B=3 seq=80 N=16", "fp16 B=2 seq=80 N=16 q2", "fp8 B=3 seq=80 N=16"}, shapes
     broken = _bench_decode(str(tmp_path / "broken"), "--break")
     assert broken.returncode == 0  # reported, not fatal: perf/bench.py fails a run that prints WRONG
-    wrong = [line for line in broken.stdout.splitlines() if "rocm_mla-triton" in line and "WRONG" in line]
-    assert len(wrong) == 3, broken.stdout + broken.stderr
+    wrong = [line.split()[0] for line in broken.stdout.splitlines() if "rocm_mla-triton" in line and "WRONG" in line]
+    # Each shape's default call, and the fp8 shape's two fp8_dots modes.
+    assert sorted(wrong) == ["rocm_mla-triton"] * 3 + ["rocm_mla-triton-fp8all", "rocm_mla-triton-fp8qk"], (
+        broken.stdout + broken.stderr
+    )
 
 
 def test_profile_decode_runs():

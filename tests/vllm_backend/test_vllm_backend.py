@@ -20,21 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 from _util import DEVICE, HAS_GPU
+from vllm_harness import require_vllm
 
-try:
-    import vllm
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: F401
-except Exception as e:  # not installed, or installed without its pinned dependencies
-    pytest.skip(
-        f"vLLM 0.33.0 is not importable ({type(e).__name__}: {e}); .ci/install_vllm_cpu.sh installs it",
-        allow_module_level=True,
-    )
-if vllm.__version__ != "0.33.0":
-    pytest.skip(
-        f"the ROCM_MLA backend is written against vLLM 0.33.0, found {vllm.__version__}", allow_module_level=True
-    )
+require_vllm()
 
-from vllm_harness.layer_step import LayerStep, Request, use_simulated_gfx942_platform
+from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E402
+from vllm_harness.layer_step import LayerStep, Request, use_simulated_gfx942_platform  # noqa: E402
 
 use_simulated_gfx942_platform()
 

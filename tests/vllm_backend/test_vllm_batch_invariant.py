@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 from _util import HAS_GPU
+from vllm_harness import require_vllm  # noqa: E402
 
-pytest.importorskip("vllm")
+require_vllm()
 from vllm_harness.layer_step import LayerStep, Request, use_simulated_gfx942_platform  # noqa: E402
 
 use_simulated_gfx942_platform()

@@ -22,17 +22,13 @@ from pathlib import Path
 import pytest
 import torch
 from _util import HAS_GPU
+from vllm_harness import require_vllm
 
-try:
-    import vllm
-except Exception as e:  # noqa: BLE001
-    pytest.skip(f"vLLM 0.33.0 is not importable ({type(e).__name__}: {e})", allow_module_level=True)
-if vllm.__version__ != "0.33.0":
-    pytest.skip(f"written against vLLM 0.33.0, found {vllm.__version__}", allow_module_level=True)
+require_vllm()
 
-from vllm_harness import layer_step as H
+from vllm_harness import layer_step as H  # noqa: E402
 
-from rocm_mla.cases import generator, paged_cache
+from rocm_mla.cases import generator, paged_cache  # noqa: E402
 
 H.use_simulated_gfx942_platform()
 

@@ -15,19 +15,11 @@ import pytest
 import torch
 import torch._inductor.custom_graph_pass  # noqa: F401 - _PostGradPasses subclasses it
 from _util import DEVICE, HAS_GPU
+from vllm_harness import require_vllm
 
-try:
-    import vllm
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: F401
-except Exception as e:  # not installed, or installed without its pinned dependencies
-    pytest.skip(
-        f"vLLM 0.33.0 is not importable ({type(e).__name__}: {e}); .ci/install_vllm_cpu.sh installs it",
-        allow_module_level=True,
-    )
-if vllm.__version__ != "0.33.0":
-    pytest.skip(f"written against vLLM 0.33.0, found {vllm.__version__}", allow_module_level=True)
+require_vllm()
 
-from vllm_harness import layer_step as H
+from vllm_harness import layer_step as H  # noqa: E402
 
 H.use_simulated_gfx942_platform()
 H.stub_vllm_compiled_op_schemas()

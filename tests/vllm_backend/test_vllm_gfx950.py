@@ -18,15 +18,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from vllm_harness import require_vllm
 
-try:
-    import vllm
-except Exception as e:  # not installed, or installed without its pinned dependencies
-    pytest.skip(f"vLLM 0.33.0 is not importable ({type(e).__name__}: {e})", allow_module_level=True)
-if vllm.__version__ != "0.33.0":
-    pytest.skip(
-        f"the ROCM_MLA backend is written against vLLM 0.33.0, found {vllm.__version__}", allow_module_level=True
-    )
+require_vllm()
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,3 +13,23 @@ sys.path (pytest's conftest puts it there; the perf scripts insert it).
 Both patch vLLM (its platform, its model-inspection subprocess, its dispatch keys) for the
 duration of a test process: never import them in a serving process.
 """
+
+
+def require_vllm() -> None:
+    """Skip the calling test module unless vLLM 0.33.0 imports with its attention registry (the
+    backend is written against that version); call it before importing anything from vLLM or
+    from ``layer_step``/``dcp``."""
+    import pytest
+
+    try:
+        import vllm
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: F401
+    except Exception as e:  # not installed, or installed without its pinned dependencies
+        pytest.skip(
+            f"vLLM 0.33.0 is not importable ({type(e).__name__}: {e}); .ci/install_vllm_cpu.sh installs it",
+            allow_module_level=True,
+        )
+    if vllm.__version__ != "0.33.0":
+        pytest.skip(
+            f"the ROCM_MLA backend is written against vLLM 0.33.0, found {vllm.__version__}", allow_module_level=True
+        )

@@ -460,14 +460,18 @@ def mla_decode_stage1_kernel(
                 tl.store(po_row + offs_b[None, :], acc_b * inv, mask=row_ok[:, None])
 
 
-@triton.jit(do_not_specialize=["num_heads", "num_splits"])
+@triton.jit(do_not_specialize=["num_heads", "num_splits", "q_len", "capacity"])
 def mla_decode_reduce_kernel(
     part_o,
     part_lse,
     out,
     lse,
+    seq_lens,
     num_heads,
     num_splits,
+    q_len,
+    capacity,
+    s_sl,
     s_po_s,
     s_pl_s,
     s_o_r,
@@ -478,6 +482,9 @@ def mla_decode_reduce_kernel(
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    SPLIT_TOKENS: tl.constexpr = 0,
+    SPLIT_CAP: tl.constexpr = 0,
+    BLOCK_N: tl.constexpr = 1,
 ):
     """Stage 2: out[r] = sum_s w_s * part_o[s, r] with w = softmax_s(part_lse[s, r]).
 
@@ -485,6 +492,10 @@ def mla_decode_reduce_kernel(
     read BLOCK_S at a time ([BLOCK_S, BLOCK_D] tiles: many loads in flight); a split whose lse is
     -inf has weight 0 and its partial is not read (it may be unwritten workspace). Writes out in
     out's dtype (any strides) and lse (natural log; -inf when no split saw a key, out then 0).
+    Batch-invariant mode (SPLIT_TOKENS > 0, stage 1's split rule): the splits read are the
+    request's own, cdiv(seq_len, split length) from its seq_len (``seq_lens``, clamped to
+    ``capacity`` as stage 1 clamps it), not the grid's; with a BLOCK_S fixed per arch the sums
+    then run in one order whatever the grid (the tail of the last tile adds exact zeros).
     """
     r = tl.program_id(0).to(tl.int64)
     dblk = tl.program_id(1)
@@ -492,19 +503,24 @@ def mla_decode_reduce_kernel(
     h = r % num_heads
     offs_s = tl.arange(0, BLOCK_S).to(tl.int64)  # split x (rows x N x 512) can pass 2^31
     offs_d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
+    n_splits = num_splits
+    if SPLIT_TOKENS > 0:
+        seq_len = tl.maximum(tl.minimum(tl.load(seq_lens + (row // q_len) * s_sl), capacity), 0)
+        split_len = tl.maximum(tl.cdiv(tl.cdiv(seq_len, SPLIT_CAP), BLOCK_N) * BLOCK_N, SPLIT_TOKENS)
+        n_splits = tl.minimum(tl.cdiv(seq_len, split_len), num_splits)
 
     m = tl.full([BLOCK_S], float("-inf"), dtype=tl.float32)
-    for s0 in range(0, num_splits, BLOCK_S):
-        ls = tl.load(part_lse + (s0 + offs_s) * s_pl_s + r, mask=s0 + offs_s < num_splits, other=float("-inf"))
+    for s0 in range(0, n_splits, BLOCK_S):
+        ls = tl.load(part_lse + (s0 + offs_s) * s_pl_s + r, mask=s0 + offs_s < n_splits, other=float("-inf"))
         m = tl.maximum(m, ls)
     m_max = tl.max(m, axis=0)
     m_use = tl.where(m_max == float("-inf"), 0.0, m_max)
 
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     wsum = tl.zeros([BLOCK_S], dtype=tl.float32)
-    for s0 in range(0, num_splits, BLOCK_S):
+    for s0 in range(0, n_splits, BLOCK_S):
         sp = s0 + offs_s
-        ls = tl.load(part_lse + sp * s_pl_s + r, mask=sp < num_splits, other=float("-inf"))
+        ls = tl.load(part_lse + sp * s_pl_s + r, mask=sp < n_splits, other=float("-inf"))
         w = tl.exp2(ls - m_use)
         wsum += w
         po = tl.load(part_o + sp[:, None] * s_po_s + r * D + offs_d[None, :], mask=(w > 0.0)[:, None], other=0.0)

@@ -118,9 +118,11 @@ def mla_decode(
             whatever the other requests, their lengths, their order and its position (every
             cache dtype, q_len, block size, N; under CUDA/HIP graphs too). Each request is split
             by a number of keys that is a function of its own seq_len (configs/mla_decode.json
-            ``batch_invariant``), the split count comes from the table's capacity (not from
-            max_seq_len or the batch) and the reduce reads the splits in a fixed order;
-            num_kv_splits must be None. A workspace must hold that split count (ValueError).
+            ``batch_invariant``); the grid has enough splits for max_seq_len (else the table's
+            capacity), which must then bound every seq_len (vLLM's does: graphs are captured
+            with max_model_len), and the reduce reads each request's own splits in tiles of a
+            fixed size; num_kv_splits must be None. A workspace must hold that split count
+            (ValueError).
             docs/batch-invariance.md gives the rule and its cost. vLLM's VLLM_BATCH_INVARIANT.
         debug: validate seq_lens and block-table entries against the cache (reads device values:
             a host sync, so not capturable). Default: ``ROCM_MLA_DEBUG=1`` in the environment.
@@ -461,8 +463,12 @@ def _launch_triton(
         part_lse,
         out,
         lse,
+        seq_lens,
         N,
         S,
+        plan.q_len,
+        max_blocks * page_size,
+        seq_lens.stride(0),
         s_po,
         s_pl,
         *out.stride(),

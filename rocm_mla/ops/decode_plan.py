@@ -11,8 +11,8 @@ launches exactly what the plan says. What it decides:
   * batch-invariant mode (``batch_invariant=True``, ``invariant_split``): a split holds a number of
     keys that is a function of the request's own length (configs' ``batch_invariant``:
     ``split_tokens``, ``max_splits``), the grid has enough splits for the longest request the
-    block table can hold and the reduce reads the splits in a fixed order, so a request's bits do
-    not depend on the batch (docs/batch-invariance.md);
+    hint (else the table) allows and the reduce reads each request's own splits in tiles of a fixed size,
+    so a request's bits do not depend on the batch (docs/batch-invariance.md);
   * S == 1: stage 1 writes out/lse directly (one launch); S > 1: partials go to a float32
     workspace of ``mla_decode_workspace_numel`` elements and stage 2 (the reduce) merges them;
   * each launch's grid, constexprs and compile options (``stage1_meta``, ``stage2_meta``: the ISA
@@ -192,11 +192,13 @@ def invariant_split(arch: str, block_n: int) -> tuple[int, int]:
     return triton.cdiv(tokens, block_n) * block_n, cap
 
 
-def invariant_num_splits(capacity: int, split_tokens: int, max_splits: int) -> int:
-    """The grid's split count in batch-invariant mode: enough for every request the block table can
-    hold (``capacity`` = max_blocks x block_size keys), from the table's shape alone -- not from
-    seq_lens or the max_seq_len hint, so a graph captured once stays invariant on replay."""
-    return max(1, min(max_splits, triton.cdiv(max(capacity, 1), split_tokens)))
+def invariant_num_splits(bound: int, split_tokens: int, max_splits: int) -> int:
+    """The grid's split count in batch-invariant mode: enough splits for every request of up to
+    ``bound`` keys (the max_seq_len hint, else the table's capacity max_blocks x block_size). A
+    request's own splits are a function of its length, so any grid at least that large gives it
+    the same bits: the hint only has to be an upper bound (vLLM captures graphs with
+    max_model_len, the capacity of its tables)."""
+    return max(1, min(max_splits, triton.cdiv(max(bound, 1), split_tokens)))
 
 
 def _num_xcds(arch: str) -> int:
@@ -205,19 +207,26 @@ def _num_xcds(arch: str) -> int:
     return int(config_for(OP, arch).get("num_xcds", 1))
 
 
-def stage2_meta(num_splits: int, arch: str, block_s_for: int | None = None) -> tuple[dict, dict]:
+def stage2_meta(num_splits: int, arch: str, invariant: tuple[int, int, int] | None = None) -> tuple[dict, dict]:
     """``(constexprs, compile options)`` of the stage-2 reduce for ``num_splits`` splits, for the
     launch and the ISA report alike. Reduce tile: BLOCK_S splits x BLOCK_D columns with
     BLOCK_S x BLOCK_D <= tile_elems, so a long split list is read in few, wide steps (each step
-    waits for its loads once). ``block_s_for``: size BLOCK_S for that many splits instead (the
-    batch-invariant mode passes its fixed cap: the reduction's order then never follows the
-    batch; the extra splits are empty and add exact zeros)."""
+    waits for its loads once). ``invariant``: the batch-invariant mode's ``(split_tokens,
+    max_splits, block_n)``; BLOCK_S is then the arch's fixed ``invariant_block_s`` (the order
+    of the sums never follows the grid) and the reduce reads only each request's own splits."""
     cfg = config_for(OP, arch)["stage2"]
-    sized = num_splits if block_s_for is None else block_s_for
-    block_s = min(triton.next_power_of_2(max(1, sized)), int(cfg["max_block_s"]))
+    if invariant is None:
+        block_s = min(triton.next_power_of_2(max(1, num_splits)), int(cfg["max_block_s"]))
+    else:
+        block_s = int(cfg["invariant_block_s"])
+        if block_s < 1 or block_s & (block_s - 1):
+            raise ValueError(f"{OP}: config stage2: expected invariant_block_s a power of two, got {block_s}")
     block_d = max(64, min(D_NOPE, int(cfg["tile_elems"]) // block_s))
     options = {"num_warps": int(cfg["num_warps"]), **amd_options(cfg, arch)}
-    return {"D": D_NOPE, "BLOCK_D": block_d, "BLOCK_S": block_s}, options
+    consts = {"D": D_NOPE, "BLOCK_D": block_d, "BLOCK_S": block_s}
+    if invariant is not None:
+        consts.update(SPLIT_TOKENS=invariant[0], SPLIT_CAP=invariant[1], BLOCK_N=invariant[2])
+    return consts, options
 
 
 def page_mode_for(page_size: int, block_n: int) -> tuple[int, int]:
@@ -363,11 +372,13 @@ def plan_decode(
         fp8_dots: fp8 caches, 16-bit q: which dots run on fp8 operands, one of ``FP8_DOTS``
             (``mla_decode(fp8_dots=)``; ignored for other caches and float32 q).
         k_scale_on_device: k_scale is a device tensor that stage 1 reads (not a host number).
-        batch_invariant: split each request by ``invariant_split`` (a function of its own length),
-            S = ``invariant_num_splits`` of the table's capacity (max_seq_len and workspace_numel
-            do not change it), stage 2's BLOCK_S sized for the config's max_splits. With S == 1
-            stage 1 writes out directly: for a request with one live split that gives the bits
-            the two-stage path gives (tests/decode/test_decode_batch_invariant.py).
+        batch_invariant: split each request by ``invariant_split`` (a function of its own length);
+            S = ``invariant_num_splits`` of the max_seq_len hint (else the table's capacity), which
+            must then be an upper bound of every seq_len: any such S gives a request the same
+            bits; workspace_numel does not change S. Stage 2 reads each request's own splits in
+            tiles of the arch's fixed ``invariant_block_s``. With S == 1 stage 1 writes out
+            directly: for a request with one live split that gives the bits the two-stage path
+            gives (tests/decode/test_decode_batch_invariant.py).
     """
     arch = _platform.device_arch(device)
     num_cus = num_compute_units(device)
@@ -380,15 +391,15 @@ def plan_decode(
     r = batch * q_len * num_heads
     S = num_kv_splits
     split_tokens = split_cap = 0
+    cap = max_blocks * block_size
+    bound = cap if max_seq_len is None else min(max_seq_len, cap)
     if batch_invariant:
         if num_kv_splits is not None:
             raise ValueError(f"{OP}: num_kv_splits: expected None with batch_invariant=True, got {num_kv_splits}")
         split_tokens, split_cap = invariant_split(arch, block_n)
-        S = invariant_num_splits(max_blocks * block_size, split_tokens, split_cap)
+        S = invariant_num_splits(bound, split_tokens, split_cap)
     if S is None:
         sp = config_for(OP, arch)["split"]
-        cap = max_blocks * block_size
-        bound = cap if max_seq_len is None else min(max_seq_len, cap)
         # V_SPLIT programs share each row block's tiles: they count as row blocks for the model.
         S = choose_num_splits(
             batch,
@@ -420,7 +431,7 @@ def plan_decode(
     )
     consts2 = options2 = grid2 = None
     if S > 1:
-        consts2, options2 = stage2_meta(S, arch, split_cap if batch_invariant else None)
+        consts2, options2 = stage2_meta(S, arch, (split_tokens, split_cap, block_n) if batch_invariant else None)
         grid2 = (r, D_NOPE // consts2["BLOCK_D"])
     return DecodePlan(
         arch=arch,

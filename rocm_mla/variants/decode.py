@@ -184,16 +184,26 @@ def triton_variants(arch: str) -> list[TritonVariant]:
         metas = {}
         for s in s_values[1:]:
             consts, options = stage2_meta(s, arch)
-            metas.setdefault((consts["BLOCK_S"], consts["BLOCK_D"]), (consts, options))
-        for (block_s, block_d), (consts, options) in sorted(metas.items()):
-            consts = {**consts, "s_o_d": 1, "s_l_h": 1}
+            metas.setdefault((consts["BLOCK_S"], consts["BLOCK_D"], ""), (consts, options))
+        # Batch-invariant mode: the fixed split tile, each tier's BLOCK_N (the split rule's).
+        for tier in table["stage1"]:
+            block_n = int(stage1_config(arch, tier["BLOCK_H"], qdt, False)["BLOCK_N"])
+            tokens, cap = invariant_split(arch, block_n)
+            consts, options = stage2_meta(2, arch, (tokens, cap, block_n))
+            metas.setdefault((consts["BLOCK_S"], consts["BLOCK_D"], f" inv T{tokens} N{block_n}"), (consts, options))
+        for (block_s, block_d, inv), (consts, options) in sorted(metas.items()):
+            # The split rule's constexprs keep the kernel's defaults unless the mode sets them.
+            consts = {"SPLIT_TOKENS": 0, "SPLIT_CAP": 0, "BLOCK_N": 1, **consts, "s_o_d": 1, "s_l_h": 1, "s_sl": 1}
             sig = {
                 "part_o": "*fp32",
                 "part_lse": "*fp32",
                 "out": f"*{oname}",
                 "lse": "*fp32",
+                "seq_lens": "*i32",
                 "num_heads": "i32",
                 "num_splits": "i32",
+                "q_len": "i32",
+                "capacity": "i32",
                 "s_po_s": "i32",
                 "s_pl_s": "i32",
                 "s_o_r": "i32",
@@ -203,12 +213,22 @@ def triton_variants(arch: str) -> list[TritonVariant]:
             add(
                 TritonVariant(
                     kernel="mla_decode_reduce",
-                    config=f"out={oname} S{block_s} D{block_d} w{options['num_warps']}",
+                    config=f"out={oname} S{block_s} D{block_d} w{options['num_warps']}{inv}",
                     fn=mla_decode_reduce_kernel,
                     signature=sig,
                     constexprs=consts,
                     options=options,
-                    divisible_by_16=("part_o", "part_lse", "out", "lse", "s_po_s", "s_pl_s", "s_o_r", "s_o_h"),
+                    divisible_by_16=(
+                        "part_o",
+                        "part_lse",
+                        "out",
+                        "lse",
+                        "seq_lens",
+                        "s_po_s",
+                        "s_pl_s",
+                        "s_o_r",
+                        "s_o_h",
+                    ),
                 )
             )
     return variants

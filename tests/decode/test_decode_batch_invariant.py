@@ -105,6 +105,17 @@ def _alone_vs_batches(case, q_len, **kw):
             assert _same_bits(gl, ref_l), f"lse of request {target} differs in batch {idx} (position {pos})"
 
 
+def test_the_hint_changes_no_bit():
+    """The grid's split count follows max_seq_len (an upper bound of the batch's lengths); a
+    request gets the same bits with the tightest hint, a loose one and none (the table's width)."""
+    case = make_case(POOL, 4, 2, 16, torch.float32, seed=6)
+    idx = [3, 0, 2]  # 100 keys the longest
+    ref = [t.clone() for t in _run(case, idx, 2)]
+    for hint in (100, 101, 333):
+        o, lse = _run(case, idx, 2, max_seq_len=hint)
+        assert _same_bits(o, ref[0]) and _same_bits(lse, ref[1]), f"max_seq_len={hint}"
+
+
 def test_default_mode_is_not_invariant_here():
     """The comparison can fail: the same request under two split counts differs in its bits."""
     case = make_case(POOL, 8, 1, 16, torch.float32, seed=3)
@@ -136,18 +147,24 @@ def test_direct_equals_two_stage_for_one_split():
     assert _same_bits(o1, o2[2:4]) and _same_bits(l1, l2[2:4])
 
 
-def test_plan_split_rule_is_data_and_ignores_the_hint():
+def test_plan_split_rule_is_data_and_the_grid_follows_the_bound():
     cpu = torch.device("cpu")
     tokens, cap = invariant_split("cpu", 16)
     assert tokens % 16 == 0 and cap >= 1
     kw = dict(num_heads=16, q_len=1, block_size=16, q_dtype=torch.float16, kv_dtype=torch.float16, device=cpu)
     a = plan_decode(batch=1, max_blocks=64, batch_invariant=True, **kw)
-    b = plan_decode(batch=128, max_blocks=64, max_seq_len=40, batch_invariant=True, workspace_numel=1, **kw)
+    b = plan_decode(batch=128, max_blocks=64, batch_invariant=True, workspace_numel=1, **kw)
     assert a.num_kv_splits == b.num_kv_splits == invariant_num_splits(64 * 16, tokens, cap)
+    hinted = plan_decode(batch=128, max_blocks=64, max_seq_len=40, batch_invariant=True, **kw)
+    assert hinted.num_kv_splits == invariant_num_splits(40, tokens, cap) < a.num_kv_splits
     assert a.stage1_constexprs["SPLIT_TOKENS"] == tokens and a.stage1_constexprs["SPLIT_CAP"] == cap
-    assert a.stage2_constexprs["BLOCK_S"] == b.stage2_constexprs["BLOCK_S"]
+    # The reduce's tile is the arch's fixed one, whatever the grid; it reads each request's own
+    # splits by the same rule.
+    assert a.stage2_constexprs == b.stage2_constexprs
     few = plan_decode(batch=1, max_blocks=3, batch_invariant=True, **kw)  # 48 keys: 2 splits
-    assert few.stage2_constexprs["BLOCK_S"] == a.stage2_constexprs["BLOCK_S"]
+    assert few.stage2_constexprs == a.stage2_constexprs
+    assert a.stage2_constexprs["SPLIT_TOKENS"] == tokens and a.stage2_constexprs["SPLIT_CAP"] == cap
+    assert a.stage2_constexprs["BLOCK_S"] < a.num_kv_splits  # the CPU tile: several steps per row
     assert plan_decode(batch=1, max_blocks=64, **kw).stage1_constexprs.get("SPLIT_TOKENS", 0) == 0
 
 

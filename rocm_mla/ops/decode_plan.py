@@ -56,6 +56,8 @@ STAGE1_DEFAULTS = {
 # "none": both in q's dtype (K and V converted from e4m3 in the loop); "qk": q rounded to e4m3
 # per (row, head), q . k^T on fp8 (FP8_QK); "all": p rounded to e4m3 too, p . v on fp8 (FP8_PV).
 FP8_DOTS = ("none", "qk", "all")
+# fp8_dots="all": the smallest tile (p . v's K) fp8 matrix instructions take.
+FP8_PV_MIN_BLOCK_N = 32
 
 
 def mla_decode_workspace_numel(rows: int, num_heads: int, num_kv_splits: int) -> int:
@@ -134,6 +136,13 @@ def stage1_config(
     for key in ("BLOCK_H", "BLOCK_N", "num_warps", "num_stages"):
         if key not in cfg:
             raise ValueError(f"{OP}: config: expected a {key} entry, got keys {sorted(cfg)}")
+    if cfg.get("FP8_PV") and int(cfg["BLOCK_N"]) < FP8_PV_MIN_BLOCK_N:
+        # p . v's K is the tile's BLOCK_N keys: Triton's NVIDIA backend refuses 8-bit dots below K = 32
+        # and its AMD backend falls back to FMA there, so a smaller tile is an error on both.
+        raise ValueError(
+            f"{OP}: config: expected BLOCK_N >= {FP8_PV_MIN_BLOCK_N} with fp8_dots='all' (p . v on fp8 operands, "
+            f"K = BLOCK_N keys), got BLOCK_N={cfg['BLOCK_N']}"
+        )
     return cfg
 
 

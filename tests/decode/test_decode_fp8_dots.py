@@ -45,7 +45,21 @@ def test_fp8_dots_match_reference_of_rounded_values(mode, q_len, N, tier):
     """Both modes with the default tiers and with a tier that splits the latent columns (the
     modes run them whole), one row block and several, requests of 45, 7 and 130 keys."""
     case = make_case((45, 7, 130), N, q_len, 16, Q_DTYPE, fp8=True, k_scale=0.5, seed=17)
-    _mode_check(case, mode, None if tier == "default" else D_SPLIT2)
+    # "all": p . v's K is BLOCK_N, and fp8 matrix instructions take K >= 32.
+    split2 = dict(D_SPLIT2, BLOCK_N=32) if mode == "all" else D_SPLIT2
+    _mode_check(case, mode, None if tier == "default" else split2)
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950", "sm90", "default"])
+def test_fp8_dots_all_tiles_take_fp8_matrix_instructions(arch):
+    """Every tier of every arch runs fp8_dots="all" with BLOCK_N >= 32 (Triton's NVIDIA backend
+    refuses 8-bit dots with K < 32, its AMD backend falls back to FMA there); a config with a
+    smaller tile is refused by name."""
+    for rows in (1, 16, 32, 64, 128):
+        cfg = stage1_config(arch, rows, torch.bfloat16, True, fp8_dots="all")
+        assert cfg["BLOCK_N"] >= 32 and cfg["FP8_PV"]
+    with pytest.raises(ValueError, match="BLOCK_N >= 32 with fp8_dots='all'.*got BLOCK_N=16"):
+        stage1_config(arch, 16, torch.bfloat16, True, dict(D_SPLIT2), fp8_dots="all")
 
 
 def test_quantize_q_is_fp8_dots_qk():

@@ -185,12 +185,16 @@ def triton_variants(arch: str) -> list[TritonVariant]:
         for s in s_values[1:]:
             consts, options = stage2_meta(s, arch)
             metas.setdefault((consts["BLOCK_S"], consts["BLOCK_D"], ""), (consts, options))
-        # Batch-invariant mode: the fixed split tile, each tier's BLOCK_N (the split rule's).
+        # Batch-invariant mode: the fixed split tile with each tier's BLOCK_N (the split rule's),
+        # for the caches this output dtype runs with (fp8 in each fp8_dots mode).
+        kinds = [(False, "none")] + ([(True, d) for d in FP8_DOTS] if qdt != torch.float32 else [])
         for tier in table["stage1"]:
-            block_n = int(stage1_config(arch, tier["BLOCK_H"], qdt, False)["BLOCK_N"])
-            tokens, cap = invariant_split(arch, block_n)
-            consts, options = stage2_meta(2, arch, (tokens, cap, block_n))
-            metas.setdefault((consts["BLOCK_S"], consts["BLOCK_D"], f" inv T{tokens} N{block_n}"), (consts, options))
+            for is_fp8, dots in kinds:
+                block_n = int(stage1_config(arch, tier["BLOCK_H"], qdt, is_fp8, fp8_dots=dots)["BLOCK_N"])
+                tokens, cap = invariant_split(arch, block_n)
+                consts, options = stage2_meta(2, arch, (tokens, cap, block_n))
+                key = (consts["BLOCK_S"], consts["BLOCK_D"], f" inv T{tokens} N{block_n}")
+                metas.setdefault(key, (consts, options))
         for (block_s, block_d, inv), (consts, options) in sorted(metas.items()):
             # The split rule's constexprs keep the kernel's defaults unless the mode sets them.
             consts = {"SPLIT_TOKENS": 0, "SPLIT_CAP": 0, "BLOCK_N": 1, **consts, "s_o_d": 1, "s_l_h": 1, "s_sl": 1}

@@ -60,6 +60,13 @@ def _pages_outside(bt_row, first_blk, last_blk, num_pages, BLOCK_N: tl.constexpr
     return bad
 
 
+@triton.jit
+def _invariant_split_len(seq_len, SPLIT_TOKENS: tl.constexpr, SPLIT_CAP: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Keys per split of a request of ``seq_len`` keys in batch-invariant mode: a function of the
+    request alone (stage 1 cuts by it, the reduce counts the request's splits by it)."""
+    return tl.maximum(tl.cdiv(tl.cdiv(seq_len, SPLIT_CAP), BLOCK_N) * BLOCK_N, SPLIT_TOKENS)
+
+
 # Counts that are often 1 (q_len, splits, head blocks, page size) are not specialised: one compiled
 # kernel per config serves every batch, and the ISA report's variants are exactly what runs.
 @triton.jit(
@@ -237,7 +244,7 @@ def mla_decode_stage1_kernel(
     row_end = tl.where(row_ok, seq_len - q_len + 1 + t, 0)
 
     if SPLIT_TOKENS > 0:
-        split_len = tl.maximum(tl.cdiv(tl.cdiv(seq_len, SPLIT_CAP), BLOCK_N) * BLOCK_N, SPLIT_TOKENS)
+        split_len = _invariant_split_len(seq_len, SPLIT_TOKENS, SPLIT_CAP, BLOCK_N)
     else:
         split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * split_len
@@ -506,7 +513,7 @@ def mla_decode_reduce_kernel(
     n_splits = num_splits
     if SPLIT_TOKENS > 0:
         seq_len = tl.maximum(tl.minimum(tl.load(seq_lens + (row // q_len) * s_sl), capacity), 0)
-        split_len = tl.maximum(tl.cdiv(tl.cdiv(seq_len, SPLIT_CAP), BLOCK_N) * BLOCK_N, SPLIT_TOKENS)
+        split_len = _invariant_split_len(seq_len, SPLIT_TOKENS, SPLIT_CAP, BLOCK_N)
         n_splits = tl.minimum(tl.cdiv(seq_len, split_len), num_splits)
 
     m = tl.full([BLOCK_S], float("-inf"), dtype=tl.float32)

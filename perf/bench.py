@@ -184,6 +184,12 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=int, default=900, help="seconds per benchmark")
     ap.add_argument("--list", action="store_true", help="print each benchmark's command and exit")
     ap.add_argument(
+        "--commit",
+        default="",
+        help="the commit to record (default: the tree's own, from git); name it where the tree is a "
+        "copy whose .git does not follow its files (a GPU machine's working-tree copy)",
+    )
+    ap.add_argument(
         "--merge", metavar="FILE", help="append the rows of another results file (a GPU machine's) to --out and exit"
     )
     args = ap.parse_args(argv)
@@ -206,7 +212,7 @@ def main(argv=None) -> int:
         print("perf/bench.py: needs a GPU (torch sees none); nothing was run")
         return 2
     logs = Path(args.logs or tempfile.mkdtemp(prefix="rocm_mla_bench_"))
-    vers, commit = versions(args.peers), git_commit()
+    vers, commit = versions(args.peers), args.commit or git_commit()
     print(f"{torch.cuda.get_device_name()}; {vers}; commit {commit or '?'}; logs in {logs}", flush=True)
     t_all = time.perf_counter()
     status, new_rows = {}, []

@@ -147,3 +147,20 @@ def test_runner_appends_checked_rows_with_their_run(tmp_path, monkeypatch, capsy
         assert bench.main(["--merge", str(out), "--out", str(home)]) == 0
         assert bench.main(["--merge", str(out), "--out", str(home)]) == 0
         assert resultsfile.read(home) == rows + rows
+
+
+def test_runner_records_the_commit_it_is_given(tmp_path, monkeypatch, capsys):
+    """--commit names the commit of a tree copied without its history (a GPU machine's copy);
+    without it the runner asks git."""
+    script = tmp_path / "fake_bench.py"
+    script.write_text(textwrap.dedent(FAKE.format(root=str(ROOT), line="all outputs checked", rc=0)))
+    monkeypatch.setitem(bench.BENCHES, "fake", bench.Bench(str(script), "fake.csv"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "GPU X")
+    monkeypatch.setattr(bench, "git_commit", lambda: "from-git")
+    for given, want in (("abc1234", "abc1234"), ("", "from-git")):
+        out = tmp_path / f"results-{want}.csv"
+        argv = ["--ops", "fake", "--out", str(out), "--logs", str(tmp_path / "logs"), "--peers", "P"]
+        assert bench.main(argv + (["--commit", given] if given else [])) == 0
+        assert {r["commit"] for r in resultsfile.read(out)} == {want}
+        assert f"commit {want}" in capsys.readouterr().out

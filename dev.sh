@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The two set-up commands of the README, usable on a fresh machine:
 #   ./dev.sh doctor   install what is missing, then run the main job (rocm-mla doctor)
-#   ./dev.sh test     install what is missing, then run the test suite
+#   ./dev.sh test     install what is missing, then run the test suite (ROCM_MLA_TEST_WORKERS processes, default 2)
 # Python: $PYTHON (default python3). A torch that is already installed (ROCm or CUDA build) is
 # kept; otherwise the CPU build torch==2.13.0 is installed (a plain `torch` would pull a
 # multi-GB CUDA build). apt installs clang-19 and clang-22 (with lld and llvm) and the ROCm device
@@ -17,6 +17,7 @@ setup() {
   fi
   "$PY" -c "import triton" 2>/dev/null || "$PY" -m pip install -q triton==3.7.1
   "$PY" -c "import pytest" 2>/dev/null || "$PY" -m pip install -q "pytest>=7"
+  "$PY" -c "import xdist" 2>/dev/null || "$PY" -m pip install -q "pytest-xdist==3.8.0"
   "$PY" -c "import matplotlib" 2>/dev/null || "$PY" -m pip install -q matplotlib || echo "[setup] matplotlib unavailable: benchmarks will skip plots" >&2
   # Editable, no build isolation: uses the torch above, so a GPU torch gets the HIP extension built now.
   "$PY" -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
@@ -28,6 +29,12 @@ cmd=${1:-}
 shift || true
 case "$cmd" in
   doctor) setup; exec "$PY" -m rocm_mla.tools.cli doctor "$@" ;;
-  test) setup; exec "$PY" -m pytest -q tests "$@" ;;
+  test)
+    setup
+    # Test processes (pytest-xdist; ROCM_MLA_TEST_WORKERS, default 2), each file's tests in one of
+    # them: the CPU interpreter's cases are single-threaded Python. 1 runs everything in one process.
+    workers=${ROCM_MLA_TEST_WORKERS:-2}
+    if [ "$workers" -gt 1 ]; then set -- -n "$workers" --dist loadfile "$@"; fi
+    exec "$PY" -m pytest -q tests "$@" ;;
   *) echo "usage: ./dev.sh doctor|test [extra args]" >&2; exit 2 ;;
 esac

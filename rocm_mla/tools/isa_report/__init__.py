@@ -23,7 +23,7 @@ Where the figures come from:
   sm90    PTX (Triton's, or nvcc ``-ptx``) run through ``ptxas -v``: registers, stack frame,
           spill bytes, static smem; MMA = ``mma.sync``/``wgmma.mma_async`` lines in the PTX.
 
-Modules: ``rows`` (the Row model, per-arch limits), ``gfx942`` (AMDGCN, gfx942 and gfx950) and
+Modules: ``rows`` (the Row model, per-arch limits), ``amdgcn`` (AMDGCN text: gfx942, gfx950) and
 ``sm90`` (parsers, occupancy), ``kv_loop`` (the main loop of AMDGCN text), ``decode_view`` (the
 decode tiers of gfx942 and gfx950 side by side),
 ``gate`` (pass/fail), ``triton_rows``, ``hip_rows`` and ``peers`` (a Row per compiled kernel, with
@@ -31,11 +31,11 @@ decode tiers of gfx942 and gfx950 side by side),
 ``output`` (table, summary, JSON), ``cli`` (the command).
 """
 
+from .amdgcn import amd_occupancy, parse_amdgcn
 from .cli import main
 from .collect import collect
 from .decode_view import decode_tiers
 from .gate import check, failures, notes
-from .gfx942 import amd_occupancy, parse_amdgcn
 from .kv_loop import LoopStats, main_loop_stats
 from .output import format_table, summary, write_json
 from .peers import decode_side_by_side

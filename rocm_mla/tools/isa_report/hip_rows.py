@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ...configs import is_amd_arch
 from . import hip_compile as hipc
-from .gfx942 import amd_occupancy, parse_amdgcn
+from .amdgcn import amd_occupancy, parse_amdgcn
 from .rows import Row
 from .sm90 import parse_ptx_ptxas
 

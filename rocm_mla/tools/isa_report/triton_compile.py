@@ -1,7 +1,7 @@
 """Ahead-of-time compilation of one Triton variant, without a GPU or driver.
 
 Only runs the compiler and hands back its text outputs; what those outputs mean (registers,
-spills, MFMA count) is parsed in ``gfx942`` (gfx942 and gfx950) and ``sm90`` of this package, one parser per target
+spills, MFMA count) is parsed in ``amdgcn`` (gfx942, gfx950) and ``sm90`` of this package, one parser per target
 shared between Triton and HIP.
 """
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from ...configs import is_amd_arch
 from . import triton_compile as tc
-from .gfx942 import amd_occupancy, parse_amdgcn
+from .amdgcn import amd_occupancy, parse_amdgcn
 from .kv_loop import main_loop_stats
 from .rows import Row, error_text
 from .sm90 import local_memory_in_loops, parse_ptx_ptxas, sm90_blocks_per_sm

@@ -238,6 +238,23 @@ def triton_variants(arch: str) -> list[TritonVariant]:
     return variants
 
 
+def default_tier_variants(arch: str, fp8: bool = False) -> list[TritonVariant]:
+    """The stage-1 variant of each default tier of ``arch`` (configs' ``stage1``, in order) with
+    bf16 q and cache, direct (one split), tiles inside one page; ``fp8``: after each, the tier
+    with bf16 q and the platform's fp8 cache (a number k_scale) in each fp8_dots mode, in
+    ``FP8_DOTS`` order. The same variants ``triton_variants`` lists (the decode view's rows)."""
+    fp8_kind = platform_fp8_dtype(arch)
+    out = []
+    for tier in config_for(OP, arch)["stage1"]:
+        rows = tier["BLOCK_H"]
+        cfg = stage1_config(arch, rows, torch.bfloat16, False)
+        out.append(_stage1_variant(arch, cfg, torch.bfloat16, torch.bfloat16, True, False, ""))
+        for dots in FP8_DOTS if fp8 else ():
+            cfg = stage1_config(arch, rows, torch.bfloat16, True, fp8_dots=dots)
+            out.append(_stage1_variant(arch, cfg, torch.bfloat16, fp8_kind, True, False, ""))
+    return out
+
+
 def tuning_candidates(arch: str) -> list[dict[str, Any]]:
     """Stage-1 configs ``rocm-mla tune`` times (pass each as ``config=``):
     every tier plus ``candidates``, with their fp8/fp32 sub-objects."""

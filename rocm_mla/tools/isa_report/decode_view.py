@@ -41,50 +41,6 @@ def loop_cells(row: Row, variant: Any) -> list[str]:
     ]
 
 
-def default_tier_variants(arch: str, fp8: bool = False) -> list:
-    """The stage-1 variants of ``arch``'s default tiers with bf16 q and cache, direct (one split),
-    PAGE_MODE 2: one per tier, in tier order; ``fp8``: after each, the tier with bf16 q and the
-    platform's fp8 cache (a number k_scale) in each fp8_dots mode ("none", "qk", "all")."""
-    from rocm_mla.variants import all_triton_variants
-
-    stage1 = [
-        v
-        for v in all_triton_variants(arch)
-        if v.kernel == "mla_decode_stage1"
-        and v.config.endswith("direct")
-        and v.constexprs.get("PAGE_MODE", 2) == 2
-        and not v.config.startswith("cand ")
-        and not v.constexprs.get("SPLIT_TOKENS", 0)
-    ]
-    out = []
-    for v in stage1:
-        if not v.config.startswith("q=bf16 kv=bf16"):
-            continue
-        out.append(v)
-        if fp8:
-            h = v.constexprs["BLOCK_H"]
-            # The tier's fp8 variants: "none" may change the tile (fp8 sub-objects), so they are
-            # found by the tier's place, after this bf16 row and before the next tier's.
-            out += [w for w in _tier_fp8(stage1, v, h)]
-    return out
-
-
-def _tier_fp8(stage1: list, bf16_row, block_h: int) -> list:
-    """The bf16-q fp8-cache direct variants listed between ``bf16_row`` and the next tier's bf16
-    row (all_triton_variants lists each tier's dtype combinations together), one per fp8_dots mode."""
-    i = stage1.index(bf16_row)
-    found, modes = [], set()
-    for w in stage1[i + 1 :]:
-        if w.config.startswith("q=bf16 kv=bf16"):
-            break
-        if w.config.startswith("q=bf16 kv=fp8"):
-            mode = "all" if w.constexprs.get("FP8_PV") else "qk" if w.constexprs.get("FP8_QK") else "none"
-            if mode not in modes:
-                modes.add(mode)
-                found.append(w)
-    return found
-
-
 def decode_tiers(
     arches: tuple[str, ...] = ("gfx942", "gfx950"), progress: bool = True, fp8: bool = False
 ) -> tuple[str, list[Row]]:
@@ -93,6 +49,9 @@ def decode_tiers(
     memory with nothing in flight more than once per tile at one wave per SIMD is flagged
     ("serial"): no other wave on the SIMD hides those round trips (docs/notes/gfx950.md). ``fp8``:
     each tier's fp8-cache rows too, one per fp8_dots mode (docs/notes/fp8-decode.md)."""
+    # Imported here: the kernels must be imported after cli drops TRITON_INTERPRET.
+    from rocm_mla.variants.decode import default_tier_variants
+
     table = [["arch", "tier", "config", "VGPR", "spills", "LDS", "waves/SIMD", *LOOP_HEADERS, "status"]]
     rows: list[Row] = []
     for arch in arches:

@@ -26,6 +26,13 @@ Split ranges are computed per request from its own seq_len (split_len = cdiv(seq
 up to BLOCK_N), so the host never needs the lengths and the split count is only a load-balancing
 choice: correctness does not depend on it. Addresses that scale with the cache size are int64
 (num_blocks x block_size x 576 exceeds 2^31).
+
+Batch-invariant mode (SPLIT_TOKENS > 0): the split length is a function of the request's own
+seq_len, S (the workspace's splits) only bounds how many a request may have, and with SPLIT_RUNS a
+program takes a run of consecutive splits of its request (split_programs programs per request,
+chosen from the batch), writing each split's partial as its loop leaves it; the reduce then adds a
+request's partials one after another in split order. A request's bits follow from the request
+alone; how many programs share its splits, and the reduce's tile, follow the batch.
 """
 
 import triton
@@ -67,6 +74,48 @@ def _invariant_split_len(seq_len, SPLIT_TOKENS: tl.constexpr, SPLIT_CAP: tl.cons
     return tl.maximum(tl.cdiv(tl.cdiv(seq_len, SPLIT_CAP), BLOCK_N) * BLOCK_N, SPLIT_TOKENS)
 
 
+@triton.jit
+def _close_split(m_i, l_i, osc, poison, FP8_PV: tl.constexpr, LOG2_PMAX: tl.constexpr):
+    """``(inv, lse2)`` of a finished split: the factor that normalises its accumulator (NaN when
+    ``poison``) and its base-2 lse (-inf when it saw no key; NaN when ``poison``). l_i == 0 only
+    when no key was seen; a NaN l_i (a NaN or inf in a used KV row) is kept, so the lse says NaN
+    too and stage 2 cannot mistake the split for an empty one."""
+    no_key = (l_i == 0.0) & (poison == 0)
+    inv = tl.where(poison, float("nan"), osc / tl.where(no_key, 1.0, l_i))[:, None]
+    lse2 = tl.where(no_key, float("-inf"), m_i + tl.log2(tl.where(no_key, 1.0, l_i)))
+    if FP8_PV:
+        lse2 = lse2 - LOG2_PMAX  # l summed p scaled by fmax
+    return inv, tl.where(poison, float("nan"), lse2)
+
+
+@triton.jit
+def _store_partial(
+    part_o,
+    part_lse,
+    split,
+    s_po_s,
+    s_pl_s,
+    r,
+    row_ok,
+    own_lse,
+    o_a,
+    o_b,
+    lse2,
+    offs_a,
+    offs_b,
+    D_NOPE: tl.constexpr,
+    D_SPLIT: tl.constexpr,
+    V_SPLIT: tl.constexpr,
+):
+    """Writes one split's partial output rows (``o_a`` / ``o_b``: the column chunks) and lse."""
+    split64 = tl.zeros([], dtype=tl.int64) + split  # S x rows x N x 512 can pass 2^31
+    tl.store(part_lse + split64 * s_pl_s + r, lse2, mask=row_ok & own_lse)
+    po_row = part_o + split64 * s_po_s + r[:, None] * D_NOPE
+    tl.store(po_row + offs_a[None, :], o_a, mask=row_ok[:, None])
+    if D_SPLIT == 2 and V_SPLIT == 1:
+        tl.store(po_row + offs_b[None, :], o_b, mask=row_ok[:, None])
+
+
 # Counts that are often 1 (q_len, splits, head blocks, page size) are not specialised: one compiled
 # kernel per config serves every batch, and the ISA report's variants are exactly what runs.
 @triton.jit(
@@ -74,6 +123,7 @@ def _invariant_split_len(seq_len, SPLIT_TOKENS: tl.constexpr, SPLIT_CAP: tl.cons
         "num_heads",
         "q_len",
         "num_splits",
+        "split_programs",
         "num_head_blocks",
         "page_size",
         "page_shift",
@@ -97,6 +147,7 @@ def mla_decode_stage1_kernel(
     num_heads,
     q_len,
     num_splits,
+    split_programs,
     num_head_blocks,
     page_size,
     page_shift,
@@ -138,6 +189,7 @@ def mla_decode_stage1_kernel(
     FP8_PV: tl.constexpr = False,
     SPLIT_TOKENS: tl.constexpr = 0,
     SPLIT_CAP: tl.constexpr = 0,
+    SPLIT_RUNS: tl.constexpr = False,
 ):
     """Stage 1; see the module docstring.
 
@@ -211,6 +263,16 @@ def mla_decode_stage1_kernel(
     which the host takes from the batch); splits past the request's last key are empty, and the
     last split of the grid takes every key left (a grid too small for a request stays correct).
     SPLIT_TOKENS is a multiple of BLOCK_N. 0: the split length follows num_splits.
+    split_programs: programs per (request, row block); == num_splits (one split each) but with
+    SPLIT_RUNS, where program p of a request takes its splits [p x per, (p + 1) x per), per =
+    cdiv(own splits, split_programs): the loop writes each split's partial (normalised output and
+    lse) as it leaves the split and restarts the softmax, so a split's partial is the one a program
+    of its own would write, and the software pipeline runs on across the run. The splits a run's
+    loop does not reach (an MTP row block's past its rows' last key; all of them on a bad page)
+    get lse -inf (NaN) and a zero partial: the batch-invariant reduce reads every own split.
+    SPLIT_RUNS is a per-tier config field: the partial store inside the loop converts the
+    accumulator's layout through shared memory beside the pipeline buffers, which only the small
+    tiers afford (the ISA report's "u" rows).
     NaN / inf in a used KV row reaches the request's output and lse (lse -inf means only "no key"),
     also through stage 2.
     """
@@ -223,8 +285,8 @@ def mla_decode_stage1_kernel(
     pid = pid // V_SPLIT
     hb = pid % num_head_blocks
     rest = pid // num_head_blocks
-    split = rest % num_splits
-    b = rest // num_splits
+    split = rest % split_programs
+    b = rest // split_programs
     bt_row = block_table + b.to(tl.int64) * s_bt_b
     # The first BLOCK_N block-table entries of the request (those in the table), loaded beside
     # seq_len: the page guard's check of them below then waits for no load of its own. (A load
@@ -240,18 +302,32 @@ def mla_decode_stage1_kernel(
     t = offs_m // num_heads
     h = offs_m % num_heads
     q_row = (b * q_len + t).to(tl.int64)
+    r = (b * m_rows + offs_m).to(tl.int64)  # the rows' index in the partials: q_row * num_heads + h
     # Key j is visible to row t when j < row_end[t] (causal among the request's new tokens).
     row_end = tl.where(row_ok, seq_len - q_len + 1 + t, 0)
 
+    # The rows of this block see nothing past their largest row_end: stop loading there.
+    top = tl.max(row_end, axis=0)
     if SPLIT_TOKENS > 0:
+        # The request's own splits (the grid's last takes every key left) in consecutive runs of
+        # `per`, one run per program: the runs follow the batch, the splits (the bits) do not.
         split_len = _invariant_split_len(seq_len, SPLIT_TOKENS, SPLIT_CAP, BLOCK_N)
+        n_own = tl.minimum(tl.cdiv(seq_len, split_len), num_splits)
+        per = tl.cdiv(n_own, split_programs)
+        f_first = split * per
+        f_stop = tl.minimum(f_first + per, n_own)
+        start = f_first * split_len
+        end = tl.where(f_stop == num_splits, top, tl.minimum(f_stop * split_len, top))
     else:
         split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    start = split * split_len
-    # The rows of this block see nothing past their largest row_end: stop loading there.
-    end = tl.minimum(start + split_len, tl.max(row_end, axis=0))
-    if SPLIT_TOKENS > 0:
-        end = tl.where(split == num_splits - 1, tl.max(row_end, axis=0), end)
+        f_first = split
+        f_stop = split + 1
+        start = split * split_len
+        end = tl.minimum(start + split_len, top)
+    # A run of several splits per program (SPLIT_RUNS): each split's partial is written as the loop
+    # leaves it and the softmax restarts; the pipeline runs on across the splits.
+    tl.static_assert(not SPLIT_RUNS or (SPLIT_TOKENS > 0 and not DIRECT), "SPLIT_RUNS needs the split rule, two stages")
+    f = f_first  # the split the loop is in
 
     # Column chunk a = [0, CHUNK), chunk b = [CHUNK, 2 CHUNK) (only when D_SPLIT == 2). With
     # V_SPLIT == 2, a is this program's own half (K and V) and b the other half (K only).
@@ -272,6 +348,9 @@ def mla_decode_stage1_kernel(
     LOG2_PMAX: tl.constexpr = 7.906890595608519 if fnuz else 8.807354922057604
     tl.static_assert(not FP8_PV or FP8_QK, "FP8_PV needs FP8_QK")
 
+    osc = out_scale
+    if HAS_K_SCALE_PTR:
+        osc = osc * tl.load(k_scale_ptr)
     if end > start:
         qn_row = q_nope + q_row[:, None] * s_qn_r + h[:, None] * s_qn_h
         qa = tl.load(qn_row + offs_a[None, :] * s_qn_d, mask=row_ok[:, None], other=0.0)
@@ -348,6 +427,7 @@ def mla_decode_stage1_kernel(
             s_scale = (q_sc * sc)[:, None]
         else:
             s_scale = sc
+        f_end = tl.where(f + 1 == num_splits, end, tl.minimum((f + 1) * split_len, end))
         for n0 in range(start, end, BLOCK_N):
             tok = n0 + offs_n
             tok_ok = tok < end
@@ -433,38 +513,119 @@ def mla_decode_stage1_kernel(
                 if D_SPLIT == 2 and V_SPLIT == 1:
                     acc_b = acc_b * alpha[:, None] + tl.dot(pv, vb)
             m_i = m_new
+            if SPLIT_RUNS:
+                if n0 + BLOCK_N >= f_end:
+                    inv_f, lse_f = _close_split(m_i, l_i, osc, bad_page != 0, FP8_PV, LOG2_PMAX)
+                    _store_partial(
+                        part_o,
+                        part_lse,
+                        f,
+                        s_po_s,
+                        s_pl_s,
+                        r,
+                        row_ok,
+                        vh == 0,
+                        acc_a * inv_f,
+                        acc_b * inv_f,
+                        lse_f,
+                        offs_a,
+                        offs_b,
+                        D_NOPE,
+                        D_SPLIT,
+                        V_SPLIT,
+                    )
+                    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+                    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+                    acc_a = tl.zeros([BLOCK_H, CHUNK], dtype=tl.float32)
+                    acc_b = tl.zeros([BLOCK_H, CHUNK], dtype=tl.float32)
+                    f += 1
+                    f_end = tl.where(f + 1 == num_splits, end, tl.minimum((f + 1) * split_len, end))
         if LATE:
             bad_page = _pages_outside(bt_row, first_blk, last_blk, num_pages, BLOCK_N)
 
-    # l_i == 0 only when no key was seen; a NaN l_i (a NaN or inf in a used KV row) is kept, so the
-    # lse says NaN too and stage 2 cannot mistake the split for an empty one.
     poison = bad_page != 0
-    no_key = (l_i == 0.0) & (bad_page == 0)
-    osc = out_scale
-    if HAS_K_SCALE_PTR:
-        osc = osc * tl.load(k_scale_ptr)
-    inv = tl.where(poison, float("nan"), osc / tl.where(no_key, 1.0, l_i))[:, None]
-    lse2 = tl.where(no_key, float("-inf"), m_i + tl.log2(tl.where(no_key, 1.0, l_i)))
-    if FP8_PV:
-        lse2 = lse2 - LOG2_PMAX  # l summed p scaled by fmax
-    lse2 = tl.where(poison, float("nan"), lse2)
     own_lse = vh == 0  # both V halves compute the same lse: one writes it
-    if DIRECT:
-        o_row = out + q_row[:, None] * s_o_r + h[:, None] * s_o_h
-        tl.store(o_row + offs_a[None, :] * s_o_d, (acc_a * inv).to(out.dtype.element_ty), mask=row_ok[:, None])
-        if D_SPLIT == 2 and V_SPLIT == 1:
-            tl.store(o_row + offs_b[None, :] * s_o_d, (acc_b * inv).to(out.dtype.element_ty), mask=row_ok[:, None])
-        tl.store(lse + q_row * s_l_r + h * s_l_h, lse2 * 0.6931471805599453, mask=row_ok & own_lse)
+    if SPLIT_RUNS:
+        # The program's splits its loop did not close -- past the rows' last key (MTP row blocks),
+        # or all of them on a bad page -- get lse -inf (NaN on a bad page) and a zero partial, so
+        # stage 2 reads no unwritten workspace.
+        fill = tl.where(poison, float("nan"), float("-inf")) + tl.zeros([BLOCK_H], dtype=tl.float32)
+        zero = tl.zeros([BLOCK_H, CHUNK], dtype=tl.float32)
+        for f2 in range(tl.where(poison, f_first, f), f_stop):
+            _store_partial(
+                part_o,
+                part_lse,
+                f2,
+                s_po_s,
+                s_pl_s,
+                r,
+                row_ok,
+                own_lse,
+                zero,
+                zero,
+                fill,
+                offs_a,
+                offs_b,
+                D_NOPE,
+                D_SPLIT,
+                V_SPLIT,
+            )
     else:
-        r = (b * m_rows + offs_m).to(tl.int64)  # == q_row * num_heads + h
-        split64 = split.to(tl.int64)  # S x rows x N x 512 can pass 2^31
-        tl.store(part_lse + split64 * s_pl_s + r, lse2, mask=row_ok & own_lse)
-        if end > start:
-            # An empty split writes only its lse (-inf); stage 2 never reads its partial output.
-            po_row = part_o + split64 * s_po_s + r[:, None] * D_NOPE
-            tl.store(po_row + offs_a[None, :], acc_a * inv, mask=row_ok[:, None])
+        inv, lse2 = _close_split(m_i, l_i, osc, poison, FP8_PV, LOG2_PMAX)
+        if DIRECT:
+            o_row = out + q_row[:, None] * s_o_r + h[:, None] * s_o_h
+            tl.store(o_row + offs_a[None, :] * s_o_d, (acc_a * inv).to(out.dtype.element_ty), mask=row_ok[:, None])
             if D_SPLIT == 2 and V_SPLIT == 1:
-                tl.store(po_row + offs_b[None, :], acc_b * inv, mask=row_ok[:, None])
+                tl.store(o_row + offs_b[None, :] * s_o_d, (acc_b * inv).to(out.dtype.element_ty), mask=row_ok[:, None])
+            tl.store(lse + q_row * s_l_r + h * s_l_h, lse2 * 0.6931471805599453, mask=row_ok & own_lse)
+        else:
+            split64 = split.to(tl.int64)  # S x rows x N x 512 can pass 2^31
+            if end > start:
+                _store_partial(
+                    part_o,
+                    part_lse,
+                    split,
+                    s_po_s,
+                    s_pl_s,
+                    r,
+                    row_ok,
+                    own_lse,
+                    acc_a * inv,
+                    acc_b * inv,
+                    lse2,
+                    offs_a,
+                    offs_b,
+                    D_NOPE,
+                    D_SPLIT,
+                    V_SPLIT,
+                )
+            else:
+                # An empty split writes only its lse (-inf, NaN on a bad page); stage 2 reads no
+                # partial past the request's own splits. An own split that is empty for this row
+                # block (MTP: past its rows' last key) writes a zero partial too: the
+                # batch-invariant reduce reads every own split's.
+                tl.store(part_lse + split64 * s_pl_s + r, lse2, mask=row_ok & own_lse)
+                if SPLIT_TOKENS > 0:
+                    if (f_first < f_stop) & (bad_page == 0):
+                        zero = tl.zeros([BLOCK_H, CHUNK], dtype=tl.float32)
+                        _store_partial(
+                            part_o,
+                            part_lse,
+                            split,
+                            s_po_s,
+                            s_pl_s,
+                            r,
+                            row_ok,
+                            own_lse,
+                            zero,
+                            zero,
+                            lse2,
+                            offs_a,
+                            offs_b,
+                            D_NOPE,
+                            D_SPLIT,
+                            V_SPLIT,
+                        )
 
 
 @triton.jit(do_not_specialize=["num_heads", "num_splits", "q_len", "capacity"])
@@ -496,13 +657,14 @@ def mla_decode_reduce_kernel(
     """Stage 2: out[r] = sum_s w_s * part_o[s, r] with w = softmax_s(part_lse[s, r]).
 
     One program = one (row, head) pair r = row * N + h and BLOCK_D of the D columns. Splits are
-    read BLOCK_S at a time ([BLOCK_S, BLOCK_D] tiles: many loads in flight); a split whose lse is
-    -inf has weight 0 and its partial is not read (it may be unwritten workspace). Writes out in
+    read BLOCK_S at a time ([BLOCK_S, BLOCK_D] tiles: many loads in flight); in the default mode a
+    split whose lse is -inf has weight 0 and its partial is not read (it may be unwritten
+    workspace). Writes out in
     out's dtype (any strides) and lse (natural log; -inf when no split saw a key, out then 0).
     Batch-invariant mode (SPLIT_TOKENS > 0, stage 1's split rule): the splits read are the
     request's own, cdiv(seq_len, split length) from its seq_len (``seq_lens``, clamped to
-    ``capacity`` as stage 1 clamps it), not the grid's; with a BLOCK_S fixed per arch the sums
-    then run in one order whatever the grid (the tail of the last tile adds exact zeros).
+    ``capacity`` as stage 1 clamps it), not the grid's, and they are summed one after another in
+    split order, so the bits follow from the request alone whatever the tile and the grid.
     """
     r = tl.program_id(0).to(tl.int64)
     dblk = tl.program_id(1)
@@ -524,15 +686,32 @@ def mla_decode_reduce_kernel(
     m_use = tl.where(m_max == float("-inf"), 0.0, m_max)
 
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    wsum = tl.zeros([BLOCK_S], dtype=tl.float32)
-    for s0 in range(0, n_splits, BLOCK_S):
-        sp = s0 + offs_s
-        ls = tl.load(part_lse + sp * s_pl_s + r, mask=sp < n_splits, other=float("-inf"))
-        w = tl.exp2(ls - m_use)
-        wsum += w
-        po = tl.load(part_o + sp[:, None] * s_po_s + r * D + offs_d[None, :], mask=(w > 0.0)[:, None], other=0.0)
-        acc += tl.sum(w[:, None] * po, axis=0)
-    total = tl.sum(wsum, axis=0)
+    if SPLIT_TOKENS > 0:
+        # One split after another, in split order: every column's sum (and the weights' total) is
+        # a chain whose order is the request's own, whatever BLOCK_S and BLOCK_D (they follow the
+        # batch). Stage 1 writes every partial of the request's splits (a bad page: NaN lse), so
+        # none is masked by its weight: a NaN partial reaches out even where its weight
+        # underflows to 0.
+        total = tl.zeros([], dtype=tl.float32)
+        for s0 in range(0, n_splits, BLOCK_S):
+            for j in tl.static_range(BLOCK_S):
+                sp = tl.zeros([], dtype=tl.int64) + (s0 + j)  # split x (rows x N x 512) can pass 2^31
+                ok = sp < n_splits
+                ls = tl.load(part_lse + sp * s_pl_s + r, mask=ok, other=float("-inf"))
+                po = tl.load(part_o + sp * s_po_s + r * D + offs_d, mask=ok, other=0.0)
+                w = tl.exp2(ls - m_use)
+                acc = tl.where(ok, tl.fma(po, w, acc), acc)
+                total = tl.where(ok, total + w, total)
+    else:
+        wsum = tl.zeros([BLOCK_S], dtype=tl.float32)
+        for s0 in range(0, n_splits, BLOCK_S):
+            sp = s0 + offs_s
+            ls = tl.load(part_lse + sp * s_pl_s + r, mask=sp < n_splits, other=float("-inf"))
+            w = tl.exp2(ls - m_use)
+            wsum += w
+            po = tl.load(part_o + sp[:, None] * s_po_s + r * D + offs_d[None, :], mask=(w > 0.0)[:, None], other=0.0)
+            acc += tl.sum(w[:, None] * po, axis=0)
+        total = tl.sum(wsum, axis=0)
     # A NaN partial lse (a poisoned split) makes its weight, total and acc NaN: kept, never read as
     # "no key" (total == 0 only when no split saw a key).
     no_key = total == 0.0

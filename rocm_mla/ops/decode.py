@@ -438,6 +438,7 @@ def _launch_triton(
         N,
         plan.q_len,
         S,
+        plan.split_programs,
         plan.row_blocks,
         page_size,
         plan.page_shift,

@@ -50,6 +50,7 @@ STAGE1_DEFAULTS = {
     "CLAMP_PAGES": False,
     "FP8_QK": False,
     "FP8_PV": False,
+    "SPLIT_RUNS": False,
 }
 
 # mla_decode(fp8_dots=): which dots of an fp8-cache decode run on fp8 matrix instructions.
@@ -216,21 +217,37 @@ def _num_xcds(arch: str) -> int:
     return int(config_for(OP, arch).get("num_xcds", 1))
 
 
-def stage2_meta(num_splits: int, arch: str, invariant: tuple[int, int, int] | None = None) -> tuple[dict, dict]:
+def stage2_meta(
+    num_splits: int,
+    arch: str,
+    invariant: tuple[int, int, int] | None = None,
+    rows: int | None = None,
+    num_cus: int | None = None,
+) -> tuple[dict, dict]:
     """``(constexprs, compile options)`` of the stage-2 reduce for ``num_splits`` splits, for the
     launch and the ISA report alike. Reduce tile: BLOCK_S splits x BLOCK_D columns with
     BLOCK_S x BLOCK_D <= tile_elems, so a long split list is read in few, wide steps (each step
     waits for its loads once). ``invariant``: the batch-invariant mode's ``(split_tokens,
-    max_splits, block_n)``; BLOCK_S is then the arch's fixed ``invariant_block_s`` (the order
-    of the sums never follows the grid) and the reduce reads only each request's own splits."""
+    max_splits, block_n)``: the reduce then reads each request's own splits and sums them one after
+    another (the bits do not depend on the tile), so the tile follows the batch: with ``rows``
+    (R = B x q_len x N) below 4 programs per CU of ``num_cus``, the 512 columns are cut into up
+    to 8 blocks (more programs in flight for a small batch); otherwise one program per row; at most
+    ``invariant_max_block_s`` split rows a tile (the tile's loads are unrolled: gfx942 and gfx950
+    spill past 16)."""
     cfg = config_for(OP, arch)["stage2"]
+    tile = int(cfg["tile_elems"])
     if invariant is None:
         block_s = min(triton.next_power_of_2(max(1, num_splits)), int(cfg["max_block_s"]))
+        block_d = max(64, min(D_NOPE, tile // block_s))
     else:
-        block_s = int(cfg["invariant_block_s"])
-        if block_s < 1 or block_s & (block_s - 1):
-            raise ValueError(f"{OP}: config stage2: expected invariant_block_s a power of two, got {block_s}")
-    block_d = max(64, min(D_NOPE, int(cfg["tile_elems"]) // block_s))
+        col_blocks = 1
+        if rows is not None and num_cus is not None and rows > 0:
+            col_blocks = min(D_NOPE // 64, triton.next_power_of_2(triton.cdiv(4 * num_cus, rows)))
+        block_d = D_NOPE // col_blocks
+        cap = int(cfg["invariant_max_block_s"])  # the split rows a tile folds without spilling (ISA report)
+        if cap < 1 or cap & (cap - 1) or cap > 64:
+            raise ValueError(f"{OP}: config stage2: expected invariant_max_block_s a power of two <= 64, got {cap}")
+        block_s = max(1, min(triton.next_power_of_2(max(1, num_splits)), tile // block_d, cap))
     options = {"num_warps": int(cfg["num_warps"]), **amd_options(cfg, arch)}
     consts = {"D": D_NOPE, "BLOCK_D": block_d, "BLOCK_S": block_s}
     if invariant is not None:
@@ -287,6 +304,8 @@ def stage1_meta(
     }
     if split_tokens:  # batch-invariant mode (invariant_split); absent, the kernel's default 0
         consts.update(SPLIT_TOKENS=int(split_tokens), SPLIT_CAP=int(split_cap))
+        if not direct and field["SPLIT_RUNS"]:
+            consts["SPLIT_RUNS"] = True
     options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **amd_options(cfg, arch)}
     return consts, options
 
@@ -296,8 +315,9 @@ class DecodePlan:
     """What one mla_decode call launches (``plan_decode`` makes it; the wrapper runs it).
 
     The call: ``rows = batch x q_len`` query rows of ``num_heads`` heads; R = rows x num_heads.
-    Stage 1 runs ``stage1_grid = (batch x num_kv_splits x row_blocks x V_SPLIT,)`` programs, each
-    ``BLOCK_H`` query rows of one request over one split of its keys. With ``num_kv_splits == 1`` it
+    Stage 1 runs ``stage1_grid = (batch x split_programs x row_blocks x V_SPLIT,)`` programs, each
+    ``BLOCK_H`` query rows of one request over one split of its keys (batch-invariant mode with
+    the tier's ``SPLIT_RUNS``: over a run of consecutive splits, ``split_programs`` <= S). With ``num_kv_splits == 1`` it
     writes out ``[rows, N, 512]`` and lse ``[rows, N]`` directly and nothing else runs; otherwise it
     writes float32 partials into a workspace of ``workspace_numel`` elements, partial outputs
     ``[S, R, 512]`` then partial lses ``[S, R]``, and stage 2 (the reduce,
@@ -313,6 +333,7 @@ class DecodePlan:
     config: dict[str, Any]  # the resolved stage-1 config (stage1_config)
     row_blocks: int  # cdiv(q_len x N, BLOCK_H): programs per request and split
     num_kv_splits: int  # S
+    split_programs: int  # stage-1 programs per (request, row block), P <= S; P == S but in batch-invariant mode
     workspace_numel: int  # float32 elements of the partials; 0 when S == 1
     page_mode: int  # stage 1's PAGE_MODE (page_mode_for)
     page_shift: int
@@ -384,8 +405,11 @@ def plan_decode(
         batch_invariant: split each request by ``invariant_split`` (a function of its own length);
             S = ``invariant_num_splits`` of the max_seq_len hint (else the table's capacity), which
             must then be an upper bound of every seq_len: any such S gives a request the same
-            bits; workspace_numel does not change S. Stage 2 reads each request's own splits in
-            tiles of the arch's fixed ``invariant_block_s``. With S == 1 stage 1 writes out
+            bits; workspace_numel does not change S. With the tier's ``SPLIT_RUNS`` the
+            programs per request (``split_programs``) follow the batch as the default mode's
+            split count does, each taking a run of the request's splits. Stage 2 adds each
+            request's own splits in split order, its tile following the batch
+            (``stage2_meta``). With S == 1 stage 1 writes out
             directly: for a request with one live split that gives the bits the two-stage path
             gives (tests/decode/test_decode_batch_invariant.py).
     """
@@ -407,10 +431,11 @@ def plan_decode(
             raise ValueError(f"{OP}: num_kv_splits: expected None with batch_invariant=True, got {num_kv_splits}")
         split_tokens, split_cap = invariant_split(arch, block_n)
         S = invariant_num_splits(bound, split_tokens, split_cap)
-    if S is None:
+    P = None
+    if S is None or batch_invariant:
         sp = config_for(OP, arch)["split"]
         # V_SPLIT programs share each row block's tiles: they count as row blocks for the model.
-        S = choose_num_splits(
+        P = choose_num_splits(
             batch,
             row_blocks * int(cfg.get("V_SPLIT", STAGE1_DEFAULTS["V_SPLIT"])),
             bound,
@@ -424,8 +449,16 @@ def plan_decode(
             float(sp["fixed_tiles"]),
             float(sp["launch_tiles"]),
         )
-        if workspace_numel is not None:
-            S = max(1, min(S, workspace_numel // max(1, r * (D_NOPE + 1))))
+        if batch_invariant:
+            # With SPLIT_RUNS the programs per request follow the batch as the default mode's
+            # split count does, each taking a run of the request's splits; without, one per split.
+            P = min(P, S) if cfg.get("SPLIT_RUNS", False) else S
+        else:
+            S = P
+            if workspace_numel is not None:
+                S = P = max(1, min(S, workspace_numel // max(1, r * (D_NOPE + 1))))
+    if P is None:
+        P = S
     page_mode, page_shift = page_mode_for(block_size, block_n)
     consts1, options1 = stage1_meta(
         arch,
@@ -440,7 +473,9 @@ def plan_decode(
     )
     consts2 = options2 = grid2 = None
     if S > 1:
-        consts2, options2 = stage2_meta(S, arch, (split_tokens, split_cap, block_n) if batch_invariant else None)
+        consts2, options2 = stage2_meta(
+            S, arch, (split_tokens, split_cap, block_n) if batch_invariant else None, rows=r, num_cus=num_cus
+        )
         grid2 = (r, D_NOPE // consts2["BLOCK_D"])
     return DecodePlan(
         arch=arch,
@@ -452,10 +487,11 @@ def plan_decode(
         config=cfg,
         row_blocks=row_blocks,
         num_kv_splits=S,
+        split_programs=P,
         workspace_numel=mla_decode_workspace_numel(batch * q_len, num_heads, S),
         page_mode=page_mode,
         page_shift=page_shift,
-        stage1_grid=(batch * S * row_blocks * consts1["V_SPLIT"],),
+        stage1_grid=(batch * P * row_blocks * consts1["V_SPLIT"],),
         stage1_constexprs=consts1,
         stage1_options=options1,
         stage2_grid=grid2,

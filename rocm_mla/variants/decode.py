@@ -48,6 +48,7 @@ def _stage1_variant(
         "num_heads",
         "q_len",
         "num_splits",
+        "split_programs",
         "num_head_blocks",
         "page_size",
         "page_shift",
@@ -82,13 +83,14 @@ def _stage1_variant(
     )
     # The split rule's constexprs keep the kernel's defaults (0: the default mode) unless the
     # batch-invariant plan sets them: a launch leaves them out, an AOT compile must name them.
-    consts = {**ones, "SPLIT_TOKENS": 0, "SPLIT_CAP": 0, **meta}
+    consts = {**ones, "SPLIT_TOKENS": 0, "SPLIT_CAP": 0, "SPLIT_RUNS": False, **meta}
     amd = "".join(f" {k[:4]}{v}" for k, v in amd_options(cfg, arch).items())
     vsplit = f"v{consts['V_SPLIT']}" if consts["V_SPLIT"] > 1 else ""
     label = (
         f"{tag}q={qname} kv={kvname} H{cfg['BLOCK_H']} N{cfg['BLOCK_N']} d{consts['D_SPLIT']}{vsplit}"
         f"{'r' if cfg.get('RELOAD_K') else ''}{'h' if consts['F16_DOT'] else ''}"
-        f"{'g' if consts['CLAMP_PAGES'] else ''}{'q8' if consts['FP8_QK'] else ''}{'p8' if consts['FP8_PV'] else ''} "
+        f"{'g' if consts['CLAMP_PAGES'] else ''}{'q8' if consts['FP8_QK'] else ''}{'p8' if consts['FP8_PV'] else ''}"
+        f"{'u' if consts.get('SPLIT_RUNS') else ''} "
         f"w{cfg['num_warps']} "
         f"s{cfg['num_stages']}{amd} {'direct' if direct else 'split'}{' kscale*' if scale_ptr else ''}"
         f"{'' if page_mode == 2 else f' page{page_mode}'}"
@@ -185,16 +187,22 @@ def triton_variants(arch: str) -> list[TritonVariant]:
         for s in s_values[1:]:
             consts, options = stage2_meta(s, arch)
             metas.setdefault((consts["BLOCK_S"], consts["BLOCK_D"], ""), (consts, options))
-        # Batch-invariant mode: the fixed split tile with each tier's BLOCK_N (the split rule's),
+        # Batch-invariant mode: the reduce with each tier's BLOCK_N (the split rule's),
         # for the caches this output dtype runs with (fp8 in each fp8_dots mode).
         kinds = [(False, "none")] + ([(True, d) for d in FP8_DOTS] if qdt != torch.float32 else [])
+        # Its tile follows the batch (stage2_meta): one program per row at large batches, the
+        # columns cut in 2, 4 or 8 for few rows; a tile of 2 splits and of the arch's max_splits.
+        cus = 64
         for tier in table["stage1"]:
             for is_fp8, dots in kinds:
-                block_n = int(stage1_config(arch, tier["BLOCK_H"], qdt, is_fp8, fp8_dots=dots)["BLOCK_N"])
+                cfg = stage1_config(arch, tier["BLOCK_H"], qdt, is_fp8, fp8_dots=dots)
+                block_n = int(cfg["BLOCK_N"])
                 tokens, cap = invariant_split(arch, block_n)
-                consts, options = stage2_meta(2, arch, (tokens, cap, block_n))
-                key = (consts["BLOCK_S"], consts["BLOCK_D"], f" inv T{tokens} N{block_n}")
-                metas.setdefault(key, (consts, options))
+                for s in sorted({2, cap}):
+                    for rows in (None, 2 * cus, cus, cus // 2):
+                        consts, options = stage2_meta(s, arch, (tokens, cap, block_n), rows=rows, num_cus=cus)
+                        key = (consts["BLOCK_S"], consts["BLOCK_D"], f" inv T{tokens} N{block_n}")
+                        metas.setdefault(key, (consts, options))
         for (block_s, block_d, inv), (consts, options) in sorted(metas.items()):
             # The split rule's constexprs keep the kernel's defaults unless the mode sets them.
             consts = {"SPLIT_TOKENS": 0, "SPLIT_CAP": 0, "BLOCK_N": 1, **consts, "s_o_d": 1, "s_l_h": 1, "s_sl": 1}

@@ -16,6 +16,7 @@ from _util import DEVICE
 from decode_case import make_case
 
 from rocm_mla.cases import decode
+from rocm_mla.configs import config_for
 from rocm_mla.ops import mla_decode, plan_decode
 from rocm_mla.ops.decode_plan import invariant_num_splits, invariant_split
 
@@ -149,22 +150,26 @@ def test_direct_equals_two_stage_for_one_split():
 
 def test_plan_split_rule_is_data_and_the_grid_follows_the_bound():
     cpu = torch.device("cpu")
-    tokens, cap = invariant_split("cpu", 16)
-    assert tokens % 16 == 0 and cap >= 1
     kw = dict(num_heads=16, q_len=1, block_size=16, q_dtype=torch.float16, kv_dtype=torch.float16, device=cpu)
     a = plan_decode(batch=1, max_blocks=64, batch_invariant=True, **kw)
+    tokens, cap = invariant_split("cpu", a.config["BLOCK_N"])
+    assert tokens % a.config["BLOCK_N"] == 0 and cap >= 1
     b = plan_decode(batch=128, max_blocks=64, batch_invariant=True, workspace_numel=1, **kw)
     assert a.num_kv_splits == b.num_kv_splits == invariant_num_splits(64 * 16, tokens, cap)
     hinted = plan_decode(batch=128, max_blocks=64, max_seq_len=40, batch_invariant=True, **kw)
     assert hinted.num_kv_splits == invariant_num_splits(40, tokens, cap) < a.num_kv_splits
     assert a.stage1_constexprs["SPLIT_TOKENS"] == tokens and a.stage1_constexprs["SPLIT_CAP"] == cap
-    # The reduce's tile is the arch's fixed one, whatever the grid; it reads each request's own
-    # splits by the same rule.
-    assert a.stage2_constexprs == b.stage2_constexprs
+    # The schedule follows the batch, the split rule does not: one request gets several programs,
+    # a full batch one program per request taking a run of its splits (stage 1), and the reduce's
+    # tile narrows for few rows; both read each request's own splits by the same rule.
+    assert a.num_kv_splits >= a.split_programs > b.split_programs == 1
+    assert a.stage1_grid == (a.split_programs,) and b.stage1_grid == (128,)
+    one = plan_decode(batch=1, max_blocks=64, batch_invariant=True, **{**kw, "num_heads": 2})
+    assert one.stage2_constexprs["BLOCK_D"] < b.stage2_constexprs["BLOCK_D"] == 512
+    for plan in (a, b):
+        assert plan.stage2_constexprs["SPLIT_TOKENS"] == tokens and plan.stage2_constexprs["SPLIT_CAP"] == cap
     few = plan_decode(batch=1, max_blocks=3, batch_invariant=True, **kw)  # 48 keys: 2 splits
-    assert few.stage2_constexprs == a.stage2_constexprs
-    assert a.stage2_constexprs["SPLIT_TOKENS"] == tokens and a.stage2_constexprs["SPLIT_CAP"] == cap
-    assert a.stage2_constexprs["BLOCK_S"] < a.num_kv_splits  # the CPU tile: several steps per row
+    assert few.stage2_constexprs["BLOCK_S"] == 2  # the tile's split rows: the grid's splits, no more
     assert plan_decode(batch=1, max_blocks=64, **kw).stage1_constexprs.get("SPLIT_TOKENS", 0) == 0
 
 
@@ -242,5 +247,54 @@ def test_nan_reaches_its_request_only(where):
 def test_every_arch_has_the_split_rule(arch):
     """Each arch's launch data carries the mode's split rule (a missing one would fail every
     batch-invariant call there, and the ISA report's variants)."""
-    tokens, cap = invariant_split(arch, 16)
-    assert tokens % 16 == 0 and tokens > 0 and cap >= 1
+    for tier in config_for("mla_decode", arch)["stage1"]:
+        tokens, cap = invariant_split(arch, tier["BLOCK_N"])
+        assert tokens % tier["BLOCK_N"] == 0 and tokens > 0 and cap >= 1
+
+
+def _tier(case, q_len, **fields):
+    """The CPU stage-1 tier the plan picks for ``case``, with ``fields`` replaced (config=)."""
+    plan = plan_decode(
+        batch=1,
+        num_heads=case.shape.N,
+        q_len=q_len,
+        max_blocks=case.block_table.shape[1],
+        block_size=case.shape.block,
+        q_dtype=case.q_nope.dtype,
+        kv_dtype=case.q_nope.dtype,
+        device=DEVICE,
+        batch_invariant=True,
+    )
+    return {**plan.config, "ctas_per_cu": 1, **fields}
+
+
+@pytest.mark.parametrize("clamp", [False, True])
+def test_split_runs_change_no_bit(clamp):
+    """The programs a request gets are a schedule, not arithmetic: a batch whose programs each take
+    a run of a request's splits (SPLIT_RUNS) gives the bits of one program per split, MTP rows
+    included (a row block's own split past its last key: a zero partial), both page-guard forms."""
+    N, q_len = 16, 2  # 32 query rows: two row blocks of 16 (the first sees one key fewer)
+    case = make_case(POOL, N, q_len, 16, torch.float32, seed=11)
+    idx = [4, 0, 2, 1, 5, 3]  # 33 keys: the first row block's second split is empty
+    runs = _run(case, idx, q_len, config=_tier(case, q_len, SPLIT_RUNS=True, CLAMP_PAGES=clamp))
+    single = _run(case, idx, q_len, config=_tier(case, q_len, SPLIT_RUNS=False, CLAMP_PAGES=clamp))
+    plan = case.plan(DEVICE, batch_invariant=True, config=_tier(case, q_len, SPLIT_RUNS=True))
+    assert plan.split_programs < plan.num_kv_splits  # the runs path did run
+    assert _same_bits(runs[0], single[0]) and _same_bits(runs[1], single[1])
+    case.check(*_run(case, list(range(len(POOL))), q_len, config=_tier(case, q_len, SPLIT_RUNS=True)))
+
+
+@pytest.mark.parametrize("clamp", [False, True])
+def test_split_runs_bad_page_is_loud(clamp):
+    """A used block-table entry outside the cache, in a request whose splits one program runs:
+    that request's rows are NaN (out and lse), every other request keeps its bits."""
+    case = make_case(POOL, 4, 1, 16, torch.float32, seed=12)
+    idx = [2, 0, 3, 1]  # the 100-key request second: 7 pages
+    cfg = _tier(case, 1, SPLIT_RUNS=True, CLAMP_PAGES=clamp)
+    clean = [t.clone() for t in _run(case, idx, 1, config=cfg)]
+    q_nope, q_pe, kv, table, seq_lens = _batch(case, idx, 1)
+    table[1, 4] = kv.shape[0] + 3
+    o, lse = mla_decode(q_nope, q_pe, kv, table, seq_lens, sm_scale=case.sm_scale, batch_invariant=True, config=cfg)
+    assert torch.isnan(o[1]).all() and torch.isnan(lse[1]).all()
+    others = [0, 2, 3]
+    assert _same_bits(o[others], clean[0][others]) and _same_bits(lse[others], clean[1][others])

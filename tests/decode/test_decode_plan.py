@@ -238,8 +238,9 @@ def test_plan_names_the_launches(case, monkeypatch):
     s1 = launches[0]
     assert s1["grid"] == list(plan.stage1_grid)
     assert s1["meta"] == _json({**plan.stage1_constexprs, **plan.stage1_options})
-    assert s1["args"][14] == plan.num_kv_splits and s1["args"][15] == plan.row_blocks
-    assert s1["args"][17] == plan.page_shift and plan.stage1_constexprs["PAGE_MODE"] == plan.page_mode
+    assert s1["args"][14] == plan.num_kv_splits and s1["args"][15] == plan.split_programs
+    assert s1["args"][16] == plan.row_blocks
+    assert s1["args"][18] == plan.page_shift and plan.stage1_constexprs["PAGE_MODE"] == plan.page_mode
     assert plan.stage1_constexprs["BLOCK_H"] == plan.config["BLOCK_H"]
     if plan.direct:
         assert plan.workspace_numel == 0 and plan.workspace_shapes is None and plan.stage2_grid is None

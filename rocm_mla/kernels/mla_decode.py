@@ -517,23 +517,9 @@ def mla_decode_stage1_kernel(
                 if n0 + BLOCK_N >= f_end:
                     inv_f, lse_f = _close_split(m_i, l_i, osc, bad_page != 0, FP8_PV, LOG2_PMAX)
                     _store_partial(
-                        part_o,
-                        part_lse,
-                        f,
-                        s_po_s,
-                        s_pl_s,
-                        r,
-                        row_ok,
-                        vh == 0,
-                        acc_a * inv_f,
-                        acc_b * inv_f,
-                        lse_f,
-                        offs_a,
-                        offs_b,
-                        D_NOPE,
-                        D_SPLIT,
-                        V_SPLIT,
-                    )
+                        part_o, part_lse, f, s_po_s, s_pl_s, r, row_ok, vh == 0, acc_a * inv_f, acc_b * inv_f, lse_f,
+                        offs_a, offs_b, D_NOPE, D_SPLIT, V_SPLIT,
+                    )  # fmt: skip
                     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
                     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
                     acc_a = tl.zeros([BLOCK_H, CHUNK], dtype=tl.float32)
@@ -553,23 +539,9 @@ def mla_decode_stage1_kernel(
         zero = tl.zeros([BLOCK_H, CHUNK], dtype=tl.float32)
         for f2 in range(tl.where(poison, f_first, f), f_stop):
             _store_partial(
-                part_o,
-                part_lse,
-                f2,
-                s_po_s,
-                s_pl_s,
-                r,
-                row_ok,
-                own_lse,
-                zero,
-                zero,
-                fill,
-                offs_a,
-                offs_b,
-                D_NOPE,
-                D_SPLIT,
-                V_SPLIT,
-            )
+                part_o, part_lse, f2, s_po_s, s_pl_s, r, row_ok, own_lse, zero, zero, fill, offs_a, offs_b,
+                D_NOPE, D_SPLIT, V_SPLIT,
+            )  # fmt: skip
     else:
         inv, lse2 = _close_split(m_i, l_i, osc, poison, FP8_PV, LOG2_PMAX)
         if DIRECT:
@@ -579,53 +551,21 @@ def mla_decode_stage1_kernel(
                 tl.store(o_row + offs_b[None, :] * s_o_d, (acc_b * inv).to(out.dtype.element_ty), mask=row_ok[:, None])
             tl.store(lse + q_row * s_l_r + h * s_l_h, lse2 * 0.6931471805599453, mask=row_ok & own_lse)
         else:
-            split64 = split.to(tl.int64)  # S x rows x N x 512 can pass 2^31
-            if end > start:
+            # An empty split writes only its lse (-inf, NaN on a bad page): stage 2 reads no partial
+            # past the request's own splits. An own split that is empty for this row block (MTP:
+            # past its rows' last key) writes its zero partial too (acc is 0, inv finite): the
+            # batch-invariant reduce reads every own split's.
+            write_o = end > start
+            if SPLIT_TOKENS > 0:
+                write_o = write_o | ((f_first < f_stop) & (bad_page == 0))
+            if write_o:
                 _store_partial(
-                    part_o,
-                    part_lse,
-                    split,
-                    s_po_s,
-                    s_pl_s,
-                    r,
-                    row_ok,
-                    own_lse,
-                    acc_a * inv,
-                    acc_b * inv,
-                    lse2,
-                    offs_a,
-                    offs_b,
-                    D_NOPE,
-                    D_SPLIT,
-                    V_SPLIT,
-                )
+                    part_o, part_lse, split, s_po_s, s_pl_s, r, row_ok, own_lse, acc_a * inv, acc_b * inv, lse2,
+                    offs_a, offs_b, D_NOPE, D_SPLIT, V_SPLIT,
+                )  # fmt: skip
             else:
-                # An empty split writes only its lse (-inf, NaN on a bad page); stage 2 reads no
-                # partial past the request's own splits. An own split that is empty for this row
-                # block (MTP: past its rows' last key) writes a zero partial too: the
-                # batch-invariant reduce reads every own split's.
+                split64 = split.to(tl.int64)  # S x rows x N x 512 can pass 2^31
                 tl.store(part_lse + split64 * s_pl_s + r, lse2, mask=row_ok & own_lse)
-                if SPLIT_TOKENS > 0:
-                    if (f_first < f_stop) & (bad_page == 0):
-                        zero = tl.zeros([BLOCK_H, CHUNK], dtype=tl.float32)
-                        _store_partial(
-                            part_o,
-                            part_lse,
-                            split,
-                            s_po_s,
-                            s_pl_s,
-                            r,
-                            row_ok,
-                            own_lse,
-                            zero,
-                            zero,
-                            lse2,
-                            offs_a,
-                            offs_b,
-                            D_NOPE,
-                            D_SPLIT,
-                            V_SPLIT,
-                        )
 
 
 @triton.jit(do_not_specialize=["num_heads", "num_splits", "q_len", "capacity"])

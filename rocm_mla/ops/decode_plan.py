@@ -317,10 +317,11 @@ class DecodePlan:
     The call: ``rows = batch x q_len`` query rows of ``num_heads`` heads; R = rows x num_heads.
     Stage 1 runs ``stage1_grid = (batch x split_programs x row_blocks x V_SPLIT,)`` programs, each
     ``BLOCK_H`` query rows of one request over one split of its keys (batch-invariant mode with
-    the tier's ``SPLIT_RUNS``: over a run of consecutive splits, ``split_programs`` <= S). With ``num_kv_splits == 1`` it
-    writes out ``[rows, N, 512]`` and lse ``[rows, N]`` directly and nothing else runs; otherwise it
-    writes float32 partials into a workspace of ``workspace_numel`` elements, partial outputs
-    ``[S, R, 512]`` then partial lses ``[S, R]``, and stage 2 (the reduce,
+    the tier's ``SPLIT_RUNS``: over a run of consecutive splits, ``split_programs`` <= S). With
+    ``num_kv_splits == 1`` it writes out ``[rows, N, 512]`` and lse ``[rows, N]`` directly and
+    nothing else runs; otherwise it writes float32 partials into a workspace of
+    ``workspace_numel`` elements, partial outputs ``[S, R, 512]`` then partial lses ``[S, R]``,
+    and stage 2 (the reduce,
     ``stage2_grid = (R, 512 / BLOCK_D)``) merges them into out and lse.
     """
 

@@ -334,7 +334,7 @@ class DecodePlan:
     config: dict[str, Any]  # the resolved stage-1 config (stage1_config)
     row_blocks: int  # cdiv(q_len x N, BLOCK_H): programs per request and split
     num_kv_splits: int  # S
-    split_programs: int  # stage-1 programs per (request, row block), P <= S; P == S but in batch-invariant mode
+    split_programs: int  # stage-1 programs per (request, row block): P == S, or P <= S with the tier's SPLIT_RUNS
     workspace_numel: int  # float32 elements of the partials; 0 when S == 1
     page_mode: int  # stage 1's PAGE_MODE (page_mode_for)
     page_shift: int

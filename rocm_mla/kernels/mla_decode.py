@@ -597,9 +597,9 @@ def mla_decode_reduce_kernel(
     """Stage 2: out[r] = sum_s w_s * part_o[s, r] with w = softmax_s(part_lse[s, r]).
 
     One program = one (row, head) pair r = row * N + h and BLOCK_D of the D columns. Splits are
-    read BLOCK_S at a time ([BLOCK_S, BLOCK_D] tiles: many loads in flight); in the default mode a
-    split whose lse is -inf has weight 0 and its partial is not read (it may be unwritten
-    workspace). Writes out in
+    read BLOCK_S at a time (the default mode: [BLOCK_S, BLOCK_D] tiles summed by tl.sum, a split
+    whose lse is -inf not read, as it may be unwritten workspace; batch-invariant mode: BLOCK_S
+    unrolled row loads added in split order). Writes out in
     out's dtype (any strides) and lse (natural log; -inf when no split saw a key, out then 0).
     Batch-invariant mode (SPLIT_TOKENS > 0, stage 1's split rule): the splits read are the
     request's own, cdiv(seq_len, split length) from its seq_len (``seq_lens``, clamped to

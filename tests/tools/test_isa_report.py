@@ -313,6 +313,18 @@ _SASS = """
         /*0080*/                   BRA `(.L_x_2);
 """
 
+# A divergent branch's slow path past the exit, returning with a backward branch: no loop.
+_SASS_DIV = """
+        /*0000*/                   BRA.DIV UR4, `(.L_x_9) ;
+.L_x_17:
+        /*0010*/                   LDL.LU R20, [R1+0x14] ;
+        /*0020*/              @P3 EXIT ;
+        /*0030*/                   EXIT ;
+.L_x_9:
+        /*0040*/                   WARPSYNC.ALL ;
+        /*0050*/                   BRA `(.L_x_17) ;
+"""
+
 
 def test_local_memory_in_loops_finds_backward_branch_loops():
     outside = _SASS.replace("{STL_IN_LOOP}", "NOP ;")
@@ -320,6 +332,9 @@ def test_local_memory_in_loops_finds_backward_branch_loops():
     assert isa_report.local_memory_in_loops(outside) == (0, 2)
     assert isa_report.local_memory_in_loops(inside) == (1, 3)
     assert isa_report.local_memory_in_loops("") == (0, 0)
+    assert isa_report.local_memory_in_loops(_SASS_DIV) == (0, 1)
+    no_exit = _SASS_DIV.replace("        /*0030*/                   EXIT ;\n", "")
+    assert isa_report.local_memory_in_loops(no_exit) == (1, 1)  # then the branch back repeats code
 
 
 def test_sm90_spill_outside_loops_is_a_note_not_a_failure():

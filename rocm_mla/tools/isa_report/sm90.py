@@ -49,11 +49,14 @@ _SASS_INSN_RE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _SASS_LABEL_RE = re.compile(r"^\s*(\.L_\w+):")
 _SASS_BRA_RE = re.compile(r"\bBRA\b[^`]*`\((\.L_\w+)\)")
 _SASS_LOCAL_RE = re.compile(r"\b(?:LDL|STL)\b")
+_SASS_EXIT_RE = re.compile(r"EXIT\b")  # unpredicated: a predicated one reads "@P0 EXIT"
 
 
 def local_memory_in_loops(sass: str) -> tuple[int, int]:
     """``(inside loops, total)`` local-memory instructions (``LDL``/``STL``) of one kernel's SASS
-    (``nvdisasm -c``). A loop is the address range from a branch target to a branch back to it.
+    (``nvdisasm -c``). A loop is the address range from a branch target to a branch back to it,
+    unless an unpredicated ``EXIT`` lies in between: ptxas places slow paths (``BRA.DIV``'s) past
+    the kernel's exit and returns from them with a backward branch that repeats nothing.
 
     Spilled registers cost their local-memory traffic where that traffic runs: a spill stored
     once before the main loop and reloaded after it is a few instructions per thread, one inside
@@ -75,11 +78,14 @@ def local_memory_in_loops(sass: str) -> tuple[int, int]:
             labels[name] = addr
         pending = []
         insns.append((addr, m.group(2)))
+    exits = [a for a, t in insns if _SASS_EXIT_RE.match(t)]
     loops = []
     for addr, text in insns:
         b = _SASS_BRA_RE.search(text)
         if b and b.group(1) in labels and labels[b.group(1)] <= addr:
-            loops.append((labels[b.group(1)], addr))
+            lo = labels[b.group(1)]
+            if not any(lo <= e < addr for e in exits):
+                loops.append((lo, addr))
     local = [a for a, t in insns if _SASS_LOCAL_RE.search(t)]
     return sum(any(lo <= a <= hi for lo, hi in loops) for a in local), len(local)
 

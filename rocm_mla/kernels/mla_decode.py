@@ -116,6 +116,44 @@ def _store_partial(
         tl.store(po_row + offs_b[None, :], o_b, mask=row_ok[:, None])
 
 
+@triton.jit
+def _rows_msb_last(x, BLOCK_D: tl.constexpr, LEVELS: tl.constexpr):
+    """A ``[2**LEVELS, BLOCK_D]`` tile as ``[BLOCK_D, 2, ..., 2]`` with the row index's bits in the
+    trailing dims, most significant last: ``tl.split`` then halves it into rows [0, n/2) and
+    [n/2, n), in order (``_chain_rows``)."""
+    if LEVELS == 0:
+        return tl.reshape(x, [BLOCK_D])
+    elif LEVELS == 1:
+        return tl.permute(x, [1, 0])
+    elif LEVELS == 2:
+        return tl.permute(tl.reshape(x, [2, 2, BLOCK_D]), [2, 1, 0])
+    elif LEVELS == 3:
+        return tl.permute(tl.reshape(x, [2, 2, 2, BLOCK_D]), [3, 2, 1, 0])
+    elif LEVELS == 4:
+        return tl.permute(tl.reshape(x, [2, 2, 2, 2, BLOCK_D]), [4, 3, 2, 1, 0])
+    elif LEVELS == 5:
+        return tl.permute(tl.reshape(x, [2, 2, 2, 2, 2, BLOCK_D]), [5, 4, 3, 2, 1, 0])
+    else:
+        tl.static_assert(LEVELS == 6, "a reduce tile of at most 64 split rows")
+        return tl.permute(tl.reshape(x, [2, 2, 2, 2, 2, 2, BLOCK_D]), [6, 5, 4, 3, 2, 1, 0])
+
+
+@triton.jit
+def _chain_rows(po, w, ok, acc, total, LEVELS: tl.constexpr):
+    """``acc = fma(po_s, w_s, acc)`` and ``total += w_s`` for the tile's rows s in order (rows
+    whose ``ok`` is false change nothing): one chain per column, the same for any tile."""
+    if LEVELS == 0:
+        acc = tl.where(ok, tl.fma(po, w, acc), acc)
+        total = tl.where(ok, total + w, total)
+    else:
+        po_lo, po_hi = tl.split(po)
+        w_lo, w_hi = tl.split(w)
+        ok_lo, ok_hi = tl.split(ok)
+        acc, total = _chain_rows(po_lo, w_lo, ok_lo, acc, total, LEVELS - 1)
+        acc, total = _chain_rows(po_hi, w_hi, ok_hi, acc, total, LEVELS - 1)
+    return acc, total
+
+
 # Counts that are often 1 (q_len, splits, head blocks, page size) are not specialised: one compiled
 # kernel per config serves every batch, and the ISA report's variants are exactly what runs.
 @triton.jit(
@@ -598,8 +636,8 @@ def mla_decode_reduce_kernel(
 
     One program = one (row, head) pair r = row * N + h and BLOCK_D of the D columns. Splits are
     read BLOCK_S at a time (the default mode: [BLOCK_S, BLOCK_D] tiles summed by tl.sum, a split
-    whose lse is -inf not read, as it may be unwritten workspace; batch-invariant mode: BLOCK_S
-    unrolled row loads added in split order). Writes out in
+    whose lse is -inf not read, as it may be unwritten workspace; batch-invariant mode: a
+    [BLOCK_S, BLOCK_D] tile loaded at once, its rows added in split order). Writes out in
     out's dtype (any strides) and lse (natural log; -inf when no split saw a key, out then 0).
     Batch-invariant mode (SPLIT_TOKENS > 0, stage 1's split rule): the splits read are the
     request's own, cdiv(seq_len, split length) from its seq_len (``seq_lens``, clamped to
@@ -632,16 +670,26 @@ def mla_decode_reduce_kernel(
         # batch). Stage 1 writes every partial of the request's splits (a bad page: NaN lse), so
         # none is masked by its weight: a NaN partial reaches out even where its weight
         # underflows to 0.
-        total = tl.zeros([], dtype=tl.float32)
+        # The [BLOCK_S, BLOCK_D] tile is loaded at once (every load in flight) and its rows are
+        # taken apart in order (_rows_msb_last, _chain_rows: exact data movement).
+        LEVELS: tl.constexpr = BLOCK_S.bit_length() - 1
+        total = tl.zeros([BLOCK_D], dtype=tl.float32)  # BLOCK_D copies of one chain
         for s0 in range(0, n_splits, BLOCK_S):
-            for j in tl.static_range(BLOCK_S):
-                sp = tl.zeros([], dtype=tl.int64) + (s0 + j)  # split x (rows x N x 512) can pass 2^31
-                ok = sp < n_splits
-                ls = tl.load(part_lse + sp * s_pl_s + r, mask=ok, other=float("-inf"))
-                po = tl.load(part_o + sp * s_po_s + r * D + offs_d, mask=ok, other=0.0)
-                w = tl.exp2(ls - m_use)
-                acc = tl.where(ok, tl.fma(po, w, acc), acc)
-                total = tl.where(ok, total + w, total)
+            sp = s0 + offs_s
+            ok = sp < n_splits
+            ls = tl.load(part_lse + sp * s_pl_s + r, mask=ok, other=float("-inf"))
+            po = tl.load(part_o + sp[:, None] * s_po_s + r * D + offs_d[None, :], mask=ok[:, None], other=0.0)
+            w = tl.exp2(ls - m_use)  # one per split, then broadcast
+            w2 = w[:, None] + tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.float32)
+            ok2 = ok[:, None] & (offs_d >= 0)[None, :]
+            acc, total = _chain_rows(
+                _rows_msb_last(po, BLOCK_D, LEVELS),
+                _rows_msb_last(w2, BLOCK_D, LEVELS),
+                _rows_msb_last(ok2, BLOCK_D, LEVELS),
+                acc,
+                total,
+                LEVELS,
+            )
     else:
         wsum = tl.zeros([BLOCK_S], dtype=tl.float32)
         for s0 in range(0, n_splits, BLOCK_S):
@@ -654,6 +702,8 @@ def mla_decode_reduce_kernel(
         total = tl.sum(wsum, axis=0)
     # A NaN partial lse (a poisoned split) makes its weight, total and acc NaN: kept, never read as
     # "no key" (total == 0 only when no split saw a key).
+    if SPLIT_TOKENS > 0:
+        total = tl.sum(tl.where(offs_d == dblk * BLOCK_D, total, 0.0), axis=0)  # one copy, exactly (x + 0)
     no_key = total == 0.0
     o = acc / tl.where(no_key, 1.0, total)
     tl.store(out + row * s_o_r + h * s_o_h + offs_d * s_o_d, o.to(out.dtype.element_ty))

@@ -232,8 +232,8 @@ def stage2_meta(
     another (the bits do not depend on the tile), so the tile follows the batch: with ``rows``
     (R = B x q_len x N) below 4 programs per CU of ``num_cus``, the 512 columns are cut into up
     to 8 blocks (more programs in flight for a small batch); otherwise one program per row; at most
-    ``invariant_max_block_s`` split rows a tile (the tile's loads are unrolled: gfx942 and gfx950
-    spill past 8)."""
+    ``invariant_max_block_s`` split rows a tile (the tile is held whole while its rows are taken
+    apart: gfx942 and gfx950 cap it at 16)."""
     cfg = config_for(OP, arch)["stage2"]
     tile = int(cfg["tile_elems"])
     if invariant is None:

@@ -150,6 +150,8 @@ def main() -> int:
             obj = dict(base_cfg)
             if rule is not None:
                 obj["batch_invariant"] = {"split_tokens": rule, "max_splits": args.max_splits}
+                # One rule for every tier: the tiers' own invariant_split_tokens give way.
+                obj["stage1"] = [{k: v for k, v in t.items() if k != "invariant_split_tokens"} for t in obj["stage1"]]
             bi = obj["batch_invariant"]
             tag = f"split_tokens={bi['split_tokens']} max_splits={bi['max_splits']}"
             with override("mla_decode", arch, obj):

@@ -65,6 +65,7 @@ _DECODE_FIELDS = {
     "F16_DOT": BOOL,
     "CLAMP_PAGES": BOOL,
     "SPLIT_RUNS": BOOL,
+    "invariant_split_tokens": INT,
     "num_warps": INT,
     "num_stages": INT,
     "ctas_per_cu": INT,

@@ -190,15 +190,21 @@ def choose_num_splits(
     return best_s
 
 
-def invariant_split(arch: str, block_n: int) -> tuple[int, int]:
-    """``(split_tokens, max_splits)`` of the batch-invariant mode on ``arch`` (configs'
-    ``batch_invariant``): a request of seq_len keys is cut into splits of
-    ``max(split_tokens, cdiv(seq_len, max_splits) rounded up to block_n)`` keys, split_tokens
-    rounded up to a multiple of block_n (the tile). A function of the request alone."""
+def invariant_split(arch: str, tier: dict[str, Any]) -> tuple[int, int]:
+    """``(split_tokens, max_splits)`` of the batch-invariant mode on ``arch`` for a resolved stage-1
+    tier (``stage1_config``): a request of seq_len keys is cut into splits of
+    ``max(split_tokens, cdiv(seq_len, max_splits) rounded up to BLOCK_N)`` keys, split_tokens
+    rounded up to a multiple of BLOCK_N (the tile). split_tokens is the tier's
+    ``invariant_split_tokens``, else configs' ``batch_invariant`` one; the tier follows q_len x N
+    alone, so the rule is a function of the request (and the model)."""
     cfg = config_for(OP, arch)["batch_invariant"]
-    tokens, cap = int(cfg["split_tokens"]), int(cfg["max_splits"])
+    tokens, cap = int(tier.get("invariant_split_tokens", cfg["split_tokens"])), int(cfg["max_splits"])
     if tokens < 1 or cap < 1:
-        raise ValueError(f"{OP}: config batch_invariant: expected split_tokens >= 1, max_splits >= 1, got {cfg}")
+        raise ValueError(
+            f"{OP}: config batch_invariant: expected split_tokens >= 1 (tier's invariant_split_tokens "
+            f"included), max_splits >= 1, got {tokens}, {cap}"
+        )
+    block_n = int(tier["BLOCK_N"])
     return triton.cdiv(tokens, block_n) * block_n, cap
 
 
@@ -430,7 +436,7 @@ def plan_decode(
     if batch_invariant:
         if num_kv_splits is not None:
             raise ValueError(f"{OP}: num_kv_splits: expected None with batch_invariant=True, got {num_kv_splits}")
-        split_tokens, split_cap = invariant_split(arch, block_n)
+        split_tokens, split_cap = invariant_split(arch, cfg)
         S = invariant_num_splits(bound, split_tokens, split_cap)
     P = None
     if S is None or batch_invariant:

@@ -169,7 +169,7 @@ def triton_variants(arch: str) -> list[TritonVariant]:
         for qdt, kvdt in combos[:1] + combos[3:4]:
             is_fp8 = kvdt == fp8
             cfg = stage1_config(arch, tier["BLOCK_H"], qdt, is_fp8)
-            split = invariant_split(arch, int(cfg["BLOCK_N"]))
+            split = invariant_split(arch, cfg)
             for direct in (True, False):
                 add(_stage1_variant(arch, cfg, qdt, kvdt, direct, is_fp8, "inv ", split=split))
     # Tuning candidates: the dtypes the benchmark tunes (bf16 and fp8 caches with bf16 q).
@@ -197,7 +197,7 @@ def triton_variants(arch: str) -> list[TritonVariant]:
             for is_fp8, dots in kinds:
                 cfg = stage1_config(arch, tier["BLOCK_H"], qdt, is_fp8, fp8_dots=dots)
                 block_n = int(cfg["BLOCK_N"])
-                tokens, cap = invariant_split(arch, block_n)
+                tokens, cap = invariant_split(arch, cfg)
                 for s in sorted({2, cap}):
                     for rows in (None, 2 * cus, cus, cus // 2):
                         consts, options = stage2_meta(s, arch, (tokens, cap, block_n), rows=rows, num_cus=cus)

@@ -152,7 +152,7 @@ def test_plan_split_rule_is_data_and_the_grid_follows_the_bound():
     cpu = torch.device("cpu")
     kw = dict(num_heads=16, q_len=1, block_size=16, q_dtype=torch.float16, kv_dtype=torch.float16, device=cpu)
     a = plan_decode(batch=1, max_blocks=64, batch_invariant=True, **kw)
-    tokens, cap = invariant_split("cpu", a.config["BLOCK_N"])
+    tokens, cap = invariant_split("cpu", a.config)
     assert tokens % a.config["BLOCK_N"] == 0 and cap >= 1
     b = plan_decode(batch=128, max_blocks=64, batch_invariant=True, workspace_numel=1, **kw)
     assert a.num_kv_splits == b.num_kv_splits == invariant_num_splits(64 * 16, tokens, cap)
@@ -248,8 +248,22 @@ def test_every_arch_has_the_split_rule(arch):
     """Each arch's launch data carries the mode's split rule (a missing one would fail every
     batch-invariant call there, and the ISA report's variants)."""
     for tier in config_for("mla_decode", arch)["stage1"]:
-        tokens, cap = invariant_split(arch, tier["BLOCK_N"])
+        tokens, cap = invariant_split(arch, tier)
         assert tokens % tier["BLOCK_N"] == 0 and tokens > 0 and cap >= 1
+
+
+def test_a_tier_may_set_its_own_split_tokens():
+    """A tier's invariant_split_tokens replaces the arch's split_tokens for that tier (rounded up to
+    its tile) in both launches; a value below 1 is an error that names the field."""
+    kw = dict(batch=1, num_heads=16, q_len=1, max_blocks=64, block_size=16, batch_invariant=True)
+    kw.update(q_dtype=torch.float16, kv_dtype=torch.float16, device=torch.device("cpu"))
+    base = plan_decode(**kw)
+    assert "invariant_split_tokens" not in base.config and base.config["BLOCK_N"] == 16
+    own = plan_decode(**kw, config={**base.config, "invariant_split_tokens": 40})
+    assert own.stage1_constexprs["SPLIT_TOKENS"] == own.stage2_constexprs["SPLIT_TOKENS"] == 48
+    assert base.stage1_constexprs["SPLIT_TOKENS"] != 48
+    with pytest.raises(ValueError, match="invariant_split_tokens"):
+        plan_decode(**kw, config={**base.config, "invariant_split_tokens": 0})
 
 
 def _tier(case, q_len, **fields):

@@ -15,8 +15,10 @@ rotating_graph_us). Providers:
   rocm_mla-default       mla_decode as vLLM calls it (max_seq_len passed), the default split count
   rocm_mla-invariant     mla_decode(batch_invariant=True), once per --split-tokens value: the
                          configs' ``batch_invariant`` object replaced in-process (configs.loader's
-                         override) by {"split_tokens": T, "max_splits": --max-splits}; without
-                         --split-tokens the package's data for the arch
+                         override) by {"split_tokens": T, "max_splits": --max-splits} and the
+                         tiers' invariant_split_tokens dropped (one rule for every tier); without
+                         --split-tokens the package's data for the arch. The config column says
+                         the rule the plan ran.
   vllm-0.33-triton-1split  TRITON_MLA's decode_attention_fwd with num_kv_splits = 1, what it runs
                          under VLLM_BATCH_INVARIANT=1 (torch.cat of q and the memsets counted)
 
@@ -152,10 +154,11 @@ def main() -> int:
                 obj["batch_invariant"] = {"split_tokens": rule, "max_splits": args.max_splits}
                 # One rule for every tier: the tiers' own invariant_split_tokens give way.
                 obj["stage1"] = [{k: v for k, v in t.items() if k != "invariant_split_tokens"} for t in obj["stage1"]]
-            bi = obj["batch_invariant"]
-            tag = f"split_tokens={bi['split_tokens']} max_splits={bi['max_splits']}"
             with override("mla_decode", arch, obj):
                 plan = s.case.plan(dev, batch_invariant=True)
+                # The rule the plan runs (a tier's invariant_split_tokens, else the arch's).
+                c1 = plan.stage1_constexprs
+                tag = f"split_tokens={c1['SPLIT_TOKENS']} max_splits={c1['SPLIT_CAP']}"
                 bad = alone_matches(s)
                 if bad:
                     notes.append(f"  rocm_mla-invariant {label} {tag}: WRONG ({bad})")

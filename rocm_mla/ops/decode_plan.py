@@ -10,9 +10,10 @@ launches exactly what the plan says. What it decides:
     workspace holds;
   * batch-invariant mode (``batch_invariant=True``, ``invariant_split``): a split holds a number of
     keys that is a function of the request's own length (configs' ``batch_invariant``:
-    ``split_tokens``, ``max_splits``), the grid has enough splits for the longest request the
-    hint (else the table) allows and the reduce reads each request's own splits in tiles of a fixed size,
-    so a request's bits do not depend on the batch (docs/batch-invariance.md);
+    ``split_tokens``, ``max_splits``; a tier's ``invariant_split_tokens``), the grid has enough
+    splits for the longest request the hint (else the table) allows and the reduce adds each
+    request's own splits in split order, so a request's bits do not depend on the batch
+    (docs/batch-invariance.md);
   * S == 1: stage 1 writes out/lse directly (one launch); S > 1: partials go to a float32
     workspace of ``mla_decode_workspace_numel`` elements and stage 2 (the reduce) merges them;
   * each launch's grid, constexprs and compile options (``stage1_meta``, ``stage2_meta``: the ISA

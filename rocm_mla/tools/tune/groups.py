@@ -108,11 +108,27 @@ def _diff(target: dict, base: dict) -> dict | None:
     return {k: target.get(k, STAGE1_DEFAULTS.get(k)) for k in t if b.get(k) != t[k]}
 
 
+# The batch-invariant mode's tier fields: the tier's choice, not the tuner's (it times the default
+# mode, and a candidate's own would move another tier's rule), so a composed tier keeps its own.
+INVARIANT_FIELDS = ("SPLIT_RUNS", "invariant_split_tokens")
+
+
+def tier_invariant_fields(arch: str, tier: dict, combo: tuple, point: dict) -> dict:
+    """``point`` with the ``INVARIANT_FIELDS`` of ``tier`` resolved for ``combo`` in place of its own."""
+    own = stage1_config(arch, 0, combo[0], combo[1], tier)
+    return {
+        **{k: v for k, v in point.items() if k not in INVARIANT_FIELDS},
+        **{k: own[k] for k in INVARIANT_FIELDS if k in own},
+    }
+
+
 def compose_tier(arch: str, tier: dict, combo: tuple, point: dict) -> dict | None:
     """A stage-1 tier whose resolved config for ``combo`` (q dtype, fp8 cache) is ``point`` while
     every other combination resolves as in ``tier`` (float16 q without fp8 shares the 16-bit
-    top level); None when the tier schema cannot express that."""
+    top level); None when the tier schema cannot express that. The ``INVARIANT_FIELDS`` stay the
+    tier's, whatever the point says."""
     res = lambda t, c: stage1_config(arch, 0, c[0], c[1], t)  # noqa: E731
+    point = tier_invariant_fields(arch, tier, combo, point)
     want = {c: res(tier, c) for c in COMBOS}
     for c in [combo, (torch.float16, False)] if combo == (torch.bfloat16, False) else [combo]:
         want[c] = dict(point)

@@ -312,3 +312,32 @@ def test_split_runs_bad_page_is_loud(clamp):
     assert torch.isnan(o[1]).all() and torch.isnan(lse[1]).all()
     others = [0, 2, 3]
     assert _same_bits(o[others], clean[0][others]) and _same_bits(lse[others], clean[1][others])
+
+
+def test_the_reduce_tile_changes_no_bit():
+    """The reduce loads a tile of up to invariant_max_block_s splits at once and takes its rows
+    apart in split order: 1 to 64 rows a tile give the same bits (every depth of the row split),
+    for a request of 100 keys (7 splits of 16) among shorter ones, MTP rows included."""
+    from rocm_mla.configs.loader import override
+
+    case = make_case(POOL, 4, 2, 16, torch.float32, seed=14)
+    idx = [2, 0, 5, 3]
+    arch = case.plan(DEVICE, batch_invariant=True).arch
+    base = config_for("mla_decode", arch)
+    runs, tiles = [], []
+    for cap in (1, 2, 8, 64):
+        obj = {**base, "stage2": {**base["stage2"], "invariant_max_block_s": cap, "tile_elems": 64 * 512}}
+        obj["batch_invariant"] = {"split_tokens": 16, "max_splits": 64}  # a grid of 64 splits
+        with override("mla_decode", arch, obj):
+            args = _batch(case, idx, 2, extra_cols=60)
+            o, lse = mla_decode(*args, sm_scale=case.sm_scale, batch_invariant=True)
+            runs.append((o.clone(), lse.clone()))
+            plan = plan_decode(
+                batch=len(idx), num_heads=4, q_len=2, max_blocks=args[3].shape[1], block_size=16,
+                q_dtype=torch.float32, kv_dtype=torch.float32, device=DEVICE, batch_invariant=True,
+            )  # fmt: skip
+            tiles.append(plan.stage2_constexprs["BLOCK_S"])
+    assert tiles[0] == 1 and tiles[-1] == 64, tiles
+    for o, lse in runs[1:]:
+        assert _same_bits(o, runs[0][0]) and _same_bits(lse, runs[0][1])
+    case.check(*_run(case, list(range(len(POOL))), 2))

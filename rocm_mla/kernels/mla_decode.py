@@ -681,7 +681,7 @@ def mla_decode_reduce_kernel(
             po = tl.load(part_o + sp[:, None] * s_po_s + r * D + offs_d[None, :], mask=ok[:, None], other=0.0)
             w = tl.exp2(ls - m_use)  # one per split, then broadcast
             w2 = w[:, None] + tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.float32)
-            ok2 = ok[:, None] & (offs_d >= 0)[None, :]
+            ok2 = ok[:, None] & (offs_d >= 0)[None, :]  # ok broadcast over the tile's columns
             acc, total = _chain_rows(
                 _rows_msb_last(po, BLOCK_D, LEVELS),
                 _rows_msb_last(w2, BLOCK_D, LEVELS),

@@ -68,10 +68,11 @@ def _pages_outside(bt_row, first_blk, last_blk, num_pages, BLOCK_N: tl.constexpr
 
 
 @triton.jit
-def _invariant_split_len(seq_len, SPLIT_TOKENS: tl.constexpr, SPLIT_CAP: tl.constexpr, BLOCK_N: tl.constexpr):
+def _invariant_split_len(seq_len, split_tokens, split_cap, block_n):
     """Keys per split of a request of ``seq_len`` keys in batch-invariant mode: a function of the
-    request alone (stage 1 cuts by it, the reduce counts the request's splits by it)."""
-    return tl.maximum(tl.cdiv(tl.cdiv(seq_len, SPLIT_CAP), BLOCK_N) * BLOCK_N, SPLIT_TOKENS)
+    request alone (stage 1 cuts by it with the rule as constexprs, the reduce counts the request's
+    splits by it with the rule as arguments: one reduce binary per tile serves every rule)."""
+    return tl.maximum(tl.cdiv(tl.cdiv(seq_len, split_cap), block_n) * block_n, split_tokens)
 
 
 @triton.jit
@@ -606,7 +607,9 @@ def mla_decode_stage1_kernel(
                 tl.store(part_lse + split64 * s_pl_s + r, lse2, mask=row_ok & own_lse)
 
 
-@triton.jit(do_not_specialize=["num_heads", "num_splits", "q_len", "capacity"])
+@triton.jit(
+    do_not_specialize=["num_heads", "num_splits", "q_len", "capacity", "split_tokens", "split_cap", "split_block_n"]
+)
 def mla_decode_reduce_kernel(
     part_o,
     part_lse,
@@ -617,6 +620,9 @@ def mla_decode_reduce_kernel(
     num_splits,
     q_len,
     capacity,
+    split_tokens,
+    split_cap,
+    split_block_n,
     s_sl,
     s_po_s,
     s_pl_s,
@@ -628,9 +634,7 @@ def mla_decode_reduce_kernel(
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
-    SPLIT_TOKENS: tl.constexpr = 0,
-    SPLIT_CAP: tl.constexpr = 0,
-    BLOCK_N: tl.constexpr = 1,
+    INVARIANT: tl.constexpr = False,
 ):
     """Stage 2: out[r] = sum_s w_s * part_o[s, r] with w = softmax_s(part_lse[s, r]).
 
@@ -639,10 +643,11 @@ def mla_decode_reduce_kernel(
     whose lse is -inf not read, as it may be unwritten workspace; batch-invariant mode: a
     [BLOCK_S, BLOCK_D] tile loaded at once, its rows added in split order). Writes out in
     out's dtype (any strides) and lse (natural log; -inf when no split saw a key, out then 0).
-    Batch-invariant mode (SPLIT_TOKENS > 0, stage 1's split rule): the splits read are the
-    request's own, cdiv(seq_len, split length) from its seq_len (``seq_lens``, clamped to
-    ``capacity`` as stage 1 clamps it), not the grid's, and they are summed one after another in
-    split order, so the bits follow from the request alone whatever the tile and the grid.
+    Batch-invariant mode (INVARIANT; ``split_tokens``, ``split_cap``, ``split_block_n``: stage 1's
+    split rule, unused otherwise): the splits read are the request's own, cdiv(seq_len, split
+    length) from its seq_len (``seq_lens``, clamped to ``capacity`` as stage 1 clamps it), not
+    the grid's, and they are summed one after another in split order, so the bits follow from
+    the request alone whatever the tile and the grid.
     """
     r = tl.program_id(0).to(tl.int64)
     dblk = tl.program_id(1)
@@ -651,9 +656,9 @@ def mla_decode_reduce_kernel(
     offs_s = tl.arange(0, BLOCK_S).to(tl.int64)  # split x (rows x N x 512) can pass 2^31
     offs_d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
     n_splits = num_splits
-    if SPLIT_TOKENS > 0:
+    if INVARIANT:
         seq_len = tl.maximum(tl.minimum(tl.load(seq_lens + (row // q_len) * s_sl), capacity), 0)
-        split_len = _invariant_split_len(seq_len, SPLIT_TOKENS, SPLIT_CAP, BLOCK_N)
+        split_len = _invariant_split_len(seq_len, split_tokens, split_cap, split_block_n)
         n_splits = tl.minimum(tl.cdiv(seq_len, split_len), num_splits)
 
     m = tl.full([BLOCK_S], float("-inf"), dtype=tl.float32)
@@ -664,7 +669,7 @@ def mla_decode_reduce_kernel(
     m_use = tl.where(m_max == float("-inf"), 0.0, m_max)
 
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    if SPLIT_TOKENS > 0:
+    if INVARIANT:
         # One split after another, in split order: every column's sum (and the weights' total) is
         # a chain whose order is the request's own, whatever BLOCK_S and BLOCK_D (they follow the
         # batch). Stage 1 writes every partial of the request's splits (a bad page: NaN lse), so
@@ -702,7 +707,7 @@ def mla_decode_reduce_kernel(
         total = tl.sum(wsum, axis=0)
     # A NaN partial lse (a poisoned split) makes its weight, total and acc NaN: kept, never read as
     # "no key" (total == 0 only when no split saw a key).
-    if SPLIT_TOKENS > 0:
+    if INVARIANT:
         total = tl.sum(tl.where(offs_d == dblk * BLOCK_D, total, 0.0), axis=0)  # one copy, exactly (x + 0)
     no_key = total == 0.0
     o = acc / tl.where(no_key, 1.0, total)

@@ -469,6 +469,7 @@ def _launch_triton(
         S,
         plan.q_len,
         max_blocks * page_size,
+        *plan.split_rule,
         seq_lens.stride(0),
         s_po,
         s_pl,

@@ -258,7 +258,7 @@ def stage2_meta(
     options = {"num_warps": int(cfg["num_warps"]), **amd_options(cfg, arch)}
     consts = {"D": D_NOPE, "BLOCK_D": block_d, "BLOCK_S": block_s}
     if invariant is not None:
-        consts.update(SPLIT_TOKENS=invariant[0], SPLIT_CAP=invariant[1], BLOCK_N=invariant[2])
+        consts["INVARIANT"] = True  # the rule itself is an argument (DecodePlan.split_rule)
     return consts, options
 
 
@@ -352,6 +352,9 @@ class DecodePlan:
     stage2_constexprs: dict[str, Any] | None
     stage2_options: dict[str, Any] | None
     batch_invariant: bool = False  # split lengths from each request's own length (invariant_split)
+    # (split_tokens, split_cap, BLOCK_N) of that rule: stage 1 takes them as constexprs, the reduce
+    # as arguments (one reduce binary per tile for every rule); (0, 0, 1) in the default mode.
+    split_rule: tuple[int, int, int] = (0, 0, 1)
 
     @property
     def direct(self) -> bool:
@@ -506,6 +509,7 @@ def plan_decode(
         stage2_constexprs=consts2,
         stage2_options=options2,
         batch_invariant=batch_invariant,
+        split_rule=(split_tokens, split_cap, block_n) if batch_invariant else (0, 0, 1),
     )
 
 

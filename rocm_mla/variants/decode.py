@@ -187,8 +187,8 @@ def triton_variants(arch: str) -> list[TritonVariant]:
         for s in s_values[1:]:
             consts, options = stage2_meta(s, arch)
             metas.setdefault((consts["BLOCK_S"], consts["BLOCK_D"], ""), (consts, options))
-        # Batch-invariant mode: the reduce with each tier's BLOCK_N (the split rule's),
-        # for the caches this output dtype runs with (fp8 in each fp8_dots mode).
+        # Batch-invariant mode: the reduce's tiles for each tier's split rule (the rule itself is
+        # an argument), for the caches this output dtype runs with (fp8 in each fp8_dots mode).
         kinds = [(False, "none")] + ([(True, d) for d in FP8_DOTS] if qdt != torch.float32 else [])
         # Its tile follows the batch (stage2_meta): one program per row at large batches, the
         # columns cut in 2, 4 or 8 for few rows; a tile of 2 splits and of the arch's max_splits.
@@ -201,11 +201,10 @@ def triton_variants(arch: str) -> list[TritonVariant]:
                 for s in sorted({2, cap}):
                     for rows in (None, 2 * cus, cus, cus // 2):
                         consts, options = stage2_meta(s, arch, (tokens, cap, block_n), rows=rows, num_cus=cus)
-                        key = (consts["BLOCK_S"], consts["BLOCK_D"], f" inv T{tokens} N{block_n}")
+                        key = (consts["BLOCK_S"], consts["BLOCK_D"], " inv")  # the rule is an argument
                         metas.setdefault(key, (consts, options))
         for (block_s, block_d, inv), (consts, options) in sorted(metas.items()):
-            # The split rule's constexprs keep the kernel's defaults unless the mode sets them.
-            consts = {"SPLIT_TOKENS": 0, "SPLIT_CAP": 0, "BLOCK_N": 1, **consts, "s_o_d": 1, "s_l_h": 1, "s_sl": 1}
+            consts = {"INVARIANT": False, **consts, "s_o_d": 1, "s_l_h": 1, "s_sl": 1}
             sig = {
                 "part_o": "*fp32",
                 "part_lse": "*fp32",
@@ -216,6 +215,9 @@ def triton_variants(arch: str) -> list[TritonVariant]:
                 "num_splits": "i32",
                 "q_len": "i32",
                 "capacity": "i32",
+                "split_tokens": "i32",
+                "split_cap": "i32",
+                "split_block_n": "i32",
                 "s_po_s": "i32",
                 "s_pl_s": "i32",
                 "s_o_r": "i32",

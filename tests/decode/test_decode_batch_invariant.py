@@ -167,10 +167,12 @@ def test_plan_split_rule_is_data_and_the_grid_follows_the_bound():
     one = plan_decode(batch=1, max_blocks=64, batch_invariant=True, **{**kw, "num_heads": 2})
     assert one.stage2_constexprs["BLOCK_D"] < b.stage2_constexprs["BLOCK_D"] == 512
     for plan in (a, b):
-        assert plan.stage2_constexprs["SPLIT_TOKENS"] == tokens and plan.stage2_constexprs["SPLIT_CAP"] == cap
+        assert plan.stage2_constexprs["INVARIANT"] and plan.split_rule == (tokens, cap, plan.config["BLOCK_N"])
     few = plan_decode(batch=1, max_blocks=3, batch_invariant=True, **kw)  # 48 keys: 2 splits
     assert few.stage2_constexprs["BLOCK_S"] == 2  # the tile's split rows: the grid's splits, no more
-    assert plan_decode(batch=1, max_blocks=64, **kw).stage1_constexprs.get("SPLIT_TOKENS", 0) == 0
+    default = plan_decode(batch=1, max_blocks=64, **kw)
+    assert default.stage1_constexprs.get("SPLIT_TOKENS", 0) == 0 and default.split_rule == (0, 0, 1)
+    assert not (default.stage2_constexprs or {}).get("INVARIANT", False)
 
 
 def test_bad_keyword_values():
@@ -260,7 +262,7 @@ def test_a_tier_may_set_its_own_split_tokens():
     base = plan_decode(**kw)
     assert "invariant_split_tokens" not in base.config and base.config["BLOCK_N"] == 16
     own = plan_decode(**kw, config={**base.config, "invariant_split_tokens": 40})
-    assert own.stage1_constexprs["SPLIT_TOKENS"] == own.stage2_constexprs["SPLIT_TOKENS"] == 48
+    assert own.stage1_constexprs["SPLIT_TOKENS"] == own.split_rule[0] == 48
     assert base.stage1_constexprs["SPLIT_TOKENS"] != 48
     with pytest.raises(ValueError, match="invariant_split_tokens"):
         plan_decode(**kw, config={**base.config, "invariant_split_tokens": 0})

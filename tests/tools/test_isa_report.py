@@ -18,6 +18,7 @@ triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
+from rocm_mla.configs import config_for  # noqa: E402
 from rocm_mla.tools import isa_report  # noqa: E402
 from rocm_mla.tools.isa_report import collect, failures, main, summary  # noqa: E402
 from rocm_mla.tools.isa_report import hip_compile as hipc  # noqa: E402
@@ -425,36 +426,28 @@ def test_aiter_mha_compiles_for_gfx942(tmp_path):
 )
 def test_decode_side_by_side_with_aiter_on_gfx942(tmp_path):
     """aiter's MLA decode compiled for gfx942 with its MI300X config beside our decode tiers (a
-    subprocess: the compiler needs @triton.jit without the interpreter these tests run with)."""
+    subprocess: the compiler needs @triton.jit without the interpreter these tests run with). Only
+    the side-by-side's rows are compiled (every stage-1 config is the doctor's gfx942 report)."""
     import subprocess
     import sys
 
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "tc")
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rocm_mla.tools.cli",
-            "isa-report",
-            "--arch",
-            "gfx942",
-            "-q",
-            "--filter",
-            "mla_decode_stage1",
-        ],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    script = (
+        "from rocm_mla.tools.isa_report.collect import collect\n"
+        "from rocm_mla.tools.isa_report.peers import decode_side_by_side, side_by_side_variants\n"
+        "from rocm_mla.variants.decode import default_tier_variants\n"
+        "rows = collect('gfx942', 'mla_decode_stage1', triton_variants=default_tier_variants('gfx942'),\n"
+        "               hip_sources=[], progress=False, peers=True)\n"
+        "print(decode_side_by_side('gfx942', rows, side_by_side_variants('gfx942')))\n"
     )
+    p = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     section = p.stdout.split("decode side by side on gfx942", 1)[1]
     ours = [ln for ln in section.splitlines() if ln.startswith("mla_decode_stage1 ")]
     peer = [ln for ln in section.splitlines() if ln.startswith("aiter_mla_decode_stage1")]
-    assert len(ours) >= 3 and len(peer) == 2, section
+    assert len(ours) == len(config_for("mla_decode", "gfx942")["stage1"]) >= 3 and len(peer) == 2, section
     assert all(ln.rstrip().endswith("ok") for ln in ours), section
     assert "matrix_instr_nonkdim=16" in peer[0] and "waves_per_eu=1" in peer[0]  # its MI300X JSON
 

@@ -7,8 +7,9 @@ per split rule) vs vLLM 0.33 TRITON_MLA's batch-invariant decode (one KV split),
                                           [--dtypes bf16,fp8] [--shapes 'LABEL;...']
 
 Shapes (block 64, q bf16, every request as long as the label says): B in {1, 8} x seq in {8192,
-16384} x N in {16, 128}, and B=128 seq 4096 N in {16, 128} (--quick: B=1 seq 16384 N=16, B=8 seq
-8192 N=16, B=128 seq 4096 N=16). Inputs, cold-cache rotation, CUDA-graph timing and the
+16384} x N in {16, 128, 32}, B=128 seq 4096 N in {16, 128, 32}, and N=16 with two MTP rows (q2)
+at B=1 and 8 seq 8192 and B=128 seq 4096 (--quick: B=1 seq 16384 N=16, B=8 seq 8192 N=16, B=128
+seq 4096 N=16). Inputs, cold-cache rotation, CUDA-graph timing and the
 providers' calls are perf/bench_decode.py's (its Setup, ``ours``, ``vllm``; benchutil's
 rotating_graph_us). Providers:
 
@@ -58,13 +59,18 @@ CHECK_REQUESTS = 2
 
 
 def shapes(quick: bool, kinds: list[str]) -> list[DecodeShape]:
+    """(B, seq, N, q_len): N=16 and 128 (the 16- and 64-row tiers), N=32 and N=16 with two MTP rows
+    (the 32-row tier)."""
     if quick:
-        base = [(1, 16384, 16), (8, 8192, 16), (128, 4096, 16)]
+        base = [(1, 16384, 16, 1), (8, 8192, 16, 1), (128, 4096, 16, 1)]
     else:
-        base = [(b, s, n) for n in (16, 128) for b in (1, 8) for s in (8192, 16384)]
-        base += [(128, 4096, 16), (128, 4096, 128)]
+        base = [(b, s, n, 1) for n in (16, 128, 32) for b in (1, 8) for s in (8192, 16384)]
+        base += [(128, 4096, n, 1) for n in (16, 128, 32)]
+        base += [(1, 8192, 16, 2), (8, 8192, 16, 2), (128, 4096, 16, 2)]
     return [
-        DecodeShape(B=b, seq=s, N=n, block=64, kv="fp8" if k == "fp8" else "auto") for k in kinds for b, s, n in base
+        DecodeShape(B=b, seq=s, N=n, q_len=q, block=64, kv="fp8" if k == "fp8" else "auto")
+        for k in kinds
+        for b, s, n, q in base
     ]
 
 

@@ -311,7 +311,7 @@ def test_tiny_cases_check_against_the_reference(monkeypatch):
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950", "sm90", "cpu"])
 def test_compose_tier_changes_only_its_combination(arch):
     from rocm_mla.ops.decode_plan import stage1_config
-    from rocm_mla.tools.tune.groups import INVARIANT_FIELDS
+    from rocm_mla.tools.tune.groups import tier_invariant_fields
     from rocm_mla.variants.decode import tuning_candidates
 
     pkg = C.package_config("mla_decode", arch)
@@ -323,9 +323,7 @@ def test_compose_tier_changes_only_its_combination(arch):
                     continue
                 new = compose_tier(arch, tier, combo, point)
                 # The batch-invariant fields stay the tier's, whatever the candidate's.
-                own = stage1_config(arch, 0, combo[0], combo[1], tier)
-                point = {k: v for k, v in point.items() if k not in INVARIANT_FIELDS}
-                point.update({k: own[k] for k in INVARIANT_FIELDS if k in own})
+                point = tier_invariant_fields(arch, tier, combo, point)
                 assert new is not None, (tier, combo, cand)
                 assert new["BLOCK_H"] == tier["BLOCK_H"]  # tier selection unchanged
                 for c in COMBOS:

@@ -13,6 +13,10 @@ Public API (see each function's docstring for shapes and layouts):
                             is_neox, kv_cache_dtype="auto", k_scale=None) -> None (in place)
     concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, *, kv_cache_dtype="auto",
                          k_scale=None) -> None (in place)
+    mla_sparse_attention(q_nope, q_pe, kv_cache, topk_indices, block_table, req_id_per_token, *,
+                         sm_scale, out=None, lse=None, kv_cache_dtype="auto", k_scale=None)
+                         -> (out, lse)   (sparse MLA: DeepSeek-V3.2, GLM-5.x)
+    plan_sparse_attention(...) -> SparsePlan   (its launches, computed once for many calls)
 
 Every op also takes ``backend=`` (and the index-reading ones ``debug=``); bad index values never
 make a kernel touch memory outside its tensors, and destinations may not overlap inputs (docs/bad-input.md).
@@ -30,6 +34,8 @@ __all__ = [
     "mla_prefill_with_context",
     "fused_rope_mla_kv_write",
     "concat_and_cache_mla",
+    "mla_sparse_attention",
+    "plan_sparse_attention",
     "__version__",
 ]
 

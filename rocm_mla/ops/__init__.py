@@ -7,6 +7,8 @@ from .merge import merge_attn_states
 from .prefill import mla_prefill
 from .prefill_context import mla_prefill_with_context
 from .rope_kv_write import concat_and_cache_mla, fused_rope_mla_kv_write
+from .sparse import mla_sparse_attention
+from .sparse_plan import SparsePlan, plan_sparse_attention
 
 __all__ = [
     "mla_decode",
@@ -19,4 +21,7 @@ __all__ = [
     "fused_rope_mla_kv_write",
     "concat_and_cache_mla",
     "gather_context_chunk",
+    "mla_sparse_attention",
+    "plan_sparse_attention",
+    "SparsePlan",
 ]

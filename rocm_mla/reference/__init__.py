@@ -7,6 +7,7 @@ from .decode import mla_decode_ref
 from .merge import merge_attn_states_ref
 from .prefill import mla_prefill_ref
 from .rope_kv_write import fused_rope_mla_kv_write_ref
+from .sparse import mla_sparse_attention_ref
 
 __all__ = [
     "context_gather_ref",
@@ -14,4 +15,5 @@ __all__ = [
     "merge_attn_states_ref",
     "mla_prefill_ref",
     "fused_rope_mla_kv_write_ref",
+    "mla_sparse_attention_ref",
 ]

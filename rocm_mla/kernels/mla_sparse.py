@@ -1,0 +1,258 @@
+"""Triton body of mla_sparse_attention (wrapper: rocm_mla/ops/sparse.py; reference:
+rocm_mla/reference/sparse.py).
+
+Sparse MLA (DeepSeek-V3.2, GLM-5.x): query row t attends only to the K tokens its indexer picked,
+given as ``topk_indices[t, :]``: request-local positions (``PAGED``: looked up through the block
+table row of the row's request, ``req_ids[t]``) or global cache slots (``slot = page x page_size +
+offset``), in any order, -1 for "no token". One program = (row t, one split of the K list, one
+block of BLOCK_H heads). Per tile of BLOCK_N list entries it
+
+    reads the entries, turns each into a (page, offset) of the cache (block-table row, shift or
+    division), gathers those BLOCK_N rows [kv_c (512) | k_pe (64)],
+    s = q_nope . k_nope^T + q_pe . k_pe^T      (tl.dot; the 512 columns whole or in two halves)
+    online softmax in base 2 (qk_scale holds log2(e)),
+    acc += p . v                                (v = the first 512 columns of the same rows)
+
+and writes the final out/lse (DIRECT: one split) or a normalised float32 partial and its base-2
+lse into the workspace, which mla_decode's reduce (rocm_mla/kernels/mla_decode.py) merges: the
+partials have the decode's layout, ``[S, T x N, 512]`` and ``[S, T x N]``.
+
+Index values are never trusted: an entry < -1, one past the table (or past the cache in global-slot
+mode), a block-table entry outside [0, num_pages), or a row's request outside [0, num_reqs) when the
+row names a token, is "bad": nothing is read for it, and the row's out and lse become NaN (the
+split's lse is NaN, which the reduce carries into the row). Masked entries load 0, never cache
+bytes, so NaN in pages nobody selected cannot leak; a selected row holding NaN reaches the rows that
+selected it (its score, and so p, is NaN). Cache offsets are int64 (num_pages x page_size x 576 can
+pass 2^31).
+"""
+
+import triton
+import triton.language as tl
+
+from .mla_decode import _close_split, _store_partial, _xcd_local_order
+
+
+# Counts that differ per call (rows, K, splits, page geometry) are not specialised: one compiled
+# kernel per config serves every batch.
+@triton.jit(
+    do_not_specialize=[
+        "num_rows",
+        "num_heads",
+        "topk",
+        "num_splits",
+        "split_len",
+        "num_head_blocks",
+        "page_size",
+        "page_shift",
+        "capacity",
+        "num_pages",
+        "num_reqs",
+    ]
+)
+def mla_sparse_attention_kernel(
+    q_nope,
+    q_pe,
+    kv,
+    topk_indices,
+    block_table,
+    req_ids,
+    k_scale_ptr,
+    out,
+    lse,
+    part_o,
+    part_lse,
+    qk_scale,
+    out_scale,
+    num_rows,
+    num_heads,
+    topk,
+    num_splits,
+    split_len,
+    num_head_blocks,
+    page_size,
+    page_shift,
+    capacity,
+    num_pages,
+    num_reqs,
+    s_qn_r,
+    s_qn_h,
+    s_qn_d,
+    s_qp_r,
+    s_qp_h,
+    s_qp_d,
+    s_kv_blk,
+    s_kv_tok,
+    s_ti_r,
+    s_bt_b,
+    s_req,
+    s_o_r,
+    s_o_h,
+    s_o_d,
+    s_l_r,
+    s_l_h,
+    s_po_s,
+    s_pl_s,
+    D_NOPE: tl.constexpr,
+    D_PE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    D_SPLIT: tl.constexpr,
+    DIRECT: tl.constexpr,
+    HAS_K_SCALE_PTR: tl.constexpr,
+    IEEE: tl.constexpr,
+    PAGED: tl.constexpr,
+    POW2_PAGE: tl.constexpr,
+    F16_DOT: tl.constexpr,
+    RELOAD_K: tl.constexpr,
+    NUM_XCDS: tl.constexpr,
+):
+    """See the module docstring.
+
+    q_nope [T, N, D_NOPE], q_pe [T, N, D_PE]: any strides. kv [num_pages, page_size, D_NOPE + D_PE]:
+    last dim contiguous. topk_indices [T, topk] int32 (row stride s_ti_r, column stride 1).
+    PAGED: block_table [B, max_blocks] int32 (row stride s_bt_b, column stride 1), req_ids [T] int32
+    (stride s_req); capacity = max_blocks x page_size (entries >= capacity are bad). Otherwise the
+    entries are slots and capacity = num_pages x page_size; block_table / req_ids are not read.
+    POW2_PAGE: page_size == 1 << page_shift (a shift and a mask per entry instead of a division).
+    Row t's list is cut into num_splits splits of split_len entries (a multiple of BLOCK_N; the last
+    may be shorter). DIRECT (one split): out [T, N, D_NOPE] in q's dtype and lse [T, N] float32,
+    natural log. Otherwise part_o [S, T x N, D_NOPE] and part_lse [S, T x N] float32 (base-2 lse,
+    -inf where the split selected no token, NaN on a bad entry).
+    qk_scale = sm_scale x log2(e) (x k_scale when given as a number), out_scale = that k_scale (or
+    1); HAS_K_SCALE_PTR: both times the float32 at k_scale_ptr (fp8 caches).
+    D_SPLIT (1, 2): the 512 latent columns as one tile or as two halves, each with its own q slice
+    and accumulator (the same work; halves keep gfx942's q staging within its 64 KiB of LDS).
+    F16_DOT (fp8 cache, bfloat16 q): both dots in float16 (e4m3 -> f16 is one conversion per two
+    values on sm90, e4m3 -> bf16 three); accumulation stays float32.
+    RELOAD_K: read K^T for q . k^T as its own (transposed) load instead of transposing the V tile:
+    each load then has one consumer, which lets sm90's software pipeliner stage fp8 tiles in shared
+    memory (a tile converted once and used by both dots is loaded synchronously there); the second
+    read of the rows hits L1/L2.
+    NUM_XCDS: dies that take workgroups round-robin (8 on MI300X): the head blocks and splits of a
+    row, which read the same cache rows, are placed on one die's L2.
+    """
+    pid = tl.program_id(0)
+    if NUM_XCDS > 1:
+        pid = _xcd_local_order(pid, num_rows * num_splits * num_head_blocks, NUM_XCDS)
+    hb = pid % num_head_blocks
+    rest = pid // num_head_blocks
+    split = rest % num_splits
+    t = (rest // num_splits).to(tl.int64)  # T x N x 576 can pass 2^31
+
+    CHUNK: tl.constexpr = D_NOPE // D_SPLIT
+    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    row_ok = offs_h < num_heads
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_a = tl.arange(0, CHUNK)
+    offs_b = CHUNK + tl.arange(0, CHUNK)
+    offs_pe = tl.arange(0, D_PE)
+
+    qn_row = q_nope + t * s_qn_r + offs_h[:, None] * s_qn_h
+    qa = tl.load(qn_row + offs_a[None, :] * s_qn_d, mask=row_ok[:, None], other=0.0)
+    if D_SPLIT == 2:
+        qb = tl.load(qn_row + offs_b[None, :] * s_qn_d, mask=row_ok[:, None], other=0.0)
+    qp = tl.load(
+        q_pe + t * s_qp_r + offs_h[:, None] * s_qp_h + offs_pe[None, :] * s_qp_d, mask=row_ok[:, None], other=0.0
+    )
+    if F16_DOT:
+        qa = tl.clamp(qa.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+        if D_SPLIT == 2:
+            qb = tl.clamp(qb.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+        qp = tl.clamp(qp.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+
+    sc = qk_scale
+    osc = out_scale
+    if HAS_K_SCALE_PTR:
+        ks = tl.load(k_scale_ptr)
+        sc = sc * ks
+        osc = osc * ks
+
+    if PAGED:
+        req = tl.load(req_ids + t * s_req)
+        req_ok = (req >= 0) & (req < num_reqs)
+        bt_row = block_table + tl.where(req_ok, req, 0).to(tl.int64) * s_bt_b
+    ti_row = topk_indices + t * s_ti_r
+    k_lo = split * split_len
+    k_hi = tl.minimum(k_lo + split_len, topk)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc_a = tl.zeros([BLOCK_H, CHUNK], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK_H, CHUNK], dtype=tl.float32)
+    for n0 in range(k_lo, k_hi, BLOCK_N):
+        idx = n0 + offs_n
+        pos = tl.load(ti_row + idx, mask=idx < k_hi, other=-1)
+        named = pos >= 0
+        wrong = (pos < -1) | (pos >= capacity)
+        if POW2_PAGE:
+            blk = pos >> page_shift
+            off = pos & (page_size - 1)
+        else:
+            blk = pos // page_size
+            off = pos % page_size
+        if PAGED:
+            wrong = wrong | (named & (req_ok == 0))
+            page = tl.load(bt_row + blk, mask=named & (wrong == 0), other=0)
+            wrong = wrong | (named & ((page < 0) | (page >= num_pages)))
+        else:
+            page = blk
+        ok = named & (wrong == 0)
+        page = tl.where(ok, page, 0).to(tl.int64)
+        off = tl.where(ok, off, 0).to(tl.int64)
+        tok_ptr = kv + page * s_kv_blk + off * s_kv_tok  # [BLOCK_N]
+        # Entries that select nothing load 0, never cache bytes: 0 x NaN would poison p . v.
+        va = tl.load(tok_ptr[:, None] + offs_a[None, :], mask=ok[:, None], other=0.0).to(qa.dtype)
+        kp_t = tl.load(tok_ptr[None, :] + D_NOPE + offs_pe[:, None], mask=ok[None, :], other=0.0).to(qa.dtype)
+        if D_SPLIT == 2:
+            vb = tl.load(tok_ptr[:, None] + offs_b[None, :], mask=ok[:, None], other=0.0).to(qa.dtype)
+        if RELOAD_K:
+            ka_t = tl.load(tok_ptr[None, :] + offs_a[:, None], mask=ok[None, :], other=0.0).to(qa.dtype)
+            if D_SPLIT == 2:
+                kb_t = tl.load(tok_ptr[None, :] + offs_b[:, None], mask=ok[None, :], other=0.0).to(qa.dtype)
+        else:
+            ka_t = tl.trans(va)
+            if D_SPLIT == 2:
+                kb_t = tl.trans(vb)
+        if IEEE:
+            s = tl.dot(qa, ka_t, input_precision="ieee")
+            if D_SPLIT == 2:
+                s += tl.dot(qb, kb_t, input_precision="ieee")
+            s += tl.dot(qp, kp_t, input_precision="ieee")
+        else:
+            s = tl.dot(qa, ka_t)
+            if D_SPLIT == 2:
+                s += tl.dot(qb, kb_t)
+            s += tl.dot(qp, kp_t)
+        # A bad entry scores NaN: p, l and acc of every head of the row turn NaN (and stay NaN
+        # through the online softmax), so out and lse say so; no flag is reduced in the loop.
+        s = tl.where(ok[None, :], s * sc, tl.where(wrong, float("nan"), float("-inf"))[None, :])
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        # A row with no selected token yet keeps m = -inf; subtracting 0 avoids -inf - -inf.
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if IEEE:
+            acc_a = acc_a * alpha[:, None] + tl.dot(p, va, input_precision="ieee")
+            if D_SPLIT == 2:
+                acc_b = acc_b * alpha[:, None] + tl.dot(p, vb, input_precision="ieee")
+        else:
+            pv = p.to(va.dtype)
+            acc_a = acc_a * alpha[:, None] + tl.dot(pv, va)
+            if D_SPLIT == 2:
+                acc_b = acc_b * alpha[:, None] + tl.dot(pv, vb)
+        m_i = m_new
+
+    inv, lse2 = _close_split(m_i, l_i, osc, False, False, 0.0)
+    if DIRECT:
+        o_row = out + t * s_o_r + offs_h[:, None] * s_o_h
+        tl.store(o_row + offs_a[None, :] * s_o_d, (acc_a * inv).to(out.dtype.element_ty), mask=row_ok[:, None])
+        if D_SPLIT == 2:
+            tl.store(o_row + offs_b[None, :] * s_o_d, (acc_b * inv).to(out.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(lse + t * s_l_r + offs_h * s_l_h, lse2 * 0.6931471805599453, mask=row_ok)
+    else:
+        r = t * num_heads + offs_h
+        _store_partial(
+            part_o, part_lse, split, s_po_s, s_pl_s, r, row_ok, True, acc_a * inv, acc_b * inv, lse2,
+            offs_a, offs_b, D_NOPE, D_SPLIT, 1,
+        )  # fmt: skip

@@ -1,0 +1,375 @@
+"""mla_sparse_attention: sparse MLA (DeepSeek-V3.2, GLM-5.x) over per-row top-k token lists, decode
+and prefill rows alike, in place.
+
+Kernel: rocm_mla/kernels/mla_sparse.py (Triton) and mla_decode's reduce for split rows. Reference:
+rocm_mla/reference/sparse.py. The op validates, plans (``plan_sparse_attention``,
+rocm_mla/ops/sparse_plan.py, or the caller's ``plan=``), then launches what the plan says.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..kernels.mla_decode import mla_decode_reduce_kernel
+from ..kernels.mla_sparse import mla_sparse_attention_kernel
+from ..reference.sparse import mla_sparse_attention_ref, sparse_slots
+from ..triton_common import LOG2E
+from ._checks import FLOAT_DTYPES, Checker, debug_enabled
+from ._dispatch import select
+from .decode import _check_k_scale, _kv_view
+from .sparse_plan import D_KV, D_NOPE, D_PE, OP, SparsePlan, plan_sparse_attention
+
+
+def mla_sparse_attention(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    topk_indices: torch.Tensor,
+    block_table: torch.Tensor | None,
+    req_id_per_token: torch.Tensor | None,
+    *,
+    sm_scale: float,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    kv_cache_dtype: str = "auto",
+    k_scale: float | torch.Tensor | None = None,
+    num_splits: int | None = None,
+    workspace: torch.Tensor | None = None,
+    batch_invariant: bool = False,
+    plan: SparsePlan | None = None,
+    backend: str | None = None,
+    config: dict[str, Any] | None = None,
+    debug: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse multi-query attention over the MLA latent cache; returns ``(out, lse)``.
+
+    Row t attends over the multiset of cache rows its list ``topk_indices[t]`` names (a repeated
+    entry counts twice), with softmax(sm_scale x q . k) over all 576 columns and V = the first 512.
+    Rows are independent: decode rows, MTP rows and prefill rows of any requests mix freely.
+
+    Args:
+        q_nope: ``[T, N, 512]`` (q_nope absorbed through W_UK), float16/bfloat16/float32, any
+            strides. Any N >= 1 (no padding: N = 8 runs 8 heads).
+        q_pe: ``[T, N, 64]`` rotary part, q_nope's dtype, any strides. Read in place (no concat).
+        kv_cache: ``[num_blocks, block_size, 576]`` paged latent cache, rows ``[kv_c (512) | k_pe
+            (64)]``, any block size, block and token strides free, last dim contiguous; q's dtype,
+            or fp8 (float8_e4m3fn / float8_e4m3fnuz, or uint8 storage with ``kv_cache_dtype="fp8"``:
+            the platform's kind, e4m3fnuz on gfx942).
+        topk_indices: ``[T, K]`` int32, column stride 1: entry ``p`` of row t is position p of
+            row t's request (``block_table`` given) or the cache slot ``page x block_size + offset``
+            (``block_table`` None: FlashMLA's convention, slots into ``kv_cache.view(-1, 576)``), in
+            any order; -1 names no token. K >= 0 (2048 in DeepSeek-V3.2 and GLM-5; any K works).
+        block_table: ``[B, max_blocks]`` int32, column stride 1: position p of request r is
+            ``kv_cache[block_table[r, p // block_size], p % block_size]``. None: entries are slots.
+        req_id_per_token: ``[>= T]`` int32, stride 1: the request (block-table row) of each query
+            row; entries past T are not read. None exactly when block_table is None. The kernel
+            turns positions into slots itself: no ``[T, K]`` slot tensor is made.
+        sm_scale: softmax scale applied to q . k: a finite number > 0.
+        out: optional ``[T, N, 512]`` destination in q's dtype, any non-overlapping strides; every
+            element is written (never zeroed first). Allocated when None.
+        lse: optional ``[T, N]`` float32 destination (natural log), any strides. Allocated when None.
+        kv_cache_dtype: as ``mla_decode`` takes it ("auto", "bfloat16", "float16", "float32",
+            "fp8", "fp8_e4m3", "fp8_e4m3fn", "fp8_e4m3fnuz").
+        k_scale: fp8 dequant scale, value = stored x k_scale: a float, or a one-element float32
+            device tensor (read by the kernel, no host sync). Ignored for 16/32-bit caches.
+        num_splits: the most splits of each row's list (>= 1); default the plan's choice. Only
+            speed depends on it.
+        workspace: optional contiguous float32 tensor for split partials, at least
+            ``plan.workspace_numel`` elements (``rocm_mla.ops.mla_decode_workspace_numel(T, N, S)``);
+            without it a split call does one ``torch.empty``. A destination (no overlap).
+        batch_invariant: cut every list into splits of a fixed number of entries (configs'
+            ``batch_invariant.split_tokens``): the split count depends on K alone, so a row's out
+            and lse are bitwise the same alone or in any batch, at any position
+            (docs/sparse-attention.md gives the cost). num_splits must be None.
+        plan: a ``SparsePlan`` made by ``plan_sparse_attention`` for these sizes (e.g. once per
+            step for every layer); its sizes, dtypes, device and table kind must match the call
+            (ValueError), and num_splits / config / batch_invariant are then its own.
+        backend: "triton" or "reference" to force one (``ROCM_MLA_BACKEND_MLA_SPARSE_ATTENTION``).
+        config: a tier config replacing the arch's (tuning).
+        debug: check the index values on the host (a sync, not capturable) and raise a ValueError
+            naming the first bad one. Default: ``ROCM_MLA_DEBUG=1``.
+
+    Returns:
+        ``(out, lse)``: the destinations (given or allocated). A row that selects no token gets
+        out 0 and lse -inf.
+
+    Bad values (debug off; no host sync): nothing outside the given tensors is read or written. An
+    entry < -1, an entry >= ``max_blocks x block_size`` (one past the request's table; slots: >=
+    ``num_blocks x block_size``), a block-table entry outside ``[0, num_blocks)`` that an entry
+    uses, or a row's request outside ``[0, B)`` when the row names a token: that row's out and
+    lse are NaN; every other row is exact. A NaN in a selected cache row reaches only the rows
+    that select it. ``debug=True`` raises instead.
+
+    Raises:
+        TypeError / ValueError naming the argument, what was expected and what came.
+    """
+    c = Checker(OP)
+    c.tensor("q_nope", q_nope, ndim=3, layout="[T, N, 512]", dtypes=FLOAT_DTYPES)
+    T, N, dq = q_nope.shape
+    if dq != D_NOPE:
+        c.fail("q_nope", f"last dim {D_NOPE} (kv_lora_rank) in [T, N, 512]", f"shape {tuple(q_nope.shape)}")
+    c.tensor("q_pe", q_pe, shape=(T, N, D_PE), layout="[T, N, 64]", like="q_nope's T, N")
+    c.same_dtype("q_nope", q_nope, q_pe=q_pe)
+    c.tensor("kv_cache", kv_cache, ndim=3, layout="[num_blocks, block_size, 576]")
+    if kv_cache.shape[2] != D_KV:
+        c.fail(
+            "kv_cache", f"last dim {D_KV} (512 + 64) in [num_blocks, block_size, 576]", f"shape {tuple(kv_cache.shape)}"
+        )
+    if kv_cache.shape[1] < 1:
+        c.fail("kv_cache", "block_size >= 1", f"shape {tuple(kv_cache.shape)}")
+    if kv_cache.stride(2) != 1:
+        c.fail("kv_cache", "a contiguous last dim (stride 1)", f"strides {kv_cache.stride()}")
+    kv, is_fp8 = _kv_view(c, kv_cache, kv_cache_dtype, q_nope.dtype)
+    c.tensor("topk_indices", topk_indices, ndim=2, layout="[T, K]", dtypes=(torch.int32,))
+    if topk_indices.shape[0] != T:
+        c.fail("topk_indices", f"shape [T, K] = ({T}, *) (q_nope's T)", tuple(topk_indices.shape))
+    K = topk_indices.shape[1]
+    if K > 1 and topk_indices.stride(1) != 1:
+        c.fail("topk_indices", "column stride 1", f"strides {topk_indices.stride()}")
+    paged = block_table is not None
+    if paged != (req_id_per_token is not None):
+        name = "req_id_per_token" if paged else "block_table"
+        c.fail(name, "a tensor exactly when the other of block_table / req_id_per_token is one", "None")
+    if paged:
+        c.tensor("block_table", block_table, ndim=2, layout="[B, max_blocks]", dtypes=(torch.int32,))
+        if block_table.shape[1] > 1 and block_table.stride(1) != 1:
+            c.fail("block_table", "column stride 1", f"strides {block_table.stride()}")
+        c.tensor("req_id_per_token", req_id_per_token, ndim=1, layout="[>= T]", dtypes=(torch.int32,))
+        if req_id_per_token.shape[0] < T:
+            c.fail("req_id_per_token", f"a 1-D tensor of at least q_nope's {T} rows", tuple(req_id_per_token.shape))
+        if T > 1 and req_id_per_token.stride(0) != 1:
+            c.fail("req_id_per_token", "stride 1", f"strides {req_id_per_token.stride()}")
+    sm_scale = c.scale("sm_scale", sm_scale)
+    given_out, given_lse = out, lse
+    if out is None:
+        out = torch.empty(T, N, D_NOPE, dtype=q_nope.dtype, device=q_nope.device)
+    else:
+        c.tensor("out", out, shape=(T, N, D_NOPE), layout="[T, N, 512]", dtypes=(q_nope.dtype,), like="q_nope's")
+        c.writable("out", out)
+    if lse is None:
+        lse = torch.empty(T, N, dtype=torch.float32, device=q_nope.device)
+    else:
+        c.tensor("lse", lse, shape=(T, N), layout="[T, N]", dtypes=(torch.float32,), like="q_nope's T, N")
+        c.writable("lse", lse)
+    if workspace is not None:
+        c.tensor("workspace", workspace, layout="(float32, contiguous)", dtypes=(torch.float32,))
+        if not workspace.is_contiguous():
+            c.fail("workspace", "a contiguous tensor", f"strides {tuple(workspace.stride())}")
+    scale_t = _check_k_scale(c, k_scale, q_nope.device)
+    if not isinstance(batch_invariant, bool):
+        c.fail("batch_invariant", "a bool", repr(batch_invariant), TypeError)
+    if num_splits is not None and (not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 1):
+        c.fail("num_splits", "None or an int >= 1", repr(num_splits))
+    if batch_invariant and num_splits is not None:
+        c.fail("num_splits", "None with batch_invariant=True (the split rule is fixed)", repr(num_splits))
+    c.same_device(
+        q_nope=q_nope,
+        q_pe=q_pe,
+        kv_cache=kv_cache,
+        topk_indices=topk_indices,
+        block_table=block_table,
+        req_id_per_token=req_id_per_token,
+        out=out,
+        lse=lse,
+        k_scale=scale_t,
+        workspace=workspace,
+    )
+    c.no_overlap(
+        {"out": given_out, "lse": given_lse, "workspace": workspace},
+        {
+            "q_nope": q_nope,
+            "q_pe": q_pe,
+            "kv_cache": kv_cache,
+            "topk_indices": topk_indices,
+            "block_table": block_table,
+            "req_id_per_token": req_id_per_token,
+            "k_scale": scale_t,
+        },
+    )
+    if debug_enabled(debug):
+        _debug_checks(c, kv, topk_indices, block_table, req_id_per_token)
+
+    impl = select(OP, q_nope.device, backend, has_hip=False)
+    if out.numel() == 0 and lse.numel() == 0:
+        return out, lse
+    if K == 0:  # empty lists: no row selects a token
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return out, lse
+    ks_float = float(k_scale) if is_fp8 and k_scale is not None and scale_t is None else None
+    if impl == "triton":
+        if plan is None:
+            plan = plan_sparse_attention(
+                num_rows=T,
+                num_heads=N,
+                topk=K,
+                block_size=kv.shape[1],
+                q_dtype=q_nope.dtype,
+                kv_dtype=kv.dtype,
+                device=q_nope.device,
+                paged=paged,
+                num_splits=num_splits,
+                workspace_numel=None if workspace is None else workspace.numel(),
+                config=config,
+                k_scale_on_device=is_fp8 and scale_t is not None,
+                batch_invariant=batch_invariant,
+            )
+        else:
+            _check_plan(c, plan, T, N, K, kv, q_nope, paged, is_fp8 and scale_t is not None)
+        if workspace is not None and workspace.numel() < plan.workspace_numel:
+            c.fail(
+                "workspace",
+                f"a contiguous float32 tensor of >= {plan.workspace_numel} elements "
+                f"(S={plan.num_splits} splits x {T * N} rows x 513)",
+                f"{workspace.numel()} elements",
+            )
+        _launch_triton(
+            plan, q_nope, q_pe, kv, topk_indices, block_table, req_id_per_token, out, lse, workspace,
+            float(sm_scale), ks_float, scale_t if is_fp8 else None,
+        )  # fmt: skip
+    else:
+        ref_scale = (scale_t if scale_t is not None else ks_float) if is_fp8 else None
+        o, lse_ref = mla_sparse_attention_ref(
+            q_nope, q_pe, kv, topk_indices, block_table, req_id_per_token, float(sm_scale), ref_scale
+        )
+        out.copy_(o)
+        lse.copy_(lse_ref)
+    return out, lse
+
+
+def _check_plan(c: Checker, plan, T, N, K, kv, q_nope, paged, scale_ptr) -> None:
+    """A caller's plan must have been made for this call's sizes, dtypes, device and table kind."""
+    if not isinstance(plan, SparsePlan):
+        c.fail("plan", "a SparsePlan from plan_sparse_attention", type(plan).__name__, TypeError)
+    want = {
+        "num_rows": T,
+        "num_heads": N,
+        "topk": K,
+        "block_size": kv.shape[1],
+        "paged": paged,
+        "q_dtype": q_nope.dtype,
+        "kv_dtype": kv.dtype,
+        "k_scale_on_device": scale_ptr,
+    }
+    for name, v in want.items():
+        if getattr(plan, name) != v:
+            c.fail("plan", f"a plan made for this call ({name}={v})", f"{name}={getattr(plan, name)}")
+    from .. import _platform
+
+    if plan.arch != _platform.device_arch(q_nope.device):
+        c.fail("plan", f"a plan for arch {_platform.device_arch(q_nope.device)}", f"arch {plan.arch}")
+
+
+def _debug_checks(c: Checker, kv, topk_indices, block_table, req_id_per_token) -> None:
+    """Index checks on the host (one sync): every entry >= -1 and within the table (or the cache),
+    every row that names a token belongs to a request of the table, every block-table entry an entry
+    uses within the cache."""
+    T, K = topk_indices.shape
+    if T == 0 or K == 0:
+        return
+    idx = topk_indices.cpu().long()
+    num_blocks, block_size = kv.shape[0], kv.shape[1]
+    if block_table is None:
+        cap, what = num_blocks * block_size, f"num_blocks {num_blocks} x block_size {block_size}"
+    else:
+        cap = block_table.shape[1] * block_size
+        what = f"max_blocks {block_table.shape[1]} x block_size {block_size}"
+    bad = ((idx < -1) | (idx >= cap)).nonzero()
+    if bad.numel():
+        t, j = int(bad[0, 0]), int(bad[0, 1])
+        c.fail("topk_indices", f"-1 or an entry in [0, {cap}) ({what})", f"topk_indices[{t}, {j}] = {int(idx[t, j])}")
+    if block_table is None:
+        return
+    req = req_id_per_token[:T].cpu().long()
+    B = block_table.shape[0]
+    named = (idx >= 0).any(1)
+    bad = (named & ((req < 0) | (req >= B))).nonzero()
+    if bad.numel():
+        t = int(bad[0, 0])
+        c.fail("req_id_per_token", f"a request in [0, {B}) (block_table's rows) for rows that name a token",
+               f"req_id_per_token[{t}] = {int(req[t])}")  # fmt: skip
+    slots, used, bad_row = sparse_slots(
+        topk_indices.cpu(), block_table.cpu(), req_id_per_token.cpu(), num_blocks, block_size
+    )
+    if bool(bad_row.any()):
+        t = int(bad_row.nonzero()[0, 0])
+        bt = block_table.cpu().long()
+        r = int(req[t])
+        pos = idx[t][idx[t] >= 0]
+        pages = bt[r, pos // block_size]
+        j = int(((pages < 0) | (pages >= num_blocks)).nonzero()[0, 0])
+        c.fail(
+            "block_table",
+            f"page ids in [0, {num_blocks}) (num_blocks) for every block an entry uses",
+            f"block_table[{r}, {int(pos[j]) // block_size}] = {int(pages[j])} (topk_indices row {t})",
+        )
+
+
+def _launch_triton(
+    plan: SparsePlan,
+    q_nope,
+    q_pe,
+    kv,
+    topk_indices,
+    block_table,
+    req_ids,
+    out,
+    lse,
+    workspace,
+    sm_scale: float,
+    ks_float: float | None,
+    ks_tensor: torch.Tensor | None,
+) -> None:
+    """Runs ``plan`` on validated tensors: the kernel, then (S > 1) mla_decode's reduce."""
+    T, N, S = plan.num_rows, plan.num_heads, plan.num_splits
+    R = T * N
+    if plan.direct:
+        part_o = part_lse = lse  # unused (DIRECT never touches them)
+    else:
+        need = plan.workspace_numel
+        ws = (
+            torch.empty(need, dtype=torch.float32, device=q_nope.device) if workspace is None else workspace.reshape(-1)
+        )
+        part_o, part_lse = ws[: S * R * D_NOPE], ws[S * R * D_NOPE : need]
+    s_po, s_pl = R * D_NOPE, R
+    qk_scale = sm_scale * LOG2E * (ks_float if ks_float is not None else 1.0)
+    out_scale = ks_float if ks_float is not None else 1.0
+    # Tensors the kernel never dereferences still need a live pointer.
+    scale_ptr = ks_tensor if ks_tensor is not None else lse
+    # An empty cache: every entry is then bad and nothing is read; the stand-in keeps kv's type.
+    cache = kv if kv.numel() else torch.empty(1, 1, D_KV, dtype=kv.dtype, device=kv.device)
+    if block_table is not None:
+        bt = block_table if block_table.numel() else topk_indices
+        reqs, B, cap, s_bt, s_req = (
+            req_ids,
+            block_table.shape[0],
+            block_table.shape[1] * kv.shape[1],
+            block_table.stride(0),
+            req_ids.stride(0),
+        )
+    else:
+        bt = reqs = topk_indices
+        B, cap, s_bt, s_req = 0, kv.shape[0] * kv.shape[1], 0, 0
+    ti = topk_indices
+    mla_sparse_attention_kernel[plan.grid](
+        q_nope, q_pe, cache, ti, bt, reqs, scale_ptr, out, lse, part_o, part_lse,
+        qk_scale, out_scale,
+        T, N, plan.topk, S, plan.split_len, plan.head_blocks,
+        kv.shape[1], plan.page_shift, cap, kv.shape[0], B,
+        *q_nope.stride(), *q_pe.stride(), kv.stride(0), kv.stride(1), topk_indices.stride(0), s_bt, s_req,
+        *out.stride(), *lse.stride(), s_po, s_pl,
+        **plan.constexprs, **plan.options,
+    )  # fmt: skip
+    if plan.direct:
+        return
+    mla_decode_reduce_kernel[plan.reduce_grid](
+        part_o, part_lse, out, lse, ti,
+        N, S, 1, 0, 0, 0, 1,
+        0, s_po, s_pl, *out.stride(), *lse.stride(),
+        **plan.reduce_constexprs, **plan.reduce_options,
+    )  # fmt: skip
+
+
+__all__ = ["mla_sparse_attention"]

@@ -13,6 +13,7 @@ module             shape          ``make_inputs(shape, *, dtype, device, seed, .
 ``merge``          MergeShape     MergeInputs (pad_v / head-slice / strided layouts)  bench tune
 ``rope_kv_write``  RopeShape      RopeInputs (q_pe/k_pe slices, slots, fp8 cache)     bench tune
 ``context_gather`` ChunkShape     ChunkInputs (vLLM's chunk indexing)                 selfcheck odd
+``sparse``         SparseShape    SparseInputs (top-k lists, paged cache, q views)    bench quick tune
 =================  =============  ================================================  ==================
 
 Every module also has ``SHAPES["tiny" | "selfcheck" | "verify" | "odd" | "quick"]`` where they apply,
@@ -69,7 +70,7 @@ Nothing here imports pytest, perf/ or tools/; the modules use rocm_mla.reference
 rocm_mla.ops (to run the op) and the platform's fp8 kind (``platform_fp8``).
 """
 
-from . import context_gather, decode, merge, prefill, rope_kv_write
+from . import context_gather, decode, merge, prefill, rope_kv_write, sparse
 from ._buffers import SENTINEL, Guarded, outside_untouched, poisoned
 from ._compare import Bound, CaseMismatch, Comparison, compare, dtype_name, first_problem, raise_on
 from ._paged import PagedCache, cold_copies, generator, nan_filled, paged_cache, platform_fp8, randn, to_fp8
@@ -98,5 +99,6 @@ __all__ = [
     "raise_on",
     "randn",
     "rope_kv_write",
+    "sparse",
     "to_fp8",
 ]

@@ -30,6 +30,7 @@ from rocm_mla.cases import (
     poisoned,
     prefill,
     rope_kv_write,
+    sparse,
 )
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
@@ -361,6 +362,7 @@ def test_every_tolerance_table_covers_the_dtypes():
         (merge, {"output", "output_lse"}),
         (rope_kv_write, {"q_pe", "k_pe", "rows", "rows_fp8", "unfused", "rows_fp8_unfused"}),
         (context_gather, {"dst"}),
+        (sparse, {"out", "lse"}),
     ):
         assert set(mod.TOLERANCE) == {F32, F16, BF16}, mod.__name__
         for table in mod.TOLERANCE.values():

@@ -18,6 +18,7 @@ from rocm_mla.cases import decode as decode_cases
 from rocm_mla.cases import merge as merge_cases
 from rocm_mla.cases import prefill as prefill_cases
 from rocm_mla.cases import rope_kv_write as rope_cases
+from rocm_mla.cases import sparse as sparse_cases
 from rocm_mla.ops.decode_plan import FP8_DOTS
 
 
@@ -222,7 +223,42 @@ def check_context_gather(device: torch.device, backends: list[str]) -> list[Chec
     return rows
 
 
-CHECKS = [check_merge, check_prefill, check_decode, check_rope_kv_write, check_context_gather]
+def check_sparse(device: torch.device, backends: list[str]) -> list[CheckRow]:
+    """mla_sparse_attention on a small mixed batch: 3 requests (37, 90, 5 keys) with 2, 3 and 1 query
+    rows (causal), N=16, K=48 entries per row (lists shorter than K padded with -1, 10% holes and
+    repeated entries), block 16, shuffled page ids, every unused cache slot NaN, q_nope/q_pe slices
+    of one buffer, out/lse into NaN-poisoned padded / transposed buffers; with the plan's split
+    count, 3 splits, and batch-invariant splits; then an fp8 cache (the platform's kind, k_scale 0.5)
+    and the lists as global slots."""
+    op, rows = "mla_sparse_attention", []
+    (shape,) = sparse_cases.SHAPES["selfcheck"]
+    head = f"T={shape.T} N={shape.N} K={shape.K} block={shape.block}"
+    names = {"out": ("", "out"), "lse": (" lse", "lse")}
+    fp8 = sparse_cases.SparseShape(shape.lens, shape.rows, shape.N, shape.K, shape.block, kv="fp8")
+    slots = sparse_cases.SparseShape(shape.lens, shape.rows, shape.N, shape.K, shape.block, mode="slots")
+    runs = [(shape, {}, "splits=auto"), (shape, {"num_splits": 3}, "splits=3"),
+            (shape, {"batch_invariant": True}, "batch_invariant"), (fp8, {"num_splits": 3}, "splits=3 fp8 cache"),
+            (slots, {}, "slots")]  # fmt: skip
+    for backend in backends:
+        if backend == "hip":
+            continue  # mla_sparse_attention has no HIP kernel
+        for dtype in _dtypes(device):
+            tol = sparse_cases.TOLERANCE[dtype]
+            for s, kw, what in runs:
+                case = f"{head} {what}"
+                try:
+                    inp = sparse_cases.make_inputs(
+                        s, dtype=dtype, device=device, k_scale=0.5, holes=0.1, dups=0.1, q_layout="one_buffer",
+                        out_layout="padded", lse_layout="transposed",
+                    )  # fmt: skip
+                    inp.run(backend=backend, **kw)
+                    rows += _rows(op, backend, dtype, case, inp.compare(), tol, names)
+                except Exception as exc:  # report, keep checking the rest
+                    rows.append(_failed(op, backend, dtype, case, exc))
+    return rows
+
+
+CHECKS = [check_merge, check_prefill, check_decode, check_rope_kv_write, check_context_gather, check_sparse]
 
 
 def run_all(device: torch.device) -> list[CheckRow]:

@@ -2,7 +2,7 @@
 """Run any subset of the op benchmarks, each in its own process, and append their rows to perf/results.csv.
 
     python perf/bench.py [--ops merge,rope_kv_write,decode,decode_matrix,decode_invariant,prefill,
-                                prefill_geometry,layer] [--quick]
+                                prefill_geometry,layer,sparse] [--quick]
                          [--peers .peers] [--out perf/results.csv] [--logs DIR] [--timeout 900] [--list]
 
 Each benchmark times our kernels with its peers beside them (vLLM 0.33's Triton kernels, FlashInfer,
@@ -16,7 +16,8 @@ benchmark, then a short table of this run.
 ``python perf/report.py`` turns the CSV into perf/RESULTS.md and perf/plots/.
 
 Needs a GPU: without one it says so and exits 2 (``--list`` and ``--merge`` work anywhere). The peers folder is made
-by perf/peers/get_vllm_peers.sh, get_aiter_peers.sh (into PEERS/aiter) and get_flashinfer_peer.sh;
+by perf/peers/get_vllm_peers.sh, get_vllm_sparse_peers.sh (into PEERS/vllm_sparse), get_aiter_peers.sh (into
+PEERS/aiter) and get_flashinfer_peer.sh;
 on a GPU machine without network access, copy the folder there, run through perf/device_run.sh
 (``--ops``), bring its results.csv back and fold it in with ``--merge FILE``.
 """
@@ -74,6 +75,8 @@ BENCHES = {
     ),
     "layer": Bench("bench_layer.py", "layer.csv"),
     "decode_invariant": Bench("bench_decode_invariant.py", "decode_invariant.csv", ("--split-tokens", "256,512,1024")),
+    # Sparse MLA (DeepSeek-V3.2, GLM-5.x) beside vLLM 0.34's Triton kernels (PEERS/vllm_sparse) and FlashInfer.
+    "sparse": Bench("bench_sparse.py", "sparse.csv", ("--preset", "bench"), ("--preset", "quick")),
 }
 CEILING_SHAPES = {"copy": "copy 2 GiB", "matmul": "matmul 8192^3 bf16"}
 
@@ -100,6 +103,9 @@ def versions(peers: str) -> str:
         parts.append(f"flashinfer={md.version('flashinfer-python')}")
     except md.PackageNotFoundError:
         pass
+    sparse = Path(peers, "vllm_sparse", "VLLM_VERSION")  # get_vllm_sparse_peers.sh
+    if sparse.is_file():
+        parts.append(f"vllm-sparse={sparse.read_text().strip()}")
     aiter = Path(peers, "aiter", "AITER_VERSION")
     if aiter.is_file():
         parts.append(f"aiter={aiter.read_text().strip()}")

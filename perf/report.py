@@ -88,14 +88,24 @@ VIEWS = (
         "µs per step (events, L2 flushed); kernels = device kernels named cat/pad/copy/fill (torch.profiler).",
         ("cat_kernels", "pad_kernels", "copy_kernels", "fill_kernels"),
     ),
+    OpView(
+        "mla_sparse_attention",
+        "mla_sparse_attention (sparse MLA: DeepSeek-V3.2, GLM-5.x)",
+        "time_us",
+        False,
+        ("sparse",),
+        "µs per call, K 2048, q bf16, block 64, CUDA graphs of 8 calls, cache cold in L2; every output checked; "
+        "-inv = batch_invariant=True.",
+    ),
 )
 CEILING_OF = {"GB/s": "copy 2 GiB", "TFLOP/s": "matmul 8192^3 bf16"}
 COMMAND = "python perf/bench.py --ops {ops}"
 
 
-# Our kernels with inputs rounded on purpose (mla_decode(fp8_dots="qk" / "all"; quantize_q=True is
-# "qk"): an accuracy trade, shown beside the others, left out of the speed-up columns.
-LOSSY = ("rocm_mla-triton-quantize_q", "rocm_mla-triton-fp8qk", "rocm_mla-triton-fp8all")
+# Our kernels in another mode: inputs rounded on purpose (mla_decode(fp8_dots="qk" / "all"; quantize_q=True
+# is "qk"), an accuracy trade, and batch-invariant splits (mla_sparse_attention(batch_invariant=True)):
+# shown beside the others, left out of the speed-up columns.
+LOSSY = ("rocm_mla-triton-quantize_q", "rocm_mla-triton-fp8qk", "rocm_mla-triton-fp8all", "rocm_mla-triton-inv")
 
 
 def is_ours(provider: str) -> bool:

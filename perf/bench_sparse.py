@@ -368,6 +368,7 @@ def main() -> int:
         if not s.cold:
             run.notes.append(f"  note: {s.label}: {s.R} copies stay under 3 x {cold >> 20} MiB: partly from L2")
         run.rows.append(bench_shape(run, s, peers, extra))
+        write_csv(Path(args.out) / "sparse.csv", run.records)  # after every shape: a cut-off run keeps its rows
         del s
         torch.cuda.empty_cache()
     print(

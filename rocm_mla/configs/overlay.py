@@ -75,6 +75,22 @@ _DECODE_FIELDS = {
 # mla_decode(fp8_dots="qk" / "all"); "all" applies both, in that order).
 DECODE_DTYPE_TAGS = ("fp8", "fp8+qk", "fp8+all", "fp32", "fp16+fp8")
 _DECODE_TIER = {**_DECODE_FIELDS, **{tag: _DECODE_FIELDS for tag in DECODE_DTYPE_TAGS}}
+# A mla_sparse_attention tier (configs/mla_sparse_attention.json "tiers"), and its per-dtype
+# override objects: "fp8" (fp8 cache), "fp32" (float32 q), which ops/sparse_plan.py applies.
+_SPARSE_FIELDS = {
+    "BLOCK_H": INT,
+    "BLOCK_N": INT,
+    "D_SPLIT": INT,
+    "F16_DOT": BOOL,
+    "RELOAD_K": BOOL,
+    "num_warps": INT,
+    "num_stages": INT,
+    "ctas_per_cu": INT,
+    **AMD_OPTIONS,
+}
+SPARSE_DTYPE_TAGS = ("fp8", "fp32")
+_SPARSE_TIER = {**_SPARSE_FIELDS, **{tag: _SPARSE_FIELDS for tag in SPARSE_DTYPE_TAGS}}
+_SPLIT_MODEL = {"min_tokens_per_split": INT, "max_splits": INT, "fixed_tiles": NUM, "launch_tiles": NUM}
 _PREFILL = {
     "BLOCK_M": INT,
     "BLOCK_N": INT,
@@ -93,7 +109,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "mla_decode": {
         "backend_order": [BACKEND],
         "num_xcds": INT,
-        "split": {"min_tokens_per_split": INT, "max_splits": INT, "fixed_tiles": NUM, "launch_tiles": NUM},
+        "split": _SPLIT_MODEL,
         "stage1": [_DECODE_TIER],
         "stage2": {
             "num_warps": INT,
@@ -103,6 +119,13 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "waves_per_eu": INT,
         },
         "candidates": [_DECODE_TIER],
+    },
+    "mla_sparse_attention": {
+        "backend_order": [BACKEND],
+        "num_xcds": INT,
+        "split": _SPLIT_MODEL,
+        "batch_invariant": {"split_tokens": INT},
+        "tiers": [_SPARSE_TIER],
     },
     "mla_prefill": {"backend_order": [BACKEND], "triton": _PREFILL, "triton_fp32": _PREFILL, "candidates": [_PREFILL]},
     "merge_attn_states": {

@@ -27,7 +27,7 @@ import torch
 import triton
 
 from .. import _platform
-from ..configs import config_for
+from ..configs import SPARSE_DTYPE_TAGS, config_for
 from ..mla_dims import FP8_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from ..triton_common import amd_options
 from .decode_plan import choose_num_splits, mla_decode_workspace_numel, num_compute_units, stage2_meta
@@ -36,8 +36,6 @@ OP = "mla_sparse_attention"
 D_NOPE = KV_LORA_RANK
 D_PE = QK_ROPE_HEAD_DIM
 D_KV = KV_ROW_DIM
-# Per-dtype override objects of a tier: "fp8" (fp8 cache), "fp32" (float32 q).
-SPARSE_DTYPE_TAGS = ("fp8", "fp32")
 # What an absent tier field means.
 TIER_DEFAULTS = {"D_SPLIT": 1, "F16_DOT": False, "RELOAD_K": False, "ctas_per_cu": 1}
 

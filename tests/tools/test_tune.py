@@ -5,7 +5,8 @@ the cache (reload_overlays), the named schema errors, the stamp, and that a bad 
 with one warning. The tuner: its decode tier composition, its selection rules under a fake timer
 (the default is a candidate and wins ties; no shape slower; the re-time rejects noise), the hard
 stop, ``--check`` (named compile / reference errors, ``--stamp``), and one tiny tuning run in the
-Triton interpreter whose overlay a fresh process then uses.
+Triton interpreter whose overlay a fresh process then uses. The sparse op's tuning: its shape
+specs and presets, its groups, the tier composition and a tiny interpreter run.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 import rocm_mla.configs as C
 from rocm_mla.tools.tune import acceptance, inputs
 from rocm_mla.tools.tune.cli import main as tune_main
-from rocm_mla.tools.tune.groups import COMBOS, _decode_fix, compose_tier, full_stage1
+from rocm_mla.tools.tune.groups import COMBOS, _decode_fix, compose_sparse_tier, compose_tier, full_stage1
 from rocm_mla.tools.tune.overlay import describe_overlay
 from rocm_mla.tools.tune.shapes import ALL_OPS, OP_KEYS, Shape, parse_shapes
 from rocm_mla.tools.tune.tuner import Tuner
@@ -189,6 +190,10 @@ def _tier(**kw):
     return {**C.package_config("mla_decode", "cpu")["stage1"][0], **kw}
 
 
+def _sparse_tier(**kw):
+    return {**C.package_config("mla_sparse_attention", "cpu")["tiers"][0], **kw}
+
+
 BAD = [
     ("unknown op", {"mla_decod": {"cpu": {}}}, C.OverlayUnknownKey),
     ("unknown arch", {"mla_prefill": {"gpu0": {"triton": {"BLOCK_M": 64}}}}, C.OverlayUnknownKey),
@@ -206,6 +211,23 @@ BAD = [
     ("bad backend", {"rope_kv_write": {"cpu": {"backend_order": ["cuda"]}}}, C.OverlayTypeError),
     ("bad tma", {"mla_prefill": {"cpu": {"triton": {"tma": "yes"}}}}, C.OverlayTypeError),
     ("platform is not tunable", {"platform": {"cpu": {"fp8_dtype": "float8_e5m2"}}}, C.OverlayUnknownKey),
+    (
+        "unknown sparse tier field",
+        {"mla_sparse_attention": {"cpu": {"tiers": [_sparse_tier(BLOCK_Q=1)]}}},
+        C.OverlayUnknownKey,
+    ),
+    (
+        "unknown sparse fp8 field",
+        {"mla_sparse_attention": {"cpu": {"tiers": [_sparse_tier(fp8={"V_SPLIT": 2})]}}},
+        C.OverlayUnknownKey,
+    ),
+    ("incomplete sparse tier", {"mla_sparse_attention": {"cpu": {"tiers": [{"BLOCK_H": 16}]}}}, C.OverlayTypeError),
+    (
+        "sparse int for bool",
+        {"mla_sparse_attention": {"cpu": {"tiers": [_sparse_tier(RELOAD_K=1)]}}},
+        C.OverlayTypeError,
+    ),
+    ("unknown sparse split field", {"mla_sparse_attention": {"cpu": {"split": {"max_split": 8}}}}, C.OverlayUnknownKey),
 ]
 
 
@@ -287,7 +309,10 @@ def test_presets_are_the_cases_shape_sets():
         got = parse_shapes(preset)
         assert [s.case_shape for s in got] == want, preset  # the timed inputs are built from these
         assert all(s.op == op and Shape.from_case(op, s.case_shape) == s for s in got)
-    assert [s.case_shape for s in parse_shapes("tiny")] == [getattr(cases, op).SHAPES["tiny"][0] for op in ALL_OPS]
+    # sparse's tiny case has requests of uneven lengths (no spec): the tuner's own uniform one
+    tiny = [s.case_shape for s in parse_shapes("tiny") if s.op != "sparse"]
+    assert tiny == [getattr(cases, op).SHAPES["tiny"][0] for op in ALL_OPS if op != "sparse"]
+    assert [s for s in parse_shapes("tiny") if s.op == "sparse"] == parse_shapes("sparse:B=2,ctx=64,N=16,K=32,block=16")
     with pytest.raises(ValueError, match="not expressible"):
         Shape.from_case("prefill", cases.prefill.SHAPES["verify"][0])  # uneven lengths: no B x L spec
 
@@ -351,6 +376,133 @@ def test_compose_tier_with_v_split():
     assert stage1_config("sm90", 0, torch.bfloat16, True, new) == stage1_config("sm90", 0, torch.bfloat16, True, tier)
     assert C.validate_overlay(_overlay("sm90", {"mla_decode": {"stage1": [new]}}), "sm90", check_stamp=False) == []
     assert _decode_fix({"D_SPLIT": 1, "V_SPLIT": 2})["D_SPLIT"] == 2
+
+
+# --------------------------------------------------------------------------- the sparse op
+
+
+def test_sparse_shape_spec_and_presets():
+    """``sparse:`` specs, the round trip to the cases' shapes, and the presets built from them."""
+    from rocm_mla import cases
+    from rocm_mla.cases.sparse import SparseShape
+
+    (s,) = parse_shapes("sparse:B=2,ctx=64,N=16,K=32,block=16")
+    assert s.op == "sparse" and OP_KEYS["sparse"] == "mla_sparse_attention"
+    assert s.case_shape == SparseShape.decode(2, 64, 16, 1, K=32, block=16)
+    assert Shape.make("sparse", **dict(kv.split("=") for kv in s.label.split())) == s  # labels parse back
+    mtp = Shape.make("sparse", B=4, ctx=100, N=8, q=2, K=64, kv="fp8", mode="slots", dt="fp32")
+    assert mtp.case_shape == SparseShape((100,) * 4, 2, 8, K=64, kv="fp8", mode="slots")
+    assert mtp.dtype(torch.device("cpu")) == torch.float32
+    for name in ("tune", "quick"):  # uniform decode, MTP and prefill-chunk shapes round-trip
+        for cs in cases.sparse.SHAPES[name]:
+            assert Shape.from_case("sparse", cs).case_shape == cs, cs
+    assert [x.case_shape for x in parse_shapes("deepseek-v3.2")] == cases.sparse.SHAPES["tune"]
+    assert parse_shapes("sparse") == parse_shapes("deepseek-v3.2")
+    assert [x for x in parse_shapes("quick") if x.op == "sparse"] == [
+        Shape.from_case("sparse", cs) for cs in cases.sparse.SHAPES["quick"]
+    ]
+    for cs in (cases.sparse.SHAPES["tiny"][0], cases.sparse.SHAPES["verify"][0], SparseShape((), 1)):
+        with pytest.raises(ValueError, match="not expressible"):
+            Shape.from_case("sparse", cs)  # uneven lengths or row counts, no request
+    for bad in ("sparse:seq=64", "sparse:kv=fp16", "sparse:mode=global", "sparse:B=2,ctx=4,q=8"):
+        with pytest.raises(ValueError):
+            _ = parse_shapes(bad)[0].case_shape
+
+
+def _sparse_tuner(tmp_path, shapes: str, quick: bool = False, arch: str | None = None) -> Tuner:
+    """A Tuner of the sparse op on the CPU; with ``arch``, one planning for a GPU of that arch (bf16 q)."""
+    t = Tuner(
+        torch.device("cpu"),
+        ["sparse"],
+        parse_shapes(shapes),
+        quick=quick,
+        max_minutes=None,
+        max_candidates=None,
+        out_path=tmp_path / "cpu.json",
+        argv=["test"],
+        log=lambda s: None,
+    )
+    if arch is not None:  # the groups of another arch (no kernel runs)
+        t.arch, t.dev = arch, torch.device("cuda")
+        t.package = {k: C.package_config(k, arch) for k in t.package}
+        t.current = dict(t.package)
+    return t
+
+
+def test_sparse_groups_for_the_tiny_preset(tmp_path):
+    """One group per (tier, kind of call), the split group in full mode; a point is written back
+    into its tier alone."""
+    from rocm_mla.ops.sparse_plan import tier_config
+
+    t = _sparse_tuner(tmp_path, "tiny")
+    t.plan()
+    assert [g.name for g in t.groups] == ["tiers[0] H16 16-bit cache", "split"]
+    g, split = t.groups
+    assert [s.op for s in g.shapes] == ["sparse"] and g.op_key == "mla_sparse_attention"
+    assert g.point0 == tier_config("cpu", 16, torch.float16, False)
+    assert g.build(g.point0)["tiers"] == t.package[g.op_key]["tiers"]  # the default writes the package's tier
+    knobs = dict(g.knobs)
+    assert knobs["BLOCK_N"] == [16, 32, 64] and knobs["num_stages"] == [2, 3, 4, 5] and "RELOAD_K" not in knobs
+    assert all(p["BLOCK_H"] == 16 for p in g.listed)
+    assert split.point0 == t.package[g.op_key]["split"] and {k for k, _ in split.knobs} == set(split.point0)
+    # a winner changes its tier's 16-bit config alone
+    new = g.build({**g.point0, "BLOCK_N": 32})
+    assert tier_config("cpu", 16, torch.float16, False, new["tiers"][0])["BLOCK_N"] == 32
+    for dt, fp8 in ((torch.float16, True), (torch.float32, False), (torch.float32, True)):
+        assert tier_config("cpu", 16, dt, fp8, new["tiers"][0]) == tier_config("cpu", 16, dt, fp8)
+    assert new["tiers"][1:] == t.package[g.op_key]["tiers"][1:]
+    assert C.validate_overlay(_overlay("cpu", {"mla_sparse_attention": new}), "cpu", check_stamp=False) == []
+    # quick mode: no split group; fp8 caches and float32 q have their own groups
+    t = _sparse_tuner(tmp_path, "sparse:N=16,kv=fp8;sparse:N=128,dt=fp32;sparse:N=16,dt=fp32,kv=fp8", quick=True)
+    t.plan()
+    assert [g.name for g in t.groups] == ["tiers[0] H16 fp8 cache", "tiers[2] H64 fp32 q"]  # fp32 q + fp8: not tuned
+    assert "RELOAD_K" in dict(t.groups[0].knobs) and "F16_DOT" not in dict(t.groups[0].knobs)
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "sm90"])
+def test_sparse_groups_on_gpus(tmp_path, arch):
+    """The groups of the DeepSeek-V3.2 preset on an AMD and an NVIDIA GPU (bf16 q; planned only)."""
+    from rocm_mla.ops.sparse_plan import tier_config
+    from rocm_mla.tools.tune.groups import sparse_groups
+
+    t = _sparse_tuner(tmp_path, "deepseek-v3.2", arch=arch)
+    groups = sparse_groups(t, t.shapes)
+    names = [g.name for g in groups]
+    assert names == ["tiers[0] H16 16-bit cache", "tiers[0] H16 fp8 cache", "tiers[2] H64 16-bit cache", "split"]
+    fp8 = dict(groups[1].knobs)
+    assert groups[1].point0 == tier_config(arch, 16, torch.bfloat16, True)
+    assert ("F16_DOT" in fp8) == (arch == "sm90") and "RELOAD_K" in fp8
+    assert ("kpack" in dict(groups[0].knobs)) == (arch == "gfx942")
+    assert {s["N"] for s in groups[2].shapes} == {128} and {s["q"] for s in groups[2].shapes} == {1, 2}
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950", "sm90", "cpu"])
+def test_compose_sparse_tier_changes_only_its_kind(arch):
+    """A point for one kind (16-bit, fp8 cache, float32 q) leaves the others' configs as they were."""
+    from rocm_mla.ops.sparse_plan import tier_config
+    from rocm_mla.variants.sparse import tuning_candidates
+
+    kinds = {"16-bit": (torch.bfloat16, False), "fp8": (torch.bfloat16, True), "fp32": (torch.float32, False)}
+    for tier in C.package_config("mla_sparse_attention", arch)["tiers"]:
+        h = tier["BLOCK_H"]
+        for kind, (qdt, fp8) in kinds.items():
+            points = [tier_config(arch, h, qdt, fp8, c) for c in tuning_candidates(arch)]
+            points.append({**tier_config(arch, h, qdt, fp8, tier), "BLOCK_N": 64, "num_warps": 8, "RELOAD_K": True})
+            for point in points:
+                if point["BLOCK_H"] > h or (kind == "16-bit" and point["BLOCK_H"] != h):
+                    continue
+                new = compose_sparse_tier(arch, tier, kind, point)
+                assert new is not None and new["BLOCK_H"] == h, (tier, kind, point)
+                for k, (q2, f2) in kinds.items():
+                    want = tier_config(arch, h, q2, f2, point if k == kind else tier)
+                    assert tier_config(arch, h, q2, f2, new) == want, (k, new)
+                sub = {"tiers": [new]}
+                assert C.validate_overlay(_overlay(arch, {"mla_sparse_attention": sub}), arch, check_stamp=False) == []
+        # the package's own config composes to a tier that resolves as the tier does, fp32 q + fp8 included
+        new = compose_sparse_tier(arch, tier, "16-bit", tier_config(arch, h, torch.bfloat16, False, tier))
+        assert tier_config(arch, h, torch.float32, True, new) == tier_config(arch, h, torch.float32, True, tier)
+    tier = C.package_config("mla_sparse_attention", arch)["tiers"][0]
+    assert compose_sparse_tier(arch, tier, "16-bit", {**tier, "BLOCK_H": 2 * tier["BLOCK_H"]}) is None  # the tier key
 
 
 class _FakeCase:
@@ -523,7 +675,7 @@ def test_tiny_interpreter_run_and_the_next_process_uses_it(cfgdir, capsys):
     assert {r["op"] for r in meta["shapes"].values()} == set(OP_KEYS.values())
     for r in meta["shapes"].values():
         assert r["tuned_us"] <= r["default_us"]
-    assert out.rstrip().splitlines()[-1].startswith("rope_kv")  # the table comes last
+    assert out.rstrip().splitlines()[-1].startswith(ALL_OPS[-1])  # the table (rows in op order) comes last
     assert "default vs tuned per shape" in out and "ETA" in out
     # In this process (reloaded by the run) and in the next one, config_for is the package's data
     # with the overlay merged in.
@@ -550,6 +702,46 @@ def test_tiny_interpreter_run_and_the_next_process_uses_it(cfgdir, capsys):
     assert tune_main(["--show"]) == 0
     shown = capsys.readouterr().out
     assert "ACTIVE" in shown and "default vs tuned per shape" in shown
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter run is the CPU test; GPUs run the real tuner")
+def test_tiny_sparse_run_writes_a_valid_overlay(cfgdir, capsys, monkeypatch):
+    """``--ops sparse --shapes tiny`` in the interpreter, its kernels checked against the reference,
+    under a timer that makes BLOCK_N 32 the faster tile: the overlay holds that tier, is stamped and
+    valid, passes ``--check``, and config_for returns it."""
+    from rocm_mla.ops.sparse_plan import tier_config
+    from rocm_mla.tools.tune import tuner as tuner_mod
+
+    def timer(case):
+        cfg = tier_config("cpu", 16, torch.float16, False)  # through config_for: the candidate's
+        return 80.0 if cfg["BLOCK_N"] == 32 else 100.0
+
+    monkeypatch.setattr(tuner_mod, "time_case_us", timer)
+    assert tune_main(["--ops", "sparse", "--shapes", "tiny", "--allow-cpu", "--max-candidates", "3"]) == 0
+    out = capsys.readouterr().out
+    data = json.loads((cfgdir / "cpu.json").read_text())
+    assert C.validate_overlay(data, "cpu") == []
+    assert set(data) == {"mla_sparse_attention", "_meta"}
+    groups = {g["name"]: g for g in data["_meta"]["groups"]}
+    assert groups["tiers[0] H16 16-bit cache"]["status"] == "accepted"
+    assert groups["split"]["status"].startswith("default kept")
+    (row,) = data["_meta"]["shapes"].values()
+    assert row["op"] == "mla_sparse_attention" and row["tuned_us"] < row["default_us"]
+    tiers = C.config_for("mla_sparse_attention", "cpu")["tiers"]
+    assert tiers == data["mla_sparse_attention"]["cpu"]["tiers"] and tiers[0]["BLOCK_N"] == 32
+    assert tier_config("cpu", 16, torch.float16, True)["BLOCK_N"] == 16  # the fp8 path keeps its own
+    assert "sparse   tiers[0] H16 16-bit cache" in out
+    assert tune_main(["--check", "--allow-cpu"]) == 0
+    assert "mla_sparse_attention: 2 compile + reference case(s)" in capsys.readouterr().out
+
+
+def test_check_reports_a_bad_sparse_tier_by_name(cfgdir, capsys):
+    a = _here()
+    tiers = [dict(t) for t in C.package_config("mla_sparse_attention", a)["tiers"]]
+    tiers[0]["BLOCK_N"] = 48  # not a power of two
+    _write(cfgdir / f"{a}.json", _overlay(a, {"mla_sparse_attention": {"tiers": tiers}}))
+    assert tune_main(["--check", "--allow-cpu"]) == 1
+    assert f"OverlayCompileError: mla_sparse_attention.{a}.tiers[0]" in capsys.readouterr().out
 
 
 def test_describe_overlay_states(cfgdir, monkeypatch):

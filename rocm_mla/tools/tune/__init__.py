@@ -1,15 +1,16 @@
 """``rocm-mla tune``: measure the launch configs of every op on this GPU and keep what is faster.
 
-    rocm-mla tune [--ops decode,prefill,merge,rope_kv_write] [--shapes PRESET|LIST] [--quick]
+    rocm-mla tune [--ops decode,prefill,merge,rope_kv_write,sparse] [--shapes PRESET|LIST] [--quick]
                   [--max-minutes M] [--max-candidates K] [--out PATH]
     rocm-mla tune --check [--stamp] [--out PATH]      # validate (and accept) an overlay
     rocm-mla tune --show [--retime] [--out PATH]      # what the active overlay changes, its table
     rocm-mla tune --list-shapes [--shapes ...]
 
 For each op the tuner splits the shapes into groups that one part of the op's config serves (a
-decode stage-1 tier for 16-bit or fp8 caches, prefill's 16-bit config, the merge / RoPE+KV-write
-implementation the op dispatches to), times the default and the candidates of each group on every
-shape of the group, and keeps a winner only when
+decode stage-1 tier for 16-bit or fp8 caches, an ``mla_sparse_attention`` tier for 16-bit or fp8
+caches or float32 q, prefill's 16-bit config, the merge / RoPE+KV-write implementation the op
+dispatches to), times the default and the candidates of each group on every shape of the group,
+and keeps a winner only when
 
 * its output matched the float32 reference on every shape (every candidate is checked before it
   is timed: a subset of rows of the timed call, under the op's ``rocm_mla.cases`` tolerance);
@@ -20,17 +21,19 @@ shape of the group, and keeps a winner only when
   (the ``verify`` shapes of ``rocm_mla.cases``; the same check as ``--check``).
 
 Candidates: the package's own tuning lists (``mla_decode``'s tiers and ``candidates``,
-``mla_prefill``'s ``candidates``, the ``tune`` spaces of ``merge_attn_states`` and
-``rope_kv_write``), then one coordinate-search pass over the arch's knobs (block sizes, warps,
-stages, D_SPLIT, V_SPLIT, ctas_per_cu, CLAMP_PAGES, for fp8 caches RELOAD_K and, on NVIDIA with a
-bf16 q, F16_DOT, and on gfx9 waves_per_eu, matrix_instr_nonkdim, kpack; the decode split cost model
-and its reduce tile). ``--quick`` instead caps the candidates per group (the default included:
-decode 3, prefill 4, merge 12, RoPE 33): listed ones first, then single-knob neighbours of the
-default; on the ``quick`` shape preset.
+``mla_sparse_attention``'s tiers whose BLOCK_H fits, ``mla_prefill``'s ``candidates``, the
+``tune`` spaces of ``merge_attn_states`` and ``rope_kv_write``), then one coordinate-search pass
+over the arch's knobs (block sizes, warps, stages, D_SPLIT, V_SPLIT, ctas_per_cu, CLAMP_PAGES, for
+fp8 caches RELOAD_K and, on NVIDIA with a bf16 q, F16_DOT, and on gfx9 waves_per_eu,
+matrix_instr_nonkdim, kpack; the decode and sparse split cost models and decode's reduce tile).
+A tier group's winner changes that one kind of call: the other kinds the tier serves keep their
+configs (restated in its ``fp8`` / ``fp32`` objects where needed). ``--quick`` instead caps the
+candidates per group (the default included: decode 3, sparse 3, prefill 4, merge 12, RoPE 33):
+listed ones first, then single-knob neighbours of the default; on the ``quick`` shape preset.
 
-Timing as perf/ does: decode as back-to-back replays of CUDA/HIP graphs of 8 calls rotating over
-cache copies larger than the caches (each replay reads its KV from HBM); the others as one
-captured call replayed under ``do_bench`` with L2 flushed before each replay. Ops are called
+Timing as perf/ does: decode and sparse as back-to-back replays of CUDA/HIP graphs of 8 calls
+rotating over cache copies larger than the caches (each replay reads its KV from HBM); the others
+as one captured call replayed under ``do_bench`` with L2 flushed before each replay. Ops are called
 through their public entry points exactly as a serving process calls them; the candidate reaches
 them through ``rocm_mla.configs.override`` (the same path an overlay takes).
 

@@ -12,8 +12,9 @@ from collections.abc import Callable
 import torch
 
 from rocm_mla import configs as C
-from rocm_mla.cases import decode, merge, prefill, rope_kv_write
+from rocm_mla.cases import decode, merge, prefill, rope_kv_write, sparse
 from rocm_mla.ops.decode_plan import stage1_config
+from rocm_mla.ops.sparse_plan import tier_config
 
 from . import inputs
 from .groups import COMBOS, Group, full_stage1, point_key
@@ -61,7 +62,7 @@ def verification_cases(
 
     where = f"{op_key}.{arch}"
     out: list[tuple[str, Callable[[], str]]] = []
-    general = any(new.get(k) != old.get(k) for k in set(new) | set(old) if k not in ("stage1", "candidates"))
+    general = any(new.get(k) != old.get(k) for k in set(new) | set(old) if k not in ("stage1", "candidates", "tiers"))
     if op_key == "mla_decode":
         fp8_kind = {"fp8": C.platform_fp8_dtype(arch)}
         base = decode.SHAPES["verify"][0]
@@ -91,6 +92,43 @@ def verification_cases(
         if general:
             for n, s in ((16, None), (128, None), (16, 40)):
                 out.append((f"{where} N={n} S={s or 'auto'}", check(_dtypes(dev)[0], False, n, s)))
+    elif op_key == "mla_sparse_attention":
+        fp8_kind = {"fp8": C.platform_fp8_dtype(arch)}
+        base = sparse.SHAPES["verify"][0]
+
+        def sparse_check(qdt, fp8: bool, n: int, **run):
+            # the tier's BLOCK_H as the head count: one head block, the tier's own config
+            shape = dataclasses.replace(base, N=n, kv="fp8" if fp8 else "auto")
+            return lambda: inputs.verify_call("sparse", shape, dev, qdt, fp8_kind, **run)
+
+        def resolved(tier: dict, qdt, fp8: bool) -> dict | None:
+            try:
+                return tier_config(arch, 0, qdt, fp8, tier)
+            except ValueError:  # a bad tier: its calls are checked (and fail, named) below
+                return None
+
+        tiers, old_tiers = new["tiers"], old.get("tiers", [])
+        for ti, tier in enumerate(tiers):
+            n = int(tier["BLOCK_H"])
+            for qdt in _dtypes(dev):
+                for fp8 in (False, True):
+                    cfg = resolved(tier, qdt, fp8)
+                    same = (
+                        cfg is not None
+                        and ti < len(old_tiers)
+                        and len(tiers) == len(old_tiers)
+                        and resolved(old_tiers[ti], qdt, fp8) == cfg
+                    )
+                    if same and not general:
+                        continue
+                    what = f"{where}.tiers[{ti}] q={str(qdt)[6:]} cache={'fp8' if fp8 else 'q dtype'} N={n}"
+                    for splits in (1, 3):
+                        out.append((f"{what} S={splits}", sparse_check(qdt, fp8, n, num_splits=splits)))
+        if general:
+            dt = _dtypes(dev)[0]
+            for n, run in ((16, {}), (128, {}), (16, {"batch_invariant": True})):
+                what = f"{where} N={n} {'batch_invariant' if run else 'S=auto'}"
+                out.append((what, sparse_check(dt, False, n, **run)))
     elif op_key == "mla_prefill":
         for key, dts in (("triton", [d for d in _dtypes(dev) if d != torch.float32]), ("triton_fp32", [torch.float32])):
             if new.get(key) == old.get(key) and new.get("backend_order") == old.get("backend_order"):

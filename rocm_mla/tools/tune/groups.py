@@ -1,8 +1,9 @@
 """Groups: the shapes one part of an op's config serves (a decode stage-1 tier for one q dtype and
-cache kind, decode's split and stage-2 parts, prefill's 16-bit or float32 config, the merge or
-RoPE+KV-write implementation the op dispatches to) with that part's default, its listed candidates
-and the knobs of the coordinate search; ``compose_tier`` writes a decode point back into the
-stage-1 tier schema."""
+cache kind, decode's split and stage-2 parts, a sparse tier for one cache kind and its split part,
+prefill's 16-bit or float32 config, the merge or RoPE+KV-write implementation the op dispatches
+to) with that part's default, its listed candidates and the knobs of the coordinate search;
+``compose_tier`` / ``compose_sparse_tier`` write a decode / sparse point back into the tier
+schema."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 
 from rocm_mla import configs as C
 from rocm_mla.ops.decode_plan import STAGE1_DEFAULTS, stage1_config, stage1_tier_index
+from rocm_mla.ops.sparse_plan import SPARSE_DTYPE_TAGS, TIER_DEFAULTS, tier_config, tier_index
 
 from .shapes import OP_KEYS, Shape
 
@@ -66,7 +68,7 @@ def _nearest_first(p0: dict, points: list[dict]) -> list[dict]:
 class Group:
     """Shapes one part of an op's config serves, and the candidate values of that part."""
 
-    op: str  # decode, prefill, merge, rope_kv_write
+    op: str  # decode, prefill, merge, rope_kv_write, sparse
     name: str
     shapes: list[Shape]
     point0: dict  # the package's value of the part (the default)
@@ -179,6 +181,15 @@ def kpack_values(arch: str) -> list[int]:
     return list(C.config_for("platform", arch).get("kpack_values", [1, 2]))
 
 
+# The split-count cost model's knobs (mla_decode's and mla_sparse_attention's "split").
+SPLIT_KNOBS = [
+    ("max_splits", [16, 32, 64, 128]),
+    ("min_tokens_per_split", [32, 64, 128]),
+    ("fixed_tiles", [1, 2, 4]),
+    ("launch_tiles", [2, 3, 4, 6]),
+]
+
+
 def decode_groups(t: Tuner, shapes: list[Shape]) -> list[Group]:
     from rocm_mla.variants.decode import tuning_candidates
 
@@ -229,15 +240,7 @@ def decode_groups(t: Tuner, shapes: list[Shape]) -> list[Group]:
         groups.append(Group("decode", name, ss, p0, listed, knobs, build, decode_label, fix=_decode_fix))
     if not t.quick and shapes:
         for part, knobs in (
-            (
-                "split",
-                [
-                    ("max_splits", [16, 32, 64, 128]),
-                    ("min_tokens_per_split", [32, 64, 128]),
-                    ("fixed_tiles", [1, 2, 4]),
-                    ("launch_tiles", [2, 3, 4, 6]),
-                ],
-            ),
+            ("split", SPLIT_KNOBS),
             ("stage2", [("num_warps", [4, 8]), ("tile_elems", [2048, 4096, 8192]), ("max_block_s", [16, 32, 64])]),
         ):
             p0 = dict(pkg[part])
@@ -253,6 +256,144 @@ def decode_groups(t: Tuner, shapes: list[Shape]) -> list[Group]:
                     lambda p, part=part: f"{part} " + _short(p, _SHORT),
                 )
             )
+    return groups
+
+
+# sparse: a tier's kinds of call, each resolved through its own override objects (tier_config):
+# (q dtype, fp8 cache). The 16-bit one is the tier's top level (float16 and bfloat16 q resolve alike).
+SPARSE_KINDS = {
+    "16-bit": (torch.bfloat16, False),
+    "fp8": (torch.bfloat16, True),
+    "fp32": (torch.float32, False),
+    "fp32+fp8": (torch.float32, True),
+}
+
+
+def sparse_kind(dtype: torch.dtype, fp8: bool) -> str:
+    """The SPARSE_KINDS key of a call with q ``dtype`` over a 16-bit (or fp32) or fp8 cache."""
+    if dtype == torch.float32:
+        return "fp32+fp8" if fp8 else "fp32"
+    return "fp8" if fp8 else "16-bit"
+
+
+def _sparse_resolve(arch: str, tier: dict, kind: str) -> dict:
+    """``tier``'s launch config for ``kind`` (its override objects applied, the defaults filled in)."""
+    qdt, fp8 = SPARSE_KINDS[kind]
+    return tier_config(arch, int(tier["BLOCK_H"]), qdt, fp8, tier)
+
+
+def compose_sparse_tier(arch: str, tier: dict, kind: str, point: dict) -> dict | None:
+    """A sparse tier whose resolved config for ``kind`` ("16-bit", "fp8" or "fp32") is ``point``
+    while the other two resolve as in ``tier``: the 16-bit point is the top level (its BLOCK_H,
+    which selects the tier, unchanged), the "fp8" / "fp32" objects hold what differs from it. A
+    float32 q over an fp8 cache (the top level, then "fp8", then "fp32"; not a kind the tuner
+    times) keeps its config too where the schema can say it. None when it cannot say the rest."""
+    point = {k: v for k, v in point.items() if k not in SPARSE_DTYPE_TAGS}
+    if kind == "16-bit" and int(point.get("BLOCK_H", -1)) != int(tier["BLOCK_H"]):
+        return None
+    try:
+        want = {k: _sparse_resolve(arch, tier, k) for k in SPARSE_KINDS}
+        want[kind] = _sparse_resolve(arch, point, "16-bit")  # the point with the defaults filled in
+    except ValueError:
+        return None
+    top = want["16-bit"]
+    if set(top) - set(want["fp8"]) or set(top) - set(want["fp32"]):
+        return None  # a top-level field another kind must not have
+    fp8 = {k: v for k, v in want["fp8"].items() if top.get(k) != v}
+    both = want["fp32+fp8"]
+    # "fp32" also restates a field "fp8" changes where float32 q over an fp8 cache had fp32's value
+    fp32 = {
+        k: v for k, v in want["fp32"].items() if top.get(k) != v or (v == both.get(k) and fp8.get(k, top.get(k)) != v)
+    }
+    # the top level in the tier's field order, without the defaults it leaves out (absent: the default)
+    keys = [k for k in tier if k in top] + [k for k in top if k not in tier]
+    new = {k: top[k] for k in keys if k in tier or k not in TIER_DEFAULTS or TIER_DEFAULTS[k] != top[k]}
+    for tag, sub in (("fp8", fp8), ("fp32", fp32)):
+        if sub:
+            new[tag] = sub
+    try:
+        if any(_sparse_resolve(arch, new, k) != want[k] for k in ("16-bit", "fp8", "fp32")):
+            return None
+    except ValueError:
+        return None
+    return new
+
+
+def sparse_label(p: dict) -> str:
+    s = (
+        f"H{p['BLOCK_H']} N{p['BLOCK_N']} d{p.get('D_SPLIT', 1)}"
+        f"{'r' if p.get('RELOAD_K') else ''}{'h' if p.get('F16_DOT') else ''}"
+        f" w{p['num_warps']} s{p['num_stages']} c{p.get('ctas_per_cu', 1)}"
+    )
+    for k, tag in (("waves_per_eu", "wpe"), ("matrix_instr_nonkdim", "mi"), ("kpack", "kp")):
+        if k in p:
+            s += f" {tag}{p[k]}"
+    return s
+
+
+def sparse_groups(t: Tuner, shapes: list[Shape]) -> list[Group]:
+    """mla_sparse_attention: one group per (tier, kind of call) of the shapes (the tier serves N
+    heads: ``tier_index``), each searching the tier's resolved config for that kind; in full mode
+    then the split cost model over every shape."""
+    from rocm_mla.variants.sparse import tuning_candidates
+
+    arch, gfx = t.arch, C.is_amd_arch(t.arch)
+    op_key = OP_KEYS["sparse"]
+    pkg = t.package[op_key]
+    tiers = pkg["tiers"]
+    by: dict[tuple[int, str], list[Shape]] = {}
+    for s in shapes:
+        kind = sparse_kind(s.dtype(t.dev), s["kv"] == "fp8")
+        if kind == "fp32+fp8":
+            t.log(f"{s.key}: float32 q over an fp8 cache resolves through both override objects; not tuned")
+            continue
+        by.setdefault((tier_index(tiers, s["N"]), kind), []).append(s)
+    cands = tuning_candidates(arch)
+    groups = []
+    for (ti, kind), ss in sorted(by.items(), key=lambda kv: (kv[0][0], list(SPARSE_KINDS).index(kv[0][1]))):
+        h = int(tiers[ti]["BLOCK_H"])
+        p0 = _sparse_resolve(arch, tiers[ti], kind)
+        # the 16-bit top level keeps the tier's BLOCK_H (it selects the tier); an override object
+        # may take fewer heads per program (more head blocks), as the package's do
+        ok = (lambda p: p["BLOCK_H"] == h) if kind == "16-bit" else (lambda p: 16 <= p["BLOCK_H"] <= h)
+        listed = _nearest_first(p0, [p for c in cands for p in [_sparse_resolve(arch, c, kind)] if ok(p)])
+        # most promising first: --quick tries single-knob neighbours of the default in this order
+        knobs = [("BLOCK_N", [16, 32, 64]), ("num_warps", [4, 8])]
+        if gfx:
+            knobs += [("waves_per_eu", [0, 1, 2])]
+        knobs += [("num_stages", [1, 2] if gfx else [2, 3, 4, 5]), ("D_SPLIT", [1, 2])]
+        if gfx:
+            knobs += [("kpack", kpack_values(arch)), ("matrix_instr_nonkdim", [16, 32])]
+        knobs += [("ctas_per_cu", [1, 2])]
+        if kind == "fp8":
+            knobs += [("RELOAD_K", [False, True])]
+            if not gfx and any(s.dtype(t.dev) == torch.bfloat16 for s in ss):
+                knobs += [("F16_DOT", [False, True])]  # dots in float16: fp8 cache with a bf16 q only
+        knobs = [(k, v) for k, v in knobs if k in p0]
+
+        def build(p, ti=ti, kind=kind):
+            obj = t.current[op_key]
+            tier = compose_sparse_tier(arch, obj["tiers"][ti], kind, p)
+            if tier is None:
+                return None
+            return {**obj, "tiers": [tier if i == ti else x for i, x in enumerate(obj["tiers"])]}
+
+        name = f"tiers[{ti}] H{h} {kind} {'q' if kind == 'fp32' else 'cache'}"
+        groups.append(Group("sparse", name, ss, p0, listed, knobs, build, sparse_label))
+    if not t.quick and shapes:
+        p0 = dict(pkg["split"])
+        groups.append(
+            Group(
+                "sparse",
+                "split",
+                list(shapes),
+                p0,
+                [],
+                [(k, v) for k, v in SPLIT_KNOBS if k in p0],
+                lambda p: {**t.current[op_key], "split": p},
+                lambda p: "split " + _short(p, _SHORT),
+            )
+        )
     return groups
 
 

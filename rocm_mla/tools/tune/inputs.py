@@ -1,13 +1,12 @@
 """The tuner's calls on ``rocm_mla.cases`` inputs.
 
-``CASES[op](shape, dev)`` builds the :class:`Case` of one timed shape from the op's
-``make_inputs`` (decode: cache copies for the cold-cache rotation, ``cold_copies``, and a block
-table as wide as the longest request, the width the plan sees in serving); its ``call(i)`` is the
-public op on input copy i as a serving process calls it (a candidate config reaches it through
-``rocm_mla.configs.override``), its ``check()`` that call against the float32 reference on a
-subset of rows, under the op's ``TOLERANCE``. :func:`verify_call` is one small checked call on a
-``verify`` shape of the cases (a changed config's acceptance, ``rocm-mla tune --check``).
-"""
+``CASES[op](shape, dev)`` builds the :class:`Case` of one timed shape from the op's ``make_inputs``
+(decode and sparse: cache copies for the cold-cache rotation, ``cold_copies``; decode's block table
+as wide as the longest request, the width the plan sees in serving); its ``call(i)`` is the public
+op on input copy i as a serving process calls it (a candidate config reaches it through
+``rocm_mla.configs.override``), its ``check()`` that call against the float32 reference on a subset
+of rows, under the op's ``TOLERANCE``. :func:`verify_call` is one small checked call on a ``verify``
+shape of the cases (a changed config's acceptance, ``rocm-mla tune --check``)."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ from typing import Any
 
 import torch
 
-from rocm_mla.cases import cold_copies, decode, merge, prefill, rope_kv_write
+from rocm_mla.cases import cold_copies, decode, merge, prefill, rope_kv_write, sparse
 
 from .shapes import CASE_MODULES, Shape
 
@@ -26,6 +25,7 @@ from .shapes import CASE_MODULES, Shape
 CHECK_REQUESTS = 2  # decode: the first 2 requests (all their q_len rows)
 CHECK_PREFILL_ROWS = 128  # prefill: the first 128 causal queries of sequence 0
 CHECK_TOKENS = 256  # merge, rope_kv_write: the first 256 tokens
+CHECK_SPARSE_ROWS = 8  # sparse: the first 8 query rows (each a K-entry gather of the reference)
 
 
 @dataclass
@@ -61,6 +61,26 @@ def decode_case(s: Shape, dev: torch.device) -> Case:
     def check() -> str:
         call(0)
         return inp.mismatch(requests=CHECK_REQUESTS)
+
+    return Case(dev, inp, call, check, copies)
+
+
+def sparse_case(s: Shape, dev: torch.device) -> Case:
+    """mla_sparse_attention (Triton) with q as vLLM hands it over, an fp8 cache as uint8 with a
+    device k_scale, rotating over cache copies (the lists hold positions, so they hold for every
+    copy)."""
+    from rocm_mla.tools.benchutil import cold_cache_bytes
+
+    shape, dt = s.case_shape, s.dtype(dev)
+    copies, _ = cold_copies(shape.set_bytes(dt), cold_cache_bytes(dev) if dev.type == "cuda" else 0)
+    inp = sparse.make_inputs(shape, dtype=dt, device=dev, copies=copies, spare_cols=0)
+
+    def call(i: int):
+        return inp.run(i, backend="triton")
+
+    def check() -> str:
+        call(0)
+        return inp.mismatch(rows=CHECK_SPARSE_ROWS)
 
     return Case(dev, inp, call, check, copies)
 
@@ -108,6 +128,7 @@ CASES: dict[str, Callable[[Shape, torch.device], Case]] = {
     "prefill": prefill_case,
     "merge": merge_case,
     "rope_kv_write": rope_case,
+    "sparse": sparse_case,
 }
 
 

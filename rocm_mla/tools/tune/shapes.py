@@ -1,7 +1,7 @@
 """The shapes the tuner times: ``Shape`` (one op, its parameters and q's dtype), the named
-``PRESETS`` (shape sets of ``rocm_mla.cases``: DeepSeek-V3 serving and the op benches' shapes) and
-``parse_shapes`` for ``--shapes``. ``Shape.case_shape`` is the ``rocm_mla.cases`` shape the timed
-inputs are built from; ``Shape.from_case`` the other way."""
+``PRESETS`` (shape sets of ``rocm_mla.cases``: DeepSeek-V3 and V3.2 serving and the op benches'
+shapes) and ``parse_shapes`` for ``--shapes``. ``Shape.case_shape`` is the ``rocm_mla.cases``
+shape the timed inputs are built from; ``Shape.from_case`` the other way."""
 
 from __future__ import annotations
 
@@ -9,18 +9,19 @@ from dataclasses import dataclass
 
 import torch
 
-from rocm_mla.cases import decode, merge, prefill, rope_kv_write
+from rocm_mla.cases import decode, merge, prefill, rope_kv_write, sparse
 
 OP_KEYS = {
     "decode": "mla_decode",
     "prefill": "mla_prefill",
     "merge": "merge_attn_states",
     "rope_kv_write": "rope_kv_write",
+    "sparse": "mla_sparse_attention",
 }
 ALL_OPS = tuple(OP_KEYS)
 # "rope_kv" is accepted for rope_kv_write in --ops, shape specs, preset names and overlays' _meta.
 OP_ALIASES = {"rope_kv": "rope_kv_write"}
-CASE_MODULES = {"decode": decode, "prefill": prefill, "merge": merge, "rope_kv_write": rope_kv_write}
+CASE_MODULES = {"decode": decode, "prefill": prefill, "merge": merge, "rope_kv_write": rope_kv_write, "sparse": sparse}
 
 # The parameters of a shape spec and their defaults. dt "auto": bf16 on a GPU, fp16 in the CPU
 # interpreter (its bf16 dots are wrong: triton issue 11584).
@@ -30,14 +31,28 @@ PARAMS = {
     "prefill": {"B": 4, "L": 4096, "N": 16, "geo": "deepseek", "dt": "auto"},
     "merge": {"T": 32768, "N": 128, "D": 128, "layout": "strided", "dt": "auto"},
     "rope_kv_write": {"T": 4096, "N": 16, "kv": "auto", "block": 64, "dt": "auto"},
+    # B requests of ctx keys, q query rows each (decode 1, MTP 2..8, a prefill chunk more), K list
+    # entries per row (rocm_mla.cases.sparse.SparseShape.decode); mode "paged" or "slots"
+    "sparse": {
+        "B": 128,
+        "ctx": 8192,
+        "N": 16,
+        "q": 1,
+        "K": 2048,
+        "kv": "auto",
+        "block": 64,
+        "mode": "paged",
+        "dt": "auto",
+    },
 }
-_HIDDEN_DEFAULTS = {"dt": "auto", "block": 64, "geo": "deepseek"}  # left out of labels when default
+# left out of labels when default
+_HIDDEN_DEFAULTS = {"dt": "auto", "block": 64, "geo": "deepseek", "mode": "paged"}
 _DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 @dataclass(frozen=True)
 class Shape:
-    """One shape of one op: ``op`` (decode, prefill, merge, rope_kv_write) and its parameters."""
+    """One shape of one op: ``op`` (decode, prefill, merge, rope_kv_write, sparse) and its parameters."""
 
     op: str
     items: tuple
@@ -60,7 +75,8 @@ class Shape:
     @staticmethod
     def from_case(op: str, cs) -> Shape:
         """The tuner's shape of a ``rocm_mla.cases`` shape (one the spec can say: uniform lengths,
-        DeepSeek's q width, the merge layout's own lse layout); ValueError otherwise."""
+        DeepSeek's q width, the merge layout's own lse layout, sparse requests of one length and
+        one row count); ValueError otherwise."""
         if op == "decode" and cs.lens is None:
             return Shape.make(op, B=cs.B, seq=cs.seq, N=cs.N, q=cs.q_len, kv=cs.kv, block=cs.block)
         geo = {d: k for k, d in prefill.GEOMETRIES.items()}.get(getattr(cs, "dims", None))
@@ -70,6 +86,12 @@ class Shape:
             return Shape.make(op, T=cs.T, N=cs.N, D=cs.D, layout=cs.layout)
         if op == "rope_kv_write" and cs.q_width == 192:
             return Shape.make(op, T=cs.T, N=cs.N, kv=cs.kv, block=cs.block)
+        if op == "sparse" and cs.lens and len(set(cs.lens)) == 1 and len(set(cs.rows)) == 1:
+            s = Shape.make(
+                op, B=len(cs.lens), ctx=cs.lens[0], N=cs.N, q=cs.rows[0], K=cs.K, kv=cs.kv, block=cs.block, mode=cs.mode
+            )
+            if s.case_shape == cs:  # not when the case carries a name (a spec has none)
+                return s
         raise ValueError(f"{op} shape {cs!r}: not expressible as a tuning shape")
 
     def __getitem__(self, k: str):
@@ -77,7 +99,8 @@ class Shape:
 
     @property
     def case_shape(self):
-        """The ``rocm_mla.cases`` shape of this one (DecodeShape, PrefillShape, MergeShape, RopeShape)."""
+        """The ``rocm_mla.cases`` shape of this one (DecodeShape, PrefillShape, MergeShape, RopeShape,
+        SparseShape)."""
         p = dict(self.items)
         if self.op == "decode":
             return decode.DecodeShape(p["B"], p["seq"], p["N"], p["q"], block=p["block"], kv=p["kv"])
@@ -87,6 +110,10 @@ class Shape:
             return prefill.PrefillShape.equal(p["B"], p["L"], p["N"], prefill.GEOMETRIES[p["geo"]])
         if self.op == "merge":
             return merge.MergeShape(p["T"], p["N"], p["D"], p["layout"])
+        if self.op == "sparse":
+            return sparse.SparseShape.decode(
+                p["B"], p["ctx"], p["N"], p["q"], K=p["K"], kv=p["kv"], block=p["block"], mode=p["mode"]
+            )
         return rope_kv_write.RopeShape(p["T"], p["N"], block=p["block"], kv=p["kv"])
 
     def dtype(self, dev: torch.device) -> torch.dtype:
@@ -113,6 +140,14 @@ def _sets(*names: tuple[str, str]) -> list[Shape]:
 
 _SERVING = (("decode", "tp8"), ("decode", "dp"), ("decode", "mtp"))
 _OPS = (("prefill", "tune"), ("merge", "tune"), ("rope_kv_write", "tune"))
+# The CPU interpreter's sparse shape: rocm_mla.cases.sparse's "tiny" set has requests of uneven
+# lengths, which a spec cannot say; this is its uniform counterpart (2 requests, K 32, block 16).
+_SPARSE_TINY = Shape.make("sparse", B=2, ctx=64, N=16, K=32, block=16)
+
+
+def _tiny() -> list[Shape]:
+    return [s for op in ALL_OPS for s in ([_SPARSE_TINY] if op == "sparse" else _sets((op, "tiny")))]
+
 
 # Preset -> shapes, each a named set of rocm_mla.cases (<op>.SHAPES[name]).
 PRESETS: dict[str, list[Shape]] = {
@@ -126,11 +161,16 @@ PRESETS: dict[str, list[Shape]] = {
     "prefill-geometry": _sets(("prefill", "tune-geometry")),
     "merge": _sets(("merge", "tune")),
     "rope_kv_write": _sets(("rope_kv_write", "tune")),
+    # Sparse MLA: one shape per tier and cache kind that serving runs (decode, MTP, a prefill chunk).
+    "sparse": _sets(("sparse", "tune")),
     # --quick: one or two shapes per group that matters (fits 10 minutes on one GPU with compiles)
     "quick": _sets(*((op, "quick") for op in ALL_OPS)),
-    # the CPU interpreter (tests of the tuner itself)
-    "tiny": _sets(*((op, "tiny") for op in ALL_OPS)),
+    # the CPU interpreter (tests of the tuner itself; sparse: _SPARSE_TINY)
+    "tiny": _tiny(),
     "deepseek-v3": _sets(*_SERVING, *_OPS),
+    # DeepSeek-V3.2 / GLM-5 serving (sparse.SHAPES["tune"]): TP8 (8 and 16 heads), DP (128), MTP
+    # rows, an fp8 cache, a prefill chunk.
+    "deepseek-v3.2": _sets(("sparse", "tune")),
 }
 
 

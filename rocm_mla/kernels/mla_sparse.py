@@ -32,6 +32,52 @@ import triton.language as tl
 from .mla_decode import _close_split, _store_partial, _xcd_local_order
 
 
+@triton.jit
+def _resolve(pos, bt_row, req_ok, page_size, page_shift, capacity, num_pages, s_kv_blk, s_kv_tok,
+             PAGED: tl.constexpr, POW2_PAGE: tl.constexpr):  # fmt: skip
+    """``(row, ok, wrong)`` of a tile's list entries ``pos``: each selected token's element offset in
+    the cache (0 where none), which entries select a token, and which are bad (see the module
+    docstring). Reads the block table for the named entries alone."""
+    named = pos >= 0
+    wrong = (pos < -1) | (pos >= capacity)
+    if POW2_PAGE:
+        blk = pos >> page_shift
+        off = pos & (page_size - 1)
+    else:
+        blk = pos // page_size
+        off = pos % page_size
+    if PAGED:
+        wrong = wrong | (named & (req_ok == 0))
+        page = tl.load(bt_row + blk, mask=named & (wrong == 0), other=0)
+        wrong = wrong | (named & ((page < 0) | (page >= num_pages)))
+    else:
+        page = blk
+    ok = named & (wrong == 0)
+    row = tl.where(ok, page, 0).to(tl.int64) * s_kv_blk + tl.where(ok, off, 0).to(tl.int64) * s_kv_tok
+    return row, ok, wrong
+
+
+@triton.jit
+def _load_tile(tok_ptr, ok, offs_a, offs_b, offs_pe, D_NOPE: tl.constexpr, D_SPLIT: tl.constexpr,
+               RELOAD_K: tl.constexpr):  # fmt: skip
+    """The cache rows at ``tok_ptr`` ([BLOCK_N] row pointers) as stored: ``(va, vb, kp_t, ka_t, kb_t)``,
+    V's column chunks [BLOCK_N, CHUNK], k_pe^T [64, BLOCK_N] and, with RELOAD_K, K^T's chunks read on
+    their own (unused results repeat va). Entries that select nothing load 0, never cache bytes:
+    0 x NaN would poison p . v."""
+    va = tl.load(tok_ptr[:, None] + offs_a[None, :], mask=ok[:, None], other=0.0)
+    kp_t = tl.load(tok_ptr[None, :] + D_NOPE + offs_pe[:, None], mask=ok[None, :], other=0.0)
+    vb = va
+    ka_t = va
+    kb_t = va
+    if D_SPLIT == 2:
+        vb = tl.load(tok_ptr[:, None] + offs_b[None, :], mask=ok[:, None], other=0.0)
+    if RELOAD_K:
+        ka_t = tl.load(tok_ptr[None, :] + offs_a[:, None], mask=ok[None, :], other=0.0)
+        if D_SPLIT == 2:
+            kb_t = tl.load(tok_ptr[None, :] + offs_b[:, None], mask=ok[None, :], other=0.0)
+    return va, vb, kp_t, ka_t, kb_t
+
+
 # Counts that differ per call (rows, K, splits, page geometry) are not specialised: one compiled
 # kernel per config serves every batch.
 @triton.jit(
@@ -105,6 +151,7 @@ def mla_sparse_attention_kernel(
     F16_DOT: tl.constexpr,
     RELOAD_K: tl.constexpr,
     NUM_XCDS: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
 ):
     """See the module docstring.
 
@@ -167,6 +214,8 @@ def mla_sparse_attention_kernel(
         sc = sc * ks
         osc = osc * ks
 
+    req_ok = True
+    bt_row = block_table
     if PAGED:
         req = tl.load(req_ids + t * s_req)
         req_ok = (req >= 0) & (req < num_reqs)
@@ -179,36 +228,52 @@ def mla_sparse_attention_kernel(
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc_a = tl.zeros([BLOCK_H, CHUNK], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK_H, CHUNK], dtype=tl.float32)
-    for n0 in range(k_lo, k_hi, BLOCK_N):
-        idx = n0 + offs_n
+    if PREFETCH:
+        # Every load is issued one iteration before its use and carried to it in registers: the
+        # cache rows of the next tile, the page lookups of the tile after it and the list entries
+        # of the one after that. A tile's gather then overlaps the dots of the tile before it,
+        # and the chain entry -> page -> row never waits inside an iteration.
+        idx = k_lo + offs_n
         pos = tl.load(ti_row + idx, mask=idx < k_hi, other=-1)
-        named = pos >= 0
-        wrong = (pos < -1) | (pos >= capacity)
-        if POW2_PAGE:
-            blk = pos >> page_shift
-            off = pos & (page_size - 1)
+        row, ok_c, wrong_c = _resolve(
+            pos, bt_row, req_ok, page_size, page_shift, capacity, num_pages, s_kv_blk, s_kv_tok, PAGED, POW2_PAGE
+        )
+        idx = k_lo + BLOCK_N + offs_n
+        pos = tl.load(ti_row + idx, mask=idx < k_hi, other=-1)
+        row_n, ok_n, wrong_n = _resolve(
+            pos, bt_row, req_ok, page_size, page_shift, capacity, num_pages, s_kv_blk, s_kv_tok, PAGED, POW2_PAGE
+        )
+        idx = k_lo + 2 * BLOCK_N + offs_n
+        pos_n = tl.load(ti_row + idx, mask=idx < k_hi, other=-1)
+        va_n, vb_n, kp_n, ka_n, kb_n = _load_tile(kv + row, ok_c, offs_a, offs_b, offs_pe, D_NOPE, D_SPLIT, RELOAD_K)
+    for n0 in range(k_lo, k_hi, BLOCK_N):
+        if PREFETCH:
+            va, vb, kp_t, ka_t, kb_t, ok, wrong = va_n, vb_n, kp_n, ka_n, kb_n, ok_c, wrong_c
+            va_n, vb_n, kp_n, ka_n, kb_n = _load_tile(
+                kv + row_n, ok_n, offs_a, offs_b, offs_pe, D_NOPE, D_SPLIT, RELOAD_K
+            )
+            ok_c, wrong_c = ok_n, wrong_n
+            row_n, ok_n, wrong_n = _resolve(
+                pos_n, bt_row, req_ok, page_size, page_shift, capacity, num_pages, s_kv_blk, s_kv_tok, PAGED,
+                POW2_PAGE,
+            )  # fmt: skip
+            idx = n0 + 3 * BLOCK_N + offs_n
+            pos_n = tl.load(ti_row + idx, mask=idx < k_hi, other=-1)
         else:
-            blk = pos // page_size
-            off = pos % page_size
-        if PAGED:
-            wrong = wrong | (named & (req_ok == 0))
-            page = tl.load(bt_row + blk, mask=named & (wrong == 0), other=0)
-            wrong = wrong | (named & ((page < 0) | (page >= num_pages)))
-        else:
-            page = blk
-        ok = named & (wrong == 0)
-        page = tl.where(ok, page, 0).to(tl.int64)
-        off = tl.where(ok, off, 0).to(tl.int64)
-        tok_ptr = kv + page * s_kv_blk + off * s_kv_tok  # [BLOCK_N]
-        # Entries that select nothing load 0, never cache bytes: 0 x NaN would poison p . v.
-        va = tl.load(tok_ptr[:, None] + offs_a[None, :], mask=ok[:, None], other=0.0).to(qa.dtype)
-        kp_t = tl.load(tok_ptr[None, :] + D_NOPE + offs_pe[:, None], mask=ok[None, :], other=0.0).to(qa.dtype)
+            idx = n0 + offs_n
+            pos = tl.load(ti_row + idx, mask=idx < k_hi, other=-1)
+            row, ok, wrong = _resolve(
+                pos, bt_row, req_ok, page_size, page_shift, capacity, num_pages, s_kv_blk, s_kv_tok, PAGED, POW2_PAGE
+            )
+            va, vb, kp_t, ka_t, kb_t = _load_tile(kv + row, ok, offs_a, offs_b, offs_pe, D_NOPE, D_SPLIT, RELOAD_K)
+        va = va.to(qa.dtype)
+        kp_t = kp_t.to(qa.dtype)
         if D_SPLIT == 2:
-            vb = tl.load(tok_ptr[:, None] + offs_b[None, :], mask=ok[:, None], other=0.0).to(qa.dtype)
+            vb = vb.to(qa.dtype)
         if RELOAD_K:
-            ka_t = tl.load(tok_ptr[None, :] + offs_a[:, None], mask=ok[None, :], other=0.0).to(qa.dtype)
+            ka_t = ka_t.to(qa.dtype)
             if D_SPLIT == 2:
-                kb_t = tl.load(tok_ptr[None, :] + offs_b[:, None], mask=ok[None, :], other=0.0).to(qa.dtype)
+                kb_t = kb_t.to(qa.dtype)
         else:
             ka_t = tl.trans(va)
             if D_SPLIT == 2:

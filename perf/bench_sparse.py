@@ -282,7 +282,7 @@ def plan_label(plan) -> str:
     c = plan.config
     return (
         f"S={plan.num_splits}x{plan.split_len} H{c['BLOCK_H']}x{plan.head_blocks} N{c['BLOCK_N']} d{c['D_SPLIT']}"
-        f"{'h' if plan.constexprs['F16_DOT'] else ''}{'r' if plan.constexprs['RELOAD_K'] else ''}{'p' if plan.constexprs['PREFETCH'] else ''}"
+        f"{'h' if plan.constexprs['F16_DOT'] else ''}{'r' if plan.constexprs['RELOAD_K'] else ''}"
         f" w{c['num_warps']} s{c['num_stages']}"
     )
 

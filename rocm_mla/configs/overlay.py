@@ -83,7 +83,6 @@ _SPARSE_FIELDS = {
     "D_SPLIT": INT,
     "F16_DOT": BOOL,
     "RELOAD_K": BOOL,
-    "PREFETCH": BOOL,
     "num_warps": INT,
     "num_stages": INT,
     "ctas_per_cu": INT,

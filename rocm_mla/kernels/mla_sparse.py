@@ -151,7 +151,6 @@ def mla_sparse_attention_kernel(
     F16_DOT: tl.constexpr,
     RELOAD_K: tl.constexpr,
     NUM_XCDS: tl.constexpr,
-    PREFETCH: tl.constexpr = False,
 ):
     """See the module docstring.
 
@@ -228,44 +227,13 @@ def mla_sparse_attention_kernel(
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc_a = tl.zeros([BLOCK_H, CHUNK], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK_H, CHUNK], dtype=tl.float32)
-    if PREFETCH:
-        # Every load is issued one iteration before its use and carried to it in registers: the
-        # cache rows of the next tile, the page lookups of the tile after it and the list entries
-        # of the one after that. A tile's gather then overlaps the dots of the tile before it,
-        # and the chain entry -> page -> row never waits inside an iteration.
-        idx = k_lo + offs_n
-        pos = tl.load(ti_row + idx, mask=idx < k_hi, other=-1)
-        row, ok_c, wrong_c = _resolve(
-            pos, bt_row, req_ok, page_size, page_shift, capacity, num_pages, s_kv_blk, s_kv_tok, PAGED, POW2_PAGE
-        )
-        idx = k_lo + BLOCK_N + offs_n
-        pos = tl.load(ti_row + idx, mask=idx < k_hi, other=-1)
-        row_n, ok_n, wrong_n = _resolve(
-            pos, bt_row, req_ok, page_size, page_shift, capacity, num_pages, s_kv_blk, s_kv_tok, PAGED, POW2_PAGE
-        )
-        idx = k_lo + 2 * BLOCK_N + offs_n
-        pos_n = tl.load(ti_row + idx, mask=idx < k_hi, other=-1)
-        va_n, vb_n, kp_n, ka_n, kb_n = _load_tile(kv + row, ok_c, offs_a, offs_b, offs_pe, D_NOPE, D_SPLIT, RELOAD_K)
     for n0 in range(k_lo, k_hi, BLOCK_N):
-        if PREFETCH:
-            va, vb, kp_t, ka_t, kb_t, ok, wrong = va_n, vb_n, kp_n, ka_n, kb_n, ok_c, wrong_c
-            va_n, vb_n, kp_n, ka_n, kb_n = _load_tile(
-                kv + row_n, ok_n, offs_a, offs_b, offs_pe, D_NOPE, D_SPLIT, RELOAD_K
-            )
-            ok_c, wrong_c = ok_n, wrong_n
-            row_n, ok_n, wrong_n = _resolve(
-                pos_n, bt_row, req_ok, page_size, page_shift, capacity, num_pages, s_kv_blk, s_kv_tok, PAGED,
-                POW2_PAGE,
-            )  # fmt: skip
-            idx = n0 + 3 * BLOCK_N + offs_n
-            pos_n = tl.load(ti_row + idx, mask=idx < k_hi, other=-1)
-        else:
-            idx = n0 + offs_n
-            pos = tl.load(ti_row + idx, mask=idx < k_hi, other=-1)
-            row, ok, wrong = _resolve(
-                pos, bt_row, req_ok, page_size, page_shift, capacity, num_pages, s_kv_blk, s_kv_tok, PAGED, POW2_PAGE
-            )
-            va, vb, kp_t, ka_t, kb_t = _load_tile(kv + row, ok, offs_a, offs_b, offs_pe, D_NOPE, D_SPLIT, RELOAD_K)
+        idx = n0 + offs_n
+        pos = tl.load(ti_row + idx, mask=idx < k_hi, other=-1)
+        row, ok, wrong = _resolve(
+            pos, bt_row, req_ok, page_size, page_shift, capacity, num_pages, s_kv_blk, s_kv_tok, PAGED, POW2_PAGE
+        )
+        va, vb, kp_t, ka_t, kb_t = _load_tile(kv + row, ok, offs_a, offs_b, offs_pe, D_NOPE, D_SPLIT, RELOAD_K)
         va = va.to(qa.dtype)
         kp_t = kp_t.to(qa.dtype)
         if D_SPLIT == 2:

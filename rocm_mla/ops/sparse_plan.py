@@ -37,7 +37,7 @@ D_NOPE = KV_LORA_RANK
 D_PE = QK_ROPE_HEAD_DIM
 D_KV = KV_ROW_DIM
 # What an absent tier field means.
-TIER_DEFAULTS = {"D_SPLIT": 1, "F16_DOT": False, "RELOAD_K": False, "PREFETCH": False, "ctas_per_cu": 1}
+TIER_DEFAULTS = {"D_SPLIT": 1, "F16_DOT": False, "RELOAD_K": False, "ctas_per_cu": 1}
 
 
 def tier_index(tiers: list[dict[str, Any]], num_heads: int) -> int:
@@ -99,7 +99,6 @@ def kernel_meta(
         "POW2_PAGE": bool(pow2_page),
         "F16_DOT": bool(kv_fp8 and q_dtype == torch.bfloat16 and cfg.get("F16_DOT", False)),
         "RELOAD_K": bool(cfg.get("RELOAD_K", False)),
-        "PREFETCH": bool(cfg.get("PREFETCH", False)),
         "NUM_XCDS": int(config_for(OP, arch).get("num_xcds", 1)),
     }
     options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **amd_options(cfg, arch)}

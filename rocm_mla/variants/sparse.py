@@ -64,7 +64,7 @@ def variant(
     amd = "".join(f" {k[:4]}{v}" for k, v in amd_options(cfg, arch).items())
     label = (
         f"{tag}q={qname} kv={kvname} H{meta['BLOCK_H']} N{meta['BLOCK_N']} d{meta['D_SPLIT']}"
-        f"{'h' if meta['F16_DOT'] else ''}{'r' if meta['RELOAD_K'] else ''}{'p' if meta['PREFETCH'] else ''}"
+        f"{'h' if meta['F16_DOT'] else ''}{'r' if meta['RELOAD_K'] else ''}"
         f" w{options['num_warps']} s{options['num_stages']}{amd} "
         f"{'direct' if direct else 'split'}{' kscale*' if scale_ptr else ''}"
         f"{'' if paged else ' slots'}{'' if pow2_page else ' div'}"

@@ -360,6 +360,42 @@ class DecodeInputs:
         raise_on(self.mismatch(out, lse, **kw))
 
 
+def latent_queries(rows: int, N: int, q_layout: str, g: torch.Generator, device, dtype: torch.dtype):
+    """``(q_nope [rows, N, 512], q_pe [rows, N, 64])``, fresh normal values in one of ``Q_LAYOUTS``:
+    "vllm" (ql_nope the ``[N, rows, 512]`` W_UK bmm output read as ``[rows, N, 512]``, q_pe a slice
+    ``q[..., 128:]`` of ``[rows, N, 192]``), "one_buffer" (slices of one ``[rows, N, 584]``), "separate"
+    (contiguous q_nope; q_pe ``[rows + 1, N, 192][1:, :, 128:]``). mla_decode's and
+    mla_sparse_attention's cases share it."""
+    if q_layout not in Q_LAYOUTS:
+        raise ValueError(f"make_inputs: q_layout: expected one of {Q_LAYOUTS}, got {q_layout!r}")
+    L = KV_LORA_RANK
+    if q_layout == "vllm":
+        # ql_nope = bmm(q_nope^T [N, rows, 128], W_UK_T [N, 128, 512]) -> [N, rows, 512], read as [rows, N, 512].
+        q_nope = randn((N, rows, L), g, device, dtype).transpose(0, 1)
+        q_pe = randn((rows, N, 192), g, device, dtype)[..., 128:]
+    elif q_layout == "one_buffer":
+        base = randn((rows, N, KV_ROW_DIM + 8), g, device, dtype)
+        q_nope, q_pe = base[..., :L], base[..., L:KV_ROW_DIM]
+    else:
+        q_nope = randn((rows, N, L), g, device, dtype)
+        q_pe = randn((rows + 1, N, 192), g, device, dtype)[1:, :, 128:]
+    return q_nope, q_pe
+
+
+def latent_destinations(rows: int, N: int, dtype: torch.dtype, device, out_layout: str, lse_layout: str):
+    """``(out_base, out [rows, N, 512], lse_base, lse [rows, N])``: NaN-poisoned views in one of
+    ``OUT_LAYOUTS`` ("contiguous", "padded" ``[rows, N, 520][..., :512]``, "token_pad": token stride
+    N*512 + 512) and ``LSE_LAYOUTS`` ("contiguous", "transposed": an ``[N, rows]`` buffer's transpose)."""
+    if out_layout not in OUT_LAYOUTS:
+        raise ValueError(f"make_inputs: out_layout: expected one of {OUT_LAYOUTS}, got {out_layout!r}")
+    if lse_layout not in LSE_LAYOUTS:
+        raise ValueError(f"make_inputs: lse_layout: expected one of {LSE_LAYOUTS}, got {lse_layout!r}")
+    okw = {"contiguous": {}, "padded": {"pad_last": 8}, "token_pad": {"token_pad": 1}}[out_layout]
+    out_base, out = poisoned((rows, N, KV_LORA_RANK), dtype, device, **okw)
+    lse_base, lse = poisoned((rows, N), torch.float32, device, transpose01=lse_layout == "transposed")
+    return out_base, out, lse_base, lse
+
+
 def make_inputs(
     shape: DecodeShape,
     *,
@@ -425,22 +461,10 @@ def make_inputs(
         guard=guard,
         scale=k_std,
     )
-    rows, N, L = shape.rows, shape.N, KV_LORA_RANK
-    if q_layout == "vllm":
-        # ql_nope = bmm(q_nope^T [N, rows, 128], W_UK_T [N, 128, 512]) -> [N, rows, 512], read as [rows, N, 512].
-        q_nope = randn((N, rows, L), g, device, dtype).transpose(0, 1)
-        q_pe = randn((rows, N, 192), g, device, dtype)[..., 128:]
-    elif q_layout == "one_buffer":
-        base = randn((rows, N, KV_ROW_DIM + 8), g, device, dtype)
-        q_nope, q_pe = base[..., :L], base[..., L:KV_ROW_DIM]
-    else:
-        q_nope = randn((rows, N, L), g, device, dtype)
-        q_pe = randn((rows + 1, N, 192), g, device, dtype)[1:, :, 128:]
+    q_nope, q_pe = latent_queries(shape.rows, shape.N, q_layout, g, device, dtype)
     if q_std is not None:
         q_nope.mul_(q_std.to(device=device, dtype=dtype))
-    okw = {"contiguous": {}, "padded": {"pad_last": 8}, "token_pad": {"token_pad": 1}}[out_layout]
-    out_base, out = poisoned((rows, N, L), dtype, device, **okw)
-    lse_base, lse = poisoned((rows, N), torch.float32, device, transpose01=lse_layout == "transposed")
+    out_base, out, lse_base, lse = latent_destinations(shape.rows, shape.N, dtype, device, out_layout, lse_layout)
     seq_lens = torch.tensor(shape.seq_lens, dtype=torch.int32, device=device)
     ks = torch.tensor([k_scale], device=device) if kind is not None else None
     return DecodeInputs(shape, dtype, q_nope, q_pe, paged, seq_lens, out, lse, out_base, lse_base, ks)

@@ -20,10 +20,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ..mla_dims import KV_LORA_RANK, KV_ROW_DIM
-from ._buffers import poisoned
 from ._compare import Bound, Comparison, compare, dtype_name, first_problem, raise_on
-from ._paged import PagedCache, generator, paged_cache, platform_fp8, randn
-from .decode import SM_SCALE
+from ._paged import PagedCache, generator, paged_cache, platform_fp8
+from .decode import LSE_LAYOUTS, OUT_LAYOUTS, Q_LAYOUTS, SM_SCALE, latent_destinations, latent_queries
 from .decode import TOLERANCE as DECODE_TOLERANCE
 
 # The arithmetic of mla_decode over other rows (the same online softmax, dots and roundings), so
@@ -160,9 +159,8 @@ SHAPES: dict[str, list[SparseShape]] = {
     ],
 }
 
-Q_LAYOUTS = ("vllm", "one_buffer", "separate")
-OUT_LAYOUTS = ("contiguous", "padded", "token_pad")
-LSE_LAYOUTS = ("contiguous", "transposed")
+__all__ = ["LSE_LAYOUTS", "OUT_LAYOUTS", "Q_LAYOUTS", "SHAPES", "TOLERANCE", "SparseInputs", "SparseShape",
+           "make_inputs", "positions_to_slots"]  # fmt: skip
 
 
 @dataclass
@@ -360,13 +358,6 @@ def make_inputs(
     -1 / to a repeat of another entry of the row. spare_pages / spare_cols / unused / guard: see
     :func:`rocm_mla.cases.paged_cache`. req_pad: entries past T in req_id_per_token (vLLM pads it).
     """
-    for name, v, ok in (
-        ("q_layout", q_layout, Q_LAYOUTS),
-        ("out_layout", out_layout, OUT_LAYOUTS),
-        ("lse_layout", lse_layout, LSE_LAYOUTS),
-    ):
-        if v not in ok:
-            raise ValueError(f"sparse make_inputs: {name}: expected one of {ok}, got {v!r}")
     device = torch.device(device)
     g = gen if gen is not None else generator(seed, device)
     kind = (fp8 or platform_fp8(device)) if shape.fp8 else None
@@ -384,19 +375,8 @@ def make_inputs(
         unused=unused,
         guard=guard,
     )
-    T, N, L = shape.T, shape.N, KV_LORA_RANK
-    if q_layout == "vllm":
-        q_nope = randn((N, T, L), g, device, dtype).transpose(0, 1)
-        q_pe = randn((T, N, 192), g, device, dtype)[..., 128:]
-    elif q_layout == "one_buffer":
-        base = randn((T, N, KV_ROW_DIM + 8), g, device, dtype)
-        q_nope, q_pe = base[..., :L], base[..., L:KV_ROW_DIM]
-    else:
-        q_nope = randn((T, N, L), g, device, dtype)
-        q_pe = randn((T + 1, N, 192), g, device, dtype)[1:, :, 128:]
-    okw = {"contiguous": {}, "padded": {"pad_last": 8}, "token_pad": {"token_pad": 1}}[out_layout]
-    out_base, out = poisoned((T, N, L), dtype, device, **okw)
-    lse_base, lse = poisoned((T, N), torch.float32, device, transpose01=lse_layout == "transposed")
+    q_nope, q_pe = latent_queries(shape.T, shape.N, q_layout, g, device, dtype)
+    out_base, out, lse_base, lse = latent_destinations(shape.T, shape.N, dtype, device, out_layout, lse_layout)
     positions = _lists(shape, g, device, holes, dups)
     req = [b for b, r in enumerate(shape.rows) for _ in range(r)] + [0] * req_pad
     req_ids = torch.tensor(req, dtype=torch.int32, device=device)

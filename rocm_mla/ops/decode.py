@@ -170,20 +170,7 @@ def mla_decode(
     q_len = rows // B if B else 1
     sm_scale = c.scale("sm_scale", sm_scale)
     given_out, given_lse = out, lse
-    if out is None:
-        out = torch.empty(rows, N, D_NOPE, dtype=q_nope.dtype, device=q_nope.device)
-    else:
-        c.tensor("out", out, shape=(rows, N, D_NOPE), layout="[rows, N, 512]", dtypes=(q_nope.dtype,), like="q_nope's")
-        c.writable("out", out)
-    if lse is None:
-        lse = torch.empty(rows, N, dtype=torch.float32, device=q_nope.device)
-    else:
-        c.tensor("lse", lse, shape=(rows, N), layout="[rows, N]", dtypes=(torch.float32,), like="q_nope's rows, N")
-        c.writable("lse", lse)
-    if workspace is not None:
-        c.tensor("workspace", workspace, layout="(float32, contiguous)", dtypes=(torch.float32,))
-        if not workspace.is_contiguous():
-            c.fail("workspace", "a contiguous tensor", f"strides {tuple(workspace.stride())}")
+    out, lse = _destinations(c, out, lse, workspace, q_nope, "rows")
     scale_t = _check_k_scale(c, k_scale, q_nope.device)
     dots = _fp8_dots(c, fp8_dots, quantize_q, is_fp8, kv.dtype, q_nope.dtype)
     if num_kv_splits is not None and (
@@ -305,6 +292,30 @@ def _fp8_dots(c: Checker, fp8_dots, quantize_q, is_fp8: bool, kv_dtype: torch.dt
     if dots != "none" and q_dtype == torch.float32:
         c.fail(name, "float16 or bfloat16 q (float32 q keeps exact products)", "float32 q")
     return dots
+
+
+def _destinations(c: Checker, out, lse, workspace, q_nope: torch.Tensor, rows_name: str):
+    """``(out, lse)``: the caller's, checked (``[rows, N, 512]`` in q's dtype, ``[rows, N]`` float32,
+    any non-overlapping strides), or fresh ``torch.empty`` ones; a workspace must be a contiguous
+    float32 tensor. ``rows_name``: what the op calls its rows in messages ("rows", "T")."""
+    rows, N = q_nope.shape[0], q_nope.shape[1]
+    if out is None:
+        out = torch.empty(rows, N, D_NOPE, dtype=q_nope.dtype, device=q_nope.device)
+    else:
+        layout = f"[{rows_name}, N, 512]"
+        c.tensor("out", out, shape=(rows, N, D_NOPE), layout=layout, dtypes=(q_nope.dtype,), like="q_nope's")
+        c.writable("out", out)
+    if lse is None:
+        lse = torch.empty(rows, N, dtype=torch.float32, device=q_nope.device)
+    else:
+        layout, like = f"[{rows_name}, N]", f"q_nope's {rows_name}, N"
+        c.tensor("lse", lse, shape=(rows, N), layout=layout, dtypes=(torch.float32,), like=like)
+        c.writable("lse", lse)
+    if workspace is not None:
+        c.tensor("workspace", workspace, layout="(float32, contiguous)", dtypes=(torch.float32,))
+        if not workspace.is_contiguous():
+            c.fail("workspace", "a contiguous tensor", f"strides {tuple(workspace.stride())}")
+    return out, lse
 
 
 def fp8_dtype_for(arch: str) -> torch.dtype:

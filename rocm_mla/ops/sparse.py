@@ -18,7 +18,7 @@ from ..reference.sparse import mla_sparse_attention_ref, sparse_slots
 from ..triton_common import LOG2E
 from ._checks import FLOAT_DTYPES, Checker, debug_enabled
 from ._dispatch import select
-from .decode import _check_k_scale, _kv_view
+from .decode import _check_k_scale, _destinations, _kv_view
 from .sparse_plan import D_KV, D_NOPE, D_PE, OP, SparsePlan, plan_sparse_attention
 
 
@@ -143,20 +143,7 @@ def mla_sparse_attention(
             c.fail("req_id_per_token", "stride 1", f"strides {req_id_per_token.stride()}")
     sm_scale = c.scale("sm_scale", sm_scale)
     given_out, given_lse = out, lse
-    if out is None:
-        out = torch.empty(T, N, D_NOPE, dtype=q_nope.dtype, device=q_nope.device)
-    else:
-        c.tensor("out", out, shape=(T, N, D_NOPE), layout="[T, N, 512]", dtypes=(q_nope.dtype,), like="q_nope's")
-        c.writable("out", out)
-    if lse is None:
-        lse = torch.empty(T, N, dtype=torch.float32, device=q_nope.device)
-    else:
-        c.tensor("lse", lse, shape=(T, N), layout="[T, N]", dtypes=(torch.float32,), like="q_nope's T, N")
-        c.writable("lse", lse)
-    if workspace is not None:
-        c.tensor("workspace", workspace, layout="(float32, contiguous)", dtypes=(torch.float32,))
-        if not workspace.is_contiguous():
-            c.fail("workspace", "a contiguous tensor", f"strides {tuple(workspace.stride())}")
+    out, lse = _destinations(c, out, lse, workspace, q_nope, "T")
     scale_t = _check_k_scale(c, k_scale, q_nope.device)
     if not isinstance(batch_invariant, bool):
         c.fail("batch_invariant", "a bool", repr(batch_invariant), TypeError)

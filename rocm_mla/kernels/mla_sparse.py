@@ -170,10 +170,10 @@ def mla_sparse_attention_kernel(
     and accumulator (the same work; halves keep gfx942's q staging within its 64 KiB of LDS).
     F16_DOT (fp8 cache, bfloat16 q): both dots in float16 (e4m3 -> f16 is one conversion per two
     values on sm90, e4m3 -> bf16 three); accumulation stays float32.
-    RELOAD_K: read K^T for q . k^T as its own (transposed) load instead of transposing the V tile:
-    each load then has one consumer, which lets sm90's software pipeliner stage fp8 tiles in shared
-    memory (a tile converted once and used by both dots is loaded synchronously there); the second
-    read of the rows hits L1/L2.
+    RELOAD_K: read K^T for q . k^T as its own (transposed) load instead of transposing the V tile
+    (the second read of the rows hits L1/L2). Each load then has one consumer: on gfx942 and gfx950
+    the 16-row fp8 tiles need fewer registers so (spill-free at 2 waves per SIMD); on sm90 it lets the
+    pipeliner stage fp8 tiles in shared memory, which measured slower there (docs/notes).
     NUM_XCDS: dies that take workgroups round-robin (8 on MI300X): the head blocks and splits of a
     row, which read the same cache rows, are placed on one die's L2.
     """

@@ -33,13 +33,17 @@ from .mla_decode import _close_split, _store_partial, _xcd_local_order
 
 
 @triton.jit
-def _resolve(pos, bt_row, req_ok, page_size, page_shift, capacity, num_pages, s_kv_blk, s_kv_tok,
+def _resolve(pos, bt_row, page_size, page_shift, capacity, num_pages, s_kv_blk, s_kv_tok,
              PAGED: tl.constexpr, POW2_PAGE: tl.constexpr):  # fmt: skip
     """``(row, ok, wrong)`` of a tile's list entries ``pos``: each selected token's element offset in
-    the cache (0 where none), which entries select a token, and which are bad (see the module
-    docstring). Reads the block table for the named entries alone."""
-    named = pos >= 0
-    wrong = (pos < -1) | (pos >= capacity)
+    the cache (only meaningful where ok), which entries select a token, and which are bad (see the
+    module docstring). ``capacity`` is 0 for a row whose request is bad. Reads the block table for
+    in-range entries alone.
+
+    Every check is one unsigned compare (a negative value wraps past any bound) and nothing is
+    selected to a safe value: each gathered row is computed once per copy a thread issues, so the
+    loads' masks, not clamped addresses, keep every access inside the tensors."""
+    live = pos.to(tl.uint32) < capacity.to(tl.uint32)
     if POW2_PAGE:
         blk = pos >> page_shift
         off = pos & (page_size - 1)
@@ -47,34 +51,36 @@ def _resolve(pos, bt_row, req_ok, page_size, page_shift, capacity, num_pages, s_
         blk = pos // page_size
         off = pos % page_size
     if PAGED:
-        wrong = wrong | (named & (req_ok == 0))
-        page = tl.load(bt_row + blk, mask=named & (wrong == 0), other=0)
-        wrong = wrong | (named & ((page < 0) | (page >= num_pages)))
+        page = tl.load(bt_row + blk, mask=live, other=0)
+        ok = live & (page.to(tl.uint32) < num_pages.to(tl.uint32))
     else:
         page = blk
-    ok = named & (wrong == 0)
-    row = tl.where(ok, page, 0).to(tl.int64) * s_kv_blk + tl.where(ok, off, 0).to(tl.int64) * s_kv_tok
+        ok = live
+    wrong = (pos != -1) & (ok == 0)
+    # In-page offsets stay int32 (page_size x 576 is small); one widening per row.
+    row = page.to(tl.int64) * s_kv_blk + off * s_kv_tok
     return row, ok, wrong
 
 
 @triton.jit
-def _load_tile(tok_ptr, ok, offs_a, offs_b, offs_pe, D_NOPE: tl.constexpr, D_SPLIT: tl.constexpr,
+def _load_tile(kv, row, ok, offs_a, offs_b, offs_pe, D_NOPE: tl.constexpr, D_SPLIT: tl.constexpr,
                RELOAD_K: tl.constexpr):  # fmt: skip
-    """The cache rows at ``tok_ptr`` ([BLOCK_N] row pointers) as stored: ``(va, vb, kp_t, ka_t, kb_t)``,
-    V's column chunks [BLOCK_N, CHUNK], k_pe^T [64, BLOCK_N] and, with RELOAD_K, K^T's chunks read on
-    their own (unused results repeat va). Entries that select nothing load 0, never cache bytes:
-    0 x NaN would poison p . v."""
-    va = tl.load(tok_ptr[:, None] + offs_a[None, :], mask=ok[:, None], other=0.0)
-    kp_t = tl.load(tok_ptr[None, :] + D_NOPE + offs_pe[:, None], mask=ok[None, :], other=0.0)
+    """The cache rows at element offsets ``row`` ([BLOCK_N]) as stored: ``(va, vb, kp_t, ka_t,
+    kb_t)``, V's column chunks [BLOCK_N, CHUNK], k_pe^T [64, BLOCK_N] and, with RELOAD_K, K^T's
+    chunks read on their own (unused results repeat va). Entries that select nothing load 0, never
+    cache bytes: 0 x NaN would poison p . v. The column pointers (``kv + offs``) are formed first, so
+    they stay out of the loop and each copy adds only its row."""
+    va = tl.load((kv + offs_a)[None, :] + row[:, None], mask=ok[:, None], other=0.0)
+    kp_t = tl.load((kv + D_NOPE + offs_pe)[:, None] + row[None, :], mask=ok[None, :], other=0.0)
     vb = va
     ka_t = va
     kb_t = va
     if D_SPLIT == 2:
-        vb = tl.load(tok_ptr[:, None] + offs_b[None, :], mask=ok[:, None], other=0.0)
+        vb = tl.load((kv + offs_b)[None, :] + row[:, None], mask=ok[:, None], other=0.0)
     if RELOAD_K:
-        ka_t = tl.load(tok_ptr[None, :] + offs_a[:, None], mask=ok[None, :], other=0.0)
+        ka_t = tl.load((kv + offs_a)[:, None] + row[None, :], mask=ok[None, :], other=0.0)
         if D_SPLIT == 2:
-            kb_t = tl.load(tok_ptr[None, :] + offs_b[:, None], mask=ok[None, :], other=0.0)
+            kb_t = tl.load((kv + offs_b)[:, None] + row[None, :], mask=ok[None, :], other=0.0)
     return va, vb, kp_t, ka_t, kb_t
 
 
@@ -213,12 +219,13 @@ def mla_sparse_attention_kernel(
         sc = sc * ks
         osc = osc * ks
 
-    req_ok = True
     bt_row = block_table
+    cap = capacity
     if PAGED:
         req = tl.load(req_ids + t * s_req)
         req_ok = (req >= 0) & (req < num_reqs)
         bt_row = block_table + tl.where(req_ok, req, 0).to(tl.int64) * s_bt_b
+        cap = tl.where(req_ok, capacity, 0)  # a bad request: every named entry is bad
     ti_row = topk_indices + t * s_ti_r
     k_lo = split * split_len
     k_hi = tl.minimum(k_lo + split_len, topk)
@@ -231,9 +238,9 @@ def mla_sparse_attention_kernel(
         idx = n0 + offs_n
         pos = tl.load(ti_row + idx, mask=idx < k_hi, other=-1)
         row, ok, wrong = _resolve(
-            pos, bt_row, req_ok, page_size, page_shift, capacity, num_pages, s_kv_blk, s_kv_tok, PAGED, POW2_PAGE
+            pos, bt_row, page_size, page_shift, cap, num_pages, s_kv_blk, s_kv_tok, PAGED, POW2_PAGE
         )
-        va, vb, kp_t, ka_t, kb_t = _load_tile(kv + row, ok, offs_a, offs_b, offs_pe, D_NOPE, D_SPLIT, RELOAD_K)
+        va, vb, kp_t, ka_t, kb_t = _load_tile(kv, row, ok, offs_a, offs_b, offs_pe, D_NOPE, D_SPLIT, RELOAD_K)
         va = va.to(qa.dtype)
         kp_t = kp_t.to(qa.dtype)
         if D_SPLIT == 2:

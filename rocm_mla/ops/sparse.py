@@ -21,6 +21,8 @@ from ._dispatch import select
 from .decode import _check_k_scale, _destinations, _kv_view
 from .sparse_plan import D_KV, D_NOPE, D_PE, OP, SparsePlan, plan_sparse_attention
 
+_I32_MAX = 2**31 - 1
+
 
 def mla_sparse_attention(
     q_nope: torch.Tensor,
@@ -340,11 +342,14 @@ def _launch_triton(
         bt = reqs = topk_indices
         B, cap, s_bt, s_req = 0, kv.shape[0] * kv.shape[1], 0, 0
     ti = topk_indices
+    # Entries and pages are int32 and the kernel checks them with 32-bit unsigned compares: bounds
+    # past 2^31 - 1 exclude nothing more.
+    cap, num_pages = min(cap, _I32_MAX), min(kv.shape[0], _I32_MAX)
     mla_sparse_attention_kernel[plan.grid](
         q_nope, q_pe, cache, ti, bt, reqs, scale_ptr, out, lse, part_o, part_lse,
         qk_scale, out_scale,
         T, N, plan.topk, S, plan.split_len, plan.head_blocks,
-        kv.shape[1], plan.page_shift, cap, kv.shape[0], B,
+        kv.shape[1], plan.page_shift, cap, num_pages, B,
         *q_nope.stride(), *q_pe.stride(), kv.stride(0), kv.stride(1), topk_indices.stride(0), s_bt, s_req,
         *out.stride(), *lse.stride(), s_po, s_pl,
         **plan.constexprs, **plan.options,

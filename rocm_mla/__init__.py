@@ -17,6 +17,8 @@ Public API (see each function's docstring for shapes and layouts):
                          sm_scale, out=None, lse=None, kv_cache_dtype="auto", k_scale=None)
                          -> (out, lse)   (sparse MLA: DeepSeek-V3.2, GLM-5.x)
     plan_sparse_attention(...) -> SparsePlan   (its launches, computed once for many calls)
+    indexer_k_cache_write(k, index_cache, slot_mapping, *, scale_fmt="ue8m0", shuffled=None,
+                          kv_cache_dtype="fp8") -> None (in place; the lightning indexer's fp8 key cache)
 
 Every op also takes ``backend=`` (and the index-reading ones ``debug=``); bad index values never
 make a kernel touch memory outside its tensors, and destinations may not overlap inputs (docs/bad-input.md).
@@ -36,6 +38,7 @@ __all__ = [
     "concat_and_cache_mla",
     "mla_sparse_attention",
     "plan_sparse_attention",
+    "indexer_k_cache_write",
     "__version__",
 ]
 

@@ -3,6 +3,7 @@
 from .context_gather import gather_context_chunk
 from .decode import mla_decode
 from .decode_plan import DecodePlan, mla_decode_workspace_numel, plan_decode
+from .indexer_cache import indexer_k_cache_write
 from .merge import merge_attn_states
 from .prefill import mla_prefill
 from .prefill_context import mla_prefill_with_context
@@ -24,4 +25,5 @@ __all__ = [
     "mla_sparse_attention",
     "plan_sparse_attention",
     "SparsePlan",
+    "indexer_k_cache_write",
 ]

@@ -52,22 +52,22 @@ class Checker:
         if k_scale.numel() != 1:
             self.fail(name, "a 1-element float32 tensor", f"shape {tuple(k_scale.shape)}")
 
-    def fp8_cache_kind(self, kv_cache: torch.Tensor, kv_cache_dtype: str) -> torch.dtype:
+    def fp8_cache_kind(self, kv_cache: torch.Tensor, kv_cache_dtype: str, *, name: str = "kv_cache") -> torch.dtype:
         """The FP8 E4M3 kind an fp8 cache holds, for a ``kv_cache_dtype`` of
         ``rocm_mla.mla_dims.FP8_KV_CACHE_DTYPES``: a float8 cache's own dtype (it must be the kind
         the name fixes, if any); for uint8 storage the named kind, else the platform's
-        (configs/platform.json for the cache's device)."""
+        (configs/platform.json for the cache's device). ``name``: the cache argument's name."""
         named = FP8_KV_CACHE_DTYPES[kv_cache_dtype]  # None: the platform's kind
         dt, got = kv_cache.dtype, str(kv_cache.dtype).replace("torch.", "")
         if dt in FP8_DTYPES:
             if named is not None and named != dt:
                 want = str(named).replace("torch.", "")
-                self.fail("kv_cache", f"dtype {want} (kv_cache_dtype={kv_cache_dtype!r})", got, TypeError)
+                self.fail(name, f"dtype {want} (kv_cache_dtype={kv_cache_dtype!r})", got, TypeError)
             return dt
         if dt == torch.uint8:
             return named if named is not None else platform_fp8_dtype(device_arch(kv_cache.device))
         self.fail(
-            "kv_cache",
+            name,
             f"dtype float8_e4m3fn, float8_e4m3fnuz or uint8 (kv_cache_dtype={kv_cache_dtype!r})",
             got,
             TypeError,

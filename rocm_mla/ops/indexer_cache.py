@@ -1,0 +1,222 @@
+"""indexer_k_cache_write: the lightning indexer's key-cache write (sparse MLA: DeepSeek-V3.2, GLM-5.x).
+
+Each token's indexer key ``k [128]`` is quantised to fp8 E4M3 with one float32 scale and stored at
+its slot of the indexer cache, in exactly the layout vLLM 0.34's ROCm model path writes
+(``fused_norm_rope`` in models/deepseek_v32/common/kernels.py, ``indexer_k_quant_and_cache_triton``
+in v1/attention/ops/rocm_aiter_mla_sparse.py), so a cache either one filled reads the same
+(docs/indexer.md). vLLM's equivalent is ``ops.indexer_k_quant_and_cache`` / its Triton insert.
+
+Kernel: rocm_mla/kernels/indexer_k_cache.py (Triton; no HIP kernel). Reference and the layout's
+definition: rocm_mla/reference/indexer.py. Launch data: configs/indexer_k_cache_write.json.
+Backend switch: ``ROCM_MLA_BACKEND_INDEXER_K_CACHE_WRITE``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from .. import _platform
+from ..configs import config_for
+from ..kernels.indexer_k_cache import indexer_k_cache_write_kernel
+from ..mla_dims import FP8_DTYPES, FP8_KV_CACHE_DTYPES
+from ..reference.indexer import (
+    INDEX_HEAD_DIM,
+    INDEX_ROW_BYTES,
+    INDEXER_FP8_MAX,
+    SCALE_FORMATS,
+    SHUFFLE_TILE,
+    indexer_k_cache_write_ref,
+)
+from ..triton_common import amd_options
+from ._checks import FLOAT_DTYPES, Checker, debug_enabled
+from ._dispatch import select
+from .rope_kv_write import _check_index_dtype, _debug_slots
+
+OP = "indexer_k_cache_write"  # config file, backend switch (ROCM_MLA_BACKEND_INDEXER_K_CACHE_WRITE)
+
+
+def vllm_rocm_shuffled(block_size: int) -> bool:
+    """The value layout vLLM 0.34's ROCm path uses for a cache of ``block_size`` tokens per block:
+    shuffled 16 x 16 tiles above one token per block (``indexer_k_cache_is_shuffled``;
+    ``DeepseekV32ROCmIndexerCache.uses_shuffled_layout``), flat rows at block_size 1."""
+    return block_size > 1
+
+
+def indexer_k_cache_write(
+    k: torch.Tensor,
+    index_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    scale_fmt: str | None = "ue8m0",
+    shuffled: bool | None = None,
+    kv_cache_dtype: str = "fp8",
+    backend: str | None = None,
+    debug: bool | None = None,
+) -> None:
+    """Quantise each key row of ``k`` to fp8 with a per-token scale and write it into ``index_cache``.
+
+    Args:
+        k: ``[T, 128]`` bfloat16/float16/float32, any strides (e.g. a column slice of the
+            ``wk_weights_proj`` output): the indexer keys after their LayerNorm and RoPE.
+        index_cache: ``[num_blocks, block_size, 132]`` uint8 (vLLM's storage; also a float8 view
+            of it), written in place. Each block's ``block_size x 132`` bytes must be contiguous
+            (``stride(2) == 1``, ``stride(1) == 132``); the block stride may be larger (a padded
+            or interleaved allocation), a multiple of 4 bytes, and the start 4-byte aligned (the
+            scales are float32). block_size >= 1.
+        slot_mapping: ``[S]`` int64, ``S <= T`` (vLLM pads T for CUDA graphs), unit stride;
+            token t goes to block ``slot // block_size``, offset ``slot % block_size``. -1 (any
+            negative slot), a slot ``>= num_blocks x block_size`` and tokens ``t >= S`` are not
+            written. Slots must be distinct (two tokens on one slot race).
+        scale_fmt: ``"ue8m0"`` (power-of-two scales: DeepSeek-V3.2's format, and the only one
+            vLLM's fused ``fused_norm_rope`` writes) or None (plain float32 scales, vLLM's
+            ``indexer_k_quant_and_cache_triton`` with another ``scale_fmt``).
+        shuffled: the value layout. None (default): vLLM 0.34's ROCm rule, shuffled for every
+            block_size > 1 and flat at block_size 1 (:func:`vllm_rocm_shuffled`). True: 16 x 16
+            tiles (block_size a multiple of 16, as vLLM's ROCm backend requires: 1 or a multiple
+            of 16). False: flat rows at any block_size (vLLM's non-ROCm indexer cache).
+        kv_cache_dtype: the fp8 kind of a uint8 cache: ``"fp8"`` / ``"fp8_e4m3"`` = the
+            platform's (configs/platform.json: e4m3fnuz on gfx942, e4m3fn on gfx950 and NVIDIA,
+            as vLLM's ``current_platform.fp8_dtype()``), or ``"fp8_e4m3fn"`` / ``"fp8_e4m3fnuz"``.
+            A float8 cache is its own kind (it must agree with a kind named here).
+        backend: ``"triton"`` or ``"reference"`` to force one (there is no HIP kernel).
+        debug: range-check the slots on the host first (a device sync: not capturable) and raise
+            for one ``>= num_blocks x block_size`` or a repeated one; default ``ROCM_MLA_DEBUG=1``.
+
+    Layout of block b (bytes from the block's start; docs/indexer.md, the definition in
+    ``rocm_mla.reference.indexer``): ``[0, 128 block_size)`` the values, ``[128 block_size,
+    132 block_size)`` the float32 scales, scale of offset o at ``128 block_size + 4 o``. Value d
+    of offset o: flat at ``128 o + d``; shuffled at ``(o // 16) 2048 + (d // 16) 256 + (o % 16) 16
+    + d % 16`` (``[block_size / 16, 8, 16, 16]``: token tile, dim tile, token, dim).
+
+    Quantisation (float32): ``scale = max(1e-4, amax|k[t]|) / fp8_max`` with fp8_max 448 for
+    e4m3fn and 224 for e4m3fnuz (vLLM's ROCm constants), for "ue8m0" rounded up to a power of two
+    exactly (on the float32 bits; vLLM's ``exp2(ceil(log2(s)))`` agrees but where its log2 rounds
+    a scale a few ulps above a power of two down onto it); values ``k / scale`` (correctly rounded)
+    to the kind's code, round to nearest even, saturating. A row with a NaN stores a NaN scale and
+    NaN codes. The bytes equal ``rocm_mla.reference.indexer.indexer_k_quant_ref``'s exactly, on
+    every backend.
+
+    Does ``fused_rope_mla_kv_write`` also write the indexer key in its kernel? No, this is a
+    separate kernel: the key needs its own LayerNorm and RoPE and a per-row amax before its first
+    byte is stored, and shares no input with the latent row, so one kernel would save no read.
+
+    Bad slots (debug off, every backend): nothing outside the given tensors is read or written;
+    a slot outside the cache is skipped like -1 and every other byte of the cache is unchanged.
+
+    Returns:
+        None (``index_cache`` is written in place).
+
+    Raises:
+        TypeError / ValueError naming the argument, what was expected and what came.
+    """
+    c = Checker(OP)
+    fp8, shuffle = _check(c, k, index_cache, slot_mapping, scale_fmt, shuffled, kv_cache_dtype)
+    if debug_enabled(debug):
+        _debug_slots(c, slot_mapping, index_cache)
+    impl = select(OP, index_cache.device, backend, has_hip=False)
+    if slot_mapping.shape[0] == 0:
+        return
+    if impl == "triton":
+        _launch_triton(k, index_cache, slot_mapping, fp8, scale_fmt, shuffle)
+    else:
+        indexer_k_cache_write_ref(k, index_cache, slot_mapping, fp8_dtype=fp8, scale_fmt=scale_fmt, shuffled=shuffle)
+
+
+def _check(c: Checker, k, index_cache, slot_mapping, scale_fmt, shuffled, kv_cache_dtype) -> tuple[torch.dtype, bool]:
+    """Validate the arguments; returns (the cache's fp8 kind, shuffled)."""
+    c.tensor("k", k, ndim=2, layout="[T, 128]", dtypes=FLOAT_DTYPES)
+    T = k.shape[0]
+    if k.shape[1] != INDEX_HEAD_DIM:
+        c.fail("k", f"shape [T, 128] = (*, {INDEX_HEAD_DIM})", tuple(k.shape))
+    c.tensor("index_cache", index_cache, ndim=3, layout="[num_blocks, block_size, 132]")
+    nb, bs, row = index_cache.shape
+    if row != INDEX_ROW_BYTES:
+        c.fail(
+            "index_cache", f"shape [num_blocks, block_size, 132] = (*, *, {INDEX_ROW_BYTES})", tuple(index_cache.shape)
+        )
+    if bs < 1:
+        c.fail("index_cache", "block_size >= 1", tuple(index_cache.shape))
+    if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in FP8_KV_CACHE_DTYPES:
+        c.fail("kv_cache_dtype", f"one of {', '.join(repr(n) for n in FP8_KV_CACHE_DTYPES)}", repr(kv_cache_dtype))
+    fp8 = c.fp8_cache_kind(index_cache, kv_cache_dtype, name="index_cache")
+    assert fp8 in FP8_DTYPES
+    st = index_cache.stride()
+    if st[2] != 1 or (bs > 1 and st[1] != INDEX_ROW_BYTES) or (nb > 1 and st[0] < bs * INDEX_ROW_BYTES):
+        c.fail(
+            "index_cache",
+            f"each block's {bs} x 132 bytes contiguous (strides (>= {bs * INDEX_ROW_BYTES}, 132, 1))",
+            f"strides {st}",
+        )
+    if (nb > 1 and st[0] % 4) or index_cache.data_ptr() % 4:
+        c.fail(
+            "index_cache",
+            "a 4-byte aligned start and a block stride that is a multiple of 4 bytes (float32 scales)",
+            f"strides {st}, start at byte {index_cache.data_ptr() % 4} mod 4",
+        )
+    if scale_fmt not in SCALE_FORMATS:
+        c.fail("scale_fmt", "'ue8m0' or None", repr(scale_fmt))
+    if shuffled is None:
+        shuffle = vllm_rocm_shuffled(bs)
+    elif isinstance(shuffled, bool):
+        shuffle = shuffled
+    else:
+        c.fail("shuffled", "True, False or None (vLLM's ROCm rule)", repr(shuffled), TypeError)
+    if shuffle and bs % SHUFFLE_TILE:
+        why = "vLLM's ROCm rule shuffles every block_size > 1" if shuffled is None else "shuffled=True"
+        c.fail("index_cache", f"block_size 1 or a multiple of 16 ({why}; 16 x 16 tiles)", tuple(index_cache.shape))
+    c.tensor("slot_mapping", slot_mapping, ndim=1, layout="[S <= T]")
+    if slot_mapping.shape[0] > T:
+        c.fail("slot_mapping", f"shape [S] with S <= T = {T} (k's T)", tuple(slot_mapping.shape))
+    _check_index_dtype(c, "slot_mapping", slot_mapping)
+    if slot_mapping.shape[0] > 1 and slot_mapping.stride(0) != 1:
+        c.fail("slot_mapping", "stride 1", f"strides {slot_mapping.stride()}")
+    c.same_device(index_cache=index_cache, k=k, slot_mapping=slot_mapping)
+    c.writable("index_cache", index_cache)
+    c.no_overlap({"index_cache": index_cache}, {"k": k, "slot_mapping": slot_mapping})
+    return fp8, shuffle
+
+
+def triton_meta(arch: str, *, fp8: torch.dtype, scale_fmt: str | None, shuffled: bool) -> tuple[dict, dict]:
+    """Constexprs and compile options of one Triton launch on ``arch`` for a cache of kind ``fp8``,
+    scale format ``scale_fmt`` and value layout ``shuffled``: the single place the launch and the
+    ISA report's variants (rocm_mla/variants/indexer_cache.py) take them from. ROWS: key rows per
+    program (configs/indexer_k_cache_write.json ``rows_per_program``, a power of two)."""
+    cfg = config_for(OP, arch)["triton"]
+    options = {"num_warps": cfg["num_warps"], **amd_options(cfg, arch)}
+    return {
+        "HEAD_DIM": INDEX_HEAD_DIM,
+        "ROWS": cfg["rows_per_program"],
+        "FP8_MAX": INDEXER_FP8_MAX[fp8],
+        "FNUZ": fp8 == torch.float8_e4m3fnuz,
+        "UE8M0": scale_fmt == "ue8m0",
+        "SHUFFLE": bool(shuffled),
+        "TILE": SHUFFLE_TILE,
+    }, options
+
+
+def _launch_triton(k, index_cache, slot_mapping, fp8, scale_fmt, shuffled) -> None:
+    S = slot_mapping.shape[0]
+    nb, bs = index_cache.shape[0], index_cache.shape[1]
+    consts, options = triton_meta(
+        _platform.device_arch(index_cache.device), fp8=fp8, scale_fmt=scale_fmt, shuffled=shuffled
+    )
+    cache = index_cache.view(torch.uint8)
+    # An empty cache is never dereferenced (every slot is outside) but may carry a null pointer,
+    # which the launcher rejects: a one-block stand-in.
+    if nb * bs == 0:
+        cache = cache.new_empty((1, 1, INDEX_ROW_BYTES))
+    grid = (triton.cdiv(S, consts["ROWS"]),)
+    indexer_k_cache_write_kernel[grid](
+        k,
+        cache,
+        slot_mapping,
+        S,
+        nb * bs,
+        bs,
+        k.stride(0),
+        k.stride(1),
+        cache.stride(0),
+        **consts,
+        **options,
+    )

@@ -5,16 +5,17 @@ holds a tolerance.
 
 One module per op, each with the same parts:
 
-=================  =============  ================================================  ==================
-module             shape          ``make_inputs(shape, *, dtype, device, seed, ...)``  named sets
-=================  =============  ================================================  ==================
-``decode``         DecodeShape    DecodeInputs (paged cache, vLLM's q views, copies)  tp8 dp mtp serving
-``prefill``        PrefillShape   PrefillInputs (varlen, k_nope/v views, k_pe slice)  bench tune reference
-``merge``          MergeShape     MergeInputs (pad_v / head-slice / strided layouts)  bench tune
-``rope_kv_write``  RopeShape      RopeInputs (q_pe/k_pe slices, slots, fp8 cache)     bench tune
-``context_gather`` ChunkShape     ChunkInputs (vLLM's chunk indexing)                 selfcheck odd
-``sparse``         SparseShape    SparseInputs (top-k lists, paged cache, q views)    bench quick tune
-=================  =============  ================================================  ==================
+==================  =================  ===================================================  ====================
+module              shape              ``make_inputs(shape, *, dtype, device, seed, ...)``  named sets
+==================  =================  ===================================================  ====================
+``decode``          DecodeShape        DecodeInputs (paged cache, vLLM's q views, copies)   tp8 dp mtp serving
+``prefill``         PrefillShape       PrefillInputs (varlen, k_nope/v views, k_pe slice)   bench tune reference
+``merge``           MergeShape         MergeInputs (pad_v / head-slice / strided layouts)   bench tune
+``rope_kv_write``   RopeShape          RopeInputs (q_pe/k_pe slices, slots, fp8 cache)      bench tune
+``context_gather``  ChunkShape         ChunkInputs (vLLM's chunk indexing)                  selfcheck odd
+``sparse``          SparseShape        SparseInputs (top-k lists, paged cache, q views)     bench quick tune
+``indexer_cache``   IndexerCacheShape  IndexerCacheInputs (k slice, slots, 0xFF cache)      selfcheck odd bench
+==================  =================  ===================================================  ====================
 
 Every module also has ``SHAPES["tiny" | "selfcheck" | "verify" | "odd" | "quick"]`` where they apply,
 and ``TOLERANCE[dtype][output] -> Bound``. An inputs object has ``args()`` / ``kwargs()`` (the op's
@@ -70,7 +71,7 @@ Nothing here imports pytest, perf/ or tools/; the modules use rocm_mla.reference
 rocm_mla.ops (to run the op) and the platform's fp8 kind (``platform_fp8``).
 """
 
-from . import context_gather, decode, merge, prefill, rope_kv_write, sparse
+from . import context_gather, decode, indexer_cache, merge, prefill, rope_kv_write, sparse
 from ._buffers import SENTINEL, Guarded, outside_untouched, poisoned
 from ._compare import Bound, CaseMismatch, Comparison, compare, dtype_name, first_problem, raise_on
 from ._paged import PagedCache, cold_copies, generator, nan_filled, paged_cache, platform_fp8, randn, to_fp8
@@ -89,6 +90,7 @@ __all__ = [
     "dtype_name",
     "first_problem",
     "generator",
+    "indexer_cache",
     "merge",
     "nan_filled",
     "outside_untouched",

@@ -8,6 +8,7 @@ compares every element with the reference under the op's tolerance (rocm_mla.cas
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +16,7 @@ import torch
 from rocm_mla.cases import Comparison
 from rocm_mla.cases import context_gather as cg_cases
 from rocm_mla.cases import decode as decode_cases
+from rocm_mla.cases import indexer_cache as ic_cases
 from rocm_mla.cases import merge as merge_cases
 from rocm_mla.cases import prefill as prefill_cases
 from rocm_mla.cases import rope_kv_write as rope_cases
@@ -258,7 +260,43 @@ def check_sparse(device: torch.device, backends: list[str]) -> list[CheckRow]:
     return rows
 
 
-CHECKS = [check_merge, check_prefill, check_decode, check_rope_kv_write, check_context_gather, check_sparse]
+def check_indexer_cache(device: torch.device, backends: list[str]) -> list[CheckRow]:
+    """indexer_k_cache_write on vLLM's layouts: 37 keys (a row of zeros, one below the 1e-4 floor,
+    one large) from a column slice of a wider buffer, block 16 (shuffled values) and block 1
+    (flat), UE8M0 and plain scales, every other block of a 0xFF-poisoned buffer, shuffled slots
+    with a -1 and two past the cache; each fp8 kind (e4m3fn, e4m3fnuz). Values and scales equal
+    the reference's bytes, and every other byte is unchanged: tolerance 0."""
+    op, rows = "indexer_k_cache_write", []
+    names = {"values": (" values", "values"), "scales": (" scales", "scales")}
+    for backend in backends:
+        if backend == "hip":
+            continue  # indexer_k_cache_write has no HIP kernel
+        for dtype in _dtypes(device):
+            for shape in ic_cases.SHAPES["selfcheck"]:
+                for kind in ("fp8_e4m3fn", "fp8_e4m3fnuz"):
+                    s = dataclasses.replace(shape, kind=kind)
+                    case = s.label + " strided"
+                    try:
+                        inp = ic_cases.make_inputs(s, dtype=dtype, device=device, block_pad=1)
+                        inp.run(backend=backend)
+                        comps = inp.compare()
+                        rows += _rows(op, backend, dtype, case, comps[:2], ic_cases.TOLERANCE[dtype], names)
+                        rows.append(CheckRow(op, backend, _dt(dtype), case + " untouched", comps[2].max_err, 0.0,
+                                             comps[2].ok, comps[2].problem))  # fmt: skip
+                    except Exception as exc:  # report, keep checking the rest
+                        rows.append(_failed(op, backend, dtype, case, exc))
+    return rows
+
+
+CHECKS = [
+    check_merge,
+    check_prefill,
+    check_decode,
+    check_rope_kv_write,
+    check_context_gather,
+    check_sparse,
+    check_indexer_cache,
+]
 
 
 def run_all(device: torch.device) -> list[CheckRow]:

@@ -129,7 +129,35 @@ def _check(c: Checker, k, index_cache, slot_mapping, scale_fmt, shuffled, kv_cac
     T = k.shape[0]
     if k.shape[1] != INDEX_HEAD_DIM:
         c.fail("k", f"shape [T, 128] = (*, {INDEX_HEAD_DIM})", tuple(k.shape))
+    if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in FP8_KV_CACHE_DTYPES:
+        c.fail("kv_cache_dtype", f"one of {', '.join(repr(n) for n in FP8_KV_CACHE_DTYPES)}", repr(kv_cache_dtype))
+    shuffle = check_index_cache(c, index_cache, shuffled)
+    fp8 = c.fp8_cache_kind(index_cache, kv_cache_dtype, name="index_cache")
+    assert fp8 in FP8_DTYPES
+    if scale_fmt not in SCALE_FORMATS:
+        c.fail("scale_fmt", "'ue8m0' or None", repr(scale_fmt))
+    c.tensor("slot_mapping", slot_mapping, ndim=1, layout="[S <= T]")
+    if slot_mapping.shape[0] > T:
+        c.fail("slot_mapping", f"shape [S] with S <= T = {T} (k's T)", tuple(slot_mapping.shape))
+    _check_index_dtype(c, "slot_mapping", slot_mapping)
+    if slot_mapping.shape[0] > 1 and slot_mapping.stride(0) != 1:
+        c.fail("slot_mapping", "stride 1", f"strides {slot_mapping.stride()}")
+    c.same_device(index_cache=index_cache, k=k, slot_mapping=slot_mapping)
+    c.writable("index_cache", index_cache)
+    c.no_overlap({"index_cache": index_cache}, {"k": k, "slot_mapping": slot_mapping})
+    return fp8, shuffle
+
+
+def check_index_cache(c: Checker, index_cache, shuffled) -> bool:
+    """Validate an indexer cache's shape ``[num_blocks, block_size, 132]``, its strides (each block's
+    bytes contiguous, the block stride a multiple of 4 past them, a 4-byte aligned start) and its
+    value layout ``shuffled`` (None: vLLM's ROCm rule; shuffled needs block_size % 16 == 0), and
+    that it is uint8 or float8 (which fp8 kind: ``Checker.fp8_cache_kind``). Returns whether the
+    values are shuffled. Every op that reads or writes the cache validates it here."""
     c.tensor("index_cache", index_cache, ndim=3, layout="[num_blocks, block_size, 132]")
+    if index_cache.dtype not in (torch.uint8, *FP8_DTYPES):
+        got = str(index_cache.dtype).replace("torch.", "")
+        c.fail("index_cache", "dtype uint8 (or a float8 view of it)", got, TypeError)
     nb, bs, row = index_cache.shape
     if row != INDEX_ROW_BYTES:
         c.fail(
@@ -137,10 +165,6 @@ def _check(c: Checker, k, index_cache, slot_mapping, scale_fmt, shuffled, kv_cac
         )
     if bs < 1:
         c.fail("index_cache", "block_size >= 1", tuple(index_cache.shape))
-    if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in FP8_KV_CACHE_DTYPES:
-        c.fail("kv_cache_dtype", f"one of {', '.join(repr(n) for n in FP8_KV_CACHE_DTYPES)}", repr(kv_cache_dtype))
-    fp8 = c.fp8_cache_kind(index_cache, kv_cache_dtype, name="index_cache")
-    assert fp8 in FP8_DTYPES
     st = index_cache.stride()
     if st[2] != 1 or (bs > 1 and st[1] != INDEX_ROW_BYTES) or (nb > 1 and st[0] < bs * INDEX_ROW_BYTES):
         c.fail(
@@ -154,8 +178,6 @@ def _check(c: Checker, k, index_cache, slot_mapping, scale_fmt, shuffled, kv_cac
             "a 4-byte aligned start and a block stride that is a multiple of 4 bytes (float32 scales)",
             f"strides {st}, start at byte {index_cache.data_ptr() % 4} mod 4",
         )
-    if scale_fmt not in SCALE_FORMATS:
-        c.fail("scale_fmt", "'ue8m0' or None", repr(scale_fmt))
     if shuffled is None:
         shuffle = vllm_rocm_shuffled(bs)
     elif isinstance(shuffled, bool):
@@ -165,16 +187,7 @@ def _check(c: Checker, k, index_cache, slot_mapping, scale_fmt, shuffled, kv_cac
     if shuffle and bs % SHUFFLE_TILE:
         why = "vLLM's ROCm rule shuffles every block_size > 1" if shuffled is None else "shuffled=True"
         c.fail("index_cache", f"block_size 1 or a multiple of 16 ({why}; 16 x 16 tiles)", tuple(index_cache.shape))
-    c.tensor("slot_mapping", slot_mapping, ndim=1, layout="[S <= T]")
-    if slot_mapping.shape[0] > T:
-        c.fail("slot_mapping", f"shape [S] with S <= T = {T} (k's T)", tuple(slot_mapping.shape))
-    _check_index_dtype(c, "slot_mapping", slot_mapping)
-    if slot_mapping.shape[0] > 1 and slot_mapping.stride(0) != 1:
-        c.fail("slot_mapping", "stride 1", f"strides {slot_mapping.stride()}")
-    c.same_device(index_cache=index_cache, k=k, slot_mapping=slot_mapping)
-    c.writable("index_cache", index_cache)
-    c.no_overlap({"index_cache": index_cache}, {"k": k, "slot_mapping": slot_mapping})
-    return fp8, shuffle
+    return shuffle
 
 
 def triton_meta(arch: str, *, fp8: torch.dtype, scale_fmt: str | None, shuffled: bool) -> tuple[dict, dict]:

@@ -262,6 +262,7 @@ def test_errors_name_the_argument():
     raises_naming(TypeError, lambda: op(k.tolist(), cache, slots), "k", "torch.Tensor", "list")
     raises_naming(ValueError, lambda: op(k, cache[..., :128], slots), "index_cache", "132", "(*, *, 132)")
     raises_naming(TypeError, lambda: op(k, cache.view(torch.int8), slots), "index_cache", "uint8", "int8")
+    raises_naming(TypeError, lambda: op(k, cache.view(F16), slots), "index_cache", "uint8", "float16")
     raises_naming(
         TypeError, lambda: op(k, cache.view(E4M3FN), slots, kv_cache_dtype="fp8_e4m3fnuz"), "index_cache", "e4m3fnuz"
     )

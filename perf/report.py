@@ -97,6 +97,24 @@ VIEWS = (
         "µs per call, K 2048, q bf16, block 64, CUDA graphs of 8 calls, cache cold in L2; every output checked; "
         "-inv = batch_invariant=True.",
     ),
+    OpView(
+        "mla_indexer_topk",
+        "mla_indexer_topk (the lightning indexer's top-k: DeepSeek-V3.2, GLM-5.x)",
+        "time_us",
+        False,
+        ("indexer",),
+        "µs per call, topk 2048, q fp8, block 64, CUDA graphs of 8 calls, cache cold in L2; every output checked; "
+        "vLLM = its logits kernel + torch.topk (decode: Triton, prefill: its torch path).",
+    ),
+    OpView(
+        "indexer_k_cache_write",
+        "indexer_k_cache_write (the lightning indexer's fp8 key-cache write)",
+        "GB/s",
+        True,
+        ("indexer",),
+        "bf16 k, block 64, UE8M0 scales, vLLM's ROCm layout; bytes = k read + 132 written + the slot per key; "
+        "% of the copy ceiling of the same run; our bytes checked equal to the reference.",
+    ),
 )
 CEILING_OF = {"GB/s": "copy 2 GiB", "TFLOP/s": "matmul 8192^3 bf16"}
 COMMAND = "python perf/bench.py --ops {ops}"

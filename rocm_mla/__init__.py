@@ -39,6 +39,8 @@ __all__ = [
     "mla_sparse_attention",
     "plan_sparse_attention",
     "indexer_k_cache_write",
+    "mla_indexer_topk",
+    "plan_indexer_topk",
     "__version__",
 ]
 

@@ -15,6 +15,7 @@ module              shape              ``make_inputs(shape, *, dtype, device, se
 ``context_gather``  ChunkShape         ChunkInputs (vLLM's chunk indexing)                  selfcheck odd
 ``sparse``          SparseShape        SparseInputs (top-k lists, paged cache, q views)     bench quick tune
 ``indexer_cache``   IndexerCacheShape  IndexerCacheInputs (k slice, slots, 0xFF cache)      selfcheck odd bench
+``indexer_topk``    IndexerShape       IndexerInputs (0xFF-poisoned key cache, q slice)     bench quick tune
 ==================  =================  ===================================================  ====================
 
 Every module also has ``SHAPES["tiny" | "selfcheck" | "verify" | "odd" | "quick"]`` where they apply,
@@ -71,7 +72,7 @@ Nothing here imports pytest, perf/ or tools/; the modules use rocm_mla.reference
 rocm_mla.ops (to run the op) and the platform's fp8 kind (``platform_fp8``).
 """
 
-from . import context_gather, decode, indexer_cache, merge, prefill, rope_kv_write, sparse
+from . import context_gather, decode, indexer_cache, indexer_topk, merge, prefill, rope_kv_write, sparse
 from ._buffers import SENTINEL, Guarded, outside_untouched, poisoned
 from ._compare import Bound, CaseMismatch, Comparison, compare, dtype_name, first_problem, raise_on
 from ._paged import PagedCache, cold_copies, generator, nan_filled, paged_cache, platform_fp8, randn, to_fp8
@@ -91,6 +92,7 @@ __all__ = [
     "first_problem",
     "generator",
     "indexer_cache",
+    "indexer_topk",
     "merge",
     "nan_filled",
     "outside_untouched",

@@ -127,6 +127,16 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "batch_invariant": {"split_tokens": INT},
         "tiers": [_SPARSE_TIER],
     },
+    "mla_indexer_topk": {
+        "backend_order": [BACKEND],
+        "split_keys": INT,
+        "BLOCK_N": INT,
+        "num_warps": INT,
+        "num_stages": INT,
+        "merge": {"chunk": INT, "num_warps": INT},
+        "direct": BOOL,
+        **AMD_OPTIONS,
+    },
     "mla_prefill": {"backend_order": [BACKEND], "triton": _PREFILL, "triton_fp32": _PREFILL, "candidates": [_PREFILL]},
     "merge_attn_states": {
         "backend_order": [BACKEND],

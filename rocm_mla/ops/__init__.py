@@ -4,6 +4,8 @@ from .context_gather import gather_context_chunk
 from .decode import mla_decode
 from .decode_plan import DecodePlan, mla_decode_workspace_numel, plan_decode
 from .indexer_cache import indexer_k_cache_write
+from .indexer_topk import mla_indexer_topk
+from .indexer_topk_plan import IndexerTopkPlan, plan_indexer_topk
 from .merge import merge_attn_states
 from .prefill import mla_prefill
 from .prefill_context import mla_prefill_with_context
@@ -26,4 +28,7 @@ __all__ = [
     "plan_sparse_attention",
     "SparsePlan",
     "indexer_k_cache_write",
+    "mla_indexer_topk",
+    "plan_indexer_topk",
+    "IndexerTopkPlan",
 ]

@@ -5,6 +5,7 @@ kernel against them)."""
 from .context_gather import context_gather_ref
 from .decode import mla_decode_ref
 from .indexer import index_cache_keys, indexer_k_cache_write_ref, indexer_k_quant_ref
+from .indexer_topk import check_indexer_topk, mla_indexer_logits_ref, mla_indexer_topk_ref
 from .merge import merge_attn_states_ref
 from .prefill import mla_prefill_ref
 from .rope_kv_write import fused_rope_mla_kv_write_ref
@@ -20,4 +21,7 @@ __all__ = [
     "indexer_k_quant_ref",
     "indexer_k_cache_write_ref",
     "index_cache_keys",
+    "mla_indexer_logits_ref",
+    "mla_indexer_topk_ref",
+    "check_indexer_topk",
 ]

@@ -57,7 +57,9 @@ def indexer_k_quant_ref(
     x = k.float()
     amax = x.abs().amax(dim=-1) if x.shape[-1] else torch.zeros(x.shape[:-1], device=x.device)
     amax = torch.where(torch.isnan(x).any(dim=-1), float("nan"), amax)
-    scale = amax.clamp(min=1e-4) / INDEXER_FP8_MAX[fp8_dtype]
+    # Correctly rounded float32 division (through float64: exact for a float32 quotient) on every
+    # device: torch divides by a Python scalar as a multiply by its reciprocal on the GPU.
+    scale = (amax.clamp(min=1e-4).double() / INDEXER_FP8_MAX[fp8_dtype]).float()
     scale = torch.where(torch.isnan(amax), float("nan"), scale)  # clamp's min would drop a NaN
     if scale_fmt == "ue8m0":
         scale = round_up_pow2(scale)

@@ -17,6 +17,7 @@ from rocm_mla.cases import Comparison
 from rocm_mla.cases import context_gather as cg_cases
 from rocm_mla.cases import decode as decode_cases
 from rocm_mla.cases import indexer_cache as ic_cases
+from rocm_mla.cases import indexer_topk as topk_cases
 from rocm_mla.cases import merge as merge_cases
 from rocm_mla.cases import prefill as prefill_cases
 from rocm_mla.cases import rope_kv_write as rope_cases
@@ -288,6 +289,32 @@ def check_indexer_cache(device: torch.device, backends: list[str]) -> list[Check
     return rows
 
 
+def check_indexer_topk(device: torch.device, backends: list[str]) -> list[CheckRow]:
+    """mla_indexer_topk on a small mixed batch: 3 requests (37, 200, 5 keys) with 2, 3 and 1 rows
+    (causal), 32 heads, topk 40 (rows of fewer keys padded with -1), block 16 in vLLM's ROCm layout,
+    shuffled page ids, every byte no request covers 0xFF (a NaN scale), q a slice of a wider
+    buffer; with the arch's splits and with 64-key splits (several per row, then the merge). The
+    answer must be a valid top-k of the float64 logits (tolerance: the float32 sums' rounding)."""
+    op, rows = "mla_indexer_topk", []
+    (shape,) = topk_cases.SHAPES["selfcheck"]
+    head = f"T={shape.T} H={shape.H} topk={shape.topk} block={shape.block}"
+    small = {"split_keys": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "merge": {"chunk": 64, "num_warps": 4}}
+    for backend in backends:
+        if backend == "hip":
+            continue  # mla_indexer_topk has no HIP kernel
+        runs = [({}, "splits=auto")] + ([({"config": small}, "splits of 64")] if backend == "triton" else [])
+        for kw, what in runs:
+            case = f"{head} {what}"
+            try:
+                inp = topk_cases.make_inputs(shape, device=device)
+                inp.run(backend=backend, **kw)
+                problem = inp.mismatch()
+                rows.append(CheckRow(op, backend, "fp8", case, 0.0, 0.0, not problem, problem))
+            except Exception as exc:  # report, keep checking the rest
+                rows.append(_failed(op, backend, torch.float32, case, exc))
+    return rows
+
+
 CHECKS = [
     check_merge,
     check_prefill,
@@ -296,6 +323,7 @@ CHECKS = [
     check_context_gather,
     check_sparse,
     check_indexer_cache,
+    check_indexer_topk,
 ]
 
 

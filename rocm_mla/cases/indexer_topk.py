@@ -1,0 +1,295 @@
+"""mla_indexer_topk's cases: the shapes, the inputs as vLLM hands them over, the check.
+
+Inputs (:func:`make_inputs`): an indexer key cache ``[num_pages, block_size, 132]`` uint8 of B
+requests (shuffled block table; keys written by the reference quantiser,
+rocm_mla.reference.indexer, in vLLM's ROCm layout; every byte no request covers -- page tails,
+spare pages -- is 0xFF, a NaN scale, so a stray read turns its row into the bad-row sentinel);
+each request owns ``rows[b]`` query rows, its last positions in order (decode 1, MTP 2, a prefill
+chunk many), and row i of request b sees keys ``0 .. lens[b] - rows[b] + i``; q ``[T, H, 128]`` in
+the platform's fp8 kind with a row stride wider than H x 128 (vLLM's q is a slice), weights
+``[T, H]`` float32 of both signs; out ``[T, topk]`` int32 poisoned with -7.
+
+The check (:meth:`IndexerInputs.mismatch`): a valid top-k against float64 logits of the same fp8
+values (rocm_mla.reference.indexer_topk.check_indexer_topk), or the sentinel where the reference
+says the row is bad.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..reference.indexer import INDEX_HEAD_DIM, INDEX_ROW_BYTES, indexer_k_cache_write_ref
+from ._paged import generator, platform_fp8
+
+POISON_OUT = -7  # what out holds before a call: every entry must be written
+
+
+@dataclass(frozen=True)
+class IndexerShape:
+    """B requests holding ``lens[b]`` keys each, ``rows[b]`` query rows each (an int: the same for
+    every request), H indexer heads, ``topk`` kept, pages of ``block`` tokens."""
+
+    lens: tuple[int, ...]
+    rows: tuple[int, ...] | int = 1
+    H: int = 64
+    topk: int = 2048
+    block: int = 64
+    name: str = ""
+
+    def __post_init__(self):
+        lens = tuple(int(n) for n in self.lens)
+        rows = (int(self.rows),) * len(lens) if isinstance(self.rows, int) else tuple(int(n) for n in self.rows)
+        object.__setattr__(self, "lens", lens)
+        object.__setattr__(self, "rows", rows)
+        if len(rows) != len(lens):
+            raise ValueError("IndexerShape: rows: expected one entry per request (or an int)")
+        if any(r > n for r, n in zip(rows, lens)):
+            raise ValueError("IndexerShape: a request has more query rows than keys")
+
+    @staticmethod
+    def decode(B: int, ctx: int, H: int, q_len: int = 1, **kw) -> IndexerShape:
+        """B requests of ``ctx`` keys, ``q_len`` rows each (1 decode, 2 MTP)."""
+        return IndexerShape((ctx,) * B, q_len, H, **kw)
+
+    @property
+    def T(self) -> int:
+        return sum(self.rows)
+
+    def kv_lens(self) -> list[int]:
+        """Keys each row sees, rows in order."""
+        return [n - r + 1 + i for n, r in zip(self.lens, self.rows) for i in range(r)]
+
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        B, ctx = len(self.lens), max(self.lens, default=0)
+        uniform = len(set(self.lens)) <= 1 and len(set(self.rows)) <= 1
+        head = f"B={B} ctx={ctx}" if uniform else f"lens={','.join(map(str, self.lens))}"
+        q = self.rows[0] if self.rows else 1
+        rows = "" if not uniform or q == 1 else (f" q{q}" if q <= 8 else f" T={self.T}")
+        tail = f" block={self.block}" if self.block != 64 else ""
+        return f"{head} H={self.H} topk={self.topk}{rows}{tail}"
+
+    def keys_read(self) -> int:
+        """Cache rows the op must read: every row's visible keys."""
+        return sum(self.kv_lens())
+
+    def nbytes(self) -> float:
+        """Bytes per call: 132 per visible key per row, q (T x H x 128), weights, the answer."""
+        return self.keys_read() * INDEX_ROW_BYTES + self.T * (self.H * (INDEX_HEAD_DIM + 4) + 4 * self.topk)
+
+    def set_bytes(self) -> int:
+        """Bytes of one cache copy's pages (what cold-cache rotation must exceed)."""
+        return sum(-(-n // self.block) for n in self.lens) * self.block * INDEX_ROW_BYTES
+
+    def flops(self) -> float:
+        """2 x H x 128 per visible key per row (q . k), plus the weighted sum (2 x H)."""
+        return self.keys_read() * self.H * (2 * INDEX_HEAD_DIM + 2)
+
+
+SHAPES: dict[str, list[IndexerShape]] = {
+    # The benchmark: H 64 (DeepSeek-V3.2) and 32 (GLM-5.x), decode 1 / 32 / 128 requests x 1 and 2
+    # rows at 8K, 32K and 128K keys; a prefill chunk of 8192 rows over 32K keys.
+    "bench": [
+        IndexerShape.decode(B, ctx, H, q)
+        for H in (64, 32)
+        for q in (1, 2)
+        for ctx in (8192, 32768, 131072)
+        for B in (1, 32, 128)
+    ]
+    + [IndexerShape((32768,), 8192, H) for H in (64, 32)],
+    "quick": [
+        IndexerShape.decode(128, 32768, 64),
+        IndexerShape.decode(128, 131072, 64),
+        IndexerShape.decode(1, 131072, 64),
+        IndexerShape.decode(32, 8192, 32, 2),
+        IndexerShape((32768,), 8192, 64),
+    ],
+    # The tuner's groups.
+    "tune": [IndexerShape.decode(128, 32768, 64), IndexerShape.decode(1, 131072, 64), IndexerShape((32768,), 8192, 64)],
+    # The CPU interpreter: rows shorter than, equal to and longer than topk and one split.
+    "tiny": [IndexerShape((70, 300), (1, 2), 32, topk=48, block=16)],
+    "selfcheck": [IndexerShape((37, 200, 5), (2, 3, 1), 32, topk=40, block=16)],
+    # A config's acceptance check: several splits (long rows), prefill rows, odd lengths.
+    "verify": [IndexerShape((9000, 70, 2100), (1, 2, 40), 64, topk=2048, block=64)],
+    # Odd sizes: H 1/8/24/64, blocks 1/16/64, topk 1/8/2048, one key, prefill rows, empty.
+    "odd": [
+        IndexerShape((1, 37), 1, H=1, topk=8, block=1),
+        IndexerShape((17, 1, 33), 1, H=8, topk=1, block=16),
+        IndexerShape((65, 3, 130), (2, 1, 3), H=24, topk=40, block=64),
+        IndexerShape((90,), 30, H=64, topk=24, block=16),
+        IndexerShape((), 1, H=32, topk=16, block=16),
+    ],
+}
+
+
+@dataclass
+class IndexerInputs:
+    """One mla_indexer_topk call's tensors. ``args(i)`` is the op's positional arguments with cache
+    copy i; ``kwargs()`` the keywords; ``out`` poisoned with POISON_OUT."""
+
+    shape: IndexerShape
+    fp8: torch.dtype
+    q: torch.Tensor
+    weights: torch.Tensor
+    caches: list[torch.Tensor]
+    tables: list[torch.Tensor]
+    req_ids: torch.Tensor
+    kv_lens: torch.Tensor
+    out: torch.Tensor
+    shuffled: bool
+    _logits: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def index_cache(self) -> torch.Tensor:
+        return self.caches[0]
+
+    @property
+    def block_table(self) -> torch.Tensor:
+        return self.tables[0]
+
+    @property
+    def copies(self) -> int:
+        return len(self.caches)
+
+    def args(self, i: int = 0) -> tuple:
+        return (self.q, self.weights, self.caches[i], self.tables[i], self.req_ids, self.kv_lens)
+
+    def kwargs(self, **overrides) -> dict:
+        kw = dict(topk=self.shape.topk, out=self.out, shuffled=self.shuffled)
+        kw.update(overrides)
+        return kw
+
+    def run(self, i: int = 0, **overrides):
+        """mla_indexer_topk on copy i, writing ``out`` (``overrides``: backend, config, plan,
+        max_kv_len, out=None, ...). Returns what the op returns."""
+        from ..ops import mla_indexer_topk
+
+        return mla_indexer_topk(*self.args(i), **self.kwargs(**overrides))
+
+    def plan(self, device=None, **overrides):
+        """The :class:`~rocm_mla.ops.IndexerTopkPlan` of :meth:`run`'s call."""
+        from ..ops import plan_indexer_topk
+
+        kw = dict(
+            num_rows=self.shape.T,
+            num_heads=self.shape.H,
+            topk=self.shape.topk,
+            max_kv_len=self.tables[0].shape[1] * self.shape.block,
+            block_size=self.shape.block,
+            q_dtype=self.fp8,
+            device=torch.device(device) if device is not None else self.q.device,
+            shuffled=self.shuffled,
+        )
+        kw.update(overrides)
+        return plan_indexer_topk(**kw)
+
+    def logits(self, rows=None, *, i: int = 0) -> list:
+        """Float64 reference logits of the first ``rows`` rows (all: None) from copy i."""
+        from ..reference.indexer_topk import mla_indexer_logits_ref
+
+        r = self.shape.T if rows is None else min(rows, self.shape.T)
+        key = (r, i)
+        if key not in self._logits:
+            self._logits[key] = mla_indexer_logits_ref(
+                self.q[:r], self.weights[:r], self.caches[i], self.tables[i], self.req_ids[:r], self.kv_lens[:r],
+                shuffled=self.shuffled,
+            )  # fmt: skip
+        return self._logits[key]
+
+    def reference(self, rows=None, *, i: int = 0) -> torch.Tensor:
+        """The reference answer ``[rows', topk]`` (ties by position) of the first ``rows`` rows."""
+        from ..reference.indexer_topk import mla_indexer_topk_ref
+
+        r = self.shape.T if rows is None else min(rows, self.shape.T)
+        return mla_indexer_topk_ref(
+            self.q[:r], self.weights[:r], self.caches[i], self.tables[i], self.req_ids[:r], self.kv_lens[:r],
+            topk=self.shape.topk, shuffled=self.shuffled,
+        )  # fmt: skip
+
+    def mismatch(self, out=None, *, rows=None, i: int = 0) -> str:
+        """'' when the first ``rows`` rows of ``out`` (default: the buffer) are a valid top-k of
+        copy i (see the module docstring), else what is wrong."""
+        from ..reference.indexer_topk import check_indexer_topk
+
+        out = self.out if out is None else out
+        r = self.shape.T if rows is None else min(rows, self.shape.T)
+        return check_indexer_topk(out[:r], self.logits(r, i=i), self.shape.topk)
+
+    def check(self, out=None, **kw) -> None:
+        """Raise CaseMismatch (an AssertionError) naming what is wrong."""
+        from ._compare import raise_on
+
+        raise_on(self.mismatch(out, **kw))
+
+
+def _one_copy(shape: IndexerShape, g: torch.Generator, device, fp8, shuffled: bool, spare_pages: int):
+    """One (cache, block table) pair: fresh keys for every request, pages in shuffled order."""
+    bs = shape.block
+    need = [-(-n // bs) for n in shape.lens]
+    num_pages = sum(need) + spare_pages
+    cache = torch.full((num_pages, bs, INDEX_ROW_BYTES), 0xFF, dtype=torch.uint8, device=device)
+    perm = torch.randperm(num_pages, generator=g, device=g.device).to(device)
+    width = max(need, default=0) or 1
+    table = torch.full((len(shape.lens), width), -1, dtype=torch.int32, device=device)
+    at = 0
+    for b, n in enumerate(shape.lens):
+        pages = perm[at : at + need[b]]
+        at += need[b]
+        table[b, : need[b]] = pages.to(torch.int32)
+        if n == 0:
+            continue
+        k = torch.randn((n, INDEX_HEAD_DIM), generator=g, device=g.device).to(device)
+        pos = torch.arange(n, device=device)
+        slots = pages[pos // bs].long() * bs + pos % bs
+        indexer_k_cache_write_ref(k, cache, slots, fp8_dtype=fp8, shuffled=shuffled)
+    # Unused table entries point at a real page: only kv_lens bounds what a row may read.
+    table = torch.where(table < 0, perm[:1].to(torch.int32), table)
+    return cache, table
+
+
+def make_inputs(
+    shape: IndexerShape,
+    *,
+    device="cpu",
+    seed: int = 0,
+    gen: torch.Generator | None = None,
+    copies: int = 1,
+    fp8: torch.dtype | None = None,
+    shuffled: bool | None = None,
+    spare_pages: int = 3,
+    req_pad: int = 3,
+) -> IndexerInputs:
+    """Fresh random inputs of ``shape`` (see the module docstring).
+
+    fp8: q's and the cache's e4m3 kind (default: the platform's). shuffled: the cache layout
+    (default: vLLM's ROCm rule, 16 x 16 tiles above block size 1). copies: R independent (cache,
+    block table) pairs (cold-cache rotation). req_pad: entries past T in req_id_per_token and
+    kv_lens (vLLM pads them).
+    """
+    from ..ops.indexer_cache import vllm_rocm_shuffled
+
+    device = torch.device(device)
+    g = gen if gen is not None else generator(seed, device)
+    kind = fp8 or platform_fp8(device)
+    shuf = vllm_rocm_shuffled(shape.block) if shuffled is None else bool(shuffled)
+    caches, tables = [], []
+    for _ in range(copies):
+        c, t = _one_copy(shape, g, device, kind, shuf, spare_pages)
+        caches.append(c)
+        tables.append(t)
+    T, H = shape.T, shape.H
+    q_base = torch.randn((T, H, INDEX_HEAD_DIM + 32), generator=g, device=g.device).to(device)
+    q = q_base[:, :, :INDEX_HEAD_DIM].to(kind)  # a fresh fp8 tensor; see below for the stride
+    q = torch.empty((T, H, INDEX_HEAD_DIM + 16), dtype=kind, device=device)[:, :, :INDEX_HEAD_DIM].copy_(q)
+    weights = torch.randn((T, H), generator=g, device=g.device).to(device) * H**-0.5
+    req = [b for b, r in enumerate(shape.rows) for _ in range(r)] + [0] * req_pad
+    req_ids = torch.tensor(req, dtype=torch.int32, device=device)
+    kv_lens = torch.tensor(shape.kv_lens() + [0] * req_pad, dtype=torch.int32, device=device)
+    out = torch.full((T, shape.topk), POISON_OUT, dtype=torch.int32, device=device)
+    return IndexerInputs(shape, kind, q, weights, caches, tables, req_ids, kv_lens, out, shuf)
+
+
+__all__ = ["SHAPES", "POISON_OUT", "IndexerInputs", "IndexerShape", "make_inputs"]

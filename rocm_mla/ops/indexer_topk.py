@@ -1,0 +1,264 @@
+"""mla_indexer_topk: the lightning indexer's scores and top-k in one pass, without a logits matrix
+(sparse MLA: DeepSeek-V3.2, GLM-5.x).
+
+Kernels: rocm_mla/kernels/indexer_topk.py (Triton). Plan: rocm_mla/ops/indexer_topk_plan.py.
+Reference: rocm_mla/reference/indexer_topk.py. Launch data: configs/mla_indexer_topk.json. Backend
+switch: ``ROCM_MLA_BACKEND_MLA_INDEXER_TOPK``. Contract: docs/indexer.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import _platform
+from ..kernels.indexer_topk import mla_indexer_merge_kernel, mla_indexer_split_topk_kernel
+from ..mla_dims import FP8_DTYPES
+from ..reference.indexer_topk import SENTINEL, mla_indexer_topk_ref
+from ._checks import Checker, debug_enabled
+from ._dispatch import select
+from .indexer_cache import check_index_cache
+from .indexer_topk_plan import INDEX_DIM, OP, IndexerTopkPlan, plan_indexer_topk
+
+_I32_MAX = 2**31 - 1
+
+
+def mla_indexer_topk(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    index_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    req_id_per_token: torch.Tensor,
+    kv_lens: torch.Tensor,
+    *,
+    topk: int,
+    out: torch.Tensor | None = None,
+    max_kv_len: int | None = None,
+    shuffled: bool | None = None,
+    workspace: torch.Tensor | None = None,
+    plan: IndexerTopkPlan | None = None,
+    backend: str | None = None,
+    config: dict[str, Any] | None = None,
+    debug: bool | None = None,
+) -> torch.Tensor:
+    """For each query row, the request-local positions of the ``topk`` keys with the largest
+    indexer logits, ``logit(t, j) = sum_h weights[t, h] x relu(q[t, h] . k_j)``.
+
+    The logits stream through registers, split by split; no ``[T, context]`` matrix is written
+    (the workspace, for rows longer than one split, holds the splits' candidates:
+    ``plan.workspace_bytes`` = T x num_splits x topk_p2 x 8 bytes).
+
+    Args:
+        q: ``[T, H, 128]`` float8_e4m3fn or float8_e4m3fnuz (H = 64 for DeepSeek-V3.2, 32 for
+            GLM-5.x; any H >= 1), any row/head strides, last dim contiguous. The query's fp8 scale
+            is folded into ``weights``, as vLLM passes them. The cache's values are read as q's
+            kind (vLLM writes both with the platform's: e4m3fnuz on gfx942).
+        weights: ``[T, H]`` float32, any strides.
+        index_cache: ``[num_blocks, block_size, 132]`` uint8 (or a float8 view): the indexer key
+            cache as ``indexer_k_cache_write`` (and vLLM's ROCm model path) writes it.
+        block_table: ``[B, max_blocks]`` int32, column stride 1: each request's pages.
+        req_id_per_token: ``[>= T]`` int32, stride 1: row t's request.
+        kv_lens: ``[>= T]`` int32, stride 1: the keys row t sees, positions ``[0, kv_lens[t])`` of
+            its request (decode and MTP rows their context, a prefill row its position + 1).
+        topk: keys kept per row (2048 for the models; >= 1).
+        out: ``[T, topk]`` int32 destination, column stride 1 (allocated when None).
+        max_kv_len: the most keys any row may see (default ``max_blocks x block_size``): fixes the
+            split count without reading kv_lens. A row with more keys gets the bad-row sentinel.
+        shuffled: the cache's value layout, as ``indexer_k_cache_write`` takes it (None: vLLM's
+            ROCm rule, 16 x 16 tiles for block_size > 1).
+        workspace: optional contiguous int32 tensor of at least ``plan.workspace_numel`` elements
+            (rows longer than one split); without it such a call does one ``torch.empty``.
+        plan: an ``IndexerTopkPlan`` from ``plan_indexer_topk`` for these sizes (once per step
+            for every layer); it must match the call (ValueError).
+        backend: "triton" or "reference" to force one.
+        config: launch data replacing the arch's (tuning).
+        debug: check the index values on the host (a sync, not capturable) and raise naming the
+            first bad one. Default: ``ROCM_MLA_DEBUG=1``.
+
+    Returns:
+        ``out``: per row ``min(topk, kv_lens[t])`` distinct positions (in no particular order;
+        the same order on every call and in any batch), then -1. Ties in logit value are taken in
+        position order. A valid top-k up to float rounding: the logits are float32 sums.
+
+    Bad values and NaN (no host sync): nothing outside the given tensors is read or written; a
+    row whose request is outside ``[0, B)``, whose kv_len is negative, past ``max_blocks x
+    block_size`` or past max_kv_len, or whose visible keys use a block-table entry outside
+    ``[0, num_blocks)``, gets -2 in every entry (``SENTINEL``: ``mla_sparse_attention`` answers
+    a -2 with a NaN row). So does a row with a NaN logit (a NaN in its q or weights, or in a key or
+    scale it sees): a NaN is never dropped silently. Other rows are exact. Rows that see no key
+    get -1 everywhere.
+
+    Raises:
+        TypeError / ValueError naming the argument, what was expected and what came.
+    """
+    c = Checker(OP)
+    c.tensor("q", q, ndim=3, layout="[T, H, 128]", dtypes=FP8_DTYPES)
+    T, H, dq = q.shape
+    if dq != INDEX_DIM:
+        c.fail("q", f"shape [T, H, 128] = (*, *, {INDEX_DIM})", tuple(q.shape))
+    if H < 1:
+        c.fail("q", "H >= 1 heads", tuple(q.shape))
+    if q.stride(2) != 1:
+        c.fail("q", "a contiguous last dim (stride 1)", f"strides {q.stride()}")
+    c.tensor("weights", weights, shape=(T, H), layout="[T, H]", like="q's T, H", dtypes=(torch.float32,))
+    shuffle = check_index_cache(c, index_cache, shuffled)
+    bs = index_cache.shape[1]
+    c.tensor("block_table", block_table, ndim=2, layout="[B, max_blocks]", dtypes=(torch.int32,))
+    if block_table.shape[1] > 1 and block_table.stride(1) != 1:
+        c.fail("block_table", "column stride 1", f"strides {block_table.stride()}")
+    for name, x in (("req_id_per_token", req_id_per_token), ("kv_lens", kv_lens)):
+        c.tensor(name, x, ndim=1, layout="[>= T]", dtypes=(torch.int32,))
+        if x.shape[0] < T:
+            c.fail(name, f"a 1-D tensor of at least q's {T} rows", tuple(x.shape))
+        if T > 1 and x.stride(0) != 1:
+            c.fail(name, "stride 1", f"strides {x.stride()}")
+    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+        c.fail("topk", "an int >= 1", repr(topk), TypeError if not isinstance(topk, int) else ValueError)
+    capacity = block_table.shape[1] * bs
+    if max_kv_len is None:
+        max_kv_len = capacity
+    elif isinstance(max_kv_len, bool) or not isinstance(max_kv_len, int) or max_kv_len < 0:
+        c.fail("max_kv_len", "None or an int >= 0", repr(max_kv_len))
+    given_out = out
+    if out is None:
+        out = torch.empty(T, topk, dtype=torch.int32, device=q.device)
+    else:
+        c.tensor("out", out, shape=(T, topk), layout="[T, topk]", like="q's T, topk", dtypes=(torch.int32,))
+        if topk > 1 and out.stride(1) != 1:
+            c.fail("out", "column stride 1", f"strides {out.stride()}")
+        c.writable("out", out)
+    if workspace is not None:
+        c.tensor("workspace", workspace, ndim=1, layout="[n] contiguous", dtypes=(torch.int32,))
+        if workspace.numel() > 1 and workspace.stride(0) != 1:
+            c.fail("workspace", "a contiguous tensor", f"strides {workspace.stride()}")
+    c.same_device(
+        q=q, weights=weights, index_cache=index_cache, block_table=block_table,
+        req_id_per_token=req_id_per_token, kv_lens=kv_lens, out=out, workspace=workspace,
+    )  # fmt: skip
+    c.no_overlap(
+        {"out": given_out, "workspace": workspace},
+        {
+            "q": q,
+            "weights": weights,
+            "index_cache": index_cache,
+            "block_table": block_table,
+            "req_id_per_token": req_id_per_token,
+            "kv_lens": kv_lens,
+        },
+    )
+    if debug_enabled(debug):
+        _debug_checks(c, index_cache, block_table, req_id_per_token, kv_lens, T, max_kv_len)
+
+    impl = select(OP, q.device, backend, has_hip=False)
+    if T == 0:
+        return out
+    if impl != "triton":
+        ref = mla_indexer_topk_ref(
+            q, weights, index_cache, block_table, req_id_per_token, kv_lens, topk=topk, shuffled=shuffle,
+            max_keys=max_kv_len,
+        )  # fmt: skip
+        out.copy_(ref)
+        return out
+    if plan is None:
+        plan = plan_indexer_topk(
+            num_rows=T, num_heads=H, topk=topk, max_kv_len=max_kv_len, block_size=bs, q_dtype=q.dtype,
+            device=q.device, shuffled=shuffle, config=config,
+        )  # fmt: skip
+    else:
+        _check_plan(c, plan, T, H, topk, max_kv_len, bs, shuffle, q)
+    if workspace is not None and workspace.numel() < plan.workspace_numel:
+        c.fail(
+            "workspace",
+            f"a contiguous int32 tensor of >= {plan.workspace_numel} elements "
+            f"(2 x T={T} x {plan.num_splits} splits x {plan.topk_p2})",
+            f"{workspace.numel()} elements",
+        )
+    _launch_triton(plan, q, weights, index_cache, block_table, req_id_per_token, kv_lens, out, workspace)
+    return out
+
+
+def _check_plan(c: Checker, plan, T, H, topk, max_kv_len, bs, shuffle, q) -> None:
+    """A caller's plan must have been made for this call's sizes, dtype, device and layout."""
+    if not isinstance(plan, IndexerTopkPlan):
+        c.fail("plan", "an IndexerTopkPlan from plan_indexer_topk", type(plan).__name__, TypeError)
+    want = {
+        "num_rows": T,
+        "num_heads": H,
+        "topk": topk,
+        "max_kv_len": max_kv_len,
+        "block_size": bs,
+        "shuffled": shuffle,
+        "q_dtype": q.dtype,
+        "arch": _platform.device_arch(q.device),
+    }
+    for name, v in want.items():
+        if getattr(plan, name) != v:
+            c.fail("plan", f"a plan made for this call ({name}={v})", f"{name}={getattr(plan, name)}")
+
+
+def _debug_checks(c: Checker, index_cache, block_table, req_id_per_token, kv_lens, T, max_kv_len) -> None:
+    """Index checks on the host (one sync): every row's request in the table, its kv_len in [0,
+    min(max_blocks x block_size, max_kv_len)], every page its keys use within the cache."""
+    if T == 0:
+        return
+    nb, bs = index_cache.shape[0], index_cache.shape[1]
+    B, mb = block_table.shape
+    req = req_id_per_token[:T].cpu().long()
+    lens = kv_lens[:T].cpu().long()
+    bad = ((req < 0) | (req >= B)).nonzero()
+    if bad.numel():
+        t = int(bad[0, 0])
+        c.fail(
+            "req_id_per_token", f"a request in [0, {B}) (block_table's rows)", f"req_id_per_token[{t}] = {int(req[t])}"
+        )
+    cap = min(mb * bs, max_kv_len)
+    bad = ((lens < 0) | (lens > cap)).nonzero()
+    if bad.numel():
+        t = int(bad[0, 0])
+        c.fail("kv_lens", f"values in [0, {cap}] (max_blocks {mb} x block_size {bs}, max_kv_len {max_kv_len})",
+               f"kv_lens[{t}] = {int(lens[t])}")  # fmt: skip
+    bt = block_table.cpu().long()
+    for t in range(T):
+        used = bt[int(req[t]), : -(-int(lens[t]) // bs)]
+        bad = ((used < 0) | (used >= nb)).nonzero()
+        if bad.numel():
+            j = int(bad[0, 0])
+            c.fail("block_table", f"page ids in [0, {nb}) (num_blocks) for every block a row's keys use",
+                   f"block_table[{int(req[t])}, {j}] = {int(used[j])} (row {t})")  # fmt: skip
+
+
+def _launch_triton(plan, q, weights, index_cache, block_table, req_ids, kv_lens, out, workspace) -> None:
+    T, S = plan.num_rows, plan.num_splits
+    # The bytes as q's fp8 kind: the kernel loads values without a bitcast (which the CPU
+    # interpreter lacks for e4m3fnuz) and reads the scales through a float32 pointer.
+    cache = index_cache.view(q.dtype)
+    if plan.direct:
+        cand_key = cand_pos = out  # unused (DIRECT never touches them)
+    else:
+        need = plan.workspace_numel
+        ws = torch.empty(need, dtype=torch.int32, device=q.device) if workspace is None else workspace
+        cand_key, cand_pos = ws[: need // 2], ws[need // 2 : need]
+    nb, bs = cache.shape[0], cache.shape[1]
+    if nb == 0:  # every row's keys are then bad; the stand-in keeps a live pointer
+        cache = torch.empty(1, 1, cache.shape[2], dtype=q.dtype, device=cache.device)
+    bt = block_table if block_table.numel() else kv_lens
+    capacity = min(block_table.shape[1] * bs, _I32_MAX)
+    mla_indexer_split_topk_kernel[plan.grid](
+        q, weights, cache, bt, req_ids, kv_lens, out, cand_key, cand_pos,
+        T, S, plan.topk, bs, plan.page_shift, capacity, min(nb, _I32_MAX), block_table.shape[0],
+        q.stride(0), q.stride(1), weights.stride(0), weights.stride(1), cache.stride(0),
+        block_table.stride(0), req_ids.stride(0), kv_lens.stride(0), out.stride(0),
+        **plan.constexprs, **plan.options,
+    )  # fmt: skip
+    if plan.direct:
+        return
+    mla_indexer_merge_kernel[plan.merge_grid](
+        cand_key, cand_pos, req_ids, kv_lens, out,
+        T, S, plan.topk, capacity, block_table.shape[0],
+        req_ids.stride(0), kv_lens.stride(0), out.stride(0),
+        **plan.merge_constexprs, **plan.merge_options,
+    )  # fmt: skip
+
+
+__all__ = ["mla_indexer_topk", "SENTINEL"]

@@ -1,0 +1,203 @@
+"""mla_indexer_topk's plan: what a call launches, decided on the host from sizes alone (no device
+value is read, so a call can be captured in a CUDA/HIP graph).
+
+``plan_indexer_topk(...) -> IndexerTopkPlan``:
+
+  * the split: a row's keys are cut into splits of ``split_keys`` keys (configs; at least the power
+    of two >= topk), a function of the row's kv_len alone, so a row's answer does not depend on the
+    batch; ``num_splits`` = cdiv(max_kv_len, split_keys) programs per row;
+  * one split: the split kernel writes ``out`` itself (unless the arch's ``direct`` is false);
+    more: each live split writes its
+    min(topk, keys) candidates (order key + position, 8 bytes each) into the workspace
+    ``[T, num_splits, topk_p2]`` and the merge kernel (one program per row) reduces them;
+  * each launch's grid, constexprs and compile options (``kernel_meta``; the ISA report compiles
+    its variants from the same function).
+
+Launch data: rocm_mla/configs/mla_indexer_topk.json.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+
+from .. import _platform
+from ..configs import config_for
+from ..configs.tables import is_amd_arch
+from ..triton_common import amd_options
+
+OP = "mla_indexer_topk"
+INDEX_DIM = 128  # the indexer's key and query width (DeepSeek-V3.2, GLM-5.x)
+INDEX_ROW_BYTES = INDEX_DIM + 4  # fp8 values + one float32 scale
+
+
+def kernel_meta(
+    arch: str, cfg: dict[str, Any], num_heads: int, split_keys: int, topk_p2: int, *, direct: bool, pow2_page: bool,
+    shuffled: bool,
+) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
+    """``(constexprs, compile options)`` of the split kernel: the single place the op's launch and
+    the ISA report's variants take them from."""
+    consts = {
+        "H": int(num_heads),
+        "BLOCK_H": max(16, triton.next_power_of_2(int(num_heads))),
+        "D": INDEX_DIM,
+        "BLOCK_N": int(cfg["BLOCK_N"]),
+        "SPLIT": int(split_keys),
+        "TOPK_P2": int(topk_p2),
+        "DIRECT": bool(direct),
+        "POW2_PAGE": bool(pow2_page),
+        "SHUFFLED": bool(shuffled),
+    }
+    options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **amd_options(cfg, arch)}
+    return consts, options
+
+
+def merge_meta(arch: str, cfg: dict[str, Any], split_keys: int, topk_p2: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(constexprs, compile options)`` of the merge kernel."""
+    m = cfg["merge"]
+    return (
+        {"SPLIT": int(split_keys), "TOPK_P2": int(topk_p2), "CHUNK": int(m["chunk"])},
+        {"num_warps": int(m["num_warps"])},
+    )
+
+
+@dataclass(frozen=True)
+class IndexerTopkPlan:
+    """What one mla_indexer_topk call launches (``plan_indexer_topk`` makes it).
+
+    The split kernel runs ``grid = (T x num_splits,)`` programs, each the logits of up to
+    ``split_keys`` keys of one row and their top-k. ``direct`` (one split, and the arch's config
+    allows it): it writes ``out [T, topk]`` itself. Otherwise the live splits write candidates
+    into a workspace of ``workspace_bytes`` (``[T, num_splits, topk_p2]`` uint32 order keys, then
+    the same of int32 positions) and the merge kernel (``merge_grid = (T,)``) writes ``out``. A
+    plan serves every call with the same sizes, dtypes, device and cache layout, e.g. every layer
+    of a step.
+    """
+
+    arch: str
+    num_rows: int  # T
+    num_heads: int  # H
+    topk: int
+    max_kv_len: int
+    block_size: int
+    shuffled: bool
+    q_dtype: torch.dtype
+    config: dict[str, Any]
+    split_keys: int
+    topk_p2: int
+    num_splits: int
+    page_shift: int  # log2(block_size) when it is a power of two, else 0
+    grid: tuple[int]
+    constexprs: dict[str, Any]
+    options: dict[str, Any]
+    merge_grid: tuple[int] | None
+    merge_constexprs: dict[str, Any] | None
+    merge_options: dict[str, Any] | None
+
+    @property
+    def direct(self) -> bool:
+        return self.merge_grid is None
+
+    @property
+    def workspace_numel(self) -> int:
+        """int32 elements of the candidates' workspace (0 with one split)."""
+        return 0 if self.direct else 2 * self.num_rows * self.num_splits * self.topk_p2
+
+    @property
+    def workspace_bytes(self) -> int:
+        return 4 * self.workspace_numel
+
+    @property
+    def launches(self) -> int:
+        return 1 if self.direct else 2
+
+
+def plan_indexer_topk(
+    *,
+    num_rows: int,
+    num_heads: int,
+    topk: int,
+    max_kv_len: int,
+    block_size: int,
+    q_dtype: torch.dtype,
+    device: torch.device,
+    shuffled: bool = False,
+    config: dict[str, Any] | None = None,
+) -> IndexerTopkPlan:
+    """The launches of an mla_indexer_topk call with these sizes, from the sizes alone.
+
+    Args:
+        num_rows: T, the query rows (``q [T, H, 128]``; decode, MTP and prefill rows alike).
+        num_heads: H, indexer heads (64 for DeepSeek-V3.2, 32 for GLM-5.x; any H >= 1).
+        topk: keys kept per row (2048 for the models; >= 1).
+        max_kv_len: the most keys any row sees (>= every kv_lens[t]); the block table's width x
+            block_size always qualifies. A row with more keys than the plan's splits cover
+            (``num_splits x split_keys``) gets the bad-row sentinel, never a partial answer.
+        block_size: tokens per cache page (``index_cache [num_blocks, block_size, 132]``).
+        q_dtype: q's fp8 kind (float8_e4m3fn or float8_e4m3fnuz); the cache holds the same kind.
+        device: where the call runs (its arch).
+        shuffled: the cache's values are stored in 16 x 16 tiles (rocm_mla/ops/indexer_cache.py).
+        config: launch data replacing the configs' entry for the arch (tuning).
+    """
+    for name, v in (("num_rows", num_rows), ("max_kv_len", max_kv_len)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"{OP}: {name}: expected an int >= 0, got {v!r}")
+    for name, v in (("num_heads", num_heads), ("topk", topk), ("block_size", block_size)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{OP}: {name}: expected an int >= 1, got {v!r}")
+    arch = _platform.device_arch(device)
+    cfg = dict(config) if config is not None else dict(config_for(OP, arch))
+    cfg.setdefault("merge", config_for(OP, arch)["merge"])
+    for key in ("split_keys", "BLOCK_N", "num_warps", "num_stages"):
+        if key not in cfg:
+            raise ValueError(f"{OP}: config: expected a {key} entry, got keys {sorted(cfg)}")
+    block_n = int(cfg["BLOCK_N"])
+    if block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"{OP}: config: expected BLOCK_N a power of two >= 16 (tl.dot), got {block_n}")
+    topk_p2 = triton.next_power_of_2(topk)
+    # At least one key (one candidate) a thread: the scans and sums then see no replicated element.
+    wave = 64 if is_amd_arch(arch) else 32
+    threads = int(cfg["num_warps"]) * wave
+    split_keys = max(triton.next_power_of_2(int(cfg["split_keys"])), topk_p2, block_n, threads)
+    merge = dict(cfg["merge"])
+    merge["chunk"] = max(
+        triton.next_power_of_2(int(merge["chunk"])), int(merge["num_warps"]) * (64 if is_amd_arch(arch) else 32)
+    )
+    cfg["merge"] = merge
+    S = max(1, triton.cdiv(max_kv_len, split_keys))
+    direct = S == 1 and bool(cfg.get("direct", True))
+    pow2 = block_size & (block_size - 1) == 0
+    consts, options = kernel_meta(
+        arch, cfg, num_heads, split_keys, topk_p2, direct=direct, pow2_page=pow2, shuffled=shuffled
+    )
+    m_grid = m_consts = m_options = None
+    if not direct:
+        m_consts, m_options = merge_meta(arch, cfg, split_keys, topk_p2)
+        m_grid = (num_rows,)
+    return IndexerTopkPlan(
+        arch=arch,
+        num_rows=num_rows,
+        num_heads=num_heads,
+        topk=topk,
+        max_kv_len=max_kv_len,
+        block_size=block_size,
+        shuffled=bool(shuffled),
+        q_dtype=q_dtype,
+        config=cfg,
+        split_keys=split_keys,
+        topk_p2=topk_p2,
+        num_splits=S,
+        page_shift=block_size.bit_length() - 1 if pow2 else 0,
+        grid=(num_rows * S,),
+        constexprs=consts,
+        options=options,
+        merge_grid=m_grid,
+        merge_constexprs=m_consts,
+        merge_options=m_options,
+    )
+
+
+__all__ = ["OP", "INDEX_DIM", "INDEX_ROW_BYTES", "IndexerTopkPlan", "plan_indexer_topk", "kernel_meta", "merge_meta"]

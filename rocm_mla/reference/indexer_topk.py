@@ -1,0 +1,137 @@
+"""Float64 reference of mla_indexer_topk (the lightning indexer's scores and top-k selection), and
+the check that a selection is a valid top-k.
+
+logit(t, j) = sum_h weights[t, h] x relu(q[t, h] . k_j) for the keys j in [0, kv_lens[t]) of row t's
+request, k_j the fp8 row of position j dequantised with its scale (index_cache_keys). A selection is
+valid when it holds min(topk, kv_len) distinct in-range positions, then -1, and no unselected key
+scores more than a selected one (up to float rounding: the kernel sums in float32).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .indexer import index_cache_keys
+
+SENTINEL = -2
+
+
+def _row_bad(req: int, kv_len: int, num_reqs: int, capacity: int, max_keys: int | None) -> bool:
+    return not (0 <= req < num_reqs) or kv_len < 0 or kv_len > capacity or (max_keys is not None and kv_len > max_keys)
+
+
+def mla_indexer_logits_ref(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    index_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    req_id_per_token: torch.Tensor,
+    kv_lens: torch.Tensor,
+    *,
+    shuffled: bool = False,
+    max_keys: int | None = None,
+) -> list[torch.Tensor | None]:
+    """Per row t, the float64 logits ``[kv_lens[t]]`` of its visible keys (position order), or None
+    for a bad row (request outside the table, kv_len < 0, past the table's capacity or past
+    ``max_keys``). A key on a page outside ``[0, num_blocks)`` scores NaN (nothing read for it).
+
+    q ``[T, H, 128]`` fp8 (the cache's values are read as q's kind), weights ``[T, H]`` float32,
+    index_cache uint8 ``[num_blocks, block_size, 132]`` (rocm_mla/reference/indexer.py's layout,
+    ``shuffled`` or flat), block_table ``[B, max_blocks]`` int32, req_id_per_token ``[>= T]``,
+    kv_lens ``[T]``.
+    """
+    T = q.shape[0]
+    num_blocks, bs = index_cache.shape[0], index_cache.shape[1]
+    bt = block_table.cpu().long()
+    reqs = req_id_per_token[:T].cpu().long()
+    lens = kv_lens[:T].cpu().long()
+    qf = q.cpu().float().double()
+    w = weights.cpu().double()
+    cap = bt.shape[1] * bs
+    out: list[torch.Tensor | None] = []
+    for t in range(T):
+        r, n = int(reqs[t]), int(lens[t])
+        if _row_bad(r, n, bt.shape[0], cap, max_keys):
+            out.append(None)
+            continue
+        pos = torch.arange(n)
+        pages = bt[r, pos // bs] if n else torch.zeros(0, dtype=torch.long)
+        ok = (pages >= 0) & (pages < num_blocks)
+        slots = torch.where(ok, pages, 0) * bs + pos % bs
+        keys = index_cache_keys(index_cache.cpu(), slots, fp8_dtype=q.dtype, shuffled=shuffled)[0].double()  # [n, 128]
+        s = torch.relu(qf[t] @ keys.T)  # [H, n]
+        lg = (w[t][:, None] * s).sum(0)
+        # relu(NaN) must stay NaN (torch.relu keeps it) and so must 0 x NaN in the weights' sum.
+        lg = torch.where(ok, lg, torch.full_like(lg, float("nan")))
+        out.append(lg)
+    return out
+
+
+def mla_indexer_topk_ref(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    index_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    req_id_per_token: torch.Tensor,
+    kv_lens: torch.Tensor,
+    *,
+    topk: int,
+    shuffled: bool = False,
+    max_keys: int | None = None,
+) -> torch.Tensor:
+    """``[T, topk]`` int32: per row the positions of its ``topk`` largest logits (float64, ties by
+    position), then -1; SENTINEL (-2) in every entry of a bad row or of a row whose logits hold a
+    NaN. Arguments as ``mla_indexer_logits_ref``."""
+    T = q.shape[0]
+    logits = mla_indexer_logits_ref(
+        q, weights, index_cache, block_table, req_id_per_token, kv_lens, shuffled=shuffled, max_keys=max_keys
+    )
+    out = torch.full((T, topk), -1, dtype=torch.int32)
+    for t, lg in enumerate(logits):
+        if lg is None or bool(torch.isnan(lg).any()):
+            out[t] = SENTINEL
+            continue
+        m = min(topk, lg.numel())
+        # stable: equal logits in position order, as the kernel takes them
+        order = torch.sort(lg, descending=True, stable=True).indices[:m]
+        out[t, :m] = order.to(torch.int32)
+    return out.to(q.device)
+
+
+def check_indexer_topk(
+    out: torch.Tensor, logits: list[torch.Tensor | None], topk: int, *, rtol: float = 1e-4, rows=None
+) -> str:
+    """ "" when ``out [T, topk]`` is a valid answer for the reference ``logits`` (see the module
+    docstring), else what is wrong with the first bad row."""
+    o = out.cpu().long()
+    for t in range(o.shape[0]) if rows is None else rows:
+        lg = logits[t]
+        row = o[t]
+        if lg is None or bool(torch.isnan(lg).any()):
+            if not bool((row == SENTINEL).all()):
+                return f"row {t}: expected the bad-row sentinel {SENTINEL} everywhere, got {row[:8].tolist()}..."
+            continue
+        n = lg.numel()
+        m = min(topk, n)
+        sel, pad = row[:m], row[m:]
+        if bool((pad != -1).any()):
+            return f"row {t}: expected -1 after the first {m} entries, got {pad[pad != -1][:8].tolist()}"
+        if bool(((sel < 0) | (sel >= n)).any()):
+            return f"row {t}: expected positions in [0, {n}), got {sel[(sel < 0) | (sel >= n)][:8].tolist()}"
+        if torch.unique(sel).numel() != m:
+            return f"row {t}: expected {m} distinct positions, got {torch.unique(sel).numel()} distinct"
+        if m == n:
+            continue
+        tol = rtol * float(lg.abs().max()) + 1e-30
+        picked = torch.zeros(n, dtype=torch.bool)
+        picked[sel] = True
+        low_in, high_out = float(lg[picked].min()), float(lg[~picked].max())
+        if high_out > low_in + tol:
+            return (
+                f"row {t}: an unselected key scores {high_out:.6g} above a selected {low_in:.6g} "
+                f"(tolerance {tol:.3g}): not a top-{topk}"
+            )
+    return ""
+
+
+__all__ = ["SENTINEL", "mla_indexer_logits_ref", "mla_indexer_topk_ref", "check_indexer_topk"]

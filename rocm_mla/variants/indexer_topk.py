@@ -1,0 +1,106 @@
+"""mla_indexer_topk: the Triton variants the op can launch, for the ISA report.
+
+Constexprs and options come from ``rocm_mla.ops.indexer_topk_plan.kernel_meta`` / ``merge_meta``,
+the functions the plan takes a launch's from.
+"""
+
+from __future__ import annotations
+
+from ..configs import config_for, platform_fp8_dtype
+from ..kernels.indexer_topk import mla_indexer_merge_kernel, mla_indexer_split_topk_kernel
+from ..ops.indexer_topk_plan import OP, kernel_meta, merge_meta
+from ..triton_common import amd_options, triton_type
+from .triton_variant import TritonVariant
+
+_SPLIT_I32 = (
+    "num_rows", "num_splits", "topk", "page_size", "page_shift", "capacity", "num_pages", "num_reqs", "s_q_r",
+    "s_q_h", "s_w_r", "s_c_blk", "s_bt_b", "s_o_r",
+)  # fmt: skip
+_ONES = {"s_w_h": 1, "s_req": 1, "s_kl": 1}  # unit strides (Triton specialises ints equal to 1)
+
+
+def triton_variants(arch: str) -> list[TritonVariant]:
+    """What the op launches on ``arch`` with the models' sizes (topk 2048): H 64 (DeepSeek-V3.2) and
+    32 (GLM-5.x), over the arch's fp8 kind, one split (direct, where the arch's config allows it)
+    and split + merge, vLLM's ROCm cache layout (shuffled, block 64) and the flat one of block 1."""
+    fp8 = platform_fp8_dtype(arch)
+    fname = triton_type(fp8)
+    cfg = config_for(OP, arch)
+    topk_p2 = 2048
+    split_keys = max(int(cfg["split_keys"]), topk_p2)
+    out: list[TritonVariant] = []
+    directs = (True, False) if cfg.get("direct", True) else (False,)
+    for H in (64, 32):
+        for direct in directs:
+            for shuffled in (True, False) if H == 64 and direct == directs[0] else (True,):
+                meta, options = kernel_meta(
+                    arch, cfg, H, split_keys, topk_p2, direct=direct, pow2_page=True, shuffled=shuffled
+                )
+                sig = {
+                    "q": f"*{fname}",
+                    "weights": "*fp32",
+                    "cache": f"*{fname}",
+                    "block_table": "*i32",
+                    "req_ids": "*i32",
+                    "kv_lens": "*i32",
+                    "out": "*i32",
+                    "cand_key": "*i32",
+                    "cand_pos": "*i32",
+                    **{n: "i32" for n in _SPLIT_I32},
+                }
+                amd = "".join(f" {k[:4]}{v}" for k, v in amd_options(cfg, arch).items())
+                label = (
+                    f"q={fname} H{H} topk{topk_p2} split{split_keys} N{meta['BLOCK_N']} w{options['num_warps']}"
+                    f" s{options['num_stages']}{amd} {'shuffled' if shuffled else 'flat'} "
+                    f"{'direct' if direct else 'split'}"
+                )
+                out.append(
+                    TritonVariant(
+                        kernel=OP,
+                        config=label,
+                        fn=mla_indexer_split_topk_kernel,
+                        signature=sig,
+                        constexprs={**_ONES, **meta},
+                        options=options,
+                        expects_mfma=True,
+                        divisible_by_16=(
+                            "q",
+                            "weights",
+                            "cache",
+                            "block_table",
+                            "req_ids",
+                            "kv_lens",
+                            "out",
+                            "cand_key",
+                            "cand_pos",
+                            "s_q_r",
+                            "s_q_h",
+                            "s_c_blk",
+                            "s_bt_b",
+                            "s_o_r",
+                        ),  # fmt: skip
+                    )
+                )
+    m_consts, m_options = merge_meta(arch, cfg, split_keys, topk_p2)
+    out.append(
+        TritonVariant(
+            kernel=OP,
+            config=f"merge topk{topk_p2} chunk{m_consts['CHUNK']} w{m_options['num_warps']}",
+            fn=mla_indexer_merge_kernel,
+            signature={
+                "cand_key": "*i32",
+                "cand_pos": "*i32",
+                "req_ids": "*i32",
+                "kv_lens": "*i32",
+                "out": "*i32",
+                **{n: "i32" for n in ("num_rows", "num_splits", "topk", "capacity", "num_reqs", "s_o_r")},
+            },
+            constexprs={"s_req": 1, "s_kl": 1, **m_consts},
+            options=m_options,
+            divisible_by_16=("cand_key", "cand_pos", "req_ids", "kv_lens", "out", "s_o_r"),
+        )
+    )
+    return out
+
+
+__all__ = ["triton_variants"]

@@ -1,0 +1,172 @@
+"""mla_indexer_topk (the lightning indexer's scores and top-k) against the float64 reference: odd
+sizes, long rows through splits and the merge, both cache layouts and any block size, batch
+invariance, the plan, the workspace, the check itself, and errors that name the argument."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _util import DEVICE, HAS_GPU, backends, raises_naming
+
+import rocm_mla
+from rocm_mla.cases import indexer_topk as cases
+from rocm_mla.cases.indexer_topk import POISON_OUT, IndexerShape, make_inputs
+from rocm_mla.reference.indexer_topk import SENTINEL, check_indexer_topk, mla_indexer_topk_ref
+
+BACKENDS = [b for b in ("triton", "reference") if b in backends()]  # no HIP kernel
+# Small splits and merge chunks: the CPU interpreter then runs rows of several splits.
+SMALL = {"split_keys": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "merge": {"chunk": 64, "num_warps": 4}}
+
+
+def _run_and_check(case, **kw):
+    case.run(**kw)
+    assert not bool((case.out == POISON_OUT).any()), "an entry of out was not written"
+    case.check()
+
+
+def test_check_catches_wrong_answers():
+    """check_indexer_topk fails a swapped-in lower key, a repeat, a position out of range, a missing
+    -1 and a sentinel where none belongs (the check can fail)."""
+    case = make_inputs(IndexerShape((90, 20), (1, 1), 8, topk=16, block=16), seed=5)
+    ref = case.reference()
+    lg = case.logits()
+    assert check_indexer_topk(ref, lg, 16) == ""
+    order = torch.sort(lg[0], descending=True).indices
+    bad = ref.clone()
+    bad[0, 0] = int(order[40])  # a key far below the 16th
+    assert "not a top-16" in check_indexer_topk(bad, lg, 16)
+    bad = ref.clone()
+    bad[0, 1] = bad[0, 0]
+    assert "distinct" in check_indexer_topk(bad, lg, 16)
+    bad = ref.clone()
+    bad[0, 2] = 90
+    assert "in [0, 90)" in check_indexer_topk(bad, lg, 16)
+    short = make_inputs(IndexerShape((9,), 1, 8, topk=16, block=16), seed=6)
+    r = short.reference()
+    assert bool((r[0, 9:] == -1).all())
+    r[0, 12] = 4
+    assert "expected -1" in check_indexer_topk(r, short.logits(), 16)
+    r = short.reference()
+    r[0] = SENTINEL
+    assert check_indexer_topk(r, short.logits(), 16) != ""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape", cases.SHAPES["odd"] + cases.SHAPES["tiny"] + cases.SHAPES["selfcheck"], ids=str)
+def test_odd_sizes(shape, backend):
+    """H 1/8/24/32/64, topk 1..48, blocks 1/16/64, one key, rows without keys, prefill rows, T = 0:
+    every entry written, a valid top-k, -1 after a short row's keys."""
+    _run_and_check(make_inputs(shape, device=DEVICE, seed=len(shape.lens)), backend=backend)
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b == "triton"])
+def test_splits_and_merge(backend):
+    """Rows of many splits (kv_len up to 11 x split_keys), rows of exactly one split, of fewer keys than
+    topk, and prefill rows: the same sets as the reference (random logits: no ties)."""
+    shape = IndexerShape((700, 64, 65, 300), (1, 2, 1, 30), 16, topk=40, block=16)
+    case = make_inputs(shape, device=DEVICE, seed=2)
+    _run_and_check(case, backend=backend, config=SMALL)
+    ref = case.reference()
+    for t in range(shape.T):
+        assert set(case.out[t].tolist()) == set(ref[t].tolist()), t
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("block,shuffled", [(1, False), (16, True), (16, False), (64, True), (12, False)])
+def test_layouts_and_block_sizes(backend, block, shuffled):
+    """vLLM's ROCm layout (16 x 16 tiles) and flat rows, block sizes 1, 16, 64 and 12 (not a power of
+    two)."""
+    shape = IndexerShape((150, 33, 90), (1, 2, 3), 8, topk=24, block=block)
+    cfg = {"config": SMALL} if backend == "triton" else {}
+    _run_and_check(make_inputs(shape, device=DEVICE, seed=block, shuffled=shuffled), backend=backend, **cfg)
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b == "triton"])
+def test_batch_invariant_row_alone_equals_row_in_batch(backend):
+    """A row's answer is bitwise the same (order included) alone, in a batch, and in a batch whose
+    longest row changes the split count."""
+    shape = IndexerShape((300, 90, 40), (2, 1, 3), 16, topk=32, block=16)
+    case = make_inputs(shape, device=DEVICE, seed=9)
+    full = case.run(backend=backend, config=SMALL).clone()
+    for t in (0, 2, 5):
+        alone = rocm_mla.mla_indexer_topk(
+            case.q[t : t + 1], case.weights[t : t + 1], case.index_cache, case.block_table, case.req_ids[t : t + 1],
+            case.kv_lens[t : t + 1], topk=32, shuffled=case.shuffled, backend=backend, config=SMALL,
+        )  # fmt: skip
+        assert torch.equal(alone[0], full[t]), t
+    # max_kv_len decides the split count; rows that fit give the same bits.
+    wide = case.run(backend=backend, config=SMALL, out=None, max_kv_len=4096)
+    assert torch.equal(wide, full)
+
+
+def test_fp8_kinds_on_the_reference():
+    """Both e4m3 kinds through the reference backend (the Triton kernel runs the platform's kind; the
+    ISA report compiles gfx942's e4m3fnuz)."""
+    for kind in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+        case = make_inputs(IndexerShape((90, 20), (2, 1), 8, topk=16, block=16), fp8=kind, seed=3)
+        _run_and_check(case, backend="reference")
+
+
+def test_plan_reuse_workspace_and_mismatch():
+    """A plan made once serves calls of its sizes; a plan for other sizes, a short workspace and a
+    non-plan are refused naming the argument; plan.workspace_bytes is 8 bytes a candidate."""
+    shape = IndexerShape((300, 90), (1, 1), 16, topk=32, block=16)
+    case = make_inputs(shape, device=DEVICE, seed=4)
+    plan = case.plan(config=SMALL)
+    assert plan.num_splits == -(-case.block_table.shape[1] * 16 // plan.split_keys) > 1 and not plan.direct
+    assert plan.workspace_bytes == 8 * shape.T * plan.num_splits * 32
+    if "triton" in BACKENDS:
+        ws = torch.empty(plan.workspace_numel, dtype=torch.int32, device=DEVICE)
+        _run_and_check(case, backend="triton", plan=plan, workspace=ws)
+        raises_naming(ValueError, lambda: case.run(backend="triton", plan=plan, workspace=ws[:10]), "workspace", ">=")
+        other = case.plan(config=SMALL, topk=16)
+        raises_naming(ValueError, lambda: case.run(backend="triton", plan=other), "plan", "topk=32")
+        raises_naming(TypeError, lambda: case.run(backend="triton", plan=object()), "plan", "IndexerTopkPlan")
+    assert case.plan(max_kv_len=50).direct  # default split_keys holds 50 keys
+
+
+def test_errors_name_the_argument():
+    case = make_inputs(IndexerShape((40,), 1, 8, topk=16, block=16), device=DEVICE)
+    a = list(case.args())
+    kw = case.kwargs()
+
+    def call(i=None, v=None, **over):
+        args = list(a)
+        if i is not None:
+            args[i] = v
+        return rocm_mla.mla_indexer_topk(*args, **{**kw, **over})
+
+    raises_naming(TypeError, lambda: call(0, case.q.float()), "q", "float8")
+    raises_naming(ValueError, lambda: call(0, case.q[..., :64]), "q", "128")
+    raises_naming(ValueError, lambda: call(1, case.weights[:, :4]), "weights", "[T, H]")
+    raises_naming(TypeError, lambda: call(1, case.weights.double()), "weights", "float32")
+    raises_naming(ValueError, lambda: call(2, case.index_cache[..., :128]), "index_cache", "132")
+    raises_naming(TypeError, lambda: call(3, case.block_table.long()), "block_table", "int32")
+    raises_naming(ValueError, lambda: call(4, case.req_ids[:0]), "req_id_per_token", "at least")
+    raises_naming(TypeError, lambda: call(5, case.kv_lens.long()), "kv_lens", "int32")
+    raises_naming(ValueError, lambda: call(topk=0), "topk", ">= 1")
+    raises_naming(
+        ValueError, lambda: call(out=torch.empty(2, 16, dtype=torch.int32, device=DEVICE)), "out", "[T, topk]"
+    )
+    raises_naming(ValueError, lambda: call(max_kv_len=-1), "max_kv_len")
+    raises_naming(TypeError, lambda: call(shuffled="yes"), "shuffled")
+    odd = torch.full((3, 12, 132), 0xFF, dtype=torch.uint8, device=DEVICE)
+    raises_naming(ValueError, lambda: call(2, odd, shuffled=True), "index_cache", "16")
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU (CUDA or ROCm); none visible to torch")
+@pytest.mark.gpu
+@pytest.mark.parametrize("H", [64, 32])
+def test_gpu_model_sizes(H):
+    """The models' sizes on the GPU: topk 2048, block 64, vLLM's ROCm layout, rows of one split and
+    of several (merge), MTP and prefill rows; the first rows checked against float64."""
+    shape = IndexerShape((20000, 9000, 1500, 3000), (1, 2, 1, 40), H, topk=2048, block=64)
+    case = make_inputs(shape, device=DEVICE, seed=H)
+    case.run(backend="triton")
+    assert not bool((case.out == POISON_OUT).any())
+    rows = [0, 1, 2, 3, shape.T - 1]
+    lg = case.logits()
+    assert check_indexer_topk(case.out, lg, 2048, rows=rows) == ""
+    ref = mla_indexer_topk_ref(*case.args(), topk=2048, shuffled=case.shuffled)
+    for t in rows:
+        assert set(case.out[t].tolist()) == set(ref[t].tolist()), t

@@ -141,6 +141,7 @@ def mla_indexer_split_topk_kernel(
     # heads' scores are zeroed below and masked keys' logits replaced, so their bytes never count.
     qt = tl.load(q + t * s_q_r + offs_h[:, None] * s_q_h + offs_d[None, :], mask=h_ok[:, None])
     w = tl.load(weights + t * s_w_r + offs_h * s_w_h, mask=h_ok, other=0.0)
+    qt_t = tl.trans(qt)  # [D, BLOCK_H]: the keys are the dot's rows (M = BLOCK_N)
 
     NT: tl.constexpr = SPLIT // BLOCK_N
     tiles = tl.arange(0, NT)
@@ -160,17 +161,22 @@ def mla_indexer_split_topk_kernel(
         base = page.to(tl.int64) * s_c_blk
         if SHUFFLED:
             # 16 x 16 tiles of (token, byte): token-tile, byte-tile, token, byte.
-            col = (off // 16) * (16 * D) + (offs_d[:, None] // 16) * 256 + (off % 16) * 16 + offs_d[:, None] % 16
+            col = (
+                (off[:, None] // 16) * (16 * D)
+                + (offs_d[None, :] // 16) * 256
+                + (off[:, None] % 16) * 16
+                + offs_d[None, :] % 16
+            )
         else:
-            col = off * D + offs_d[:, None]
-        kt = tl.load(cache + base + col, mask=ok[None, :])  # [D, BLOCK_N] fp8
+            col = off[:, None] * D + offs_d[None, :]
+        kr = tl.load(cache + base[:, None] + col, mask=ok[:, None])  # [BLOCK_N, D] fp8
         sc_ptr = (cache + base + page_size * D + off * 4).to(tl.pointer_type(tl.float32))
         scale = tl.load(sc_ptr, mask=ok, other=0.0)
-        s = tl.dot(qt, kt)  # [BLOCK_H, BLOCK_N] float32
+        s = tl.dot(kr, qt_t)  # [BLOCK_N, BLOCK_H] float32
         if BLOCK_H > H:
-            s = tl.where(h_ok[:, None], s, 0.0)
+            s = tl.where(h_ok[None, :], s, 0.0)
         # relu that keeps NaN (a NaN product must reach the logit)
-        lg = tl.sum(w[:, None] * tl.where(s < 0.0, 0.0, s), axis=0) * scale
+        lg = tl.sum(w[None, :] * tl.where(s < 0.0, 0.0, s), axis=1) * scale
         lg = tl.where(ok, lg, float("nan"))
         key = tl.where(live, _order_key(lg), 0)
         keys2 = tl.where(tiles[:, None] == i, key[None, :], keys2)

@@ -11,7 +11,7 @@ from _util import DEVICE, HAS_GPU, backends, raises_naming
 import rocm_mla
 from rocm_mla.cases import indexer_topk as cases
 from rocm_mla.cases.indexer_topk import POISON_OUT, IndexerShape, make_inputs
-from rocm_mla.reference.indexer_topk import SENTINEL, check_indexer_topk, mla_indexer_topk_ref
+from rocm_mla.reference.indexer_topk import SENTINEL, check_indexer_topk
 
 BACKENDS = [b for b in ("triton", "reference") if b in backends()]  # no HIP kernel
 # Small splits and merge chunks: the CPU interpreter then runs rows of several splits.
@@ -62,13 +62,14 @@ def test_odd_sizes(shape, backend):
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b == "triton"])
 def test_splits_and_merge(backend):
     """Rows of many splits (kv_len up to 11 x split_keys), rows of exactly one split, of fewer keys than
-    topk, and prefill rows: the same sets as the reference (random logits: no ties)."""
+    topk, and prefill rows: a valid top-k, and bitwise the answer of one split a row."""
     shape = IndexerShape((700, 64, 65, 300), (1, 2, 1, 30), 16, topk=40, block=16)
     case = make_inputs(shape, device=DEVICE, seed=2)
     _run_and_check(case, backend=backend, config=SMALL)
-    ref = case.reference()
-    for t in range(shape.T):
-        assert set(case.out[t].tolist()) == set(ref[t].tolist()), t
+    # The same float32 logits through one split a row: the same answer, bit for bit (ties by
+    # position either way), so the split size never shows.
+    one = case.run(backend=backend, out=None, config={**SMALL, "split_keys": 1024})
+    assert torch.equal(one, case.out)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -166,7 +167,5 @@ def test_gpu_model_sizes(H):
     assert not bool((case.out == POISON_OUT).any())
     rows = [0, 1, 2, 3, shape.T - 1]
     lg = case.logits()
+    # Valid up to float32 rounding: near-ties at the 2048th key may differ from float64's choice.
     assert check_indexer_topk(case.out, lg, 2048, rows=rows) == ""
-    ref = mla_indexer_topk_ref(*case.args(), topk=2048, shuffled=case.shuffled)
-    for t in rows:
-        assert set(case.out[t].tolist()) == set(ref[t].tolist()), t

@@ -25,6 +25,21 @@ _FP8_NAN_CODE = {torch.float8_e4m3fn: 0x7F, torch.float8_e4m3fnuz: 0x80}
 _KEEP_VALUES_NUMEL = 1 << 24
 
 
+def request_rows(shape) -> None:
+    """Normalise a frozen shape's ``lens`` (keys per request) and ``rows`` (query rows per request, or
+    one int for all) to tuples of ints, and check them: one row count per request, none above its
+    keys. The shapes of ops whose rows are a request's last positions call it in __post_init__."""
+    name = type(shape).__name__
+    lens = tuple(int(n) for n in shape.lens)
+    rows = (int(shape.rows),) * len(lens) if isinstance(shape.rows, int) else tuple(int(n) for n in shape.rows)
+    object.__setattr__(shape, "lens", lens)
+    object.__setattr__(shape, "rows", rows)
+    if len(rows) != len(lens):
+        raise ValueError(f"{name}: rows: expected one entry per request (or an int)")
+    if any(r > n for r, n in zip(rows, lens)):
+        raise ValueError(f"{name}: a request has more query rows than keys")
+
+
 def generator(seed: int, device) -> torch.Generator:
     """A generator on ``device`` (CPU values for a CPU device; the device's own for a GPU: building
     serving shapes on the host would take minutes). The same seed gives other values per device."""

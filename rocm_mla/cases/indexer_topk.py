@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..reference.indexer import INDEX_HEAD_DIM, INDEX_ROW_BYTES, indexer_k_cache_write_ref
-from ._paged import generator, platform_fp8
+from ._paged import generator, platform_fp8, request_rows
 
 POISON_OUT = -7  # what out holds before a call: every entry must be written
 
@@ -39,14 +39,7 @@ class IndexerShape:
     name: str = ""
 
     def __post_init__(self):
-        lens = tuple(int(n) for n in self.lens)
-        rows = (int(self.rows),) * len(lens) if isinstance(self.rows, int) else tuple(int(n) for n in self.rows)
-        object.__setattr__(self, "lens", lens)
-        object.__setattr__(self, "rows", rows)
-        if len(rows) != len(lens):
-            raise ValueError("IndexerShape: rows: expected one entry per request (or an int)")
-        if any(r > n for r, n in zip(rows, lens)):
-            raise ValueError("IndexerShape: a request has more query rows than keys")
+        request_rows(self)
 
     @staticmethod
     def decode(B: int, ctx: int, H: int, q_len: int = 1, **kw) -> IndexerShape:

@@ -21,7 +21,7 @@ import torch
 
 from ..mla_dims import KV_LORA_RANK, KV_ROW_DIM
 from ._compare import Bound, Comparison, compare, dtype_name, first_problem, raise_on
-from ._paged import PagedCache, generator, paged_cache, platform_fp8
+from ._paged import PagedCache, generator, paged_cache, platform_fp8, request_rows
 from .decode import LSE_LAYOUTS, OUT_LAYOUTS, Q_LAYOUTS, SM_SCALE, latent_destinations, latent_queries
 from .decode import TOLERANCE as DECODE_TOLERANCE
 
@@ -49,14 +49,7 @@ class SparseShape:
     name: str = ""
 
     def __post_init__(self):
-        lens = tuple(int(n) for n in self.lens)
-        rows = (int(self.rows),) * len(lens) if isinstance(self.rows, int) else tuple(int(n) for n in self.rows)
-        object.__setattr__(self, "lens", lens)
-        object.__setattr__(self, "rows", rows)
-        if len(rows) != len(lens):
-            raise ValueError("SparseShape: rows: expected one entry per request (or an int)")
-        if any(r > n for r, n in zip(rows, lens)):
-            raise ValueError("SparseShape: a request has more query rows than keys")
+        request_rows(self)
         if self.kv not in ("auto", "fp8"):
             raise ValueError(f"SparseShape: kv: expected 'auto' or 'fp8', got {self.kv!r}")
         if self.mode not in MODES:

@@ -29,6 +29,8 @@ so does a row with more keys than the call's splits cover (its plan's max_kv_len
 import triton
 import triton.language as tl
 
+from .mla_sparse import page_and_offset
+
 # Order key of a NaN logit: above every number (+inf maps to 0xFF800000).
 NAN_KEY = 0xFFFFFFFF
 SENTINEL = -2
@@ -150,12 +152,7 @@ def mla_indexer_split_topk_kernel(
     for i in range(0, tl.cdiv(hi - lo, BLOCK_N)):
         pos = lo + i * BLOCK_N + offs_n
         live = pos < hi
-        if POW2_PAGE:
-            blk = pos >> page_shift
-            off = pos & (page_size - 1)
-        else:
-            blk = pos // page_size
-            off = pos % page_size
+        blk, off = page_and_offset(pos, page_size, page_shift, POW2_PAGE)
         page = tl.load(bt_row + blk, mask=live, other=0)
         ok = live & (page.to(tl.uint32) < num_pages.to(tl.uint32))
         base = page.to(tl.int64) * s_c_blk

@@ -33,6 +33,15 @@ from .mla_decode import _close_split, _store_partial, _xcd_local_order
 
 
 @triton.jit
+def page_and_offset(pos, page_size, page_shift, POW2_PAGE: tl.constexpr):
+    """``(block, offset)`` of request-local positions in pages of ``page_size`` tokens: a shift and a
+    mask when ``page_size == 1 << page_shift`` (POW2_PAGE), else a division."""
+    if POW2_PAGE:
+        return pos >> page_shift, pos & (page_size - 1)
+    return pos // page_size, pos % page_size
+
+
+@triton.jit
 def _resolve(pos, bt_row, page_size, page_shift, capacity, num_pages, s_kv_blk, s_kv_tok,
              PAGED: tl.constexpr, POW2_PAGE: tl.constexpr):  # fmt: skip
     """``(row, ok, wrong)`` of a tile's list entries ``pos``: each selected token's element offset in
@@ -44,12 +53,7 @@ def _resolve(pos, bt_row, page_size, page_shift, capacity, num_pages, s_kv_blk, 
     selected to a safe value: each gathered row is computed once per copy a thread issues, so the
     loads' masks, not clamped addresses, keep every access inside the tensors."""
     live = pos.to(tl.uint32) < capacity.to(tl.uint32)
-    if POW2_PAGE:
-        blk = pos >> page_shift
-        off = pos & (page_size - 1)
-    else:
-        blk = pos // page_size
-        off = pos % page_size
+    blk, off = page_and_offset(pos, page_size, page_shift, POW2_PAGE)
     if PAGED:
         page = tl.load(bt_row + blk, mask=live, other=0)
         ok = live & (page.to(tl.uint32) < num_pages.to(tl.uint32))

@@ -116,6 +116,15 @@ class Checker:
             if x.device != ref.device:
                 self.fail(name, f"device {ref.device} (like {ref_name})", str(x.device))
 
+    def plan_for(self, plan: object, kind: type, maker: str, want: dict) -> None:
+        """A caller's ``plan=`` must be a ``kind`` (made by ``maker``) whose fields equal ``want``
+        (this call's sizes, dtypes, arch, ...): raise naming the first that differs."""
+        if not isinstance(plan, kind):
+            self.fail("plan", f"a plan from {maker} ({kind.__name__})", type(plan).__name__, TypeError)
+        for name, v in want.items():
+            if getattr(plan, name) != v:
+                self.fail("plan", f"a plan made for this call ({name}={v})", f"{name}={getattr(plan, name)}")
+
     def scale(self, name: str, x: object) -> float:
         """A softmax / quantisation scale given as a number: a real, finite and > 0 (every op
         validates its scale arguments through here, so they fail alike). Returns it as a float."""

@@ -180,8 +180,6 @@ def mla_indexer_topk(
 
 def _check_plan(c: Checker, plan, T, H, topk, max_kv_len, bs, shuffle, q) -> None:
     """A caller's plan must have been made for this call's sizes, dtype, device and layout."""
-    if not isinstance(plan, IndexerTopkPlan):
-        c.fail("plan", "an IndexerTopkPlan from plan_indexer_topk", type(plan).__name__, TypeError)
     want = {
         "num_rows": T,
         "num_heads": H,
@@ -192,9 +190,7 @@ def _check_plan(c: Checker, plan, T, H, topk, max_kv_len, bs, shuffle, q) -> Non
         "q_dtype": q.dtype,
         "arch": _platform.device_arch(q.device),
     }
-    for name, v in want.items():
-        if getattr(plan, name) != v:
-            c.fail("plan", f"a plan made for this call ({name}={v})", f"{name}={getattr(plan, name)}")
+    c.plan_for(plan, IndexerTopkPlan, "plan_indexer_topk", want)
 
 
 def _debug_checks(c: Checker, index_cache, block_table, req_id_per_token, kv_lens, T, max_kv_len) -> None:

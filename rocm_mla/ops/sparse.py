@@ -230,8 +230,8 @@ def mla_sparse_attention(
 
 def _check_plan(c: Checker, plan, T, N, K, kv, q_nope, paged, scale_ptr) -> None:
     """A caller's plan must have been made for this call's sizes, dtypes, device and table kind."""
-    if not isinstance(plan, SparsePlan):
-        c.fail("plan", "a SparsePlan from plan_sparse_attention", type(plan).__name__, TypeError)
+    from .. import _platform
+
     want = {
         "num_rows": T,
         "num_heads": N,
@@ -241,14 +241,9 @@ def _check_plan(c: Checker, plan, T, N, K, kv, q_nope, paged, scale_ptr) -> None
         "q_dtype": q_nope.dtype,
         "kv_dtype": kv.dtype,
         "k_scale_on_device": scale_ptr,
+        "arch": _platform.device_arch(q_nope.device),
     }
-    for name, v in want.items():
-        if getattr(plan, name) != v:
-            c.fail("plan", f"a plan made for this call ({name}={v})", f"{name}={getattr(plan, name)}")
-    from .. import _platform
-
-    if plan.arch != _platform.device_arch(q_nope.device):
-        c.fail("plan", f"a plan for arch {_platform.device_arch(q_nope.device)}", f"arch {plan.arch}")
+    c.plan_for(plan, SparsePlan, "plan_sparse_attention", want)
 
 
 def _debug_checks(c: Checker, kv, topk_indices, block_table, req_id_per_token) -> None:

@@ -6,7 +6,9 @@ with one warning. The tuner: its decode tier composition, its selection rules un
 (the default is a candidate and wins ties; no shape slower; the re-time rejects noise), the hard
 stop, ``--check`` (named compile / reference errors, ``--stamp``), and one tiny tuning run in the
 Triton interpreter whose overlay a fresh process then uses. The sparse op's tuning: its shape
-specs and presets, its groups, the tier composition and a tiny interpreter run.
+specs and presets, its groups, the tier composition and a tiny interpreter run. The indexer's
+(mla_indexer_topk): its shape specs and presets, its one group and candidates, the plan made once
+per config, the overlay round trip, its acceptance in the interpreter and a tiny run.
 """
 
 from __future__ import annotations
@@ -228,6 +230,8 @@ BAD = [
         C.OverlayTypeError,
     ),
     ("unknown sparse split field", {"mla_sparse_attention": {"cpu": {"split": {"max_split": 8}}}}, C.OverlayUnknownKey),
+    ("unknown indexer merge field", {"mla_indexer_topk": {"cpu": {"merge": {"chunks": 64}}}}, C.OverlayUnknownKey),
+    ("indexer int for bool", {"mla_indexer_topk": {"cpu": {"direct": 0}}}, C.OverlayTypeError),
 ]
 
 
@@ -309,10 +313,15 @@ def test_presets_are_the_cases_shape_sets():
         got = parse_shapes(preset)
         assert [s.case_shape for s in got] == want, preset  # the timed inputs are built from these
         assert all(s.op == op and Shape.from_case(op, s.case_shape) == s for s in got)
-    # sparse's tiny case has requests of uneven lengths (no spec): the tuner's own uniform one
-    tiny = [s.case_shape for s in parse_shapes("tiny") if s.op != "sparse"]
-    assert tiny == [getattr(cases, op).SHAPES["tiny"][0] for op in ALL_OPS if op != "sparse"]
+    # sparse's and the indexer's tiny cases have requests of uneven lengths (no spec): the tuner's own uniform ones
+    own = ("sparse", "indexer")
+    tiny = [s.case_shape for s in parse_shapes("tiny") if s.op not in own]
+    mods = {"indexer": "indexer_topk"}
+    assert tiny == [getattr(cases, mods.get(op, op)).SHAPES["tiny"][0] for op in ALL_OPS if op not in own]
     assert [s for s in parse_shapes("tiny") if s.op == "sparse"] == parse_shapes("sparse:B=2,ctx=64,N=16,K=32,block=16")
+    assert [s for s in parse_shapes("tiny") if s.op == "indexer"] == parse_shapes(
+        "indexer:B=2,ctx=300,H=32,topk=48,block=16"
+    )
     with pytest.raises(ValueError, match="not expressible"):
         Shape.from_case("prefill", cases.prefill.SHAPES["verify"][0])  # uneven lengths: no B x L spec
 
@@ -326,9 +335,16 @@ def test_tiny_cases_check_against_the_reference(monkeypatch):
         inp = case.inputs
         wrong = inp.q_pe if s.op == "rope_kv_write" else inp.output if s.op == "merge" else inp.out
         run = type(inp).run
+        if s.op == "indexer":  # a top-k answer: one position repeated is not a valid one
+            spoil = lambda w: w[0, 0].copy_(w[0, 1])  # noqa: E731
+        else:
+            spoil = lambda w: w[0, 0, 0].add_(1.0)  # noqa: E731
         monkeypatch.setattr(
-            inp, "run", lambda *a, inp=inp, run=run, wrong=wrong, **k: (run(inp, *a, **k), wrong[0, 0, 0].add_(1.0))
+            inp, "run", lambda *a, inp=inp, run=run, wrong=wrong, spoil=spoil, **k: (run(inp, *a, **k), spoil(wrong))
         )
+        if s.op == "indexer":
+            assert case.check().startswith("row 0: expected"), (s.key, case.check())
+            continue
         name = {"rope_kv_write": "q_pe", "merge": "output"}.get(s.op, "out")
         assert case.check().startswith(f"{name}: 1 of"), s.key
 
@@ -396,8 +412,8 @@ def test_sparse_shape_spec_and_presets():
     for name in ("tune", "quick"):  # uniform decode, MTP and prefill-chunk shapes round-trip
         for cs in cases.sparse.SHAPES[name]:
             assert Shape.from_case("sparse", cs).case_shape == cs, cs
-    assert [x.case_shape for x in parse_shapes("deepseek-v3.2")] == cases.sparse.SHAPES["tune"]
-    assert parse_shapes("sparse") == parse_shapes("deepseek-v3.2")
+    assert [x.case_shape for x in parse_shapes("deepseek-v3.2") if x.op == "sparse"] == cases.sparse.SHAPES["tune"]
+    assert parse_shapes("sparse") == [x for x in parse_shapes("deepseek-v3.2") if x.op == "sparse"]
     assert [x for x in parse_shapes("quick") if x.op == "sparse"] == [
         Shape.from_case("sparse", cs) for cs in cases.sparse.SHAPES["quick"]
     ]
@@ -503,6 +519,210 @@ def test_compose_sparse_tier_changes_only_its_kind(arch):
         assert tier_config(arch, h, torch.float32, True, new) == tier_config(arch, h, torch.float32, True, tier)
     tier = C.package_config("mla_sparse_attention", arch)["tiers"][0]
     assert compose_sparse_tier(arch, tier, "16-bit", {**tier, "BLOCK_H": 2 * tier["BLOCK_H"]}) is None  # the tier key
+
+
+# --------------------------------------------------------------------------- the indexer op
+
+INDEXER = "mla_indexer_topk"
+# A config small enough for the interpreter: the plan raises split_keys and chunk to one element a
+# thread (4 warps x 32 lanes there), so the selfcheck rows of 200 keys take two splits and a merge.
+SMALL_INDEXER = {
+    "split_keys": 64,
+    "BLOCK_N": 32,
+    "num_warps": 4,
+    "num_stages": 1,
+    "merge": {"chunk": 64, "num_warps": 4},
+}
+
+
+def test_indexer_shape_spec_and_presets():
+    """``indexer:`` specs, the round trip to the cases' shapes, and the presets built from them."""
+    from rocm_mla import cases
+    from rocm_mla.cases.indexer_topk import IndexerShape
+
+    (s,) = parse_shapes("indexer:B=128,ctx=32768,H=64,q=1,topk=2048")
+    assert s.op == "indexer" and OP_KEYS["indexer"] == INDEXER and "indexer" in ALL_OPS
+    assert s.case_shape == IndexerShape.decode(128, 32768, 64) == cases.indexer_topk.SHAPES["tune"][0]
+    assert parse_shapes("indexer:") == [s]  # the spec's defaults: DeepSeek-V3.2's decode at 32K
+    assert Shape.make("indexer", **dict(kv.split("=") for kv in s.label.split())) == s  # labels parse back
+    mtp = Shape.make("indexer", B=4, ctx=100, H=32, q=2, topk=64, block=16)
+    assert mtp.case_shape == IndexerShape((100,) * 4, 2, 32, topk=64, block=16)
+    for cs in cases.indexer_topk.SHAPES["tune"] + cases.indexer_topk.SHAPES["quick"]:
+        assert Shape.from_case("indexer", cs).case_shape == cs, cs
+    tune = [Shape.from_case("indexer", cs) for cs in cases.indexer_topk.SHAPES["tune"]]
+    assert parse_shapes("indexer") == tune
+    assert [x for x in parse_shapes("deepseek-v3.2") if x.op == "indexer"] == tune
+    assert [x for x in parse_shapes("quick") if x.op == "indexer"] == tune
+    assert not any(x.op == "indexer" for x in parse_shapes("deepseek-v3"))
+    for name in ("tiny", "verify", "selfcheck"):
+        with pytest.raises(ValueError, match="not expressible"):
+            Shape.from_case("indexer", cases.indexer_topk.SHAPES[name][0])  # uneven lengths or row counts
+    for bad in ("indexer:N=16", "indexer:dt=fp16", "indexer:B=2,ctx=4,q=8", "indexer:topk=x"):
+        with pytest.raises(ValueError):
+            _ = parse_shapes(bad)[0].case_shape
+
+
+def _indexer_tuner(tmp_path, shapes: str, quick: bool = False, arch: str | None = None) -> Tuner:
+    """A Tuner of the indexer on the CPU; with ``arch``, one planning for a GPU of that arch."""
+    t = Tuner(
+        torch.device("cpu"),
+        ["indexer"],
+        parse_shapes(shapes),
+        quick=quick,
+        max_minutes=None,
+        max_candidates=None,
+        out_path=tmp_path / "cpu.json",
+        argv=["test"],
+        log=lambda s: None,
+    )
+    if arch is not None:  # the groups of another arch (no kernel runs)
+        t.arch, t.dev = arch, torch.device("cuda")
+        t.package = {k: C.package_config(k, arch) for k in t.package}
+        t.current = dict(t.package)
+    return t
+
+
+@pytest.mark.parametrize("arch,count", [("sm90", 10), ("gfx942", 9), ("gfx950", 9), ("cpu", 6)])
+def test_indexer_group_and_candidates(tmp_path, arch, count):
+    """One group over every shape; its candidates are complete launch objects, the shipped one and
+    single-knob changes over the grid (num_stages on NVIDIA, waves_per_eu on gfx9), each one a
+    distinct launch, at most 12 with the default; --quick keeps 4."""
+    from rocm_mla.tools.tune.groups import INDEXER_GRID, INDEXER_GRID_INTERPRETER, indexer_launch
+    from rocm_mla.tools.tune.overlay import _obj_diff
+
+    shapes, gpu = ("tiny", None) if arch == "cpu" else ("deepseek-v3.2", arch)
+    t = _indexer_tuner(tmp_path, shapes, arch=gpu)
+    t.plan()
+    (g,) = t.groups
+    assert g.op == "indexer" and g.op_key == INDEXER and g.name == "launch data"
+    assert g.shapes == [s for s in t.shapes if s.op == "indexer"] and g.knobs == []
+    pkg = C.package_config(INDEXER, arch)
+    assert g.point0 == pkg and g.build(g.point0) == pkg
+    assert t.count(g) == count == 1 + len(g.listed) <= 12
+    grid = dict(INDEXER_GRID if arch != "cpu" else INDEXER_GRID_INTERPRETER)
+    launches = {json.dumps(indexer_launch(arch, p, 2048 if arch != "cpu" else 64), sort_keys=True) for p in g.listed}
+    assert len(launches) == len(g.listed)
+    changed = set()
+    for p in g.listed:
+        assert set(p) == set(pkg) and g.build(p) == p
+        diff = _obj_diff(pkg, p)
+        ((k, v),) = diff.items()  # one knob
+        if k == "merge":
+            assert set(v) == {"chunk"} and v["chunk"] in grid["merge.chunk"]
+            k = "merge.chunk"
+        else:
+            assert v in grid[k]
+        changed.add(k)
+        assert C.validate_overlay(_overlay(arch, {INDEXER: diff}), arch, check_stamp=False) == []
+    assert ("num_stages" in changed) == (arch == "sm90")
+    assert ("waves_per_eu" in changed) == arch.startswith("gfx")
+    assert {"BLOCK_N", "num_warps", "split_keys", "merge.chunk"} <= changed
+    if arch == "sm90":
+        splits = sorted(p["split_keys"] for p in g.listed if p["split_keys"] != pkg["split_keys"])
+        assert splits == [4096, 16384] and {p["num_stages"] for p in g.listed} == {1, 2, 3}
+    assert g.label(g.point0).startswith(f"S{pkg['split_keys']} N{pkg['BLOCK_N']} w{pkg['num_warps']}")
+    t = _indexer_tuner(tmp_path, shapes, quick=True, arch=gpu)
+    t.plan()
+    assert t.count(t.groups[0]) == 4
+
+
+def test_indexer_candidates_are_what_the_plan_launches():
+    """``indexer_launch`` raises split_keys and chunk as the plan does; candidates the plan would
+    launch like the default (a top-k past every split size) are left out."""
+    from rocm_mla.ops import plan_indexer_topk
+    from rocm_mla.tools.tune.groups import indexer_candidates, indexer_launch
+
+    pkg = C.package_config(INDEXER, "cpu")
+    for cfg in [pkg, {**pkg, **SMALL_INDEXER}] + indexer_candidates("cpu", pkg, 64):
+        for topk in (40, 700):
+            plan = plan_indexer_topk(
+                num_rows=2, num_heads=16, topk=topk, max_kv_len=4096, block_size=16,
+                q_dtype=torch.float8_e4m3fn, device=torch.device("cpu"), config=cfg,
+            )  # fmt: skip
+            want = indexer_launch("cpu", cfg, plan.topk_p2)
+            assert (plan.split_keys, plan.config["merge"]) == (want["split_keys"], want["merge"])
+    sm90 = C.package_config(INDEXER, "sm90")
+    assert not any(p["split_keys"] != sm90["split_keys"] for p in indexer_candidates("sm90", sm90, 16384))
+    assert len(indexer_candidates("sm90", sm90, 2048)) == 9
+
+
+def test_indexer_case_plans_once_per_config():
+    """The timed call passes one plan and one workspace while the config stays, a new pair under
+    another config (the candidate's, through config_for); its check reads the answer it wrote."""
+    (s,) = [x for x in parse_shapes("tiny") if x.op == "indexer"]
+    case = inputs.CASES["indexer"](s, torch.device("cpu"))
+    inp, seen = case.inputs, []
+    run = type(inp).run
+    inp.run = lambda *a, **k: (seen.append((k["plan"], k["workspace"])), run(inp, *a, **k))[1]
+    assert case.check() == ""
+    case.call(0)
+    assert seen[0][0] is seen[1][0] and seen[0][1] is seen[1][1]
+    assert seen[0][0].num_splits == 2 and seen[0][1].numel() >= seen[0][0].workspace_numel
+    other = {**C.package_config(INDEXER, "cpu"), "split_keys": 512}
+    with C.override(INDEXER, "cpu", other):
+        assert case.check() == ""
+    assert seen[2][0] is not seen[0][0] and seen[2][0].split_keys == 512 and seen[2][0].direct
+
+
+def test_indexer_overlay_round_trip(cfgdir, tmp_path):
+    """A winner is written as the fields that differ from the shipped object (the merge's by
+    field), validates, stamps, and config_for then returns the winner whole."""
+    t = _indexer_tuner(tmp_path, "tiny")
+    pkg = t.package[INDEXER]
+    win = {**pkg, "split_keys": 512, "merge": {**pkg["merge"], "chunk": 256}}
+    t.current[INDEXER] = win
+    data = t.overlay()
+    assert data[INDEXER] == {"cpu": {"split_keys": 512, "merge": {"chunk": 256}}}
+    assert C.validate_overlay(data, "cpu") == [] and C.stamp_problems(data) == []
+    assert C.merge_overlay(pkg, data[INDEXER]["cpu"]) == win
+    (cfgdir / "cpu.json").write_text(json.dumps(data))
+    C.reload_overlays()
+    assert C.config_for(INDEXER, "cpu") == win
+    assert any("mla_indexer_topk.split_keys: 256 -> 512" in x for x in describe_overlay(C.overlay_status("cpu")))
+    t.current[INDEXER] = pkg
+    assert INDEXER not in t.overlay()  # the default changes nothing
+    for arch in ("gfx942", "sm90"):  # a GPU's object: the same diff composes back
+        from rocm_mla.tools.tune.groups import indexer_candidates
+        from rocm_mla.tools.tune.overlay import _obj_diff
+
+        base = C.package_config(INDEXER, arch)
+        for p in indexer_candidates(arch, base, 2048):
+            entry = _obj_diff(base, p)
+            assert C.merge_overlay(base, entry) == p
+            assert C.validate_overlay(_overlay(arch, {INDEXER: entry}), arch, check_stamp=False) == []
+
+
+def test_indexer_acceptance_in_the_interpreter():
+    """verify(): a changed indexer config is run on the interpreter's check shapes (several splits
+    and a merge, then the one-split form) and its answers must be valid top-k; a config the plan
+    refuses is a named compile error; on a GPU the cases' verify shapes are the ones run."""
+    from rocm_mla.cases.indexer_topk import SHAPES
+    from rocm_mla.ops import plan_indexer_topk
+
+    dev = torch.device("cpu")
+    pkg = C.package_config(INDEXER, "cpu")
+    small = {**pkg, **SMALL_INDEXER}
+    assert acceptance.verification_cases(INDEXER, "cpu", dev, pkg, pkg) == []
+    cases = acceptance.verification_cases(INDEXER, "cpu", dev, pkg, small)
+    shape = SHAPES["selfcheck"][0]
+    assert [w for w, _ in cases] == [
+        f"mla_indexer_topk.cpu {shape.label()}",
+        f"mla_indexer_topk.cpu {acceptance.indexer_one_split(shape).label()} (one split)",
+    ]
+    for s, splits in ((shape, 2), (acceptance.indexer_one_split(shape), 1)):
+        plan = plan_indexer_topk(
+            num_rows=s.T, num_heads=s.H, topk=s.topk, max_kv_len=-(-max(s.lens) // s.block) * s.block,
+            block_size=s.block, q_dtype=torch.float8_e4m3fn, device=dev, config=small,
+        )  # fmt: skip
+        assert plan.num_splits == splits
+    assert acceptance.verify(INDEXER, "cpu", dev, pkg, small) == []
+    errs = acceptance.verify(INDEXER, "cpu", dev, pkg, {**small, "BLOCK_N": 48})
+    assert len(errs) == 2 and all(isinstance(e, C.OverlayCompileError) for e in errs)
+    assert "BLOCK_N a power of two" in str(errs[0]) and errs[0].name == "OverlayCompileError"
+    gpu = acceptance.verification_cases(INDEXER, "gfx942", torch.device("cuda"), pkg, small)  # names only
+    assert [w for w, _ in gpu][0] == f"mla_indexer_topk.gfx942 {SHAPES['verify'][0].label()}"
+    one = acceptance.indexer_one_split(SHAPES["verify"][0])
+    assert one.lens == (2048, 70, 2048) and one.rows == SHAPES["verify"][0].rows
 
 
 class _FakeCase:
@@ -733,6 +953,41 @@ def test_tiny_sparse_run_writes_a_valid_overlay(cfgdir, capsys, monkeypatch):
     assert "sparse   tiers[0] H16 16-bit cache" in out
     assert tune_main(["--check", "--allow-cpu"]) == 0
     assert "mla_sparse_attention: 2 compile + reference case(s)" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter run is the CPU test; GPUs run the real tuner")
+def test_tiny_indexer_run_writes_a_valid_overlay(cfgdir, capsys, monkeypatch):
+    """``--ops indexer --shapes tiny`` in the interpreter, every answer checked, under a timer that
+    makes BLOCK_N 64 faster: the overlay holds that field alone, is stamped and valid, passes
+    ``--check`` (its compile + reference cases), and config_for returns it."""
+    from rocm_mla.tools.tune import tuner as tuner_mod
+
+    def timer(case):
+        return 80.0 if C.config_for(INDEXER, "cpu")["BLOCK_N"] == 64 else 100.0  # the candidate's
+
+    monkeypatch.setattr(tuner_mod, "time_case_us", timer)
+    assert tune_main(["--ops", "indexer", "--shapes", "tiny", "--allow-cpu", "--max-candidates", "3"]) == 0
+    out = capsys.readouterr().out
+    data = json.loads((cfgdir / "cpu.json").read_text())
+    assert C.validate_overlay(data, "cpu") == []
+    assert set(data) == {INDEXER, "_meta"} and data[INDEXER] == {"cpu": {"BLOCK_N": 64}}
+    (group,) = data["_meta"]["groups"]
+    assert group["name"] == "launch data" and group["status"] == "accepted" and group["candidates_timed"] == 3
+    (row,) = data["_meta"]["shapes"].values()
+    assert row["op"] == INDEXER and row["tuned_us"] < row["default_us"] and row["config"].startswith("S256 N64")
+    assert C.config_for(INDEXER, "cpu") == {**C.package_config(INDEXER, "cpu"), "BLOCK_N": 64}
+    assert "indexer  launch data" in out
+    assert tune_main(["--check", "--allow-cpu"]) == 0
+    assert "mla_indexer_topk: 2 compile + reference case(s)" in capsys.readouterr().out
+    assert tune_main(["--ops", "indexer", "--shapes", "deepseek-v3.2", "--list-shapes"]) == 0
+    assert capsys.readouterr().out.splitlines() == [s.key for s in parse_shapes("indexer")]
+
+
+def test_check_reports_a_bad_indexer_config_by_name(cfgdir, capsys):
+    a = _here()
+    _write(cfgdir / f"{a}.json", _overlay(a, {INDEXER: {"BLOCK_N": 48}}))  # not a power of two
+    assert tune_main(["--check", "--allow-cpu"]) == 1
+    assert f"OverlayCompileError: mla_indexer_topk.{a} lens=" in capsys.readouterr().out
 
 
 def test_check_reports_a_bad_sparse_tier_by_name(cfgdir, capsys):

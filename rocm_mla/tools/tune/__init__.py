@@ -1,6 +1,6 @@
 """``rocm-mla tune``: measure the launch configs of every op on this GPU and keep what is faster.
 
-    rocm-mla tune [--ops decode,prefill,merge,rope_kv_write,sparse] [--shapes PRESET|LIST] [--quick]
+    rocm-mla tune [--ops decode,prefill,merge,rope_kv_write,sparse,indexer] [--shapes PRESET|LIST] [--quick]
                   [--max-minutes M] [--max-candidates K] [--out PATH]
     rocm-mla tune --check [--stamp] [--out PATH]      # validate (and accept) an overlay
     rocm-mla tune --show [--retime] [--out PATH]      # what the active overlay changes, its table
@@ -9,11 +9,12 @@
 For each op the tuner splits the shapes into groups that one part of the op's config serves (a
 decode stage-1 tier for 16-bit or fp8 caches, an ``mla_sparse_attention`` tier for 16-bit or fp8
 caches or float32 q, prefill's 16-bit config, the merge / RoPE+KV-write implementation the op
-dispatches to), times the default and the candidates of each group on every shape of the group,
-and keeps a winner only when
+dispatches to, ``mla_indexer_topk``'s whole launch object), times the default and the candidates of
+each group on every shape of the group, and keeps a winner only when
 
 * its output matched the float32 reference on every shape (every candidate is checked before it
-  is timed: a subset of rows of the timed call, under the op's ``rocm_mla.cases`` tolerance);
+  is timed: a subset of rows of the timed call, under the op's ``rocm_mla.cases`` tolerance; the
+  indexer's answer must be a valid top-k of float64 logits);
 * it is at least 1% faster than the default over the group (geometric mean) and, timed again back
   to back with the default (alternating, median of 3), slower on no shape of the group: the
   default is always a candidate and wins ties;
@@ -27,12 +28,18 @@ over the arch's knobs (block sizes, warps, stages, D_SPLIT, V_SPLIT, ctas_per_cu
 fp8 caches RELOAD_K and, on NVIDIA with a bf16 q, F16_DOT, and on gfx9 waves_per_eu,
 matrix_instr_nonkdim, kpack; the decode and sparse split cost models and decode's reduce tile).
 A tier group's winner changes that one kind of call: the other kinds the tier serves keep their
-configs (restated in its ``fp8`` / ``fp32`` objects where needed). ``--quick`` instead caps the
-candidates per group (the default included: decode 3, sparse 3, prefill 4, merge 12, RoPE 33):
+configs (restated in its ``fp8`` / ``fp32`` objects where needed). ``mla_indexer_topk``: one group
+over all its shapes whose candidates are whole launch objects, the shipped one and its single-knob
+changes over split_keys 4096/8192/16384, BLOCK_N 32/64/128, num_warps 4/8, num_stages 1-3
+(NVIDIA), merge chunk 1024/2048/4096, waves_per_eu 0/2 (gfx9), none that the plan launches alike
+(it raises split_keys and chunk to one element a thread): at most 12 with the default (sm90 10,
+gfx942 and gfx950 9); no coordinate pass. ``--quick`` instead caps the candidates per group (the
+default included: decode 3, sparse 3, prefill 4, merge 12, RoPE 33, indexer 4 of its at most 12):
 listed ones first, then single-knob neighbours of the default; on the ``quick`` shape preset.
 
-Timing as perf/ does: decode and sparse as back-to-back replays of CUDA/HIP graphs of 8 calls
-rotating over cache copies larger than the caches (each replay reads its KV from HBM); the others
+Timing as perf/ does: decode, sparse and the indexer as back-to-back replays of CUDA/HIP graphs of
+8 calls rotating over cache copies larger than the caches (each replay reads its KV from HBM; the
+indexer with a plan made once per config and its workspace allocated with it); the others
 as one captured call replayed under ``do_bench`` with L2 flushed before each replay. Ops are called
 through their public entry points exactly as a serving process calls them; the candidate reaches
 them through ``rocm_mla.configs.override`` (the same path an overlay takes).

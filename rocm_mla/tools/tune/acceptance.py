@@ -10,9 +10,10 @@ import math
 from collections.abc import Callable
 
 import torch
+import triton
 
 from rocm_mla import configs as C
-from rocm_mla.cases import decode, merge, prefill, rope_kv_write, sparse
+from rocm_mla.cases import decode, indexer_topk, merge, prefill, rope_kv_write, sparse
 from rocm_mla.ops.decode_plan import stage1_config
 from rocm_mla.ops.sparse_plan import tier_config
 
@@ -46,6 +47,21 @@ def sync_or_raise(dev: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+# The indexer's verification set: its cases' "verify" shapes on a GPU (topk 2048, several splits,
+# prefill rows, odd lengths); in the CPU interpreter, where those take about a minute a call, the
+# "selfcheck" set (odd lengths, prefill rows, several splits of the interpreter's configs).
+INDEXER_VERIFY = {"cuda": "verify", "cpu": "selfcheck"}
+
+
+def indexer_one_split(shape: indexer_topk.IndexerShape) -> indexer_topk.IndexerShape:
+    """``shape`` with every request cut to its first topk_p2 keys (whole pages): one split under
+    any config (split_keys >= topk_p2), the form whose split writes out itself (``direct``)."""
+    cap = triton.next_power_of_2(shape.topk)
+    cap = max(shape.block, cap // shape.block * shape.block)
+    lens = tuple(min(n, cap) for n in shape.lens)
+    return dataclasses.replace(shape, lens=lens, rows=tuple(min(r, n) for r, n in zip(shape.rows, lens)))
+
+
 def _dtypes(dev) -> list[torch.dtype]:
     """The q dtypes verified on ``dev`` (bf16 only on a GPU: the interpreter's bf16 dots are wrong)."""
     return ([torch.bfloat16] if dev.type == "cuda" else []) + [torch.float16, torch.float32]
@@ -57,7 +73,8 @@ def verification_cases(
     """(what, check) for every launch config of ``new`` that differs from ``old`` (both complete
     arch objects of ``op_key``): small calls through the public op on the ``verify`` shapes of
     ``rocm_mla.cases`` (uneven lengths, a short page, lq != lk, both merge head sizes) against the
-    float32 reference."""
+    float32 reference (the indexer: a valid top-k of float64 logits, on ``INDEXER_VERIFY``'s set
+    and its one-split form)."""
     from rocm_mla.ops._dispatch import unavailable
 
     where = f"{op_key}.{arch}"
@@ -129,6 +146,17 @@ def verification_cases(
             for n, run in ((16, {}), (128, {}), (16, {"batch_invariant": True})):
                 what = f"{where} N={n} {'batch_invariant' if run else 'S=auto'}"
                 out.append((what, sparse_check(dt, False, n, **run)))
+    elif op_key == "mla_indexer_topk":
+        if new != old:
+            make = {"fp8": C.platform_fp8_dtype(arch)}
+            for shape in indexer_topk.SHAPES[INDEXER_VERIFY.get(dev.type, "verify")]:
+                for s, tag in ((shape, ""), (indexer_one_split(shape), " (one split)")):
+                    out.append(
+                        (
+                            f"{where} {s.label()}{tag}",
+                            lambda s=s: inputs.verify_call("indexer", s, dev, None, make, backend="triton"),
+                        )
+                    )
     elif op_key == "mla_prefill":
         for key, dts in (("triton", [d for d in _dtypes(dev) if d != torch.float32]), ("triton_fp32", [torch.float32])):
             if new.get(key) == old.get(key) and new.get("backend_order") == old.get("backend_order"):

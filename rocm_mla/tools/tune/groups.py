@@ -1,9 +1,9 @@
 """Groups: the shapes one part of an op's config serves (a decode stage-1 tier for one q dtype and
 cache kind, decode's split and stage-2 parts, a sparse tier for one cache kind and its split part,
 prefill's 16-bit or float32 config, the merge or RoPE+KV-write implementation the op dispatches
-to) with that part's default, its listed candidates and the knobs of the coordinate search;
-``compose_tier`` / ``compose_sparse_tier`` write a decode / sparse point back into the tier
-schema."""
+to, the indexer's whole launch object) with that part's default, its listed candidates and the
+knobs of the coordinate search; ``compose_tier`` / ``compose_sparse_tier`` write a decode / sparse
+point back into the tier schema."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def _nearest_first(p0: dict, points: list[dict]) -> list[dict]:
 class Group:
     """Shapes one part of an op's config serves, and the candidate values of that part."""
 
-    op: str  # decode, prefill, merge, rope_kv_write, sparse
+    op: str  # decode, prefill, merge, rope_kv_write, sparse, indexer
     name: str
     shapes: list[Shape]
     point0: dict  # the package's value of the part (the default)
@@ -395,6 +395,95 @@ def sparse_groups(t: Tuner, shapes: list[Shape]) -> list[Group]:
             )
         )
     return groups
+
+
+# indexer: the grid around the shipped object, one knob at a time ("merge.chunk": the merge's
+# chunk); GPUs sweep the serving sizes, the CPU interpreter ("default") its own small ones.
+INDEXER_GRID = (
+    ("BLOCK_N", (32, 64, 128)),
+    ("num_warps", (4, 8)),
+    ("split_keys", (4096, 8192, 16384)),
+    ("num_stages", (1, 2, 3)),  # NVIDIA only (gfx9 keeps its one stage)
+    ("merge.chunk", (1024, 2048, 4096)),
+    ("waves_per_eu", (0, 2)),  # gfx9 only
+)
+INDEXER_GRID_INTERPRETER = (
+    ("BLOCK_N", (32, 64)),
+    ("num_warps", (4, 8)),
+    ("split_keys", (128, 256, 512)),
+    ("merge.chunk", (128, 256)),
+)
+INDEXER_MAX_CANDIDATES = 12  # the default included
+
+
+def _indexer_set(p: dict, knob: str, v) -> dict:
+    if knob == "merge.chunk":
+        return {**p, "merge": {**p["merge"], "chunk": v}}
+    return {**p, knob: v}
+
+
+def indexer_launch(arch: str, p: dict, topk_p2: int) -> dict:
+    """``p`` as the plan launches it for a top-k of ``topk_p2`` (a power of two): split_keys and
+    the merge's chunk raised as ``plan_indexer_topk`` raises them (a power of two, at least one
+    element a thread; split_keys at least topk_p2 and BLOCK_N). Two points that launch alike are
+    one candidate."""
+    from triton import next_power_of_2
+
+    wave = 64 if C.is_amd_arch(arch) else 32
+    split = max(next_power_of_2(int(p["split_keys"])), topk_p2, int(p["BLOCK_N"]), int(p["num_warps"]) * wave)
+    m = p["merge"]
+    chunk = max(next_power_of_2(int(m["chunk"])), int(m["num_warps"]) * wave)
+    return {**p, "split_keys": split, "merge": {**m, "chunk": chunk}}
+
+
+def indexer_candidates(arch: str, p0: dict, topk_p2: int = 1) -> list[dict]:
+    """The indexer's candidates around its shipped object ``p0`` (complete objects): single-knob
+    changes over ``INDEXER_GRID`` (the interpreter: ``INDEXER_GRID_INTERPRETER``), one value of
+    each knob before the next value of any (``--quick`` keeps the first ones), without points
+    the plan launches like ``p0`` or an earlier one (``indexer_launch``), at most
+    ``INDEXER_MAX_CANDIDATES`` - 1."""
+    amd, nv = C.is_amd_arch(arch), C.is_nvidia_arch(arch)
+    grid = INDEXER_GRID if amd or nv else INDEXER_GRID_INTERPRETER
+    grid = [(k, vs) for k, vs in grid if (k != "num_stages" or nv) and (k != "waves_per_eu" or (amd and k in p0))]
+    cur = lambda p, k: p["merge"]["chunk"] if k == "merge.chunk" else p.get(k)  # noqa: E731
+    alts = [(k, [v for v in vs if v != cur(p0, k)]) for k, vs in grid]
+    seen, out = {point_key(indexer_launch(arch, p0, topk_p2))}, []
+    for r in range(max((len(a) for _, a in alts), default=0)):
+        for k, a in alts:
+            if r < len(a):
+                p = _indexer_set(p0, k, a[r])
+                key = point_key(indexer_launch(arch, p, topk_p2))
+                if key not in seen:
+                    seen.add(key)
+                    out.append(p)
+    return out[: INDEXER_MAX_CANDIDATES - 1]
+
+
+def indexer_label(p: dict) -> str:
+    m = p.get("merge", {})
+    s = (
+        f"S{p['split_keys']} N{p['BLOCK_N']} w{p['num_warps']} s{p['num_stages']}"
+        f" m{m.get('chunk')}/w{m.get('num_warps')}{' d0' if p.get('direct', True) is False else ''}"
+    )
+    for k, tag in (("waves_per_eu", "wpe"), ("matrix_instr_nonkdim", "mi"), ("kpack", "kp")):
+        if k in p:
+            s += f" {tag}{p[k]}"
+    return s
+
+
+def indexer_groups(t: Tuner, shapes: list[Shape]) -> list[Group]:
+    """mla_indexer_topk: one group over every shape, its point the arch's whole launch object
+    (split_keys, BLOCK_N, num_warps, num_stages, direct, merge, gfx9 options), its candidates
+    ``indexer_candidates``; no coordinate pass (the list is the search)."""
+    from triton import next_power_of_2
+
+    op_key = OP_KEYS["indexer"]
+    if not shapes:
+        return []
+    p0 = json.loads(json.dumps(t.package[op_key]))
+    topk_p2 = min(next_power_of_2(s["topk"]) for s in shapes)
+    listed = indexer_candidates(t.arch, p0, topk_p2)
+    return [Group("indexer", "launch data", list(shapes), p0, listed, [], lambda p: dict(p), indexer_label)]
 
 
 def prefill_groups(t: Tuner, shapes: list[Shape]) -> list[Group]:

@@ -1,22 +1,24 @@
 """The tuner's calls on ``rocm_mla.cases`` inputs.
 
 ``CASES[op](shape, dev)`` builds the :class:`Case` of one timed shape from the op's ``make_inputs``
-(decode and sparse: cache copies for the cold-cache rotation, ``cold_copies``; decode's block table
-as wide as the longest request, the width the plan sees in serving); its ``call(i)`` is the public
-op on input copy i as a serving process calls it (a candidate config reaches it through
-``rocm_mla.configs.override``), its ``check()`` that call against the float32 reference on a subset
-of rows, under the op's ``TOLERANCE``. :func:`verify_call` is one small checked call on a ``verify``
+(decode, sparse and the indexer: cache copies for the cold-cache rotation, ``cold_copies``;
+decode's block table as wide as the longest request, the width the plan sees in serving); its
+``call(i)`` is the public op on input copy i as a serving process calls it (a candidate config
+reaches it through ``rocm_mla.configs.override``), its ``check()`` that call against the float32
+reference on a subset of rows, under the op's ``TOLERANCE`` (the indexer: a valid top-k of float64
+logits). :func:`verify_call` is one small checked call on a ``verify``
 shape of the cases (a changed config's acceptance, ``rocm-mla tune --check``)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from rocm_mla.cases import cold_copies, decode, merge, prefill, rope_kv_write, sparse
+from rocm_mla.cases import cold_copies, decode, indexer_topk, merge, prefill, rope_kv_write, sparse
 
 from .shapes import CASE_MODULES, Shape
 
@@ -26,6 +28,7 @@ CHECK_REQUESTS = 2  # decode: the first 2 requests (all their q_len rows)
 CHECK_PREFILL_ROWS = 128  # prefill: the first 128 causal queries of sequence 0
 CHECK_TOKENS = 256  # merge, rope_kv_write: the first 256 tokens
 CHECK_SPARSE_ROWS = 8  # sparse: the first 8 query rows (each a K-entry gather of the reference)
+CHECK_INDEXER_ROWS = 8  # indexer: the first 8 query rows (float64 logits of every key each sees)
 
 
 @dataclass
@@ -85,6 +88,44 @@ def sparse_case(s: Shape, dev: torch.device) -> Case:
     return Case(dev, inp, call, check, copies)
 
 
+def indexer_case(s: Shape, dev: torch.device) -> Case:
+    """mla_indexer_topk (Triton) with q as vLLM hands it over (an fp8 slice, the platform's kind),
+    rotating over key-cache copies, with a plan made once per launch config (the one
+    ``config_for`` returns when the call is made: the candidate's) and its workspace allocated
+    with it, as a serving step plans once for every layer. The check poisons the rows it reads
+    first (a call that writes nothing cannot pass on an earlier candidate's answer)."""
+    from rocm_mla import _platform
+    from rocm_mla import configs as C
+    from rocm_mla.ops.indexer_topk_plan import OP
+    from rocm_mla.tools.benchutil import cold_cache_bytes
+
+    shape = s.case_shape
+    copies, _ = cold_copies(shape.set_bytes(), cold_cache_bytes(dev) if dev.type == "cuda" else 0)
+    inp = indexer_topk.make_inputs(shape, device=dev, copies=copies)
+    arch = _platform.device_arch(dev)
+    held: dict = {}  # the current config's (key, plan, workspace): one workspace alive at a time
+
+    def prepared():
+        key = json.dumps(C.config_for(OP, arch), sort_keys=True)
+        if held.get("key") != key:
+            held.clear()
+            plan = inp.plan()
+            ws = torch.empty(max(plan.workspace_numel, 1), dtype=torch.int32, device=dev)
+            held.update(key=key, plan=plan, ws=ws)
+        return held["plan"], held["ws"]
+
+    def call(i: int):
+        plan, ws = prepared()
+        return inp.run(i, backend="triton", plan=plan, workspace=ws)
+
+    def check() -> str:
+        inp.out[:CHECK_INDEXER_ROWS].fill_(indexer_topk.POISON_OUT)
+        call(0)
+        return inp.mismatch(rows=CHECK_INDEXER_ROWS)
+
+    return Case(dev, inp, call, check, copies)
+
+
 def prefill_case(s: Shape, dev: torch.device) -> Case:
     """mla_prefill causal on k_nope / v views of kv_b_proj's output, out into the layer's buffer."""
     inp = prefill.make_inputs(s.case_shape, dtype=s.dtype(dev), device=dev)
@@ -129,13 +170,16 @@ CASES: dict[str, Callable[[Shape, torch.device], Case]] = {
     "merge": merge_case,
     "rope_kv_write": rope_case,
     "sparse": sparse_case,
+    "indexer": indexer_case,
 }
 
 
-def verify_call(op: str, shape, dev: torch.device, dtype: torch.dtype, make: dict | None = None, **run) -> str:
+def verify_call(op: str, shape, dev: torch.device, dtype: torch.dtype | None, make: dict | None = None, **run) -> str:
     """The public op once on fresh inputs of the cases shape ``shape`` (seed 7; ``make``: more
-    ``make_inputs`` keywords), every output against the float32 reference: '' or what differs.
-    ``run``: the op's keywords (backend, num_kv_splits, ...)."""
-    inp = CASE_MODULES[op].make_inputs(shape, dtype=dtype, device=dev, seed=7, **(make or {}))
+    ``make_inputs`` keywords; ``dtype`` None: an op whose inputs have no dtype choice, the
+    indexer's fp8), every output against the float32 reference: '' or what differs. ``run``: the
+    op's keywords (backend, num_kv_splits, ...)."""
+    kw = dict(make or {}) if dtype is None else {"dtype": dtype, **(make or {})}
+    inp = CASE_MODULES[op].make_inputs(shape, device=dev, seed=7, **kw)
     inp.run(**run)
     return inp.mismatch()

@@ -1,7 +1,8 @@
 """The shapes the tuner times: ``Shape`` (one op, its parameters and q's dtype), the named
-``PRESETS`` (shape sets of ``rocm_mla.cases``: DeepSeek-V3 and V3.2 serving and the op benches'
-shapes) and ``parse_shapes`` for ``--shapes``. ``Shape.case_shape`` is the ``rocm_mla.cases``
-shape the timed inputs are built from; ``Shape.from_case`` the other way."""
+``PRESETS`` (shape sets of ``rocm_mla.cases``: DeepSeek-V3 and V3.2 serving, the lightning
+indexer's and the op benches' shapes) and ``parse_shapes`` for ``--shapes``. ``Shape.case_shape``
+is the ``rocm_mla.cases`` shape the timed inputs are built from; ``Shape.from_case`` the other
+way."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rocm_mla.cases import decode, merge, prefill, rope_kv_write, sparse
+from rocm_mla.cases import decode, indexer_topk, merge, prefill, rope_kv_write, sparse
 
 OP_KEYS = {
     "decode": "mla_decode",
@@ -17,11 +18,19 @@ OP_KEYS = {
     "merge": "merge_attn_states",
     "rope_kv_write": "rope_kv_write",
     "sparse": "mla_sparse_attention",
+    "indexer": "mla_indexer_topk",
 }
 ALL_OPS = tuple(OP_KEYS)
 # "rope_kv" is accepted for rope_kv_write in --ops, shape specs, preset names and overlays' _meta.
 OP_ALIASES = {"rope_kv": "rope_kv_write"}
-CASE_MODULES = {"decode": decode, "prefill": prefill, "merge": merge, "rope_kv_write": rope_kv_write, "sparse": sparse}
+CASE_MODULES = {
+    "decode": decode,
+    "prefill": prefill,
+    "merge": merge,
+    "rope_kv_write": rope_kv_write,
+    "sparse": sparse,
+    "indexer": indexer_topk,
+}
 
 # The parameters of a shape spec and their defaults. dt "auto": bf16 on a GPU, fp16 in the CPU
 # interpreter (its bf16 dots are wrong: triton issue 11584).
@@ -44,6 +53,10 @@ PARAMS = {
         "mode": "paged",
         "dt": "auto",
     },
+    # B requests of ctx keys, q query rows each (decode 1, MTP 2, a prefill chunk many), H indexer
+    # heads, topk kept (rocm_mla.cases.indexer_topk.IndexerShape.decode); q and the cache in the
+    # platform's fp8 kind (no dt)
+    "indexer": {"B": 128, "ctx": 32768, "H": 64, "q": 1, "topk": 2048, "block": 64},
 }
 # left out of labels when default
 _HIDDEN_DEFAULTS = {"dt": "auto", "block": 64, "geo": "deepseek", "mode": "paged"}
@@ -52,7 +65,8 @@ _DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 @dataclass(frozen=True)
 class Shape:
-    """One shape of one op: ``op`` (decode, prefill, merge, rope_kv_write, sparse) and its parameters."""
+    """One shape of one op: ``op`` (decode, prefill, merge, rope_kv_write, sparse, indexer) and its
+    parameters."""
 
     op: str
     items: tuple
@@ -75,8 +89,8 @@ class Shape:
     @staticmethod
     def from_case(op: str, cs) -> Shape:
         """The tuner's shape of a ``rocm_mla.cases`` shape (one the spec can say: uniform lengths,
-        DeepSeek's q width, the merge layout's own lse layout, sparse requests of one length and
-        one row count); ValueError otherwise."""
+        DeepSeek's q width, the merge layout's own lse layout, sparse and indexer requests of one
+        length and one row count); ValueError otherwise."""
         if op == "decode" and cs.lens is None:
             return Shape.make(op, B=cs.B, seq=cs.seq, N=cs.N, q=cs.q_len, kv=cs.kv, block=cs.block)
         geo = {d: k for k, d in prefill.GEOMETRIES.items()}.get(getattr(cs, "dims", None))
@@ -92,6 +106,10 @@ class Shape:
             )
             if s.case_shape == cs:  # not when the case carries a name (a spec has none)
                 return s
+        if op == "indexer" and cs.lens and len(set(cs.lens)) == 1 and len(set(cs.rows)) == 1:
+            s = Shape.make(op, B=len(cs.lens), ctx=cs.lens[0], H=cs.H, q=cs.rows[0], topk=cs.topk, block=cs.block)
+            if s.case_shape == cs:
+                return s
         raise ValueError(f"{op} shape {cs!r}: not expressible as a tuning shape")
 
     def __getitem__(self, k: str):
@@ -100,7 +118,7 @@ class Shape:
     @property
     def case_shape(self):
         """The ``rocm_mla.cases`` shape of this one (DecodeShape, PrefillShape, MergeShape, RopeShape,
-        SparseShape)."""
+        SparseShape, IndexerShape)."""
         p = dict(self.items)
         if self.op == "decode":
             return decode.DecodeShape(p["B"], p["seq"], p["N"], p["q"], block=p["block"], kv=p["kv"])
@@ -114,10 +132,12 @@ class Shape:
             return sparse.SparseShape.decode(
                 p["B"], p["ctx"], p["N"], p["q"], K=p["K"], kv=p["kv"], block=p["block"], mode=p["mode"]
             )
+        if self.op == "indexer":
+            return indexer_topk.IndexerShape.decode(p["B"], p["ctx"], p["H"], p["q"], topk=p["topk"], block=p["block"])
         return rope_kv_write.RopeShape(p["T"], p["N"], block=p["block"], kv=p["kv"])
 
     def dtype(self, dev: torch.device) -> torch.dtype:
-        """q's dtype on ``dev`` (see PARAMS)."""
+        """q's dtype on ``dev`` (see PARAMS; the indexer's q is fp8, the platform's kind: no dt)."""
         dt = self["dt"]
         if dt == "auto":
             return torch.bfloat16 if dev.type == "cuda" else torch.float16
@@ -143,10 +163,14 @@ _OPS = (("prefill", "tune"), ("merge", "tune"), ("rope_kv_write", "tune"))
 # The CPU interpreter's sparse shape: rocm_mla.cases.sparse's "tiny" set has requests of uneven
 # lengths, which a spec cannot say; this is its uniform counterpart (2 requests, K 32, block 16).
 _SPARSE_TINY = Shape.make("sparse", B=2, ctx=64, N=16, K=32, block=16)
+# The same for rocm_mla.cases.indexer_topk's "tiny" set: 2 requests of 300 keys, one row each (two
+# splits of the interpreter's config, so the merge runs too), topk 48.
+_INDEXER_TINY = Shape.make("indexer", B=2, ctx=300, H=32, topk=48, block=16)
+_TINY_OWN = {"sparse": _SPARSE_TINY, "indexer": _INDEXER_TINY}
 
 
 def _tiny() -> list[Shape]:
-    return [s for op in ALL_OPS for s in ([_SPARSE_TINY] if op == "sparse" else _sets((op, "tiny")))]
+    return [s for op in ALL_OPS for s in ([_TINY_OWN[op]] if op in _TINY_OWN else _sets((op, "tiny")))]
 
 
 # Preset -> shapes, each a named set of rocm_mla.cases (<op>.SHAPES[name]).
@@ -163,14 +187,17 @@ PRESETS: dict[str, list[Shape]] = {
     "rope_kv_write": _sets(("rope_kv_write", "tune")),
     # Sparse MLA: one shape per tier and cache kind that serving runs (decode, MTP, a prefill chunk).
     "sparse": _sets(("sparse", "tune")),
-    # --quick: one or two shapes per group that matters (fits 10 minutes on one GPU with compiles)
-    "quick": _sets(*((op, "quick") for op in ALL_OPS)),
-    # the CPU interpreter (tests of the tuner itself; sparse: _SPARSE_TINY)
+    # The lightning indexer (H 64): 128 x 32K decode rows, one 128K request, an 8192-row prefill chunk.
+    "indexer": _sets(("indexer", "tune")),
+    # --quick: one or two shapes per group that matters (fits 10 minutes on one GPU with compiles);
+    # the indexer's one group: its tune set (its quick set is the bench's)
+    "quick": _sets(*((op, "tune" if op == "indexer" else "quick") for op in ALL_OPS)),
+    # the CPU interpreter (tests of the tuner itself; sparse and indexer: _TINY_OWN)
     "tiny": _tiny(),
     "deepseek-v3": _sets(*_SERVING, *_OPS),
     # DeepSeek-V3.2 / GLM-5 serving (sparse.SHAPES["tune"]): TP8 (8 and 16 heads), DP (128), MTP
-    # rows, an fp8 cache, a prefill chunk.
-    "deepseek-v3.2": _sets(("sparse", "tune")),
+    # rows, an fp8 cache, a prefill chunk; and its lightning indexer (indexer_topk.SHAPES["tune"]).
+    "deepseek-v3.2": _sets(("sparse", "tune"), ("indexer", "tune")),
 }
 
 

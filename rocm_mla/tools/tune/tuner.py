@@ -16,14 +16,14 @@ from rocm_mla import configs as C
 from rocm_mla.ops.decode_plan import STAGE1_DEFAULTS
 
 from .acceptance import MIN_GAIN, Acceptance, exc_text, geomean, sync_or_raise
-from .groups import Group, decode_groups, impl_groups, point_key, prefill_groups, sparse_groups
+from .groups import Group, decode_groups, impl_groups, indexer_groups, point_key, prefill_groups, sparse_groups
 from .inputs import CASES, Case
 from .overlay import OverlayWriter
 from .shapes import ALL_OPS, OP_KEYS, Shape
 from .timing import time_case_us
 
 # candidates per group, default included
-QUICK_CAP = {"decode": 3, "prefill": 4, "merge": 12, "rope_kv_write": 33, "sparse": 3}
+QUICK_CAP = {"decode": 3, "prefill": 4, "merge": 12, "rope_kv_write": 33, "sparse": 3, "indexer": 4}
 
 
 def _fmt_s(sec: float) -> str:
@@ -119,6 +119,8 @@ class Tuner(Acceptance, OverlayWriter):
                 self.groups += prefill_groups(self, by_op[op])
             elif op == "sparse":
                 self.groups += sparse_groups(self, by_op[op])
+            elif op == "indexer":
+                self.groups += indexer_groups(self, by_op[op])
             else:
                 self.groups.append(
                     Group(

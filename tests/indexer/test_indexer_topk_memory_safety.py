@@ -133,3 +133,31 @@ def test_gpu_no_sync_and_capturable(small):
     out = Guarded((SHAPE.T, SHAPE.topk), torch.int32, device=DEVICE, fill=torch.full((SHAPE.T, SHAPE.topk), POISON_OUT))
     assert_no_sync_and_capturable([lambda: case.run(backend="triton", plan=plan, workspace=ws, out=out.view)], [out])
     assert case.mismatch(out.view) == ""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("seed", range(4))
+def test_fuzz_bad_values(backend, seed):
+    """Random bad values in random rows (requests, kv_lens, used pages, of every kind and size):
+    exactly the rows the reference calls bad get the sentinel, the others are valid, nothing outside
+    the guarded cache changes."""
+    g = torch.Generator().manual_seed(seed)
+    case = make_inputs(SHAPE, device=DEVICE, seed=20 + seed)
+    nb, bs = case.index_cache.shape[0], case.shape.block
+    wild = [-1, -(1 << 31), nb, nb + 7, HUGE]
+    for t in torch.randperm(SHAPE.T, generator=g)[:3].tolist():
+        what = int(torch.randint(0, 3, (1,), generator=g))
+        pick = wild[int(torch.randint(0, len(wild), (1,), generator=g))]
+        if what == 0:
+            case.req_ids[t] = pick
+        elif what == 1:
+            case.kv_lens[t] = pick
+        else:
+            used = max(1, -(-int(case.kv_lens[t]) // bs))
+            case.block_table[int(case.req_ids[t]), int(torch.randint(0, used, (1,), generator=g))] = pick
+    guarded = Guarded(tuple(case.index_cache.shape), torch.uint8, device=DEVICE, fill=case.index_cache, guard=4096)
+    case.caches[0] = guarded.view
+    case.run(backend=backend, **_config(backend, seed % 2 == 1))
+    assert not bool((case.out == POISON_OUT).any())
+    case.check()  # the reference's verdict per row: the sentinel where it says bad, valid elsewhere
+    guarded.check("index_cache")

@@ -274,9 +274,9 @@ def make_inputs(
         caches.append(c)
         tables.append(t)
     T, H = shape.T, shape.H
-    q_base = torch.randn((T, H, INDEX_HEAD_DIM + 32), generator=g, device=g.device).to(device)
-    q = q_base[:, :, :INDEX_HEAD_DIM].to(kind)  # a fresh fp8 tensor; see below for the stride
-    q = torch.empty((T, H, INDEX_HEAD_DIM + 16), dtype=kind, device=device)[:, :, :INDEX_HEAD_DIM].copy_(q)
+    # q a slice of a wider buffer: its head and row strides are not H x 128's.
+    q = torch.empty((T, H, INDEX_HEAD_DIM + 16), dtype=kind, device=device)[:, :, :INDEX_HEAD_DIM]
+    q.copy_(torch.randn((T, H, INDEX_HEAD_DIM), generator=g, device=g.device).to(device))
     weights = torch.randn((T, H), generator=g, device=g.device).to(device) * H**-0.5
     req = [b for b, r in enumerate(shape.rows) for _ in range(r)] + [0] * req_pad
     req_ids = torch.tensor(req, dtype=torch.int32, device=device)

@@ -31,10 +31,6 @@ import triton.language as tl
 
 from .mla_sparse import page_and_offset
 
-# Order key of a NaN logit: above every number (+inf maps to 0xFF800000).
-NAN_KEY = 0xFFFFFFFF
-SENTINEL = -2
-
 
 @triton.jit
 def _order_key(x):
@@ -43,6 +39,16 @@ def _order_key(x):
     bits = x.to(tl.uint32, bitcast=True)
     key = tl.where((bits >> 31) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)  # (~ trips the CPU interpreter on uint32)
     return tl.where(x != x, 0xFFFFFFFF, key)
+
+
+@triton.jit
+def _row(req_ids, kv_lens, t, s_req, s_kl, num_reqs, capacity, max_keys):
+    """Row t's request, kv_len, and whether the row is bad: its request outside [0, num_reqs), its
+    kv_len negative, past the table (capacity) or past what the call's splits cover (max_keys)."""
+    req = tl.load(req_ids + t * s_req)
+    kv_len = tl.load(kv_lens + t * s_kl)
+    bad = (req < 0) | (req >= num_reqs) | (kv_len < 0) | (kv_len > capacity) | (kv_len > max_keys)
+    return req, kv_len, bad
 
 
 @triton.jit
@@ -116,18 +122,16 @@ def mla_indexer_split_topk_kernel(
     indexer.py), then page_size float32 scales. block_table [B, max_blocks] int32, req_ids [T],
     kv_lens [T] int32; capacity = max_blocks x page_size. DIRECT (one split per row): out [T, topk]
     int32 (row stride s_o_r): the positions,
-    -1 past the row's keys, SENTINEL everywhere for a bad row. Otherwise cand_key / cand_pos
+    -1 past the row's keys, -2 (reference.indexer_topk.SENTINEL) everywhere for a bad row. Otherwise cand_key / cand_pos
     [T, num_splits, TOPK_P2] (contiguous): the split's selected order keys and positions in slots
-    [0, n), the rest not written; NAN_KEY in slot 0 marks a bad row.
+    [0, n), the rest not written; the NaN key 0xFFFFFFFF in slot 0 marks a bad row.
     """
     cand_key = cand_key.to(tl.pointer_type(tl.uint32))  # an int32 workspace holding uint32 keys
     pid = tl.program_id(0)
     split = pid % num_splits
     t = (pid // num_splits).to(tl.int64)
 
-    req = tl.load(req_ids + t * s_req)
-    kv_len = tl.load(kv_lens + t * s_kl)
-    row_bad = (req < 0) | (req >= num_reqs) | (kv_len < 0) | (kv_len > capacity) | (kv_len > num_splits * SPLIT)
+    req, kv_len, row_bad = _row(req_ids, kv_lens, t, s_req, s_kl, num_reqs, capacity, num_splits * SPLIT)
     n_keys = tl.where(row_bad, 0, kv_len)
     lo = split * SPLIT
     hi = tl.minimum(lo + SPLIT, n_keys)
@@ -234,13 +238,12 @@ def mla_indexer_merge_kernel(
     CHUNK: tl.constexpr,
 ):
     """Program t: the top ``topk`` of row t's split candidates (``mla_indexer_split_topk_kernel``,
-    its live splits only: cdiv(kv_len, SPLIT), one for a bad row), the same radix select over
-    chunks of CHUNK candidates read from the workspace; writes out[t] as the DIRECT split kernel."""
+    its live splits only: cdiv(kv_len, SPLIT), one for a bad row), the same threshold search over
+    chunks of CHUNK candidates read from the workspace (four bits a pass); writes out[t] as the
+    DIRECT split kernel."""
     cand_key = cand_key.to(tl.pointer_type(tl.uint32))  # an int32 workspace holding uint32 keys
     t = tl.program_id(0).to(tl.int64)
-    req = tl.load(req_ids + t * s_req)
-    kv_len = tl.load(kv_lens + t * s_kl)
-    row_bad = (req < 0) | (req >= num_reqs) | (kv_len < 0) | (kv_len > capacity) | (kv_len > num_splits * SPLIT)
+    req, kv_len, row_bad = _row(req_ids, kv_lens, t, s_req, s_kl, num_reqs, capacity, num_splits * SPLIT)
     live = tl.where(row_bad, 1, tl.cdiv(tl.maximum(kv_len, 0), SPLIT))
     base = t * num_splits * TOPK_P2
     n = live * TOPK_P2

@@ -1,6 +1,7 @@
 """Triton pieces shared by the ops, their variant lists, tools/ and perf/: the Triton type name of a
-torch dtype, the compile options only AMD's Triton backend knows, and LOG2E (the kernels' softmax
-runs in base 2: the wrappers fold log2(e) into the score scale).
+torch dtype, the compile options only AMD's Triton backend knows, LOG2E (the kernels' softmax runs
+in base 2: the wrappers fold log2(e) into the score scale) and INT32_MAX (the clamp of the bounds
+that int32 index checks compare against).
 
 One copy of each, so that what the ISA report compiles and what a wrapper launches name types and
 options the same way. Imports no op and no kernel.
@@ -15,6 +16,9 @@ import torch
 from .configs import AMD_OPTIONS, is_amd_arch, platform_fp8_dtype
 
 LOG2E = 1.4426950408889634  # log2(e)
+# The largest int32: kernels that check int32 indices with 32-bit unsigned compares take their
+# bounds clamped to it (a bound past it excludes nothing more).
+INT32_MAX = 2**31 - 1
 
 # torch dtype -> Triton pointer element type ("*" + this) in a kernel signature.
 TRITON_TYPE = {
@@ -55,4 +59,13 @@ def without_amd_options(cfg: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in cfg.items() if k not in AMD_ONLY_OPTIONS}
 
 
-__all__ = ["TRITON_TYPE", "AMD_ONLY_OPTIONS", "triton_type", "fp8_triton_type", "amd_options", "without_amd_options"]
+__all__ = [
+    "INT32_MAX",
+    "LOG2E",
+    "TRITON_TYPE",
+    "AMD_ONLY_OPTIONS",
+    "triton_type",
+    "fp8_triton_type",
+    "amd_options",
+    "without_amd_options",
+]

@@ -16,12 +16,11 @@ from .. import _platform
 from ..kernels.indexer_topk import mla_indexer_merge_kernel, mla_indexer_split_topk_kernel
 from ..mla_dims import FP8_DTYPES
 from ..reference.indexer_topk import SENTINEL, mla_indexer_topk_ref
+from ..triton_common import INT32_MAX
 from ._checks import Checker, debug_enabled
 from ._dispatch import select
 from .indexer_cache import check_index_cache
 from .indexer_topk_plan import INDEX_DIM, OP, IndexerTopkPlan, plan_indexer_topk
-
-_I32_MAX = 2**31 - 1
 
 
 def mla_indexer_topk(
@@ -239,10 +238,10 @@ def _launch_triton(plan, q, weights, index_cache, block_table, req_ids, kv_lens,
     if nb == 0:  # every row's keys are then bad; the stand-in keeps a live pointer
         cache = torch.empty(1, 1, cache.shape[2], dtype=q.dtype, device=cache.device)
     bt = block_table if block_table.numel() else kv_lens
-    capacity = min(block_table.shape[1] * bs, _I32_MAX)
+    capacity = min(block_table.shape[1] * bs, INT32_MAX)
     mla_indexer_split_topk_kernel[plan.grid](
         q, weights, cache, bt, req_ids, kv_lens, out, cand_key, cand_pos,
-        T, S, plan.topk, bs, plan.page_shift, capacity, min(nb, _I32_MAX), block_table.shape[0],
+        T, S, plan.topk, bs, plan.page_shift, capacity, min(nb, INT32_MAX), block_table.shape[0],
         q.stride(0), q.stride(1), weights.stride(0), weights.stride(1), cache.stride(0),
         block_table.stride(0), req_ids.stride(0), kv_lens.stride(0), out.stride(0),
         **plan.constexprs, **plan.options,

@@ -15,13 +15,11 @@ import torch
 from ..kernels.mla_decode import mla_decode_reduce_kernel
 from ..kernels.mla_sparse import mla_sparse_attention_kernel
 from ..reference.sparse import mla_sparse_attention_ref, sparse_slots
-from ..triton_common import LOG2E
+from ..triton_common import INT32_MAX, LOG2E
 from ._checks import FLOAT_DTYPES, Checker, debug_enabled
 from ._dispatch import select
 from .decode import _check_k_scale, _destinations, _kv_view
 from .sparse_plan import D_KV, D_NOPE, D_PE, OP, SparsePlan, plan_sparse_attention
-
-_I32_MAX = 2**31 - 1
 
 
 def mla_sparse_attention(
@@ -339,7 +337,7 @@ def _launch_triton(
     ti = topk_indices
     # Entries and pages are int32 and the kernel checks them with 32-bit unsigned compares: bounds
     # past 2^31 - 1 exclude nothing more.
-    cap, num_pages = min(cap, _I32_MAX), min(kv.shape[0], _I32_MAX)
+    cap, num_pages = min(cap, INT32_MAX), min(kv.shape[0], INT32_MAX)
     mla_sparse_attention_kernel[plan.grid](
         q_nope, q_pe, cache, ti, bt, reqs, scale_ptr, out, lse, part_o, part_lse,
         qk_scale, out_scale,

@@ -425,11 +425,12 @@ def test_sparse_shape_spec_and_presets():
             _ = parse_shapes(bad)[0].case_shape
 
 
-def _sparse_tuner(tmp_path, shapes: str, quick: bool = False, arch: str | None = None) -> Tuner:
-    """A Tuner of the sparse op on the CPU; with ``arch``, one planning for a GPU of that arch (bf16 q)."""
+def _op_tuner(op: str, tmp_path, shapes: str, quick: bool = False, arch: str | None = None) -> Tuner:
+    """A Tuner of ``op`` on the CPU; with ``arch``, one planning for a GPU of that arch (no kernel
+    runs)."""
     t = Tuner(
         torch.device("cpu"),
-        ["sparse"],
+        [op],
         parse_shapes(shapes),
         quick=quick,
         max_minutes=None,
@@ -438,11 +439,16 @@ def _sparse_tuner(tmp_path, shapes: str, quick: bool = False, arch: str | None =
         argv=["test"],
         log=lambda s: None,
     )
-    if arch is not None:  # the groups of another arch (no kernel runs)
+    if arch is not None:
         t.arch, t.dev = arch, torch.device("cuda")
         t.package = {k: C.package_config(k, arch) for k in t.package}
         t.current = dict(t.package)
     return t
+
+
+def _sparse_tuner(tmp_path, shapes: str, quick: bool = False, arch: str | None = None) -> Tuner:
+    """A Tuner of the sparse op on the CPU; with ``arch``, one planning for a GPU of that arch (bf16 q)."""
+    return _op_tuner("sparse", tmp_path, shapes, quick, arch)
 
 
 def test_sparse_groups_for_the_tiny_preset(tmp_path):
@@ -564,22 +570,7 @@ def test_indexer_shape_spec_and_presets():
 
 def _indexer_tuner(tmp_path, shapes: str, quick: bool = False, arch: str | None = None) -> Tuner:
     """A Tuner of the indexer on the CPU; with ``arch``, one planning for a GPU of that arch."""
-    t = Tuner(
-        torch.device("cpu"),
-        ["indexer"],
-        parse_shapes(shapes),
-        quick=quick,
-        max_minutes=None,
-        max_candidates=None,
-        out_path=tmp_path / "cpu.json",
-        argv=["test"],
-        log=lambda s: None,
-    )
-    if arch is not None:  # the groups of another arch (no kernel runs)
-        t.arch, t.dev = arch, torch.device("cuda")
-        t.package = {k: C.package_config(k, arch) for k in t.package}
-        t.current = dict(t.package)
-    return t
+    return _op_tuner("indexer", tmp_path, shapes, quick, arch)
 
 
 @pytest.mark.parametrize("arch,count", [("sm90", 10), ("gfx942", 9), ("gfx950", 9), ("cpu", 6)])

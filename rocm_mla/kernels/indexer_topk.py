@@ -5,18 +5,19 @@ The lightning indexer of sparse MLA (DeepSeek-V3.2, GLM-5.x) scores every key a 
 
     logit(t, j) = sum_h weights[t, h] x relu(q[t, h] . k_j),    k_j = fp8 row j x its float32 scale,
 
-and keeps the ``topk`` largest as request-local positions. No logits matrix is written: a program
-(``mla_indexer_split_topk_kernel``) takes one row and one split of SPLIT keys, keeps that split's
-logits in registers (a [SPLIT // BLOCK_N, BLOCK_N] tile, one tile row per key block), and selects
-their top-k there; with one split per row it writes the row's answer, otherwise the split's
-candidates (order keys and positions, ``[T, S, TOPK_P2]``), which ``mla_indexer_merge_kernel``
-reduces to the row's answer.
+and keeps the ``topk`` largest as request-local positions. No logits matrix is written: the
+persistent programs of ``mla_indexer_split_topk_kernel`` take (row, split) items in turn; a
+program scores one split of SPLIT keys into its own stage row of the workspace (bounded by the
+grid, not by the rows or the context), holds the stage in registers to find the split's
+threshold, and keeps the split's top-k: with one split per row it writes the row's answer,
+otherwise the split's candidates (order keys and positions, ``[T, S, TOPK_P2]``), which
+``mla_indexer_merge_kernel`` reduces to the row's answer.
 
 Selection is exact, on order keys (a float's bits mapped so that unsigned order is float order; 0
 marks "no key"): the k-th largest key is found bit by bit from the top (keep a bit while >= k keys
-stay at or above the threshold; the merge tests four bits a pass), every larger key is taken, and
-keys equal to it in position order until k are taken. So the answer is the selected positions in
-ascending order, whatever the split size: deterministic and independent of the batch.
+stay at or above the threshold), every larger key is taken, and keys equal to it in position
+order until k are taken. So the answer is the selected positions in ascending order, whatever the
+split size or grid: deterministic and independent of the batch.
 
 NaN and bad values are never dropped silently: a NaN logit (NaN in q, weights, a key or its scale)
 maps to the largest order key, so it is always selected, and a row whose selection holds one
@@ -52,16 +53,85 @@ def _row(req_ids, kv_lens, t, s_req, s_kl, num_reqs, capacity, max_keys):
 
 
 @triton.jit
+def _written(c, n, row_bad, kv_len, topk, SPLIT: tl.constexpr, TOPK_P2: tl.constexpr):
+    """Which of the key slots ``c`` (row-relative, [0, n)) hold a key: split ``c // TOPK_P2``
+    wrote min(topk, its keys) of its TOPK_P2 slots (one, the mark, for a bad row); the rest are
+    stale. A split's own stage is the case SPLIT = TOPK_P2, topk = kv_len = its keys."""
+    sp = c // TOPK_P2
+    cnt = tl.where(row_bad, 1, tl.minimum(topk, tl.minimum(kv_len - sp * SPLIT, SPLIT)))
+    return (c < n) & ((c % TOPK_P2) < cnt)
+
+
+@triton.jit
+def _count_keys(keys_ptr, n, row_bad, kv_len, topk, SPLIT: tl.constexpr, TOPK_P2: tl.constexpr, CHUNK: tl.constexpr):
+    """(keys held, whether one is the NaN key 0xFFFFFFFF) over the slots ``_written`` names."""
+    offs = tl.arange(0, CHUNK)
+    n_valid = tl.zeros([], dtype=tl.int32)
+    nan = tl.zeros([], dtype=tl.int1)
+    for c0 in range(0, n, CHUNK):
+        c = c0 + offs
+        keys = tl.load(keys_ptr + c, mask=_written(c, n, row_bad, kv_len, topk, SPLIT, TOPK_P2), other=0)
+        n_valid += tl.sum((keys != 0).to(tl.int32), axis=0)
+        nan = nan | (tl.max(keys, axis=0) == 0xFFFFFFFF)
+    return n_valid, nan
+
+
+@triton.jit
+def _threshold(
+    keys_ptr, n, k, n_valid, row_bad, kv_len, topk, SPLIT: tl.constexpr, TOPK_P2: tl.constexpr, CHUNK: tl.constexpr
+):
+    """(thr, k_rem) for taking the k largest of the n_valid keys held (k <= n_valid): every key >
+    thr and the first k_rem keys == thr in slot order. thr is the k-th largest key, found four
+    bits a pass from the top (15 thresholds counted per read of the keys); k = n_valid takes them
+    all (thr 0) without a search."""
+    offs = tl.arange(0, CHUNK)
+    nib = tl.arange(0, 16).to(tl.uint32)
+    thr = tl.zeros([], dtype=tl.uint32)
+    k_rem = tl.zeros([], dtype=tl.int32)
+    if k < n_valid:
+        for p in range(8):
+            shift = tl.zeros([], tl.uint32) + (28 - 4 * p)
+            cands = thr | (nib << shift)  # [16]; nib 0 is thr itself (count >= k holds)
+            cnt = tl.zeros([16], dtype=tl.int32)
+            for c0 in range(0, n, CHUNK):
+                c = c0 + offs
+                keys = tl.load(keys_ptr + c, mask=_written(c, n, row_bad, kv_len, topk, SPLIT, TOPK_P2), other=0)
+                cnt += tl.sum((keys[:, None] >= cands[None, :]).to(tl.int32), axis=0)
+            best = tl.max(tl.where(cnt >= k, nib, 0), axis=0)
+            thr = thr | (best << shift)
+        n_gt = tl.zeros([], dtype=tl.int32)
+        for c0 in range(0, n, CHUNK):
+            c = c0 + offs
+            keys = tl.load(keys_ptr + c, mask=_written(c, n, row_bad, kv_len, topk, SPLIT, TOPK_P2), other=0)
+            n_gt += tl.sum((keys > thr).to(tl.int32), axis=0)
+        k_rem = k - n_gt
+    return thr, k_rem
+
+
+@triton.jit
 def _kth_largest(keys, k):
-    """The k-th largest of the order keys ``keys`` (a register tensor; k >= 1, k <= its nonzero
-    keys; k = 0 gives 0xFFFFFFFF), bit by bit from the top: keep each bit whose setting still leaves
-    >= k keys at or above the threshold."""
+    """The k-th largest of the order keys ``keys`` (a register tensor; 1 <= k <= its nonzero keys;
+    k = 0 gives 0xFFFFFFFF), bit by bit from the top: keep each bit whose setting still leaves
+    >= k keys at or above the threshold (32 block-wide counts, no memory pass)."""
     thr = tl.zeros([], dtype=tl.uint32)
     for b in range(32):
         cand = thr | (tl.full([], 0x80000000, tl.uint32) >> (tl.zeros([], tl.uint32) + b))
         cnt = tl.sum((keys >= cand).to(tl.int32), axis=0)
         thr = tl.where(cnt >= k, cand, thr)
     return thr
+
+
+@triton.jit
+def _select_in_registers(keys, topk):
+    """(n_valid, nan, thr, k_rem) of the order keys ``keys`` held in registers (0 = no key): the
+    keys held, whether one is the NaN key, and the ``_threshold`` pair for the top min(topk,
+    n_valid)."""
+    n_valid = tl.sum((keys != 0).to(tl.int32), axis=0)
+    nan = tl.max(keys, axis=0) == 0xFFFFFFFF
+    k = tl.minimum(topk, n_valid)
+    thr = _kth_largest(keys, k)
+    k_rem = k - tl.sum((keys > thr).to(tl.int32), axis=0)
+    return n_valid, nan, thr, k_rem
 
 
 @triton.jit(
@@ -86,6 +156,7 @@ def mla_indexer_split_topk_kernel(
     out,
     cand_key,
     cand_pos,
+    stage,
     num_rows,
     num_splits,
     topk,
@@ -112,110 +183,140 @@ def mla_indexer_split_topk_kernel(
     DIRECT: tl.constexpr,
     POW2_PAGE: tl.constexpr,
     SHUFFLED: tl.constexpr,
+    PAGE_TILE: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
-    """Program (row t, split s): the logits of the row's keys [s x SPLIT, min((s + 1) x SPLIT,
-    kv_len)) and their top ``topk``.
+    """A persistent program: work items (row t, split s) = pid, pid + grid, ... of T x num_splits,
+    each the logits of the row's keys [s x SPLIT, min((s + 1) x SPLIT, kv_len)) and their top
+    ``topk``.
+
+    The logits loop keeps no per-key state in registers: each tile's order keys go to the
+    program's own ``stage`` row (SPLIT uint32, rewritten by every item, so it stays in L2), and
+    the selection reads them back once the split is scored. That keeps the loop's registers
+    small enough for several programs a CU, whose loads hide each other's latency.
 
     q [T, H, D] fp8 (any row/head strides, last dim contiguous), weights [T, H] float32, cache
     [num_pages, page_size, D + 4] bytes viewed as q's fp8 kind, pages s_c_blk bytes apart:
     page_size x D fp8 values (row by row, or SHUFFLED in 16 x 16 tiles: rocm_mla/reference/
     indexer.py), then page_size float32 scales. block_table [B, max_blocks] int32, req_ids [T],
-    kv_lens [T] int32; capacity = max_blocks x page_size. DIRECT (one split per row): out [T, topk]
-    int32 (row stride s_o_r): the positions,
-    -1 past the row's keys, -2 (reference.indexer_topk.SENTINEL) everywhere for a bad row. Otherwise cand_key / cand_pos
+    kv_lens [T] int32; capacity = max_blocks x page_size. stage [grid, SPLIT] int32. DIRECT (one
+    split per row): out [T, topk] int32 (row stride s_o_r): the positions, -1 past the row's keys,
+    -2 (reference.indexer_topk.SENTINEL) everywhere for a bad row. Otherwise cand_key / cand_pos
     [T, num_splits, TOPK_P2] (contiguous): the split's selected order keys and positions in slots
     [0, n), the rest not written; the NaN key 0xFFFFFFFF in slot 0 marks a bad row.
     """
-    cand_key = cand_key.to(tl.pointer_type(tl.uint32))  # an int32 workspace holding uint32 keys
+    cand_key = cand_key.to(tl.pointer_type(tl.uint32))  # int32 workspaces holding uint32 keys
     pid = tl.program_id(0)
-    split = pid % num_splits
-    t = (pid // num_splits).to(tl.int64)
-
-    req, kv_len, row_bad = _row(req_ids, kv_lens, t, s_req, s_kl, num_reqs, capacity, num_splits * SPLIT)
-    n_keys = tl.where(row_bad, 0, kv_len)
-    lo = split * SPLIT
-    hi = tl.minimum(lo + SPLIT, n_keys)
-    if not DIRECT:
-        if (lo >= hi) & (row_bad == 0):
-            return  # the merge reads only the row's live splits
-    bt_row = block_table + tl.where(row_bad, 0, req).to(tl.int64) * s_bt_b
+    stage_row = stage.to(tl.pointer_type(tl.uint32)) + pid.to(tl.int64) * SPLIT
+    stage_f32 = stage_row.to(tl.pointer_type(tl.float32))  # the same words: raw logits, then keys
 
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, D)
     h_ok = offs_h < H
-    # fp8 loads take no `other` (the CPU interpreter cannot make an e4m3fnuz constant): padded
-    # heads' scores are zeroed below and masked keys' logits replaced, so their bytes never count.
-    qt = tl.load(q + t * s_q_r + offs_h[:, None] * s_q_h + offs_d[None, :], mask=h_ok[:, None])
-    w = tl.load(weights + t * s_w_r + offs_h * s_w_h, mask=h_ok, other=0.0)
-    qt_t = tl.trans(qt)  # [D, BLOCK_H]: the keys are the dot's rows (M = BLOCK_N)
-
-    NT: tl.constexpr = SPLIT // BLOCK_N
-    tiles = tl.arange(0, NT)
     offs_n = tl.arange(0, BLOCK_N)
-    keys2 = tl.zeros([NT, BLOCK_N], dtype=tl.uint32)
-    for i in range(0, tl.cdiv(hi - lo, BLOCK_N)):
-        pos = lo + i * BLOCK_N + offs_n
-        live = pos < hi
-        blk, off = page_and_offset(pos, page_size, page_shift, POW2_PAGE)
-        page = tl.load(bt_row + blk, mask=live, other=0)
-        ok = live & (page.to(tl.uint32) < num_pages.to(tl.uint32))
-        base = page.to(tl.int64) * s_c_blk
-        if SHUFFLED:
-            # 16 x 16 tiles of (token, byte): token-tile, byte-tile, token, byte.
-            col = (
-                (off[:, None] // 16) * (16 * D)
-                + (offs_d[None, :] // 16) * 256
-                + (off[:, None] % 16) * 16
-                + offs_d[None, :] % 16
-            )
-        else:
-            col = off[:, None] * D + offs_d[None, :]
-        kr = tl.load(cache + base[:, None] + col, mask=ok[:, None])  # [BLOCK_N, D] fp8
-        sc_ptr = (cache + base + page_size * D + off * 4).to(tl.pointer_type(tl.float32))
-        scale = tl.load(sc_ptr, mask=ok, other=0.0)
-        s = tl.dot(kr, qt_t)  # [BLOCK_N, BLOCK_H] float32
-        if BLOCK_H > H:
-            s = tl.where(h_ok[None, :], s, 0.0)
-        # relu that keeps NaN (a NaN product must reach the logit)
-        lg = tl.sum(w[None, :] * tl.where(s < 0.0, 0.0, s), axis=1) * scale
-        lg = tl.where(ok, lg, float("nan"))
-        key = tl.where(live, _order_key(lg), 0)
-        keys2 = tl.where(tiles[:, None] == i, key[None, :], keys2)
+    offs_c = tl.arange(0, CHUNK)
+    offs_s = tl.arange(0, SPLIT)
+    for w in range(pid, num_rows * num_splits, tl.num_programs(0)):
+        split = w % num_splits
+        t = (w // num_splits).to(tl.int64)
+        req, kv_len, row_bad = _row(req_ids, kv_lens, t, s_req, s_kl, num_reqs, capacity, num_splits * SPLIT)
+        n_keys = tl.where(row_bad, 0, kv_len)
+        lo = split * SPLIT
+        hi = tl.minimum(lo + SPLIT, n_keys)
+        # The merge reads only a row's live splits (one for a bad row): a dead split does nothing.
+        if DIRECT | (lo < hi) | (row_bad & (split == 0)):
+            bt_row = block_table + tl.where(row_bad, 0, req).to(tl.int64) * s_bt_b
+            # fp8 loads take no `other` (the CPU interpreter cannot make an e4m3fnuz constant):
+            # padded heads' scores are zeroed below and masked keys' logits replaced, so their
+            # bytes never count.
+            qt = tl.load(q + t * s_q_r + offs_h[:, None] * s_q_h + offs_d[None, :], mask=h_ok[:, None])
+            w_h = tl.load(weights + t * s_w_r + offs_h * s_w_h, mask=h_ok, other=0.0)
+            qt_t = tl.trans(qt)  # [D, BLOCK_H]: the keys are the dot's rows (M = BLOCK_N)
+            for i in range(0, tl.cdiv(hi - lo, BLOCK_N)):
+                p0 = lo + i * BLOCK_N
+                pos = p0 + offs_n
+                live = pos < hi
+                if PAGE_TILE:
+                    # A tile lies in one page (page_size a multiple of BLOCK_N, tiles aligned):
+                    # one scalar page id a tile, so no load address waits on a gathered vector.
+                    blk0, off0 = page_and_offset(p0, page_size, page_shift, POW2_PAGE)
+                    page = tl.load(bt_row + blk0)
+                    off = off0 + offs_n
+                    ok = live & (page.to(tl.uint32) < num_pages.to(tl.uint32))
+                else:
+                    blk, off = page_and_offset(pos, page_size, page_shift, POW2_PAGE)
+                    page = tl.load(bt_row + blk, mask=live, other=0)
+                    ok = live & (page.to(tl.uint32) < num_pages.to(tl.uint32))
+                base = page.to(tl.int64) * s_c_blk
+                if SHUFFLED:
+                    # 16 x 16 tiles of (token, byte): token-tile, byte-tile, token, byte.
+                    col = (
+                        (off[:, None] // 16) * (16 * D)
+                        + (offs_d[None, :] // 16) * 256
+                        + (off[:, None] % 16) * 16
+                        + offs_d[None, :] % 16
+                    )
+                else:
+                    col = off[:, None] * D + offs_d[None, :]
+                kr = tl.load(cache + base[:, None] + col, mask=ok[:, None])  # [BLOCK_N, D] fp8
+                s = tl.dot(kr, qt_t)  # [BLOCK_N, BLOCK_H] float32
+                if BLOCK_H > H:
+                    s = tl.where(h_ok[None, :], s, 0.0)
+                # relu that keeps NaN (a NaN product must reach the logit)
+                lg = tl.sum(w_h[None, :] * tl.where(s < 0.0, 0.0, s), axis=1)
+                tl.store(stage_f32 + i * BLOCK_N + offs_n, lg, mask=live)
+            tl.debug_barrier()  # the stage, written by the dot's threads, read by all
 
-    keys = tl.reshape(keys2, [SPLIT])
-    positions = lo + tl.arange(0, SPLIT)
-    n_valid = tl.maximum(hi - lo, 0)
-    k = tl.minimum(topk, n_valid)
-    thr = _kth_largest(keys, k)
-    k_rem = k - tl.sum((keys > thr).to(tl.int32), axis=0)  # keys equal to thr still to take
-    eq = keys == thr
-    eq_rank = tl.cumsum(eq.to(tl.int32), 0) - 1
-    take = (keys > thr) | (eq & (eq_rank < k_rem))
-    take = take & (keys != 0)
-    slot = tl.cumsum(take.to(tl.int32), 0) - 1
-    n_taken = tl.sum(take.to(tl.int32), axis=0)
-    poison = row_bad | (tl.max(tl.where(take, keys, 0), axis=0) == 0xFFFFFFFF)
-    if DIRECT:
-        o_row = out + t * s_o_r
-        tl.store(o_row + slot, positions, mask=take & (poison == 0))
-        j = tl.arange(0, TOPK_P2)  # topk <= TOPK_P2
-        fill = tl.zeros([TOPK_P2], dtype=tl.int32) + tl.where(poison, -2, -1)
-        tl.store(o_row + j, fill, mask=(j < topk) & ((j >= n_taken) | poison))
-    else:
-        c_row = (t * num_splits + split) * TOPK_P2
-        tl.store(cand_key + c_row + slot, keys, mask=take)
-        tl.store(cand_pos + c_row + slot, positions, mask=take)
-        if row_bad:
-            tl.store(cand_key + c_row, 0xFFFFFFFF)
+            # The keys' scales (> 0, so they commute with the relu) in a pass of their own: a
+            # load in the dot loop would wait in every tile, while here a chunk's gathers are
+            # all in flight at once. A key of a bad page scores NaN. Each thread rewrites what
+            # it read, as order keys.
+            n = tl.maximum(hi - lo, 0)
+            for c0 in range(0, n, CHUNK):
+                c = c0 + offs_c
+                live = c < n
+                blk, off = page_and_offset(lo + c, page_size, page_shift, POW2_PAGE)
+                page = tl.load(bt_row + blk, mask=live, other=0)
+                ok = live & (page.to(tl.uint32) < num_pages.to(tl.uint32))
+                sc_ptr = (cache + page.to(tl.int64) * s_c_blk + page_size * D + off * 4).to(tl.pointer_type(tl.float32))
+                scale = tl.load(sc_ptr, mask=ok, other=0.0)
+                lg = tl.where(ok, tl.load(stage_f32 + c, mask=live, other=0.0) * scale, float("nan"))
+                tl.store(stage_row + c, _order_key(lg), mask=live)
+            tl.debug_barrier()
 
-
-@triton.jit
-def _written(c, n, row_bad, kv_len, topk, SPLIT: tl.constexpr, TOPK_P2: tl.constexpr):
-    """Which of the candidate slots ``c`` (row-relative, [0, n)) a split wrote: split ``c //
-    TOPK_P2`` wrote min(topk, its keys) of them (one, the mark, for a bad row); the rest are stale."""
-    sp = c // TOPK_P2
-    cnt = tl.where(row_bad, 1, tl.minimum(topk, tl.minimum(kv_len - sp * SPLIT, SPLIT)))
-    return (c < n) & ((c % TOPK_P2) < cnt)
+            # The split's top-k: its threshold from the stage held in registers (only here, not
+            # in the dot loop), then the taken keys streamed in stage order.
+            held = tl.where(offs_s < n, tl.load(stage_row + offs_s), 0)  # (the stage has SPLIT words)
+            n_valid, nan, thr, k_rem = _select_in_registers(held, topk)
+            poison = row_bad | nan  # a NaN key is the largest, so always among the taken
+            o_row = out + t * s_o_r
+            c_row = (t * num_splits + split) * TOPK_P2
+            taken = tl.zeros([], dtype=tl.int32)
+            eq_seen = tl.zeros([], dtype=tl.int32)
+            if (poison == 0) | (DIRECT == 0):
+                for c0 in range(0, n, CHUNK):
+                    c = c0 + offs_c
+                    keys = tl.load(stage_row + c, mask=c < n, other=0)
+                    eq = keys == thr
+                    eq_rank = eq_seen + tl.cumsum(eq.to(tl.int32), 0) - 1
+                    take = ((keys > thr) | (eq & (eq_rank < k_rem))) & (keys != 0)
+                    slot = taken + tl.cumsum(take.to(tl.int32), 0) - 1
+                    if DIRECT:
+                        tl.store(o_row + slot, lo + c, mask=take)
+                    else:
+                        tl.store(cand_key + c_row + slot, keys, mask=take)
+                        tl.store(cand_pos + c_row + slot, lo + c, mask=take)
+                    taken += tl.sum(take.to(tl.int32), axis=0)
+                    eq_seen += tl.sum(eq.to(tl.int32), axis=0)
+            if DIRECT:
+                fill = tl.where(poison, -2, -1)
+                for j0 in range(0, topk, CHUNK):
+                    j = j0 + offs_c
+                    jm = (j < topk) & ((j >= taken) | poison)
+                    tl.store(o_row + j, tl.zeros([CHUNK], dtype=tl.int32) + fill, mask=jm)
+            elif row_bad:
+                tl.store(cand_key + c_row, 0xFFFFFFFF)
+            tl.debug_barrier()  # every thread has read the stage before the next item rewrites it
 
 
 @triton.jit(do_not_specialize=["num_rows", "num_splits", "topk", "capacity", "num_reqs"])
@@ -236,11 +337,13 @@ def mla_indexer_merge_kernel(
     SPLIT: tl.constexpr,
     TOPK_P2: tl.constexpr,
     CHUNK: tl.constexpr,
+    REG: tl.constexpr,
 ):
     """Program t: the top ``topk`` of row t's split candidates (``mla_indexer_split_topk_kernel``,
-    its live splits only: cdiv(kv_len, SPLIT), one for a bad row), the same threshold search over
-    chunks of CHUNK candidates read from the workspace (four bits a pass); writes out[t] as the
-    DIRECT split kernel."""
+    its live splits only: cdiv(kv_len, SPLIT), one for a bad row); writes out[t] as the DIRECT
+    split kernel. The threshold: with REG > 0 (>= num_splits x TOPK_P2) from every slot held in
+    registers, else by passes over chunks of CHUNK candidates (four bits a pass); the taken
+    candidates then stream in slot order, CHUNK at a time."""
     cand_key = cand_key.to(tl.pointer_type(tl.uint32))  # an int32 workspace holding uint32 keys
     t = tl.program_id(0).to(tl.int64)
     req, kv_len, row_bad = _row(req_ids, kv_lens, t, s_req, s_kl, num_reqs, capacity, num_splits * SPLIT)
@@ -249,35 +352,19 @@ def mla_indexer_merge_kernel(
     n = live * TOPK_P2
     offs = tl.arange(0, CHUNK)
 
-    # The first pass counts the candidates and finds a NaN key (a bad row's mark or a NaN logit):
-    # the sentinel is known before anything is written. Then the k-th largest key, four bits a pass
-    # (15 thresholds counted per read of the candidates).
-    n_valid = tl.zeros([], dtype=tl.int32)
-    poison = row_bad
-    for c0 in range(0, n, CHUNK):
-        c = c0 + offs
-        keys = tl.load(cand_key + base + c, mask=_written(c, n, row_bad, kv_len, topk, SPLIT, TOPK_P2), other=0)
-        n_valid += tl.sum((keys != 0).to(tl.int32), axis=0)
-        poison = poison | (tl.max(keys, axis=0) == 0xFFFFFFFF)
-    k = tl.minimum(topk, n_valid)
-    nib = tl.arange(0, 16).to(tl.uint32)
-    thr = tl.zeros([], dtype=tl.uint32)
-    for p in range(8):
-        shift = tl.zeros([], tl.uint32) + (28 - 4 * p)
-        cands = thr | (nib << shift)  # [16]; nib 0 is thr itself (count >= k holds)
-        cnt = tl.zeros([16], dtype=tl.int32)
-        for c0 in range(0, n, CHUNK):
-            c = c0 + offs
-            keys = tl.load(cand_key + base + c, mask=_written(c, n, row_bad, kv_len, topk, SPLIT, TOPK_P2), other=0)
-            cnt += tl.sum((keys[:, None] >= cands[None, :]).to(tl.int32), axis=0)
-        best = tl.max(tl.where(cnt >= k, nib, 0), axis=0)
-        thr = thr | (best << shift)
-    n_gt = tl.zeros([], dtype=tl.int32)
-    for c0 in range(0, n, CHUNK):
-        c = c0 + offs
-        keys = tl.load(cand_key + base + c, mask=_written(c, n, row_bad, kv_len, topk, SPLIT, TOPK_P2), other=0)
-        n_gt += tl.sum((keys > thr).to(tl.int32), axis=0)
-    k_rem = k - n_gt
+    # The NaN key (a bad row's mark or a NaN logit) is known before anything is written.
+    if REG > 0:  # every slot of the row in registers: the threshold without memory passes
+        offs_r = tl.arange(0, REG)
+        # Unmasked (the workspace holds REG slots past any row's start; a masked load of many
+        # elements a thread costs a lane mask apiece on AMD): slots not written count as no key.
+        held = tl.load(cand_key + base + offs_r)
+        held = tl.where(_written(offs_r, n, row_bad, kv_len, topk, SPLIT, TOPK_P2), held, 0)
+        n_valid, nan, thr, k_rem = _select_in_registers(held, topk)
+    else:
+        n_valid, nan = _count_keys(cand_key + base, n, row_bad, kv_len, topk, SPLIT, TOPK_P2, CHUNK)
+        k = tl.minimum(topk, n_valid)
+        thr, k_rem = _threshold(cand_key + base, n, k, n_valid, row_bad, kv_len, topk, SPLIT, TOPK_P2, CHUNK)
+    poison = row_bad | nan
 
     o_row = out + t * s_o_r
     taken = tl.zeros([], dtype=tl.int32)

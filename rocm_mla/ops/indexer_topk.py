@@ -228,19 +228,24 @@ def _launch_triton(plan, q, weights, index_cache, block_table, req_ids, kv_lens,
     # The bytes as q's fp8 kind: the kernel loads values without a bitcast (which the CPU
     # interpreter lacks for e4m3fnuz) and reads the scales through a float32 pointer.
     cache = index_cache.view(q.dtype)
+    need = plan.workspace_numel
+    ws = torch.empty(need, dtype=torch.int32, device=q.device) if workspace is None else workspace
+    n_stage = plan.stage_numel
+    stage = ws[:n_stage]
     if plan.direct:
         cand_key = cand_pos = out  # unused (DIRECT never touches them)
     else:
-        need = plan.workspace_numel
-        ws = torch.empty(need, dtype=torch.int32, device=q.device) if workspace is None else workspace
-        cand_key, cand_pos = ws[: need // 2], ws[need // 2 : need]
+        # The keys' view runs to the end: the merge's register-held read of the last row's slots
+        # goes past its keys (into the positions and the read-ahead), all inside this view.
+        n_cand = T * S * plan.topk_p2
+        cand_key, cand_pos = ws[n_stage:need], ws[n_stage + n_cand : need]
     nb, bs = cache.shape[0], cache.shape[1]
     if nb == 0:  # every row's keys are then bad; the stand-in keeps a live pointer
         cache = torch.empty(1, 1, cache.shape[2], dtype=q.dtype, device=cache.device)
     bt = block_table if block_table.numel() else kv_lens
     capacity = min(block_table.shape[1] * bs, INT32_MAX)
     mla_indexer_split_topk_kernel[plan.grid](
-        q, weights, cache, bt, req_ids, kv_lens, out, cand_key, cand_pos,
+        q, weights, cache, bt, req_ids, kv_lens, out, cand_key, cand_pos, stage,
         T, S, plan.topk, bs, plan.page_shift, capacity, min(nb, INT32_MAX), block_table.shape[0],
         q.stride(0), q.stride(1), weights.stride(0), weights.stride(1), cache.stride(0),
         block_table.stride(0), req_ids.stride(0), kv_lens.stride(0), out.stride(0),

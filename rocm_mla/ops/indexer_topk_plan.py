@@ -6,10 +6,14 @@ value is read, so a call can be captured in a CUDA/HIP graph).
   * the split: a row's keys are cut into splits of ``split_keys`` keys (configs; at least the power
     of two >= topk), a function of the row's kv_len alone, so a row's answer does not depend on the
     batch; ``num_splits`` = cdiv(max_kv_len, split_keys) programs per row;
+  * a persistent grid of ``programs_per_cu`` x CUs programs (at most one per split) takes the
+    (row, split) items in turn; each program stages a split's logits in its own row of the
+    workspace (``[grid, split_keys]`` order keys), so the workspace is bounded by the GPU's size,
+    not by T x context;
   * one split: the split kernel writes ``out`` itself (unless the arch's ``direct`` is false);
-    more: each live split writes its
-    min(topk, keys) candidates (order key + position, 8 bytes each) into the workspace
-    ``[T, num_splits, topk_p2]`` and the merge kernel (one program per row) reduces them;
+    more: each live split writes its min(topk, keys) candidates (order key + position, 8 bytes
+    each) into the workspace ``[T, num_splits, topk_p2]`` and the merge kernel (one program per
+    row) reduces them;
   * each launch's grid, constexprs and compile options (``kernel_meta``; the ISA report compiles
     its variants from the same function).
 
@@ -28,6 +32,7 @@ from .. import _platform
 from ..configs import config_for
 from ..configs.tables import is_amd_arch
 from ..triton_common import amd_options
+from .decode_plan import num_compute_units
 
 OP = "mla_indexer_topk"
 INDEX_DIM = 128  # the indexer's key and query width (DeepSeek-V3.2, GLM-5.x)
@@ -35,11 +40,13 @@ INDEX_ROW_BYTES = INDEX_DIM + 4  # fp8 values + one float32 scale
 
 
 def kernel_meta(
-    arch: str, cfg: dict[str, Any], num_heads: int, split_keys: int, topk_p2: int, *, direct: bool, pow2_page: bool,
+    arch: str, cfg: dict[str, Any], num_heads: int, split_keys: int, topk_p2: int, *, direct: bool, block_size: int,
     shuffled: bool,
 ) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
     """``(constexprs, compile options)`` of the split kernel: the single place the op's launch and
-    the ISA report's variants take them from."""
+    the ISA report's variants take them from. CHUNK, the keys a selection step reads from the
+    stage, is the merge's chunk (at least one key a thread, at most the split)."""
+    threads = int(cfg["num_warps"]) * (64 if is_amd_arch(arch) else 32)
     consts = {
         "H": int(num_heads),
         "BLOCK_H": max(16, triton.next_power_of_2(int(num_heads))),
@@ -48,33 +55,51 @@ def kernel_meta(
         "SPLIT": int(split_keys),
         "TOPK_P2": int(topk_p2),
         "DIRECT": bool(direct),
-        "POW2_PAGE": bool(pow2_page),
+        "POW2_PAGE": block_size & (block_size - 1) == 0,
         "SHUFFLED": bool(shuffled),
+        "PAGE_TILE": block_size % int(cfg["BLOCK_N"]) == 0,
+        "CHUNK": max(threads, min(int(split_keys), triton.next_power_of_2(int(cfg["merge"]["chunk"])))),
     }
     options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **amd_options(cfg, arch)}
     return consts, options
 
 
-def merge_meta(arch: str, cfg: dict[str, Any], split_keys: int, topk_p2: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(constexprs, compile options)`` of the merge kernel."""
+# The most warps a merge program takes to hold a long row's slots in registers.
+MERGE_MAX_WARPS = 16
+
+
+def merge_meta(
+    arch: str, cfg: dict[str, Any], split_keys: int, topk_p2: int, num_splits: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(constexprs, compile options)`` of the merge kernel. A row's num_splits x topk_p2 slots are
+    held in registers (REG, with as many warps as that takes, up to MERGE_MAX_WARPS) when they
+    fit the config's ``keys_per_thread`` (merge entry) a thread; longer rows take the chunked
+    passes (REG 0)."""
     m = cfg["merge"]
-    return (
-        {"SPLIT": int(split_keys), "TOPK_P2": int(topk_p2), "CHUNK": int(m["chunk"])},
-        {"num_warps": int(m["num_warps"])},
-    )
+    per_thread = int(m.get("keys_per_thread", 64))
+    wave = 64 if is_amd_arch(arch) else 32
+    slots = triton.next_power_of_2(num_splits * topk_p2)
+    warps = int(m["num_warps"])
+    while warps < MERGE_MAX_WARPS and slots > warps * wave * per_thread:
+        warps *= 2
+    # At least one slot a thread (the sums then see no replicated element).
+    reg = max(slots, warps * wave) if slots <= warps * wave * per_thread else 0
+    chunk = max(int(m["chunk"]), warps * wave)
+    return {"SPLIT": int(split_keys), "TOPK_P2": int(topk_p2), "CHUNK": chunk, "REG": reg}, {"num_warps": warps}
 
 
 @dataclass(frozen=True)
 class IndexerTopkPlan:
     """What one mla_indexer_topk call launches (``plan_indexer_topk`` makes it).
 
-    The split kernel runs ``grid = (T x num_splits,)`` programs, each the logits of up to
-    ``split_keys`` keys of one row and their top-k. ``direct`` (one split, and the arch's config
-    allows it): it writes ``out [T, topk]`` itself. Otherwise the live splits write candidates
-    into a workspace of ``workspace_bytes`` (``[T, num_splits, topk_p2]`` uint32 order keys, then
-    the same of int32 positions) and the merge kernel (``merge_grid = (T,)``) writes ``out``. A
-    plan serves every call with the same sizes, dtypes, device and cache layout, e.g. every layer
-    of a step.
+    The split kernel runs ``grid = (min(T x num_splits, programs_per_cu x CUs),)`` persistent
+    programs over the T x num_splits items, each the logits of up to ``split_keys`` keys of one
+    row and their top-k, staged in the program's row of the workspace (``[grid, split_keys]``
+    uint32). ``direct`` (one split, and the arch's config allows it): it writes ``out [T, topk]``
+    itself. Otherwise the live splits write candidates after the stage (``[T, num_splits,
+    topk_p2]`` uint32 order keys, then the same of int32 positions) and the merge kernel
+    (``merge_grid = (T,)``) writes ``out``. ``workspace_bytes`` counts both. A plan serves every
+    call with the same sizes, dtypes, device and cache layout, e.g. every layer of a step.
     """
 
     arch: str
@@ -102,9 +127,19 @@ class IndexerTopkPlan:
         return self.merge_grid is None
 
     @property
+    def stage_numel(self) -> int:
+        """int32 elements of the programs' logit stages: grid x split_keys."""
+        return self.grid[0] * self.split_keys
+
+    @property
     def workspace_numel(self) -> int:
-        """int32 elements of the candidates' workspace (0 with one split)."""
-        return 0 if self.direct else 2 * self.num_rows * self.num_splits * self.topk_p2
+        """int32 elements of the workspace: the stages, then (more than one split) the candidates'
+        keys and positions, then the merge's read-ahead (a row's register-held slots past the
+        last row's candidates)."""
+        if self.direct:
+            return self.stage_numel
+        cands = 2 * self.num_rows * self.num_splits * self.topk_p2
+        return self.stage_numel + cands + max(0, self.merge_constexprs["REG"] - self.num_splits * self.topk_p2)
 
     @property
     def workspace_bytes(self) -> int:
@@ -151,6 +186,7 @@ def plan_indexer_topk(
     arch = _platform.device_arch(device)
     cfg = dict(config) if config is not None else dict(config_for(OP, arch))
     cfg.setdefault("merge", config_for(OP, arch)["merge"])
+    cfg.setdefault("programs_per_cu", 1)
     for key in ("split_keys", "BLOCK_N", "num_warps", "num_stages"):
         if key not in cfg:
             raise ValueError(f"{OP}: config: expected a {key} entry, got keys {sorted(cfg)}")
@@ -171,11 +207,11 @@ def plan_indexer_topk(
     direct = S == 1 and bool(cfg.get("direct", True))
     pow2 = block_size & (block_size - 1) == 0
     consts, options = kernel_meta(
-        arch, cfg, num_heads, split_keys, topk_p2, direct=direct, pow2_page=pow2, shuffled=shuffled
+        arch, cfg, num_heads, split_keys, topk_p2, direct=direct, block_size=block_size, shuffled=shuffled
     )
     m_grid = m_consts = m_options = None
     if not direct:
-        m_consts, m_options = merge_meta(arch, cfg, split_keys, topk_p2)
+        m_consts, m_options = merge_meta(arch, cfg, split_keys, topk_p2, S)
         m_grid = (num_rows,)
     return IndexerTopkPlan(
         arch=arch,
@@ -191,7 +227,7 @@ def plan_indexer_topk(
         topk_p2=topk_p2,
         num_splits=S,
         page_shift=block_size.bit_length() - 1 if pow2 else 0,
-        grid=(num_rows * S,),
+        grid=(max(1, min(num_rows * S, num_compute_units(device) * int(cfg["programs_per_cu"]))),),
         constexprs=consts,
         options=options,
         merge_grid=m_grid,

@@ -34,7 +34,14 @@ def triton_variants(arch: str) -> list[TritonVariant]:
         for direct in directs:
             for shuffled in (True, False) if H == 64 and direct == directs[0] else (True,):
                 meta, options = kernel_meta(
-                    arch, cfg, H, split_keys, topk_p2, direct=direct, pow2_page=True, shuffled=shuffled
+                    arch,
+                    cfg,
+                    H,
+                    split_keys,
+                    topk_p2,
+                    direct=direct,
+                    block_size=64 if shuffled else 1,
+                    shuffled=shuffled,
                 )
                 sig = {
                     "q": f"*{fname}",
@@ -46,6 +53,7 @@ def triton_variants(arch: str) -> list[TritonVariant]:
                     "out": "*i32",
                     "cand_key": "*i32",
                     "cand_pos": "*i32",
+                    "stage": "*i32",
                     **{n: "i32" for n in _SPLIT_I32},
                 }
                 amd = "".join(f" {k[:4]}{v}" for k, v in amd_options(cfg, arch).items())
@@ -73,6 +81,7 @@ def triton_variants(arch: str) -> list[TritonVariant]:
                             "out",
                             "cand_key",
                             "cand_pos",
+                            "stage",
                             "s_q_r",
                             "s_q_h",
                             "s_c_blk",
@@ -81,25 +90,30 @@ def triton_variants(arch: str) -> list[TritonVariant]:
                         ),  # fmt: skip
                     )
                 )
-    m_consts, m_options = merge_meta(arch, cfg, split_keys, topk_p2)
-    out.append(
-        TritonVariant(
-            kernel=OP,
-            config=f"merge topk{topk_p2} chunk{m_consts['CHUNK']} w{m_options['num_warps']}",
-            fn=mla_indexer_merge_kernel,
-            signature={
-                "cand_key": "*i32",
-                "cand_pos": "*i32",
-                "req_ids": "*i32",
-                "kv_lens": "*i32",
-                "out": "*i32",
-                **{n: "i32" for n in ("num_rows", "num_splits", "topk", "capacity", "num_reqs", "s_o_r")},
-            },
-            constexprs={"s_req": 1, "s_kl": 1, **m_consts},
-            options=m_options,
-            divisible_by_16=("cand_key", "cand_pos", "req_ids", "kv_lens", "out", "s_o_r"),
+    # A 128K-token row (its slots held in registers) and a 1M-token one (the chunked passes).
+    for context in (1 << 17, 1 << 20):
+        m_consts, m_options = merge_meta(arch, cfg, split_keys, topk_p2, context // split_keys)
+        out.append(
+            TritonVariant(
+                kernel=OP,
+                config=(
+                    f"merge topk{topk_p2} chunk{m_consts['CHUNK']} w{m_options['num_warps']} "
+                    f"{'registers' + str(m_consts['REG']) if m_consts['REG'] else 'passes'}"
+                ),
+                fn=mla_indexer_merge_kernel,
+                signature={
+                    "cand_key": "*i32",
+                    "cand_pos": "*i32",
+                    "req_ids": "*i32",
+                    "kv_lens": "*i32",
+                    "out": "*i32",
+                    **{n: "i32" for n in ("num_rows", "num_splits", "topk", "capacity", "num_reqs", "s_o_r")},
+                },
+                constexprs={"s_req": 1, "s_kl": 1, **m_consts},
+                options=m_options,
+                divisible_by_16=("cand_key", "cand_pos", "req_ids", "kv_lens", "out", "s_o_r"),
+            )
         )
-    )
     return out
 
 

@@ -11,6 +11,7 @@ from _util import DEVICE, HAS_GPU, backends, raises_naming
 import rocm_mla
 from rocm_mla.cases import indexer_topk as cases
 from rocm_mla.cases.indexer_topk import POISON_OUT, IndexerShape, make_inputs
+from rocm_mla.ops.decode_plan import num_compute_units
 from rocm_mla.reference.indexer_topk import SENTINEL, check_indexer_topk
 
 BACKENDS = [b for b in ("triton", "reference") if b in backends()]  # no HIP kernel
@@ -70,6 +71,14 @@ def test_splits_and_merge(backend):
     # position either way), so the split size never shows.
     one = case.run(backend=backend, out=None, config={**SMALL, "split_keys": 1024})
     assert torch.equal(one, case.out)
+    # The merge's chunked passes (rows too long for its registers) and one-page tiles (a scalar
+    # page id a tile): the same answer.
+    passes = {**SMALL, "merge": {**SMALL["merge"], "keys_per_thread": 0}}
+    assert case.plan(config=passes).merge_constexprs["REG"] == 0
+    assert torch.equal(case.run(backend=backend, out=None, config=passes), case.out)
+    tile = {**SMALL, "BLOCK_N": 16}
+    assert case.plan(config=tile).constexprs["PAGE_TILE"]
+    assert torch.equal(case.run(backend=backend, out=None, config=tile), case.out)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -110,12 +119,17 @@ def test_fp8_kinds_on_the_reference():
 
 def test_plan_reuse_workspace_and_mismatch():
     """A plan made once serves calls of its sizes; a plan for other sizes, a short workspace and a
-    non-plan are refused naming the argument; plan.workspace_bytes is 8 bytes a candidate."""
+    non-plan are refused naming the argument; plan.workspace_bytes is 4 bytes a staged key of each
+    program, 8 bytes a candidate and the merge's read-ahead."""
     shape = IndexerShape((300, 90), (1, 1), 16, topk=32, block=16)
     case = make_inputs(shape, device=DEVICE, seed=4)
     plan = case.plan(config=SMALL)
     assert plan.num_splits == -(-case.block_table.shape[1] * 16 // plan.split_keys) > 1 and not plan.direct
-    assert plan.workspace_bytes == 8 * shape.T * plan.num_splits * 32
+    assert plan.grid[0] == min(shape.T * plan.num_splits, num_compute_units(DEVICE) * plan.config["programs_per_cu"])
+    read_ahead = max(0, plan.merge_constexprs["REG"] - plan.num_splits * 32)
+    assert plan.workspace_bytes == 4 * (
+        plan.grid[0] * plan.split_keys + 2 * shape.T * plan.num_splits * 32 + read_ahead
+    )
     if "triton" in BACKENDS:
         ws = torch.empty(plan.workspace_numel, dtype=torch.int32, device=DEVICE)
         _run_and_check(case, backend="triton", plan=plan, workspace=ws)

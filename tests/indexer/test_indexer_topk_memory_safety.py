@@ -22,8 +22,19 @@ HUGE = (1 << 31) - 1
 SHAPE = IndexerShape((300, 90, 40, 120, 70, 64, 33, 150), 1, 16, topk=32, block=16)
 
 
-def _config(backend, small):
-    return {"config": SMALL} if backend == "triton" and small else {}
+# The launch forms a Triton call can take: the arch's own; small splits with a merge; tiles of one
+# page (a scalar page id a tile: BLOCK_N divides the block size); the merge's chunked passes.
+FORMS = {
+    "default": None,
+    "splits": SMALL,
+    "page-tile": {**SMALL, "BLOCK_N": 16},
+    "merge-passes": {**SMALL, "merge": {**SMALL["merge"], "keys_per_thread": 0}},
+}
+
+
+def _config(backend, form):
+    form = FORMS[form] if isinstance(form, str) else (SMALL if form else None)
+    return {"config": form} if backend == "triton" and form else {}
 
 
 def _poke_nan_scale(case, row_req: int, pos: int):
@@ -36,8 +47,8 @@ def _poke_nan_scale(case, row_req: int, pos: int):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("small", [False, True], ids=["default", "splits"])
-def test_bad_values_give_their_rows_the_sentinel(backend, small):
+@pytest.mark.parametrize("form", list(FORMS))
+def test_bad_values_give_their_rows_the_sentinel(backend, form):
     """Row 0: request -1; row 1: kv_len -1; row 2: kv_len past the table; row 3: kv_len 2^31 - 1; row
     4: a used page -1; row 5: a used page num_blocks; row 6: a NaN weight; row 7: a NaN q element.
     Every planted row gets -2 everywhere. Then a NaN key scale in one request: its row gets the
@@ -53,7 +64,7 @@ def test_bad_values_give_their_rows_the_sentinel(backend, small):
     case.weights[6, 3] = float("nan")
     nan_code = 0x80 if case.fp8 == torch.float8_e4m3fnuz else 0x7F
     case.q.view(torch.uint8)[7, 2, 5] = nan_code
-    case.run(backend=backend, **_config(backend, small))
+    case.run(backend=backend, **_config(backend, form))
     assert not bool((case.out == POISON_OUT).any())
     # The CPU interpreter decodes e4m3fn's NaN code 0x7F as 480 (the GPU and the reference as NaN):
     # row 7 is checked where the kernel runs on the hardware's conversion.
@@ -62,7 +73,7 @@ def test_bad_values_give_their_rows_the_sentinel(backend, small):
         assert bool((case.out[t] == SENTINEL).all()), t
     clean = make_inputs(IndexerShape((300, 20), (1, 1), 16, topk=32, block=16), device=DEVICE, seed=12)
     _poke_nan_scale(clean, 0, 123)
-    clean.run(backend=backend, **_config(backend, small))
+    clean.run(backend=backend, **_config(backend, form))
     assert bool((clean.out[0] == SENTINEL).all())
     assert clean.mismatch() == ""  # row 1 exact, row 0 the sentinel the reference expects
 

@@ -573,7 +573,7 @@ def _indexer_tuner(tmp_path, shapes: str, quick: bool = False, arch: str | None 
     return _op_tuner("indexer", tmp_path, shapes, quick, arch)
 
 
-@pytest.mark.parametrize("arch,count", [("sm90", 10), ("gfx942", 9), ("gfx950", 9), ("cpu", 6)])
+@pytest.mark.parametrize("arch,count", [("sm90", 12), ("gfx942", 11), ("gfx950", 11), ("cpu", 6)])
 def test_indexer_group_and_candidates(tmp_path, arch, count):
     """One group over every shape; its candidates are complete launch objects, the shipped one and
     single-knob changes over the grid (num_stages on NVIDIA, waves_per_eu on gfx9), each one a
@@ -608,9 +608,10 @@ def test_indexer_group_and_candidates(tmp_path, arch, count):
     assert ("num_stages" in changed) == (arch == "sm90")
     assert ("waves_per_eu" in changed) == arch.startswith("gfx")
     assert {"BLOCK_N", "num_warps", "split_keys", "merge.chunk"} <= changed
+    assert ("programs_per_cu" in changed) == (arch != "cpu")
     if arch == "sm90":
         splits = sorted(p["split_keys"] for p in g.listed if p["split_keys"] != pkg["split_keys"])
-        assert splits == [4096, 16384] and {p["num_stages"] for p in g.listed} == {1, 2, 3}
+        assert splits == [4096, 16384] and {p["num_stages"] for p in g.listed} == {2, 3, 4}
     assert g.label(g.point0).startswith(f"S{pkg['split_keys']} N{pkg['BLOCK_N']} w{pkg['num_warps']}")
     t = _indexer_tuner(tmp_path, shapes, quick=True, arch=gpu)
     t.plan()
@@ -634,7 +635,7 @@ def test_indexer_candidates_are_what_the_plan_launches():
             assert (plan.split_keys, plan.config["merge"]) == (want["split_keys"], want["merge"])
     sm90 = C.package_config(INDEXER, "sm90")
     assert not any(p["split_keys"] != sm90["split_keys"] for p in indexer_candidates("sm90", sm90, 16384))
-    assert len(indexer_candidates("sm90", sm90, 2048)) == 9
+    assert len(indexer_candidates("sm90", sm90, 2048)) == 11
 
 
 def test_indexer_case_plans_once_per_config():

@@ -403,8 +403,9 @@ INDEXER_GRID = (
     ("BLOCK_N", (32, 64, 128)),
     ("num_warps", (4, 8)),
     ("split_keys", (4096, 8192, 16384)),
-    ("num_stages", (1, 2, 3)),  # NVIDIA only (gfx9 keeps its one stage)
-    ("merge.chunk", (1024, 2048, 4096)),
+    ("num_stages", (2, 3, 4)),  # NVIDIA only (gfx9 keeps its one stage)
+    ("programs_per_cu", (1, 2, 4)),
+    ("merge.chunk", (256, 1024, 2048)),
     ("waves_per_eu", (0, 2)),  # gfx9 only
 )
 INDEXER_GRID_INTERPRETER = (

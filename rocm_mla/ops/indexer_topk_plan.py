@@ -4,8 +4,10 @@ value is read, so a call can be captured in a CUDA/HIP graph).
 ``plan_indexer_topk(...) -> IndexerTopkPlan``:
 
   * the split: a row's keys are cut into splits of ``split_keys`` keys (configs; at least the power
-    of two >= topk), a function of the row's kv_len alone, so a row's answer does not depend on the
-    batch; ``num_splits`` = cdiv(max_kv_len, split_keys) programs per row;
+    of two >= topk; halved for calls of few rows while the items do not fill the grid, a split
+    keeps at most half its keys and the merge holds a row's candidates in registers);
+    ``num_splits`` = cdiv(max_kv_len, split_keys) items per row. The answer does not depend on
+    the split size, so a row's answer does not depend on the batch;
   * a persistent grid of ``programs_per_cu`` x CUs programs (at most one per split) takes the
     (row, split) items in turn; each program stages a split's logits in its own row of the
     workspace (``[grid, split_keys]`` order keys), so the workspace is bounded by the GPU's size,
@@ -203,6 +205,17 @@ def plan_indexer_topk(
         triton.next_power_of_2(int(merge["chunk"])), int(merge["num_warps"]) * (64 if is_amd_arch(arch) else 32)
     )
     cfg["merge"] = merge
+    # Few rows: halve the split until the items fill the grid, while a split still halves what it
+    # keeps (>= 2 x topk_p2) and the merge holds a row's candidates in registers. The answer does
+    # not depend on the split size, so this costs no batch invariance.
+    wave_slots = MERGE_MAX_WARPS * wave * int(cfg["merge"].get("keys_per_thread", 64))
+    slots_target = num_compute_units(device) * int(cfg["programs_per_cu"])
+    while (
+        split_keys // 2 >= max(2 * topk_p2, block_n, threads)
+        and num_rows * triton.cdiv(max_kv_len, split_keys) < slots_target
+        and triton.cdiv(max_kv_len, split_keys // 2) * topk_p2 <= wave_slots
+    ):
+        split_keys //= 2
     S = max(1, triton.cdiv(max_kv_len, split_keys))
     direct = S == 1 and bool(cfg.get("direct", True))
     pow2 = block_size & (block_size - 1) == 0

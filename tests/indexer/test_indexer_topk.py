@@ -183,3 +183,16 @@ def test_gpu_model_sizes(H):
     lg = case.logits()
     # Valid up to float32 rounding: near-ties at the 2048th key may differ from float64's choice.
     assert check_indexer_topk(case.out, lg, 2048, rows=rows) == ""
+
+
+def test_split_follows_the_rows():
+    """A call of few rows halves the split (more items for the grid), never below twice the top-k,
+    with the merge still holding a row's candidates in registers; many rows keep the config's."""
+    from rocm_mla.ops.indexer_topk_plan import plan_indexer_topk
+
+    kw = dict(num_heads=16, topk=32, block_size=16, q_dtype=torch.float8_e4m3fn, device=DEVICE)
+    cfg = {**SMALL, "split_keys": 1024}
+    few = plan_indexer_topk(num_rows=1, max_kv_len=2048, config=cfg, **kw)
+    many = plan_indexer_topk(num_rows=64, max_kv_len=2048, config=cfg, **kw)
+    assert many.split_keys == 1024
+    assert 2 * few.topk_p2 <= few.split_keys < 1024 and few.merge_constexprs["REG"] > 0

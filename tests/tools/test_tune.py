@@ -653,7 +653,7 @@ def test_indexer_case_plans_once_per_config():
     other = {**C.package_config(INDEXER, "cpu"), "split_keys": 512}
     with C.override(INDEXER, "cpu", other):
         assert case.check() == ""
-    assert seen[2][0] is not seen[0][0] and seen[2][0].split_keys == 512 and seen[2][0].direct
+    assert seen[2][0] is not seen[0][0] and seen[2][0].config["split_keys"] == 512
 
 
 def test_indexer_overlay_round_trip(cfgdir, tmp_path):

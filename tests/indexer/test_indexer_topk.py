@@ -193,6 +193,6 @@ def test_split_follows_the_rows():
     kw = dict(num_heads=16, topk=32, block_size=16, q_dtype=torch.float8_e4m3fn, device=DEVICE)
     cfg = {**SMALL, "split_keys": 1024}
     few = plan_indexer_topk(num_rows=1, max_kv_len=2048, config=cfg, **kw)
-    many = plan_indexer_topk(num_rows=64, max_kv_len=2048, config=cfg, **kw)
+    many = plan_indexer_topk(num_rows=4096, max_kv_len=2048, config=cfg, **kw)
     assert many.split_keys == 1024
     assert 2 * few.topk_p2 <= few.split_keys < 1024 and few.merge_constexprs["REG"] > 0

@@ -2,6 +2,8 @@
 # The two set-up commands of the README, usable on a fresh machine:
 #   ./dev.sh doctor   install what is missing, then run the main job (rocm-mla doctor)
 #   ./dev.sh test     install what is missing, then run the test suite (ROCM_MLA_TEST_WORKERS processes, default 2)
+#   VLLM_VERSION=0.33.0 ./dev.sh test-vllm   the vLLM tests against that vLLM release (it replaces
+#                     the installed one; 0.34.0 is the default and what `test` installs)
 # Python: $PYTHON (default python3). A torch that is already installed (ROCm or CUDA build) is
 # kept; otherwise the CPU build torch==2.13.0 is installed (a plain `torch` would pull a
 # multi-GB CUDA build). apt installs clang-19 and clang-22 (with lld and llvm) and the ROCm device
@@ -22,7 +24,7 @@ setup() {
   # Editable, no build isolation: uses the torch above, so a GPU torch gets the HIP extension built now.
   "$PY" -m pip install -q --no-deps --no-build-isolation -e . >/dev/null
   bash .ci/install_amd_toolchain.sh
-  PYTHON="$PY" bash .ci/install_vllm_cpu.sh  # vLLM 0.33.0 for the vLLM tests (they skip without it)
+  PYTHON="$PY" bash .ci/install_vllm_cpu.sh  # vLLM (VLLM_VERSION, default 0.34.0) for the vLLM tests (they skip without it)
 }
 
 cmd=${1:-}
@@ -38,5 +40,11 @@ case "$cmd" in
     workers=${ROCM_MLA_TEST_WORKERS:-2}
     if [ "$workers" -gt 1 ]; then set -- -n "$workers" --dist worksteal "$@"; fi
     exec "$PY" -m pytest -q tests "$@" ;;
-  *) echo "usage: ./dev.sh doctor|test [extra args]" >&2; exit 2 ;;
+  test-vllm)
+    setup
+    workers=${ROCM_MLA_TEST_WORKERS:-2}
+    if [ "$workers" -gt 1 ]; then set -- -n "$workers" --dist worksteal "$@"; fi
+    "$PY" -c "import vllm; print(f'[test-vllm] vLLM {vllm.__version__}')"
+    exec "$PY" -m pytest -q tests/vllm_backend "$@" ;;
+  *) echo "usage: ./dev.sh doctor|test|test-vllm [extra args]" >&2; exit 2 ;;
 esac

@@ -2,8 +2,9 @@
 # Builds the .vllm_carry folder that perf/vllm_on_device.sh unpacks on the GPU machine (which has no
 # network), from PyPI, as perf/vllm_on_device_manifest.txt lists it:
 #   bash perf/make_vllm_carry.sh [DEST]          (default .vllm_carry; git-ignored; ~30 MB)
-# vllm-0.33.0-py.tar.xz: the vllm wheel minus compiled objects (*.so), vllm/vllm-rs and the C/C++/CUDA
-# sources under third_party; whl/ and whl_override/: cp312 manylinux wheels of the manifest's pins.
+# vllm-<V>-py.tar.xz for V = 0.34.0 and 0.33.0 (the releases the backend supports): each vllm wheel
+# minus compiled objects (*.so), vllm/vllm-rs and the C/C++/CUDA sources under third_party; whl/ and
+# whl_override/: cp312 manylinux wheels of the manifest's pins (shared by both releases).
 # Third-party code: never commit the folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,14 +28,15 @@ mapfile -t whl < <(specs whl)
 mapfile -t over < <(specs whl_override)
 dl "$dest/whl" "${whl[@]}"
 dl "$dest/whl_override" "${over[@]}"
-if [ ! -f "$dest/vllm-0.33.0-py.tar.xz" ]; then
-  dl "$work" vllm==0.33.0
+for v in 0.34.0 0.33.0; do
+  [ -f "$dest/vllm-$v-py.tar.xz" ] && continue
+  dl "$work" "vllm==$v"
   rm -rf "$work/tree" && mkdir -p "$work/tree"
-  python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" "$work"/vllm-0.33.0-*.whl "$work/tree"
+  python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" "$work"/vllm-"$v"-*.whl "$work/tree"
   find "$work/tree" -name '*.so' -delete
   rm -rf "$work/tree/vllm/vllm-rs"
   find "$work/tree/vllm/third_party" -type f \( -name '*.h' -o -name '*.hpp' -o -name '*.cuh' -o -name '*.cu' \
     -o -name '*.c' -o -name '*.cc' -o -name '*.cpp' \) -delete 2>/dev/null || true
-  tar -cJf "$dest/vllm-0.33.0-py.tar.xz" -C "$work/tree" vllm vllm-0.33.0.dist-info
-fi
+  tar -cJf "$dest/vllm-$v-py.tar.xz" -C "$work/tree" vllm "vllm-$v.dist-info"
+done
 du -sh "$dest" "$dest"/* | sed 's/^/  /'

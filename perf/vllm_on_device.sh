@@ -3,9 +3,9 @@
 # (or `bash perf/vllm_on_device.sh` and use the export line it prints), with the carry folder
 # $VLLM_CARRY (default .vllm_carry, git-ignored via .git/info/exclude; copy it there with the
 # repository). Its contents (perf/vllm_on_device_manifest.txt lists them) are built on the
-# CPU machine: vllm-0.33.0-py.tar.xz = the vllm==0.33.0 wheel minus *.so, vllm/vllm-rs and the
-# C/C++/CUDA sources under third_party; whl/ and whl_override/ = cp312 manylinux wheels of the
-# pins in .ci/vllm-0.33-cpu-requirements.txt that the device image lacks / may have older
+# CPU machine: vllm-<V>-py.tar.xz = the vllm==<V> wheel (V = 0.34.0, 0.33.0) minus *.so, vllm/vllm-rs
+# and the C/C++/CUDA sources under third_party; whl/ and whl_override/ = cp312 manylinux wheels of the
+# pins in .ci/vllm-cpu-requirements.txt that the device image lacks / may have older
 # (`pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
 #  --platform manylinux_2_28_x86_64 ...`), plus typing_extensions 4.16. About 30 MB in all.
 # Seen on the H200 (2026-11-29, torch 2.11 / transformers 5.17 there): vLLM imports, and every GPU
@@ -13,7 +13,7 @@
 # that resolves vLLM's platform to CUDA fails; the test harness
 # (tests/vllm_harness/layer_step.py: use_simulated_gfx942_platform) keeps vLLM on a simulated ROCm platform,
 # in spawned interpreters too.
-# Makes vLLM 0.33.0 (pure-Python part, no compiled ops) importable next to the image's own torch,
+# Makes vLLM $VLLM_VERSION (default 0.34.0; pure-Python part, no compiled ops) importable next to the image's own torch,
 # numpy, triton, transformers, tokenizers, huggingface_hub, safetensors, pillow, which are NOT carried.
 #   /tmp/vsite : vLLM + the pinned dependencies the image lacks (whl/*.whl). On sys.path AFTER the
 #                image's site-packages, so whatever the image already has wins.
@@ -25,11 +25,12 @@
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 C=$(cd "${VLLM_CARRY:-$REPO/.vllm_carry}" && pwd)
 PY=${PYTHON:-python3}
+VV=${VLLM_VERSION:-0.34.0}
 _vpip() { env -u PYTHONPATH "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
             --disable-pip-version-check "$@"; }
 _vsetup() {
   rm -rf /tmp/vsite /tmp/vover && mkdir -p /tmp/vsite /tmp/vover || return 1
-  tar -xJf "$C"/vllm-0.33.0-py.tar.xz -C /tmp/vsite || return 1
+  tar -xJf "$C/vllm-$VV-py.tar.xz" -C /tmp/vsite || return 1
   _vpip --target /tmp/vsite "$C"/whl/*.whl || return 1
   local sel
   sel=$(env -u PYTHONPATH "$PY" - "$C"/whl_override/*.whl <<'EOF'

@@ -20,7 +20,7 @@ KV_ROW_DIM = KV_LORA_RANK + QK_ROPE_HEAD_DIM  # 576: one latent cache row
 QK_NOPE_HEAD_DIM = 128  # prefill: the nope part of q / k per head
 V_HEAD_DIM = 128  # prefill: v per head
 PREFILL_DIMS = (QK_NOPE_HEAD_DIM, QK_ROPE_HEAD_DIM, V_HEAD_DIM)  # (P, R, V) of DeepSeek-V2/V3/R1, Kimi-K2
-# Every MLA head geometry (qk_nope_head_dim, qk_rope_head_dim, v_head_dim) vLLM 0.33 serves (its
+# Every MLA head geometry (qk_nope_head_dim, qk_rope_head_dim, v_head_dim) vLLM 0.33 and 0.34 serve (its
 # FLASH_ATTN MLA prefill's supports_mla_dimensions), by name; the prefill runs each of them. The
 # decode and the KV write run those whose latent row is KV_ROW_DIM (kv_lora_rank 512 + rope 64).
 PREFILL_GEOMETRIES: dict[str, tuple[int, int, int]] = {

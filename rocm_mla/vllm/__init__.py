@@ -1,4 +1,4 @@
-"""vLLM 0.33 integration: the ``ROCM_MLA`` attention backend and the ``ROCM_MLA`` MLA prefill backend.
+"""vLLM integration (0.34 and 0.33): the ``ROCM_MLA`` attention backend and the ``ROCM_MLA`` MLA prefill backend.
 
 Users install rocm-mla next to vLLM and run::
 
@@ -61,7 +61,7 @@ def register() -> None:
     """Register ROCM_MLA with vLLM's attention-backend and MLA-prefill registries (re-entrant).
 
     The ``vllm.general_plugins`` entry point of this package; safe to call any number of times,
-    in any process. Requires vLLM 0.33 (``register_backend`` accepting a new name).
+    in any process. Requires vLLM 0.33 or 0.34 (``register_backend`` accepting a new name).
     """
     from vllm.v1.attention.backends.mla.prefill.registry import MLAPrefillBackendEnum, register_mla_prefill_backend
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend

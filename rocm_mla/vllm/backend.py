@@ -1,4 +1,4 @@
-"""ROCM_MLA: vLLM 0.33's MLA attention running on rocm_mla's kernels, with no extra copies.
+"""ROCM_MLA: vLLM's MLA attention (0.34 and 0.33) running on rocm_mla's kernels, with no extra copies.
 
 Subclasses of vLLM's MLA common classes (vllm/model_executor/layers/attention/mla_attention.py);
 vLLM's ``MLAAttention`` layer keeps doing what is not attention (q/k/v projections, the absorbed
@@ -18,7 +18,7 @@ replaces the four attention steps:
   buffer, and folded into the output rows in place with the strided
   ``rocm_mla.merge_attn_states`` (no partial copies).
 
-The fused RoPE + KV write is not a backend hook in vLLM 0.33: RoPE is applied by the model
+The fused RoPE + KV write is not a backend hook in vLLM 0.33 or 0.34: RoPE is applied by the model
 (``MultiHeadLatentAttentionWrapper.forward`` in vllm/model_executor/layers/mla.py) before
 ``MLAAttention`` is called, and ``do_kv_cache_update`` receives neither positions nor ``q_pe`` nor
 the cos/sin cache. vLLM's ``fuse_rope_kvcache_cat_mla`` compile pass joins them into

@@ -1,7 +1,7 @@
-"""vLLM 0.33's fused RoPE + MLA KV-cache op, served by ``rocm_mla.fused_rope_mla_kv_write`` for
+"""vLLM's fused RoPE + MLA KV-cache op, served by ``rocm_mla.fused_rope_mla_kv_write`` for
 ROCM_MLA layers (no patch to vLLM).
 
-How vLLM 0.33 reaches it (paths relative to the ``vllm`` package):
+How vLLM (0.33 and 0.34) reaches it (paths relative to the ``vllm`` package):
 
 * The compile pass ``MLARoPEKVCacheCatFusionPass``
   (compilation/passes/fusion/mla_rope_kvcache_cat_fusion.py) matches the model's RoPE of

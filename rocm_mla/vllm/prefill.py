@@ -1,6 +1,6 @@
 """``ROCM_MLA`` in vLLM's MLA prefill registry (vllm/v1/attention/backends/mla/prefill/).
 
-vLLM 0.33's common prefill (``MLACommonBaseImpl.forward_mha`` in
+vLLM's common prefill (``MLACommonBaseImpl.forward_mha`` in
 vllm/model_executor/layers/attention/mla_attention.py) up-projects the new tokens, concatenates
 ``k = cat(k_nope, k_pe.expand(N))`` itself, and then calls the layer's prefill backend with
 ``(q, k, v)``. This backend runs that call on :func:`rocm_mla.mla_prefill`: ``k`` is read as two
@@ -34,7 +34,7 @@ class RocmMLAPrefillBackend(MLAPrefillBackend):
     """MLA prefill on :func:`rocm_mla.mla_prefill`: varlen, Dqk = P + R and Dv = V natively (no
     padding), k/v read through their strides, output and LSE written in place.
 
-    Head geometries: every one vLLM 0.33's FLASH_ATTN MLA prefill accepts, each tested here
+    Head geometries: every one vLLM's FLASH_ATTN MLA prefill accepts, each tested here
     (rocm_mla.mla_dims.PREFILL_GEOMETRIES): (128, 64, 128) DeepSeek-V2/V3/R1 and Kimi-K2, (192, 64,
     256) GLM-4.x-Lite and the DeepSeek-V3.2 layout, (64, 64, 128), (256, 0, 256) without RoPE."""
 

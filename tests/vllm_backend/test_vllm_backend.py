@@ -1,6 +1,6 @@
-"""The ROCM_MLA vLLM backend against the real vLLM 0.33.0 package.
+"""The ROCM_MLA vLLM backend against the real vLLM package (0.34.0, or 0.33.0).
 
-Needs vLLM 0.33.0 importable (CI: .ci/install_vllm_cpu.sh, called by ./dev.sh test); the whole
+Needs vLLM 0.34.0 or 0.33.0 importable (CI: .ci/install_vllm_cpu.sh, called by ./dev.sh test); the whole
 module is skipped, with the reason, when it is not. No MI300 here: vLLM's ROCm platform is
 simulated as gfx942 (``vllm_harness.layer_step.use_simulated_gfx942_platform``: only the host
 queries are patched) before any vLLM module that binds ``current_platform`` is imported.

@@ -1,4 +1,4 @@
-"""Decode context parallelism (DCP) with the ROCM_MLA decode, through vLLM 0.33's own DCP code
+"""Decode context parallelism (DCP) with the ROCM_MLA decode, through vLLM's own DCP code
 (tests/vllm_harness/dcp.py describes what vLLM does; perf/dcp_two_ranks.py runs it on 2 ranks).
 
 * vLLM's token-interleaved slot mapping (its ComputeSlotMappingKernel formula) and its

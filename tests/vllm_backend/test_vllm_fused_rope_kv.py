@@ -1,6 +1,6 @@
-"""vLLM 0.33's fused RoPE + MLA KV-cache op (``torch.ops.vllm.fused_rope_unified_mla_kv_cache_update``,
+"""vLLM's fused RoPE + MLA KV-cache op (``torch.ops.vllm.fused_rope_unified_mla_kv_cache_update``,
 what the ``fuse_rope_kvcache_cat_mla`` compile pass puts in the graph) served by rocm_mla for
-ROCM_MLA layers (rocm_mla/vllm/fused_rope_kv_op.py), against the real vLLM 0.33.0.
+ROCM_MLA layers (rocm_mla/vllm/fused_rope_kv_op.py), against the real vLLM (0.34.0 or 0.33.0).
 
 No MI300 here: vLLM's ROCm platform is simulated (harness), vLLM's fusion module is imported
 with the five compiled-op schemas it looks up stubbed (vLLM's compiled ops do not load without
@@ -508,7 +508,7 @@ def test_vllm_fusion_pass_as_shipped(rope):
     raise_on(compare("attention output, compiled vs eager", got[0], want[0], Bound(t, t)).problem)
     if passes.fusion.matched_count == 0 and rope == "gptj":
         pytest.xfail(
-            f"torch {torch.__version__} + vLLM 0.33, plain RotaryEmbedding: 0 matches. The pattern "
+            f"torch {torch.__version__} + vLLM, plain RotaryEmbedding: 0 matches. The pattern "
             "keeps forward_static's no-op query.view(num_tokens, -1, 64); Inductor's joint-graph "
             "pointless_view removed it from the model graph (torch's fwd_only does not apply "
             "early_patterns to user patterns)"

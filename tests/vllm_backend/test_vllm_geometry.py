@@ -1,9 +1,9 @@
-"""The ROCM_MLA backends and vLLM 0.33's MLA head geometries (qk_nope_head_dim, qk_rope_head_dim,
+"""The ROCM_MLA backends and vLLM's MLA head geometries (qk_nope_head_dim, qk_rope_head_dim,
 v_head_dim): the MLA prefill backend declares every one its kernels run (the four vLLM's FLASH_ATTN
 MLA prefill accepts), the attention backend refuses a latent row other than 512 + 64 with a reason,
 and a GLM-4.x-Lite-shaped layer step (192/64/256) runs through the simulated gfx942 ROCm platform.
 
-Same set-up as test_vllm_backend.py (vLLM 0.33.0, simulated gfx942 platform, Triton interpreter).
+Same set-up as test_vllm_backend.py (vLLM 0.34.0 or 0.33.0, simulated gfx942 platform, Triton interpreter).
 """
 
 from __future__ import annotations

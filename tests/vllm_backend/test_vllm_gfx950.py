@@ -1,4 +1,4 @@
-"""vLLM 0.33's ROCm platform on a simulated MI350X/MI355X (gfx950): its selector picks ROCM_MLA, and
+"""vLLM's ROCm platform on a simulated MI350X/MI355X (gfx950): its selector picks ROCM_MLA, and
 the fp8 kind vLLM uses there (``current_platform.fp8_dtype()``) is the one rocm_mla's configs
 give gfx950 (e4m3fn, OCP), as e4m3fnuz is gfx942's.
 

@@ -2,7 +2,7 @@
 lives outside the wheel: nothing in ``rocm_mla`` needs it at run time). Importable with tests/ on
 sys.path (pytest's conftest puts it there; the perf scripts insert it).
 
-* ``layer_step``: one MLA layer step through a vLLM 0.33 attention backend on vLLM's own objects, a
+* ``layer_step``: one MLA layer step through a vLLM attention backend (0.33 or 0.34) on vLLM's own objects, a
   simulated gfx942 ROCm platform for machines without one, stubs of vLLM's compiled-op schemas,
   the float32 result of the step from ``rocm_mla.reference``, and the bounds of a whole layer step
   (not one op, so not in rocm_mla.cases): LAYER_TOLERANCE, COMPILED_VS_EAGER, DCP_TOLERANCE,
@@ -14,22 +14,38 @@ Both patch vLLM (its platform, its model-inspection subprocess, its dispatch key
 duration of a test process: never import them in a serving process.
 """
 
+# The vLLM releases the backend is written and tested against (CI installs the first; docs/vllm.md
+# gives the command that runs the vLLM tests against the other).
+SUPPORTED_VLLM = ("0.34.0", "0.33.0")
+
 
 def require_vllm() -> None:
-    """Skip the calling test module unless vLLM 0.33.0 imports with its attention registry (the
-    backend is written against that version); call it before importing anything from vLLM or
-    from ``layer_step``/``dcp``."""
+    """Skip the calling test module unless a supported vLLM (``SUPPORTED_VLLM``) imports with its
+    attention registry; call it before importing anything from vLLM or from
+    ``layer_step``/``dcp``."""
     import pytest
 
+    want = " or ".join(SUPPORTED_VLLM)
     try:
         import vllm
         from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: F401
     except Exception as e:  # not installed, or installed without its pinned dependencies
         pytest.skip(
-            f"vLLM 0.33.0 is not importable ({type(e).__name__}: {e}); .ci/install_vllm_cpu.sh installs it",
+            f"vLLM {want} is not importable ({type(e).__name__}: {e}); .ci/install_vllm_cpu.sh installs it",
             allow_module_level=True,
         )
-    if vllm.__version__ != "0.33.0":
+    if vllm.__version__ not in SUPPORTED_VLLM:
         pytest.skip(
-            f"the ROCM_MLA backend is written against vLLM 0.33.0, found {vllm.__version__}", allow_module_level=True
+            f"the ROCM_MLA backend is written against vLLM {want}, found {vllm.__version__}", allow_module_level=True
         )
+
+
+def process_weights(layer, dtype) -> None:
+    """``MLAAttention.process_weights_after_loading`` as the installed vLLM takes it: 0.33 passes the
+    activation dtype, 0.34 reads the layer's own ``act_dtype``."""
+    import inspect
+
+    if "act_dtype" in inspect.signature(layer.process_weights_after_loading).parameters:
+        layer.process_weights_after_loading(dtype)
+    else:
+        layer.process_weights_after_loading()

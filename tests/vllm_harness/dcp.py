@@ -1,6 +1,6 @@
-"""Decode context parallelism (DCP) with the ROCM_MLA decode, checked through vLLM 0.33's own DCP code.
+"""Decode context parallelism (DCP) with the ROCM_MLA decode, checked through vLLM's own DCP code.
 
-What vLLM 0.33 does for MLA decode rows under DCP (no PCP), with W DCP ranks that are also TP ranks:
+What vLLM (0.33, 0.34) does for MLA decode rows under DCP (no PCP), with W DCP ranks that are also TP ranks:
 
 1. KV shards, token-interleaved (vllm/v1/worker/block_table.py, ``ComputeSlotMappingKernel``): with
    ``I = cp_kv_cache_interleave_size`` and virtual blocks of ``block_size * W`` positions, token
@@ -43,6 +43,7 @@ from types import SimpleNamespace
 import torch
 
 from . import layer_step as H
+from . import process_weights
 
 KV_LORA_RANK, QK_ROPE = H.KV_LORA_RANK, H.QK_ROPE
 # Decode requests (context, 1 new token): long, short, one whose single token leaves rank 1 empty,
@@ -88,7 +89,7 @@ def dcp_slot_mapping(
     rank: int,
     interleave: int,
 ) -> torch.Tensor:
-    """vLLM 0.33's ``ComputeSlotMappingKernel`` (block_table.py) in torch: the slot of each token
+    """vLLM's ``ComputeSlotMappingKernel`` (block_table.py) in torch: the slot of each token
     on ``rank`` (-1 where another rank holds it)."""
     vbs = block_size * world
     vbi = positions // vbs
@@ -396,7 +397,7 @@ def run_rank_case(case: dict, rank: int, world: int, interleave: int) -> dict:
                 prefix="model.layers.0.self_attn.attn",
                 attn_backend=RocmMLABackend,
             )
-            layer.process_weights_after_loading(dtype)
+            process_weights(layer, dtype)
             if fp8:
                 layer._k_scale.fill_(case["k_scale"])
                 layer._k_scale_float = case["k_scale"]

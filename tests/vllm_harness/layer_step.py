@@ -1,4 +1,4 @@
-"""One MLA layer step through a vLLM 0.33 attention backend, on vLLM's own objects, with a float32
+"""One MLA layer step through a vLLM attention backend (0.34 or 0.33), on vLLM's own objects, with a float32
 reference: what the tests, ``perf/bench_layer_copies.py`` and a GPU check run.
 
 A :class:`LayerStep` builds the pieces a serving step has, with vLLM's own code:
@@ -20,7 +20,7 @@ A :class:`LayerStep` builds the pieces a serving step has, with vLLM's own code:
 (``mla_decode_ref`` for the decode rows, ``mla_prefill_ref`` for the prefill rows), reading cached
 keys back from the cache (dequantised for fp8) exactly where the backend reads them from the cache.
 
-Requires vLLM 0.33 and a platform set before vLLM modules are imported (tests: a simulated gfx942
+Requires vLLM 0.33 or 0.34 and a platform set before vLLM modules are imported (tests: a simulated gfx942
 ``RocmPlatform``; a real ROCm box: the real one).
 """
 
@@ -39,6 +39,7 @@ from rocm_mla.mla_dims import KV_LORA_RANK, KV_ROW_DIM, VLLM_FP8_KV_CACHE_DTYPES
 from rocm_mla.mla_dims import QK_NOPE_HEAD_DIM as QK_NOPE
 from rocm_mla.mla_dims import QK_ROPE_HEAD_DIM as QK_ROPE
 from rocm_mla.mla_dims import V_HEAD_DIM as V_HEAD
+from vllm_harness import process_weights
 
 # DeepSeek-V3 per-layer attention geometry (rocm_mla.mla_dims, docs/ARCHITECTURE.md); N is per GPU
 # rank and chosen per step.
@@ -112,7 +113,7 @@ def use_simulated_gfx942_platform() -> None:
 # The compiled vLLM ops that vLLM's fusion-pass modules look up: the first five when
 # mla_rope_kvcache_cat_fusion.py is imported (matcher_utils.py: ROTARY_OP, QUANT_OPS,
 # SILU_MUL_OP), the rest when FixFunctionalizationPass walks a graph (its if-elif chain compares
-# each auto_functionalized target with them). Schemas as vLLM 0.33's _C library registers them
+# each auto_functionalized target with them). Schemas as vLLM's _C library (0.33, 0.34) registers them
 # (read from its wheel). Only the schemas are needed: nothing in these tests calls them.
 VLLM_C_SCHEMAS = {
     "rotary_embedding": "rotary_embedding(Tensor positions, Tensor! query, Tensor!? key, int head_size, "
@@ -430,7 +431,7 @@ class LayerStep:
                     prefix="model.layers.0.self_attn.attn",
                     attn_backend=backend,
                 )
-                self.layer.process_weights_after_loading(dtype)
+                process_weights(self.layer, dtype)
                 if self.fp8:
                     self.layer._k_scale.fill_(k_scale)
                     self.layer._k_scale_float = k_scale

@@ -162,6 +162,13 @@ def test_engine_args_create_engine_config_on_rocm():
     cfg = ea.create_engine_config()
     assert cfg.attention_config.backend is AttentionBackendEnum["ROCM_MLA"]
     assert pickle.loads(pickle.dumps(cfg)).attention_config.backend is AttentionBackendEnum["ROCM_MLA"]
+    # No --block-size: the release's default page (16 tokens in 0.33, 64 in 0.34), which the backend takes.
+    import vllm
+    from vllm.config.cache import CacheConfig
+
+    assert CacheConfig.DEFAULT_BLOCK_SIZE == {"0.33.0": 16, "0.34.0": 64}[vllm.__version__]
+    assert cfg.cache_config.block_size in (None, CacheConfig.DEFAULT_BLOCK_SIZE)
+    assert RocmMLABackend.supports_block_size(CacheConfig.DEFAULT_BLOCK_SIZE)
 
 
 @pytest.mark.parametrize("num_heads", [8, 16, 128])

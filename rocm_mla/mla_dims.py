@@ -25,7 +25,7 @@ PREFILL_DIMS = (QK_NOPE_HEAD_DIM, QK_ROPE_HEAD_DIM, V_HEAD_DIM)  # (P, R, V) of 
 # decode and the KV write run those whose latent row is KV_ROW_DIM (kv_lora_rank 512 + rope 64).
 PREFILL_GEOMETRIES: dict[str, tuple[int, int, int]] = {
     "deepseek": PREFILL_DIMS,  # DeepSeek-V2/V3/R1, Kimi-K2
-    "glm-lite": (192, 64, 256),  # GLM-4.x-Lite (Glm4MoeLiteAttention), the DeepSeek-V3.2 layout
+    "glm-lite": (192, 64, 256),  # GLM-4.x-Lite (Glm4MoeLiteAttention) and GLM-5.x
     "nope64": (64, 64, 128),
     "norope": (256, 0, 256),  # no RoPE part (GLM5Next's layout): k_pe absent
 }

@@ -76,8 +76,8 @@ def mla_indexer_topk(
             first bad one. Default: ``ROCM_MLA_DEBUG=1``.
 
     Returns:
-        ``out``: per row ``min(topk, kv_lens[t])`` distinct positions (in no particular order;
-        the same order on every call and in any batch), then -1. Ties in logit value are taken in
+        ``out``: per row ``min(topk, kv_lens[t])`` distinct positions in ascending order (so
+        the same bits on every call and in any batch), then -1. Ties in logit value are taken in
         position order. A valid top-k up to float rounding: the logits are float32 sums.
 
     Bad values and NaN (no host sync): nothing outside the given tensors is read or written; a

@@ -67,6 +67,10 @@ def test_splits_and_merge(backend):
     shape = IndexerShape((700, 64, 65, 300), (1, 2, 1, 30), 16, topk=40, block=16)
     case = make_inputs(shape, device=DEVICE, seed=2)
     _run_and_check(case, backend=backend, config=SMALL)
+    # Each row's positions come in ascending order, then -1 (docs/indexer.md).
+    for row in case.out.tolist():
+        taken = [p for p in row if p >= 0]
+        assert taken == sorted(set(taken)) and row == taken + [-1] * (len(row) - len(taken))
     # The same float32 logits through one split a row: the same answer, bit for bit (ties by
     # position either way), so the split size never shows.
     one = case.run(backend=backend, out=None, config={**SMALL, "split_keys": 1024})

@@ -56,7 +56,7 @@ def _row(req_ids, kv_lens, t, s_req, s_kl, num_reqs, capacity, max_keys):
 def _written(c, n, row_bad, kv_len, topk, SPLIT: tl.constexpr, TOPK_P2: tl.constexpr):
     """Which of the key slots ``c`` (row-relative, [0, n)) hold a key: split ``c // TOPK_P2``
     wrote min(topk, its keys) of its TOPK_P2 slots (one, the mark, for a bad row); the rest are
-    stale. A split's own stage is the case SPLIT = TOPK_P2, topk = kv_len = its keys."""
+    stale."""
     sp = c // TOPK_P2
     cnt = tl.where(row_bad, 1, tl.minimum(topk, tl.minimum(kv_len - sp * SPLIT, SPLIT)))
     return (c < n) & ((c % TOPK_P2) < cnt)

@@ -41,6 +41,21 @@ INDEX_DIM = 128  # the indexer's key and query width (DeepSeek-V3.2, GLM-5.x)
 INDEX_ROW_BYTES = INDEX_DIM + 4  # fp8 values + one float32 scale
 
 
+def _wave(arch: str) -> int:
+    """Lanes per wave (AMD) / warp (NVIDIA, the CPU interpreter's Triton)."""
+    return 64 if is_amd_arch(arch) else 32
+
+
+# The most warps a merge program takes to hold a long row's slots in registers.
+MERGE_MAX_WARPS = 16
+
+
+def _merge_register_slots(arch: str, merge: dict[str, Any]) -> int:
+    """The most candidate slots of one row a merge program holds in registers: ``keys_per_thread``
+    (the merge entry's, default 64) a thread of MERGE_MAX_WARPS warps."""
+    return MERGE_MAX_WARPS * _wave(arch) * int(merge.get("keys_per_thread", 64))
+
+
 def kernel_meta(
     arch: str, cfg: dict[str, Any], num_heads: int, split_keys: int, topk_p2: int, *, direct: bool, block_size: int,
     shuffled: bool,
@@ -48,7 +63,7 @@ def kernel_meta(
     """``(constexprs, compile options)`` of the split kernel: the single place the op's launch and
     the ISA report's variants take them from. CHUNK, the keys a selection step reads from the
     stage, is the merge's chunk (at least one key a thread, at most the split)."""
-    threads = int(cfg["num_warps"]) * (64 if is_amd_arch(arch) else 32)
+    threads = int(cfg["num_warps"]) * _wave(arch)
     consts = {
         "H": int(num_heads),
         "BLOCK_H": max(16, triton.next_power_of_2(int(num_heads))),
@@ -66,10 +81,6 @@ def kernel_meta(
     return consts, options
 
 
-# The most warps a merge program takes to hold a long row's slots in registers.
-MERGE_MAX_WARPS = 16
-
-
 def merge_meta(
     arch: str, cfg: dict[str, Any], split_keys: int, topk_p2: int, num_splits: int
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -78,14 +89,14 @@ def merge_meta(
     fit the config's ``keys_per_thread`` (merge entry) a thread; longer rows take the chunked
     passes (REG 0)."""
     m = cfg["merge"]
-    per_thread = int(m.get("keys_per_thread", 64))
-    wave = 64 if is_amd_arch(arch) else 32
+    wave = _wave(arch)
     slots = triton.next_power_of_2(num_splits * topk_p2)
+    per_warp = _merge_register_slots(arch, m) // MERGE_MAX_WARPS
     warps = int(m["num_warps"])
-    while warps < MERGE_MAX_WARPS and slots > warps * wave * per_thread:
+    while warps < MERGE_MAX_WARPS and slots > warps * per_warp:
         warps *= 2
     # At least one slot a thread (the sums then see no replicated element).
-    reg = max(slots, warps * wave) if slots <= warps * wave * per_thread else 0
+    reg = max(slots, warps * wave) if slots <= warps * per_warp else 0
     chunk = max(int(m["chunk"]), warps * wave)
     return {"SPLIT": int(split_keys), "TOPK_P2": int(topk_p2), "CHUNK": chunk, "REG": reg}, {"num_warps": warps}
 
@@ -197,23 +208,21 @@ def plan_indexer_topk(
         raise ValueError(f"{OP}: config: expected BLOCK_N a power of two >= 16 (tl.dot), got {block_n}")
     topk_p2 = triton.next_power_of_2(topk)
     # At least one key (one candidate) a thread: the scans and sums then see no replicated element.
-    wave = 64 if is_amd_arch(arch) else 32
+    wave = _wave(arch)
     threads = int(cfg["num_warps"]) * wave
     split_keys = max(triton.next_power_of_2(int(cfg["split_keys"])), topk_p2, block_n, threads)
     merge = dict(cfg["merge"])
-    merge["chunk"] = max(
-        triton.next_power_of_2(int(merge["chunk"])), int(merge["num_warps"]) * (64 if is_amd_arch(arch) else 32)
-    )
+    merge["chunk"] = max(triton.next_power_of_2(int(merge["chunk"])), int(merge["num_warps"]) * wave)
     cfg["merge"] = merge
     # Few rows: halve the split until the items fill the grid, while a split still halves what it
     # keeps (>= 2 x topk_p2) and the merge holds a row's candidates in registers. The answer does
     # not depend on the split size, so this costs no batch invariance.
-    wave_slots = MERGE_MAX_WARPS * wave * int(cfg["merge"].get("keys_per_thread", 64))
+    register_slots = _merge_register_slots(arch, cfg["merge"])
     slots_target = num_compute_units(device) * int(cfg["programs_per_cu"])
     while (
         split_keys // 2 >= max(2 * topk_p2, block_n, threads)
         and num_rows * triton.cdiv(max_kv_len, split_keys) < slots_target
-        and triton.cdiv(max_kv_len, split_keys // 2) * topk_p2 <= wave_slots
+        and triton.cdiv(max_kv_len, split_keys // 2) * topk_p2 <= register_slots
     ):
         split_keys //= 2
     S = max(1, triton.cdiv(max_kv_len, split_keys))

@@ -12,6 +12,7 @@ import rocm_mla
 from rocm_mla.cases import indexer_topk as cases
 from rocm_mla.cases.indexer_topk import POISON_OUT, IndexerShape, make_inputs
 from rocm_mla.ops.decode_plan import num_compute_units
+from rocm_mla.ops.indexer_topk_plan import plan_indexer_topk
 from rocm_mla.reference.indexer_topk import SENTINEL, check_indexer_topk
 
 BACKENDS = [b for b in ("triton", "reference") if b in backends()]  # no HIP kernel
@@ -192,8 +193,6 @@ def test_gpu_model_sizes(H):
 def test_split_follows_the_rows():
     """A call of few rows halves the split (more items for the grid), never below twice the top-k,
     with the merge still holding a row's candidates in registers; many rows keep the config's."""
-    from rocm_mla.ops.indexer_topk_plan import plan_indexer_topk
-
     kw = dict(num_heads=16, topk=32, block_size=16, q_dtype=torch.float8_e4m3fn, device=DEVICE)
     cfg = {**SMALL, "split_keys": 1024}
     few = plan_indexer_topk(num_rows=1, max_kv_len=2048, config=cfg, **kw)

@@ -32,9 +32,8 @@ FORMS = {
 }
 
 
-def _config(backend, form):
-    form = FORMS[form] if isinstance(form, str) else (SMALL if form else None)
-    return {"config": form} if backend == "triton" and form else {}
+def _config(backend, form: str):
+    return {"config": FORMS[form]} if backend == "triton" and FORMS[form] else {}
 
 
 def _poke_nan_scale(case, row_req: int, pos: int):
@@ -92,7 +91,7 @@ def test_table_entries_past_the_keys_are_never_read(backend):
         ]
     guarded = Guarded(tuple(case.index_cache.shape), torch.uint8, device=DEVICE, fill=case.index_cache, guard=4096)
     case.caches[0] = guarded.view
-    case.run(backend=backend, **_config(backend, True))
+    case.run(backend=backend, **_config(backend, "splits"))
     case.check()
     guarded.check("index_cache")
 
@@ -168,7 +167,7 @@ def test_fuzz_bad_values(backend, seed):
             case.block_table[int(case.req_ids[t]), int(torch.randint(0, used, (1,), generator=g))] = pick
     guarded = Guarded(tuple(case.index_cache.shape), torch.uint8, device=DEVICE, fill=case.index_cache, guard=4096)
     case.caches[0] = guarded.view
-    case.run(backend=backend, **_config(backend, seed % 2 == 1))
+    case.run(backend=backend, **_config(backend, "splits" if seed % 2 else "default"))
     assert not bool((case.out == POISON_OUT).any())
     case.check()  # the reference's verdict per row: the sentinel where it says bad, valid elsewhere
     guarded.check("index_cache")

@@ -27,24 +27,27 @@ setup() {
   PYTHON="$PY" bash .ci/install_vllm_cpu.sh  # vLLM (VLLM_VERSION, default 0.34.0) for the vLLM tests (they skip without it)
 }
 
+# run_pytest PATH [pytest args]. Test processes (pytest-xdist; ROCM_MLA_TEST_WORKERS, default 2):
+# the CPU interpreter's cases are single-threaded Python. Work stealing hands out single tests, so a
+# few long files (the vLLM backend's, the ISA report's) do not leave a worker idle at the end as
+# whole files do. 1 runs everything in one process.
+run_pytest() {
+  local path=$1 workers=${ROCM_MLA_TEST_WORKERS:-2}
+  shift
+  if [ "$workers" -gt 1 ]; then set -- -n "$workers" --dist worksteal "$@"; fi
+  exec "$PY" -m pytest -q "$path" "$@"
+}
+
 cmd=${1:-}
 shift || true
 case "$cmd" in
   doctor) setup; exec "$PY" -m rocm_mla.tools.cli doctor "$@" ;;
   test)
     setup
-    # Test processes (pytest-xdist; ROCM_MLA_TEST_WORKERS, default 2): the CPU interpreter's cases
-    # are single-threaded Python. Work stealing hands out single tests, so a few long files (the
-    # vLLM backend's, the ISA report's) do not leave a worker idle at the end as whole files do.
-    # 1 runs everything in one process.
-    workers=${ROCM_MLA_TEST_WORKERS:-2}
-    if [ "$workers" -gt 1 ]; then set -- -n "$workers" --dist worksteal "$@"; fi
-    exec "$PY" -m pytest -q tests "$@" ;;
+    run_pytest tests "$@" ;;
   test-vllm)
     setup
-    workers=${ROCM_MLA_TEST_WORKERS:-2}
-    if [ "$workers" -gt 1 ]; then set -- -n "$workers" --dist worksteal "$@"; fi
     "$PY" -c "import vllm; print(f'[test-vllm] vLLM {vllm.__version__}')"
-    exec "$PY" -m pytest -q tests/vllm_backend "$@" ;;
+    run_pytest tests/vllm_backend "$@" ;;
   *) echo "usage: ./dev.sh doctor|test|test-vllm [extra args]" >&2; exit 2 ;;
 esac

@@ -48,5 +48,6 @@ if ! "$PY" -c "from typing_extensions import sentinel" >/dev/null 2>&1; then
   "$PY" -m pip install -q "typing_extensions>=4.16" ||
     echo "[setup] WARNING: typing_extensions>=4.16 not installed; vLLM's model inspection may fail" >&2
 fi
+have=$(installed)
 have_vllm || fail "vLLM $WANT is not importable after the install (found: ${have:-none})"
 exit 0

@@ -133,6 +133,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "BLOCK_N": INT,
         "num_warps": INT,
         "num_stages": INT,
+        "key_streams": INT,
         "programs_per_cu": INT,
         "merge": {"chunk": INT, "num_warps": INT, "keys_per_thread": INT},
         "direct": BOOL,

@@ -134,6 +134,49 @@ def _select_in_registers(keys, topk):
     return n_valid, nan, thr, k_rem
 
 
+@triton.jit
+def _score_tile(
+    cache, bt_row, stage_f32, qt_t, w_h, h_ok, p0, hi, i, page_size, page_shift, num_pages, s_c_blk,
+    H: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, POW2_PAGE: tl.constexpr,
+    SHUFFLED: tl.constexpr, PAGE_TILE: tl.constexpr,
+):  # fmt: skip
+    """The raw logits (before the keys' scales) of keys [p0, min(p0 + BLOCK_N, hi)) into the stage's
+    tile i; nothing is read for a tile at or past hi."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    pos = p0 + offs_n
+    live = pos < hi
+    if PAGE_TILE:
+        # A tile lies in one page (page_size a multiple of BLOCK_N, tiles aligned): one scalar
+        # page id a tile, so no load address waits on a gathered vector.
+        blk0, off0 = page_and_offset(p0, page_size, page_shift, POW2_PAGE)
+        page = tl.load(bt_row + blk0, mask=p0 < hi, other=0)
+        off = off0 + offs_n
+        ok = live & (page.to(tl.uint32) < num_pages.to(tl.uint32))
+    else:
+        blk, off = page_and_offset(pos, page_size, page_shift, POW2_PAGE)
+        page = tl.load(bt_row + blk, mask=live, other=0)
+        ok = live & (page.to(tl.uint32) < num_pages.to(tl.uint32))
+    base = page.to(tl.int64) * s_c_blk
+    if SHUFFLED:
+        # 16 x 16 tiles of (token, byte): token-tile, byte-tile, token, byte.
+        col = (
+            (off[:, None] // 16) * (16 * D)
+            + (offs_d[None, :] // 16) * 256
+            + (off[:, None] % 16) * 16
+            + offs_d[None, :] % 16
+        )
+    else:
+        col = off[:, None] * D + offs_d[None, :]
+    kr = tl.load(cache + base[:, None] + col, mask=ok[:, None])  # [BLOCK_N, D] fp8
+    s = tl.dot(kr, qt_t)  # [BLOCK_N, BLOCK_H] float32
+    if BLOCK_H > H:
+        s = tl.where(h_ok[None, :], s, 0.0)
+    # relu that keeps NaN (a NaN product must reach the logit)
+    lg = tl.sum(w_h[None, :] * tl.where(s < 0.0, 0.0, s), axis=1)
+    tl.store(stage_f32 + i * BLOCK_N + offs_n, lg, mask=live)
+
+
 @triton.jit(
     do_not_specialize=[
         "num_rows",
@@ -184,6 +227,7 @@ def mla_indexer_split_topk_kernel(
     POW2_PAGE: tl.constexpr,
     SHUFFLED: tl.constexpr,
     PAGE_TILE: tl.constexpr,
+    STREAMS: tl.constexpr,
     CHUNK: tl.constexpr,
 ):
     """A persistent program: work items (row t, split s) = pid, pid + grid, ... of T x num_splits,
@@ -213,7 +257,6 @@ def mla_indexer_split_topk_kernel(
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, D)
     h_ok = offs_h < H
-    offs_n = tl.arange(0, BLOCK_N)
     offs_c = tl.arange(0, CHUNK)
     offs_s = tl.arange(0, SPLIT)
     for w in range(pid, num_rows * num_splits, tl.num_programs(0)):
@@ -232,39 +275,16 @@ def mla_indexer_split_topk_kernel(
             qt = tl.load(q + t * s_q_r + offs_h[:, None] * s_q_h + offs_d[None, :], mask=h_ok[:, None])
             w_h = tl.load(weights + t * s_w_r + offs_h * s_w_h, mask=h_ok, other=0.0)
             qt_t = tl.trans(qt)  # [D, BLOCK_H]: the keys are the dot's rows (M = BLOCK_N)
-            for i in range(0, tl.cdiv(hi - lo, BLOCK_N)):
-                p0 = lo + i * BLOCK_N
-                pos = p0 + offs_n
-                live = pos < hi
-                if PAGE_TILE:
-                    # A tile lies in one page (page_size a multiple of BLOCK_N, tiles aligned):
-                    # one scalar page id a tile, so no load address waits on a gathered vector.
-                    blk0, off0 = page_and_offset(p0, page_size, page_shift, POW2_PAGE)
-                    page = tl.load(bt_row + blk0)
-                    off = off0 + offs_n
-                    ok = live & (page.to(tl.uint32) < num_pages.to(tl.uint32))
-                else:
-                    blk, off = page_and_offset(pos, page_size, page_shift, POW2_PAGE)
-                    page = tl.load(bt_row + blk, mask=live, other=0)
-                    ok = live & (page.to(tl.uint32) < num_pages.to(tl.uint32))
-                base = page.to(tl.int64) * s_c_blk
-                if SHUFFLED:
-                    # 16 x 16 tiles of (token, byte): token-tile, byte-tile, token, byte.
-                    col = (
-                        (off[:, None] // 16) * (16 * D)
-                        + (offs_d[None, :] // 16) * 256
-                        + (off[:, None] % 16) * 16
-                        + offs_d[None, :] % 16
-                    )
-                else:
-                    col = off[:, None] * D + offs_d[None, :]
-                kr = tl.load(cache + base[:, None] + col, mask=ok[:, None])  # [BLOCK_N, D] fp8
-                s = tl.dot(kr, qt_t)  # [BLOCK_N, BLOCK_H] float32
-                if BLOCK_H > H:
-                    s = tl.where(h_ok[None, :], s, 0.0)
-                # relu that keeps NaN (a NaN product must reach the logit)
-                lg = tl.sum(w_h[None, :] * tl.where(s < 0.0, 0.0, s), axis=1)
-                tl.store(stage_f32 + i * BLOCK_N + offs_n, lg, mask=live)
+            for i in range(0, tl.cdiv(hi - lo, BLOCK_N * STREAMS)):
+                # STREAMS adjacent tiles a step: their copies are independent, so the software
+                # pipeline keeps STREAMS tiles in flight where one tile's page id -> key chain
+                # would otherwise leave one.
+                for u in tl.static_range(STREAMS):
+                    _score_tile(
+                        cache, bt_row, stage_f32, qt_t, w_h, h_ok, lo + (i * STREAMS + u) * BLOCK_N, hi,
+                        i * STREAMS + u, page_size, page_shift, num_pages, s_c_blk,
+                        H, BLOCK_H, D, BLOCK_N, POW2_PAGE, SHUFFLED, PAGE_TILE,
+                    )  # fmt: skip
             tl.debug_barrier()  # the stage, written by the dot's threads, read by all
 
             # The keys' scales (> 0, so they commute with the relu) in a pass of their own: a

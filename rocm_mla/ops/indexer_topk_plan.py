@@ -75,6 +75,7 @@ def kernel_meta(
         "POW2_PAGE": block_size & (block_size - 1) == 0,
         "SHUFFLED": bool(shuffled),
         "PAGE_TILE": block_size % int(cfg["BLOCK_N"]) == 0,
+        "STREAMS": int(cfg.get("key_streams", 1)),
         "CHUNK": max(threads, min(int(split_keys), triton.next_power_of_2(int(cfg["merge"]["chunk"])))),
     }
     options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **amd_options(cfg, arch)}
@@ -206,6 +207,9 @@ def plan_indexer_topk(
     block_n = int(cfg["BLOCK_N"])
     if block_n < 16 or block_n & (block_n - 1):
         raise ValueError(f"{OP}: config: expected BLOCK_N a power of two >= 16 (tl.dot), got {block_n}")
+    streams = cfg.setdefault("key_streams", 1)
+    if not isinstance(streams, int) or isinstance(streams, bool) or not 1 <= streams <= 8:
+        raise ValueError(f"{OP}: config: expected key_streams an int in [1, 8], got {streams!r}")
     topk_p2 = triton.next_power_of_2(topk)
     # At least one key (one candidate) a thread: the scans and sums then see no replicated element.
     wave = _wave(arch)

@@ -84,6 +84,11 @@ def test_splits_and_merge(backend):
     tile = {**SMALL, "BLOCK_N": 16}
     assert case.plan(config=tile).constexprs["PAGE_TILE"]
     assert torch.equal(case.run(backend=backend, out=None, config=tile), case.out)
+    # Two key tiles a loop step (odd tile counts leave the second past the split's keys), with
+    # gathered and with one-page tiles: the same answer.
+    for cfg in ({**SMALL, "key_streams": 2}, {**tile, "key_streams": 2}):
+        assert case.plan(config=cfg).constexprs["STREAMS"] == 2
+        assert torch.equal(case.run(backend=backend, out=None, config=cfg), case.out)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -573,11 +573,11 @@ def _indexer_tuner(tmp_path, shapes: str, quick: bool = False, arch: str | None 
     return _op_tuner("indexer", tmp_path, shapes, quick, arch)
 
 
-@pytest.mark.parametrize("arch,count", [("sm90", 12), ("gfx942", 11), ("gfx950", 11), ("cpu", 6)])
+@pytest.mark.parametrize("arch,count", [("sm90", 14), ("gfx942", 11), ("gfx950", 11), ("cpu", 6)])
 def test_indexer_group_and_candidates(tmp_path, arch, count):
     """One group over every shape; its candidates are complete launch objects, the shipped one and
-    single-knob changes over the grid (num_stages on NVIDIA, waves_per_eu on gfx9), each one a
-    distinct launch, at most 12 with the default; --quick keeps 4."""
+    single-knob changes over the grid (num_stages and key_streams on NVIDIA, waves_per_eu on gfx9), each one a
+    distinct launch, at most 14 with the default; --quick keeps 4."""
     from rocm_mla.tools.tune.groups import INDEXER_GRID, INDEXER_GRID_INTERPRETER, indexer_launch
     from rocm_mla.tools.tune.overlay import _obj_diff
 
@@ -589,7 +589,7 @@ def test_indexer_group_and_candidates(tmp_path, arch, count):
     assert g.shapes == [s for s in t.shapes if s.op == "indexer"] and g.knobs == []
     pkg = C.package_config(INDEXER, arch)
     assert g.point0 == pkg and g.build(g.point0) == pkg
-    assert t.count(g) == count == 1 + len(g.listed) <= 12
+    assert t.count(g) == count == 1 + len(g.listed) <= 14
     grid = dict(INDEXER_GRID if arch != "cpu" else INDEXER_GRID_INTERPRETER)
     launches = {json.dumps(indexer_launch(arch, p, 2048 if arch != "cpu" else 64), sort_keys=True) for p in g.listed}
     assert len(launches) == len(g.listed)
@@ -609,6 +609,7 @@ def test_indexer_group_and_candidates(tmp_path, arch, count):
     assert ("waves_per_eu" in changed) == arch.startswith("gfx")
     assert {"BLOCK_N", "num_warps", "split_keys", "merge.chunk"} <= changed
     assert ("programs_per_cu" in changed) == (arch != "cpu")
+    assert ("key_streams" in changed) == (arch == "sm90")
     if arch == "sm90":
         splits = sorted(p["split_keys"] for p in g.listed if p["split_keys"] != pkg["split_keys"])
         assert splits == [4096, 16384] and {p["num_stages"] for p in g.listed} == {2, 3, 4}
@@ -635,7 +636,7 @@ def test_indexer_candidates_are_what_the_plan_launches():
             assert (plan.split_keys, plan.config["merge"]) == (want["split_keys"], want["merge"])
     sm90 = C.package_config(INDEXER, "sm90")
     assert not any(p["split_keys"] != sm90["split_keys"] for p in indexer_candidates("sm90", sm90, 16384))
-    assert len(indexer_candidates("sm90", sm90, 2048)) == 11
+    assert len(indexer_candidates("sm90", sm90, 2048)) == 13
 
 
 def test_indexer_case_plans_once_per_config():

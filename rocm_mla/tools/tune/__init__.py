@@ -31,10 +31,11 @@ A tier group's winner changes that one kind of call: the other kinds the tier se
 configs (restated in its ``fp8`` / ``fp32`` objects where needed). ``mla_indexer_topk``: one group
 over all its shapes whose candidates are whole launch objects, the shipped one and its single-knob
 changes over split_keys 4096/8192/16384, BLOCK_N 32/64/128, num_warps 4/8, num_stages 2-4
-(NVIDIA), programs_per_cu 1/2/4, merge chunk 256/1024/2048, waves_per_eu 0/2 (gfx9), none that
-the plan launches alike (it raises split_keys and chunk to one element a thread): at most 12 with
-the default (sm90 12, gfx942 and gfx950 11); no coordinate pass. ``--quick`` instead caps the candidates per group (the
-default included: decode 3, sparse 3, prefill 4, merge 12, RoPE 33, indexer 4 of its at most 12):
+(NVIDIA), key_streams 1/2/4 (NVIDIA), programs_per_cu 1/2/4, merge chunk 256/1024/2048, waves_per_eu
+0/2 (gfx9), none that the plan launches alike (it raises split_keys and chunk to one element a
+thread): at most 14 with the default (sm90 14, gfx942 and gfx950 11); no coordinate pass.
+``--quick`` instead caps the candidates per group (the
+default included: decode 3, sparse 3, prefill 4, merge 12, RoPE 33, indexer 4 of its at most 14):
 listed ones first, then single-knob neighbours of the default; on the ``quick`` shape preset.
 
 Timing as perf/ does: decode, sparse and the indexer as back-to-back replays of CUDA/HIP graphs of

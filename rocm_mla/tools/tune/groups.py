@@ -407,6 +407,7 @@ INDEXER_GRID = (
     ("programs_per_cu", (1, 2, 4)),
     ("merge.chunk", (256, 1024, 2048)),
     ("waves_per_eu", (0, 2)),  # gfx9 only
+    ("key_streams", (1, 2, 4)),  # NVIDIA only (on gfx9, 2 and 4 spill scalar registers: isa-report)
 )
 INDEXER_GRID_INTERPRETER = (
     ("BLOCK_N", (32, 64)),
@@ -414,7 +415,7 @@ INDEXER_GRID_INTERPRETER = (
     ("split_keys", (128, 256, 512)),
     ("merge.chunk", (128, 256)),
 )
-INDEXER_MAX_CANDIDATES = 12  # the default included
+INDEXER_MAX_CANDIDATES = 14  # the default included
 
 
 def _indexer_set(p: dict, knob: str, v) -> dict:
@@ -445,7 +446,11 @@ def indexer_candidates(arch: str, p0: dict, topk_p2: int = 1) -> list[dict]:
     ``INDEXER_MAX_CANDIDATES`` - 1."""
     amd, nv = C.is_amd_arch(arch), C.is_nvidia_arch(arch)
     grid = INDEXER_GRID if amd or nv else INDEXER_GRID_INTERPRETER
-    grid = [(k, vs) for k, vs in grid if (k != "num_stages" or nv) and (k != "waves_per_eu" or (amd and k in p0))]
+    grid = [
+        (k, vs)
+        for k, vs in grid
+        if (k not in ("num_stages", "key_streams") or nv) and (k != "waves_per_eu" or (amd and k in p0))
+    ]
     cur = lambda p, k: p["merge"]["chunk"] if k == "merge.chunk" else p.get(k)  # noqa: E731
     alts = [(k, [v for v in vs if v != cur(p0, k)]) for k, vs in grid]
     seen, out = {point_key(indexer_launch(arch, p0, topk_p2))}, []
@@ -466,6 +471,8 @@ def indexer_label(p: dict) -> str:
         f"S{p['split_keys']} N{p['BLOCK_N']} w{p['num_warps']} s{p['num_stages']}"
         f" m{m.get('chunk')}/w{m.get('num_warps')}{' d0' if p.get('direct', True) is False else ''}"
     )
+    if p.get("key_streams", 1) != 1:
+        s += f" x{p['key_streams']}"
     for k, tag in (("waves_per_eu", "wpe"), ("matrix_instr_nonkdim", "mi"), ("kpack", "kp")):
         if k in p:
             s += f" {tag}{p[k]}"

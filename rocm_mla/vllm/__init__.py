@@ -31,6 +31,11 @@ What :func:`register` does, and why (vllm/v1/attention/backends/registry.py):
   ``fork`` the child inherits the registration and nothing is unpickled.)
 * ``AttentionBackendEnum.CUSTOM`` is pointed at the same class unless another plugin already
   claimed it, so ``--attention-backend CUSTOM`` works too.
+* ``register_backend("ROCM_MLA_SPARSE", path)`` the same for the sparse MLA backend
+  (DeepSeek-V3.2, GLM-5.x: ``rocm_mla.vllm.sparse_backend``), which vLLM's selector picks for
+  sparse layers where it runs. On ROCm those models' attention class bypasses the selector:
+  ``sparse_layer.install()`` puts a subclass in its place that runs rocm_mla's sparse backend and
+  indexer when the user selected ROCM_MLA or ROCM_MLA_SPARSE, vLLM's own layer otherwise.
 * ``register_mla_prefill_backend("ROCM_MLA", ...)`` adds rocm_mla's varlen prefill to vLLM's MLA
   prefill registry (``-ac.mla_prefill_backend=ROCM_MLA``): any MLA decode backend can then run its
   prefill on it, and it is the prefill object ROCM_MLA layers hold (see backend.py).
@@ -48,11 +53,22 @@ import logging
 
 BACKEND_NAME = "ROCM_MLA"
 BACKEND_CLASS = "rocm_mla.vllm.backend.RocmMLABackend"
+SPARSE_BACKEND_NAME = "ROCM_MLA_SPARSE"
+SPARSE_BACKEND_CLASS = "rocm_mla.vllm.sparse_backend.RocmMLASparseBackend"
 PREFILL_BACKEND_NAME = "ROCM_MLA"
 PREFILL_BACKEND_CLASS = "rocm_mla.vllm.prefill.RocmMLAPrefillBackend"
 PLUGIN_NAME = "rocm_mla"  # the entry-point name VLLM_PLUGINS must list when it is set
 
-__all__ = ["BACKEND_NAME", "BACKEND_CLASS", "PREFILL_BACKEND_NAME", "PREFILL_BACKEND_CLASS", "PLUGIN_NAME", "register"]
+__all__ = [
+    "BACKEND_NAME",
+    "BACKEND_CLASS",
+    "SPARSE_BACKEND_NAME",
+    "SPARSE_BACKEND_CLASS",
+    "PREFILL_BACKEND_NAME",
+    "PREFILL_BACKEND_CLASS",
+    "PLUGIN_NAME",
+    "register",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -66,12 +82,13 @@ def register() -> None:
     from vllm.v1.attention.backends.mla.prefill.registry import MLAPrefillBackendEnum, register_mla_prefill_backend
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
-    if BACKEND_NAME in AttentionBackendEnum.__members__:
-        # Already a member (an earlier call, or a future vLLM that names it): point it at us.
-        register_backend(AttentionBackendEnum[BACKEND_NAME], BACKEND_CLASS)
-    else:
-        register_backend(BACKEND_NAME, BACKEND_CLASS)
-    _pickle_by_name(AttentionBackendEnum[BACKEND_NAME], "attention")
+    for name, path in ((BACKEND_NAME, BACKEND_CLASS), (SPARSE_BACKEND_NAME, SPARSE_BACKEND_CLASS)):
+        if name in AttentionBackendEnum.__members__:
+            # Already a member (an earlier call, or a future vLLM that names it): point it at us.
+            register_backend(AttentionBackendEnum[name], path)
+        else:
+            register_backend(name, path)
+        _pickle_by_name(AttentionBackendEnum[name], "attention")
 
     custom = AttentionBackendEnum.CUSTOM
     if not custom.is_overridden() or custom.get_path() == BACKEND_CLASS:
@@ -94,6 +111,16 @@ def register() -> None:
     from . import fused_rope_kv_op
 
     fused_rope_kv_op.install()
+
+    # DeepSeek-V3.2 / GLM-5.x on ROCm: vLLM's attention class names aiter's sparse backend itself;
+    # its layers take rocm_mla's when the user selected ROCM_MLA or ROCM_MLA_SPARSE
+    # (sparse_layer.py), vLLM's own otherwise.
+    from vllm.platforms import current_platform
+
+    if current_platform.is_rocm():
+        from . import sparse_layer
+
+        sparse_layer.install()
 
 
 def _restore_member(kind: str, name: str):

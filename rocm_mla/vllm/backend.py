@@ -191,133 +191,11 @@ def batch_invariant_requested() -> bool:
     return bool(envs.VLLM_BATCH_INVARIANT) or os.environ.get("ROCM_MLA_BATCH_INVARIANT", "0") == "1"
 
 
-class RocmMLAImpl(MLACommonImpl[MLACommonMetadata]):
-    """The attention steps of an MLA layer on rocm_mla's kernels (see the module docstring)."""
-
-    # forward_mqa always returns the natural-log LSE, which decode context parallelism combines.
-    can_return_lse_for_decode: bool = True
-    supports_dcp: bool = True
-
-    def __init__(
-        self,
-        num_heads,
-        head_size,
-        scale,
-        num_kv_heads,
-        alibi_slopes,
-        sliding_window,
-        kv_cache_dtype,
-        logits_soft_cap,
-        attn_type,
-        kv_sharing_target_layer_name,
-        **mla_args,
-    ):
-        super().__init__(
-            num_heads,
-            head_size,
-            scale,
-            num_kv_heads,
-            alibi_slopes,
-            sliding_window,
-            kv_cache_dtype,
-            logits_soft_cap,
-            attn_type,
-            kv_sharing_target_layer_name,
-            **mla_args,
-        )
-        if any((alibi_slopes, sliding_window, logits_soft_cap)):
-            raise NotImplementedError("ROCM_MLA does not support alibi_slopes, sliding_window or logits_soft_cap")
-        if attn_type != AttentionType.DECODER:
-            raise NotImplementedError(f"ROCM_MLA supports decoder self-attention only, got {attn_type}")
-        if self.kv_lora_rank != KV_LORA_RANK or self.qk_rope_head_dim != QK_ROPE_HEAD_DIM:
-            raise NotImplementedError(
-                f"ROCM_MLA's decode kernel is built for kv_lora_rank {KV_LORA_RANK} and "
-                f"qk_rope_head_dim {QK_ROPE_HEAD_DIM}, got {self.kv_lora_rank} and {self.qk_rope_head_dim}"
-            )
-        # With an fp8 cache the decode kernel reads bf16/fp16 queries and dequantises K/V in
-        # registers. A pre-quantised query would cost vLLM's _DecodeConcatQuantFP8 (a torch.cat of
-        # ql_nope and q_pe plus a quant kernel) and then a dequant here: keep the tuple path.
-        self.supports_quant_query_input = False
-        self._fp8_cache = is_quantized_kv_cache(kv_cache_dtype)
-        self._batch_invariant = batch_invariant_requested()
-        # The activation dtype: vLLM builds layers under set_default_torch_dtype(model dtype), as
-        # MLAAttention.__init__ itself relies on.
-        self._act_dtype = torch.get_default_dtype()
-        # mla_decode's fp8_dots for an fp8 cache (an accuracy trade: docs/notes/fp8-decode.md):
-        # ROCM_MLA_FP8_DOTS = none | qk | all; unset: mla_decode's DEFAULT_FP8_DOTS.
-        self._fp8_dots = fp8_dots_from_env(self._fp8_cache, self._act_dtype)
-
-    # ------------------------------------------------------------------ KV cache write
-
-    def do_kv_cache_update(
-        self,
-        kv_c_normed: torch.Tensor,
-        k_pe: torch.Tensor,
-        kv_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        kv_cache_dtype: str,
-        k_scale: torch.Tensor,
-        skip_scale: bool = False,
-    ) -> None:
-        """Write ``[kv_c | k_pe]`` of each token into its cache slot (slot -1: skipped).
-
-        ``kv_cache`` is the layer's raw cache (uint8 storage for fp8): it is viewed as
-        ``current_platform.fp8_dtype()``, the same view ``MLAAttention.forward_impl`` gives the
-        decode, so writer and reader agree on e4m3fn vs e4m3fnuz by construction. ``skip_scale``
-        (vLLM's hint that k_scale is 1.0) needs no special case: dividing by the device scale is free.
-        """
-        if kv_cache.numel() == 0:
-            return
-        cache, kind = cache_for_writers(kv_cache, kv_cache_dtype, k_scale)
-        concat_and_cache_mla(kv_c_normed, k_pe, cache, slot_mapping.flatten(), **kind)
-
-    # ------------------------------------------------------------------ decode
-
-    def forward_mqa(
-        self,
-        q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-        kv_c_and_k_pe_cache: torch.Tensor,
-        attn_metadata: MLACommonMetadata,
-        layer: AttentionLayer,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Paged MQA over the latent cache for the decode rows; returns ``(out [rows, N, 512],
-        lse [rows, N] float32, natural log)``.
-
-        ``q`` is ``(ql_nope [rows, N, 512], q_pe [rows, N, 64])`` as ``forward_impl`` hands it
-        (q_pe a strided slice of the layer's q), read in place. Under decode context parallelism
-        vLLM concatenates and all-gathers it first, so one ``[rows, N, 576]`` tensor arrives: its
-        two slices are read in place the same way. A pre-quantised fp8 query (only if
-        ``supports_quant_query_input`` were turned on) is dequantised with the layer's q scale.
-        """
-        assert attn_metadata.decode is not None
-        if isinstance(q, tuple):
-            q_nope, q_pe = q
-        else:
-            if q.dtype in FP8_DTYPES:
-                q = (q.to(torch.float32) * layer._q_scale.reshape(())).to(self._act_dtype)
-            q_nope, q_pe = q[..., :KV_LORA_RANK], q[..., KV_LORA_RANK:]
-        rows, num_heads = q_nope.shape[0], q_nope.shape[1]
-        # torch.empty, not zeros: the kernel writes every element of out and lse.
-        out = torch.empty(rows, num_heads, KV_LORA_RANK, dtype=q_nope.dtype, device=q_nope.device)
-        lse = torch.empty(rows, num_heads, dtype=torch.float32, device=q_nope.device)
-        mla_decode(
-            q_nope,
-            q_pe,
-            kv_c_and_k_pe_cache,
-            attn_metadata.decode.block_table,
-            attn_metadata.decode.seq_lens,
-            sm_scale=self.scale,
-            out=out,
-            lse=lse,
-            kv_cache_dtype="fp8" if self._fp8_cache else "auto",
-            k_scale=layer._k_scale.reshape(1) if self._fp8_cache else None,
-            max_seq_len=int(attn_metadata.max_seq_len),
-            fp8_dots=self._fp8_dots,
-            batch_invariant=self._batch_invariant,
-        )
-        return out, lse
-
-    # ------------------------------------------------------------------ prefill
+class DensePrefillRows:
+    """Prefill rows on rocm_mla's dense kernels: ``forward_mha`` of ``RocmMLAImpl`` and of the
+    sparse ``RocmMLASparseImpl`` (its prefills short enough to run dense), on the prefill metadata
+    vLLM's MLA builders make (``MLACommonPrefillMetadata`` and its sparse subclass). Uses the
+    impl's ``kv_b_proj``, ``scale``, head geometry, ``_fp8_cache`` and ``_batch_invariant``."""
 
     def forward_mha(
         self,
@@ -473,3 +351,130 @@ class RocmMLAImpl(MLACommonImpl[MLACommonMetadata]):
             chunk_lse[:, a - s : b - s],
             None if dst_lse is None else dst_lse[:, a:b],
         )
+
+
+class RocmMLAImpl(DensePrefillRows, MLACommonImpl[MLACommonMetadata]):
+    """The attention steps of an MLA layer on rocm_mla's kernels (see the module docstring)."""
+
+    # forward_mqa always returns the natural-log LSE, which decode context parallelism combines.
+    can_return_lse_for_decode: bool = True
+    supports_dcp: bool = True
+
+    def __init__(
+        self,
+        num_heads,
+        head_size,
+        scale,
+        num_kv_heads,
+        alibi_slopes,
+        sliding_window,
+        kv_cache_dtype,
+        logits_soft_cap,
+        attn_type,
+        kv_sharing_target_layer_name,
+        **mla_args,
+    ):
+        super().__init__(
+            num_heads,
+            head_size,
+            scale,
+            num_kv_heads,
+            alibi_slopes,
+            sliding_window,
+            kv_cache_dtype,
+            logits_soft_cap,
+            attn_type,
+            kv_sharing_target_layer_name,
+            **mla_args,
+        )
+        if any((alibi_slopes, sliding_window, logits_soft_cap)):
+            raise NotImplementedError("ROCM_MLA does not support alibi_slopes, sliding_window or logits_soft_cap")
+        if attn_type != AttentionType.DECODER:
+            raise NotImplementedError(f"ROCM_MLA supports decoder self-attention only, got {attn_type}")
+        if self.kv_lora_rank != KV_LORA_RANK or self.qk_rope_head_dim != QK_ROPE_HEAD_DIM:
+            raise NotImplementedError(
+                f"ROCM_MLA's decode kernel is built for kv_lora_rank {KV_LORA_RANK} and "
+                f"qk_rope_head_dim {QK_ROPE_HEAD_DIM}, got {self.kv_lora_rank} and {self.qk_rope_head_dim}"
+            )
+        # With an fp8 cache the decode kernel reads bf16/fp16 queries and dequantises K/V in
+        # registers. A pre-quantised query would cost vLLM's _DecodeConcatQuantFP8 (a torch.cat of
+        # ql_nope and q_pe plus a quant kernel) and then a dequant here: keep the tuple path.
+        self.supports_quant_query_input = False
+        self._fp8_cache = is_quantized_kv_cache(kv_cache_dtype)
+        self._batch_invariant = batch_invariant_requested()
+        # The activation dtype: vLLM builds layers under set_default_torch_dtype(model dtype), as
+        # MLAAttention.__init__ itself relies on.
+        self._act_dtype = torch.get_default_dtype()
+        # mla_decode's fp8_dots for an fp8 cache (an accuracy trade: docs/notes/fp8-decode.md):
+        # ROCM_MLA_FP8_DOTS = none | qk | all; unset: mla_decode's DEFAULT_FP8_DOTS.
+        self._fp8_dots = fp8_dots_from_env(self._fp8_cache, self._act_dtype)
+
+    # ------------------------------------------------------------------ KV cache write
+
+    def do_kv_cache_update(
+        self,
+        kv_c_normed: torch.Tensor,
+        k_pe: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        kv_cache_dtype: str,
+        k_scale: torch.Tensor,
+        skip_scale: bool = False,
+    ) -> None:
+        """Write ``[kv_c | k_pe]`` of each token into its cache slot (slot -1: skipped).
+
+        ``kv_cache`` is the layer's raw cache (uint8 storage for fp8): it is viewed as
+        ``current_platform.fp8_dtype()``, the same view ``MLAAttention.forward_impl`` gives the
+        decode, so writer and reader agree on e4m3fn vs e4m3fnuz by construction. ``skip_scale``
+        (vLLM's hint that k_scale is 1.0) needs no special case: dividing by the device scale is free.
+        """
+        if kv_cache.numel() == 0:
+            return
+        cache, kind = cache_for_writers(kv_cache, kv_cache_dtype, k_scale)
+        concat_and_cache_mla(kv_c_normed, k_pe, cache, slot_mapping.flatten(), **kind)
+
+    # ------------------------------------------------------------------ decode
+
+    def forward_mqa(
+        self,
+        q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+        kv_c_and_k_pe_cache: torch.Tensor,
+        attn_metadata: MLACommonMetadata,
+        layer: AttentionLayer,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Paged MQA over the latent cache for the decode rows; returns ``(out [rows, N, 512],
+        lse [rows, N] float32, natural log)``.
+
+        ``q`` is ``(ql_nope [rows, N, 512], q_pe [rows, N, 64])`` as ``forward_impl`` hands it
+        (q_pe a strided slice of the layer's q), read in place. Under decode context parallelism
+        vLLM concatenates and all-gathers it first, so one ``[rows, N, 576]`` tensor arrives: its
+        two slices are read in place the same way. A pre-quantised fp8 query (only if
+        ``supports_quant_query_input`` were turned on) is dequantised with the layer's q scale.
+        """
+        assert attn_metadata.decode is not None
+        if isinstance(q, tuple):
+            q_nope, q_pe = q
+        else:
+            if q.dtype in FP8_DTYPES:
+                q = (q.to(torch.float32) * layer._q_scale.reshape(())).to(self._act_dtype)
+            q_nope, q_pe = q[..., :KV_LORA_RANK], q[..., KV_LORA_RANK:]
+        rows, num_heads = q_nope.shape[0], q_nope.shape[1]
+        # torch.empty, not zeros: the kernel writes every element of out and lse.
+        out = torch.empty(rows, num_heads, KV_LORA_RANK, dtype=q_nope.dtype, device=q_nope.device)
+        lse = torch.empty(rows, num_heads, dtype=torch.float32, device=q_nope.device)
+        mla_decode(
+            q_nope,
+            q_pe,
+            kv_c_and_k_pe_cache,
+            attn_metadata.decode.block_table,
+            attn_metadata.decode.seq_lens,
+            sm_scale=self.scale,
+            out=out,
+            lse=lse,
+            kv_cache_dtype="fp8" if self._fp8_cache else "auto",
+            k_scale=layer._k_scale.reshape(1) if self._fp8_cache else None,
+            max_seq_len=int(attn_metadata.max_seq_len),
+            fp8_dots=self._fp8_dots,
+            batch_invariant=self._batch_invariant,
+        )
+        return out, lse

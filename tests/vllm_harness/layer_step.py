@@ -226,10 +226,14 @@ class _SimulatedMarker:
     """Marks the simulated platform (so a second call is a no-op)."""
 
 
-def _tiny_deepseek_v3_dir(dims: tuple[int, int, int] = (QK_NOPE, QK_ROPE, V_HEAD)) -> str:
+def _tiny_deepseek_v3_dir(
+    dims: tuple[int, int, int] = (QK_NOPE, QK_ROPE, V_HEAD), index_topk: int | None = None
+) -> str:
     """A folder with the config.json of a one-layer DeepSeek-V3-shaped model (no weights), of head
-    geometry ``dims`` = (qk_nope, qk_rope, v) (GLM-4.x-Lite's attention is DeepSeek-V2's with 192/64/256)."""
-    if dims not in _model_dirs:
+    geometry ``dims`` = (qk_nope, qk_rope, v) (GLM-4.x-Lite's attention is DeepSeek-V2's with 192/64/256);
+    with ``index_topk`` a sparse one (DeepSeek-V3.2's lightning indexer: 64 heads of 128)."""
+    key = (*dims, index_topk)
+    if key not in _model_dirs:
         d = tempfile.mkdtemp(prefix="rocm_mla_dsv3_")
         cfg = {
             "architectures": ["DeepseekV3ForCausalLM"],
@@ -256,10 +260,12 @@ def _tiny_deepseek_v3_dir(dims: tuple[int, int, int] = (QK_NOPE, QK_ROPE, V_HEAD
             "rms_norm_eps": 1e-6,
             "tie_word_embeddings": False,
         }
+        if index_topk is not None:
+            cfg.update(index_topk=index_topk, index_n_heads=64, index_head_dim=128)
         with open(f"{d}/config.json", "w") as f:
             json.dump(cfg, f)
-        _model_dirs[dims] = d
-    return _model_dirs[dims]
+        _model_dirs[key] = d
+    return _model_dirs[key]
 
 
 def _ensure_single_process_group(vllm_config) -> None:
@@ -354,6 +360,11 @@ class LayerStep:
         prefill_backend: vLLM's ``mla_prefill_backend`` name ("ROCM_MLA" by default).
         dims: the head geometry (qk_nope_head_dim, qk_rope_head_dim, v_head_dim); DeepSeek-V3's by
             default, e.g. (192, 64, 256) for GLM-4.x-Lite (the latent row stays 512 + 64).
+        index_topk: a sparse MLA layer (DeepSeek-V3.2, GLM-5.x) with this top-k: the layer reads
+            its rows' positions from ``topk_buffer`` ``[T, index_topk]`` int32 (-1 filled; the
+            caller fills it, e.g. through the indexer), as vLLM's indexer layers hand it over.
+        index_leader: the layer owns an indexer (False: a skip layer of ``index_topk_freq``, which
+            reads the buffer its group's leader wrote).
     """
 
     def __init__(
@@ -372,6 +383,8 @@ class LayerStep:
         prefill_backend: str = "ROCM_MLA",
         seed: int = 0,
         dims: tuple[int, int, int] = (QK_NOPE, QK_ROPE, V_HEAD),
+        index_topk: int | None = None,
+        index_leader: bool = True,
     ):
         from vllm.config import CacheConfig, DeviceConfig, ModelConfig, VllmConfig, set_current_vllm_config
         from vllm.config.attention import AttentionConfig
@@ -395,8 +408,17 @@ class LayerStep:
 
         dev_type = "cpu" if self.device.type == "cpu" else "cuda"
         model_config = ModelConfig(
-            model=_tiny_deepseek_v3_dir(dims), skip_tokenizer_init=True, max_model_len=4096, dtype=dtype
+            model=_tiny_deepseek_v3_dir(dims, index_topk), skip_tokenizer_init=True, max_model_len=4096, dtype=dtype
         )
+        self.index_topk = index_topk
+        sparse_args = {}
+        if index_topk is not None:
+            import types
+
+            tokens = sum(r.query for r in requests)
+            self.topk_buffer = torch.full((tokens, index_topk), -1, dtype=torch.int32, device=self.device)
+            holder = types.SimpleNamespace(topk_indices_buffer=self.topk_buffer) if index_leader else None
+            sparse_args = dict(use_sparse=True, indexer=holder, topk_indices_buffer=self.topk_buffer)
         cache_config = CacheConfig(block_size=block_size, cache_dtype=kv_cache_dtype)
         self.vllm_config = vc = VllmConfig(
             model_config=model_config,
@@ -430,6 +452,7 @@ class LayerStep:
                     cache_config=cache_config,
                     prefix="model.layers.0.self_attn.attn",
                     attn_backend=backend,
+                    **sparse_args,
                 )
                 process_weights(self.layer, dtype)
                 if self.fp8:

@@ -1,0 +1,289 @@
+"""ROCM_MLA_SPARSE: vLLM's sparse MLA attention (DeepSeek-V3.2, GLM-5.x; vLLM 0.34 and 0.33) on
+rocm_mla's kernels, with no aiter.
+
+A sparse MLA layer attends, per query row, over the ``index_topk`` (2048) tokens its lightning
+indexer picked: request-local positions in the layer's shared top-k buffer ``[tokens, topk]``
+int32, -1 padded. This module is the attention half:
+
+* ``RocmMLASparseBackend``: a sparse MLA backend (``is_sparse()``), any block size, bf16/fp16
+  and fp8 latent caches.
+* ``RocmMLASparseMetadataBuilder``: vLLM's common sparse metadata (``req_id_per_token``, the
+  block table, the prefill fields), plus ``indexer_kv_lens`` ``[T]`` int32 (the keys each row
+  sees: its position + 1) for the indexer. No host sync beyond vLLM's own, no aiter; uniform
+  decode batches (MTP rows included) are capturable in full CUDA/HIP graphs.
+* ``RocmMLASparseImpl.forward_mqa``: ``rocm_mla.mla_sparse_attention`` on the top-k buffer
+  directly: it turns positions into cache slots itself through ``req_id_per_token`` and the block
+  table (no ``[T, 2048]`` slot tensor, no conversion kernel), reads ``ql_nope`` and ``q_pe`` in
+  place, heads per rank 1..128 without padding.
+* ``forward_mha``: prefills whose longest sequence is <= ``index_topk`` attend densely (vLLM's
+  rule), on rocm_mla's dense prefill (``DensePrefillRows``), any head geometry.
+
+How vLLM reaches it: on ROCm the DeepSeek-V3.2 / GLM-5 attention class names aiter's sparse
+backend itself, so ``--attention-backend`` never reaches these layers; ``rocm_mla.vllm.sparse_layer``
+routes them here when the user selected ROCM_MLA or ROCM_MLA_SPARSE, and runs the indexer on
+``rocm_mla.mla_indexer_topk``. Where vLLM's selector does run for sparse layers (CUDA, or another
+model), ``--attention-backend ROCM_MLA_SPARSE`` selects this backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from vllm.config.cache import CacheDType
+from vllm.model_executor.layers.attention.sparse_mla_attention import (
+    SparseMLACommonImpl,
+    SparseMLACommonMetadata,
+    SparseMLACommonMetadataBuilder,
+)
+from vllm.v1.attention.backend import AttentionBackend, AttentionCGSupport, AttentionLayer, AttentionType, MultipleOf
+from vllm.v1.kv_cache_interface import is_quantized_kv_cache
+
+from rocm_mla.mla_dims import FP8_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM, VLLM_FP8_KV_CACHE_DTYPES
+from rocm_mla.ops import mla_sparse_attention
+from rocm_mla.vllm.backend import _16BIT_CACHE_DTYPES, DensePrefillRows, RocmMLAImpl, batch_invariant_requested
+
+BACKEND_NAME = "ROCM_MLA_SPARSE"
+
+
+class RocmMLASparseBackend(AttentionBackend):
+    """vLLM attention backend ``ROCM_MLA_SPARSE``: sparse MLA layers on rocm_mla's kernels."""
+
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
+    supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = ["auto", *_16BIT_CACHE_DTYPES, *VLLM_FP8_KV_CACHE_DTYPES]
+
+    @staticmethod
+    def get_name() -> str:
+        return BACKEND_NAME
+
+    @staticmethod
+    def get_impl_cls() -> type[RocmMLASparseImpl]:
+        return RocmMLASparseImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[RocmMLASparseMetadataBuilder]:
+        return RocmMLASparseMetadataBuilder
+
+    @staticmethod
+    def get_metadata_cls() -> type[RocmMLASparseMetadata]:
+        return RocmMLASparseMetadata
+
+    @classmethod
+    def is_mla(cls) -> bool:
+        return True
+
+    @classmethod
+    def is_sparse(cls) -> bool:
+        return True
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return [KV_ROW_DIM]  # 576: one latent "head" of [kv_c | k_pe]
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
+        # The attention and the indexer index pages with any block size; the index cache's
+        # layer (vLLM's indexer backend) narrows it to what its writer takes.
+        return [MultipleOf(1)]
+
+    @classmethod
+    def supports_batch_invariance(cls) -> bool:
+        # The indexer's selection is exact and the attention's splits are fixed in size under
+        # batch_invariant: a row's answer does not depend on its batch.
+        return True
+
+    @classmethod
+    def supports_compute_capability(cls, capability) -> bool:
+        return True
+
+    @classmethod
+    def supports_combination(
+        cls,
+        head_size,
+        dtype,
+        kv_cache_dtype,
+        block_size,
+        use_mla,
+        has_sink,
+        use_sparse,
+        use_mm_prefix,
+        device_capability,
+    ) -> str | None:
+        if head_size != KV_ROW_DIM:
+            return (
+                f"MLA latent head size {head_size}: ROCM_MLA_SPARSE's attention is built for "
+                f"{KV_LORA_RANK} + {QK_ROPE_HEAD_DIM} = {KV_ROW_DIM}"
+            )
+        if has_sink:
+            return "attention sinks (ROCM_MLA_SPARSE has none)"
+        want = _16BIT_CACHE_DTYPES.get(kv_cache_dtype or "auto")
+        if want is not None and want != dtype:
+            return (
+                f"kv_cache_dtype {kv_cache_dtype} with a {str(dtype).replace('torch.', '')} model "
+                "(a 16-bit cache must hold the model dtype; use auto or fp8)"
+            )
+        return None
+
+
+@dataclass(kw_only=True)
+class RocmMLASparseMetadata(SparseMLACommonMetadata):
+    """vLLM's sparse MLA metadata plus ``indexer_kv_lens`` ``[>= T]`` int32: row t's visible keys
+    (its position + 1; decode and MTP rows their context so far, prefill rows causal), in a
+    buffer the builder reuses every step (CUDA/HIP graphs replay its address)."""
+
+    indexer_kv_lens: torch.Tensor | None = None
+
+
+class RocmMLASparseMetadataBuilder(SparseMLACommonMetadataBuilder[RocmMLASparseMetadata]):
+    """vLLM's common sparse builder (decodes first, then prefills; dense-prefill decision), plus
+    the indexer's per-row key counts. ``mla_sparse_attention`` takes ``req_id_per_token`` and the
+    block table as they are."""
+
+    # Uniform decode batches (q_len 1, or 1 + speculative tokens) have fixed shapes and no host
+    # work in forward: full-graph capturable.
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
+    metadata_cls = RocmMLASparseMetadata
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        # MTP / spec-decode rows run as decode (uniform rows of 1 + k tokens).
+        self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
+        self.indexer_kv_lens_buffer = torch.empty(
+            vllm_config.scheduler_config.max_num_batched_tokens, dtype=torch.int32, device=device
+        )
+
+    def _build_req_id_per_token(self, common_attn_metadata) -> torch.Tensor:
+        """Each token's request (row of the block table), as vLLM's ``token_to_req_indices``
+        defines it (tokens past the batch's query tokens: 0), in torch ops on the device
+        ``query_start_loc`` (no host sync; vLLM's own Triton kernel needs ``vllm.triton_utils``
+        to find Triton, which some images lack)."""
+        cam = common_attn_metadata
+        mapped = int(cam.query_start_loc_cpu[-1])
+        n = max(mapped, cam.num_actual_tokens)
+        num_reqs = cam.query_start_loc.shape[0] - 1
+        tok = torch.arange(n, dtype=torch.int32, device=self.req_id_per_token_buffer.device)
+        req = torch.searchsorted(cam.query_start_loc[1:], tok, right=True, out_int32=True)
+        req = torch.where(tok < mapped, req.clamp_(max=max(num_reqs - 1, 0)), 0)
+        out = self.req_id_per_token_buffer[:n]
+        out.copy_(req)
+        return out[: cam.num_actual_tokens]
+
+    def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False) -> RocmMLASparseMetadata:
+        md = super().build(common_prefix_len, common_attn_metadata, fast_build)
+        cam = common_attn_metadata
+        T = cam.num_actual_tokens
+        req = md.req_id_per_token[:T].long()
+        # Token t of request r (rows qsl[r] .. qsl[r + 1] - 1) is at position
+        # seq_lens[r] - (qsl[r + 1] - t): it sees that many keys plus itself.
+        kv = self.indexer_kv_lens_buffer[:T]
+        torch.index_select(cam.seq_lens, 0, req, out=kv)
+        kv.sub_(cam.query_start_loc[1:].index_select(0, req))
+        kv.add_(torch.arange(1, T + 1, dtype=torch.int32, device=kv.device))
+        md.indexer_kv_lens = self.indexer_kv_lens_buffer
+        return md
+
+
+class RocmMLASparseImpl(DensePrefillRows, SparseMLACommonImpl[RocmMLASparseMetadata]):
+    """Sparse MLA attention steps on rocm_mla's kernels (see the module docstring)."""
+
+    def __init__(
+        self,
+        num_heads,
+        head_size,
+        scale,
+        num_kv_heads,
+        alibi_slopes,
+        sliding_window,
+        kv_cache_dtype,
+        logits_soft_cap,
+        attn_type,
+        kv_sharing_target_layer_name,
+        **mla_args,
+    ):
+        super().__init__(
+            num_heads,
+            head_size,
+            scale,
+            num_kv_heads,
+            alibi_slopes,
+            sliding_window,
+            kv_cache_dtype,
+            logits_soft_cap,
+            attn_type,
+            kv_sharing_target_layer_name,
+            **mla_args,
+        )
+        if any((alibi_slopes, sliding_window, logits_soft_cap)):
+            raise NotImplementedError(
+                "ROCM_MLA_SPARSE does not support alibi_slopes, sliding_window or logits_soft_cap"
+            )
+        if attn_type != AttentionType.DECODER:
+            raise NotImplementedError(f"ROCM_MLA_SPARSE supports decoder self-attention only, got {attn_type}")
+        if self.kv_lora_rank != KV_LORA_RANK or self.qk_rope_head_dim != QK_ROPE_HEAD_DIM:
+            raise NotImplementedError(
+                f"ROCM_MLA_SPARSE's attention is built for kv_lora_rank {KV_LORA_RANK} and qk_rope_head_dim "
+                f"{QK_ROPE_HEAD_DIM}, got {self.kv_lora_rank} and {self.qk_rope_head_dim}"
+            )
+        # The kernel reads 16-bit queries and dequantises an fp8 cache in registers.
+        self.supports_quant_query_input = False
+        self._fp8_cache = is_quantized_kv_cache(kv_cache_dtype)
+        self._batch_invariant = batch_invariant_requested()
+        self._act_dtype = torch.get_default_dtype()
+
+    # [kv_c | k_pe] into the paged cache, as ROCM_MLA writes it (vLLM's ROCm DeepSeek-V3.2 layer
+    # writes its caches in fused_norm_rope instead; other callers come here).
+    do_kv_cache_update = RocmMLAImpl.do_kv_cache_update
+
+    def forward_mqa(
+        self,
+        q: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+        kv_c_and_k_pe_cache: torch.Tensor,
+        attn_metadata: RocmMLASparseMetadata,
+        layer: AttentionLayer,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sparse MQA over the latent cache for the first T rows of the batch (decode and MTP
+        rows, and every row of a prefill longer than index_topk); returns ``(out [T, N, 512],
+        lse [T, N] float32)``.
+
+        ``q``: ``(ql_nope [T, N, 512], q_pe [T, N, 64])`` read in place, or one ``[T, N, 576]``
+        tensor (an fp8 one is dequantised with the layer's q scale). Row t attends over the
+        positions in row ``topk_start + t`` of the layer's top-k buffer (read on every call: MTP
+        re-points the buffer after load). A row whose indexer found a bad page or a NaN (every
+        entry -2) gets a NaN output.
+        """
+        if isinstance(q, tuple):
+            q_nope, q_pe = q
+        else:
+            if q.dtype in FP8_DTYPES:
+                q = (q.to(torch.float32) * layer._q_scale.reshape(())).to(self._act_dtype)
+            q_nope, q_pe = q[..., :KV_LORA_RANK], q[..., KV_LORA_RANK:]
+        T, N = q_nope.shape[0], q_nope.shape[1]
+        md = attn_metadata
+        topk = self.topk_indices_buffer[md.topk_start : md.topk_start + T]
+        out = torch.empty(T, N, KV_LORA_RANK, dtype=q_nope.dtype, device=q_nope.device)
+        lse = torch.empty(T, N, dtype=torch.float32, device=q_nope.device)
+        mla_sparse_attention(
+            q_nope,
+            q_pe,
+            kv_c_and_k_pe_cache,
+            topk,
+            md.block_table,
+            md.req_id_per_token,  # row-aligned with q (vLLM narrows it with topk_start)
+            sm_scale=self.scale,
+            out=out,
+            lse=lse,
+            kv_cache_dtype="fp8" if self._fp8_cache else "auto",
+            k_scale=layer._k_scale.reshape(1) if self._fp8_cache else None,
+            batch_invariant=self._batch_invariant,
+        )
+        return out, lse
+
+
+__all__ = [
+    "BACKEND_NAME",
+    "RocmMLASparseBackend",
+    "RocmMLASparseMetadata",
+    "RocmMLASparseMetadataBuilder",
+    "RocmMLASparseImpl",
+]

@@ -1,0 +1,170 @@
+"""Routing vLLM's DeepSeek-V3.2 / GLM-5.x layers on ROCm to rocm_mla (vLLM 0.34 and 0.33).
+
+Why a hook: on ROCm, vLLM builds these models' attention with
+``vllm.models.deepseek_v32.amd.rocm.DeepseekV32MLAAttention``, which hands aiter's sparse backend
+to ``MLAAttention`` itself and runs the indexer through ``SparseAttnIndexer.forward_hip`` (which
+raises on gfx942 without aiter). ``--attention-backend`` is never consulted for these layers.
+
+What :func:`install` does (called by ``rocm_mla.vllm.register`` on ROCm platforms, in every vLLM
+process): it puts :class:`RocmMLASparseAttention`, a subclass of that class, in its place (the
+name in ``amd/rocm.py`` and, when already imported, in ``amd/model.py``, which the decoder and MTP
+layers build from). Each layer decides at construction:
+
+* the user selected ``ROCM_MLA`` or ``ROCM_MLA_SPARSE`` (``--attention-backend``, or ``CUSTOM``
+  pointing at rocm_mla): the layer runs ``RocmMLASparseBackend`` (rocm_mla's
+  ``mla_sparse_attention``, and ``mla_prefill`` for short prompts), and its indexer runs
+  ``rocm_mla.mla_indexer_topk`` on the query, weights and index cache vLLM's fused kernels made
+  (vLLM's ``fused_norm_rope`` still writes both caches; the ROCm layout is read as it is);
+* anything else: the layer is vLLM's own, unchanged (the subclass defers to it entirely).
+
+So not selecting ROCM_MLA undoes it, and other models and backends never see it.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_ROCM_MODULE = "vllm.models.deepseek_v32.amd.rocm"
+_MODEL_MODULE = "vllm.models.deepseek_v32.amd.model"
+SELECTING_NAMES = ("ROCM_MLA", "ROCM_MLA_SPARSE")
+
+
+def rocm_mla_selected(vllm_config) -> bool:
+    """Whether the user's attention backend is rocm_mla's: ``ROCM_MLA``, ``ROCM_MLA_SPARSE``, or
+    ``CUSTOM`` registered to one of their classes."""
+    backend = getattr(getattr(vllm_config, "attention_config", None), "backend", None)
+    if backend is None:
+        return False
+    name = getattr(backend, "name", str(backend))
+    if name in SELECTING_NAMES:
+        return True
+    if name == "CUSTOM" and backend.is_overridden():
+        return backend.get_path().startswith("rocm_mla.vllm.")
+    return False
+
+
+def run_indexer(
+    layer_name: str, indexer, topk_indices_buffer: torch.Tensor, index_q_fp8: torch.Tensor, index_weights: torch.Tensor
+) -> None:
+    """A layer's lightning indexer on rocm_mla: fills ``topk_indices_buffer[:T]`` with each row's
+    top ``indexer.topk_tokens`` request-local positions (-1 padded; every entry -2 for a row with a
+    bad page or a NaN logit, which the attention turns into a NaN row).
+
+    ``index_q_fp8`` ``[>= T, H, 128]`` and ``index_weights`` ``[>= T, H]`` float32 as vLLM's
+    ``fused_q`` returns them (scales folded into the weights); the index cache
+    (``indexer.k_cache.kv_cache``, uint8 ``[num_blocks, block_size, 132]``, its layout by
+    ``indexer.k_cache.uses_shuffled_layout``), the block table, ``req_id_per_token`` and the rows'
+    key counts from the layer's metadata of this step (``RocmMLASparseMetadata``, forward
+    context). Before the first step (profiling: no metadata) the buffer stays as vLLM's
+    ``fused_norm_rope`` filled it (-1).
+    """
+    from vllm.forward_context import get_forward_context
+
+    from rocm_mla.ops import mla_indexer_topk
+
+    md = get_forward_context().attn_metadata
+    if isinstance(md, list):
+        md = md[0]
+    if not isinstance(md, dict):
+        return
+    md = md.get(layer_name)
+    if md is None:
+        return
+    T = md.num_actual_tokens
+    mla_indexer_topk(
+        index_q_fp8[:T],
+        index_weights[:T],
+        indexer.k_cache.kv_cache,
+        md.block_table,
+        md.req_id_per_token,
+        md.indexer_kv_lens,
+        topk=indexer.topk_tokens,
+        out=topk_indices_buffer[:T],
+        shuffled=indexer.k_cache.uses_shuffled_layout,
+    )
+
+
+def _make_class(base: type) -> type:
+    """``RocmMLASparseAttention`` over vLLM's ROCm attention class ``base`` (amd/rocm.py)."""
+    from vllm.models.deepseek_v32.attention import DeepseekV32Attention
+    from vllm.v1.kv_cache_interface import is_quantized_kv_cache
+
+    from rocm_mla.vllm.sparse_backend import RocmMLASparseBackend
+
+    class RocmMLASparseAttention(base):
+        """vLLM's ROCm DeepSeek-V3.2 / GLM-5 attention, on rocm_mla when the user selected it
+        (``rocm_mla.vllm.sparse_layer``); vLLM's own otherwise."""
+
+        _rocm_mla_base = base
+
+        def __init__(self, vllm_config, config, prefix, topk_indices_buffer=None):
+            self._rocm_mla = rocm_mla_selected(vllm_config)
+            if not self._rocm_mla:
+                base.__init__(self, vllm_config, config, prefix, topk_indices_buffer)
+                return
+            DeepseekV32Attention.__init__(
+                self, vllm_config, config, prefix, topk_indices_buffer, attn_backend=RocmMLASparseBackend
+            )
+            self.indexer_op = None  # the indexer runs on rocm_mla (run_indexer)
+            if self.prefill_backend is None:
+                # vLLM found no MLA prefill backend on this install (none of aiter's or
+                # FlashAttention's): short prefills still run dense, on rocm_mla's, whose
+                # forward_mha needs only the prefill metadata that a backend object enables.
+                from rocm_mla.vllm.prefill import RocmMLAPrefillBackend
+
+                self.prefill_backend = RocmMLAPrefillBackend(
+                    num_heads=self.num_heads,
+                    scale=self.scale,
+                    kv_lora_rank=self.kv_lora_rank,
+                    qk_nope_head_dim=self.qk_nope_head_dim,
+                    qk_rope_head_dim=self.qk_rope_head_dim,
+                    v_head_dim=self.v_head_dim,
+                    vllm_config=vllm_config,
+                )
+            # The attention reads a 16-bit query and dequantises an fp8 cache itself: fused_q
+            # then hands over (ql_nope, q_pe) instead of an fp8-packed [T, N, 576] query.
+            self._fp8_kv = False
+            self._fp8_kv_needs_view = is_quantized_kv_cache(self.kv_cache_dtype) and self.kv_cache_dtype != "fp8_ds_mla"
+
+        def _run_indexer(self, q_c, index_q_fp8, index_weights_out) -> None:
+            if not self._rocm_mla:
+                return super()._run_indexer(q_c, index_q_fp8, index_weights_out)
+            run_indexer(self.layer_name, self.indexer, self.topk_indices_buffer, index_q_fp8, index_weights_out)
+
+    RocmMLASparseAttention.__qualname__ = RocmMLASparseAttention.__name__
+    return RocmMLASparseAttention
+
+
+def install() -> bool:
+    """Put :class:`RocmMLASparseAttention` in place of vLLM's ROCm DeepSeek-V3.2 attention class
+    (re-entrant). Returns whether it is in place; on a vLLM without the module (another release)
+    it logs why and changes nothing."""
+    try:
+        import importlib
+
+        rocm = importlib.import_module(_ROCM_MODULE)
+    except Exception as e:  # noqa: BLE001 - any import failure leaves vLLM's path alone
+        logger.warning("rocm_mla: DeepSeek-V3.2/GLM-5 layers stay on vLLM's path (%s: %s)", type(e).__name__, e)
+        return False
+    current = rocm.DeepseekV32MLAAttention
+    cls = current if hasattr(current, "_rocm_mla_base") else _make_class(current)
+    rocm.DeepseekV32MLAAttention = cls
+    model = sys.modules.get(_MODEL_MODULE)
+    if model is not None:
+        model.DeepseekV32MLAAttention = cls
+    return True
+
+
+def installed_class() -> type | None:
+    """The class vLLM's ROCm DeepSeek-V3.2 model builds its attention from, if it is rocm_mla's."""
+    rocm = sys.modules.get(_ROCM_MODULE)
+    cls = getattr(rocm, "DeepseekV32MLAAttention", None)
+    return cls if hasattr(cls, "_rocm_mla_base") else None
+
+
+__all__ = ["SELECTING_NAMES", "rocm_mla_selected", "run_indexer", "install", "installed_class"]

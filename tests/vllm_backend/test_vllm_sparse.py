@@ -1,0 +1,196 @@
+"""Sparse MLA (DeepSeek-V3.2, GLM-5.x) through vLLM's classes on rocm_mla: the ROCM_MLA_SPARSE
+backend, the indexer on mla_indexer_topk, and the hook that routes vLLM's ROCm DeepSeek-V3.2 layers.
+
+Each layer step (vllm_harness.sparse_step) runs the indexer on this step's metadata, then vLLM's
+MLAAttention (``use_sparse=True``) with the backend: decode rows, MTP rows, prefill rows with
+cached context (sparse: longer than index_topk) and short prefills (dense, vLLM's rule), against
+the float32 composition of the references; the indexer's answer must be a valid top-k of the
+float64 logits. Same set-up as test_vllm_backend.py (vLLM 0.34.0 or 0.33.0, simulated gfx942
+platform, Triton interpreter on the CPU; the same tests on a GPU).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _util import DEVICE, HAS_GPU
+from vllm_harness import require_vllm
+
+require_vllm()
+
+from vllm_harness.layer_step import LayerStep, Request, use_simulated_gfx942_platform  # noqa: E402
+
+use_simulated_gfx942_platform()
+
+import rocm_mla.vllm as rocm_vllm  # noqa: E402
+
+rocm_vllm.register()
+
+from vllm_harness.sparse_step import SparseLayerStep  # noqa: E402
+
+from rocm_mla.cases import raise_on  # noqa: E402
+from rocm_mla.mla_dims import PREFILL_GEOMETRIES  # noqa: E402
+from rocm_mla.vllm import sparse_layer  # noqa: E402
+from rocm_mla.vllm.sparse_backend import RocmMLASparseBackend  # noqa: E402
+
+DTYPE = torch.bfloat16 if HAS_GPU else torch.float32
+DSV32 = dict(dims=(128, 64, 128), index_heads=64)  # DeepSeek-V3.2: 128 heads / TP, indexer 64 x 128
+GLM5 = dict(dims=PREFILL_GEOMETRIES["glm-lite"], index_heads=32)  # GLM-5.x: 192/64/256, indexer 32 x 128
+TOPK = 32  # small, so that contexts of tens of tokens already select
+
+# (model, heads per rank, requests, MTP width, kv cache, block size, whether the prefill runs dense)
+STEPS = {
+    # decodes, then a prefill with cached context longer than the top-k (sparse rows)
+    "dsv32-decode-prefill": (DSV32, 16, [Request(40, 1), Request(71, 1), Request(50, 9)], 1, "auto", 16, False),
+    # MTP: rows of 1 + 1 speculative tokens, causal inside a request; fp8 latent cache, 64-token pages
+    "dsv32-mtp-fp8": (DSV32, 128, [Request(45, 2), Request(3, 2), Request(90, 2)], 2, "fp8", 64, None),
+    # GLM-5 at TP 8 (8 heads): a decode and two short prefills (<= top-k: dense), page size 1
+    "glm5-short-prefill": (GLM5, 8, [Request(60, 1), Request(0, 20), Request(7, 11)], 1, "auto", 1, True),
+    # one head per rank, a prompt longer than the top-k without context, fp8, 16-token pages
+    "glm5-long-prompt-fp8": (GLM5, 1, [Request(0, 45)], 1, "fp8", 16, False),
+}
+
+
+def _step(name: str, **kw) -> SparseLayerStep:
+    model, N, reqs, mtp, kv, bs, _ = STEPS[name]
+    return SparseLayerStep(
+        RocmMLASparseBackend,
+        reqs,
+        num_heads=N,
+        dtype=DTYPE,
+        device=DEVICE,
+        kv_cache_dtype=kv,
+        block_size=bs,
+        decode_threshold=mtp,
+        index_topk=TOPK,
+        **model,
+        **kw,
+    )
+
+
+@pytest.mark.parametrize("name", list(STEPS))
+def test_sparse_layer_step(name):
+    """Indexer + attention of one step through vLLM's MLAAttention and the backend's own builder:
+    the top-k a valid one, every output element written and equal to the float32 composition."""
+    step = _step(name)
+    dense = STEPS[name][-1]
+    if dense is not None:
+        assert step.dense_prefill == dense
+    nd = sum(r.query for r in step.requests if r.query <= STEPS[name][3])
+    assert step.metadata.num_decode_tokens == nd
+    step.output.fill_(float("nan"))
+    step.run()
+    raise_on(step.indexer_mismatch())
+    raise_on(step.mismatch())
+
+
+def test_indexer_rows_see_their_positions():
+    """The builder's per-row request and key count (position + 1: decode rows their context, MTP
+    and prefill rows causal), and vLLM's request mapping for tokens past the batch (request 0)."""
+    step = _step("dsv32-mtp-fp8")
+    md = step.metadata
+    T = step.num_tokens
+    assert torch.equal(md.req_id_per_token[:T].cpu(), step.req_ids)
+    assert torch.equal(md.indexer_kv_lens[:T].cpu(), step.kv_lens)
+
+
+def test_skip_layer_reads_the_shared_buffer():
+    """A layer without an indexer (index_topk_freq's skip layers) attends over the top-k its group
+    leader wrote into the shared buffer: the same output as the leader from the same buffer."""
+    lead = _step("dsv32-decode-prefill")
+    lead.run()
+    skip = _step("dsv32-decode-prefill", index_leader=False)
+    skip.topk_buffer.copy_(lead.topk_buffer)
+    assert skip.layer.impl.topk_indices_buffer is skip.topk_buffer
+    skip.output.fill_(float("nan"))
+    LayerStep.run(skip)  # the KV write and the attention, no indexer of its own
+    raise_on(skip.mismatch())
+    assert torch.equal(skip.output, lead.output)
+
+
+def test_bad_page_gives_a_nan_row():
+    """A block-table entry outside the cache among a row's keys: the indexer marks the row (-2
+    everywhere) and the attention writes NaN there; the other rows stay exact."""
+    step = _step("dsv32-decode-prefill")
+    step.block_table[1, 0] = step.kv_cache.shape[0] + 5  # request 1's first page
+    step.run()
+    assert bool((step.topk_buffer[1] == -2).all())
+    out = step.output.view(step.num_tokens, -1)
+    assert bool(out[1].isnan().all())
+    others = [0] + list(range(2, step.num_tokens))
+    raise_on(step.mismatch(out[others], ref=step.reference()[others]))
+
+
+def test_backend_declarations():
+    """Sparse, MLA, the latent row only, any block size, fp8 and 16-bit caches of the model dtype."""
+    B = RocmMLASparseBackend
+    assert B.is_sparse() and B.is_mla() and B.get_name() == "ROCM_MLA_SPARSE"
+    assert B.supports_combination(576, torch.bfloat16, "fp8", 1, True, False, True, False, None) is None
+    why = B.supports_combination(512, torch.bfloat16, "auto", 16, True, False, True, False, None)
+    assert "latent head size 512" in why
+    why = B.supports_combination(576, torch.bfloat16, "float16", 16, True, False, True, False, None)
+    assert "16-bit cache" in why
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    assert AttentionBackendEnum["ROCM_MLA_SPARSE"].get_path() == rocm_vllm.SPARSE_BACKEND_CLASS
+
+
+def test_hook_routes_only_when_selected(tmp_path, monkeypatch):
+    """On the (simulated) ROCm platform register() puts rocm_mla's subclass where vLLM's ROCm
+    DeepSeek-V3.2 model takes its attention class. A layer built with ROCM_MLA selected runs
+    ROCM_MLA_SPARSE, no aiter indexer op, a 16-bit query and a dense prefill backend; with any
+    other backend the layer is built by vLLM's own class, untouched."""
+    import json
+    from unittest import mock
+
+    import vllm.models.deepseek_v32.amd.model as amd_model
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, VllmConfig, set_current_vllm_config
+    from vllm.config.attention import AttentionConfig
+
+    cls = sparse_layer.installed_class()
+    assert cls is not None and amd_model.DeepseekV32MLAAttention is cls
+    base = cls._rocm_mla_base
+    cfg = {
+        "architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32", "hidden_size": 256,
+        "intermediate_size": 512, "moe_intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 16,
+        "num_key_value_heads": 16, "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2,
+        "first_k_dense_replace": 1, "kv_lora_rank": 512, "q_lora_rank": 128, "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64, "v_head_dim": 128, "vocab_size": 1024, "max_position_embeddings": 4096,
+        "rope_theta": 10000, "torch_dtype": "bfloat16", "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+        "index_topk": TOPK, "index_n_heads": 64, "index_head_dim": 128,
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    buf = torch.full((8, TOPK), -1, dtype=torch.int32, device=DEVICE)
+
+    def build(backend, layer):
+        mc = ModelConfig(model=str(tmp_path), skip_tokenizer_init=True, max_model_len=4096, dtype=DTYPE)
+        vc = VllmConfig(
+            model_config=mc,
+            cache_config=CacheConfig(block_size=16),
+            device_config=DeviceConfig(device=DEVICE.type),
+            attention_config=AttentionConfig(backend=backend),
+        )
+        prev = torch.get_default_dtype()
+        torch.set_default_dtype(DTYPE)
+        try:
+            with set_current_vllm_config(vc), torch.device(DEVICE):
+                return vc, cls(vc, mc.hf_config, prefix=f"model.layers.{layer}.self_attn", topk_indices_buffer=buf)
+        finally:
+            torch.set_default_dtype(prev)
+
+    for i, name in enumerate(("ROCM_MLA", "ROCM_MLA_SPARSE")):
+        vc, layer = build(name, 10 + i)
+        assert sparse_layer.rocm_mla_selected(vc)
+        assert layer.attn_backend is RocmMLASparseBackend and type(layer.impl).__name__ == "RocmMLASparseImpl"
+        assert layer.indexer_op is None and layer._fp8_kv is False and layer.prefill_backend is not None
+        assert layer.impl.topk_indices_buffer is buf
+    with mock.patch.object(base, "__init__", return_value=None) as vllm_init:
+        for name in (None, "TRITON_MLA", "ROCM_AITER_MLA_SPARSE"):
+            mc = ModelConfig(model=str(tmp_path), skip_tokenizer_init=True, max_model_len=4096, dtype=DTYPE)
+            vc = VllmConfig(model_config=mc, attention_config=AttentionConfig(backend=name))
+            assert not sparse_layer.rocm_mla_selected(vc)
+            layer = cls(vc, mc.hf_config, "model.layers.20.self_attn", buf)
+            assert layer._rocm_mla is False
+        assert vllm_init.call_count == 3
+    # Re-entrant: a second install keeps the one subclass.
+    assert sparse_layer.install() and sparse_layer.installed_class() is cls

@@ -260,7 +260,8 @@ class RocmMLASparseImpl(DensePrefillRows, SparseMLACommonImpl[RocmMLASparseMetad
             q_nope, q_pe = q[..., :KV_LORA_RANK], q[..., KV_LORA_RANK:]
         T, N = q_nope.shape[0], q_nope.shape[1]
         md = attn_metadata
-        topk = self.topk_indices_buffer[md.topk_start : md.topk_start + T]
+        start = getattr(md, "topk_start", 0)  # vLLM 0.34's sharded-query offset (0.33: none)
+        topk = self.topk_indices_buffer[start : start + T]
         out = torch.empty(T, N, KV_LORA_RANK, dtype=q_nope.dtype, device=q_nope.device)
         lse = torch.empty(T, N, dtype=torch.float32, device=q_nope.device)
         mla_sparse_attention(

@@ -57,14 +57,51 @@ from rocm_mla.vllm.invariant_context import fold_in_context_invariant
 _16BIT_CACHE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class RocmMLABackend(MLACommonBackend):
-    """vLLM attention backend ``ROCM_MLA`` (selected with ``--attention-backend ROCM_MLA``)."""
+class RocmMLABackendTraits:
+    """What rocm_mla's dense (``ROCM_MLA``) and sparse (``ROCM_MLA_SPARSE``) backends declare alike."""
 
     # The kernels take fp16, bf16 and fp32 activations (fp32 mostly for tests).
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
     # 16-bit caches must hold the model dtype (the kernels do not convert between 16-bit types:
-    # see supports_combination); fp8 = e4m3 of the platform (e4m3fnuz on gfx942), per-tensor k_scale.
+    # see cache_dtype_problem); fp8 = e4m3 of the platform (e4m3fnuz on gfx942), per-tensor k_scale.
     supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = ["auto", *_16BIT_CACHE_DTYPES, *VLLM_FP8_KV_CACHE_DTYPES]
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return [KV_ROW_DIM]  # 576: one latent "head" of [kv_c | k_pe]
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
+        # Every kernel (decode, sparse attention, indexer, KV write, context gather) indexes pages
+        # with any block size (1, 16, 64, ...).
+        return [MultipleOf(1)]
+
+    @classmethod
+    def supports_batch_invariance(cls) -> bool:
+        # A request's out and lse do not depend on the batch (batch_invariant=True of the ops;
+        # the impls turn it on under VLLM_BATCH_INVARIANT=1 or ROCM_MLA_BATCH_INVARIANT=1).
+        return True
+
+    @classmethod
+    def supports_compute_capability(cls, capability) -> bool:
+        # Triton kernels: compiled for gfx942 (MI300) and gfx950 (MI350) in CI, run and timed on an
+        # NVIDIA H200 (sm90).
+        return True
+
+    @staticmethod
+    def cache_dtype_problem(kv_cache_dtype, dtype) -> str | None:
+        """Why a 16-bit ``kv_cache_dtype`` cannot serve a ``dtype`` model (None: it can)."""
+        want = _16BIT_CACHE_DTYPES.get(kv_cache_dtype or "auto")
+        if want is not None and want != dtype:
+            return (
+                f"kv_cache_dtype {kv_cache_dtype} with a {str(dtype).replace('torch.', '')} model "
+                "(a 16-bit cache must hold the model dtype; use auto or fp8)"
+            )
+        return None
+
+
+class RocmMLABackend(RocmMLABackendTraits, MLACommonBackend):
+    """vLLM attention backend ``ROCM_MLA`` (selected with ``--attention-backend ROCM_MLA``)."""
 
     @staticmethod
     def get_name() -> str:
@@ -77,27 +114,6 @@ class RocmMLABackend(MLACommonBackend):
     @staticmethod
     def get_builder_cls() -> type[RocmMLAMetadataBuilder]:
         return RocmMLAMetadataBuilder
-
-    @classmethod
-    def get_supported_head_sizes(cls) -> list[int]:
-        return [KV_ROW_DIM]  # 576: one latent "head" of [kv_c | k_pe]
-
-    @staticmethod
-    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
-        # Decode, KV write and context gather index pages with any block size (1, 16, 64, ...).
-        return [MultipleOf(1)]
-
-    @classmethod
-    def supports_batch_invariance(cls) -> bool:
-        # A request's out and lse do not depend on the batch (batch_invariant=True of the ops;
-        # RocmMLAImpl turns it on under VLLM_BATCH_INVARIANT=1 or ROCM_MLA_BATCH_INVARIANT=1).
-        return True
-
-    @classmethod
-    def supports_compute_capability(cls, capability) -> bool:
-        # Triton kernels: compiled for gfx942 (MI300) and gfx950 (MI350) in CI, run and timed on an
-        # NVIDIA H200 (sm90).
-        return True
 
     @classmethod
     def supports_combination(
@@ -122,13 +138,7 @@ class RocmMLABackend(MLACommonBackend):
                 "v_head_dim of vLLM's MLA geometries); a model without RoPE part can still use ROCM_MLA as its "
                 "MLA prefill backend (-ac.mla_prefill_backend=ROCM_MLA)"
             )
-        want = _16BIT_CACHE_DTYPES.get(kv_cache_dtype or "auto")
-        if want is not None and want != dtype:
-            return (
-                f"kv_cache_dtype {kv_cache_dtype} with a {str(dtype).replace('torch.', '')} model "
-                "(a 16-bit cache must hold the model dtype; use auto or fp8)"
-            )
-        return None
+        return cls.cache_dtype_problem(kv_cache_dtype, dtype)
 
 
 class RocmMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
@@ -191,11 +201,81 @@ def batch_invariant_requested() -> bool:
     return bool(envs.VLLM_BATCH_INVARIANT) or os.environ.get("ROCM_MLA_BATCH_INVARIANT", "0") == "1"
 
 
-class DensePrefillRows:
-    """Prefill rows on rocm_mla's dense kernels: ``forward_mha`` of ``RocmMLAImpl`` and of the
-    sparse ``RocmMLASparseImpl`` (its prefills short enough to run dense), on the prefill metadata
-    vLLM's MLA builders make (``MLACommonPrefillMetadata`` and its sparse subclass). Uses the
-    impl's ``kv_b_proj``, ``scale``, head geometry, ``_fp8_cache`` and ``_batch_invariant``."""
+class RocmMLAImplCommon:
+    """What rocm_mla's dense (``RocmMLAImpl``) and sparse (``RocmMLASparseImpl``) impls do alike,
+    placed before vLLM's impl class in their bases: the argument checks and settings, the KV
+    write, and the prefill rows on the dense kernels (``forward_mha``, on the prefill metadata
+    vLLM's MLA builders make: ``MLACommonPrefillMetadata`` and its sparse subclass)."""
+
+    NAME: ClassVar[str] = "ROCM_MLA"
+
+    def __init__(
+        self,
+        num_heads,
+        head_size,
+        scale,
+        num_kv_heads,
+        alibi_slopes,
+        sliding_window,
+        kv_cache_dtype,
+        logits_soft_cap,
+        attn_type,
+        kv_sharing_target_layer_name,
+        **mla_args,
+    ):
+        super().__init__(
+            num_heads,
+            head_size,
+            scale,
+            num_kv_heads,
+            alibi_slopes,
+            sliding_window,
+            kv_cache_dtype,
+            logits_soft_cap,
+            attn_type,
+            kv_sharing_target_layer_name,
+            **mla_args,
+        )
+        if any((alibi_slopes, sliding_window, logits_soft_cap)):
+            raise NotImplementedError(f"{self.NAME} does not support alibi_slopes, sliding_window or logits_soft_cap")
+        if attn_type != AttentionType.DECODER:
+            raise NotImplementedError(f"{self.NAME} supports decoder self-attention only, got {attn_type}")
+        if self.kv_lora_rank != KV_LORA_RANK or self.qk_rope_head_dim != QK_ROPE_HEAD_DIM:
+            raise NotImplementedError(
+                f"{self.NAME}'s kernels are built for kv_lora_rank {KV_LORA_RANK} and "
+                f"qk_rope_head_dim {QK_ROPE_HEAD_DIM}, got {self.kv_lora_rank} and {self.qk_rope_head_dim}"
+            )
+        # With an fp8 cache the kernels read bf16/fp16 queries and dequantise K/V in
+        # registers. A pre-quantised query would cost vLLM's _DecodeConcatQuantFP8 (a torch.cat of
+        # ql_nope and q_pe plus a quant kernel) and then a dequant here: keep the tuple path.
+        self.supports_quant_query_input = False
+        self._fp8_cache = is_quantized_kv_cache(kv_cache_dtype)
+        self._batch_invariant = batch_invariant_requested()
+        # The activation dtype: vLLM builds layers under set_default_torch_dtype(model dtype), as
+        # MLAAttention.__init__ itself relies on.
+        self._act_dtype = torch.get_default_dtype()
+
+    def do_kv_cache_update(
+        self,
+        kv_c_normed: torch.Tensor,
+        k_pe: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        kv_cache_dtype: str,
+        k_scale: torch.Tensor,
+        skip_scale: bool = False,
+    ) -> None:
+        """Write ``[kv_c | k_pe]`` of each token into its cache slot (slot -1: skipped).
+
+        ``kv_cache`` is the layer's raw cache (uint8 storage for fp8): it is viewed as
+        ``current_platform.fp8_dtype()``, the same view ``MLAAttention.forward_impl`` gives the
+        decode, so writer and reader agree on e4m3fn vs e4m3fnuz by construction. ``skip_scale``
+        (vLLM's hint that k_scale is 1.0) needs no special case: dividing by the device scale is free.
+        """
+        if kv_cache.numel() == 0:
+            return
+        cache, kind = cache_for_writers(kv_cache, kv_cache_dtype, k_scale)
+        concat_and_cache_mla(kv_c_normed, k_pe, cache, slot_mapping.flatten(), **kind)
 
     def forward_mha(
         self,
@@ -353,85 +433,18 @@ class DensePrefillRows:
         )
 
 
-class RocmMLAImpl(DensePrefillRows, MLACommonImpl[MLACommonMetadata]):
+class RocmMLAImpl(RocmMLAImplCommon, MLACommonImpl[MLACommonMetadata]):
     """The attention steps of an MLA layer on rocm_mla's kernels (see the module docstring)."""
 
     # forward_mqa always returns the natural-log LSE, which decode context parallelism combines.
     can_return_lse_for_decode: bool = True
     supports_dcp: bool = True
 
-    def __init__(
-        self,
-        num_heads,
-        head_size,
-        scale,
-        num_kv_heads,
-        alibi_slopes,
-        sliding_window,
-        kv_cache_dtype,
-        logits_soft_cap,
-        attn_type,
-        kv_sharing_target_layer_name,
-        **mla_args,
-    ):
-        super().__init__(
-            num_heads,
-            head_size,
-            scale,
-            num_kv_heads,
-            alibi_slopes,
-            sliding_window,
-            kv_cache_dtype,
-            logits_soft_cap,
-            attn_type,
-            kv_sharing_target_layer_name,
-            **mla_args,
-        )
-        if any((alibi_slopes, sliding_window, logits_soft_cap)):
-            raise NotImplementedError("ROCM_MLA does not support alibi_slopes, sliding_window or logits_soft_cap")
-        if attn_type != AttentionType.DECODER:
-            raise NotImplementedError(f"ROCM_MLA supports decoder self-attention only, got {attn_type}")
-        if self.kv_lora_rank != KV_LORA_RANK or self.qk_rope_head_dim != QK_ROPE_HEAD_DIM:
-            raise NotImplementedError(
-                f"ROCM_MLA's decode kernel is built for kv_lora_rank {KV_LORA_RANK} and "
-                f"qk_rope_head_dim {QK_ROPE_HEAD_DIM}, got {self.kv_lora_rank} and {self.qk_rope_head_dim}"
-            )
-        # With an fp8 cache the decode kernel reads bf16/fp16 queries and dequantises K/V in
-        # registers. A pre-quantised query would cost vLLM's _DecodeConcatQuantFP8 (a torch.cat of
-        # ql_nope and q_pe plus a quant kernel) and then a dequant here: keep the tuple path.
-        self.supports_quant_query_input = False
-        self._fp8_cache = is_quantized_kv_cache(kv_cache_dtype)
-        self._batch_invariant = batch_invariant_requested()
-        # The activation dtype: vLLM builds layers under set_default_torch_dtype(model dtype), as
-        # MLAAttention.__init__ itself relies on.
-        self._act_dtype = torch.get_default_dtype()
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         # mla_decode's fp8_dots for an fp8 cache (an accuracy trade: docs/notes/fp8-decode.md):
         # ROCM_MLA_FP8_DOTS = none | qk | all; unset: mla_decode's DEFAULT_FP8_DOTS.
         self._fp8_dots = fp8_dots_from_env(self._fp8_cache, self._act_dtype)
-
-    # ------------------------------------------------------------------ KV cache write
-
-    def do_kv_cache_update(
-        self,
-        kv_c_normed: torch.Tensor,
-        k_pe: torch.Tensor,
-        kv_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        kv_cache_dtype: str,
-        k_scale: torch.Tensor,
-        skip_scale: bool = False,
-    ) -> None:
-        """Write ``[kv_c | k_pe]`` of each token into its cache slot (slot -1: skipped).
-
-        ``kv_cache`` is the layer's raw cache (uint8 storage for fp8): it is viewed as
-        ``current_platform.fp8_dtype()``, the same view ``MLAAttention.forward_impl`` gives the
-        decode, so writer and reader agree on e4m3fn vs e4m3fnuz by construction. ``skip_scale``
-        (vLLM's hint that k_scale is 1.0) needs no special case: dividing by the device scale is free.
-        """
-        if kv_cache.numel() == 0:
-            return
-        cache, kind = cache_for_writers(kv_cache, kv_cache_dtype, k_scale)
-        concat_and_cache_mla(kv_c_normed, k_pe, cache, slot_mapping.flatten(), **kind)
 
     # ------------------------------------------------------------------ decode
 

@@ -16,7 +16,7 @@ int32, -1 padded. This module is the attention half:
   table (no ``[T, 2048]`` slot tensor, no conversion kernel), reads ``ql_nope`` and ``q_pe`` in
   place, heads per rank 1..128 without padding.
 * ``forward_mha``: prefills whose longest sequence is <= ``index_topk`` attend densely (vLLM's
-  rule), on rocm_mla's dense prefill (``DensePrefillRows``), any head geometry.
+  rule), on rocm_mla's dense prefill (``RocmMLAImplCommon.forward_mha``), any head geometry.
 
 How vLLM reaches it: on ROCm the DeepSeek-V3.2 / GLM-5 attention class names aiter's sparse
 backend itself, so ``--attention-backend`` never reaches these layers; ``rocm_mla.vllm.sparse_layer``
@@ -31,27 +31,22 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-from vllm.config.cache import CacheDType
 from vllm.model_executor.layers.attention.sparse_mla_attention import (
     SparseMLACommonImpl,
     SparseMLACommonMetadata,
     SparseMLACommonMetadataBuilder,
 )
-from vllm.v1.attention.backend import AttentionBackend, AttentionCGSupport, AttentionLayer, AttentionType, MultipleOf
-from vllm.v1.kv_cache_interface import is_quantized_kv_cache
+from vllm.v1.attention.backend import AttentionBackend, AttentionCGSupport, AttentionLayer
 
-from rocm_mla.mla_dims import FP8_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM, VLLM_FP8_KV_CACHE_DTYPES
+from rocm_mla.mla_dims import FP8_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from rocm_mla.ops import mla_sparse_attention
-from rocm_mla.vllm.backend import _16BIT_CACHE_DTYPES, DensePrefillRows, RocmMLAImpl, batch_invariant_requested
+from rocm_mla.vllm.backend import RocmMLABackendTraits, RocmMLAImplCommon
 
 BACKEND_NAME = "ROCM_MLA_SPARSE"
 
 
-class RocmMLASparseBackend(AttentionBackend):
+class RocmMLASparseBackend(RocmMLABackendTraits, AttentionBackend):
     """vLLM attention backend ``ROCM_MLA_SPARSE``: sparse MLA layers on rocm_mla's kernels."""
-
-    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
-    supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = ["auto", *_16BIT_CACHE_DTYPES, *VLLM_FP8_KV_CACHE_DTYPES]
 
     @staticmethod
     def get_name() -> str:
@@ -78,26 +73,6 @@ class RocmMLASparseBackend(AttentionBackend):
         return True
 
     @classmethod
-    def get_supported_head_sizes(cls) -> list[int]:
-        return [KV_ROW_DIM]  # 576: one latent "head" of [kv_c | k_pe]
-
-    @staticmethod
-    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
-        # The attention and the indexer index pages with any block size; the index cache's
-        # layer (vLLM's indexer backend) narrows it to what its writer takes.
-        return [MultipleOf(1)]
-
-    @classmethod
-    def supports_batch_invariance(cls) -> bool:
-        # The indexer's selection is exact and the attention's splits are fixed in size under
-        # batch_invariant: a row's answer does not depend on its batch.
-        return True
-
-    @classmethod
-    def supports_compute_capability(cls, capability) -> bool:
-        return True
-
-    @classmethod
     def supports_combination(
         cls,
         head_size,
@@ -117,13 +92,7 @@ class RocmMLASparseBackend(AttentionBackend):
             )
         if has_sink:
             return "attention sinks (ROCM_MLA_SPARSE has none)"
-        want = _16BIT_CACHE_DTYPES.get(kv_cache_dtype or "auto")
-        if want is not None and want != dtype:
-            return (
-                f"kv_cache_dtype {kv_cache_dtype} with a {str(dtype).replace('torch.', '')} model "
-                "(a 16-bit cache must hold the model dtype; use auto or fp8)"
-            )
-        return None
+        return cls.cache_dtype_problem(kv_cache_dtype, dtype)
 
 
 @dataclass(kw_only=True)
@@ -184,56 +153,12 @@ class RocmMLASparseMetadataBuilder(SparseMLACommonMetadataBuilder[RocmMLASparseM
         return md
 
 
-class RocmMLASparseImpl(DensePrefillRows, SparseMLACommonImpl[RocmMLASparseMetadata]):
-    """Sparse MLA attention steps on rocm_mla's kernels (see the module docstring)."""
+class RocmMLASparseImpl(RocmMLAImplCommon, SparseMLACommonImpl[RocmMLASparseMetadata]):
+    """Sparse MLA attention steps on rocm_mla's kernels (see the module docstring); the argument
+    checks, the KV write (vLLM's ROCm DeepSeek-V3.2 layer writes its caches in fused_norm_rope
+    instead; other callers come here) and the dense short prefills as ROCM_MLA's."""
 
-    def __init__(
-        self,
-        num_heads,
-        head_size,
-        scale,
-        num_kv_heads,
-        alibi_slopes,
-        sliding_window,
-        kv_cache_dtype,
-        logits_soft_cap,
-        attn_type,
-        kv_sharing_target_layer_name,
-        **mla_args,
-    ):
-        super().__init__(
-            num_heads,
-            head_size,
-            scale,
-            num_kv_heads,
-            alibi_slopes,
-            sliding_window,
-            kv_cache_dtype,
-            logits_soft_cap,
-            attn_type,
-            kv_sharing_target_layer_name,
-            **mla_args,
-        )
-        if any((alibi_slopes, sliding_window, logits_soft_cap)):
-            raise NotImplementedError(
-                "ROCM_MLA_SPARSE does not support alibi_slopes, sliding_window or logits_soft_cap"
-            )
-        if attn_type != AttentionType.DECODER:
-            raise NotImplementedError(f"ROCM_MLA_SPARSE supports decoder self-attention only, got {attn_type}")
-        if self.kv_lora_rank != KV_LORA_RANK or self.qk_rope_head_dim != QK_ROPE_HEAD_DIM:
-            raise NotImplementedError(
-                f"ROCM_MLA_SPARSE's attention is built for kv_lora_rank {KV_LORA_RANK} and qk_rope_head_dim "
-                f"{QK_ROPE_HEAD_DIM}, got {self.kv_lora_rank} and {self.qk_rope_head_dim}"
-            )
-        # The kernel reads 16-bit queries and dequantises an fp8 cache in registers.
-        self.supports_quant_query_input = False
-        self._fp8_cache = is_quantized_kv_cache(kv_cache_dtype)
-        self._batch_invariant = batch_invariant_requested()
-        self._act_dtype = torch.get_default_dtype()
-
-    # [kv_c | k_pe] into the paged cache, as ROCM_MLA writes it (vLLM's ROCm DeepSeek-V3.2 layer
-    # writes its caches in fused_norm_rope instead; other callers come here).
-    do_kv_cache_update = RocmMLAImpl.do_kv_cache_update
+    NAME: ClassVar[str] = BACKEND_NAME
 
     def forward_mqa(
         self,

@@ -2,7 +2,7 @@
 """Run any subset of the op benchmarks, each in its own process, and append their rows to perf/results.csv.
 
     python perf/bench.py [--ops merge,rope_kv_write,decode,decode_matrix,decode_invariant,prefill,
-                                prefill_geometry,layer,sparse,indexer] [--quick]
+                                prefill_geometry,layer,sparse,indexer,sparse_layer] [--quick]
                          [--peers .peers] [--out perf/results.csv] [--logs DIR] [--timeout 900] [--list]
 
 Each benchmark times our kernels with its peers beside them (vLLM 0.33's Triton kernels, FlashInfer,
@@ -79,6 +79,8 @@ BENCHES = {
     "sparse": Bench("bench_sparse.py", "sparse.csv", ("--preset", "bench"), ("--preset", "quick")),
     # The lightning indexer (mla_indexer_topk, indexer_k_cache_write) beside vLLM 0.34's ROCm path (PEERS/vllm_sparse).
     "indexer": Bench("bench_indexer.py", "indexer.csv", ("--preset", "bench"), ("--preset", "quick")),
+    # A sparse layer's attention path (indexer top-k + sparse attention) beside vLLM 0.34's ROCm Triton composition.
+    "sparse_layer": Bench("bench_sparse_layer.py", "sparse_layer.csv", (), ()),
 }
 CEILING_SHAPES = {"copy": "copy 2 GiB", "matmul": "matmul 8192^3 bf16"}
 

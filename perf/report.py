@@ -107,6 +107,17 @@ VIEWS = (
         "vLLM = its logits kernel + torch.topk (decode: Triton, prefill: its torch path).",
     ),
     OpView(
+        "sparse_layer_attention",
+        "a sparse MLA layer's attention path (indexer top-k + sparse attention: DeepSeek-V3.2, GLM-5.x)",
+        "time_us",
+        False,
+        ("sparse_layer",),
+        "µs per step, N 16, topk 2048, bf16 latent cache, block 64; every output checked; vLLM = its ROCm Triton "
+        "composition (logits + top-k + slot conversion + q concat + sparse attention); kernels and copy/fill "
+        "kernels counted per step.",
+        ("kernels", "copy_fill_kernels"),
+    ),
+    OpView(
         "indexer_k_cache_write",
         "indexer_k_cache_write (the lightning indexer's fp8 key-cache write)",
         "GB/s",

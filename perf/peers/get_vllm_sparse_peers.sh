@@ -6,6 +6,8 @@
 #         import rocm_sparse    # rocm_sparse_attn_prefill, rocm_sparse_attn_decode_bf16,
 #                               # rocm_sparse_decode_bf16_num_splits, build_ragged_indices_from_dense
 #         import xpu_sparse     # triton_bf16_mla_sparse_interface (vLLM's portable Triton kernel)
+#         import rocm_convert   # triton_convert_req_index_to_global_index (positions -> cache slots,
+#                               # the ROCm sparse backend's step before the attention)
 #         import rocm_indexer   # the lightning indexer: rocm_fp8_paged_mqa_logits_triton (decode
 #                               # logits), cp_gather_indexer_k_quant_cache_triton + fp8_mqa_logits_torch
 #                               # (prefill logits, vLLM's ROCm path without aiter),
@@ -110,6 +112,10 @@ path = ops + "xpu_mla_sparse.py"
 src = z.read(path).decode()
 head = HEADER.format(path=path).split("_ON_GFX942")[0]
 open(f"{out}/xpu_sparse.py", "w").write(head + closure(src, ["triton_bf16_mla_sparse_interface"], set()))
+path = "vllm/v1/attention/backends/mla/rocm_aiter_mla_sparse.py"
+src = z.read(path).decode()
+head = HEADER.format(path=path).split("_ON_GFX942")[0]
+open(f"{out}/rocm_convert.py", "w").write(head + closure(src, ["triton_convert_req_index_to_global_index"], set()))
 INDEXER_HEADER = f'''# Extracted from vllm {ver} ({{path}}) by perf/peers/get_vllm_sparse_peers.sh: a benchmark peer,
 # never part of rocm-mla. Functions unchanged; the header stands in for the vLLM imports they use.
 import functools
@@ -173,4 +179,4 @@ open(f"{out}/rocm_indexer.py", "w").write(INDEXER_HEADER.format(path=path) + bod
 open(f"{out}/VLLM_VERSION", "w").write(ver + "\n")
 PY
 python3 -c "import ast, sys; [ast.parse(open(f).read()) for f in sys.argv[1:]]" "$dest"/vllm_sparse/*.py
-echo "vLLM $ver sparse MLA peers ready in $dest/vllm_sparse (rocm_sparse.py, xpu_sparse.py, rocm_indexer.py)"
+echo "vLLM $ver sparse MLA peers ready in $dest/vllm_sparse (rocm_sparse.py, xpu_sparse.py, rocm_indexer.py, rocm_convert.py)"

@@ -29,6 +29,11 @@ kernel is decorated) before any kernel module loads.
 
 __version__ = "0.1.0"
 
+from . import env as _env  # noqa: E402
+
+# A ROCM_MLA_* variable rocm_mla does not read (a misspelt op switch, say) is reported, not ignored.
+_env.check_environment()
+
 __all__ = [
     "mla_decode",
     "merge_attn_states",

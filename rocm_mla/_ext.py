@@ -19,7 +19,7 @@ from types import ModuleType
 
 import torch
 
-from . import _platform
+from . import _platform, env
 
 _lock = threading.Lock()
 _module: ModuleType | None = None
@@ -43,7 +43,7 @@ def sources() -> list[Path]:
 
 
 def cache_dir() -> Path:
-    root = Path(os.environ.get("ROCM_MLA_CACHE", Path.home() / ".cache" / "rocm_mla"))
+    root = Path(env.get("ROCM_MLA_CACHE") or Path.home() / ".cache" / "rocm_mla")
     flavour = f"hip{torch.version.hip}" if torch.version.hip else f"cu{torch.version.cuda}"
     return root / f"ext-torch{torch.__version__.split('+')[0]}-{flavour}"
 
@@ -108,7 +108,7 @@ def load() -> ModuleType | None:
                 _reason = "torch is a CPU build (no CUDA/ROCm)"
             elif not torch.cuda.is_available():
                 _reason = "no GPU visible to torch"
-            elif os.environ.get("ROCM_MLA_NO_JIT") == "1":
+            elif env.flag("ROCM_MLA_NO_JIT"):
                 _reason = "not built ahead of time and ROCM_MLA_NO_JIT=1"
             else:
                 try:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-import os
 from collections.abc import Iterable, Sequence
 
 import torch
 
+from .. import env
 from .._platform import device_arch
 from ..configs import platform_fp8_dtype
 from ..mla_dims import FP8_DTYPES, FP8_KV_CACHE_DTYPES
@@ -27,7 +27,7 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def debug_enabled(debug: bool | None) -> bool:
     """An op's ``debug=`` argument, or when None ``ROCM_MLA_DEBUG=1`` in the environment: check index
     values on the host (a sync, not capturable) and name the bad one."""
-    return debug if debug is not None else os.environ.get("ROCM_MLA_DEBUG", "0") == "1"
+    return debug if debug is not None else env.flag("ROCM_MLA_DEBUG")
 
 
 def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:

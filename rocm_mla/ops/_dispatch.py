@@ -13,11 +13,9 @@ reference. Force one with ``ROCM_MLA_BACKEND=hip|triton|reference`` (all ops) or
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from .. import _ext, _platform
+from .. import _ext, _platform, env
 from ..configs import BACKENDS, config_for
 
 
@@ -40,7 +38,7 @@ def unavailable(backend: str, device: torch.device) -> str | None:
 
 def forced_backend(op: str) -> str | None:
     """The backend named by the environment for ``op``, if any."""
-    return os.environ.get(f"ROCM_MLA_BACKEND_{op.upper()}") or os.environ.get("ROCM_MLA_BACKEND") or None
+    return env.get(f"ROCM_MLA_BACKEND_{op.upper()}") or env.get("ROCM_MLA_BACKEND")
 
 
 def select(op: str, device: torch.device, backend: str | None = None, *, has_hip: bool = True) -> str:

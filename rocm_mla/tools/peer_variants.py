@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .. import env
 from ..configs import is_amd_arch
 from ..mla_dims import PREFILL_DIMS
 from ..triton_common import AMD_ONLY_OPTIONS, without_amd_options
@@ -40,9 +41,9 @@ P, R, V = PREFILL_DIMS  # 128, 64, 128
 def aiter_peers_dir() -> Path:
     """Where the aiter peer tree is looked for: ``$ROCM_MLA_AITER_PEERS``, else ``.peers/aiter`` of
     the repository this package was imported from, else of the working directory."""
-    env = os.environ.get("ROCM_MLA_AITER_PEERS")
-    if env:
-        return Path(env)
+    given = env.get("ROCM_MLA_AITER_PEERS")
+    if given:
+        return Path(given)
     repo = Path(__file__).resolve().parents[2] / ".peers" / "aiter"
     return repo if repo.is_dir() else Path(".peers", "aiter")
 

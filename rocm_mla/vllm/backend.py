@@ -29,7 +29,6 @@ already-rotated k_pe.
 
 from __future__ import annotations
 
-import os
 from typing import ClassVar
 
 import torch
@@ -47,9 +46,9 @@ from vllm.platforms import current_platform
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionLayer, AttentionType, MultipleOf
 from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 
+from rocm_mla import env
 from rocm_mla.mla_dims import FP8_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM, VLLM_FP8_KV_CACHE_DTYPES
 from rocm_mla.ops import concat_and_cache_mla, gather_context_chunk, merge_attn_states, mla_decode, mla_prefill
-from rocm_mla.ops.decode_plan import FP8_DOTS
 from rocm_mla.vllm.invariant_context import fold_in_context_invariant
 
 # The decode kernel's fixed latent geometry (docs/ARCHITECTURE.md §1): kv_lora_rank 512, rope 64;
@@ -166,11 +165,9 @@ def fp8_dots_from_env(fp8_cache: bool, act_dtype: torch.dtype) -> str | None:
     empty: None, the op's default). Checked when the layer is built, not at every step: a value
     that is not a mode, or qk/all with a float32 model (exact products), raise ValueError; with a
     16-bit cache the variable does not apply and None is returned."""
-    value = os.environ.get("ROCM_MLA_FP8_DOTS", "").strip().lower()
+    value = env.get("ROCM_MLA_FP8_DOTS")  # checked against none / qk / all
     if not value:
         return None
-    if value not in FP8_DOTS:
-        raise ValueError(f"ROCM_MLA_FP8_DOTS: expected one of {', '.join(FP8_DOTS)}, got {value!r}")
     if not fp8_cache:
         return None
     if value != "none" and act_dtype == torch.float32:
@@ -198,7 +195,7 @@ def batch_invariant_requested() -> bool:
     ``batch_invariant=True`` and cached context is cut per request (``fold_in_context_invariant``)."""
     import vllm.envs as envs
 
-    return bool(envs.VLLM_BATCH_INVARIANT) or os.environ.get("ROCM_MLA_BATCH_INVARIANT", "0") == "1"
+    return bool(envs.VLLM_BATCH_INVARIANT) or env.flag("ROCM_MLA_BATCH_INVARIANT")
 
 
 class RocmMLAImplCommon:

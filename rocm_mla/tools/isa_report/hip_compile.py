@@ -17,6 +17,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from ... import env
+
 INSTALL_HINT = "run .ci/install_amd_toolchain.sh"
 
 # clang++ names that can target each AMD arch, first found on PATH wins ($ROCM_MLA_CLANG overrides).
@@ -69,9 +71,9 @@ def mfma_markers(src: Path) -> list[str]:
 
 def cache_dir() -> Path:
     """Per-user cache for derived toolchain files ($ROCM_MLA_CACHE_DIR, else XDG)."""
-    env = os.environ.get("ROCM_MLA_CACHE_DIR")
-    if env:
-        return Path(env)
+    given = env.get("ROCM_MLA_CACHE_DIR")
+    if given:
+        return Path(given)
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rocm_mla"
 
 
@@ -81,9 +83,9 @@ def find_clang(arch: str = "gfx942") -> str | None:
 
     Debian's hipcc is not used: it wraps clang-15, which rejects gfx942.
     """
-    env = os.environ.get("ROCM_MLA_CLANG")
-    if env:
-        return shutil.which(env) or (env if Path(env).exists() else None)
+    given = env.get("ROCM_MLA_CLANG")
+    if given:
+        return shutil.which(given) or (given if Path(given).exists() else None)
     for name in CLANGS.get(arch, ()):
         found = shutil.which(name)
         if found:
@@ -101,7 +103,7 @@ def clang_major(clang: str) -> int:
 
 def find_nvcc() -> str | None:
     """nvcc for the sm90 path ($ROCM_MLA_NVCC, else PATH)."""
-    return shutil.which(os.environ.get("ROCM_MLA_NVCC", "nvcc"))
+    return shutil.which(env.get("ROCM_MLA_NVCC") or "nvcc")
 
 
 def _llvm_tool(clang: str, tool: str) -> str | None:
@@ -118,8 +120,8 @@ def _llvm_tool(clang: str, tool: str) -> str | None:
 
 def system_device_libs() -> Path | None:
     """The installed AMD device-library folder ($ROCM_MLA_DEVICE_LIBS overrides)."""
-    env = os.environ.get("ROCM_MLA_DEVICE_LIBS")
-    cands = [env] if env else list(_DEVICE_LIB_CANDIDATES)
+    given = env.get("ROCM_MLA_DEVICE_LIBS")
+    cands = [given] if given else list(_DEVICE_LIB_CANDIDATES)
     for c in cands:
         if c and (Path(c) / "ocml.bc").exists():
             return Path(c)

@@ -15,6 +15,15 @@ def _use_interpreter_if_no_gpu(no_gpu: bool) -> None:
         os.environ["TRITON_INTERPRET"] = "1"
 
 
+def _report_arches(value: str) -> list[str]:
+    from rocm_mla.tools.doctor import report_arches
+
+    try:
+        return report_arches(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--arch: ")) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``rocm-mla`` console script."""
     parser = argparse.ArgumentParser(prog="rocm-mla", description=__doc__)
@@ -26,8 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     doc.add_argument("--no-gpu", action="store_true", help="check on the CPU (Triton interpreter) even with a GPU")
     doc.add_argument(
-        "--arch", default="gfx942", help="arches of the compile report, comma-separated (gfx942, gfx950, sm90)"
+        "--arch",
+        default="gfx942",
+        type=_report_arches,
+        help="arches of the compile report, comma-separated (gfx942, gfx950, sm90)",
     )
+    doc.add_argument("--json", action="store_true", help="lines to stderr, one JSON report to stdout")
+    doc.add_argument("--no-vllm", dest="vllm", action="store_false", help="skip the vLLM checks")
     doc.add_argument("--skip-isa", action="store_true", help="skip the compile report")
     doc.add_argument("--no-bench", dest="bench", action="store_false", help="skip the quick GPU benchmark")
     sub.add_parser(

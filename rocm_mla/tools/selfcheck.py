@@ -327,13 +327,16 @@ CHECKS = [
 ]
 
 
-def run_all(device: torch.device) -> list[CheckRow]:
-    """Every op's self-check on ``device`` with each backend that can run there."""
+def run_all(device: torch.device, progress=None) -> list[CheckRow]:
+    """Every op's self-check on ``device`` with each backend that can run there; ``progress(i, n,
+    name)`` is called before each op's check (long on the CPU interpreter)."""
     from rocm_mla.ops._dispatch import BACKENDS, unavailable
 
     # The reference is the yardstick, not a contestant.
     backends = [b for b in BACKENDS if b != "reference" and unavailable(b, device) is None]
     rows: list[CheckRow] = []
-    for check in CHECKS:
+    for i, check in enumerate(CHECKS):
+        if progress is not None:
+            progress(i, len(CHECKS), check.__name__.removeprefix("check_"))
         rows += check(device, backends)
     return rows

@@ -58,6 +58,8 @@ SPARSE_BACKEND_CLASS = "rocm_mla.vllm.sparse_backend.RocmMLASparseBackend"
 PREFILL_BACKEND_NAME = "ROCM_MLA"
 PREFILL_BACKEND_CLASS = "rocm_mla.vllm.prefill.RocmMLAPrefillBackend"
 PLUGIN_NAME = "rocm_mla"  # the entry-point name VLLM_PLUGINS must list when it is set
+# The vLLM releases the backends are written and tested against.
+SUPPORTED_VLLM = ("0.34.0", "0.33.0")
 
 __all__ = [
     "BACKEND_NAME",
@@ -67,6 +69,7 @@ __all__ = [
     "PREFILL_BACKEND_NAME",
     "PREFILL_BACKEND_CLASS",
     "PLUGIN_NAME",
+    "SUPPORTED_VLLM",
     "register",
 ]
 

@@ -28,3 +28,71 @@ def test_doctor_reports_each_arch_it_is_given():
     assert report_arches("gfx942, gfx950") == ["gfx942", "gfx950"]
     with pytest.raises(ValueError, match="gfx90a"):
         report_arches("gfx942,gfx90a")
+
+
+def test_doctor_answers_a_bad_flag_with_the_valid_values(capsys):
+    """--arch gfx90a: argparse's usage error (exit 2) naming the arches, no traceback."""
+    from rocm_mla.tools.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["doctor", "--arch", "gfx90a"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --arch: expected a comma-separated list of gfx942, gfx950, sm90, got 'gfx90a'" in err
+
+
+def test_doctor_sections_and_json(monkeypatch, capsys):
+    """The environment section (a bad value fails, an unknown name is reported), the vLLM section
+    from the probe's answer (an unsupported version and a VLLM_PLUGINS without rocm_mla fail), and
+    --json: lines on stderr, one JSON object on stdout."""
+    import json
+    import types
+
+    from rocm_mla.tools import doctor
+
+    monkeypatch.setenv("ROCM_MLA_DEBUG", "yes")
+    monkeypatch.setenv("ROCM_MLA_NO_JTI", "1")
+    monkeypatch.setattr(doctor, "OUT", __import__("sys").stderr)
+    doctor.REPORT.clear()
+    assert doctor._environment() is False
+    env = doctor.REPORT["environment"]
+    assert "expected one of 0, 1" in env["ROCM_MLA_DEBUG"]["error"] and env["ROCM_MLA_NO_JTI"]["read"] is False
+
+    good = {
+        "installed": True, "version": "0.34.0", "supported": True, "entry_point": "rocm_mla.vllm:register",
+        "plugins_allowed": True, "platform": "RocmPlatform", "registered_ok": True,
+        "registered": {"ROCM_MLA": "a", "ROCM_MLA_SPARSE": "b", "CUSTOM": "a"}, "selectable": True,
+        "sparse_layers": True, "fused_rope_kv": True,
+    }  # fmt: skip
+
+    def probe(answer):
+        out = types.SimpleNamespace(stdout=json.dumps(answer) + "\n", stderr="", returncode=0)
+        monkeypatch.setattr(doctor.subprocess, "run", lambda *a, **k: out)
+
+    probe(good)
+    assert doctor._vllm() is True
+    probe({**good, "version": "0.35.0", "supported": False})
+    assert doctor._vllm() is False
+    probe({**good, "plugins_allowed": False})
+    assert doctor._vllm() is False
+    probe({"installed": False, "error": "ModuleNotFoundError: No module named 'vllm'"})
+    assert doctor._vllm() is True  # the ops work without vLLM
+    err = capsys.readouterr().err
+    assert "NOT SUPPORTED: rocm-mla is written for 0.34.0, 0.33.0" in err and "LACKS rocm_mla" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU run (the interpreter); GPU runs call rocm-mla doctor itself")
+def test_doctor_json_on_the_cpu(monkeypatch, capsys):
+    """The whole doctor with --json (no compile report, no vLLM probe): stdout is one JSON object
+    with every section and the verdict; the human lines, progress included, are on stderr."""
+    import json
+
+    from rocm_mla.tools.cli import main
+
+    monkeypatch.delenv("ROCM_MLA_DEBUG", raising=False)
+    assert main(["doctor", "--no-gpu", "--skip-isa", "--no-vllm", "--json"]) == 0
+    cap = capsys.readouterr()
+    report = json.loads(cap.out)
+    assert report["ok"] is True and report["self_check"]["failed"] == []
+    assert {"versions", "device", "environment", "config_overlay", "self_check"} <= set(report)
+    assert "[8/8] indexer_topk ..." in cap.err and "doctor: all checks passed" in cap.err

@@ -16,7 +16,7 @@ duration of a test process: never import them in a serving process.
 
 # The vLLM releases the backend is written and tested against (CI installs the first; docs/vllm.md
 # gives the command that runs the vLLM tests against the other).
-SUPPORTED_VLLM = ("0.34.0", "0.33.0")
+from rocm_mla.vllm import SUPPORTED_VLLM  # noqa: E402
 
 
 def require_vllm() -> None:

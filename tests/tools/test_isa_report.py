@@ -496,3 +496,23 @@ def test_decode_tiers_view_compiles_both_arches(tmp_path):
     assert all(" ok" in ln for ln in lines), p.stdout
     assert all("16x16x32_bf16" in ln for ln in lines[3:]) and not any("16x16x32" in ln for ln in lines[:3])
     assert "round trips/tile" in p.stdout and "per 16 rows" in p.stdout
+
+
+@pytest.mark.parametrize("major,gfx950", [(19, True), (17, False)])
+def test_rocm_toolchain_is_found_in_rocm_path(tmp_path, monkeypatch, major, gfx950):
+    """On a ROCm image: ROCm's own clang++ ($ROCM_PATH/llvm/bin) and device bitcode are used
+    without ROCM_MLA_CLANG / ROCM_MLA_DEVICE_LIBS; gfx950 only from LLVM 19."""
+    root = tmp_path / f"rocm{major}"
+    clang = root / "llvm" / "bin" / "clang++"
+    clang.parent.mkdir(parents=True)
+    clang.write_text(f"#!/bin/sh\necho 'AMD clang version {major}.0.0 (roc)'\n")
+    clang.chmod(0o755)
+    (root / "amdgcn" / "bitcode").mkdir(parents=True)
+    (root / "amdgcn" / "bitcode" / "ocml.bc").write_bytes(b"")
+    monkeypatch.setenv("ROCM_PATH", str(root))
+    monkeypatch.delenv("ROCM_MLA_CLANG", raising=False)
+    monkeypatch.delenv("ROCM_MLA_DEVICE_LIBS", raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")  # no Debian clang++-19/22 to fall back on
+    assert hipc.find_clang("gfx942") == str(clang)
+    assert (hipc.find_clang("gfx950") == str(clang)) == gfx950
+    assert hipc.system_device_libs() == root / "amdgcn" / "bitcode"

@@ -78,14 +78,18 @@ def cache_dir() -> Path:
 
 
 def find_clang(arch: str = "gfx942") -> str | None:
-    """clang++ able to target ``arch`` (gfx942, gfx950): $ROCM_MLA_CLANG, else the first of
-    ``CLANGS[arch]`` on PATH.
+    """clang++ able to target ``arch`` (gfx942, gfx950): $ROCM_MLA_CLANG, else ROCm's own
+    (``$ROCM_PATH/llvm/bin/clang++``, /opt/rocm by default; for gfx950 from LLVM 19), else the first
+    of ``CLANGS[arch]`` on PATH.
 
     Debian's hipcc is not used: it wraps clang-15, which rejects gfx942.
     """
     given = env.get("ROCM_MLA_CLANG")
     if given:
         return shutil.which(given) or (given if Path(given).exists() else None)
+    rocm = rocm_clang()
+    if rocm is not None and (arch != "gfx950" or clang_major(rocm) >= 19):  # gfx950 from LLVM 19 (ROCm 6.4)
+        return rocm
     for name in CLANGS.get(arch, ()):
         found = shutil.which(name)
         if found:
@@ -99,6 +103,17 @@ def clang_major(clang: str) -> int:
     proc = subprocess.run([clang, "--version"], capture_output=True, text=True)
     m = re.search(r"clang version (\d+)", proc.stdout)
     return int(m.group(1)) if m else 0
+
+
+def rocm_root() -> Path:
+    """The ROCm installation: $ROCM_PATH, else /opt/rocm."""
+    return Path(os.environ.get("ROCM_PATH") or "/opt/rocm")
+
+
+def rocm_clang() -> str | None:
+    """ROCm's own clang++ (``<ROCm>/llvm/bin/clang++``), which a ROCm image has, if present."""
+    cand = rocm_root() / "llvm" / "bin" / "clang++"
+    return str(cand) if cand.exists() else None
 
 
 def find_nvcc() -> str | None:
@@ -121,7 +136,9 @@ def _llvm_tool(clang: str, tool: str) -> str | None:
 def system_device_libs() -> Path | None:
     """The installed AMD device-library folder ($ROCM_MLA_DEVICE_LIBS overrides)."""
     given = env.get("ROCM_MLA_DEVICE_LIBS")
-    cands = [given] if given else list(_DEVICE_LIB_CANDIDATES)
+    rocm = rocm_root()
+    cands = [given] if given else [str(rocm / "amdgcn" / "bitcode"), str(rocm / "lib" / "llvm" / "amdgcn" / "bitcode")]
+    cands += [] if given else list(_DEVICE_LIB_CANDIDATES)
     for c in cands:
         if c and (Path(c) / "ocml.bc").exists():
             return Path(c)

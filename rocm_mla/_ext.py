@@ -20,6 +20,7 @@ from types import ModuleType
 import torch
 
 from . import _platform, env
+from ._build_flags import build_flags
 
 _lock = threading.Lock()
 _module: ModuleType | None = None
@@ -46,17 +47,6 @@ def cache_dir() -> Path:
     root = Path(env.get("ROCM_MLA_CACHE") or Path.home() / ".cache" / "rocm_mla")
     flavour = f"hip{torch.version.hip}" if torch.version.hip else f"cu{torch.version.cuda}"
     return root / f"ext-torch{torch.__version__.split('+')[0]}-{flavour}"
-
-
-def build_flags() -> dict[str, list[str]]:
-    """Compiler flags shared by the JIT build and setup.py's ahead-of-time build."""
-    cxx = ["-O3"]
-    dev = ["-O3"]
-    if torch.version.hip:
-        dev += ["-DUSE_ROCM=1"]
-    else:
-        dev += ["--expt-relaxed-constexpr", "-lineinfo"]
-    return {"cxx": cxx, "nvcc": dev}
 
 
 def _jit_build() -> ModuleType:
@@ -108,6 +98,9 @@ def load() -> ModuleType | None:
                 _reason = "torch is a CPU build (no CUDA/ROCm)"
             elif not torch.cuda.is_available():
                 _reason = "no GPU visible to torch"
+            elif failed_install_build() is not None:
+                # The same toolchain failed at install time: do not spend a build in every process.
+                _reason = f"the build at install time failed ({AOT_MARKER}): {failed_install_build()}"
             elif env.flag("ROCM_MLA_NO_JIT"):
                 _reason = "not built ahead of time and ROCM_MLA_NO_JIT=1"
             else:
@@ -117,6 +110,19 @@ def load() -> ModuleType | None:
                     _reason = f"JIT build failed: {type(exc).__name__}: {str(exc).strip()[-800:]}"
         _tried = True
         return _module
+
+
+AOT_MARKER = "AOT_BUILD_FAILED"  # setup.py leaves it in the package when the install-time build fails
+
+
+def failed_install_build(package_dir: Path | None = None) -> str | None:
+    """The install-time build's failure (its last line and the rebuild hint), if setup.py recorded
+    one in the package (``package_dir``: default this installed package)."""
+    marker = (package_dir or Path(__file__).parent) / AOT_MARKER
+    if not marker.is_file():
+        return None
+    lines = [x for x in marker.read_text().splitlines() if x.strip()]
+    return " / ".join(lines[-2:]) if lines else "no details"
 
 
 def unavailable_reason() -> str | None:

@@ -91,6 +91,9 @@ def _extension(dev, arches: list[str]) -> None:
         else "hipcc on a ROCm torch, nvcc on a CUDA torch (neither here)"
     )
     _line("backend name", f"'hip' (ROCM_MLA_BACKEND=hip), built with {build}")
+    failed = _ext.failed_install_build()
+    if failed:
+        _line("install-time build", f"FAILED (the Triton kernels serve every op): {failed}")
     if dev.type != "cuda":
         _line("status", f"not loaded (CPU run); compiled for {', '.join(arches)} by the ISA report below")
         return

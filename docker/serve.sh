@@ -8,13 +8,14 @@
 #   TP                      --tensor-parallel-size [1]
 #   HOST, PORT              where to listen [0.0.0.0, 8000]
 #   ATTENTION_BACKEND       --attention-backend [ROCM_MLA]; empty: let vLLM choose
-#   MAX_MODEL_LEN           --max-model-len [8192]; empty: the model's own
+#   MAX_MODEL_LEN           --max-model-len [empty: the model's own]
 #   GPU_MEMORY_UTILIZATION  --gpu-memory-utilization [0.9]
-#   TRUST_REMOTE_CODE       1: --trust-remote-code [1]
+#   TRUST_REMOTE_CODE       1: --trust-remote-code [0: only the model code vLLM ships runs]
 #   VLLM_EXTRA_ARGS         more `vllm serve` arguments, split on whitespace [none]
 #   ROCM_MLA_PLUGIN         rocm-mla's entry-point name in vllm.general_plugins [rocm_mla]
-#   VLLM_PLUGINS            vLLM's plugin allow-list: set to ROCM_MLA_PLUGIN when unset, and
-#                           ROCM_MLA_PLUGIN is appended when a list without it is given
+#   VLLM_PLUGINS            vLLM's plugin allow-list: left unset when unset (vLLM then loads every
+#                           installed plugin, rocm-mla's among them); ROCM_MLA_PLUGIN is appended
+#                           when a list without it is given
 #   ROCM_MLA_FUSE_ROPE_KV   1: with ATTENTION_BACKEND=ROCM_MLA, turn on vLLM's fuse_rope_kvcache_cat_mla
 #                           compile pass, so that RoPE + the latent KV-cache write run as one
 #                           rocm_mla kernel (rocm_mla/vllm/fused_rope_kv_op.py) [1]. It adds
@@ -27,7 +28,8 @@
 #                           --compilation-config / -cc (vLLM 0.33 drops such a JSON when dotted -cc.*
 #                           flags are also given): put the two keys in that JSON instead.
 #                           No effect with --enforce-eager or -O0 (nothing is compiled).
-#   ROCM_MLA_EXPECT_VLLM    vLLM version prefix that rocm-mla is written for [0.33.]; empty: any
+#   ROCM_MLA_EXPECT_VLLM    vLLM version prefixes rocm-mla is written for, comma-separated
+#                           [0.34.,0.33.]; empty: any
 #   ROCM_MLA_SERVE_CHECK_ONLY=1  run the start-up checks and exit (the image build does this)
 #   DRY_RUN=1               print the command instead of running it (no checks)
 set -euo pipefail
@@ -37,22 +39,20 @@ TP=${TP:-1}
 HOST=${HOST:-0.0.0.0}
 PORT=${PORT:-8000}
 ATTENTION_BACKEND=${ATTENTION_BACKEND-ROCM_MLA}
-MAX_MODEL_LEN=${MAX_MODEL_LEN-8192}
+MAX_MODEL_LEN=${MAX_MODEL_LEN:-}
 GPU_MEMORY_UTILIZATION=${GPU_MEMORY_UTILIZATION:-0.9}
-TRUST_REMOTE_CODE=${TRUST_REMOTE_CODE:-1}
+TRUST_REMOTE_CODE=${TRUST_REMOTE_CODE:-0}
 ROCM_MLA_PLUGIN=${ROCM_MLA_PLUGIN:-rocm_mla}
-ROCM_MLA_EXPECT_VLLM=${ROCM_MLA_EXPECT_VLLM-0.33.}
+ROCM_MLA_EXPECT_VLLM=${ROCM_MLA_EXPECT_VLLM-0.34.,0.33.}
 ROCM_MLA_FUSE_ROPE_KV=${ROCM_MLA_FUSE_ROPE_KV:-1}
 
-# vLLM loads every general plugin when VLLM_PLUGINS is unset and only the listed ones when it is
-# set. Setting it to ours makes what runs explicit; a list given without ours would silently
+# vLLM loads every general plugin when VLLM_PLUGINS is unset (ours among them: left so, other
+# plugins keep working) and only the listed ones when it is set: a list given without ours would
 # leave ROCM_MLA unregistered, and vLLM would then reject --attention-backend ROCM_MLA.
-if [[ -z ${VLLM_PLUGINS+set} ]]; then
-  VLLM_PLUGINS=$ROCM_MLA_PLUGIN
-elif [[ ",$VLLM_PLUGINS," != *",$ROCM_MLA_PLUGIN,"* ]]; then
+if [[ -n ${VLLM_PLUGINS+set} && ",$VLLM_PLUGINS," != *",$ROCM_MLA_PLUGIN,"* ]]; then
   VLLM_PLUGINS=${VLLM_PLUGINS:+$VLLM_PLUGINS,}$ROCM_MLA_PLUGIN
+  export VLLM_PLUGINS
 fi
-export VLLM_PLUGINS
 
 cmd=(vllm serve "$MODEL" --tensor-parallel-size "$TP" --host "$HOST" --port "$PORT"
      --gpu-memory-utilization "$GPU_MEMORY_UTILIZATION")
@@ -78,7 +78,7 @@ fi
 cmd+=("${fuse[@]}" "${extra[@]}" "$@")
 
 if [[ ${DRY_RUN:-0} == 1 ]]; then
-  echo "VLLM_PLUGINS=$VLLM_PLUGINS"
+  echo "VLLM_PLUGINS=${VLLM_PLUGINS-(unset: every installed plugin)}"
   printf '%q ' "${cmd[@]}"
   echo
   exit 0
@@ -95,9 +95,10 @@ plugin, expect, backend = sys.argv[1:4]
 problems = []
 try:
     v = version("vllm")
-    if expect and not v.startswith(expect):
-        problems.append(f"vLLM {v} is installed; rocm-mla's backend is written for {expect}x "
-                        "(set ROCM_MLA_EXPECT_VLLM= to skip this check)")
+    prefixes = [p.strip() for p in expect.split(",") if p.strip()]
+    if prefixes and not any(v.startswith(p) for p in prefixes):
+        problems.append(f"vLLM {v} is installed; rocm-mla's backend is written for "
+                        f"{' or '.join(p + 'x' for p in prefixes)} (set ROCM_MLA_EXPECT_VLLM= to skip this check)")
 except PackageNotFoundError:
     problems.append("vLLM is not installed in this Python")
 try:
@@ -120,7 +121,7 @@ check
 if [[ ${ROCM_MLA_SERVE_CHECK_ONLY:-0} == 1 ]]; then
   exit 0
 fi
-echo "VLLM_PLUGINS=$VLLM_PLUGINS"
+echo "VLLM_PLUGINS=${VLLM_PLUGINS-(unset: every installed plugin)}"
 printf '%q ' "${cmd[@]}"
 echo
 exec "${cmd[@]}"

@@ -15,7 +15,7 @@ Writes, under --out:
   serve_table.txt      the comparison table printed at the end (% change vs TRITON_MLA)
   serve_logs/          per backend: server log, `vllm bench serve` output and its JSON, lm_eval log
 
-Runs on an MI300 machine with vLLM 0.33 (docker/Dockerfile), not on the CPU machines where it was
+Runs on an MI300 machine with vLLM 0.34 (docker/Dockerfile), not on the CPU machines where it was
 written. The output parsing, command construction, CSV rows and table are pure functions that the
 tests run on recorded `vllm bench serve` output (tests/tools/test_serve_bench.py).
 
@@ -365,9 +365,9 @@ def lm_eval_command(cfg: Config) -> list[str]:
 def server_env(environ: Mapping[str, str], plugin: str = "rocm_mla") -> dict[str, str]:
     """The servers' environment: ``environ`` with rocm-mla's plugin in vLLM's allow-list.
 
-    VLLM_PLUGINS unset means "load every plugin"; it is set to ours to make that explicit, and ours
-    is appended to a list that lacks it (without it ROCM_MLA would not be registered). The same
-    rule as docker/serve.sh.
+    VLLM_PLUGINS unset means "load every plugin"; a benchmark sets it to ours to make what runs
+    explicit (docker/serve.sh leaves it unset for serving), and ours is appended to a list that
+    lacks it (without it ROCM_MLA would not be registered).
     """
     env = dict(environ)
     current = env.get("VLLM_PLUGINS")

@@ -63,8 +63,8 @@ VARIABLES: tuple[Var, ...] = (
     Var("ROCM_MLA_PLUGIN", None, "rocm_mla", "docker/serve.sh", "rocm-mla's entry-point name, added to VLLM_PLUGINS"),
     Var("ROCM_MLA_FUSE_ROPE_KV", FLAG, "1", "docker/serve.sh",
         "1: with ROCM_MLA, turn on vLLM's fused RoPE + KV-cache write pass"),
-    Var("ROCM_MLA_EXPECT_VLLM", None, "the image's (EXPECT_VLLM)", "docker/serve.sh",
-        "vLLM version prefix the start-up check expects; empty: any"),
+    Var("ROCM_MLA_EXPECT_VLLM", None, "0.34.,0.33.", "docker/serve.sh",
+        "vLLM version prefixes (comma-separated) the start-up check accepts; empty: any"),
     Var("ROCM_MLA_SERVE_CHECK_ONLY", FLAG, "0", "docker/serve.sh", "1: run the start-up checks and exit"),
     Var("ROCM_MLA_TEST_WORKERS", None, "2", "dev.sh", "pytest processes of ./dev.sh test"),
 )  # fmt: skip

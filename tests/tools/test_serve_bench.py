@@ -529,9 +529,14 @@ def _serve_sh(env: dict[str, str], *args: str) -> list[str]:
 
 
 def test_serve_sh_defaults_to_rocm_mla():
+    """ROCM_MLA; VLLM_PLUGINS left unset (every installed plugin loads, ours among them); the
+    model's own context length and no remote code unless asked."""
     plugins, cmd = _serve_sh({})
-    assert plugins == "VLLM_PLUGINS=rocm_mla"
+    assert plugins == "VLLM_PLUGINS=(unset: every installed plugin)"
     argv = cmd.split()
+    assert not {"--max-model-len", "--trust-remote-code"} & set(argv)
+    _, cmd = _serve_sh({"MAX_MODEL_LEN": "32768", "TRUST_REMOTE_CODE": "1"})
+    assert _after(cmd.split(), "--max-model-len") == "32768" and "--trust-remote-code" in cmd.split()
     assert argv[:3] == ["vllm", "serve", "deepseek-ai/DeepSeek-V2-Lite-Chat"]
     assert _after(argv, "--attention-backend") == "ROCM_MLA"
     assert _after(argv, "--tensor-parallel-size") == "1" and _after(argv, "--port") == "8000"

@@ -2,6 +2,11 @@
 """Generate perf/RESULTS.md and perf/plots/*.png from perf/results.csv.
 
     python perf/report.py [--csv perf/results.csv] [--out perf/RESULTS.md] [--plots perf/plots] [--no-plots]
+                          [--device SUBSTRING]
+
+Rows of different devices are never put in one table or ranked against each other: an op measured
+on several devices gets one table per device. ``--device`` keeps only the rows whose device name
+contains SUBSTRING (case-insensitive), e.g. ``--device MI300X``.
 
 Per op: the current numbers (for each shape, the rows of the latest run that measured it) with the
 peers beside ours and the speed-up of our best implementation over each peer, the ceilings that run
@@ -260,14 +265,32 @@ def render(rows: list[dict], plots_rel: str | None = "plots") -> tuple[str, dict
     extra = sorted({r["kernel"] for r in rows} - known - {"ceiling"})
     views = list(VIEWS) + [OpView(k, k, rows_metric(rows, k), False, (k,)) for k in extra]
     for view in views:
-        lines, series = op_section(rows, view)
-        if not lines:
-            continue
-        if plots_rel and any(series.values()):
-            lines += [f"![{view.kernel}]({plots_rel}/{view.kernel}.png)", ""]
-            plotted[view.kernel] = series
-        out += lines
+        devices = list(dict.fromkeys(r["device"] for r in rows if r["kernel"] == view.kernel))
+        for device in devices:
+            # Each device's rows alone: ceilings, runs and ranking never mix devices.
+            mine = [r for r in rows if r["device"] == device]
+            lines, series = op_section(mine, view)
+            if not lines:
+                continue
+            name = view.kernel if len(devices) == 1 else f"{view.kernel}-{_slug(device)}"
+            if len(devices) > 1:
+                lines[0] += f" — {device}"
+            if plots_rel and any(series.values()):
+                lines += [f"![{name}]({plots_rel}/{name}.png)", ""]
+                plotted[name] = series
+            out += lines
     return "\n".join(out).rstrip() + "\n", plotted
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in text).strip("_").lower()
+
+
+def for_device(rows: list[dict], device: str | None) -> list[dict]:
+    """The rows whose device contains ``device`` (case-insensitive); all when None."""
+    if not device:
+        return rows
+    return [r for r in rows if device.lower() in r["device"].lower()]
 
 
 def rows_metric(rows: list[dict], kernel: str) -> str:
@@ -282,7 +305,8 @@ def write_plots(plotted: dict, folder: Path) -> None:
     view_of = {v.kernel: v for v in VIEWS}
     for kernel, series in plotted.items():
         shapes = list(dict.fromkeys(s for ser in series.values() for s in ser))
-        metric = view_of[kernel].metric if kernel in view_of else "value"
+        base = next((k for k in view_of if kernel == k or kernel.startswith(k + "-")), None)
+        metric = view_of[base].metric if base else "value"
         bar_plot(
             folder / f"{kernel}.png",
             f"{kernel} ({metric})",
@@ -298,11 +322,16 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(HERE / "RESULTS.md"), help="the page to write")
     ap.add_argument("--plots", default=str(HERE / "plots"), help="folder for <kernel>.png")
     ap.add_argument("--no-plots", action="store_true", help="write the page alone")
+    ap.add_argument("--device", default=None, help="only rows whose device name contains this (case-insensitive)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     plots = Path(args.plots)
     rel = Path(os.path.relpath(plots.resolve(), out.resolve().parent)).as_posix()
-    text, plotted = render(resultsfile.read(args.csv), rel)
+    rows = for_device(resultsfile.read(args.csv), args.device)
+    if not rows:
+        print(f"no rows of a device matching {args.device!r} in {args.csv}", file=sys.stderr)
+        return 2
+    text, plotted = render(rows, rel)
     out.write_text(text)
     print(f"wrote {out}")
     if not args.no_plots:

@@ -82,6 +82,32 @@ def test_report_latest_run_per_shape_ratios_and_ceilings(tmp_path):
     assert (tmp_path / "R.md").read_text() == report.render(rows, "plots")[0]
 
 
+def test_report_never_ranks_rows_of_different_devices_together(tmp_path):
+    """An op measured on two devices: one table per device, each with its own run and ceiling; a
+    synthetic row of another device is not ranked against the first one's peers; --device filters."""
+    new = "2026-01-02T03:04+00:00"
+    rows = [
+        row("ceiling", "torch", "copy 2 GiB", "GB/s", 4000, new, "merge"),
+        row("merge_attn_states", "rocm_mla-triton", "T=1", "GB/s", 2000, new),
+        row("merge_attn_states", "vllm-0.33-triton", "T=1", "GB/s", 1000, new),
+        {**row("merge_attn_states", "rocm_mla-hip", "T=1", "GB/s", 9000, new), "device": "AMD MI300X"},
+    ]
+    text, plotted = report.render(rows, "plots")
+    assert "## merge_attn_states — GPU X" in text and "## merge_attn_states — AMD MI300X" in text
+    mi300 = text.split("— AMD MI300X")[1]
+    assert "| T=1 | 9000 |" in mi300 and "vllm" not in mi300.split("- run")[0]  # no peer of another device
+    gpu_x = text.split("— GPU X")[1].split("##")[0]
+    assert "| T=1 | 2000 (50%) | 1000 (25%) | 2.00× |" in gpu_x and "9000" not in gpu_x
+    assert set(plotted) == {"merge_attn_states-gpu_x", "merge_attn_states-amd_mi300x"}
+    csv_path = tmp_path / "r.csv"
+    resultsfile.append(csv_path, rows)
+    out = tmp_path / "R.md"
+    assert report.main(["--csv", str(csv_path), "--out", str(out), "--no-plots", "--device", "mi300x"]) == 0
+    only = out.read_text()
+    assert "GPU X" not in only and "9000" in only and "## merge_attn_states\n" in only
+    assert report.main(["--csv", str(csv_path), "--out", str(out), "--no-plots", "--device", "H100"]) == 2
+
+
 def test_results_file_rejects_other_columns(tmp_path):
     p = tmp_path / "x.csv"
     p.write_text("kernel,provider\nk,p\n")

@@ -1,26 +1,40 @@
 #!/usr/bin/env python3
-"""Serving benchmark: ROCM_MLA vs ROCM_AITER_MLA vs TRITON_MLA under `vllm serve`, back to back.
+"""Serving benchmark on an MI300: ROCM_MLA against what MI300 users run (ROCM_AITER_MLA and
+ROCM_AITER_TRITON_MLA with aiter on, TRITON_MLA) under `vllm serve`, back to back, one server per
+attention backend, everything else the same.
 
-    python perf/serve_bench.py [--model M] [--tp N] [--backends A,B,C] [--out results] [--dry-run]
+    python perf/serve_bench.py [--model M] [--tp N] [--profile amd|smoke] [--backends A,B,...]
+                               [--lm-eval] [--out results] [--dry-run]
 
-The methodology of the upstream PRs this project grew from: for each attention backend, start
-`vllm serve MODEL --attention-backend B`, wait for /health, run `vllm bench serve` (random dataset,
-1024 tokens in / 128 out, 32 prompts, concurrency 8, all sent at once; the ShareGPT dataset when
---sharegpt FILE is given), optionally the lm_eval gsm8k accuracy check against the same server
-(--lm-eval), then stop the server. Everything but the attention backend is the same for every run.
+Profiles (the random dataset, EOS ignored, so every request generates its output length):
+  amd    AMD's published method for MLA serving: long prompts (8192 tokens in) and 1K outputs, a
+         concurrency sweep 4, 8, 16, 32, 64, 128 with 4 prompts per concurrent slot (at least 32),
+         each point preceded by a warm-up of one request per slot that vLLM excludes
+         (`vllm bench serve --num-warmups`). The default.
+  smoke  1024 in, 128 out, concurrency 8, 32 prompts, 8 warm-up requests: a few minutes per backend.
+--sharegpt FILE uses that dataset instead of random prompts.
+
+Every server runs with VLLM_ROCM_USE_AITER=1 by default (--aiter all: aiter's MoE and GEMM kernels
+for every backend, as MI300 deployments run, so that only attention differs; --aiter backend: only
+for the ROCM_AITER_* backends; --aiter none: never). ROCM_MLA runs with the fused RoPE + KV-cache
+write on, as the image serves it (-cc.use_inductor_graph_partition=true
+-cc.pass_config.fuse_rope_kvcache_cat_mla=true; --no-fusion turns it off). Prefix caching is off.
+
+Numbers come from vLLM's own result JSON (`--save-result`), never from its printed text.
+--lm-eval also runs lm_eval gsm8k (5-shot exact_match) against each server after its sweep: the
+accuracy gate fails a backend whose flexible-extract exact match is more than --accuracy-gate
+(0.02) below TRITON_MLA's.
 
 Writes, under --out:
-  serve.csv            long format: kernel, provider, shape, metric, value, device, version
-                       (kernel "vllm-serve", provider = backend; metrics named as in vLLM's JSON)
-  serve_table.txt      the comparison table printed at the end (% change vs TRITON_MLA)
-  serve_logs/          per backend: server log, `vllm bench serve` output and its JSON, lm_eval log
+  serve.csv            long format: kernel "vllm-serve", provider = backend, shape = model, TP,
+                       profile lengths, concurrency, prompts; metrics named as in vLLM's JSON
+  serve_table.txt      one table per metric of the sweep for this model and device (rows:
+                       concurrency; columns: backends, then % change vs TRITON_MLA), gsm8k below
+  serve_logs/          per backend: server log, each point's `vllm bench serve` log and JSON, lm_eval log
 
 Runs on an MI300 machine with vLLM 0.34 (docker/Dockerfile), not on the CPU machines where it was
-written. The output parsing, command construction, CSV rows and table are pure functions that the
-tests run on recorded `vllm bench serve` output (tests/tools/test_serve_bench.py).
-
-One run of 32 prompts moves by a few percent between two runs of the same server (the recorded
-samples: TTFT 396 vs 388 ms): treat differences of that size as noise; use more prompts to resolve less.
+written: the commands, the JSON reading, the CSV rows, the tables and the gate are pure functions
+the tests run (tests/tools/test_serve_bench.py), and the run loop is tested against a fake `vllm`.
 """
 
 from __future__ import annotations
@@ -28,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import math
 import os
 import re
@@ -41,68 +56,25 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rocm_mla.tools.benchutil import Record, print_table, write_csv
 
-BACKENDS = ("ROCM_MLA", "ROCM_AITER_MLA", "TRITON_MLA")
+BACKENDS = ("ROCM_MLA", "ROCM_AITER_MLA", "ROCM_AITER_TRITON_MLA", "TRITON_MLA")
 BASELINE = "TRITON_MLA"
+AITER_BACKENDS = ("ROCM_AITER_MLA", "ROCM_AITER_TRITON_MLA")
+AITER_MODES = ("all", "backend", "none")
+FUSE_FLAGS = ("-cc.use_inductor_graph_partition=true", "-cc.pass_config.fuse_rope_kvcache_cat_mla=true")
 KERNEL = "vllm-serve"
-DEFAULT_MODEL = "deepseek-ai/DeepSeek-V2-Lite-Chat"
+DEFAULT_MODEL = "deepseek-ai/DeepSeek-V3"
+# The metrics every result must hold (vLLM's JSON keys).
+REQUIRED = ("completed", "failed", "duration", "output_throughput", "median_ttft_ms", "median_tpot_ms")
 
 
 class ServeBenchParseError(ValueError):
-    """Output of `vllm bench serve` (or lm_eval) that cannot be read as a result."""
-
-
-# --------------------------------------------------------------------------- parsing (pure)
-
-# Labels of vLLM's result block -> the keys of vLLM's own result JSON (`--save-result`), so that a
-# CSV row can be checked against the JSON. Matched case-insensitively: vLLM 0.33 prints "Total token
-# throughput", older releases "Total Token throughput".
-_LABELS = {
-    "successful requests": "completed",
-    "failed requests": "failed",
-    "maximum request concurrency": "max_concurrency",
-    "request rate configured (rps)": "request_rate",
-    "benchmark duration (s)": "duration",
-    "total input tokens": "total_input_tokens",
-    "total generated tokens": "total_output_tokens",
-    "request throughput (req/s)": "request_throughput",
-    "request goodput (req/s)": "request_goodput",
-    "output token throughput (tok/s)": "output_throughput",
-    "peak output token throughput (tok/s)": "max_output_tokens_per_s",
-    "peak concurrent requests": "max_concurrent_requests",
-    "total token throughput (tok/s)": "total_token_throughput",
-}
-# "Mean TTFT (ms)", "Median ITL (ms)", "P99 TPOT (ms)", "P99.9 E2EL (ms)" -> mean_ttft_ms, ...
-_STAT = re.compile(r"^(mean|median|p\d+(?:\.\d+)?)\s+(\w+)\s+\(ms\)$", re.IGNORECASE)
-_NUMBER = re.compile(r"^[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?$|^[-+]?(?:inf|nan)$", re.IGNORECASE)
-_HEADER = re.compile(r"^=+\s*Serving Benchmark Result\s*=+\s*$")
-_FOOTER = re.compile(r"^=+\s*$")
-_VALUE_LINE = re.compile(r"^\s*(?P<label>[A-Za-z][^:]*?):\s+(?P<value>\S+)\s*$")
-
-# What a result must hold to be worth a row in the comparison: a block without these is truncated
-# or comes from a run that measured something else (e.g. a pooling model).
-REQUIRED = ("completed", "failed", "duration", "output_throughput", "mean_ttft_ms", "mean_tpot_ms", "mean_itl_ms")
-
-
-def metric_key(label: str) -> str | None:
-    """vLLM result-JSON key for a printed label, or None for a label this parser does not know.
-
-    >>> metric_key("Mean TTFT (ms)"), metric_key("Output token throughput (tok/s)")
-    ('mean_ttft_ms', 'output_throughput')
-    """
-    label = " ".join(label.split())
-    key = _LABELS.get(label.lower())
-    if key:
-        return key
-    m = _STAT.match(label)
-    if m:
-        return f"{m.group(1).lower()}_{m.group(2).lower()}_ms"
-    return None
+    """A result of `vllm bench serve` (or lm_eval's output) that cannot be read as one."""
 
 
 def _slug(label: str) -> str:
@@ -112,79 +84,6 @@ def _slug(label: str) -> str:
 def _tail(text: str, n: int = 15) -> str:
     lines = text.rstrip().splitlines()[-n:]
     return "\n".join("    " + ln for ln in lines) if lines else "    (empty output)"
-
-
-def parse_serve_output(text: str, required: Sequence[str] = REQUIRED) -> list[dict[str, float]]:
-    """Every "Serving Benchmark Result" block in ``text``, in order, as {metric key: value}.
-
-    Keys are those of vLLM's result JSON (``mean_ttft_ms``, ``output_throughput``, ...: see
-    ``_LABELS``); labels this parser does not know are kept under a slug of the label (e.g. a
-    speculative-decoding "Acceptance rate (%)" becomes ``acceptance_rate``). Lines between blocks
-    and lines without a number (log lines, section rules) are ignored.
-
-    Raises ServeBenchParseError, with the line and its number, when there is no block, when a
-    block is not closed by its line of '=', when a known metric has a value that is not a number,
-    when a metric appears twice in one block, or when a block lacks one of ``required``.
-    """
-    results: list[dict[str, float]] = []
-    block: dict[str, float] | None = None
-    start = 0
-    for no, line in enumerate(text.splitlines(), 1):
-        if _HEADER.match(line):
-            if block is not None:
-                raise ServeBenchParseError(
-                    f"line {no}: a new result block starts before the one of line {start} "
-                    "was closed by a line of '=' (truncated output?)"
-                )
-            block, start = {}, no
-            continue
-        if block is None:
-            continue
-        if _FOOTER.match(line):
-            missing = [k for k in required if k not in block]
-            if missing:
-                raise ServeBenchParseError(
-                    f"result block of line {start} lacks {', '.join(missing)} (found: {', '.join(block) or 'nothing'})"
-                )
-            results.append(block)
-            block = None
-            continue
-        m = _VALUE_LINE.match(line)
-        if not m:
-            continue  # section rules ("----Time to First Token----"), blank or stray lines
-        label, raw = m.group("label"), m.group("value")
-        key = metric_key(label)
-        if not _NUMBER.match(raw):
-            if key is not None:
-                raise ServeBenchParseError(
-                    f"line {no}: {label.strip()!r} has value {raw!r}, not a number: {line.strip()!r}"
-                )
-            continue  # e.g. a log line that happens to contain a colon
-        key = key or _slug(label)
-        if key in block:
-            raise ServeBenchParseError(
-                f"line {no}: {label.strip()!r} appears twice in the result block of line {start}"
-            )
-        block[key] = float(raw)
-    if block is not None:
-        raise ServeBenchParseError(
-            f"the result block of line {start} is not closed by a line of '=' "
-            f"(output truncated?); output ends with:\n{_tail(text)}"
-        )
-    if not results:
-        raise ServeBenchParseError(
-            "no 'Serving Benchmark Result' block in the output of `vllm bench serve` "
-            f"(did it fail?); output ends with:\n{_tail(text)}"
-        )
-    return results
-
-
-def parse_single_result(text: str) -> dict[str, float]:
-    """The one result block of one `vllm bench serve` run (ServeBenchParseError if not exactly one)."""
-    blocks = parse_serve_output(text)
-    if len(blocks) != 1:
-        raise ServeBenchParseError(f"expected one result block from one `vllm bench serve` run, found {len(blocks)}")
-    return blocks[0]
 
 
 def parse_lm_eval_output(text: str, task: str = "gsm8k") -> dict[str, float]:
@@ -225,33 +124,53 @@ def parse_lm_eval_output(text: str, task: str = "gsm8k") -> dict[str, float]:
     return out
 
 
+@dataclass(frozen=True)
+class Profile:
+    """A workload: lengths, the concurrency sweep, prompts per concurrent slot (at least
+    ``min_prompts``), warm-up requests per slot (excluded by vLLM)."""
+
+    name: str
+    input_len: int
+    output_len: int
+    concurrencies: tuple[int, ...]
+    prompts_per_slot: int = 4
+    min_prompts: int = 32
+    warmups_per_slot: int = 1
+
+
+PROFILES = {
+    "amd": Profile("amd", 8192, 1024, (4, 8, 16, 32, 64, 128)),
+    "smoke": Profile("smoke", 1024, 128, (8,)),
+}
+
+
 # --------------------------------------------------------------------------- commands (pure)
 
 
 @dataclass
 class Config:
-    """What is served and how it is loaded: identical for every backend of one comparison."""
+    """What is served and how it is loaded and driven: identical for every backend of one comparison."""
 
     model: str = DEFAULT_MODEL
-    tp: int = 1
+    tp: int = 8
     host: str = "127.0.0.1"
     port: int = 8000
     backends: tuple[str, ...] = BACKENDS
-    input_len: int = 1024
-    output_len: int = 128
-    num_prompts: int = 32
-    concurrency: int = 8
+    profile: Profile = PROFILES["amd"]
     sharegpt: str | None = None  # path of a ShareGPT JSON file: that dataset instead of random
     ignore_eos: bool = True  # every request generates output_len tokens, whatever the backend
     seed: int = 0
-    max_model_len: int | None = 8192
+    max_model_len: int | None = None  # None: the model's own
     gpu_memory_utilization: float = 0.9
-    trust_remote_code: bool = True
+    trust_remote_code: bool = False
+    aiter: str = "all"
+    fuse: bool = True
     serve_args: list[str] = field(default_factory=list)
     bench_args: list[str] = field(default_factory=list)
     lm_eval: bool = False
-    lm_eval_limit: int | None = 100
-    lm_eval_concurrency: int = 30
+    lm_eval_limit: int | None = None  # None: every gsm8k question
+    lm_eval_concurrency: int = 64
+    accuracy_gate: float = 0.02
 
     @property
     def dataset(self) -> str:
@@ -261,68 +180,66 @@ class Config:
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def num_prompts(self, concurrency: int) -> int:
+        p = self.profile
+        return max(p.min_prompts, p.prompts_per_slot * concurrency)
 
-def shape_label(cfg: Config) -> str:
-    """The CSV ``shape`` of a run: model, TP, dataset, lengths, prompts, concurrency."""
+
+def shape_label(cfg: Config, concurrency: int) -> str:
+    """The CSV ``shape`` of one point: model, TP, dataset, lengths, concurrency, prompts."""
     name = cfg.model.rstrip("/").split("/")[-1]
-    lengths = f"out{cfg.output_len}" if cfg.sharegpt else f"in{cfg.input_len}/out{cfg.output_len}"
-    return f"{name} tp{cfg.tp} {cfg.dataset} {lengths} n{cfg.num_prompts} c{cfg.concurrency}"
+    p = cfg.profile
+    lengths = f"out{p.output_len}" if cfg.sharegpt else f"in{p.input_len}/out{p.output_len}"
+    return f"{name} tp{cfg.tp} {cfg.dataset} {lengths} c{concurrency} n{cfg.num_prompts(concurrency)}"
+
+
+def _has_json_compilation_config(args: Sequence[str]) -> bool:
+    return any(a in ("--compilation-config", "-cc") or a.startswith(("--compilation-config=", "-cc=")) for a in args)
 
 
 def serve_command(cfg: Config, backend: str) -> list[str]:
-    """`vllm serve` for one backend; the backend flag is the only thing that changes between runs.
-
-    Prefix caching is off: random prompts would hit it by chance and skip prefill for some requests.
-    """
+    """`vllm serve` for one backend: the backend flag (and, for ROCM_MLA, the fusion flags the
+    image adds) is all that changes between runs. Prefix caching is off: random prompts would hit
+    it by chance and skip prefill for some requests. With a JSON compilation config among
+    ``serve_args`` no -cc.* flag is added (vLLM drops such a JSON when dotted flags come too)."""
     cmd = [
-        "vllm",
-        "serve",
-        cfg.model,
-        "--attention-backend",
-        backend,
-        "--tensor-parallel-size",
-        str(cfg.tp),
-        "--host",
-        cfg.host,
-        "--port",
-        str(cfg.port),
-        "--gpu-memory-utilization",
-        str(cfg.gpu_memory_utilization),
+        "vllm", "serve", cfg.model,
+        "--attention-backend", backend,
+        "--tensor-parallel-size", str(cfg.tp),
+        "--host", cfg.host,
+        "--port", str(cfg.port),
+        "--gpu-memory-utilization", str(cfg.gpu_memory_utilization),
         "--no-enable-prefix-caching",
-    ]
+    ]  # fmt: skip
     if cfg.max_model_len:
         cmd += ["--max-model-len", str(cfg.max_model_len)]
     if cfg.trust_remote_code:
         cmd.append("--trust-remote-code")
+    if backend == "ROCM_MLA" and cfg.fuse and not _has_json_compilation_config(cfg.serve_args):
+        cmd += list(FUSE_FLAGS)
     return cmd + list(cfg.serve_args)
 
 
-def bench_command(cfg: Config, result_dir: str | os.PathLike | None = None, label: str = "") -> list[str]:
-    """`vllm bench serve` against the server of ``cfg`` (all prompts sent at once, capped by
-    --max-concurrency). ``result_dir``: also save vLLM's JSON there as ``{label}.json``."""
+def bench_command(cfg: Config, concurrency: int, result_dir: str | os.PathLike, label: str) -> list[str]:
+    """`vllm bench serve` for one point of the sweep: all prompts sent at once, capped at
+    ``concurrency`` in flight, after ``warmups_per_slot x concurrency`` warm-up requests vLLM
+    leaves out of the result, which it saves as ``{result_dir}/{label}.json``."""
+    p = cfg.profile
     cmd = [
-        "vllm",
-        "bench",
-        "serve",
-        "--backend",
-        "vllm",
-        "--model",
-        cfg.model,
-        "--host",
-        cfg.host,
-        "--port",
-        str(cfg.port),
-        "--endpoint",
-        "/v1/completions",
-        "--num-prompts",
-        str(cfg.num_prompts),
-        "--max-concurrency",
-        str(cfg.concurrency),
-        "--request-rate",
-        "inf",
-        "--seed",
-        str(cfg.seed),
-    ]
+        "vllm", "bench", "serve",
+        "--backend", "vllm",
+        "--model", cfg.model,
+        "--host", cfg.host,
+        "--port", str(cfg.port),
+        "--endpoint", "/v1/completions",
+        "--num-prompts", str(cfg.num_prompts(concurrency)),
+        "--max-concurrency", str(concurrency),
+        "--num-warmups", str(p.warmups_per_slot * concurrency),
+        "--request-rate", "inf",
+        "--seed", str(cfg.seed),
+        "--percentile-metrics", "ttft,tpot,itl,e2el",
+        "--metric-percentiles", "50,90,99",
+    ]  # fmt: skip
     if cfg.sharegpt:
         cmd += [
             "--dataset-name",
@@ -330,23 +247,22 @@ def bench_command(cfg: Config, result_dir: str | os.PathLike | None = None, labe
             "--dataset-path",
             cfg.sharegpt,
             "--sharegpt-output-len",
-            str(cfg.output_len),
+            str(p.output_len),
         ]
     else:
         cmd += [
             "--dataset-name",
             "random",
             "--random-input-len",
-            str(cfg.input_len),
+            str(p.input_len),
             "--random-output-len",
-            str(cfg.output_len),
+            str(p.output_len),
         ]
     if cfg.ignore_eos:
         cmd.append("--ignore-eos")
     if cfg.trust_remote_code:
         cmd.append("--trust-remote-code")
-    if result_dir is not None:
-        cmd += ["--save-result", "--result-dir", str(result_dir), "--result-filename", f"{label or 'bench'}.json"]
+    cmd += ["--save-result", "--result-dir", str(result_dir), "--result-filename", f"{label}.json"]
     return cmd + list(cfg.bench_args)
 
 
@@ -362,44 +278,70 @@ def lm_eval_command(cfg: Config) -> list[str]:
     return cmd
 
 
-def server_env(environ: Mapping[str, str], plugin: str = "rocm_mla") -> dict[str, str]:
-    """The servers' environment: ``environ`` with rocm-mla's plugin in vLLM's allow-list.
-
-    VLLM_PLUGINS unset means "load every plugin"; a benchmark sets it to ours to make what runs
-    explicit (docker/serve.sh leaves it unset for serving), and ours is appended to a list that
-    lacks it (without it ROCM_MLA would not be registered).
-    """
+def server_env(
+    environ: Mapping[str, str], backend: str, aiter: str = "all", plugin: str = "rocm_mla"
+) -> dict[str, str]:
+    """One server's environment: ``environ`` with rocm-mla's plugin in vLLM's allow-list (appended
+    to a list that lacks it; an unset list loads every plugin and stays unset) and
+    VLLM_ROCM_USE_AITER per ``aiter``: "all" 1 for every backend, "backend" 1 for the ROCM_AITER_*
+    ones and 0 for the others, "none" 0."""
+    if aiter not in AITER_MODES:
+        raise ValueError(f"aiter: expected one of {', '.join(AITER_MODES)}, got {aiter!r}")
     env = dict(environ)
     current = env.get("VLLM_PLUGINS")
-    if current is None:
-        env["VLLM_PLUGINS"] = plugin
-    elif plugin not in current.split(","):
+    if current is not None and plugin not in current.split(","):
         env["VLLM_PLUGINS"] = f"{current},{plugin}" if current else plugin
+    on = aiter == "all" or (aiter == "backend" and backend in AITER_BACKENDS)
+    env["VLLM_ROCM_USE_AITER"] = "1" if on else "0"
     return env
+
+
+def plan(cfg: Config, log_dir: str | os.PathLike = "serve_logs") -> list[tuple[str, dict[str, str], list[list[str]]]]:
+    """Per backend: the environment it changes and the commands in the order they run (serve, one
+    benchmark per concurrency, then lm_eval if asked)."""
+    steps = []
+    for b in cfg.backends:
+        env = server_env({}, b, cfg.aiter)
+        cmds = [serve_command(cfg, b)]
+        cmds += [bench_command(cfg, c, log_dir, f"{b}.c{c}") for c in cfg.profile.concurrencies]
+        if cfg.lm_eval:
+            cmds.append(lm_eval_command(cfg))
+        steps.append((b, env, cmds))
+    return steps
 
 
 # --------------------------------------------------------------------------- results (pure)
 
-# Rows of the comparison table: (metric key, label, which way is better, value format). Counts have
-# no direction and get no percentage.
-TABLE_METRICS: tuple[tuple[str, str, str, str], ...] = (
-    ("mean_ttft_ms", "Mean TTFT (ms)", "lower", ".2f"),
-    ("median_ttft_ms", "Median TTFT (ms)", "lower", ".2f"),
-    ("p99_ttft_ms", "P99 TTFT (ms)", "lower", ".2f"),
-    ("mean_tpot_ms", "Mean TPOT (ms)", "lower", ".2f"),
-    ("median_tpot_ms", "Median TPOT (ms)", "lower", ".2f"),
-    ("p99_tpot_ms", "P99 TPOT (ms)", "lower", ".2f"),
-    ("mean_itl_ms", "Mean ITL (ms)", "lower", ".2f"),
-    ("median_itl_ms", "Median ITL (ms)", "lower", ".2f"),
-    ("p99_itl_ms", "P99 ITL (ms)", "lower", ".2f"),
-    ("output_throughput", "Output tok/s", "higher", ".2f"),
-    ("total_token_throughput", "Total tok/s", "higher", ".2f"),
-    ("request_throughput", "Requests/s", "higher", ".2f"),
-    ("duration", "Duration (s)", "lower", ".2f"),
-    ("gsm8k_exact_match_flexible_extract", "gsm8k exact (flexible)", "higher", ".4f"),
-    ("gsm8k_exact_match_strict_match", "gsm8k exact (strict)", "higher", ".4f"),
-    ("completed", "Successful requests", "", ".0f"),
-    ("failed", "Failed requests", "", ".0f"),
+
+def read_result(path: str | os.PathLike) -> dict[str, float]:
+    """The numbers of one `vllm bench serve --save-result` JSON: every numeric top-level value
+    (counts, duration, throughputs, mean/median/std/pNN of ttft/tpot/itl/e2el in ms, and the run's
+    own num_prompts / max_concurrency). ServeBenchParseError when the file is not such a result."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ServeBenchParseError(f"{path}: not a readable result JSON ({type(e).__name__}: {e})") from None
+    if not isinstance(data, dict):
+        raise ServeBenchParseError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    out = {
+        k: float(v)
+        for k, v in data.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
+    }
+    missing = [k for k in REQUIRED if k not in out]
+    if missing:
+        raise ServeBenchParseError(f"{path}: no {', '.join(missing)} in vLLM's result (keys: {sorted(data)[:20]})")
+    return out
+
+
+# The sweep's tables: (vLLM key, title, which way is better).
+SWEEP_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("output_throughput", "output tokens/s", "higher"),
+    ("total_token_throughput", "total tokens/s", "higher"),
+    ("median_ttft_ms", "median TTFT (ms)", "lower"),
+    ("p99_ttft_ms", "p99 TTFT (ms)", "lower"),
+    ("median_tpot_ms", "median TPOT (ms)", "lower"),
+    ("p99_itl_ms", "p99 ITL (ms)", "lower"),
 )
 
 
@@ -410,31 +352,46 @@ def pct_change(value: float, base: float) -> float | None:
     return (value - base) / base * 100.0
 
 
-def comparison_table(
-    results: Mapping[str, Mapping[str, float]],
-    baseline: str = BASELINE,
-    metrics: Iterable[tuple[str, str, str, str]] = TABLE_METRICS,
-) -> tuple[list[str], list[list[str]]]:
-    """Headers and rows of the comparison: one row per metric that some backend has; columns: the
-    metric, which way is better, one per backend (in ``results`` order), then "B vs {baseline}"
-    (% change) for every other backend B when the baseline has results. A missing value is "-";
-    metrics without a direction (counts) get no percentage.
-    """
+def sweep_tables(
+    results: Mapping[str, Mapping[int, Mapping[str, float]]], baseline: str = BASELINE
+) -> list[tuple[str, list[str], list[list[str]]]]:
+    """Per metric of SWEEP_METRICS that some point has: (title, headers, rows); rows one per
+    concurrency, columns the backends (``results`` order), then "B vs {baseline}" (% change) for
+    every other backend when the baseline ran. A missing point is "-"."""
     names = list(results)
     others = [n for n in names if n != baseline] if baseline in results else []
-    headers = ["metric", "better", *names, *[f"{n} vs {baseline}" for n in others]]
-    rows = []
-    for key, label, better, fmt in metrics:
-        if not any(key in r for r in results.values()):
+    conc = sorted({c for r in results.values() for c in r})
+    tables = []
+    for key, title, better in SWEEP_METRICS:
+        if not any(key in m for r in results.values() for m in r.values()):
             continue
-        row = [label, better or "-", *[format(results[n][key], fmt) if key in results[n] else "-" for n in names]]
-        for n in others:
-            pct = None
-            if better and key in results[n] and key in results[baseline]:
-                pct = pct_change(results[n][key], results[baseline][key])
-            row.append("-" if pct is None else f"{pct:+.2f}%")
-        rows.append(row)
-    return headers, rows
+        headers = ["concurrency", *names, *[f"{n} vs {baseline}" for n in others]]
+        rows = []
+        for c in conc:
+            vals = {n: results[n].get(c, {}).get(key) for n in names}
+            row = [str(c), *["-" if vals[n] is None else f"{vals[n]:.2f}" for n in names]]
+            for n in others:
+                pct = None if vals[n] is None or vals[baseline] is None else pct_change(vals[n], vals[baseline])
+                row.append("-" if pct is None else f"{pct:+.1f}%")
+            rows.append(row)
+        tables.append((f"{title} ({better} is better)", headers, rows))
+    return tables
+
+
+def accuracy_problems(
+    accuracy: Mapping[str, Mapping[str, float]], baseline: str = BASELINE, gate: float = 0.02
+) -> dict[str, str]:
+    """Backends whose gsm8k flexible-extract exact match is more than ``gate`` below the
+    baseline's (none when the baseline has no score)."""
+    key = "gsm8k_exact_match_flexible_extract"
+    base = accuracy.get(baseline, {}).get(key)
+    if base is None:
+        return {}
+    return {
+        b: f"gsm8k exact match {a[key]:.4f} is {base - a[key]:.4f} below {baseline}'s {base:.4f} (gate {gate})"
+        for b, a in accuracy.items()
+        if b != baseline and key in a and a[key] < base - gate
+    }
 
 
 def format_table(headers: list[str], rows: list[list[str]]) -> str:
@@ -445,25 +402,52 @@ def format_table(headers: list[str], rows: list[list[str]]) -> str:
     return buf.getvalue()
 
 
-def to_records(results: Mapping[str, Mapping[str, float]], cfg: Config, device: str, version: str) -> list[Record]:
-    """Long-format rows: one per (backend, metric), every metric parsed (not only the table's)."""
-    shape = shape_label(cfg)
-    return [
-        Record(KERNEL, backend, shape, metric, float(value), device, version)
-        for backend, metrics in results.items()
+def report_text(cfg: Config, device: str, version: str, results, accuracy) -> str:
+    """serve_table.txt: a heading naming the model, TP, device and workload, the sweep's tables,
+    the gsm8k scores."""
+    p = cfg.profile
+    lines = [
+        f"# {cfg.model} tp{cfg.tp} on {device} ({version})",
+        f"# profile {p.name}: {cfg.dataset}, in {p.input_len} / out {p.output_len} tokens, "
+        f"aiter {cfg.aiter}, ROCM_MLA fusion {'on' if cfg.fuse else 'off'}",
+        "",
+    ]
+    for title, headers, rows in sweep_tables(results):
+        lines += [title, format_table(headers, rows)]
+    if BASELINE not in results:
+        lines.append(f"(no {BASELINE} result: no % change columns)")
+    if accuracy:
+        headers = ["backend", "gsm8k exact (flexible)", "gsm8k exact (strict)"]
+        rows = [
+            [
+                b,
+                *[
+                    f"{a[k]:.4f}" if k in a else "-"
+                    for k in ("gsm8k_exact_match_flexible_extract", "gsm8k_exact_match_strict_match")
+                ],
+            ]
+            for b, a in accuracy.items()
+        ]
+        lines += ["gsm8k (lm_eval, 5-shot)", format_table(headers, rows)]
+    return "\n".join(lines)
+
+
+def to_records(results, accuracy, cfg: Config, device: str, version: str) -> list[Record]:
+    """Long-format rows: one per (backend, point, metric), every number of vLLM's JSON; gsm8k per
+    backend at shape "<model> tp<N> gsm8k"."""
+    recs = [
+        Record(KERNEL, backend, shape_label(cfg, c), metric, float(value), device, version)
+        for backend, points in results.items()
+        for c, metrics in points.items()
         for metric, value in metrics.items()
     ]
-
-
-def plan(cfg: Config, log_dir: str | os.PathLike = "serve_logs") -> list[tuple[str, list[list[str]]]]:
-    """Per backend, the commands in the order they run: serve, bench, then lm_eval if asked."""
-    steps = []
-    for b in cfg.backends:
-        cmds = [serve_command(cfg, b), bench_command(cfg, log_dir, b)]
-        if cfg.lm_eval:
-            cmds.append(lm_eval_command(cfg))
-        steps.append((b, cmds))
-    return steps
+    name = cfg.model.rstrip("/").split("/")[-1]
+    recs += [
+        Record(KERNEL, backend, f"{name} tp{cfg.tp} gsm8k", metric, float(value), device, version)
+        for backend, acc in accuracy.items()
+        for metric, value in acc.items()
+    ]
+    return recs
 
 
 # --------------------------------------------------------------------------- running (MI300 only)
@@ -540,22 +524,22 @@ HEALTH_POLL_S = 5.0
 
 def run_backend(
     cfg: Config, backend: str, log_dir: Path, startup_timeout_s: float, bench_timeout_s: float
-) -> tuple[dict[str, float], str | None]:
-    """Serve with ``backend``, benchmark it (and lm_eval if asked), stop the server.
+) -> tuple[dict[int, dict[str, float]], dict[str, float], str | None]:
+    """Serve with ``backend``, run the sweep (and lm_eval if asked), stop the server.
 
-    Returns the metrics and, when lm_eval was asked for and failed, why (the benchmark's numbers
-    are kept). RunError or ServeBenchParseError when the server or the benchmark failed.
+    Returns the metrics per concurrency, the gsm8k scores, and why lm_eval failed when it did (the
+    sweep's numbers are kept). RunError or ServeBenchParseError when the server or a point failed.
     """
     if not _port_free(cfg.host, cfg.port):
         raise RunError(f"port {cfg.port} on {cfg.host} is in use (a server left running?)")
     server_log = log_dir / f"{backend}.server.log"
     cmd = serve_command(cfg, backend)
-    print(f"\n== {backend}: starting the server (log: {server_log})\n$ {shlex.join(cmd)}", flush=True)
+    env = server_env(os.environ, backend, cfg.aiter)
+    print(f"\n== {backend}: starting the server (log: {server_log}; VLLM_ROCM_USE_AITER={env['VLLM_ROCM_USE_AITER']})")
+    print(f"$ {shlex.join(cmd)}", flush=True)
     with server_log.open("w") as log:
         # start_new_session: the server and its workers form one process group, stopped together.
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=server_env(os.environ), start_new_session=True
-        )
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         t0 = time.monotonic()
         while not _healthy(cfg.base_url):
@@ -570,16 +554,22 @@ def run_backend(
                 )
             time.sleep(HEALTH_POLL_S)
         print(f"== {backend}: ready after {time.monotonic() - t0:.0f} s", flush=True)
-        out = _run_logged(bench_command(cfg, log_dir, backend), log_dir / f"{backend}.bench.log", bench_timeout_s)
-        metrics = parse_single_result(out)
+        points: dict[int, dict[str, float]] = {}
+        sweep = cfg.profile.concurrencies
+        for i, c in enumerate(sweep):
+            label = f"{backend}.c{c}"
+            print(f"== {backend}: [{i + 1}/{len(sweep)}] concurrency {c}, {cfg.num_prompts(c)} prompts", flush=True)
+            _run_logged(bench_command(cfg, c, log_dir, label), log_dir / f"{label}.bench.log", bench_timeout_s)
+            points[c] = read_result(log_dir / f"{label}.json")
+        accuracy: dict[str, float] = {}
         lm_eval_error = None
         if cfg.lm_eval:
             try:
                 text = _run_logged(lm_eval_command(cfg), log_dir / f"{backend}.lm_eval.log", bench_timeout_s)
-                metrics.update(parse_lm_eval_output(text))
+                accuracy = parse_lm_eval_output(text)
             except (RunError, ServeBenchParseError) as e:
                 lm_eval_error = f"lm_eval: {e}"
-        return metrics, lm_eval_error
+        return points, accuracy, lm_eval_error
     finally:
         print(f"== {backend}: stopping the server", flush=True)
         _stop(proc)
@@ -612,51 +602,66 @@ def _versions() -> str:
 def config_from_args(argv: Sequence[str] | None = None) -> tuple[Config, argparse.Namespace]:
     """Parse the command line into a Config (and the remaining run options)."""
     ap = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
+        description=__doc__.splitlines()[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n".join(__doc__.splitlines()[2:]),
+        epilog="\n".join(__doc__.splitlines()[3:]),
     )
     d = Config()
     ap.add_argument("--model", default=d.model, help=f"model to serve (default {d.model})")
-    ap.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel size (default 1)")
+    ap.add_argument("--tp", type=int, default=d.tp, help=f"tensor-parallel size (default {d.tp})")
+    ap.add_argument("--profile", default="amd", choices=sorted(PROFILES), help="the workload (default amd)")
     ap.add_argument(
         "--backends",
         default=",".join(d.backends),
         help=f"comma-separated attention backends, run in this order (default {','.join(d.backends)})",
     )
+    ap.add_argument("--concurrency", default="", help="comma-separated concurrencies replacing the profile's sweep")
+    ap.add_argument(
+        "--aiter",
+        default=d.aiter,
+        choices=AITER_MODES,
+        help="VLLM_ROCM_USE_AITER=1 for: all backends (default), the aiter backends, none",
+    )
+    ap.add_argument("--no-fusion", dest="fuse", action="store_false", help="ROCM_MLA without the fused RoPE + KV write")
     ap.add_argument("--host", default=d.host)
     ap.add_argument("--port", type=int, default=d.port)
-    ap.add_argument("--input-len", type=int, default=d.input_len, help="random dataset: tokens in (1024)")
-    ap.add_argument("--output-len", type=int, default=d.output_len, help="tokens out per request (128)")
-    ap.add_argument("--num-prompts", type=int, default=d.num_prompts, help="(32)")
-    ap.add_argument("--concurrency", type=int, default=d.concurrency, help="--max-concurrency (8)")
     ap.add_argument("--sharegpt", metavar="JSON", help="ShareGPT file: use that dataset instead of random")
     ap.add_argument(
         "--no-ignore-eos",
         dest="ignore_eos",
         action="store_false",
-        help="let requests stop at EOS (default: every request generates --output-len tokens)",
+        help="let requests stop at EOS (default: every request generates the profile's output length)",
     )
-    ap.add_argument("--max-model-len", type=int, default=d.max_model_len, help="(8192; 0: the model's own)")
+    ap.add_argument("--max-model-len", type=int, default=0, help="(default: the model's own)")
     ap.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
-    ap.add_argument("--no-trust-remote-code", dest="trust_remote_code", action="store_false")
+    ap.add_argument("--trust-remote-code", action="store_true", help="pass --trust-remote-code (off by default)")
     ap.add_argument("--serve-args", default="", help="more `vllm serve` arguments (one string, shell-quoted)")
     ap.add_argument("--bench-args", default="", help="more `vllm bench serve` arguments (one string)")
+    ap.add_argument("--lm-eval", action="store_true", help="also run lm_eval gsm8k against each server, gated")
+    ap.add_argument("--lm-eval-limit", type=int, default=0, help="gsm8k questions (default: all)")
     ap.add_argument(
-        "--lm-eval", action="store_true", help="also run lm_eval gsm8k against each server (accuracy, exact_match)"
+        "--accuracy-gate", type=float, default=d.accuracy_gate, help="allowed gsm8k drop vs TRITON_MLA (0.02)"
     )
-    ap.add_argument("--lm-eval-limit", type=int, default=d.lm_eval_limit, help="gsm8k questions (100; 0: all)")
     ap.add_argument("--out", default="results", help="folder for serve.csv, serve_table.txt, serve_logs/")
     ap.add_argument("--startup-timeout", type=float, default=1800, help="seconds to wait for /health (1800)")
-    ap.add_argument("--bench-timeout", type=float, default=3600, help="seconds per benchmark or lm_eval (3600)")
+    ap.add_argument("--bench-timeout", type=float, default=3600, help="seconds per point or lm_eval (3600)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     a = ap.parse_args(argv)
     backends = tuple(b.strip() for b in a.backends.split(",") if b.strip())
     if not backends:
         ap.error("--backends: no backend named")
-    for name in ("tp", "num_prompts", "concurrency", "input_len", "output_len"):
-        if getattr(a, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
+    if a.tp < 1:
+        ap.error(f"--tp must be at least 1, got {a.tp}")
+    profile = PROFILES[a.profile]
+    if a.concurrency:
+        try:
+            conc = tuple(int(c) for c in a.concurrency.split(",") if c.strip())
+        except ValueError:
+            ap.error(f"--concurrency: expected comma-separated integers, got {a.concurrency!r}")
+        if not conc or min(conc) < 1:
+            ap.error(f"--concurrency: expected integers >= 1, got {a.concurrency!r}")
+        profile = Profile(profile.name, profile.input_len, profile.output_len, conc, profile.prompts_per_slot,
+                          profile.min_prompts, profile.warmups_per_slot)  # fmt: skip
     if a.sharegpt and not a.dry_run and not Path(a.sharegpt).is_file():
         ap.error(f"--sharegpt: no file {a.sharegpt}")
     cfg = Config(
@@ -665,32 +670,33 @@ def config_from_args(argv: Sequence[str] | None = None) -> tuple[Config, argpars
         host=a.host,
         port=a.port,
         backends=backends,
-        input_len=a.input_len,
-        output_len=a.output_len,
-        num_prompts=a.num_prompts,
-        concurrency=a.concurrency,
+        profile=profile,
         sharegpt=a.sharegpt,
         ignore_eos=a.ignore_eos,
         max_model_len=a.max_model_len or None,
         gpu_memory_utilization=a.gpu_memory_utilization,
         trust_remote_code=a.trust_remote_code,
+        aiter=a.aiter,
+        fuse=a.fuse,
         serve_args=shlex.split(a.serve_args),
         bench_args=shlex.split(a.bench_args),
         lm_eval=a.lm_eval,
         lm_eval_limit=a.lm_eval_limit or None,
+        accuracy_gate=a.accuracy_gate,
     )
     return cfg, a
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run every backend back to back; 0 only when every backend produced a result."""
+    """Run every backend back to back; 0 only when every backend produced every point (and passed
+    the accuracy gate when --lm-eval ran)."""
     cfg, a = config_from_args(argv)
     out = Path(a.out)
     log_dir = out / "serve_logs"
     if a.dry_run:
-        print(f"# environment of every server: VLLM_PLUGINS={server_env(os.environ)['VLLM_PLUGINS']}")
-        for backend, cmds in plan(cfg, log_dir):
-            print(f"# {backend}: serve, wait for {cfg.base_url}/health, then")
+        for backend, env, cmds in plan(cfg, log_dir):
+            changed = " ".join(f"{k}={v}" for k, v in env.items())
+            print(f"# {backend}: environment {changed}; serve, wait for {cfg.base_url}/health, then")
             for c in cmds:
                 print(shlex.join(c))
         return 0
@@ -700,32 +706,37 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     log_dir.mkdir(parents=True, exist_ok=True)
     device, version = _device_name(), _versions()
-    print(f"device: {device}; {version}; {shape_label(cfg)}")
-    results: dict[str, dict[str, float]] = {}
+    print(f"device: {device}; {version}; profile {cfg.profile.name}, concurrency {cfg.profile.concurrencies}")
+    results: dict[str, dict[int, dict[str, float]]] = {}
+    accuracy: dict[str, dict[str, float]] = {}
     errors: dict[str, str] = {}
     for backend in cfg.backends:
         try:
-            results[backend], lm_eval_error = run_backend(cfg, backend, log_dir, a.startup_timeout, a.bench_timeout)
+            results[backend], acc, lm_eval_error = run_backend(
+                cfg, backend, log_dir, a.startup_timeout, a.bench_timeout
+            )
+            if acc:
+                accuracy[backend] = acc
             if lm_eval_error:
                 errors[backend] = lm_eval_error
         except (RunError, ServeBenchParseError) as e:
             errors[backend] = str(e)
             print(f"== {backend}: FAILED: {e}", file=sys.stderr)
         # Written after every backend: a later crash keeps what was measured.
-        write_csv(out / "serve.csv", to_records(results, cfg, device, version))
-    for backend, m in results.items():
-        if m.get("failed", 0) > 0:  # the numbers then describe fewer requests than the others'
-            errors.setdefault(
-                backend, f"{m['failed']:.0f} of {m['failed'] + m.get('completed', 0):.0f} requests failed"
-            )
+        write_csv(out / "serve.csv", to_records(results, accuracy, cfg, device, version))
+    for backend, points in results.items():
+        for c, m in points.items():
+            if m.get("failed", 0) > 0:  # the numbers then describe fewer requests than the others'
+                errors.setdefault(
+                    backend, f"c{c}: {m['failed']:.0f} of {m['failed'] + m['completed']:.0f} requests failed"
+                )
+    for backend, why in accuracy_problems(accuracy, gate=cfg.accuracy_gate).items():
+        errors.setdefault(backend, f"accuracy gate: {why}")
     if results:
-        headers, rows = comparison_table(results)
-        text = f"{shape_label(cfg)} on {device} ({version})\n" + format_table(headers, rows)
-        if BASELINE not in results:
-            text += f"(no {BASELINE} result: no % change column)\n"
-        print("\n" + text, end="")
-        (out / "serve_table.txt").write_text(text)
-        print(f"\nwrote {out / 'serve.csv'}, {out / 'serve_table.txt'}, logs in {log_dir}")
+        text = report_text(cfg, device, version, results, accuracy)
+        print("\n" + text)
+        (out / "serve_table.txt").write_text(text + "\n")
+        print(f"wrote {out / 'serve.csv'}, {out / 'serve_table.txt'}, logs in {log_dir}")
     for backend, why in errors.items():
         print(f"{backend}: {why.splitlines()[0]}", file=sys.stderr)
     return 1 if errors or not results else 0

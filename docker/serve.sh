@@ -24,9 +24,9 @@
 #                           -cc.pass_config.fuse_rope_kvcache_cat_mla=true (vLLM 0.33 turns the pass
 #                           on by itself at -O2/-O3 once the first holds; explicit here).
 #                           0: neither flag; vLLM's default (-O2: pass off, RoPE in torch, then the
-#                           ROCM_MLA KV write). Not added when the arguments carry a JSON
-#                           --compilation-config / -cc (vLLM 0.33 drops such a JSON when dotted -cc.*
-#                           flags are also given): put the two keys in that JSON instead.
+#                           ROCM_MLA KV write). When the arguments carry a JSON --compilation-config
+#                           / -cc (vLLM drops such a JSON when dotted -cc.* flags are also given),
+#                           the two keys are merged into that JSON instead (its own values win).
 #                           No effect with --enforce-eager or -O0 (nothing is compiled).
 #   ROCM_MLA_EXPECT_VLLM    vLLM version prefixes rocm-mla is written for, comma-separated
 #                           [0.34.,0.33.]; empty: any
@@ -62,20 +62,44 @@ cmd=(vllm serve "$MODEL" --tensor-parallel-size "$TP" --host "$HOST" --port "$PO
 read -r -a extra <<< "${VLLM_EXTRA_ARGS:-}"
 # The fused RoPE + KV write (flags checked against vLLM 0.33: config/compilation.py PassConfig,
 # config/vllm.py enable_rope_kvcache_mla_fusion, and its CLI's -cc.* parsing; see the header).
+# A JSON compilation config given by the user (AMD's recipes pass one) gets the two keys merged in
+# (its own values win): vLLM drops such a JSON when dotted -cc.* flags come too.
+merge_cc() {  # merge_cc JSON: the JSON with the fusion keys added; the JSON unchanged if not an object
+  python3 -c '
+import json, sys
+try:
+    d = json.loads(sys.argv[1])
+except ValueError:
+    d = None
+if not isinstance(d, dict):
+    print(sys.argv[1]); sys.exit(3)
+d.setdefault("use_inductor_graph_partition", True)
+d.setdefault("pass_config", {}).setdefault("fuse_rope_kvcache_cat_mla", True)
+print(json.dumps(d))' "$1"
+}
 fuse=()
+args=("${extra[@]}" "$@")
 if [[ $ROCM_MLA_FUSE_ROPE_KV == 1 && $ATTENTION_BACKEND == ROCM_MLA ]]; then
   json_cc=0
-  for a in "${extra[@]}" "$@"; do
-    case $a in --compilation-config | --compilation-config=* | -cc | -cc=*) json_cc=1 ;; esac
+  for i in "${!args[@]}"; do
+    a=${args[$i]}
+    case $a in
+      --compilation-config | -cc)
+        json_cc=1
+        next=$((i + 1))
+        if [[ $next -lt ${#args[@]} ]]; then
+          args[next]=$(merge_cc "${args[$next]}") || echo "serve.sh: $a ${args[$next]} is not a JSON object:" \
+            'add "use_inductor_graph_partition": true, "pass_config": {"fuse_rope_kvcache_cat_mla": true}' >&2
+        fi ;;
+      --compilation-config=* | -cc=*)
+        json_cc=1
+        args[i]="${a%%=*}=$(merge_cc "${a#*=}")" || echo "serve.sh: $a is not a JSON object:" \
+          'add "use_inductor_graph_partition": true, "pass_config": {"fuse_rope_kvcache_cat_mla": true}' >&2 ;;
+    esac
   done
-  if [[ $json_cc == 1 ]]; then
-    echo "serve.sh: a JSON compilation config is given; for the fused RoPE + KV write add" \
-      '"use_inductor_graph_partition": true, "pass_config": {"fuse_rope_kvcache_cat_mla": true} to it' >&2
-  else
-    fuse=(-cc.use_inductor_graph_partition=true -cc.pass_config.fuse_rope_kvcache_cat_mla=true)
-  fi
+  [[ $json_cc == 1 ]] || fuse=(-cc.use_inductor_graph_partition=true -cc.pass_config.fuse_rope_kvcache_cat_mla=true)
 fi
-cmd+=("${fuse[@]}" "${extra[@]}" "$@")
+cmd+=("${fuse[@]}" "${args[@]}")
 
 if [[ ${DRY_RUN:-0} == 1 ]]; then
   echo "VLLM_PLUGINS=${VLLM_PLUGINS-(unset: every installed plugin)}"

@@ -366,21 +366,31 @@ def test_serve_sh_turns_the_fused_rope_kv_write_on_for_rocm_mla():
         assert not set(FUSE_FLAGS) & set(cmd.split()), env
 
 
-def test_serve_sh_leaves_a_json_compilation_config_alone():
-    """vLLM 0.33 drops a JSON --compilation-config / -cc when dotted -cc.* flags come too: serve.sh
-    then adds none and says which keys to put in the JSON."""
+def test_serve_sh_merges_the_fusion_into_a_json_compilation_config():
+    """vLLM drops a JSON --compilation-config / -cc when dotted -cc.* flags come too: serve.sh adds
+    no dotted flag and merges the two keys into the JSON instead, the JSON's own values winning; a
+    -cc that is not a JSON object is left alone with a note."""
     import os
+    import shlex
     import subprocess
 
-    for args in (["--compilation-config", '{"cudagraph_mode": "PIECEWISE"}'], ["-cc={}"]):
-        _, cmd = _serve_sh({}, *args)
-        assert not set(FUSE_FLAGS) & set(cmd.split())
-        base = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "MODEL", "TP", "ATTENTION"))}
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "MODEL", "TP", "ATTENTION"))}
+
+    def run(*args):
         proc = subprocess.run(
             ["bash", str(ROOT / "docker" / "serve.sh"), *args],
-            env={**base, "DRY_RUN": "1"},
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        assert '"fuse_rope_kvcache_cat_mla": true' in proc.stderr
+            env={**base, "DRY_RUN": "1"}, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return shlex.split(proc.stdout.splitlines()[-1]), proc.stderr
+
+    argv, _ = run("--compilation-config", '{"cudagraph_mode": "PIECEWISE"}')
+    assert not set(FUSE_FLAGS) & set(argv)
+    cc = json.loads(_after(argv, "--compilation-config"))
+    assert cc == {"cudagraph_mode": "PIECEWISE", "use_inductor_graph_partition": True,
+                  "pass_config": {"fuse_rope_kvcache_cat_mla": True}}  # fmt: skip
+    argv, _ = run('-cc={"pass_config": {"fuse_rope_kvcache_cat_mla": false}}')
+    (cc_arg,) = [a for a in argv if a.startswith("-cc=")]
+    assert json.loads(cc_arg[4:])["pass_config"] == {"fuse_rope_kvcache_cat_mla": False}  # the user's value wins
+    argv, err = run("-cc", "3")
+    assert _after(argv, "-cc") == "3" and "is not a JSON object" in err

@@ -560,11 +560,14 @@ def test_fusion_pass_puts_the_fused_op_in_a_deepseek_layer_step(rope, kv_cache_d
 # ---------------------------------------------------------------- docker/serve.sh's flags, as vLLM reads them
 
 
-@pytest.mark.parametrize("fuse", ["1", "0"])
-def test_serve_sh_flags_as_vllm_0_33_reads_them(fuse):
+@pytest.mark.parametrize(
+    "fuse,user_args", [("1", ()), ("0", ()), ("1", ("-cc", '{"cudagraph_mode": "PIECEWISE"}'))], ids=str
+)
+def test_serve_sh_flags_as_vllm_reads_them(fuse, user_args):
     """docker/serve.sh's command line through vLLM's own `vllm serve` argument parser and
     create_engine_config (ROCm platform): with ROCM_MLA_FUSE_ROPE_KV=1 the fusion pass is on and
-    the MLA KV update is no longer a splitting op (so RoPE and the update share one graph); with 0,
+    the MLA KV update is no longer a splitting op (so RoPE and the update share one graph), also
+    when the user passes a JSON compilation config (the keys merged into it, its own kept); with 0,
     vLLM's default (-O2: off, the update split out)."""
     import os
     import shlex
@@ -579,7 +582,7 @@ def test_serve_sh_flags_as_vllm_0_33_reads_them(fuse):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "MODEL", "TP", "ATTENTION"))}
     env.update(DRY_RUN="1", MODEL=H._tiny_deepseek_v3_dir(), MAX_MODEL_LEN="512", ROCM_MLA_FUSE_ROPE_KV=fuse)
     proc = subprocess.run(
-        ["bash", str(repo / "docker" / "serve.sh"), "--skip-tokenizer-init"],
+        ["bash", str(repo / "docker" / "serve.sh"), "--skip-tokenizer-init", *user_args],
         env=env,
         capture_output=True,
         text=True,
@@ -596,6 +599,8 @@ def test_serve_sh_flags_as_vllm_0_33_reads_them(fuse):
     assert cc.use_inductor_graph_partition is (fuse == "1")
     assert ("vllm::unified_mla_kv_cache_update" in cc.splitting_ops) is (fuse == "0")
     assert "vllm::unified_mla_attention_with_output" in cc.splitting_ops  # attention still split out
+    if user_args:
+        assert cc.cudagraph_mode.name == "PIECEWISE"  # the user's own key kept
 
 
 def test_bench_layer_rope_kv_variants_agree():

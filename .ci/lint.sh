@@ -24,6 +24,9 @@ RUFF_PIN=0.14.0
 # HISTORY_OK are technical uses of the same words (start_new_session, a pytest session fixture).
 HISTORY_WORDS='\bsessions?\b|\blent\b|device[ ]tool|issues? #[0-9]+|\(#[0-9]+\)'
 HISTORY_OK='start_new_session|scope=.session.|pytest session|session-scoped'
+# A code comment holding a measured time (a number next to a time unit): timings belong in docs/notes
+# with their command, not in the code that would outlive them.
+TIMING_IN_COMMENT='#.*[0-9][0-9.,]* ?(us|µs|ms|ns)\b'
 
 # Shell scripts not yet clean: reported, not silently dropped. Remove an entry once its findings
 # are fixed.
@@ -87,9 +90,17 @@ if [[ -n $hist ]]; then
   cut -c1-200 <<<"$hist" >&2
   status=1
 fi
+echo "[lint] lab notes in code comments: rocm_mla/ (.ci/lint.sh TIMING_IN_COMMENT)"
+notes=$(list_files | grep -E '^rocm_mla/.*\.py$' | while IFS= read -r f; do [[ -f $f ]] && printf '%s\0' "$f"; done |
+  xargs -0 -r grep -nIE -- "$TIMING_IN_COMMENT" || true)
+if [[ -n $notes ]]; then
+  echo "[lint] $(wc -l <<<"$notes") comment(s) carry a measurement; state the reason and put the number in docs/notes:" >&2
+  cut -c1-200 <<<"$notes" >&2
+  status=1
+fi
 if ((status)); then
   echo "[lint] FAILED" >&2
 else
-  echo "[lint] clean: Python (ruff), docker/Dockerfile, ${#scripts[@]} shell scripts, no history words"
+  echo "[lint] clean: Python (ruff), docker/Dockerfile, ${#scripts[@]} shell scripts, no history words, no timings in comments"
 fi
 exit "$status"

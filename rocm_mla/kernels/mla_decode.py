@@ -440,9 +440,9 @@ def mla_decode_stage1_kernel(
             if Q8_INT:
                 # The CPU interpreter's float -> e4m3 conversion drops the carry into the exponent:
                 # integer rounding (fp8_codes) after exact divisions, bit for bit the codes of
-                # reference.decode.quantize_q_fp8. Not on GPUs (below): there the two cost 549 ->
-                # 622 us at N=128 B=128 on the H200; the hardware rounds to nearest even too, and a
-                # reciprocal's last-bit error can only move a value that sits on a rounding
+                # reference.decode.quantize_q_fp8. Not on GPUs (below): there the exact divisions
+                # cost time (docs/notes/fp8-decode.md); the hardware rounds to nearest even too,
+                # and a reciprocal's last-bit error can only move a value that sits on a rounding
                 # boundary to the neighbouring code.
                 q_sc = tl.where(amax > 0.0, tl.math.div_rn(amax, fmax), 1.0)  # a zero row: any scale
                 qa8 = fp8_e4m3_code(tl.math.div_rn(qaf, q_sc[:, None]), fnuz).to(kv.dtype.element_ty, bitcast=True)

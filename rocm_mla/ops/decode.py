@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from ..configs import platform_fp8_dtype
 from ..kernels.mla_decode import mla_decode_reduce_kernel, mla_decode_stage1_kernel
 from ..mla_dims import FP8_DTYPES, FP8_KV_CACHE_DTYPES
 from ..reference.decode import mla_decode_ref, quantize_q_fp8
@@ -318,12 +317,6 @@ def _destinations(c: Checker, out, lse, workspace, q_nope: torch.Tensor, rows_na
     return out, lse
 
 
-def fp8_dtype_for(arch: str) -> torch.dtype:
-    """The e4m3 dtype a uint8 fp8 cache holds on ``arch`` (configs/platform.json, shared with the
-    KV write; vLLM's current_platform.fp8_dtype(): e4m3fnuz on gfx942, e4m3fn on gfx950 and NVIDIA)."""
-    return platform_fp8_dtype(arch)
-
-
 def _kv_view(
     c: Checker, kv_cache: torch.Tensor, kv_cache_dtype: str, q_dtype: torch.dtype
 ) -> tuple[torch.Tensor, bool]:
@@ -491,4 +484,4 @@ def _launch_triton(
     )
 
 
-__all__ = ["mla_decode", "fp8_dtype_for", "DEFAULT_FP8_DOTS"]
+__all__ = ["mla_decode", "DEFAULT_FP8_DOTS"]

@@ -7,8 +7,6 @@ float64 SDPA formulation.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ..mla_dims import KV_LORA_RANK  # V = the first 512 columns of each cache row; K = all 576
@@ -119,8 +117,3 @@ def quantize_q_fp8(
     scale = amax / FP8_MAX[fp8_dtype]
     scale = torch.where(amax > 0, scale, torch.ones_like(scale))[..., None]
     return tuple(quantize_fp8_ref(x, scale, fp8_dtype).float() * scale for x in (qn, qp))
-
-
-def default_sm_scale(qk_nope_head_dim: int = 128, qk_rope_head_dim: int = 64) -> float:
-    """DeepSeek's softmax scale before yarn mscale: 1/sqrt(qk_nope + qk_rope) = 1/sqrt(192)."""
-    return 1.0 / math.sqrt(qk_nope_head_dim + qk_rope_head_dim)

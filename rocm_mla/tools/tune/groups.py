@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
@@ -20,8 +20,18 @@ from rocm_mla.ops.sparse_plan import SPARSE_DTYPE_TAGS, TIER_DEFAULTS, tier_conf
 
 from .shapes import OP_KEYS, Shape
 
-if TYPE_CHECKING:
-    from .tuner import Tuner
+
+class TunerState(Protocol):
+    """What the group builders read of the tuner (tuner.Tuner is one): the arch and device, the
+    shipped configs by op key, the configs as tuned so far, the quick mode and the log. A protocol,
+    so that this module does not import the tuner, which imports it."""
+
+    arch: str
+    dev: torch.device
+    package: dict[str, Any]
+    current: dict[str, Any]
+    quick: bool
+    log: Callable[[str], None]
 
 
 def point_key(p: dict) -> str:
@@ -190,7 +200,7 @@ SPLIT_KNOBS = [
 ]
 
 
-def decode_groups(t: Tuner, shapes: list[Shape]) -> list[Group]:
+def decode_groups(t: TunerState, shapes: list[Shape]) -> list[Group]:
     from rocm_mla.variants.decode import tuning_candidates
 
     arch, gfx = t.arch, C.is_amd_arch(t.arch)
@@ -331,7 +341,7 @@ def sparse_label(p: dict) -> str:
     return s
 
 
-def sparse_groups(t: Tuner, shapes: list[Shape]) -> list[Group]:
+def sparse_groups(t: TunerState, shapes: list[Shape]) -> list[Group]:
     """mla_sparse_attention: one group per (tier, kind of call) of the shapes (the tier serves N
     heads: ``tier_index``), each searching the tier's resolved config for that kind; in full mode
     then the split cost model over every shape."""
@@ -479,7 +489,7 @@ def indexer_label(p: dict) -> str:
     return s
 
 
-def indexer_groups(t: Tuner, shapes: list[Shape]) -> list[Group]:
+def indexer_groups(t: TunerState, shapes: list[Shape]) -> list[Group]:
     """mla_indexer_topk: one group over every shape, its point the arch's whole launch object
     (split_keys, BLOCK_N, num_warps, num_stages, direct, merge, gfx9 options), its candidates
     ``indexer_candidates``; no coordinate pass (the list is the search)."""
@@ -494,7 +504,7 @@ def indexer_groups(t: Tuner, shapes: list[Shape]) -> list[Group]:
     return [Group("indexer", "launch data", list(shapes), p0, listed, [], lambda p: dict(p), indexer_label)]
 
 
-def prefill_groups(t: Tuner, shapes: list[Shape]) -> list[Group]:
+def prefill_groups(t: TunerState, shapes: list[Shape]) -> list[Group]:
     from rocm_mla.variants.prefill import config_label
 
     gfx = C.is_amd_arch(t.arch)
@@ -531,7 +541,7 @@ def prefill_groups(t: Tuner, shapes: list[Shape]) -> list[Group]:
     return groups
 
 
-def impl_groups(t: Tuner, op: str, shapes: list[Shape]) -> list[Group]:
+def impl_groups(t: TunerState, op: str, shapes: list[Shape]) -> list[Group]:
     """merge / rope_kv_write: the implementation the op dispatches to here, over the package's tune space."""
     from rocm_mla.ops._dispatch import select
 

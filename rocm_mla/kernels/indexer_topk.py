@@ -159,16 +159,27 @@ def _score_tile(
         ok = live & (page.to(tl.uint32) < num_pages.to(tl.uint32))
     base = page.to(tl.int64) * s_c_blk
     if SHUFFLED:
-        # 16 x 16 tiles of (token, byte): token-tile, byte-tile, token, byte.
-        col = (
-            (off[:, None] // 16) * (16 * D)
-            + (offs_d[None, :] // 16) * 256
-            + (off[:, None] % 16) * 16
-            + offs_d[None, :] % 16
+        # 16 x 16 tiles of (token, byte): token-tile, byte-tile, token, byte. Loaded as [D / 16,
+        # BLOCK_N, 16] (byte-tile, token, byte) so that a thread's 16 bytes are one token's
+        # byte-tile and neighbouring lanes take neighbouring tokens: each group of 8 lanes (one
+        # 128-bit transaction) then reads 128 contiguous bytes. In the [BLOCK_N, D] form those
+        # lanes take one token's 8 byte-tiles, 256 bytes apart, and every sector is fetched twice.
+        dt = tl.arange(0, D // 16)
+        b16 = tl.arange(0, 16)
+        col3 = (
+            (off[None, :, None] // 16) * (16 * D)
+            + dt[:, None, None] * 256
+            + (off[None, :, None] % 16) * 16
+            + b16[None, None, :]
         )
+        if PAGE_TILE:
+            k3 = tl.load(cache + base + col3, mask=ok[None, :, None])
+        else:
+            k3 = tl.load(cache + base[None, :, None] + col3, mask=ok[None, :, None])
+        kr = tl.reshape(tl.permute(k3, (1, 0, 2)), (BLOCK_N, D))  # [BLOCK_N, D] fp8
     else:
         col = off[:, None] * D + offs_d[None, :]
-    kr = tl.load(cache + base[:, None] + col, mask=ok[:, None])  # [BLOCK_N, D] fp8
+        kr = tl.load(cache + base[:, None] + col, mask=ok[:, None])  # [BLOCK_N, D] fp8
     s = tl.dot(kr, qt_t)  # [BLOCK_N, BLOCK_H] float32
     if BLOCK_H > H:
         s = tl.where(h_ok[None, :], s, 0.0)

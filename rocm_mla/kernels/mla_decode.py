@@ -259,9 +259,9 @@ def mla_decode_stage1_kernel(
     PAGE_MODE: how a tile's token rows are found in the paged cache. 0: any page size (a block-table
     gather and an integer division per row); 1: page_size == 1 << page_shift (shift and mask per
     row); 2: page_size a multiple of BLOCK_N, so a tile (BLOCK_N-aligned: split starts are) lies in
-    one page: one scalar block-table load per tile and contiguous rows. The division was most of
-    the integer work of the loop (ncu on the H200: ALU the busiest pipe, ~9.6K instructions per
-    64-token tile at N=16, about six times the loads, ldmatrix and mma it needs).
+    one page: one scalar block-table load per tile and contiguous rows. The division per row is
+    most of the loop's integer work, several times the instructions of the loads and dots it
+    serves (the profile: docs/notes/decode-tiers-and-splits.md).
     V_SPLIT (1 or 2; 2 needs D_SPLIT == 2): programs per (request, split, row block). With 2, program
     v accumulates p . V only over the latent half v ("own" columns) and writes only those columns
     of out / part_o; both compute q . k^T over all 576 columns (the other half is read as K only).
@@ -277,14 +277,15 @@ def mla_decode_stage1_kernel(
     the loop reads it and checks the entries after the loop. Same results; the first adds a
     reduction ahead of the first KV load (the first BLOCK_N entries are loaded beside seq_len, so a
     split that starts at block 0 and uses no more waits for no load of its own), the second a few
-    instructions into the loop (on the H200 the 64-row tier spills with it; fp8 at 16 rows runs
-    faster with it).
+    instructions into the loop (the sm90 64-row tier spills with it; the sm90 fp8 16-row tier is
+    faster with it: docs/notes/bound-guards.md).
     FP8_QK (fp8 caches, D_SPLIT 1): q is rounded once per program to the cache's e4m3 kind with one
     scale per (row, head) -- absmax of its 576 values over the kind's largest value -- and q . k^T
     runs on fp8 operands read straight from the cache (no conversion of K; on sm90 fp8 wgmma/mma,
     on gfx942 fp8 MFMA); p . v stays as without it. An accuracy trade, so no default tier sets it:
-    reference.decode.quantize_q_fp8 is its exact spec (out ~3.6% relative from the unquantised
-    float32 result on random inputs, against ~0.2%). Q8_INT: round q (and FP8_PV's p) by integer
+    reference.decode.quantize_q_fp8 is its exact spec (out a few percent from the unquantised
+    float32 result on random inputs, against a fraction of a percent without it:
+    docs/notes/fp8-decode.md). Q8_INT: round q (and FP8_PV's p) by integer
     code (fp8_codes) after exact divisions -- set for the CPU interpreter, whose float -> e4m3
     conversion is wrong near exponent boundaries.
     FP8_PV (needs FP8_QK): p . v on fp8 operands too, V read as stored (no conversion in the loop).
@@ -329,8 +330,8 @@ def mla_decode_stage1_kernel(
     bt_row = block_table + b.to(tl.int64) * s_bt_b
     # The first BLOCK_N block-table entries of the request (those in the table), loaded beside
     # seq_len: the page guard's check of them below then waits for no load of its own. (A load
-    # issued after seq_len, in the check, put one memory latency before the first KV load: +1% at
-    # B=128, where each program is the kernel's length.)
+    # issued after seq_len, in the check, would put one memory latency before the first KV load,
+    # which at B=128, where each program is the kernel's length, adds to the kernel's time.)
     head_blk = tl.arange(0, BLOCK_N)
     head_pages = tl.load(bt_row + head_blk, mask=head_blk * page_size < capacity, other=0)
 
@@ -411,9 +412,9 @@ def mla_decode_stage1_kernel(
         if LATE:
             # Each page is clamped into the cache as the loop reads it (one unsigned min per tile
             # in page mode 2) and the entries are checked after the loop: the first KV load waits
-            # for no check. (The table loads issued here and examined after the loop cost more on
-            # the H200: registers held across the loop. The 64-row sm90 tier spills with the
-            # clamp: it checks first.)
+            # for no check. (Table loads issued here and examined after the loop would hold
+            # registers across the loop. The 64-row sm90 tier spills with the clamp: it checks
+            # first.)
             top_page = tl.maximum(num_pages - 1, 0).to(tl.uint32)
             end = tl.where(num_pages > 0, end, start)  # an empty cache: nothing to read
         else:
@@ -421,7 +422,7 @@ def mla_decode_stage1_kernel(
             # in the loop. A split starting at block 0 checks its first BLOCK_N entries from
             # head_pages, the rest with loads of its own. A bad entry moves `end` itself (not a
             # separate loop bound): the loop then bounds and masks by one value, as unguarded.
-            # (Each alternative's cost on the H200: docs/notes/bound-guards.md.)
+            # (Each alternative's cost: docs/notes/bound-guards.md.)
             in_head = (first_blk == 0) & (head_blk <= last_blk)
             head_bad = in_head & ((head_pages < 0) | (head_pages >= num_pages))
             rest_blk = tl.where(first_blk == 0, BLOCK_N, first_blk)

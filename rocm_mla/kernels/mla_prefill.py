@@ -33,8 +33,8 @@ takes the lowest slot, so long programs start first and short ones fill the tail
 Programs are numbered (head group, slot, head within the group), head_group heads per group (a
 divisor of N; the wrapper picks it): GPUs start programs roughly in that order, so the group's
 heaviest q blocks of all its heads start together and its light ones end it. Numbered (head, slot)
-instead, the last head's heaviest block started when only that head's work was left, and ran on
-alone while the rest of the GPU idled (a tail of several % at 4 x 4096 and 1 x 16384). Groups, not
+instead, the last head's heaviest block would start when only that head's work was left, and run
+on alone while the rest of the GPU idled (docs/notes/prefill-tma-and-head-groups.md). Groups, not
 all N heads at once: the programs running together then read the K/V of head_group heads, which
 stays in L2 between one q block and the next.
 
@@ -57,8 +57,8 @@ pointer loads. 1 ("tma": true): per-program descriptors over the sequence's keys
 memory by each program (zero fill past the sequence's last key). 2 ("tma": "host"): descriptors the
 wrapper builds once on the host over all heads of a row (q's too); the rows past a sequence's end
 are the next sequence's, so the key block that crosses the end goes through loop 3's masked pointer
-loads. Building three descriptors per program was 9% of a 16 x 1024 prefill (ncu;
-docs/notes/prefill-tma-and-head-groups.md).
+loads. Per-program descriptors cost each program three global-memory builds, which short
+sequences do not amortise (docs/notes/prefill-tma-and-head-groups.md).
 Compiled elsewhere (gfx942, the interpreter) descriptors become pointer loads again; the wrapper
 only turns TMA on for NVIDIA (and the interpreter, to test the path).
 
@@ -270,7 +270,8 @@ def mla_prefill_kernel(
     kpe_ptr = kpe_base
     v_ptr = v_base
     for start_n in range(0, n_full, BLOCK_N):
-        # (load, dot, load, dot: both loads ahead of both dots costs gfx942 16 VGPRs at M128 N32 s1)
+        # (load, dot, load, dot: both loads ahead of both dots hold both tiles at once, which costs
+        # gfx942 registers: docs/notes/prefill-tma-and-head-groups.md)
         if USE_TMA == 2:
             kt = tl.trans(KN_D.load([k_start + start_n, kn_col]))
         elif USE_TMA == 1:
@@ -312,8 +313,9 @@ def mla_prefill_kernel(
     # ---- loop 2: the causal diagonal and the sequence's ragged end -- masked.
     # Loop 1 left the pointers at key n_full whether or not it ran. It runs BLOCK_M / BLOCK_N + 1
     # steps at most, so its software pipelining is a launch option of its own (DIAG_STAGES): on
-    # gfx942 unpipelined (1) it saves 8 VGPRs and 40% of the MFMA code at M128 N32 w4 s2; on sm90
-    # the pipelined loop keeps cp.async (unpipelined loads go through registers: +27 registers).
+    # gfx942 unpipelined (1) it saves registers and a second copy of the loop's MFMA code; on sm90
+    # the pipelined loop keeps cp.async (unpipelined loads go through registers). The compile
+    # report's figures: docs/notes/prefill-tma-and-head-groups.md.
     for start_n in tl.range(n_full, hi_in, BLOCK_N, num_stages=DIAG_STAGES):
         cols = start_n + offs_n
         col_ok = cols < lk

@@ -183,7 +183,7 @@ def mla_sparse_attention_kernel(
     RELOAD_K: read K^T for q . k^T as its own (transposed) load instead of transposing the V tile
     (the second read of the rows hits L1/L2). Each load then has one consumer: on gfx942 and gfx950
     the 16-row fp8 tiles need fewer registers so (spill-free at 2 waves per SIMD); on sm90 it lets the
-    pipeliner stage fp8 tiles in shared memory, which measured slower there (docs/notes).
+    pipeliner stage fp8 tiles in shared memory, which is slower there (docs/notes/sparse-attention.md).
     NUM_XCDS: dies that take workgroups round-robin (8 on MI300X): the head blocks and splits of a
     row, which read the same cache rows, are placed on one die's L2.
     """

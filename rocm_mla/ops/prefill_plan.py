@@ -68,7 +68,7 @@ def head_group(cfg: dict, num_heads: int, max_seqlen_k: int, kv_head_bytes: int)
     divisor of ``num_heads``: the largest one not above the config's ``head_group`` when it has
     one; else, with ``head_group_kv_bytes``, the most heads whose K/V of one sequence
     (``max_seqlen_k`` keys x ``kv_head_bytes``) fit in that many bytes -- the programs running
-    together then re-read K/V from L2, not memory (measured on the H200, docs/notes/prefill-tma-and-head-groups.md);
+    together then re-read K/V from L2, not memory (docs/notes/prefill-tma-and-head-groups.md);
     else 1 (one head after another)."""
     if "head_group" in cfg:
         want = int(cfg["head_group"])

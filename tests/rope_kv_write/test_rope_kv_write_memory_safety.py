@@ -294,8 +294,8 @@ def test_hip_rope_kernel_on_cpu_bad_indices(hip_rope_on_cpu, vec, is_neox, fp8):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("is_neox", [False, True], ids=["gptj", "neox"])
 def test_gpu_rope_bad_indices(backend, dtype, is_neox):
-    """The real kernels (run under compute-sanitizer memcheck on the H200): vector and scalar
-    paths, bf16 and fp8 caches, huge indices."""
+    """The real kernels (in the compute-sanitizer memcheck selection, docs/verification.md):
+    vector and scalar paths, bf16 and fp8 caches, huge indices."""
     if backend not in backends():
         pytest.skip(f"{backend} unavailable")
     for N, bs, nb, fp8 in ((16, 16, 9, None), (128, 64, 3, None), (3, 5, 40, "fp8")):

@@ -1,7 +1,7 @@
 """rocm-mla isa-report: real ahead-of-time compiles (no mocks) of tiny kernels and the HIP sources.
 
-Each compile takes ~0.5-1 s; results are shared through module-scoped fixtures so the file
-stays well under a minute on two cores. Triton's cache (~/.triton/cache) makes reruns faster.
+Compiles are slow, so results are shared through module-scoped fixtures: the file stays well
+under a minute on two cores. Triton's cache (~/.triton/cache) makes reruns faster.
 """
 
 from __future__ import annotations

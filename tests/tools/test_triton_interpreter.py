@@ -1,4 +1,4 @@
-"""An ahead-of-time compile works in a process that has run interpreted kernels (issue 11).
+"""An ahead-of-time compile works in a process that has run interpreted kernels.
 
 Triton 3.6/3.7's interpreter leaves ``triton.language.core`` patched after an interpreted kernel
 calls a ``@triton.jit`` helper (``tl.cdiv``, ``tl.max``, ...); the next AOT compile in that process

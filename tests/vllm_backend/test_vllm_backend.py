@@ -560,8 +560,8 @@ def test_attention_path_launches_no_copy_kernels(kv_cache_dtype):
 
 
 def test_kernel_name_classes():
-    """The GPU count's name patterns: the prefill attention kernel is not a fill (it was, by
-    substring, on the H200 before this test), torch's fill and memset kernels are."""
+    """The GPU count's name patterns: the prefill attention kernel is not a fill (a substring
+    match would take it for one), torch's fill and memset kernels are."""
     pats = dict(_bench().KERNEL_PATTERNS)
     assert not any(p.search("mla_prefill_kernel") for p in pats.values())
     assert pats["fill"].search("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>")

@@ -499,7 +499,7 @@ def _pass_case(rope, kv_cache_dtype="auto"):
 def test_vllm_fusion_pass_as_shipped(rope):
     """vLLM's pass exactly as shipped, on the layer step with DeepSeek-V3/R1's RoPE
     (DeepseekScalingRotaryEmbedding, deepseek_yarn): it matches. With plain RotaryEmbedding
-    (rope_type default) it matched 0 times with torch 2.13 -> xfail, with why."""
+    (rope_type default) it matches nothing with torch 2.13 -> xfail, with why."""
     case, _ = _pass_case(rope)
     passes = _PostGradPasses(case.step.vllm_config)
     n = F.calls["rocm_mla"]

@@ -103,7 +103,8 @@ def use_simulated_gfx942_platform() -> None:
     # vLLM inspects a model class in a fresh interpreter (so the parent never initialises CUDA).
     # That child knows nothing of the simulated platform: on a machine with an NVIDIA GPU it
     # detects CUDA and imports vllm/platforms/cuda.py, which needs vLLM's compiled CUDA ops
-    # (``vllm._C_stable_libtorch``), absent from a ROCm/CPU install and from the device carry.
+    # (``vllm._C_stable_libtorch``), absent from a ROCm/CPU install and from a copy of vLLM's
+    # pure-Python part (perf/vllm_on_device.sh).
     # The class's facts do not depend on where they are read, so read them here.
     from vllm.model_executor.models import registry
 

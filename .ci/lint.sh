@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Lint: ruff on the Python code (lint rules and the format check, configured in pyproject.toml),
 # hadolint on docker/Dockerfile, shellcheck on every shell script of the repository (*.sh, and
-# extension-less files with a sh/bash shebang such as .ci/run), and a scan of every file for words
-# that tell how the work went instead of what the product is (HISTORY_WORDS below).
+# extension-less files with a sh/bash shebang such as .ci/run), a scan of every file for words
+# that tell how the work went instead of what the product is (HISTORY_WORDS below), and a scan of
+# rocm_mla/'s comments and docstrings for measured times, rates and dates (LAB_NOTE_* below).
 #
 #   bash .ci/lint.sh        exit 0 only when all are clean (hadolint: any finding, info included)
 #   ruff format .           (locally) rewrites files into the checked format
@@ -24,9 +25,19 @@ RUFF_PIN=0.14.0
 # HISTORY_OK are technical uses of the same words (start_new_session, a pytest session fixture).
 HISTORY_WORDS='\bsessions?\b|\blent\b|device[ ]tool|issues? #[0-9]+|\(#[0-9]+\)'
 HISTORY_OK='start_new_session|scope=.session.|pytest session|session-scoped'
-# A code comment holding a measured time (a number next to a time unit): timings belong in docs/notes
-# with their command, not in the code that would outlive them.
-TIMING_IN_COMMENT='#.*[0-9][0-9.,]* ?(us|µs|ms|ns)\b'
+# Lab notes in rocm_mla/: a comment or a docstring (any triple-quoted string) holding a number next
+# to a time or rate unit, or a date. Measurements belong in docs/notes with their command and
+# source; the code states the fact they support, not the reading of one run. Python regexes, matched
+# per line of each comment and triple-quoted string (tokenize, so "#" or quotes inside code do not
+# count); a number glued to a word (fp16, x2) and a unit that goes on as a word (5 msgs) do not match.
+LAB_NOTE_TIMING='(?<![\w.])[0-9][0-9.,]* ?(us|µs|μs|ms|ns|GB/s|TB/s|TFLOP/s)(?!\w)'
+LAB_NOTE_DATE='\b[0-9]{4}-[0-9]{2}-[0-9]{2}\b'
+# Files under rocm_mla/ whose notes wait for the move that is rewriting them: reported, not checked.
+# Remove an entry once its file is clean.
+PENDING_NOTES=(
+  rocm_mla/tools/timing.py       # rotating_graph_us: "a replay costs the host ~20 us" (docs/notes/decode-tiers-and-splits.md has it)
+  rocm_mla/tools/tune/timing.py  # time_case_us: its timer settings as numbers (15 ms, 5 ms, 30 ms): name the parameters instead
+)
 
 # Shell scripts not yet clean: reported, not silently dropped. Remove an entry once its findings
 # are fixed.
@@ -90,17 +101,53 @@ if [[ -n $hist ]]; then
   cut -c1-200 <<<"$hist" >&2
   status=1
 fi
-echo "[lint] lab notes in code comments: rocm_mla/ (.ci/lint.sh TIMING_IN_COMMENT)"
-notes=$(list_files | grep -E '^rocm_mla/.*\.py$' | while IFS= read -r f; do [[ -f $f ]] && printf '%s\0' "$f"; done |
-  xargs -0 -r grep -nIE -- "$TIMING_IN_COMMENT" || true)
+echo "[lint] lab notes: rocm_mla/ comments and docstrings (.ci/lint.sh LAB_NOTE_TIMING, LAB_NOTE_DATE)"
+note_files=()
+while IFS= read -r f; do
+  [[ -f $f ]] || continue
+  if [[ " ${PENDING_NOTES[*]} " == *" $f "* ]]; then continue; fi
+  note_files+=("$f")
+done < <(list_files | grep -E '^rocm_mla/.*\.py$' | sort)
+notes=$("$PY" - "$LAB_NOTE_TIMING" "$LAB_NOTE_DATE" "${note_files[@]}" <<'PY'
+import re, sys, tokenize
+
+timing, date = re.compile(sys.argv[1]), re.compile(sys.argv[2])
+FSTRING = {getattr(tokenize, n, None) for n in ("FSTRING_START", "FSTRING_MIDDLE", "FSTRING_END")} - {None}
+
+
+def triple(text):  # a string token's text: triple-quoted?
+    return text.lstrip("rRbBuUfF")[:3] in ('"""', "'''")
+
+
+for path in sys.argv[3:]:
+    with open(path, encoding="utf-8") as f:
+        in_triple_f = []  # Python 3.12+: an f-string comes as START, MIDDLE..., END tokens
+        for tok in tokenize.generate_tokens(f.readline):
+            if tok.type in FSTRING:
+                if tok.type == tokenize.FSTRING_START:
+                    in_triple_f.append(triple(tok.string))
+                elif tok.type == tokenize.FSTRING_END:
+                    in_triple_f.pop()
+                if not (tok.type == tokenize.FSTRING_MIDDLE and in_triple_f[-1]):
+                    continue
+            elif not (tok.type == tokenize.COMMENT or (tok.type == tokenize.STRING and triple(tok.string))):
+                continue
+            for i, line in enumerate(tok.string.splitlines()):
+                if timing.search(line) or date.search(line):
+                    print(f"{path}:{tok.start[0] + i}: {line.strip()}")
+PY
+) || { echo "[lint] the lab-note scan itself failed (above)" >&2; status=1; }
 if [[ -n $notes ]]; then
-  echo "[lint] $(wc -l <<<"$notes") comment(s) carry a measurement; state the reason and put the number in docs/notes:" >&2
+  echo "[lint] $(wc -l <<<"$notes") comment/docstring line(s) carry a measured time, rate or a date; state the fact it supports and put the number in docs/notes (with its command and source):" >&2
   cut -c1-200 <<<"$notes" >&2
   status=1
+fi
+if ((${#PENDING_NOTES[@]})); then
+  echo "[lint] lab notes not checked yet (listed in .ci/lint.sh PENDING_NOTES): ${PENDING_NOTES[*]}"
 fi
 if ((status)); then
   echo "[lint] FAILED" >&2
 else
-  echo "[lint] clean: Python (ruff), docker/Dockerfile, ${#scripts[@]} shell scripts, no history words, no timings in comments"
+  echo "[lint] clean: Python (ruff), docker/Dockerfile, ${#scripts[@]} shell scripts, no history words, no lab notes in rocm_mla/"
 fi
 exit "$status"

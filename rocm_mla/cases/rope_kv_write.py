@@ -78,8 +78,8 @@ ONE_MODEL_ROUNDING: dict[torch.dtype, Bound] = {
 def fp8_rows_vs_model_rounding(dtype: torch.dtype, k_scale: float) -> Bound:
     """fp8 cache rows (dequantized) of the fused write against vLLM's unfused path: one e4m3 step
     (|want| / 8, or the scaled subnormal step k_scale x 2^-9) plus that path's own rounding in the
-    model dtype (ONE_MODEL_ROUNDING). Seen on the H200 (bf16): where x cos - y sin cancels, vLLM's
-    16-bit rotation is off by several e4m3 steps of the small result; ours rotates in float32."""
+    model dtype (ONE_MODEL_ROUNDING). In bf16, where x cos - y sin cancels, vLLM's 16-bit rotation
+    is off by several e4m3 steps of the small result; ours rotates in float32."""
     b = ONE_MODEL_ROUNDING[dtype]
     return Bound(k_scale * 2.0**-9 + b.atol, 2.0**-3 + b.rtol)
 

@@ -28,15 +28,11 @@ import triton.language as tl
 
 from .fp8_codes import fp8_e4m3_code
 
-# CACHE_KIND values (the wrapper's names).
-CACHE_SAME = 0  # the q dtype
-CACHE_FP8_E4M3FN = 1
-CACHE_FP8_E4M3FNUZ = 2
-
 
 @triton.jit
 def _to_cache(x, k_scale, cache_ty, CACHE_KIND: tl.constexpr):
-    """float32 values -> what the cache stores (its dtype, or FP8 codes of x / k_scale)."""
+    """float32 values -> what the cache stores: CACHE_KIND 0 its dtype (q's), 1 / 2 e4m3fn /
+    e4m3fnuz codes of x / k_scale (the wrapper's ``_FP8_KIND``)."""
     if CACHE_KIND == 0:
         return x.to(cache_ty)
     else:

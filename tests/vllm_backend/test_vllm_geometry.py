@@ -32,8 +32,6 @@ from rocm_mla.mla_dims import PREFILL_GEOMETRIES  # noqa: E402
 from rocm_mla.vllm.backend import RocmMLABackend  # noqa: E402
 from rocm_mla.vllm.prefill import RocmMLAPrefillBackend  # noqa: E402
 
-GLM_LITE = PREFILL_GEOMETRIES["glm-lite"]
-
 
 def _dims(p, r, v) -> MLADimensions:
     return MLADimensions(qk_nope_head_dim=p, qk_rope_head_dim=r, v_head_dim=v)

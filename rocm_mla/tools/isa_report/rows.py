@@ -12,16 +12,14 @@ class ArchInfo:
 
     lds_limit: int  # bytes of LDS / shared memory one workgroup may use
     simds_per_cu: int = 4
-    # The matrix-instruction shapes a 16-bit tl.dot may lower to (M x N x K), for the decode view.
-    mfma_bf16: tuple[str, ...] = ()
 
 
 ARCHS = {
     # MI300 (CDNA3): 64 KiB LDS per CU, 4 SIMDs per CU, 8 waves per SIMD at most.
-    "gfx942": ArchInfo(lds_limit=64 * 1024, mfma_bf16=("16x16x16", "32x32x8")),
+    "gfx942": ArchInfo(lds_limit=64 * 1024),
     # MI350X/MI355X (CDNA4): 160 KiB LDS per CU (one workgroup may take all of it), the same
     # register file and wave limits, and MFMA with twice the K per instruction for 16-bit and fp8.
-    "gfx950": ArchInfo(lds_limit=160 * 1024, mfma_bf16=("16x16x32", "32x32x16")),
+    "gfx950": ArchInfo(lds_limit=160 * 1024),
     # H100/H200: up to 227 KiB of shared memory per block (opt-in). The 64 KiB rule is MI300's,
     # so failing sm90 rows above 64 KiB would reject legal sm90-only configs.
     "sm90": ArchInfo(lds_limit=227 * 1024),

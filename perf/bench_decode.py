@@ -62,6 +62,18 @@ from pathlib import Path
 
 import torch
 import triton
+from benchutil import (
+    Record,
+    aiter_peer_version,
+    bench_parser,
+    load_aiter_peer,
+    load_vllm_peer,
+    print_table,
+    start_bench,
+    vllm_num_kv_splits,
+    vllm_triton_mla_decode,
+    write_csv,
+)
 
 from rocm_mla import __version__
 from rocm_mla.cases import cold_copies, compare, decode
@@ -71,21 +83,7 @@ from rocm_mla.mla_dims import KV_LORA_RANK as L
 from rocm_mla.mla_dims import KV_ROW_DIM as D
 from rocm_mla.mla_dims import QK_ROPE_HEAD_DIM as R_DIM
 from rocm_mla.reference import mla_decode_ref
-from rocm_mla.tools.benchutil import (
-    Record,
-    aiter_peer_version,
-    bench_parser,
-    cold_cache_bytes,
-    load_aiter_peer,
-    load_vllm_peer,
-    print_table,
-    rotating_graph_us,
-    start_bench,
-    time_ms,
-    vllm_num_kv_splits,
-    vllm_triton_mla_decode,
-    write_csv,
-)
+from rocm_mla.tools.timing import cold_cache_bytes, rotating_graph_us, time_ms
 
 DTYPE = torch.bfloat16  # q's and out's dtype (and a 16-bit cache's)
 CHECK_REQUESTS = 2  # every timed output is checked on its first requests against float32

@@ -37,23 +37,14 @@ from pathlib import Path
 import torch
 import triton
 from bench_decode import Setup, check, ours
+from benchutil import Record, bench_parser, load_vllm_peer, print_table, start_bench, vllm_triton_mla_decode, write_csv
 
 from rocm_mla import __version__, mla_decode
 from rocm_mla._platform import device_arch
 from rocm_mla.cases.decode import DecodeShape
 from rocm_mla.configs import config_for
 from rocm_mla.configs.loader import override
-from rocm_mla.tools.benchutil import (
-    Record,
-    bench_parser,
-    cold_cache_bytes,
-    load_vllm_peer,
-    print_table,
-    rotating_graph_us,
-    start_bench,
-    vllm_triton_mla_decode,
-    write_csv,
-)
+from rocm_mla.tools.timing import cold_cache_bytes, rotating_graph_us
 
 CHECK_REQUESTS = 2
 

@@ -78,6 +78,7 @@ from pathlib import Path
 
 import torch
 import triton
+from benchutil import Record, bench_parser, print_table, start_bench, write_csv
 
 from rocm_mla import __version__
 from rocm_mla.cases import cold_copies
@@ -87,16 +88,7 @@ from rocm_mla.cases.indexer_cache import IndexerCacheInputs, IndexerCacheShape
 from rocm_mla.cases.indexer_topk import IndexerInputs, IndexerShape
 from rocm_mla.reference.indexer import INDEX_HEAD_DIM
 from rocm_mla.reference.indexer_topk import check_indexer_topk
-from rocm_mla.tools.benchutil import (
-    Record,
-    bench_parser,
-    cold_cache_bytes,
-    print_table,
-    rotating_graph_us,
-    start_bench,
-    time_ms,
-    write_csv,
-)
+from rocm_mla.tools.timing import cold_cache_bytes, rotating_graph_us, time_ms
 
 KERNEL = "mla_indexer_topk"
 WRITE_KERNEL = "indexer_k_cache_write"

@@ -56,6 +56,21 @@ if "--check-rope-kv" in sys.argv and not torch.cuda.is_available():
 
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit runs
 
+from benchutil import (
+    DATA_MOVEMENT_KERNELS,
+    Record,
+    bench_parser,
+    data_movement_kind,
+    load_vllm_peer,
+    print_table,
+    start_bench,
+    vllm_forward_static,
+    vllm_num_kv_splits,
+    vllm_triton_mla_decode,
+    vllm_unfused_rope_kv_write,
+    write_csv,
+)
+
 from rocm_mla import __version__
 from rocm_mla.cases import Bound, compare, first_problem, generator, paged_cache, rope_kv_write
 from rocm_mla.cases.rope_kv_write import ONE_MODEL_ROUNDING, RopeShape
@@ -67,21 +82,7 @@ from rocm_mla.ops import (
     mla_prefill_with_context,
 )
 from rocm_mla.reference.rope_kv_write import rope_cos_sin_cache
-from rocm_mla.tools.benchutil import (
-    DATA_MOVEMENT_KERNELS,
-    Record,
-    bench_parser,
-    data_movement_kind,
-    load_vllm_peer,
-    print_table,
-    start_bench,
-    time_ms,
-    vllm_forward_static,
-    vllm_num_kv_splits,
-    vllm_triton_mla_decode,
-    vllm_unfused_rope_kv_write,
-    write_csv,
-)
+from rocm_mla.tools.timing import time_ms
 
 # The vLLM layer-step harness lives with the tests (tests/vllm_harness).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

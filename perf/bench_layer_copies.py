@@ -40,7 +40,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from rocm_mla.tools.benchutil import DATA_MOVEMENT_KERNELS, data_movement_kind
+from benchutil import DATA_MOVEMENT_KERNELS, data_movement_kind
 
 # The vLLM layer-step harness lives with the tests (tests/vllm_harness).
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))

@@ -20,21 +20,14 @@ import sys
 from pathlib import Path
 
 import torch
+from benchutil import Record, bench_parser, load_vllm_peer, print_table, start_bench, write_csv
 
 from rocm_mla import __version__
 from rocm_mla.cases import merge
 from rocm_mla.ops import merge_attn_states
 from rocm_mla.ops._dispatch import unavailable
 from rocm_mla.reference import merge_attn_states_ref
-from rocm_mla.tools.benchutil import (
-    Record,
-    bench_parser,
-    load_vllm_peer,
-    print_table,
-    start_bench,
-    time_ms,
-    write_csv,
-)
+from rocm_mla.tools.timing import time_ms
 
 
 def main() -> int:

@@ -58,6 +58,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from benchutil import Record, aiter_peer_version, bench_parser, load_aiter_peer, load_vllm_peer, start_bench, write_csv
 
 from rocm_mla import __version__, _platform
 from rocm_mla.cases import compare, first_problem, prefill
@@ -68,18 +69,7 @@ from rocm_mla.mla_dims import PREFILL_DIMS
 from rocm_mla.ops.merge import merge_attn_states
 from rocm_mla.ops.prefill_context import ContextChunk, mla_prefill_with_context
 from rocm_mla.ops.prefill_plan import launch_config
-from rocm_mla.tools.benchutil import (
-    Record,
-    aiter_peer_version,
-    bench_parser,
-    device_name,
-    load_aiter_peer,
-    load_vllm_peer,
-    rotating_graph_us,
-    start_bench,
-    time_ms,
-    write_csv,
-)
+from rocm_mla.tools.timing import device_name, rotating_graph_us, time_ms
 from rocm_mla.triton_common import without_amd_options
 from rocm_mla.variants.prefill import config_label
 

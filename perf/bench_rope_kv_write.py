@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 
 import torch
+from benchutil import Record, bench_parser, print_table, start_bench, vllm_unfused_rope_kv_write, write_csv
 
 from rocm_mla import __version__, _platform
 from rocm_mla.cases import first_problem, rope_kv_write
@@ -40,15 +41,7 @@ from rocm_mla.configs import platform_fp8_dtype
 from rocm_mla.ops import fused_rope_mla_kv_write
 from rocm_mla.ops._dispatch import unavailable
 from rocm_mla.reference.rope_kv_write import rope_cos_sin_cache
-from rocm_mla.tools.benchutil import (
-    Record,
-    bench_parser,
-    print_table,
-    start_bench,
-    time_ms,
-    vllm_unfused_rope_kv_write,
-    write_csv,
-)
+from rocm_mla.tools.timing import time_ms
 
 
 def make_cos_sin(dev):

@@ -47,21 +47,14 @@ from pathlib import Path
 
 import torch
 import triton
+from benchutil import Record, bench_parser, print_table, start_bench, write_csv
 
 from rocm_mla import __version__
 from rocm_mla.cases import cold_copies, compare, sparse
 from rocm_mla.cases.sparse import SparseInputs, SparseShape, positions_to_slots
 from rocm_mla.mla_dims import KV_LORA_RANK as L
 from rocm_mla.mla_dims import KV_ROW_DIM as D
-from rocm_mla.tools.benchutil import (
-    Record,
-    bench_parser,
-    cold_cache_bytes,
-    print_table,
-    rotating_graph_us,
-    start_bench,
-    write_csv,
-)
+from rocm_mla.tools.timing import cold_cache_bytes, rotating_graph_us
 
 DTYPE = torch.bfloat16
 CHECK_ROWS = 4  # every timed output is checked on its first rows against float32

@@ -44,6 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_indexer import load_vllm_indexer, prefill_rows  # noqa: E402
 from bench_layer_copies import count_data_movement  # noqa: E402
 from bench_sparse import load_vllm_sparse  # noqa: E402
+from benchutil import Record, print_table, start_bench, write_csv  # noqa: E402
 
 from rocm_mla import __version__  # noqa: E402
 from rocm_mla.cases import indexer_topk  # noqa: E402
@@ -53,14 +54,7 @@ from rocm_mla.mla_dims import KV_ROW_DIM as D  # noqa: E402
 from rocm_mla.ops import mla_indexer_topk, mla_sparse_attention, plan_sparse_attention  # noqa: E402
 from rocm_mla.reference import mla_sparse_attention_ref  # noqa: E402
 from rocm_mla.reference.indexer_topk import check_indexer_topk  # noqa: E402
-from rocm_mla.tools.benchutil import (  # noqa: E402
-    Record,
-    print_table,
-    rotating_graph_us,
-    start_bench,
-    time_ms,
-    write_csv,
-)
+from rocm_mla.tools.timing import rotating_graph_us, time_ms  # noqa: E402
 
 KERNEL = "sparse_layer_attention"
 N, TOPK, BLOCK, INDEX_HEADS = 16, 2048, 64, 64

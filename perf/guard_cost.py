@@ -304,7 +304,9 @@ def main() -> int:
 
         # This process is not timed; it imports this checkout (the trees ran with their own).
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-        from rocm_mla.tools.benchutil import Record, device_name, write_csv
+        from benchutil import Record, write_csv
+
+        from rocm_mla.tools.timing import device_name
 
         dev = device_name(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
         records = []

@@ -17,9 +17,10 @@ import json
 import sys
 
 import torch
+from benchutil import bench_parser, one_call_us, start_bench
 
 from rocm_mla.cases import decode
-from rocm_mla.tools.benchutil import bench_parser, one_call_us, rotating_graph_us, start_bench
+from rocm_mla.tools.timing import rotating_graph_us
 
 
 def main() -> int:

@@ -21,9 +21,9 @@ import json
 import sys
 
 from bench_prefill import SHAPES, Case, Timer, check_against_reference
+from benchutil import bench_parser, one_call_us, start_bench
 
 from rocm_mla.cases import first_problem
-from rocm_mla.tools.benchutil import bench_parser, one_call_us, start_bench
 
 
 def main() -> int:

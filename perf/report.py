@@ -300,7 +300,7 @@ def rows_metric(rows: list[dict], kernel: str) -> str:
 
 
 def write_plots(plotted: dict, folder: Path) -> None:
-    from rocm_mla.tools.benchutil import bar_plot
+    from benchutil import bar_plot
 
     view_of = {v.kernel: v for v in VIEWS}
     for kernel, series in plotted.items():

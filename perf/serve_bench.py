@@ -60,7 +60,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rocm_mla.tools.benchutil import Record, print_table, write_csv
+from benchutil import Record, print_table, write_csv
 
 BACKENDS = ("ROCM_MLA", "ROCM_AITER_MLA", "ROCM_AITER_TRITON_MLA", "TRITON_MLA")
 BASELINE = "TRITON_MLA"

@@ -8,9 +8,14 @@ input builders (tests/cases/), the vLLM backend's tests (tests/vllm_backend/, ma
 folder named ``vllm`` would shadow the package where vLLM is not installed) and the tests of the
 tools, bench scripts and package layout (tests/tools/, marker ``tools``). Select with
 ``-m "not vllm and not tools"`` and the like; the markers are registered in pyproject.toml.
+
+perf/ is on ``sys.path`` (at its end): the benches' helpers that are not part of the wheel
+(``benchutil``: peer loaders, vLLM's paths, the CSV; ``peer_variants``) and the bench scripts are
+imported by module name, as the scripts import each other.
 """
 
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -25,6 +30,7 @@ os.environ["ROCM_MLA_CONFIG_DIR"] = ""
 import pytest  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
+sys.path.append(str(TESTS.parent / "perf"))
 
 
 def pytest_collection_modifyitems(config, items):

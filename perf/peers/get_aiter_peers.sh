@@ -5,7 +5,7 @@
 #   then: sys.path.insert(0, ".peers/aiter")
 #         from aiter.ops.triton.mla_decode_rope import decode_attention_fwd_grouped_rope
 #         from aiter.ops.triton.mha import flash_attn_varlen_func
-# (rocm_mla.tools.benchutil.load_aiter_peer does both.) Only the wheel's aiter/ops/triton tree is unpacked (~5 MB);
+# (perf/benchutil.py's load_aiter_peer does both.) Only the wheel's aiter/ops/triton tree is unpacked (~5 MB);
 # `import aiter` itself loads ROCm libraries, so aiter/__init__.py and aiter/ops/__init__.py are empty
 # stand-ins. The folder holds third-party code: keep it ignored (.gitignore has .peers/), never commit
 # it. A GPU machine without network access: make the folder on a machine with it and copy it over.

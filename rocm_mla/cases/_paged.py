@@ -86,7 +86,7 @@ def nan_filled(shape, dtype: torch.dtype, device) -> torch.Tensor:
 
 def cold_copies(set_bytes: int, cold_bytes: int, cap: int = 64) -> tuple[int, bool]:
     """(R, cold): R copies of a ``set_bytes`` input set, together over 3 x ``cold_bytes`` (the
-    last-level cache, benchutil.cold_cache_bytes) up to ``cap`` copies; ``cold`` False when ``cap``
+    last-level cache, rocm_mla.tools.timing.cold_cache_bytes) up to ``cap`` copies; ``cold`` False when ``cap``
     copies are still short (small shapes against a 256 MB Infinity Cache). cold_bytes 0: (1, True)."""
     if cold_bytes <= 0:
         return 1, True

@@ -14,7 +14,7 @@ SHAPE = merge.MergeShape(8192, 128, 128, "strided")
 def run(device: torch.device) -> None:
     from rocm_mla.ops import merge_attn_states
     from rocm_mla.ops._dispatch import BACKENDS, unavailable
-    from rocm_mla.tools.benchutil import copy_bandwidth_gbs, time_ms
+    from rocm_mla.tools.timing import copy_bandwidth_gbs, time_ms
 
     print(f"quick benchmark (merge_attn_states, bf16, {SHAPE.label.replace('strided', 'pad_v strided')})")
     copy = copy_bandwidth_gbs(device, 1 << 30)

@@ -495,7 +495,7 @@ def test_decode_plan_is_the_plan_of_the_call(kv):
 def test_rope_compare_unfused_takes_vllms_two_step_path(kv):
     """RopeInputs.compare_unfused: vLLM's unfused path (benchutil.vllm_unfused_rope_kv_write, k_pe
     left unrotated in kv_a) agrees under the "unfused" bound; a wrong rotation or row is caught."""
-    from rocm_mla.tools.benchutil import vllm_unfused_rope_kv_write
+    from benchutil import vllm_unfused_rope_kv_write
 
     shape = rope_kv_write.RopeShape(24, 4, block=16, kv=kv)
     case = rope_kv_write.make_inputs(shape, dtype=BF16, cs_dtype=BF16)  # cos/sin in the model dtype, as vLLM

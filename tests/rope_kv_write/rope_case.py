@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import torch
 from _util import DEVICE
+from benchutil import vllm_forward_static
 
 import rocm_mla
 from rocm_mla.cases import compare, first_problem, raise_on
 from rocm_mla.cases import rope_kv_write as cases
 from rocm_mla.cases.rope_kv_write import RopeInputs, RopeShape
 from rocm_mla.reference.rope_kv_write import FP8_MAX, quantize_fp8_ref, rope_cos_sin_cache
-from rocm_mla.tools.benchutil import vllm_forward_static
 
 MAX_POS = 8192
 FP8_KINDS = [torch.float8_e4m3fn, torch.float8_e4m3fnuz]

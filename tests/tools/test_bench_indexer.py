@@ -119,7 +119,7 @@ SMOKE = """
     torch.cuda.empty_cache = lambda: None
     sys.path.insert(0, "perf")
     import bench_indexer as b
-    from rocm_mla.tools.benchutil import BenchGPU
+    from benchutil import BenchGPU
     from rocm_mla.cases.indexer_topk import IndexerShape as S
     from rocm_mla.cases.indexer_cache import IndexerCacheShape as W
 

@@ -144,7 +144,7 @@ SMOKE = """
     import bench_prefill as b
 
     # The GPU-only pieces, stood in for on the CPU: timing, the SDPA backends, FLASH with lse.
-    from rocm_mla.tools.benchutil import BenchGPU
+    from benchutil import BenchGPU
     b.start_bench = lambda name, **kw: BenchGPU(torch.device("cpu"), b.device_name(torch.device("cpu")), None, 1000.0)
     b.time_ms = lambda fn, *a, **k: (fn(), 1.0)[1]
     tna.sdpa_kernel = lambda *a, **k: contextlib.nullcontext()

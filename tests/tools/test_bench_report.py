@@ -131,8 +131,8 @@ def test_runner_lists_and_needs_a_gpu(capsys, monkeypatch):
 FAKE = """
 import argparse, sys
 from pathlib import Path
-sys.path.insert(0, {root!r})
-from rocm_mla.tools.benchutil import Record, write_csv
+sys.path[:0] = [{root!r}, str(Path({root!r}, "perf"))]
+from benchutil import Record, write_csv
 ap = argparse.ArgumentParser()
 ap.add_argument("--out")
 ap.add_argument("--peers")

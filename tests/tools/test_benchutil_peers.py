@@ -1,4 +1,4 @@
-"""rocm_mla.tools.benchutil's stand-ins for vLLM's data path around a peer kernel (the benchmarks'
+"""perf/benchutil.py's stand-ins for vLLM's data path around a peer kernel (the benchmarks'
 upstream columns are only fair if they call the peer as vLLM 0.33 does): the exact call, against a
 recording stand-in written from vLLM 0.33's forward_mqa; and vLLM's own kernel through the helper
 against the float32 reference, where .peers/vllm is present."""
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 from _util import DEVICE, HAS_GPU
+from benchutil import vllm_triton_mla_decode
 
 from rocm_mla.cases import decode
-from rocm_mla.tools.benchutil import vllm_triton_mla_decode
 
 PEERS = Path(__file__).resolve().parents[2] / ".peers"
 
@@ -61,10 +61,10 @@ def test_triton_mla_decode_calls_the_peer_as_forward_mqa_does():
 
 _PEER_CHILD = r"""
 import sys, torch
-sys.path[:0] = ["tests/tools", "tests", "."]
+sys.path[:0] = ["tests/tools", "tests", ".", "perf"]
 import test_benchutil_peers as t
 from rocm_mla.cases import compare, decode, raise_on
-from rocm_mla.tools.benchutil import load_vllm_peer, vllm_num_kv_splits, vllm_triton_mla_decode
+from benchutil import load_vllm_peer, vllm_num_kv_splits, vllm_triton_mla_decode
 fwd = load_vllm_peer(str(t.PEERS), "triton_decode_attention", "decode_attention_fwd")
 assert fwd is not None and str(t.PEERS) in sys.modules["vllm"].__file__, sys.modules.get("vllm")
 dtype = torch.bfloat16 if t.HAS_GPU else torch.float32

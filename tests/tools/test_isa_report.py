@@ -465,7 +465,7 @@ def test_side_by_side_without_peer_says_why():
 )
 def test_aiter_peers_take_their_mi350x_configs_on_gfx950():
     """On gfx950 the peers are compiled with aiter's own MI350X files, on gfx942 and sm90 its MI300X ones."""
-    from rocm_mla.tools.peer_variants import aiter_decode_variants
+    from peer_variants import aiter_decode_variants
 
     v950, v942 = aiter_decode_variants("gfx950", heads=(16,)), aiter_decode_variants("gfx942", heads=(16,))
     assert "(MI350X cfg)" in v950[0].config and "(MI300X cfg)" in v942[0].config

@@ -12,8 +12,10 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[2] / "rocm_mla"
 
-# Module names a runtime file must never import: the test scaffolding, the test runner, the benches.
-FORBIDDEN = ("vllm_harness", "pytest", "perf", "tests", "_util")
+# Module names a runtime file must never import: the test scaffolding, the test runner, the benches
+# and their helpers (perf/benchutil.py, perf/peer_variants.py; the ISA report loads the latter from a
+# checkout at run time, never by an import statement).
+FORBIDDEN = ("vllm_harness", "pytest", "perf", "tests", "_util", "benchutil", "peer_variants")
 IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+import|import\s+([\w.]+))", re.MULTILINE)
 
 

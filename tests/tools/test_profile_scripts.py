@@ -15,7 +15,7 @@ PREFILL = """
     sys.path.insert(0, "perf")
     import bench_prefill as b
     import profile_prefill as p
-    from rocm_mla.tools.benchutil import BenchGPU
+    from benchutil import BenchGPU
     b.DTYPE = torch.float16  # bf16 dots are wrong in the interpreter
     from rocm_mla.cases import Comparison
     from rocm_mla.cases.prefill import PrefillShape
@@ -64,7 +64,8 @@ DECODE_BENCH = """
     sys.path.insert(0, "perf")
     import bench_decode as b
     from rocm_mla.cases import decode
-    from rocm_mla.tools.benchutil import BenchGPU, wall_ms
+    from benchutil import BenchGPU
+    from rocm_mla.tools.timing import wall_ms
     b.start_bench = lambda name, **kw: BenchGPU(torch.device("cpu"), "cpu", 100.0, 1000.0)
     props = types.SimpleNamespace(multi_processor_count=4, L2_cache_size=1 << 20)
     torch.cuda.get_device_properties = lambda dev: props
@@ -119,7 +120,7 @@ def test_profile_decode_runs():
     import sys, torch
     sys.path.insert(0, "perf")
     import profile_decode as p
-    from rocm_mla.tools.benchutil import BenchGPU
+    from benchutil import BenchGPU
     p.start_bench = lambda name, **kw: BenchGPU(torch.device("cpu"), "cpu")
     sys.argv = ["profile_decode.py", "--B", "2", "--seq", "80", "--N", "16", "--kv", "fp8", "--calls", "2"]
     sys.exit(p.main())

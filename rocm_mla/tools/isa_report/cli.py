@@ -33,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
         "--no-peers",
         action="store_true",
         help="skip the peers' kernels (aiter's MHA forward and MLA decode, from $ROCM_MLA_AITER_PEERS "
-        "or .peers/aiter, made by perf/peers/get_aiter_peers.sh); they are reported beside ours, "
-        "never gated",
+        "or .peers/aiter, made by perf/peers/get_aiter_peers.sh, described by the repository's "
+        "perf/peer_variants.py); they are reported beside ours, never gated",
     )
     ap.add_argument(
         "--decode-tiers",

@@ -48,10 +48,10 @@ def collect(
     triton_variants / hip_sources: override what is compiled (tests); by default the package's
     ``all_triton_variants(arch)`` and ``hip_src/isa/*.cu``.
     progress: print one line per compile on stderr.
-    peers: also compile the peers' kernels (``rocm_mla.tools.peer_variants``: aiter's MHA forward
-        with its MI300X config, beside mla_prefill) as ungated rows; a peer that cannot be loaded
-        is a skipped row that never fails the report. Default: only for the package's own list
-        (``triton_variants`` None).
+    peers: also compile the peers' kernels (perf/peer_variants.py, loaded from the repository:
+        aiter's MHA forward with its MI300X config, beside mla_prefill) as ungated rows; a peer that
+        cannot be loaded is a skipped row that never fails the report. Default: only for the
+        package's own list (``triton_variants`` None).
     """
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; choose from {', '.join(ARCHS)}")

@@ -1,8 +1,16 @@
-"""The peers' rows: aiter's kernels (``rocm_mla.tools.peer_variants``: its MHA forward beside
-mla_prefill, its MLA decode beside mla_decode) compiled with their MI300X configs as ungated rows,
-and the decode side-by-side table. A peer that cannot be loaded is a skipped row, never a failure."""
+"""The peers' rows: aiter's kernels (perf/peer_variants.py: its MHA forward beside mla_prefill, its
+MLA decode beside mla_decode) compiled with their MI300X configs as ungated rows, and the decode
+side-by-side table. A peer that cannot be loaded is a skipped row, never a failure.
+
+The peers' variants are a development tool and stay out of the wheel: they are loaded from the
+repository's perf/ folder (beside this package in a checkout or an editable install, else in the
+working directory). Without one, a single skipped row says where they come from."""
 
 from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
 
 from ...configs import is_amd_arch
 from .decode_view import LOOP_HEADERS, loop_cells
@@ -10,28 +18,74 @@ from .gate import gate_problems
 from .output import aligned
 from .rows import Row, error_digest, error_text, matches
 
+AITER_KERNEL = "aiter_mha_fwd"
+AITER_DECODE_KERNEL = "aiter_mla_decode_stage1"
+# The one row that stands for every peer when perf/peer_variants.py cannot be loaded.
+PEERS_ROW = "aiter_peers"
+PEERS_NEED_PERF = (
+    "the peers' variants come with the repository's perf/ folder (perf/peer_variants.py), not with "
+    "the wheel: run from a checkout, or pass --no-peers"
+)
+
+
+class PeerVariantsMissing(RuntimeError):
+    """No perf/peer_variants.py beside the package or in the working directory."""
+
+
+def perf_dir() -> Path | None:
+    """The repository's perf/ folder holding peer_variants.py: the one beside this package's source
+    tree (a checkout, an editable install), else the working directory's; None when neither has
+    one (an installed wheel run outside a checkout)."""
+    for root in (Path(__file__).resolve().parents[3], Path.cwd()):
+        if (root / "perf" / "peer_variants.py").is_file():
+            return root / "perf"
+    return None
+
+
+def load_peer_variants():
+    """perf/peer_variants.py, imported as ``peer_variants`` with perf/ appended to ``sys.path`` (where
+    it finds ``benchutil``, as the perf scripts do). Raises :class:`PeerVariantsMissing`
+    (:data:`PEERS_NEED_PERF`) without a perf/ folder."""
+    perf = perf_dir()
+    if perf is None:
+        raise PeerVariantsMissing(PEERS_NEED_PERF)
+    if str(perf) not in sys.path:
+        sys.path.append(str(perf))
+    return importlib.import_module("peer_variants")
+
 
 def list_peer_variants(arch: str, filter: str | None) -> tuple[list, list[Row]]:
     """``(variants, skipped rows)``: the peers' ``TritonVariant``s for ``arch`` that ``filter`` keeps,
-    and one skipped row per peer whose tree is missing or fails to import."""
-    from ..peer_variants import (
-        AITER_DECODE_KERNEL,
-        AITER_KERNEL,
-        aiter_decode_variants,
-        aiter_mha_variants,
-        aiter_peers_dir,
-    )
-
+    and one skipped row per peer whose tree is missing or fails to import (one row for all of them
+    when perf/peer_variants.py cannot be loaded)."""
+    wanted = [
+        (kernel, what, make)
+        for kernel, what, make in (
+            (AITER_KERNEL, "mla_prefill peer", "aiter_mha_variants"),
+            (AITER_DECODE_KERNEL, "mla_decode peer", "aiter_decode_variants"),
+        )
+        if matches(filter, kernel, what, "aiter")
+    ]
+    if not wanted:
+        return [], []
+    try:
+        pv = load_peer_variants()
+    except Exception as e:  # no perf/ folder, or it fails to import: one row says so
+        why = str(e) if isinstance(e, PeerVariantsMissing) else f"perf/peer_variants.py: {error_text(e)[:300]}"
+        row = Row(
+            kernel=PEERS_ROW,
+            config=", ".join(what for _, what, _ in wanted),
+            backend="aiter",
+            arch=arch,
+            peer=True,
+            skipped=why,
+        )
+        return [], [row]
     variants: list = []
     skipped: list[Row] = []
-    for kernel, what, make in (
-        (AITER_KERNEL, "mla_prefill peer", aiter_mha_variants),
-        (AITER_DECODE_KERNEL, "mla_decode peer", aiter_decode_variants),
-    ):
-        if not matches(filter, kernel, what, "aiter"):
-            continue
+    for kernel, what, make in wanted:
         try:
-            variants += [v for v in make(arch) if matches(filter, v.kernel, v.config, "aiter")]
+            variants += [v for v in getattr(pv, make)(arch) if matches(filter, v.kernel, v.config, "aiter")]
         except Exception as e:  # no peer folder, or aiter's tree fails to import: say so, do not fail
             skipped.append(
                 Row(
@@ -40,7 +94,7 @@ def list_peer_variants(arch: str, filter: str | None) -> tuple[list, list[Row]]:
                     backend="aiter",
                     arch=arch,
                     peer=True,
-                    skipped=f"aiter unavailable ({aiter_peers_dir()}): {error_text(e)[:300]}",
+                    skipped=f"aiter unavailable ({pv.aiter_peers_dir()}): {error_text(e)[:300]}",
                 )
             )
     return variants, skipped
@@ -51,11 +105,9 @@ def side_by_side_variants(arch: str) -> list:
     when its tree loads (when it does not, the peer rows say why)."""
     from rocm_mla.variants import all_triton_variants
 
-    from ..peer_variants import aiter_decode_variants
-
     variants = all_triton_variants(arch)
     try:
-        variants += aiter_decode_variants(arch)
+        variants += load_peer_variants().aiter_decode_variants(arch)
     except Exception:  # the peer rows say why
         pass
     return variants
@@ -80,11 +132,11 @@ def decode_side_by_side(arch: str, rows: list[Row], variants: list) -> str:
         if v is None:
             continue
         ours = r.kernel == "mla_decode_stage1" and r.config.startswith("q=bf16 kv=bf16") and r.config.endswith("direct")
-        if ours or r.kernel == "aiter_mla_decode_stage1":
+        if ours or r.kernel == AITER_DECODE_KERNEL:
             picked.append((v, r))
     lines = [f"decode side by side on {arch} (bf16 q and cache, one split; the aiter rows are not gated)"]
     if not any(r.peer for _, r in picked):
-        skipped = [r for r in rows if r.kernel == "aiter_mla_decode_stage1" and r.skipped]
+        skipped = [r for r in rows if r.kernel in (AITER_DECODE_KERNEL, PEERS_ROW) and r.skipped]
         lines.append(
             "aiter's decode not compiled: "
             + (

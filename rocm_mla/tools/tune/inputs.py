@@ -52,7 +52,7 @@ class Case:
 
 def decode_case(s: Shape, dev: torch.device) -> Case:
     """mla_decode (Triton) with q as vLLM hands it over, max_seq_len given, an fp8 cache as uint8."""
-    from rocm_mla.tools.benchutil import cold_cache_bytes
+    from rocm_mla.tools.timing import cold_cache_bytes
 
     shape, dt = s.case_shape, s.dtype(dev)
     copies, _ = cold_copies(shape.set_bytes(dt), cold_cache_bytes(dev) if dev.type == "cuda" else 0)
@@ -72,7 +72,7 @@ def sparse_case(s: Shape, dev: torch.device) -> Case:
     """mla_sparse_attention (Triton) with q as vLLM hands it over, an fp8 cache as uint8 with a
     device k_scale, rotating over cache copies (the lists hold positions, so they hold for every
     copy)."""
-    from rocm_mla.tools.benchutil import cold_cache_bytes
+    from rocm_mla.tools.timing import cold_cache_bytes
 
     shape, dt = s.case_shape, s.dtype(dev)
     copies, _ = cold_copies(shape.set_bytes(dt), cold_cache_bytes(dev) if dev.type == "cuda" else 0)
@@ -97,7 +97,7 @@ def indexer_case(s: Shape, dev: torch.device) -> Case:
     from rocm_mla import _platform
     from rocm_mla import configs as C
     from rocm_mla.ops.indexer_topk_plan import OP
-    from rocm_mla.tools.benchutil import cold_cache_bytes
+    from rocm_mla.tools.timing import cold_cache_bytes
 
     shape = s.case_shape
     copies, _ = cold_copies(shape.set_bytes(), cold_cache_bytes(dev) if dev.type == "cuda" else 0)

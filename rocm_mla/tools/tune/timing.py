@@ -1,4 +1,4 @@
-"""The tuner's timer: one ``Case`` timed the way perf/ times the op (benchutil's graph timers)."""
+"""The tuner's timer: one ``Case`` timed the way perf/ times the op (rocm_mla.tools.timing's graph timers)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def time_case_us(case: Case) -> float:
     HBM), 15 ms per sample, median of 3; the others as one captured call replayed under do_bench
     (L2 flushed before each replay), warm-up 5 ms, 30 ms of replays. Elsewhere the wall time of one
     call after a warm-up call (the interpreter: the number says nothing about a GPU)."""
-    from rocm_mla.tools.benchutil import graph_ms, rotating_graph_us, wall_ms
+    from rocm_mla.tools.timing import graph_ms, rotating_graph_us, wall_ms
 
     if case.dev.type != "cuda":
         return wall_ms(case.fn, reps=1) * 1e3

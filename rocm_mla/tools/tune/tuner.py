@@ -324,6 +324,6 @@ class Tuner(Acceptance, OverlayWriter):
         return th
 
     def device_name(self) -> str:
-        from rocm_mla.tools.benchutil import device_name
+        from rocm_mla.tools.timing import device_name
 
         return device_name(self.dev)

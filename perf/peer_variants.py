@@ -10,11 +10,15 @@ MI300X JSON, so the report shows aiter's registers/spills/occupancy for gfx942 n
 
 Nothing of aiter is in this repository: its Triton tree is unpacked from the amd-aiter wheel into an
 ignored folder by ``perf/peers/get_aiter_peers.sh DIR`` and imported from there
-(``rocm_mla.tools.benchutil.load_aiter_peer``). Only ``aiter.ops.triton._triton_kernels.mha`` is
+(``benchutil.load_aiter_peer``). Only ``aiter.ops.triton._triton_kernels.mha`` is
 imported: ``aiter.ops.triton.mha`` imports ``flash_attn_triton_amd``, which asks Triton's active
 driver for the GPU at import time and fails on a machine without one.
 
 Peer rows are reported, never gated: their spills or missing folder do not fail the report.
+
+This module is a development tool, not part of the wheel: ``rocm-mla isa-report`` loads it from the
+repository's perf/ folder (``rocm_mla.tools.isa_report.peers.load_peer_variants``), which also puts
+perf/ on ``sys.path`` for ``benchutil``.
 """
 
 from __future__ import annotations
@@ -22,17 +26,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .. import env
-from ..configs import is_amd_arch
-from ..mla_dims import PREFILL_DIMS
-from ..triton_common import AMD_ONLY_OPTIONS, without_amd_options
-from ..variants.triton_variant import TritonVariant
+from rocm_mla import env
+from rocm_mla.configs import is_amd_arch
+from rocm_mla.mla_dims import PREFILL_DIMS
+from rocm_mla.tools.isa_report.peers import AITER_DECODE_KERNEL, AITER_KERNEL
+from rocm_mla.triton_common import AMD_ONLY_OPTIONS, without_amd_options
+from rocm_mla.variants.triton_variant import TritonVariant
 
 # The arches aiter ships Triton configs for, with its file prefix (aiter's arch_info names them so);
 # any other arch (sm90) compiles aiter's kernels with its gfx942 configs.
 AITER_CONFIG_FILES = {"gfx942": "MI300X", "gfx950": "MI350X"}
-AITER_KERNEL = "aiter_mha_fwd"
-AITER_DECODE_KERNEL = "aiter_mla_decode_stage1"
 # The launch perf/bench_prefill.py times: q / k_cat contiguous [T, N, 192], v the [..., 128:] view
 # of the [T, N, 256] kv_b_proj output, out [T, N, 128] (aiter allocates it), lse [T, N] float32.
 P, R, V = PREFILL_DIMS  # 128, 64, 128
@@ -40,18 +43,18 @@ P, R, V = PREFILL_DIMS  # 128, 64, 128
 
 def aiter_peers_dir() -> Path:
     """Where the aiter peer tree is looked for: ``$ROCM_MLA_AITER_PEERS``, else ``.peers/aiter`` of
-    the repository this package was imported from, else of the working directory."""
+    the repository this file is in, else of the working directory."""
     given = env.get("ROCM_MLA_AITER_PEERS")
     if given:
         return Path(given)
-    repo = Path(__file__).resolve().parents[2] / ".peers" / "aiter"
+    repo = Path(__file__).resolve().parents[1] / ".peers" / "aiter"
     return repo if repo.is_dir() else Path(".peers", "aiter")
 
 
 def load_aiter_mha_kernels(peers: str | os.PathLike, config_arch: str = "gfx942"):
     """aiter's ``_triton_kernels.mha`` module (``_attn_fwd``, ``_get_config``), its configs read for
     ``config_arch``. Raises (with the reason) when the folder is missing or the import fails."""
-    from .benchutil import load_aiter_peer
+    from benchutil import load_aiter_peer
 
     return load_aiter_peer(str(peers), "_triton_kernels.mha", config_arch=config_arch, raise_errors=True)
 
@@ -207,7 +210,7 @@ def aiter_decode_variants(arch: str, peers: str | os.PathLike | None = None, hea
     (``MI300X-MLA_DECODE_ROPE-DEFAULT.json``, AMD-only options dropped for sm90;
     ``MI350X-...`` for gfx950), one variant per
     head count (aiter makes it a constexpr). Raises when aiter cannot be loaded."""
-    from .benchutil import load_aiter_peer
+    from benchutil import load_aiter_peer
 
     config_arch = arch if arch in AITER_CONFIG_FILES else "gfx942"
     mod = load_aiter_peer(

@@ -34,10 +34,9 @@ HISTORY_OK='start_new_session|scope=.session.|pytest session|session-scoped'
 # count); a number glued to a word (fp16, x2) and a unit that goes on as a word (5 msgs) do not match.
 LAB_NOTE_TIMING='(?<![\w.])[0-9][0-9.,]* ?(us|µs|μs|ms|ns|GB/s|TB/s|TFLOP/s)(?!\w)'
 LAB_NOTE_DATE='\b[0-9]{4}-[0-9]{2}-[0-9]{2}\b'
-# Files under rocm_mla/ whose notes wait for the move that is rewriting them: reported, not checked.
-# Remove an entry once its file is clean.
+# Files under rocm_mla/ whose notes are still to restate: reported, not checked. Remove an entry
+# once its file is clean.
 PENDING_NOTES=(
-  rocm_mla/tools/timing.py       # rotating_graph_us: "a replay costs the host ~20 us" (docs/notes/decode-tiers-and-splits.md has it)
   rocm_mla/tools/tune/timing.py  # time_case_us: its timer settings as numbers (15 ms, 5 ms, 30 ms): name the parameters instead
 )
 

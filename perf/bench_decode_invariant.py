@@ -39,9 +39,9 @@ import triton
 from bench_decode import Setup, check, ours
 from benchutil import Record, bench_parser, load_vllm_peer, print_table, start_bench, vllm_triton_mla_decode, write_csv
 
-from rocm_mla import __version__, mla_decode
+from rocm_mla import __version__
 from rocm_mla._platform import device_arch
-from rocm_mla.cases.decode import DecodeShape
+from rocm_mla.cases.decode import DecodeShape, call_decode
 from rocm_mla.configs import config_for
 from rocm_mla.configs.loader import override
 from rocm_mla.tools.timing import cold_cache_bytes, rotating_graph_us
@@ -78,7 +78,7 @@ def alone_matches(s: Setup) -> str:
     c = s.case
     o, lse = (t.clone() for t in c.run(0, backend="triton", batch_invariant=True))
     q_len = s.q_len
-    o1, l1 = mla_decode(
+    o1, l1 = call_decode(
         c.q_nope[:q_len].clone(),
         c.q_pe[:q_len].clone(),
         c.paged.stored(0),

@@ -73,12 +73,12 @@ from benchutil import (
 
 from rocm_mla import __version__
 from rocm_mla.cases import Bound, compare, first_problem, generator, paged_cache, rope_kv_write
+from rocm_mla.cases.decode import call_decode
 from rocm_mla.cases.rope_kv_write import ONE_MODEL_ROUNDING, RopeShape
 from rocm_mla.mla_dims import KV_LORA_RANK, PREFILL_DIMS
 from rocm_mla.ops import (
     concat_and_cache_mla,
     fused_rope_mla_kv_write,
-    mla_decode,
     mla_prefill_with_context,
 )
 from rocm_mla.reference.rope_kv_write import rope_cos_sin_cache
@@ -171,7 +171,7 @@ class DecodeStep:
             self.positions, self.q[..., P:], k_pe, kv_c, self.layer.cos_sin, self.cache, self.slots, is_neox=False
         )
         ql_nope = self._absorb()
-        mla_decode(
+        call_decode(
             ql_nope,
             self.q[..., P:],
             self.cache,
@@ -192,7 +192,7 @@ class DecodeStep:
         self.q[..., P:] = q_rot
         concat_and_cache_mla(self.kv_a[:, :L], k_rot, self.cache, self.slots)
         ql_nope = self._absorb()
-        mla_decode(
+        call_decode(
             ql_nope,
             self.q[..., P:],
             self.cache,

@@ -75,7 +75,8 @@ def upstream_shaped_backend():
     """A backend class whose impl moves data the way TRITON_MLA + vLLM's common FA prefill do."""
     from vllm.model_executor.layers.attention.mla_attention import init_mla_context_partial
 
-    from rocm_mla.ops import gather_context_chunk, merge_attn_states, mla_decode, mla_prefill
+    from rocm_mla.cases.decode import call_decode
+    from rocm_mla.ops import gather_context_chunk, merge_attn_states, mla_prefill
     from rocm_mla.vllm.backend import RocmMLABackend, RocmMLAImpl
 
     class UpstreamShapedImpl(RocmMLAImpl):
@@ -91,7 +92,7 @@ def upstream_shaped_backend():
             lse = torch.zeros(B, N, dtype=q.dtype, device=q.device)  # triton_mla.py: memset
             # decode_attention_fwd writes o (and its lse into the logits workspace).
             lse32 = torch.empty(B, N, dtype=torch.float32, device=q.device)
-            mla_decode(
+            call_decode(
                 q[..., :L],
                 q[..., L:],
                 kv_c_and_k_pe_cache,

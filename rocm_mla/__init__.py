@@ -7,8 +7,12 @@ Public API (see each function's docstring for shapes and layouts):
                 lse=None, max_seqlen_q=None, max_seqlen_k=None) -> (out, lse)
     mla_prefill_with_context(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, context_chunks, *,
                              sm_scale, out=None, lse=None) -> (out, lse)
-    mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, *, sm_scale, out=None, lse=None,
-               kv_cache_dtype="auto", k_scale=None, num_kv_splits=None) -> (out, lse)
+    plan_decode(*, batch, num_heads, q_len, max_blocks, block_size, q_dtype, kv_dtype, device,
+                kv_cache_dtype="auto", max_seq_len=None, fp8_dots=None, batch_invariant=False, ...)
+                -> DecodePlan   (made once per step, passed to every layer's mla_decode)
+    plan_decode_for(q_nope, kv_cache, block_table, **knobs) -> DecodePlan   (sizes from tensors)
+    mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, *, sm_scale, plan=None, out=None,
+               lse=None, k_scale=None, workspace=None) -> (out, lse)
     fused_rope_mla_kv_write(positions, q_pe, k_pe, kv_c, cos_sin_cache, kv_cache, slot_mapping, *,
                             is_neox, kv_cache_dtype="auto", k_scale=None) -> None (in place)
     concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, *, kv_cache_dtype="auto",
@@ -20,8 +24,9 @@ Public API (see each function's docstring for shapes and layouts):
     indexer_k_cache_write(k, index_cache, slot_mapping, *, scale_fmt="ue8m0", shuffled=None,
                           kv_cache_dtype="fp8") -> None (in place; the lightning indexer's fp8 key cache)
 
-Every op also takes ``backend=`` (and the index-reading ones ``debug=``); bad index values never
-make a kernel touch memory outside its tensors, and destinations may not overlap inputs (docs/bad-input.md).
+Every op also takes ``backend=`` (and the index-reading ones ``debug=``; mla_decode through its
+plan); bad index values never make a kernel touch memory outside its tensors, and destinations may
+not overlap inputs (docs/bad-input.md).
 
 The ops are imported lazily: ``rocm_mla.tools`` can set TRITON_INTERPRET (which Triton reads when a
 kernel is decorated) before any kernel module loads.
@@ -36,6 +41,9 @@ _env.check_environment()
 
 __all__ = [
     "mla_decode",
+    "plan_decode",
+    "plan_decode_for",
+    "DecodePlan",
     "merge_attn_states",
     "mla_prefill",
     "mla_prefill_with_context",

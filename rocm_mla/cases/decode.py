@@ -233,7 +233,26 @@ SHAPES: dict[str, list[DecodeShape]] = {
 
 Q_LAYOUTS = ("vllm", "one_buffer", "separate")
 OUT_LAYOUTS = ("contiguous", "padded", "token_pad")
+# mla_decode's own keywords; every other keyword a case call takes is a plan_decode knob.
+CALL_KEYS = ("sm_scale", "plan", "out", "lse", "k_scale", "workspace")
 LSE_LAYOUTS = ("contiguous", "transposed")
+
+
+def call_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, **kw):
+    """``mla_decode`` with its plan's knobs given as keywords beside the call's own (``CALL_KEYS``):
+    the plan is ``plan_decode_for`` of the tensors and those knobs (kv_cache_dtype,
+    num_kv_splits, max_seq_len, config, fp8_dots, batch_invariant, backend, debug). How tests and
+    benchmarks state a one-off call; a serving step makes its plan once instead."""
+    from ..ops import mla_decode, plan_decode_for
+
+    call = {k: kw.pop(k) for k in list(kw) if k in CALL_KEYS}
+    if call.get("plan") is None:
+        call["plan"] = plan_decode_for(
+            q_nope, kv_cache, block_table, k_scale=call.get("k_scale"), workspace=call.get("workspace"), **kw
+        )
+    elif kw:
+        raise TypeError(f"call_decode: plan knobs {sorted(kw)} beside a plan")
+    return mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, **call)
 
 
 @dataclass
@@ -276,43 +295,54 @@ class DecodeInputs:
         return (self.q_nope, self.q_pe, self.paged.stored(i), self.paged.tables[i], self.seq_lens)
 
     def kwargs(self, **overrides) -> dict:
-        kw = dict(
-            sm_scale=self.sm_scale,
-            out=self.out,
-            lse=self.lse,
-            kv_cache_dtype=self.kv_cache_dtype,
-            k_scale=self.k_scale,
-        )
+        """mla_decode's keywords (``overrides`` replace them; a ``plan=`` among them is used as
+        given). Without a plan, one is made from the call's own knobs (``plan_keys``)."""
+        kw = dict(sm_scale=self.sm_scale, out=self.out, lse=self.lse, k_scale=self.k_scale)
+        knobs = {k: overrides.pop(k) for k in list(overrides) if k not in CALL_KEYS}
         kw.update(overrides)
+        if kw.get("plan") is None:
+            ws = kw.get("workspace")
+            base = dict(
+                max_seq_len=None,
+                workspace_numel=ws.numel() if isinstance(ws, torch.Tensor) else None,
+                k_scale_on_device=isinstance(kw["k_scale"], torch.Tensor),
+            )
+            kw["plan"] = self.plan(**{**base, **knobs})
+        elif knobs:
+            raise TypeError(f"DecodeInputs.kwargs: plan knobs {sorted(knobs)} beside a plan")
         return kw
 
     def run(self, i: int = 0, **overrides):
-        """mla_decode on copy i, writing ``out`` / ``lse`` (``overrides``: backend, config,
-        num_kv_splits, max_seq_len, out=None, ...). Returns what the op returns."""
+        """mla_decode on copy i, writing ``out`` / ``lse``. ``overrides``: the call's own keywords
+        (``CALL_KEYS``: plan, out=None, workspace, ...) and plan knobs (backend, config,
+        num_kv_splits, max_seq_len, fp8_dots, batch_invariant, debug, as ``plan_decode`` takes
+        them) for the plan made here when none is given. Returns what the op returns."""
         from ..ops import mla_decode
 
         return mla_decode(*self.args(i), **self.kwargs(**overrides))
 
     def plan(self, device=None, **overrides):
         """The :class:`~rocm_mla.ops.DecodePlan` of :meth:`run`'s call (``overrides``: config,
-        num_kv_splits, max_seq_len, fp8_dots, as :func:`~rocm_mla.ops.plan_decode` takes them;
-        max_seq_len defaults to the longest request, as a benchmark passes it)."""
+        num_kv_splits, max_seq_len, fp8_dots, ... as :func:`~rocm_mla.ops.plan_decode` takes them;
+        max_seq_len defaults to the longest request, as a benchmark passes it; k_scale on the
+        device as the case holds it)."""
         from ..ops import plan_decode
 
-        kw = dict(max_seq_len=self.shape.seq)
-        kw.update(overrides)
-        return plan_decode(
+        kw = dict(
             batch=self.shape.B,
             num_heads=self.shape.N,
             q_len=self.shape.q_len,
             max_blocks=self.paged.table.shape[1],
             block_size=self.shape.block,
             q_dtype=self.dtype,
-            kv_dtype=self.paged.cache.dtype,
+            kv_dtype=self.paged.stored(0).dtype,
+            kv_cache_dtype=self.kv_cache_dtype,
             device=torch.device(device) if device is not None else self.q_nope.device,
+            max_seq_len=self.shape.seq,
             k_scale_on_device=self.k_scale is not None,
-            **kw,
         )
+        kw.update(overrides)
+        return plan_decode(**kw)
 
     def reference(self, requests: int | None = None, *, fp8_dots: str = "none", i: int = 0):
         """(out [rows', N, 512], lse [rows', N]) float32 of the first ``requests`` requests (all:

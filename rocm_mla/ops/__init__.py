@@ -1,7 +1,7 @@
 """Public ops: validation, then dispatch to HIP, Triton or the float32 reference."""
 
 from .context_gather import gather_context_chunk
-from .decode import mla_decode
+from .decode import mla_decode, plan_decode_for
 from .decode_plan import DecodePlan, mla_decode_workspace_numel, plan_decode
 from .indexer_cache import indexer_k_cache_write
 from .indexer_topk import mla_indexer_topk
@@ -16,6 +16,7 @@ from .sparse_plan import SparsePlan, plan_sparse_attention
 __all__ = [
     "mla_decode",
     "plan_decode",
+    "plan_decode_for",
     "DecodePlan",
     "mla_decode_workspace_numel",
     "merge_attn_states",

@@ -57,15 +57,20 @@ class Checker:
         ``rocm_mla.mla_dims.FP8_KV_CACHE_DTYPES``: a float8 cache's own dtype (it must be the kind
         the name fixes, if any); for uint8 storage the named kind, else the platform's
         (configs/platform.json for the cache's device). ``name``: the cache argument's name."""
+        return self.fp8_kind_of(kv_cache.dtype, device_arch(kv_cache.device), kv_cache_dtype, name=name)
+
+    def fp8_kind_of(self, dt: torch.dtype, arch: str, kv_cache_dtype: str, *, name: str = "kv_cache") -> torch.dtype:
+        """:meth:`fp8_cache_kind` from the cache's dtype ``dt`` and its device's ``arch`` (a plan
+        made before the tensor exists)."""
         named = FP8_KV_CACHE_DTYPES[kv_cache_dtype]  # None: the platform's kind
-        dt, got = kv_cache.dtype, str(kv_cache.dtype).replace("torch.", "")
+        got = str(dt).replace("torch.", "")
         if dt in FP8_DTYPES:
             if named is not None and named != dt:
                 want = str(named).replace("torch.", "")
                 self.fail(name, f"dtype {want} (kv_cache_dtype={kv_cache_dtype!r})", got, TypeError)
             return dt
         if dt == torch.uint8:
-            return named if named is not None else platform_fp8_dtype(device_arch(kv_cache.device))
+            return named if named is not None else platform_fp8_dtype(arch)
         self.fail(
             name,
             f"dtype float8_e4m3fn, float8_e4m3fnuz or uint8 (kv_cache_dtype={kv_cache_dtype!r})",

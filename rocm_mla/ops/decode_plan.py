@@ -34,8 +34,10 @@ import triton
 
 from .. import _platform
 from ..configs import DECODE_DTYPE_TAGS, config_for
-from ..mla_dims import FP8_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
+from ..mla_dims import FP8_DTYPES, FP8_KV_CACHE_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from ..triton_common import amd_options
+from ._checks import FLOAT_DTYPES, Checker, debug_enabled
+from ._dispatch import select
 
 OP = "mla_decode"
 D_NOPE = KV_LORA_RANK  # V width and the nope part of K (the kernel's constexpr names)
@@ -58,6 +60,10 @@ STAGE1_DEFAULTS = {
 # "none": both in q's dtype (K and V converted from e4m3 in the loop); "qk": q rounded to e4m3
 # per (row, head), q . k^T on fp8 (FP8_QK); "all": p rounded to e4m3 too, p . v on fp8 (FP8_PV).
 FP8_DOTS = ("none", "qk", "all")
+# fp8_dots of an fp8-cache plan that names none (16-bit q): the trade docs/notes/fp8-decode.md measures.
+DEFAULT_FP8_DOTS = "none"
+# kv_cache_dtype names a plan takes (the fp8 ones: mla_dims.FP8_KV_CACHE_DTYPES).
+KV_CACHE_DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32", *FP8_KV_CACHE_DTYPES)
 # fp8_dots="all": the smallest tile (p . v's K) fp8 matrix instructions take.
 FP8_PV_MIN_BLOCK_N = 32
 
@@ -355,6 +361,57 @@ class DecodePlan:
     # (split_tokens, split_cap, BLOCK_N) of that rule: stage 1 takes them as constexprs, the reduce
     # as arguments (one reduce binary per tile for every rule); (0, 0, 1) in the default mode.
     split_rule: tuple[int, int, int] = (0, 0, 1)
+    # The call the plan was made for (mla_decode checks its tensors against these).
+    device: torch.device | None = None
+    max_blocks: int = 0
+    block_size: int = 0
+    q_dtype: torch.dtype | None = None
+    cache_dtype: torch.dtype | None = None  # the cache tensor's dtype (uint8 storage for a named fp8 kind)
+    kv_dtype: torch.dtype | None = None  # as the kernel reads it (uint8 viewed as the fp8 kind)
+    kv_cache_dtype: str = "auto"
+    fp8_dots: str = "none"
+    k_scale_on_device: bool = False
+    backend: str = "triton"  # "triton" or "reference" (rocm_mla.ops._dispatch)
+    debug: bool = False  # host-side checks of seq_lens and page ids at every call (a sync)
+
+    @property
+    def rows(self) -> int:
+        """Query rows: batch x q_len."""
+        return self.batch * self.q_len
+
+    @property
+    def kv_fp8(self) -> bool:
+        return self.kv_dtype in FP8_DTYPES
+
+    def matches(self, q_nope, q_pe, kv_cache, block_table, seq_lens) -> bool:
+        """Whether an ``mla_decode`` call's tensors are the ones this plan was made for (sizes,
+        dtypes, device, unit strides): the whole per-call check of a planned call, in one
+        expression. ``mla_decode`` names what differs when it is False."""
+        rows, N = self.batch * self.q_len, self.num_heads
+        try:
+            return (
+                q_nope.shape == (rows, N, D_NOPE)
+                and q_pe.shape == (rows, N, D_PE)
+                and q_nope.dtype == self.q_dtype
+                and q_pe.dtype == self.q_dtype
+                and kv_cache.dtype == self.cache_dtype
+                and kv_cache.dim() == 3
+                and kv_cache.shape[1] == self.block_size
+                and kv_cache.shape[2] == D_KV
+                and kv_cache.stride(2) == 1
+                and block_table.shape == (self.batch, self.max_blocks)
+                and block_table.dtype == torch.int32
+                and (block_table.stride(1) == 1 or self.max_blocks <= 1)
+                and seq_lens.shape == (self.batch,)
+                and seq_lens.dtype == torch.int32
+                and q_nope.device == self.device
+                and q_pe.device == self.device
+                and kv_cache.device == self.device
+                and block_table.device == self.device
+                and seq_lens.device == self.device
+            )
+        except (AttributeError, TypeError):  # not tensors
+            return False
 
     @property
     def direct(self) -> bool:
@@ -383,53 +440,111 @@ def plan_decode(
     block_size: int,
     q_dtype: torch.dtype,
     kv_dtype: torch.dtype,
-    device: torch.device,
+    device: torch.device | str,
+    kv_cache_dtype: str = "auto",
     max_seq_len: int | None = None,
     num_kv_splits: int | None = None,
     workspace_numel: int | None = None,
     config: dict[str, Any] | None = None,
-    fp8_dots: str = "none",
+    fp8_dots: str | None = None,
     k_scale_on_device: bool = False,
     batch_invariant: bool = False,
+    backend: str | None = None,
+    debug: bool | None = None,
 ) -> DecodePlan:
-    """The launches of an mla_decode call with these sizes, from the sizes alone (no device read).
+    """Everything an ``mla_decode`` call with these sizes launches, decided once on the host
+    (flashinfer's plan/run): make it once per step and pass it to every layer's call
+    (``mla_decode(..., plan=plan)``), which then only checks its tensors against it. No device
+    value is read, so the calls that use it can be captured in a CUDA/HIP graph.
 
     Args:
         batch: B, the block table's rows; ``q_nope`` is ``[B x q_len, num_heads, 512]``.
-        num_heads: N.
+        num_heads: N (query heads on this rank).
         q_len: query rows per request (1 for decode, more for MTP / spec-decode verification).
         max_blocks: the block table's columns (``block_table [B, max_blocks]``).
         block_size: tokens per cache page (``kv_cache [num_blocks, block_size, 576]``).
         q_dtype: float16, bfloat16 or float32.
-        kv_dtype: the cache's dtype as the kernel reads it: q's dtype, or an fp8 e4m3 kind (uint8
-            storage counts as fp8).
-        device: where the call runs (its arch and CU/SM count; the CPU interpreter counts 4).
-        max_seq_len: a host-side upper bound of max(seq_lens); default the table's capacity
-            ``max_blocks x block_size``. Only the split count depends on it.
-        num_kv_splits: force S (>= 1); default ``choose_num_splits``.
-        workspace_numel: float32 elements of a caller's ``workspace=``; with no num_kv_splits, S is
-            capped to what it holds (the wrapper checks that a forced S fits).
-        config: a stage-1 config replacing the tier (tuning; ``stage1_config``'s ``override``).
-        fp8_dots: fp8 caches, 16-bit q: which dots run on fp8 operands, one of ``FP8_DOTS``
-            (``mla_decode(fp8_dots=)``; ignored for other caches and float32 q).
-        k_scale_on_device: k_scale is a device tensor that stage 1 reads (not a host number).
-        batch_invariant: split each request by ``invariant_split`` (a function of its own length);
-            S = ``invariant_num_splits`` of the max_seq_len hint (else the table's capacity), which
-            must then be an upper bound of every seq_len: any such S gives a request the same
-            bits; workspace_numel does not change S. With the tier's ``SPLIT_RUNS`` the
-            programs per request (``split_programs``) follow the batch as the default mode's
-            split count does, each taking a run of the request's splits. Stage 2 adds each
-            request's own splits in split order, its tile following the batch
-            (``stage2_meta``). With S == 1 stage 1 writes out
-            directly: for a request with one live split that gives the bits the two-stage path
-            gives (tests/decode/test_decode_batch_invariant.py).
+        kv_dtype: the cache tensor's dtype: q's dtype, a float8 e4m3 kind, or uint8 storage
+            with an fp8 ``kv_cache_dtype``.
+        device: where the calls run (its arch and CU/SM count; the CPU interpreter counts 4).
+        kv_cache_dtype: as ``mla_decode`` documented it before plans: "auto" (the cache's dtype;
+            float8 dtypes mean fp8), "bfloat16", "float16", "float32" (must match the cache),
+            or an fp8 name (``mla_dims.FP8_KV_CACHE_DTYPES``): "fp8" / "fp8_e4m3" (uint8 storage
+            read as the platform's e4m3: e4m3fnuz on gfx942, e4m3fn elsewhere), "fp8_e4m3fn" /
+            "fp8_e4m3fnuz" (uint8 storage read as that kind; a float8 cache must be that kind).
+        max_seq_len: a host-side upper bound of max(seq_lens) (vLLM's
+            ``attn_metadata.max_seq_len``); default the table's capacity ``max_blocks x
+            block_size``. Only the split count depends on it: a wrong hint costs speed, not
+            correctness (batch-invariant mode: it must bound every seq_len).
+        num_kv_splits: force S (>= 1); default ``choose_num_splits``. Only load balance depends
+            on it, never the result.
+        workspace_numel: float32 elements of the ``workspace=`` the calls will pass; with no
+            num_kv_splits, S is capped to what it holds.
+        config: a stage-1 config replacing the tier (``BLOCK_H``, ``BLOCK_N``, ``num_warps``,
+            ``num_stages``, AMD options, ``ctas_per_cu``): tuning.
+        fp8_dots: fp8 caches only: which dots run on fp8 matrix instructions (fp8 MFMA on gfx9,
+            fp8 mma/wgmma on NVIDIA), an accuracy trade for speed (docs/notes/fp8-decode.md):
+            ``"none"``: both dots in q's dtype, K and V converted from e4m3 in the loop;
+            ``"qk"``: q rounded to the cache's e4m3 kind with one scale per (row, head) (absmax
+            of its 576 values over the kind's largest value; ``reference.decode.quantize_q_fp8``
+            is the exact spec) and q . k^T on fp8 operands read straight from the cache;
+            ``"all"``: "qk" plus p rounded to e4m3 after the running-max subtraction (a row's
+            largest weight maps to the kind's largest value) and p . v on fp8 V as stored. None:
+            ``DEFAULT_FP8_DOTS`` for fp8 caches, "none" otherwise. The reference backend rounds
+            the same values (p against the global row max). Not for float32 q (exact products)
+            nor 16/32-bit caches (ValueError).
+        k_scale_on_device: the calls pass ``k_scale`` as a float32 tensor of one element read
+            by the kernel (no host sync) rather than a number (fp8 caches; ignored otherwise).
+        batch_invariant: a request's out and lse do not depend on the batch: bitwise the same
+            whatever the other requests, their lengths, their order and its position (every
+            cache dtype, q_len, block size, N; under CUDA/HIP graphs too). Each request is split
+            by ``invariant_split`` (a function of its own length); S =
+            ``invariant_num_splits`` of the max_seq_len hint (else the table's capacity), which
+            must then bound every seq_len (vLLM's does: graphs are captured with
+            max_model_len); workspace_numel does not change S; num_kv_splits must be None. With
+            the tier's ``SPLIT_RUNS`` the programs per request (``split_programs``) follow the
+            batch as the default mode's split count does, each taking a run of the request's
+            splits. Stage 2 adds each request's own splits in split order, its tile following
+            the batch (``stage2_meta``). docs/batch-invariance.md gives the rule and its cost.
+        backend: "triton" or "reference" to force one (default: configs' backend_order; see
+            ``rocm_mla.ops._dispatch``; ``ROCM_MLA_BACKEND_MLA_DECODE`` in the environment).
+        debug: every call validates seq_lens and block-table entries against the cache (reads
+            device values: a host sync, so not capturable). Default: ``ROCM_MLA_DEBUG=1``.
+
+    Raises:
+        TypeError / ValueError naming the argument, what was expected and what came.
     """
+    c = Checker(OP)
+    device = torch.device(device)
+    for name, v, low in (
+        ("batch", batch, 0),
+        ("num_heads", num_heads, 0),
+        ("q_len", q_len, 1),
+        ("max_blocks", max_blocks, 0),
+        ("block_size", block_size, 1),
+    ):
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            c.fail(name, f"an int >= {low}", repr(v))
+    if q_dtype not in FLOAT_DTYPES:
+        c.fail("q_dtype", "float16, bfloat16 or float32", str(q_dtype).replace("torch.", ""), TypeError)
     arch = _platform.device_arch(device)
+    kv_kind, kv_fp8 = kv_kind_for(c, kv_dtype, kv_cache_dtype, q_dtype, arch)
+    dots = resolve_fp8_dots(c, fp8_dots, kv_fp8, kv_dtype, q_dtype)
+    if num_kv_splits is not None and (
+        not isinstance(num_kv_splits, int) or isinstance(num_kv_splits, bool) or num_kv_splits < 1
+    ):
+        c.fail("num_kv_splits", "None or an int >= 1", repr(num_kv_splits))
+    if not isinstance(batch_invariant, bool):
+        c.fail("batch_invariant", "a bool", repr(batch_invariant), TypeError)
+    if batch_invariant and num_kv_splits is not None:
+        c.fail("num_kv_splits", "None with batch_invariant=True (the split rule is fixed)", repr(num_kv_splits))
+    if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len < 0):
+        c.fail("max_seq_len", "None or an int >= 0", repr(max_seq_len))
+    impl = select(OP, device, backend, has_hip=False)
     num_cus = num_compute_units(device)
-    kv_fp8 = kv_dtype in FP8_DTYPES or kv_dtype == torch.uint8
     m_rows = q_len * num_heads
     tier = None if config is not None else stage1_tier_index(config_for(OP, arch)["stage1"], m_rows)
-    cfg = stage1_config(arch, m_rows, q_dtype, kv_fp8, config, fp8_dots=fp8_dots)
+    cfg = stage1_config(arch, m_rows, q_dtype, kv_fp8, config, fp8_dots=dots)
     row_blocks = triton.cdiv(m_rows, int(cfg["BLOCK_H"]))
     block_n = int(cfg["BLOCK_N"])
     r = batch * q_len * num_heads
@@ -438,8 +553,6 @@ def plan_decode(
     cap = max_blocks * block_size
     bound = cap if max_seq_len is None else min(max_seq_len, cap)
     if batch_invariant:
-        if num_kv_splits is not None:
-            raise ValueError(f"{OP}: num_kv_splits: expected None with batch_invariant=True, got {num_kv_splits}")
         split_tokens, split_cap = invariant_split(arch, cfg)
         S = invariant_num_splits(bound, split_tokens, split_cap)
     P = None
@@ -452,7 +565,7 @@ def plan_decode(
             bound,
             block_n,
             int(cfg["BLOCK_H"]),
-            kv_dtype.itemsize,
+            kv_kind.itemsize,
             num_cus,
             int(cfg["ctas_per_cu"]),
             int(sp["min_tokens_per_split"]),
@@ -477,7 +590,7 @@ def plan_decode(
         q_dtype,
         kv_fp8,
         direct=S == 1,
-        has_scale_ptr=k_scale_on_device,
+        has_scale_ptr=kv_fp8 and bool(k_scale_on_device),
         page_mode=page_mode,
         split_tokens=split_tokens,
         split_cap=split_cap,
@@ -510,12 +623,70 @@ def plan_decode(
         stage2_options=options2,
         batch_invariant=batch_invariant,
         split_rule=(split_tokens, split_cap, block_n) if batch_invariant else (0, 0, 1),
+        device=device,
+        max_blocks=max_blocks,
+        block_size=block_size,
+        q_dtype=q_dtype,
+        cache_dtype=kv_dtype,
+        kv_dtype=kv_kind,
+        kv_cache_dtype=kv_cache_dtype,
+        fp8_dots=dots,
+        k_scale_on_device=kv_fp8 and bool(k_scale_on_device),
+        backend=impl,
+        debug=debug_enabled(debug),
     )
+
+
+def kv_kind_for(
+    c: Checker, dt: torch.dtype, kv_cache_dtype: str, q_dtype: torch.dtype, arch: str
+) -> tuple[torch.dtype, bool]:
+    """The cache's dtype as the kernel reads it (uint8 storage of a named fp8 kind viewed as that
+    kind) and whether it is fp8, for a cache tensor of dtype ``dt`` (errors name ``kv_cache``)."""
+    if kv_cache_dtype not in KV_CACHE_DTYPE_NAMES:
+        c.fail("kv_cache_dtype", f"one of {', '.join(map(repr, KV_CACHE_DTYPE_NAMES))}", repr(kv_cache_dtype))
+    if kv_cache_dtype in FP8_KV_CACHE_DTYPES:
+        return c.fp8_kind_of(dt, arch, kv_cache_dtype), True
+    if dt in FP8_DTYPES:
+        if kv_cache_dtype != "auto":
+            name = str(dt).replace("torch.", "")
+            c.fail("kv_cache_dtype", f"'auto' or 'fp8' for a {name} cache", repr(kv_cache_dtype))
+        return dt, True
+    if dt == torch.uint8:
+        c.fail("kv_cache_dtype", "'fp8' or 'fp8_e4m3' for a uint8 cache", repr(kv_cache_dtype))
+    if kv_cache_dtype != "auto" and str(dt) != f"torch.{kv_cache_dtype}":
+        c.fail("kv_cache", f"dtype {kv_cache_dtype} (kv_cache_dtype)", str(dt).replace("torch.", ""), TypeError)
+    if dt != q_dtype:
+        c.fail(
+            "kv_cache",
+            f"dtype {str(q_dtype).replace('torch.', '')} (like q_nope) or fp8",
+            str(dt).replace("torch.", ""),
+            TypeError,
+        )
+    return dt, False
+
+
+def resolve_fp8_dots(c: Checker, fp8_dots, kv_fp8: bool, kv_dtype: torch.dtype, q_dtype: torch.dtype) -> str:
+    """The fp8_dots mode of a plan (``FP8_DOTS``): the argument or the default; "none" for
+    16/32-bit caches."""
+    if fp8_dots is not None and fp8_dots not in FP8_DOTS:
+        c.fail("fp8_dots", f"None or one of {', '.join(map(repr, FP8_DOTS))}", repr(fp8_dots))
+    if not kv_fp8:
+        if fp8_dots not in (None, "none"):
+            got = f"a {str(kv_dtype).replace('torch.', '')} cache"
+            c.fail("fp8_dots", "an fp8 kv_cache (q and p are rounded to the cache's fp8 kind)", got)
+        return "none"
+    if fp8_dots is None:
+        return DEFAULT_FP8_DOTS if q_dtype != torch.float32 else "none"
+    if fp8_dots != "none" and q_dtype == torch.float32:
+        c.fail("fp8_dots", "float16 or bfloat16 q (float32 q keeps exact products)", "float32 q")
+    return fp8_dots
 
 
 __all__ = [
     "DecodePlan",
     "plan_decode",
+    "DEFAULT_FP8_DOTS",
+    "KV_CACHE_DTYPE_NAMES",
     "mla_decode_workspace_numel",
     "choose_num_splits",
     "invariant_split",

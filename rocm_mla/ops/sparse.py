@@ -18,7 +18,7 @@ from ..reference.sparse import mla_sparse_attention_ref, sparse_slots
 from ..triton_common import INT32_MAX, LOG2E
 from ._checks import FLOAT_DTYPES, Checker, debug_enabled
 from ._dispatch import select
-from .decode import _check_k_scale, _destinations, _kv_view
+from .decode import _destinations, check_k_scale, kv_view
 from .sparse_plan import D_KV, D_NOPE, D_PE, OP, SparsePlan, plan_sparse_attention
 
 
@@ -121,7 +121,7 @@ def mla_sparse_attention(
         c.fail("kv_cache", "block_size >= 1", f"shape {tuple(kv_cache.shape)}")
     if kv_cache.stride(2) != 1:
         c.fail("kv_cache", "a contiguous last dim (stride 1)", f"strides {kv_cache.stride()}")
-    kv, is_fp8 = _kv_view(c, kv_cache, kv_cache_dtype, q_nope.dtype)
+    kv, is_fp8 = kv_view(c, kv_cache, kv_cache_dtype, q_nope.dtype)
     c.tensor("topk_indices", topk_indices, ndim=2, layout="[T, K]", dtypes=(torch.int32,))
     if topk_indices.shape[0] != T:
         c.fail("topk_indices", f"shape [T, K] = ({T}, *) (q_nope's T)", tuple(topk_indices.shape))
@@ -144,7 +144,7 @@ def mla_sparse_attention(
     sm_scale = c.scale("sm_scale", sm_scale)
     given_out, given_lse = out, lse
     out, lse = _destinations(c, out, lse, workspace, q_nope, "T")
-    scale_t = _check_k_scale(c, k_scale, q_nope.device)
+    scale_t = check_k_scale(c, k_scale)
     if not isinstance(batch_invariant, bool):
         c.fail("batch_invariant", "a bool", repr(batch_invariant), TypeError)
     if num_splits is not None and (not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 1):

@@ -48,7 +48,16 @@ from vllm.v1.kv_cache_interface import is_quantized_kv_cache
 
 from rocm_mla import env
 from rocm_mla.mla_dims import FP8_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM, VLLM_FP8_KV_CACHE_DTYPES
-from rocm_mla.ops import concat_and_cache_mla, gather_context_chunk, merge_attn_states, mla_decode, mla_prefill
+from rocm_mla.ops import (
+    DecodePlan,
+    concat_and_cache_mla,
+    gather_context_chunk,
+    merge_attn_states,
+    mla_decode,
+    mla_prefill,
+    plan_decode,
+    plan_decode_for,
+)
 from rocm_mla.vllm.invariant_context import fold_in_context_invariant
 
 # The decode kernel's fixed latent geometry (docs/ARCHITECTURE.md §1): kv_lora_rank 512, rope 64;
@@ -158,6 +167,40 @@ class RocmMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
 
     def update_draft_decode_metadata(self, metadata: MLACommonMetadata) -> None:
         """Nothing to refresh: see ``supports_draft_decode_metadata_update``."""
+
+    def build(self, *args, **kwargs) -> MLACommonMetadata:
+        """vLLM's metadata, with the step's decode plan (``rocm_mla.plan_decode``) on
+        ``metadata.decode.rocm_mla_plan``: made once here, run by every layer's ``forward_mqa``."""
+        metadata = super().build(*args, **kwargs)
+        if metadata.decode is not None:
+            metadata.decode.rocm_mla_plan = self._decode_plan(metadata)
+        return metadata
+
+    def _decode_plan(self, metadata: MLACommonMetadata) -> DecodePlan | None:
+        """The decode rows' plan from the step's sizes and the layers' settings (the ones
+        ``RocmMLAImpl`` reads: the cache kind, ROCM_MLA_FP8_DOTS, batch invariance). None under
+        decode context parallelism (its query is gathered over the ranks): the first layer then
+        plans from its tensors and leaves the plan for the others."""
+        if self.dcp_world_size != 1 or not metadata.num_decodes:
+            return None
+        d = metadata.decode
+        fp8 = is_quantized_kv_cache(self.vllm_config.cache_config.cache_dtype)
+        act = self.model_config.dtype
+        return plan_decode(
+            batch=d.block_table.shape[0],
+            num_heads=self.num_heads,
+            q_len=metadata.num_decode_tokens // metadata.num_decodes,
+            max_blocks=d.block_table.shape[1],
+            block_size=self.kv_cache_spec.block_size,
+            q_dtype=act,
+            kv_dtype=current_platform.fp8_dtype() if fp8 else self.kv_cache_spec.dtype,
+            kv_cache_dtype="fp8" if fp8 else "auto",
+            device=d.block_table.device,
+            max_seq_len=int(metadata.max_seq_len),
+            fp8_dots=fp8_dots_from_env(fp8, act),
+            k_scale_on_device=fp8,
+            batch_invariant=batch_invariant_requested(),
+        )
 
 
 def fp8_dots_from_env(fp8_cache: bool, act_dtype: torch.dtype) -> str | None:
@@ -472,19 +515,23 @@ class RocmMLAImpl(RocmMLAImplCommon, MLACommonImpl[MLACommonMetadata]):
         # torch.empty, not zeros: the kernel writes every element of out and lse.
         out = torch.empty(rows, num_heads, KV_LORA_RANK, dtype=q_nope.dtype, device=q_nope.device)
         lse = torch.empty(rows, num_heads, dtype=torch.float32, device=q_nope.device)
-        mla_decode(
-            q_nope,
-            q_pe,
-            kv_c_and_k_pe_cache,
-            attn_metadata.decode.block_table,
-            attn_metadata.decode.seq_lens,
-            sm_scale=self.scale,
-            out=out,
-            lse=lse,
-            kv_cache_dtype="fp8" if self._fp8_cache else "auto",
-            k_scale=layer._k_scale.reshape(1) if self._fp8_cache else None,
-            max_seq_len=int(attn_metadata.max_seq_len),
-            fp8_dots=self._fp8_dots,
-            batch_invariant=self._batch_invariant,
-        )
+        decode = attn_metadata.decode
+        kv, table, lens = kv_c_and_k_pe_cache, decode.block_table, decode.seq_lens
+        k_scale = layer._k_scale.reshape(1) if self._fp8_cache else None
+        plan = getattr(decode, "rocm_mla_plan", None)
+        if plan is None or not plan.matches(q_nope, q_pe, kv, table, lens):
+            # Metadata another builder made, or a query gathered over DCP ranks: plan from the
+            # tensors once and leave the plan for the step's other layers.
+            plan = plan_decode_for(
+                q_nope,
+                kv,
+                table,
+                k_scale=k_scale,
+                kv_cache_dtype="fp8" if self._fp8_cache else "auto",
+                max_seq_len=int(attn_metadata.max_seq_len),
+                fp8_dots=self._fp8_dots,
+                batch_invariant=self._batch_invariant,
+            )
+            decode.rocm_mla_plan = plan
+        mla_decode(q_nope, q_pe, kv, table, lens, sm_scale=self.scale, plan=plan, out=out, lse=lse, k_scale=k_scale)
         return out, lse

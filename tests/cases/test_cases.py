@@ -139,7 +139,9 @@ def test_decode_fp8_inputs():
     assert args[2].dtype == torch.uint8 and args[2].data_ptr() == c.paged.caches[1].data_ptr()
     assert args[3] is c.paged.tables[1]
     kw = c.kwargs(num_kv_splits=3)
-    assert kw["kv_cache_dtype"] == "fp8" and kw["k_scale"] is c.k_scale and kw["num_kv_splits"] == 3
+    plan = kw["plan"]
+    assert plan.kv_cache_dtype == "fp8" and plan.cache_dtype == torch.uint8 and plan.kv_dtype == E4M3
+    assert kw["k_scale"] is c.k_scale and plan.k_scale_on_device and plan.num_kv_splits == 3
     # platform kind by default (the CPU's: configs/platform.json)
     d = decode.make_inputs(s, dtype=F16)
     assert d.kv_cache.dtype == _paged.platform_fp8(torch.device("cpu"))
@@ -481,7 +483,8 @@ def test_decode_plan_is_the_plan_of_the_call(kv):
         max_blocks=5,
         block_size=16,
         q_dtype=torch.float16,
-        kv_dtype=case.paged.cache.dtype,
+        kv_dtype=case.paged.stored(0).dtype,
+        kv_cache_dtype=case.kv_cache_dtype,
         device=torch.device(DEVICE),
         max_seq_len=80,
         num_kv_splits=2,

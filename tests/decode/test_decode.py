@@ -15,8 +15,8 @@ import torch
 from _util import DEVICE, DTYPES, HAS_GPU, raises_naming
 from decode_case import BACKENDS, V_SPLIT_CFG, make_case
 
-import rocm_mla
 from rocm_mla.cases import compare, decode, outside_untouched, poisoned, raise_on
+from rocm_mla.cases.decode import call_decode
 from rocm_mla.ops.decode_plan import choose_num_splits, mla_decode_workspace_numel, stage1_config
 from rocm_mla.reference import mla_decode_ref
 from rocm_mla.variants.decode import triton_variants, tuning_candidates
@@ -187,7 +187,7 @@ def test_fp8_cache(scale_kind, storage, kv_name):
     ks = torch.tensor(0.5, device=DEVICE) if scale_kind == "tensor" else 0.5
     kv = case.kv_cache.view(torch.uint8) if storage == "uint8" else case.kv_cache
     for splits in (1, 3):
-        out, lse = rocm_mla.mla_decode(
+        out, lse = call_decode(
             case.q_nope,
             case.q_pe,
             kv,
@@ -212,7 +212,7 @@ def test_fp8_cache_named_kind(storage):
     case = make_case((40, 6), 8, 2, 16, dtype, fp8=True, k_scale=0.5, seed=11)
     name = {torch.float8_e4m3fn: "fp8_e4m3fn", torch.float8_e4m3fnuz: "fp8_e4m3fnuz"}[case.paged.fp8]
     kv = case.kv_cache.view(torch.uint8) if storage == "uint8" else case.kv_cache
-    out, lse = rocm_mla.mla_decode(
+    out, lse = call_decode(
         case.q_nope,
         case.q_pe,
         kv,
@@ -227,7 +227,7 @@ def test_fp8_cache_named_kind(storage):
     if storage == "float8":
         other = "fp8_e4m3fnuz" if name == "fp8_e4m3fn" else "fp8_e4m3fn"
         with pytest.raises(TypeError, match=f"kv_cache: expected dtype float8_e4m3fnu?z? \\(kv_cache_dtype='{other}'"):
-            rocm_mla.mla_decode(
+            call_decode(
                 case.q_nope,
                 case.q_pe,
                 kv,
@@ -282,7 +282,7 @@ def test_forced_backend_env(monkeypatch):
 def test_empty_batch():
     case = make_case((3,), 4, 1, 16)
     qn, qp = case.q_nope[:0], case.q_pe[:0]
-    out, lse = rocm_mla.mla_decode(qn, qp, case.kv_cache, case.block_table[:0], case.seq_lens[:0], sm_scale=0.1)
+    out, lse = call_decode(qn, qp, case.kv_cache, case.block_table[:0], case.seq_lens[:0], sm_scale=0.1)
     assert out.shape == (0, 4, 512) and lse.shape == (0, 4)
 
 
@@ -454,7 +454,7 @@ def _z(*shape, dtype=torch.float32):
 def test_bad_input_names_argument(change, exc, words):
     args = _good()
     args.update(change(args))
-    raises_naming(exc, lambda: rocm_mla.mla_decode(**args), *words)
+    raises_naming(exc, lambda: call_decode(**args), *words)
 
 
 # The no-debug call below reads request 1's all-NaN spare page on purpose (interpreter warns).
@@ -468,15 +468,15 @@ def test_debug_checks_seq_lens_and_pages():
     bad = args["seq_lens"].clone()
     bad[1] = cap + 1
     words = ("seq_lens", f"capacity {cap}", f"seq_lens[1] = {cap + 1}")
-    raises_naming(ValueError, lambda: rocm_mla.mla_decode(**{**args, "seq_lens": bad}, debug=True), *words)
+    raises_naming(ValueError, lambda: call_decode(**{**args, "seq_lens": bad}, debug=True), *words)
     bt = args["block_table"].clone()
     bt[0, 0] = 10_000
     with pytest.raises(ValueError, match=r"block_table: expected page ids in \[0, 5\).*10000"):
-        rocm_mla.mla_decode(**{**args, "block_table": bt}, debug=True)
+        call_decode(**{**args, "block_table": bt}, debug=True)
     # Without debug: no sync, no check; the kernel clamps the bad length to the capacity, so it
     # reads nothing past the table (request 1 then reads its poisoned spare page: garbage in,
     # garbage out), and the other request is unaffected.
-    out, lse = rocm_mla.mla_decode(**{**args, "seq_lens": bad})
+    out, lse = call_decode(**{**args, "seq_lens": bad})
     ro, rl = mla_decode_ref(args["q_nope"], args["q_pe"], args["kv_cache"], args["block_table"], args["seq_lens"], 0.1)
     case.check(out[:1], lse[:1], ref=(ro[:1], rl[:1]))
 

@@ -9,7 +9,7 @@ import torch
 from _util import CLAMP_CFG, DEVICE, PAGE_GUARD_CFGS
 from decode_case import V_SPLIT_CFG, make_case
 
-import rocm_mla
+from rocm_mla.cases.decode import call_decode
 from rocm_mla.ops.decode_plan import stage1_config
 
 
@@ -61,7 +61,7 @@ def test_cache_without_pages_makes_used_requests_nan(cfg, splits):
     NaN (nothing is read); a request with seq_len 0 still gets out 0 and lse -inf."""
     case = make_case((20, 0), 4, 1, 16, seed=44)
     kv, bt = case.kv_cache[:0], torch.zeros_like(case.block_table)  # [0, 16, 576]; [2, 3]
-    out, lse = rocm_mla.mla_decode(
+    out, lse = call_decode(
         case.q_nope,
         case.q_pe,
         kv,
@@ -151,9 +151,7 @@ def test_gpu_page_guard_forms(clamp, kv):
     bt = torch.zeros(2, 4, dtype=torch.int32, device=DEVICE)
     sl = torch.tensor([200, 0], dtype=torch.int32, device=DEVICE)
     for splits in (1, 4):
-        out, lse = rocm_mla.mla_decode(
-            q, qp, empty, bt, sl, sm_scale=0.1, num_kv_splits=splits, config=cfg, debug=False, **kw
-        )
+        out, lse = call_decode(q, qp, empty, bt, sl, sm_scale=0.1, num_kv_splits=splits, config=cfg, debug=False, **kw)
         torch.cuda.synchronize()
         assert torch.isnan(out[0].float()).all() and torch.isnan(lse[0]).all()
         assert (out[1] == 0).all() and (lse[1] == float("-inf")).all()

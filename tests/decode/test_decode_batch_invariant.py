@@ -16,8 +16,9 @@ from _util import DEVICE
 from decode_case import make_case
 
 from rocm_mla.cases import decode
+from rocm_mla.cases.decode import call_decode
 from rocm_mla.configs import config_for
-from rocm_mla.ops import mla_decode, plan_decode
+from rocm_mla.ops import plan_decode
 from rocm_mla.ops.decode_plan import invariant_num_splits, invariant_split
 
 
@@ -41,7 +42,7 @@ def _batch(case, idx, q_len, extra_cols=0, trim=False):
 def _run(case, idx, q_len, extra_cols=0, trim=False, **kw):
     args = _batch(case, idx, q_len, extra_cols, trim)
     kw.setdefault("batch_invariant", True)
-    return mla_decode(*args, sm_scale=case.sm_scale, kv_cache_dtype=case.kv_cache_dtype, k_scale=case.k_scale, **kw)
+    return call_decode(*args, sm_scale=case.sm_scale, kv_cache_dtype=case.kv_cache_dtype, k_scale=case.k_scale, **kw)
 
 
 def _rows_of(out, lse, pos, q_len):
@@ -143,7 +144,7 @@ def test_direct_equals_two_stage_for_one_split():
         batch_invariant=True,
     )
     assert plan.direct
-    o1, l1 = mla_decode(*narrow, sm_scale=case.sm_scale, batch_invariant=True)
+    o1, l1 = call_decode(*narrow, sm_scale=case.sm_scale, batch_invariant=True)
     o2, l2 = _run(case, [1, 0, 2], 2, extra_cols=4)
     assert _same_bits(o1, o2[2:4]) and _same_bits(l1, l2[2:4])
 
@@ -211,10 +212,10 @@ def test_gpu_invariant_under_cuda_graph():
     out = torch.empty(8, 16, 512, dtype=torch.bfloat16, device=DEVICE)
     lse = torch.empty(8, 16, dtype=torch.float32, device=DEVICE)
     kw = dict(sm_scale=case.sm_scale, out=out, lse=lse, batch_invariant=True)
-    mla_decode(*args, **kw)  # compile outside the capture
+    call_decode(*args, **kw)  # compile outside the capture
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        mla_decode(*args, **kw)
+        call_decode(*args, **kw)
     out.fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
@@ -235,7 +236,7 @@ def test_nan_reaches_its_request_only(where):
         kv = kv.clone()
         j = 40  # a key both rows of the request see
         kv[int(table[1, j // 16]), j % 16, 7] = float("nan")
-    o, lse = mla_decode(q_nope, q_pe, kv, table, seq_lens, sm_scale=case.sm_scale, batch_invariant=True)
+    o, lse = call_decode(q_nope, q_pe, kv, table, seq_lens, sm_scale=case.sm_scale, batch_invariant=True)
     nan_rows = torch.isnan(o).any(dim=2)  # [rows, N]
     others = [0, 1, 4, 5]
     assert _same_bits(o[others], clean[0][others]) and _same_bits(lse[others], clean[1][others])
@@ -310,7 +311,7 @@ def test_split_runs_bad_page_is_loud(clamp):
     clean = [t.clone() for t in _run(case, idx, 1, config=cfg)]
     q_nope, q_pe, kv, table, seq_lens = _batch(case, idx, 1)
     table[1, 4] = kv.shape[0] + 3
-    o, lse = mla_decode(q_nope, q_pe, kv, table, seq_lens, sm_scale=case.sm_scale, batch_invariant=True, config=cfg)
+    o, lse = call_decode(q_nope, q_pe, kv, table, seq_lens, sm_scale=case.sm_scale, batch_invariant=True, config=cfg)
     assert torch.isnan(o[1]).all() and torch.isnan(lse[1]).all()
     others = [0, 2, 3]
     assert _same_bits(o[others], clean[0][others]) and _same_bits(lse[others], clean[1][others])
@@ -332,7 +333,7 @@ def test_the_reduce_tile_changes_no_bit():
         obj["batch_invariant"] = {"split_tokens": 16, "max_splits": 64}  # a grid of 64 splits
         with override("mla_decode", arch, obj):
             args = _batch(case, idx, 2, extra_cols=60)
-            o, lse = mla_decode(*args, sm_scale=case.sm_scale, batch_invariant=True)
+            o, lse = call_decode(*args, sm_scale=case.sm_scale, batch_invariant=True)
             runs.append((o.clone(), lse.clone()))
             plan = plan_decode(
                 batch=len(idx), num_heads=4, q_len=2, max_blocks=args[3].shape[1], block_size=16,

@@ -62,14 +62,6 @@ def test_fp8_dots_all_tiles_take_fp8_matrix_instructions(arch):
         stage1_config(arch, 16, torch.bfloat16, True, dict(D_SPLIT2), fp8_dots="all")
 
 
-def test_quantize_q_is_fp8_dots_qk():
-    """quantize_q=True is fp8_dots="qk", bit for bit."""
-    case = make_case((45, 7), 16, 1, 16, Q_DTYPE, fp8=True, k_scale=0.5, seed=27)
-    a, la = case.run(out=None, lse=None, num_kv_splits=2, quantize_q=True)
-    b, lb = case.run(out=None, lse=None, num_kv_splits=2, fp8_dots="qk")
-    assert torch.equal(a.view(torch.int16), b.view(torch.int16)) and torch.equal(la, lb)
-
-
 @pytest.mark.parametrize("mode", FP8_DOTS)
 @pytest.mark.parametrize(
     "N,q_len,block,splits",
@@ -142,12 +134,8 @@ def test_gpu_fp8_dots_nan_reaches_its_request_only(mode):
     "kv,q_dtype,kw,words",
     [
         ("fp16", torch.float16, {"fp8_dots": "all"}, "fp8_dots: expected an fp8 kv_cache"),
-        ("fp16", torch.float16, {"quantize_q": True}, "quantize_q: expected an fp8 kv_cache"),
         ("fp8", torch.float32, {"fp8_dots": "qk"}, "fp8_dots: expected float16 or bfloat16 q"),
-        ("fp8", torch.float32, {"quantize_q": True}, "quantize_q: expected float16 or bfloat16 q"),
-        ("fp8", torch.float16, {"quantize_q": 1}, "quantize_q: expected a bool"),
         ("fp8", torch.float16, {"fp8_dots": "pv"}, "fp8_dots: expected None or one of 'none', 'qk', 'all'"),
-        ("fp8", torch.float16, {"fp8_dots": "all", "quantize_q": True}, "quantize_q: expected quantize_q=True only"),
     ],
 )
 def test_fp8_dots_bad_input_named(kv, q_dtype, kw, words):

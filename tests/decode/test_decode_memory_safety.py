@@ -21,8 +21,8 @@ from _util import (
 )
 from decode_case import BACKENDS, GuardedCase
 
-import rocm_mla
 from rocm_mla.cases import decode
+from rocm_mla.cases.decode import call_decode
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -160,7 +160,7 @@ def test_decode_overlaps_rejected_naming_both():
     bt_buf = torch.zeros(64, dtype=torch.int32, device=DEVICE)
     raises_naming(
         ValueError,
-        lambda: rocm_mla.mla_decode(
+        lambda: call_decode(
             case.q_nope,
             case.q_pe,
             case.kv,
@@ -179,7 +179,7 @@ def test_decode_overlaps_rejected_naming_both():
     lse = torch.ones(rows, N, device=DEVICE)
     raises_naming(
         ValueError,
-        lambda: rocm_mla.mla_decode(
+        lambda: call_decode(
             case.q_nope,
             case.q_pe,
             case.kv.to(torch.float8_e4m3fn),
@@ -201,7 +201,7 @@ def test_decode_scale_validated(bad, exc, words):
     case = GuardedCase((5,), 2, 1, 16)
 
     def fn():
-        return rocm_mla.mla_decode(case.q_nope, case.q_pe, case.kv, case.block_table, case.seq_lens, sm_scale=bad)
+        return call_decode(case.q_nope, case.q_pe, case.kv, case.block_table, case.seq_lens, sm_scale=bad)
 
     raises_naming(exc, fn, "mla_decode: sm_scale", *words)
 

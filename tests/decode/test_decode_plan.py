@@ -144,7 +144,7 @@ def record(case: dict[str, Any], monkeypatch) -> list[dict[str, Any]]:
     monkeypatch.setattr(platform, "device_arch", lambda device: arch)
     monkeypatch.setattr(platform, "interpreter_active", lambda: False)
     monkeypatch.setattr(plan_mod, "num_compute_units", lambda device: ARCHES[arch])
-    monkeypatch.setattr(decode_mod, "select", lambda *a, **k: "triton")
+    monkeypatch.setattr(plan_mod, "select", lambda *a, **k: "triton")
     kw = _inputs(case)
     launches: list = []
     roles: dict = {}
@@ -159,7 +159,8 @@ def record(case: dict[str, Any], monkeypatch) -> list[dict[str, Any]]:
         if isinstance(t, torch.Tensor):
             roles[t.untyped_storage().data_ptr()] = "q" if name == "q_nope" else name
     try:
-        decode_mod.mla_decode(**kw, out=out, lse=lse)
+        call = {k: kw[k] for k in ("q_nope", "q_pe", "kv_cache", "block_table", "seq_lens", "sm_scale", "k_scale")}
+        decode_mod.mla_decode(**call, out=out, lse=lse, workspace=kw["workspace"], plan=_plan(case))
     except ValueError as exc:
         return [{"error": str(exc)}]
     return json.loads(json.dumps(launches))
@@ -209,13 +210,14 @@ def _plan(case: dict[str, Any], **over) -> plan_mod.DecodePlan:
         max_blocks=kw["block_table"].shape[1],
         block_size=case["block"],
         q_dtype=DTYPES[case["dtype"]],
-        kv_dtype=platform_fp8_dtype(case["arch"]) if kv.dtype == torch.uint8 else kv.dtype,
+        kv_dtype=kv.dtype,
+        kv_cache_dtype=kw["kv_cache_dtype"],
         device=torch.device("cpu"),
         max_seq_len=kw["max_seq_len"],
         num_kv_splits=kw["num_kv_splits"],
         workspace_numel=None if kw["workspace"] is None else kw["workspace"].numel(),
         config=kw["config"],
-        fp8_dots="qk" if kw["quantize_q"] else "none",
+        fp8_dots="qk" if kw["quantize_q"] else None,
         k_scale_on_device=isinstance(ks, torch.Tensor),
     )
     return plan_mod.plan_decode(**{**args, **over})
@@ -264,15 +266,20 @@ def test_plan_tier_is_the_configs_index_or_none_for_an_override():
     assert plan_mod.plan_decode(batch=2, num_heads=16, config=tiers[-1], **base).tier is None
 
 
-def test_plan_is_frozen_and_uint8_storage_plans_as_fp8():
+def test_plan_is_frozen_and_uint8_storage_plans_as_its_fp8_kind():
     import dataclasses
 
     cpu = torch.device("cpu")
     base = dict(batch=4, num_heads=16, q_len=2, max_blocks=70, block_size=16, q_dtype=torch.bfloat16, device=cpu)
-    plan = plan_mod.plan_decode(kv_dtype=torch.uint8, **base)
+    plan = plan_mod.plan_decode(kv_dtype=torch.uint8, kv_cache_dtype="fp8", **base)
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.num_kv_splits = 3
-    assert plan == plan_mod.plan_decode(kv_dtype=platform_fp8_dtype("cpu"), **base)
+    typed = plan_mod.plan_decode(kv_dtype=platform_fp8_dtype("cpu"), **base)
+    # The same launches; only the storage the calls pass differs.
+    assert dataclasses.replace(plan, cache_dtype=typed.cache_dtype, kv_cache_dtype="auto") == typed
+    assert plan.kv_dtype == typed.kv_dtype == platform_fp8_dtype("cpu") and plan.cache_dtype == torch.uint8
+    with pytest.raises(ValueError, match=r"kv_cache_dtype: expected 'fp8' or 'fp8_e4m3' for a uint8 cache"):
+        plan_mod.plan_decode(kv_dtype=torch.uint8, **base)
 
 
 def test_a_workspace_caps_the_split_count_a_forced_one_does_not():

@@ -38,6 +38,7 @@ rocm_vllm.register()
 from rocm_mla.cases import compare, first_problem, raise_on  # noqa: E402
 from rocm_mla.cases import decode as decode_cases  # noqa: E402
 from rocm_mla.cases import rope_kv_write as rope_cases  # noqa: E402
+from rocm_mla.ops import DecodePlan  # noqa: E402
 from rocm_mla.reference import mla_decode_ref  # noqa: E402
 from rocm_mla.reference.rope_kv_write import quantize_fp8_ref  # noqa: E402
 from rocm_mla.vllm.backend import RocmMLABackend, RocmMLAImpl, RocmMLAMetadataBuilder  # noqa: E402
@@ -375,7 +376,6 @@ def test_fp8_dots_refused_for_a_float32_model(monkeypatch):
 def test_fp8_dots_by_environment(monkeypatch, kv_cache_dtype):
     """ROCM_MLA_FP8_DOTS=qk / all makes forward_mqa run mla_decode(fp8_dots=...) with an fp8 cache
     (and changes nothing with a 16-bit one); unset, the decode is the op's default."""
-    import rocm_mla
 
     dtype = torch.float16 if not HAS_GPU else torch.bfloat16
     results = {}
@@ -389,7 +389,7 @@ def test_fp8_dots_by_environment(monkeypatch, kv_cache_dtype):
         results[env] = step.layer.impl.forward_mqa(q, cache, md, layer)[0]
         assert step.layer.impl._fp8_dots == (env if env and kv_cache_dtype == "fp8" else None)
         if kv_cache_dtype == "fp8" and env:
-            want, _ = rocm_mla.mla_decode(
+            want, _ = decode_cases.call_decode(
                 q[0],
                 q[1],
                 cache,
@@ -404,6 +404,52 @@ def test_fp8_dots_by_environment(monkeypatch, kv_cache_dtype):
             assert not torch.equal(results[""], results[env])
     if kv_cache_dtype != "fp8":
         assert torch.equal(results[""], results["qk"]) and torch.equal(results[""], results["all"])
+
+
+@pytest.mark.parametrize("kv_cache_dtype,q_len", [("auto", 1), ("fp8", 2)])
+def test_the_builder_plans_the_decode_once_for_every_layer(kv_cache_dtype, q_len, monkeypatch):
+    """The metadata builder makes the step's decode plan; each layer's forward_mqa runs it without
+    planning again, and its output is the one a call planned from its own tensors gives."""
+    import rocm_mla.vllm.backend as backend_mod
+
+    dtype = torch.float16 if not HAS_GPU else torch.bfloat16
+    step = _step("mtp" if q_len == 2 else "decode", dtype, kv_cache_dtype, 16, 16)
+    ((_, (q, cache, md, layer), _),) = [c for c in step.capture_backend_calls() if c[0] == "forward_mqa"]
+    plan = md.decode.rocm_mla_plan
+    assert isinstance(plan, DecodePlan) and plan.q_len == q_len
+    assert plan.matches(q[0], q[1], cache, md.decode.block_table, md.decode.seq_lens)
+    planned = []
+    monkeypatch.setattr(backend_mod, "plan_decode_for", lambda *a, **k: planned.append(1))
+    monkeypatch.setattr(backend_mod, "plan_decode", lambda *a, **k: planned.append(1))
+    outs = [step.layer.impl.forward_mqa(q, cache, md, layer)[0] for _ in range(3)]
+    assert not planned and md.decode.rocm_mla_plan is plan
+    monkeypatch.undo()
+    fp8 = kv_cache_dtype == "fp8"
+    want, _ = decode_cases.call_decode(
+        q[0],
+        q[1],
+        cache,
+        md.decode.block_table,
+        md.decode.seq_lens,
+        sm_scale=step.layer.impl.scale,
+        kv_cache_dtype=kv_cache_dtype,
+        k_scale=layer._k_scale.reshape(1) if fp8 else None,
+        max_seq_len=int(md.max_seq_len),
+    )
+    assert all(torch.equal(o, want) for o in outs)
+
+
+def test_forward_mqa_plans_from_its_tensors_when_the_metadata_has_no_plan():
+    """Metadata without a fitting plan (another builder's, or a DCP-gathered query): the first
+    layer plans from its tensors and leaves the plan for the others."""
+    step = _step("decode", torch.float32, "auto", 16, 16)
+    ((_, (q, cache, md, layer), _),) = [c for c in step.capture_backend_calls() if c[0] == "forward_mqa"]
+    built = md.decode.rocm_mla_plan
+    md.decode.rocm_mla_plan = None
+    a = step.layer.impl.forward_mqa(q, cache, md, layer)[0]
+    assert md.decode.rocm_mla_plan == built
+    b = step.layer.impl.forward_mqa(q, cache, md, layer)[0]
+    assert torch.equal(a, b)
 
 
 def test_forward_mqa_returns_natural_log_lse():

@@ -92,7 +92,9 @@ def test_step_runs_invariant_ops_and_matches_reference(invariant_env, monkeypatc
             continue
 
         def spy(*a, __fn=fn, __name=name, **k):
-            seen.append((__name, k.get("batch_invariant")))
+            # mla_decode takes the mode through its plan (made by the metadata builder).
+            flag = k["plan"].batch_invariant if "plan" in k else k.get("batch_invariant")
+            seen.append((__name, flag))
             return __fn(*a, **k)
 
         monkeypatch.setattr(backend_mod, name, spy)

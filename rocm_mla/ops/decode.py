@@ -20,7 +20,18 @@ from ..kernels.mla_decode import mla_decode_reduce_kernel, mla_decode_stage1_ker
 from ..reference.decode import mla_decode_ref, quantize_q_fp8
 from ..triton_common import LOG2E
 from ._checks import FLOAT_DTYPES, Checker
-from .decode_plan import D_KV, D_NOPE, D_PE, DEFAULT_FP8_DOTS, OP, DecodePlan, kv_kind_for, plan_decode
+from .decode_plan import (
+    D_KV,
+    D_NOPE,
+    D_PE,
+    DEFAULT_FP8_DOTS,
+    OP,
+    REDUCE_ARGS,
+    STAGE1_ARGS,
+    DecodePlan,
+    kv_kind_for,
+    plan_decode,
+)
 
 
 def mla_decode(
@@ -358,61 +369,58 @@ def _launch_triton(
     scale_ptr = ks_tensor if ks_tensor is not None else lse  # unused when HAS_K_SCALE_PTR=False
     page_size = kv.shape[1]
     max_blocks = block_table.shape[1]
+    q_s, p_s, o_s, l_s = q_nope.stride(), q_pe.stride(), out.stride(), lse.stride()
+    vals = dict(
+        q_nope=q_nope,
+        q_pe=q_pe,
+        kv=kv,
+        block_table=block_table,
+        seq_lens=seq_lens,
+        k_scale_ptr=scale_ptr,
+        out=out,
+        lse=lse,
+        part_o=part_o,
+        part_lse=part_lse,
+        qk_scale=qk_scale,
+        out_scale=out_scale,
+        num_heads=N,
+        q_len=plan.q_len,
+        num_splits=S,
+        split_programs=plan.split_programs,
+        num_head_blocks=plan.row_blocks,
+        page_size=page_size,
+        page_shift=plan.page_shift,
+        capacity=max_blocks * page_size,
+        num_pages=kv.shape[0],
+        s_qn_r=q_s[0],
+        s_qn_h=q_s[1],
+        s_qn_d=q_s[2],
+        s_qp_r=p_s[0],
+        s_qp_h=p_s[1],
+        s_qp_d=p_s[2],
+        s_kv_blk=kv.stride(0),
+        s_kv_tok=kv.stride(1),
+        s_bt_b=block_table.stride(0),
+        s_sl=seq_lens.stride(0),
+        s_o_r=o_s[0],
+        s_o_h=o_s[1],
+        s_o_d=o_s[2],
+        s_l_r=l_s[0],
+        s_l_h=l_s[1],
+        s_po_s=s_po,
+        s_pl_s=s_pl,
+    )
+    # Positional in the kernel's order (STAGE1_ARGS): a name the table has and the launch lacks
+    # is a KeyError here, never a silently shifted argument.
     mla_decode_stage1_kernel[plan.stage1_grid](
-        q_nope,
-        q_pe,
-        kv,
-        block_table,
-        seq_lens,
-        scale_ptr,
-        out,
-        lse,
-        part_o,
-        part_lse,
-        qk_scale,
-        out_scale,
-        N,
-        plan.q_len,
-        S,
-        plan.split_programs,
-        plan.row_blocks,
-        page_size,
-        plan.page_shift,
-        max_blocks * page_size,
-        kv.shape[0],
-        *q_nope.stride(),
-        *q_pe.stride(),
-        kv.stride(0),
-        kv.stride(1),
-        block_table.stride(0),
-        seq_lens.stride(0),
-        *out.stride(),
-        *lse.stride(),
-        s_po,
-        s_pl,
-        **plan.stage1_constexprs,
-        **plan.stage1_options,
+        *[vals[name] for name, _ in STAGE1_ARGS], **plan.stage1_constexprs, **plan.stage1_options
     )
     if plan.direct:
         return
+    split_tokens, split_cap, split_block_n = plan.split_rule
+    vals.update(split_tokens=split_tokens, split_cap=split_cap, split_block_n=split_block_n)
     mla_decode_reduce_kernel[plan.stage2_grid](
-        part_o,
-        part_lse,
-        out,
-        lse,
-        seq_lens,
-        N,
-        S,
-        plan.q_len,
-        max_blocks * page_size,
-        *plan.split_rule,
-        seq_lens.stride(0),
-        s_po,
-        s_pl,
-        *out.stride(),
-        *lse.stride(),
-        **plan.stage2_constexprs,
-        **plan.stage2_options,
+        *[vals[name] for name, _ in REDUCE_ARGS], **plan.stage2_constexprs, **plan.stage2_options
     )
 
 

@@ -68,6 +68,100 @@ KV_CACHE_DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32", *FP8_KV_CACHE_
 FP8_PV_MIN_BLOCK_N = 32
 
 
+# The kernels' runtime arguments, in their order, with their kind: the launch (ops/decode.py) fills
+# them by name and the ISA report (variants/decode.py) types them from these tables, so the
+# signature is written once beside the kernels (tests/decode/test_decode_plan.py checks both tables
+# against them). Kinds: "*q", "*kv", "*i32", "*fp32" pointers to q's dtype (out's), the cache's
+# kind, int32, float32, "/16" when real tensors keep them 16-byte aligned; "fp32"; "i32"; "i32/16"
+# a stride real tensors keep a multiple of 16 elements; "1" an inner stride (1 on real tensors,
+# which Triton specialises).
+STAGE1_ARGS: tuple[tuple[str, str], ...] = (
+    ("q_nope", "*q/16"),
+    ("q_pe", "*q/16"),
+    ("kv", "*kv/16"),
+    ("block_table", "*i32/16"),
+    ("seq_lens", "*i32/16"),
+    ("k_scale_ptr", "*fp32"),
+    ("out", "*q/16"),
+    ("lse", "*fp32/16"),
+    ("part_o", "*fp32/16"),
+    ("part_lse", "*fp32/16"),
+    ("qk_scale", "fp32"),
+    ("out_scale", "fp32"),
+    ("num_heads", "i32"),
+    ("q_len", "i32"),
+    ("num_splits", "i32"),
+    ("split_programs", "i32"),
+    ("num_head_blocks", "i32"),
+    ("page_size", "i32"),
+    ("page_shift", "i32"),
+    ("capacity", "i32"),
+    ("num_pages", "i32"),
+    ("s_qn_r", "i32/16"),
+    ("s_qn_h", "i32/16"),
+    ("s_qn_d", "1"),
+    ("s_qp_r", "i32/16"),
+    ("s_qp_h", "i32/16"),
+    ("s_qp_d", "1"),
+    ("s_kv_blk", "i32/16"),
+    ("s_kv_tok", "i32/16"),
+    ("s_bt_b", "i32"),
+    ("s_sl", "1"),
+    ("s_o_r", "i32/16"),
+    ("s_o_h", "i32/16"),
+    ("s_o_d", "1"),
+    ("s_l_r", "i32"),
+    ("s_l_h", "1"),
+    ("s_po_s", "i32/16"),
+    ("s_pl_s", "i32/16"),
+)
+REDUCE_ARGS: tuple[tuple[str, str], ...] = (
+    ("part_o", "*fp32/16"),
+    ("part_lse", "*fp32/16"),
+    ("out", "*q/16"),
+    ("lse", "*fp32/16"),
+    ("seq_lens", "*i32/16"),
+    ("num_heads", "i32"),
+    ("num_splits", "i32"),
+    ("q_len", "i32"),
+    ("capacity", "i32"),
+    ("split_tokens", "i32"),
+    ("split_cap", "i32"),
+    ("split_block_n", "i32"),
+    ("s_sl", "1"),
+    ("s_po_s", "i32/16"),
+    ("s_pl_s", "i32/16"),
+    ("s_o_r", "i32/16"),
+    ("s_o_h", "i32/16"),
+    ("s_o_d", "1"),
+    ("s_l_r", "i32"),
+    ("s_l_h", "1"),
+)
+
+
+def argument_types(
+    args: tuple[tuple[str, str], ...], pointee: dict[str, str]
+) -> tuple[dict[str, str], dict[str, int], tuple[str, ...]]:
+    """``(signature, unit strides, divisible_by_16 names)`` of an argument table for an
+    ahead-of-time compile; ``pointee`` maps "q" and "kv" to Triton type names (``triton_type``)."""
+    sig: dict[str, str] = {}
+    ones: dict[str, int] = {}
+    div16 = []
+    for name, kind in args:
+        base, _, div = kind.partition("/")
+        if base == "1":
+            ones[name] = 1
+            continue
+        if base.startswith("*"):
+            elem = base[1:]
+            sig[name] = "*" + pointee.get(elem, elem)
+        else:
+            sig[name] = base
+        if div:
+            div16.append(name)
+    return sig, ones, tuple(div16)
+
+
 def mla_decode_workspace_numel(rows: int, num_heads: int, num_kv_splits: int) -> int:
     """float32 elements a ``workspace=`` needs for ``num_kv_splits`` splits (0 for one split):
     partial outputs ``[S, rows*N, 512]`` then partial lses ``[S, rows*N]``."""
@@ -683,6 +777,9 @@ def resolve_fp8_dots(c: Checker, fp8_dots, kv_fp8: bool, kv_dtype: torch.dtype, 
 
 
 __all__ = [
+    "STAGE1_ARGS",
+    "REDUCE_ARGS",
+    "argument_types",
     "DecodePlan",
     "plan_decode",
     "DEFAULT_FP8_DOTS",

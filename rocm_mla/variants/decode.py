@@ -13,7 +13,17 @@ import torch
 
 from ..configs import config_for, is_amd_arch, platform_fp8_dtype
 from ..kernels.mla_decode import mla_decode_reduce_kernel, mla_decode_stage1_kernel
-from ..ops.decode_plan import FP8_DOTS, OP, invariant_split, stage1_config, stage1_meta, stage2_meta
+from ..ops.decode_plan import (
+    FP8_DOTS,
+    OP,
+    REDUCE_ARGS,
+    STAGE1_ARGS,
+    argument_types,
+    invariant_split,
+    stage1_config,
+    stage1_meta,
+    stage2_meta,
+)
 from ..triton_common import amd_options, triton_type
 from .triton_variant import TritonVariant
 
@@ -30,46 +40,7 @@ def _stage1_variant(
     split: tuple[int, int] = (0, 0),
 ) -> TritonVariant:
     qname, kvname = triton_type(q_dtype), triton_type(kv_dtype)
-    sig = {
-        "q_nope": f"*{qname}",
-        "q_pe": f"*{qname}",
-        "kv": f"*{kvname}",
-        "block_table": "*i32",
-        "seq_lens": "*i32",
-        "k_scale_ptr": "*fp32",
-        "out": f"*{qname}",
-        "lse": "*fp32",
-        "part_o": "*fp32",
-        "part_lse": "*fp32",
-        "qk_scale": "fp32",
-        "out_scale": "fp32",
-    }
-    for name in (
-        "num_heads",
-        "q_len",
-        "num_splits",
-        "split_programs",
-        "num_head_blocks",
-        "page_size",
-        "page_shift",
-        "capacity",
-        "num_pages",
-        "s_qn_r",
-        "s_qn_h",
-        "s_qp_r",
-        "s_qp_h",
-        "s_kv_blk",
-        "s_kv_tok",
-        "s_bt_b",
-        "s_o_r",
-        "s_o_h",
-        "s_l_r",
-        "s_po_s",
-        "s_pl_s",
-    ):
-        sig[name] = "i32"
-    # Inner strides are 1 on real tensors (Triton specialises ints equal to 1).
-    ones = {"s_qn_d": 1, "s_qp_d": 1, "s_o_d": 1, "s_l_h": 1, "s_sl": 1}
+    sig, ones, div16 = argument_types(STAGE1_ARGS, {"q": qname, "kv": kvname})
     meta, options = stage1_meta(
         arch,
         cfg,
@@ -104,27 +75,7 @@ def _stage1_variant(
         constexprs=consts,
         options=options,
         expects_mfma=q_dtype != torch.float32 or is_amd_arch(arch),
-        divisible_by_16=(
-            "q_nope",
-            "q_pe",
-            "kv",
-            "block_table",
-            "seq_lens",
-            "out",
-            "lse",
-            "part_o",
-            "part_lse",
-            "s_qn_r",
-            "s_qn_h",
-            "s_qp_r",
-            "s_qp_h",
-            "s_kv_blk",
-            "s_kv_tok",
-            "s_o_r",
-            "s_o_h",
-            "s_po_s",
-            "s_pl_s",
-        ),
+        divisible_by_16=div16,
     )
 
 
@@ -204,26 +155,8 @@ def triton_variants(arch: str) -> list[TritonVariant]:
                         key = (consts["BLOCK_S"], consts["BLOCK_D"], " inv")  # the rule is an argument
                         metas.setdefault(key, (consts, options))
         for (block_s, block_d, inv), (consts, options) in sorted(metas.items()):
-            consts = {"INVARIANT": False, **consts, "s_o_d": 1, "s_l_h": 1, "s_sl": 1}
-            sig = {
-                "part_o": "*fp32",
-                "part_lse": "*fp32",
-                "out": f"*{oname}",
-                "lse": "*fp32",
-                "seq_lens": "*i32",
-                "num_heads": "i32",
-                "num_splits": "i32",
-                "q_len": "i32",
-                "capacity": "i32",
-                "split_tokens": "i32",
-                "split_cap": "i32",
-                "split_block_n": "i32",
-                "s_po_s": "i32",
-                "s_pl_s": "i32",
-                "s_o_r": "i32",
-                "s_o_h": "i32",
-                "s_l_r": "i32",
-            }
+            sig, ones, div16 = argument_types(REDUCE_ARGS, {"q": oname})
+            consts = {"INVARIANT": False, **consts, **ones}
             add(
                 TritonVariant(
                     kernel="mla_decode_reduce",
@@ -232,17 +165,7 @@ def triton_variants(arch: str) -> list[TritonVariant]:
                     signature=sig,
                     constexprs=consts,
                     options=options,
-                    divisible_by_16=(
-                        "part_o",
-                        "part_lse",
-                        "out",
-                        "lse",
-                        "seq_lens",
-                        "s_po_s",
-                        "s_pl_s",
-                        "s_o_r",
-                        "s_o_h",
-                    ),
+                    divisible_by_16=div16,
                 )
             )
     return variants

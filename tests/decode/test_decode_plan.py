@@ -320,3 +320,24 @@ def _write() -> None:
 
 if __name__ == "__main__" and "--write" in sys.argv:
     _write()
+
+
+@pytest.mark.parametrize(
+    "table,kernel", [("STAGE1_ARGS", "mla_decode_stage1_kernel"), ("REDUCE_ARGS", "mla_decode_reduce_kernel")]
+)
+def test_argument_tables_are_the_kernels_signatures(table, kernel):
+    """The launch fills and the ISA report types the kernels' runtime arguments from these tables:
+    they hold each kernel's non-constexpr parameters, in order, each with a known kind."""
+    import inspect
+
+    import rocm_mla.kernels.mla_decode as kernels
+
+    fn = getattr(kernels, kernel).fn
+    params = [n for n, p in inspect.signature(fn).parameters.items() if "constexpr" not in str(p.annotation)]
+    rows = getattr(plan_mod, table)
+    assert [n for n, _ in rows] == params
+    kinds = {"*q/16", "*kv/16", "*i32/16", "*fp32/16", "*fp32", "fp32", "i32", "i32/16", "1"}
+    assert {k for _, k in rows} <= kinds
+    sig, ones, div16 = plan_mod.argument_types(rows, {"q": "bf16", "kv": "fp8e4nv"})
+    assert set(sig) | set(ones) == set(params) and not set(sig) & set(ones)
+    assert set(div16) <= set(sig)

@@ -50,7 +50,7 @@ VARIABLES: tuple[Var, ...] = (
     Var("ROCM_MLA_CACHE", None, "~/.cache/rocm_mla", "ops", "where the HIP extension is built on first use"),
     Var("ROCM_MLA_NO_JIT", FLAG, "0", "ops", "1: never build the HIP extension at run time (Triton serves the ops)"),
     Var("ROCM_MLA_FP8_DOTS", ("none", "qk", "all"), "none", "vLLM backend",
-        "fp8 caches: mla_decode's fp8_dots (q, and p, rounded to e4m3: faster on gfx942, less exact)"),
+        "fp8 caches: the decode plan's fp8_dots (q, and p, rounded to e4m3: faster on gfx942, less exact)"),
     Var("ROCM_MLA_BATCH_INVARIANT", FLAG, "0", "vLLM backend",
         "1: every op runs batch-invariant (as VLLM_BATCH_INVARIANT=1 does)"),
     Var("ROCM_MLA_SKIP_AOT", FLAG, "0", "pip install",

@@ -14,7 +14,10 @@ int32, -1 padded. This module is the attention half:
 * ``RocmMLASparseImpl.forward_mqa``: ``rocm_mla.mla_sparse_attention`` on the top-k buffer
   directly: it turns positions into cache slots itself through ``req_id_per_token`` and the block
   table (no ``[T, 2048]`` slot tensor, no conversion kernel), reads ``ql_nope`` and ``q_pe`` in
-  place, heads per rank 1..128 without padding.
+  place, heads per rank 1..128 without padding. The launches are planned once per step
+  (``plan_sparse_attention``, by the builder, else by the step's first layer) and kept on the
+  metadata (``rocm_mla_sparse_plan``) for every layer; a call the plan does not fit (other rows,
+  heads, dtypes or device) plans from its own tensors and leaves that plan for the layers after it.
 * ``forward_mha``: prefills whose longest sequence is <= ``index_topk`` attend densely (vLLM's
   rule), on rocm_mla's dense prefill (``RocmMLAImplCommon.forward_mha``), any head geometry.
 
@@ -38,8 +41,10 @@ from vllm.model_executor.layers.attention.sparse_mla_attention import (
 )
 from vllm.v1.attention.backend import AttentionBackend, AttentionCGSupport, AttentionLayer
 
+from rocm_mla._platform import device_arch
+from rocm_mla.configs import platform_fp8_dtype
 from rocm_mla.mla_dims import FP8_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
-from rocm_mla.ops import mla_sparse_attention
+from rocm_mla.ops import IndexerTopkPlan, SparsePlan, mla_sparse_attention, plan_sparse_attention
 from rocm_mla.vllm.backend import RocmMLABackendTraits, RocmMLAImplCommon
 
 BACKEND_NAME = "ROCM_MLA_SPARSE"
@@ -99,9 +104,14 @@ class RocmMLASparseBackend(RocmMLABackendTraits, AttentionBackend):
 class RocmMLASparseMetadata(SparseMLACommonMetadata):
     """vLLM's sparse MLA metadata plus ``indexer_kv_lens`` ``[>= T]`` int32: row t's visible keys
     (its position + 1; decode and MTP rows their context so far, prefill rows causal), in a
-    buffer the builder reuses every step (CUDA/HIP graphs replay its address)."""
+    buffer the builder reuses every step (CUDA/HIP graphs replay its address); and the step's
+    plans, made once and run by every layer: ``rocm_mla_sparse_plan`` (the attention's, made by
+    the builder or by the first ``forward_mqa``) and ``rocm_mla_indexer_plan`` (the indexer's, made
+    by the first layer's ``sparse_layer.run_indexer``)."""
 
     indexer_kv_lens: torch.Tensor | None = None
+    rocm_mla_sparse_plan: SparsePlan | None = None
+    rocm_mla_indexer_plan: IndexerTopkPlan | None = None
 
 
 class RocmMLASparseMetadataBuilder(SparseMLACommonMetadataBuilder[RocmMLASparseMetadata]):
@@ -121,6 +131,11 @@ class RocmMLASparseMetadataBuilder(SparseMLACommonMetadataBuilder[RocmMLASparseM
         self.indexer_kv_lens_buffer = torch.empty(
             vllm_config.scheduler_config.max_num_batched_tokens, dtype=torch.int32, device=device
         )
+        # The layers' settings the step's plan takes (the first layer's impl: every layer of the
+        # group has the same); None when it is not rocm_mla's, and the first forward_mqa plans.
+        layer = vllm_config.compilation_config.static_forward_context[layer_names[0]]
+        impl = getattr(layer, "impl", None)
+        self._plan_impl = impl if isinstance(impl, RocmMLASparseImpl) else None
 
     def _build_req_id_per_token(self, common_attn_metadata) -> torch.Tensor:
         """Each token's request (row of the block table), as vLLM's ``token_to_req_indices``
@@ -150,7 +165,27 @@ class RocmMLASparseMetadataBuilder(SparseMLACommonMetadataBuilder[RocmMLASparseM
         kv.sub_(cam.query_start_loc[1:].index_select(0, req))
         kv.add_(torch.arange(1, T + 1, dtype=torch.int32, device=kv.device))
         md.indexer_kv_lens = self.indexer_kv_lens_buffer
+        md.rocm_mla_sparse_plan = self._sparse_plan(md)
         return md
+
+    def _mqa_rows(self, md: RocmMLASparseMetadata) -> int:
+        """The rows ``forward_mqa`` gets this step (vLLM's ``forward_impl`` rule): the decode rows
+        when the prefill rows run dense (or under ShardQ, whose prefill rows come with their own
+        metadata), else every row."""
+        dense = md.prefill is not None and bool(md.prefill.use_dense_mha)
+        dense = dense and not getattr(self.vllm_config.attention_config, "sparse_mla_force_mqa", False)
+        if not md.num_prefills or dense or getattr(md, "shardq", None) is not None:
+            return md.num_decode_tokens
+        return md.num_actual_tokens
+
+    def _sparse_plan(self, md: RocmMLASparseMetadata) -> SparsePlan | None:
+        """The step's ``mla_sparse_attention`` plan from its sizes and the layers' settings; None
+        when no row runs sparse, under decode context parallelism or with another impl (the first
+        ``forward_mqa`` then plans from its tensors)."""
+        impl, rows = self._plan_impl, self._mqa_rows(md)
+        if impl is None or not rows or self.dcp_world_size != 1:
+            return None
+        return impl.sparse_plan(rows, self.topk_tokens, self.kv_cache_spec.block_size, self.device)
 
 
 class RocmMLASparseImpl(RocmMLAImplCommon, SparseMLACommonImpl[RocmMLASparseMetadata]):
@@ -189,10 +224,20 @@ class RocmMLASparseImpl(RocmMLAImplCommon, SparseMLACommonImpl[RocmMLASparseMeta
         topk = self.topk_indices_buffer[start : start + T]
         out = torch.empty(T, N, KV_LORA_RANK, dtype=q_nope.dtype, device=q_nope.device)
         lse = torch.empty(T, N, dtype=torch.float32, device=q_nope.device)
+        kv = kv_c_and_k_pe_cache
+        plan = getattr(md, "rocm_mla_sparse_plan", None)
+        if not self.plan_fits(plan, q_nope, kv, topk):
+            # No plan yet, or one made for other rows (a ShardQ or narrowed call, a guess of the
+            # builder's that vLLM's forward did not take): plan from this call's tensors and leave
+            # the plan for the step's later layers.
+            plan = self.sparse_plan(
+                T, topk.shape[1], kv.shape[1], q_nope.device, num_heads=N, q_dtype=q_nope.dtype, kv_dtype=kv.dtype
+            )
+            md.rocm_mla_sparse_plan = plan
         mla_sparse_attention(
             q_nope,
             q_pe,
-            kv_c_and_k_pe_cache,
+            kv,
             topk,
             md.block_table,
             md.req_id_per_token,  # row-aligned with q (vLLM narrows it with topk_start)
@@ -201,9 +246,65 @@ class RocmMLASparseImpl(RocmMLAImplCommon, SparseMLACommonImpl[RocmMLASparseMeta
             lse=lse,
             kv_cache_dtype="fp8" if self._fp8_cache else "auto",
             k_scale=layer._k_scale.reshape(1) if self._fp8_cache else None,
-            batch_invariant=self._batch_invariant,
+            plan=plan,  # its batch_invariant is the layer's
         )
         return out, lse
+
+    def _kv_read_dtype(self, kv_dtype: torch.dtype, arch: str) -> torch.dtype:
+        """The cache's dtype as ``mla_sparse_attention`` reads it: uint8 storage of an fp8 cache
+        as the arch's fp8 kind, any other as it is."""
+        return platform_fp8_dtype(arch) if self._fp8_cache and kv_dtype == torch.uint8 else kv_dtype
+
+    def sparse_plan(
+        self,
+        rows: int,
+        topk: int,
+        block_size: int,
+        device: torch.device,
+        *,
+        num_heads: int | None = None,
+        q_dtype: torch.dtype | None = None,
+        kv_dtype: torch.dtype | None = None,
+    ) -> SparsePlan:
+        """The ``mla_sparse_attention`` plan of this layer's calls with ``rows`` query rows: its
+        heads per rank, its activation dtype, the cache as the op reads it (an fp8 cache as the
+        device's fp8 kind, its k_scale a device tensor) and its batch invariance; a call's own
+        heads and dtypes replace the layer's when given."""
+        arch = device_arch(device)
+        q_dtype = self._act_dtype if q_dtype is None else q_dtype
+        if kv_dtype is None:
+            kv_dtype = torch.uint8 if self._fp8_cache else q_dtype
+        return plan_sparse_attention(
+            num_rows=rows,
+            num_heads=self.num_heads if num_heads is None else num_heads,
+            topk=topk,
+            block_size=block_size,
+            q_dtype=q_dtype,
+            kv_dtype=self._kv_read_dtype(kv_dtype, arch),
+            device=device,
+            k_scale_on_device=self._fp8_cache,
+            batch_invariant=self._batch_invariant,
+        )
+
+    def plan_fits(self, plan: SparsePlan | None, q_nope: torch.Tensor, kv: torch.Tensor, topk: torch.Tensor) -> bool:
+        """Whether ``plan`` was made for a call on these tensors: every field ``mla_sparse_attention``
+        checks a caller's plan against (rows, heads, top-k, block size, table kind, dtypes as read,
+        k_scale kind, arch), and this layer's batch invariance. Host values only, no sync."""
+        if plan is None:
+            return False
+        arch = device_arch(q_nope.device)
+        return (
+            plan.num_rows == q_nope.shape[0]
+            and plan.num_heads == q_nope.shape[1]
+            and plan.topk == topk.shape[1]
+            and plan.block_size == kv.shape[1]
+            and plan.paged
+            and plan.q_dtype == q_nope.dtype
+            and plan.kv_dtype == self._kv_read_dtype(kv.dtype, arch)
+            and plan.k_scale_on_device == self._fp8_cache
+            and plan.batch_invariant == self._batch_invariant
+            and plan.arch == arch
+        )
 
 
 __all__ = [

@@ -27,6 +27,9 @@ import sys
 
 import torch
 
+from rocm_mla._platform import device_arch
+from rocm_mla.ops import mla_indexer_topk, plan_indexer_topk
+
 logger = logging.getLogger(__name__)
 
 _ROCM_MODULE = "vllm.models.deepseek_v32.amd.rocm"
@@ -62,10 +65,12 @@ def run_indexer(
     key counts from the layer's metadata of this step (``RocmMLASparseMetadata``, forward
     context). Before the first step (profiling: no metadata) the buffer stays as vLLM's
     ``fused_norm_rope`` filled it (-1).
+
+    The launches are planned once per step: the first layer's call plans (``plan_indexer_topk``)
+    and leaves the plan on the metadata (``rocm_mla_indexer_plan``); a later call runs it when it
+    fits (``indexer_plan_fits``), else plans from its own tensors and leaves that plan instead.
     """
     from vllm.forward_context import get_forward_context
-
-    from rocm_mla.ops import mla_indexer_topk
 
     md = get_forward_context().attn_metadata
     if isinstance(md, list):
@@ -76,16 +81,52 @@ def run_indexer(
     if md is None:
         return
     T = md.num_actual_tokens
+    q = index_q_fp8[:T]
+    cache = indexer.k_cache.kv_cache
+    shuffled = indexer.k_cache.uses_shuffled_layout
+    max_kv_len = md.block_table.shape[1] * cache.shape[1]  # the op's default: every key of a table row
+    plan = getattr(md, "rocm_mla_indexer_plan", None)
+    if not indexer_plan_fits(plan, q, indexer.topk_tokens, max_kv_len, cache.shape[1], shuffled):
+        plan = plan_indexer_topk(
+            num_rows=T,
+            num_heads=q.shape[1],
+            topk=indexer.topk_tokens,
+            max_kv_len=max_kv_len,
+            block_size=cache.shape[1],
+            q_dtype=q.dtype,
+            device=q.device,
+            shuffled=shuffled,
+        )
+        md.rocm_mla_indexer_plan = plan
     mla_indexer_topk(
-        index_q_fp8[:T],
+        q,
         index_weights[:T],
-        indexer.k_cache.kv_cache,
+        cache,
         md.block_table,
         md.req_id_per_token,
         md.indexer_kv_lens,
         topk=indexer.topk_tokens,
         out=topk_indices_buffer[:T],
-        shuffled=indexer.k_cache.uses_shuffled_layout,
+        max_kv_len=max_kv_len,
+        shuffled=shuffled,
+        plan=plan,
+    )
+
+
+def indexer_plan_fits(plan, q: torch.Tensor, topk: int, max_kv_len: int, block_size: int, shuffled) -> bool:
+    """Whether ``plan`` (an ``IndexerTopkPlan`` or None) was made for an ``mla_indexer_topk`` call
+    with this query and these sizes: every field the op checks a caller's plan against (rows,
+    heads, top-k, key bound, block size, cache layout, q's dtype, arch). Host values only."""
+    return (
+        plan is not None
+        and plan.num_rows == q.shape[0]
+        and plan.num_heads == q.shape[1]
+        and plan.topk == topk
+        and plan.max_kv_len == max_kv_len
+        and plan.block_size == block_size
+        and plan.shuffled == shuffled
+        and plan.q_dtype == q.dtype
+        and plan.arch == device_arch(q.device)
     )
 
 
@@ -167,4 +208,4 @@ def installed_class() -> type | None:
     return cls if hasattr(cls, "_rocm_mla_base") else None
 
 
-__all__ = ["SELECTING_NAMES", "rocm_mla_selected", "run_indexer", "install", "installed_class"]
+__all__ = ["SELECTING_NAMES", "rocm_mla_selected", "run_indexer", "indexer_plan_fits", "install", "installed_class"]

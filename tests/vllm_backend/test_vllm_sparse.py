@@ -217,3 +217,112 @@ def test_decode_step_captures_in_a_graph():
     raise_on(step.mismatch())
     step.run()
     assert torch.equal(replayed, step.output)
+
+
+@pytest.fixture
+def plan_calls(monkeypatch):
+    """Counts of the planner calls: the backend's and the indexer hook's (``backend``,
+    ``indexer``), and the ops' own, which a call made with a plan never reaches (``op``)."""
+    import rocm_mla.ops.indexer_topk as indexer_op
+    import rocm_mla.ops.sparse as sparse_op
+    from rocm_mla.vllm import sparse_backend
+
+    counts = {"backend": 0, "indexer": 0, "op": 0}
+
+    def counted(module, name, key):
+        fn = getattr(module, name)
+
+        def wrapper(*args, **kwargs):
+            counts[key] += 1
+            return fn(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, wrapper)
+
+    counted(sparse_backend, "plan_sparse_attention", "backend")
+    counted(sparse_layer, "plan_indexer_topk", "indexer")
+    counted(sparse_op, "plan_sparse_attention", "op")
+    counted(indexer_op, "plan_indexer_topk", "op")
+    return counts
+
+
+@pytest.mark.parametrize("name", ["dsv32-decode-prefill", "dsv32-mtp-fp8", "glm5-short-prefill"])
+def test_step_plans_once(name, plan_calls):
+    """The builder plans the step's sparse attention (its rows: every row, or the decode rows when
+    the prefill runs dense); the first layer's indexer plans the indexer; the step's later layers
+    (indexer + attention on the same metadata) plan nothing and stay exact."""
+    step = _step(name)
+    md = step.metadata
+    plan = md.rocm_mla_sparse_plan
+    assert plan_calls == {"backend": 1, "indexer": 0, "op": 0}
+    assert plan is not None and plan.num_rows == (md.num_decode_tokens if step.dense_prefill else step.num_tokens)
+    for _ in range(3):
+        step.output.fill_(float("nan"))
+        step.run()
+        raise_on(step.indexer_mismatch())
+        raise_on(step.mismatch())
+    assert plan_calls == {"backend": 1, "indexer": 1, "op": 0}
+    assert md.rocm_mla_sparse_plan is plan and md.rocm_mla_indexer_plan.num_rows == step.num_tokens
+
+
+@pytest.mark.parametrize("name", ["dsv32-decode-prefill", "glm5-long-prompt-fp8"])
+def test_step_plan_equals_the_call_own(name, plan_calls):
+    """The plan a layer runs is the one its own tensors give: forward_mqa on metadata without a
+    plan plans from the call, gets the builder's plan field for field, and the same output bits;
+    the layers after it run that plan."""
+    step = _step(name)
+    q, kv, md, layer = step.forward_mqa_args()
+    built = md.rocm_mla_sparse_plan
+    out, lse = layer.impl.forward_mqa(q, kv, md, layer)
+    md.rocm_mla_sparse_plan = None  # metadata with no plan: the call plans from its tensors
+    own_out, own_lse = layer.impl.forward_mqa(q, kv, md, layer)
+    own = md.rocm_mla_sparse_plan
+    assert own is not built and own == built
+    assert torch.equal(own_out, out) and torch.equal(own_lse, lse)
+    layer.impl.forward_mqa(q, kv, md, layer)
+    assert md.rocm_mla_sparse_plan is own
+    assert plan_calls["backend"] == 2 and plan_calls["op"] == 0
+
+
+def test_other_rows_get_a_fresh_plan(plan_calls):
+    """vLLM narrows a call's rows (``topk_start``, ShardQ's metadata copied from the step's, plan
+    and all): a call whose rows differ from the stored plan plans from its own tensors, leaves that
+    plan on its metadata for the next layer, and answers as the op planned alone does; the step's
+    own metadata keeps its plan. Likewise the indexer."""
+    from dataclasses import replace
+
+    from rocm_mla.ops import mla_sparse_attention, plan_indexer_topk
+
+    step = _step("dsv32-decode-prefill")
+    (ql_nope, q_pe), kv, md, layer = step.forward_mqa_args()
+    full_plan = md.rocm_mla_sparse_plan
+    full_out, _ = layer.impl.forward_mqa((ql_nope, q_pe), kv, md, layer)
+    s = md.num_decode_tokens  # the prefill rows alone, their top-k after the decodes'
+    sub = replace(md, num_decodes=0, num_decode_tokens=0, req_id_per_token=md.req_id_per_token[s:], topk_start=s)
+    assert sub.rocm_mla_sparse_plan is full_plan  # copied with the metadata, made for every row
+    calls = plan_calls["backend"]
+    out, lse = layer.impl.forward_mqa((ql_nope[s:], q_pe[s:]), kv, sub, layer)
+    fresh = sub.rocm_mla_sparse_plan
+    assert plan_calls["backend"] == calls + 1 and fresh.num_rows == step.num_tokens - s
+    assert md.rocm_mla_sparse_plan is full_plan
+    alone_out, alone_lse = mla_sparse_attention(
+        ql_nope[s:], q_pe[s:], kv, step.topk_buffer[s:], md.block_table, md.req_id_per_token[s:],
+        sm_scale=layer.impl.scale,
+    )  # fmt: skip
+    assert plan_calls["op"] == 1
+    assert torch.equal(out, alone_out) and torch.equal(lse, alone_lse)
+    tol = 1e-5 if DTYPE == torch.float32 else 2e-2  # another split of the lists: rounding only
+    torch.testing.assert_close(out, full_out[s:], rtol=tol, atol=tol)
+    layer.impl.forward_mqa((ql_nope[s:], q_pe[s:]), kv, sub, layer)  # the next layer: no new plan
+    assert sub.rocm_mla_sparse_plan is fresh and plan_calls["backend"] == calls + 1
+
+    # The indexer: a stored plan made for fewer rows is replaced by the call's own.
+    idx_plan = md.rocm_mla_indexer_plan
+    md.rocm_mla_indexer_plan = plan_indexer_topk(
+        num_rows=step.num_tokens - 1, num_heads=idx_plan.num_heads, topk=idx_plan.topk,
+        max_kv_len=idx_plan.max_kv_len, block_size=idx_plan.block_size, q_dtype=idx_plan.q_dtype,
+        device=step.device, shuffled=idx_plan.shuffled,
+    )  # fmt: skip
+    calls = plan_calls["indexer"]
+    step.run_indexer()
+    assert plan_calls["indexer"] == calls + 1 and md.rocm_mla_indexer_plan == idx_plan
+    raise_on(step.indexer_mismatch())

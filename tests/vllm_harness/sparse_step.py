@@ -83,6 +83,14 @@ class SparseLayerStep(LayerStep):
         self.run_indexer()
         return super().run()
 
+    def forward_mqa_args(self) -> tuple:
+        """Run the step once and return the arguments of its sparse attention call,
+        ``(q, kv_cache, metadata, layer)`` as ``forward_impl`` handed them to ``forward_mqa``: a
+        later layer of the step calls it with the same ones."""
+        calls = [args for name, args, _ in self.capture_backend_calls() if name == "forward_mqa"]
+        assert len(calls) == 1, f"expected one forward_mqa call in the step, got {len(calls)}"
+        return calls[0]
+
     def indexer_mismatch(self) -> str:
         """'' when the top-k buffer is a valid top-k of the float64 indexer logits, else why not."""
         from rocm_mla.reference.indexer_topk import check_indexer_topk, mla_indexer_logits_ref

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Generate perf/RESULTS.md and perf/plots/*.png from perf/results.csv.
+"""Generate perf/RESULTS.md, perf/plots/*.png and README.md's performance table from perf/results.csv.
 
     python perf/report.py [--csv perf/results.csv] [--out perf/RESULTS.md] [--plots perf/plots] [--no-plots]
-                          [--device SUBSTRING]
+                          [--device SUBSTRING] [--readme README.md | --no-readme]
 
 Rows of different devices are never put in one table or ranked against each other: an op measured
 on several devices gets one table per device. ``--device`` keeps only the rows whose device name
@@ -13,6 +13,11 @@ peers beside ours and the speed-up of our best implementation over each peer, th
 measured in its own process, the device, versions, commit and date of the runs, and the perf/bench.py
 command that measures them again. Needs no GPU. The page is a function of the CSV alone:
 tests/tools/test_bench_report.py checks that the committed page equals this script's output.
+
+README.md's performance table is the block between its perf-table markers, rewritten from the rows
+that perf/readme_rows.json chooses (perf/readme_table.py; tests/tools/test_readme_table.py checks it).
+It is rewritten by default when ``--csv`` is the committed results file (from all its rows: the spec
+names its device), by ``--readme PATH`` for another file, and never with ``--no-readme``.
 """
 
 from __future__ import annotations
@@ -323,6 +328,8 @@ def main(argv=None) -> int:
     ap.add_argument("--plots", default=str(HERE / "plots"), help="folder for <kernel>.png")
     ap.add_argument("--no-plots", action="store_true", help="write the page alone")
     ap.add_argument("--device", default=None, help="only rows whose device name contains this (case-insensitive)")
+    ap.add_argument("--readme", default=None, help="the README whose perf-table block to rewrite")
+    ap.add_argument("--no-readme", action="store_true", help="leave the README alone")
     args = ap.parse_args(argv)
     out = Path(args.out)
     plots = Path(args.plots)
@@ -337,6 +344,14 @@ def main(argv=None) -> int:
     if not args.no_plots:
         write_plots(plotted, plots)
         print(f"wrote {len(plotted)} plots to {plots}")
+    import readme_table
+
+    committed = Path(args.csv).resolve() == resultsfile.DEFAULT_PATH.resolve()
+    readme = args.readme or (readme_table.README_PATH if committed else None)
+    if readme and not args.no_readme:
+        for warning in readme_table.update(readme, resultsfile.read(args.csv)):
+            print(f"warning: {warning}", file=sys.stderr)
+        print(f"wrote the performance table of {readme}")
     return 0
 
 

@@ -76,7 +76,8 @@ def upstream_shaped_backend():
     from vllm.model_executor.layers.attention.mla_attention import init_mla_context_partial
 
     from rocm_mla.cases.decode import call_decode
-    from rocm_mla.ops import gather_context_chunk, merge_attn_states, mla_prefill
+    from rocm_mla.cases.prefill import call_prefill
+    from rocm_mla.ops import gather_context_chunk, merge_attn_states
     from rocm_mla.vllm.backend import RocmMLABackend, RocmMLAImpl
 
     class UpstreamShapedImpl(RocmMLAImpl):
@@ -112,7 +113,7 @@ def upstream_shaped_backend():
             v = torch.nn.functional.pad(v, [0, q.shape[-1] - v.shape[-1]], value=0)
             out = torch.empty(q.shape[0], q.shape[1], q.shape[2], dtype=q.dtype, device=q.device)
             P, V = self.qk_nope_head_dim, self.v_head_dim
-            _, lse = mla_prefill(
+            _, lse = call_prefill(
                 q, k[..., :P], k[..., P:], v[..., :V], cu_q, cu_k, sm_scale=self.scale, causal=causal, out=out[..., :V]
             )
             return out, lse

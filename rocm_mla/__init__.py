@@ -3,10 +3,14 @@ Triton, that write their outputs in place.
 
 Public API (see each function's docstring for shapes and layouts):
     merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse=None)
-    mla_prefill(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, *, sm_scale, causal=True, out=None,
-                lse=None, max_seqlen_q=None, max_seqlen_k=None) -> (out, lse)
+    plan_prefill(*, batch, num_heads, q_rows, k_rows, dtype, device, head_dims=(128, 64, 128),
+                 causal=True, max_seqlen_q=None, max_seqlen_k=None, config=None, ...)
+                 -> PrefillPlan   (made once per step, passed to every layer's mla_prefill)
+    plan_prefill_for(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, **knobs) -> PrefillPlan   (sizes from tensors)
+    mla_prefill(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, *, sm_scale, plan=None, out=None,
+                lse=None) -> (out, lse)
     mla_prefill_with_context(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, context_chunks, *,
-                             sm_scale, out=None, lse=None) -> (out, lse)
+                             sm_scale, out=None, lse=None, ...plan_prefill's knobs) -> (out, lse)
     plan_decode(*, batch, num_heads, q_len, max_blocks, block_size, q_dtype, kv_dtype, device,
                 kv_cache_dtype="auto", max_seq_len=None, fp8_dots=None, batch_invariant=False, ...)
                 -> DecodePlan   (made once per step, passed to every layer's mla_decode)
@@ -24,9 +28,9 @@ Public API (see each function's docstring for shapes and layouts):
     indexer_k_cache_write(k, index_cache, slot_mapping, *, scale_fmt="ue8m0", shuffled=None,
                           kv_cache_dtype="fp8") -> None (in place; the lightning indexer's fp8 key cache)
 
-Every op also takes ``backend=`` (and the index-reading ones ``debug=``; mla_decode through its
-plan); bad index values never make a kernel touch memory outside its tensors, and destinations may
-not overlap inputs (docs/bad-input.md).
+Every op also takes ``backend=`` (and the index-reading ones ``debug=``; mla_decode and mla_prefill
+through their plans); bad index values never make a kernel touch memory outside its tensors, and
+destinations may not overlap inputs (docs/bad-input.md).
 
 The ops are imported lazily: ``rocm_mla.tools`` can set TRITON_INTERPRET (which Triton reads when a
 kernel is decorated) before any kernel module loads.
@@ -46,6 +50,9 @@ __all__ = [
     "DecodePlan",
     "merge_attn_states",
     "mla_prefill",
+    "plan_prefill",
+    "plan_prefill_for",
+    "PrefillPlan",
     "mla_prefill_with_context",
     "fused_rope_mla_kv_write",
     "concat_and_cache_mla",

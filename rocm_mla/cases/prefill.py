@@ -188,10 +188,30 @@ def cu_seqlens(lengths, device, start: int = 0) -> torch.Tensor:
     return torch.tensor(offs, dtype=torch.int32, device=device)
 
 
+# mla_prefill's own keywords; every other keyword a case call takes is a plan_prefill knob.
+CALL_KEYS = ("sm_scale", "plan", "out", "lse")
+
+
+def call_prefill(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, **kw):
+    """``mla_prefill`` with its plan's knobs given as keywords beside the call's own (``CALL_KEYS``):
+    the plan is ``plan_prefill_for`` of the tensors and those knobs (causal, max_seqlen_q,
+    max_seqlen_k, config, batch_invariant, backend, debug). How tests and benchmarks state a
+    one-off call; a serving step makes its plan once instead."""
+    from ..ops import mla_prefill, plan_prefill_for
+
+    tensors = (q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k)
+    call = {k: kw.pop(k) for k in list(kw) if k in CALL_KEYS}
+    if call.get("plan") is None:
+        call["plan"] = plan_prefill_for(*tensors, **kw)
+    elif kw:
+        raise TypeError(f"call_prefill: plan knobs {sorted(kw)} beside a plan")
+    return mla_prefill(*tensors, **call)
+
+
 @dataclass
 class PrefillInputs:
     """One mla_prefill call's tensors: ``args()`` its positional arguments, ``kwargs()`` its keywords
-    (out/lse the NaN-poisoned views inside ``out_base`` / ``lse_base``)."""
+    (out/lse the NaN-poisoned views inside ``out_base`` / ``lse_base``; the plan ``plan()``)."""
 
     shape: PrefillShape
     dtype: torch.dtype
@@ -218,22 +238,48 @@ class PrefillInputs:
         return (self.q, self.k_nope, self.k_pe, self.v, self.cu_seqlens_q, self.cu_seqlens_k)
 
     def kwargs(self, **overrides) -> dict:
+        """mla_prefill's keywords (``overrides`` replace them; a ``plan=`` among them is used as
+        given). Without a plan, one is made (:meth:`plan`) from the other overrides: plan knobs
+        (backend, config, causal, max_seqlen_q, ...)."""
+        kw = dict(sm_scale=self.sm_scale, out=self.out, lse=self.lse)
+        knobs = {k: overrides.pop(k) for k in list(overrides) if k not in CALL_KEYS}
+        kw.update(overrides)
+        if kw.get("plan") is None:
+            kw["plan"] = self.plan(**knobs)
+        elif knobs:
+            raise TypeError(f"PrefillInputs.kwargs: plan knobs {sorted(knobs)} beside a plan")
+        return kw
+
+    def run(self, **overrides):
+        """mla_prefill writing ``out`` / ``lse``. ``overrides``: the call's own keywords
+        (``CALL_KEYS``: plan, out=None, ...) and plan knobs (backend, config, causal, max_seqlen_q,
+        max_seqlen_k, batch_invariant, debug, as ``plan_prefill`` takes them) for the plan made
+        here when none is given. Returns what the op returns."""
+        from ..ops import mla_prefill
+
+        return mla_prefill(*self.args(), **self.kwargs(**overrides))
+
+    def plan(self, device=None, **overrides):
+        """The :class:`~rocm_mla.ops.PrefillPlan` of :meth:`run`'s call (``overrides``: causal,
+        config, backend, max_seqlen_q, ... as :func:`~rocm_mla.ops.plan_prefill` takes them; the
+        sizes are the tensors', causal the shape's, the max_seqlen hints its longest sequences,
+        as a benchmark passes them)."""
+        from ..ops import plan_prefill
+
         kw = dict(
-            sm_scale=self.sm_scale,
+            batch=self.cu_seqlens_q.shape[0] - 1,
+            num_heads=self.q.shape[1],
+            q_rows=self.q.shape[0],
+            k_rows=self.k_nope.shape[0],
+            dtype=self.dtype,
+            device=torch.device(device) if device is not None else self.q.device,
+            head_dims=(self.k_nope.shape[2], 0 if self.k_pe is None else self.k_pe.shape[2], self.v.shape[2]),
             causal=self.shape.causal,
-            out=self.out,
-            lse=self.lse,
             max_seqlen_q=max(self.shape.lq, default=0),
             max_seqlen_k=max(self.shape.lk, default=0),
         )
         kw.update(overrides)
-        return kw
-
-    def run(self, **overrides):
-        """mla_prefill writing ``out`` / ``lse`` (``overrides``: backend, config, out=None, ...)."""
-        from ..ops import mla_prefill
-
-        return mla_prefill(*self.args(), **self.kwargs(**overrides))
+        return plan_prefill(**kw)
 
     def reference(self, first_rows: int | None = None):
         """(out [Tq, N, V], lse [N, Tq]) float32; ``first_rows=m``: only the first m queries of
@@ -458,8 +504,16 @@ class ContextInputs(PrefillInputs):
     chunks: list = field(default_factory=list)
 
     def kwargs(self, **overrides) -> dict:
-        kw = super().kwargs(**overrides)
-        kw.pop("causal")  # the new tokens are always causal
+        """mla_prefill_with_context's keywords (it takes plan_prefill's knobs itself; the new tokens
+        are always causal), ``overrides`` replacing them."""
+        kw = dict(
+            sm_scale=self.sm_scale,
+            out=self.out,
+            lse=self.lse,
+            max_seqlen_q=max(self.shape.lq, default=0),
+            max_seqlen_k=max(self.shape.lk, default=0),
+        )
+        kw.update(overrides)
         return kw
 
     def run(self, chunks=None, **overrides):

@@ -7,8 +7,9 @@ from .indexer_cache import indexer_k_cache_write
 from .indexer_topk import mla_indexer_topk
 from .indexer_topk_plan import IndexerTopkPlan, plan_indexer_topk
 from .merge import merge_attn_states
-from .prefill import mla_prefill
+from .prefill import mla_prefill, plan_prefill_for
 from .prefill_context import mla_prefill_with_context
+from .prefill_plan import PrefillPlan, plan_prefill
 from .rope_kv_write import concat_and_cache_mla, fused_rope_mla_kv_write
 from .sparse import mla_sparse_attention
 from .sparse_plan import SparsePlan, plan_sparse_attention
@@ -21,6 +22,9 @@ __all__ = [
     "mla_decode_workspace_numel",
     "merge_attn_states",
     "mla_prefill",
+    "plan_prefill",
+    "plan_prefill_for",
+    "PrefillPlan",
     "mla_prefill_with_context",
     "fused_rope_mla_kv_write",
     "concat_and_cache_mla",

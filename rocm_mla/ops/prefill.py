@@ -7,18 +7,21 @@ DeepSeek-V3.2 layout, (64, 64, 128), and (256, 0, 256) without a RoPE part (``k_
 Triton kernel takes any P, V in [1, 256] and R in [0, 256]: a dim that is not a power of two is
 tiled by the next one and masked inside the kernel (no padding, no copy); the reference any size.
 
-The wrapper validates, then launches the Triton kernel through its plan (``plan_prefill``,
-rocm_mla/ops/prefill_plan.py: launch data, head group, grid, TMA mode) or runs the float32 reference.
-The chunked-context composition, ``mla_prefill_with_context``, is rocm_mla/ops/prefill_context.py.
+The plan (``plan_prefill``, rocm_mla/ops/prefill_plan.py: launch data, head group, grid, TMA mode,
+causal, backend, decided on the host from sizes alone) is made once per step and passed to every
+layer's call; the call checks its tensors against it and launches the Triton kernel it describes,
+or runs the float32 reference. ``plan_prefill_for`` plans from a call's tensors (what a call with
+``plan=None`` does). The chunked-context composition, ``mla_prefill_with_context``, is
+rocm_mla/ops/prefill_context.py.
 
 Kernel: rocm_mla/kernels/mla_prefill.py (Triton; there is no HIP kernel for this op).
 Reference: rocm_mla/reference/prefill.py.
 
 Host syncs: none. The grid is sized from Tq and B (tensor shapes), not from cu_seqlens' values,
-so the GPU path never reads cu_seqlens on the host; max_seqlen_q / max_seqlen_k are accepted for
-FlashAttention-style call sites and not needed (max_seqlen_k only orders the programs). The
-reference backend reads cu_seqlens on the host (and so always validates them); ``debug=True`` /
-``ROCM_MLA_DEBUG=1`` validates them on a GPU too.
+so the GPU path never reads cu_seqlens on the host; the plan's max_seqlen_q / max_seqlen_k are
+accepted for FlashAttention-style call sites and not needed (max_seqlen_k only orders the
+programs). The reference backend reads cu_seqlens on the host (and so always validates them); a
+plan made with ``debug=True`` (or ``ROCM_MLA_DEBUG=1``) validates them on a GPU too.
 
 Bad cu_seqlens on a GPU (not validated without debug): the kernel deals q rows to sequences in
 order and clamps every sequence's bounds to ``[0, Tq]`` / ``[0, Tk]``, so it never reads or writes
@@ -28,7 +31,7 @@ NaN out and NaN lse, detected in the kernel (no sync, capturable); docs/bad-inpu
 
 from __future__ import annotations
 
-import numbers
+from typing import Any
 
 import torch
 import triton
@@ -36,32 +39,22 @@ import triton
 from ..kernels.mla_prefill import mla_prefill_kernel
 from ..reference.prefill import mla_prefill_ref
 from ..triton_common import LOG2E
-from ._checks import FLOAT_DTYPES, Checker, debug_enabled
-from ._dispatch import select
-from .prefill_plan import OP, PrefillPlan, plan_prefill
-
-# The widest head dim (P, R or V) the Triton kernel tiles: one power-of-two register tile per dim.
-MAX_TRITON_HEAD_DIM = 256
+from ._checks import FLOAT_DTYPES, Checker
+from .prefill_plan import _TENSOR_DIM_NAMES, OP, PrefillPlan, _plan, kpe_head_stride
 
 
 def mla_prefill(
     q: torch.Tensor,
     k_nope: torch.Tensor,
-    k_pe: torch.Tensor,
+    k_pe: torch.Tensor | None,
     v: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     cu_seqlens_k: torch.Tensor,
     *,
     sm_scale: float,
-    causal: bool = True,
+    plan: PrefillPlan | None = None,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
-    max_seqlen_q: int | None = None,
-    max_seqlen_k: int | None = None,
-    backend: str | None = None,
-    config: dict | None = None,
-    debug: bool | None = None,
-    batch_invariant: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Varlen MLA prefill attention, no concat, no padding, output and LSE in place.
 
@@ -72,40 +65,29 @@ def mla_prefill(
             ``[Tk, N, 256]`` kv_b_proj output).
         k_pe: ``[Tk, 1, R]``: one rope head broadcast over the N heads (e.g. a slice of the
             ``[Tk, 576]`` latent buffer, unsqueezed); ``[Tk, N, R]`` is also taken (e.g.
-            ``k_pe.expand(Tk, N, R)``, head stride 0, or a real per-head tensor). q's dtype, any strides.
-            None for a geometry without RoPE part (R = 0: q is ``[Tq, N, P]``).
-        v: ``[Tk, N, V]`` (DeepSeek 128, GLM-4.x-Lite 256), q's dtype, any strides (e.g. ``kv[..., P:]``).
-        cu_seqlens_q, cu_seqlens_k: ``[B + 1]`` int32 prefix sums: sequence b owns q rows
+            vLLM's expanded ``k[..., P:]``). None when R = 0 (a geometry without RoPE part). q's
+            dtype, any strides.
+        v: ``[Tk, N, V]``, q's dtype, any strides (e.g. ``kv[..., 128:]``); V may differ from P + R.
+        cu_seqlens_q, cu_seqlens_k: ``[B + 1]`` int32 offsets: sequence b owns q rows
             ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` and k/v rows ``cu_seqlens_k[b]:cu_seqlens_k[b+1]``.
             Lengths may differ between q and k and may be 0. They must start at 0-or-more, not
             decrease, and end at most at Tq / Tk; q rows outside every sequence are not written
-            (by any backend). Checked for CPU tensors, by the reference backend, and with
-            ``debug``; on a GPU otherwise (a check would cost a host sync) bad values cannot make
-            the kernel touch memory outside the tensors (see the module docstring).
-        sm_scale: softmax scale (> 0), e.g. ``1 / sqrt(P + R)`` times the yarn mscale correction.
-        causal: bottom-right aligned causal mask: query i of a sequence with lq queries and lk keys
-            sees keys ``j <= i + lk - lq`` (FlashAttention's convention). False: every key.
+            (by any backend). Checked for CPU tensors, by the reference backend, and with a debug
+            plan; on a GPU otherwise (a check would cost a host sync) bad values cannot make the
+            kernel touch memory outside the tensors (see the module docstring).
+        sm_scale: softmax scale (> 0), e.g. ``1 / sqrt(P + R)`` times the yarn mscale correction; a
+            layer's own value, so one plan serves every layer.
+        plan: what to launch, from ``plan_prefill`` (the launch data, head group, grid, causal,
+            backend, batch-invariant mode, the max_seqlen hints, debug): make it once per step and
+            pass it to every layer. The tensors must be the ones it was made for (B, N, Tq, Tk,
+            head dims, dtype, device: ValueError naming the first field that differs). None:
+            planned here from the tensors with every default (``plan_prefill_for``: causal, the
+            arch's launch data, the default backend).
         out: optional ``[Tq, N, V]`` destination, q's dtype, any strides (e.g. the layer's
             ``[T, N * 128]`` output viewed as ``[T, N, 128]``). Allocated when None. It may not
             overlap lse or any input (q, k_nope, k_pe, v, cu_seqlens_*): ValueError naming both.
         lse: optional ``[N, Tq]`` float32 destination of the natural-log LSE, any strides (e.g. the
             transpose of a ``[Tq, N]`` buffer). Allocated when None. Same no-overlap rule.
-        max_seqlen_q, max_seqlen_k: accepted for FlashAttention-style call sites; not needed for
-            correctness. max_seqlen_k, when given, is a hint for the order of the programs on the GPU
-            (the config's head_group_kv_bytes); a wrong value costs speed, never a result.
-        backend: ``"triton"`` or ``"reference"`` to force one (see ``rocm_mla.ops._dispatch``);
-            there is no HIP kernel for this op, so ``"hip"`` raises.
-        config: override of the Triton launch data, one object with the keys of an arch's
-            ``triton`` entry in ``configs/mla_prefill.json`` (its ``_doc`` says what each does:
-            tiles, warps, stages, tma, head_group, the gfx9 options); for tuning and tests.
-        debug: validate cu_seqlens on a GPU too (a host sync: not capturable), naming the
-            argument, the index and the bound. Default: ``ROCM_MLA_DEBUG=1`` in the environment.
-        batch_invariant: a sequence's out and lse bitwise the same whatever the other sequences,
-            their lengths, order and its position (docs/batch-invariance.md). Always so here: a
-            program's keys, tiles and softmax order start at its own sequence's first row and key,
-            and no launch choice that changes arithmetic follows the batch (the head group and
-            max_seqlen_k order the programs only; the TMA mode follows the tensors' alignment);
-            the keyword states the requirement, and is checked to be a bool.
 
     Returns:
         ``(out, lse)``: the destinations (the caller's own tensors when passed). Every element of
@@ -118,58 +100,46 @@ def mla_prefill(
         TypeError / ValueError naming the argument, what was expected and what came.
     """
     c = Checker(OP)
-    if not isinstance(batch_invariant, bool):
-        c.fail("batch_invariant", "a bool", repr(batch_invariant), TypeError)
-    impl = select(OP, q.device, backend, has_hip=False)
-    dims = _check(
-        c,
-        q,
-        k_nope,
-        k_pe,
-        v,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        sm_scale,
-        causal,
-        out,
-        lse,
-        max_seqlen_q,
-        max_seqlen_k,
-        host_offsets=_host_offsets(impl, debug),
-    )
-    if impl == "triton":
-        _check_triton_dims(c, dims)
+    tensors = (q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k)
+    if plan is None:
+        plan = plan_prefill_for(*tensors)
+    elif not isinstance(plan, PrefillPlan):
+        c.fail("plan", "a plan from plan_prefill (PrefillPlan)", type(plan).__name__, TypeError)
+    if not plan.matches(*tensors):
+        _explain_mismatch(c, plan, *tensors)
+    sm_scale = _check_call(c, plan, *tensors, sm_scale, out, lse)
     if out is None:
-        out = torch.empty(q.shape[0], q.shape[1], dims[2], dtype=q.dtype, device=q.device)
+        out = torch.empty(q.shape[0], q.shape[1], plan.head_dims[2], dtype=q.dtype, device=q.device)
     if lse is None:
         lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
-    tensors = (q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k)
-    _run(impl, *tensors, float(sm_scale), bool(causal), out, lse, config, max_seqlen_k)
+    _run(plan, *tensors, sm_scale, out, lse)
     return out, lse
+
+
+def plan_prefill_for(
+    q: torch.Tensor,
+    k_nope: torch.Tensor,
+    k_pe: torch.Tensor | None,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    **knobs: Any,
+) -> PrefillPlan:
+    """``plan_prefill`` with the sizes (B, N, Tq, Tk, head dims), dtype and device read from a
+    call's tensors (``mla_prefill``'s positional arguments, checked as it checks them; their values
+    are not read); ``knobs``: the rest of ``plan_prefill``'s keywords (causal, max_seqlen_q,
+    max_seqlen_k, config, batch_invariant, backend, debug)."""
+    c = Checker(OP)
+    sizes = _check_tensors(c, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k)
+    return _plan(c, _TENSOR_DIM_NAMES, **sizes, **knobs)
 
 
 # --------------------------------------------------------------------------- validation
 
 
-def _check(
-    c: Checker,
-    q,
-    k_nope,
-    k_pe,
-    v,
-    cu_q,
-    cu_k,
-    sm_scale,
-    causal,
-    out,
-    lse,
-    max_seqlen_q,
-    max_seqlen_k,
-    *,
-    host_offsets: bool = False,
-) -> tuple[int, int, int]:
-    """Validate one call; returns the head dims (P, R, V). cu_seqlens' values are checked when
-    they are on the CPU, or when ``host_offsets`` (reference backend, debug: a sync on a GPU)."""
+def _check_tensors(c: Checker, q, k_nope, k_pe, v, cu_q, cu_k) -> dict[str, Any]:
+    """The inputs' own rules (shapes, dtypes, devices agree), with errors naming the argument;
+    returns the sizes a plan for them has (``plan_prefill``'s keywords)."""
     c.tensor("q", q, ndim=3, layout="[Tq, N, P + R]", dtypes=FLOAT_DTYPES)
     Tq, N, Dqk = q.shape
     c.tensor("k_nope", k_nope, ndim=3, layout="[Tk, N, P]")
@@ -197,33 +167,50 @@ def _check(
     if cu_q.shape[0] < 1:
         c.fail("cu_seqlens_q", "shape [B + 1] with B >= 0 (at least one entry)", tuple(cu_q.shape))
     c.tensor("cu_seqlens_k", cu_k, shape=(cu_q.shape[0],), layout="[B + 1]", dtypes=ints, like="cu_seqlens_q's B + 1")
+    c.same_device(q=q, k_nope=k_nope, k_pe=k_pe, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    return dict(
+        batch=cu_q.shape[0] - 1,
+        num_heads=N,
+        q_rows=Tq,
+        k_rows=Tk,
+        head_dims=(P, R, V),
+        dtype=q.dtype,
+        device=q.device,
+    )
+
+
+def _explain_mismatch(c: Checker, plan: PrefillPlan, q, k_nope, k_pe, v, cu_q, cu_k) -> None:
+    """Raise for tensors that ``PrefillPlan.matches`` refused: their own rule first, else the plan
+    field that differs."""
+    want = _check_tensors(c, q, k_nope, k_pe, v, cu_q, cu_k)
+    c.plan_for(plan, PrefillPlan, "plan_prefill", want)
+    c.fail("plan", "tensors matching the plan", "a mismatch the checks did not name")  # not reached
+
+
+def _check_call(c: Checker, plan: PrefillPlan, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, out, lse) -> float:
+    """The rest of a call whose inputs match ``plan``: the destinations (shape, dtype, device, no
+    element twice, no memory in common with another argument), sm_scale, and cu_seqlens' values
+    when they are on the CPU or the plan reads them on the host (reference backend, debug: a sync
+    on a GPU). Returns sm_scale as a float."""
+    Tq, N = q.shape[0], q.shape[1]
     if out is not None:
-        c.tensor("out", out, shape=(Tq, N, V), layout="[Tq, N, V]", like="q's Tq, N and v's V")
+        c.tensor("out", out, shape=(Tq, N, plan.head_dims[2]), layout="[Tq, N, V]", like="q's Tq, N and v's V")
         c.same_dtype("q", q, out=out)
         c.writable("out", out)
     if lse is not None:
         c.tensor("lse", lse, shape=(N, Tq), layout="[N, Tq]", dtypes=(torch.float32,), like="q's N, Tq")
         c.writable("lse", lse)
-    c.same_device(q=q, k_nope=k_nope, k_pe=k_pe, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, out=out, lse=lse)
+    c.same_device(q=q, out=out, lse=lse)
     # e.g. out = v with causal=False: other programs still read v while one writes out.
     c.no_overlap(
         {"out": out, "lse": lse},
         {"q": q, "k_nope": k_nope, "k_pe": k_pe, "v": v, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k},
     )
-    c.scale("sm_scale", sm_scale)
-    if not isinstance(causal, bool):
-        c.fail("causal", "a bool", type(causal).__name__, TypeError)
-    for name, val in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if val is None:
-            continue
-        if isinstance(val, bool) or not isinstance(val, numbers.Integral):
-            c.fail(name, "None or an int >= 0", repr(val), TypeError)
-        if val < 0:
-            c.fail(name, "None or an int >= 0", val)
-    if host_offsets or cu_q.device.type == "cpu":  # free on the CPU; on a GPU a host sync
+    sm_scale = c.scale("sm_scale", sm_scale)
+    if plan.debug or plan.backend == "reference" or cu_q.device.type == "cpu":  # free on the CPU; on a GPU a sync
         _check_offsets(c, "cu_seqlens_q", cu_q, Tq, "Tq")
-        _check_offsets(c, "cu_seqlens_k", cu_k, Tk, "Tk")
-    return P, R, V
+        _check_offsets(c, "cu_seqlens_k", cu_k, k_nope.shape[0], "Tk")
+    return sm_scale
 
 
 def _check_offsets(c: Checker, name: str, cu: torch.Tensor, total: int, total_name: str) -> None:
@@ -243,46 +230,15 @@ def _check_offsets(c: Checker, name: str, cu: torch.Tensor, total: int, total_na
         c.fail(name, f"non-decreasing offsets in [0, {total_name}={total}]", f"{shown} ({at})")
 
 
-def _host_offsets(impl: str, debug: bool | None) -> bool:
-    """Check cu_seqlens' values on the host: the reference reads them there anyway; debug asks."""
-    if impl == "reference":
-        return True
-    return debug_enabled(debug)
-
-
-def _check_triton_dims(c: Checker, dims: tuple[int, int, int]) -> None:
-    # Each dim is one register tile of the next power of two (masked past the dim): up to 256.
-    for arg, name, x in zip(("k_nope", "k_pe", "v"), ("P", "R", "V"), dims):
-        if x > MAX_TRITON_HEAD_DIM:
-            c.fail(
-                arg,
-                f"last dim {name} <= {MAX_TRITON_HEAD_DIM} for the Triton kernel (MLA geometries (P, R, V): "
-                "(128, 64, 128), (192, 64, 256), (64, 64, 128), (256, 0, 256); the reference backend takes any)",
-                x,
-            )
-
-
 # --------------------------------------------------------------------------- launch
 
 
-def _run(impl, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, causal, out, lse, config, max_k=None):
-    if impl == "triton":
-        launch_triton(
-            q,
-            k_nope,
-            k_pe,
-            v,
-            cu_q,
-            cu_k,
-            out,
-            lse,
-            sm_scale=sm_scale,
-            causal=causal,
-            config=config,
-            max_seqlen_k=max_k,
-        )
+def _run(plan: PrefillPlan, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale: float, out, lse) -> None:
+    """What ``plan`` says, on checked tensors: the Triton launch, or the float32 reference."""
+    if plan.backend == "triton":
+        launch_triton(plan, q, k_nope, k_pe, v, cu_q, cu_k, out, lse, sm_scale=sm_scale)
     else:
-        ref_out, ref_lse = mla_prefill_ref(q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, causal)
+        ref_out, ref_lse = mla_prefill_ref(q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, plan.causal)
         # Only the rows of sequences, as the kernel: rows outside every sequence stay untouched.
         cq = cu_q.tolist()
         if cq and cq[0] == 0 and cq[-1] == q.shape[0]:
@@ -296,41 +252,28 @@ def _run(impl, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, causal, out, lse, confi
 
 
 def launch_triton(
-    q,
-    k_nope,
-    k_pe,
-    v,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    out,
-    lse,
-    *,
-    sm_scale: float,
-    causal: bool,
-    config: dict | None = None,
-    max_seqlen_k: int | None = None,
+    plan: PrefillPlan, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, *, sm_scale: float
 ) -> None:
-    """Plan and launch the Triton kernel on validated arguments (``mla_prefill`` checks them first).
-    ``max_seqlen_k`` (a hint: Tk when None) only picks how the programs are ordered.
+    """Launch the Triton kernel ``plan`` describes on tensors it matches (``mla_prefill`` checks
+    them first; nothing is checked here).
 
     Exposed for the memory-safety tests, which launch on cu_seqlens nobody validated; everything
     else should call :func:`mla_prefill`.
     """
-    Tq, N, _ = q.shape
-    B = cu_seqlens_q.shape[0] - 1
-    if Tq == 0 or N == 0 or B == 0:
+    if plan.q_rows == 0 or plan.num_heads == 0 or plan.batch == 0:
         return  # no row of any sequence: nothing to write
-    plan = plan_prefill(q, k_nope, k_pe, v, batch=B, causal=causal, config=config, max_seqlen_k=max_seqlen_k)
     _launch(plan, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, sm_scale)
 
 
 def _launch(plan: PrefillPlan, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, sm_scale: float) -> None:
-    """The one kernel launch ``plan`` describes."""
+    """The one kernel launch ``plan`` describes (pointer loads when the tensors do not meet the
+    TMA descriptors' alignment: ``PrefillPlan.launch_constexprs``)."""
     Tq = q.shape[0]
     Tk = k_nope.shape[0]
-    B = cu_seqlens_q.shape[0] - 1
-    consts = plan.constexprs
-    kpe_sh = plan.kpe_head_stride
+    B = plan.batch
+    consts = plan.launch_constexprs(q, k_nope, k_pe, v)
+    use_tma = consts["USE_TMA"]
+    kpe_sh = kpe_head_stride(k_pe)
     kn_st, kn_sh, kn_sd = k_nope.stride()
     kpe_st, _, kpe_sd = k_pe.stride() if k_pe is not None else (0, 0, 0)
     v_st, v_sh, v_sd = v.stride()
@@ -342,10 +285,10 @@ def _launch(plan: PrefillPlan, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, o
         # pointer, which the launcher rejects: hand it q's (never read).
         kn = kpe = vv = q
         kn_st = kn_sh = kn_sd = kpe_st = kpe_sh = kpe_sd = v_st = v_sh = v_sd = 0
-    if plan.use_tma == 1:
+    if use_tma == 1:
         _ensure_allocator(q.device)
     descs = [None] * 5
-    if plan.use_tma == 2:
+    if use_tma == 2:
         descs = _host_descriptors(q, k_nope, k_pe, v, kpe_sh, consts["BLOCK_M"], consts["BLOCK_N"])
     mla_prefill_kernel[plan.grid](
         q,
@@ -420,3 +363,6 @@ def _host_descriptors(q, k_nope, k_pe, v, kpe_sh: int, block_m: int, block_n: in
         desc(k_pe, kpe_sh, R, block_n) if R else None,
         desc(v, v.stride(1), V, block_n),
     ]
+
+
+__all__ = ["mla_prefill", "plan_prefill_for"]

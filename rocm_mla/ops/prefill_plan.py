@@ -1,9 +1,11 @@
-"""mla_prefill's launch plan: everything one kernel launch needs, decided on the host from the call's
-sizes, dtypes, device and the tensors' strides and alignment, never from a device value (the grid is
-sized from Tq and B, not from cu_seqlens, so the call can be captured in a CUDA/HIP graph).
+"""mla_prefill's plan: everything a call launches, decided on the host from the call's sizes, dtype
+and device, never from a device value (the grid is sized from Tq and B, not from cu_seqlens, so the
+call can be captured in a CUDA/HIP graph).
 
-``plan_prefill(...) -> PrefillPlan`` (flashinfer's plan/run split): ``launch_triton`` plans, then
-launches exactly what the plan says. What it decides:
+``plan_prefill(...) -> PrefillPlan`` (flashinfer's plan/run split): made once per step from the
+sizes (or by ``plan_prefill_for`` from a call's tensors), it takes the mode and tuning knobs
+(causal, config, backend, batch_invariant, the max_seqlen hints, debug) and checks them once; the
+wrapper checks its tensors against it and launches exactly what it says. What it decides:
   * the launch data: a ``config=`` override, else the arch's entry in configs/mla_prefill.json
     (``launch_config``: ``triton`` for 16-bit inputs, ``triton_fp32`` for float32; a head geometry
     listed under the arch's ``geometries`` takes its own entries);
@@ -12,8 +14,9 @@ launches exactly what the plan says. What it decides:
   * the head group (``head_group``): how many heads' programs the kernel numbers together;
   * the grid: ``grid_slots`` slots x N programs on one axis;
   * the TMA mode (``USE_TMA``: 0 pointer loads, 1 per-program descriptors, 2 host descriptors),
-    on where the arch honours it, the inputs are 16-bit and the tensors meet the descriptors'
-    alignment (``_tma_ok``);
+    on where the arch honours it and the inputs are 16-bit; whether a call's tensors meet the
+    descriptors' alignment (``_tma_ok``) is a property of the tensors, checked per call
+    (``PrefillPlan.launch_constexprs``: pointer loads otherwise);
   * the constexprs and compile options (``triton_meta``: the ISA report compiles its variants from
     the same function, so what it reports is what runs).
 
@@ -22,6 +25,7 @@ Launch data: rocm_mla/configs/mla_prefill.json.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +35,12 @@ from .. import _platform
 from ..configs import config_for, nvidia_sm, prefill_tma_mode
 from ..mla_dims import PREFILL_DIMS
 from ..triton_common import amd_options
+from ._checks import FLOAT_DTYPES, Checker, debug_enabled
+from ._dispatch import select
 
 OP = "mla_prefill"
+# The widest head dim (P, R or V) the Triton kernel tiles: one power-of-two register tile per dim.
+MAX_TRITON_HEAD_DIM = 256
 # cu_seqlens_q entries a program reads per vector step when it looks up its sequence (B <= this:
 # one step). 256 int32 is one element per lane at 4 waves of 64 or 8 warps of 32.
 SEQ_CHUNK = 256
@@ -180,83 +188,290 @@ def grid_slots(Tq: int, B: int, N: int, block_m: int) -> int:
 
 @dataclass(frozen=True)
 class PrefillPlan:
-    """What one mla_prefill kernel launch runs (``plan_prefill`` makes it; ``launch_triton`` runs it).
+    """What one mla_prefill call runs (``plan_prefill`` makes it; the wrapper runs it).
 
-    The launch: ``grid = (num_slots x N,)`` programs, each ``BLOCK_M`` queries of one sequence and
-    one head, numbered by groups of ``head_group`` heads (the kernel's Grid). ``constexprs["USE_TMA"]``
-    says how K, k_pe and V (and with 2, q) are loaded; 2 means the launcher builds the host
-    descriptors, 1 that the programs build theirs in Triton's global scratch.
+    The call: B sequences (``cu_seqlens_q`` / ``cu_seqlens_k`` of B + 1 entries) over ``q_rows`` =
+    Tq query rows and ``k_rows`` = Tk key rows of ``num_heads`` heads, head geometry ``head_dims``
+    = (P, R, V), all in ``dtype`` on ``device``. The launch: ``grid = (num_slots x N,)`` programs,
+    each ``BLOCK_M`` queries of one sequence and one head, numbered by groups of ``head_group``
+    heads (the kernel's Grid). ``constexprs["USE_TMA"]`` says how K, k_pe and V (and with 2, q)
+    are loaded on tensors that meet the TMA descriptors' alignment: 2 means the launcher builds
+    the host descriptors, 1 that the programs build theirs in Triton's global scratch; a call
+    whose tensors do not meet it launches ``pointer_constexprs`` (USE_TMA 0, the rest equal):
+    alignment is a property of the tensors, checked per call (``launch_constexprs``).
     """
 
     arch: str  # the device's arch key (gfx942, sm90, cpu, ...)
     config: dict[str, Any]  # the launch data: the config= override or the arch's table entry
-    kpe_head_stride: int  # k_pe's head stride as launched: 0 when one rope head serves every head
     head_group: int
     num_slots: int
     grid: tuple[int]
-    constexprs: dict[str, Any]
+    constexprs: dict[str, Any]  # for tensors meeting the TMA alignment (all of them when USE_TMA is 0)
     options: dict[str, Any]
+    pointer_constexprs: dict[str, Any]  # constexprs with USE_TMA 0: tensors that do not meet it
+    # The call the plan was made for (mla_prefill checks its tensors against these).
+    device: torch.device | None = None
+    dtype: torch.dtype | None = None  # q's, k_nope's, k_pe's, v's and out's
+    batch: int = 0  # B
+    num_heads: int = 0  # N
+    q_rows: int = 0  # Tq
+    k_rows: int = 0  # Tk
+    head_dims: tuple[int, int, int] = PREFILL_DIMS  # (P, R, V); R = 0: no k_pe
+    # The mode and tuning knobs.
+    causal: bool = True
+    max_seqlen_q: int | None = None  # accepted (FlashAttention-style call sites), never needed
+    max_seqlen_k: int | None = None  # the head group's hint (k_rows when None)
+    batch_invariant: bool = False
+    backend: str = "triton"  # "triton" or "reference" (rocm_mla.ops._dispatch)
+    debug: bool = False  # host-side checks of cu_seqlens at every call (a sync on a GPU)
 
     @property
     def use_tma(self) -> int:
-        """The kernel's USE_TMA: 0 pointer loads, 1 per-program descriptors, 2 host descriptors."""
+        """The kernel's USE_TMA on aligned tensors: 0 pointer loads, 1 per-program descriptors, 2
+        host descriptors."""
         return self.constexprs["USE_TMA"]
+
+    def matches(self, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k) -> bool:
+        """Whether an ``mla_prefill`` call's tensors are the ones this plan was made for (sizes,
+        dtypes, device): the whole per-call check of a planned call's inputs, in one expression.
+        ``mla_prefill`` names what differs when it is False."""
+        P, R, V = self.head_dims
+        N, Tk, dt, dev = self.num_heads, self.k_rows, self.dtype, self.device
+        try:
+            return (
+                q.shape == (self.q_rows, N, P + R)
+                and k_nope.shape == (Tk, N, P)
+                and v.shape == (Tk, N, V)
+                and q.dtype == dt
+                and k_nope.dtype == dt
+                and v.dtype == dt
+                and (
+                    k_pe is None
+                    if R == 0
+                    else (
+                        k_pe.dim() == 3
+                        and k_pe.shape[0] == Tk
+                        and k_pe.shape[1] in (1, N)
+                        and k_pe.shape[2] == R
+                        and k_pe.dtype == dt
+                        and k_pe.device == dev
+                    )
+                )
+                and cu_seqlens_q.shape == (self.batch + 1,)
+                and cu_seqlens_k.shape == (self.batch + 1,)
+                and cu_seqlens_q.dtype == torch.int32
+                and cu_seqlens_k.dtype == torch.int32
+                and q.device == dev
+                and k_nope.device == dev
+                and v.device == dev
+                and cu_seqlens_q.device == dev
+                and cu_seqlens_k.device == dev
+            )
+        except (AttributeError, TypeError):  # not tensors
+            return False
+
+    def launch_constexprs(self, q, k_nope, k_pe, v) -> dict[str, Any]:
+        """The constexprs a call with these tensors launches: ``constexprs`` when they meet the
+        TMA descriptors' alignment (or the plan has no TMA), else ``pointer_constexprs``."""
+        if not self.use_tma or _tma_ok(q, k_nope, k_pe, v, kpe_head_stride(k_pe)):
+            return self.constexprs
+        return self.pointer_constexprs
+
+
+def kpe_head_stride(k_pe: torch.Tensor | None) -> int:
+    """k_pe's head stride as launched: 0 when one rope head serves every head (``[Tk, 1, R]``, or
+    no k_pe), else its own."""
+    return 0 if k_pe is None or k_pe.shape[1] == 1 else k_pe.stride(1)
+
+
+# What the Triton check of a head dim wider than a tile names, per planner: (argument, dim) of
+# P, R, V (mla_prefill's tensors, or plan_prefill's head_dims).
+_TENSOR_DIM_NAMES = (("k_nope", "last dim P"), ("k_pe", "last dim R"), ("v", "last dim V"))
+_SIZE_DIM_NAMES = (("head_dims", "P"), ("head_dims", "R"), ("head_dims", "V"))
 
 
 def plan_prefill(
-    q: torch.Tensor,
-    k_nope: torch.Tensor,
-    k_pe: torch.Tensor,
-    v: torch.Tensor,
     *,
     batch: int,
-    causal: bool,
-    config: dict | None = None,
+    num_heads: int,
+    q_rows: int,
+    k_rows: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    head_dims: tuple[int, int, int] = PREFILL_DIMS,
+    causal: bool = True,
+    max_seqlen_q: int | None = None,
     max_seqlen_k: int | None = None,
+    config: dict | None = None,
+    batch_invariant: bool = False,
+    backend: str | None = None,
+    debug: bool | None = None,
 ) -> PrefillPlan:
-    """The launch of one validated mla_prefill call, from the tensors' sizes, dtype, device, strides
-    and alignment (no device value is read).
+    """Everything an ``mla_prefill`` call with these sizes launches, decided once on the host
+    (flashinfer's plan/run): make it once per step and pass it to every layer's call
+    (``mla_prefill(..., plan=plan)``), which then only checks its tensors against it. No device
+    value is read (the grid is sized from Tq and B, not from cu_seqlens), so the calls that use it
+    can be captured in a CUDA/HIP graph.
 
     Args:
-        q, k_nope, k_pe, v: ``[Tq, N, P + R]``, ``[Tk, N, P]``, ``[Tk, 1 or N, R]`` (None: R = 0),
-            ``[Tk, N, V]``, as :func:`rocm_mla.mla_prefill` takes them (any strides).
-        batch: B, the sequences (``cu_seqlens_q`` has B + 1 entries).
-        causal: the kernel's CAUSAL.
-        config: override of the launch data (``launch_config``'s keys); tuning and tests.
-        max_seqlen_k: a host-side hint of the longest key sequence (Tk when None); only the head
-            group depends on it.
+        batch: B, the sequences: ``cu_seqlens_q`` and ``cu_seqlens_k`` are ``[B + 1]`` int32.
+        num_heads: N (query heads on this rank).
+        q_rows: Tq, q's rows: ``q`` ``[Tq, N, P + R]``, ``out`` ``[Tq, N, V]``, ``lse`` ``[N, Tq]``.
+        k_rows: Tk, the key rows: ``k_nope`` ``[Tk, N, P]``, ``k_pe`` ``[Tk, 1 or N, R]``, ``v``
+            ``[Tk, N, V]``.
+        dtype: float16, bfloat16 or float32: q's, k_nope's, k_pe's, v's and out's.
+        device: where the calls run (its arch picks the launch data).
+        head_dims: (P, R, V) = (qk_nope_head_dim, qk_rope_head_dim, v_head_dim); DeepSeek's
+            (128, 64, 128) by default. R = 0: no RoPE part (``k_pe=None``). The Triton kernel takes
+            P, V in [1, 256] and R in [0, 256]; the reference any.
+        causal: bottom-right aligned causal mask: query i of a sequence with lq queries and lk keys
+            sees keys ``j <= i + lk - lq`` (FlashAttention's convention). False: every key.
+        max_seqlen_q, max_seqlen_k: None or ints >= 0, accepted for FlashAttention-style call
+            sites; not needed for correctness. max_seqlen_k, when given, is a hint for the order of
+            the programs on the GPU (the config's head_group_kv_bytes; Tk when None); a wrong
+            value costs speed, never a result.
+        config: override of the Triton launch data, one object with the keys of an arch's
+            ``triton`` entry in ``configs/mla_prefill.json`` (its ``_doc`` says what each does:
+            tiles, warps, stages, tma, head_group, the gfx9 options); for tuning and tests.
+        batch_invariant: a sequence's out and lse bitwise the same whatever the other sequences,
+            their lengths, order and its position (docs/batch-invariance.md). Always so here: a
+            program's keys, tiles and softmax order start at its own sequence's first row and key,
+            and no launch choice that changes arithmetic follows the batch (the head group and
+            max_seqlen_k order the programs only; the TMA mode follows the tensors' alignment);
+            the keyword states the requirement, and is checked to be a bool.
+        backend: ``"triton"`` or ``"reference"`` to force one (default: configs' backend_order;
+            see ``rocm_mla.ops._dispatch``; ``ROCM_MLA_BACKEND_MLA_PREFILL`` in the environment);
+            there is no HIP kernel for this op, so ``"hip"`` raises.
+        debug: every call validates cu_seqlens on a GPU too (a host sync: not capturable), naming
+            the argument, the index and the bound. Default: ``ROCM_MLA_DEBUG=1`` in the environment.
+            (The reference backend, and CPU tensors, always validate them.)
 
     Raises:
-        ValueError: a config ``tma`` other than false, true or "host", a ``head_group`` < 1, or a
-            grid of 2**31 programs or more.
+        TypeError / ValueError naming the argument, what was expected and what came; among them
+        a config ``tma`` other than false, true or "host", a ``head_group`` < 1, and a grid of
+        2**31 programs or more.
     """
-    Tq, N, _ = q.shape
-    Tk = k_nope.shape[0]
-    arch = _platform.device_arch(q.device)
-    dims = (k_nope.shape[2], 0 if k_pe is None else k_pe.shape[2], v.shape[2])
-    cfg = config if config is not None else launch_config(arch, q.dtype, dims)
-    kpe_sh = 0 if k_pe is None or k_pe.shape[1] == 1 else k_pe.stride(1)  # one rope head serves every head
-    tma_aligned = bool(_tma_mode(cfg)) and _tma_ok(q, k_nope, k_pe, v, kpe_sh)
-    group = head_group(cfg, N, max_seqlen_k or Tk, (dims[0] + dims[2]) * q.element_size())
-    consts, options = triton_meta(cfg, arch, dims, causal, q.dtype == torch.float32, tma_aligned)
-    num_slots = grid_slots(Tq, batch, N, consts["BLOCK_M"])
+    return _plan(
+        Checker(OP),
+        _SIZE_DIM_NAMES,
+        batch=batch,
+        num_heads=num_heads,
+        q_rows=q_rows,
+        k_rows=k_rows,
+        dtype=dtype,
+        device=device,
+        head_dims=head_dims,
+        causal=causal,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        config=config,
+        batch_invariant=batch_invariant,
+        backend=backend,
+        debug=debug,
+    )
+
+
+def _plan(
+    c: Checker,
+    dim_names: tuple[tuple[str, str], ...],
+    *,
+    batch: int,
+    num_heads: int,
+    q_rows: int,
+    k_rows: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    head_dims: tuple[int, int, int] = PREFILL_DIMS,
+    causal: bool = True,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    config: dict | None = None,
+    batch_invariant: bool = False,
+    backend: str | None = None,
+    debug: bool | None = None,
+) -> PrefillPlan:
+    """:func:`plan_prefill` with its errors from ``c`` (``mla_prefill_with_context`` names itself
+    and its chunks) and the names the Triton head-dim check gives (P, R, V)."""
+    for name, val in (("batch", batch), ("num_heads", num_heads), ("q_rows", q_rows), ("k_rows", k_rows)):
+        if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < 0:
+            c.fail(name, "an int >= 0", repr(val))
+    dims = tuple(head_dims) if isinstance(head_dims, (tuple, list)) else None
+    if (
+        dims is None
+        or len(dims) != 3
+        or any(isinstance(d, bool) or not isinstance(d, numbers.Integral) for d in dims)
+        or min(dims[0], dims[2]) < 1
+        or dims[1] < 0
+    ):
+        c.fail("head_dims", "(P, R, V) ints with P, V >= 1 and R >= 0", repr(head_dims))
+    dims = tuple(int(d) for d in dims)
+    if dtype not in FLOAT_DTYPES:
+        c.fail("dtype", "float16, bfloat16 or float32", str(dtype).replace("torch.", ""), TypeError)
+    if not isinstance(causal, bool):
+        c.fail("causal", "a bool", type(causal).__name__, TypeError)
+    for name, val in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if val is None:
+            continue
+        if isinstance(val, bool) or not isinstance(val, numbers.Integral):
+            c.fail(name, "None or an int >= 0", repr(val), TypeError)
+        if val < 0:
+            c.fail(name, "None or an int >= 0", val)
+    if not isinstance(batch_invariant, bool):
+        c.fail("batch_invariant", "a bool", repr(batch_invariant), TypeError)
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # the tensors' own form (cuda:0, ...)
+        device = torch.device("cuda", torch.cuda.current_device())
+    impl = select(OP, device, backend, has_hip=False)
+    if impl == "triton":
+        # Each dim is one register tile of the next power of two (masked past the dim): up to 256.
+        for (arg, name), x in zip(dim_names, dims):
+            if x > MAX_TRITON_HEAD_DIM:
+                c.fail(
+                    arg,
+                    f"{name} <= {MAX_TRITON_HEAD_DIM} for the Triton kernel (MLA geometries (P, R, V): "
+                    "(128, 64, 128), (192, 64, 256), (64, 64, 128), (256, 0, 256); the reference backend takes any)",
+                    x,
+                )
+    arch = _platform.device_arch(device)
+    cfg = config if config is not None else launch_config(arch, dtype, dims)
+    _tma_mode(cfg)  # an unknown "tma" raises whatever the arch and dtype
+    group = head_group(cfg, num_heads, max_seqlen_k or k_rows, (dims[0] + dims[2]) * dtype.itemsize)
+    fp32 = dtype == torch.float32
+    consts, options = triton_meta(cfg, arch, dims, causal, fp32, tma_aligned=True)
+    pointer = consts if not consts["USE_TMA"] else triton_meta(cfg, arch, dims, causal, fp32, tma_aligned=False)[0]
+    num_slots = grid_slots(q_rows, batch, num_heads, consts["BLOCK_M"])
     return PrefillPlan(
         arch=arch,
         config=cfg,
-        kpe_head_stride=kpe_sh,
         head_group=group,
         num_slots=num_slots,
-        grid=(num_slots * N,),
+        grid=(num_slots * num_heads,),
         constexprs=consts,
         options=options,
+        pointer_constexprs=pointer,
+        device=device,
+        dtype=dtype,
+        batch=int(batch),
+        num_heads=int(num_heads),
+        q_rows=int(q_rows),
+        k_rows=int(k_rows),
+        head_dims=dims,
+        causal=causal,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        batch_invariant=batch_invariant,
+        backend=impl,
+        debug=debug_enabled(debug),
     )
 
 
 __all__ = [
     "OP",
     "SEQ_CHUNK",
+    "MAX_TRITON_HEAD_DIM",
     "PrefillPlan",
     "plan_prefill",
+    "kpe_head_stride",
     "launch_config",
     "geometry_key",
     "dim_tile",

@@ -59,6 +59,7 @@ from rocm_mla.ops import (
     plan_decode_for,
 )
 from rocm_mla.vllm.invariant_context import fold_in_context_invariant
+from rocm_mla.vllm.prefill import plan_on
 
 # The decode kernel's fixed latent geometry (docs/ARCHITECTURE.md §1): kv_lora_rank 512, rope 64;
 # and vLLM's names of an e4m3 cache (the platform's kind): rocm_mla.mla_dims.
@@ -331,6 +332,10 @@ class RocmMLAImplCommon:
         """Prefill rows: causal attention over the new tokens, then each cached-context chunk
         folded in, all written into ``output`` ``[T, N * V]`` in place.
 
+        Each call's plan is made by the step's first layer from its tensors and left on the
+        metadata for the others (``prefill.rocm_mla_plan``, each chunk's ``rocm_mla_plan``:
+        ``plan_on``).
+
         Decode context parallelism needs vLLM's KV all-gather of the context
         (``_context_parallel_compute_prefill_context``): that case runs vLLM's common prefill,
         through the layer's MLA prefill backend.
@@ -351,21 +356,13 @@ class RocmMLAImplCommon:
         out = output.view(T, N, V)
         chunked = prefill.chunked_context
         lse = torch.empty(N, T, dtype=torch.float32, device=q.device) if chunked is not None else None
-        mla_prefill(
-            q,
-            kv_nope[..., :P],
-            k_pe,
-            kv_nope[..., P:],
-            prefill.query_start_loc,
-            prefill.query_start_loc,
-            sm_scale=self.scale,
-            causal=True,
-            out=out,
-            lse=lse,
-            max_seqlen_q=prefill.max_query_len,
-            max_seqlen_k=prefill.max_query_len,
-            batch_invariant=self._batch_invariant,
+        cu = prefill.query_start_loc
+        tensors = (q, kv_nope[..., :P], k_pe, kv_nope[..., P:], cu, cu)
+        hint = prefill.max_query_len
+        plan = plan_on(
+            prefill, tensors, causal=True, max_seqlen_q=hint, max_seqlen_k=hint, batch_invariant=self._batch_invariant
         )
+        mla_prefill(*tensors, sm_scale=self.scale, plan=plan, out=out, lse=lse)
         if chunked is not None and self._batch_invariant:
             fold_in_context_invariant(self, q, kv_c_and_k_pe_cache, prefill, k_scale, out, lse)
         elif chunked is not None:
@@ -423,20 +420,12 @@ class RocmMLAImplCommon:
             kv_nope = self.kv_b_proj(kv_c)[0].view(toks, N, P + V)
             s, e = chunk.token_slice.start, chunk.token_slice.stop
             n = e - s
-            mla_prefill(
-                q[s:e],
-                kv_nope[..., :P],
-                ws[:, L:].unsqueeze(1),
-                kv_nope[..., P:],
-                chunk.query_start_loc,
-                chunk.cu_seq_lens,
-                sm_scale=self.scale,
-                causal=False,
-                out=chunk_out[:n],
-                lse=chunk_lse[:, :n],
-                max_seqlen_q=chunk.max_query_len,
-                max_seqlen_k=chunk.max_seq_len,
+            tensors = (q[s:e], kv_nope[..., :P], ws[:, L:].unsqueeze(1), kv_nope[..., P:])
+            tensors += (chunk.query_start_loc, chunk.cu_seq_lens)
+            plan = plan_on(
+                chunk, tensors, causal=False, max_seqlen_q=chunk.max_query_len, max_seqlen_k=chunk.max_seq_len
             )
+            mla_prefill(*tensors, sm_scale=self.scale, plan=plan, out=chunk_out[:n], lse=chunk_lse[:, :n])
             keep = i + 1 < len(chunks) and chunks[i + 1].is_continuation
             cont_end = chunk.continuation_token_end if chunk.is_continuation else s
             # The continued request's rows [s, cont_end): running LSE in `tail`.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from vllm.model_executor.layers.attention.mla_attention import MLACommonPrefillMetadata, _get_kv_b_proj_input_dtype
 
-from rocm_mla.ops import gather_context_chunk, merge_attn_states, mla_prefill
+from rocm_mla.ops import gather_context_chunk, merge_attn_states, mla_prefill, plan_prefill_for
 
 
 def fold_in_context_invariant(
@@ -70,21 +70,14 @@ def fold_in_context_invariant(
             if proj_dtype is not None and proj_dtype != kv_c.dtype:
                 kv_c = kv_c.to(proj_dtype)
             kv_nope = impl.kv_b_proj(kv_c)[0].view(n, N, P + V)
-            mla_prefill(
-                q[s:e],
-                kv_nope[..., :P],
-                ws[:, L:].unsqueeze(1),
-                kv_nope[..., P:],
+            tensors = (q[s:e], kv_nope[..., :P], ws[:, L:].unsqueeze(1), kv_nope[..., P:])
+            tensors += (
                 torch.tensor([0, n_q], dtype=torch.int32, device=dev),
                 torch.tensor([0, n], dtype=torch.int32, device=dev),
-                sm_scale=impl.scale,
-                causal=False,
-                out=chunk_out[:n_q],
-                lse=chunk_lse[:, :n_q],
-                max_seqlen_q=n_q,
-                max_seqlen_k=n,
-                batch_invariant=True,
             )
+            # One plan per piece: each piece has its own sizes (one request, its rows, its keys).
+            plan = plan_prefill_for(*tensors, causal=False, max_seqlen_q=n_q, max_seqlen_k=n, batch_invariant=True)
+            mla_prefill(*tensors, sm_scale=impl.scale, plan=plan, out=chunk_out[:n_q], lse=chunk_lse[:, :n_q])
             last = start + piece >= ctx
             dst = None if last else (lse_alt if src is lse_new else lse_new)
             merge_attn_states(

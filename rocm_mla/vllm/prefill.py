@@ -24,10 +24,23 @@ import torch
 from vllm.v1.attention.backends.mla.prefill.base import MLADimensions, MLAPrefillBackend
 
 from rocm_mla.mla_dims import PREFILL_GEOMETRIES
-from rocm_mla.ops import mla_prefill
+from rocm_mla.ops import PrefillPlan, mla_prefill, plan_prefill_for
 
 if TYPE_CHECKING:
     from vllm.model_executor.layers.attention.mla_attention import MLACommonPrefillMetadata
+
+
+def plan_on(holder, tensors: tuple, **knobs) -> PrefillPlan:
+    """The plan of an ``mla_prefill`` call with ``tensors`` (its six positional arguments) that
+    ``holder`` carries: vLLM's prefill metadata (the new tokens' causal pass) or one of its context
+    chunks (that chunk's pass). Its ``rocm_mla_plan`` when that matches the tensors (the metadata
+    builder's, or the one the step's first layer left); else one planned from them
+    (``plan_prefill_for`` with ``knobs``), left there for the step's other layers."""
+    plan = getattr(holder, "rocm_mla_plan", None)
+    if plan is None or not plan.matches(*tensors):
+        plan = plan_prefill_for(*tensors, **knobs)
+        holder.rocm_mla_plan = plan
+    return plan
 
 
 class RocmMLAPrefillBackend(MLAPrefillBackend):
@@ -62,26 +75,18 @@ class RocmMLAPrefillBackend(MLAPrefillBackend):
         output_scale: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Causal attention of the new tokens over themselves. ``q``/``k`` ``[T, N, P + R]``,
-        ``v`` ``[T, N, V]``; returns out ``[T, N, V]`` (and lse ``[N, T]`` natural log)."""
+        ``v`` ``[T, N, V]``; returns out ``[T, N, V]`` (and lse ``[N, T]`` natural log). The plan
+        is made by the step's first layer and left on the prefill metadata for the others
+        (``plan_on``)."""
         if output_scale is not None:
             raise NotImplementedError(
                 "RocmMLAPrefillBackend does not fuse output quantisation (supports_quant_output is False)"
             )
         m: MLACommonPrefillMetadata = self._prefill_metadata
         k_nope, k_pe = self._split_k(k)
-        out, lse = mla_prefill(
-            q,
-            k_nope,
-            k_pe,
-            v,
-            m.query_start_loc,
-            m.query_start_loc,
-            sm_scale=self.scale,
-            causal=True,
-            out=out,
-            max_seqlen_q=m.max_query_len,
-            max_seqlen_k=m.max_query_len,
-        )
+        tensors = (q, k_nope, k_pe, v, m.query_start_loc, m.query_start_loc)
+        plan = plan_on(m, tensors, causal=True, max_seqlen_q=m.max_query_len, max_seqlen_k=m.max_query_len)
+        out, lse = mla_prefill(*tensors, sm_scale=self.scale, plan=plan, out=out)
         return (out, lse) if return_softmax_lse else out
 
     def run_prefill_context_chunk(
@@ -92,21 +97,12 @@ class RocmMLAPrefillBackend(MLAPrefillBackend):
         v: torch.Tensor,
         out: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Non-causal attention of the chunk's queries over one gathered context chunk."""
+        """Non-causal attention of the chunk's queries over one gathered context chunk (its plan
+        left on the chunk's metadata by the step's first layer: ``plan_on``)."""
         k_nope, k_pe = self._split_k(k)
-        return mla_prefill(
-            q,
-            k_nope,
-            k_pe,
-            v,
-            chunk.query_start_loc,
-            chunk.cu_seq_lens,
-            sm_scale=self.scale,
-            causal=False,
-            out=out,
-            max_seqlen_q=chunk.max_query_len,
-            max_seqlen_k=chunk.max_seq_len,
-        )
+        tensors = (q, k_nope, k_pe, v, chunk.query_start_loc, chunk.cu_seq_lens)
+        plan = plan_on(chunk, tensors, causal=False, max_seqlen_q=chunk.max_query_len, max_seqlen_k=chunk.max_seq_len)
+        return mla_prefill(*tensors, sm_scale=self.scale, plan=plan, out=out)
 
     def _split_k(self, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """vLLM's ``k = cat(k_nope, k_pe.expand(N))`` ``[T, N, P + R]`` as the two strided views the

@@ -181,7 +181,8 @@ def test_prefill_inputs_varlen_and_views():
     p = prefill.make_inputs(s, dtype=F16, kpe_layout="expand", out_layout="pad_v", lse_layout="transposed")
     assert p.k_pe.shape == (20, 3, 64) and p.k_pe.stride()[1] == 0
     assert p.out.stride() == (3 * 192, 192, 1) and p.lse.stride() == (1, 3)
-    assert c.kwargs()["max_seqlen_q"] == 9 and c.kwargs()["max_seqlen_k"] == 9
+    plan = c.kwargs()["plan"]  # the hints are the plan's: the longest sequences
+    assert plan.max_seqlen_q == 9 and plan.max_seqlen_k == 9 and plan.causal and plan.matches(*c.args())
     h = prefill.make_inputs(s, dtype=F16, kpe_layout="per_head_copy")
     assert h.k_pe.shape == (20, 3, 64) and torch.equal(h.k_pe[:, 0], h.k_pe[:, 2])
 

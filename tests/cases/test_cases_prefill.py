@@ -136,3 +136,24 @@ def test_named_bounds_are_tighter_than_the_float32_table():
     out32 = prefill.TOLERANCE[F32]["out"]
     for b in (prefill.REFERENCE_VS_F64, prefill.ONE_KEY):
         assert b.atol <= out32.atol and b.rtol <= out32.rtol
+
+
+def test_case_calls_split_call_keywords_and_plan_knobs():
+    """kwargs()/run() and call_prefill take mla_prefill's own keywords (CALL_KEYS) and plan the
+    call with the rest (plan_prefill's knobs); a plan beside knobs is a TypeError."""
+    s = PrefillShape((5, 0, 9), 2, lk=(7, 4, 9), causal=False)
+    c = prefill.make_inputs(s, dtype=F32, device=DEVICE)
+    kw = c.kwargs(backend="reference", max_seqlen_k=None, out=None)
+    assert set(kw) == {"sm_scale", "out", "lse", "plan"} and kw["out"] is None and kw["lse"] is c.lse
+    plan = kw["plan"]
+    assert plan.backend == "reference" and not plan.causal and plan.max_seqlen_k is None and plan.max_seqlen_q == 9
+    assert plan == c.plan(backend="reference", max_seqlen_k=None)
+    assert c.kwargs(plan=plan)["plan"] is plan
+    with pytest.raises(TypeError, match="plan knobs \\['causal'\\] beside a plan"):
+        c.kwargs(plan=plan, causal=True)
+    out, lse = c.run(backend="reference")
+    c.check(out, lse)
+    o2, l2 = prefill.call_prefill(*c.args(), sm_scale=c.sm_scale, causal=False, backend="reference")
+    assert torch.equal(o2, out) and torch.equal(l2, lse)
+    with pytest.raises(TypeError, match="call_prefill: plan knobs"):
+        prefill.call_prefill(*c.args(), sm_scale=c.sm_scale, plan=plan, backend="reference")

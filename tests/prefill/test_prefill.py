@@ -21,7 +21,7 @@ from prefill_case import KERNEL_BACKENDS, case, cu
 
 import rocm_mla
 from rocm_mla.cases import compare, first_problem, generator, outside_untouched, poisoned, prefill, raise_on, randn
-from rocm_mla.cases.prefill import SM_SCALE, P, R, V
+from rocm_mla.cases.prefill import SM_SCALE, P, R, V, call_prefill
 from rocm_mla.reference import mla_prefill_ref
 
 F32, F16 = torch.float32, torch.float16
@@ -78,7 +78,7 @@ def test_matches_reference(backend, dtype, causal, shape):
     """The odd sizes (ragged blocks, lq != lk, rows that see no key, empty sequences, N=1 and 128),
     out and lse allocated by the op."""
     c = prefill.make_inputs(dataclasses.replace(shape, causal=causal), dtype=dtype, device=DEVICE, seed=1)
-    out, lse = rocm_mla.mla_prefill(*c.args(), sm_scale=SM_SCALE, causal=causal, backend=backend)
+    out, lse = call_prefill(*c.args(), sm_scale=SM_SCALE, causal=causal, backend=backend)
     assert out.shape == (shape.Tq, shape.N, V) and out.dtype == dtype and lse.shape == (shape.N, shape.Tq)
     c.check(out, lse)
 
@@ -284,7 +284,7 @@ def test_pad_v_style_output_and_inner_strides(backend):
     cq, ck = c.cu_seqlens_q, c.cu_seqlens_k
     cq2 = torch.stack([cq, torch.zeros_like(cq)], 1)[:, 0]
     ck2 = torch.stack([ck, torch.zeros_like(ck)], 1)[:, 0]
-    rocm_mla.mla_prefill(q2, kn2, c.k_pe, c.v, cq2, ck2, sm_scale=SM_SCALE, out=c.out, lse=c.lse, backend=backend)
+    call_prefill(q2, kn2, c.k_pe, c.v, cq2, ck2, sm_scale=SM_SCALE, out=c.out, lse=c.lse, backend=backend)
     c.check()
     assert outside_untouched(c.out_base, c.out)
 
@@ -382,17 +382,44 @@ def _t(*shape, dtype=torch.float32):
         (dict(lse=_t(2, 5, dtype=torch.float16)), TypeError, ["lse", "float32", "float16"]),
         (dict(sm_scale=-1.0), ValueError, ["sm_scale", "> 0", "-1.0"]),
         (dict(sm_scale="0.1"), TypeError, ["sm_scale", "float", "str"]),
-        (dict(causal=1), TypeError, ["causal", "bool", "int"]),
-        (dict(max_seqlen_q=2.5), TypeError, ["max_seqlen_q", "int", "2.5"]),
         (dict(k_nope=[1, 2]), TypeError, ["k_nope", "torch.Tensor", "list"]),
     ],
 )
-def test_bad_input_names_argument(change, exc, words):
+@pytest.mark.parametrize("planned", [False, True], ids=["plan_none", "planned"])
+def test_bad_input_names_argument(change, exc, words, planned):
+    """The same messages whether the call plans from its tensors or runs a plan made for the good
+    tensors (the plan refuses them, then their own rule names them)."""
     args = _good()
+    if planned:
+        args["plan"] = rocm_mla.plan_prefill_for(*args.values())
     for k, val in change.items():
         args[k] = val.to(DEVICE) if isinstance(val, torch.Tensor) else val
     args.setdefault("sm_scale", SM_SCALE)
     assert raises_naming(exc, lambda: rocm_mla.mla_prefill(**args), *words).startswith("mla_prefill: ")
+
+
+@pytest.mark.parametrize(
+    "change,exc,words",
+    [
+        (dict(causal=1), TypeError, ["causal", "bool", "int"]),
+        (dict(max_seqlen_q=2.5), TypeError, ["max_seqlen_q", "int", "2.5"]),
+        (dict(max_seqlen_k=-1), ValueError, ["max_seqlen_k", "int >= 0", "-1"]),
+        (dict(batch_invariant=1), TypeError, ["batch_invariant", "bool", "1"]),
+        (dict(config={"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "tma": "yes"}), ValueError, ["tma", "'yes'"]),
+    ],
+)
+def test_bad_plan_knob_names_it_at_plan_time(change, exc, words):
+    """The mode and tuning knobs are plan_prefill's (checked once, when the plan is made, whether
+    from sizes or from a call's tensors); the call takes none of them."""
+    args = _good()
+    sizes = dict(batch=2, num_heads=2, q_rows=5, k_rows=6, dtype=F32, device=DEVICE)
+    for plan in (
+        lambda: rocm_mla.plan_prefill(**sizes, **change),
+        lambda: rocm_mla.plan_prefill_for(*args.values(), **change),
+    ):
+        assert raises_naming(exc, plan, *words).startswith("mla_prefill: ")
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        rocm_mla.mla_prefill(**args, sm_scale=SM_SCALE, **change)
 
 
 def test_triton_rejects_dims_wider_than_a_tile():
@@ -402,8 +429,8 @@ def test_triton_rejects_dims_wider_than_a_tile():
     g = generator(0, DEVICE)
     q, kn, kpe, v = (randn(s, g, DEVICE) for s in ((3, 2, 100 + 64), (3, 2, 100), (3, 1, 64), (3, 2, 512)))
     with pytest.raises(ValueError, match=r"v: expected last dim V <= 256 for the Triton kernel.*got 512"):
-        rocm_mla.mla_prefill(q, kn, kpe, v, cu(lq), cu(lq), sm_scale=SM_SCALE, backend="triton")
-    out, _ = rocm_mla.mla_prefill(q, kn, kpe, v, cu(lq), cu(lq), sm_scale=SM_SCALE, backend="reference")
+        call_prefill(q, kn, kpe, v, cu(lq), cu(lq), sm_scale=SM_SCALE, backend="triton")
+    out, _ = call_prefill(q, kn, kpe, v, cu(lq), cu(lq), sm_scale=SM_SCALE, backend="reference")
     assert out.shape == (3, 2, 512)
 
 

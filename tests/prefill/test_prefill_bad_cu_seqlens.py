@@ -16,7 +16,8 @@ import torch
 from _util import DEVICE, backends
 from prefill_case import case
 
-from rocm_mla.ops.prefill import launch_triton
+from rocm_mla.cases.prefill import call_prefill
+from rocm_mla.ops.prefill import launch_triton, plan_prefill_for
 from rocm_mla.reference import mla_prefill_ref
 
 TQ, TK = 13, 9
@@ -58,16 +59,9 @@ def test_invalid_sequences_get_nan_rows(bad, causal):
     c.lse.copy_(torch.randn(c.lse.shape, generator=g))
     before_out, before_lse = c.out.clone(), c.lse.clone()
     cq, ck = (torch.tensor(x, dtype=torch.int32, device=DEVICE) for x in (cq_l, ck_l))
-    launch_triton(
-        *c.args()[:4],
-        cq,
-        ck,
-        c.out,
-        c.lse,
-        sm_scale=0.1,
-        causal=causal,
-        config={"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
-    )
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}
+    plan = plan_prefill_for(*c.args()[:4], cq, ck, causal=causal, config=cfg, backend="triton")  # reads no offset
+    launch_triton(plan, *c.args()[:4], cq, ck, c.out, c.lse, sm_scale=0.1)
     c.check_guards()
     written = torch.zeros(tq, dtype=torch.bool)
     for b, (lo, hi, is_bad) in enumerate(owned_rows(cq_l, ck_l, tq)):
@@ -101,15 +95,13 @@ def test_rule_marks_what_the_issue_lists():
 @pytest.mark.parametrize("bad", [k for k in CASES if k != "valid"])
 def test_gpu_bad_offsets_nan_rows_no_sync(bad):
     """Through mla_prefill on a GPU (bf16, the default launch data, TMA where the arch has it)."""
-    import rocm_mla
-
     cq_l, ck_l, *more = CASES[bad]
     tq = more[0] if more else TQ
     c = case([tq], [TK], 16, torch.bfloat16, seed=4, guard=1200, out_layout="pad_v", lse_layout="transposed_padded")
     c.out.normal_()
     c.lse.normal_()
     cq, ck = (torch.tensor(x, dtype=torch.int32, device=DEVICE) for x in (cq_l, ck_l))
-    rocm_mla.mla_prefill(*c.args()[:4], cq, ck, sm_scale=0.1, out=c.out, lse=c.lse, backend="triton")
+    call_prefill(*c.args()[:4], cq, ck, sm_scale=0.1, out=c.out, lse=c.lse, backend="triton")
     torch.cuda.synchronize()
     c.check_guards()
     for lo, hi, is_bad in owned_rows(cq_l, ck_l, tq):

@@ -18,6 +18,7 @@ from prefill_case import KERNEL_BACKENDS, case
 
 import rocm_mla
 from rocm_mla._platform import device_arch
+from rocm_mla.cases.prefill import call_prefill
 from rocm_mla.ops.prefill_context import ContextChunk
 from rocm_mla.ops.prefill_plan import launch_config
 
@@ -51,7 +52,7 @@ def _same_bits(a, b):
 
 def _prefill(tensors, lens, **kw):
     cu = _cu(lens)
-    return rocm_mla.mla_prefill(*tensors, cu, cu, sm_scale=0.125, batch_invariant=True, **kw)
+    return call_prefill(*tensors, cu, cu, sm_scale=0.125, batch_invariant=True, **kw)
 
 
 BATCHES = ([2, 0, 3], [3, 1, 4, 0, 2], [0, 0, 1])
@@ -180,7 +181,7 @@ def test_gpu_prefill_bf16_alone_equals_in_batches(tma):
 
     def run(idx):
         cu = _cu([lens[i] for i in idx])
-        return rocm_mla.mla_prefill(*take(idx), cu, cu, sm_scale=0.1, batch_invariant=True, config=cfg)
+        return call_prefill(*take(idx), cu, cu, sm_scale=0.1, batch_invariant=True, config=cfg)
 
     ref = run([2])
     for idx in ([0, 2], [4, 3, 2, 1, 0], [2, 2]):

@@ -8,9 +8,8 @@ import torch
 from _util import DEVICE, DTYPES
 from prefill_case import KERNEL_BACKENDS
 
-import rocm_mla
 from rocm_mla.cases import outside_untouched, prefill
-from rocm_mla.cases.prefill import SM_SCALE, ContextShape
+from rocm_mla.cases.prefill import SM_SCALE, ContextShape, call_prefill
 
 # ---------------------------------------------------------------- chunked context
 
@@ -32,7 +31,7 @@ def test_chunked_context_equals_one_shot(backend, dtype, shape, as_generator):
     c.check()
     assert outside_untouched(c.out_base, c.out) and outside_untouched(c.lse_base, c.lse)
     # and the kernel's one-shot path agrees with the helper
-    one, one_lse = rocm_mla.mla_prefill(*c.one_shot(), sm_scale=SM_SCALE, backend=backend)
+    one, one_lse = call_prefill(*c.one_shot(), sm_scale=SM_SCALE, backend=backend)
     c.check(ref=(one.float(), one_lse))
 
 

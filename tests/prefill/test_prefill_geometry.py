@@ -17,8 +17,8 @@ import torch
 from _util import DEVICE, DTYPES, raises_naming
 from prefill_case import KERNEL_BACKENDS, cu
 
-import rocm_mla
 from rocm_mla.cases import generator, prefill, randn
+from rocm_mla.cases.prefill import call_prefill
 from rocm_mla.ops.prefill_plan import dim_tiles, launch_config, triton_meta
 
 F32, F16 = torch.float32, torch.float16
@@ -147,7 +147,7 @@ def test_no_rope_and_dim_errors_name_the_argument():
     lq = [3]
     sc = prefill.SM_SCALE
     q, kn, _, v = _geometry_inputs(256, 0, 256)
-    run = rocm_mla.mla_prefill
+    run = call_prefill
     # k_pe None means R = 0: q must then be [Tq, N, P]
     q192 = q[..., :192].contiguous()
     kn128 = kn[..., :128].contiguous()

@@ -87,11 +87,12 @@ def test_gpu_no_host_sync():
     c = case([300, 200], [300, 250], 16, torch.bfloat16)
     q, kn, kpe, v, cq, ck = c.args()
     sm_scale = c.sm_scale
-    rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=sm_scale, backend="triton")  # compile first
+    plan = rocm_mla.plan_prefill_for(q, kn, kpe, v, cq, ck, backend="triton")
+    rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=sm_scale, plan=plan)  # compile first
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=sm_scale, backend="triton")
+        rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=sm_scale, plan=plan)
         rocm_mla.mla_prefill_with_context(
             q, kn, kpe, v, cq, cq, [(kn, kpe, v, ck)], sm_scale=sm_scale, backend="triton"
         )

@@ -13,8 +13,8 @@ from prefill_case import case, cu
 
 import rocm_mla
 from rocm_mla.cases import prefill
-from rocm_mla.cases.prefill import ContextShape
-from rocm_mla.ops.prefill import launch_triton
+from rocm_mla.cases.prefill import ContextShape, call_prefill
+from rocm_mla.ops.prefill import launch_triton, plan_prefill_for
 from rocm_mla.ops.prefill_context import ContextChunk
 from rocm_mla.reference import mla_prefill_ref
 
@@ -48,7 +48,7 @@ def test_prefill_writes_only_the_rows_of_sequences(backend, causal):
     """q rows outside every sequence are never written (the reference backend wrote them)."""
     c = guarded(15, 11, 3, seed=1)
     cq, ck = cu([4, 0, 5], start=2), cu([3, 6, 2])  # rows 0-1 and 11-14 belong to no sequence
-    rocm_mla.mla_prefill(*qkv(c), cq, ck, sm_scale=0.1, causal=causal, out=c.out, lse=c.lse, backend=backend)
+    call_prefill(*qkv(c), cq, ck, sm_scale=0.1, causal=causal, out=c.out, lse=c.lse, backend=backend)
     ref, ref_lse = mla_prefill_ref(*qkv(c), cq, ck, 0.1, causal)
     own = torch.zeros(15, dtype=torch.bool)
     own[2:11] = True
@@ -86,16 +86,11 @@ def test_prefill_kernel_clamps_bad_offsets(causal, bad, tma):
     if tma:
         assert _tma_ok(*qkv(c), 0), "the case must take the TMA path"
     cq, ck = (torch.tensor(x, dtype=torch.int32, device=DEVICE) for x in BAD_OFFSETS[bad])
-    launch_triton(
-        *qkv(c),
-        cq,
-        ck,
-        c.out,
-        c.lse,
-        sm_scale=0.1,
-        causal=causal,
-        config={"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "tma": tma},
-    )
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "tma": tma}
+    plan = plan_prefill_for(*qkv(c), cq, ck, causal=causal, config=cfg, backend="triton")  # reads no offset
+    if tma:
+        assert plan.launch_constexprs(*qkv(c))["USE_TMA"] == (2 if tma == "host" else 1)
+    launch_triton(plan, *qkv(c), cq, ck, c.out, c.lse, sm_scale=0.1)
     c.check_guards()
 
 
@@ -118,15 +113,13 @@ def test_prefill_offsets_named_by_reference_and_debug():
     for backend in PREFILL_BACKENDS:
         raises_naming(
             ValueError,
-            lambda: rocm_mla.mla_prefill(*args, cq, ck, sm_scale=0.1, backend=backend, debug=True),
+            lambda: call_prefill(*args, cq, ck, sm_scale=0.1, backend=backend, debug=True),
             "mla_prefill: cu_seqlens_k",
             "cu_seqlens_k[2] = 2 < cu_seqlens_k[1] = 7",
         )
         raises_naming(
             ValueError,
-            lambda: rocm_mla.mla_prefill(
-                *args, cu([5, 4, 5]), cu([3, 3, 3]), sm_scale=0.1, backend=backend, debug=True
-            ),
+            lambda: call_prefill(*args, cu([5, 4, 5]), cu([3, 3, 3]), sm_scale=0.1, backend=backend, debug=True),
             "cu_seqlens_q[3] = 14 > Tq=13",
         )
     c.check_guards()
@@ -138,7 +131,7 @@ def test_prefill_overlaps_rejected_naming_both():
     cq = cu([6])
 
     def call(**kw):
-        return rocm_mla.mla_prefill(q, kn, kpe, v, cq, cq, sm_scale=0.1, **kw)
+        return call_prefill(q, kn, kpe, v, cq, cq, sm_scale=0.1, **kw)
 
     raises_naming(ValueError, lambda: call(out=v, causal=False), "out", "v", "no memory in common")
     raises_naming(ValueError, lambda: call(out=q[..., :128]), "out", "q")
@@ -222,7 +215,7 @@ def test_prefill_zero_sizes(backend):
             c = guarded(Tq, Tk, 2)
             cq, ck = cu(lq), cu(lk)
             kw = {"out": c.out, "lse": c.lse} if given else {}
-            out, lse = rocm_mla.mla_prefill(*qkv(c), cq, ck, sm_scale=0.1, backend=backend, **kw)
+            out, lse = call_prefill(*qkv(c), cq, ck, sm_scale=0.1, backend=backend, **kw)
             assert out.shape == (Tq, 2, 128) and lse.shape == (2, Tq)
             if lq:  # every row belongs to a sequence and sees no key when Tk = 0
                 if Tk == 0 and Tq:
@@ -245,13 +238,13 @@ def test_gpu_prefill_bad_offsets_stay_inside(causal, bad):
     for dtype in (torch.bfloat16, torch.float16):
         c = guarded(13, 9, 16, dtype=dtype, seed=2)
         cq, ck = (torch.tensor(x, dtype=torch.int32, device=DEVICE) for x in BAD_OFFSETS[bad])
-        rocm_mla.mla_prefill(*qkv(c), cq, ck, sm_scale=0.1, causal=causal, out=c.out, lse=c.lse, backend="triton")
+        call_prefill(*qkv(c), cq, ck, sm_scale=0.1, causal=causal, out=c.out, lse=c.lse, backend="triton")
         torch.cuda.synchronize()
         c.check_guards()
         with pytest.raises(ValueError, match="cu_seqlens"):
-            rocm_mla.mla_prefill(*qkv(c), cq, ck, sm_scale=0.1, causal=causal, backend="triton", debug=True)
+            call_prefill(*qkv(c), cq, ck, sm_scale=0.1, causal=causal, backend="triton", debug=True)
         with pytest.raises(ValueError, match="cu_seqlens"):
-            rocm_mla.mla_prefill(*qkv(c), cq, ck, sm_scale=0.1, causal=causal, backend="reference")
+            call_prefill(*qkv(c), cq, ck, sm_scale=0.1, causal=causal, backend="reference")
 
 
 @pytest.mark.gpu
@@ -279,8 +272,9 @@ def test_gpu_prefill_checks_no_sync_and_capturable():
     """mla_prefill with caller-given out / lse (the overlap checks run): no host sync, capturable."""
     pre = guarded(40, 40, 16, dtype=torch.bfloat16)
     cq = cu([10, 30])
+    plan = plan_prefill_for(*qkv(pre), cq, cq, backend="triton")
 
     def run():
-        rocm_mla.mla_prefill(*qkv(pre), cq, cq, sm_scale=0.1, out=pre.out, lse=pre.lse, backend="triton")
+        rocm_mla.mla_prefill(*qkv(pre), cq, cq, sm_scale=0.1, plan=plan, out=pre.out, lse=pre.lse)
 
     assert_no_sync_and_capturable([run], list(pre.guards.values()))

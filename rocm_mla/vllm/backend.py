@@ -57,6 +57,7 @@ from rocm_mla.ops import (
     mla_prefill,
     plan_decode,
     plan_decode_for,
+    plan_prefill,
 )
 from rocm_mla.vllm.invariant_context import fold_in_context_invariant
 from rocm_mla.vllm.prefill import plan_on
@@ -151,8 +152,10 @@ class RocmMLABackend(RocmMLABackendTraits, MLACommonBackend):
 
 
 class RocmMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
-    """vLLM's MLA metadata, unchanged: ``decode.block_table`` and ``decode.seq_lens`` are exactly
-    what ``mla_decode`` takes, and the prefill/context-chunk metadata is what the prefill uses."""
+    """vLLM's MLA metadata: ``decode.block_table`` and ``decode.seq_lens`` are exactly what
+    ``mla_decode`` takes, and the prefill/context-chunk metadata is what the prefill uses; the
+    builder adds the step's plans (``rocm_mla_plan`` on the decode metadata, the prefill metadata
+    and each context chunk)."""
 
     # mla_decode reads uniform multi-token decode blocks as rows = B x q_len, causal inside each
     # request, from seq_lens alone: no host sync, no per-row tensors -> capturable, any q_len.
@@ -170,12 +173,61 @@ class RocmMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
         """Nothing to refresh: see ``supports_draft_decode_metadata_update``."""
 
     def build(self, *args, **kwargs) -> MLACommonMetadata:
-        """vLLM's metadata, with the step's decode plan (``rocm_mla.plan_decode``) on
-        ``metadata.decode.rocm_mla_plan``: made once here, run by every layer's ``forward_mqa``."""
+        """vLLM's metadata, with the step's plans made once here: the decode plan
+        (``rocm_mla.plan_decode``) on ``metadata.decode.rocm_mla_plan``, run by every layer's
+        ``forward_mqa``; the prefill plans (``rocm_mla.plan_prefill``) on
+        ``metadata.prefill.rocm_mla_plan`` and each context chunk's ``rocm_mla_plan``, run by every
+        layer's ``forward_mha``."""
         metadata = super().build(*args, **kwargs)
         if metadata.decode is not None:
             metadata.decode.rocm_mla_plan = self._decode_plan(metadata)
+        if metadata.prefill is not None:
+            self._plan_prefill(metadata)
         return metadata
+
+    def _plan_prefill(self, metadata: MLACommonMetadata) -> None:
+        """The prefill rows' plans from the step's sizes and the layers' settings (the model dtype,
+        the head geometry, batch invariance): one per distinct call shape of ``forward_mha``, the
+        new tokens' causal pass (B prefills, T rows over T keys) on ``metadata.prefill``, and each
+        context chunk's non-causal pass (its requests, its rows over its gathered keys) on the
+        chunk. None under decode context parallelism (vLLM's common prefill runs there), nor for
+        the chunks in batch-invariant mode (``fold_in_context_invariant`` cuts the context per
+        request and plans each piece): a layer that finds no fitting plan plans from its tensors
+        and leaves the plan for the others (``rocm_mla.vllm.prefill.plan_on``)."""
+        if self.dcp_world_size != 1:
+            return
+        p = metadata.prefill
+        dims = self.mla_dims
+        invariant = batch_invariant_requested()
+        knobs = dict(
+            num_heads=self.num_heads,
+            dtype=self.model_config.dtype,
+            device=p.query_start_loc.device,
+            head_dims=(dims.qk_nope_head_dim, dims.qk_rope_head_dim, dims.v_head_dim),
+            batch_invariant=invariant,
+        )
+        rows = metadata.num_actual_tokens - metadata.num_decode_tokens
+        p.rocm_mla_plan = plan_prefill(
+            batch=p.query_start_loc.shape[0] - 1,
+            q_rows=rows,
+            k_rows=rows,
+            causal=True,
+            max_seqlen_q=p.max_query_len,
+            max_seqlen_k=p.max_query_len,
+            **knobs,
+        )
+        if p.chunked_context is None or invariant:
+            return
+        for chunk in p.chunked_context.chunks:
+            chunk.rocm_mla_plan = plan_prefill(
+                batch=chunk.num_requests,
+                q_rows=chunk.token_slice.stop - chunk.token_slice.start,
+                k_rows=chunk.num_context_tokens,
+                causal=False,
+                max_seqlen_q=chunk.max_query_len,
+                max_seqlen_k=chunk.max_seq_len,
+                **knobs,
+            )
 
     def _decode_plan(self, metadata: MLACommonMetadata) -> DecodePlan | None:
         """The decode rows' plan from the step's sizes and the layers' settings (the ones
@@ -332,9 +384,9 @@ class RocmMLAImplCommon:
         """Prefill rows: causal attention over the new tokens, then each cached-context chunk
         folded in, all written into ``output`` ``[T, N * V]`` in place.
 
-        Each call's plan is made by the step's first layer from its tensors and left on the
-        metadata for the others (``prefill.rocm_mla_plan``, each chunk's ``rocm_mla_plan``:
-        ``plan_on``).
+        Each call runs the plan the metadata builder left for its shape (``prefill.rocm_mla_plan``,
+        each chunk's ``rocm_mla_plan``); metadata without one (another builder's: the sparse
+        backend's) gets it from the step's first layer (``plan_on``).
 
         Decode context parallelism needs vLLM's KV all-gather of the context
         (``_context_parallel_compute_prefill_context``): that case runs vLLM's common prefill,

@@ -38,7 +38,7 @@ rocm_vllm.register()
 from rocm_mla.cases import compare, first_problem, raise_on  # noqa: E402
 from rocm_mla.cases import decode as decode_cases  # noqa: E402
 from rocm_mla.cases import rope_kv_write as rope_cases  # noqa: E402
-from rocm_mla.ops import DecodePlan  # noqa: E402
+from rocm_mla.ops import DecodePlan, PrefillPlan  # noqa: E402
 from rocm_mla.reference import mla_decode_ref  # noqa: E402
 from rocm_mla.reference.rope_kv_write import quantize_fp8_ref  # noqa: E402
 from rocm_mla.vllm.backend import RocmMLABackend, RocmMLAImpl, RocmMLAMetadataBuilder  # noqa: E402
@@ -450,6 +450,57 @@ def test_forward_mqa_plans_from_its_tensors_when_the_metadata_has_no_plan():
     assert md.decode.rocm_mla_plan == built
     b = step.layer.impl.forward_mqa(q, cache, md, layer)[0]
     assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("batch", ["prefill_context", "mixed"])
+def test_the_builder_plans_the_prefill_once_for_every_layer(batch, monkeypatch):
+    """The metadata builder makes the step's prefill plans (the new tokens' causal pass on the
+    prefill metadata, each context chunk's non-causal pass on the chunk); each layer's forward_mha
+    runs them without planning again. A step whose metadata has none plans from the tensors in its
+    first layer, leaves the plans for the other layers, and they are the builder's: the same bits."""
+    import rocm_mla.ops.prefill as prefill_ops
+    import rocm_mla.vllm.backend as backend_mod
+    import rocm_mla.vllm.prefill as vllm_prefill
+
+    dtype = torch.float16 if not HAS_GPU else torch.bfloat16
+    step = _step(batch, dtype, "auto", 16, 16)
+    ((_, args, kwargs),) = [c for c in step.capture_backend_calls() if c[0] == "forward_mha"]
+    md = args[4]
+    q, output = args[0], kwargs["output"]
+    plan = md.prefill.rocm_mla_plan
+    assert isinstance(plan, PrefillPlan) and plan.causal and plan.batch == md.num_prefills
+    assert plan.q_rows == plan.k_rows == q.shape[0] and plan.num_heads == 16 and plan.dtype == dtype
+    chunks = md.prefill.chunked_context.chunks if md.prefill.chunked_context is not None else []
+    assert batch != "prefill_context" or len(chunks) >= 6
+    chunk_plans = [c.rocm_mla_plan for c in chunks]
+    for c, p in zip(chunks, chunk_plans):
+        assert isinstance(p, PrefillPlan) and not p.causal and p.k_rows == c.num_context_tokens
+        assert p.batch == c.num_requests and p.q_rows == c.token_slice.stop - c.token_slice.start
+    planned = []
+    count = lambda *a, **k: planned.append(1)  # noqa: E731
+    for mod, name in (
+        (backend_mod, "plan_prefill"),
+        (vllm_prefill, "plan_prefill_for"),
+        (prefill_ops, "plan_prefill_for"),
+    ):
+        monkeypatch.setattr(mod, name, count)
+    outs = []
+    for _ in range(3):
+        output.fill_(float("nan"))
+        step.layer.impl.forward_mha(*args, **kwargs)
+        outs.append(output.clone())
+    assert not planned and md.prefill.rocm_mla_plan is plan
+    assert all(c.rocm_mla_plan is p for c, p in zip(chunks, chunk_plans))
+    monkeypatch.undo()
+    raise_on(step.mismatch())
+    # No plan on the metadata (another builder's): the first layer plans and leaves the plans.
+    md.prefill.rocm_mla_plan = None
+    for c in chunks:
+        c.rocm_mla_plan = None
+    output.fill_(float("nan"))
+    step.layer.impl.forward_mha(*args, **kwargs)
+    assert md.prefill.rocm_mla_plan == plan and [c.rocm_mla_plan for c in chunks] == chunk_plans
+    assert all(torch.equal(o, output) for o in outs)
 
 
 def test_forward_mqa_returns_natural_log_lse():

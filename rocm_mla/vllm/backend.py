@@ -60,7 +60,7 @@ from rocm_mla.ops import (
     plan_prefill,
 )
 from rocm_mla.vllm.invariant_context import fold_in_context_invariant
-from rocm_mla.vllm.prefill import plan_on
+from rocm_mla.vllm.prefill import kept_plan, plan_on
 
 # The decode kernel's fixed latent geometry (docs/ARCHITECTURE.md §1): kv_lora_rank 512, rope 64;
 # and vLLM's names of an e4m3 cache (the platform's kind): rocm_mla.mla_dims.
@@ -559,11 +559,12 @@ class RocmMLAImpl(RocmMLAImplCommon, MLACommonImpl[MLACommonMetadata]):
         decode = attn_metadata.decode
         kv, table, lens = kv_c_and_k_pe_cache, decode.block_table, decode.seq_lens
         k_scale = layer._k_scale.reshape(1) if self._fp8_cache else None
-        plan = getattr(decode, "rocm_mla_plan", None)
-        if plan is None or not plan.matches(q_nope, q_pe, kv, table, lens):
-            # Metadata another builder made, or a query gathered over DCP ranks: plan from the
-            # tensors once and leave the plan for the step's other layers.
-            plan = plan_decode_for(
+        # Metadata another builder made, or a query gathered over DCP ranks: the first layer plans
+        # from its tensors and leaves the plan for the step's other layers.
+        plan = kept_plan(
+            decode,
+            (q_nope, q_pe, kv, table, lens),
+            lambda: plan_decode_for(
                 q_nope,
                 kv,
                 table,
@@ -572,7 +573,7 @@ class RocmMLAImpl(RocmMLAImplCommon, MLACommonImpl[MLACommonMetadata]):
                 max_seq_len=int(attn_metadata.max_seq_len),
                 fp8_dots=self._fp8_dots,
                 batch_invariant=self._batch_invariant,
-            )
-            decode.rocm_mla_plan = plan
+            ),
+        )
         mla_decode(q_nope, q_pe, kv, table, lens, sm_scale=self.scale, plan=plan, out=out, lse=lse, k_scale=k_scale)
         return out, lse

@@ -36,9 +36,16 @@ def plan_on(holder, tensors: tuple, **knobs) -> PrefillPlan:
     chunks (that chunk's pass). Its ``rocm_mla_plan`` when that matches the tensors (the metadata
     builder's, or the one the step's first layer left); else one planned from them
     (``plan_prefill_for`` with ``knobs``), left there for the step's other layers."""
+    return kept_plan(holder, tensors, lambda: plan_prefill_for(*tensors, **knobs))
+
+
+def kept_plan(holder, tensors: tuple, make):
+    """``holder.rocm_mla_plan`` when it matches the call's ``tensors`` (``plan.matches(*tensors)``),
+    else ``make()``, left on ``holder`` for the step's other layers: how every op of a vLLM step
+    reuses the plan its metadata carries."""
     plan = getattr(holder, "rocm_mla_plan", None)
     if plan is None or not plan.matches(*tensors):
-        plan = plan_prefill_for(*tensors, **knobs)
+        plan = make()
         holder.rocm_mla_plan = plan
     return plan
 

@@ -58,10 +58,11 @@ _._trace_fn
 pcp_shard_decode_requests
 
 # Attributes set on a peer's or a library's module for its own code to read (perf/: aiter's arch
-# query, the vLLM peers' fp8 kind).
+# query, the vLLM peers' fp8 kind; tests/vllm_harness: vLLM's shared-memory query).
 _.FP8_DTYPE
 _.get_arch
 _.is_hip
+_.get_max_shared_memory_per_block_device_attribute
 
 # Callback arguments named by their caller's signature (triton.set_allocator's allocator).
 alignment

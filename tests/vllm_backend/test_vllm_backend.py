@@ -54,8 +54,20 @@ def _fp8_kind() -> torch.dtype:
     return current_platform.fp8_dtype()
 
 
+# A fresh interpreter on an NVIDIA GPU with a copy of vLLM's pure-Python part (no compiled ops:
+# perf/vllm_on_device.sh) would resolve vLLM's platform to CUDA, which imports those ops; it
+# takes the simulated gfx942 platform that this process runs on instead. On ROCm and on a CPU it
+# resolves its own platform.
+_CHILD_PLATFORM = (
+    "from vllm_harness.layer_step import use_simulated_gfx942_platform\nuse_simulated_gfx942_platform()\n"
+    if torch.cuda.is_available() and torch.version.cuda and importlib.util.find_spec("vllm._C") is None
+    else ""
+)
+
+
 def _python(code: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter (a process that has loaded no plugin yet)."""
+    code = _CHILD_PLATFORM + code
     env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), env.get("PYTHONPATH")]))  # vllm_harness
     env.update(env_extra or {})

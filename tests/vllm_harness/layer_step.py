@@ -26,8 +26,10 @@ Requires vLLM 0.33 or 0.34 and a platform set before vLLM modules are imported (
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import os
 import socket
 import tempfile
 from dataclasses import dataclass
@@ -62,6 +64,12 @@ def use_simulated_gfx942_platform() -> None:
       device really is a gfx94x. The backend follows ``current_platform.fp8_dtype()`` for
       both its cache writes and reads, so the choice is consistent either way.
     * ``is_pin_memory_available``: pinned host memory needs a GPU driver.
+
+    Where vLLM's compiled ROCm ops are absent (an NVIDIA GPU with a copy of vLLM's pure-Python
+    part, perf/vllm_on_device.sh), two queries vLLM's own layers make of them take torch's
+    answer: its linear layers' skinny GEMMs (``VLLM_ROCM_USE_SKINNY_GEMM=0``: torch's GEMM, as on
+    a GPU without them) and the shared memory per block that its batch-invariant matmul sizes
+    tiles by (the device's property). Neither is a rocm_mla path.
 
     Model-class inspection, which vLLM runs in a child interpreter, runs in this process
     instead (see the comment below).
@@ -99,6 +107,13 @@ def use_simulated_gfx942_platform() -> None:
             return torch.cuda.is_available()
 
     platforms._current_platform = SimulatedGfx942Platform()
+    if torch.cuda.is_available() and importlib.util.find_spec("vllm._rocm_C") is None:
+        import vllm._custom_ops as vllm_ops
+
+        os.environ["VLLM_ROCM_USE_SKINNY_GEMM"] = "0"
+        vllm_ops.get_max_shared_memory_per_block_device_attribute = lambda gpu: torch.cuda.get_device_properties(
+            gpu
+        ).shared_memory_per_block_optin
 
     # vLLM inspects a model class in a fresh interpreter (so the parent never initialises CUDA).
     # That child knows nothing of the simulated platform: on a machine with an NVIDIA GPU it

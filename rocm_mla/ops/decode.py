@@ -20,6 +20,7 @@ from ..kernels.mla_decode import mla_decode_reduce_kernel, mla_decode_stage1_ker
 from ..reference.decode import mla_decode_ref, quantize_q_fp8
 from ..triton_common import LOG2E
 from ._checks import FLOAT_DTYPES, Checker
+from ._launch import kernel_launch
 from .decode_plan import (
     D_KV,
     D_NOPE,
@@ -412,16 +413,17 @@ def _launch_triton(
     )
     # Positional in the kernel's order (STAGE1_ARGS): a name the table has and the launch lacks
     # is a KeyError here, never a silently shifted argument.
-    mla_decode_stage1_kernel[plan.stage1_grid](
-        *[vals[name] for name, _ in STAGE1_ARGS], **plan.stage1_constexprs, **plan.stage1_options
-    )
+    launches = plan.kernel_launches
+    if not launches:
+        launches["stage1"] = kernel_launch(mla_decode_stage1_kernel, plan.stage1_constexprs, plan.stage1_options)
+        if not plan.direct:
+            launches["reduce"] = kernel_launch(mla_decode_reduce_kernel, plan.stage2_constexprs, plan.stage2_options)
+    launches["stage1"](plan.stage1_grid, [vals[name] for name, _ in STAGE1_ARGS])
     if plan.direct:
         return
     split_tokens, split_cap, split_block_n = plan.split_rule
     vals.update(split_tokens=split_tokens, split_cap=split_cap, split_block_n=split_block_n)
-    mla_decode_reduce_kernel[plan.stage2_grid](
-        *[vals[name] for name, _ in REDUCE_ARGS], **plan.stage2_constexprs, **plan.stage2_options
-    )
+    launches["reduce"](plan.stage2_grid, [vals[name] for name, _ in REDUCE_ARGS])
 
 
 __all__ = ["mla_decode", "plan_decode_for", "DEFAULT_FP8_DOTS"]

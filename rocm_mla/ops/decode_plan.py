@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -467,6 +467,9 @@ class DecodePlan:
     k_scale_on_device: bool = False
     backend: str = "triton"  # "triton" or "reference" (rocm_mla.ops._dispatch)
     debug: bool = False  # host-side checks of seq_lens and page ids at every call (a sync)
+    # The wrapper's KernelLaunch of each stage ("stage1", "reduce"; ops/_launch.py), made at the
+    # plan's first run: its binaries are kept across calls. Not part of what the plan decides.
+    kernel_launches: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @property
     def rows(self) -> int:

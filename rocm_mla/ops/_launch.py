@@ -109,7 +109,7 @@ class KernelLaunch:
         self._n_args = -1
         self.direct = 0
         # Why the last launch went through kernel[grid] instead of a kept binary ("" when it
-        # kept one): what `rocm-mla doctor` and the tests report.
+        # kept one), for the tests and for a caller asking why.
         self.via_triton = ""
         # Only a Triton JITFunction has binaries to keep (under TRITON_INTERPRET, read when
         # rocm_mla is imported, kernels are interpreted functions; tests pass recorders).

@@ -50,6 +50,10 @@ def _versions() -> None:
     _line("python", platform.python_version())
     _line("torch", torch.__version__)
     _line("triton", triton.__version__)
+    from rocm_mla.ops._launch import triton_launch_form_ok
+
+    kept = "kept binaries (decode)" if triton_launch_form_ok() else "kernel[grid] (this Triton launches differently)"
+    _line("triton launches", kept)
     _line("rocm-mla", rocm_mla.__version__)
     _line("ROCm (torch.version.hip)", torch.version.hip or "-")
     _line("CUDA (torch.version.cuda)", torch.version.cuda or "-")

@@ -137,6 +137,8 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "programs_per_cu": INT,
         "merge": {"chunk": INT, "num_warps": INT, "keys_per_thread": INT},
         "direct": BOOL,
+        "select_pack": INT,
+        "maxnreg": INT,
         **AMD_OPTIONS,
     },
     "mla_prefill": {"backend_order": [BACKEND], "triton": _PREFILL, "triton_fp32": _PREFILL, "candidates": [_PREFILL]},

@@ -135,6 +135,71 @@ def _select_in_registers(keys, topk):
 
 
 @triton.jit
+def _lane_count(packed_h, c, PACK: tl.constexpr):
+    """How many digits of ``packed_h`` are >= c (< 2**DB, each lane's top bit set, DB = 32 / PACK
+    - 1): c, repeated in every lane, is subtracted from all lanes at once (no lane borrows from the
+    next: its top bit covers it), and a lane's top bit survives when its digit is >= c. The lane
+    hits are summed two 16-bit lanes to a word."""
+    W: tl.constexpr = 32 // PACK
+    DB: tl.constexpr = W - 1
+    if PACK == 2:
+        rep = c | (c << 16)
+        t = ((packed_h - rep) >> DB) & 0x00010001
+    else:
+        rep = c | (c << 8) | (c << 16) | (c << 24)
+        d = packed_h - rep
+        t = ((d >> 7) & 0x00010001) + ((d >> 15) & 0x00010001)
+    tot = tl.sum(t, axis=0)
+    return ((tot & 0xFFFF) + (tot >> 16)).to(tl.int32)
+
+
+@triton.jit
+def _select_packed(stage_row, n, topk, SPLIT: tl.constexpr, PACK: tl.constexpr):
+    """``_select_in_registers`` of the stage's first n order keys (SPLIT words; the rest count as
+    no key) holding SPLIT / PACK words through the search instead of SPLIT: the threshold is
+    found a digit of DB = 32 / PACK - 1 bits at a time from the top, each pass re-reading the
+    stage and packing PACK keys' digits to a word, one a lane of 32 / PACK bits whose top bit is
+    set (``_lane_count``). A key that does not match the digits found so far, and a slot without
+    a key, give digit 0, which no count reads: every candidate tried has a set bit. So the result
+    is the 32-bit search's: thr the k-th largest key, k_rem what is left of k once every key
+    above thr is counted (k = 0: thr 0xFFFFFFFF, k_rem 0)."""
+    PART: tl.constexpr = SPLIT // PACK
+    W: tl.constexpr = 32 // PACK
+    DB: tl.constexpr = W - 1
+    PASSES: tl.constexpr = (32 + DB - 1) // DB
+    offs = tl.arange(0, PART)
+    thr = tl.zeros([], dtype=tl.uint32)
+    n_valid = tl.zeros([], dtype=tl.int32)
+    top = tl.zeros([], dtype=tl.uint32)
+    k = tl.zeros([], dtype=tl.int32)
+    for p in tl.static_range(PASSES):
+        # digit bits [sh, sh + db) of the key; the bits above them are the threshold's so far
+        db = min(DB, 32 - DB * p)
+        sh = 32 - DB * p - db
+        packed_h = tl.zeros([PART], dtype=tl.uint32)
+        for j in tl.static_range(PACK):
+            # volatile: a read of its own, not the previous pass's values kept live in registers
+            x = tl.where(offs + j * PART < n, tl.load(stage_row + j * PART + offs, volatile=p > 0), 0)
+            if p == 0:
+                n_valid += tl.sum((x != 0).to(tl.int32), axis=0)
+                top = tl.maximum(top, tl.max(x, axis=0))
+                d = x >> sh
+            else:
+                d = tl.where((x >> (sh + db)) == (thr >> (sh + db)), (x >> sh) & ((1 << db) - 1), 0)
+            packed_h = packed_h | ((d | (1 << DB)) << (W * j))
+        if p == 0:
+            k = tl.minimum(topk, n_valid)
+        # The k-th largest digit (k = 0: all ones).
+        dthr = tl.zeros([], dtype=tl.uint32)
+        for b in range(db):
+            cand = dthr | (tl.full([], 1 << (db - 1), tl.uint32) >> (tl.zeros([], tl.uint32) + b))
+            dthr = tl.where(_lane_count(packed_h, cand, PACK) >= k, cand, dthr)
+        k -= _lane_count(packed_h, dthr + 1, PACK)
+        thr = thr | (dthr << sh)
+    return n_valid, top == 0xFFFFFFFF, thr, k
+
+
+@triton.jit
 def _score_tile(
     cache, bt_row, stage_f32, qt_t, w_h, h_ok, p0, hi, i, page_size, page_shift, num_pages, s_c_blk,
     H: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, POW2_PAGE: tl.constexpr,
@@ -240,6 +305,7 @@ def mla_indexer_split_topk_kernel(
     PAGE_TILE: tl.constexpr,
     STREAMS: tl.constexpr,
     CHUNK: tl.constexpr,
+    SELECT_PACK: tl.constexpr,
 ):
     """A persistent program: work items (row t, split s) = pid, pid + grid, ... of T x num_splits,
     each the logits of the row's keys [s x SPLIT, min((s + 1) x SPLIT, kv_len)) and their top
@@ -317,8 +383,11 @@ def mla_indexer_split_topk_kernel(
 
             # The split's top-k: its threshold from the stage held in registers (only here, not
             # in the dot loop), then the taken keys streamed in stage order.
-            held = tl.where(offs_s < n, tl.load(stage_row + offs_s), 0)  # (the stage has SPLIT words)
-            n_valid, nan, thr, k_rem = _select_in_registers(held, topk)
+            if SELECT_PACK == 1:
+                held = tl.where(offs_s < n, tl.load(stage_row + offs_s), 0)  # (the stage has SPLIT words)
+                n_valid, nan, thr, k_rem = _select_in_registers(held, topk)
+            else:  # fewer registers held through the search (more programs a CU)
+                n_valid, nan, thr, k_rem = _select_packed(stage_row, n, topk, SPLIT, SELECT_PACK)
             poison = row_bad | nan  # a NaN key is the largest, so always among the taken
             o_row = out + t * s_o_r
             c_row = (t * num_splits + split) * TOPK_P2

@@ -77,8 +77,12 @@ def kernel_meta(
         "PAGE_TILE": block_size % int(cfg["BLOCK_N"]) == 0,
         "STREAMS": int(cfg.get("key_streams", 1)),
         "CHUNK": max(threads, min(int(split_keys), triton.next_power_of_2(int(cfg["merge"]["chunk"])))),
+        "SELECT_PACK": int(cfg.get("select_pack", 1)),
     }
     options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **amd_options(cfg, arch)}
+    if cfg.get("maxnreg") and not is_amd_arch(arch):
+        # ptxas otherwise takes up to 255 registers a thread whatever that costs in programs an SM
+        options["maxnreg"] = int(cfg["maxnreg"])
     return consts, options
 
 
@@ -210,11 +214,18 @@ def plan_indexer_topk(
     streams = cfg.setdefault("key_streams", 1)
     if not isinstance(streams, int) or isinstance(streams, bool) or not 1 <= streams <= 8:
         raise ValueError(f"{OP}: config: expected key_streams an int in [1, 8], got {streams!r}")
+    pack = cfg.setdefault("select_pack", 1)
+    if pack not in (1, 2, 4) or isinstance(pack, bool):
+        raise ValueError(f"{OP}: config: expected select_pack 1, 2 or 4, got {pack!r}")
+    maxnreg = cfg.get("maxnreg")
+    if maxnreg is not None and (not isinstance(maxnreg, int) or isinstance(maxnreg, bool) or not 24 <= maxnreg <= 255):
+        raise ValueError(f"{OP}: config: expected maxnreg None or an int in [24, 255], got {maxnreg!r}")
     topk_p2 = triton.next_power_of_2(topk)
     # At least one key (one candidate) a thread: the scans and sums then see no replicated element.
     wave = _wave(arch)
     threads = int(cfg["num_warps"]) * wave
-    split_keys = max(triton.next_power_of_2(int(cfg["split_keys"])), topk_p2, block_n, threads)
+    # A packed selection (select_pack) holds split_keys / select_pack words: at least one a thread too.
+    split_keys = max(triton.next_power_of_2(int(cfg["split_keys"])), topk_p2, block_n, threads * pack)
     merge = dict(cfg["merge"])
     merge["chunk"] = max(triton.next_power_of_2(int(merge["chunk"])), int(merge["num_warps"]) * wave)
     cfg["merge"] = merge
@@ -224,7 +235,7 @@ def plan_indexer_topk(
     register_slots = _merge_register_slots(arch, cfg["merge"])
     slots_target = num_compute_units(device) * int(cfg["programs_per_cu"])
     while (
-        split_keys // 2 >= max(2 * topk_p2, block_n, threads)
+        split_keys // 2 >= max(2 * topk_p2, block_n, threads * pack)
         and num_rows * triton.cdiv(max_kv_len, split_keys) < slots_target
         and triton.cdiv(max_kv_len, split_keys // 2) * topk_p2 <= register_slots
     ):

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from _util import DEVICE, HAS_GPU, backends, raises_naming
 
 import rocm_mla
 from rocm_mla.cases import indexer_topk as cases
 from rocm_mla.cases.indexer_topk import POISON_OUT, IndexerShape, make_inputs
+from rocm_mla.kernels.indexer_topk import _select_in_registers, _select_packed
 from rocm_mla.ops.decode_plan import num_compute_units
 from rocm_mla.ops.indexer_topk_plan import plan_indexer_topk
 from rocm_mla.reference.indexer_topk import SENTINEL, check_indexer_topk
@@ -204,3 +207,79 @@ def test_split_follows_the_rows():
     many = plan_indexer_topk(num_rows=4096, max_kv_len=2048, config=cfg, **kw)
     assert many.split_keys == 1024
     assert 2 * few.topk_p2 <= few.split_keys < 1024 and few.merge_constexprs["REG"] > 0
+
+
+@triton.jit
+def _both_selections(stage, n, topk, res, SPLIT: tl.constexpr, PACK: tl.constexpr):
+    """(n_valid, nan, thr, k_rem) of the stage's first n keys from the register-held search, then
+    from the packed one."""
+    row = stage.to(tl.pointer_type(tl.uint32))
+    offs = tl.arange(0, SPLIT)
+    held = tl.where(offs < n, tl.load(row + offs), 0)
+    n_valid, nan, thr, k_rem = _select_in_registers(held, topk)
+    tl.store(res + 0, n_valid)
+    tl.store(res + 1, nan.to(tl.int32))
+    tl.store(res + 2, thr.to(tl.int32, bitcast=True))
+    tl.store(res + 3, k_rem)
+    n_valid, nan, thr, k_rem = _select_packed(row, n, topk, SPLIT, PACK)
+    tl.store(res + 4, n_valid)
+    tl.store(res + 5, nan.to(tl.int32))
+    tl.store(res + 6, thr.to(tl.int32, bitcast=True))
+    tl.store(res + 7, k_rem)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="the interpreter's check; on a GPU test_gpu_packed_selection_same_bits")
+@pytest.mark.parametrize("pack", [2, 4])
+def test_packed_selection_equals_register_search(pack):
+    """``select_pack``'s digit-at-a-time threshold (fewer registers held) gives the 32-bit search's
+    (n_valid, nan, thr, k_rem) exactly: keys spread over the range, sharing all but the last
+    digits, many equal, keys whose top digits are 0, the NaN key, slots without a key, k = 0, k =
+    n_valid and k past it."""
+    split = 512
+    g = torch.Generator().manual_seed(pack)
+
+    def u32(x):
+        return (x & 0xFFFFFFFF).to(torch.int64)
+
+    sets = {
+        "spread": u32(torch.randint(0, 1 << 32, (split,), generator=g, dtype=torch.int64)),
+        "shared_top": 0x9ABCD000 + torch.randint(0, 1 << 12, (split,), generator=g),
+        "few_values": torch.tensor([0x80000000, 0x80000001, 0xC0000000, 0x7FFFFFFF])[
+            torch.randint(0, 4, (split,), generator=g)
+        ],
+        "small": torch.randint(1, 1 << 9, (split,), generator=g),
+        "nan_and_holes": torch.where(
+            torch.rand(split, generator=g) < 0.3, 0, 0x80000000 + torch.randint(0, 1 << 20, (split,), generator=g)
+        ),
+    }
+    sets["nan_and_holes"][7] = 0xFFFFFFFF
+    res = torch.empty(8, dtype=torch.int32)
+    for name, keys in sets.items():
+        stage = torch.tensor([k - (1 << 32) if k >= 1 << 31 else k for k in keys.tolist()], dtype=torch.int32)
+        for n in (0, 1, 300, split):
+            for topk in (1, 37, 256, 300, 600):
+                _both_selections[(1,)](stage, n, topk, res, SPLIT=split, PACK=pack)
+                got = res.tolist()
+                assert got[:4] == got[4:], f"{name} n={n} topk={topk}: registers {got[:4]}, packed {got[4:]}"
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU (CUDA or ROCm); none visible to torch")
+@pytest.mark.gpu
+@pytest.mark.parametrize("pack,maxnreg", [(2, 168), (4, 128)])
+def test_gpu_packed_selection_same_bits(pack, maxnreg):
+    """``select_pack`` (and a register cap, which NVIDIA takes and AMD ignores) at the models' sizes:
+    bit for bit the arch's shipped answer, through split + merge and through one split a row."""
+    from rocm_mla import _platform
+    from rocm_mla.configs import config_for
+
+    cfg = {**config_for("mla_indexer_topk", _platform.device_arch(DEVICE)), "select_pack": pack, "maxnreg": maxnreg}
+    shape = IndexerShape((20000, 9000, 1500, 3000), (1, 2, 1, 40), 64, topk=2048, block=64)
+    case = make_inputs(shape, device=DEVICE, seed=pack)
+    for kw in ({}, {"max_kv_len": 1 << 17}):
+        base = case.run(backend="triton", out=None, **kw).clone()
+        assert torch.equal(case.run(backend="triton", out=None, config=cfg, **kw), base)
+    # Rows of one split (direct where the arch's config has it), H 32.
+    short = make_inputs(IndexerShape((4000, 3000, 2100), (1, 3, 1), 32, topk=2048, block=64), device=DEVICE, seed=9)
+    base = short.run(backend="triton", out=None, max_kv_len=4096).clone()
+    assert short.plan(config=cfg, max_kv_len=4096).num_splits == 1
+    assert torch.equal(short.run(backend="triton", out=None, config=cfg, max_kv_len=4096), base)

@@ -60,7 +60,8 @@ from rocm_mla.ops import (
     plan_prefill,
 )
 from rocm_mla.vllm.invariant_context import fold_in_context_invariant
-from rocm_mla.vllm.prefill import kept_plan, plan_on
+from rocm_mla.vllm.prefill import plan_on
+from rocm_mla.vllm.step_plans import kept_plan
 
 # The decode kernel's fixed latent geometry (docs/ARCHITECTURE.md §1): kv_lora_rank 512, rope 64;
 # and vLLM's names of an e4m3 cache (the platform's kind): rocm_mla.mla_dims.
@@ -563,7 +564,7 @@ class RocmMLAImpl(RocmMLAImplCommon, MLACommonImpl[MLACommonMetadata]):
         # from its tensors and leaves the plan for the step's other layers.
         plan = kept_plan(
             decode,
-            (q_nope, q_pe, kv, table, lens),
+            lambda plan: plan.matches(q_nope, q_pe, kv, table, lens),
             lambda: plan_decode_for(
                 q_nope,
                 kv,

@@ -25,6 +25,7 @@ from vllm.v1.attention.backends.mla.prefill.base import MLADimensions, MLAPrefil
 
 from rocm_mla.mla_dims import PREFILL_GEOMETRIES
 from rocm_mla.ops import PrefillPlan, mla_prefill, plan_prefill_for
+from rocm_mla.vllm.step_plans import kept_plan
 
 if TYPE_CHECKING:
     from vllm.model_executor.layers.attention.mla_attention import MLACommonPrefillMetadata
@@ -36,18 +37,7 @@ def plan_on(holder, tensors: tuple, **knobs) -> PrefillPlan:
     chunks (that chunk's pass). Its ``rocm_mla_plan`` when that matches the tensors (the metadata
     builder's, or the one the step's first layer left); else one planned from them
     (``plan_prefill_for`` with ``knobs``), left there for the step's other layers."""
-    return kept_plan(holder, tensors, lambda: plan_prefill_for(*tensors, **knobs))
-
-
-def kept_plan(holder, tensors: tuple, make):
-    """``holder.rocm_mla_plan`` when it matches the call's ``tensors`` (``plan.matches(*tensors)``),
-    else ``make()``, left on ``holder`` for the step's other layers: how every op of a vLLM step
-    reuses the plan its metadata carries."""
-    plan = getattr(holder, "rocm_mla_plan", None)
-    if plan is None or not plan.matches(*tensors):
-        plan = make()
-        holder.rocm_mla_plan = plan
-    return plan
+    return kept_plan(holder, lambda plan: plan.matches(*tensors), lambda: plan_prefill_for(*tensors, **knobs))
 
 
 class RocmMLAPrefillBackend(MLAPrefillBackend):

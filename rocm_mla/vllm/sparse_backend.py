@@ -46,6 +46,7 @@ from rocm_mla.configs import platform_fp8_dtype
 from rocm_mla.mla_dims import FP8_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from rocm_mla.ops import IndexerTopkPlan, SparsePlan, mla_sparse_attention, plan_sparse_attention
 from rocm_mla.vllm.backend import RocmMLABackendTraits, RocmMLAImplCommon
+from rocm_mla.vllm.step_plans import kept_plan
 
 BACKEND_NAME = "ROCM_MLA_SPARSE"
 
@@ -225,15 +226,16 @@ class RocmMLASparseImpl(RocmMLAImplCommon, SparseMLACommonImpl[RocmMLASparseMeta
         out = torch.empty(T, N, KV_LORA_RANK, dtype=q_nope.dtype, device=q_nope.device)
         lse = torch.empty(T, N, dtype=torch.float32, device=q_nope.device)
         kv = kv_c_and_k_pe_cache
-        plan = getattr(md, "rocm_mla_sparse_plan", None)
-        if not self.plan_fits(plan, q_nope, kv, topk):
-            # No plan yet, or one made for other rows (a ShardQ or narrowed call, a guess of the
-            # builder's that vLLM's forward did not take): plan from this call's tensors and leave
-            # the plan for the step's later layers.
-            plan = self.sparse_plan(
+        # A plan made for other rows (a ShardQ or narrowed call, a guess of the builder's that
+        # vLLM's forward did not take) gives way to one from this call's tensors.
+        plan = kept_plan(
+            md,
+            lambda plan: self.plan_fits(plan, q_nope, kv, topk),
+            lambda: self.sparse_plan(
                 T, topk.shape[1], kv.shape[1], q_nope.device, num_heads=N, q_dtype=q_nope.dtype, kv_dtype=kv.dtype
-            )
-            md.rocm_mla_sparse_plan = plan
+            ),
+            attr="rocm_mla_sparse_plan",
+        )
         mla_sparse_attention(
             q_nope,
             q_pe,

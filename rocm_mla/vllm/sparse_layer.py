@@ -29,6 +29,7 @@ import torch
 
 from rocm_mla._platform import device_arch
 from rocm_mla.ops import mla_indexer_topk, plan_indexer_topk
+from rocm_mla.vllm.step_plans import kept_plan
 
 logger = logging.getLogger(__name__)
 
@@ -85,9 +86,10 @@ def run_indexer(
     cache = indexer.k_cache.kv_cache
     shuffled = indexer.k_cache.uses_shuffled_layout
     max_kv_len = md.block_table.shape[1] * cache.shape[1]  # the op's default: every key of a table row
-    plan = getattr(md, "rocm_mla_indexer_plan", None)
-    if not indexer_plan_fits(plan, q, indexer.topk_tokens, max_kv_len, cache.shape[1], shuffled):
-        plan = plan_indexer_topk(
+    plan = kept_plan(
+        md,
+        lambda plan: indexer_plan_fits(plan, q, indexer.topk_tokens, max_kv_len, cache.shape[1], shuffled),
+        lambda: plan_indexer_topk(
             num_rows=T,
             num_heads=q.shape[1],
             topk=indexer.topk_tokens,
@@ -96,8 +98,9 @@ def run_indexer(
             q_dtype=q.dtype,
             device=q.device,
             shuffled=shuffled,
-        )
-        md.rocm_mla_indexer_plan = plan
+        ),
+        attr="rocm_mla_indexer_plan",
+    )
     mla_indexer_topk(
         q,
         index_weights[:T],

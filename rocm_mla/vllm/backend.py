@@ -553,10 +553,6 @@ class RocmMLAImpl(RocmMLAImplCommon, MLACommonImpl[MLACommonMetadata]):
             if q.dtype in FP8_DTYPES:
                 q = (q.to(torch.float32) * layer._q_scale.reshape(())).to(self._act_dtype)
             q_nope, q_pe = q[..., :KV_LORA_RANK], q[..., KV_LORA_RANK:]
-        rows, num_heads = q_nope.shape[0], q_nope.shape[1]
-        # torch.empty, not zeros: the kernel writes every element of out and lse.
-        out = torch.empty(rows, num_heads, KV_LORA_RANK, dtype=q_nope.dtype, device=q_nope.device)
-        lse = torch.empty(rows, num_heads, dtype=torch.float32, device=q_nope.device)
         decode = attn_metadata.decode
         kv, table, lens = kv_c_and_k_pe_cache, decode.block_table, decode.seq_lens
         k_scale = layer._k_scale.reshape(1) if self._fp8_cache else None
@@ -576,5 +572,6 @@ class RocmMLAImpl(RocmMLAImplCommon, MLACommonImpl[MLACommonMetadata]):
                 batch_invariant=self._batch_invariant,
             ),
         )
-        mla_decode(q_nope, q_pe, kv, table, lens, sm_scale=self.scale, plan=plan, out=out, lse=lse, k_scale=k_scale)
-        return out, lse
+        # out and lse fresh from mla_decode (torch.empty: the kernel writes every element): new
+        # buffers alias nothing, so the call skips the destination checks a caller's buffers need.
+        return mla_decode(q_nope, q_pe, kv, table, lens, sm_scale=self.scale, plan=plan, k_scale=k_scale)

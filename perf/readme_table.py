@@ -5,7 +5,7 @@ table and its sources: each run's date, device, versions, commit, ceilings and p
 nothing else in the README is touched. The spec (perf/readme_rows.json) is data: per row its label,
 the kernel, shape and bench, the unit shown, our provider and its extras, our other modes shown beside
 it, and the peers with the ratios to print. Every number comes from the CSV, per provider the latest
-run that measured the shape (:func:`report.current_rows`, as in perf/RESULTS.md); a row whose numbers
+run that measured the shape (:func:`resultsfile.current_rows`, as in perf/RESULTS.md); a row whose numbers
 are not in the CSV is left out with a warning. tests/tools/test_readme_table.py checks that the
 committed block equals this module's output and that the README carries no date or timing outside it.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import report  # noqa: E402
+import resultsfile  # noqa: E402
 
 SPEC_PATH = HERE / "readme_rows.json"
 README_PATH = HERE.parent / "README.md"
@@ -37,7 +37,7 @@ HIGHER_IS_BETTER = ("GB/s", "TFLOP/s")
 # extra -> how one value is written beside the headline (pct_copy: the share of the copy ceiling)
 EXTRAS = {
     "pct_copy": lambda v: f"{v:.0f}% of copy",
-    "TFLOP/s": lambda v: f"{report.fmt(v)} TFLOP/s",
+    "TFLOP/s": lambda v: f"{resultsfile.fmt(v)} TFLOP/s",
     "kernels": lambda v: f"{v:g} kernels",
     "copy_fill_kernels": lambda v: f"{v:g} copy/fill",
 }
@@ -65,7 +65,7 @@ def _pick(rs: list[dict], provider: str, metric: str, what: str) -> dict:
 
 
 def _ceiling(rows: list[dict], bench: str, date: str, metric: str) -> float:
-    shape = report.CEILING_OF[metric]
+    shape = resultsfile.CEILING_OF[metric]
     found = [r for r in rows if r["kernel"] == "ceiling" and r["config"] == bench and r["date"] == date]
     found = [r for r in found if r["shape"] == shape]
     if not found:
@@ -86,7 +86,7 @@ def _cell(rows, rs, row, who: dict, what: str) -> tuple[str, float, dict]:
             v = float(_pick(rs, who["provider"], extra, what)["value"])
         extras.append(EXTRAS[extra](v))
     label = f"{who['label']} " if who.get("label") else ""
-    text = f"{label}{report.fmt(value * factor)} {row['unit']}" + (f" ({', '.join(extras)})" if extras else "")
+    text = f"{label}{resultsfile.fmt(value * factor)} {row['unit']}" + (f" ({', '.join(extras)})" if extras else "")
     return text, value, r
 
 
@@ -126,9 +126,9 @@ def table_row(rows: list[dict], cur: dict, row: dict, runs: dict) -> str:
 def source_line(rows: list[dict], n: int, key: tuple[str, str], r: dict) -> str:
     date, bench = key
     ceilings = [c for c in rows if c["kernel"] == "ceiling" and c["config"] == bench and c["date"] == date]
-    ceil = ", ".join(f"{c['shape']} {report.fmt(float(c['value']))} {c['metric']}" for c in ceilings)
+    ceil = ", ".join(f"{c['shape']} {resultsfile.fmt(float(c['value']))} {c['metric']}" for c in ceilings)
     commit = f", commit {r['commit']}" if r["commit"] else ""
-    command = report.COMMAND.format(ops=bench)
+    command = resultsfile.COMMAND.format(ops=bench)
     return (
         f"- run {n}, {date}: {r['device']}, {r['versions']}{commit}, `{command}`; "
         f"ceilings of the same run: {ceil or 'none recorded'}"
@@ -138,7 +138,7 @@ def source_line(rows: list[dict], n: int, key: tuple[str, str], r: dict) -> str:
 def render(rows: list[dict], spec: dict) -> tuple[str, list[str]]:
     """The README block (markers included) and a warning per spec row left out."""
     device = [r for r in rows if r["device"] == spec["device"]]
-    cur = {k: report.current_rows(device, k) for k in dict.fromkeys(row["kernel"] for row in spec["rows"])}
+    cur = {k: resultsfile.current_rows(device, k) for k in dict.fromkeys(row["kernel"] for row in spec["rows"])}
     lines, warnings, runs = [], [], {}
     for row in spec["rows"]:
         try:

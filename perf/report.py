@@ -32,6 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import resultsfile  # noqa: E402
+from resultsfile import CEILING_OF, COMMAND, current_rows, fmt  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -137,8 +138,6 @@ VIEWS = (
         "% of the copy ceiling of the same run; our bytes checked equal to the reference.",
     ),
 )
-CEILING_OF = {"GB/s": "copy 2 GiB", "TFLOP/s": "matmul 8192^3 bf16"}
-COMMAND = "python perf/bench.py --ops {ops}"
 
 
 # Our kernels in another mode: inputs rounded on purpose (mla_decode(fp8_dots="qk" / "all"; quantize_q=True
@@ -149,30 +148,6 @@ LOSSY = ("rocm_mla-triton-quantize_q", "rocm_mla-triton-fp8qk", "rocm_mla-triton
 
 def is_ours(provider: str) -> bool:
     return provider == "ours" or provider == "rocm_mla" or provider.startswith("rocm_mla-")
-
-
-def current_rows(rows: list[dict], kernel: str) -> dict[str, list[dict]]:
-    """The rows of ``kernel`` by shape (in the order the shapes first appear in the file), each
-    provider's from the latest run (largest date) that measured it at that shape."""
-    by_shape: dict[str, list[dict]] = {}
-    for r in rows:
-        if r["kernel"] == kernel:
-            by_shape.setdefault(r["shape"], []).append(r)
-    out = {}
-    for shape, rs in by_shape.items():
-        latest: dict[str, str] = {}
-        for r in rs:
-            latest[r["provider"]] = max(latest.get(r["provider"], ""), r["date"])
-        out[shape] = [r for r in rs if r["date"] == latest[r["provider"]]]
-    return out
-
-
-def fmt(v: float) -> str:
-    if v >= 100:
-        return f"{v:.0f}"
-    if v >= 10:
-        return f"{v:.1f}"
-    return f"{v:.2f}"
 
 
 def ceilings(rows: list[dict], benches: tuple[str, ...], dates: set[str]) -> dict[tuple[str, str], float]:

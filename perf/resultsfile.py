@@ -43,3 +43,32 @@ def append(path: str | os.PathLike, rows: list[dict[str, object]]) -> None:
             if missing:
                 raise ValueError(f"append: row {r} lacks {', '.join(missing)}")
             w.writerow({c: r[c] for c in COLUMNS})
+
+
+# How a row's ceiling and command are named, shared by perf/report.py and perf/readme_table.py.
+CEILING_OF = {"GB/s": "copy 2 GiB", "TFLOP/s": "matmul 8192^3 bf16"}
+COMMAND = "python perf/bench.py --ops {ops}"
+
+
+def current_rows(rows: list[dict], kernel: str) -> dict[str, list[dict]]:
+    """The rows of ``kernel`` by shape (in the order the shapes first appear in the file), each
+    provider's from the latest run (largest date) that measured it at that shape."""
+    by_shape: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["kernel"] == kernel:
+            by_shape.setdefault(r["shape"], []).append(r)
+    out = {}
+    for shape, rs in by_shape.items():
+        latest: dict[str, str] = {}
+        for r in rs:
+            latest[r["provider"]] = max(latest.get(r["provider"], ""), r["date"])
+        out[shape] = [r for r in rs if r["date"] == latest[r["provider"]]]
+    return out
+
+
+def fmt(v: float) -> str:
+    if v >= 100:
+        return f"{v:.0f}"
+    if v >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"

@@ -284,11 +284,12 @@ def test_step_plan_equals_the_call_own(name, plan_calls):
 
 
 def test_other_rows_get_a_fresh_plan(plan_calls):
-    """vLLM narrows a call's rows (``topk_start``, ShardQ's metadata copied from the step's, plan
-    and all): a call whose rows differ from the stored plan plans from its own tensors, leaves that
+    """A call on other rows than the step's (vLLM 0.34's ShardQ: later rows through ``topk_start``,
+    its metadata copied from the step's, plan and all; on 0.33, which has no row offset, the first
+    rows): a call whose rows differ from the stored plan plans from its own tensors, leaves that
     plan on its metadata for the next layer, and answers as the op planned alone does; the step's
     own metadata keeps its plan. Likewise the indexer."""
-    from dataclasses import replace
+    from dataclasses import fields, replace
 
     from rocm_mla.ops import mla_sparse_attention, plan_indexer_topk
 
@@ -296,23 +297,28 @@ def test_other_rows_get_a_fresh_plan(plan_calls):
     (ql_nope, q_pe), kv, md, layer = step.forward_mqa_args()
     full_plan = md.rocm_mla_sparse_plan
     full_out, _ = layer.impl.forward_mqa((ql_nope, q_pe), kv, md, layer)
-    s = md.num_decode_tokens  # the prefill rows alone, their top-k after the decodes'
-    sub = replace(md, num_decodes=0, num_decode_tokens=0, req_id_per_token=md.req_id_per_token[s:], topk_start=s)
+    s = md.num_decode_tokens
+    if "topk_start" in {f.name for f in fields(md)}:  # vLLM 0.34: the prefill rows, their top-k after the decodes'
+        lo, hi, narrowed = s, step.num_tokens, dict(num_decodes=0, num_decode_tokens=0, topk_start=s)
+    else:  # vLLM 0.33 has no row offset: a call on the first (decode) rows
+        lo, hi, narrowed = 0, s, {}
+    assert 0 < hi - lo < step.num_tokens
+    sub = replace(md, req_id_per_token=md.req_id_per_token[lo:hi], **narrowed)
     assert sub.rocm_mla_sparse_plan is full_plan  # copied with the metadata, made for every row
     calls = plan_calls["backend"]
-    out, lse = layer.impl.forward_mqa((ql_nope[s:], q_pe[s:]), kv, sub, layer)
+    out, lse = layer.impl.forward_mqa((ql_nope[lo:hi], q_pe[lo:hi]), kv, sub, layer)
     fresh = sub.rocm_mla_sparse_plan
-    assert plan_calls["backend"] == calls + 1 and fresh.num_rows == step.num_tokens - s
+    assert plan_calls["backend"] == calls + 1 and fresh.num_rows == hi - lo
     assert md.rocm_mla_sparse_plan is full_plan
     alone_out, alone_lse = mla_sparse_attention(
-        ql_nope[s:], q_pe[s:], kv, step.topk_buffer[s:], md.block_table, md.req_id_per_token[s:],
+        ql_nope[lo:hi], q_pe[lo:hi], kv, step.topk_buffer[lo:hi], md.block_table, md.req_id_per_token[lo:hi],
         sm_scale=layer.impl.scale,
     )  # fmt: skip
     assert plan_calls["op"] == 1
     assert torch.equal(out, alone_out) and torch.equal(lse, alone_lse)
     tol = 1e-5 if DTYPE == torch.float32 else 2e-2  # another split of the lists: rounding only
-    torch.testing.assert_close(out, full_out[s:], rtol=tol, atol=tol)
-    layer.impl.forward_mqa((ql_nope[s:], q_pe[s:]), kv, sub, layer)  # the next layer: no new plan
+    torch.testing.assert_close(out, full_out[lo:hi], rtol=tol, atol=tol)
+    layer.impl.forward_mqa((ql_nope[lo:hi], q_pe[lo:hi]), kv, sub, layer)  # the next layer: no new plan
     assert sub.rocm_mla_sparse_plan is fresh and plan_calls["backend"] == calls + 1
 
     # The indexer: a stored plan made for fewer rows is replaced by the call's own.

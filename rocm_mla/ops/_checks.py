@@ -126,9 +126,9 @@ class Checker:
         (this call's sizes, dtypes, arch, ...): raise naming the first that differs."""
         if not isinstance(plan, kind):
             self.fail("plan", f"a plan from {maker} ({kind.__name__})", type(plan).__name__, TypeError)
-        for name, v in want.items():
-            if getattr(plan, name) != v:
-                self.fail("plan", f"a plan made for this call ({name}={v})", f"{name}={getattr(plan, name)}")
+        name = plan_mismatch(plan, want)
+        if name:
+            self.fail("plan", f"a plan made for this call ({name}={want[name]})", f"{name}={getattr(plan, name)}")
 
     def scale(self, name: str, x: object) -> float:
         """A softmax / quantisation scale given as a number: a real, finite and > 0 (every op
@@ -205,6 +205,19 @@ class Checker:
                     f"{what} with {sn}",
                     f"overlapping views of one buffer ({dn}: bytes [{a0:#x}, {a1:#x}), {sn}: bytes [{b0:#x}, {b1:#x}))",
                 )
+
+
+def plan_mismatch(plan: object, want: dict) -> str:
+    """The first field of ``want`` that ``plan`` holds another value of ('' when none, and the
+    field's name when plan lacks it): how an op checks a caller's plan (``Checker.plan_for``) and
+    how a caller asks whether a kept plan fits a call, without raising."""
+    for name, v in want.items():
+        if getattr(plan, name, _MISSING) != v:
+            return name
+    return ""
+
+
+_MISSING = object()
 
 
 def _storage_range(t: torch.Tensor) -> tuple[int, int]:

@@ -165,7 +165,7 @@ def mla_indexer_topk(
             device=q.device, shuffled=shuffle, config=config,
         )  # fmt: skip
     else:
-        _check_plan(c, plan, T, H, topk, max_kv_len, bs, shuffle, q)
+        c.plan_for(plan, IndexerTopkPlan, "plan_indexer_topk", plan_fields(T, H, topk, max_kv_len, bs, shuffle, q))
     if workspace is not None and workspace.numel() < plan.workspace_numel:
         c.fail(
             "workspace",
@@ -177,19 +177,20 @@ def mla_indexer_topk(
     return out
 
 
-def _check_plan(c: Checker, plan, T, H, topk, max_kv_len, bs, shuffle, q) -> None:
-    """A caller's plan must have been made for this call's sizes, dtype, device and layout."""
-    want = {
-        "num_rows": T,
-        "num_heads": H,
+def plan_fields(num_rows: int, num_heads: int, topk: int, max_kv_len: int, block_size: int, shuffled, q) -> dict:
+    """The fields a plan must hold to run a call with these sizes, cache layout and query (dtype,
+    device): what ``mla_indexer_topk`` checks a caller's plan against, and what a caller keeping a
+    plan compares (``_checks.plan_mismatch``)."""
+    return {
+        "num_rows": num_rows,
+        "num_heads": num_heads,
         "topk": topk,
         "max_kv_len": max_kv_len,
-        "block_size": bs,
-        "shuffled": shuffle,
+        "block_size": block_size,
+        "shuffled": shuffled,
         "q_dtype": q.dtype,
         "arch": _platform.device_arch(q.device),
     }
-    c.plan_for(plan, IndexerTopkPlan, "plan_indexer_topk", want)
 
 
 def _debug_checks(c: Checker, index_cache, block_table, req_id_per_token, kv_lens, T, max_kv_len) -> None:

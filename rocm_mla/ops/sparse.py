@@ -204,7 +204,10 @@ def mla_sparse_attention(
                 batch_invariant=batch_invariant,
             )
         else:
-            _check_plan(c, plan, T, N, K, kv, q_nope, paged, is_fp8 and scale_t is not None)
+            want = plan_fields(
+                T, N, K, kv.shape[1], paged, q_nope.dtype, kv.dtype, is_fp8 and scale_t is not None, q_nope.device
+            )
+            c.plan_for(plan, SparsePlan, "plan_sparse_attention", want)
         if workspace is not None and workspace.numel() < plan.workspace_numel:
             c.fail(
                 "workspace",
@@ -226,22 +229,33 @@ def mla_sparse_attention(
     return out, lse
 
 
-def _check_plan(c: Checker, plan, T, N, K, kv, q_nope, paged, scale_ptr) -> None:
-    """A caller's plan must have been made for this call's sizes, dtypes, device and table kind."""
+def plan_fields(
+    num_rows: int,
+    num_heads: int,
+    topk: int,
+    block_size: int,
+    paged: bool,
+    q_dtype,
+    kv_dtype,
+    k_scale_on_device: bool,
+    device,
+) -> dict[str, Any]:
+    """The fields a plan must hold to run a call with these sizes, dtypes (kv_dtype as the kernel
+    reads it), table kind, k_scale kind and device: what ``mla_sparse_attention`` checks a caller's
+    plan against, and what a caller keeping a plan compares (``_checks.plan_mismatch``)."""
     from .. import _platform
 
-    want = {
-        "num_rows": T,
-        "num_heads": N,
-        "topk": K,
-        "block_size": kv.shape[1],
+    return {
+        "num_rows": num_rows,
+        "num_heads": num_heads,
+        "topk": topk,
+        "block_size": block_size,
         "paged": paged,
-        "q_dtype": q_nope.dtype,
-        "kv_dtype": kv.dtype,
-        "k_scale_on_device": scale_ptr,
-        "arch": _platform.device_arch(q_nope.device),
+        "q_dtype": q_dtype,
+        "kv_dtype": kv_dtype,
+        "k_scale_on_device": k_scale_on_device,
+        "arch": _platform.device_arch(device),
     }
-    c.plan_for(plan, SparsePlan, "plan_sparse_attention", want)
 
 
 def _debug_checks(c: Checker, kv, topk_indices, block_table, req_id_per_token) -> None:

@@ -45,6 +45,8 @@ from rocm_mla._platform import device_arch
 from rocm_mla.configs import platform_fp8_dtype
 from rocm_mla.mla_dims import FP8_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from rocm_mla.ops import IndexerTopkPlan, SparsePlan, mla_sparse_attention, plan_sparse_attention
+from rocm_mla.ops._checks import plan_mismatch
+from rocm_mla.ops.sparse import plan_fields
 from rocm_mla.vllm.backend import RocmMLABackendTraits, RocmMLAImplCommon
 from rocm_mla.vllm.step_plans import kept_plan
 
@@ -288,25 +290,24 @@ class RocmMLASparseImpl(RocmMLAImplCommon, SparseMLACommonImpl[RocmMLASparseMeta
             batch_invariant=self._batch_invariant,
         )
 
-    def plan_fits(self, plan: SparsePlan | None, q_nope: torch.Tensor, kv: torch.Tensor, topk: torch.Tensor) -> bool:
-        """Whether ``plan`` was made for a call on these tensors: every field ``mla_sparse_attention``
-        checks a caller's plan against (rows, heads, top-k, block size, table kind, dtypes as read,
-        k_scale kind, arch), and this layer's batch invariance. Host values only, no sync."""
-        if plan is None:
-            return False
+    def plan_fits(self, plan: SparsePlan, q_nope: torch.Tensor, kv: torch.Tensor, topk: torch.Tensor) -> bool:
+        """Whether ``plan`` was made for a call on these tensors: the fields ``mla_sparse_attention``
+        checks a caller's plan against (``ops.sparse.plan_fields``), and this layer's batch
+        invariance. Host values only, no sync."""
         arch = device_arch(q_nope.device)
-        return (
-            plan.num_rows == q_nope.shape[0]
-            and plan.num_heads == q_nope.shape[1]
-            and plan.topk == topk.shape[1]
-            and plan.block_size == kv.shape[1]
-            and plan.paged
-            and plan.q_dtype == q_nope.dtype
-            and plan.kv_dtype == self._kv_read_dtype(kv.dtype, arch)
-            and plan.k_scale_on_device == self._fp8_cache
-            and plan.batch_invariant == self._batch_invariant
-            and plan.arch == arch
+        kv_dtype = self._kv_read_dtype(kv.dtype, arch)
+        want = plan_fields(
+            q_nope.shape[0],
+            q_nope.shape[1],
+            topk.shape[1],
+            kv.shape[1],
+            True,
+            q_nope.dtype,
+            kv_dtype,
+            self._fp8_cache,
+            q_nope.device,
         )
+        return not plan_mismatch(plan, want) and plan.batch_invariant == self._batch_invariant
 
 
 __all__ = [

@@ -27,8 +27,9 @@ import sys
 
 import torch
 
-from rocm_mla._platform import device_arch
 from rocm_mla.ops import mla_indexer_topk, plan_indexer_topk
+from rocm_mla.ops._checks import plan_mismatch
+from rocm_mla.ops.indexer_topk import plan_fields
 from rocm_mla.vllm.step_plans import kept_plan
 
 logger = logging.getLogger(__name__)
@@ -117,20 +118,10 @@ def run_indexer(
 
 
 def indexer_plan_fits(plan, q: torch.Tensor, topk: int, max_kv_len: int, block_size: int, shuffled) -> bool:
-    """Whether ``plan`` (an ``IndexerTopkPlan`` or None) was made for an ``mla_indexer_topk`` call
-    with this query and these sizes: every field the op checks a caller's plan against (rows,
-    heads, top-k, key bound, block size, cache layout, q's dtype, arch). Host values only."""
-    return (
-        plan is not None
-        and plan.num_rows == q.shape[0]
-        and plan.num_heads == q.shape[1]
-        and plan.topk == topk
-        and plan.max_kv_len == max_kv_len
-        and plan.block_size == block_size
-        and plan.shuffled == shuffled
-        and plan.q_dtype == q.dtype
-        and plan.arch == device_arch(q.device)
-    )
+    """Whether ``plan`` (an ``IndexerTopkPlan``) was made for an ``mla_indexer_topk`` call with
+    this query and these sizes: the fields the op checks a caller's plan against
+    (``ops.indexer_topk.plan_fields``). Host values only."""
+    return not plan_mismatch(plan, plan_fields(q.shape[0], q.shape[1], topk, max_kv_len, block_size, shuffled, q))
 
 
 def _make_class(base: type) -> type:

@@ -327,24 +327,49 @@ _SASS_DIV = """
 """
 
 
+# A persistent kernel's shape: an item loop (.L_x_0) whose own body reloads a spilled pointer, around
+# the key loop (.L_x_1) that does the work.
+_SASS_NESTED = """
+        /*0000*/                   STL [R1], R200 ;
+.L_x_0:
+        /*0010*/                   LDL R200, [R1] ;
+.L_x_1:
+        /*0020*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;
+        /*0030*/                   {IN_INNER}
+        /*0040*/              @!P1 BRA `(.L_x_1) ;
+        /*0050*/              @!P2 BRA `(.L_x_0) ;
+        /*0060*/                   EXIT ;
+"""
+
+
 def test_local_memory_in_loops_finds_backward_branch_loops():
     outside = _SASS.replace("{STL_IN_LOOP}", "NOP ;")
     inside = _SASS.replace("{STL_IN_LOOP}", "STL [R1+0x4], R201 ;")
-    assert isa_report.local_memory_in_loops(outside) == (0, 2)
-    assert isa_report.local_memory_in_loops(inside) == (1, 3)
-    assert isa_report.local_memory_in_loops("") == (0, 0)
-    assert isa_report.local_memory_in_loops(_SASS_DIV) == (0, 1)
+    assert isa_report.local_memory_in_loops(outside) == (0, 0, 2)
+    assert isa_report.local_memory_in_loops(inside) == (1, 0, 3)
+    assert isa_report.local_memory_in_loops("") == (0, 0, 0)
+    assert isa_report.local_memory_in_loops(_SASS_DIV) == (0, 0, 1)
     no_exit = _SASS_DIV.replace("        /*0030*/                   EXIT ;\n", "")
-    assert isa_report.local_memory_in_loops(no_exit) == (1, 1)  # then the branch back repeats code
+    assert isa_report.local_memory_in_loops(no_exit) == (1, 0, 1)  # then the branch back repeats code
+    # In the item loop's own body: outer; in the key loop: innermost.
+    assert isa_report.local_memory_in_loops(_SASS_NESTED.replace("{IN_INNER}", "NOP ;")) == (0, 1, 2)
+    assert isa_report.local_memory_in_loops(_SASS_NESTED.replace("{IN_INNER}", "LDL R201, [R1+0x4] ;")) == (1, 1, 3)
 
 
-def test_sm90_spill_outside_loops_is_a_note_not_a_failure():
+def test_sm90_spill_outside_innermost_loops_is_a_note_not_a_failure():
     Row = isa_report.Row
     kw = dict(kernel="k", config="c", backend="triton", spills=40, scratch=24)
     outside = Row(arch="sm90", local_in_loops=0, **kw)
     assert isa_report.check(outside) == [] and "no local-memory access inside a loop" in isa_report.notes(outside)[0]
     inside = Row(arch="sm90", local_in_loops=3, **kw)
-    assert any("inside loops" in p for p in isa_report.check(inside)) and not isa_report.notes(inside)
+    assert any("inside innermost loops" in p for p in isa_report.check(inside)) and not isa_report.notes(inside)
+    per_item = Row(arch="sm90", local_in_loops=0, local_in_outer_loops=4, **kw)
+    assert (
+        isa_report.check(per_item) == []
+        and "4 local-memory instructions in outer loops" in isa_report.notes(per_item)[0]
+    )
+    both = Row(arch="sm90", local_in_loops=1, local_in_outer_loops=4, **kw)
+    assert isa_report.check(both) and not isa_report.notes(both)
     unread = Row(arch="sm90", local_in_loops=None, **kw)  # no nvdisasm: the gate stays strict
     assert isa_report.check(unread) and not isa_report.notes(unread)
     gfx = Row(arch="gfx942", local_in_loops=0, **{**kw, "spills": 2, "scratch": 16})

@@ -7,9 +7,11 @@ HIP kernel instantiated by ``hip_src/isa/*.cu`` -- for gfx942 (MI300), gfx950 (M
 prints one row per kernel/config. A row fails when the kernel uses scratch or spills registers,
 needs more LDS than the chip has, or should use matrix instructions (``tl.dot``, or a HIP kernel
 marked ``// isa-report: expects-mfma SUBSTR``) and has none. Exit status 1 when any row fails.
-One exception, sm90 Triton rows only: when the SASS (``nvdisasm``) shows every local-memory
-access outside the kernel's loops, the spill is noted in the status column ("ok (... spilled ...;
-no local-memory access inside a loop)") instead of failing the row.
+One exception, sm90 Triton rows only: when the SASS (``nvdisasm``) shows no local-memory access
+inside an innermost loop (all outside loops, or in an outer loop's own body: once an outer
+iteration, e.g. once a persistent kernel's work item), the spill is noted in the status column
+("ok (... spilled ...; no local-memory access inside a loop)", or how many sit in outer loops)
+instead of failing the row.
 
 Where the figures come from:
   gfx942, gfx950  the AMDGCN text (Triton's ``asm["amdgcn"]``; for HIP ``-S`` of clang-19 on gfx942,

@@ -1,5 +1,5 @@
 """The gate: why a row fails (scratch, spills, LDS over the arch's limit, missing matrix
-instructions), what it passes with (sm90 spills whose traffic stays outside loops), and which rows
+instructions), what it passes with (sm90 spills whose traffic stays out of innermost loops), and which rows
 make the report exit non-zero. A peer's rows are reported beside ours, never gated."""
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ def gate_problems(row: Row) -> list[str]:
     if row.skipped:
         return []
     why = []
-    if (row.scratch or row.spills) and not _spills_outside_loops(row):  # those are notes(), not failures
+    if (row.scratch or row.spills) and not _spills_outside_hot_loops(row):  # those are notes(), not failures
         if row.scratch:
             why.append(f"scratch {row.scratch} B" + ("/lane" if is_amd_arch(row.arch) else " stack/thread"))
         if row.spills:
             why.append(f"{row.spills} spilled registers" if is_amd_arch(row.arch) else f"{row.spills} B spilled")
         if row.local_in_loops:
-            why.append(f"{row.local_in_loops} local-memory instructions inside loops")
+            why.append(f"{row.local_in_loops} local-memory instructions inside innermost loops")
     limit = ARCHS[row.arch].lds_limit
     if row.lds is not None and row.lds > limit:
         why.append(f"LDS {row.lds} B > {limit} B")
@@ -42,8 +42,9 @@ def gate_problems(row: Row) -> list[str]:
     return why
 
 
-def _spills_outside_loops(row: Row) -> bool:
-    """sm90 with its SASS read: the row spills, and none of the spill traffic runs in a loop."""
+def _spills_outside_hot_loops(row: Row) -> bool:
+    """sm90 with its SASS read: the row spills, and none of the spill traffic runs in an innermost
+    loop (what runs in an outer loop's own body runs once an outer iteration)."""
     return bool(row.spills or row.scratch) and row.local_in_loops == 0 and not is_amd_arch(row.arch)
 
 
@@ -51,8 +52,15 @@ def notes(row: Row) -> list[str]:
     """What ``row`` passes the gate with but a reader should know."""
     if row.peer:
         return [f"peer, not gated: {'; '.join(gate_problems(row))}"] if not row.skipped and gate_problems(row) else []
-    if not row.error and not row.skipped and _spills_outside_loops(row):
-        return [f"{row.spills} B spilled, {row.scratch} B stack; no local-memory access inside a loop"]
+    if not row.error and not row.skipped and _spills_outside_hot_loops(row):
+        if row.local_in_outer_loops:
+            where = (
+                f"{row.local_in_outer_loops} local-memory instructions in outer loops' own bodies"
+                " (once an outer iteration), none in an innermost loop"
+            )
+        else:
+            where = "no local-memory access inside a loop"
+        return [f"{row.spills} B spilled, {row.scratch} B stack; {where}"]
     return []
 
 

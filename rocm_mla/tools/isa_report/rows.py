@@ -37,8 +37,10 @@ class Row:
     lds: bytes of LDS / shared memory per workgroup.
     occupancy: gfx942/gfx950: waves per SIMD, LDS-aware; sm90: blocks per SM (Triton rows only).
     mfma: matrix instructions in the code: ``v_mfma`` (gfx942/gfx950), ``mma``/``wgmma`` (sm90 PTX).
-    local_in_loops: sm90: local-memory instructions (``LDL``/``STL``: spill traffic) inside a loop
-        of the SASS, or None when the SASS was not available.
+    local_in_loops: sm90: local-memory instructions (``LDL``/``STL``: spill traffic) inside an
+        innermost loop of the SASS (paid every iteration), or None when the SASS was not available.
+    local_in_outer_loops: sm90: those in loops but only in the own body of loops that enclose
+        others (paid once an outer iteration, e.g. once a persistent kernel's work item).
     loop: gfx942/gfx950 Triton rows: figures of the kernel's main loop (``kv_loop.LoopStats``
         as a dict), None when it has none.
     problems: why the row fails the gate (empty: it passes).
@@ -62,6 +64,7 @@ class Row:
     skipped: str = ""
     error: str = ""
     local_in_loops: int | None = None
+    local_in_outer_loops: int | None = None
     loop: dict | None = None
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import NamedTuple
 
 _ENTRY_RE = re.compile(r"^\s*(?:\.visible\s+|\.weak\s+)?\.entry\s+([\w$]+)\s*\(", re.MULTILINE)
 _MMA_RE = re.compile(r"^\s*(?:@!?%\w+\s+)?(?:wgmma\.mma_async|mma\.sync)\b", re.MULTILINE)
@@ -52,15 +53,25 @@ _SASS_LOCAL_RE = re.compile(r"\b(?:LDL|STL)\b")
 _SASS_EXIT_RE = re.compile(r"EXIT\b")  # unpredicated: a predicated one reads "@P0 EXIT"
 
 
-def local_memory_in_loops(sass: str) -> tuple[int, int]:
-    """``(inside loops, total)`` local-memory instructions (``LDL``/``STL``) of one kernel's SASS
-    (``nvdisasm -c``). A loop is the address range from a branch target to a branch back to it,
-    unless an unpredicated ``EXIT`` lies in between: ptxas places slow paths (``BRA.DIV``'s) past
-    the kernel's exit and returns from them with a backward branch that repeats nothing.
+class LocalMemory(NamedTuple):
+    """Where a kernel's local-memory instructions (``LDL``/``STL``: spill traffic) sit in its loops."""
+
+    innermost: int  # in a loop that encloses no other loop: paid on every iteration of a hot loop
+    outer: int  # in loops, but each one's nearest loop encloses others: paid once an outer iteration
+    total: int
+
+
+def local_memory_in_loops(sass: str) -> LocalMemory:
+    """Where the local-memory instructions of one kernel's SASS (``nvdisasm -c``) run. A loop is the
+    address range from a branch target to a branch back to it, unless an unpredicated ``EXIT``
+    lies in between: ptxas places slow paths (``BRA.DIV``'s) past the kernel's exit and returns
+    from them with a backward branch that repeats nothing.
 
     Spilled registers cost their local-memory traffic where that traffic runs: a spill stored
-    once before the main loop and reloaded after it is a few instructions per thread, one inside
-    the loop is paid on every iteration.
+    once before the main loop and reloaded after it is a few instructions per thread; one inside
+    an innermost loop is paid on every iteration; one in an outer loop's own body (e.g. a
+    persistent kernel's loop over work items, reloading a pointer once an item) once per outer
+    iteration, beside the inner loops' whole trip.
     """
     labels: dict[str, int] = {}
     pending: list[str] = []
@@ -86,8 +97,23 @@ def local_memory_in_loops(sass: str) -> tuple[int, int]:
             lo = labels[b.group(1)]
             if not any(lo <= e < addr for e in exits):
                 loops.append((lo, addr))
-    local = [a for a, t in insns if _SASS_LOCAL_RE.search(t)]
-    return sum(any(lo <= a <= hi for lo, hi in loops) for a in local), len(local)
+
+    def encloses_another(loop: tuple[int, int]) -> bool:
+        return any(o != loop and loop[0] <= o[0] and o[1] <= loop[1] for o in loops)
+
+    innermost = outer = total = 0
+    for a, t in insns:
+        if not _SASS_LOCAL_RE.search(t):
+            continue
+        total += 1
+        around = [lp for lp in loops if lp[0] <= a <= lp[1]]
+        if around:
+            nearest = min(around, key=lambda lp: lp[1] - lp[0])
+            if encloses_another(nearest):
+                outer += 1
+            else:
+                innermost += 1
+    return LocalMemory(innermost, outer, total)
 
 
 def sm90_blocks_per_sm(regs: int, smem: int, threads: int) -> int:

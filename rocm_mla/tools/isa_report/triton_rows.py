@@ -40,7 +40,8 @@ def triton_row(v: Any, arch: str) -> Row:
             row.lds = max(art.shared, res["lds"])  # Triton's smem is dynamic: ptxas sees 0
             row.occupancy = sm90_blocks_per_sm(row.vgprs, row.lds, art.num_warps * 32)
             if art.sass:
-                row.local_in_loops = local_memory_in_loops(art.sass)[0]
+                placed = local_memory_in_loops(art.sass)
+                row.local_in_loops, row.local_in_outer_loops = placed.innermost, placed.outer
     except StopIteration:
         row.error = "compiler output has no kernel resource information"
     except Exception as e:  # one bad variant must not hide the others

@@ -342,7 +342,11 @@ def time_checked(run: Run, provider: str, label: str, fn, check, timer, ours_: b
 
 def plan_label(plan) -> str:
     c = plan.config
-    return f"S={plan.num_splits}x{plan.split_keys} N{c['BLOCK_N']} w{c['num_warps']} s{c['num_stages']}"
+    pack = f" pack{c['select_pack']}" if c.get("select_pack", 1) > 1 else ""
+    return (
+        f"S={plan.num_splits}x{plan.split_keys} N{c['BLOCK_N']} w{c['num_warps']} s{c['num_stages']}"
+        f" {c['programs_per_cu']}/CU{pack}"
+    )
 
 
 def bench_shape(run: Run, s: Setup, mod, extra: list[dict]) -> list[str]:

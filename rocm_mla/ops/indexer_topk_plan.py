@@ -106,6 +106,57 @@ def merge_meta(
     return {"SPLIT": int(split_keys), "TOPK_P2": int(topk_p2), "CHUNK": chunk, "REG": reg}, {"num_warps": warps}
 
 
+# The fields a config's "many_items" object may replace: the ones that leave every selection bit
+# for bit the same (the split size and the tiles stay, so the logits and their order keys do).
+MANY_ITEMS_FIELDS = ("select_pack", "maxnreg", "programs_per_cu", "key_streams", "num_stages")
+
+
+def _check_fields(cfg: dict) -> None:
+    """The config fields whose values the plan cannot take as they come (ValueError naming them)."""
+    block_n = int(cfg["BLOCK_N"])
+    if block_n < 16 or block_n & (block_n - 1):
+        raise ValueError(f"{OP}: config: expected BLOCK_N a power of two >= 16 (tl.dot), got {block_n}")
+    streams = cfg["key_streams"]
+    if not isinstance(streams, int) or isinstance(streams, bool) or not 1 <= streams <= 8:
+        raise ValueError(f"{OP}: config: expected key_streams an int in [1, 8], got {streams!r}")
+    pack = cfg["select_pack"]
+    if pack not in (1, 2, 4) or isinstance(pack, bool):
+        raise ValueError(f"{OP}: config: expected select_pack 1, 2 or 4, got {pack!r}")
+    maxnreg = cfg.get("maxnreg")
+    if maxnreg is not None and (not isinstance(maxnreg, int) or isinstance(maxnreg, bool) or not 24 <= maxnreg <= 255):
+        raise ValueError(f"{OP}: config: expected maxnreg None or an int in [24, 255], got {maxnreg!r}")
+    ppc = cfg["programs_per_cu"]
+    if not isinstance(ppc, int) or isinstance(ppc, bool) or ppc < 1:
+        raise ValueError(f"{OP}: config: expected programs_per_cu an int >= 1, got {ppc!r}")
+
+
+def _split_keys(cfg: dict, topk_p2: int, wave: int) -> int:
+    """The config's split size: a power of two holding the top-k, a key tile, and at least one key
+    (one candidate) a thread -- the scans and sums then see no replicated element -- and, with a
+    packed selection (select_pack words of split_keys / select_pack), one word a thread."""
+    threads = int(cfg["num_warps"]) * wave
+    pack = int(cfg.get("select_pack", 1))
+    return max(triton.next_power_of_2(int(cfg["split_keys"])), topk_p2, int(cfg["BLOCK_N"]), threads * pack)
+
+
+def _with_many_items(cfg: dict, device, num_rows: int, max_kv_len: int, topk_p2: int, wave: int) -> dict:
+    """``cfg`` with its ``many_items`` fields applied when the call's (row, split) items at the
+    config's split size outnumber its persistent grid (``programs_per_cu`` x CUs: every program
+    loops over items), else without them. More programs a CU then pay for the fewer registers
+    each may hold; with fewer items than slots they only lengthen each item (docs/notes/indexer.md)."""
+    many = cfg.pop("many_items", None)
+    if many is None:
+        return cfg
+    if not isinstance(many, dict) or not set(many) <= set(MANY_ITEMS_FIELDS):
+        got = sorted(many) if isinstance(many, dict) else type(many).__name__
+        raise ValueError(f"{OP}: config: expected many_items an object of {list(MANY_ITEMS_FIELDS)}, got {got}")
+    _check_fields({**cfg, **many})  # checked whether this call takes them or not
+    items = num_rows * triton.cdiv(max_kv_len, _split_keys(cfg, topk_p2, wave))
+    if items > num_compute_units(device) * int(cfg["programs_per_cu"]):
+        cfg.update(many)
+    return cfg
+
+
 @dataclass(frozen=True)
 class IndexerTopkPlan:
     """What one mla_indexer_topk call launches (``plan_indexer_topk`` makes it).
@@ -208,24 +259,15 @@ def plan_indexer_topk(
     for key in ("split_keys", "BLOCK_N", "num_warps", "num_stages"):
         if key not in cfg:
             raise ValueError(f"{OP}: config: expected a {key} entry, got keys {sorted(cfg)}")
-    block_n = int(cfg["BLOCK_N"])
-    if block_n < 16 or block_n & (block_n - 1):
-        raise ValueError(f"{OP}: config: expected BLOCK_N a power of two >= 16 (tl.dot), got {block_n}")
-    streams = cfg.setdefault("key_streams", 1)
-    if not isinstance(streams, int) or isinstance(streams, bool) or not 1 <= streams <= 8:
-        raise ValueError(f"{OP}: config: expected key_streams an int in [1, 8], got {streams!r}")
-    pack = cfg.setdefault("select_pack", 1)
-    if pack not in (1, 2, 4) or isinstance(pack, bool):
-        raise ValueError(f"{OP}: config: expected select_pack 1, 2 or 4, got {pack!r}")
-    maxnreg = cfg.get("maxnreg")
-    if maxnreg is not None and (not isinstance(maxnreg, int) or isinstance(maxnreg, bool) or not 24 <= maxnreg <= 255):
-        raise ValueError(f"{OP}: config: expected maxnreg None or an int in [24, 255], got {maxnreg!r}")
+    cfg.setdefault("key_streams", 1)
+    cfg.setdefault("select_pack", 1)
+    _check_fields(cfg)
     topk_p2 = triton.next_power_of_2(topk)
-    # At least one key (one candidate) a thread: the scans and sums then see no replicated element.
     wave = _wave(arch)
+    cfg = _with_many_items(cfg, device, num_rows, max_kv_len, topk_p2, wave)
+    block_n, pack = int(cfg["BLOCK_N"]), cfg["select_pack"]
     threads = int(cfg["num_warps"]) * wave
-    # A packed selection (select_pack) holds split_keys / select_pack words: at least one a thread too.
-    split_keys = max(triton.next_power_of_2(int(cfg["split_keys"])), topk_p2, block_n, threads * pack)
+    split_keys = _split_keys(cfg, topk_p2, wave)
     merge = dict(cfg["merge"])
     merge["chunk"] = max(triton.next_power_of_2(int(merge["chunk"])), int(merge["num_warps"]) * wave)
     cfg["merge"] = merge

@@ -6,6 +6,8 @@ the functions the plan takes a launch's from.
 
 from __future__ import annotations
 
+import itertools
+
 from ..configs import config_for, platform_fp8_dtype
 from ..kernels.indexer_topk import mla_indexer_merge_kernel, mla_indexer_split_topk_kernel
 from ..ops.indexer_topk_plan import OP, kernel_meta, merge_meta
@@ -30,66 +32,71 @@ def triton_variants(arch: str) -> list[TritonVariant]:
     split_keys = max(int(cfg["split_keys"]), topk_p2)
     out: list[TritonVariant] = []
     directs = (True, False) if cfg.get("direct", True) else (False,)
-    for H in (64, 32):
-        for direct in directs:
-            for shuffled in (True, False) if H == 64 and direct == directs[0] else (True,):
-                meta, options = kernel_meta(
-                    arch,
-                    cfg,
-                    H,
-                    split_keys,
-                    topk_p2,
-                    direct=direct,
-                    block_size=64 if shuffled else 1,
-                    shuffled=shuffled,
+    # The config's own form (both layouts) and, where it has one, its many_items form (vLLM's layout).
+    forms = [(cfg, (True, False))]
+    if "many_items" in cfg:
+        forms.append(({**cfg, **cfg["many_items"]}, (True,)))
+    for (form, layouts), H, direct in itertools.product(forms, (64, 32), directs):
+        for shuffled in layouts if H == 64 and direct == directs[0] else (True,):
+            meta, options = kernel_meta(
+                arch,
+                form,
+                H,
+                split_keys,
+                topk_p2,
+                direct=direct,
+                block_size=64 if shuffled else 1,
+                shuffled=shuffled,
+            )
+            sig = {
+                "q": f"*{fname}",
+                "weights": "*fp32",
+                "cache": f"*{fname}",
+                "block_table": "*i32",
+                "req_ids": "*i32",
+                "kv_lens": "*i32",
+                "out": "*i32",
+                "cand_key": "*i32",
+                "cand_pos": "*i32",
+                "stage": "*i32",
+                **{n: "i32" for n in _SPLIT_I32},
+            }
+            amd = "".join(f" {k[:4]}{v}" for k, v in amd_options(form, arch).items())
+            pack = f" pack{meta['SELECT_PACK']}" if meta["SELECT_PACK"] > 1 else ""
+            regs = f" maxnreg{options['maxnreg']}" if "maxnreg" in options else ""
+            label = (
+                f"q={fname} H{H} topk{topk_p2} split{split_keys} N{meta['BLOCK_N']} w{options['num_warps']}"
+                f" s{options['num_stages']}{amd}{pack}{regs} {'shuffled' if shuffled else 'flat'} "
+                f"{'direct' if direct else 'split'}"
+            )
+            out.append(
+                TritonVariant(
+                    kernel=OP,
+                    config=label,
+                    fn=mla_indexer_split_topk_kernel,
+                    signature=sig,
+                    constexprs={**_ONES, **meta},
+                    options=options,
+                    expects_mfma=True,
+                    divisible_by_16=(
+                        "q",
+                        "weights",
+                        "cache",
+                        "block_table",
+                        "req_ids",
+                        "kv_lens",
+                        "out",
+                        "cand_key",
+                        "cand_pos",
+                        "stage",
+                        "s_q_r",
+                        "s_q_h",
+                        "s_c_blk",
+                        "s_bt_b",
+                        "s_o_r",
+                    ),  # fmt: skip
                 )
-                sig = {
-                    "q": f"*{fname}",
-                    "weights": "*fp32",
-                    "cache": f"*{fname}",
-                    "block_table": "*i32",
-                    "req_ids": "*i32",
-                    "kv_lens": "*i32",
-                    "out": "*i32",
-                    "cand_key": "*i32",
-                    "cand_pos": "*i32",
-                    "stage": "*i32",
-                    **{n: "i32" for n in _SPLIT_I32},
-                }
-                amd = "".join(f" {k[:4]}{v}" for k, v in amd_options(cfg, arch).items())
-                label = (
-                    f"q={fname} H{H} topk{topk_p2} split{split_keys} N{meta['BLOCK_N']} w{options['num_warps']}"
-                    f" s{options['num_stages']}{amd} {'shuffled' if shuffled else 'flat'} "
-                    f"{'direct' if direct else 'split'}"
-                )
-                out.append(
-                    TritonVariant(
-                        kernel=OP,
-                        config=label,
-                        fn=mla_indexer_split_topk_kernel,
-                        signature=sig,
-                        constexprs={**_ONES, **meta},
-                        options=options,
-                        expects_mfma=True,
-                        divisible_by_16=(
-                            "q",
-                            "weights",
-                            "cache",
-                            "block_table",
-                            "req_ids",
-                            "kv_lens",
-                            "out",
-                            "cand_key",
-                            "cand_pos",
-                            "stage",
-                            "s_q_r",
-                            "s_q_h",
-                            "s_c_blk",
-                            "s_bt_b",
-                            "s_o_r",
-                        ),  # fmt: skip
-                    )
-                )
+            )
     # A 128K-token row (its slots held in registers) and a 1M-token one (the chunked passes).
     for context in (1 << 17, 1 << 20):
         m_consts, m_options = merge_meta(arch, cfg, split_keys, topk_p2, context // split_keys)

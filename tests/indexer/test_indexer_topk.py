@@ -107,14 +107,22 @@ def test_layouts_and_block_sizes(backend, block, shuffled):
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b == "triton"])
 def test_batch_invariant_row_alone_equals_row_in_batch(backend):
     """A row's answer is bitwise the same (order included) alone, in a batch, and in a batch whose
-    longest row changes the split count."""
+    longest row changes the split count; the batch takes the config's many_items form (packed
+    selection, other split size and grid), the row alone does not."""
     shape = IndexerShape((300, 90, 40), (2, 1, 3), 16, topk=32, block=16)
     case = make_inputs(shape, device=DEVICE, seed=9)
-    full = case.run(backend=backend, config=SMALL).clone()
+    cfg = {**SMALL, "many_items": {"select_pack": 2, "programs_per_cu": 2}}
+    assert case.plan(config=cfg).config["select_pack"] == 2
+    alone_plan = plan_indexer_topk(
+        num_rows=1, num_heads=16, topk=32, max_kv_len=case.block_table.shape[1] * 16, block_size=16,
+        q_dtype=case.q.dtype, device=case.q.device, config=cfg,
+    )  # fmt: skip
+    assert alone_plan.config["select_pack"] == 1
+    full = case.run(backend=backend, config=cfg).clone()
     for t in (0, 2, 5):
         alone = rocm_mla.mla_indexer_topk(
             case.q[t : t + 1], case.weights[t : t + 1], case.index_cache, case.block_table, case.req_ids[t : t + 1],
-            case.kv_lens[t : t + 1], topk=32, shuffled=case.shuffled, backend=backend, config=SMALL,
+            case.kv_lens[t : t + 1], topk=32, shuffled=case.shuffled, backend=backend, config=cfg,
         )  # fmt: skip
         assert torch.equal(alone[0], full[t]), t
     # max_kv_len decides the split count; rows that fit give the same bits.
@@ -207,6 +215,26 @@ def test_split_follows_the_rows():
     many = plan_indexer_topk(num_rows=4096, max_kv_len=2048, config=cfg, **kw)
     assert many.split_keys == 1024
     assert 2 * few.topk_p2 <= few.split_keys < 1024 and few.merge_constexprs["REG"] > 0
+
+
+def test_many_items_only_where_items_outnumber_the_grid():
+    """A config's many_items fields apply to a call whose (row, split) items outnumber the config's
+    grid (programs_per_cu x CUs), not to one with as many or fewer; other fields are refused."""
+    kw = dict(num_heads=16, topk=32, block_size=16, q_dtype=torch.float8_e4m3fn, device=DEVICE)
+    slots = num_compute_units(DEVICE) * 2
+    cfg = {**SMALL, "split_keys": 1024, "programs_per_cu": 2, "many_items": {"select_pack": 2, "programs_per_cu": 3}}
+    at = plan_indexer_topk(num_rows=slots, max_kv_len=2048, config=cfg, **kw)  # 2 x slots items
+    below = plan_indexer_topk(num_rows=slots // 2, max_kv_len=2048, config=cfg, **kw)  # slots items
+    assert at.config["select_pack"] == 2 and at.grid == (num_compute_units(DEVICE) * 3,)
+    assert "many_items" not in at.config and at.constexprs["SELECT_PACK"] == 2
+    assert below.config["select_pack"] == 1 and below.config["programs_per_cu"] == 2
+    assert below.grid == (slots,) and below.constexprs["SELECT_PACK"] == 1
+    for bad in ({"BLOCK_N": 32}, 4):
+        raises_naming(
+            ValueError,
+            lambda: plan_indexer_topk(num_rows=1, max_kv_len=64, config={**SMALL, "many_items": bad}, **kw),
+            "many_items",
+        )
 
 
 @triton.jit

@@ -294,6 +294,26 @@ def test_packed_selection_equals_register_search(pack):
 
 @pytest.mark.skipif(not HAS_GPU, reason="needs a GPU (CUDA or ROCm); none visible to torch")
 @pytest.mark.gpu
+def test_gpu_many_items_same_bits():
+    """A call with more (row, split) items than the grid takes the config's many_items form (the
+    arch's own, or sm90's where the arch has none) and gives bit for bit the form without it."""
+    from rocm_mla import _platform
+    from rocm_mla.configs import config_for
+
+    shipped = dict(config_for("mla_indexer_topk", _platform.device_arch(DEVICE)))
+    many = shipped.pop("many_items", {"select_pack": 4, "maxnreg": 128, "programs_per_cu": 4})
+    cus = num_compute_units(DEVICE)
+    case = make_inputs(IndexerShape.decode(2 * cus, 16384, 64, topk=2048, block=64), device=DEVICE, seed=5)
+    plan = case.plan(config={**shipped, "many_items": many})
+    assert plan.config["select_pack"] == many["select_pack"] and plan.num_splits >= 2
+    assert plan.grid == (min(case.shape.T * plan.num_splits, cus * many["programs_per_cu"]),)
+    base = case.run(backend="triton", out=None, config=shipped).clone()
+    assert torch.equal(case.run(backend="triton", out=None, plan=plan), base)
+    assert check_indexer_topk(base, case.logits(2), 2048, rows=[0, 1]) == ""
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU (CUDA or ROCm); none visible to torch")
+@pytest.mark.gpu
 @pytest.mark.parametrize("pack,maxnreg", [(2, 168), (4, 128)])
 def test_gpu_packed_selection_same_bits(pack, maxnreg):
     """``select_pack`` (and a register cap, which NVIDIA takes and AMD ignores) at the models' sizes:

@@ -71,7 +71,7 @@ def mla_indexer_topk(
         plan: an ``IndexerTopkPlan`` from ``plan_indexer_topk`` for these sizes (once per step
             for every layer); it must match the call (ValueError).
         backend: "triton" or "reference" to force one.
-        config: launch data replacing the arch's (tuning).
+        config: launch data replacing the arch's (tuning; fields as plan_indexer_topk takes them).
         debug: check the index values on the host (a sync, not capturable) and raise naming the
             first bad one. Default: ``ROCM_MLA_DEBUG=1``.
 

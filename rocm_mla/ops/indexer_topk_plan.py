@@ -244,7 +244,10 @@ def plan_indexer_topk(
         q_dtype: q's fp8 kind (float8_e4m3fn or float8_e4m3fnuz); the cache holds the same kind.
         device: where the call runs (its arch).
         shuffled: the cache's values are stored in 16 x 16 tiles (rocm_mla/ops/indexer_cache.py).
-        config: launch data replacing the configs' entry for the arch (tuning).
+        config: launch data replacing the configs' entry for the arch (tuning). Its
+            ``many_items`` fields (select_pack, maxnreg, programs_per_cu) replace the object's own
+            when the call's (row, split) items outnumber ``programs_per_cu`` x CUs; the answer is
+            the same bit for bit either way.
     """
     for name, v in (("num_rows", num_rows), ("max_kv_len", max_kv_len)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:

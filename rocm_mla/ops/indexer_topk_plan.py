@@ -108,7 +108,7 @@ def merge_meta(
 
 # The fields a config's "many_items" object may replace: the ones that leave every selection bit
 # for bit the same (the split size and the tiles stay, so the logits and their order keys do).
-MANY_ITEMS_FIELDS = ("select_pack", "maxnreg", "programs_per_cu", "key_streams", "num_stages")
+MANY_ITEMS_FIELDS = ("select_pack", "maxnreg", "programs_per_cu")
 
 
 def _check_fields(cfg: dict) -> None:

@@ -229,7 +229,7 @@ def test_many_items_only_where_items_outnumber_the_grid():
     assert "many_items" not in at.config and at.constexprs["SELECT_PACK"] == 2
     assert below.config["select_pack"] == 1 and below.config["programs_per_cu"] == 2
     assert below.grid == (slots,) and below.constexprs["SELECT_PACK"] == 1
-    for bad in ({"BLOCK_N": 32}, 4):
+    for bad in ({"BLOCK_N": 32}, {"num_stages": 3}, 4):
         raises_naming(
             ValueError,
             lambda: plan_indexer_topk(num_rows=1, max_kv_len=64, config={**SMALL, "many_items": bad}, **kw),

@@ -309,7 +309,7 @@ def plan_indexer_topk(
         topk_p2=topk_p2,
         num_splits=S,
         page_shift=block_size.bit_length() - 1 if pow2 else 0,
-        grid=(max(1, min(num_rows * S, num_compute_units(device) * int(cfg["programs_per_cu"]))),),
+        grid=(max(1, min(num_rows * S, slots_target)),),
         constexprs=consts,
         options=options,
         merge_grid=m_grid,

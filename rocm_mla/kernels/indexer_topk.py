@@ -63,14 +63,45 @@ def _written(c, n, row_bad, kv_len, topk, SPLIT: tl.constexpr, TOPK_P2: tl.const
 
 
 @triton.jit
-def _count_keys(keys_ptr, n, row_bad, kv_len, topk, SPLIT: tl.constexpr, TOPK_P2: tl.constexpr, CHUNK: tl.constexpr):
-    """(keys held, whether one is the NaN key 0xFFFFFFFF) over the slots ``_written`` names."""
+def _slots(
+    c, n, row_bad, kv_len, topk, base, prefix_row, counts_row, SPLIT: tl.constexpr, TOPK_P2: tl.constexpr,
+    S_P2: tl.constexpr, S_LOG: tl.constexpr,
+):  # fmt: skip
+    """(index, valid): where a row's candidate slots ``c`` lie in the candidate arrays and whether
+    they hold a key. S_P2 0: split s's slots are ``base + s x TOPK_P2 + [0, min(topk, its keys))``
+    (``_written``). Prefiltered (S_P2 = 2**S_LOG >= the row's splits): the n slots are dense, split
+    s holding ``counts_row[s]`` of them at ``base + s x SPLIT``; ``prefix_row`` holds the counts'
+    inclusive prefix (S_P2 entries, the last repeated past the splits) and a binary search finds
+    a slot's split."""
+    if S_P2 == 0:
+        idx = base + c
+        valid = _written(c, n, row_bad, kv_len, topk, SPLIT, TOPK_P2)
+    else:
+        valid = c < n
+        s = tl.zeros_like(c)
+        for i in tl.static_range(S_LOG):
+            step = S_P2 >> (i + 1)
+            s = tl.where(tl.load(prefix_row + s + (step - 1)) <= c, s + step, s)
+        end = tl.load(prefix_row + s)  # s < S_P2; for a valid slot end > c
+        cnt = tl.load(counts_row + s, mask=valid, other=0)
+        idx = base + s.to(tl.int64) * SPLIT + tl.where(valid, c - (end - cnt), 0)
+    return idx, valid
+
+
+@triton.jit
+def _count_keys(
+    keys_ptr, n, row_bad, kv_len, topk, base, prefix_row, counts_row, SPLIT: tl.constexpr, TOPK_P2: tl.constexpr,
+    S_P2: tl.constexpr, S_LOG: tl.constexpr, CHUNK: tl.constexpr,
+):  # fmt: skip
+    """(keys held, whether one is the NaN key 0xFFFFFFFF) over the slots ``_slots`` names."""
     offs = tl.arange(0, CHUNK)
     n_valid = tl.zeros([], dtype=tl.int32)
     nan = tl.zeros([], dtype=tl.int1)
     for c0 in range(0, n, CHUNK):
-        c = c0 + offs
-        keys = tl.load(keys_ptr + c, mask=_written(c, n, row_bad, kv_len, topk, SPLIT, TOPK_P2), other=0)
+        idx, valid = _slots(
+            c0 + offs, n, row_bad, kv_len, topk, base, prefix_row, counts_row, SPLIT, TOPK_P2, S_P2, S_LOG
+        )
+        keys = tl.load(keys_ptr + idx, mask=valid, other=0)
         n_valid += tl.sum((keys != 0).to(tl.int32), axis=0)
         nan = nan | (tl.max(keys, axis=0) == 0xFFFFFFFF)
     return n_valid, nan
@@ -78,8 +109,9 @@ def _count_keys(keys_ptr, n, row_bad, kv_len, topk, SPLIT: tl.constexpr, TOPK_P2
 
 @triton.jit
 def _threshold(
-    keys_ptr, n, k, n_valid, row_bad, kv_len, topk, SPLIT: tl.constexpr, TOPK_P2: tl.constexpr, CHUNK: tl.constexpr
-):
+    keys_ptr, n, k, n_valid, row_bad, kv_len, topk, base, prefix_row, counts_row, SPLIT: tl.constexpr,
+    TOPK_P2: tl.constexpr, S_P2: tl.constexpr, S_LOG: tl.constexpr, CHUNK: tl.constexpr,
+):  # fmt: skip
     """(thr, k_rem) for taking the k largest of the n_valid keys held (k <= n_valid): every key >
     thr and the first k_rem keys == thr in slot order. thr is the k-th largest key, found four
     bits a pass from the top (15 thresholds counted per read of the keys); k = n_valid takes them
@@ -94,15 +126,19 @@ def _threshold(
             cands = thr | (nib << shift)  # [16]; nib 0 is thr itself (count >= k holds)
             cnt = tl.zeros([16], dtype=tl.int32)
             for c0 in range(0, n, CHUNK):
-                c = c0 + offs
-                keys = tl.load(keys_ptr + c, mask=_written(c, n, row_bad, kv_len, topk, SPLIT, TOPK_P2), other=0)
+                idx, valid = _slots(
+                    c0 + offs, n, row_bad, kv_len, topk, base, prefix_row, counts_row, SPLIT, TOPK_P2, S_P2, S_LOG
+                )
+                keys = tl.load(keys_ptr + idx, mask=valid, other=0)
                 cnt += tl.sum((keys[:, None] >= cands[None, :]).to(tl.int32), axis=0)
             best = tl.max(tl.where(cnt >= k, nib, 0), axis=0)
             thr = thr | (best << shift)
         n_gt = tl.zeros([], dtype=tl.int32)
         for c0 in range(0, n, CHUNK):
-            c = c0 + offs
-            keys = tl.load(keys_ptr + c, mask=_written(c, n, row_bad, kv_len, topk, SPLIT, TOPK_P2), other=0)
+            idx, valid = _slots(
+                c0 + offs, n, row_bad, kv_len, topk, base, prefix_row, counts_row, SPLIT, TOPK_P2, S_P2, S_LOG
+            )
+            keys = tl.load(keys_ptr + idx, mask=valid, other=0)
             n_gt += tl.sum((keys > thr).to(tl.int32), axis=0)
         k_rem = k - n_gt
     return thr, k_rem
@@ -118,6 +154,28 @@ def _kth_largest(keys, k):
         cand = thr | (tl.full([], 0x80000000, tl.uint32) >> (tl.zeros([], tl.uint32) + b))
         cnt = tl.sum((keys >= cand).to(tl.int32), axis=0)
         thr = tl.where(cnt >= k, cand, thr)
+    return thr
+
+
+@triton.jit
+def _rank_ranks(j, SPLIT: tl.constexpr, RANKS: tl.constexpr):
+    """The ranks of a prefiltered split's bounds: bound j is its max(1, SPLIT >> (RANKS - 1 - j))-th
+    largest key (doubling up to SPLIT, its smallest); j = -1 gives 0."""
+    r = tl.maximum(1, SPLIT >> tl.maximum(RANKS - 1 - j, 0))
+    return tl.where(j < 0, 0, r)
+
+
+@triton.jit
+def _rank_bounds(keys, SPLIT: tl.constexpr, RANKS: tl.constexpr):
+    """[RANKS] uint32: bound j the ``_rank_ranks(j)``-th largest of the order keys ``keys`` (a
+    register tensor, 0 = no key), 0 when fewer keys are held; the RANKS searches run together,
+    bit by bit from the top."""
+    rank = _rank_ranks(tl.arange(0, RANKS), SPLIT, RANKS)
+    thr = tl.zeros([RANKS], dtype=tl.uint32)
+    for b in range(32):
+        cand = thr | (tl.full([RANKS], 0x80000000, tl.uint32) >> (tl.zeros([RANKS], tl.uint32) + b))
+        cnt = tl.sum((keys[:, None] >= cand[None, :]).to(tl.int32), axis=0)
+        thr = tl.where(cnt >= rank, cand, thr)
     return thr
 
 
@@ -276,6 +334,7 @@ def mla_indexer_split_topk_kernel(
     cand_key,
     cand_pos,
     stage,
+    bounds,
     num_rows,
     num_splits,
     topk,
@@ -306,6 +365,7 @@ def mla_indexer_split_topk_kernel(
     STREAMS: tl.constexpr,
     CHUNK: tl.constexpr,
     SELECT_PACK: tl.constexpr,
+    RANKS: tl.constexpr,
 ):
     """A persistent program: work items (row t, split s) = pid, pid + grid, ... of T x num_splits,
     each the logits of the row's keys [s x SPLIT, min((s + 1) x SPLIT, kv_len)) and their top
@@ -325,11 +385,15 @@ def mla_indexer_split_topk_kernel(
     -2 (reference.indexer_topk.SENTINEL) everywhere for a bad row. Otherwise cand_key / cand_pos
     [T, num_splits, TOPK_P2] (contiguous): the split's selected order keys and positions in slots
     [0, n), the rest not written; the NaN key 0xFFFFFFFF in slot 0 marks a bad row.
+
+    RANKS > 0 (prefiltered, ``mla_indexer_prefilter_kernel`` then the merge follow): stage is
+    ``[T x num_splits, SPLIT]``, a row per item, which keeps the item's order keys (0 past its
+    keys) for the prefilter, and ``bounds [T x num_splits, RANKS]`` gets the item's
+    ``_rank_bounds`` (zeros for a split past the row's keys or a bad row); no selection here.
     """
     cand_key = cand_key.to(tl.pointer_type(tl.uint32))  # int32 workspaces holding uint32 keys
     pid = tl.program_id(0)
-    stage_row = stage.to(tl.pointer_type(tl.uint32)) + pid.to(tl.int64) * SPLIT
-    stage_f32 = stage_row.to(tl.pointer_type(tl.float32))  # the same words: raw logits, then keys
+    stage_u32 = stage.to(tl.pointer_type(tl.uint32))
 
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, D)
@@ -339,12 +403,18 @@ def mla_indexer_split_topk_kernel(
     for w in range(pid, num_rows * num_splits, tl.num_programs(0)):
         split = w % num_splits
         t = (w // num_splits).to(tl.int64)
+        if RANKS > 0:
+            stage_row = stage_u32 + (t * num_splits + split) * SPLIT
+        else:
+            stage_row = stage_u32 + pid.to(tl.int64) * SPLIT
+        stage_f32 = stage_row.to(tl.pointer_type(tl.float32))  # the same words: raw logits, then keys
         req, kv_len, row_bad = _row(req_ids, kv_lens, t, s_req, s_kl, num_reqs, capacity, num_splits * SPLIT)
         n_keys = tl.where(row_bad, 0, kv_len)
         lo = split * SPLIT
         hi = tl.minimum(lo + SPLIT, n_keys)
-        # The merge reads only a row's live splits (one for a bad row): a dead split does nothing.
-        if DIRECT | (lo < hi) | (row_bad & (split == 0)):
+        # The merge reads only a row's live splits (one for a bad row): a dead split does nothing
+        # (prefiltered: it writes zero bounds).
+        if DIRECT | (lo < hi) | (row_bad & (split == 0)) | (RANKS > 0):
             bt_row = block_table + tl.where(row_bad, 0, req).to(tl.int64) * s_bt_b
             # fp8 loads take no `other` (the CPU interpreter cannot make an e4m3fnuz constant):
             # padded heads' scores are zeroed below and masked keys' logits replaced, so their
@@ -381,48 +451,134 @@ def mla_indexer_split_topk_kernel(
                 tl.store(stage_row + c, _order_key(lg), mask=live)
             tl.debug_barrier()
 
-            # The split's top-k: its threshold from the stage held in registers (only here, not
-            # in the dot loop), then the taken keys streamed in stage order.
-            if SELECT_PACK == 1:
+            if RANKS > 0:
+                # Prefiltered: the item's stage row stays for the prefilter; only its bounds here.
                 held = tl.where(offs_s < n, tl.load(stage_row + offs_s), 0)  # (the stage has SPLIT words)
-                n_valid, nan, thr, k_rem = _select_in_registers(held, topk)
-            else:  # fewer registers held through the search (more programs a CU)
-                n_valid, nan, thr, k_rem = _select_packed(stage_row, n, topk, SPLIT, SELECT_PACK)
-            poison = row_bad | nan  # a NaN key is the largest, so always among the taken
-            o_row = out + t * s_o_r
-            c_row = (t * num_splits + split) * TOPK_P2
-            taken = tl.zeros([], dtype=tl.int32)
-            eq_seen = tl.zeros([], dtype=tl.int32)
-            if (poison == 0) | (DIRECT == 0):
-                for c0 in range(0, n, CHUNK):
-                    c = c0 + offs_c
-                    keys = tl.load(stage_row + c, mask=c < n, other=0)
-                    eq = keys == thr
-                    eq_rank = eq_seen + tl.cumsum(eq.to(tl.int32), 0) - 1
-                    take = ((keys > thr) | (eq & (eq_rank < k_rem))) & (keys != 0)
-                    slot = taken + tl.cumsum(take.to(tl.int32), 0) - 1
-                    if DIRECT:
-                        tl.store(o_row + slot, lo + c, mask=take)
-                    else:
-                        tl.store(cand_key + c_row + slot, keys, mask=take)
-                        tl.store(cand_pos + c_row + slot, lo + c, mask=take)
-                    taken += tl.sum(take.to(tl.int32), axis=0)
-                    eq_seen += tl.sum(eq.to(tl.int32), axis=0)
-            if DIRECT:
-                fill = tl.where(poison, -2, -1)
-                for j0 in range(0, topk, CHUNK):
-                    j = j0 + offs_c
-                    jm = (j < topk) & ((j >= taken) | poison)
-                    tl.store(o_row + j, tl.zeros([CHUNK], dtype=tl.int32) + fill, mask=jm)
-            elif row_bad:
-                tl.store(cand_key + c_row, 0xFFFFFFFF)
+                tl.store(
+                    bounds.to(tl.pointer_type(tl.uint32)) + (t * num_splits + split) * RANKS + tl.arange(0, RANKS),
+                    _rank_bounds(held, SPLIT, RANKS),
+                )
+            else:
+                # The split's top-k: its threshold from the stage held in registers (only here, not
+                # in the dot loop), then the taken keys streamed in stage order.
+                if SELECT_PACK == 1:
+                    held = tl.where(offs_s < n, tl.load(stage_row + offs_s), 0)  # (the stage has SPLIT words)
+                    n_valid, nan, thr, k_rem = _select_in_registers(held, topk)
+                else:  # fewer registers held through the search (more programs a CU)
+                    n_valid, nan, thr, k_rem = _select_packed(stage_row, n, topk, SPLIT, SELECT_PACK)
+                poison = row_bad | nan  # a NaN key is the largest, so always among the taken
+                o_row = out + t * s_o_r
+                c_row = (t * num_splits + split) * TOPK_P2
+                taken = tl.zeros([], dtype=tl.int32)
+                eq_seen = tl.zeros([], dtype=tl.int32)
+                if (poison == 0) | (DIRECT == 0):
+                    for c0 in range(0, n, CHUNK):
+                        c = c0 + offs_c
+                        keys = tl.load(stage_row + c, mask=c < n, other=0)
+                        eq = keys == thr
+                        eq_rank = eq_seen + tl.cumsum(eq.to(tl.int32), 0) - 1
+                        take = ((keys > thr) | (eq & (eq_rank < k_rem))) & (keys != 0)
+                        slot = taken + tl.cumsum(take.to(tl.int32), 0) - 1
+                        if DIRECT:
+                            tl.store(o_row + slot, lo + c, mask=take)
+                        else:
+                            tl.store(cand_key + c_row + slot, keys, mask=take)
+                            tl.store(cand_pos + c_row + slot, lo + c, mask=take)
+                        taken += tl.sum(take.to(tl.int32), axis=0)
+                        eq_seen += tl.sum(eq.to(tl.int32), axis=0)
+                if DIRECT:
+                    fill = tl.where(poison, -2, -1)
+                    for j0 in range(0, topk, CHUNK):
+                        j = j0 + offs_c
+                        jm = (j < topk) & ((j >= taken) | poison)
+                        tl.store(o_row + j, tl.zeros([CHUNK], dtype=tl.int32) + fill, mask=jm)
+                elif row_bad:
+                    tl.store(cand_key + c_row, 0xFFFFFFFF)
             tl.debug_barrier()  # every thread has read the stage before the next item rewrites it
+
+
+@triton.jit(do_not_specialize=["num_rows", "num_splits", "topk", "capacity", "num_reqs"])
+def mla_indexer_prefilter_kernel(
+    stage,
+    bounds,
+    counts,
+    cand_pos,
+    req_ids,
+    kv_lens,
+    num_rows,
+    num_splits,
+    topk,
+    capacity,
+    num_reqs,
+    s_req,
+    s_kl,
+    SPLIT: tl.constexpr,
+    RANKS: tl.constexpr,
+    S_P2: tl.constexpr,
+):
+    """Program w = (row t, split s) of a prefiltered call, after ``mla_indexer_split_topk_kernel``
+    (RANKS > 0) wrote every item's order keys (``stage [T x num_splits, SPLIT]``) and bounds.
+
+    The row's floor: split s's bound j says it holds at least ``_rank_ranks(j)`` keys at or above
+    it, so a value v has at least G(v) = sum over the row's bounds >= v of their rank increments
+    keys at or above it; the floor is the largest v with G(v) >= k = min(topk, kv_len) (0 when
+    none: every key stays), found bit by bit over the row's num_splits x RANKS bounds. Every key
+    of the row's top-k is at or above it. Each split keeps the keys at or above the floor, in
+    position order, at the front of its own stage row (``counts[w]`` of them, their positions in
+    ``cand_pos [T x num_splits, SPLIT]``). A split holds fewer than twice its share of G at the
+    floor plus its smallest rank, so the kept keys stay near 2 x topk whatever the data, ties
+    aside. Every program computes its row's floor from the same bounds: the same value."""
+    stage_u32 = stage.to(tl.pointer_type(tl.uint32))  # int32 workspaces holding uint32 keys
+    bounds_u32 = bounds.to(tl.pointer_type(tl.uint32))
+    w = tl.program_id(0).to(tl.int64)
+    t = w // num_splits
+    split = w % num_splits
+    req, kv_len, row_bad = _row(req_ids, kv_lens, t, s_req, s_kl, num_reqs, capacity, num_splits * SPLIT)
+    n_keys = tl.where(row_bad, 0, kv_len)
+    k = tl.minimum(topk, n_keys)
+    offs_b = tl.arange(0, S_P2 * RANKS)
+    b = tl.load(bounds_u32 + t * num_splits * RANKS + offs_b, mask=offs_b < num_splits * RANKS, other=0)
+    jb = offs_b % RANKS
+    weight = _rank_ranks(jb, SPLIT, RANKS) - _rank_ranks(jb - 1, SPLIT, RANKS)
+    floor = tl.zeros([], dtype=tl.uint32)
+    for bit in range(32):
+        cand = floor | (tl.full([], 0x80000000, tl.uint32) >> (tl.zeros([], tl.uint32) + bit))
+        floor = tl.where(tl.sum(tl.where(b >= cand, weight, 0), axis=0) >= k, cand, floor)
+
+    n = tl.minimum(tl.maximum(n_keys - split * SPLIT, 0), SPLIT)
+    offs = tl.arange(0, SPLIT)
+    row = stage_u32 + w * SPLIT
+    keys = tl.where(offs < n, tl.load(row + offs), 0)  # (the row has SPLIT words)
+    take = (keys >= floor) & (keys != 0)
+    slot = tl.cumsum(take.to(tl.int32), 0) - 1
+    tl.debug_barrier()  # every thread has read the row before it is rewritten in place
+    tl.store(row + slot, keys, mask=take)
+    tl.store(cand_pos + w * SPLIT + slot, split * SPLIT + offs, mask=take)
+    tl.store(counts + w, tl.sum(take.to(tl.int32), axis=0))
+
+
+@triton.jit
+def _select_passes(
+    cand_key, n, topk, row_bad, kv_len, base, prefix_row, counts_row, SPLIT: tl.constexpr, TOPK_P2: tl.constexpr,
+    S_P2: tl.constexpr, S_LOG: tl.constexpr, CHUNK: tl.constexpr,
+):  # fmt: skip
+    """``_select_in_registers`` of a row's candidate slots by passes over memory, CHUNK at a time."""
+    n_valid, nan = _count_keys(
+        cand_key, n, row_bad, kv_len, topk, base, prefix_row, counts_row, SPLIT, TOPK_P2, S_P2, S_LOG, CHUNK
+    )
+    k = tl.minimum(topk, n_valid)
+    thr, k_rem = _threshold(
+        cand_key, n, k, n_valid, row_bad, kv_len, topk, base, prefix_row, counts_row, SPLIT, TOPK_P2, S_P2, S_LOG, CHUNK
+    )
+    return n_valid, nan, thr, k_rem
 
 
 @triton.jit(do_not_specialize=["num_rows", "num_splits", "topk", "capacity", "num_reqs"])
 def mla_indexer_merge_kernel(
     cand_key,
     cand_pos,
+    counts,
+    prefix,
     req_ids,
     kv_lens,
     out,
@@ -438,32 +594,60 @@ def mla_indexer_merge_kernel(
     TOPK_P2: tl.constexpr,
     CHUNK: tl.constexpr,
     REG: tl.constexpr,
+    S_P2: tl.constexpr,
+    S_LOG: tl.constexpr,
 ):
     """Program t: the top ``topk`` of row t's split candidates (``mla_indexer_split_topk_kernel``,
     its live splits only: cdiv(kv_len, SPLIT), one for a bad row); writes out[t] as the DIRECT
     split kernel. The threshold: with REG > 0 (>= num_splits x TOPK_P2) from every slot held in
     registers, else by passes over chunks of CHUNK candidates (four bits a pass); the taken
-    candidates then stream in slot order, CHUNK at a time."""
+    candidates then stream in slot order, CHUNK at a time.
+
+    Prefiltered (S_P2 = 2**S_LOG > 0, after ``mla_indexer_prefilter_kernel``): the candidates are
+    the kept keys of each split (cand_key: the stage ``[T x num_splits, SPLIT]``, ``counts``
+    of them at each row's front), their inclusive prefix goes to ``prefix [T, S_P2]``, and the
+    row's slots are dense over it (``_slots``): held in registers when they fit REG, else passes."""
     cand_key = cand_key.to(tl.pointer_type(tl.uint32))  # an int32 workspace holding uint32 keys
     t = tl.program_id(0).to(tl.int64)
     req, kv_len, row_bad = _row(req_ids, kv_lens, t, s_req, s_kl, num_reqs, capacity, num_splits * SPLIT)
-    live = tl.where(row_bad, 1, tl.cdiv(tl.maximum(kv_len, 0), SPLIT))
-    base = t * num_splits * TOPK_P2
-    n = live * TOPK_P2
     offs = tl.arange(0, CHUNK)
+    if S_P2 > 0:
+        base = t * num_splits * SPLIT
+        counts_row = counts + t * num_splits
+        prefix_row = prefix + t * S_P2
+        offs_s = tl.arange(0, S_P2)
+        incl = tl.cumsum(tl.load(counts_row + offs_s, mask=offs_s < num_splits, other=0), 0)
+        n = tl.max(incl, axis=0)
+        tl.store(prefix_row + offs_s, incl)
+        tl.debug_barrier()  # the prefix, written by all, is gathered by all
+    else:
+        base = t * num_splits * TOPK_P2
+        counts_row = counts
+        prefix_row = prefix
+        n = tl.where(row_bad, 1, tl.cdiv(tl.maximum(kv_len, 0), SPLIT)) * TOPK_P2
 
     # The NaN key (a bad row's mark or a NaN logit) is known before anything is written.
-    if REG > 0:  # every slot of the row in registers: the threshold without memory passes
+    if (REG > 0) & (S_P2 == 0):  # every slot of the row in registers: the threshold without memory passes
         offs_r = tl.arange(0, REG)
         # Unmasked (the workspace holds REG slots past any row's start; a masked load of many
         # elements a thread costs a lane mask apiece on AMD): slots not written count as no key.
         held = tl.load(cand_key + base + offs_r)
         held = tl.where(_written(offs_r, n, row_bad, kv_len, topk, SPLIT, TOPK_P2), held, 0)
         n_valid, nan, thr, k_rem = _select_in_registers(held, topk)
+    elif REG > 0:
+        if n <= REG:  # the kept keys in registers (the usual case), gathered through the prefix
+            idx, valid = _slots(
+                tl.arange(0, REG), n, row_bad, kv_len, topk, base, prefix_row, counts_row, SPLIT, TOPK_P2, S_P2, S_LOG
+            )
+            n_valid, nan, thr, k_rem = _select_in_registers(tl.load(cand_key + idx, mask=valid, other=0), topk)
+        else:
+            n_valid, nan, thr, k_rem = _select_passes(
+                cand_key, n, topk, row_bad, kv_len, base, prefix_row, counts_row, SPLIT, TOPK_P2, S_P2, S_LOG, CHUNK
+            )
     else:
-        n_valid, nan = _count_keys(cand_key + base, n, row_bad, kv_len, topk, SPLIT, TOPK_P2, CHUNK)
-        k = tl.minimum(topk, n_valid)
-        thr, k_rem = _threshold(cand_key + base, n, k, n_valid, row_bad, kv_len, topk, SPLIT, TOPK_P2, CHUNK)
+        n_valid, nan, thr, k_rem = _select_passes(
+            cand_key, n, topk, row_bad, kv_len, base, prefix_row, counts_row, SPLIT, TOPK_P2, S_P2, S_LOG, CHUNK
+        )
     poison = row_bad | nan
 
     o_row = out + t * s_o_r
@@ -472,9 +656,9 @@ def mla_indexer_merge_kernel(
     if poison == 0:
         for c0 in range(0, n, CHUNK):
             c = c0 + offs
-            valid = _written(c, n, row_bad, kv_len, topk, SPLIT, TOPK_P2)
-            keys = tl.load(cand_key + base + c, mask=valid, other=0)
-            pos = tl.load(cand_pos + base + c, mask=valid, other=0)
+            idx, valid = _slots(c, n, row_bad, kv_len, topk, base, prefix_row, counts_row, SPLIT, TOPK_P2, S_P2, S_LOG)
+            keys = tl.load(cand_key + idx, mask=valid, other=0)
+            pos = tl.load(cand_pos + idx, mask=valid, other=0)
             eq = keys == thr
             eq_rank = eq_seen + tl.cumsum(eq.to(tl.int32), 0) - 1
             take = ((keys > thr) | (eq & (eq_rank < k_rem))) & (keys != 0)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from .. import _platform
-from ..kernels.indexer_topk import mla_indexer_merge_kernel, mla_indexer_split_topk_kernel
+from ..kernels.indexer_topk import mla_indexer_merge_kernel, mla_indexer_prefilter_kernel, mla_indexer_split_topk_kernel
 from ..mla_dims import FP8_DTYPES
 from ..reference.indexer_topk import SENTINEL, mla_indexer_topk_ref
 from ..triton_common import INT32_MAX
@@ -233,8 +233,13 @@ def _launch_triton(plan, q, weights, index_cache, block_table, req_ids, kv_lens,
     ws = torch.empty(need, dtype=torch.int32, device=q.device) if workspace is None else workspace
     n_stage = plan.stage_numel
     stage = ws[:n_stage]
+    bounds = counts = prefix = out  # unused unless prefiltered
     if plan.direct:
         cand_key = cand_pos = out  # unused (DIRECT never touches them)
+    elif plan.prefiltered:
+        parts = {k: ws[a : a + n] for k, (a, n) in plan.prefilter_layout().items()}
+        cand_key, cand_pos = stage, parts["positions"]
+        bounds, counts, prefix = parts["bounds"], parts["counts"], parts["prefix"]
     else:
         # The keys' view runs to the end: the merge's register-held read of the last row's slots
         # goes past its keys (into the positions and the read-ahead), all inside this view.
@@ -246,7 +251,7 @@ def _launch_triton(plan, q, weights, index_cache, block_table, req_ids, kv_lens,
     bt = block_table if block_table.numel() else kv_lens
     capacity = min(block_table.shape[1] * bs, INT32_MAX)
     mla_indexer_split_topk_kernel[plan.grid](
-        q, weights, cache, bt, req_ids, kv_lens, out, cand_key, cand_pos, stage,
+        q, weights, cache, bt, req_ids, kv_lens, out, cand_key, cand_pos, stage, bounds,
         T, S, plan.topk, bs, plan.page_shift, capacity, min(nb, INT32_MAX), block_table.shape[0],
         q.stride(0), q.stride(1), weights.stride(0), weights.stride(1), cache.stride(0),
         block_table.stride(0), req_ids.stride(0), kv_lens.stride(0), out.stride(0),
@@ -254,8 +259,14 @@ def _launch_triton(plan, q, weights, index_cache, block_table, req_ids, kv_lens,
     )  # fmt: skip
     if plan.direct:
         return
+    if plan.prefiltered:
+        mla_indexer_prefilter_kernel[(plan.items,)](
+            stage, bounds, counts, cand_pos, req_ids, kv_lens,
+            T, S, plan.topk, capacity, block_table.shape[0], req_ids.stride(0), kv_lens.stride(0),
+            **plan.prefilter_constexprs, **plan.prefilter_options,
+        )  # fmt: skip
     mla_indexer_merge_kernel[plan.merge_grid](
-        cand_key, cand_pos, req_ids, kv_lens, out,
+        cand_key, cand_pos, counts, prefix, req_ids, kv_lens, out,
         T, S, plan.topk, capacity, block_table.shape[0],
         req_ids.stride(0), kv_lens.stride(0), out.stride(0),
         **plan.merge_constexprs, **plan.merge_options,

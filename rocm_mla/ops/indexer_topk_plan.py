@@ -58,11 +58,12 @@ def _merge_register_slots(arch: str, merge: dict[str, Any]) -> int:
 
 def kernel_meta(
     arch: str, cfg: dict[str, Any], num_heads: int, split_keys: int, topk_p2: int, *, direct: bool, block_size: int,
-    shuffled: bool,
+    shuffled: bool, ranks: int = 0,
 ) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
     """``(constexprs, compile options)`` of the split kernel: the single place the op's launch and
     the ISA report's variants take them from. CHUNK, the keys a selection step reads from the
-    stage, is the merge's chunk (at least one key a thread, at most the split)."""
+    stage, is the merge's chunk (at least one key a thread, at most the split). ``ranks`` > 0:
+    the prefiltered form (each item writes that many bounds, no selection)."""
     threads = int(cfg["num_warps"]) * _wave(arch)
     consts = {
         "H": int(num_heads),
@@ -78,6 +79,7 @@ def kernel_meta(
         "STREAMS": int(cfg.get("key_streams", 1)),
         "CHUNK": max(threads, min(int(split_keys), triton.next_power_of_2(int(cfg["merge"]["chunk"])))),
         "SELECT_PACK": int(cfg.get("select_pack", 1)),
+        "RANKS": int(ranks),
     }
     options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **amd_options(cfg, arch)}
     if cfg.get("maxnreg") and not is_amd_arch(arch):
@@ -87,23 +89,53 @@ def kernel_meta(
 
 
 def merge_meta(
-    arch: str, cfg: dict[str, Any], split_keys: int, topk_p2: int, num_splits: int
+    arch: str, cfg: dict[str, Any], split_keys: int, topk_p2: int, num_splits: int, *, prefiltered: bool = False
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(constexprs, compile options)`` of the merge kernel. A row's num_splits x topk_p2 slots are
     held in registers (REG, with as many warps as that takes, up to MERGE_MAX_WARPS) when they
     fit the config's ``keys_per_thread`` (merge entry) a thread; longer rows take the chunked
-    passes (REG 0)."""
+    passes (REG 0). ``prefiltered``: the slots are the prefilter's kept keys, at most
+    ``prefilter_slots`` but for ties (a row with more takes the passes at run time)."""
     m = cfg["merge"]
     wave = _wave(arch)
-    slots = triton.next_power_of_2(num_splits * topk_p2)
+    s_p2 = triton.next_power_of_2(num_splits) if prefiltered else 0
+    if prefiltered:
+        slots = triton.next_power_of_2(prefilter_slots(topk_p2, split_keys, num_splits))
+    else:
+        slots = triton.next_power_of_2(num_splits * topk_p2)
     per_warp = _merge_register_slots(arch, m) // MERGE_MAX_WARPS
-    warps = int(m["num_warps"])
+    # Prefiltered: the most warps (fewer slots a thread: at 8 warps sm90's ptxas spills the gather).
+    warps = MERGE_MAX_WARPS if prefiltered else int(m["num_warps"])
     while warps < MERGE_MAX_WARPS and slots > warps * per_warp:
         warps *= 2
     # At least one slot a thread (the sums then see no replicated element).
     reg = max(slots, warps * wave) if slots <= warps * per_warp else 0
     chunk = max(int(m["chunk"]), warps * wave)
-    return {"SPLIT": int(split_keys), "TOPK_P2": int(topk_p2), "CHUNK": chunk, "REG": reg}, {"num_warps": warps}
+    consts = {"SPLIT": int(split_keys), "TOPK_P2": int(topk_p2), "CHUNK": chunk, "REG": reg}
+    return {**consts, "S_P2": s_p2, "S_LOG": s_p2.bit_length() - 1 if s_p2 else 0}, {"num_warps": warps}
+
+
+# The prefiltered form serves calls whose split-form items fill at most 1 / PREFILTER_FILL of the
+# grid's slots.
+PREFILTER_FILL = 4
+
+# Bounds a prefiltered item writes: its keys' 1st, 2nd, 4th, ... up to SPLIT-th largest, doubling
+# (mla_indexer_prefilter_kernel; ranks below 1 are 1).
+PREFILTER_RANKS = 8
+
+
+def prefilter_slots(topk_p2: int, split_keys: int, num_splits: int) -> int:
+    """The most keys a prefiltered row keeps, ties at its floor aside: a split keeps fewer than twice
+    the keys its bounds guarantee at the floor (fewer than its smallest rank when none reaches
+    it), and the floor guarantees fewer than topk + one bound's rank step (<= split_keys / 2)."""
+    rank0 = max(1, split_keys >> (PREFILTER_RANKS - 1))
+    return 2 * topk_p2 + split_keys + num_splits * rank0
+
+
+def prefilter_meta(cfg: dict[str, Any], split_keys: int, num_splits: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(constexprs, compile options)`` of the prefilter kernel (one program per item)."""
+    consts = {"SPLIT": int(split_keys), "RANKS": PREFILTER_RANKS, "S_P2": triton.next_power_of_2(num_splits)}
+    return consts, {"num_warps": int(cfg["num_warps"])}
 
 
 # The fields a config's "many_items" object may replace: the ones that leave every selection bit
@@ -157,6 +189,25 @@ def _with_many_items(cfg: dict, device, num_rows: int, max_kv_len: int, topk_p2:
     return cfg
 
 
+def _prefilter_split(cfg: dict, wave: int) -> int | None:
+    """The config's prefilter split size (``"prefilter": {"split_keys": n}``), or None without one;
+    n must be a power of two holding a key tile and one key a thread (ValueError)."""
+    pf = cfg.get("prefilter")
+    if pf is None:
+        return None
+    if not isinstance(pf, dict) or set(pf) != {"split_keys"}:
+        got = sorted(pf) if isinstance(pf, dict) else type(pf).__name__
+        raise ValueError(f"{OP}: config: expected prefilter an object of ['split_keys'], got {got}")
+    n = pf["split_keys"]
+    least = max(int(cfg["BLOCK_N"]), int(cfg["num_warps"]) * wave)
+    if not isinstance(n, int) or isinstance(n, bool) or n < least or n & (n - 1):
+        raise ValueError(
+            f"{OP}: config: expected prefilter split_keys a power of two >= {least} (BLOCK_N, one key a thread), "
+            f"got {n!r}"
+        )
+    return n
+
+
 @dataclass(frozen=True)
 class IndexerTopkPlan:
     """What one mla_indexer_topk call launches (``plan_indexer_topk`` makes it).
@@ -169,6 +220,13 @@ class IndexerTopkPlan:
     topk_p2]`` uint32 order keys, then the same of int32 positions) and the merge kernel
     (``merge_grid = (T,)``) writes ``out``. ``workspace_bytes`` counts both. A plan serves every
     call with the same sizes, dtypes, device and cache layout, e.g. every layer of a step.
+
+    ``prefiltered`` (calls whose items leave the grid's slots idle): splits of the config's
+    ``prefilter.split_keys`` keys, each item with its own stage row ``[T x num_splits,
+    split_keys]`` and ``ranks`` bounds; the prefilter kernel (``prefilter_grid = (T x
+    num_splits,)``) keeps each split's keys at or above its row's floor, and the merge selects
+    from them. Three launches; its items fit the grid's slots, so the workspace (stages, bounds,
+    positions, counts, the merge's prefix) is bounded by the GPU's size, not by T x context.
     """
 
     arch: str
@@ -190,23 +248,52 @@ class IndexerTopkPlan:
     merge_grid: tuple[int] | None
     merge_constexprs: dict[str, Any] | None
     merge_options: dict[str, Any] | None
+    ranks: int = 0
+    prefilter_constexprs: dict[str, Any] | None = None
+    prefilter_options: dict[str, Any] | None = None
 
     @property
     def direct(self) -> bool:
         return self.merge_grid is None
 
     @property
+    def prefiltered(self) -> bool:
+        return self.ranks > 0
+
+    @property
+    def items(self) -> int:
+        return self.num_rows * self.num_splits
+
+    @property
     def stage_numel(self) -> int:
-        """int32 elements of the programs' logit stages: grid x split_keys."""
-        return self.grid[0] * self.split_keys
+        """int32 elements of the logit stages: grid x split_keys (prefiltered: items x split_keys)."""
+        return (self.items if self.prefiltered else self.grid[0]) * self.split_keys
+
+    def prefilter_layout(self) -> dict[str, tuple[int, int]]:
+        """Prefiltered: ``{name: (start, numel)}`` of the workspace's parts after the stage (bounds,
+        positions, counts, the merge's prefix)."""
+        parts = {
+            "bounds": self.items * self.ranks,
+            "positions": self.items * self.split_keys,
+            "counts": self.items,
+            "prefix": self.num_rows * self.merge_constexprs["S_P2"],
+        }
+        out, at = {}, self.stage_numel
+        for name, numel in parts.items():
+            out[name] = (at, numel)
+            at += numel
+        return out
 
     @property
     def workspace_numel(self) -> int:
         """int32 elements of the workspace: the stages, then (more than one split) the candidates'
         keys and positions, then the merge's read-ahead (a row's register-held slots past the
-        last row's candidates)."""
+        last row's candidates); prefiltered: ``prefilter_layout``'s parts."""
         if self.direct:
             return self.stage_numel
+        if self.prefiltered:
+            start, numel = self.prefilter_layout()["prefix"]
+            return start + numel
         cands = 2 * self.num_rows * self.num_splits * self.topk_p2
         return self.stage_numel + cands + max(0, self.merge_constexprs["REG"] - self.num_splits * self.topk_p2)
 
@@ -216,7 +303,7 @@ class IndexerTopkPlan:
 
     @property
     def launches(self) -> int:
-        return 1 if self.direct else 2
+        return 1 if self.direct else 3 if self.prefiltered else 2
 
 
 def plan_indexer_topk(
@@ -286,15 +373,29 @@ def plan_indexer_topk(
     ):
         split_keys //= 2
     S = max(1, triton.cdiv(max_kv_len, split_keys))
-    direct = S == 1 and bool(cfg.get("direct", True))
+    # Items that leave most slots idle (at most 1 / PREFILTER_FILL of them busy): the prefiltered
+    # form, whose splits need not halve what they keep, takes the smallest split (from the
+    # config's prefilter size up) whose items fit the slots, where that cuts the rows finer.
+    # Where the split form's items fill half the slots it was the slower (docs/notes/indexer.md).
+    pf_split = _prefilter_split(cfg, wave)
+    ranks = 0
+    if pf_split is not None and num_rows * S * PREFILTER_FILL <= slots_target:
+        while num_rows * triton.cdiv(max_kv_len, pf_split) > slots_target:
+            pf_split *= 2
+        if pf_split < split_keys and max_kv_len > pf_split:
+            split_keys, S, ranks = pf_split, triton.cdiv(max_kv_len, pf_split), PREFILTER_RANKS
+    direct = S == 1 and bool(cfg.get("direct", True)) and not ranks
     pow2 = block_size & (block_size - 1) == 0
     consts, options = kernel_meta(
-        arch, cfg, num_heads, split_keys, topk_p2, direct=direct, block_size=block_size, shuffled=shuffled
-    )
-    m_grid = m_consts = m_options = None
+        arch, cfg, num_heads, split_keys, topk_p2, direct=direct, block_size=block_size, shuffled=shuffled,
+        ranks=ranks,
+    )  # fmt: skip
+    m_grid = m_consts = m_options = p_consts = p_options = None
     if not direct:
-        m_consts, m_options = merge_meta(arch, cfg, split_keys, topk_p2, S)
+        m_consts, m_options = merge_meta(arch, cfg, split_keys, topk_p2, S, prefiltered=ranks > 0)
         m_grid = (num_rows,)
+    if ranks:
+        p_consts, p_options = prefilter_meta(cfg, split_keys, S)
     return IndexerTopkPlan(
         arch=arch,
         num_rows=num_rows,
@@ -315,7 +416,13 @@ def plan_indexer_topk(
         merge_grid=m_grid,
         merge_constexprs=m_consts,
         merge_options=m_options,
+        ranks=ranks,
+        prefilter_constexprs=p_consts,
+        prefilter_options=p_options,
     )
 
 
-__all__ = ["OP", "INDEX_DIM", "INDEX_ROW_BYTES", "IndexerTopkPlan", "plan_indexer_topk", "kernel_meta", "merge_meta"]
+__all__ = [
+    "OP", "INDEX_DIM", "INDEX_ROW_BYTES", "IndexerTopkPlan", "plan_indexer_topk", "kernel_meta", "merge_meta",
+    "prefilter_meta",
+]  # fmt: skip

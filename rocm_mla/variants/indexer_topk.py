@@ -9,8 +9,8 @@ from __future__ import annotations
 import itertools
 
 from ..configs import config_for, platform_fp8_dtype
-from ..kernels.indexer_topk import mla_indexer_merge_kernel, mla_indexer_split_topk_kernel
-from ..ops.indexer_topk_plan import OP, kernel_meta, merge_meta
+from ..kernels.indexer_topk import mla_indexer_merge_kernel, mla_indexer_prefilter_kernel, mla_indexer_split_topk_kernel
+from ..ops.indexer_topk_plan import OP, PREFILTER_RANKS, kernel_meta, merge_meta, prefilter_meta
 from ..triton_common import amd_options, triton_type
 from .triton_variant import TritonVariant
 
@@ -24,7 +24,8 @@ _ONES = {"s_w_h": 1, "s_req": 1, "s_kl": 1}  # unit strides (Triton specialises 
 def triton_variants(arch: str) -> list[TritonVariant]:
     """What the op launches on ``arch`` with the models' sizes (topk 2048): H 64 (DeepSeek-V3.2) and
     32 (GLM-5.x), over the arch's fp8 kind, one split (direct, where the arch's config allows it)
-    and split + merge, vLLM's ROCm cache layout (shuffled, block 64) and the flat one of block 1."""
+    and split + merge, vLLM's ROCm cache layout (shuffled, block 64) and the flat one of block 1;
+    where the config has a prefilter, its three kernels for a 128K-key row."""
     fp8 = platform_fp8_dtype(arch)
     fname = triton_type(fp8)
     cfg = config_for(OP, arch)
@@ -33,20 +34,28 @@ def triton_variants(arch: str) -> list[TritonVariant]:
     out: list[TritonVariant] = []
     directs = (True, False) if cfg.get("direct", True) else (False,)
     # The config's own form (both layouts) and, where it has one, its many_items form (vLLM's layout).
-    forms = [(cfg, (True, False))]
+    # (form, layouts, split keys, ranks): the config's own (both layouts), its many_items form and
+    # its prefiltered form (vLLM's layout).
+    forms = [(cfg, (True, False), split_keys, 0)]
     if "many_items" in cfg:
-        forms.append(({**cfg, **cfg["many_items"]}, (True,)))
-    for (form, layouts), H, direct in itertools.product(forms, (64, 32), directs):
+        forms.append(({**cfg, **cfg["many_items"]}, (True,), split_keys, 0))
+    pf = cfg.get("prefilter")
+    if pf:
+        forms.append((cfg, (True,), int(pf["split_keys"]), PREFILTER_RANKS))
+    for (form, layouts, split, ranks), H, direct in itertools.product(forms, (64, 32), directs):
+        if ranks and direct:
+            continue
         for shuffled in layouts if H == 64 and direct == directs[0] else (True,):
             meta, options = kernel_meta(
                 arch,
                 form,
                 H,
-                split_keys,
+                split,
                 topk_p2,
                 direct=direct,
                 block_size=64 if shuffled else 1,
                 shuffled=shuffled,
+                ranks=ranks,
             )
             sig = {
                 "q": f"*{fname}",
@@ -59,15 +68,16 @@ def triton_variants(arch: str) -> list[TritonVariant]:
                 "cand_key": "*i32",
                 "cand_pos": "*i32",
                 "stage": "*i32",
+                "bounds": "*i32",
                 **{n: "i32" for n in _SPLIT_I32},
             }
             amd = "".join(f" {k[:4]}{v}" for k, v in amd_options(form, arch).items())
             pack = f" pack{meta['SELECT_PACK']}" if meta["SELECT_PACK"] > 1 else ""
             regs = f" maxnreg{options['maxnreg']}" if "maxnreg" in options else ""
             label = (
-                f"q={fname} H{H} topk{topk_p2} split{split_keys} N{meta['BLOCK_N']} w{options['num_warps']}"
+                f"q={fname} H{H} topk{topk_p2} split{split} N{meta['BLOCK_N']} w{options['num_warps']}"
                 f" s{options['num_stages']}{amd}{pack}{regs} {'shuffled' if shuffled else 'flat'} "
-                f"{'direct' if direct else 'split'}"
+                f"{'bounds' + str(ranks) if ranks else 'direct' if direct else 'split'}"
             )
             out.append(
                 TritonVariant(
@@ -89,6 +99,7 @@ def triton_variants(arch: str) -> list[TritonVariant]:
                         "cand_key",
                         "cand_pos",
                         "stage",
+                        "bounds",
                         "s_q_r",
                         "s_q_h",
                         "s_c_blk",
@@ -97,20 +108,27 @@ def triton_variants(arch: str) -> list[TritonVariant]:
                     ),  # fmt: skip
                 )
             )
-    # A 128K-token row (its slots held in registers) and a 1M-token one (the chunked passes).
-    for context in (1 << 17, 1 << 20):
-        m_consts, m_options = merge_meta(arch, cfg, split_keys, topk_p2, context // split_keys)
+    # A 128K-token row (its slots held in registers) and a 1M-token one (the chunked passes); the
+    # prefiltered merge of a 128K-token row (kept keys in registers, passes past them).
+    merges = [(split_keys, context // split_keys, False) for context in (1 << 17, 1 << 20)]
+    if pf:
+        merges.append((int(pf["split_keys"]), (1 << 17) // int(pf["split_keys"]), True))
+    for split, num_splits, prefiltered in merges:
+        m_consts, m_options = merge_meta(arch, cfg, split, topk_p2, num_splits, prefiltered=prefiltered)
         out.append(
             TritonVariant(
                 kernel=OP,
                 config=(
                     f"merge topk{topk_p2} chunk{m_consts['CHUNK']} w{m_options['num_warps']} "
                     f"{'registers' + str(m_consts['REG']) if m_consts['REG'] else 'passes'}"
+                    f"{' prefiltered S' + str(num_splits) if prefiltered else ''}"
                 ),
                 fn=mla_indexer_merge_kernel,
                 signature={
                     "cand_key": "*i32",
                     "cand_pos": "*i32",
+                    "counts": "*i32",
+                    "prefix": "*i32",
                     "req_ids": "*i32",
                     "kv_lens": "*i32",
                     "out": "*i32",
@@ -118,7 +136,31 @@ def triton_variants(arch: str) -> list[TritonVariant]:
                 },
                 constexprs={"s_req": 1, "s_kl": 1, **m_consts},
                 options=m_options,
-                divisible_by_16=("cand_key", "cand_pos", "req_ids", "kv_lens", "out", "s_o_r"),
+                divisible_by_16=("cand_key", "cand_pos", "counts", "prefix", "req_ids", "kv_lens", "out", "s_o_r"),
+            )
+        )
+    if pf:
+        p_consts, p_options = prefilter_meta(cfg, int(pf["split_keys"]), (1 << 17) // int(pf["split_keys"]))
+        out.append(
+            TritonVariant(
+                kernel=OP,
+                config=(
+                    f"prefilter split{p_consts['SPLIT']} ranks{p_consts['RANKS']} S{p_consts['S_P2']}"
+                    f" w{p_options['num_warps']}"
+                ),
+                fn=mla_indexer_prefilter_kernel,
+                signature={
+                    "stage": "*i32",
+                    "bounds": "*i32",
+                    "counts": "*i32",
+                    "cand_pos": "*i32",
+                    "req_ids": "*i32",
+                    "kv_lens": "*i32",
+                    **{n: "i32" for n in ("num_rows", "num_splits", "topk", "capacity", "num_reqs")},
+                },
+                constexprs={"s_req": 1, "s_kl": 1, **p_consts},
+                options=p_options,
+                divisible_by_16=("stage", "bounds", "counts", "cand_pos", "req_ids", "kv_lens"),
             )
         )
     return out

@@ -237,6 +237,67 @@ def test_many_items_only_where_items_outnumber_the_grid():
         )
 
 
+# The prefiltered form on any device: a grid of more slots than the items (programs_per_cu 64) and
+# prefilter splits of 128 keys (one key a thread), finer than the split form's (twice topk's power
+# of two, 256, for topk 100).
+PREFILTERED = {**SMALL, "split_keys": 512, "programs_per_cu": 64, "prefilter": {"split_keys": 128}}
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b == "triton"])
+def test_prefiltered_same_bits(backend):
+    """A call whose items leave slots idle takes the prefiltered form (bounds, floor, the kept keys'
+    merge): rows of many splits, rows shorter than a split and than topk, prefill rows give a valid
+    top-k with every entry written, bit for bit the split form's answer."""
+    shape = IndexerShape((700, 64, 65, 300, 129), (1, 2, 1, 3, 1), 16, topk=100, block=16)
+    case = make_inputs(shape, device=DEVICE, seed=21)
+    plan = case.plan(config=PREFILTERED)
+    assert plan.prefiltered and plan.split_keys == 128 and plan.num_splits >= 6 and plan.launches == 3
+    _run_and_check(case, backend=backend, config=PREFILTERED)
+    assert torch.equal(case.run(backend=backend, out=None, config=SMALL), case.out)
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b == "triton"])
+def test_prefiltered_ties_keep_every_key(backend):
+    """Every logit equal (weights 0, a deliberate tie): the floor keeps every key of a row, more than
+    the merge holds in registers for the 700-key row (its passes) and fewer for the others; the
+    answer is the first topk positions, as the split form gives."""
+    shape = IndexerShape((700, 300, 30), (1, 2, 1), 16, topk=100, block=16)
+    case = make_inputs(shape, device=DEVICE, seed=22)
+    case.weights.zero_()
+    plan = case.plan(config=PREFILTERED)
+    assert plan.prefiltered and 300 < plan.merge_constexprs["REG"] < 700
+    case.run(backend=backend, config=PREFILTERED)
+    for t, n in enumerate(shape.kv_lens()):
+        k = min(100, n)
+        assert case.out[t, :k].tolist() == list(range(k)) and bool((case.out[t, k:] == -1).all()), t
+    assert torch.equal(case.run(backend=backend, out=None, config=SMALL), case.out)
+
+
+def test_prefilter_only_where_items_leave_slots_idle():
+    """The prefiltered form serves a call whose items (at the split its rows give) fill at most a
+    quarter of the grid's slots (PREFILTER_FILL): its split is the smallest, from the config's
+    prefilter size up, whose items fit the slots, taken where that cuts the rows finer than the
+    split form and more than once. Other calls keep the split form. A bad prefilter object is
+    refused, naming it."""
+    kw = dict(num_heads=16, topk=2048, block_size=16, q_dtype=torch.float8_e4m3fn, device=DEVICE)
+    slots = num_compute_units(DEVICE)
+    cfg = {**SMALL, "split_keys": 8192, "programs_per_cu": 1, "prefilter": {"split_keys": 128}}
+    fits = plan_indexer_topk(num_rows=1, max_kv_len=128 * slots, config=cfg, **kw)
+    assert fits.prefiltered and fits.num_splits == slots and fits.split_keys == 128 and not fits.direct
+    assert fits.workspace_numel == fits.prefilter_layout()["prefix"][0] + fits.merge_constexprs["S_P2"]
+    wider = plan_indexer_topk(num_rows=1, max_kv_len=128 * slots + 1, config=cfg, **kw)
+    assert wider.prefiltered and wider.split_keys == 256 and wider.num_splits <= slots
+    # one split a row; the slots filled; more than a quarter filled; no finer split fits the slots
+    for rows, keys in ((1, 128), (slots, 8192), (slots // 4 + 1, 4096), (slots - 1, 4096)):
+        assert not plan_indexer_topk(num_rows=rows, max_kv_len=keys, config=cfg, **kw).prefiltered, (rows, keys)
+    for bad in ({"split_keys": 96}, {"split_keys": 64}, {"split_keys": 128, "ranks": 4}, 128):
+        raises_naming(
+            ValueError,
+            lambda: plan_indexer_topk(num_rows=1, max_kv_len=64, config={**SMALL, "prefilter": bad}, **kw),
+            "prefilter",
+        )
+
+
 @triton.jit
 def _both_selections(stage, n, topk, res, SPLIT: tl.constexpr, PACK: tl.constexpr):
     """(n_valid, nan, thr, k_rem) of the stage's first n keys from the register-held search, then
@@ -321,14 +382,41 @@ def test_gpu_packed_selection_same_bits(pack, maxnreg):
     from rocm_mla import _platform
     from rocm_mla.configs import config_for
 
-    cfg = {**config_for("mla_indexer_topk", _platform.device_arch(DEVICE)), "select_pack": pack, "maxnreg": maxnreg}
+    shipped = dict(config_for("mla_indexer_topk", _platform.device_arch(DEVICE)))
+    shipped.pop("prefilter", None)  # (its form has no selection of its own; tested apart)
+    cfg = {**shipped, "select_pack": pack, "maxnreg": maxnreg}
     shape = IndexerShape((20000, 9000, 1500, 3000), (1, 2, 1, 40), 64, topk=2048, block=64)
     case = make_inputs(shape, device=DEVICE, seed=pack)
     for kw in ({}, {"max_kv_len": 1 << 17}):
-        base = case.run(backend="triton", out=None, **kw).clone()
+        base = case.run(backend="triton", out=None, config=shipped, **kw).clone()
         assert torch.equal(case.run(backend="triton", out=None, config=cfg, **kw), base)
     # Rows of one split (direct where the arch's config has it), H 32.
     short = make_inputs(IndexerShape((4000, 3000, 2100), (1, 3, 1), 32, topk=2048, block=64), device=DEVICE, seed=9)
-    base = short.run(backend="triton", out=None, max_kv_len=4096).clone()
+    base = short.run(backend="triton", out=None, config=shipped, max_kv_len=4096).clone()
     assert short.plan(config=cfg, max_kv_len=4096).num_splits == 1
     assert torch.equal(short.run(backend="triton", out=None, config=cfg, max_kv_len=4096), base)
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU (CUDA or ROCm); none visible to torch")
+@pytest.mark.gpu
+def test_gpu_prefiltered_same_bits():
+    """The arch's prefiltered form (its config's prefilter, or 1024-key splits where it has none) at
+    the models' sizes, 2 MTP rows over 128K keys and a row of fewer keys than topk: bit for bit the
+    split form (the config without prefilter), a valid top-k against float64; with every logit
+    equal (weights 0) the kept keys overflow the merge's registers and the answer is still the
+    split form's, the first topk positions."""
+    from rocm_mla import _platform
+    from rocm_mla.configs import config_for
+
+    shipped = dict(config_for("mla_indexer_topk", _platform.device_arch(DEVICE)))
+    pf = shipped.pop("prefilter", {"split_keys": 1024})
+    case = make_inputs(IndexerShape((131072, 1500), (2, 1), 64, topk=2048, block=64), device=DEVICE, seed=7)
+    plan = case.plan(config={**shipped, "prefilter": pf})
+    assert plan.prefiltered and plan.num_splits >= 32
+    base = case.run(backend="triton", out=None, config=shipped).clone()
+    assert torch.equal(case.run(backend="triton", out=None, plan=plan), base)
+    assert check_indexer_topk(base, case.logits(3), 2048, rows=[0, 1, 2]) == ""
+    case.weights.zero_()
+    base = case.run(backend="triton", out=None, config=shipped).clone()
+    assert torch.equal(case.run(backend="triton", out=None, plan=plan), base)
+    assert base[0].tolist() == list(range(2048)) and bool((base[2, 1500:] == -1).all())

@@ -23,17 +23,26 @@ SHAPE = IndexerShape((300, 90, 40, 120, 70, 64, 33, 150), 1, 16, topk=32, block=
 
 
 # The launch forms a Triton call can take: the arch's own; small splits with a merge; tiles of one
-# page (a scalar page id a tile: BLOCK_N divides the block size); the merge's chunked passes.
+# page (a scalar page id a tile: BLOCK_N divides the block size); the merge's chunked passes; the
+# prefiltered form (its items fill fewer than the grid's slots).
 FORMS = {
     "default": None,
     "splits": SMALL,
     "page-tile": {**SMALL, "BLOCK_N": 16},
     "merge-passes": {**SMALL, "merge": {**SMALL["merge"], "keys_per_thread": 0}},
+    # one warp: prefilter splits of 32 keys, finer than the split form's (twice topk 32)
+    "prefiltered": {**SMALL, "num_warps": 1, "programs_per_cu": 64, "prefilter": {"split_keys": 32}},
 }
 
 
 def _config(backend, form: str):
     return {"config": FORMS[form]} if backend == "triton" and FORMS[form] else {}
+
+
+def test_prefiltered_form_is_taken():
+    """The "prefiltered" form's calls below do take it (the tests would otherwise run the split form)."""
+    for shape in (SHAPE, IndexerShape((300, 20), (1, 1), 16, topk=32, block=16)):
+        assert make_inputs(shape, device=DEVICE, seed=1).plan(config=FORMS["prefiltered"]).prefiltered
 
 
 def _poke_nan_scale(case, row_req: int, pos: int):
@@ -78,7 +87,8 @@ def test_bad_values_give_their_rows_the_sentinel(backend, form):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_table_entries_past_the_keys_are_never_read(backend):
+@pytest.mark.parametrize("form", ["splits", "prefiltered"])
+def test_table_entries_past_the_keys_are_never_read(backend, form):
     """Block-table entries past each row's last block hold -1, num_blocks or 2^31 - 1, and the spare
     pages are 0xFF (NaN scales): every row still exact, nothing read outside the guarded cache."""
     case = make_inputs(SHAPE, device=DEVICE, seed=13)
@@ -91,7 +101,7 @@ def test_table_entries_past_the_keys_are_never_read(backend):
         ]
     guarded = Guarded(tuple(case.index_cache.shape), torch.uint8, device=DEVICE, fill=case.index_cache, guard=4096)
     case.caches[0] = guarded.view
-    case.run(backend=backend, **_config(backend, "splits"))
+    case.run(backend=backend, **_config(backend, form))
     case.check()
     guarded.check("index_cache")
 

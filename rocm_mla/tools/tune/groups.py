@@ -408,7 +408,8 @@ def sparse_groups(t: TunerState, shapes: list[Shape]) -> list[Group]:
 
 
 # indexer: the grid around the shipped object, one knob at a time ("merge.chunk": the merge's
-# chunk); GPUs sweep the serving sizes, the CPU interpreter ("default") its own small ones.
+# chunk; "prefilter.split_keys": the prefiltered form's split, where the object has one); GPUs
+# sweep the serving sizes, the CPU interpreter ("default") its own small ones.
 INDEXER_GRID = (
     ("BLOCK_N", (32, 64, 128)),
     ("num_warps", (4, 8)),
@@ -418,6 +419,7 @@ INDEXER_GRID = (
     ("merge.chunk", (256, 1024, 2048)),
     ("waves_per_eu", (0, 2)),  # gfx9 only
     ("key_streams", (1, 2, 4)),  # NVIDIA only (on gfx9, 2 and 4 spill scalar registers: isa-report)
+    ("prefilter.split_keys", (512, 1024, 2048)),
 )
 INDEXER_GRID_INTERPRETER = (
     ("BLOCK_N", (32, 64)),
@@ -431,6 +433,8 @@ INDEXER_MAX_CANDIDATES = 14  # the default included
 def _indexer_set(p: dict, knob: str, v) -> dict:
     if knob == "merge.chunk":
         return {**p, "merge": {**p["merge"], "chunk": v}}
+    if knob == "prefilter.split_keys":
+        return {**p, "prefilter": {**p["prefilter"], "split_keys": v}}
     return {**p, knob: v}
 
 
@@ -459,9 +463,17 @@ def indexer_candidates(arch: str, p0: dict, topk_p2: int = 1) -> list[dict]:
     grid = [
         (k, vs)
         for k, vs in grid
-        if (k not in ("num_stages", "key_streams") or nv) and (k != "waves_per_eu" or (amd and k in p0))
+        if (k not in ("num_stages", "key_streams") or nv)
+        and (k != "waves_per_eu" or (amd and k in p0))
+        and (k != "prefilter.split_keys" or "prefilter" in p0)
     ]
-    cur = lambda p, k: p["merge"]["chunk"] if k == "merge.chunk" else p.get(k)  # noqa: E731
+    cur = lambda p, k: (  # noqa: E731
+        p["merge"]["chunk"]
+        if k == "merge.chunk"
+        else p["prefilter"]["split_keys"]
+        if k.startswith("prefilter")
+        else p.get(k)
+    )
     alts = [(k, [v for v in vs if v != cur(p0, k)]) for k, vs in grid]
     seen, out = {point_key(indexer_launch(arch, p0, topk_p2))}, []
     for r in range(max((len(a) for _, a in alts), default=0)):

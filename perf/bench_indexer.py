@@ -344,8 +344,8 @@ def plan_label(plan) -> str:
     c = plan.config
     pack = f" pack{c['select_pack']}" if c.get("select_pack", 1) > 1 else ""
     return (
-        f"S={plan.num_splits}x{plan.split_keys} N{c['BLOCK_N']} w{c['num_warps']} s{c['num_stages']}"
-        f" {c['programs_per_cu']}/CU{pack}"
+        f"S={plan.num_splits}x{plan.split_keys}{' prefiltered' if plan.prefiltered else ''} N{c['BLOCK_N']}"
+        f" w{c['num_warps']} s{c['num_stages']} {c['programs_per_cu']}/CU{pack}"
     )
 
 

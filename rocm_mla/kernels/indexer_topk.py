@@ -11,7 +11,10 @@ program scores one split of SPLIT keys into its own stage row of the workspace (
 grid, not by the rows or the context), holds the stage in registers to find the split's
 threshold, and keeps the split's top-k: with one split per row it writes the row's answer,
 otherwise the split's candidates (order keys and positions, ``[T, S, TOPK_P2]``), which
-``mla_indexer_merge_kernel`` reduces to the row's answer.
+``mla_indexer_merge_kernel`` reduces to the row's answer. Calls of few items take the prefiltered
+form: the split kernel (RANKS) keeps each item's order keys in a stage row of its own and writes
+rank bounds of them, ``mla_indexer_prefilter_kernel`` keeps each split's keys at or above its
+row's floor, and the merge selects among the kept keys.
 
 Selection is exact, on order keys (a float's bits mapped so that unsigned order is float order; 0
 marks "no key"): the k-th largest key is found bit by bit from the top (keep a bit while >= k keys

@@ -46,7 +46,8 @@ def mla_indexer_topk(
 
     The logits stream through registers, split by split; no ``[T, context]`` matrix is written
     (the workspace, for rows longer than one split, holds the splits' candidates:
-    ``plan.workspace_bytes`` = T x num_splits x topk_p2 x 8 bytes).
+    ``plan.workspace_bytes``, about T x num_splits x topk_p2 x 8 bytes, or, for calls of few rows
+    in the prefiltered form, about 8 bytes a key of the rows, bounded by the grid: docs/indexer.md).
 
     Args:
         q: ``[T, H, 128]`` float8_e4m3fn or float8_e4m3fnuz (H = 64 for DeepSeek-V3.2, 32 for
@@ -169,8 +170,7 @@ def mla_indexer_topk(
     if workspace is not None and workspace.numel() < plan.workspace_numel:
         c.fail(
             "workspace",
-            f"a contiguous int32 tensor of >= {plan.workspace_numel} elements "
-            f"(2 x T={T} x {plan.num_splits} splits x {plan.topk_p2})",
+            f"a contiguous int32 tensor of >= {plan.workspace_numel} elements (plan.workspace_numel)",
             f"{workspace.numel()} elements",
         )
     _launch_triton(plan, q, weights, index_cache, block_table, req_id_per_token, kv_lens, out, workspace)

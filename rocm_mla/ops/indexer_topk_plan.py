@@ -16,6 +16,10 @@ value is read, so a call can be captured in a CUDA/HIP graph).
     more: each live split writes its min(topk, keys) candidates (order key + position, 8 bytes
     each) into the workspace ``[T, num_splits, topk_p2]`` and the merge kernel (one program per
     row) reduces them;
+  * the prefiltered form, for calls whose items leave most of the grid idle (config
+    ``prefilter``): smaller splits, each writing rank bounds of its keys; the prefilter kernel
+    keeps each split's keys at or above its row's floor and the merge selects among them (three
+    launches; the items fit the grid, a stage row each);
   * each launch's grid, constexprs and compile options (``kernel_meta``; the ISA report compiles
     its variants from the same function).
 
@@ -333,8 +337,10 @@ def plan_indexer_topk(
         shuffled: the cache's values are stored in 16 x 16 tiles (rocm_mla/ops/indexer_cache.py).
         config: launch data replacing the configs' entry for the arch (tuning). Its
             ``many_items`` fields (select_pack, maxnreg, programs_per_cu) replace the object's own
-            when the call's (row, split) items outnumber ``programs_per_cu`` x CUs; the answer is
-            the same bit for bit either way.
+            when the call's (row, split) items outnumber ``programs_per_cu`` x CUs; its
+            ``prefilter`` (``{"split_keys": n}``) serves calls whose items fill at most
+            1 / PREFILTER_FILL of them (``IndexerTopkPlan.prefiltered``). The answer is the same
+            bit for bit whichever form a call takes.
     """
     for name, v in (("num_rows", num_rows), ("max_kv_len", max_kv_len)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:

@@ -105,8 +105,12 @@ SHAPES: dict[str, list[IndexerShape]] = {
     # The CPU interpreter: rows shorter than, equal to and longer than topk and one split.
     "tiny": [IndexerShape((70, 300), (1, 2), 32, topk=48, block=16)],
     "selfcheck": [IndexerShape((37, 200, 5), (2, 3, 1), 32, topk=40, block=16)],
-    # A config's acceptance check: several splits (long rows), prefill rows, odd lengths.
-    "verify": [IndexerShape((9000, 70, 2100), (1, 2, 40), 64, topk=2048, block=64)],
+    # A config's acceptance check: several splits (long rows), prefill rows, odd lengths; two MTP
+    # rows of 40000 keys, whose few items take the prefiltered form where the config has one.
+    "verify": [
+        IndexerShape((9000, 70, 2100), (1, 2, 40), 64, topk=2048, block=64),
+        IndexerShape((40000,), 2, 64, topk=2048, block=64),
+    ],
     # Odd sizes: H 1/8/24/64, blocks 1/16/64, topk 1/8/2048, one key, prefill rows, empty.
     "odd": [
         IndexerShape((1, 37), 1, H=1, topk=8, block=1),

@@ -140,6 +140,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "select_pack": INT,
         "maxnreg": INT,
         "many_items": {"select_pack": INT, "maxnreg": INT, "programs_per_cu": INT},
+        "prefilter": {"split_keys": INT},
         **AMD_OPTIONS,
     },
     "mla_prefill": {"backend_order": [BACKEND], "triton": _PREFILL, "triton_fp32": _PREFILL, "candidates": [_PREFILL]},

@@ -293,22 +293,29 @@ def check_indexer_topk(device: torch.device, backends: list[str]) -> list[CheckR
     """mla_indexer_topk on a small mixed batch: 3 requests (37, 200, 5 keys) with 2, 3 and 1 rows
     (causal), 32 heads, topk 40 (rows of fewer keys padded with -1), block 16 in vLLM's ROCm layout,
     shuffled page ids, every byte no request covers 0xFF (a NaN scale), q a slice of a wider
-    buffer; with the arch's splits and with 64-key splits (several per row, then the merge). The
-    answer must be a valid top-k of the float64 logits (tolerance: the float32 sums' rounding)."""
+    buffer; with the arch's splits, with 64-key splits (several per row, then the merge) and in the
+    prefiltered form (one-warp programs, 64-key prefilter splits: bounds, floor, the kept keys'
+    merge). The answer must be a valid top-k of the float64 logits (tolerance: the float32 sums'
+    rounding)."""
     op, rows = "mla_indexer_topk", []
     (shape,) = topk_cases.SHAPES["selfcheck"]
     head = f"T={shape.T} H={shape.H} topk={shape.topk} block={shape.block}"
     small = {"split_keys": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "merge": {"chunk": 64, "num_warps": 4}}
+    prefiltered = {**small, "split_keys": 1024, "num_warps": 1, "programs_per_cu": 64, "prefilter": {"split_keys": 64}}
     for backend in backends:
         if backend == "hip":
             continue  # mla_indexer_topk has no HIP kernel
-        runs = [({}, "splits=auto")] + ([({"config": small}, "splits of 64")] if backend == "triton" else [])
+        runs = [({}, "splits=auto")]
+        if backend == "triton":
+            runs += [({"config": small}, "splits of 64"), ({"config": prefiltered}, "prefiltered, splits of 64")]
         for kw, what in runs:
             case = f"{head} {what}"
             try:
                 inp = topk_cases.make_inputs(shape, device=device)
                 inp.run(backend=backend, **kw)
                 problem = inp.mismatch()
+                if kw.get("config") is prefiltered and not inp.plan(config=prefiltered).prefiltered:
+                    problem = "the call did not take the prefiltered form"
                 rows.append(CheckRow(op, backend, "fp8", case, 0.0, 0.0, not problem, problem))
             except Exception as exc:  # report, keep checking the rest
                 rows.append(_failed(op, backend, torch.float32, case, exc))

@@ -573,11 +573,12 @@ def _indexer_tuner(tmp_path, shapes: str, quick: bool = False, arch: str | None 
     return _op_tuner("indexer", tmp_path, shapes, quick, arch)
 
 
-@pytest.mark.parametrize("arch,count", [("sm90", 14), ("gfx942", 11), ("gfx950", 11), ("cpu", 6)])
+@pytest.mark.parametrize("arch,count", [("sm90", 14), ("gfx942", 13), ("gfx950", 13), ("cpu", 6)])
 def test_indexer_group_and_candidates(tmp_path, arch, count):
     """One group over every shape; its candidates are complete launch objects, the shipped one and
-    single-knob changes over the grid (num_stages and key_streams on NVIDIA, waves_per_eu on gfx9), each one a
-    distinct launch, at most 14 with the default; --quick keeps 4."""
+    single-knob changes over the grid (num_stages and key_streams on NVIDIA, waves_per_eu on gfx9, the
+    prefilter's split where the object has one), each one a distinct launch, at most 14 with the
+    default; --quick keeps 4."""
     from rocm_mla.tools.tune.groups import INDEXER_GRID, INDEXER_GRID_INTERPRETER, indexer_launch
     from rocm_mla.tools.tune.overlay import _obj_diff
 
@@ -601,6 +602,9 @@ def test_indexer_group_and_candidates(tmp_path, arch, count):
         if k == "merge":
             assert set(v) == {"chunk"} and v["chunk"] in grid["merge.chunk"]
             k = "merge.chunk"
+        elif k == "prefilter":
+            assert set(v) == {"split_keys"} and v["split_keys"] in grid["prefilter.split_keys"]
+            k = "prefilter.split_keys"
         else:
             assert v in grid[k]
         changed.add(k)
@@ -610,6 +614,7 @@ def test_indexer_group_and_candidates(tmp_path, arch, count):
     assert {"BLOCK_N", "num_warps", "split_keys", "merge.chunk"} <= changed
     assert ("programs_per_cu" in changed) == (arch != "cpu")
     assert ("key_streams" in changed) == (arch == "sm90")
+    assert ("prefilter.split_keys" in changed) == (arch != "cpu")
     if arch == "sm90":
         splits = sorted(p["split_keys"] for p in g.listed if p["split_keys"] != pkg["split_keys"])
         assert splits == [4096, 16384] and {p["num_stages"] for p in g.listed} == {2, 3, 4}

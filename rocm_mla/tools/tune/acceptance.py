@@ -48,7 +48,7 @@ def sync_or_raise(dev: torch.device) -> None:
 
 
 # The indexer's verification set: its cases' "verify" shapes on a GPU (topk 2048, several splits,
-# prefill rows, odd lengths); in the CPU interpreter, where those take about a minute a call, the
+# prefill rows, odd lengths, the prefiltered form); in the CPU interpreter, where those take about a minute a call, the
 # "selfcheck" set (odd lengths, prefill rows, several splits of the interpreter's configs).
 INDEXER_VERIFY = {"cuda": "verify", "cpu": "selfcheck"}
 

@@ -161,19 +161,19 @@ def _kth_largest(keys, k):
 
 
 @triton.jit
-def _rank_ranks(j, SPLIT: tl.constexpr, RANKS: tl.constexpr):
-    """The ranks of a prefiltered split's bounds: bound j is its max(1, SPLIT >> (RANKS - 1 - j))-th
-    largest key (doubling up to SPLIT, its smallest); j = -1 gives 0."""
+def _bound_rank(j, SPLIT: tl.constexpr, RANKS: tl.constexpr):
+    """The rank of a prefiltered split's bound j: its max(1, SPLIT >> (RANKS - 1 - j))-th largest key
+    (doubling up to SPLIT, its smallest); j = -1 gives 0."""
     r = tl.maximum(1, SPLIT >> tl.maximum(RANKS - 1 - j, 0))
     return tl.where(j < 0, 0, r)
 
 
 @triton.jit
 def _rank_bounds(keys, SPLIT: tl.constexpr, RANKS: tl.constexpr):
-    """[RANKS] uint32: bound j the ``_rank_ranks(j)``-th largest of the order keys ``keys`` (a
+    """[RANKS] uint32: bound j the ``_bound_rank(j)``-th largest of the order keys ``keys`` (a
     register tensor, 0 = no key), 0 when fewer keys are held; the RANKS searches run together,
     bit by bit from the top."""
-    rank = _rank_ranks(tl.arange(0, RANKS), SPLIT, RANKS)
+    rank = _bound_rank(tl.arange(0, RANKS), SPLIT, RANKS)
     thr = tl.zeros([RANKS], dtype=tl.uint32)
     for b in range(32):
         cand = thr | (tl.full([RANKS], 0x80000000, tl.uint32) >> (tl.zeros([RANKS], tl.uint32) + b))
@@ -390,8 +390,8 @@ def mla_indexer_split_topk_kernel(
     [0, n), the rest not written; the NaN key 0xFFFFFFFF in slot 0 marks a bad row.
 
     RANKS > 0 (prefiltered, ``mla_indexer_prefilter_kernel`` then the merge follow): stage is
-    ``[T x num_splits, SPLIT]``, a row per item, which keeps the item's order keys (0 past its
-    keys) for the prefilter, and ``bounds [T x num_splits, RANKS]`` gets the item's
+    ``[T x num_splits, SPLIT]``, a row per item, which keeps the item's order keys (its first n
+    words) for the prefilter, and ``bounds [T x num_splits, RANKS]`` gets the item's
     ``_rank_bounds`` (zeros for a split past the row's keys or a bad row); no selection here.
     """
     cand_key = cand_key.to(tl.pointer_type(tl.uint32))  # int32 workspaces holding uint32 keys
@@ -522,7 +522,7 @@ def mla_indexer_prefilter_kernel(
     """Program w = (row t, split s) of a prefiltered call, after ``mla_indexer_split_topk_kernel``
     (RANKS > 0) wrote every item's order keys (``stage [T x num_splits, SPLIT]``) and bounds.
 
-    The row's floor: split s's bound j says it holds at least ``_rank_ranks(j)`` keys at or above
+    The row's floor: split s's bound j says it holds at least ``_bound_rank(j)`` keys at or above
     it, so a value v has at least G(v) = sum over the row's bounds >= v of their rank increments
     keys at or above it; the floor is the largest v with G(v) >= k = min(topk, kv_len) (0 when
     none: every key stays), found bit by bit over the row's num_splits x RANKS bounds. Every key
@@ -542,7 +542,7 @@ def mla_indexer_prefilter_kernel(
     offs_b = tl.arange(0, S_P2 * RANKS)
     b = tl.load(bounds_u32 + t * num_splits * RANKS + offs_b, mask=offs_b < num_splits * RANKS, other=0)
     jb = offs_b % RANKS
-    weight = _rank_ranks(jb, SPLIT, RANKS) - _rank_ranks(jb - 1, SPLIT, RANKS)
+    weight = _bound_rank(jb, SPLIT, RANKS) - _bound_rank(jb - 1, SPLIT, RANKS)
     floor = tl.zeros([], dtype=tl.uint32)
     for bit in range(32):
         cand = floor | (tl.full([], 0x80000000, tl.uint32) >> (tl.zeros([], tl.uint32) + bit))

@@ -260,7 +260,7 @@ def _launch_triton(plan, q, weights, index_cache, block_table, req_ids, kv_lens,
     if plan.direct:
         return
     if plan.prefiltered:
-        mla_indexer_prefilter_kernel[(plan.items,)](
+        mla_indexer_prefilter_kernel[plan.prefilter_grid](
             stage, bounds, counts, cand_pos, req_ids, kv_lens,
             T, S, plan.topk, capacity, block_table.shape[0], req_ids.stride(0), kv_lens.stride(0),
             **plan.prefilter_constexprs, **plan.prefilter_options,

@@ -269,6 +269,11 @@ class IndexerTopkPlan:
         return self.num_rows * self.num_splits
 
     @property
+    def prefilter_grid(self) -> tuple[int]:
+        """Prefiltered: the prefilter kernel's grid, a program per (row, split) item."""
+        return (self.items,)
+
+    @property
     def stage_numel(self) -> int:
         """int32 elements of the logit stages: grid x split_keys (prefiltered: items x split_keys)."""
         return (self.items if self.prefiltered else self.grid[0]) * self.split_keys

@@ -13,7 +13,7 @@ from _util import DEVICE, HAS_GPU, backends, raises_naming
 import rocm_mla
 from rocm_mla.cases import indexer_topk as cases
 from rocm_mla.cases.indexer_topk import POISON_OUT, IndexerShape, make_inputs
-from rocm_mla.kernels.indexer_topk import _select_in_registers, _select_packed
+from rocm_mla.kernels.indexer_select import _select_in_registers, _select_packed
 from rocm_mla.ops.decode_plan import num_compute_units
 from rocm_mla.ops.indexer_topk_plan import plan_indexer_topk
 from rocm_mla.reference.indexer_topk import SENTINEL, check_indexer_topk

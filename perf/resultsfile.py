@@ -35,7 +35,8 @@ def append(path: str | os.PathLike, rows: list[dict[str, object]]) -> None:
     new = not path.exists() or path.stat().st_size == 0
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        # "\n" as the file's own rows end (csv's default "\r\n" would mix the two)
+        w = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
         if new:
             w.writeheader()
         for r in rows:

@@ -169,6 +169,7 @@ def test_splice_and_report_rewrite_only_the_block(tmp_path):
     readme.write_text(text)
     csv_path = tmp_path / "r.csv"
     resultsfile.append(csv_path, rows)
+    assert b"\r" not in csv_path.read_bytes()  # rows end as the repository's file's do
     spec = {**SPEC, "rows": SPEC["rows"][1:2]}
     assert readme_table.update(readme, resultsfile.read(csv_path), spec) == []
     got = readme.read_text()

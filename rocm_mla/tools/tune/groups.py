@@ -430,6 +430,14 @@ INDEXER_GRID_INTERPRETER = (
 INDEXER_MAX_CANDIDATES = 14  # the default included
 
 
+def _indexer_get(p: dict, knob: str):
+    if knob == "merge.chunk":
+        return p["merge"]["chunk"]
+    if knob == "prefilter.split_keys":
+        return p["prefilter"]["split_keys"]
+    return p.get(knob)
+
+
 def _indexer_set(p: dict, knob: str, v) -> dict:
     if knob == "merge.chunk":
         return {**p, "merge": {**p["merge"], "chunk": v}}
@@ -467,14 +475,7 @@ def indexer_candidates(arch: str, p0: dict, topk_p2: int = 1) -> list[dict]:
         and (k != "waves_per_eu" or (amd and k in p0))
         and (k != "prefilter.split_keys" or "prefilter" in p0)
     ]
-    cur = lambda p, k: (  # noqa: E731
-        p["merge"]["chunk"]
-        if k == "merge.chunk"
-        else p["prefilter"]["split_keys"]
-        if k.startswith("prefilter")
-        else p.get(k)
-    )
-    alts = [(k, [v for v in vs if v != cur(p0, k)]) for k, vs in grid]
+    alts = [(k, [v for v in vs if v != _indexer_get(p0, k)]) for k, vs in grid]
     seen, out = {point_key(indexer_launch(arch, p0, topk_p2))}, []
     for r in range(max((len(a) for _, a in alts), default=0)):
         for k, a in alts:

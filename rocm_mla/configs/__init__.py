@@ -5,7 +5,7 @@ an optional user overlay that ``rocm-mla tune`` writes.
 depending only on the ones before it:
 
 * ``tables``: the package's JSON per op and the per-vendor arch selection (``package_config``,
-  ``is_amd_arch``, ``is_nvidia_arch``, ``nvidia_sm``, the tuning spaces).
+  ``is_amd_arch``, ``is_nvidia_arch``, ``nvidia_sm``, ``wave_size``, the tuning spaces).
 * ``overlay``: the user's tuned overlay: the schema of every op's fields, validation
   (``validate_overlay``, the ``OverlayError`` family), the verification stamp, the files, the merge.
 * ``loader``: ``config_for`` (package data plus the verified overlay for exactly that arch, cached),
@@ -67,6 +67,7 @@ from .tables import (
     package_config,
     tune_candidates,
     tune_space,
+    wave_size,
 )
 
 __all__ = [
@@ -114,5 +115,6 @@ __all__ = [
     "stamp_problems",
     "tune_candidates",
     "tune_space",
+    "wave_size",
     "validate_overlay",
 ]

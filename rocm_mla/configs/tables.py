@@ -57,6 +57,12 @@ def is_amd_arch(arch: str) -> bool:
     return arch.startswith("gfx")
 
 
+def wave_size(arch: str) -> int:
+    """Lanes a wave (AMD gfx9: 64) or a warp (NVIDIA, and the CPU interpreter's Triton: 32) runs
+    together: what a Triton layout spreads a tensor's elements over, ``num_warps`` at a time."""
+    return 64 if is_amd_arch(arch) else 32
+
+
 def is_nvidia_arch(arch: str) -> bool:
     """True for an NVIDIA GPU arch key (``sm90``, ...)."""
     return arch.startswith("sm")

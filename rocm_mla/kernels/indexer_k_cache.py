@@ -55,7 +55,9 @@ def indexer_k_cache_write_kernel(
     in_map = rows < num_slot_rows  # the slot mapping's length: rows past it are padding
     slot = tl.load(slot_mapping + rows, mask=in_map, other=-1)
     ok = in_map & (slot >= 0) & (slot < num_slots)
-    slot = tl.where(ok, slot, 0)
+    # In range, so int32 (the wrapper bounds num_slots by 2^31 - 1): a 32-bit divide and modulo by
+    # block_size instead of a 64-bit divide routine on the one dependent chain of a decode step.
+    slot = tl.where(ok, slot, 0).to(tl.int32)
     d = tl.arange(0, HEAD_DIM)
     x = tl.load(k + rows.to(tl.int64)[:, None] * s_k_row + d[None, :] * s_k_dim, mask=ok[:, None], other=0.0)
     x = x.to(tl.float32)

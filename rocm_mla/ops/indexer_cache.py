@@ -17,7 +17,7 @@ import torch
 import triton
 
 from .. import _platform
-from ..configs import config_for
+from ..configs import config_for, wave_size
 from ..kernels.indexer_k_cache import indexer_k_cache_write_kernel
 from ..mla_dims import FP8_DTYPES, FP8_KV_CACHE_DTYPES
 from ..reference.indexer import (
@@ -31,9 +31,11 @@ from ..reference.indexer import (
 from ..triton_common import amd_options
 from ._checks import FLOAT_DTYPES, Checker, debug_enabled
 from ._dispatch import select
+from .decode_plan import num_compute_units
 from .rope_kv_write import _check_index_dtype, _debug_slots
 
 OP = "indexer_k_cache_write"  # config file, backend switch (ROCM_MLA_BACKEND_INDEXER_K_CACHE_WRITE)
+MAX_SLOTS = 2**31 - 1  # num_blocks x block_size: the kernel's slot arithmetic is 32-bit
 
 
 def vllm_rocm_shuffled(block_size: int) -> bool:
@@ -63,7 +65,8 @@ def indexer_k_cache_write(
             of it), written in place. Each block's ``block_size x 132`` bytes must be contiguous
             (``stride(2) == 1``, ``stride(1) == 132``); the block stride may be larger (a padded
             or interleaved allocation), a multiple of 4 bytes, and the start 4-byte aligned (the
-            scales are float32). block_size >= 1.
+            scales are float32). block_size >= 1; at most 2^31 - 1 slots (num_blocks x
+            block_size).
         slot_mapping: ``[S]`` int64, ``S <= T`` (vLLM pads T for CUDA graphs), unit stride;
             token t goes to block ``slot // block_size``, offset ``slot % block_size``. -1 (any
             negative slot), a slot ``>= num_blocks x block_size`` and tokens ``t >= S`` are not
@@ -132,6 +135,9 @@ def _check(c: Checker, k, index_cache, slot_mapping, scale_fmt, shuffled, kv_cac
     if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in FP8_KV_CACHE_DTYPES:
         c.fail("kv_cache_dtype", f"one of {', '.join(repr(n) for n in FP8_KV_CACHE_DTYPES)}", repr(kv_cache_dtype))
     shuffle = check_index_cache(c, index_cache, shuffled)
+    if index_cache.shape[0] * index_cache.shape[1] > MAX_SLOTS:
+        # The kernel divides slots in 32 bits (283 GB of cache at this bound).
+        c.fail("index_cache", "at most 2^31 - 1 slots (num_blocks x block_size)", tuple(index_cache.shape))
     fp8 = c.fp8_cache_kind(index_cache, kv_cache_dtype, name="index_cache")
     assert fp8 in FP8_DTYPES
     if scale_fmt not in SCALE_FORMATS:
@@ -190,16 +196,36 @@ def check_index_cache(c: Checker, index_cache, shuffled) -> bool:
     return shuffle
 
 
-def triton_meta(arch: str, *, fp8: torch.dtype, scale_fmt: str | None, shuffled: bool) -> tuple[dict, dict]:
+def launch_rows(arch: str, num_rows: int, num_cus: int) -> int:
+    """Key rows a program for a call of ``num_rows`` keys on ``num_cus`` CUs: the config's
+    ``rows_per_program`` while its grid covers the CUs, else halved until it does (down to one).
+    A decode step writes one key per request: spread over more programs, each thread of a program
+    holds fewer of the values its serial chain (slot, key row, amax, quantise, store) works on."""
+    rows = config_for(OP, arch)["triton"]["rows_per_program"]
+    while rows > 1 and triton.cdiv(num_rows, rows) < num_cus:
+        rows //= 2
+    return rows
+
+
+def triton_meta(
+    arch: str, *, fp8: torch.dtype, scale_fmt: str | None, shuffled: bool, rows: int | None = None
+) -> tuple[dict, dict]:
     """Constexprs and compile options of one Triton launch on ``arch`` for a cache of kind ``fp8``,
     scale format ``scale_fmt`` and value layout ``shuffled``: the single place the launch and the
     ISA report's variants (rocm_mla/variants/indexer_cache.py) take them from. ROWS: key rows per
-    program (configs/indexer_k_cache_write.json ``rows_per_program``, a power of two)."""
+    program, ``rows`` (:func:`launch_rows`; a power of two up to the config's) or the config's
+    ``rows_per_program``. The config's ``num_warps``, capped at one lane per value
+    (``ROWS x 128 / wave_size``): a tensor of fewer values than threads would be replicated."""
     cfg = config_for(OP, arch)["triton"]
-    options = {"num_warps": cfg["num_warps"], **amd_options(cfg, arch)}
+    full = cfg["rows_per_program"]
+    rows = full if rows is None else rows
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1 or rows > full or rows & (rows - 1):
+        raise ValueError(f"{OP}: rows: expected a power of two in [1, {full}] (rows_per_program), got {rows!r}")
+    warps = max(1, min(cfg["num_warps"], rows * INDEX_HEAD_DIM // wave_size(arch)))
+    options = {"num_warps": warps, **amd_options(cfg, arch)}
     return {
         "HEAD_DIM": INDEX_HEAD_DIM,
-        "ROWS": cfg["rows_per_program"],
+        "ROWS": rows,
         "FP8_MAX": INDEXER_FP8_MAX[fp8],
         "FNUZ": fp8 == torch.float8_e4m3fnuz,
         "UE8M0": scale_fmt == "ue8m0",
@@ -211,9 +237,9 @@ def triton_meta(arch: str, *, fp8: torch.dtype, scale_fmt: str | None, shuffled:
 def _launch_triton(k, index_cache, slot_mapping, fp8, scale_fmt, shuffled) -> None:
     S = slot_mapping.shape[0]
     nb, bs = index_cache.shape[0], index_cache.shape[1]
-    consts, options = triton_meta(
-        _platform.device_arch(index_cache.device), fp8=fp8, scale_fmt=scale_fmt, shuffled=shuffled
-    )
+    arch = _platform.device_arch(index_cache.device)
+    rows = launch_rows(arch, S, num_compute_units(index_cache.device))
+    consts, options = triton_meta(arch, fp8=fp8, scale_fmt=scale_fmt, shuffled=shuffled, rows=rows)
     cache = index_cache.view(torch.uint8)
     # An empty cache is never dereferenced (every slot is outside) but may carry a null pointer,
     # which the launcher rejects: a one-block stand-in.

@@ -36,18 +36,13 @@ import triton
 
 from .. import _platform
 from ..configs import config_for
-from ..configs.tables import is_amd_arch
+from ..configs.tables import is_amd_arch, wave_size
 from ..triton_common import amd_options
 from .decode_plan import num_compute_units
 
 OP = "mla_indexer_topk"
 INDEX_DIM = 128  # the indexer's key and query width (DeepSeek-V3.2, GLM-5.x)
 INDEX_ROW_BYTES = INDEX_DIM + 4  # fp8 values + one float32 scale
-
-
-def _wave(arch: str) -> int:
-    """Lanes per wave (AMD) / warp (NVIDIA, the CPU interpreter's Triton)."""
-    return 64 if is_amd_arch(arch) else 32
 
 
 # The most warps a merge program takes to hold a long row's slots in registers.
@@ -57,7 +52,7 @@ MERGE_MAX_WARPS = 16
 def _merge_register_slots(arch: str, merge: dict[str, Any]) -> int:
     """The most candidate slots of one row a merge program holds in registers: ``keys_per_thread``
     (the merge entry's, default 64) a thread of MERGE_MAX_WARPS warps."""
-    return MERGE_MAX_WARPS * _wave(arch) * int(merge.get("keys_per_thread", 64))
+    return MERGE_MAX_WARPS * wave_size(arch) * int(merge.get("keys_per_thread", 64))
 
 
 def kernel_meta(
@@ -68,7 +63,7 @@ def kernel_meta(
     the ISA report's variants take them from. CHUNK, the keys a selection step reads from the
     stage, is the merge's chunk (at least one key a thread, at most the split). ``ranks`` > 0:
     the prefiltered form (each item writes that many bounds, no selection)."""
-    threads = int(cfg["num_warps"]) * _wave(arch)
+    threads = int(cfg["num_warps"]) * wave_size(arch)
     consts = {
         "H": int(num_heads),
         "BLOCK_H": max(16, triton.next_power_of_2(int(num_heads))),
@@ -101,7 +96,7 @@ def merge_meta(
     passes (REG 0). ``prefiltered``: the slots are the prefilter's kept keys, at most
     ``prefilter_slots`` but for ties (a row with more takes the passes at run time)."""
     m = cfg["merge"]
-    wave = _wave(arch)
+    wave = wave_size(arch)
     s_p2 = triton.next_power_of_2(num_splits) if prefiltered else 0
     if prefiltered:
         slots = triton.next_power_of_2(prefilter_slots(topk_p2, split_keys, num_splits))
@@ -364,7 +359,7 @@ def plan_indexer_topk(
     cfg.setdefault("select_pack", 1)
     _check_fields(cfg)
     topk_p2 = triton.next_power_of_2(topk)
-    wave = _wave(arch)
+    wave = wave_size(arch)
     cfg = _with_many_items(cfg, device, num_rows, max_kv_len, topk_p2, wave)
     block_n, pack = int(cfg["BLOCK_N"]), cfg["select_pack"]
     threads = int(cfg["num_warps"]) * wave

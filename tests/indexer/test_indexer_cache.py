@@ -3,11 +3,13 @@ both fp8 kinds and both scale formats at block sizes 1/16/64; the reference agai
 (float64) and vLLM 0.34's layout rebuilt here from its own definitions (the shuffled writer's
 address arithmetic, its torch reader's unshuffle, the paged-logits reference's dequantisation);
 UE8M0 scales are powers of two; the default layout is vLLM's ROCm rule; strided keys; a NaN row;
-errors name the argument. Bad slots and zero sizes: test_indexer_cache_memory_safety.py."""
+errors name the argument; calls of few keys take fewer rows a program. Bad slots and zero sizes:
+test_indexer_cache_memory_safety.py."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import pytest
@@ -16,6 +18,8 @@ from _util import DEVICE, DTYPES, HAS_GPU, backends, raises_naming
 
 import rocm_mla
 from rocm_mla.cases import indexer_cache as cases
+from rocm_mla.configs import config_for
+from rocm_mla.ops.indexer_cache import OP, launch_rows, triton_meta
 from rocm_mla.reference.indexer import (
     INDEXER_FP8_MAX,
     index_cache_keys,
@@ -253,6 +257,25 @@ def test_platform_kind_is_the_default():
 # ---------------------------------------------------------------- errors
 
 
+def test_few_keys_take_fewer_rows_a_program():
+    """A call whose grid at the config's rows would leave CUs idle halves the rows a program until
+    it does not (a decode step's one key a request); the warps follow, one lane a value at most.
+    The odd shapes above run the one-row, two-row and config forms on the interpreter's 4 CUs."""
+    full = config_for(OP, "sm90")["triton"]["rows_per_program"]
+    assert full == 8  # the boundaries below: the first S whose grid at 2 / 4 / 8 rows covers 132 CUs
+    assert [launch_rows("sm90", S, 132) for S in (1, 64, 262, 263, 525, 1048, 1049)] == [
+        1, 1, 1, 2, 4, 4, full,
+    ]  # fmt: skip
+    assert launch_rows("gfx942", 304 * full, 304) == full
+    assert {launch_rows("cpu", s.T, 4) for s in cases.SHAPES["odd"] if s.T} >= {1, 2, full}
+    meta = functools.partial(triton_meta, fp8=E4M3FNUZ, scale_fmt="ue8m0", shuffled=True)
+    assert meta("gfx942", rows=1)[1]["num_warps"] == 2  # 128 values on 64-lane waves
+    assert meta("sm90", rows=1)[1]["num_warps"] == 4
+    assert meta("gfx942")[0]["ROWS"] == full
+    for bad in (0, 3, 2 * full, True, 1.0):
+        raises_naming(ValueError, lambda: meta("gfx942", rows=bad), "rows", "power of two")
+
+
 def test_errors_name_the_argument():
     c = case(cases.IndexerCacheShape(12, 16), seed=4)
     k, cache, slots = c.k, c.index_cache, c.slot_mapping
@@ -277,6 +300,8 @@ def test_errors_name_the_argument():
     odd = torch.zeros(3 * 16 * 132 + 1, dtype=torch.uint8, device=DEVICE)[1:].view(3, 16, 132)
     raises_naming(ValueError, lambda: op(k, odd, slots), "index_cache", "4-byte aligned")
     raises_naming(ValueError, lambda: op(k, cache[:, :0], slots[:0]), "index_cache", "block_size >= 1")
+    huge = torch.empty((2**24, 128, 132), dtype=torch.uint8, device="meta")  # 2^31 slots, no memory
+    raises_naming(ValueError, lambda: op(k, huge, slots), "index_cache", "2^31 - 1 slots", "(16777216, 128, 132)")
     # The cache over k's own bytes.
     buf = torch.zeros(4 * 16 * 132 // 2, dtype=F16, device=DEVICE)
     raises_naming(

@@ -453,7 +453,7 @@ def indexer_launch(arch: str, p: dict, topk_p2: int) -> dict:
     one candidate."""
     from triton import next_power_of_2
 
-    wave = 64 if C.is_amd_arch(arch) else 32
+    wave = C.wave_size(arch)
     split = max(next_power_of_2(int(p["split_keys"])), topk_p2, int(p["BLOCK_N"]), int(p["num_warps"]) * wave)
     m = p["merge"]
     chunk = max(next_power_of_2(int(m["chunk"])), int(m["num_warps"]) * wave)

@@ -14,8 +14,9 @@ A warm Triton cache hides it (the compile is skipped), which is how CI stayed gr
 
 ``install()`` gives the device-function call the same scoped patch the kernel launch has: the
 patches it makes are undone when it returns (innermost first, so an enclosing kernel's own
-patches stay until that kernel ends). It replaces the method only when the installed Triton has
-the leaking form (checked on its source), so a fixed Triton is left alone. ``leaked_patches()``
+patches stay until that kernel ends). It also makes the patch happen once a kernel launch rather
+than once a device-function call (``_patch_each_language_once``). It replaces the method only when
+the installed Triton has the leaking form (checked on its source), so a fixed Triton is left alone. ``leaked_patches()``
 lists builtins that are still patched, for a clear error before an AOT compile.
 """
 
@@ -73,7 +74,47 @@ def install() -> bool:
     setattr(__call__, _MARK, True)
     __call__.__doc__ = call.__doc__
     cls.__call__ = __call__
+    _patch_each_language_once(interp)
     return True
+
+
+def _patch_each_language_once(interp) -> None:
+    """Make ``_patch_lang`` patch only what is not patched yet.
+
+    Upstream patches every builtin of the modules a function's globals name on every call of every
+    ``@triton.jit`` function, through ``inspect.getmembers`` of each module: half the interpreter's
+    time in kernels that call helpers per tile. Here a kernel launch patches both
+    ``triton.language`` and ``triton.language.core`` (the two a kernel or a helper can name), and a
+    device-function call finds them patched and patches nothing; each scope still restores exactly
+    what it patched, innermost first. Left as it is when ``_patch_lang`` does not have the form
+    this relies on (it reads ``fn.__globals__`` and patches the modules named there).
+    """
+    import types
+
+    import triton.language as tl
+
+    original = getattr(interp, "_patch_lang", None)
+    if original is None or getattr(original, _MARK, False) or not hasattr(interp, "_LangPatchScope"):
+        return
+    try:
+        src = inspect.getsource(original)
+    except (OSError, TypeError):
+        return
+    if "fn.__globals__" not in src or "_patch_builtin" not in src:
+        return
+
+    def patched(lang) -> bool:
+        f = vars(lang).get("arange")
+        return inspect.isfunction(f) and f.__module__ == interp.__name__
+
+    def _patch_lang(fn):
+        todo = {name: lang for name, lang in (("tl", tl), ("core", tl.core)) if not patched(lang)}
+        if not todo:
+            return interp._LangPatchScope()
+        return original(types.SimpleNamespace(__globals__=todo))
+
+    setattr(_patch_lang, _MARK, True)
+    interp._patch_lang = _patch_lang
 
 
 def leaked_patches() -> list[str]:

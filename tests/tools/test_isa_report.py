@@ -217,6 +217,28 @@ def test_planted_hip_kernels(tmp_path):
 
 
 @needs_clang
+def test_hip_compile_is_kept_by_what_it_depends_on(tmp_path, monkeypatch):
+    """A translation unit compiled once is read back from ROCM_MLA_CACHE_DIR (the tests, the doctor
+    and the gfx950 report of one CI run share it); a changed source compiles again."""
+    monkeypatch.setenv("ROCM_MLA_CACHE_DIR", str(tmp_path / "cache"))
+    src = tmp_path / "planted.cu"
+    src.write_text(PLANTED_CU)
+    clang, real, compiles = hipc.find_clang("gfx942"), hipc.subprocess.run, []
+
+    def run(cmd, *a, **k):
+        compiles.extend([cmd] if "-S" in cmd else [])
+        return real(cmd, *a, **k)
+
+    monkeypatch.setattr(hipc.subprocess, "run", run)
+    first = hipc.compile_amdgcn(src, clang, "gfx942")
+    assert hipc.compile_amdgcn(src, clang, "gfx942") == first and len(compiles) == 1
+    assert list((tmp_path / "cache" / "amdgcn").glob("*.s"))
+    src.write_text(PLANTED_CU.replace("scratch_kernel", "scratch2_kernel"))
+    again = hipc.compile_amdgcn(src, clang, "gfx942")
+    assert len(compiles) == 2 and "scratch2_kernel" in again and "scratch2_kernel" not in first
+
+
+@needs_clang
 def test_hip_isa_sources_compile_clean_for_gfx942(tmp_path, capsys):
     """The real hip_src/isa/*.cu, through the CLI: every instantiation, no scratch, JSON out."""
     sources = hipc.isa_sources()
@@ -449,7 +471,7 @@ def test_aiter_mha_compiles_for_gfx942(tmp_path):
     not (Path(__file__).resolve().parents[2] / ".peers" / "aiter" / "aiter").is_dir(),
     reason="no .peers/aiter (bash perf/peers/get_aiter_peers.sh .peers/aiter; .ci/run fetches it)",
 )
-def test_decode_side_by_side_with_aiter_on_gfx942(tmp_path):
+def test_decode_side_by_side_with_aiter_on_gfx942():
     """aiter's MLA decode compiled for gfx942 with its MI300X config beside our decode tiers (a
     subprocess: the compiler needs @triton.jit without the interpreter these tests run with). Only
     the side-by-side's rows are compiled (every stage-1 config is the doctor's gfx942 report)."""
@@ -458,7 +480,6 @@ def test_decode_side_by_side_with_aiter_on_gfx942(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "tc")
     script = (
         "from rocm_mla.tools.isa_report.collect import collect\n"
         "from rocm_mla.tools.isa_report.peers import decode_side_by_side, side_by_side_variants\n"
@@ -498,7 +519,7 @@ def test_aiter_peers_take_their_mi350x_configs_on_gfx950():
     assert v950[0].options.get("kpack", 1) == 1
 
 
-def test_decode_tiers_view_compiles_both_arches(tmp_path):
+def test_decode_tiers_view_compiles_both_arches():
     """`rocm-mla isa-report --decode-tiers`: every default decode tier of gfx942 and gfx950 compiled and
     gated, with the KV loop per KV row (a subprocess: the decode kernel calls other @triton.jit
     helpers, which the interpreter these tests run with would have wrapped)."""
@@ -506,7 +527,6 @@ def test_decode_tiers_view_compiles_both_arches(tmp_path):
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "tc")
     p = subprocess.run(
         [sys.executable, "-m", "rocm_mla.tools.cli", "isa-report", "--decode-tiers", "-q"],
         cwd=Path(__file__).resolve().parents[2],

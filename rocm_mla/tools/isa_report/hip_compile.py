@@ -209,9 +209,13 @@ def compile_amdgcn(src: Path, clang: str, arch: str = "gfx942") -> str:
     (clang-22: the one Debian clang that knows gfx950) Debian's old HIP headers need
     ``_NEW_CLANG_PRELUDE``, and code object v5: that clang defaults to v6, whose ABI file
     (``oclc_abi_version_600.bc``) Debian's device libraries lack; the kernels' code and resource
-    figures do not depend on it.
+    figures do not depend on it. The text is kept in ``cache_dir()/amdgcn`` under
+    ``_compile_key``.
     """
     libs = device_lib_dir(clang, arch)
+    cached = cache_dir() / "amdgcn" / f"{_compile_key(src, clang, arch, libs)}.s"
+    if cached.is_file():
+        return cached.read_text()
     with tempfile.TemporaryDirectory(prefix="rocm_mla_hip_") as tmp:
         out = Path(tmp) / "k.s"
         extra: list[str] = []
@@ -238,7 +242,42 @@ def compile_amdgcn(src: Path, clang: str, arch: str = "gfx942") -> str:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"clang failed on {src.name}:\n{proc.stderr.strip()[-3000:]}")
-        return out.read_text()
+        text = out.read_text()
+    _keep(cached, text)
+    return text
+
+
+@functools.cache
+def _tool_version(tool: str) -> str:
+    return subprocess.run([tool, "--version"], capture_output=True, text=True).stdout
+
+
+def _compile_key(src: Path, clang: str, arch: str, libs: Path) -> str:
+    """What one compile's text depends on: the compiler (its path and version), the arch, the
+    device-library folder, the prelude, the translation unit and every file under hip_src/ (the
+    headers it includes). The same key is the same text, so a report, the tests and the doctor
+    in one CI run compile each translation unit once per arch."""
+    h = hashlib.sha256()
+    for part in (clang, _tool_version(clang), arch, str(libs), _NEW_CLANG_PRELUDE):
+        h.update(part.encode() + b"\0")
+    h.update(src.read_bytes())
+    root = hip_src_dir()
+    for f in sorted(root.rglob("*")) if root else []:
+        if f.is_file():
+            h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:24]
+
+
+def _keep(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all (a reader never sees half a file); a cache
+    that cannot be written is no error."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def compile_sm90(src: Path, nvcc: str) -> tuple[str, str]:

@@ -295,16 +295,26 @@ def measure(
 
 
 def compare(
-    *, num_heads: int = 16, dtype: torch.dtype = torch.float16, kv_cache_dtype: str = "auto", device=None
+    *,
+    num_heads: int = 16,
+    dtype: torch.dtype = torch.float16,
+    kv_cache_dtype: str = "auto",
+    device=None,
+    compositions: tuple[str, ...] = ("ROCM_MLA", "upstream-shaped"),
 ) -> dict:
-    """{(step, composition): counts} for the decode batch and the prefill-with-context batch."""
+    """{(step, composition): counts} for the decode batch and the prefill-with-context batch, for
+    each of ``compositions`` ("ROCM_MLA", "upstream-shaped")."""
     from rocm_mla.vllm.backend import RocmMLABackend
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    upstream = upstream_shaped_backend()
+    known = {"ROCM_MLA": lambda: RocmMLABackend, "upstream-shaped": upstream_shaped_backend}
+    unknown = [c for c in compositions if c not in known]
+    if unknown:
+        raise ValueError(f"compare: compositions: expected some of {', '.join(known)}, got {unknown}")
+    backends = [(label, known[label]()) for label in compositions]
     out = {}
     for step, batch in (("decode", DECODE_BATCH), ("prefill+context", PREFILL_BATCH)):
-        for label, backend in (("ROCM_MLA", RocmMLABackend), ("upstream-shaped", upstream)):
+        for label, backend in backends:
             out[(step, label)] = measure(
                 backend, batch, num_heads=num_heads, dtype=dtype, kv_cache_dtype=kv_cache_dtype, device=device
             )

@@ -68,7 +68,7 @@ def test_odd_sizes(shape, backend):
 def test_splits_and_merge(backend):
     """Rows of many splits (kv_len up to 11 x split_keys), rows of exactly one split, of fewer keys than
     topk, and prefill rows: a valid top-k, and bitwise the answer of one split a row."""
-    shape = IndexerShape((700, 64, 65, 300), (1, 2, 1, 30), 16, topk=40, block=16)
+    shape = IndexerShape((700, 64, 65, 300), (1, 2, 1, 6), 16, topk=40, block=16)
     case = make_inputs(shape, device=DEVICE, seed=2)
     _run_and_check(case, backend=backend, config=SMALL)
     # Each row's positions come in ascending order, then -1 (docs/indexer.md).

@@ -320,7 +320,7 @@ def test_presets_are_the_cases_shape_sets():
     assert tiny == [getattr(cases, mods.get(op, op)).SHAPES["tiny"][0] for op in ALL_OPS if op not in own]
     assert [s for s in parse_shapes("tiny") if s.op == "sparse"] == parse_shapes("sparse:B=2,ctx=64,N=16,K=32,block=16")
     assert [s for s in parse_shapes("tiny") if s.op == "indexer"] == parse_shapes(
-        "indexer:B=2,ctx=300,H=32,topk=48,block=16"
+        "indexer:B=1,ctx=300,H=32,topk=48,block=16"
     )
     with pytest.raises(ValueError, match="not expressible"):
         Shape.from_case("prefill", cases.prefill.SHAPES["verify"][0])  # uneven lengths: no B x L spec
@@ -655,7 +655,7 @@ def test_indexer_case_plans_once_per_config():
     assert case.check() == ""
     case.call(0)
     assert seen[0][0] is seen[1][0] and seen[0][1] is seen[1][1]
-    assert seen[0][0].num_splits == 2 and seen[0][1].numel() >= seen[0][0].workspace_numel
+    assert seen[0][0].num_splits >= 2 and seen[0][1].numel() >= seen[0][0].workspace_numel  # the merge runs
     other = {**C.package_config(INDEXER, "cpu"), "split_keys": 512}
     with C.override(INDEXER, "cpu", other):
         assert case.check() == ""

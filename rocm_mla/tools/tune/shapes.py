@@ -163,9 +163,9 @@ _OPS = (("prefill", "tune"), ("merge", "tune"), ("rope_kv_write", "tune"))
 # The CPU interpreter's sparse shape: rocm_mla.cases.sparse's "tiny" set has requests of uneven
 # lengths, which a spec cannot say; this is its uniform counterpart (2 requests, K 32, block 16).
 _SPARSE_TINY = Shape.make("sparse", B=2, ctx=64, N=16, K=32, block=16)
-# The same for rocm_mla.cases.indexer_topk's "tiny" set: 2 requests of 300 keys, one row each (two
-# splits of the interpreter's config, so the merge runs too), topk 48.
-_INDEXER_TINY = Shape.make("indexer", B=2, ctx=300, H=32, topk=48, block=16)
+# The same for rocm_mla.cases.indexer_topk's "tiny" set: one request of 300 keys, one row (several
+# splits on the interpreter's grid, so the merge runs too), topk 48.
+_INDEXER_TINY = Shape.make("indexer", B=1, ctx=300, H=32, topk=48, block=16)
 _TINY_OWN = {"sparse": _SPARSE_TINY, "indexer": _INDEXER_TINY}
 
 

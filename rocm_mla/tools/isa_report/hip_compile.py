@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from ... import env
+from ..files import write_text_atomic
 
 INSTALL_HINT = "run .ci/install_amd_toolchain.sh"
 
@@ -269,13 +270,9 @@ def _compile_key(src: Path, clang: str, arch: str, libs: Path) -> str:
 
 
 def _keep(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all (a reader never sees half a file); a cache
-    that cannot be written is no error."""
+    """Keep ``text`` at ``path`` for later compiles; a cache that cannot be written is no error."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        write_text_atomic(path, text)
     except OSError:
         pass
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 
 from rocm_mla import configs as C
 
+from ..files import write_text_atomic
 from .shapes import OP_KEYS
 
 
@@ -105,11 +105,7 @@ class OverlayWriter:
 
 def write_json(path: Path, data: dict) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename (a reader never sees half)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(data, indent=1) + "\n")
 
 
 def print_result_table(rows: dict[str, dict], log: Callable[[str], None] = print, title: str = "") -> None:

@@ -81,8 +81,8 @@ def install() -> bool:
 
 def _remember_np_dtypes(interp) -> None:
     """Make ``_get_np_dtype`` look its answer up instead of rebuilding its table of 17 numpy dtypes
-    on every call (tens of thousands of calls in a kernel's run: a tenth of the interpreter's time
-    in the prefill kernel). Same answers: each type's is the upstream function's, computed once."""
+    on every call (it runs for nearly every interpreted operation; docs/notes/gfx942-without-a-gpu.md).
+    Same answers: each type's is the upstream function's, computed once."""
     original = getattr(interp, "_get_np_dtype", None)
     if original is None or getattr(original, _MARK, False):
         return
@@ -105,8 +105,8 @@ def _patch_each_language_once(interp) -> None:
     """Make ``_patch_lang`` patch only what is not patched yet.
 
     Upstream patches every builtin of the modules a function's globals name on every call of every
-    ``@triton.jit`` function, through ``inspect.getmembers`` of each module: half the interpreter's
-    time in kernels that call helpers per tile. Here a kernel launch patches both
+    ``@triton.jit`` function, through ``inspect.getmembers`` of each module, which dominates kernels
+    that call helpers per tile (docs/notes/gfx942-without-a-gpu.md). Here a kernel launch patches both
     ``triton.language`` and ``triton.language.core`` (the two a kernel or a helper can name), and a
     device-function call finds them patched and patches nothing; each scope still restores exactly
     what it patched, innermost first. Left as it is when ``_patch_lang`` does not have the form

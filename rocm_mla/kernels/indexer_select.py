@@ -36,15 +36,25 @@ def _slots(
         idx = base + c
         valid = _written(c, n, row_bad, kv_len, topk, SPLIT, TOPK_P2)
     else:
-        valid = c < n
-        s = tl.zeros_like(c)
-        for i in tl.static_range(S_LOG):
-            step = S_P2 >> (i + 1)
-            s = tl.where(tl.load(prefix_row + s + (step - 1)) <= c, s + step, s)
-        end = tl.load(prefix_row + s)  # s < S_P2; for a valid slot end > c
-        cnt = tl.load(counts_row + s, mask=valid, other=0)
-        idx = base + s.to(tl.int64) * SPLIT + tl.where(valid, c - (end - cnt), 0)
+        rel, valid = _dense_slots(c, n, prefix_row, counts_row, SPLIT, S_P2, S_LOG)
+        idx = base + rel
     return idx, valid
+
+
+@triton.jit
+def _dense_slots(c, n, prefix_row, counts_row, SPLIT: tl.constexpr, S_P2: tl.constexpr, S_LOG: tl.constexpr):
+    """(offset from the row's base, int32; valid) of a prefiltered row's slots ``c`` (``_slots``):
+    split s holds ``counts_row[s]`` of the n dense slots at offset s x SPLIT; a binary search over
+    the counts' inclusive prefix ``prefix_row`` (S_P2 entries) finds a slot's split. A row's
+    splits x SPLIT keys fit int32 (its kv_len does)."""
+    valid = c < n
+    s = tl.zeros_like(c)
+    for i in tl.static_range(S_LOG):
+        step = S_P2 >> (i + 1)
+        s = tl.where(tl.load(prefix_row + s + (step - 1)) <= c, s + step, s)
+    end = tl.load(prefix_row + s)  # s < S_P2; for a valid slot end > c
+    cnt = tl.load(counts_row + s, mask=valid, other=0)
+    return s * SPLIT + tl.where(valid, c - (end - cnt), 0), valid
 
 
 @triton.jit

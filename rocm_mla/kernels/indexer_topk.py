@@ -35,6 +35,7 @@ import triton.language as tl
 
 from .indexer_select import (
     _bound_rank,
+    _dense_slots,
     _rank_bounds,
     _select_in_registers,
     _select_packed,
@@ -364,6 +365,81 @@ def mla_indexer_prefilter_kernel(
     tl.store(counts + w, tl.sum(take.to(tl.int32), axis=0))
 
 
+@triton.jit
+def _merge_held(
+    cand_key, cand_pos, o_row, n, topk, row_bad, base, prefix_row, counts_row, SPLIT: tl.constexpr,
+    REG: tl.constexpr, PER: tl.constexpr, S_P2: tl.constexpr, S_LOG: tl.constexpr,
+):  # fmt: skip
+    """(poison, taken) of a prefiltered row whose n <= REG kept keys are gathered into registers
+    once, through the prefix's search (``_dense_slots``): the threshold and the take both read
+    them there, so no chunked re-gather repeats that search. The same slots, order and answer as
+    ``_merge_chunked``.
+
+    Held as ``[PER, REG // PER]`` (PER = REG / the program's threads), column j the slots j x PER
+    .. j x PER + PER - 1, so that under the default layout a thread holds a whole column: the
+    slot-order scan is then a sum and a scan within each thread plus one scan of a value a thread
+    (a 1-D scan of PER values a thread, strided over the threads, takes 2-3x the registers and
+    spills on gfx942)."""
+    c = tl.arange(0, PER)[:, None] + tl.arange(0, REG // PER)[None, :] * PER
+    rel, valid = _dense_slots(c, n, prefix_row, counts_row, SPLIT, S_P2, S_LOG)
+    held = tl.load(cand_key + base + rel, mask=valid, other=0)
+    pos = tl.load(cand_pos + base + rel, mask=valid, other=0)  # read with the keys: no address kept
+    n_valid, nan, thr, k_rem = _select_in_registers(tl.reshape(held, [REG], can_reorder=True), topk)
+    poison = row_bad | nan
+    gt = (held > thr) & (held != 0)
+    eq = (held == thr) & (held != 0)
+    # A slot is taken when > thr or among the first k_rem == thr, so the taken up to it number
+    # gt + min(eq, k_rem): one scan counts both (16 bits each: REG < 2**16 slots).
+    tl.static_assert(REG < 65536)
+    x = eq.to(tl.int32) * 65536 + gt.to(tl.int32)
+    col = tl.sum(x, axis=0)
+    both = (tl.cumsum(col, 0) - col)[None, :] + tl.cumsum(x, 0)  # inclusive, in slot order
+    eq_incl = both >> 16
+    take = (gt | (eq & (eq_incl <= k_rem))) & (poison == 0)
+    slot = (both & 0xFFFF) + tl.minimum(eq_incl, k_rem) - 1
+    tl.store(o_row + slot, pos, mask=take)
+    return poison, tl.sum(tl.sum(take.to(tl.int32), axis=0), axis=0)
+
+
+@triton.jit
+def _merge_chunked(
+    cand_key, cand_pos, o_row, n, topk, row_bad, kv_len, base, prefix_row, counts_row, SPLIT: tl.constexpr,
+    TOPK_P2: tl.constexpr, CHUNK: tl.constexpr, REG: tl.constexpr, S_P2: tl.constexpr, S_LOG: tl.constexpr,
+):  # fmt: skip
+    """(poison, taken): the row's threshold (REG > 0, the split form: every slot held in
+    registers; else by passes over memory), then the taken candidates streamed in slot order,
+    CHUNK at a time, into out's row ``o_row``."""
+    if REG > 0:
+        offs_r = tl.arange(0, REG)
+        # Unmasked (the workspace holds REG slots past any row's start; a masked load of many
+        # elements a thread costs a lane mask apiece on AMD): slots not written count as no key.
+        held = tl.load(cand_key + base + offs_r)
+        held = tl.where(_written(offs_r, n, row_bad, kv_len, topk, SPLIT, TOPK_P2), held, 0)
+        n_valid, nan, thr, k_rem = _select_in_registers(held, topk)
+    else:
+        n_valid, nan, thr, k_rem = _select_passes(
+            cand_key, n, topk, row_bad, kv_len, base, prefix_row, counts_row, SPLIT, TOPK_P2, S_P2, S_LOG, CHUNK
+        )
+    poison = row_bad | nan
+    offs = tl.arange(0, CHUNK)
+    taken = tl.zeros([], dtype=tl.int32)
+    eq_seen = tl.zeros([], dtype=tl.int32)
+    if poison == 0:
+        for c0 in range(0, n, CHUNK):
+            c = c0 + offs
+            idx, valid = _slots(c, n, row_bad, kv_len, topk, base, prefix_row, counts_row, SPLIT, TOPK_P2, S_P2, S_LOG)
+            keys = tl.load(cand_key + idx, mask=valid, other=0)
+            pos = tl.load(cand_pos + idx, mask=valid, other=0)
+            eq = keys == thr
+            eq_rank = eq_seen + tl.cumsum(eq.to(tl.int32), 0) - 1
+            take = ((keys > thr) | (eq & (eq_rank < k_rem))) & (keys != 0)
+            slot = taken + tl.cumsum(take.to(tl.int32), 0) - 1
+            tl.store(o_row + slot, pos, mask=take)
+            taken += tl.sum(take.to(tl.int32), axis=0)
+            eq_seen += tl.sum(eq.to(tl.int32), axis=0)
+    return poison, taken
+
+
 @triton.jit(do_not_specialize=["num_rows", "num_splits", "topk", "capacity", "num_reqs"])
 def mla_indexer_merge_kernel(
     cand_key,
@@ -387,6 +463,7 @@ def mla_indexer_merge_kernel(
     REG: tl.constexpr,
     S_P2: tl.constexpr,
     S_LOG: tl.constexpr,
+    PER: tl.constexpr,
 ):
     """Program t: the top ``topk`` of row t's split candidates (``mla_indexer_split_topk_kernel``,
     its live splits only: cdiv(kv_len, SPLIT), one for a bad row); writes out[t] as the DIRECT
@@ -397,11 +474,11 @@ def mla_indexer_merge_kernel(
     Prefiltered (S_P2 = 2**S_LOG > 0, after ``mla_indexer_prefilter_kernel``): the candidates are
     the kept keys of each split (cand_key: the stage ``[T x num_splits, SPLIT]``, ``counts``
     of them at each row's front), their inclusive prefix goes to ``prefix [T, S_P2]``, and the
-    row's slots are dense over it (``_slots``): held in registers when they fit REG, else passes."""
+    row's slots are dense over it (``_slots``): held in registers when they fit REG, the take
+    then read from those registers too (``_merge_held``), else passes."""
     cand_key = cand_key.to(tl.pointer_type(tl.uint32))  # an int32 workspace holding uint32 keys
     t = tl.program_id(0).to(tl.int64)
     req, kv_len, row_bad = _row(req_ids, kv_lens, t, s_req, s_kl, num_reqs, capacity, num_splits * SPLIT)
-    offs = tl.arange(0, CHUNK)
     if S_P2 > 0:
         base = t * num_splits * SPLIT
         counts_row = counts + t * num_splits
@@ -418,45 +495,24 @@ def mla_indexer_merge_kernel(
         n = tl.where(row_bad, 1, tl.cdiv(tl.maximum(kv_len, 0), SPLIT)) * TOPK_P2
 
     # The NaN key (a bad row's mark or a NaN logit) is known before anything is written.
-    if (REG > 0) & (S_P2 == 0):  # every slot of the row in registers: the threshold without memory passes
-        offs_r = tl.arange(0, REG)
-        # Unmasked (the workspace holds REG slots past any row's start; a masked load of many
-        # elements a thread costs a lane mask apiece on AMD): slots not written count as no key.
-        held = tl.load(cand_key + base + offs_r)
-        held = tl.where(_written(offs_r, n, row_bad, kv_len, topk, SPLIT, TOPK_P2), held, 0)
-        n_valid, nan, thr, k_rem = _select_in_registers(held, topk)
-    elif REG > 0:
-        if n <= REG:  # the kept keys in registers (the usual case), gathered through the prefix
-            idx, valid = _slots(
-                tl.arange(0, REG), n, row_bad, kv_len, topk, base, prefix_row, counts_row, SPLIT, TOPK_P2, S_P2, S_LOG
-            )
-            n_valid, nan, thr, k_rem = _select_in_registers(tl.load(cand_key + idx, mask=valid, other=0), topk)
-        else:
-            n_valid, nan, thr, k_rem = _select_passes(
-                cand_key, n, topk, row_bad, kv_len, base, prefix_row, counts_row, SPLIT, TOPK_P2, S_P2, S_LOG, CHUNK
-            )
-    else:
-        n_valid, nan, thr, k_rem = _select_passes(
-            cand_key, n, topk, row_bad, kv_len, base, prefix_row, counts_row, SPLIT, TOPK_P2, S_P2, S_LOG, CHUNK
-        )
-    poison = row_bad | nan
-
     o_row = out + t * s_o_r
-    taken = tl.zeros([], dtype=tl.int32)
-    eq_seen = tl.zeros([], dtype=tl.int32)
-    if poison == 0:
-        for c0 in range(0, n, CHUNK):
-            c = c0 + offs
-            idx, valid = _slots(c, n, row_bad, kv_len, topk, base, prefix_row, counts_row, SPLIT, TOPK_P2, S_P2, S_LOG)
-            keys = tl.load(cand_key + idx, mask=valid, other=0)
-            pos = tl.load(cand_pos + idx, mask=valid, other=0)
-            eq = keys == thr
-            eq_rank = eq_seen + tl.cumsum(eq.to(tl.int32), 0) - 1
-            take = ((keys > thr) | (eq & (eq_rank < k_rem))) & (keys != 0)
-            slot = taken + tl.cumsum(take.to(tl.int32), 0) - 1
-            tl.store(o_row + slot, pos, mask=take)
-            taken += tl.sum(take.to(tl.int32), axis=0)
-            eq_seen += tl.sum(eq.to(tl.int32), axis=0)
+    if (REG > 0) & (S_P2 > 0):
+        if n <= REG:  # the usual prefiltered row: its kept keys fit the registers
+            poison, taken = _merge_held(
+                cand_key, cand_pos, o_row, n, topk, row_bad, base, prefix_row, counts_row, SPLIT, REG, PER, S_P2,
+                S_LOG,
+            )  # fmt: skip
+        else:  # ties at the floor kept more keys than the registers hold
+            poison, taken = _merge_chunked(
+                cand_key, cand_pos, o_row, n, topk, row_bad, kv_len, base, prefix_row, counts_row, SPLIT, TOPK_P2,
+                CHUNK, 0, S_P2, S_LOG,
+            )  # fmt: skip
+    else:
+        poison, taken = _merge_chunked(
+            cand_key, cand_pos, o_row, n, topk, row_bad, kv_len, base, prefix_row, counts_row, SPLIT, TOPK_P2,
+            CHUNK, REG, S_P2, S_LOG,
+        )  # fmt: skip
+    offs = tl.arange(0, CHUNK)
     fill = tl.where(poison, -2, -1)
     for j0 in range(0, topk, CHUNK):
         j = j0 + offs

@@ -110,8 +110,16 @@ def merge_meta(
     # At least one slot a thread (the sums then see no replicated element).
     reg = max(slots, warps * wave) if slots <= warps * per_warp else 0
     chunk = max(int(m["chunk"]), warps * wave)
+    if prefiltered:  # its take counts slots in 16 bits
+        reg = reg if reg < 1 << 16 else 0
+    # PER: the prefiltered take's held slots a thread (the kernel's [PER, REG / PER] columns)
     consts = {"SPLIT": int(split_keys), "TOPK_P2": int(topk_p2), "CHUNK": chunk, "REG": reg}
-    return {**consts, "S_P2": s_p2, "S_LOG": s_p2.bit_length() - 1 if s_p2 else 0}, {"num_warps": warps}
+    consts["PER"] = max(1, reg // (warps * wave)) if prefiltered else 1
+    options = {"num_warps": warps}
+    if prefiltered and not is_amd_arch(arch):
+        # ptxas otherwise keeps 64 registers a thread at 16 warps and spills the held slots
+        options["maxnreg"] = 65536 // (warps * wave)
+    return {**consts, "S_P2": s_p2, "S_LOG": s_p2.bit_length() - 1 if s_p2 else 0}, options
 
 
 # The prefiltered form serves calls whose split-form items fill at most 1 / PREFILTER_FILL of the

@@ -257,6 +257,26 @@ def test_prefiltered_same_bits(backend):
 
 
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b == "triton"])
+def test_prefiltered_merge_holds_slots_a_thread(backend):
+    """A prefiltered merge holding several slots a thread (PER > 1: the kernel's column-wise take)
+    gives the split form's answer bit for bit, with random logits and with every logit equal (the
+    1300-key row then keeps all its keys, fewer than the registers hold, and takes the first topk
+    of the tie)."""
+    shape = IndexerShape((1300, 64), (1, 1), 16, topk=300, block=16)
+    case = make_inputs(shape, device=DEVICE, seed=23)
+    plan = case.plan(config=PREFILTERED)
+    assert plan.prefiltered and plan.merge_constexprs["PER"] > 1 and plan.merge_constexprs["REG"] > 1300
+    _run_and_check(case, backend=backend, config=PREFILTERED)
+    assert torch.equal(case.run(backend=backend, out=None, config=SMALL), case.out)
+    case.weights.zero_()
+    case.run(backend=backend, config=PREFILTERED)
+    for t, n in enumerate(shape.kv_lens()):
+        k = min(300, n)
+        assert case.out[t, :k].tolist() == list(range(k)) and bool((case.out[t, k:] == -1).all()), t
+    assert torch.equal(case.run(backend=backend, out=None, config=SMALL), case.out)
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b == "triton"])
 def test_prefiltered_ties_keep_every_key(backend):
     """Every logit equal (weights 0, a deliberate tie): the floor keeps every key of a row, more than
     the merge holds in registers for the 700-key row (its passes) and fewer for the others; the

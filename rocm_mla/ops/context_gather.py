@@ -24,7 +24,7 @@ import triton
 from .. import _platform
 from ..configs import config_for
 from ..kernels.context_gather import context_gather_kernel
-from ..mla_dims import FP8_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
+from ..mla_dims import FP8_DTYPES, FP8_KV_CACHE_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from ..reference.context_gather import context_gather_ref
 from ..triton_common import amd_options
 from ._checks import FLOAT_DTYPES, Checker
@@ -33,6 +33,8 @@ from ._dispatch import select
 OP = "context_gather"  # config file, backend switch (ROCM_MLA_BACKEND_CONTEXT_GATHER)
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
+# The kv_cache_dtype names the op takes (vLLM's CacheDType values for an MLA cache, as plan_decode).
+_KV_CACHE_DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32", *FP8_KV_CACHE_DTYPES)
 
 
 def gather_context_chunk(
@@ -44,6 +46,7 @@ def gather_context_chunk(
     dst: torch.Tensor,
     *,
     k_scale: torch.Tensor | None = None,
+    kv_cache_dtype: str = "auto",
     backend: str | None = None,
 ) -> torch.Tensor:
     """Gather ``dst.shape[0]`` context rows of one chunk from the paged cache into ``dst``.
@@ -51,8 +54,9 @@ def gather_context_chunk(
     Args:
         kv_cache: ``[num_blocks, block_size, 576]`` (rows ``[kv_c (512) | k_pe (64)]``), any block
             and token strides, last dim contiguous; float32/float16/bfloat16, or an fp8 cache
-            (float8_e4m3fn / float8_e4m3fnuz: the uint8 storage viewed as the platform's kind, as
-            vLLM's ``forward_impl`` hands it), dequantised with ``k_scale``. block_size >= 1.
+            dequantised with ``k_scale``: float8_e4m3fn / float8_e4m3fnuz, or uint8 storage (vLLM's
+            cache tensor as it is allocated) with an fp8 ``kv_cache_dtype``, read as the kind
+            that name gives (the same bytes, the same result as the float8 view). block_size >= 1.
         block_table: ``[R, max_blocks]`` int32/int64, the chunk's requests' rows of the table
             (e.g. ``block_table[chunk.request_slice]``), column stride 1.
         cu_seq_lens: ``[R + 1]`` int32/int64, the chunk's context rows per request, cumulative.
@@ -63,6 +67,12 @@ def gather_context_chunk(
             stride, last dim contiguous; every element is written. It may not overlap any input.
         k_scale: one-element float32 tensor, fp8 caches only (ignored otherwise); read on the
             device: no host sync.
+        kv_cache_dtype: vLLM's name of the cache's dtype: ``"auto"`` (the tensor's own dtype;
+            float8 included), ``"bfloat16"`` / ``"float16"`` / ``"float32"`` (the tensor's dtype
+            must be that one), or an fp8 name (``"fp8"``, ``"fp8_e4m3"``: the platform's E4M3 kind,
+            configs/platform.json, e4m3fnuz on gfx942 and e4m3fn elsewhere; ``"fp8_e4m3fn"``,
+            ``"fp8_e4m3fnuz"``: that kind) for a uint8 or float8 cache (a float8 cache must be the
+            kind a kind-naming name gives). A uint8 cache needs an fp8 name (mla_decode's rule).
         backend: ``"triton"`` or ``"reference"`` to force one (there is no HIP kernel; default:
             Triton on a GPU or under the interpreter, else the reference; see
             ``rocm_mla.ops._dispatch``).
@@ -85,21 +95,48 @@ def gather_context_chunk(
         TypeError / ValueError naming the argument, what was expected and what came.
     """
     c = Checker(OP)
-    fp8 = _check(c, kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale)
+    fp8 = _check(c, kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale, kv_cache_dtype)
     impl = select(OP, dst.device, backend, has_hip=False)
     if dst.shape[0] == 0:
         return dst
-    _run(impl, kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale if fp8 else None)
+    kv = kv_cache.view(fp8) if fp8 is not None and kv_cache.dtype != fp8 else kv_cache
+    _run(impl, kv, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale if fp8 is not None else None)
     return dst
 
 
-def _check(c: Checker, kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale) -> bool:
-    """Validate the arguments; returns True for an fp8 cache."""
+def _cache_kind(c: Checker, kv_cache: torch.Tensor, kv_cache_dtype: object) -> torch.dtype | None:
+    """The FP8 kind the kernel reads the cache as (uint8 storage viewed as the kind its fp8
+    ``kv_cache_dtype`` names, ``Checker.fp8_cache_kind``), or None for a 16/32-bit cache."""
+    if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in _KV_CACHE_DTYPE_NAMES:
+        c.fail("kv_cache_dtype", f"one of {', '.join(map(repr, _KV_CACHE_DTYPE_NAMES))}", repr(kv_cache_dtype))
+    if kv_cache_dtype in FP8_KV_CACHE_DTYPES:
+        return c.fp8_cache_kind(kv_cache, kv_cache_dtype)
+    dt = kv_cache.dtype
+    got = str(dt).replace("torch.", "")
+    if dt == torch.uint8:
+        names = ", ".join(map(repr, FP8_KV_CACHE_DTYPES))
+        c.fail(
+            "kv_cache",
+            f"uint8 storage with an fp8 kv_cache_dtype ({names})",
+            f"uint8 (kv_cache_dtype={kv_cache_dtype!r})",
+            TypeError,
+        )
+    c.tensor("kv_cache", kv_cache, layout="[num_blocks, block_size, 576]", dtypes=FLOAT_DTYPES + FP8_DTYPES)
+    if kv_cache_dtype != "auto" and got != kv_cache_dtype:
+        c.fail("kv_cache", f"dtype {kv_cache_dtype} (kv_cache_dtype={kv_cache_dtype!r})", got, TypeError)
+    return dt if dt in FP8_DTYPES else None
+
+
+def _check(
+    c: Checker, kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale, kv_cache_dtype
+) -> torch.dtype | None:
+    """Validate the arguments; returns the FP8 kind of an fp8 cache (None for 16/32-bit ones)."""
     c.tensor("dst", dst, ndim=2, layout="[T, 576]", dtypes=FLOAT_DTYPES)
     T = dst.shape[0]
     if dst.shape[1] != KV_ROW_DIM:
         c.fail("dst", f"shape [T, 576] = (*, {KV_ROW_DIM})", tuple(dst.shape))
-    c.tensor("kv_cache", kv_cache, ndim=3, layout="[num_blocks, block_size, 576]", dtypes=FLOAT_DTYPES + FP8_DTYPES)
+    c.tensor("kv_cache", kv_cache, ndim=3, layout="[num_blocks, block_size, 576]")
+    fp8 = _cache_kind(c, kv_cache, kv_cache_dtype)
     if kv_cache.shape[2] != KV_ROW_DIM:
         c.fail("kv_cache", f"shape [num_blocks, block_size, 576] = (*, *, {KV_ROW_DIM})", tuple(kv_cache.shape))
     if kv_cache.shape[1] < 1:
@@ -123,8 +160,7 @@ def _check(c: Checker, kv_cache, block_table, cu_seq_lens, starts, token_to_seq,
     ):
         if x.shape[dim] > 1 and x.stride(dim) != 1:
             c.fail(name, f"stride 1 in dim {dim}", f"strides {x.stride()}")
-    fp8 = kv_cache.dtype in FP8_DTYPES
-    if fp8:
+    if fp8 is not None:
         c.fp8_scale("k_scale", k_scale)
     c.same_device(
         dst=dst,
@@ -133,7 +169,7 @@ def _check(c: Checker, kv_cache, block_table, cu_seq_lens, starts, token_to_seq,
         cu_seq_lens=cu_seq_lens,
         starts=starts,
         token_to_seq=token_to_seq,
-        k_scale=k_scale if fp8 else None,
+        k_scale=k_scale if fp8 is not None else None,
     )
     c.writable("dst", dst)
     c.no_overlap(
@@ -144,7 +180,7 @@ def _check(c: Checker, kv_cache, block_table, cu_seq_lens, starts, token_to_seq,
             "cu_seq_lens": cu_seq_lens,
             "starts": starts,
             "token_to_seq": token_to_seq,
-            "k_scale": k_scale if fp8 else None,
+            "k_scale": k_scale if fp8 is not None else None,
         },
     )
     return fp8

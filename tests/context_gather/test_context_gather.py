@@ -12,8 +12,19 @@ import torch
 from _util import DEVICE, DTYPES, HAS_GPU, backends, raises_naming
 from gather_case import by_definition
 
-from rocm_mla.cases import SENTINEL, Guarded, compare, context_gather, generator, outside_untouched, poisoned, raise_on
+from rocm_mla.cases import (
+    SENTINEL,
+    Guarded,
+    compare,
+    context_gather,
+    generator,
+    outside_untouched,
+    platform_fp8,
+    poisoned,
+    raise_on,
+)
 from rocm_mla.cases.context_gather import ChunkShape
+from rocm_mla.mla_dims import FP8_KV_CACHE_DTYPES
 from rocm_mla.ops import gather_context_chunk
 
 F32 = torch.float32
@@ -82,6 +93,31 @@ def test_fp8_cache_dequantised(backend, fp8, dtype):
     want = by_definition(c)  # stored x k_scale in float32
     exact("reference", c.reference(), want)
     exact("dst", dst, want)  # rounded once to dst's dtype
+
+
+@pytest.mark.parametrize("backend", GATHER_BACKENDS)
+@pytest.mark.parametrize("name", ["fp8", "fp8_e4m3", "fp8_e4m3fn", "fp8_e4m3fnuz"])
+def test_fp8_cache_in_uint8_storage(backend, name):
+    """vLLM's fp8 cache as it is allocated (uint8 storage) with an fp8 kv_cache_dtype: read as the
+    kind the name gives (the platform's for "fp8" / "fp8_e4m3"): the same bytes give the same dst,
+    bit for bit, as the float8 view, on every backend; the cache is not written."""
+    kind = FP8_KV_CACHE_DTYPES[name] or platform_fp8(DEVICE)
+    if backend == "triton" and kind == torch.float8_e4m3fnuz and not HAS_GPU:
+        pytest.skip("the Triton CPU interpreter has no e4m3fnuz")
+    c = chunk(SHAPES["three_requests"], 16, torch.bfloat16, fp8=kind, seed=13, dst_pad=4)
+    as_float8 = run_poisoned(c, backend).clone()
+    exact("dst", as_float8, by_definition(c))
+    storage = c.kv_cache.view(torch.uint8)
+    snap = storage.clone()
+    _, dst = poisoned((c.shape.T, 576), torch.bfloat16, DEVICE)
+    assert c.run(backend=backend, kv_cache=storage, kv_cache_dtype=name, dst=dst) is dst
+    assert torch.equal(dst.view(torch.int16), as_float8.view(torch.int16))
+    assert torch.equal(storage, snap)
+    # The float8 view with its own name, or with "auto", reads the same.
+    for same in (name, "auto"):
+        _, dst = poisoned((c.shape.T, 576), torch.bfloat16, DEVICE)
+        c.run(backend=backend, kv_cache_dtype=same, dst=dst)
+        assert torch.equal(dst.view(torch.int16), as_float8.view(torch.int16)), same
 
 
 @pytest.mark.parametrize("backend", GATHER_BACKENDS)
@@ -164,6 +200,29 @@ def _args():
         (dict(dst=torch.zeros(576, 57).t()), ValueError, ["dst", "stride 1", "(1, 57)"]),
         (dict(kv_cache=torch.zeros(4, 16, 512)), ValueError, ["kv_cache", "576", "(4, 16, 512)"]),
         (dict(kv_cache=torch.zeros(4, 16, 576, dtype=torch.uint8)), TypeError, ["kv_cache", "uint8"]),
+        (
+            dict(kv_cache=torch.zeros(4, 16, 576, dtype=torch.uint8), kv_cache_dtype="auto"),
+            TypeError,
+            ["kv_cache", "uint8", "fp8 kv_cache_dtype", "kv_cache_dtype='auto'"],
+        ),
+        (
+            dict(kv_cache=torch.zeros(4, 16, 576, dtype=torch.uint8), kv_cache_dtype="bfloat16"),
+            TypeError,
+            ["kv_cache", "uint8", "kv_cache_dtype='bfloat16'"],
+        ),
+        (dict(kv_cache_dtype="fp16"), ValueError, ["kv_cache_dtype", "'fp8'", "'fp16'"]),
+        (dict(kv_cache_dtype="fp8"), TypeError, ["kv_cache", "uint8", "kv_cache_dtype='fp8'", "float32"]),
+        (dict(kv_cache_dtype="float16"), TypeError, ["kv_cache", "dtype float16", "float32"]),
+        (
+            dict(kv_cache=torch.zeros(4, 16, 576, dtype=torch.float8_e4m3fn), kv_cache_dtype="fp8_e4m3fnuz"),
+            TypeError,
+            ["kv_cache", "float8_e4m3fnuz", "float8_e4m3fn"],
+        ),
+        (
+            dict(kv_cache=torch.zeros(4, 16, 576, dtype=torch.uint8), kv_cache_dtype="fp8"),
+            TypeError,
+            ["k_scale", "fp8", "None"],
+        ),
         (dict(kv_cache=torch.zeros(4, 0, 576)), ValueError, ["kv_cache", "block_size >= 1"]),
         (dict(kv_cache=torch.zeros(4, 576, 16).transpose(1, 2)), ValueError, ["kv_cache", "stride 1"]),
         (dict(block_table=torch.zeros(3, 4)), TypeError, ["block_table", "int32 or int64", "float32"]),

@@ -30,6 +30,8 @@ from .decode import TOLERANCE as DECODE_TOLERANCE
 TOLERANCE: dict[torch.dtype, dict[str, Bound]] = DECODE_TOLERANCE
 
 MODES = ("paged", "slots")
+# mla_sparse_attention's own keywords; every other keyword a case call takes is a plan knob.
+CALL_KEYS = ("sm_scale", "plan", "out", "lse", "k_scale", "workspace")
 
 
 @dataclass(frozen=True)
@@ -152,8 +154,26 @@ SHAPES: dict[str, list[SparseShape]] = {
     ],
 }
 
-__all__ = ["LSE_LAYOUTS", "OUT_LAYOUTS", "Q_LAYOUTS", "SHAPES", "TOLERANCE", "SparseInputs", "SparseShape",
-           "make_inputs", "positions_to_slots"]  # fmt: skip
+__all__ = ["CALL_KEYS", "LSE_LAYOUTS", "OUT_LAYOUTS", "Q_LAYOUTS", "SHAPES", "TOLERANCE", "SparseInputs",
+           "SparseShape", "call_sparse", "make_inputs", "positions_to_slots"]  # fmt: skip
+
+
+def call_sparse(q_nope, q_pe, kv_cache, topk_indices, block_table, req_id_per_token, **kw):
+    """``mla_sparse_attention`` with its plan's knobs given as keywords beside the call's own
+    (``CALL_KEYS``): the plan is ``plan_sparse_attention_for`` of the tensors and those knobs
+    (kv_cache_dtype, num_splits, batch_invariant, config, backend, debug). How tests and benchmarks
+    state a one-off call on tensors of their own; a serving step makes its plan once instead."""
+    from ..ops import mla_sparse_attention, plan_sparse_attention_for
+
+    args = (q_nope, q_pe, kv_cache, topk_indices, block_table, req_id_per_token)
+    call = {k: kw.pop(k) for k in list(kw) if k in CALL_KEYS}
+    if call.get("plan") is None:
+        call["plan"] = plan_sparse_attention_for(
+            *args, k_scale=call.get("k_scale"), workspace=call.get("workspace"), **kw
+        )
+    elif kw:
+        raise TypeError(f"call_sparse: plan knobs {sorted(kw)} beside a plan")
+    return mla_sparse_attention(*args, **call)
 
 
 @dataclass
@@ -215,36 +235,55 @@ class SparseInputs:
         )
 
     def kwargs(self, **overrides) -> dict:
-        kw = dict(
-            sm_scale=self.sm_scale, out=self.out, lse=self.lse, kv_cache_dtype=self.kv_cache_dtype, k_scale=self.k_scale
-        )
+        """mla_sparse_attention's keywords (``overrides`` replace them; a ``plan=`` among them is
+        used as given). Without a plan, one is made here from the call's own plan knobs (every
+        keyword outside ``CALL_KEYS``: kv_cache_dtype, num_splits, batch_invariant, config,
+        backend, debug)."""
+        kw = dict(sm_scale=self.sm_scale, out=self.out, lse=self.lse, k_scale=self.k_scale)
+        knobs = {k: overrides.pop(k) for k in list(overrides) if k not in CALL_KEYS}
         kw.update(overrides)
+        if kw.get("plan") is None:
+            ws = kw.get("workspace")
+            base = dict(
+                workspace_numel=ws.numel() if isinstance(ws, torch.Tensor) else None,
+                k_scale_on_device=isinstance(kw["k_scale"], torch.Tensor),
+            )
+            kw["plan"] = self.plan(**{**base, **knobs})
+        elif knobs:
+            raise TypeError(f"SparseInputs.kwargs: plan knobs {sorted(knobs)} beside a plan")
         return kw
 
     def run(self, i: int = 0, **overrides):
-        """mla_sparse_attention on copy i, writing ``out`` / ``lse`` (``overrides``: backend,
-        config, num_splits, batch_invariant, plan, out=None, ...). Returns what the op returns."""
+        """mla_sparse_attention on copy i, writing ``out`` / ``lse``. ``overrides``: the call's own
+        keywords (``CALL_KEYS``: plan, out=None, workspace, ...) and plan knobs (backend, config,
+        num_splits, batch_invariant, kv_cache_dtype, debug, as ``plan_sparse_attention`` takes
+        them) for the plan made here when none is given. Returns what the op returns."""
         from ..ops import mla_sparse_attention
 
         return mla_sparse_attention(*self.args(i), **self.kwargs(**overrides))
 
     def plan(self, device=None, **overrides):
         """The :class:`~rocm_mla.ops.SparsePlan` of :meth:`run`'s call (``overrides``: num_splits,
-        config, batch_invariant, as :func:`~rocm_mla.ops.plan_sparse_attention` takes them)."""
+        config, batch_invariant, kv_cache_dtype, backend, ... as
+        :func:`~rocm_mla.ops.plan_sparse_attention` takes them; the cache as :meth:`args` passes it,
+        an fp8 one as uint8 storage of the platform's kind; k_scale on the device as the case
+        holds it)."""
         from ..ops import plan_sparse_attention
 
-        return plan_sparse_attention(
+        kw = dict(
             num_rows=self.shape.T,
             num_heads=self.shape.N,
             topk=self.shape.K,
             block_size=self.shape.block,
             q_dtype=self.dtype,
-            kv_dtype=self.paged.cache.dtype,
+            kv_dtype=self.paged.stored(0).dtype,
+            kv_cache_dtype=self.kv_cache_dtype,
             device=torch.device(device) if device is not None else self.q_nope.device,
             paged=self.shape.mode == "paged",
             k_scale_on_device=self.k_scale is not None,
-            **overrides,
         )
+        kw.update(overrides)
+        return plan_sparse_attention(**kw)
 
     def reference(self, rows: int | None = None, *, i: int = 0):
         """(out [rows', N, 512], lse [rows', N]) float32 of the first ``rows`` rows (all: None),

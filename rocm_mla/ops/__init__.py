@@ -11,7 +11,7 @@ from .prefill import mla_prefill, plan_prefill_for
 from .prefill_context import mla_prefill_with_context
 from .prefill_plan import PrefillPlan, plan_prefill
 from .rope_kv_write import concat_and_cache_mla, fused_rope_mla_kv_write
-from .sparse import mla_sparse_attention
+from .sparse import mla_sparse_attention, plan_sparse_attention_for
 from .sparse_plan import SparsePlan, plan_sparse_attention
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "gather_context_chunk",
     "mla_sparse_attention",
     "plan_sparse_attention",
+    "plan_sparse_attention_for",
     "SparsePlan",
     "indexer_k_cache_write",
     "mla_indexer_topk",

@@ -2,8 +2,11 @@
 and prefill rows alike, in place.
 
 Kernel: rocm_mla/kernels/mla_sparse.py (Triton) and mla_decode's reduce for split rows. Reference:
-rocm_mla/reference/sparse.py. The op validates, plans (``plan_sparse_attention``,
-rocm_mla/ops/sparse_plan.py, or the caller's ``plan=``), then launches what the plan says.
+rocm_mla/reference/sparse.py. The plan (``plan_sparse_attention``, rocm_mla/ops/sparse_plan.py, or
+``plan_sparse_attention_for`` here: every choice that is not a tensor, decided on the host from
+sizes alone so the call can be captured in a CUDA/HIP graph) is made once per step and passed to
+every layer's call; the call checks its tensors against it (``SparsePlan.matches``) before any
+backend runs, then launches what it says.
 """
 
 from __future__ import annotations
@@ -16,9 +19,8 @@ from ..kernels.mla_decode import mla_decode_reduce_kernel
 from ..kernels.mla_sparse import mla_sparse_attention_kernel
 from ..reference.sparse import mla_sparse_attention_ref, sparse_slots
 from ..triton_common import INT32_MAX, LOG2E
-from ._checks import FLOAT_DTYPES, Checker, debug_enabled
-from ._dispatch import select
-from .decode import _destinations, check_k_scale, kv_view
+from ._checks import FLOAT_DTYPES, Checker
+from .decode import _destinations, check_k_scale
 from .sparse_plan import D_KV, D_NOPE, D_PE, OP, SparsePlan, plan_sparse_attention
 
 
@@ -33,15 +35,9 @@ def mla_sparse_attention(
     sm_scale: float,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
-    kv_cache_dtype: str = "auto",
     k_scale: float | torch.Tensor | None = None,
-    num_splits: int | None = None,
     workspace: torch.Tensor | None = None,
-    batch_invariant: bool = False,
     plan: SparsePlan | None = None,
-    backend: str | None = None,
-    config: dict[str, Any] | None = None,
-    debug: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse multi-query attention over the MLA latent cache; returns ``(out, lse)``.
 
@@ -55,8 +51,8 @@ def mla_sparse_attention(
         q_pe: ``[T, N, 64]`` rotary part, q_nope's dtype, any strides. Read in place (no concat).
         kv_cache: ``[num_blocks, block_size, 576]`` paged latent cache, rows ``[kv_c (512) | k_pe
             (64)]``, any block size, block and token strides free, last dim contiguous; q's dtype,
-            or fp8 (float8_e4m3fn / float8_e4m3fnuz, or uint8 storage with ``kv_cache_dtype="fp8"``:
-            the platform's kind, e4m3fnuz on gfx942).
+            or fp8: float8_e4m3fn / float8_e4m3fnuz, or uint8 storage with a plan made with an fp8
+            ``kv_cache_dtype`` ("fp8": the platform's kind, e4m3fnuz on gfx942).
         topk_indices: ``[T, K]`` int32, column stride 1: entry ``p`` of row t is position p of
             row t's request (``block_table`` given) or the cache slot ``page x block_size + offset``
             (``block_table`` None: FlashMLA's convention, slots into ``kv_cache.view(-1, 576)``), in
@@ -66,46 +62,107 @@ def mla_sparse_attention(
         req_id_per_token: ``[>= T]`` int32, stride 1: the request (block-table row) of each query
             row; entries past T are not read. None exactly when block_table is None. The kernel
             turns positions into slots itself: no ``[T, K]`` slot tensor is made.
-        sm_scale: softmax scale applied to q . k: a finite number > 0.
+        sm_scale: softmax scale applied to q . k: a finite number > 0; a layer's own value, so one
+            plan serves every layer.
         out: optional ``[T, N, 512]`` destination in q's dtype, any non-overlapping strides; every
             element is written (never zeroed first). Allocated when None.
         lse: optional ``[T, N]`` float32 destination (natural log), any strides. Allocated when None.
-        kv_cache_dtype: as ``mla_decode`` takes it ("auto", "bfloat16", "float16", "float32",
-            "fp8", "fp8_e4m3", "fp8_e4m3fn", "fp8_e4m3fnuz").
         k_scale: fp8 dequant scale, value = stored x k_scale: a float, or a one-element float32
-            device tensor (read by the kernel, no host sync). Ignored for 16/32-bit caches.
-        num_splits: the most splits of each row's list (>= 1); default the plan's choice. Only
-            speed depends on it.
+            device tensor (read by the kernel, no host sync; the plan must be made with
+            ``k_scale_on_device=True``). Ignored for 16/32-bit caches. None means 1.
         workspace: optional contiguous float32 tensor for split partials, at least
             ``plan.workspace_numel`` elements (``rocm_mla.ops.mla_decode_workspace_numel(T, N, S)``);
             without it a split call does one ``torch.empty``. A destination (no overlap).
-        batch_invariant: cut every list into splits of a fixed number of entries (configs'
-            ``batch_invariant.split_tokens``): the split count depends on K alone, so a row's out
-            and lse are bitwise the same alone or in any batch, at any position
-            (docs/sparse-attention.md gives the cost). num_splits must be None.
-        plan: a ``SparsePlan`` made by ``plan_sparse_attention`` for these sizes (e.g. once per
-            step for every layer); its sizes, dtypes, device and table kind must match the call
-            (ValueError), and num_splits / config / batch_invariant are then its own.
-        backend: "triton" or "reference" to force one (``ROCM_MLA_BACKEND_MLA_SPARSE_ATTENTION``).
-        config: a tier config replacing the arch's (tuning).
-        debug: check the index values on the host (a sync, not capturable) and raise a ValueError
-            naming the first bad one. Default: ``ROCM_MLA_DEBUG=1``.
+        plan: what to launch, from ``plan_sparse_attention`` (sizes) or
+            ``plan_sparse_attention_for`` (tensors): the cache's storage (``kv_cache_dtype``), the
+            split count, batch invariance, the config, the backend, debug. Make it once per step
+            and pass it to every layer. The tensors must be the ones it was made for
+            (``SparsePlan.matches``: sizes, dtypes, device, table kind, kind of k_scale; ValueError
+            naming the first field that differs), checked before any backend runs. None: planned
+            here from the tensors with every default (a float8 cache's kind from its dtype; a
+            uint8 cache needs a plan naming its fp8 kind, as ``mla_decode``'s does).
 
     Returns:
         ``(out, lse)``: the destinations (given or allocated). A row that selects no token gets
         out 0 and lse -inf.
 
-    Bad values (debug off; no host sync): nothing outside the given tensors is read or written. An
-    entry < -1, an entry >= ``max_blocks x block_size`` (one past the request's table; slots: >=
-    ``num_blocks x block_size``), a block-table entry outside ``[0, num_blocks)`` that an entry
-    uses, or a row's request outside ``[0, B)`` when the row names a token: that row's out and
-    lse are NaN; every other row is exact. A NaN in a selected cache row reaches only the rows
-    that select it. ``debug=True`` raises instead.
+    Bad values (no host sync unless the plan's debug): nothing outside the given tensors is read
+    or written. An entry < -1, an entry >= ``max_blocks x block_size`` (one past the request's
+    table; slots: >= ``num_blocks x block_size``), a block-table entry outside ``[0, num_blocks)``
+    that an entry uses, or a row's request outside ``[0, B)`` when the row names a token: that
+    row's out and lse are NaN; every other row is exact. A NaN in a selected cache row reaches
+    only the rows that select it. A debug plan raises a ValueError naming the first bad index
+    instead.
 
     Raises:
         TypeError / ValueError naming the argument, what was expected and what came.
     """
     c = Checker(OP)
+    if plan is None:
+        plan = _plan_for_tensors(c, q_nope, q_pe, kv_cache, topk_indices, block_table, req_id_per_token, k_scale,
+                                 workspace)  # fmt: skip
+    elif not isinstance(plan, SparsePlan):
+        c.fail("plan", "a plan from plan_sparse_attention (SparsePlan)", type(plan).__name__, TypeError)
+    if not plan.matches(q_nope, q_pe, kv_cache, topk_indices, block_table, req_id_per_token, k_scale):
+        _explain_mismatch(c, plan, q_nope, q_pe, kv_cache, topk_indices, block_table, req_id_per_token, k_scale)
+    sm_scale = c.scale("sm_scale", sm_scale)
+    given_out, given_lse = out, lse
+    out, lse = _destinations(c, out, lse, workspace, q_nope, "T")
+    scale_t = check_k_scale(c, k_scale)
+    if not plan.kv_fp8:
+        scale_t = None  # 16/32-bit caches ignore k_scale
+    if workspace is not None and workspace.numel() < plan.workspace_numel:
+        c.fail(
+            "workspace",
+            f"a contiguous float32 tensor of >= {plan.workspace_numel} elements "
+            f"(S={plan.num_splits} splits x {plan.num_rows * plan.num_heads} rows x 513)",
+            f"{workspace.numel()} elements",
+        )
+    c.same_device(q_nope=q_nope, out=out, lse=lse, k_scale=scale_t, workspace=workspace)
+    c.no_overlap(
+        {"out": given_out, "lse": given_lse, "workspace": workspace},
+        {
+            "q_nope": q_nope,
+            "q_pe": q_pe,
+            "kv_cache": kv_cache,
+            "topk_indices": topk_indices,
+            "block_table": block_table,
+            "req_id_per_token": req_id_per_token,
+            "k_scale": scale_t,
+        },
+    )
+    kv = kv_cache.view(plan.kv_dtype) if kv_cache.dtype != plan.kv_dtype else kv_cache
+    if plan.debug:
+        _debug_checks(c, kv, topk_indices, block_table, req_id_per_token)
+    if out.numel() == 0 and lse.numel() == 0:
+        return out, lse
+    if plan.topk == 0:  # empty lists: no row selects a token
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return out, lse
+    ks_float = float(k_scale) if plan.kv_fp8 and k_scale is not None and scale_t is None else None
+    if plan.backend == "triton":
+        _launch_triton(
+            plan, q_nope, q_pe, kv, topk_indices, block_table, req_id_per_token, out, lse, workspace,
+            float(sm_scale), ks_float, scale_t,
+        )  # fmt: skip
+    else:
+        ref_scale = (scale_t if scale_t is not None else ks_float) if plan.kv_fp8 else None
+        o, lse_ref = mla_sparse_attention_ref(
+            q_nope, q_pe, kv, topk_indices, block_table, req_id_per_token, float(sm_scale), ref_scale
+        )
+        out.copy_(o)
+        lse.copy_(lse_ref)
+    return out, lse
+
+
+# --------------------------------------------------------------------------- validation helpers
+
+
+def _validate_tensors(c: Checker, q_nope, q_pe, kv_cache, topk_indices, block_table, req_id_per_token):
+    """The tensors' own rules (shapes, dtypes, strides, the table kind, devices agree), with errors
+    naming the argument; returns the sizes a plan for them has (``plan_sparse_attention``'s
+    keywords)."""
     c.tensor("q_nope", q_nope, ndim=3, layout="[T, N, 512]", dtypes=FLOAT_DTYPES)
     T, N, dq = q_nope.shape
     if dq != D_NOPE:
@@ -121,7 +178,6 @@ def mla_sparse_attention(
         c.fail("kv_cache", "block_size >= 1", f"shape {tuple(kv_cache.shape)}")
     if kv_cache.stride(2) != 1:
         c.fail("kv_cache", "a contiguous last dim (stride 1)", f"strides {kv_cache.stride()}")
-    kv, is_fp8 = kv_view(c, kv_cache, kv_cache_dtype, q_nope.dtype)
     c.tensor("topk_indices", topk_indices, ndim=2, layout="[T, K]", dtypes=(torch.int32,))
     if topk_indices.shape[0] != T:
         c.fail("topk_indices", f"shape [T, K] = ({T}, *) (q_nope's T)", tuple(topk_indices.shape))
@@ -141,16 +197,6 @@ def mla_sparse_attention(
             c.fail("req_id_per_token", f"a 1-D tensor of at least q_nope's {T} rows", tuple(req_id_per_token.shape))
         if T > 1 and req_id_per_token.stride(0) != 1:
             c.fail("req_id_per_token", "stride 1", f"strides {req_id_per_token.stride()}")
-    sm_scale = c.scale("sm_scale", sm_scale)
-    given_out, given_lse = out, lse
-    out, lse = _destinations(c, out, lse, workspace, q_nope, "T")
-    scale_t = check_k_scale(c, k_scale)
-    if not isinstance(batch_invariant, bool):
-        c.fail("batch_invariant", "a bool", repr(batch_invariant), TypeError)
-    if num_splits is not None and (not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 1):
-        c.fail("num_splits", "None or an int >= 1", repr(num_splits))
-    if batch_invariant and num_splits is not None:
-        c.fail("num_splits", "None with batch_invariant=True (the split rule is fixed)", repr(num_splits))
     c.same_device(
         q_nope=q_nope,
         q_pe=q_pe,
@@ -158,104 +204,68 @@ def mla_sparse_attention(
         topk_indices=topk_indices,
         block_table=block_table,
         req_id_per_token=req_id_per_token,
-        out=out,
-        lse=lse,
-        k_scale=scale_t,
-        workspace=workspace,
     )
-    c.no_overlap(
-        {"out": given_out, "lse": given_lse, "workspace": workspace},
-        {
-            "q_nope": q_nope,
-            "q_pe": q_pe,
-            "kv_cache": kv_cache,
-            "topk_indices": topk_indices,
-            "block_table": block_table,
-            "req_id_per_token": req_id_per_token,
-            "k_scale": scale_t,
-        },
+    return dict(
+        num_rows=T,
+        num_heads=N,
+        topk=K,
+        block_size=kv_cache.shape[1],
+        q_dtype=q_nope.dtype,
+        kv_dtype=kv_cache.dtype,
+        device=q_nope.device,
+        paged=paged,
     )
-    if debug_enabled(debug):
-        _debug_checks(c, kv, topk_indices, block_table, req_id_per_token)
 
-    impl = select(OP, q_nope.device, backend, has_hip=False)
-    if out.numel() == 0 and lse.numel() == 0:
-        return out, lse
-    if K == 0:  # empty lists: no row selects a token
-        out.zero_()
-        lse.fill_(float("-inf"))
-        return out, lse
-    ks_float = float(k_scale) if is_fp8 and k_scale is not None and scale_t is None else None
-    if impl == "triton":
-        if plan is None:
-            plan = plan_sparse_attention(
-                num_rows=T,
-                num_heads=N,
-                topk=K,
-                block_size=kv.shape[1],
-                q_dtype=q_nope.dtype,
-                kv_dtype=kv.dtype,
-                device=q_nope.device,
-                paged=paged,
-                num_splits=num_splits,
-                workspace_numel=None if workspace is None else workspace.numel(),
-                config=config,
-                k_scale_on_device=is_fp8 and scale_t is not None,
-                batch_invariant=batch_invariant,
-            )
-        else:
-            want = plan_fields(
-                T, N, K, kv.shape[1], paged, q_nope.dtype, kv.dtype, is_fp8 and scale_t is not None, q_nope.device
-            )
-            c.plan_for(plan, SparsePlan, "plan_sparse_attention", want)
-        if workspace is not None and workspace.numel() < plan.workspace_numel:
-            c.fail(
-                "workspace",
-                f"a contiguous float32 tensor of >= {plan.workspace_numel} elements "
-                f"(S={plan.num_splits} splits x {T * N} rows x 513)",
-                f"{workspace.numel()} elements",
-            )
-        _launch_triton(
-            plan, q_nope, q_pe, kv, topk_indices, block_table, req_id_per_token, out, lse, workspace,
-            float(sm_scale), ks_float, scale_t if is_fp8 else None,
-        )  # fmt: skip
-    else:
-        ref_scale = (scale_t if scale_t is not None else ks_float) if is_fp8 else None
-        o, lse_ref = mla_sparse_attention_ref(
-            q_nope, q_pe, kv, topk_indices, block_table, req_id_per_token, float(sm_scale), ref_scale
+
+def plan_sparse_attention_for(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_cache: torch.Tensor,
+    topk_indices: torch.Tensor,
+    block_table: torch.Tensor | None = None,
+    req_id_per_token: torch.Tensor | None = None,
+    *,
+    k_scale: float | torch.Tensor | None = None,
+    workspace: torch.Tensor | None = None,
+    **knobs: Any,
+) -> SparsePlan:
+    """``plan_sparse_attention`` with the sizes, dtypes, device and table kind read from a call's
+    tensors (``q_nope [T, N, 512]``, ``q_pe [T, N, 64]``, ``kv_cache [num_blocks, block_size,
+    576]``, ``topk_indices [T, K]``, ``block_table [B, max_blocks]`` and ``req_id_per_token [>= T]``
+    or both None), the k_scale form from ``k_scale`` (a tensor: read on the device) and the split
+    cap from ``workspace``; ``knobs``: the rest of ``plan_sparse_attention``'s keywords
+    (kv_cache_dtype, num_splits, batch_invariant, config, backend, debug). The tensors are checked
+    as ``mla_sparse_attention`` checks them."""
+    c = Checker(OP)
+    sizes = _validate_tensors(c, q_nope, q_pe, kv_cache, topk_indices, block_table, req_id_per_token)
+    if isinstance(workspace, torch.Tensor) and "workspace_numel" not in knobs:
+        knobs["workspace_numel"] = workspace.numel()
+    knobs.setdefault("k_scale_on_device", isinstance(k_scale, torch.Tensor))
+    return plan_sparse_attention(**sizes, **knobs)
+
+
+def _plan_for_tensors(c: Checker, q_nope, q_pe, kv_cache, topk_indices, block_table, req_ids, k_scale, workspace):
+    """The default plan of a call that passes none (``mla_sparse_attention(plan=None)``)."""
+    if isinstance(kv_cache, torch.Tensor) and kv_cache.dtype == torch.uint8:
+        c.fail(
+            "plan",
+            "a plan naming the fp8 kind of a uint8 cache (plan_sparse_attention(kv_cache_dtype='fp8', ...))",
+            "None",
         )
-        out.copy_(o)
-        lse.copy_(lse_ref)
-    return out, lse
+    return plan_sparse_attention_for(
+        q_nope, q_pe, kv_cache, topk_indices, block_table, req_ids, k_scale=k_scale, workspace=workspace
+    )
 
 
-def plan_fields(
-    num_rows: int,
-    num_heads: int,
-    topk: int,
-    block_size: int,
-    paged: bool,
-    q_dtype,
-    kv_dtype,
-    k_scale_on_device: bool,
-    device,
-) -> dict[str, Any]:
-    """The fields a plan must hold to run a call with these sizes, dtypes (kv_dtype as the kernel
-    reads it), table kind, k_scale kind and device: what ``mla_sparse_attention`` checks a caller's
-    plan against, and what a caller keeping a plan compares (``_checks.plan_mismatch``)."""
-    from .. import _platform
-
-    return {
-        "num_rows": num_rows,
-        "num_heads": num_heads,
-        "topk": topk,
-        "block_size": block_size,
-        "paged": paged,
-        "q_dtype": q_dtype,
-        "kv_dtype": kv_dtype,
-        "k_scale_on_device": k_scale_on_device,
-        "arch": _platform.device_arch(device),
-    }
+def _explain_mismatch(c: Checker, plan: SparsePlan, q_nope, q_pe, kv_cache, topk_indices, block_table, req_ids,
+                      k_scale) -> None:  # fmt: skip
+    """Raise for tensors that ``SparsePlan.matches`` refused: their own rule first, else the plan
+    field that differs."""
+    sizes = _validate_tensors(c, q_nope, q_pe, kv_cache, topk_indices, block_table, req_ids)
+    cache_dtype = sizes.pop("kv_dtype")  # the plan's kv_dtype is the kind read; the tensor's is cache_dtype
+    want = {**sizes, "cache_dtype": cache_dtype, "k_scale_on_device": plan.kv_fp8 and isinstance(k_scale, torch.Tensor)}
+    c.plan_for(plan, SparsePlan, "plan_sparse_attention", want)
+    c.fail("plan", "tensors matching the plan", "a mismatch the checks did not name")  # not reached
 
 
 def _debug_checks(c: Checker, kv, topk_indices, block_table, req_id_per_token) -> None:
@@ -371,4 +381,4 @@ def _launch_triton(
     )  # fmt: skip
 
 
-__all__ = ["mla_sparse_attention"]
+__all__ = ["mla_sparse_attention", "plan_sparse_attention_for"]

@@ -1,12 +1,18 @@
 """mla_sparse_attention's plan: what a call launches, decided on the host from the call's sizes,
 dtypes and device alone (no device value is read, so the call can be captured in a CUDA/HIP graph).
 
-``plan_sparse_attention(...) -> SparsePlan`` (flashinfer's plan/run split): the op validates, plans
-(or takes a caller's plan, made once for many layers), then launches what the plan says:
+``plan_sparse_attention(...) -> SparsePlan`` (flashinfer's plan/run split) holds every choice of a
+call that is not a tensor: the cache's storage (``kv_cache_dtype``), the split count, batch
+invariance, the config, the backend and debug. The op checks its tensors against a caller's plan
+(``SparsePlan.matches``; made once for every layer of a step) or plans from them
+(``plan_sparse_attention_for``, rocm_mla/ops/sparse.py), then launches what the plan says:
 
+  * the backend ("triton" or "reference", resolved when the plan is made);
+  * the cache's dtype as the kernel reads it (uint8 storage viewed as its named fp8 kind,
+    ``decode_plan.kv_kind_for``: mla_decode's rule);
   * the tier (BLOCK_H heads per program) from N (``tier_config``; configs' ``tiers``);
   * the split of each row's K list over programs: the default mode fills the GPU from the rows,
-    the head blocks and K (mla_decode's cost model, ``choose_num_splits``): one split when rows x
+    the head blocks and K (the split-K model mla_decode shares, ops/splitk.py): one split when rows x
     head blocks fill it, up to ``max_splits`` for a lone decode row; ``batch_invariant=True`` cuts
     every list into splits of ``split_tokens`` entries, a function of K alone, so a row's bits do
     not depend on the batch (the reduce's tile follows the split count, which then follows K);
@@ -30,7 +36,10 @@ from .. import _platform
 from ..configs import SPARSE_DTYPE_TAGS, config_for
 from ..mla_dims import FP8_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from ..triton_common import amd_options
-from .decode_plan import choose_num_splits, mla_decode_workspace_numel, num_compute_units, stage2_meta
+from ._checks import FLOAT_DTYPES, Checker, debug_enabled
+from ._dispatch import select
+from .decode_plan import kv_kind_for
+from .splitk import choose_num_splits, mla_decode_workspace_numel, num_compute_units, stage2_meta
 
 OP = "mla_sparse_attention"
 D_NOPE = KV_LORA_RANK
@@ -61,15 +70,16 @@ def tier_config(
     for tag, on in (("fp8", fp8), ("fp32", q_dtype == torch.float32)):
         if on:
             cfg.update(tier.get(tag, {}))
+    c = Checker(OP)
     for key in ("BLOCK_H", "BLOCK_N", "num_warps", "num_stages"):
         if key not in cfg:
-            raise ValueError(f"{OP}: config: expected a {key} entry, got keys {sorted(cfg)}")
+            c.fail("config", f"a {key} entry", f"keys {sorted(cfg)}")
     if int(cfg["D_SPLIT"]) not in (1, 2):
-        raise ValueError(f"{OP}: config: expected D_SPLIT 1 or 2, got {cfg['D_SPLIT']!r}")
+        c.fail("config", "D_SPLIT 1 or 2", repr(cfg["D_SPLIT"]))
     for key in ("BLOCK_H", "BLOCK_N"):
         v = int(cfg[key])
         if v < 16 or v & (v - 1):
-            raise ValueError(f"{OP}: config: expected {key} a power of two >= 16 (tl.dot), got {v}")
+            c.fail("config", f"{key} a power of two >= 16 (tl.dot)", v)
     return cfg
 
 
@@ -110,7 +120,7 @@ def invariant_split_len(arch: str, cfg: dict[str, Any]) -> int:
     up to the tile (BLOCK_N)."""
     tokens = int(config_for(OP, arch)["batch_invariant"]["split_tokens"])
     if tokens < 1:
-        raise ValueError(f"{OP}: config batch_invariant: expected split_tokens >= 1, got {tokens}")
+        Checker(OP).fail("config batch_invariant", "split_tokens >= 1", tokens)
     block_n = int(cfg["BLOCK_N"])
     return triton.cdiv(tokens, block_n) * block_n
 
@@ -124,19 +134,22 @@ class SparsePlan:
     ``[T, N, 512]`` and lse ``[T, N]``; otherwise float32 partials into a workspace of
     ``workspace_numel`` elements (``[S, T x N, 512]`` then ``[S, T x N]``) that mla_decode's reduce
     (``reduce_grid``) merges into out and lse. A plan serves every call with the same sizes,
-    dtypes, device and table kind (``paged``), e.g. every layer of a step.
+    dtypes, device, table kind (``paged``) and kind of k_scale, e.g. every layer of a step:
+    ``matches`` says whether a call's tensors are those.
     """
 
-    arch: str
-    num_cus: int
+    arch: str  # the device's arch key (gfx942, sm90, cpu, ...)
+    num_cus: int  # CUs / SMs the split model fills
     num_rows: int  # T
     num_heads: int  # N
     topk: int  # K
     block_size: int
     paged: bool  # entries are request-local positions (block table) rather than global slots
     q_dtype: torch.dtype
-    kv_dtype: torch.dtype
-    k_scale_on_device: bool
+    cache_dtype: torch.dtype  # the cache tensor's dtype (uint8 storage for a named fp8 kind)
+    kv_dtype: torch.dtype  # as the kernel reads it (uint8 viewed as the fp8 kind)
+    kv_cache_dtype: str  # the name the plan was made with ("auto", "fp8", ...)
+    k_scale_on_device: bool  # fp8 caches: k_scale is a one-element float32 tensor the kernel reads
     tier: int | None  # index into configs' tiers; None when config= replaces the tier
     config: dict[str, Any]
     head_blocks: int
@@ -150,7 +163,10 @@ class SparsePlan:
     reduce_grid: tuple[int, int] | None
     reduce_constexprs: dict[str, Any] | None
     reduce_options: dict[str, Any] | None
-    batch_invariant: bool = False
+    batch_invariant: bool
+    device: torch.device
+    backend: str  # "triton" or "reference" (rocm_mla.ops._dispatch)
+    debug: bool  # host-side checks of the index values at every call (a sync)
 
     @property
     def direct(self) -> bool:
@@ -159,6 +175,56 @@ class SparsePlan:
     @property
     def launches(self) -> int:
         return 1 if self.direct else 2
+
+    @property
+    def kv_fp8(self) -> bool:
+        return self.kv_dtype in FP8_DTYPES
+
+    def matches(self, q_nope, q_pe, kv_cache, topk_indices, block_table, req_id_per_token, k_scale=None) -> bool:
+        """Whether an ``mla_sparse_attention`` call's tensors are the ones this plan was made for:
+        sizes (``q_nope [T, N, 512]``, ``q_pe [T, N, 64]``, ``kv_cache [num_blocks, block_size,
+        576]``, ``topk_indices [T, K]``), dtypes, device, unit strides, the table kind (block_table
+        and req_id_per_token both tensors, or both None) and, for an fp8 cache, the kind of k_scale
+        (a tensor exactly when the plan reads it on the device). Host values only (no device read,
+        capturable). ``mla_sparse_attention`` names what differs when it is False."""
+        T, N, K, dev = self.num_rows, self.num_heads, self.topk, self.device
+        try:
+            ok = (
+                q_nope.shape == (T, N, D_NOPE)
+                and q_pe.shape == (T, N, D_PE)
+                and q_nope.dtype == self.q_dtype
+                and q_pe.dtype == self.q_dtype
+                and kv_cache.dtype == self.cache_dtype
+                and kv_cache.dim() == 3
+                and kv_cache.shape[1] == self.block_size
+                and kv_cache.shape[2] == D_KV
+                and kv_cache.stride(2) == 1
+                and topk_indices.shape == (T, K)
+                and topk_indices.dtype == torch.int32
+                and (K <= 1 or topk_indices.stride(1) == 1)
+                and (block_table is not None) == self.paged
+                and (req_id_per_token is not None) == self.paged
+                and q_nope.device == dev
+                and q_pe.device == dev
+                and kv_cache.device == dev
+                and topk_indices.device == dev
+                and (not self.kv_fp8 or isinstance(k_scale, torch.Tensor) == self.k_scale_on_device)
+            )
+            if ok and self.paged:
+                ok = (
+                    block_table.dtype == torch.int32
+                    and block_table.dim() == 2
+                    and (block_table.shape[1] <= 1 or block_table.stride(1) == 1)
+                    and req_id_per_token.dtype == torch.int32
+                    and req_id_per_token.dim() == 1
+                    and req_id_per_token.shape[0] >= T
+                    and (T <= 1 or req_id_per_token.stride(0) == 1)
+                    and block_table.device == dev
+                    and req_id_per_token.device == dev
+                )
+            return ok
+        except (AttributeError, TypeError):  # not tensors
+            return False
 
 
 def plan_sparse_attention(
@@ -169,50 +235,87 @@ def plan_sparse_attention(
     block_size: int,
     q_dtype: torch.dtype,
     kv_dtype: torch.dtype,
-    device: torch.device,
+    device: torch.device | str,
     paged: bool = True,
+    kv_cache_dtype: str = "auto",
+    k_scale_on_device: bool = False,
     num_splits: int | None = None,
+    batch_invariant: bool = False,
     workspace_numel: int | None = None,
     config: dict[str, Any] | None = None,
-    k_scale_on_device: bool = False,
-    batch_invariant: bool = False,
+    backend: str | None = None,
+    debug: bool | None = None,
 ) -> SparsePlan:
-    """The launches of an mla_sparse_attention call with these sizes, from the sizes alone.
+    """Everything an ``mla_sparse_attention`` call with these sizes launches, decided once on the
+    host from the sizes alone (flashinfer's plan/run): make it once per step and pass it to every
+    layer's call (``mla_sparse_attention(..., plan=plan)``), which then only checks its tensors
+    against it (``SparsePlan.matches``). No device value is read, so the calls that use it can be
+    captured in a CUDA/HIP graph.
 
     Args:
         num_rows: T, the query rows (``q_nope [T, N, 512]``; decode, MTP and prefill rows alike).
         num_heads: N (1 .. 128, or more: several head blocks per row).
         topk: K, the entries per row (``topk_indices [T, K]``).
-        block_size: tokens per cache page (``kv_cache [num_blocks, block_size, 576]``).
+        block_size: tokens per cache page (``kv_cache [num_blocks, block_size, 576]``), >= 1.
         q_dtype: float16, bfloat16 or float32.
-        kv_dtype: the cache's dtype as read: q's dtype, or an fp8 e4m3 kind (uint8 counts as fp8).
-        device: where the call runs (its arch and CU/SM count; the CPU interpreter counts 4).
+        kv_dtype: the cache tensor's dtype as the calls pass it: q's dtype, a float8 e4m3 kind, or
+            uint8 storage with an fp8 ``kv_cache_dtype``.
+        device: where the calls run (its arch and CU/SM count; the CPU interpreter counts 4).
         paged: the entries are request-local positions looked up through a block table (False:
-            global slots).
+            global slots; the calls then pass ``block_table=None, req_id_per_token=None``).
+        kv_cache_dtype: as ``plan_decode`` takes it: "auto" (the cache's dtype; float8 dtypes mean
+            fp8), "bfloat16", "float16", "float32" (must match the cache), or an fp8 name
+            (``mla_dims.FP8_KV_CACHE_DTYPES``): "fp8" / "fp8_e4m3" (uint8 storage read as the
+            platform's e4m3: e4m3fnuz on gfx942, e4m3fn elsewhere), "fp8_e4m3fn" / "fp8_e4m3fnuz"
+            (uint8 storage read as that kind; a float8 cache must be that kind).
+        k_scale_on_device: fp8 caches: the calls pass ``k_scale`` as a one-element float32 tensor
+            the kernel reads (no host sync) rather than a number. Ignored for 16/32-bit caches.
         num_splits: the most splits per row (>= 1); default: the cost model (``batch_invariant``:
             the fixed rule). The plan cuts a list into ``cdiv(K, split_len)`` splits of
             ``split_len`` entries, a multiple of the tile. Only speed depends on it.
-        workspace_numel: float32 elements of a caller's ``workspace=``: with no num_splits, the
-            split count is capped to what it holds (batch-invariant mode: never; the op then
-            rejects a short workspace).
-        config: a tier config replacing the configs' tier (tuning; ``tier_config``'s override).
-        k_scale_on_device: k_scale is a device tensor the kernel reads.
         batch_invariant: splits of ``split_tokens`` entries (configs' ``batch_invariant``): the
             split count depends on K alone, and a row's out and lse are bitwise the same in any
-            batch. num_splits must be None.
+            batch, at any position (docs/sparse-attention.md gives the cost). num_splits must be
+            None.
+        workspace_numel: float32 elements of the ``workspace=`` the calls will pass: with no
+            num_splits, the split count is capped to what it holds (batch-invariant mode: never;
+            the op then rejects a short workspace).
+        config: a tier config replacing the configs' tier (tuning; ``tier_config``'s override).
+        backend: "triton" or "reference" to force one (default: configs' backend_order, see
+            ``rocm_mla.ops._dispatch``; ``ROCM_MLA_BACKEND_MLA_SPARSE_ATTENTION`` in the
+            environment). Resolved here: the plan holds the backend that runs.
+        debug: every call checks the index values on the host (a sync, not capturable) and raises
+            a ValueError naming the first bad one. Default: ``ROCM_MLA_DEBUG=1``.
+
+    Raises:
+        TypeError / ValueError naming the argument, what was expected and what came;
+        RuntimeError for a forced backend that cannot run.
     """
-    for name, v in (("num_rows", num_rows), ("num_heads", num_heads), ("topk", topk), ("block_size", block_size)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ValueError(f"{OP}: {name}: expected an int >= 0, got {v!r}")
-    if block_size < 1:
-        raise ValueError(f"{OP}: block_size: expected >= 1, got {block_size}")
+    c = Checker(OP)
+    for name, v, low in (("num_rows", num_rows, 0), ("num_heads", num_heads, 0), ("topk", topk, 0),
+                         ("block_size", block_size, 1)):  # fmt: skip
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            c.fail(name, f"an int >= {low}", repr(v))
+    if q_dtype not in FLOAT_DTYPES:
+        c.fail("q_dtype", "float16, bfloat16 or float32", str(q_dtype).replace("torch.", ""), TypeError)
+    for name, v in (("paged", paged), ("k_scale_on_device", k_scale_on_device), ("batch_invariant", batch_invariant)):
+        if not isinstance(v, bool):
+            c.fail(name, "a bool", repr(v), TypeError)
     if num_splits is not None and (not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 1):
-        raise ValueError(f"{OP}: num_splits: expected None or an int >= 1, got {num_splits!r}")
+        c.fail("num_splits", "None or an int >= 1", repr(num_splits))
     if batch_invariant and num_splits is not None:
-        raise ValueError(f"{OP}: num_splits: expected None with batch_invariant=True (the split rule is fixed)")
+        c.fail("num_splits", "None with batch_invariant=True (the split rule is fixed)", repr(num_splits))
+    if workspace_numel is not None and (
+        not isinstance(workspace_numel, int) or isinstance(workspace_numel, bool) or workspace_numel < 0
+    ):
+        c.fail("workspace_numel", "None or an int >= 0", repr(workspace_numel))
+    if config is not None and not isinstance(config, dict):
+        c.fail("config", "None or a dict (a tier config)", type(config).__name__, TypeError)
+    device = _resolved_device(torch.device(device))
     arch = _platform.device_arch(device)
+    kv_kind, kv_fp8 = kv_kind_for(c, kv_dtype, kv_cache_dtype, q_dtype, arch)
+    impl = select(OP, device, backend, has_hip=False)
     num_cus = num_compute_units(device)
-    kv_fp8 = kv_dtype in FP8_DTYPES or kv_dtype == torch.uint8
     tier = None if config is not None else tier_index(config_for(OP, arch)["tiers"], num_heads)
     cfg = tier_config(arch, num_heads, q_dtype, kv_fp8, config)
     block_h, block_n = int(cfg["BLOCK_H"]), int(cfg["BLOCK_N"])
@@ -230,7 +333,7 @@ def plan_sparse_attention(
                 max(topk, 1),
                 block_n,
                 block_h,
-                1 if kv_fp8 else torch.empty((), dtype=kv_dtype).element_size(),
+                kv_kind.itemsize,
                 num_cus,
                 int(cfg["ctas_per_cu"]),
                 int(sp["min_tokens_per_split"]),
@@ -242,9 +345,10 @@ def plan_sparse_attention(
                 S = max(1, min(S, workspace_numel // max(1, num_rows * num_heads * (D_NOPE + 1))))
         split_len = triton.cdiv(tiles, min(S, tiles)) * block_n
     S = max(1, triton.cdiv(topk, split_len))
+    on_device = kv_fp8 and k_scale_on_device
     pow2 = block_size & (block_size - 1) == 0
     consts, options = kernel_meta(
-        arch, cfg, q_dtype, kv_fp8, direct=S == 1, has_scale_ptr=k_scale_on_device, paged=paged, pow2_page=pow2
+        arch, cfg, q_dtype, kv_fp8, direct=S == 1, has_scale_ptr=on_device, paged=paged, pow2_page=pow2
     )
     r_grid = r_consts = r_options = None
     if S > 1:
@@ -257,10 +361,12 @@ def plan_sparse_attention(
         num_heads=num_heads,
         topk=topk,
         block_size=block_size,
-        paged=bool(paged),
+        paged=paged,
         q_dtype=q_dtype,
-        kv_dtype=kv_dtype,
-        k_scale_on_device=bool(k_scale_on_device),
+        cache_dtype=kv_dtype,
+        kv_dtype=kv_kind,
+        kv_cache_dtype=kv_cache_dtype,
+        k_scale_on_device=on_device,
         tier=tier,
         config=cfg,
         head_blocks=head_blocks,
@@ -274,8 +380,19 @@ def plan_sparse_attention(
         reduce_grid=r_grid,
         reduce_constexprs=r_consts,
         reduce_options=r_options,
-        batch_invariant=bool(batch_invariant),
+        batch_invariant=batch_invariant,
+        device=device,
+        backend=impl,
+        debug=debug_enabled(debug),
     )
+
+
+def _resolved_device(device: torch.device) -> torch.device:
+    """``device`` with its index (a "cuda" plan serves tensors on the current device, whose
+    ``.device`` names the index)."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 __all__ = [

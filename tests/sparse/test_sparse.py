@@ -123,10 +123,10 @@ def test_fp8_cache(kind, backend):
         case.run(backend=backend, num_splits=splits, kv_cache_dtype=name)
         case.check(ref=want)
         case.out.fill_(float("nan"))
-        kw = {"kv_cache_dtype": "auto", "k_scale": 0.5}
         args = list(case.args())
         args[2] = case.kv_cache  # typed float8
-        rocm_mla.mla_sparse_attention(*args, **case.kwargs(**kw), backend=backend, num_splits=splits)
+        sparse.call_sparse(*args, sm_scale=case.sm_scale, out=case.out, lse=case.lse, k_scale=0.5,
+                           kv_cache_dtype="auto", backend=backend, num_splits=splits)  # fmt: skip
         case.check(ref=want)
 
 
@@ -156,7 +156,7 @@ def test_batch_invariant_row_alone_equals_row_in_batch():
     plan = case.plan(batch_invariant=True)
     assert plan.num_splits > 1  # the rule splits these lists: the reduce is exercised
     for t in range(case.shape.T):
-        oa, la = rocm_mla.mla_sparse_attention(
+        oa, la = sparse.call_sparse(
             case.q_nope[t : t + 1], case.q_pe[t : t + 1], case.kv_cache, case.positions[t : t + 1],
             case.block_table, case.req_ids[t : t + 1], sm_scale=case.sm_scale, batch_invariant=True,
         )  # fmt: skip
@@ -172,17 +172,140 @@ def test_plan_reuse_and_mismatch():
     """A plan made once serves every call of its sizes (as vLLM's layers share one); a plan of other
     sizes or another table kind is a ValueError naming what differs."""
     case = make_case((60, 30), (2, 1), N=8, K=24, dtype=torch.float16)
-    plan = case.plan(num_splits=2)
-    assert plan.num_splits == 2 and plan.launches == 2
+    plan = case.plan(num_splits=2, backend=BACKENDS[0])
+    assert plan.num_splits == 2 and plan.launches == 2 and plan.backend == BACKENDS[0]
     for _ in range(2):
         case.out.fill_(float("nan"))
-        case.run(backend=BACKENDS[0], plan=plan)
+        case.run(plan=plan)
         case.check()
-    other = make_case((60, 30), (2, 1), N=16, K=24, dtype=torch.float16).plan()
-    raises_naming(ValueError, lambda: case.run(backend="triton", plan=other), "plan", "num_heads=8")
-    slots = make_case((60, 30), (2, 1), N=8, K=24, dtype=torch.float16, mode="slots").plan()
-    raises_naming(ValueError, lambda: case.run(backend="triton", plan=slots), "plan", "paged=True")
-    raises_naming(TypeError, lambda: case.run(backend="triton", plan="x"), "plan", "SparsePlan")
+    other = make_case((60, 30), (2, 1), N=16, K=24, dtype=torch.float16).plan(backend=BACKENDS[0])
+    raises_naming(ValueError, lambda: case.run(plan=other), "plan", "num_heads=8")
+    slots = make_case((60, 30), (2, 1), N=8, K=24, dtype=torch.float16, mode="slots").plan(backend=BACKENDS[0])
+    raises_naming(ValueError, lambda: case.run(plan=slots), "plan", "paged=True")
+    raises_naming(TypeError, lambda: case.run(plan="x"), "plan", "SparsePlan")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_plan_of_other_sizes_refused_by_every_backend(backend):
+    """The plan is checked before any backend runs: the reference backend refuses a plan made for
+    other sizes with the very error Triton gives, and writes nothing."""
+    case = make_case((60, 30), (2, 1), N=8, K=24, dtype=torch.float16)
+    msgs = []
+    for b in BACKENDS:
+        other = make_case((60, 30), (2, 1), N=16, K=24, dtype=torch.float16).plan(backend=b)
+        assert other.backend == b
+        msgs.append(raises_naming(ValueError, lambda: case.run(plan=other), "plan", "num_heads=8", "num_heads=16"))
+        assert bool(torch.isnan(case.out).all()) and bool(torch.isnan(case.lse).all())
+    assert len(set(msgs)) == 1, msgs
+    fewer = make_case((60, 30), (1, 1), N=8, K=24, dtype=torch.float16).plan(backend=backend)
+    raises_naming(ValueError, lambda: case.run(plan=fewer), "plan", "num_rows=3", "num_rows=2")
+    wider = make_case((60, 30), (2, 1), N=8, K=32, dtype=torch.float16).plan(backend=backend)
+    raises_naming(ValueError, lambda: case.run(plan=wider), "plan", "topk=24", "topk=32")
+
+
+def test_plan_matches():
+    """``SparsePlan.matches``: True for the tensors the plan was made for, False (never raising) for
+    another dtype, size, block size, table kind, device, cache storage or kind of k_scale."""
+    from rocm_mla.ops import plan_sparse_attention_for
+
+    case = make_case((60, 30), (2, 1), N=8, K=24, dtype=torch.float16)
+    a = case.args()
+    plan = plan_sparse_attention_for(*a)
+    assert plan.matches(*a) and plan.matches(*a, k_scale=0.5) and plan.matches(*a, k_scale=torch.ones(1))
+    assert plan.cache_dtype == plan.kv_dtype == torch.float16 and plan.kv_cache_dtype == "auto"
+    assert not plan.matches(a[0].float(), a[1].float(), *a[2:])  # q dtype
+    assert not plan.matches(a[0][:2], a[1][:2], a[2], a[3][:2], *a[4:])  # T
+    assert not plan.matches(*a[:3], a[3][:, :16], *a[4:])  # K
+    assert not plan.matches(*a[:2], a[2][:, :8], *a[3:])  # block size
+    assert not plan.matches(*a[:2], a[2].float(), *a[3:])  # cache dtype
+    assert not plan.matches(*a[:4], None, None)  # table kind
+    assert not plan.matches(a[0].to("meta"), *a[1:])  # device
+    assert not plan.matches("q", *a[1:]) and not plan.matches(*a[:4], a[4], "r")  # not tensors
+    fp8 = make_case((60, 30), (2, 1), N=8, K=24, kv="fp8", dtype=torch.float16, k_scale=0.5)
+    f = fp8.args()  # uint8 storage, k_scale a device tensor
+    on_dev = plan_sparse_attention_for(*f, k_scale=fp8.k_scale, kv_cache_dtype="fp8")
+    assert on_dev.k_scale_on_device and on_dev.cache_dtype == torch.uint8 and on_dev.kv_dtype == platform_fp8(DEVICE)
+    assert on_dev.matches(*f, k_scale=fp8.k_scale)
+    assert not on_dev.matches(*f, k_scale=0.5) and not on_dev.matches(*f)  # a number / None for a device scale
+    as_float = plan_sparse_attention_for(*f, k_scale=0.5, kv_cache_dtype="fp8")
+    assert as_float.matches(*f, k_scale=0.5) and as_float.matches(*f) and not as_float.matches(*f, k_scale=fp8.k_scale)
+    assert not as_float.matches(*f[:2], fp8.kv_cache, *f[3:], k_scale=0.5)  # the float8 view: another storage
+    raises_naming(ValueError, lambda: fp8.run(plan=on_dev, k_scale=0.5), "plan", "k_scale_on_device=False")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_uint8_storage_through_the_plan(backend):
+    """uint8 storage with kv_cache_dtype "fp8" (the plan names the kind) gives the bits of the float8
+    view with "auto"; a uint8 cache without a plan, or with "auto", is refused naming what to pass."""
+    from rocm_mla.ops import plan_sparse_attention_for
+
+    case = make_case((50, 33), (2, 1), N=8, K=40, kv="fp8", dtype=torch.float16, k_scale=0.5, holes=0.1)
+    stored = case.args()
+    typed = (*stored[:2], case.kv_cache, *stored[3:])
+    assert stored[2].dtype == torch.uint8 and case.kv_cache.dtype == platform_fp8(DEVICE)
+    for splits in (None, 2) if backend == "triton" else (None,):
+        results = []
+        for args, name in ((stored, "fp8"), (typed, "auto")):
+            plan = plan_sparse_attention_for(
+                *args, k_scale=case.k_scale, kv_cache_dtype=name, backend=backend, num_splits=splits
+            )
+            assert plan.kv_dtype == case.kv_cache.dtype and plan.kv_fp8
+            results.append(rocm_mla.mla_sparse_attention(*args, **case.kwargs(out=None, lse=None, plan=plan)))
+        case.check(*results[0])
+        assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    raises_naming(
+        ValueError, lambda: rocm_mla.mla_sparse_attention(*stored, sm_scale=0.1), "plan", "kv_cache_dtype='fp8'"
+    )
+    raises_naming(ValueError, lambda: plan_sparse_attention_for(*stored), "kv_cache_dtype", "uint8")
+
+
+def test_plan_knobs_take_effect():
+    """Every knob lives in the plan and the call does what it says: the split count, batch invariance,
+    the backend and debug; the plan of the tensors equals the plan of the sizes, and the bits do too."""
+    from rocm_mla.ops import plan_sparse_attention_for
+
+    case = make_case((200, 90, 150), (1, 3, 2), N=16, K=96, block=16, dtype=torch.float16, holes=0.05)
+    a = case.args()
+    for b in BACKENDS:
+        assert plan_sparse_attention_for(*a, backend=b).backend == b
+    three = plan_sparse_attention_for(*a, num_splits=3, backend=BACKENDS[0])
+    assert three == case.plan(num_splits=3, backend=BACKENDS[0])
+    assert three.num_splits == 3 and three.launches == 2 and not three.batch_invariant
+    inv = plan_sparse_attention_for(*a, batch_invariant=True, backend=BACKENDS[0])
+    assert inv.batch_invariant and inv.num_splits == 1 + (96 - 1) // inv.split_len
+    for plan in (three, inv):
+        o1, l1 = case.run(plan=plan, out=None, lse=None)
+        case.check(o1, l1)
+        o2, l2 = case.run(plan=case.plan(num_splits=plan.num_splits if not plan.batch_invariant else None,
+                                         batch_invariant=plan.batch_invariant, backend=BACKENDS[0]),
+                          out=None, lse=None)  # fmt: skip
+        assert torch.equal(o1, o2) and torch.equal(l1, l2)
+    case.positions[1, 0] = 1 << 20
+    debug = case.plan(debug=True, backend=BACKENDS[0])
+    assert debug.debug and not case.plan(debug=False).debug
+    raises_naming(ValueError, lambda: case.run(plan=debug), "topk_indices[1, 0]")
+    o, _ = case.run(plan=case.plan(debug=False, backend=BACKENDS[0]), out=None, lse=None)
+    assert bool(torch.isnan(o[1]).all()) and not bool(torch.isnan(o[0]).any())  # no check: the row is NaN
+
+
+def test_plan_arguments_named():
+    """plan_sparse_attention's own errors name the argument, what was expected and what came."""
+    from rocm_mla.ops import plan_sparse_attention
+
+    kw = dict(num_rows=2, num_heads=8, topk=16, block_size=16, q_dtype=torch.float16, kv_dtype=torch.float16,
+              device=DEVICE)  # fmt: skip
+    p = plan_sparse_attention
+    raises_naming(ValueError, lambda: p(**{**kw, "num_rows": -1}), "num_rows", "an int >= 0", "-1")
+    raises_naming(ValueError, lambda: p(**{**kw, "block_size": 0}), "block_size", "an int >= 1")
+    raises_naming(TypeError, lambda: p(**{**kw, "q_dtype": torch.int32}), "q_dtype", "int32")
+    raises_naming(TypeError, lambda: p(**kw, paged=1), "paged", "a bool")
+    raises_naming(ValueError, lambda: p(**kw, workspace_numel=-4), "workspace_numel", "-4")
+    raises_naming(TypeError, lambda: p(**kw, config=[16]), "config", "list")
+    raises_naming(ValueError, lambda: p(**{**kw, "kv_dtype": torch.uint8}), "kv_cache_dtype", "uint8")
+    raises_naming(TypeError, lambda: p(**kw, kv_cache_dtype="float32"), "kv_cache", "float32")
+    bad = {"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "D_SPLIT": 3}
+    raises_naming(ValueError, lambda: p(**kw, config=bad), "mla_sparse_attention: config: expected D_SPLIT 1 or 2")
+    assert p(**{**kw, "kv_dtype": torch.uint8}, kv_cache_dtype="fp8").kv_dtype == platform_fp8(DEVICE)
 
 
 def test_plan_split_rule():
@@ -230,6 +353,7 @@ def test_errors_name_the_argument():
     a = case.args()
     kw = dict(sm_scale=0.1)
     f = rocm_mla.mla_sparse_attention
+    g = sparse.call_sparse  # the plan's knobs beside the call: planned from the tensors
     raises_naming(ValueError, lambda: f(a[0][..., :256], *a[1:], **kw), "q_nope", "512")
     raises_naming(ValueError, lambda: f(a[0], a[1][:1], *a[2:], **kw), "q_pe", "[T, N, 64]")
     raises_naming(TypeError, lambda: f(a[0], a[1].half(), *a[2:], **kw), "q_pe", "float32")
@@ -244,13 +368,13 @@ def test_errors_name_the_argument():
     raises_naming(TypeError, lambda: f(*a[:4], a[4].long(), a[5], **kw), "block_table", "int32")
     raises_naming(ValueError, lambda: f(*a, sm_scale=0.1, out=torch.empty(2, 4, 256)), "out", "[T, N, 512]")
     raises_naming(TypeError, lambda: f(*a, sm_scale=0.1, lse=torch.empty(2, 4, dtype=torch.float16)), "lse", "float32")
-    raises_naming(ValueError, lambda: f(*a, sm_scale=0.1, num_splits=0), "num_splits")
-    raises_naming(ValueError, lambda: f(*a, sm_scale=0.1, num_splits=2, batch_invariant=True), "num_splits")
-    raises_naming(TypeError, lambda: f(*a, sm_scale=0.1, batch_invariant=1), "batch_invariant", "a bool")
-    raises_naming(ValueError, lambda: f(*a, sm_scale=0.1, kv_cache_dtype="int8"), "kv_cache_dtype")
-    raises_naming(ValueError, lambda: f(*a, sm_scale=0.1, config={"BLOCK_H": 12, "BLOCK_N": 16, "num_warps": 4,
+    raises_naming(ValueError, lambda: g(*a, sm_scale=0.1, num_splits=0), "num_splits")
+    raises_naming(ValueError, lambda: g(*a, sm_scale=0.1, num_splits=2, batch_invariant=True), "num_splits")
+    raises_naming(TypeError, lambda: g(*a, sm_scale=0.1, batch_invariant=1), "batch_invariant", "a bool")
+    raises_naming(ValueError, lambda: g(*a, sm_scale=0.1, kv_cache_dtype="int8"), "kv_cache_dtype")
+    raises_naming(ValueError, lambda: g(*a, sm_scale=0.1, config={"BLOCK_H": 12, "BLOCK_N": 16, "num_warps": 4,
                                                                   "num_stages": 1}), "BLOCK_H")  # fmt: skip
-    raises_naming(RuntimeError, lambda: f(*a, sm_scale=0.1, backend="hip"), "no HIP kernel")
+    raises_naming(RuntimeError, lambda: g(*a, sm_scale=0.1, backend="hip"), "no HIP kernel")
 
 
 @pytest.mark.parametrize("bad,exc,words", BAD_SCALES)

@@ -8,7 +8,6 @@ import torch
 from _util import DEVICE
 from sparse_case import make_case
 
-import rocm_mla
 from rocm_mla.cases import outside_untouched, sparse
 
 
@@ -62,9 +61,9 @@ def test_gpu_batch_invariant(kv, N):
 
     def rows(sel):
         sel = torch.tensor(sel, device=DEVICE)
-        return rocm_mla.mla_sparse_attention(
-            args[0][sel], args[1][sel], args[2], args[3][sel], args[4], args[5][sel],
-            **case.kwargs(out=None, lse=None), batch_invariant=True,
+        return sparse.call_sparse(
+            args[0][sel], args[1][sel], args[2], args[3][sel], args[4], args[5][sel], sm_scale=case.sm_scale,
+            k_scale=case.k_scale, kv_cache_dtype=case.kv_cache_dtype, batch_invariant=True,
         )  # fmt: skip
 
     for sel in ([t] for t in range(T)):

@@ -120,10 +120,10 @@ def test_zero_sizes(backend):
     bt = case.block_table[:0]
     args = list(case.args())
     args[4] = bt
-    out, lse = rocm_mla.mla_sparse_attention(*args, **case.kwargs(out=None, lse=None), backend=backend)
+    out, lse = rocm_mla.mla_sparse_attention(*args, **case.kwargs(out=None, lse=None, backend=backend))
     assert bool((out == 0).all()) and bool((lse == -math.inf).all())
     args[2] = case.kv[:0]  # no pages at all: a named position is bad, none named is fine
-    out, lse = rocm_mla.mla_sparse_attention(*args, **case.kwargs(out=None, lse=None), backend=backend)
+    out, lse = rocm_mla.mla_sparse_attention(*args, **case.kwargs(out=None, lse=None, backend=backend))
     assert bool((out == 0).all()) and bool((lse == -math.inf).all())
 
 
@@ -163,7 +163,7 @@ def test_gpu_bad_values(kv, N):
 def test_gpu_checks_no_sync_and_capturable():
     """With caller-given out / lse / workspace (the overlap checks run): no host sync, capturable."""
     case = GuardedCase((3000, 70, 500), (1, 2, 1), 16, 64, K=512, dtype=torch.bfloat16)
-    plan = case.plan(num_splits=4)
+    plan = case.plan(num_splits=4, backend="triton")
     ws = torch.empty(plan.workspace_numel, device=DEVICE)
     assert_no_sync_and_capturable(
         [lambda: case.run("triton"), lambda: case.run("triton", plan=plan, workspace=ws)], [case.out, case.lse]

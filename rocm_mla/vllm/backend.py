@@ -344,6 +344,10 @@ class RocmMLAImplCommon:
         # ql_nope and q_pe plus a quant kernel) and then a dequant here: keep the tuple path.
         self.supports_quant_query_input = False
         self._fp8_cache = is_quantized_kv_cache(kv_cache_dtype)
+        # The ops' kv_cache_dtype for this layer's cache: vLLM's fp8 name, under which the ops read
+        # uint8 storage (how vLLM holds the cache) and its float8 view alike; "auto" for a cache
+        # of the model dtype.
+        self.op_kv_cache_dtype = kv_cache_dtype if self._fp8_cache else "auto"
         self._batch_invariant = batch_invariant_requested()
         # The activation dtype: vLLM builds layers under set_default_torch_dtype(model dtype), as
         # MLAAttention.__init__ itself relies on.
@@ -388,6 +392,10 @@ class RocmMLAImplCommon:
         Each call runs the plan the metadata builder left for its shape (``prefill.rocm_mla_plan``,
         each chunk's ``rocm_mla_plan``); metadata without one (another builder's: the sparse
         backend's) gets it from the step's first layer (``plan_on``).
+
+        ``kv_c_and_k_pe_cache`` ``[num_blocks, block_size, 576]``: the cache in either form vLLM
+        passes, an fp8 one as uint8 storage or as its float8 view; the context gather reads both
+        under the layer's fp8 name (``op_kv_cache_dtype``).
 
         Decode context parallelism needs vLLM's KV all-gather of the context
         (``_context_parallel_compute_prefill_context``): that case runs vLLM's common prefill,
@@ -466,6 +474,7 @@ class RocmMLAImplCommon:
                 chunk.token_to_seq,
                 ws,
                 k_scale=k_scale.reshape(1) if fp8 else None,
+                kv_cache_dtype=self.op_kv_cache_dtype,
             )
             kv_c = ws[:, :L]
             if proj_dtype is not None and proj_dtype != kv_c.dtype:

@@ -65,6 +65,7 @@ def fold_in_context_invariant(
                 torch.zeros(n, dtype=torch.int32, device=dev),
                 ws,
                 k_scale=k_scale.reshape(1) if fp8 else None,
+                kv_cache_dtype=impl.op_kv_cache_dtype,
             )
             kv_c = ws[:, :L]
             if proj_dtype is not None and proj_dtype != kv_c.dtype:

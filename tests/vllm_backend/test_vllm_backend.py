@@ -265,6 +265,7 @@ BATCHES = {"decode": (DECODE, 1), "mtp": (MTP, 2), "prefill_context": (PREFILL, 
 
 def _step(batch: str, dtype, kv_cache_dtype, block_size, num_heads, **kw) -> LayerStep:
     reqs, threshold = BATCHES[batch]
+    kw.setdefault("workspace_rows", max(48, block_size))
     return LayerStep(
         RocmMLABackend,
         reqs,
@@ -274,7 +275,6 @@ def _step(batch: str, dtype, kv_cache_dtype, block_size, num_heads, **kw) -> Lay
         kv_cache_dtype=kv_cache_dtype,
         block_size=block_size,
         decode_threshold=threshold,
-        workspace_rows=max(48, block_size),
         k_scale=0.05,
         **kw,
     )
@@ -316,6 +316,19 @@ def test_forward_block_sizes_1_and_64_with_8_heads(batch, block_size):
     if HAS_GPU:
         pytest.skip("CPU variant (interpreter); the gpu-marked test covers the GPU")
     _check_forward(batch, torch.float16, "auto", block_size=block_size, num_heads=8)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e4m3"])
+def test_prefill_with_context_on_uint8_fp8_storage(kv_cache_dtype):
+    """forward_mha handed the fp8 cache as vLLM allocates it (uint8 storage, as vLLM's backend
+    tests call it) rather than forward_impl's float8 view: the context gather reads the bytes as
+    the layer's fp8 kind and the prefill rows (their context in several chunks) match the float32
+    reference."""
+    dtype = torch.bfloat16 if HAS_GPU else torch.float16
+    step = _step("mixed", dtype, kv_cache_dtype, 16, 8, workspace_rows=16)
+    assert step.kv_cache.dtype == torch.uint8 and step.layer.impl.op_kv_cache_dtype == kv_cache_dtype
+    assert len(step.metadata.prefill.chunked_context.chunks) >= 2
+    raise_on(step.mismatch(step.run_prefill_on_stored_cache()))
 
 
 @pytest.mark.gpu

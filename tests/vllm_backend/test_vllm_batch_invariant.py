@@ -153,3 +153,15 @@ def test_context_chunks_cut_per_request(monkeypatch, invariant):
         assert all(same), same
     else:
         assert not all(same), "the default mode should follow vLLM's cuts (else this test cannot fail)"
+
+
+def test_context_cut_per_request_on_uint8_fp8_storage(monkeypatch):
+    """The per-request context pieces (``fold_in_context_invariant``) with forward_mha handed the
+    fp8 cache as vLLM allocates it (uint8 storage, as vLLM's backend tests call it): each gather
+    reads the bytes as the layer's fp8 kind and the prefill rows match the float32 reference."""
+    for name in ENVS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ROCM_MLA_BATCH_INVARIANT", "1")
+    step = _step([Request(25, 1), Request(60, 3)], kv_cache_dtype="fp8")
+    assert step.layer.impl._batch_invariant and step.kv_cache.dtype == torch.uint8
+    raise_on(step.mismatch(step.run_prefill_on_stored_cache()))

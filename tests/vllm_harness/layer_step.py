@@ -582,6 +582,19 @@ class LayerStep:
         for name, args, kwargs in calls:
             getattr(self.layer.impl, name)(*args, **kwargs)
 
+    def run_prefill_on_stored_cache(self) -> torch.Tensor:
+        """The step, then its prefill rows again through ``forward_mha`` handed the cache as vLLM
+        allocates it (uint8 storage for fp8) in place of the float8 view ``forward_impl`` gives:
+        how vLLM's own backend tests call it. The prefill rows are NaN-filled before that call;
+        returns the step's output ``[T, N * V]``."""
+        ((_, args, kwargs),) = [c for c in self.capture_backend_calls() if c[0] == "forward_mha"]
+        viewed = args[3]
+        assert viewed.data_ptr() == self.kv_cache.data_ptr()
+        assert viewed.dtype != torch.uint8 or not self.fp8, "forward_impl hands over the float8 view"
+        kwargs["output"].fill_(float("nan"))
+        self.layer.impl.forward_mha(*args[:3], self.kv_cache, *args[4:], **kwargs)
+        return self.output
+
     def run(self) -> torch.Tensor:
         """One layer step: KV write of the new tokens, then attention; returns ``[T, N * 128]``."""
         self.layer.update_kv_cache(

@@ -108,7 +108,7 @@ def ours(s: Step):
     lse = torch.empty(s.shape.T, N, dtype=torch.float32, device=s.dev)
 
     def call(i: int = 0):
-        mla_indexer_topk(*c.args(0), topk=TOPK, out=buf, shuffled=c.shuffled, plan=iplan, workspace=ws)
+        mla_indexer_topk(*c.args(0), topk=TOPK, out=buf, plan=iplan, workspace=ws)
         mla_sparse_attention(
             s.q_nope, s.q_pe, s.kv, buf, c.tables[0], c.req_ids, sm_scale=s.sm_scale, out=s.out, lse=lse, plan=splan
         )

@@ -24,6 +24,8 @@ from ..reference.indexer import INDEX_HEAD_DIM, INDEX_ROW_BYTES, indexer_k_cache
 from ._paged import generator, platform_fp8, request_rows
 
 POISON_OUT = -7  # what out holds before a call: every entry must be written
+# plan_indexer_topk's choices that IndexerInputs.run takes as keywords and plans with.
+PLAN_KNOBS = ("backend", "config", "max_kv_len", "debug", "shuffled")
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,7 @@ SHAPES: dict[str, list[IndexerShape]] = {
 @dataclass
 class IndexerInputs:
     """One mla_indexer_topk call's tensors. ``args(i)`` is the op's positional arguments with cache
-    copy i; ``kwargs()`` the keywords; ``out`` poisoned with POISON_OUT."""
+    copy i; ``kwargs()`` the keywords (the plan included); ``out`` poisoned with POISON_OUT."""
 
     shape: IndexerShape
     fp8: torch.dtype
@@ -155,19 +157,31 @@ class IndexerInputs:
         return (self.q, self.weights, self.caches[i], self.tables[i], self.req_ids, self.kv_lens)
 
     def kwargs(self, **overrides) -> dict:
-        kw = dict(topk=self.shape.topk, out=self.out, shuffled=self.shuffled)
+        """The op's keywords: topk, out, and the plan of the inputs' sizes and cache layout
+        (:meth:`plan`) unless ``overrides`` give one."""
+        kw = dict(topk=self.shape.topk, out=self.out)
         kw.update(overrides)
+        if kw.get("plan") is None:
+            kw["plan"] = self.plan()
         return kw
 
     def run(self, i: int = 0, **overrides):
-        """mla_indexer_topk on copy i, writing ``out`` (``overrides``: backend, config, plan,
-        max_kv_len, out=None, ...). Returns what the op returns."""
+        """mla_indexer_topk on copy i, writing ``out``. ``overrides``: the op's keywords (out=None,
+        workspace, plan) or the plan's knobs (backend, config, max_kv_len, debug), planned here
+        with the inputs' cache layout (:meth:`plan`); a call takes a plan or knobs, not both.
+        Returns what the op returns."""
         from ..ops import mla_indexer_topk
 
+        knobs = {k: overrides.pop(k) for k in PLAN_KNOBS if k in overrides}
+        if overrides.get("plan") is None:
+            overrides["plan"] = self.plan(**knobs)
+        elif knobs:
+            raise TypeError(f"IndexerInputs.run: a plan and plan knobs ({', '.join(knobs)}): the plan holds them")
         return mla_indexer_topk(*self.args(i), **self.kwargs(**overrides))
 
     def plan(self, device=None, **overrides):
-        """The :class:`~rocm_mla.ops.IndexerTopkPlan` of :meth:`run`'s call."""
+        """The :class:`~rocm_mla.ops.IndexerTopkPlan` of :meth:`run`'s call (``overrides``:
+        ``plan_indexer_topk``'s keywords; max_kv_len defaults to the table's capacity)."""
         from ..ops import plan_indexer_topk
 
         kw = dict(

@@ -12,13 +12,11 @@ from typing import Any
 
 import torch
 
-from .. import _platform
 from ..kernels.indexer_topk import mla_indexer_merge_kernel, mla_indexer_prefilter_kernel, mla_indexer_split_topk_kernel
 from ..mla_dims import FP8_DTYPES
 from ..reference.indexer_topk import SENTINEL, mla_indexer_topk_ref
 from ..triton_common import INT32_MAX
-from ._checks import Checker, debug_enabled
-from ._dispatch import select
+from ._checks import Checker
 from .indexer_cache import check_index_cache
 from .indexer_topk_plan import INDEX_DIM, OP, IndexerTopkPlan, plan_indexer_topk
 
@@ -33,13 +31,8 @@ def mla_indexer_topk(
     *,
     topk: int,
     out: torch.Tensor | None = None,
-    max_kv_len: int | None = None,
-    shuffled: bool | None = None,
     workspace: torch.Tensor | None = None,
     plan: IndexerTopkPlan | None = None,
-    backend: str | None = None,
-    config: dict[str, Any] | None = None,
-    debug: bool | None = None,
 ) -> torch.Tensor:
     """For each query row, the request-local positions of the ``topk`` keys with the largest
     indexer logits, ``logit(t, j) = sum_h weights[t, h] x relu(q[t, h] . k_j)``.
@@ -56,70 +49,49 @@ def mla_indexer_topk(
             kind (vLLM writes both with the platform's: e4m3fnuz on gfx942).
         weights: ``[T, H]`` float32, any strides.
         index_cache: ``[num_blocks, block_size, 132]`` uint8 (or a float8 view): the indexer key
-            cache as ``indexer_k_cache_write`` (and vLLM's ROCm model path) writes it.
+            cache as ``indexer_k_cache_write`` (and vLLM's ROCm model path) writes it, in the
+            value layout the plan names (``shuffled``).
         block_table: ``[B, max_blocks]`` int32, column stride 1: each request's pages.
         req_id_per_token: ``[>= T]`` int32, stride 1: row t's request.
         kv_lens: ``[>= T]`` int32, stride 1: the keys row t sees, positions ``[0, kv_lens[t])`` of
             its request (decode and MTP rows their context, a prefill row its position + 1).
         topk: keys kept per row (2048 for the models; >= 1).
         out: ``[T, topk]`` int32 destination, column stride 1 (allocated when None).
-        max_kv_len: the most keys any row may see (default ``max_blocks x block_size``): fixes the
-            split count without reading kv_lens. A row with more keys gets the bad-row sentinel.
-        shuffled: the cache's value layout, as ``indexer_k_cache_write`` takes it (None: vLLM's
-            ROCm rule, 16 x 16 tiles for block_size > 1).
         workspace: optional contiguous int32 tensor of at least ``plan.workspace_numel`` elements
             (rows longer than one split); without it such a call does one ``torch.empty``.
-        plan: an ``IndexerTopkPlan`` from ``plan_indexer_topk`` for these sizes (once per step
-            for every layer); it must match the call (ValueError).
-        backend: "triton" or "reference" to force one.
-        config: launch data replacing the arch's (tuning; fields as plan_indexer_topk takes them).
-        debug: check the index values on the host (a sync, not capturable) and raise naming the
-            first bad one. Default: ``ROCM_MLA_DEBUG=1``.
+        plan: an ``IndexerTopkPlan`` (``plan_indexer_topk`` / ``plan_indexer_topk_for``: once per
+            step for every layer) holding every choice that is not a tensor: max_kv_len, the
+            cache layout (shuffled), launch data (config), backend and debug. It must match the
+            call (``IndexerTopkPlan.matches``, checked before anything runs; ValueError naming
+            the field). None: ``plan_indexer_topk_for(q, index_cache, block_table, topk=topk)``
+            (max_kv_len the table's ``max_blocks x block_size``, vLLM's ROCm layout rule).
 
     Returns:
-        ``out``: per row ``min(topk, kv_lens[t])`` distinct positions in ascending order (so
-        the same bits on every call and in any batch), then -1. Ties in logit value are taken in
-        position order. A valid top-k up to float rounding: the logits are float32 sums.
+        ``out``, the same on every backend: per row ``min(topk, kv_lens[t])`` distinct positions
+        in ascending order (so the same bits on every call and in any batch), then -1. Ties in
+        logit value are taken in position order. A valid top-k up to float rounding: the Triton
+        logits are float32 sums, the reference's float64.
 
-    Bad values and NaN (no host sync): nothing outside the given tensors is read or written; a
-    row whose request is outside ``[0, B)``, whose kv_len is negative, past ``max_blocks x
-    block_size`` or past max_kv_len, or whose visible keys use a block-table entry outside
-    ``[0, num_blocks)``, gets -2 in every entry (``SENTINEL``: ``mla_sparse_attention`` answers
-    a -2 with a NaN row). So does a row with a NaN logit (a NaN in its q or weights, or in a key or
-    scale it sees): a NaN is never dropped silently. Other rows are exact. Rows that see no key
-    get -1 everywhere.
+    Bad values and NaN (no host sync unless the plan's debug): nothing outside the given tensors
+    is read or written; a row whose request is outside ``[0, B)``, whose kv_len is negative, past
+    ``max_blocks x block_size`` or past ``plan.max_keys`` (what the splits cover, >=
+    max_kv_len), or whose visible keys use a block-table entry outside ``[0, num_blocks)``, gets
+    -2 in every entry (``SENTINEL``: ``mla_sparse_attention`` answers a -2 with a NaN row). So
+    does a row with a NaN logit (a NaN in its q or weights, or in a key or scale it sees): a NaN
+    is never dropped silently. Other rows are exact. Rows that see no key get -1 everywhere. A
+    debug plan raises a ValueError naming the first bad index (kv_len past max_kv_len included).
 
     Raises:
         TypeError / ValueError naming the argument, what was expected and what came.
     """
     c = Checker(OP)
-    c.tensor("q", q, ndim=3, layout="[T, H, 128]", dtypes=FP8_DTYPES)
-    T, H, dq = q.shape
-    if dq != INDEX_DIM:
-        c.fail("q", f"shape [T, H, 128] = (*, *, {INDEX_DIM})", tuple(q.shape))
-    if H < 1:
-        c.fail("q", "H >= 1 heads", tuple(q.shape))
-    if q.stride(2) != 1:
-        c.fail("q", "a contiguous last dim (stride 1)", f"strides {q.stride()}")
-    c.tensor("weights", weights, shape=(T, H), layout="[T, H]", like="q's T, H", dtypes=(torch.float32,))
-    shuffle = check_index_cache(c, index_cache, shuffled)
-    bs = index_cache.shape[1]
-    c.tensor("block_table", block_table, ndim=2, layout="[B, max_blocks]", dtypes=(torch.int32,))
-    if block_table.shape[1] > 1 and block_table.stride(1) != 1:
-        c.fail("block_table", "column stride 1", f"strides {block_table.stride()}")
-    for name, x in (("req_id_per_token", req_id_per_token), ("kv_lens", kv_lens)):
-        c.tensor(name, x, ndim=1, layout="[>= T]", dtypes=(torch.int32,))
-        if x.shape[0] < T:
-            c.fail(name, f"a 1-D tensor of at least q's {T} rows", tuple(x.shape))
-        if T > 1 and x.stride(0) != 1:
-            c.fail(name, "stride 1", f"strides {x.stride()}")
-    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
-        c.fail("topk", "an int >= 1", repr(topk), TypeError if not isinstance(topk, int) else ValueError)
-    capacity = block_table.shape[1] * bs
-    if max_kv_len is None:
-        max_kv_len = capacity
-    elif isinstance(max_kv_len, bool) or not isinstance(max_kv_len, int) or max_kv_len < 0:
-        c.fail("max_kv_len", "None or an int >= 0", repr(max_kv_len))
+    if plan is None:
+        plan = plan_indexer_topk_for(q, index_cache, block_table, topk=topk)
+    elif not isinstance(plan, IndexerTopkPlan):
+        c.fail("plan", "a plan from plan_indexer_topk (IndexerTopkPlan)", type(plan).__name__, TypeError)
+    if not plan.matches(q, weights, index_cache, block_table, req_id_per_token, kv_lens, topk=topk):
+        _explain_mismatch(c, plan, q, weights, index_cache, block_table, req_id_per_token, kv_lens, topk)
+    T = plan.num_rows
     given_out = out
     if out is None:
         out = torch.empty(T, topk, dtype=torch.int32, device=q.device)
@@ -132,10 +104,7 @@ def mla_indexer_topk(
         c.tensor("workspace", workspace, ndim=1, layout="[n] contiguous", dtypes=(torch.int32,))
         if workspace.numel() > 1 and workspace.stride(0) != 1:
             c.fail("workspace", "a contiguous tensor", f"strides {workspace.stride()}")
-    c.same_device(
-        q=q, weights=weights, index_cache=index_cache, block_table=block_table,
-        req_id_per_token=req_id_per_token, kv_lens=kv_lens, out=out, workspace=workspace,
-    )  # fmt: skip
+    c.same_device(q=q, out=out, workspace=workspace)
     c.no_overlap(
         {"out": given_out, "workspace": workspace},
         {
@@ -147,26 +116,17 @@ def mla_indexer_topk(
             "kv_lens": kv_lens,
         },
     )
-    if debug_enabled(debug):
-        _debug_checks(c, index_cache, block_table, req_id_per_token, kv_lens, T, max_kv_len)
-
-    impl = select(OP, q.device, backend, has_hip=False)
+    if plan.debug:
+        _debug_checks(c, index_cache, block_table, req_id_per_token, kv_lens, T, plan.max_kv_len)
     if T == 0:
         return out
-    if impl != "triton":
+    if plan.backend != "triton":
         ref = mla_indexer_topk_ref(
-            q, weights, index_cache, block_table, req_id_per_token, kv_lens, topk=topk, shuffled=shuffle,
-            max_keys=max_kv_len,
+            q, weights, index_cache, block_table, req_id_per_token, kv_lens, topk=topk, shuffled=plan.shuffled,
+            max_keys=plan.max_keys,
         )  # fmt: skip
         out.copy_(ref)
         return out
-    if plan is None:
-        plan = plan_indexer_topk(
-            num_rows=T, num_heads=H, topk=topk, max_kv_len=max_kv_len, block_size=bs, q_dtype=q.dtype,
-            device=q.device, shuffled=shuffle, config=config,
-        )  # fmt: skip
-    else:
-        c.plan_for(plan, IndexerTopkPlan, "plan_indexer_topk", plan_fields(T, H, topk, max_kv_len, bs, shuffle, q))
     if workspace is not None and workspace.numel() < plan.workspace_numel:
         c.fail(
             "workspace",
@@ -177,20 +137,83 @@ def mla_indexer_topk(
     return out
 
 
-def plan_fields(num_rows: int, num_heads: int, topk: int, max_kv_len: int, block_size: int, shuffled, q) -> dict:
-    """The fields a plan must hold to run a call with these sizes, cache layout and query (dtype,
-    device): what ``mla_indexer_topk`` checks a caller's plan against, and what a caller keeping a
-    plan compares (``_checks.plan_mismatch``)."""
-    return {
-        "num_rows": num_rows,
-        "num_heads": num_heads,
-        "topk": topk,
-        "max_kv_len": max_kv_len,
-        "block_size": block_size,
-        "shuffled": shuffled,
-        "q_dtype": q.dtype,
-        "arch": _platform.device_arch(q.device),
-    }
+def _validate_tensors(c: Checker, q, index_cache, block_table, topk, shuffled=None) -> dict[str, Any]:
+    """The rules of the tensors a plan is made from (q, index_cache, block_table) and of ``topk``,
+    with errors naming the argument; returns their sizes as ``plan_indexer_topk`` takes them."""
+    c.tensor("q", q, ndim=3, layout="[T, H, 128]", dtypes=FP8_DTYPES)
+    T, H, dq = q.shape
+    if dq != INDEX_DIM:
+        c.fail("q", f"shape [T, H, 128] = (*, *, {INDEX_DIM})", tuple(q.shape))
+    if H < 1:
+        c.fail("q", "H >= 1 heads", tuple(q.shape))
+    if q.stride(2) != 1:
+        c.fail("q", "a contiguous last dim (stride 1)", f"strides {q.stride()}")
+    shuffle = check_index_cache(c, index_cache, shuffled)
+    c.tensor("block_table", block_table, ndim=2, layout="[B, max_blocks]", dtypes=(torch.int32,))
+    if block_table.shape[1] > 1 and block_table.stride(1) != 1:
+        c.fail("block_table", "column stride 1", f"strides {block_table.stride()}")
+    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+        c.fail("topk", "an int >= 1", repr(topk), TypeError if not isinstance(topk, int) else ValueError)
+    c.same_device(q=q, index_cache=index_cache, block_table=block_table)
+    return dict(
+        num_rows=T,
+        num_heads=H,
+        topk=topk,
+        block_size=index_cache.shape[1],
+        q_dtype=q.dtype,
+        device=q.device,
+        shuffled=shuffle,
+    )
+
+
+def _validate_rows(c: Checker, T: int, weights, req_id_per_token, kv_lens, q) -> None:
+    """The per-row tensors' rules (weights ``[T, H]`` float32, req_id_per_token and kv_lens int32
+    ``[>= T]`` of stride 1), named."""
+    H = q.shape[1]
+    c.tensor("weights", weights, shape=(T, H), layout="[T, H]", like="q's T, H", dtypes=(torch.float32,))
+    for name, x in (("req_id_per_token", req_id_per_token), ("kv_lens", kv_lens)):
+        c.tensor(name, x, ndim=1, layout="[>= T]", dtypes=(torch.int32,))
+        if x.shape[0] < T:
+            c.fail(name, f"a 1-D tensor of at least q's {T} rows", tuple(x.shape))
+        if T > 1 and x.stride(0) != 1:
+            c.fail(name, "stride 1", f"strides {x.stride()}")
+    c.same_device(q=q, weights=weights, req_id_per_token=req_id_per_token, kv_lens=kv_lens)
+
+
+def plan_indexer_topk_for(
+    q: torch.Tensor,
+    index_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    *,
+    topk: int,
+    max_kv_len: int | None = None,
+    shuffled: bool | None = None,
+    config: dict[str, Any] | None = None,
+    backend: str | None = None,
+    debug: bool | None = None,
+) -> IndexerTopkPlan:
+    """``plan_indexer_topk`` with the sizes, dtype and device read from a call's tensors (``q``
+    ``[T, H, 128]`` fp8, ``index_cache`` ``[num_blocks, block_size, 132]``, ``block_table`` ``[B,
+    max_blocks]`` int32), checked as ``mla_indexer_topk`` checks them. ``max_kv_len`` defaults
+    to the table's capacity ``max_blocks x block_size``; ``shuffled`` (None: vLLM's ROCm rule),
+    ``config``, ``backend`` and ``debug`` as ``plan_indexer_topk`` takes them."""
+    c = Checker(OP)
+    sizes = _validate_tensors(c, q, index_cache, block_table, topk, shuffled)
+    if max_kv_len is None:
+        max_kv_len = block_table.shape[1] * sizes["block_size"]
+    elif isinstance(max_kv_len, bool) or not isinstance(max_kv_len, int) or max_kv_len < 0:
+        c.fail("max_kv_len", "None or an int >= 0", repr(max_kv_len))
+    return plan_indexer_topk(**sizes, max_kv_len=max_kv_len, config=config, backend=backend, debug=debug)
+
+
+def _explain_mismatch(c: Checker, plan: IndexerTopkPlan, q, weights, index_cache, block_table, req_ids, kv_lens, topk):
+    """Raise for a call that ``IndexerTopkPlan.matches`` refused: the tensors' own rules first, else
+    the plan field that differs."""
+    sizes = _validate_tensors(c, q, index_cache, block_table, topk, plan.shuffled)
+    _validate_rows(c, sizes["num_rows"], weights, req_ids, kv_lens, q)
+    sizes.pop("shuffled")  # the cache does not show its layout: the plan's is taken
+    c.plan_for(plan, IndexerTopkPlan, "plan_indexer_topk", sizes)
+    c.fail("plan", "tensors matching the plan", "a mismatch the checks did not name")  # not reached
 
 
 def _debug_checks(c: Checker, index_cache, block_table, req_id_per_token, kv_lens, T, max_kv_len) -> None:
@@ -273,4 +296,4 @@ def _launch_triton(plan, q, weights, index_cache, block_table, req_ids, kv_lens,
     )  # fmt: skip
 
 
-__all__ = ["mla_indexer_topk", "SENTINEL"]
+__all__ = ["mla_indexer_topk", "plan_indexer_topk_for", "SENTINEL"]

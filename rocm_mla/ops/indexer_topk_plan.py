@@ -37,8 +37,13 @@ import triton
 from .. import _platform
 from ..configs import config_for
 from ..configs.tables import is_amd_arch, wave_size
+from ..mla_dims import FP8_DTYPES
+from ..reference.indexer import SHUFFLE_TILE
 from ..triton_common import amd_options
+from ._checks import Checker, debug_enabled
+from ._dispatch import select
 from .decode_plan import num_compute_units
+from .indexer_cache import vllm_rocm_shuffled
 
 OP = "mla_indexer_topk"
 INDEX_DIM = 128  # the indexer's key and query width (DeepSeek-V3.2, GLM-5.x)
@@ -150,23 +155,23 @@ def prefilter_meta(cfg: dict[str, Any], split_keys: int, num_splits: int) -> tup
 MANY_ITEMS_FIELDS = ("select_pack", "maxnreg", "programs_per_cu")
 
 
-def _check_fields(cfg: dict) -> None:
+def _check_fields(c: Checker, cfg: dict) -> None:
     """The config fields whose values the plan cannot take as they come (ValueError naming them)."""
     block_n = int(cfg["BLOCK_N"])
     if block_n < 16 or block_n & (block_n - 1):
-        raise ValueError(f"{OP}: config: expected BLOCK_N a power of two >= 16 (tl.dot), got {block_n}")
+        c.fail("config", "BLOCK_N a power of two >= 16 (tl.dot)", block_n)
     streams = cfg["key_streams"]
     if not isinstance(streams, int) or isinstance(streams, bool) or not 1 <= streams <= 8:
-        raise ValueError(f"{OP}: config: expected key_streams an int in [1, 8], got {streams!r}")
+        c.fail("config", "key_streams an int in [1, 8]", repr(streams))
     pack = cfg["select_pack"]
     if pack not in (1, 2, 4) or isinstance(pack, bool):
-        raise ValueError(f"{OP}: config: expected select_pack 1, 2 or 4, got {pack!r}")
+        c.fail("config", "select_pack 1, 2 or 4", repr(pack))
     maxnreg = cfg.get("maxnreg")
     if maxnreg is not None and (not isinstance(maxnreg, int) or isinstance(maxnreg, bool) or not 24 <= maxnreg <= 255):
-        raise ValueError(f"{OP}: config: expected maxnreg None or an int in [24, 255], got {maxnreg!r}")
+        c.fail("config", "maxnreg None or an int in [24, 255]", repr(maxnreg))
     ppc = cfg["programs_per_cu"]
     if not isinstance(ppc, int) or isinstance(ppc, bool) or ppc < 1:
-        raise ValueError(f"{OP}: config: expected programs_per_cu an int >= 1, got {ppc!r}")
+        c.fail("config", "programs_per_cu an int >= 1", repr(ppc))
 
 
 def _split_keys(cfg: dict, topk_p2: int, wave: int) -> int:
@@ -178,7 +183,7 @@ def _split_keys(cfg: dict, topk_p2: int, wave: int) -> int:
     return max(triton.next_power_of_2(int(cfg["split_keys"])), topk_p2, int(cfg["BLOCK_N"]), threads * pack)
 
 
-def _with_many_items(cfg: dict, device, num_rows: int, max_kv_len: int, topk_p2: int, wave: int) -> dict:
+def _with_many_items(c: Checker, cfg: dict, device, num_rows: int, max_kv_len: int, topk_p2: int, wave: int) -> dict:
     """``cfg`` with its ``many_items`` fields applied when the call's (row, split) items at the
     config's split size outnumber its persistent grid (``programs_per_cu`` x CUs: every program
     loops over items), else without them. More programs a CU then pay for the fewer registers
@@ -188,15 +193,15 @@ def _with_many_items(cfg: dict, device, num_rows: int, max_kv_len: int, topk_p2:
         return cfg
     if not isinstance(many, dict) or not set(many) <= set(MANY_ITEMS_FIELDS):
         got = sorted(many) if isinstance(many, dict) else type(many).__name__
-        raise ValueError(f"{OP}: config: expected many_items an object of {list(MANY_ITEMS_FIELDS)}, got {got}")
-    _check_fields({**cfg, **many})  # checked whether this call takes them or not
+        c.fail("config", f"many_items an object of {list(MANY_ITEMS_FIELDS)}", got)
+    _check_fields(c, {**cfg, **many})  # checked whether this call takes them or not
     items = num_rows * triton.cdiv(max_kv_len, _split_keys(cfg, topk_p2, wave))
     if items > num_compute_units(device) * int(cfg["programs_per_cu"]):
         cfg.update(many)
     return cfg
 
 
-def _prefilter_split(cfg: dict, wave: int) -> int | None:
+def _prefilter_split(c: Checker, cfg: dict, wave: int) -> int | None:
     """The config's prefilter split size (``"prefilter": {"split_keys": n}``), or None without one;
     n must be a power of two holding a key tile and one key a thread (ValueError)."""
     pf = cfg.get("prefilter")
@@ -204,15 +209,30 @@ def _prefilter_split(cfg: dict, wave: int) -> int | None:
         return None
     if not isinstance(pf, dict) or set(pf) != {"split_keys"}:
         got = sorted(pf) if isinstance(pf, dict) else type(pf).__name__
-        raise ValueError(f"{OP}: config: expected prefilter an object of ['split_keys'], got {got}")
+        c.fail("config", "prefilter an object of ['split_keys']", got)
     n = pf["split_keys"]
     least = max(int(cfg["BLOCK_N"]), int(cfg["num_warps"]) * wave)
     if not isinstance(n, int) or isinstance(n, bool) or n < least or n & (n - 1):
-        raise ValueError(
-            f"{OP}: config: expected prefilter split_keys a power of two >= {least} (BLOCK_N, one key a thread), "
-            f"got {n!r}"
-        )
+        c.fail("config", f"prefilter split_keys a power of two >= {least} (BLOCK_N, one key a thread)", repr(n))
     return n
+
+
+def _cache_strides_ok(index_cache: torch.Tensor) -> bool:
+    """The cache layout the kernels read (``indexer_cache.check_index_cache``'s rule): each block's
+    bytes contiguous, a block stride that is a multiple of 4 past them, a 4-byte aligned start."""
+    nb, bs, _ = index_cache.shape
+    st = index_cache.stride()
+    return (
+        st[2] == 1
+        and (bs <= 1 or st[1] == INDEX_ROW_BYTES)
+        and (nb <= 1 or (st[0] >= bs * INDEX_ROW_BYTES and st[0] % 4 == 0))
+        and index_cache.data_ptr() % 4 == 0
+    )
+
+
+def _row_vector_ok(x: torch.Tensor, rows: int) -> bool:
+    """req_id_per_token / kv_lens: int32 ``[>= rows]``, stride 1 (when more than one row reads it)."""
+    return x.dim() == 1 and x.dtype == torch.int32 and x.shape[0] >= rows and (rows <= 1 or x.stride(0) == 1)
 
 
 @dataclass(frozen=True)
@@ -234,6 +254,10 @@ class IndexerTopkPlan:
     num_splits,)``) keeps each split's keys at or above its row's floor, and the merge selects
     from them. Three launches; its items fit the grid's slots, so the workspace (stages, bounds,
     positions, counts, the merge's prefix) is bounded by the GPU's size, not by T x context.
+
+    ``backend`` ("triton" or "reference", chosen when the plan is made) runs the call; both give
+    the same answer (docs/indexer.md). ``matches`` checks a call's tensors against the plan from
+    host values alone; ``mla_indexer_topk`` checks it before anything runs.
     """
 
     arch: str
@@ -258,6 +282,53 @@ class IndexerTopkPlan:
     ranks: int = 0
     prefilter_constexprs: dict[str, Any] | None = None
     prefilter_options: dict[str, Any] | None = None
+    device: torch.device | None = None  # where the calls run (cuda with its index)
+    backend: str = "triton"  # "triton" or "reference" (rocm_mla.ops._dispatch.select, at plan time)
+    debug: bool = False  # host-side checks of the index values at every call (a sync)
+
+    def matches(self, q, weights, index_cache, block_table, req_id_per_token, kv_lens, *, topk) -> bool:
+        """Whether an ``mla_indexer_topk`` call's tensors and ``topk`` are the ones this plan was
+        made for: sizes (q ``[T, H, 128]``, weights ``[T, H]``, index_cache ``[num_blocks,
+        block_size, 132]``), dtypes, device and the strides the kernels assume, from host values
+        alone (no device read: capturable). The block table's width is free: a row with more keys
+        than ``max_keys`` gets the bad-row sentinel. ``mla_indexer_topk`` names what differs when
+        it is False."""
+        T, H, dev = self.num_rows, self.num_heads, self.device
+        try:
+            return (
+                topk == self.topk
+                and not isinstance(topk, bool)
+                and q.shape == (T, H, INDEX_DIM)
+                and q.dtype == self.q_dtype
+                and q.stride(2) == 1
+                and weights.shape == (T, H)
+                and weights.dtype == torch.float32
+                and index_cache.dim() == 3
+                and index_cache.shape[1] == self.block_size
+                and index_cache.shape[2] == INDEX_ROW_BYTES
+                and (index_cache.dtype == torch.uint8 or index_cache.dtype in FP8_DTYPES)
+                and _cache_strides_ok(index_cache)
+                and block_table.dim() == 2
+                and block_table.dtype == torch.int32
+                and (block_table.shape[1] <= 1 or block_table.stride(1) == 1)
+                and _row_vector_ok(req_id_per_token, T)
+                and _row_vector_ok(kv_lens, T)
+                and q.device == dev
+                and weights.device == dev
+                and index_cache.device == dev
+                and block_table.device == dev
+                and req_id_per_token.device == dev
+                and kv_lens.device == dev
+            )
+        except (AttributeError, TypeError):  # not tensors
+            return False
+
+    @property
+    def max_keys(self) -> int:
+        """The most keys a row may see: what the splits cover, ``num_splits x split_keys`` (>=
+        max_kv_len). A row with more (or more than its block table holds) gets the bad-row
+        sentinel on every backend."""
+        return self.num_splits * self.split_keys
 
     @property
     def direct(self) -> bool:
@@ -326,49 +397,80 @@ def plan_indexer_topk(
     max_kv_len: int,
     block_size: int,
     q_dtype: torch.dtype,
-    device: torch.device,
-    shuffled: bool = False,
+    device: torch.device | str,
+    shuffled: bool | None = None,
     config: dict[str, Any] | None = None,
+    backend: str | None = None,
+    debug: bool | None = None,
 ) -> IndexerTopkPlan:
-    """The launches of an mla_indexer_topk call with these sizes, from the sizes alone.
+    """Everything an ``mla_indexer_topk`` call with these sizes launches, decided once on the host
+    from the sizes alone (no device value is read): make it once per step and pass it to every
+    layer's call (``mla_indexer_topk(..., plan=plan)``), which checks its tensors against it
+    (``IndexerTopkPlan.matches``). ``plan_indexer_topk_for`` reads the sizes from the tensors.
 
     Args:
         num_rows: T, the query rows (``q [T, H, 128]``; decode, MTP and prefill rows alike).
         num_heads: H, indexer heads (64 for DeepSeek-V3.2, 32 for GLM-5.x; any H >= 1).
         topk: keys kept per row (2048 for the models; >= 1).
         max_kv_len: the most keys any row sees (>= every kv_lens[t]); the block table's width x
-            block_size always qualifies. A row with more keys than the plan's splits cover
-            (``num_splits x split_keys``) gets the bad-row sentinel, never a partial answer.
+            block_size always qualifies. It fixes the split count without reading kv_lens. A row
+            with more keys than the plan's splits cover (``max_keys``, num_splits x split_keys
+            >= max_kv_len) gets the bad-row sentinel on every backend, never a partial answer.
         block_size: tokens per cache page (``index_cache [num_blocks, block_size, 132]``).
-        q_dtype: q's fp8 kind (float8_e4m3fn or float8_e4m3fnuz); the cache holds the same kind.
-        device: where the call runs (its arch).
-        shuffled: the cache's values are stored in 16 x 16 tiles (rocm_mla/ops/indexer_cache.py).
+        q_dtype: q's fp8 kind (float8_e4m3fn or float8_e4m3fnuz); the cache's values are read as
+            the same kind.
+        device: where the calls run (its arch and CU count; the CPU interpreter counts 4).
+        shuffled: the cache's value layout, as ``indexer_k_cache_write`` takes it: 16 x 16 tiles
+            (True; block_size 1 or a multiple of 16) or flat rows (False). None: vLLM's ROCm rule,
+            tiles above block_size 1 (``indexer_cache.vllm_rocm_shuffled``).
         config: launch data replacing the configs' entry for the arch (tuning). Its
             ``many_items`` fields (select_pack, maxnreg, programs_per_cu) replace the object's own
             when the call's (row, split) items outnumber ``programs_per_cu`` x CUs; its
             ``prefilter`` (``{"split_keys": n}``) serves calls whose items fill at most
             1 / PREFILTER_FILL of them (``IndexerTopkPlan.prefiltered``). The answer is the same
             bit for bit whichever form a call takes.
+        backend: "triton" or "reference" to force one (default: configs' backend_order; see
+            ``rocm_mla.ops._dispatch``; ``ROCM_MLA_BACKEND_MLA_INDEXER_TOPK`` in the environment).
+        debug: every call checks the index values on the host (a sync, not capturable) and
+            raises naming the first bad one. Default: ``ROCM_MLA_DEBUG=1``.
+
+    Raises:
+        TypeError / ValueError naming the argument, what was expected and what came.
     """
+    c = Checker(OP)
     for name, v in (("num_rows", num_rows), ("max_kv_len", max_kv_len)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ValueError(f"{OP}: {name}: expected an int >= 0, got {v!r}")
+            c.fail(name, "an int >= 0", repr(v))
     for name, v in (("num_heads", num_heads), ("topk", topk), ("block_size", block_size)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{OP}: {name}: expected an int >= 1, got {v!r}")
+            c.fail(name, "an int >= 1", repr(v))
+    if q_dtype not in FP8_DTYPES:
+        c.fail("q_dtype", "float8_e4m3fn or float8_e4m3fnuz", str(q_dtype).replace("torch.", ""), TypeError)
+    if shuffled is not None and not isinstance(shuffled, bool):
+        c.fail("shuffled", "True, False or None (vLLM's ROCm rule)", repr(shuffled), TypeError)
+    shuffle = vllm_rocm_shuffled(block_size) if shuffled is None else shuffled
+    if shuffle and block_size % SHUFFLE_TILE:
+        why = "vLLM's ROCm rule shuffles every block_size > 1" if shuffled is None else "shuffled=True"
+        c.fail("block_size", f"1 or a multiple of 16 ({why}; 16 x 16 tiles)", block_size)
+    if debug is not None and not isinstance(debug, bool):
+        c.fail("debug", "None, True or False", repr(debug), TypeError)
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    impl = select(OP, device, backend, has_hip=False)
     arch = _platform.device_arch(device)
     cfg = dict(config) if config is not None else dict(config_for(OP, arch))
     cfg.setdefault("merge", config_for(OP, arch)["merge"])
     cfg.setdefault("programs_per_cu", 1)
     for key in ("split_keys", "BLOCK_N", "num_warps", "num_stages"):
         if key not in cfg:
-            raise ValueError(f"{OP}: config: expected a {key} entry, got keys {sorted(cfg)}")
+            c.fail("config", f"a {key} entry", f"keys {sorted(cfg)}")
     cfg.setdefault("key_streams", 1)
     cfg.setdefault("select_pack", 1)
-    _check_fields(cfg)
+    _check_fields(c, cfg)
     topk_p2 = triton.next_power_of_2(topk)
     wave = wave_size(arch)
-    cfg = _with_many_items(cfg, device, num_rows, max_kv_len, topk_p2, wave)
+    cfg = _with_many_items(c, cfg, device, num_rows, max_kv_len, topk_p2, wave)
     block_n, pack = int(cfg["BLOCK_N"]), cfg["select_pack"]
     threads = int(cfg["num_warps"]) * wave
     split_keys = _split_keys(cfg, topk_p2, wave)
@@ -391,7 +493,7 @@ def plan_indexer_topk(
     # form, whose splits need not halve what they keep, takes the smallest split (from the
     # config's prefilter size up) whose items fit the slots, where that cuts the rows finer.
     # Where the split form's items fill half the slots it was the slower (docs/notes/indexer.md).
-    pf_split = _prefilter_split(cfg, wave)
+    pf_split = _prefilter_split(c, cfg, wave)
     ranks = 0
     if pf_split is not None and num_rows * S * PREFILTER_FILL <= slots_target:
         while num_rows * triton.cdiv(max_kv_len, pf_split) > slots_target:
@@ -401,7 +503,7 @@ def plan_indexer_topk(
     direct = S == 1 and bool(cfg.get("direct", True)) and not ranks
     pow2 = block_size & (block_size - 1) == 0
     consts, options = kernel_meta(
-        arch, cfg, num_heads, split_keys, topk_p2, direct=direct, block_size=block_size, shuffled=shuffled,
+        arch, cfg, num_heads, split_keys, topk_p2, direct=direct, block_size=block_size, shuffled=shuffle,
         ranks=ranks,
     )  # fmt: skip
     m_grid = m_consts = m_options = p_consts = p_options = None
@@ -417,7 +519,7 @@ def plan_indexer_topk(
         topk=topk,
         max_kv_len=max_kv_len,
         block_size=block_size,
-        shuffled=bool(shuffled),
+        shuffled=shuffle,
         q_dtype=q_dtype,
         config=cfg,
         split_keys=split_keys,
@@ -433,6 +535,9 @@ def plan_indexer_topk(
         ranks=ranks,
         prefilter_constexprs=p_consts,
         prefilter_options=p_options,
+        device=device,
+        backend=impl,
+        debug=debug_enabled(debug),
     )
 
 

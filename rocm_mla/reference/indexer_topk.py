@@ -3,8 +3,9 @@ the check that a selection is a valid top-k.
 
 logit(t, j) = sum_h weights[t, h] x relu(q[t, h] . k_j) for the keys j in [0, kv_lens[t]) of row t's
 request, k_j the fp8 row of position j dequantised with its scale (index_cache_keys). A selection is
-valid when it holds min(topk, kv_len) distinct in-range positions, then -1, and no unselected key
-scores more than a selected one (up to float rounding: the kernel sums in float32).
+valid when it holds min(topk, kv_len) distinct in-range positions in ascending order, then -1, and
+no unselected key scores more than a selected one (up to float rounding: the kernel sums in
+float32).
 """
 
 from __future__ import annotations
@@ -80,8 +81,8 @@ def mla_indexer_topk_ref(
     max_keys: int | None = None,
 ) -> torch.Tensor:
     """``[T, topk]`` int32: per row the positions of its ``topk`` largest logits (float64, ties by
-    position), then -1; SENTINEL (-2) in every entry of a bad row or of a row whose logits hold a
-    NaN. Arguments as ``mla_indexer_logits_ref``."""
+    position) in ascending order, then -1; SENTINEL (-2) in every entry of a bad row or of a row
+    whose logits hold a NaN. Arguments as ``mla_indexer_logits_ref``."""
     T = q.shape[0]
     logits = mla_indexer_logits_ref(
         q, weights, index_cache, block_table, req_id_per_token, kv_lens, shuffled=shuffled, max_keys=max_keys
@@ -94,7 +95,7 @@ def mla_indexer_topk_ref(
         m = min(topk, lg.numel())
         # stable: equal logits in position order, as the kernel takes them
         order = torch.sort(lg, descending=True, stable=True).indices[:m]
-        out[t, :m] = order.to(torch.int32)
+        out[t, :m] = torch.sort(order).values.to(torch.int32)
     return out.to(q.device)
 
 
@@ -120,17 +121,18 @@ def check_indexer_topk(
             return f"row {t}: expected positions in [0, {n}), got {sel[(sel < 0) | (sel >= n)][:8].tolist()}"
         if torch.unique(sel).numel() != m:
             return f"row {t}: expected {m} distinct positions, got {torch.unique(sel).numel()} distinct"
-        if m == n:
-            continue
-        tol = rtol * float(lg.abs().max()) + 1e-30
-        picked = torch.zeros(n, dtype=torch.bool)
-        picked[sel] = True
-        low_in, high_out = float(lg[picked].min()), float(lg[~picked].max())
-        if high_out > low_in + tol:
-            return (
-                f"row {t}: an unselected key scores {high_out:.6g} above a selected {low_in:.6g} "
-                f"(tolerance {tol:.3g}): not a top-{topk}"
-            )
+        if m < n:
+            tol = rtol * float(lg.abs().max()) + 1e-30
+            picked = torch.zeros(n, dtype=torch.bool)
+            picked[sel] = True
+            low_in, high_out = float(lg[picked].min()), float(lg[~picked].max())
+            if high_out > low_in + tol:
+                return (
+                    f"row {t}: an unselected key scores {high_out:.6g} above a selected {low_in:.6g} "
+                    f"(tolerance {tol:.3g}): not a top-{topk}"
+                )
+        if m > 1 and bool((sel[1:] <= sel[:-1]).any()):
+            return f"row {t}: expected the positions in ascending order, got {sel[:8].tolist()}..."
     return ""
 
 

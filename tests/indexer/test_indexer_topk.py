@@ -4,6 +4,8 @@ invariance, the plan, the workspace, the check itself, and errors that name the 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import triton
@@ -15,6 +17,7 @@ from rocm_mla.cases import indexer_topk as cases
 from rocm_mla.cases.indexer_topk import POISON_OUT, IndexerShape, make_inputs
 from rocm_mla.kernels.indexer_select import _select_in_registers, _select_packed
 from rocm_mla.ops.decode_plan import num_compute_units
+from rocm_mla.ops.indexer_topk import plan_indexer_topk_for
 from rocm_mla.ops.indexer_topk_plan import plan_indexer_topk
 from rocm_mla.reference.indexer_topk import SENTINEL, check_indexer_topk
 
@@ -120,9 +123,13 @@ def test_batch_invariant_row_alone_equals_row_in_batch(backend):
     assert alone_plan.config["select_pack"] == 1
     full = case.run(backend=backend, config=cfg).clone()
     for t in (0, 2, 5):
+        q1 = case.q[t : t + 1]
+        plan = plan_indexer_topk_for(
+            q1, case.index_cache, case.block_table, topk=32, shuffled=case.shuffled, backend=backend, config=cfg
+        )
         alone = rocm_mla.mla_indexer_topk(
-            case.q[t : t + 1], case.weights[t : t + 1], case.index_cache, case.block_table, case.req_ids[t : t + 1],
-            case.kv_lens[t : t + 1], topk=32, shuffled=case.shuffled, backend=backend, config=cfg,
+            q1, case.weights[t : t + 1], case.index_cache, case.block_table, case.req_ids[t : t + 1],
+            case.kv_lens[t : t + 1], topk=32, plan=plan,
         )  # fmt: skip
         assert torch.equal(alone[0], full[t]), t
     # max_kv_len decides the split count; rows that fit give the same bits.
@@ -152,13 +159,111 @@ def test_plan_reuse_workspace_and_mismatch():
         plan.grid[0] * plan.split_keys + 2 * shape.T * plan.num_splits * 32 + read_ahead
     )
     if "triton" in BACKENDS:
+        assert plan.backend == "triton"
         ws = torch.empty(plan.workspace_numel, dtype=torch.int32, device=DEVICE)
-        _run_and_check(case, backend="triton", plan=plan, workspace=ws)
-        raises_naming(ValueError, lambda: case.run(backend="triton", plan=plan, workspace=ws[:10]), "workspace", ">=")
+        _run_and_check(case, plan=plan, workspace=ws)
+        raises_naming(ValueError, lambda: case.run(plan=plan, workspace=ws[:10]), "workspace", ">=")
         other = case.plan(config=SMALL, topk=16)
-        raises_naming(ValueError, lambda: case.run(backend="triton", plan=other), "plan", "topk=32")
-        raises_naming(TypeError, lambda: case.run(backend="triton", plan=object()), "plan", "IndexerTopkPlan")
+        raises_naming(ValueError, lambda: case.run(plan=other), "plan", "topk=32")
+        raises_naming(TypeError, lambda: case.run(plan=object()), "plan", "IndexerTopkPlan")
     assert case.plan(max_kv_len=50).direct  # default split_keys holds 50 keys
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_plan_is_checked_before_any_backend_runs(backend):
+    """A frozen plan that fits the call matches it (host values only); a plan made for other sizes,
+    another fp8 kind or another top-k does not, and the op refuses it naming the field before
+    anything runs (out keeps its poison) on every backend; a per-row tensor the plan does not fit
+    is named; non-tensors never match."""
+    case = make_inputs(IndexerShape((90, 40), (2, 1), 8, topk=16, block=16), device=DEVICE, seed=31)
+    args = case.args()
+    plan = case.plan(backend=backend)
+    assert plan.backend == backend and plan.device == case.q.device and plan.matches(*args, topk=16)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.topk = 8  # type: ignore[misc]
+    other_kind = torch.float8_e4m3fnuz if case.fp8 == torch.float8_e4m3fn else torch.float8_e4m3fn
+    for field, over in (
+        ("num_rows", {"num_rows": 4}),
+        ("num_heads", {"num_heads": 16}),
+        ("topk", {"topk": 8}),
+        ("block_size", {"block_size": 32}),
+        ("q_dtype", {"q_dtype": other_kind}),
+    ):
+        other = case.plan(backend=backend, **over)
+        assert not other.matches(*args, topk=16), field
+        raises_naming(ValueError, lambda: case.run(plan=other), "plan", f"{field}=")
+        assert bool((case.out == POISON_OUT).all()), f"{backend} ran with a plan made for another {field}"
+    q, w, cache, table, req, lens = args
+    assert not plan.matches(q, w.double(), cache, table, req, lens, topk=16)
+    op = rocm_mla.mla_indexer_topk
+    raises_naming(TypeError, lambda: op(q, w.double(), cache, table, req, lens, topk=16, plan=plan), "weights")
+    assert not plan.matches(q, w, cache, table, req.long(), lens, topk=16)
+    raises_naming(TypeError, lambda: op(q, w, cache, table, req.long(), lens, topk=16, plan=plan), "req_id_per_token")
+    assert not plan.matches(q, w, cache, table, req, lens[:2], topk=16)
+    assert not plan.matches(None, w, cache, table, req, lens, topk=16)
+    assert bool((case.out == POISON_OUT).all())
+    if HAS_GPU:  # a plan for another device
+        cpu = case.plan(backend="reference", device="cpu")
+        assert not cpu.matches(*args, topk=16)
+        raises_naming(ValueError, lambda: case.run(plan=cpu), "plan", "device=")
+
+
+# The triton forms the shared-contract test runs (the reference plans the same splits).
+CONTRACT_FORMS = {
+    "splits": SMALL,
+    "prefiltered": {**SMALL, "num_warps": 1, "programs_per_cu": 64, "prefilter": {"split_keys": 32}},
+}
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="compares the Triton backend with the reference")
+@pytest.mark.parametrize("form", list(CONTRACT_FORMS))
+def test_backends_share_the_output_contract(form):
+    """The same bad, NaN, tied and ordinary rows through a reference plan and a Triton plan of the
+    same sizes: the same rows get the sentinel (request -1, kv_len -1, kv_len past the table, a
+    used page -1, a NaN weight, a NaN key scale, kv_len past the plan's max_keys), a row past
+    max_kv_len but within max_keys is answered, tied rows give their first positions, every other
+    row holds distinct positions in ascending order then -1, a valid top-k, the same positions on
+    both backends wherever float64 separates the top-k from the rest."""
+    shape = IndexerShape((300, 90, 40, 120, 70, 64, 33, 150, 80, 200), 1, 16, topk=32, block=16)
+    case = make_inputs(shape, device=DEVICE, seed=33)
+    cfg = CONTRACT_FORMS[form]
+    plans = {b: case.plan(backend=b, config=cfg, max_kv_len=200) for b in ("reference", "triton")}
+    max_keys = plans["triton"].max_keys
+    assert plans["reference"].max_keys == max_keys and 210 <= max_keys < case.block_table.shape[1] * 16
+    case.req_ids[0] = -1
+    case.kv_lens[1] = -1
+    case.kv_lens[2] = case.block_table.shape[1] * 16 + 1
+    case.block_table[3, 1] = -1
+    case.weights[4, 3] = float("nan")
+    case.req_ids[5], case.kv_lens[5] = 0, 210  # past max_kv_len, within max_keys: answered
+    case.req_ids[6], case.kv_lens[6] = 0, max_keys + 1
+    case.weights[7] = 0.0  # every logit 0: a tie taken in position order
+    bs = shape.block
+    page = int(case.block_table[8, 50 // bs])
+    case.index_cache[page].reshape(-1)[bs * 128 + 4 * (50 % bs) :][:4] = 0xFF  # a NaN scale at position 50
+    bad = {0, 1, 2, 3, 4, 6, 8}
+    outs = {}
+    for b, plan in plans.items():
+        case.out.fill_(POISON_OUT)
+        outs[b] = case.run(plan=plan).clone()
+        assert not bool((outs[b] == POISON_OUT).any()), b
+        for t in range(shape.T):
+            row = outs[b][t].tolist()
+            if t in bad:
+                assert row == [SENTINEL] * 32, (b, t, row[:8])
+                continue
+            taken = [p for p in row if p >= 0]
+            assert taken == sorted(set(taken)) and row == taken + [-1] * (32 - len(taken)), (b, t, row[:8])
+        assert outs[b][7].tolist() == list(range(32)), b
+        good = [t for t in range(shape.T) if t not in bad]
+        assert check_indexer_topk(outs[b], case.logits(), 32, rows=good) == "", b
+    lg = case.logits()
+    for t in range(shape.T):
+        if t not in bad and t != 7:
+            v = torch.sort(lg[t], descending=True).values
+            if v.numel() > 32 and float(v[31] - v[32]) <= 1e-4 * float(v.abs().max()):
+                continue  # a near-tie at the boundary: float32 and float64 may take either key
+        assert torch.equal(outs["reference"][t], outs["triton"][t]), t
 
 
 def test_errors_name_the_argument():
@@ -184,10 +289,17 @@ def test_errors_name_the_argument():
     raises_naming(
         ValueError, lambda: call(out=torch.empty(2, 16, dtype=torch.int32, device=DEVICE)), "out", "[T, topk]"
     )
-    raises_naming(ValueError, lambda: call(max_kv_len=-1), "max_kv_len")
-    raises_naming(TypeError, lambda: call(shuffled="yes"), "shuffled")
+    # The knobs live in the plan: plan_indexer_topk_for checks them, naming each.
+    q, cache, table = case.q, case.index_cache, case.block_table
+    raises_naming(ValueError, lambda: plan_indexer_topk_for(q, cache, table, topk=16, max_kv_len=-1), "max_kv_len")
+    raises_naming(TypeError, lambda: plan_indexer_topk_for(q, cache, table, topk=16, shuffled="yes"), "shuffled")
     odd = torch.full((3, 12, 132), 0xFF, dtype=torch.uint8, device=DEVICE)
-    raises_naming(ValueError, lambda: call(2, odd, shuffled=True), "index_cache", "16")
+    raises_naming(ValueError, lambda: plan_indexer_topk_for(q, odd, table, topk=16, shuffled=True), "index_cache", "16")
+    # The op without a plan plans from the tensors (vLLM's layout rule) and checks them alike.
+    raises_naming(TypeError, lambda: call(0, case.q.float(), plan=None), "q", "float8")
+    raises_naming(ValueError, lambda: call(2, odd, plan=None), "index_cache", "16")
+    raises_naming(ValueError, lambda: call(topk=0, plan=None), "topk", ">= 1")
+    raises_naming(ValueError, lambda: call(1, case.weights[:, :4], plan=None), "weights", "[T, H]")
 
 
 @pytest.mark.skipif(not HAS_GPU, reason="needs a GPU (CUDA or ROCm); none visible to torch")
@@ -385,11 +497,11 @@ def test_gpu_many_items_same_bits():
     many = shipped.pop("many_items", {"select_pack": 4, "maxnreg": 128, "programs_per_cu": 4})
     cus = num_compute_units(DEVICE)
     case = make_inputs(IndexerShape.decode(2 * cus, 16384, 64, topk=2048, block=64), device=DEVICE, seed=5)
-    plan = case.plan(config={**shipped, "many_items": many})
+    plan = case.plan(config={**shipped, "many_items": many}, backend="triton")
     assert plan.config["select_pack"] == many["select_pack"] and plan.num_splits >= 2
     assert plan.grid == (min(case.shape.T * plan.num_splits, cus * many["programs_per_cu"]),)
     base = case.run(backend="triton", out=None, config=shipped).clone()
-    assert torch.equal(case.run(backend="triton", out=None, plan=plan), base)
+    assert torch.equal(case.run(out=None, plan=plan), base)
     assert check_indexer_topk(base, case.logits(2), 2048, rows=[0, 1]) == ""
 
 
@@ -431,12 +543,12 @@ def test_gpu_prefiltered_same_bits():
     shipped = dict(config_for("mla_indexer_topk", _platform.device_arch(DEVICE)))
     pf = shipped.pop("prefilter", {"split_keys": 1024})
     case = make_inputs(IndexerShape((131072, 1500), (2, 1), 64, topk=2048, block=64), device=DEVICE, seed=7)
-    plan = case.plan(config={**shipped, "prefilter": pf})
+    plan = case.plan(config={**shipped, "prefilter": pf}, backend="triton")
     assert plan.prefiltered and plan.num_splits >= 32
     base = case.run(backend="triton", out=None, config=shipped).clone()
-    assert torch.equal(case.run(backend="triton", out=None, plan=plan), base)
+    assert torch.equal(case.run(out=None, plan=plan), base)
     assert check_indexer_topk(base, case.logits(3), 2048, rows=[0, 1, 2]) == ""
     case.weights.zero_()
     base = case.run(backend="triton", out=None, config=shipped).clone()
-    assert torch.equal(case.run(backend="triton", out=None, plan=plan), base)
+    assert torch.equal(case.run(out=None, plan=plan), base)
     assert base[0].tolist() == list(range(2048)) and bool((base[2, 1500:] == -1).all())

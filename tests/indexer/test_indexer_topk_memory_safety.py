@@ -13,6 +13,7 @@ from _util import DEVICE, HAS_GPU, assert_no_sync_and_capturable, backends, rais
 import rocm_mla
 from rocm_mla.cases import Guarded
 from rocm_mla.cases.indexer_topk import POISON_OUT, IndexerShape, make_inputs
+from rocm_mla.ops.indexer_topk import plan_indexer_topk_for
 from rocm_mla.reference.indexer import indexer_value_offsets
 from rocm_mla.reference.indexer_topk import SENTINEL
 
@@ -124,13 +125,14 @@ def test_zero_sizes(backend):
     bt = torch.zeros(1, 2, dtype=torch.int32, device=DEVICE)
     req = torch.zeros(2, dtype=torch.int32, device=DEVICE)
     lens = torch.tensor([0, 5], dtype=torch.int32, device=DEVICE)
-    out = rocm_mla.mla_indexer_topk(q, w, empty, bt, req, lens, topk=16, backend=backend)
+    plan = plan_indexer_topk_for(q, empty, bt, topk=16, backend=backend)
+    out = rocm_mla.mla_indexer_topk(q, w, empty, bt, req, lens, topk=16, plan=plan)
     assert bool((out[0] == -1).all()) and bool((out[1] == SENTINEL).all())
 
 
 def test_debug_names_the_index():
     case = make_inputs(SHAPE, device=DEVICE, seed=14)
-    kw = dict(case.kwargs(), debug=True)
+    kw = case.kwargs(plan=case.plan(debug=True))
     case.req_ids[2] = 9
     raises_naming(ValueError, lambda: rocm_mla.mla_indexer_topk(*case.args(), **kw), "req_id_per_token[2] = 9")
     case.req_ids[2] = 2
@@ -148,10 +150,10 @@ def test_gpu_no_sync_and_capturable(small):
     """With a plan and a workspace made once: no host sync, runs on a side stream and in a CUDA graph;
     the replay's answer is valid."""
     case = make_inputs(SHAPE, device=DEVICE, seed=15)
-    plan = case.plan(**({"config": SMALL} if small else {}))
+    plan = case.plan(backend="triton", **({"config": SMALL} if small else {}))
     ws = torch.empty(max(1, plan.workspace_numel), dtype=torch.int32, device=DEVICE)
     out = Guarded((SHAPE.T, SHAPE.topk), torch.int32, device=DEVICE, fill=torch.full((SHAPE.T, SHAPE.topk), POISON_OUT))
-    assert_no_sync_and_capturable([lambda: case.run(backend="triton", plan=plan, workspace=ws, out=out.view)], [out])
+    assert_no_sync_and_capturable([lambda: case.run(plan=plan, workspace=ws, out=out.view)], [out])
     assert case.mismatch(out.view) == ""
 
 

@@ -109,14 +109,14 @@ def indexer_case(s: Shape, dev: torch.device) -> Case:
         key = json.dumps(C.config_for(OP, arch), sort_keys=True)
         if held.get("key") != key:
             held.clear()
-            plan = inp.plan()
+            plan = inp.plan(backend="triton")
             ws = torch.empty(max(plan.workspace_numel, 1), dtype=torch.int32, device=dev)
             held.update(key=key, plan=plan, ws=ws)
         return held["plan"], held["ws"]
 
     def call(i: int):
         plan, ws = prepared()
-        return inp.run(i, backend="triton", plan=plan, workspace=ws)
+        return inp.run(i, plan=plan, workspace=ws)
 
     def check() -> str:
         inp.out[:CHECK_INDEXER_ROWS].fill_(indexer_topk.POISON_OUT)

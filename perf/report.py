@@ -1,23 +1,21 @@
 #!/usr/bin/env python3
-"""Generate perf/RESULTS.md, perf/plots/*.png and README.md's performance table from perf/results.csv.
+"""Generate perf/RESULTS.md and perf/plots/*.png from perf/results.csv.
 
     python perf/report.py [--csv perf/results.csv] [--out perf/RESULTS.md] [--plots perf/plots] [--no-plots]
-                          [--device SUBSTRING] [--readme README.md | --no-readme]
+                          [--device SUBSTRING]
 
 Rows of different devices are never put in one table or ranked against each other: an op measured
 on several devices gets one table per device. ``--device`` keeps only the rows whose device name
 contains SUBSTRING (case-insensitive), e.g. ``--device MI300X``.
 
-Per op: the current numbers (for each shape, the rows of the latest run that measured it) with the
-peers beside ours and the speed-up of our best implementation over each peer, the ceilings that run
-measured in its own process, the device, versions, commit and date of the runs, and the perf/bench.py
-command that measures them again. Needs no GPU. The page is a function of the CSV alone:
+The page opens with the headline rows that perf/readme_rows.json chooses (perf/readme_table.py), the
+table the README links to. Then per op: the current numbers (for each shape and provider, the row of
+the latest run that measured it) with the peers beside ours and the speed-up of our best
+implementation over each peer, the ceilings that run measured in its own process, the numbered runs
+(device, versions, commit, date) that each row names, and the perf/bench.py command that measures
+them again. Older runs drop out of the page as newer ones measure the same shapes; every row stays in
+the CSV. Needs no GPU. The page is a function of the CSV and the spec alone:
 tests/tools/test_bench_report.py checks that the committed page equals this script's output.
-
-README.md's performance table is the block between its perf-table markers, rewritten from the rows
-that perf/readme_rows.json chooses (perf/readme_table.py; tests/tools/test_readme_table.py checks it).
-It is rewritten by default when ``--csv`` is the committed results file (from all its rows: the spec
-names its device), by ``--readme PATH`` for another file, and never with ``--no-readme``.
 """
 
 from __future__ import annotations
@@ -31,6 +29,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import readme_table  # noqa: E402
 import resultsfile  # noqa: E402
 from resultsfile import CEILING_OF, COMMAND, current_rows, fmt  # noqa: E402
 
@@ -38,7 +37,10 @@ from resultsfile import CEILING_OF, COMMAND, current_rows, fmt  # noqa: E402
 @dataclass(frozen=True)
 class OpView:
     """How one kernel's rows become a table: its headline metric, whether larger is better, the
-    perf/bench.py benches that measure it, and metrics shown joined beside the headline."""
+    perf/bench.py benches that measure it, and metrics shown joined beside the headline. ``providers``
+    gives a view of its own to the providers one bench alone measures (its shapes and columns apart
+    from the kernel's other table, ``name`` the plot's); the kernel's view without ``providers``
+    shows every other provider."""
 
     kernel: str
     title: str
@@ -47,6 +49,14 @@ class OpView:
     benches: tuple[str, ...]
     note: str = ""
     counts: tuple[str, ...] = field(default_factory=tuple)
+    providers: tuple[str, ...] = ()
+    name: str = ""
+
+    def shows(self, row: dict) -> bool:
+        """Whether ``row`` (of this view's kernel) belongs in this view's table."""
+        if self.providers:
+            return row["provider"] in self.providers
+        return row["provider"] not in _OWN_VIEW.get(self.kernel, ())
 
 
 VIEWS = (
@@ -75,11 +85,23 @@ VIEWS = (
         "µs per call, q bf16, block 64, CUDA graphs of 8 calls, KV cold in L2; every output checked.",
     ),
     OpView(
+        "mla_decode",
+        "mla_decode, batch-invariant mode",
+        "time_us",
+        False,
+        ("decode_invariant",),
+        "µs per call, as mla_decode above; default = the split count vLLM's call gets, invariant ="
+        " batch_invariant=True (config: its split rule), vllm-0.33-triton-1split = TRITON_MLA with one KV split"
+        " (its batch-invariant mode).",
+        providers=("rocm_mla-default", "rocm_mla-invariant", "vllm-0.33-triton-1split"),
+        name="mla_decode_batch_invariant",
+    ),
+    OpView(
         "mla_prefill",
         "mla_prefill",
         "TFLOP/s",
         True,
-        ("prefill",),
+        ("prefill", "prefill_geometry"),
         "causal bf16, Dqk 192 / Dv 128, CUDA graphs; % of the bf16 matmul ceiling of the same run.",
     ),
     OpView(
@@ -140,6 +162,9 @@ VIEWS = (
 )
 
 
+# kernel -> the providers a view of their own shows (OpView.providers)
+_OWN_VIEW = {v.kernel: v.providers for v in VIEWS if v.providers}
+
 # Our kernels in another mode: inputs rounded on purpose (mla_decode(fp8_dots="qk" / "all"; quantize_q=True
 # is "qk"), an accuracy trade, and batch-invariant splits (mla_sparse_attention(batch_invariant=True)):
 # shown beside the others, left out of the speed-up columns.
@@ -161,7 +186,7 @@ def ceilings(rows: list[dict], benches: tuple[str, ...], dates: set[str]) -> dic
 
 def op_section(rows: list[dict], view: OpView) -> tuple[list[str], dict[str, dict[str, float]]]:
     """The Markdown lines of one op and its plotted series (provider -> shape -> headline value)."""
-    cur = current_rows(rows, view.kernel)
+    cur = current_rows([r for r in rows if r["kernel"] != view.kernel or view.shows(r)], view.kernel)
     if not cur:
         return [], {}
     providers: list[str] = []
@@ -176,13 +201,15 @@ def op_section(rows: list[dict], view: OpView) -> tuple[list[str], dict[str, dic
     ceil = ceilings(rows, view.benches, dates)
     ceil_shape = CEILING_OF.get(view.metric)
     many_runs = len(dates) > 1
-    has_config = any(r["config"] for rs in cur.values() for r in rs if is_ours(r["provider"]))
+    # one config column per provider of ours that records one (one column, "our config", when ours is alone)
+    configured = [p for p in ours if any(r["config"] for rs in cur.values() for r in rs if r["provider"] == p)]
+    runs = sorted(dates)
 
     head = ["shape"] + (["run"] if many_runs else []) + providers
     exact = [p for p in ours if p not in LOSSY]
     head += [f"{'best ours' if len(exact) > 1 else exact[0]} vs {p}" for p in peers] if exact else []
     head += [f"{p} cat/pad/copy/fill" for p in providers] if view.counts else []
-    head += ["our config"] if has_config else []
+    head += ["our config"] if configured and len(ours) == 1 else [f"{p} config" for p in configured]
     table = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     series: dict[str, dict[str, float]] = {p: {} for p in providers}
     for shape, rs in cur.items():
@@ -190,10 +217,12 @@ def op_section(rows: list[dict], view: OpView) -> tuple[list[str], dict[str, dic
         if not chosen:
             continue
         val = {p: float(r["value"]) for p, r in chosen.items()}
-        cells = [shape] + ([" + ".join(sorted({r["date"] for r in chosen.values()}))] if many_runs else [])
+        # the run numbers of the list under the table (dates would repeat on every row)
+        numbers = sorted({runs.index(r["date"]) + 1 for r in chosen.values()})
+        cells = [shape] + ([" + ".join(map(str, numbers))] if many_runs else [])
         for p in providers:
             if p not in val:
-                cells.append("–")
+                cells.append("")  # not measured: a blank cell
                 continue
             series[p][shape] = val[p]
             ref = ceil.get((chosen[p]["date"], ceil_shape)) if ceil_shape else None
@@ -202,44 +231,51 @@ def op_section(rows: list[dict], view: OpView) -> tuple[list[str], dict[str, dic
         best = (max(mine) if view.higher_is_better else min(mine)) if mine else None
         for p in peers if exact else []:
             if best is None or p not in val or val[p] == 0 or best == 0:
-                cells.append("–")
+                cells.append("")
             else:
                 cells.append(f"{(best / val[p] if view.higher_is_better else val[p] / best):.2f}×")
         if view.counts:
             for p in providers:
                 n = {r["metric"]: r["value"] for r in rs if r["provider"] == p}
                 cells.append("/".join(f"{float(n[m]):g}" if m in n else "–" for m in view.counts))
-        if has_config:
-            named = [(p, r["config"]) for p, r in chosen.items() if is_ours(p) and r["config"]]
-            cells.append("; ".join(f"{p}: {c}" if len(ours) > 1 else c for p, c in named))
+        cells += [chosen[p]["config"] if p in chosen else "" for p in configured]
         table.append("| " + " | ".join(cells) + " |")
 
     unit = {"time_us": "µs"}.get(view.metric, view.metric)
     speed = "larger is faster" if view.higher_is_better else "smaller is faster"
-    intro = f"{unit} ({speed}); the speed-up columns are > 1 where ours is faster. {view.note}"
+    intro = f"{unit} ({speed}). {view.note}"
     lines = [f"## {view.title}", "", intro]
     lines += ["", f"Command: `{COMMAND.format(ops=','.join(view.benches))}`", "", *table, ""]
-    runs = sorted(dates)
-    for d in runs:
+    for n, d in enumerate(runs, 1):
         r = next(r for rs in cur.values() for r in rs if r["date"] == d)
         c = "; ".join(f"{s} {fmt(v)}" for (dd, s), v in sorted(ceil.items()) if dd == d)
         commit = f", commit {r['commit']}" if r["commit"] else ""
         lines.append(
-            f"- run {d}: {r['device']}, {r['versions']}{commit}; ceilings of the same run: {c or 'none recorded'}"
+            f"- run {n}, {d}: {r['device']}, {r['versions']}{commit}; ceilings of the same run: {c or 'none recorded'}"
         )
     return lines + [""], series
 
 
-def render(rows: list[dict], plots_rel: str | None = "plots") -> tuple[str, dict[str, dict[str, dict[str, float]]]]:
-    """RESULTS.md's text and, per kernel, the series to plot (links point into ``plots_rel``)."""
+def render(
+    rows: list[dict], plots_rel: str | None = "plots", spec: dict | None = None
+) -> tuple[str, dict[str, dict[str, dict[str, float]]]]:
+    """RESULTS.md's text and, per kernel, the series to plot (links point into ``plots_rel``).
+
+    The page opens with the headline rows of ``spec`` (perf/readme_rows.json when None; left out when
+    ``rows`` hold none of them), then one section per op and device.
+    """
     out = [
         "# Measured results",
         "",
         "Generated by `python perf/report.py` from [`results.csv`](results.csv) (one row per measured value,"
-        " appended by `perf/bench.py`); do not edit by hand. Per shape the rows of the latest run that"
-        " measured it; the runs' device, versions and ceilings are listed under each table.",
+        " appended by `perf/bench.py`); do not edit by hand. Per shape and provider the row of the latest run"
+        " that measured it (a blank cell: not measured); the runs' device, versions and ceilings are listed"
+        " under each table. Speed-up columns are > 1 where ours is faster. Older runs: git history of this file"
+        " (their rows stay in results.csv).",
         "",
     ]
+    headline, _ = readme_table.render(rows, spec or readme_table.load_spec())
+    out += [headline] if headline else []
     plotted = {}
     known = {v.kernel for v in VIEWS}
     extra = sorted({r["kernel"] for r in rows} - known - {"ceiling"})
@@ -252,7 +288,8 @@ def render(rows: list[dict], plots_rel: str | None = "plots") -> tuple[str, dict
             lines, series = op_section(mine, view)
             if not lines:
                 continue
-            name = view.kernel if len(devices) == 1 else f"{view.kernel}-{_slug(device)}"
+            name = view.name or view.kernel
+            name = name if len(devices) == 1 else f"{name}-{_slug(device)}"
             if len(devices) > 1:
                 lines[0] += f" — {device}"
             if plots_rel and any(series.values()):
@@ -282,7 +319,7 @@ def rows_metric(rows: list[dict], kernel: str) -> str:
 def write_plots(plotted: dict, folder: Path) -> None:
     from benchutil import bar_plot
 
-    view_of = {v.kernel: v for v in VIEWS}
+    view_of = {v.name or v.kernel: v for v in VIEWS}
     for kernel, series in plotted.items():
         shapes = list(dict.fromkeys(s for ser in series.values() for s in ser))
         base = next((k for k in view_of if kernel == k or kernel.startswith(k + "-")), None)
@@ -303,8 +340,6 @@ def main(argv=None) -> int:
     ap.add_argument("--plots", default=str(HERE / "plots"), help="folder for <kernel>.png")
     ap.add_argument("--no-plots", action="store_true", help="write the page alone")
     ap.add_argument("--device", default=None, help="only rows whose device name contains this (case-insensitive)")
-    ap.add_argument("--readme", default=None, help="the README whose perf-table block to rewrite")
-    ap.add_argument("--no-readme", action="store_true", help="leave the README alone")
     args = ap.parse_args(argv)
     out = Path(args.out)
     plots = Path(args.plots)
@@ -316,17 +351,12 @@ def main(argv=None) -> int:
     text, plotted = render(rows, rel)
     out.write_text(text)
     print(f"wrote {out}")
+    headline, warnings = readme_table.render(rows, readme_table.load_spec())
+    for warning in warnings if headline else ():
+        print(f"warning: {warning}", file=sys.stderr)
     if not args.no_plots:
         write_plots(plotted, plots)
         print(f"wrote {len(plotted)} plots to {plots}")
-    import readme_table
-
-    committed = Path(args.csv).resolve() == resultsfile.DEFAULT_PATH.resolve()
-    readme = args.readme or (readme_table.README_PATH if committed else None)
-    if readme and not args.no_readme:
-        for warning in readme_table.update(readme, resultsfile.read(args.csv)):
-            print(f"warning: {warning}", file=sys.stderr)
-        print(f"wrote the performance table of {readme}")
     return 0
 
 

@@ -40,7 +40,7 @@ def test_committed_results_md_is_the_generated_page():
     text, plotted = report.render(resultsfile.read(ROOT / "perf" / "results.csv"))
     assert (ROOT / "perf" / "RESULTS.md").read_text() == text, "run: python perf/report.py"
     for view in report.VIEWS:
-        assert view.kernel in plotted and f"## {view.title}" in text
+        assert (view.name or view.kernel) in plotted and f"## {view.title}" in text
 
 
 def test_report_latest_run_per_shape_ratios_and_ceilings(tmp_path):
@@ -66,12 +66,14 @@ def test_report_latest_run_per_shape_ratios_and_ceilings(tmp_path):
     text, _ = report.render(resultsfile.read(csv_path), None)
     merge = text.split("## merge_attn_states")[1].split("##")[0]
     # T=1: each provider from the latest run that measured it, against that run's ceiling (2100 / 4200 = 50%,
-    # 120 / 4000 = 3%); the best of ours over each peer (2100 / 700 = 3.00x); both runs named
+    # 120 / 4000 = 3%); the best of ours over each peer (2100 / 700 = 3.00x); both runs named, by their
+    # numbers in the list under the table
     head = "| shape | run | rocm_mla-triton | rocm_mla-hip | torch-reference | vllm-0.33-triton | best ours vs torch"
-    assert head in merge
-    t1 = "| T=1 | 2026-01-01 + 2026-01-02T03:04+00:00 | 2100 (50%) | 1050 (25%) | 120 (3%) | 700 (17%) | 17.50× | 3.00×"
-    assert t1 + " | rocm_mla-triton: tile 4096 |" in merge
-    assert "| T=2 | 2026-01-01 | 300 (8%) | – | – | – | – | – |  |" in merge
+    assert head + "-reference | best ours vs vllm-0.33-triton | rocm_mla-triton config |\n" in merge
+    t1 = "| T=1 | 1 + 2 | 2100 (50%) | 1050 (25%) | 120 (3%) | 700 (17%) | 17.50× | 3.00×"
+    assert t1 + " | tile 4096 |" in merge
+    assert "| T=2 | 1 | 300 (8%) |  |  |  |  |  |  |" in merge
+    assert f"- run 1, {old}: GPU X" in merge and f"- run 2, {new}: GPU X" in merge
     assert "copy 2 GiB 4200" in merge and "copy 2 GiB 4000" in merge and "copy 2 GiB 1.00" not in merge
     assert "Command: `python perf/bench.py --ops merge`" in merge
     decode = text.split("## mla_decode")[1]
@@ -190,3 +192,27 @@ def test_runner_records_the_commit_it_is_given(tmp_path, monkeypatch, capsys):
         assert bench.main(argv + (["--commit", given] if given else [])) == 0
         assert {r["commit"] for r in resultsfile.read(out)} == {want}
         assert f"commit {want}" in capsys.readouterr().out
+
+
+def test_providers_of_a_view_of_their_own_leave_the_kernels_other_table():
+    """mla_decode's batch-invariant bench (default, invariant, vLLM with one split) has its own table:
+    its shapes and columns never enter the main decode table, nor the main table's peers its own."""
+    rows = [
+        row("mla_decode", "rocm_mla-triton", "B=1", "time_us", 10),
+        row("mla_decode", "flashinfer-fa3", "B=1", "time_us", 20),
+        row("mla_decode", "rocm_mla-default", "B=1", "time_us", 11),
+        row("mla_decode", "rocm_mla-invariant", "B=1", "time_us", 12, config="split_tokens=256"),
+        row("mla_decode", "vllm-0.33-triton-1split", "B=1", "time_us", 600),
+        row("mla_decode", "rocm_mla-invariant", "B=8", "time_us", 13, config="split_tokens=256"),
+    ]
+    text, plotted = report.render(rows, "plots")
+    main = text.split("## mla_decode\n")[1].split("\n## ")[0]
+    own = text.split("## mla_decode, batch-invariant mode\n")[1]
+    assert "| B=1 | 10.0 | 20.0 | 2.00× |" in main
+    assert "invariant" not in main and "1split" not in main and "B=8" not in main
+    head = "| shape | rocm_mla-default | rocm_mla-invariant | vllm-0.33-triton-1split | best ours vs vllm-0.33-triton"
+    assert head + "-1split | rocm_mla-invariant config |" in own
+    assert "| B=1 | 11.0 | 12.0 | 600 | 54.55× | split_tokens=256 |" in own  # the best of ours: 600 / 11
+    assert "| B=8 |  | 13.0 |  |  | split_tokens=256 |" in own and "flashinfer" not in own
+    assert "Command: `python perf/bench.py --ops decode_invariant`" in own
+    assert set(plotted) == {"mla_decode", "mla_decode_batch_invariant"}

@@ -80,6 +80,7 @@ from rocm_mla.ops import (
     concat_and_cache_mla,
     fused_rope_mla_kv_write,
     mla_prefill_with_context,
+    plan_prefill_with_context,
 )
 from rocm_mla.reference.rope_kv_write import rope_cos_sin_cache
 from rocm_mla.tools.timing import time_ms
@@ -243,6 +244,10 @@ class PrefillStep:
         self.cu_c = torch.arange(0, Tc + 1, ctx, dtype=torch.int32, device=dev)
         self.output = torch.empty(T, N * V, device=dev, dtype=dt)
         self.lse = torch.empty(N, T, device=dev, dtype=torch.float32)
+        # Made once from the new tokens' sizes, as a serving step makes it for every layer.
+        self.plan = plan_prefill_with_context(
+            batch=B, num_heads=N, q_rows=T, k_rows=T, dtype=dt, device=dev, max_seqlen_q=new, max_seqlen_k=new
+        )
 
     def reset(self):
         pass
@@ -269,8 +274,7 @@ class PrefillStep:
             sm_scale=SCALE,
             out=self.output.view(-1, self.layer.N, V),
             lse=self.lse,
-            max_seqlen_q=self.new,
-            max_seqlen_k=self.new,
+            plan=self.plan,
         )
 
     def _flash(self, q, k_nope, k_pe, v, Lq, Lk, causal):

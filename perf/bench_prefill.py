@@ -67,7 +67,7 @@ from rocm_mla.cases.prefill import VARLEN, PrefillShape
 from rocm_mla.configs import is_nvidia_arch
 from rocm_mla.mla_dims import PREFILL_DIMS
 from rocm_mla.ops.merge import merge_attn_states
-from rocm_mla.ops.prefill_context import ContextChunk, mla_prefill_with_context
+from rocm_mla.ops.prefill_context import ContextChunk, mla_prefill_with_context, plan_prefill_with_context_for
 from rocm_mla.ops.prefill_plan import launch_config
 from rocm_mla.tools.timing import device_name, rotating_graph_us, time_ms
 from rocm_mla.triton_common import without_amd_options
@@ -313,6 +313,18 @@ class ContextCase:
             self.chunks.append(ContextChunk(k.k_nope, k.k_pe, k.v, k.cu_seqlens_k, tc))
         self.out, self.lse = c.out, c.lse
         self.flops = 2.0 * (P + R + V) * N * (new * (new + 1) / 2 + new * ctx)
+        self._plans: list[tuple[dict | None, object]] = []  # (config, its plan)
+
+    def plan(self, config=None):
+        """The call's plan with launch data ``config`` (None: the arch's), made once per config as
+        a serving step makes it for every layer."""
+        for cfg, plan in self._plans:
+            if cfg == config:
+                return plan
+        tensors = (self.q, self.k_nope, self.k_pe, self.v, self.cu, self.cu)
+        plan = plan_prefill_with_context_for(*tensors, max_seqlen_q=self.new, max_seqlen_k=self.new, config=config)
+        self._plans.append((config, plan))
+        return plan
 
     def ours(self, config=None):
         mla_prefill_with_context(
@@ -326,9 +338,7 @@ class ContextCase:
             sm_scale=SCALE,
             out=self.out,
             lse=self.lse,
-            max_seqlen_q=self.new,
-            max_seqlen_k=self.new,
-            config=config,
+            plan=self.plan(config),
         )
 
     def _flash(self, k_nope, k_pe, v, causal):

@@ -208,6 +208,22 @@ def call_prefill(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, **kw):
     return mla_prefill(*tensors, **call)
 
 
+def call_prefill_with_context(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, context_chunks=(), **kw):
+    """``mla_prefill_with_context`` with its plan's knobs given as keywords beside the call's own
+    (``CALL_KEYS``), as :func:`call_prefill` states an ``mla_prefill`` call: the plan is
+    ``plan_prefill_with_context_for`` of the new tokens' tensors and those knobs (max_seqlen_q,
+    max_seqlen_k, config, batch_invariant, backend, debug)."""
+    from ..ops import mla_prefill_with_context, plan_prefill_with_context_for
+
+    tensors = (q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k)
+    call = {k: kw.pop(k) for k in list(kw) if k in CALL_KEYS}
+    if call.get("plan") is None:
+        call["plan"] = plan_prefill_with_context_for(*tensors, **kw)
+    elif kw:
+        raise TypeError(f"call_prefill_with_context: plan knobs {sorted(kw)} beside a plan")
+    return mla_prefill_with_context(*tensors, context_chunks, **call)
+
+
 @dataclass
 class PrefillInputs:
     """One mla_prefill call's tensors: ``args()`` its positional arguments, ``kwargs()`` its keywords
@@ -238,7 +254,7 @@ class PrefillInputs:
         return (self.q, self.k_nope, self.k_pe, self.v, self.cu_seqlens_q, self.cu_seqlens_k)
 
     def kwargs(self, **overrides) -> dict:
-        """mla_prefill's keywords (``overrides`` replace them; a ``plan=`` among them is used as
+        """The op's keywords (``overrides`` replace them; a ``plan=`` among them is used as
         given). Without a plan, one is made (:meth:`plan`) from the other overrides: plan knobs
         (backend, config, causal, max_seqlen_q, ...)."""
         kw = dict(sm_scale=self.sm_scale, out=self.out, lse=self.lse)
@@ -266,7 +282,12 @@ class PrefillInputs:
         as a benchmark passes them)."""
         from ..ops import plan_prefill
 
-        kw = dict(
+        return plan_prefill(**{**self._plan_sizes(device), "causal": self.shape.causal, **overrides})
+
+    def _plan_sizes(self, device=None) -> dict:
+        """A plan's sizes (the tensors'), dtype, device (``device`` or q's) and the max_seqlen
+        hints (the shape's longest sequences, as a benchmark passes them), by keyword."""
+        return dict(
             batch=self.cu_seqlens_q.shape[0] - 1,
             num_heads=self.q.shape[1],
             q_rows=self.q.shape[0],
@@ -274,12 +295,9 @@ class PrefillInputs:
             dtype=self.dtype,
             device=torch.device(device) if device is not None else self.q.device,
             head_dims=(self.k_nope.shape[2], 0 if self.k_pe is None else self.k_pe.shape[2], self.v.shape[2]),
-            causal=self.shape.causal,
             max_seqlen_q=max(self.shape.lq, default=0),
             max_seqlen_k=max(self.shape.lk, default=0),
         )
-        kw.update(overrides)
-        return plan_prefill(**kw)
 
     def reference(self, first_rows: int | None = None):
         """(out [Tq, N, V], lse [N, Tq]) float32; ``first_rows=m``: only the first m queries of
@@ -503,25 +521,25 @@ class ContextInputs(PrefillInputs):
     context: ContextShape | None = None
     chunks: list = field(default_factory=list)
 
-    def kwargs(self, **overrides) -> dict:
-        """mla_prefill_with_context's keywords (it takes plan_prefill's knobs itself; the new tokens
-        are always causal), ``overrides`` replacing them."""
-        kw = dict(
-            sm_scale=self.sm_scale,
-            out=self.out,
-            lse=self.lse,
-            max_seqlen_q=max(self.shape.lq, default=0),
-            max_seqlen_k=max(self.shape.lk, default=0),
-        )
-        kw.update(overrides)
-        return kw
-
     def run(self, chunks=None, **overrides):
-        """mla_prefill_with_context over ``chunks`` (default: ``self.chunks``; any iterable)."""
+        """mla_prefill_with_context over ``chunks`` (default: ``self.chunks``; any iterable).
+        ``overrides``: the call's own keywords (``CALL_KEYS``: plan, out=None, ...) and plan knobs
+        (backend, config, max_seqlen_q, max_seqlen_k, batch_invariant, debug, as
+        ``plan_prefill_with_context`` takes them) for the plan made here when none is given
+        (:meth:`kwargs`). Returns what the op returns."""
         from ..ops import mla_prefill_with_context
 
         chunks = self.chunks if chunks is None else chunks
         return mla_prefill_with_context(*self.args(), chunks, **self.kwargs(**overrides))
+
+    def plan(self, device=None, **overrides):
+        """The :class:`~rocm_mla.ops.PrefillContextPlan` of :meth:`run`'s call (``overrides``:
+        config, backend, max_seqlen_q, ... as :func:`~rocm_mla.ops.plan_prefill_with_context`
+        takes them; the sizes are the new tokens' tensors', the max_seqlen hints the shape's
+        longest new-token sequences)."""
+        from ..ops import plan_prefill_with_context
+
+        return plan_prefill_with_context(**{**self._plan_sizes(device), **overrides})
 
     def one_shot(self) -> tuple:
         """mla_prefill's positional arguments equal to this call: q and cu_seqlens_q as they are,

@@ -8,8 +8,8 @@ from .indexer_topk import mla_indexer_topk
 from .indexer_topk_plan import IndexerTopkPlan, plan_indexer_topk
 from .merge import merge_attn_states
 from .prefill import mla_prefill, plan_prefill_for
-from .prefill_context import mla_prefill_with_context
-from .prefill_plan import PrefillPlan, plan_prefill
+from .prefill_context import mla_prefill_with_context, plan_prefill_with_context_for
+from .prefill_plan import PrefillContextPlan, PrefillPlan, plan_prefill, plan_prefill_with_context
 from .rope_kv_write import concat_and_cache_mla, fused_rope_mla_kv_write
 from .sparse import mla_sparse_attention, plan_sparse_attention_for
 from .sparse_plan import SparsePlan, plan_sparse_attention
@@ -26,6 +26,9 @@ __all__ = [
     "plan_prefill_for",
     "PrefillPlan",
     "mla_prefill_with_context",
+    "plan_prefill_with_context",
+    "plan_prefill_with_context_for",
+    "PrefillContextPlan",
     "fused_rope_mla_kv_write",
     "concat_and_cache_mla",
     "gather_context_chunk",

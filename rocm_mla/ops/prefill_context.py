@@ -1,24 +1,27 @@
 """mla_prefill_with_context: prefill with cached context, vLLM's chunked-context MLA path, in place.
 
 The new tokens attend to themselves causally and to every key of each context chunk (non-causal),
-each pass one :func:`rocm_mla.mla_prefill` launch with its own plan (``plan_prefill``: the new
-tokens' causal pass, then each chunk's non-causal one, every plan made from its pass's sizes with
-the call's knobs); :func:`rocm_mla.merge_attn_states` folds the partial results into ``out`` and
-``lse``. Every argument and chunk is validated (the checks of rocm_mla/ops/prefill.py) and planned
-before anything is written to ``out`` or ``lse``.
+each pass one :func:`rocm_mla.mla_prefill` launch with its own plan: the call's
+:class:`~rocm_mla.ops.prefill_plan.PrefillContextPlan` (``plan_prefill_with_context``, made once
+per step from the new tokens' sizes and every knob) holds the new tokens' causal ``PrefillPlan``
+and plans each chunk's non-causal pass from the chunk's sizes with the same knobs;
+:func:`rocm_mla.merge_attn_states` folds the partial results into ``out`` and ``lse``. The plan
+is checked against the call, and every argument and chunk is validated (the checks of
+rocm_mla/ops/prefill.py) and planned, before any backend runs or anything is written to ``out``
+or ``lse``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
 from ._checks import Checker
 from .merge import merge_attn_states
-from .prefill import _check_call, _check_tensors, _run
-from .prefill_plan import _TENSOR_DIM_NAMES, PrefillPlan, _plan
+from .prefill import _check_call, _check_tensors, _explain_mismatch, _run
+from .prefill_plan import _TENSOR_DIM_NAMES, CONTEXT_OP, PrefillContextPlan, PrefillPlan, _plan_context
 
 
 class ContextChunk(NamedTuple):
@@ -27,6 +30,9 @@ class ContextChunk(NamedTuple):
     k_nope ``[Tc, N, P]``, k_pe ``[Tc, 1, R]`` (or ``[Tc, N, R]``; None when R = 0), v ``[Tc, N, V]`` (any strides, e.g.
     views of the chunk's up-projected ``[Tc, N, P + V]`` buffer); cu_seqlens_k ``[B + 1]`` int32:
     sequence b's keys of this chunk are rows ``cu_seqlens_k[b]:cu_seqlens_k[b+1]`` (may be empty).
+    max_seqlen_k: None or an int >= 0, the chunk's longest sequence (vLLM's chunk ``max_seq_len``):
+    the hint its pass is planned with (``PrefillContextPlan.chunk_plan``; the program order only,
+    never a result).
     """
 
     k_nope: torch.Tensor
@@ -39,7 +45,7 @@ class ContextChunk(NamedTuple):
 def mla_prefill_with_context(
     q: torch.Tensor,
     k_nope: torch.Tensor,
-    k_pe: torch.Tensor,
+    k_pe: torch.Tensor | None,
     v: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     cu_seqlens_k: torch.Tensor,
@@ -48,12 +54,7 @@ def mla_prefill_with_context(
     sm_scale: float,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
-    max_seqlen_q: int | None = None,
-    max_seqlen_k: int | None = None,
-    backend: str | None = None,
-    config: dict | None = None,
-    debug: bool | None = None,
-    batch_invariant: bool = False,
+    plan: PrefillContextPlan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Prefill with cached context, as vLLM's chunked-context MLA path computes it, in place.
 
@@ -62,8 +63,9 @@ def mla_prefill_with_context(
     chunk (non-causal); the partial results are folded with :func:`rocm_mla.merge_attn_states`.
     The result equals one causal :func:`mla_prefill` over each sequence's [context, new] keys.
 
-    Validation comes first: every argument, and every chunk, is checked before anything is
-    written to ``out`` or ``lse`` -- a bad chunk raises with both untouched.
+    Validation comes first: the plan is checked against the call, and every argument and every
+    chunk is checked and planned, before any backend runs and before anything is written to
+    ``out`` or ``lse`` -- a bad chunk raises with both untouched.
 
     Data path, a sized ``context_chunks`` (list, tuple): all chunks are validated up front, the
     causal pass writes straight into ``out``; each chunk's attention goes to one chunk buffer
@@ -81,45 +83,73 @@ def mla_prefill_with_context(
 
     Args:
         q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, sm_scale, out, lse: as in
-            :func:`mla_prefill`.
-        max_seqlen_q, max_seqlen_k, backend, config, debug: as :func:`plan_prefill` takes them,
-            for the new tokens' causal pass; each chunk's pass is planned with the same knobs
-            (``causal=False``, its own ``max_seqlen_k``).
+            :func:`mla_prefill` (the new tokens: q ``[Tq, N, P + R]``, k_nope ``[Tk, N, P]``, k_pe
+            ``[Tk, 1 or N, R]`` or None, v ``[Tk, N, V]``, cu_seqlens ``[B + 1]`` int32, out
+            ``[Tq, N, V]``, lse ``[N, Tq]`` float32).
         context_chunks: iterable of :class:`ContextChunk` or tuples ``(k_nope, k_pe, v,
-            cu_seqlens_k[, max_seqlen_k])``, each with its own number of rows and the same B. A
-            chunk's tensors may not overlap ``out`` or ``lse``. ``backend`` is passed on to
-            merge_attn_states as well.
-        batch_invariant: as :func:`plan_prefill` takes it (always so): a sequence's out and lse depend
-            on its own keys and on how its own context is cut into chunks (the row's merges run
-            in chunk order; a chunk where it has no key merges an empty side, which changes no
-            bit), never on the other sequences or their chunking.
+            cu_seqlens_k[, max_seqlen_k])``, each with its own number of rows and the same B and
+            head dims. A chunk's tensors may not overlap ``out`` or ``lse``.
+        plan: from :func:`plan_prefill_with_context` (the new tokens' causal pass with every knob:
+            max_seqlen_q / max_seqlen_k, config, batch_invariant, backend, debug; each chunk's pass
+            is planned from it with the chunk's sizes): make it once per step and pass it to every
+            layer. The new-token tensors must be the ones it was made for (B, N, Tq, Tk, head dims,
+            dtype, device: ValueError naming the first field that differs). None: planned here
+            from the tensors with every default (``plan_prefill_with_context_for``).
 
     Returns:
         ``(out, lse)``: attention over context + new tokens, lse the natural-log LSE over both. A
         NaN in the keys a row sees, new or cached, reaches that row's out and lse (each partial
-        pass writes NaN, not 0 / -inf, and merge_attn_states propagates a NaN lse).
+        pass writes NaN, not 0 / -inf, and merge_attn_states propagates a NaN lse). With a
+        batch-invariant plan a sequence's out and lse depend on its own keys and on how its own
+        context is cut into chunks, never on the other sequences or their chunking.
+
+    Raises:
+        TypeError / ValueError naming the argument (``context_chunks[i]`` for a chunk's), what was
+        expected and what came.
     """
-    c = Checker("mla_prefill_with_context")
-    sizes = _check_tensors(c, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k)
-    knobs = dict(config=config, batch_invariant=batch_invariant, backend=backend, debug=debug)
-    plan = _plan(
-        c, _TENSOR_DIM_NAMES, **sizes, causal=True, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, **knobs
-    )
-    sm_scale = _check_call(c, plan, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, sm_scale, out, lse)
+    c = Checker(CONTEXT_OP)
+    tensors = (q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k)
+    if plan is None:
+        plan = plan_prefill_with_context_for(*tensors)
+    elif not isinstance(plan, PrefillContextPlan):
+        c.fail("plan", "a plan from plan_prefill_with_context (PrefillContextPlan)", type(plan).__name__, TypeError)
+    if not plan.matches(*tensors):
+        _explain_mismatch(c, plan.new_tokens, *tensors)
+    sm_scale = _check_call(c, plan.new_tokens, *tensors, sm_scale, out, lse)
 
     def checked(i: int, chunk) -> tuple[ContextChunk, PrefillPlan]:
-        return _check_chunk(i, chunk, q, cu_seqlens_q, sm_scale, max_seqlen_q, sizes["head_dims"], out, lse, knobs)
+        return _check_chunk(i, chunk, plan, q, cu_seqlens_q, sm_scale, out, lse)
 
-    head = (plan, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k)
-    tail = (sm_scale, out, lse, backend)
+    head = (plan, *tensors)
+    tail = (sm_scale, out, lse)
     if hasattr(context_chunks, "__len__"):
         chunks = [checked(i, ch) for i, ch in enumerate(context_chunks)]  # type: ignore[arg-type]
         return _with_context_sized(*head, chunks, *tail)
     return _with_context_lazy(*head, iter(context_chunks), checked, *tail)
 
 
-def _with_context_sized(plan, q, k_nope, k_pe, v, cu_q, cu_k, chunks, sm_scale, out, lse, backend):
+def plan_prefill_with_context_for(
+    q: torch.Tensor,
+    k_nope: torch.Tensor,
+    k_pe: torch.Tensor | None,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    **knobs: Any,
+) -> PrefillContextPlan:
+    """``plan_prefill_with_context`` with the new tokens' sizes (B, N, Tq, Tk, head dims), dtype
+    and device read from a call's tensors (``mla_prefill_with_context``'s first six positional
+    arguments, checked as it checks them; their values are not read); ``knobs``: the rest of
+    ``plan_prefill_with_context``'s keywords (max_seqlen_q, max_seqlen_k, config,
+    batch_invariant, backend, debug)."""
+    c = Checker(CONTEXT_OP)
+    sizes = _check_tensors(c, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k)
+    return _plan_context(c, _TENSOR_DIM_NAMES, **sizes, **knobs)
+
+
+def _with_context_sized(ctx_plan, q, k_nope, k_pe, v, cu_q, cu_k, chunks, sm_scale, out, lse):
     """Validated, planned chunks: causal pass into out, each chunk merged into out in place."""
+    plan, backend = ctx_plan.new_tokens, ctx_plan.merge_backend
     Tq, N, V = q.shape[0], q.shape[1], plan.head_dims[2]
     if out is None:
         out = torch.empty(Tq, N, V, dtype=q.dtype, device=q.device)
@@ -144,8 +174,9 @@ def _with_context_sized(plan, q, k_nope, k_pe, v, cu_q, cu_k, chunks, sm_scale, 
     return out, lse
 
 
-def _with_context_lazy(plan, q, k_nope, k_pe, v, cu_q, cu_k, it, checked, sm_scale, out, lse, backend):
+def _with_context_lazy(ctx_plan, q, k_nope, k_pe, v, cu_q, cu_k, it, checked, sm_scale, out, lse):
     """Chunks drawn (and validated, planned) one at a time; out/lse are written by the last step only."""
+    plan, backend = ctx_plan.new_tokens, ctx_plan.merge_backend
     Tq, N, V = q.shape[0], q.shape[1], plan.head_dims[2]
     first = next(it, None)
     ck = checked(0, first) if first is not None else None
@@ -184,33 +215,26 @@ def _with_context_lazy(plan, q, k_nope, k_pe, v, cu_q, cu_k, it, checked, sm_sca
 
 
 def _check_chunk(
-    i: int, chunk, q, cu_q, sm_scale, max_seqlen_q, dims, out, lse, knobs
+    i: int, chunk, plan: PrefillContextPlan, q, cu_q, sm_scale, out, lse
 ) -> tuple[ContextChunk, PrefillPlan]:
     """A chunk, checked (its tensors, its head dims the new tokens', no memory in common with out
-    or lse), and the plan of its non-causal pass."""
-    cc = Checker(f"mla_prefill_with_context: context_chunks[{i}]")
+    or lse), and the plan of its non-causal pass (``plan.chunk_plan``)."""
+    cc = Checker(f"{CONTEXT_OP}: context_chunks[{i}]")
     if not isinstance(chunk, (tuple, list)) or len(chunk) not in (4, 5):
         got = type(chunk).__name__ + (f" of length {len(chunk)}" if isinstance(chunk, (tuple, list)) else "")
         cc.fail("chunk", "a ContextChunk or a tuple (k_nope, k_pe, v, cu_seqlens_k[, max_seqlen_k])", got, TypeError)
     ck = ContextChunk(*chunk)
     sizes = _check_tensors(cc, q, ck.k_nope, ck.k_pe, ck.v, cu_q, ck.cu_seqlens_k)
+    dims = plan.new_tokens.head_dims
     if sizes["head_dims"] != dims:
         cc.fail("k_nope/k_pe/v", f"head dims (P, R, V) = {dims} like the new tokens'", sizes["head_dims"])
-    plan = _plan(
-        cc,
-        _TENSOR_DIM_NAMES,
-        **sizes,
-        causal=False,
-        max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=ck.max_seqlen_k,
-        **knobs,
-    )
-    _check_call(cc, plan, q, ck.k_nope, ck.k_pe, ck.v, cu_q, ck.cu_seqlens_k, sm_scale, None, None)
+    ck_plan = plan.chunk_plan(cc, sizes["k_rows"], ck.max_seqlen_k)
+    _check_call(cc, ck_plan, q, ck.k_nope, ck.k_pe, ck.v, cu_q, ck.cu_seqlens_k, sm_scale, None, None)
     # The chunk's K/V are read after out/lse have been written (sized path): no overlap.
     cc.no_overlap(
         {"out": out, "lse": lse}, {"k_nope": ck.k_nope, "k_pe": ck.k_pe, "v": ck.v, "cu_seqlens_k": ck.cu_seqlens_k}
     )
-    return ck, plan
+    return ck, ck_plan
 
 
 def _run_chunk(ck: ContextChunk, plan: PrefillPlan, q, cu_q, sm_scale, out, lse):

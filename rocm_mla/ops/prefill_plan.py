@@ -20,13 +20,17 @@ wrapper checks its tensors against it and launches exactly what it says. What it
   * the constexprs and compile options (``triton_meta``: the ISA report compiles its variants from
     the same function, so what it reports is what runs).
 
+``plan_prefill_with_context(...) -> PrefillContextPlan``: mla_prefill_with_context's plan, the
+new tokens' causal ``PrefillPlan`` (the same sizes and knobs, no causal knob); each context chunk's
+non-causal pass is planned from it and the chunk's sizes (``PrefillContextPlan.chunk_plan``).
+
 Launch data: rocm_mla/configs/mla_prefill.json.
 """
 
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -434,7 +438,7 @@ def _plan(
                 )
     arch = _platform.device_arch(device)
     cfg = config if config is not None else launch_config(arch, dtype, dims)
-    _tma_mode(cfg)  # an unknown "tma" raises whatever the arch and dtype
+    _check_config(c, cfg, batch, num_heads, q_rows)
     group = head_group(cfg, num_heads, max_seqlen_k or k_rows, (dims[0] + dims[2]) * dtype.itemsize)
     fp32 = dtype == torch.float32
     consts, options = triton_meta(cfg, arch, dims, causal, fp32, tma_aligned=True)
@@ -465,12 +469,161 @@ def _plan(
     )
 
 
+def _check_config(c: Checker, cfg: object, batch: int, num_heads: int, q_rows: int) -> None:
+    """The plan's launch data, with errors from ``c`` naming ``config``: an unknown "tma" raises
+    whatever the arch and dtype, a "head_group" below 1, and a grid of 2**31 programs or more (the
+    kernel numbers its programs in int32; ``grid_slots``)."""
+    if not isinstance(cfg, dict):
+        c.fail(
+            "config", "a dict with the keys of an arch's triton entry in configs/mla_prefill.json", repr(cfg), TypeError
+        )
+    tma = cfg.get("tma", False)
+    if prefill_tma_mode(tma) is None:
+        c.fail("config", 'a "tma" of false, true or "host"', repr(tma))
+    if "head_group" in cfg and int(cfg["head_group"]) < 1:
+        c.fail("config", 'a "head_group" >= 1', repr(cfg["head_group"]))
+    block_m = int(cfg["BLOCK_M"])
+    programs = (q_rows // block_m + batch) * num_heads
+    if programs >= 2**31:
+        c.fail(
+            "q_rows, batch, num_heads",
+            f"(Tq // BLOCK_M + B) * N < 2**31 programs (BLOCK_M={block_m})",
+            f"{programs} (Tq={q_rows}, B={batch}, N={num_heads})",
+        )
+
+
+# --------------------------------------------------------------------------- prefill with context
+
+CONTEXT_OP = "mla_prefill_with_context"
+
+
+@dataclass(frozen=True)
+class PrefillContextPlan:
+    """What one mla_prefill_with_context call runs (``plan_prefill_with_context`` makes it).
+
+    ``new_tokens``: the new tokens' causal pass (a :class:`PrefillPlan` of the call's sizes and
+    every knob: max_seqlen_q / max_seqlen_k, config, batch_invariant, backend, debug). Each context
+    chunk's non-causal pass is planned by :meth:`chunk_plan` from the chunk's key rows (and its own
+    max_seqlen_k hint) with those same knobs; chunk sizes are not known when the step plans (a
+    generator makes them), and a chunk's plan depends on nothing else. ``merge_backend``: the
+    backend forced on merge_attn_states, which folds the passes (the ``backend`` knob as given;
+    None: its default).
+    """
+
+    new_tokens: PrefillPlan
+    merge_backend: str | None = None
+    # The chunk plans made so far, by (k_rows, max_seqlen_k): one serving step's layers call with the
+    # same chunks, and a plan is a pure function of these and the fields above.
+    _chunks: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def matches(self, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k) -> bool:
+        """Whether a call's new-token tensors are the ones this plan was made for (sizes, dtypes,
+        device: ``PrefillPlan.matches`` of ``new_tokens``); host values only.
+        ``mla_prefill_with_context`` names what differs when it is False."""
+        return self.new_tokens.matches(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k)
+
+    def chunk_plan(self, c: Checker, k_rows: int, max_seqlen_k: int | None = None) -> PrefillPlan:
+        """The plan of one context chunk's pass: the new tokens' queries (``new_tokens``' B, N, Tq,
+        head dims, dtype, device) against the chunk's ``k_rows`` keys, non-causal, with the plan's
+        knobs and the chunk's ``max_seqlen_k`` hint. Errors (a bad hint) come from ``c``."""
+        key = (k_rows, type(max_seqlen_k), max_seqlen_k)
+        try:
+            return self._chunks[key]
+        except (KeyError, TypeError):  # not planned yet, or a hint _plan refuses (unhashable)
+            pass
+        p = self.new_tokens
+        got = _plan(
+            c,
+            _TENSOR_DIM_NAMES,
+            batch=p.batch,
+            num_heads=p.num_heads,
+            q_rows=p.q_rows,
+            k_rows=k_rows,
+            dtype=p.dtype,
+            device=p.device,
+            head_dims=p.head_dims,
+            causal=False,
+            max_seqlen_q=p.max_seqlen_q,
+            max_seqlen_k=max_seqlen_k,
+            config=p.config,
+            batch_invariant=p.batch_invariant,
+            backend=p.backend,
+            debug=p.debug,
+        )
+        self._chunks[key] = got  # a valid hint: None or an int
+        return got
+
+
+def plan_prefill_with_context(
+    *,
+    batch: int,
+    num_heads: int,
+    q_rows: int,
+    k_rows: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    head_dims: tuple[int, int, int] = PREFILL_DIMS,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    config: dict | None = None,
+    batch_invariant: bool = False,
+    backend: str | None = None,
+    debug: bool | None = None,
+) -> PrefillContextPlan:
+    """Everything an ``mla_prefill_with_context`` call with these new-token sizes launches, decided
+    once on the host from sizes alone (no device value: capturable): make it once per step and pass
+    it to every layer's call (``mla_prefill_with_context(..., plan=plan)``).
+
+    Args:
+        batch, num_heads, q_rows, k_rows, dtype, device, head_dims: the new tokens' call, as
+            :func:`plan_prefill` takes them (``k_rows``: the new tokens' keys, Tk; the chunks' keys
+            are each chunk's own).
+        max_seqlen_q, max_seqlen_k, config, batch_invariant, debug: as :func:`plan_prefill` takes
+            them, for the new tokens' causal pass; each chunk's pass is planned with the same
+            knobs (``causal=False``, max_seqlen_q, the chunk's own ``max_seqlen_k``:
+            :meth:`PrefillContextPlan.chunk_plan`). batch_invariant: a sequence's out and lse depend
+            on its own keys and on how its own context is cut into chunks (the row's merges run in
+            chunk order; a chunk where it has no key merges an empty side, which changes no bit),
+            never on the other sequences or their chunking (always so; checked to be a bool).
+        backend: ``"triton"`` or ``"reference"`` to force one for the attention passes (as
+            :func:`plan_prefill`), passed on to merge_attn_states as well.
+
+    Raises:
+        TypeError / ValueError naming the argument (``mla_prefill_with_context: <argument>: ...``).
+    """
+    return _plan_context(
+        Checker(CONTEXT_OP),
+        _SIZE_DIM_NAMES,
+        batch=batch,
+        num_heads=num_heads,
+        q_rows=q_rows,
+        k_rows=k_rows,
+        dtype=dtype,
+        device=device,
+        head_dims=head_dims,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        config=config,
+        batch_invariant=batch_invariant,
+        backend=backend,
+        debug=debug,
+    )
+
+
+def _plan_context(c: Checker, dim_names: tuple[tuple[str, str], ...], *, backend=None, **kw) -> PrefillContextPlan:
+    """:func:`plan_prefill_with_context` with its errors from ``c`` and the head-dim names
+    ``dim_names`` (``plan_prefill_with_context_for`` names tensors); ``kw``: its keywords."""
+    return PrefillContextPlan(new_tokens=_plan(c, dim_names, causal=True, backend=backend, **kw), merge_backend=backend)
+
+
 __all__ = [
     "OP",
     "SEQ_CHUNK",
     "MAX_TRITON_HEAD_DIM",
     "PrefillPlan",
     "plan_prefill",
+    "PrefillContextPlan",
+    "plan_prefill_with_context",
     "kpe_head_stride",
     "launch_config",
     "geometry_key",

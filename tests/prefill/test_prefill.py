@@ -386,16 +386,20 @@ def _t(*shape, dtype=torch.float32):
     ],
 )
 @pytest.mark.parametrize("planned", [False, True], ids=["plan_none", "planned"])
-def test_bad_input_names_argument(change, exc, words, planned):
+@pytest.mark.parametrize("op", ["mla_prefill", "mla_prefill_with_context"])
+def test_bad_input_names_argument(change, exc, words, planned, op):
     """The same messages whether the call plans from its tensors or runs a plan made for the good
-    tensors (the plan refuses them, then their own rule names them)."""
+    tensors (the plan refuses them, then their own rule names them); mla_prefill_with_context
+    (no chunk) names them as mla_prefill does."""
     args = _good()
     if planned:
-        args["plan"] = rocm_mla.plan_prefill_for(*args.values())
+        make = rocm_mla.ops.plan_prefill_for if op == "mla_prefill" else rocm_mla.ops.plan_prefill_with_context_for
+        args["plan"] = make(*args.values())
     for k, val in change.items():
         args[k] = val.to(DEVICE) if isinstance(val, torch.Tensor) else val
     args.setdefault("sm_scale", SM_SCALE)
-    assert raises_naming(exc, lambda: rocm_mla.mla_prefill(**args), *words).startswith("mla_prefill: ")
+    fn = getattr(rocm_mla.ops, op)
+    assert raises_naming(exc, lambda: fn(**args), *words).startswith(f"{op}: ")
 
 
 @pytest.mark.parametrize(
@@ -409,8 +413,8 @@ def test_bad_input_names_argument(change, exc, words, planned):
     ],
 )
 def test_bad_plan_knob_names_it_at_plan_time(change, exc, words):
-    """The mode and tuning knobs are plan_prefill's (checked once, when the plan is made, whether
-    from sizes or from a call's tensors); the call takes none of them."""
+    """The mode and tuning knobs are plan_prefill's and plan_prefill_with_context's (checked once,
+    when the plan is made, whether from sizes or from a call's tensors); the calls take none."""
     args = _good()
     sizes = dict(batch=2, num_heads=2, q_rows=5, k_rows=6, dtype=F32, device=DEVICE)
     for plan in (
@@ -420,6 +424,19 @@ def test_bad_plan_knob_names_it_at_plan_time(change, exc, words):
         assert raises_naming(exc, plan, *words).startswith("mla_prefill: ")
     with pytest.raises(TypeError, match="unexpected keyword"):
         rocm_mla.mla_prefill(**args, sm_scale=SM_SCALE, **change)
+    # mla_prefill_with_context: the same knobs, plan_prefill_with_context's (the new tokens are
+    # always causal: no causal knob there).
+    if "causal" in change:
+        with pytest.raises(TypeError, match="causal"):
+            rocm_mla.ops.plan_prefill_with_context(**sizes, **change)
+        return
+    for plan in (
+        lambda: rocm_mla.ops.plan_prefill_with_context(**sizes, **change),
+        lambda: rocm_mla.ops.plan_prefill_with_context_for(*args.values(), **change),
+    ):
+        assert raises_naming(exc, plan, *words).startswith("mla_prefill_with_context: ")
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        rocm_mla.ops.mla_prefill_with_context(**args, sm_scale=SM_SCALE, **change)
 
 
 def test_triton_rejects_dims_wider_than_a_tile():

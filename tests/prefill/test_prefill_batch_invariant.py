@@ -16,9 +16,9 @@ import torch
 from _util import DEVICE
 from prefill_case import KERNEL_BACKENDS, case
 
-import rocm_mla
 from rocm_mla._platform import device_arch
-from rocm_mla.cases.prefill import call_prefill
+from rocm_mla.cases.prefill import call_prefill, call_prefill_with_context
+from rocm_mla.ops import plan_prefill_with_context_for
 from rocm_mla.ops.prefill_context import ContextChunk
 from rocm_mla.ops.prefill_plan import launch_config
 
@@ -110,7 +110,7 @@ def test_prefill_with_context_other_chunkings(dtype):
     def run(idx, cuts):
         lens = [LENS[i] for i in idx]
         cu = _cu(lens)
-        return rocm_mla.mla_prefill_with_context(
+        return call_prefill_with_context(
             *_take(pool, idx), cu, cu, _chunks(ctx, idx, cuts), sm_scale=0.125, batch_invariant=True
         )
 
@@ -162,7 +162,9 @@ def test_bad_keyword():
     with pytest.raises(TypeError, match="batch_invariant: expected a bool"):
         pool.run(batch_invariant="yes")
     with pytest.raises(TypeError, match="batch_invariant: expected a bool"):
-        rocm_mla.mla_prefill_with_context(*pool.args(), (), sm_scale=0.1, batch_invariant=None)
+        call_prefill_with_context(*pool.args(), (), sm_scale=0.1, batch_invariant=None)
+    with pytest.raises(TypeError, match="mla_prefill_with_context: batch_invariant: expected a bool"):
+        plan_prefill_with_context_for(*pool.args(), batch_invariant=None)
 
 
 @pytest.mark.gpu

@@ -11,6 +11,7 @@ from prefill_case import case
 import rocm_mla
 from rocm_mla.cases import outside_untouched, poisoned
 from rocm_mla.cases.prefill import V
+from rocm_mla.ops import mla_prefill_with_context, plan_prefill_with_context_for
 
 # ---------------------------------------------------------------- GPU only (bf16, serving sizes)
 
@@ -93,8 +94,7 @@ def test_gpu_no_host_sync():
     torch.cuda.set_sync_debug_mode("error")
     try:
         rocm_mla.mla_prefill(q, kn, kpe, v, cq, ck, sm_scale=sm_scale, plan=plan)
-        rocm_mla.mla_prefill_with_context(
-            q, kn, kpe, v, cq, cq, [(kn, kpe, v, ck)], sm_scale=sm_scale, backend="triton"
-        )
+        ctx_plan = plan_prefill_with_context_for(q, kn, kpe, v, cq, cq, backend="triton")  # planning reads nothing
+        mla_prefill_with_context(q, kn, kpe, v, cq, cq, [(kn, kpe, v, ck)], sm_scale=sm_scale, plan=ctx_plan)
     finally:
         torch.cuda.set_sync_debug_mode("default")

@@ -13,7 +13,7 @@ from prefill_case import case, cu
 
 import rocm_mla
 from rocm_mla.cases import prefill
-from rocm_mla.cases.prefill import ContextShape, call_prefill
+from rocm_mla.cases.prefill import ContextShape, call_prefill, call_prefill_with_context
 from rocm_mla.ops.prefill import launch_triton, plan_prefill_for
 from rocm_mla.ops.prefill_context import ContextChunk
 from rocm_mla.reference import mla_prefill_ref
@@ -225,7 +225,7 @@ def test_prefill_zero_sizes(backend):
                 ContextShape(lq, [[0] * len(lq)], 2), dtype=F32, device=DEVICE
             ).chunks
             for chunks in ([empty, empty], (ch for ch in [empty]), iter(())):
-                rocm_mla.mla_prefill_with_context(*qkv(c), cq, ck, chunks, sm_scale=0.1, backend=backend, **kw)
+                call_prefill_with_context(*qkv(c), cq, ck, chunks, sm_scale=0.1, backend=backend, **kw)
             c.check_guards()
 
 

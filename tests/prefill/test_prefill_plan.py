@@ -1,7 +1,8 @@
 """plan_prefill: what an mla_prefill call launches, from its sizes, dtype and device (made once
 per step, or by plan_prefill_for from a call's tensors); the call checks its tensors against it and
-decides the TMA alignment from them. Most tests run no kernel (the launches themselves are the
-other prefill tests); the reuse test runs the kernel twice."""
+decides the TMA alignment from them. plan_prefill_with_context: the same for
+mla_prefill_with_context (the new tokens' plan, each chunk's planned from it). Most tests run no
+kernel (the launches themselves are the other prefill tests); the reuse tests run the kernels."""
 
 from __future__ import annotations
 
@@ -12,9 +13,18 @@ from prefill_case import KERNEL_BACKENDS, case, cu
 
 import rocm_mla
 from rocm_mla._platform import device_arch
-from rocm_mla.cases import generator, randn
-from rocm_mla.cases.prefill import P, V, call_prefill
-from rocm_mla.ops import PrefillPlan, plan_prefill, plan_prefill_for
+from rocm_mla.cases import generator, prefill, randn
+from rocm_mla.cases.prefill import P, V, call_prefill, call_prefill_with_context
+from rocm_mla.ops import (
+    PrefillContextPlan,
+    PrefillPlan,
+    mla_prefill_with_context,
+    plan_prefill,
+    plan_prefill_for,
+    plan_prefill_with_context,
+    plan_prefill_with_context_for,
+)
+from rocm_mla.ops._checks import Checker
 from rocm_mla.ops.prefill_plan import _tma_arch, grid_slots, head_group, kpe_head_stride, launch_config
 
 F32, F16 = torch.float32, torch.float16
@@ -96,7 +106,7 @@ def test_plan_tma_mode_needs_16_bit_aligned_tensors(tma, mode):
     }
     c32 = case([4], [4], 2, F32)
     assert plan_prefill_for(*c32.args(), config=cfg).use_tma == 0
-    with pytest.raises(ValueError, match="tma must be false, true or \"host\", got 'yes'"):
+    with pytest.raises(ValueError, match='mla_prefill: config: expected a "tma" of false, true or "host", got \'yes\''):
         plan_prefill_for(*c32.args(), config={**SMALL, "tma": "yes"})
 
 
@@ -164,6 +174,9 @@ def test_a_mismatched_plan_raises_naming_the_field():
         (dict(head_dims=(128, 64, 512)), ValueError, ["head_dims", "V <= 256 for the Triton kernel", "512"]),
         (dict(dtype=torch.float64), TypeError, ["dtype", "float16, bfloat16 or float32", "float64"]),
         (dict(backend="hip"), RuntimeError, ["'hip'", "no HIP kernel"]),
+        (dict(config={**SMALL, "head_group": 0}), ValueError, ["config", '"head_group" >= 1', "got 0"]),
+        (dict(config=[1]), TypeError, ["config", "a dict", "[1]"]),
+        (dict(batch=2**24, num_heads=128), ValueError, ["q_rows, batch, num_heads", "< 2**31", "got 2147483648"]),
     ],
 )
 def test_bad_sizes_name_the_argument(change, exc, words):
@@ -184,3 +197,99 @@ def test_wide_dims_are_the_reference_backends():
         backend="reference",
     )
     assert plan.backend == "reference" and plan.head_dims == (300, 64, 512)
+
+
+# ---------------------------------------------------------------- prefill with context
+
+
+def _context_case(seed=0, lq=(3, 4), chunks=((2, 5), (0, 3), (4, 1)), N=2, **layouts):
+    return prefill.make_context_inputs(
+        prefill.ContextShape(lq, chunks, N), dtype=F32, device=DEVICE, seed=seed, **layouts
+    )
+
+
+def test_context_plan_from_sizes_is_the_plan_from_the_tensors():
+    """plan_prefill_with_context from the new tokens' sizes equals plan_prefill_with_context_for of
+    a call's tensors; its new-token pass is plan_prefill's causal plan with the same knobs, and a
+    chunk's pass is plan_prefill's non-causal plan of the chunk's keys (the chunk's own
+    max_seqlen_k hint), with the knobs resolved once (backend, debug, config), made once per size."""
+    c = _context_case(lq=(45, 0, 70), chunks=((5, 3, 0), (0, 1, 9)), N=4)
+    kw = dict(max_seqlen_q=70, max_seqlen_k=70, config={**SMALL, "head_group": 2}, batch_invariant=True)
+    sizes = dict(batch=3, num_heads=4, q_rows=115, k_rows=115, dtype=F32, device=DEVICE)
+    plan = plan_prefill_with_context(**sizes, **kw)
+    assert isinstance(plan, PrefillContextPlan) and plan == plan_prefill_with_context_for(*c.args(), **kw)
+    assert plan.matches(*c.args()) and plan.merge_backend is None
+    assert plan.new_tokens == plan_prefill(**sizes, causal=True, **kw)
+    ck = plan.chunk_plan(Checker("t"), 10, 9)
+    assert ck == plan_prefill(**{**sizes, "k_rows": 10}, causal=False, **{**kw, "max_seqlen_k": 9}, backend="triton")
+    assert ck is plan.chunk_plan(Checker("t"), 10, 9) and plan.chunk_plan(Checker("t"), 10) is not ck
+    assert not ck.causal and ck.max_seqlen_q == 70 and ck.batch_invariant and ck.config == plan.new_tokens.config
+    forced = plan_prefill_with_context(**sizes, backend="reference", debug=True)
+    assert forced.merge_backend == "reference" and forced.new_tokens.backend == "reference"
+    assert forced.chunk_plan(Checker("t"), 3).backend == "reference" and forced.chunk_plan(Checker("t"), 3).debug
+    # A bad chunk hint is named by the checker given (the op names the chunk).
+    with pytest.raises(ValueError, match="t: max_seqlen_k: expected None or an int >= 0, got -2"):
+        plan.chunk_plan(Checker("t"), 10, -2)
+    with pytest.raises(TypeError, match="causal"):
+        plan_prefill_with_context(**sizes, causal=False)  # the new tokens are causal, the chunks not
+
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS + ["reference"])
+def test_a_context_plan_reused_across_calls_gives_the_bits_of_per_call_planning(backend):
+    """One context plan (made once from the new tokens' sizes) run by several calls with other
+    tensors, chunks, layouts and sm_scale gives bit for bit what each call planning from its own
+    tensors gives, and the case's reference."""
+    cfg = {**SMALL, "head_group": 2}
+    sizes = dict(batch=2, num_heads=2, q_rows=7, k_rows=7, dtype=F32, device=DEVICE)
+    plan = plan_prefill_with_context(**sizes, config=cfg, backend=backend)
+    for seed, scale, layout in ((1, 0.1, "flat"), (2, 0.07, "pad_v")):
+        c = _context_case(seed, out_layout=layout, lse_layout="transposed")
+        got = [t.clone() for t in c.run(sm_scale=scale, plan=plan)]
+        c.out.fill_(float("nan"))
+        c.lse.fill_(float("nan"))
+        call_prefill_with_context(
+            *c.args(), c.chunks, sm_scale=scale, out=c.out, lse=c.lse, config=cfg, backend=backend
+        )
+        assert torch.equal(got[0], c.out) and torch.equal(got[1], c.lse), (seed, layout)
+    c.run(plan=plan)
+    c.check()
+
+
+def test_a_mismatched_context_plan_raises_before_any_backend_runs(monkeypatch):
+    """A context plan made for other sizes, dtype or device: ValueError naming the first field that
+    differs; an mla_prefill plan, or anything else: TypeError naming PrefillContextPlan; knobs on
+    the call: TypeError. Nothing runs (no pass, no merge) and out/lse keep their poison."""
+    from rocm_mla.ops import prefill_context
+
+    c = _context_case(3)
+    ran = []
+    monkeypatch.setattr(prefill_context, "_run", lambda *a: ran.append("pass"))
+    monkeypatch.setattr(prefill_context, "merge_attn_states", lambda *a, **k: ran.append("merge"))
+
+    def call(plan, **kw):
+        return lambda: mla_prefill_with_context(
+            *c.args(), c.chunks, sm_scale=0.1, out=c.out, lse=c.lse, plan=plan, **kw
+        )
+
+    sizes = dict(batch=2, num_heads=2, q_rows=7, k_rows=7, dtype=F32, device=DEVICE)
+    for field, value, words in (
+        ("batch", 3, ["batch=2", "batch=3"]),
+        ("q_rows", 8, ["q_rows=7", "q_rows=8"]),
+        ("k_rows", 9, ["k_rows=7", "k_rows=9"]),
+        ("head_dims", (128, 64, 256), ["head_dims=(128, 64, 128)", "head_dims=(128, 64, 256)"]),
+        ("dtype", F16, ["dtype=torch.float32", "dtype=torch.float16"]),
+        ("device", "meta", ["device=", "meta"]),
+    ):
+        other = plan_prefill_with_context(**{**sizes, field: value}, backend="reference")
+        assert not other.matches(*c.args())
+        words = ("mla_prefill_with_context: plan", "a plan made for this call", *words)
+        assert field in raises_naming(ValueError, call(other), *words)
+    raises_naming(TypeError, call(plan_prefill(**sizes)), "plan", "PrefillContextPlan", "PrefillPlan")
+    raises_naming(TypeError, call("plan"), "plan", "PrefillContextPlan", "str")
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        call(None, backend="reference")()
+    assert not ran and torch.isnan(c.out).all() and torch.isnan(c.lse).all()
+    mla_prefill_with_context(
+        *c.args(), c.chunks, sm_scale=0.1, out=c.out, lse=c.lse, plan=plan_prefill_with_context(**sizes)
+    )
+    assert ran == ["pass"] + ["pass", "merge"] * 3  # the right plan runs: the new tokens, then each chunk and its merge

@@ -39,14 +39,11 @@ from vllm.model_executor.layers.attention.sparse_mla_attention import (
     SparseMLACommonMetadata,
     SparseMLACommonMetadataBuilder,
 )
+from vllm.platforms import current_platform
 from vllm.v1.attention.backend import AttentionBackend, AttentionCGSupport, AttentionLayer
 
-from rocm_mla._platform import device_arch
-from rocm_mla.configs import platform_fp8_dtype
 from rocm_mla.mla_dims import FP8_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from rocm_mla.ops import IndexerTopkPlan, SparsePlan, mla_sparse_attention, plan_sparse_attention
-from rocm_mla.ops._checks import plan_mismatch
-from rocm_mla.ops.sparse import plan_fields
 from rocm_mla.vllm.backend import RocmMLABackendTraits, RocmMLAImplCommon
 from rocm_mla.vllm.step_plans import kept_plan
 
@@ -228,36 +225,26 @@ class RocmMLASparseImpl(RocmMLAImplCommon, SparseMLACommonImpl[RocmMLASparseMeta
         out = torch.empty(T, N, KV_LORA_RANK, dtype=q_nope.dtype, device=q_nope.device)
         lse = torch.empty(T, N, dtype=torch.float32, device=q_nope.device)
         kv = kv_c_and_k_pe_cache
+        table, req = md.block_table, md.req_id_per_token  # req row-aligned with q (vLLM narrows it with topk_start)
+        k_scale = layer._k_scale.reshape(1) if self._fp8_cache else None
         # A plan made for other rows (a ShardQ or narrowed call, a guess of the builder's that
-        # vLLM's forward did not take) gives way to one from this call's tensors.
+        # vLLM's forward did not take) gives way to one from this call's tensors. The plan cannot
+        # see the layer's batch invariance in the tensors: its field is compared.
         plan = kept_plan(
             md,
-            lambda plan: self.plan_fits(plan, q_nope, kv, topk),
+            lambda plan: (
+                plan.matches(q_nope, q_pe, kv, topk, table, req, k_scale=k_scale)
+                and plan.batch_invariant == self._batch_invariant
+            ),
             lambda: self.sparse_plan(
                 T, topk.shape[1], kv.shape[1], q_nope.device, num_heads=N, q_dtype=q_nope.dtype, kv_dtype=kv.dtype
             ),
             attr="rocm_mla_sparse_plan",
         )
         mla_sparse_attention(
-            q_nope,
-            q_pe,
-            kv,
-            topk,
-            md.block_table,
-            md.req_id_per_token,  # row-aligned with q (vLLM narrows it with topk_start)
-            sm_scale=self.scale,
-            out=out,
-            lse=lse,
-            kv_cache_dtype="fp8" if self._fp8_cache else "auto",
-            k_scale=layer._k_scale.reshape(1) if self._fp8_cache else None,
-            plan=plan,  # its batch_invariant is the layer's
+            q_nope, q_pe, kv, topk, table, req, sm_scale=self.scale, out=out, lse=lse, k_scale=k_scale, plan=plan
         )
         return out, lse
-
-    def _kv_read_dtype(self, kv_dtype: torch.dtype, arch: str) -> torch.dtype:
-        """The cache's dtype as ``mla_sparse_attention`` reads it: uint8 storage of an fp8 cache
-        as the arch's fp8 kind, any other as it is."""
-        return platform_fp8_dtype(arch) if self._fp8_cache and kv_dtype == torch.uint8 else kv_dtype
 
     def sparse_plan(
         self,
@@ -271,43 +258,26 @@ class RocmMLASparseImpl(RocmMLAImplCommon, SparseMLACommonImpl[RocmMLASparseMeta
         kv_dtype: torch.dtype | None = None,
     ) -> SparsePlan:
         """The ``mla_sparse_attention`` plan of this layer's calls with ``rows`` query rows: its
-        heads per rank, its activation dtype, the cache as the op reads it (an fp8 cache as the
-        device's fp8 kind, its k_scale a device tensor) and its batch invariance; a call's own
-        heads and dtypes replace the layer's when given."""
-        arch = device_arch(device)
+        heads per rank, its activation dtype, its cache (an fp8 one as the view
+        ``forward_impl`` hands over, ``current_platform.fp8_dtype()``, under the layer's
+        ``kv_cache_dtype`` name, its k_scale a device tensor) and its batch invariance; a call's
+        own heads and dtypes replace the layer's when given (``kv_dtype``: the cache tensor's
+        dtype as passed, uint8 storage included)."""
         q_dtype = self._act_dtype if q_dtype is None else q_dtype
         if kv_dtype is None:
-            kv_dtype = torch.uint8 if self._fp8_cache else q_dtype
+            kv_dtype = current_platform.fp8_dtype() if self._fp8_cache else q_dtype
         return plan_sparse_attention(
             num_rows=rows,
             num_heads=self.num_heads if num_heads is None else num_heads,
             topk=topk,
             block_size=block_size,
             q_dtype=q_dtype,
-            kv_dtype=self._kv_read_dtype(kv_dtype, arch),
+            kv_dtype=kv_dtype,
             device=device,
+            kv_cache_dtype=self.op_kv_cache_dtype,
             k_scale_on_device=self._fp8_cache,
             batch_invariant=self._batch_invariant,
         )
-
-    def plan_fits(self, plan: SparsePlan, q_nope: torch.Tensor, kv: torch.Tensor, topk: torch.Tensor) -> bool:
-        """Whether ``plan`` was made for a call on these tensors: the fields ``mla_sparse_attention``
-        checks a caller's plan against (``ops.sparse.plan_fields``), and this layer's batch
-        invariance. Host values only, no sync."""
-        arch = device_arch(q_nope.device)
-        kv_dtype = self._kv_read_dtype(kv.dtype, arch)
-        want = plan_fields(
-            q_nope.shape[0],
-            q_nope.shape[1],
-            topk.shape[1],
-            kv.shape[1],
-            True,
-            q_nope.dtype,
-            kv_dtype,
-            self._fp8_cache,
-            q_nope.device,
-        )
-        return not plan_mismatch(plan, want) and plan.batch_invariant == self._batch_invariant
 
 
 __all__ = [

@@ -527,6 +527,19 @@ def test_the_builder_plans_the_prefill_once_for_every_layer(batch, monkeypatch):
     assert torch.equal(first, output)
 
 
+def test_forward_mqa_on_uint8_fp8_storage():
+    """forward_mqa handed the fp8 cache as vLLM allocates it (uint8 storage) rather than
+    forward_impl's float8 view: the call plans for the storage it got and answers as on the view,
+    bit for bit."""
+    step = _step("decode", torch.float16, "fp8", 16, 16)
+    ((_, (q, cache, md, layer), _),) = [c for c in step.capture_backend_calls() if c[0] == "forward_mqa"]
+    assert cache.dtype != torch.uint8 and step.kv_cache.dtype == torch.uint8
+    out, lse = step.layer.impl.forward_mqa(q, cache, md, layer)
+    raw_out, raw_lse = step.layer.impl.forward_mqa(q, step.kv_cache, md, layer)
+    assert md.decode.rocm_mla_plan.cache_dtype == torch.uint8
+    assert torch.equal(raw_out, out) and torch.equal(raw_lse, lse)
+
+
 def test_forward_mqa_returns_natural_log_lse():
     step = _step("decode", torch.float32, "auto", 16, 16)
     ((_, (q, cache, md, layer), _),) = [c for c in step.capture_backend_calls() if c[0] == "forward_mqa"]

@@ -48,18 +48,20 @@ STEPS = {
     "glm5-short-prefill": (GLM5, 8, [Request(60, 1), Request(0, 20), Request(7, 11)], 1, "auto", 1, True),
     # one head per rank, a prompt longer than the top-k without context, fp8, 16-token pages
     "glm5-long-prompt-fp8": (GLM5, 1, [Request(0, 45)], 1, "fp8", 16, False),
+    # a decode and short prefills (<= top-k: dense) with cached context, fp8, 16-token pages
+    "dsv32-short-prefill-fp8": (DSV32, 16, [Request(30, 1), Request(9, 12), Request(14, 5)], 1, "fp8", 16, True),
 }
 
 
 def _step(name: str, **kw) -> SparseLayerStep:
     model, N, reqs, mtp, kv, bs, _ = STEPS[name]
+    kw.setdefault("kv_cache_dtype", kv)
     return SparseLayerStep(
         RocmMLASparseBackend,
         reqs,
         num_heads=N,
         dtype=DTYPE,
         device=DEVICE,
-        kv_cache_dtype=kv,
         block_size=bs,
         decode_threshold=mtp,
         index_topk=TOPK,
@@ -82,6 +84,21 @@ def test_sparse_layer_step(name):
     step.run()
     raise_on(step.indexer_mismatch())
     raise_on(step.mismatch())
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8", "fp8_e4m3"])
+def test_short_prefill_with_context_on_uint8_fp8_storage(kv_cache_dtype):
+    """A short (dense) prefill with cached context whose forward_mha gets the fp8 cache as vLLM
+    allocates it (uint8 storage, as vLLM's sparse-MLA backend tests call it) rather than
+    forward_impl's float8 view: the context gather reads the bytes as the layer's fp8 kind, and
+    the step (its decode row sparse, its prefill rows dense) matches the float32 composition."""
+    step = _step("dsv32-short-prefill-fp8", kv_cache_dtype=kv_cache_dtype)
+    assert step.dense_prefill and step.metadata.prefill.chunked_context is not None
+    assert step.kv_cache.dtype == torch.uint8 and step.layer.impl.op_kv_cache_dtype == kv_cache_dtype
+    step.output.fill_(float("nan"))
+    out = step.run_prefill_on_stored_cache()
+    raise_on(step.indexer_mismatch())
+    raise_on(step.mismatch(out))
 
 
 def test_indexer_rows_see_their_positions():
@@ -281,6 +298,26 @@ def test_step_plan_equals_the_call_own(name, plan_calls):
     layer.impl.forward_mqa(q, kv, md, layer)
     assert md.rocm_mla_sparse_plan is own
     assert plan_calls["backend"] == 2 and plan_calls["op"] == 0
+
+
+def test_forward_mqa_on_uint8_fp8_storage(plan_calls):
+    """forward_mqa handed the fp8 cache as vLLM allocates it (uint8 storage) rather than
+    forward_impl's float8 view: the builder's plan, made for the view, does not match; the call
+    plans for the storage it got (the layer's fp8 name: the same kind read) and answers as on the
+    view, bit for bit; a later call on the view plans for the view again."""
+    step = _step("glm5-long-prompt-fp8")
+    q, kv, md, layer = step.forward_mqa_args()
+    built = md.rocm_mla_sparse_plan
+    assert kv.dtype != torch.uint8 and step.kv_cache.dtype == torch.uint8 and built.cache_dtype == kv.dtype
+    out, lse = layer.impl.forward_mqa(q, kv, md, layer)
+    calls = plan_calls["backend"]
+    raw_out, raw_lse = layer.impl.forward_mqa(q, step.kv_cache, md, layer)
+    own = md.rocm_mla_sparse_plan
+    assert plan_calls["backend"] == calls + 1 and plan_calls["op"] == 0
+    assert own.cache_dtype == torch.uint8 and own.kv_dtype == built.kv_dtype == kv.dtype
+    assert torch.equal(raw_out, out) and torch.equal(raw_lse, lse)
+    layer.impl.forward_mqa(q, kv, md, layer)
+    assert plan_calls["backend"] == calls + 2 and md.rocm_mla_sparse_plan == built
 
 
 def test_other_rows_get_a_fresh_plan(plan_calls):

@@ -16,8 +16,10 @@ int32, -1 padded. This module is the attention half:
   table (no ``[T, 2048]`` slot tensor, no conversion kernel), reads ``ql_nope`` and ``q_pe`` in
   place, heads per rank 1..128 without padding. The launches are planned once per step
   (``plan_sparse_attention``, by the builder, else by the step's first layer) and kept on the
-  metadata (``rocm_mla_sparse_plan``) for every layer; a call the plan does not fit (other rows,
-  heads, dtypes or device) plans from its own tensors and leaves that plan for the layers after it.
+  metadata (``rocm_mla_sparse_plan``) for every layer; a call the plan does not fit
+  (``SparsePlan.matches``: other rows, heads, dtypes, cache storage or device) plans from its own
+  tensors and leaves that plan for the layers after it. An fp8 cache is taken as uint8 storage
+  or as its float8 view alike (the plan names the layer's ``kv_cache_dtype``).
 * ``forward_mha``: prefills whose longest sequence is <= ``index_topk`` attend densely (vLLM's
   rule), on rocm_mla's dense prefill (``RocmMLAImplCommon.forward_mha``), any head geometry.
 

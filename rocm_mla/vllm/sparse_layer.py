@@ -28,8 +28,6 @@ import sys
 import torch
 
 from rocm_mla.ops import mla_indexer_topk, plan_indexer_topk
-from rocm_mla.ops._checks import plan_mismatch
-from rocm_mla.ops.indexer_topk import plan_fields
 from rocm_mla.vllm.step_plans import kept_plan
 
 logger = logging.getLogger(__name__)
@@ -70,7 +68,9 @@ def run_indexer(
 
     The launches are planned once per step: the first layer's call plans (``plan_indexer_topk``)
     and leaves the plan on the metadata (``rocm_mla_indexer_plan``); a later call runs it when it
-    fits (``indexer_plan_fits``), else plans from its own tensors and leaves that plan instead.
+    fits (``IndexerTopkPlan.matches``, and the plan's ``max_kv_len`` and ``shuffled`` are this
+    call's: the tensors do not show them), else plans from its own tensors and leaves that plan
+    instead.
     """
     from vllm.forward_context import get_forward_context
 
@@ -83,17 +83,23 @@ def run_indexer(
     if md is None:
         return
     T = md.num_actual_tokens
-    q = index_q_fp8[:T]
+    q, weights = index_q_fp8[:T], index_weights[:T]
     cache = indexer.k_cache.kv_cache
-    shuffled = indexer.k_cache.uses_shuffled_layout
-    max_kv_len = md.block_table.shape[1] * cache.shape[1]  # the op's default: every key of a table row
+    shuffled = bool(indexer.k_cache.uses_shuffled_layout)
+    topk = indexer.topk_tokens
+    table, req, kv_lens = md.block_table, md.req_id_per_token, md.indexer_kv_lens
+    max_kv_len = table.shape[1] * cache.shape[1]  # every key of a table row
     plan = kept_plan(
         md,
-        lambda plan: indexer_plan_fits(plan, q, indexer.topk_tokens, max_kv_len, cache.shape[1], shuffled),
+        lambda plan: (
+            plan.matches(q, weights, cache, table, req, kv_lens, topk=topk)
+            and plan.max_kv_len == max_kv_len
+            and plan.shuffled == shuffled
+        ),
         lambda: plan_indexer_topk(
             num_rows=T,
             num_heads=q.shape[1],
-            topk=indexer.topk_tokens,
+            topk=topk,
             max_kv_len=max_kv_len,
             block_size=cache.shape[1],
             q_dtype=q.dtype,
@@ -102,26 +108,7 @@ def run_indexer(
         ),
         attr="rocm_mla_indexer_plan",
     )
-    mla_indexer_topk(
-        q,
-        index_weights[:T],
-        cache,
-        md.block_table,
-        md.req_id_per_token,
-        md.indexer_kv_lens,
-        topk=indexer.topk_tokens,
-        out=topk_indices_buffer[:T],
-        max_kv_len=max_kv_len,
-        shuffled=shuffled,
-        plan=plan,
-    )
-
-
-def indexer_plan_fits(plan, q: torch.Tensor, topk: int, max_kv_len: int, block_size: int, shuffled) -> bool:
-    """Whether ``plan`` (an ``IndexerTopkPlan``) was made for an ``mla_indexer_topk`` call with
-    this query and these sizes: the fields the op checks a caller's plan against
-    (``ops.indexer_topk.plan_fields``). Host values only."""
-    return not plan_mismatch(plan, plan_fields(q.shape[0], q.shape[1], topk, max_kv_len, block_size, shuffled, q))
+    mla_indexer_topk(q, weights, cache, table, req, kv_lens, topk=topk, out=topk_indices_buffer[:T], plan=plan)
 
 
 def _make_class(base: type) -> type:
@@ -202,4 +189,4 @@ def installed_class() -> type | None:
     return cls if hasattr(cls, "_rocm_mla_base") else None
 
 
-__all__ = ["SELECTING_NAMES", "rocm_mla_selected", "run_indexer", "indexer_plan_fits", "install", "installed_class"]
+__all__ = ["SELECTING_NAMES", "rocm_mla_selected", "run_indexer", "install", "installed_class"]

@@ -18,6 +18,8 @@ from ._buffers import poisoned
 from ._compare import Bound, Comparison, compare, first_problem, raise_on
 from ._paged import PagedCache, generator, paged_cache, platform_fp8
 
+# The kv_cache_dtype naming each float8 kind (a "uint8" shape's cache of another kind than the platform's).
+FP8_NAMES = {torch.float8_e4m3fn: "fp8_e4m3fn", torch.float8_e4m3fnuz: "fp8_e4m3fnuz"}
 # A gather is a copy: exact in dst's dtype (an fp8 cache: the reference's dequantised value rounded once).
 TOLERANCE: dict[torch.dtype, dict[str, Bound]] = {
     dt: {"dst": Bound(0.0, 0.0)} for dt in (torch.float32, torch.float16, torch.bfloat16)
@@ -27,7 +29,8 @@ TOLERANCE: dict[torch.dtype, dict[str, Bound]] = {
 @dataclass(frozen=True)
 class ChunkShape:
     """Per request: context length ``ctx``, the chunk's first position ``starts`` and row count
-    ``rows``; cache pages of ``block`` tokens; ``kv`` "auto" or "fp8"."""
+    ``rows``; cache pages of ``block`` tokens; ``kv`` "auto", "fp8" (a float8 cache) or "uint8"
+    (the same fp8 cache handed as vLLM allocates it: uint8 storage with an fp8 kv_cache_dtype)."""
 
     ctx: tuple[int, ...]
     starts: tuple[int, ...]
@@ -43,8 +46,8 @@ class ChunkShape:
             raise ValueError("ChunkShape: ctx, starts and rows: expected one entry per request each")
         if any(s + r > c for c, s, r in zip(self.ctx, self.starts, self.rows)):
             raise ValueError("ChunkShape: a chunk reaches past its request's context")
-        if self.kv not in ("auto", "fp8"):
-            raise ValueError(f"ChunkShape: kv: expected 'auto' or 'fp8', got {self.kv!r}")
+        if self.kv not in ("auto", "fp8", "uint8"):
+            raise ValueError(f"ChunkShape: kv: expected 'auto', 'fp8' or 'uint8', got {self.kv!r}")
 
     @property
     def T(self) -> int:
@@ -52,7 +55,9 @@ class ChunkShape:
 
     @property
     def label(self) -> str:
-        return self.name or f"R={len(self.ctx)} T={self.T} block={self.block}" + (" fp8" if self.kv == "fp8" else "")
+        return self.name or f"R={len(self.ctx)} T={self.T} block={self.block}" + (
+            "" if self.kv == "auto" else f" {self.kv}"
+        )
 
 
 SHAPES: dict[str, list[ChunkShape]] = {
@@ -92,6 +97,8 @@ class ChunkInputs:
         return self.paged.table
 
     def kwargs(self, i: int = 0, **overrides) -> dict:
+        """gather_context_chunk's arguments by name, from cache copy i (``overrides`` replace them);
+        a "uint8" shape's cache is its uint8 storage with the kv_cache_dtype naming its kind."""
         kw = dict(
             kv_cache=self.paged.caches[i],
             block_table=self.paged.tables[i],
@@ -101,6 +108,10 @@ class ChunkInputs:
             dst=self.dst,
             k_scale=self.k_scale,
         )
+        if self.shape.kv == "uint8":
+            kind = kw["kv_cache"].dtype
+            name = "fp8" if kind == platform_fp8(kw["kv_cache"].device) else FP8_NAMES[kind]
+            kw.update(kv_cache=kw["kv_cache"].view(torch.uint8), kv_cache_dtype=name)
         kw.update(overrides)
         return kw
 
@@ -157,7 +168,7 @@ def make_inputs(
     page_pad / unused / guard: see :func:`rocm_mla.cases.paged_cache`."""
     device = torch.device(device)
     g = gen if gen is not None else generator(seed, device)
-    kind = (fp8 or platform_fp8(device)) if shape.kv == "fp8" else None
+    kind = (fp8 or platform_fp8(device)) if shape.kv != "auto" else None
     paged = paged_cache(
         shape.ctx,
         shape.block,

@@ -205,8 +205,9 @@ def check_context_gather(device: torch.device, backends: list[str]) -> list[Chec
     """gather_context_chunk on one vLLM-shaped context chunk: 3 requests (a continued one starting
     at position 17, a 1-token context, one not a multiple of the block), block 16, shuffled page
     ids, every cache slot outside the requests' contexts NaN, dst rows of a NaN-poisoned wider
-    buffer; the cache in the dtype, then an fp8 cache (the platform's kind, k_scale 0.25). A gather
-    is exact: tolerance 0."""
+    buffer; the cache in the dtype, then an fp8 cache (the platform's kind, k_scale 0.25), as a
+    float8 tensor and as vLLM allocates it (uint8 storage, kv_cache_dtype "fp8"). A gather is
+    exact: tolerance 0."""
     op, rows = "gather_context_chunk", []
     (shape,) = cg_cases.SHAPES["selfcheck"]
     names = {"dst": ("", "dst")}
@@ -214,7 +215,7 @@ def check_context_gather(device: torch.device, backends: list[str]) -> list[Chec
         if backend == "hip":
             continue  # context_gather has no HIP kernel
         for dtype in _dtypes(device):
-            for kv in ("auto", "fp8"):
+            for kv in ("auto", "fp8", "uint8"):
                 case = f"R={len(shape.ctx)} T={shape.T} block={shape.block} shuffled cache={kv}"
                 try:
                     s = cg_cases.ChunkShape(shape.ctx, shape.starts, shape.rows, shape.block, kv=kv)

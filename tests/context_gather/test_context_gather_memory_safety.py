@@ -47,13 +47,17 @@ def _kv_bytes(c):
 
 
 @pytest.mark.parametrize("backend", GATHER_BACKENDS)
-@pytest.mark.parametrize("fp8", [None, torch.float8_e4m3fn], ids=["cache=f32", "cache=fp8"])
+@pytest.mark.parametrize("fp8", [None, torch.float8_e4m3fn, "uint8"], ids=["cache=f32", "cache=fp8", "cache=uint8"])
 def test_context_gather_bad_indices_nan_rows(backend, fp8):
     """A page outside the cache (-1, num_blocks, huge), a request outside the table and a
     position past the table row: that chunk row is NaN, nothing outside the tensors is read
-    (a sentinel read would be finite) or written; other rows are gathered exactly."""
-    c, dst = _gather_case(fp8=fp8)
+    (a sentinel read would be finite) or written; other rows are gathered exactly. "uint8": the
+    e4m3fn cache handed as its uint8 storage with kv_cache_dtype "fp8_e4m3fn"."""
+    storage = fp8 == "uint8"
+    c, dst = _gather_case(fp8=torch.float8_e4m3fn if storage else fp8)
     cache, cu, starts, t2s, ks = c.kv_cache, c.cu_seq_lens, c.starts, c.token_to_seq, c.k_scale
+    given = dict(kv_cache_dtype="fp8_e4m3fn") if storage else {}
+    arg = cache.view(torch.uint8) if storage else cache  # what the op is handed
     assert c.block_table.shape == (2, 4) and (ks is None) == (fp8 is None)
     snap = _kv_bytes(c)
     want = by_definition(c)
@@ -65,7 +69,7 @@ def test_context_gather_bad_indices_nan_rows(backend, fp8):
     t2s_bad[5] = -1
     bad = torch.zeros(11, dtype=torch.bool)
     bad[[0, 2, 3, 4, 5, 9, 10]] = True
-    gather_context_chunk(cache, bt, cu, starts, t2s_bad, dst.view, backend=backend, k_scale=ks)
+    gather_context_chunk(arg, bt, cu, starts, t2s_bad, dst.view, backend=backend, k_scale=ks, **given)
     assert torch.isnan(dst.view[bad]).all(), "bad rows not NaN"
     raise_on(compare("dst", dst.view[~bad], want[~bad], EXACT).problem)
     ref = context_gather_ref(cache, bt, cu, starts, t2s_bad, 11, ks)
@@ -75,7 +79,7 @@ def test_context_gather_bad_indices_nan_rows(backend, fp8):
     bt2 = c.block_table.clone()
     bt2[1, 1], bt2[1, 3] = (1 << 31) - 1, -(1 << 31)
     st2 = torch.tensor([14, 0], dtype=torch.int32, device=DEVICE)
-    gather_context_chunk(cache, bt2, cu, st2, t2s, dst2.view, backend=backend, k_scale=ks)
+    gather_context_chunk(arg, bt2, cu, st2, t2s, dst2.view, backend=backend, k_scale=ks, **given)
     bad2 = torch.zeros(11, dtype=torch.bool)
     bad2[[2, 3, 4, 9, 10]] = True  # request 0 positions 16..18 (capacity 16); request 1 a huge page
     assert torch.isnan(dst2.view[bad2]).all()

@@ -17,6 +17,7 @@ from ..mla_dims import FP8_DTYPES
 from ..reference.indexer_topk import SENTINEL, mla_indexer_topk_ref
 from ..triton_common import INT32_MAX
 from ._checks import Checker
+from ._launch import kernel_launch
 from .indexer_cache import check_index_cache
 from .indexer_topk_plan import INDEX_DIM, OP, IndexerTopkPlan, plan_indexer_topk
 
@@ -248,6 +249,10 @@ def _debug_checks(c: Checker, index_cache, block_table, req_id_per_token, kv_len
 
 
 def _launch_triton(plan, q, weights, index_cache, block_table, req_ids, kv_lens, out, workspace) -> None:
+    """Runs ``plan`` on validated tensors: the split kernel, then (more than one split) the
+    prefilter (prefiltered form) and the merge, each through the plan's ``KernelLaunch``
+    (ops/_launch.py: the compiled kernels kept across calls; ``kernel[grid]`` under the
+    interpreter)."""
     T, S = plan.num_rows, plan.num_splits
     # The bytes as q's fp8 kind: the kernel loads values without a bitcast (which the CPU
     # interpreter lacks for e4m3fnuz) and reads the scales through a float32 pointer.
@@ -273,27 +278,33 @@ def _launch_triton(plan, q, weights, index_cache, block_table, req_ids, kv_lens,
         cache = torch.empty(1, 1, cache.shape[2], dtype=q.dtype, device=cache.device)
     bt = block_table if block_table.numel() else kv_lens
     capacity = min(block_table.shape[1] * bs, INT32_MAX)
-    mla_indexer_split_topk_kernel[plan.grid](
+    launches = plan.kernel_launches
+    if not launches:
+        launches["split"] = kernel_launch(mla_indexer_split_topk_kernel, plan.constexprs, plan.options)
+        if plan.prefiltered:
+            launches["prefilter"] = kernel_launch(
+                mla_indexer_prefilter_kernel, plan.prefilter_constexprs, plan.prefilter_options
+            )
+        if not plan.direct:
+            launches["merge"] = kernel_launch(mla_indexer_merge_kernel, plan.merge_constexprs, plan.merge_options)
+    launches["split"](plan.grid, (
         q, weights, cache, bt, req_ids, kv_lens, out, cand_key, cand_pos, stage, bounds,
         T, S, plan.topk, bs, plan.page_shift, capacity, min(nb, INT32_MAX), block_table.shape[0],
         q.stride(0), q.stride(1), weights.stride(0), weights.stride(1), cache.stride(0),
         block_table.stride(0), req_ids.stride(0), kv_lens.stride(0), out.stride(0),
-        **plan.constexprs, **plan.options,
-    )  # fmt: skip
+    ))  # fmt: skip
     if plan.direct:
         return
     if plan.prefiltered:
-        mla_indexer_prefilter_kernel[plan.prefilter_grid](
+        launches["prefilter"](plan.prefilter_grid, (
             stage, bounds, counts, cand_pos, req_ids, kv_lens,
             T, S, plan.topk, capacity, block_table.shape[0], req_ids.stride(0), kv_lens.stride(0),
-            **plan.prefilter_constexprs, **plan.prefilter_options,
-        )  # fmt: skip
-    mla_indexer_merge_kernel[plan.merge_grid](
+        ))  # fmt: skip
+    launches["merge"](plan.merge_grid, (
         cand_key, cand_pos, counts, prefix, req_ids, kv_lens, out,
         T, S, plan.topk, capacity, block_table.shape[0],
         req_ids.stride(0), kv_lens.stride(0), out.stride(0),
-        **plan.merge_constexprs, **plan.merge_options,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 __all__ = ["mla_indexer_topk", "plan_indexer_topk_for", "SENTINEL"]

@@ -28,7 +28,7 @@ Launch data: rocm_mla/configs/mla_indexer_topk.json.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -285,6 +285,9 @@ class IndexerTopkPlan:
     device: torch.device | None = None  # where the calls run (cuda with its index)
     backend: str = "triton"  # "triton" or "reference" (rocm_mla.ops._dispatch.select, at plan time)
     debug: bool = False  # host-side checks of the index values at every call (a sync)
+    # The op's KernelLaunch of each kernel ("split", "prefilter", "merge"; ops/_launch.py), made at
+    # the plan's first run: its binaries are kept across calls. Not part of what the plan decides.
+    kernel_launches: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def matches(self, q, weights, index_cache, block_table, req_id_per_token, kv_lens, *, topk) -> bool:
         """Whether an ``mla_indexer_topk`` call's tensors and ``topk`` are the ones this plan was

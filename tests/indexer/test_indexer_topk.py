@@ -169,6 +169,34 @@ def test_plan_reuse_workspace_and_mismatch():
     assert case.plan(max_kv_len=50).direct  # default split_keys holds 50 keys
 
 
+@pytest.mark.skipif("triton" not in BACKENDS, reason="the Triton launches")
+@pytest.mark.parametrize("form", ["direct", "splits", "prefiltered"])
+def test_plan_keeps_its_launches(form):
+    """A plan's kernels launch through KernelLaunch objects made at its first run and kept on it
+    (split, then prefilter and merge where the form has them); a second call reuses them and, on a
+    GPU, launches the kept binaries directly; the answers are the same bits. The interpreter goes
+    through kernel[grid]. (The direct plan covers the first row's 90 keys, not the second's 300.)"""
+    case = make_inputs(IndexerShape((90, 300), (1, 1), 16, topk=32, block=16), device=DEVICE, seed=35)
+    cfg = {"direct": None, "splits": SMALL, "prefiltered": CONTRACT_FORMS["prefiltered"]}[form]
+    plan = case.plan(backend="triton", config=cfg, **({"max_kv_len": 128} if form == "direct" else {}))
+    assert (plan.direct, plan.prefiltered) == (form == "direct", form == "prefiltered")
+    want = {"split"} | ({"merge"} if form != "direct" else set()) | ({"prefilter"} if plan.prefiltered else set())
+    assert plan.kernel_launches == {}
+    first = case.run(plan=plan, out=None).clone()
+    assert set(plan.kernel_launches) == want
+    kept = dict(plan.kernel_launches)
+    assert torch.equal(case.run(plan=plan, out=None), first)
+    assert all(plan.kernel_launches[k] is kept[k] for k in want)
+    for launch in kept.values():
+        if HAS_GPU:
+            assert launch.direct >= 1 and launch.via_triton == "", launch.via_triton
+        else:
+            assert launch.via_triton == "not a compiled Triton kernel"
+    assert case.mismatch(first, rows=1 if form == "direct" else None) == ""
+    if form == "direct":
+        assert first[1].tolist() == [SENTINEL] * 32
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_plan_is_checked_before_any_backend_runs(backend):
     """A frozen plan that fits the call matches it (host values only); a plan made for other sizes,

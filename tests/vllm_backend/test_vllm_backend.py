@@ -634,6 +634,8 @@ def _compute_context_with(impl, step):
                 chunk.starts,
                 chunk.token_to_seq,
                 ws,
+                k_scale=k_scale.reshape(1) if impl._fp8_cache else None,
+                kv_cache_dtype=impl.op_kv_cache_dtype,
             )
             kv_nope = impl.kv_b_proj(ws[:, :512])[0].view(-1, impl.num_heads, 256)
             k = impl._concat_k_nope_k_pe(kv_nope[..., :128], ws[:, 512:].unsqueeze(1))

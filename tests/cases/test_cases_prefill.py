@@ -13,6 +13,7 @@ from _util import DEVICE
 
 from rocm_mla.cases import SENTINEL, compare, first_problem, prefill, raise_on
 from rocm_mla.cases.prefill import ContextShape, PrefillShape
+from rocm_mla.ops import PrefillContextPlan
 
 F32, F16 = torch.float32, torch.float16
 
@@ -89,6 +90,13 @@ def test_context_inputs_one_shot_keys_in_order():
     assert torch.equal(kn[3:12], want)
     assert torch.equal(v[:3], torch.cat([ch0.v[0:1], c.v[0:2]])) and torch.equal(kpe[:1], ch0.k_pe[:1])
     assert "causal" not in c.kwargs() and c.kwargs()["out"] is c.out
+    # The call's plan: the new tokens' pass is causal, its hints the shape's longest sequences.
+    plan = c.kwargs()["plan"]
+    assert isinstance(plan, PrefillContextPlan) and plan.new_tokens.causal and plan.matches(*c.args())
+    assert (plan.new_tokens.max_seqlen_q, plan.new_tokens.max_seqlen_k) == (3, 3)
+    assert c.kwargs(backend="reference")["plan"].new_tokens.backend == "reference"
+    with pytest.raises(TypeError, match="plan knobs"):
+        c.kwargs(plan=plan, backend="reference")
     with pytest.raises(ValueError, match="one-shot call only"):
         c.reference(first_rows=4)
 

@@ -20,6 +20,7 @@ from ..kernels.mla_sparse import mla_sparse_attention_kernel
 from ..reference.sparse import mla_sparse_attention_ref, sparse_slots
 from ..triton_common import INT32_MAX, LOG2E
 from ._checks import FLOAT_DTYPES, Checker
+from ._launch import kernel_launch
 from .decode import _destinations, check_k_scale
 from .sparse_plan import D_KV, D_NOPE, D_PE, OP, SparsePlan, plan_sparse_attention
 
@@ -362,23 +363,30 @@ def _launch_triton(
     # Entries and pages are int32 and the kernel checks them with 32-bit unsigned compares: bounds
     # past 2^31 - 1 exclude nothing more.
     cap, num_pages = min(cap, INT32_MAX), min(kv.shape[0], INT32_MAX)
-    mla_sparse_attention_kernel[plan.grid](
+    # Kept binaries, launched again without Triton's per-call binder (ops/_launch.py), made at the
+    # plan's first run; the arguments are the kernels' runtime parameters in their order.
+    launches = plan.kernel_launches
+    if not launches:
+        launches["kernel"] = kernel_launch(mla_sparse_attention_kernel, plan.constexprs, plan.options)
+        if not plan.direct:
+            launches["reduce"] = kernel_launch(mla_decode_reduce_kernel, plan.reduce_constexprs, plan.reduce_options)
+    launches["kernel"](plan.grid, (
         q_nope, q_pe, cache, ti, bt, reqs, scale_ptr, out, lse, part_o, part_lse,
         qk_scale, out_scale,
         T, N, plan.topk, S, plan.split_len, plan.head_blocks,
         kv.shape[1], plan.page_shift, cap, num_pages, B,
         *q_nope.stride(), *q_pe.stride(), kv.stride(0), kv.stride(1), topk_indices.stride(0), s_bt, s_req,
         *out.stride(), *lse.stride(), s_po, s_pl,
-        **plan.constexprs, **plan.options,
-    )  # fmt: skip
+    ))  # fmt: skip
     if plan.direct:
         return
-    mla_decode_reduce_kernel[plan.reduce_grid](
+    # The reduce in its default mode: every split of the grid is the row's; seq_lens (the lists
+    # stand in), capacity and the split rule are batch-invariant decode's and unread here.
+    launches["reduce"](plan.reduce_grid, (
         part_o, part_lse, out, lse, ti,
         N, S, 1, 0, 0, 0, 1,
         0, s_po, s_pl, *out.stride(), *lse.stride(),
-        **plan.reduce_constexprs, **plan.reduce_options,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 __all__ = ["mla_sparse_attention", "plan_sparse_attention_for"]

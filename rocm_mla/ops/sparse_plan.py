@@ -26,7 +26,7 @@ Launch data: rocm_mla/configs/mla_sparse_attention.json.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -167,6 +167,9 @@ class SparsePlan:
     device: torch.device
     backend: str  # "triton" or "reference" (rocm_mla.ops._dispatch)
     debug: bool  # host-side checks of the index values at every call (a sync)
+    # The op's KernelLaunch of each kernel ("kernel", "reduce"; ops/_launch.py), made at the plan's
+    # first Triton run: its binaries are kept across calls. Not part of what the plan decides.
+    kernel_launches: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @property
     def direct(self) -> bool:

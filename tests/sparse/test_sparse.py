@@ -150,7 +150,8 @@ def test_batch_invariant_row_alone_equals_row_in_batch():
     whatever the batch's size (decode, MTP and prefill rows of several requests)."""
     if "triton" not in BACKENDS:
         pytest.skip("Triton unavailable")
-    case = make_case((200, 90, 150), (1, 3, 2), N=16, K=96, block=16, dtype=torch.float16, holes=0.05)
+    # K past every arch's split_tokens (256 on the GPUs): the rule cuts the lists into several splits
+    case = make_case((200, 90, 150), (1, 3, 2), N=16, K=320, block=16, dtype=torch.float16, holes=0.05)
     o, lse = case.run(backend="triton", batch_invariant=True, out=None, lse=None)
     case.check(o, lse)
     plan = case.plan(batch_invariant=True)
@@ -164,23 +165,23 @@ def test_batch_invariant_row_alone_equals_row_in_batch():
     # the split count depends on K alone
     assert (
         case.plan(batch_invariant=True).num_splits
-        == make_case((200,), 1, N=16, K=96).plan(batch_invariant=True).num_splits
+        == make_case((200,), 1, N=16, K=320).plan(batch_invariant=True).num_splits
     )
 
 
 def test_plan_reuse_and_mismatch():
     """A plan made once serves every call of its sizes (as vLLM's layers share one); a plan of other
     sizes or another table kind is a ValueError naming what differs."""
-    case = make_case((60, 30), (2, 1), N=8, K=24, dtype=torch.float16)
+    case = make_case((60, 30), (2, 1), N=8, K=64, dtype=torch.float16)  # two tiles of 32 (sm90) or more
     plan = case.plan(num_splits=2, backend=BACKENDS[0])
     assert plan.num_splits == 2 and plan.launches == 2 and plan.backend == BACKENDS[0]
     for _ in range(2):
         case.out.fill_(float("nan"))
         case.run(plan=plan)
         case.check()
-    other = make_case((60, 30), (2, 1), N=16, K=24, dtype=torch.float16).plan(backend=BACKENDS[0])
+    other = make_case((60, 30), (2, 1), N=16, K=64, dtype=torch.float16).plan(backend=BACKENDS[0])
     raises_naming(ValueError, lambda: case.run(plan=other), "plan", "num_heads=8")
-    slots = make_case((60, 30), (2, 1), N=8, K=24, dtype=torch.float16, mode="slots").plan(backend=BACKENDS[0])
+    slots = make_case((60, 30), (2, 1), N=8, K=64, dtype=torch.float16, mode="slots").plan(backend=BACKENDS[0])
     raises_naming(ValueError, lambda: case.run(plan=slots), "plan", "paged=True")
     raises_naming(TypeError, lambda: case.run(plan="x"), "plan", "SparsePlan")
 
@@ -336,7 +337,7 @@ def test_workspace():
     the size."""
     from rocm_mla.ops import mla_decode_workspace_numel
 
-    case = make_case((60, 30), (2, 1), N=8, K=48, dtype=torch.float16)
+    case = make_case((60, 30), (2, 1), N=8, K=96, dtype=torch.float16)  # three tiles of 32 (sm90) or more
     need = case.plan(num_splits=3).workspace_numel
     assert need == mla_decode_workspace_numel(3, 8, 3)
     ws = torch.empty(need, device=DEVICE)

@@ -166,7 +166,7 @@ VIEWS = (
 _OWN_VIEW = {v.kernel: v.providers for v in VIEWS if v.providers}
 
 # Our kernels in another mode: inputs rounded on purpose (mla_decode(fp8_dots="qk" / "all"; quantize_q=True
-# is "qk"), an accuracy trade, and batch-invariant splits (mla_sparse_attention(batch_invariant=True)):
+# is "qk"), an accuracy trade, and batch-invariant splits (plan_sparse_attention(batch_invariant=True)):
 # shown beside the others, left out of the speed-up columns.
 LOSSY = ("rocm_mla-triton-quantize_q", "rocm_mla-triton-fp8qk", "rocm_mla-triton-fp8all", "rocm_mla-triton-inv")
 

@@ -21,7 +21,9 @@ value is read, so a call can be captured in a CUDA/HIP graph).
     keeps each split's keys at or above its row's floor and the merge selects among them (three
     launches; the items fit the grid, a stage row each);
   * each launch's grid, constexprs and compile options (``kernel_meta``; the ISA report compiles
-    its variants from the same function).
+    its variants from the same function);
+  * the backend ("triton" or "reference", ``ops._dispatch.select``) and debug mode, so a call
+    only checks its tensors against the plan (``IndexerTopkPlan.matches``, host values alone).
 
 Launch data: rocm_mla/configs/mla_indexer_topk.json.
 """

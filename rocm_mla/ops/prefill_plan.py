@@ -514,7 +514,7 @@ class PrefillContextPlan:
     merge_backend: str | None = None
     # The chunk plans made so far, by (k_rows, max_seqlen_k): one serving step's layers call with the
     # same chunks, and a plan is a pure function of these and the fields above.
-    _chunks: dict = field(default_factory=dict, compare=False, repr=False)
+    _chunks: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def matches(self, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k) -> bool:
         """Whether a call's new-token tensors are the ones this plan was made for (sizes, dtypes,

@@ -43,7 +43,7 @@ from .indexer_select import (
     _slots,
     _written,
 )
-from .mla_sparse import page_and_offset
+from .latent_core import page_and_offset
 
 
 @triton.jit

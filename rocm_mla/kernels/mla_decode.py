@@ -15,7 +15,10 @@ stage 1  ``mla_decode_stage1_kernel``: one program = (one request b, one KV spli
          and writes either the final output and lse (DIRECT: one split, no stage 2) or a
          normalised partial output plus its base-2 lse into the workspace.
 stage 2  ``mla_decode_reduce_kernel``: merges the S partials of each (row, head) by their lse and
-         writes out/lse into the caller's buffers.
+         writes out/lse into the caller's buffers. It is the split-K reduce of the latent core
+         (rocm_mla/kernels/latent_core.py, shared with mla_sparse_attention), as are the helpers
+         both ops' split kernels use (page/offset, XCD order, the q . k^T dots, split close and
+         partial store).
 
 Causality (MTP / spec-decode verification): row t of a request with seq_len keys sees keys
 j < seq_len - q_len + t + 1. Tokens at or beyond seq_len are never loaded (masked loads give 0),
@@ -39,20 +42,15 @@ import triton
 import triton.language as tl
 
 from .fp8_codes import fp8_e4m3_code
-
-
-@triton.jit
-def _xcd_local_order(pid, num_pids, NUM_XCDS: tl.constexpr):
-    """Logical program id for hardware id ``pid`` when workgroups are dealt round-robin to
-    NUM_XCDS dies (hardware id i runs on die i % NUM_XCDS): die x gets the contiguous logical ids
-    [x * per, (x + 1) * per) (one fewer on the dies past ``num_pids % NUM_XCDS``), so programs
-    with neighbouring logical ids share an L2. A bijection on [0, num_pids)."""
-    per = tl.cdiv(num_pids, NUM_XCDS)
-    full = num_pids % NUM_XCDS  # dies that get `per` programs; 0 means all of them
-    full = tl.where(full == 0, NUM_XCDS, full)
-    xcd = pid % NUM_XCDS
-    local = pid // NUM_XCDS
-    return tl.where(xcd < full, xcd * per + local, full * per + (xcd - full) * (per - 1) + local)
+from .latent_core import (
+    close_split,
+    invariant_split_len,
+    mla_decode_reduce_kernel,
+    page_and_offset,
+    qk_scores,
+    store_partial,
+    xcd_local_order,
+)
 
 
 @triton.jit
@@ -65,94 +63,6 @@ def _pages_outside(bt_row, first_blk, last_blk, num_pages, BLOCK_N: tl.constexpr
         pg = tl.load(bt_row + idx, mask=idx <= last_blk, other=0)
         bad = bad | tl.max(((pg < 0) | (pg >= num_pages)).to(tl.int32), axis=0)
     return bad
-
-
-@triton.jit
-def _invariant_split_len(seq_len, split_tokens, split_cap, block_n):
-    """Keys per split of a request of ``seq_len`` keys in batch-invariant mode: a function of the
-    request alone (stage 1 cuts by it with the rule as constexprs, the reduce counts the request's
-    splits by it with the rule as arguments: one reduce binary per tile serves every rule)."""
-    return tl.maximum(tl.cdiv(tl.cdiv(seq_len, split_cap), block_n) * block_n, split_tokens)
-
-
-@triton.jit
-def _close_split(m_i, l_i, osc, poison, FP8_PV: tl.constexpr, LOG2_PMAX: tl.constexpr):
-    """``(inv, lse2)`` of a finished split: the factor that normalises its accumulator (NaN when
-    ``poison``) and its base-2 lse (-inf when it saw no key; NaN when ``poison``). l_i == 0 only
-    when no key was seen; a NaN l_i (a NaN or inf in a used KV row) is kept, so the lse says NaN
-    too and stage 2 cannot mistake the split for an empty one."""
-    no_key = (l_i == 0.0) & (poison == 0)
-    inv = tl.where(poison, float("nan"), osc / tl.where(no_key, 1.0, l_i))[:, None]
-    lse2 = tl.where(no_key, float("-inf"), m_i + tl.log2(tl.where(no_key, 1.0, l_i)))
-    if FP8_PV:
-        lse2 = lse2 - LOG2_PMAX  # l summed p scaled by fmax
-    return inv, tl.where(poison, float("nan"), lse2)
-
-
-@triton.jit
-def _store_partial(
-    part_o,
-    part_lse,
-    split,
-    s_po_s,
-    s_pl_s,
-    r,
-    row_ok,
-    own_lse,
-    o_a,
-    o_b,
-    lse2,
-    offs_a,
-    offs_b,
-    D_NOPE: tl.constexpr,
-    D_SPLIT: tl.constexpr,
-    V_SPLIT: tl.constexpr,
-):
-    """Writes one split's partial output rows (``o_a`` / ``o_b``: the column chunks) and lse."""
-    split64 = tl.zeros([], dtype=tl.int64) + split  # S x rows x N x 512 can pass 2^31
-    tl.store(part_lse + split64 * s_pl_s + r, lse2, mask=row_ok & own_lse)
-    po_row = part_o + split64 * s_po_s + r[:, None] * D_NOPE
-    tl.store(po_row + offs_a[None, :], o_a, mask=row_ok[:, None])
-    if D_SPLIT == 2 and V_SPLIT == 1:
-        tl.store(po_row + offs_b[None, :], o_b, mask=row_ok[:, None])
-
-
-@triton.jit
-def _rows_msb_last(x, BLOCK_D: tl.constexpr, LEVELS: tl.constexpr):
-    """A ``[2**LEVELS, BLOCK_D]`` tile as ``[BLOCK_D, 2, ..., 2]`` with the row index's bits in the
-    trailing dims, most significant last: ``tl.split`` then halves it into rows [0, n/2) and
-    [n/2, n), in order (``_chain_rows``)."""
-    if LEVELS == 0:
-        return tl.reshape(x, [BLOCK_D])
-    elif LEVELS == 1:
-        return tl.permute(x, [1, 0])
-    elif LEVELS == 2:
-        return tl.permute(tl.reshape(x, [2, 2, BLOCK_D]), [2, 1, 0])
-    elif LEVELS == 3:
-        return tl.permute(tl.reshape(x, [2, 2, 2, BLOCK_D]), [3, 2, 1, 0])
-    elif LEVELS == 4:
-        return tl.permute(tl.reshape(x, [2, 2, 2, 2, BLOCK_D]), [4, 3, 2, 1, 0])
-    elif LEVELS == 5:
-        return tl.permute(tl.reshape(x, [2, 2, 2, 2, 2, BLOCK_D]), [5, 4, 3, 2, 1, 0])
-    else:
-        tl.static_assert(LEVELS == 6, "a reduce tile of at most 64 split rows")
-        return tl.permute(tl.reshape(x, [2, 2, 2, 2, 2, 2, BLOCK_D]), [6, 5, 4, 3, 2, 1, 0])
-
-
-@triton.jit
-def _chain_rows(po, w, ok, acc, total, LEVELS: tl.constexpr):
-    """``acc = fma(po_s, w_s, acc)`` and ``total += w_s`` for the tile's rows s in order (rows
-    whose ``ok`` is false change nothing): one chain per column, the same for any tile."""
-    if LEVELS == 0:
-        acc = tl.where(ok, tl.fma(po, w, acc), acc)
-        total = tl.where(ok, total + w, total)
-    else:
-        po_lo, po_hi = tl.split(po)
-        w_lo, w_hi = tl.split(w)
-        ok_lo, ok_hi = tl.split(ok)
-        acc, total = _chain_rows(po_lo, w_lo, ok_lo, acc, total, LEVELS - 1)
-        acc, total = _chain_rows(po_hi, w_hi, ok_hi, acc, total, LEVELS - 1)
-    return acc, total
 
 
 # Counts that are often 1 (q_len, splits, head blocks, page size) are not specialised: one compiled
@@ -318,7 +228,7 @@ def mla_decode_stage1_kernel(
     """
     pid = tl.program_id(0)
     if NUM_XCDS > 1:
-        pid = _xcd_local_order(pid, tl.num_programs(0), NUM_XCDS)
+        pid = xcd_local_order(pid, tl.num_programs(0), NUM_XCDS)
     # Row blocks (and V halves) of one (request, split) get consecutive logical ids: they read the
     # same KV tiles, and run at about the same time on the same L2, so only the first reads HBM.
     vh = pid % V_SPLIT
@@ -351,7 +261,7 @@ def mla_decode_stage1_kernel(
     if SPLIT_TOKENS > 0:
         # The request's own splits (the grid's last takes every key left) in consecutive runs of
         # `per`, one run per program: the runs follow the batch, the splits (the bits) do not.
-        split_len = _invariant_split_len(seq_len, SPLIT_TOKENS, SPLIT_CAP, BLOCK_N)
+        split_len = invariant_split_len(seq_len, SPLIT_TOKENS, SPLIT_CAP, BLOCK_N)
         n_own = tl.minimum(tl.cdiv(seq_len, split_len), num_splits)
         per = tl.cdiv(n_own, split_programs)
         f_first = split * per
@@ -478,12 +388,7 @@ def mla_decode_stage1_kernel(
                 page = page.to(tl.int64)
                 tok_ptr = kv + page * s_kv_blk + (n0 % page_size + offs_n) * s_kv_tok  # [BLOCK_N]
             else:
-                if PAGE_MODE == 1:
-                    pidx = tok >> page_shift
-                    prow = tok & (page_size - 1)
-                else:
-                    pidx = tok // page_size
-                    prow = tok % page_size
+                pidx, prow = page_and_offset(tok, page_size, page_shift, PAGE_MODE == 1)
                 page = tl.load(bt_row + pidx, mask=tok_ok, other=0).to(tl.int64)  # checked before the loop
                 tok_ptr = kv + page * s_kv_blk + prow * s_kv_tok  # [BLOCK_N]
             tok_ptr2 = tok_ptr[:, None]
@@ -517,16 +422,11 @@ def mla_decode_stage1_kernel(
             if FP8_QK:
                 s = tl.dot(qa8, ka_t)
                 s += tl.dot(qp8, kp_t)
-            elif IEEE:
-                s = tl.dot(qa, ka_t, input_precision="ieee")
-                if D_SPLIT == 2:
-                    s += tl.dot(qb, kb_t, input_precision="ieee")
-                s += tl.dot(qp, kp_t, input_precision="ieee")
             else:
-                s = tl.dot(qa, ka_t)
-                if D_SPLIT == 2:
-                    s += tl.dot(qb, kb_t)
-                s += tl.dot(qp, kp_t)
+                # qb and kb_t exist with D_SPLIT == 2 alone (the constexpr picks the branch).
+                s = qk_scores(
+                    qa, qb if D_SPLIT == 2 else qa, qp, ka_t, kb_t if D_SPLIT == 2 else ka_t, kp_t, IEEE, D_SPLIT
+                )
             s = tl.where(tok[None, :] < row_end[:, None], s * s_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             # A row with no visible key yet keeps m = -inf; subtracting 0 instead avoids -inf - -inf.
@@ -555,8 +455,8 @@ def mla_decode_stage1_kernel(
             m_i = m_new
             if SPLIT_RUNS:
                 if n0 + BLOCK_N >= f_end:
-                    inv_f, lse_f = _close_split(m_i, l_i, osc, bad_page != 0, FP8_PV, LOG2_PMAX)
-                    _store_partial(
+                    inv_f, lse_f = close_split(m_i, l_i, osc, bad_page != 0, FP8_PV, LOG2_PMAX)
+                    store_partial(
                         part_o, part_lse, f, s_po_s, s_pl_s, r, row_ok, vh == 0, acc_a * inv_f, acc_b * inv_f, lse_f,
                         offs_a, offs_b, D_NOPE, D_SPLIT, V_SPLIT,
                     )  # fmt: skip
@@ -578,12 +478,12 @@ def mla_decode_stage1_kernel(
         fill = tl.where(poison, float("nan"), float("-inf")) + tl.zeros([BLOCK_H], dtype=tl.float32)
         zero = tl.zeros([BLOCK_H, CHUNK], dtype=tl.float32)
         for f2 in range(tl.where(poison, f_first, f), f_stop):
-            _store_partial(
+            store_partial(
                 part_o, part_lse, f2, s_po_s, s_pl_s, r, row_ok, own_lse, zero, zero, fill, offs_a, offs_b,
                 D_NOPE, D_SPLIT, V_SPLIT,
             )  # fmt: skip
     else:
-        inv, lse2 = _close_split(m_i, l_i, osc, poison, FP8_PV, LOG2_PMAX)
+        inv, lse2 = close_split(m_i, l_i, osc, poison, FP8_PV, LOG2_PMAX)
         if DIRECT:
             o_row = out + q_row[:, None] * s_o_r + h[:, None] * s_o_h
             tl.store(o_row + offs_a[None, :] * s_o_d, (acc_a * inv).to(out.dtype.element_ty), mask=row_ok[:, None])
@@ -599,7 +499,7 @@ def mla_decode_stage1_kernel(
             if SPLIT_TOKENS > 0:
                 write_o = write_o | ((f_first < f_stop) & (bad_page == 0))
             if write_o:
-                _store_partial(
+                store_partial(
                     part_o, part_lse, split, s_po_s, s_pl_s, r, row_ok, own_lse, acc_a * inv, acc_b * inv, lse2,
                     offs_a, offs_b, D_NOPE, D_SPLIT, V_SPLIT,
                 )  # fmt: skip
@@ -608,111 +508,4 @@ def mla_decode_stage1_kernel(
                 tl.store(part_lse + split64 * s_pl_s + r, lse2, mask=row_ok & own_lse)
 
 
-@triton.jit(
-    do_not_specialize=["num_heads", "num_splits", "q_len", "capacity", "split_tokens", "split_cap", "split_block_n"]
-)
-def mla_decode_reduce_kernel(
-    part_o,
-    part_lse,
-    out,
-    lse,
-    seq_lens,
-    num_heads,
-    num_splits,
-    q_len,
-    capacity,
-    split_tokens,
-    split_cap,
-    split_block_n,
-    s_sl,
-    s_po_s,
-    s_pl_s,
-    s_o_r,
-    s_o_h,
-    s_o_d,
-    s_l_r,
-    s_l_h,
-    D: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    INVARIANT: tl.constexpr = False,
-):
-    """Stage 2: out[r] = sum_s w_s * part_o[s, r] with w = softmax_s(part_lse[s, r]).
-
-    One program = one (row, head) pair r = row * N + h and BLOCK_D of the D columns. Splits are
-    read BLOCK_S at a time (the default mode: [BLOCK_S, BLOCK_D] tiles summed by tl.sum, a split
-    whose lse is -inf not read, as it may be unwritten workspace; batch-invariant mode: a
-    [BLOCK_S, BLOCK_D] tile loaded at once, its rows added in split order). Writes out in
-    out's dtype (any strides) and lse (natural log; -inf when no split saw a key, out then 0).
-    Batch-invariant mode (INVARIANT; ``split_tokens``, ``split_cap``, ``split_block_n``: stage 1's
-    split rule, unused otherwise): the splits read are the request's own, cdiv(seq_len, split
-    length) from its seq_len (``seq_lens``, clamped to ``capacity`` as stage 1 clamps it), not
-    the grid's, and they are summed one after another in split order, so the bits follow from
-    the request alone whatever the tile and the grid.
-    """
-    r = tl.program_id(0).to(tl.int64)
-    dblk = tl.program_id(1)
-    row = r // num_heads
-    h = r % num_heads
-    offs_s = tl.arange(0, BLOCK_S).to(tl.int64)  # split x (rows x N x 512) can pass 2^31
-    offs_d = dblk * BLOCK_D + tl.arange(0, BLOCK_D)
-    n_splits = num_splits
-    if INVARIANT:
-        seq_len = tl.maximum(tl.minimum(tl.load(seq_lens + (row // q_len) * s_sl), capacity), 0)
-        split_len = _invariant_split_len(seq_len, split_tokens, split_cap, split_block_n)
-        n_splits = tl.minimum(tl.cdiv(seq_len, split_len), num_splits)
-
-    m = tl.full([BLOCK_S], float("-inf"), dtype=tl.float32)
-    for s0 in range(0, n_splits, BLOCK_S):
-        ls = tl.load(part_lse + (s0 + offs_s) * s_pl_s + r, mask=s0 + offs_s < n_splits, other=float("-inf"))
-        m = tl.maximum(m, ls)
-    m_max = tl.max(m, axis=0)
-    m_use = tl.where(m_max == float("-inf"), 0.0, m_max)
-
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    if INVARIANT:
-        # One split after another, in split order: every column's sum (and the weights' total) is
-        # a chain whose order is the request's own, whatever BLOCK_S and BLOCK_D (they follow the
-        # batch). Stage 1 writes every partial of the request's splits (a bad page: NaN lse), so
-        # none is masked by its weight: a NaN partial reaches out even where its weight
-        # underflows to 0.
-        # The [BLOCK_S, BLOCK_D] tile is loaded at once (every load in flight) and its rows are
-        # taken apart in order (_rows_msb_last, _chain_rows: exact data movement).
-        LEVELS: tl.constexpr = BLOCK_S.bit_length() - 1
-        total = tl.zeros([BLOCK_D], dtype=tl.float32)  # BLOCK_D copies of one chain
-        for s0 in range(0, n_splits, BLOCK_S):
-            sp = s0 + offs_s
-            ok = sp < n_splits
-            ls = tl.load(part_lse + sp * s_pl_s + r, mask=ok, other=float("-inf"))
-            po = tl.load(part_o + sp[:, None] * s_po_s + r * D + offs_d[None, :], mask=ok[:, None], other=0.0)
-            w = tl.exp2(ls - m_use)  # one per split, then broadcast
-            w2 = w[:, None] + tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.float32)
-            ok2 = ok[:, None] & (offs_d >= 0)[None, :]  # ok broadcast over the tile's columns
-            acc, total = _chain_rows(
-                _rows_msb_last(po, BLOCK_D, LEVELS),
-                _rows_msb_last(w2, BLOCK_D, LEVELS),
-                _rows_msb_last(ok2, BLOCK_D, LEVELS),
-                acc,
-                total,
-                LEVELS,
-            )
-    else:
-        wsum = tl.zeros([BLOCK_S], dtype=tl.float32)
-        for s0 in range(0, n_splits, BLOCK_S):
-            sp = s0 + offs_s
-            ls = tl.load(part_lse + sp * s_pl_s + r, mask=sp < n_splits, other=float("-inf"))
-            w = tl.exp2(ls - m_use)
-            wsum += w
-            po = tl.load(part_o + sp[:, None] * s_po_s + r * D + offs_d[None, :], mask=(w > 0.0)[:, None], other=0.0)
-            acc += tl.sum(w[:, None] * po, axis=0)
-        total = tl.sum(wsum, axis=0)
-    # A NaN partial lse (a poisoned split) makes its weight, total and acc NaN: kept, never read as
-    # "no key" (total == 0 only when no split saw a key).
-    if INVARIANT:
-        total = tl.sum(tl.where(offs_d == dblk * BLOCK_D, total, 0.0), axis=0)  # one copy, exactly (x + 0)
-    no_key = total == 0.0
-    o = acc / tl.where(no_key, 1.0, total)
-    tl.store(out + row * s_o_r + h * s_o_h + offs_d * s_o_d, o.to(out.dtype.element_ty))
-    if dblk == 0:
-        lse2 = tl.where(no_key, float("-inf"), m_use + tl.log2(tl.where(no_key, 1.0, total)))
-        tl.store(lse + row * s_l_r + h * s_l_h, lse2 * 0.6931471805599453)
+__all__ = ["mla_decode_stage1_kernel", "mla_decode_reduce_kernel"]

@@ -14,8 +14,9 @@ block of BLOCK_H heads). Per tile of BLOCK_N list entries it
     acc += p . v                                (v = the first 512 columns of the same rows)
 
 and writes the final out/lse (DIRECT: one split) or a normalised float32 partial and its base-2
-lse into the workspace, which mla_decode's reduce (rocm_mla/kernels/mla_decode.py) merges: the
-partials have the decode's layout, ``[S, T x N, 512]`` and ``[S, T x N]``.
+lse into the workspace, which the split-K reduce (``mla_decode_reduce_kernel``,
+rocm_mla/kernels/latent_core.py) merges: the partials have the decode's layout, ``[S, T x N, 512]``
+and ``[S, T x N]``.
 
 Index values are never trusted: an entry < -1, one past the table (or past the cache in global-slot
 mode), a block-table entry outside [0, num_pages), or a row's request outside [0, num_reqs) when the
@@ -29,16 +30,7 @@ pass 2^31).
 import triton
 import triton.language as tl
 
-from .mla_decode import _close_split, _store_partial, _xcd_local_order
-
-
-@triton.jit
-def page_and_offset(pos, page_size, page_shift, POW2_PAGE: tl.constexpr):
-    """``(block, offset)`` of request-local positions in pages of ``page_size`` tokens: a shift and a
-    mask when ``page_size == 1 << page_shift`` (POW2_PAGE), else a division."""
-    if POW2_PAGE:
-        return pos >> page_shift, pos & (page_size - 1)
-    return pos // page_size, pos % page_size
+from .latent_core import close_split, page_and_offset, qk_scores, store_partial, xcd_local_order
 
 
 @triton.jit
@@ -189,7 +181,7 @@ def mla_sparse_attention_kernel(
     """
     pid = tl.program_id(0)
     if NUM_XCDS > 1:
-        pid = _xcd_local_order(pid, num_rows * num_splits * num_head_blocks, NUM_XCDS)
+        pid = xcd_local_order(pid, num_rows * num_splits * num_head_blocks, NUM_XCDS)
     hb = pid % num_head_blocks
     rest = pid // num_head_blocks
     split = rest % num_splits
@@ -257,16 +249,7 @@ def mla_sparse_attention_kernel(
             ka_t = tl.trans(va)
             if D_SPLIT == 2:
                 kb_t = tl.trans(vb)
-        if IEEE:
-            s = tl.dot(qa, ka_t, input_precision="ieee")
-            if D_SPLIT == 2:
-                s += tl.dot(qb, kb_t, input_precision="ieee")
-            s += tl.dot(qp, kp_t, input_precision="ieee")
-        else:
-            s = tl.dot(qa, ka_t)
-            if D_SPLIT == 2:
-                s += tl.dot(qb, kb_t)
-            s += tl.dot(qp, kp_t)
+        s = qk_scores(qa, qb if D_SPLIT == 2 else qa, qp, ka_t, kb_t, kp_t, IEEE, D_SPLIT)  # qb: D_SPLIT 2 alone
         # A bad entry scores NaN: p, l and acc of every head of the row turn NaN (and stay NaN
         # through the online softmax), so out and lse say so; no flag is reduced in the loop.
         s = tl.where(ok[None, :], s * sc, tl.where(wrong, float("nan"), float("-inf"))[None, :])
@@ -287,7 +270,7 @@ def mla_sparse_attention_kernel(
                 acc_b = acc_b * alpha[:, None] + tl.dot(pv, vb)
         m_i = m_new
 
-    inv, lse2 = _close_split(m_i, l_i, osc, False, False, 0.0)
+    inv, lse2 = close_split(m_i, l_i, osc, False, False, 0.0)
     if DIRECT:
         o_row = out + t * s_o_r + offs_h[:, None] * s_o_h
         tl.store(o_row + offs_a[None, :] * s_o_d, (acc_a * inv).to(out.dtype.element_ty), mask=row_ok[:, None])
@@ -296,7 +279,7 @@ def mla_sparse_attention_kernel(
         tl.store(lse + t * s_l_r + offs_h * s_l_h, lse2 * 0.6931471805599453, mask=row_ok)
     else:
         r = t * num_heads + offs_h
-        _store_partial(
+        store_partial(
             part_o, part_lse, split, s_po_s, s_pl_s, r, row_ok, True, acc_a * inv, acc_b * inv, lse2,
             offs_a, offs_b, D_NOPE, D_SPLIT, 1,
         )  # fmt: skip

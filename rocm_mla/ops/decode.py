@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from .._platform import device_arch
-from ..kernels.mla_decode import mla_decode_reduce_kernel, mla_decode_stage1_kernel
+from ..kernels.latent_core import mla_decode_reduce_kernel
+from ..kernels.mla_decode import mla_decode_stage1_kernel
 from ..reference.decode import mla_decode_ref, quantize_q_fp8
 from ..triton_common import LOG2E
 from ._checks import FLOAT_DTYPES, Checker

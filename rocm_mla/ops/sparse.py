@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..kernels.mla_decode import mla_decode_reduce_kernel
+from ..kernels.latent_core import mla_decode_reduce_kernel
 from ..kernels.mla_sparse import mla_sparse_attention_kernel
 from ..reference.sparse import mla_sparse_attention_ref, sparse_slots
 from ..triton_common import INT32_MAX, LOG2E

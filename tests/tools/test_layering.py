@@ -1,7 +1,8 @@
 """Package layering: the wheel's package imports none of the test scaffolding (tests/vllm_harness
 patches vLLM), pytest or the perf scripts; ``rocm_mla.cases`` (shared by tests, doctor, tuner and
-benches) stays below the tools; and ``import rocm_mla`` / the vLLM plugin module load neither the
-scaffolding nor vLLM."""
+benches) stays below the tools; ``import rocm_mla`` / the vLLM plugin module load neither the
+scaffolding nor vLLM; and an op's kernel file shares code with another op's only through the
+latent-attention core (rocm_mla/kernels/latent_core.py)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,44 @@ def test_cases_stay_below_the_tools():
         if (mods := {m for m in _imports(p) if m.startswith(("rocm_mla.tools", "..tools", "rocm_mla.vllm", "..vllm"))})
     }
     assert not offenders, offenders
+
+
+# Kernel files every op's kernels may import: the latent-attention core (rocm_mla/kernels/latent_core.py)
+# and the fp8 code helpers. Any other kernel file belongs to one op; a helper file of an op's own is
+# listed with the kernel file that uses it.
+SHARED_KERNEL_MODULES = ("latent_core", "fp8_codes")
+OP_HELPER_MODULES = {"indexer_select": "indexer_topk"}
+
+
+def _kernel_module(name: str) -> str | None:
+    """The kernel file an import of a file in rocm_mla/kernels/ names (``.latent_core``,
+    ``rocm_mla.kernels.mla_decode``; ``from . import x`` gives ``"."``, which no rule allows), or
+    None for a module outside rocm_mla/kernels/."""
+    if name.startswith("rocm_mla.kernels."):
+        return name.split(".")[2]
+    if name.startswith(".") and not name.startswith(".."):
+        return name[1:].split(".")[0] or "."
+    return None
+
+
+def test_kernel_files_share_only_the_core():
+    """An op's kernel file imports the shared core and fp8_codes, and its own helper file, never another
+    op's kernel file: what two ops' kernels share lives in latent_core.py once."""
+    kernels = PKG / "kernels"
+    offenders = {}
+    for p in kernels.glob("*.py"):
+        if p.stem == "__init__":
+            continue
+        allowed = set(SHARED_KERNEL_MODULES) | {h for h, owner in OP_HELPER_MODULES.items() if owner == p.stem}
+        if p.stem in SHARED_KERNEL_MODULES:
+            allowed = set(SHARED_KERNEL_MODULES)
+        mods = {m for m in map(_kernel_module, _imports(p)) if m is not None}
+        if bad := sorted(mods - allowed - {p.stem}):
+            offenders[p.name] = bad
+    assert not offenders, f"kernel files importing another op's kernel file: {offenders}"
+    assert (kernels / "latent_core.py").is_file()
+    for helper, owner in OP_HELPER_MODULES.items():
+        assert (kernels / f"{helper}.py").is_file() and (kernels / f"{owner}.py").is_file()
 
 
 def test_scaffolding_lives_outside_the_package():

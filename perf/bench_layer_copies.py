@@ -149,6 +149,7 @@ def upstream_shaped_backend():
                     chunk.token_to_seq,
                     ws,
                     k_scale=k_scale.reshape(1) if self._fp8_cache else None,
+                    kv_cache_dtype=self.op_kv_cache_dtype,
                 )
                 kv_nope = self.kv_b_proj(ws[..., :L])[0].view(-1, N, P + V)
                 k_nope, v = kv_nope.split([P, V], dim=-1)

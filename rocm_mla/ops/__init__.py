@@ -4,7 +4,7 @@ from .context_gather import gather_context_chunk
 from .decode import mla_decode, plan_decode_for
 from .decode_plan import DecodePlan, mla_decode_workspace_numel, plan_decode
 from .indexer_cache import indexer_k_cache_write
-from .indexer_topk import mla_indexer_topk
+from .indexer_topk import mla_indexer_topk, plan_indexer_topk_for
 from .indexer_topk_plan import IndexerTopkPlan, plan_indexer_topk
 from .merge import merge_attn_states
 from .prefill import mla_prefill, plan_prefill_for
@@ -39,5 +39,6 @@ __all__ = [
     "indexer_k_cache_write",
     "mla_indexer_topk",
     "plan_indexer_topk",
+    "plan_indexer_topk_for",
     "IndexerTopkPlan",
 ]

@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from .._platform import device_arch
 from ..kernels.latent_core import mla_decode_reduce_kernel
 from ..kernels.mla_decode import mla_decode_stage1_kernel
 from ..reference.decode import mla_decode_ref, quantize_q_fp8
@@ -31,7 +30,6 @@ from .decode_plan import (
     REDUCE_ARGS,
     STAGE1_ARGS,
     DecodePlan,
-    kv_kind_for,
     plan_decode,
 )
 
@@ -243,7 +241,8 @@ def _explain_mismatch(c: Checker, plan: DecodePlan, q_nope, q_pe, kv_cache, bloc
     """Raise for tensors that ``DecodePlan.matches`` refused: their own rule first, else the plan field
     that differs."""
     sizes = _validate_tensors(c, q_nope, q_pe, kv_cache, block_table, seq_lens)
-    want = {**sizes, "cache_dtype": sizes.pop("kv_dtype")}
+    cache_dtype = sizes.pop("kv_dtype")  # the tensor's dtype: the plan keeps it as cache_dtype
+    want = {**sizes, "cache_dtype": cache_dtype}
     c.plan_for(plan, DecodePlan, "plan_decode", want)
     c.fail("plan", "tensors matching the plan", "a mismatch the checks did not name")  # not reached
 
@@ -298,13 +297,6 @@ def _check_k_scale(c: Checker, k_scale, plan: DecodePlan) -> torch.Tensor | None
     if scale_t is not None and not plan.k_scale_on_device:
         c.fail("k_scale", "a float or None (the plan was made with k_scale_on_device=False)", "a tensor")
     return scale_t
-
-
-def kv_view(c: Checker, kv_cache: torch.Tensor, kv_cache_dtype: str, q_dtype: torch.dtype) -> tuple[torch.Tensor, bool]:
-    """The cache as a kernel reads it (uint8 fp8 storage viewed as its e4m3 kind), and whether it
-    is fp8 (``decode_plan.kv_kind_for``'s rule)."""
-    kind, is_fp8 = kv_kind_for(c, kv_cache.dtype, kv_cache_dtype, q_dtype, device_arch(kv_cache.device))
-    return (kv_cache.view(kind) if kv_cache.dtype != kind else kv_cache), is_fp8
 
 
 def _debug_checks(c: Checker, kv: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, q_len: int) -> None:

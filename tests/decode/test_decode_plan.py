@@ -282,6 +282,31 @@ def test_plan_is_frozen_and_uint8_storage_plans_as_its_fp8_kind():
         plan_mod.plan_decode(kv_dtype=torch.uint8, **base)
 
 
+@pytest.mark.parametrize("storage", ["uint8", "float8"])
+def test_a_plan_for_other_sizes_is_refused_naming_the_field_that_differs(storage):
+    """mla_decode names the plan field a call's tensors differ in (uint8 storage included: the plan
+    keeps the tensor's dtype as cache_dtype and the read kind as kv_dtype), and writes nothing."""
+    cpu = torch.device("cpu")
+    B, N, q_len, bs, mb = 2, 4, 1, 16, 3
+    fp8 = platform_fp8_dtype("cpu")
+    kv_dtype = torch.uint8 if storage == "uint8" else fp8
+    gen = torch.Generator().manual_seed(7)
+    q_nope = torch.randn(B * q_len, N, 512, generator=gen, dtype=torch.bfloat16)
+    q_pe = torch.randn(B * q_len, N, 64, generator=gen, dtype=torch.bfloat16)
+    kv = torch.randn(6, bs, 576, generator=gen).to(fp8).view(kv_dtype)
+    table = torch.randperm(6, generator=gen)[: B * mb].view(B, mb).to(torch.int32)
+    lens = torch.tensor([5, 33], dtype=torch.int32)
+    base = dict(batch=B, q_len=q_len, max_blocks=mb, block_size=bs, q_dtype=torch.bfloat16, device=cpu)
+    plan = plan_mod.plan_decode(num_heads=N + 4, kv_dtype=kv_dtype, kv_cache_dtype="fp8", **base)
+    assert not plan.matches(q_nope, q_pe, kv, table, lens)
+    out = torch.full((B * q_len, N, 512), float("nan"), dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=rf"mla_decode: plan: expected a plan made for this call \(num_heads={N}\)"):
+        decode_mod.mla_decode(q_nope, q_pe, kv, table, lens, sm_scale=0.1, plan=plan, out=out)
+    assert out.isnan().all()
+    fits = plan_mod.plan_decode(num_heads=N, kv_dtype=kv_dtype, kv_cache_dtype="fp8", **base)
+    assert fits.matches(q_nope, q_pe, kv, table, lens)
+
+
 def test_a_workspace_caps_the_split_count_a_forced_one_does_not():
     cpu = torch.device("cpu")
     base = dict(batch=1, num_heads=16, q_len=1, max_blocks=64, block_size=64, q_dtype=torch.float16)

@@ -190,7 +190,7 @@ def stage1_config(
     tier says).
     """
     if fp8_dots not in FP8_DOTS:
-        raise ValueError(f"{OP}: fp8_dots: expected one of {', '.join(map(repr, FP8_DOTS))}, got {fp8_dots!r}")
+        Checker(OP).fail("fp8_dots", f"one of {', '.join(map(repr, FP8_DOTS))}", repr(fp8_dots))
     if override is not None:
         tier = override
     else:
@@ -211,18 +211,19 @@ def stage1_config(
     cfg.setdefault("ctas_per_cu", 1)
     for key in ("FP8_QK", "FP8_PV"):  # an accuracy trade the caller asks for by name, never a tuning field
         if key in cfg:
-            raise ValueError(f"{OP}: config: expected no {key} entry (fp8_dots= sets it), got {key}={cfg[key]!r}")
+            Checker(OP).fail("config", f"no {key} entry (fp8_dots= sets it)", f"{key}={cfg[key]!r}")
     if qk:
         cfg.update(FP8_QK=True, FP8_PV=dots == "all", D_SPLIT=1, V_SPLIT=1)
     for key in ("BLOCK_H", "BLOCK_N", "num_warps", "num_stages"):
         if key not in cfg:
-            raise ValueError(f"{OP}: config: expected a {key} entry, got keys {sorted(cfg)}")
+            Checker(OP).fail("config", f"a {key} entry", f"keys {sorted(cfg)}")
     if cfg.get("FP8_PV") and int(cfg["BLOCK_N"]) < FP8_PV_MIN_BLOCK_N:
         # p . v's K is the tile's BLOCK_N keys: Triton's NVIDIA backend refuses 8-bit dots below K = 32
         # and its AMD backend falls back to FMA there, so a smaller tile is an error on both.
-        raise ValueError(
-            f"{OP}: config: expected BLOCK_N >= {FP8_PV_MIN_BLOCK_N} with fp8_dots='all' (p . v on fp8 operands, "
-            f"K = BLOCK_N keys), got BLOCK_N={cfg['BLOCK_N']}"
+        Checker(OP).fail(
+            "config",
+            f"BLOCK_N >= {FP8_PV_MIN_BLOCK_N} with fp8_dots='all' (p . v on fp8 operands, K = BLOCK_N keys)",
+            f"BLOCK_N={cfg['BLOCK_N']}",
         )
     return cfg
 
@@ -237,9 +238,10 @@ def invariant_split(arch: str, tier: dict[str, Any]) -> tuple[int, int]:
     cfg = config_for(OP, arch)["batch_invariant"]
     tokens, cap = int(tier.get("invariant_split_tokens", cfg["split_tokens"])), int(cfg["max_splits"])
     if tokens < 1 or cap < 1:
-        raise ValueError(
-            f"{OP}: config batch_invariant: expected split_tokens >= 1 (tier's invariant_split_tokens "
-            f"included), max_splits >= 1, got {tokens}, {cap}"
+        Checker(OP).fail(
+            "config batch_invariant",
+            "split_tokens >= 1 (tier's invariant_split_tokens included), max_splits >= 1",
+            f"{tokens}, {cap}",
         )
     block_n = int(tier["BLOCK_N"])
     return triton.cdiv(tokens, block_n) * block_n, cap
@@ -462,7 +464,7 @@ def plan_decode(
         kv_dtype: the cache tensor's dtype: q's dtype, a float8 e4m3 kind, or uint8 storage
             with an fp8 ``kv_cache_dtype``.
         device: where the calls run (its arch and CU/SM count; the CPU interpreter counts 4).
-        kv_cache_dtype: as ``mla_decode`` documented it before plans: "auto" (the cache's dtype;
+        kv_cache_dtype: the cache's storage form: "auto" (the cache's dtype;
             float8 dtypes mean fp8), "bfloat16", "float16", "float32" (must match the cache),
             or an fp8 name (``mla_dims.FP8_KV_CACHE_DTYPES``): "fp8" / "fp8_e4m3" (uint8 storage
             read as the platform's e4m3: e4m3fnuz on gfx942, e4m3fn elsewhere), "fp8_e4m3fn" /

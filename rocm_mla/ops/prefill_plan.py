@@ -85,7 +85,7 @@ def head_group(cfg: dict, num_heads: int, max_seqlen_k: int, kv_head_bytes: int)
     if "head_group" in cfg:
         want = int(cfg["head_group"])
         if want < 1:
-            raise ValueError(f"{OP}: config head_group must be >= 1, got {want}")
+            Checker(OP).fail("config", "head_group >= 1", f"head_group={want}")
     elif "head_group_kv_bytes" in cfg:
         want = int(cfg["head_group_kv_bytes"]) // max(1, max_seqlen_k * kv_head_bytes)
     else:
@@ -150,7 +150,7 @@ def _tma_mode(cfg: dict) -> int:
     mode = prefill_tma_mode(tma)
     if mode is not None:
         return mode
-    raise ValueError(f'{OP}: config tma must be false, true or "host", got {tma!r}')
+    Checker(OP).fail("config", 'tma false, true or "host"', f"tma={tma!r}")
 
 
 def _tma_arch(arch: str) -> bool:
@@ -183,9 +183,10 @@ def grid_slots(Tq: int, B: int, N: int, block_m: int) -> int:
     kernel's Grid); its one grid axis has ``slots x N`` programs, numbered in int32."""
     slots = Tq // block_m + B
     if slots * N >= 2**31:
-        raise ValueError(
-            f"{OP}: (Tq // BLOCK_M + B) * N programs must be < 2**31, got {slots * N} "
-            f"(Tq={Tq}, B={B}, N={N}, BLOCK_M={block_m})"
+        Checker(OP).fail(
+            "q_rows, batch, num_heads",
+            "(Tq // BLOCK_M + B) * N < 2**31 programs",
+            f"{slots * N} (Tq={Tq}, B={B}, N={N}, BLOCK_M={block_m})",
         )
     return slots
 

@@ -129,7 +129,7 @@ def test_grid_stays_within_int32_program_ids():
 
     assert grid_slots(4096, 4, 16, 128) == 36
     assert grid_slots(0, 0, 128, 128) == 0
-    with pytest.raises(ValueError, match=r"programs must be < 2\*\*31, got 2147483648 \(Tq=0, B=16777216, N=128"):
+    with pytest.raises(ValueError, match=r"< 2\*\*31 programs, got 2147483648 \(Tq=0, B=16777216, N=128"):
         grid_slots(0, 2**24, 128, 128)
 
 
@@ -147,7 +147,7 @@ def test_head_group_rules():
     assert head_group(budget, 16, 10**6, 512) == 1
     assert head_group({**budget, "head_group": 4}, 16, 4096, 512) == 4
     assert head_group({}, 16, 4096, 512) == 1
-    with pytest.raises(ValueError, match="head_group must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="config: expected head_group >= 1, got head_group=0"):
         head_group({"head_group": 0}, 16, 4096, 512)
 
 
@@ -186,7 +186,7 @@ def test_tma_option_is_checked():
     from rocm_mla.ops.prefill_plan import triton_meta
 
     cfg = {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "tma": "yes"}
-    with pytest.raises(ValueError, match="tma must be false, true or \"host\", got 'yes'"):
+    with pytest.raises(ValueError, match="config: expected tma false, true or \"host\", got tma='yes'"):
         triton_meta(cfg, "sm90", (P, R, V), True, False)
 
 

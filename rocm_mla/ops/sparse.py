@@ -17,7 +17,7 @@ import torch
 
 from ..kernels.latent_core import mla_decode_reduce_kernel
 from ..kernels.mla_sparse import mla_sparse_attention_kernel
-from ..reference.sparse import mla_sparse_attention_ref, sparse_slots
+from ..reference.sparse import mla_sparse_attention_ref
 from ..triton_common import INT32_MAX, LOG2E
 from ._checks import FLOAT_DTYPES, Checker
 from ._launch import kernel_launch
@@ -297,20 +297,20 @@ def _debug_checks(c: Checker, kv, topk_indices, block_table, req_id_per_token) -
         t = int(bad[0, 0])
         c.fail("req_id_per_token", f"a request in [0, {B}) (block_table's rows) for rows that name a token",
                f"req_id_per_token[{t}] = {int(req[t])}")  # fmt: skip
-    slots, used, bad_row = sparse_slots(
-        topk_indices.cpu(), block_table.cpu(), req_id_per_token.cpu(), num_blocks, block_size
-    )
-    if bool(bad_row.any()):
-        t = int(bad_row.nonzero()[0, 0])
-        bt = block_table.cpu().long()
-        r = int(req[t])
-        pos = idx[t][idx[t] >= 0]
-        pages = bt[r, pos // block_size]
-        j = int(((pages < 0) | (pages >= num_blocks)).nonzero()[0, 0])
+    # Entries and requests are in range here: what is left is the page each named entry uses.
+    named = idx >= 0
+    if not bool(named.any()):
+        return
+    blk = torch.where(named, idx // block_size, 0)
+    rows = torch.where(named, req[:, None], 0)
+    pages = block_table.cpu().long()[rows, blk]
+    bad = (named & ((pages < 0) | (pages >= num_blocks))).nonzero()
+    if bad.numel():
+        t, j = int(bad[0, 0]), int(bad[0, 1])
         c.fail(
             "block_table",
             f"page ids in [0, {num_blocks}) (num_blocks) for every block an entry uses",
-            f"block_table[{r}, {int(pos[j]) // block_size}] = {int(pages[j])} (topk_indices row {t})",
+            f"block_table[{int(req[t])}, {int(blk[t, j])}] = {int(pages[t, j])} (topk_indices row {t})",
         )
 
 

@@ -280,7 +280,7 @@ def make_inputs(
     block table) pairs (cold-cache rotation). req_pad: entries past T in req_id_per_token and
     kv_lens (vLLM pads them).
     """
-    from ..ops.indexer_cache import vllm_rocm_shuffled
+    from ..reference.indexer import vllm_rocm_shuffled
 
     device = torch.device(device)
     g = gen if gen is not None else generator(seed, device)

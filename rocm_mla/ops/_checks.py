@@ -20,6 +20,7 @@ from .. import env
 from .._platform import device_arch
 from ..configs import platform_fp8_dtype
 from ..mla_dims import FP8_DTYPES, FP8_KV_CACHE_DTYPES
+from ..reference.indexer import INDEX_ROW_BYTES, SHUFFLE_TILE, vllm_rocm_shuffled
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -129,6 +130,51 @@ class Checker:
         name = plan_mismatch(plan, want)
         if name:
             self.fail("plan", f"a plan made for this call ({name}={want[name]})", f"{name}={getattr(plan, name)}")
+
+    def index_cache(self, index_cache, shuffled) -> bool:
+        """Validate an indexer cache's shape ``[num_blocks, block_size, 132]``, its strides (each block's
+        bytes contiguous, the block stride a multiple of 4 past them, a 4-byte aligned start) and its
+        value layout ``shuffled`` (None: vLLM's ROCm rule; shuffled needs block_size % 16 == 0), and
+        that it is uint8 or float8 (which fp8 kind: ``Checker.fp8_cache_kind``). Returns whether the
+        values are shuffled. Every op that reads or writes the cache validates it here."""
+        self.tensor("index_cache", index_cache, ndim=3, layout="[num_blocks, block_size, 132]")
+        if index_cache.dtype not in (torch.uint8, *FP8_DTYPES):
+            got = str(index_cache.dtype).replace("torch.", "")
+            self.fail("index_cache", "dtype uint8 (or a float8 view of it)", got, TypeError)
+        nb, bs, row = index_cache.shape
+        if row != INDEX_ROW_BYTES:
+            self.fail(
+                "index_cache",
+                f"shape [num_blocks, block_size, 132] = (*, *, {INDEX_ROW_BYTES})",
+                tuple(index_cache.shape),
+            )
+        if bs < 1:
+            self.fail("index_cache", "block_size >= 1", tuple(index_cache.shape))
+        st = index_cache.stride()
+        if st[2] != 1 or (bs > 1 and st[1] != INDEX_ROW_BYTES) or (nb > 1 and st[0] < bs * INDEX_ROW_BYTES):
+            self.fail(
+                "index_cache",
+                f"each block's {bs} x 132 bytes contiguous (strides (>= {bs * INDEX_ROW_BYTES}, 132, 1))",
+                f"strides {st}",
+            )
+        if (nb > 1 and st[0] % 4) or index_cache.data_ptr() % 4:
+            self.fail(
+                "index_cache",
+                "a 4-byte aligned start and a block stride that is a multiple of 4 bytes (float32 scales)",
+                f"strides {st}, start at byte {index_cache.data_ptr() % 4} mod 4",
+            )
+        if shuffled is None:
+            shuffle = vllm_rocm_shuffled(bs)
+        elif isinstance(shuffled, bool):
+            shuffle = shuffled
+        else:
+            self.fail("shuffled", "True, False or None (vLLM's ROCm rule)", repr(shuffled), TypeError)
+        if shuffle and bs % SHUFFLE_TILE:
+            why = "vLLM's ROCm rule shuffles every block_size > 1" if shuffled is None else "shuffled=True"
+            self.fail(
+                "index_cache", f"block_size 1 or a multiple of 16 ({why}; 16 x 16 tiles)", tuple(index_cache.shape)
+            )
+        return shuffle
 
     def scale(self, name: str, x: object) -> float:
         """A softmax / quantisation scale given as a number: a real, finite and > 0 (every op

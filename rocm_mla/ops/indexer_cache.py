@@ -38,13 +38,6 @@ OP = "indexer_k_cache_write"  # config file, backend switch (ROCM_MLA_BACKEND_IN
 MAX_SLOTS = 2**31 - 1  # num_blocks x block_size: the kernel's slot arithmetic is 32-bit
 
 
-def vllm_rocm_shuffled(block_size: int) -> bool:
-    """The value layout vLLM 0.34's ROCm path uses for a cache of ``block_size`` tokens per block:
-    shuffled 16 x 16 tiles above one token per block (``indexer_k_cache_is_shuffled``;
-    ``DeepseekV32ROCmIndexerCache.uses_shuffled_layout``), flat rows at block_size 1."""
-    return block_size > 1
-
-
 def indexer_k_cache_write(
     k: torch.Tensor,
     index_cache: torch.Tensor,
@@ -75,7 +68,7 @@ def indexer_k_cache_write(
             vLLM's fused ``fused_norm_rope`` writes) or None (plain float32 scales, vLLM's
             ``indexer_k_quant_and_cache_triton`` with another ``scale_fmt``).
         shuffled: the value layout. None (default): vLLM 0.34's ROCm rule, shuffled for every
-            block_size > 1 and flat at block_size 1 (:func:`vllm_rocm_shuffled`). True: 16 x 16
+            block_size > 1 and flat at block_size 1 (``reference.indexer.vllm_rocm_shuffled``). True: 16 x 16
             tiles (block_size a multiple of 16, as vLLM's ROCm backend requires: 1 or a multiple
             of 16). False: flat rows at any block_size (vLLM's non-ROCm indexer cache).
         kv_cache_dtype: the fp8 kind of a uint8 cache: ``"fp8"`` / ``"fp8_e4m3"`` = the
@@ -134,7 +127,7 @@ def _check(c: Checker, k, index_cache, slot_mapping, scale_fmt, shuffled, kv_cac
         c.fail("k", f"shape [T, 128] = (*, {INDEX_HEAD_DIM})", tuple(k.shape))
     if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in FP8_KV_CACHE_DTYPES:
         c.fail("kv_cache_dtype", f"one of {', '.join(repr(n) for n in FP8_KV_CACHE_DTYPES)}", repr(kv_cache_dtype))
-    shuffle = check_index_cache(c, index_cache, shuffled)
+    shuffle = c.index_cache(index_cache, shuffled)
     if index_cache.shape[0] * index_cache.shape[1] > MAX_SLOTS:
         # The kernel divides slots in 32 bits (283 GB of cache at this bound).
         c.fail("index_cache", "at most 2^31 - 1 slots (num_blocks x block_size)", tuple(index_cache.shape))
@@ -152,48 +145,6 @@ def _check(c: Checker, k, index_cache, slot_mapping, scale_fmt, shuffled, kv_cac
     c.writable("index_cache", index_cache)
     c.no_overlap({"index_cache": index_cache}, {"k": k, "slot_mapping": slot_mapping})
     return fp8, shuffle
-
-
-def check_index_cache(c: Checker, index_cache, shuffled) -> bool:
-    """Validate an indexer cache's shape ``[num_blocks, block_size, 132]``, its strides (each block's
-    bytes contiguous, the block stride a multiple of 4 past them, a 4-byte aligned start) and its
-    value layout ``shuffled`` (None: vLLM's ROCm rule; shuffled needs block_size % 16 == 0), and
-    that it is uint8 or float8 (which fp8 kind: ``Checker.fp8_cache_kind``). Returns whether the
-    values are shuffled. Every op that reads or writes the cache validates it here."""
-    c.tensor("index_cache", index_cache, ndim=3, layout="[num_blocks, block_size, 132]")
-    if index_cache.dtype not in (torch.uint8, *FP8_DTYPES):
-        got = str(index_cache.dtype).replace("torch.", "")
-        c.fail("index_cache", "dtype uint8 (or a float8 view of it)", got, TypeError)
-    nb, bs, row = index_cache.shape
-    if row != INDEX_ROW_BYTES:
-        c.fail(
-            "index_cache", f"shape [num_blocks, block_size, 132] = (*, *, {INDEX_ROW_BYTES})", tuple(index_cache.shape)
-        )
-    if bs < 1:
-        c.fail("index_cache", "block_size >= 1", tuple(index_cache.shape))
-    st = index_cache.stride()
-    if st[2] != 1 or (bs > 1 and st[1] != INDEX_ROW_BYTES) or (nb > 1 and st[0] < bs * INDEX_ROW_BYTES):
-        c.fail(
-            "index_cache",
-            f"each block's {bs} x 132 bytes contiguous (strides (>= {bs * INDEX_ROW_BYTES}, 132, 1))",
-            f"strides {st}",
-        )
-    if (nb > 1 and st[0] % 4) or index_cache.data_ptr() % 4:
-        c.fail(
-            "index_cache",
-            "a 4-byte aligned start and a block stride that is a multiple of 4 bytes (float32 scales)",
-            f"strides {st}, start at byte {index_cache.data_ptr() % 4} mod 4",
-        )
-    if shuffled is None:
-        shuffle = vllm_rocm_shuffled(bs)
-    elif isinstance(shuffled, bool):
-        shuffle = shuffled
-    else:
-        c.fail("shuffled", "True, False or None (vLLM's ROCm rule)", repr(shuffled), TypeError)
-    if shuffle and bs % SHUFFLE_TILE:
-        why = "vLLM's ROCm rule shuffles every block_size > 1" if shuffled is None else "shuffled=True"
-        c.fail("index_cache", f"block_size 1 or a multiple of 16 ({why}; 16 x 16 tiles)", tuple(index_cache.shape))
-    return shuffle
 
 
 def launch_rows(arch: str, num_rows: int, num_cus: int) -> int:

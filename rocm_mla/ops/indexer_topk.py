@@ -18,7 +18,6 @@ from ..reference.indexer_topk import SENTINEL, mla_indexer_topk_ref
 from ..triton_common import INT32_MAX
 from ._checks import Checker
 from ._launch import kernel_launch
-from .indexer_cache import check_index_cache
 from .indexer_topk_plan import INDEX_DIM, OP, IndexerTopkPlan, plan_indexer_topk
 
 
@@ -121,20 +120,20 @@ def mla_indexer_topk(
         _debug_checks(c, index_cache, block_table, req_id_per_token, kv_lens, T, plan.max_kv_len)
     if T == 0:
         return out
-    if plan.backend != "triton":
-        ref = mla_indexer_topk_ref(
-            q, weights, index_cache, block_table, req_id_per_token, kv_lens, topk=topk, shuffled=plan.shuffled,
-            max_keys=plan.max_keys,
-        )  # fmt: skip
-        out.copy_(ref)
+    if plan.backend == "triton":
+        if workspace is not None and workspace.numel() < plan.workspace_numel:
+            c.fail(
+                "workspace",
+                f"a contiguous int32 tensor of >= {plan.workspace_numel} elements (plan.workspace_numel)",
+                f"{workspace.numel()} elements",
+            )
+        _launch_triton(plan, q, weights, index_cache, block_table, req_id_per_token, kv_lens, out, workspace)
         return out
-    if workspace is not None and workspace.numel() < plan.workspace_numel:
-        c.fail(
-            "workspace",
-            f"a contiguous int32 tensor of >= {plan.workspace_numel} elements (plan.workspace_numel)",
-            f"{workspace.numel()} elements",
-        )
-    _launch_triton(plan, q, weights, index_cache, block_table, req_id_per_token, kv_lens, out, workspace)
+    ref = mla_indexer_topk_ref(
+        q, weights, index_cache, block_table, req_id_per_token, kv_lens, topk=topk, shuffled=plan.shuffled,
+        max_keys=plan.max_keys,
+    )  # fmt: skip
+    out.copy_(ref)
     return out
 
 
@@ -149,7 +148,7 @@ def _validate_tensors(c: Checker, q, index_cache, block_table, topk, shuffled=No
         c.fail("q", "H >= 1 heads", tuple(q.shape))
     if q.stride(2) != 1:
         c.fail("q", "a contiguous last dim (stride 1)", f"strides {q.stride()}")
-    shuffle = check_index_cache(c, index_cache, shuffled)
+    shuffle = c.index_cache(index_cache, shuffled)
     c.tensor("block_table", block_table, ndim=2, layout="[B, max_blocks]", dtypes=(torch.int32,))
     if block_table.shape[1] > 1 and block_table.stride(1) != 1:
         c.fail("block_table", "column stride 1", f"strides {block_table.stride()}")

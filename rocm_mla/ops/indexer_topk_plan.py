@@ -40,12 +40,11 @@ from .. import _platform
 from ..configs import config_for
 from ..configs.tables import is_amd_arch, wave_size
 from ..mla_dims import FP8_DTYPES
-from ..reference.indexer import SHUFFLE_TILE
+from ..reference.indexer import SHUFFLE_TILE, vllm_rocm_shuffled
 from ..triton_common import amd_options
 from ._checks import Checker, debug_enabled
 from ._dispatch import select
 from .decode_plan import num_compute_units
-from .indexer_cache import vllm_rocm_shuffled
 
 OP = "mla_indexer_topk"
 INDEX_DIM = 128  # the indexer's key and query width (DeepSeek-V3.2, GLM-5.x)
@@ -220,7 +219,7 @@ def _prefilter_split(c: Checker, cfg: dict, wave: int) -> int | None:
 
 
 def _cache_strides_ok(index_cache: torch.Tensor) -> bool:
-    """The cache layout the kernels read (``indexer_cache.check_index_cache``'s rule): each block's
+    """The cache layout the kernels read (``Checker.index_cache``'s rule): each block's
     bytes contiguous, a block stride that is a multiple of 4 past them, a 4-byte aligned start."""
     nb, bs, _ = index_cache.shape
     st = index_cache.stride()
@@ -427,7 +426,7 @@ def plan_indexer_topk(
         device: where the calls run (its arch and CU count; the CPU interpreter counts 4).
         shuffled: the cache's value layout, as ``indexer_k_cache_write`` takes it: 16 x 16 tiles
             (True; block_size 1 or a multiple of 16) or flat rows (False). None: vLLM's ROCm rule,
-            tiles above block_size 1 (``indexer_cache.vllm_rocm_shuffled``).
+            tiles above block_size 1 (``reference.indexer.vllm_rocm_shuffled``).
         config: launch data replacing the configs' entry for the arch (tuning). Its
             ``many_items`` fields (select_pack, maxnreg, programs_per_cu) replace the object's own
             when the call's (row, split) items outnumber ``programs_per_cu`` x CUs; its

@@ -30,6 +30,13 @@ SCALE_FORMATS = ("ue8m0", None)
 _KIND_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0}  # the formats' largest finite values
 
 
+def vllm_rocm_shuffled(block_size: int) -> bool:
+    """The value layout vLLM 0.34's ROCm path uses for a cache of ``block_size`` tokens per block:
+    shuffled 16 x 16 tiles above one token per block (``indexer_k_cache_is_shuffled``;
+    ``DeepseekV32ROCmIndexerCache.uses_shuffled_layout``), flat rows at block_size 1."""
+    return block_size > 1
+
+
 def round_up_pow2(s: torch.Tensor) -> torch.Tensor:
     """The smallest power of two >= ``s`` (float32, > 0), exactly: the UE8M0 scale format, computed
     on the bits (a power of two is kept, any other value takes the next exponent). NaN and inf

@@ -2,10 +2,11 @@
 
 from .context_gather import gather_context_chunk
 from .decode import mla_decode, plan_decode_for
-from .decode_plan import DecodePlan, mla_decode_workspace_numel, plan_decode
+from .decode_plan import DecodePlan, plan_decode
 from .indexer_cache import indexer_k_cache_write
 from .indexer_topk import mla_indexer_topk, plan_indexer_topk_for
 from .indexer_topk_plan import IndexerTopkPlan, plan_indexer_topk
+from .latent_core import mla_decode_workspace_numel
 from .merge import merge_attn_states
 from .prefill import mla_prefill, plan_prefill_for
 from .prefill_context import mla_prefill_with_context, plan_prefill_with_context_for

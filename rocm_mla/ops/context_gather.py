@@ -29,12 +29,12 @@ from ..reference.context_gather import context_gather_ref
 from ..triton_common import amd_options
 from ._checks import FLOAT_DTYPES, Checker
 from ._dispatch import select
+from .latent_core import KV_CACHE_DTYPE_NAMES
 
 OP = "context_gather"  # config file, backend switch (ROCM_MLA_BACKEND_CONTEXT_GATHER)
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 # The kv_cache_dtype names the op takes (vLLM's CacheDType values for an MLA cache, as plan_decode).
-_KV_CACHE_DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32", *FP8_KV_CACHE_DTYPES)
 
 
 def gather_context_chunk(
@@ -107,8 +107,8 @@ def gather_context_chunk(
 def _cache_kind(c: Checker, kv_cache: torch.Tensor, kv_cache_dtype: object) -> torch.dtype | None:
     """The FP8 kind the kernel reads the cache as (uint8 storage viewed as the kind its fp8
     ``kv_cache_dtype`` names, ``Checker.fp8_cache_kind``), or None for a 16/32-bit cache."""
-    if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in _KV_CACHE_DTYPE_NAMES:
-        c.fail("kv_cache_dtype", f"one of {', '.join(map(repr, _KV_CACHE_DTYPE_NAMES))}", repr(kv_cache_dtype))
+    if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in KV_CACHE_DTYPE_NAMES:
+        c.fail("kv_cache_dtype", f"one of {', '.join(map(repr, KV_CACHE_DTYPE_NAMES))}", repr(kv_cache_dtype))
     if kv_cache_dtype in FP8_KV_CACHE_DTYPES:
         return c.fp8_cache_kind(kv_cache, kv_cache_dtype)
     dt = kv_cache.dtype

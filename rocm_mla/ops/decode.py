@@ -32,6 +32,7 @@ from .decode_plan import (
     DecodePlan,
     plan_decode,
 )
+from .latent_core import check_k_scale, check_workspace, destinations
 
 
 def mla_decode(
@@ -118,15 +119,9 @@ def mla_decode(
         _explain_mismatch(c, plan, q_nope, q_pe, kv_cache, block_table, seq_lens)
     sm_scale = c.scale("sm_scale", sm_scale)
     given_out, given_lse = out, lse
-    out, lse = _destinations(c, out, lse, workspace, q_nope, "rows")
+    out, lse = destinations(c, out, lse, workspace, q_nope, "rows")
     scale_t = _check_k_scale(c, k_scale, plan)
-    if workspace is not None and workspace.numel() < plan.workspace_numel:
-        c.fail(
-            "workspace",
-            f"a contiguous float32 tensor of >= {plan.workspace_numel} elements "
-            f"(S={plan.num_kv_splits} splits x {plan.rows * plan.num_heads} rows x 513)",
-            f"{workspace.numel()} elements",
-        )
+    check_workspace(c, workspace, plan.workspace_numel, plan.num_kv_splits, plan.rows * plan.num_heads)
     c.same_device(q_nope=q_nope, out=out, lse=lse, k_scale=scale_t, workspace=workspace)
     # Destinations (the caller's: fresh ones overlap nothing) vs everything the kernels read,
     # e.g. an out placed on cache pages that a later request reads. Pointer arithmetic only.
@@ -245,45 +240,6 @@ def _explain_mismatch(c: Checker, plan: DecodePlan, q_nope, q_pe, kv_cache, bloc
     want = {**sizes, "cache_dtype": cache_dtype}
     c.plan_for(plan, DecodePlan, "plan_decode", want)
     c.fail("plan", "tensors matching the plan", "a mismatch the checks did not name")  # not reached
-
-
-def _destinations(c: Checker, out, lse, workspace, q_nope: torch.Tensor, rows_name: str):
-    """``(out, lse)``: the caller's, checked (``[rows, N, 512]`` in q's dtype, ``[rows, N]`` float32,
-    any non-overlapping strides), or fresh ``torch.empty`` ones; a workspace must be a contiguous
-    float32 tensor. ``rows_name``: what the op calls its rows in messages ("rows", "T")."""
-    rows, N = q_nope.shape[0], q_nope.shape[1]
-    if out is None:
-        out = torch.empty(rows, N, D_NOPE, dtype=q_nope.dtype, device=q_nope.device)
-    else:
-        layout = f"[{rows_name}, N, 512]"
-        c.tensor("out", out, shape=(rows, N, D_NOPE), layout=layout, dtypes=(q_nope.dtype,), like="q_nope's")
-        c.writable("out", out)
-    if lse is None:
-        lse = torch.empty(rows, N, dtype=torch.float32, device=q_nope.device)
-    else:
-        layout, like = f"[{rows_name}, N]", f"q_nope's {rows_name}, N"
-        c.tensor("lse", lse, shape=(rows, N), layout=layout, dtypes=(torch.float32,), like=like)
-        c.writable("lse", lse)
-    if workspace is not None:
-        c.tensor("workspace", workspace, layout="(float32, contiguous)", dtypes=(torch.float32,))
-        if not workspace.is_contiguous():
-            c.fail("workspace", "a contiguous tensor", f"strides {tuple(workspace.stride())}")
-    return out, lse
-
-
-def check_k_scale(c: Checker, k_scale) -> torch.Tensor | None:
-    """A tensor scale (returned, read on the device) or a number / None (returns None)."""
-    if k_scale is None or (isinstance(k_scale, (int, float)) and not isinstance(k_scale, bool)):
-        if k_scale is not None:
-            c.scale("k_scale", k_scale)
-        return None
-    if not isinstance(k_scale, torch.Tensor):
-        c.fail("k_scale", "None, a float or a float32 tensor of one element", type(k_scale).__name__, TypeError)
-    if k_scale.dtype != torch.float32:
-        c.fail("k_scale", "dtype float32", str(k_scale.dtype).replace("torch.", ""), TypeError)
-    if k_scale.numel() != 1:
-        c.fail("k_scale", "one element", f"shape {tuple(k_scale.shape)}")
-    return k_scale
 
 
 def _check_k_scale(c: Checker, k_scale, plan: DecodePlan) -> torch.Tensor | None:

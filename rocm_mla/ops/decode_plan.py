@@ -4,7 +4,7 @@ and device, without reading any device value (so the call can be captured in a C
 ``plan_decode(...) -> DecodePlan`` (flashinfer's plan/run split): the wrapper validates, plans, then
 launches exactly what the plan says. What it decides:
   * the stage-1 tier (BLOCK_H query rows per program) from M = q_len x N (``stage1_config``);
-  * the split count S (``choose_num_splits``, ops/splitk.py: the split-K model that
+  * the split count S (``choose_num_splits``, ops/latent_core.py: the split-K model that
     mla_sparse_attention shares): a small cost model over the CU/SM count, the batch, the row
     blocks and an upper bound of the longest sequence (the ``max_seq_len`` hint, else the block
     table's capacity ``max_blocks x block_size``), capped to what a given workspace holds;
@@ -32,11 +32,17 @@ import triton
 
 from .. import _platform
 from ..configs import DECODE_DTYPE_TAGS, config_for
-from ..mla_dims import FP8_DTYPES, FP8_KV_CACHE_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
+from ..mla_dims import FP8_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from ..triton_common import amd_options
 from ._checks import FLOAT_DTYPES, Checker, debug_enabled
 from ._dispatch import select
-from .splitk import choose_num_splits, mla_decode_workspace_numel, num_compute_units, stage2_meta
+from .latent_core import (
+    choose_num_splits,
+    kv_kind_for,
+    mla_decode_workspace_numel,
+    num_compute_units,
+    stage2_meta,
+)
 
 OP = "mla_decode"
 D_NOPE = KV_LORA_RANK  # V width and the nope part of K (the kernel's constexpr names)
@@ -62,7 +68,6 @@ FP8_DOTS = ("none", "qk", "all")
 # fp8_dots of an fp8-cache plan that names none (16-bit q): the trade docs/notes/fp8-decode.md measures.
 DEFAULT_FP8_DOTS = "none"
 # kv_cache_dtype names a plan takes (the fp8 ones: mla_dims.FP8_KV_CACHE_DTYPES).
-KV_CACHE_DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32", *FP8_KV_CACHE_DTYPES)
 # fp8_dots="all": the smallest tile (p . v's K) fp8 matrix instructions take.
 FP8_PV_MIN_BLOCK_N = 32
 
@@ -634,34 +639,6 @@ def plan_decode(
     )
 
 
-def kv_kind_for(
-    c: Checker, dt: torch.dtype, kv_cache_dtype: str, q_dtype: torch.dtype, arch: str
-) -> tuple[torch.dtype, bool]:
-    """The cache's dtype as the kernel reads it (uint8 storage of a named fp8 kind viewed as that
-    kind) and whether it is fp8, for a cache tensor of dtype ``dt`` (errors name ``kv_cache``)."""
-    if kv_cache_dtype not in KV_CACHE_DTYPE_NAMES:
-        c.fail("kv_cache_dtype", f"one of {', '.join(map(repr, KV_CACHE_DTYPE_NAMES))}", repr(kv_cache_dtype))
-    if kv_cache_dtype in FP8_KV_CACHE_DTYPES:
-        return c.fp8_kind_of(dt, arch, kv_cache_dtype), True
-    if dt in FP8_DTYPES:
-        if kv_cache_dtype != "auto":
-            name = str(dt).replace("torch.", "")
-            c.fail("kv_cache_dtype", f"'auto' or 'fp8' for a {name} cache", repr(kv_cache_dtype))
-        return dt, True
-    if dt == torch.uint8:
-        c.fail("kv_cache_dtype", "'fp8' or 'fp8_e4m3' for a uint8 cache", repr(kv_cache_dtype))
-    if kv_cache_dtype != "auto" and str(dt) != f"torch.{kv_cache_dtype}":
-        c.fail("kv_cache", f"dtype {kv_cache_dtype} (kv_cache_dtype)", str(dt).replace("torch.", ""), TypeError)
-    if dt != q_dtype:
-        c.fail(
-            "kv_cache",
-            f"dtype {str(q_dtype).replace('torch.', '')} (like q_nope) or fp8",
-            str(dt).replace("torch.", ""),
-            TypeError,
-        )
-    return dt, False
-
-
 def resolve_fp8_dots(c: Checker, fp8_dots, kv_fp8: bool, kv_dtype: torch.dtype, q_dtype: torch.dtype) -> str:
     """The fp8_dots mode of a plan (``FP8_DOTS``): the argument or the default; "none" for
     16/32-bit caches."""
@@ -686,17 +663,12 @@ __all__ = [
     "DecodePlan",
     "plan_decode",
     "DEFAULT_FP8_DOTS",
-    "KV_CACHE_DTYPE_NAMES",
-    "mla_decode_workspace_numel",
-    "choose_num_splits",
     "invariant_split",
     "invariant_num_splits",
     "stage1_config",
     "stage1_meta",
-    "stage2_meta",
     "stage1_tier_index",
     "page_mode_for",
-    "num_compute_units",
     "STAGE1_DEFAULTS",
     "FP8_DOTS",
 ]

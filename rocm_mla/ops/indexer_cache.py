@@ -31,7 +31,7 @@ from ..reference.indexer import (
 from ..triton_common import amd_options
 from ._checks import FLOAT_DTYPES, Checker, debug_enabled
 from ._dispatch import select
-from .decode_plan import num_compute_units
+from .latent_core import num_compute_units
 from .rope_kv_write import _check_index_dtype, _debug_slots
 
 OP = "indexer_k_cache_write"  # config file, backend switch (ROCM_MLA_BACKEND_INDEXER_K_CACHE_WRITE)

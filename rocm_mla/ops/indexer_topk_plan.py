@@ -44,7 +44,7 @@ from ..reference.indexer import SHUFFLE_TILE, vllm_rocm_shuffled
 from ..triton_common import amd_options
 from ._checks import Checker, debug_enabled
 from ._dispatch import select
-from .decode_plan import num_compute_units
+from .latent_core import num_compute_units
 
 OP = "mla_indexer_topk"
 INDEX_DIM = 128  # the indexer's key and query width (DeepSeek-V3.2, GLM-5.x)

@@ -21,7 +21,7 @@ from ..reference.sparse import mla_sparse_attention_ref
 from ..triton_common import INT32_MAX, LOG2E
 from ._checks import FLOAT_DTYPES, Checker
 from ._launch import kernel_launch
-from .decode import _destinations, check_k_scale
+from .latent_core import check_k_scale, check_workspace, destinations
 from .sparse_plan import D_KV, D_NOPE, D_PE, OP, SparsePlan, plan_sparse_attention
 
 
@@ -108,17 +108,11 @@ def mla_sparse_attention(
         _explain_mismatch(c, plan, q_nope, q_pe, kv_cache, topk_indices, block_table, req_id_per_token, k_scale)
     sm_scale = c.scale("sm_scale", sm_scale)
     given_out, given_lse = out, lse
-    out, lse = _destinations(c, out, lse, workspace, q_nope, "T")
+    out, lse = destinations(c, out, lse, workspace, q_nope, "T")
     scale_t = check_k_scale(c, k_scale)
     if not plan.kv_fp8:
         scale_t = None  # 16/32-bit caches ignore k_scale
-    if workspace is not None and workspace.numel() < plan.workspace_numel:
-        c.fail(
-            "workspace",
-            f"a contiguous float32 tensor of >= {plan.workspace_numel} elements "
-            f"(S={plan.num_splits} splits x {plan.num_rows * plan.num_heads} rows x 513)",
-            f"{workspace.numel()} elements",
-        )
+    check_workspace(c, workspace, plan.workspace_numel, plan.num_splits, plan.num_rows * plan.num_heads)
     c.same_device(q_nope=q_nope, out=out, lse=lse, k_scale=scale_t, workspace=workspace)
     c.no_overlap(
         {"out": given_out, "lse": given_lse, "workspace": workspace},

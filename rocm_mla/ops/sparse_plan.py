@@ -9,10 +9,10 @@ invariance, the config, the backend and debug. The op checks its tensors against
 
   * the backend ("triton" or "reference", resolved when the plan is made);
   * the cache's dtype as the kernel reads it (uint8 storage viewed as its named fp8 kind,
-    ``decode_plan.kv_kind_for``: mla_decode's rule);
+    ``latent_core.kv_kind_for``: mla_decode's rule);
   * the tier (BLOCK_H heads per program) from N (``tier_config``; configs' ``tiers``);
   * the split of each row's K list over programs: the default mode fills the GPU from the rows,
-    the head blocks and K (the split-K model mla_decode shares, ops/splitk.py): one split when rows x
+    the head blocks and K (the split-K model mla_decode shares, ops/latent_core.py): one split when rows x
     head blocks fill it, up to ``max_splits`` for a lone decode row; ``batch_invariant=True`` cuts
     every list into splits of ``split_tokens`` entries, a function of K alone, so a row's bits do
     not depend on the batch (the reduce's tile follows the split count, which then follows K);
@@ -38,8 +38,7 @@ from ..mla_dims import FP8_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from ..triton_common import amd_options
 from ._checks import FLOAT_DTYPES, Checker, debug_enabled
 from ._dispatch import select
-from .decode_plan import kv_kind_for
-from .splitk import choose_num_splits, mla_decode_workspace_numel, num_compute_units, stage2_meta
+from .latent_core import choose_num_splits, kv_kind_for, mla_decode_workspace_numel, num_compute_units, stage2_meta
 
 OP = "mla_sparse_attention"
 D_NOPE = KV_LORA_RANK

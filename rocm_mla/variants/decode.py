@@ -1,7 +1,7 @@
 """mla_decode: the Triton variants the wrapper can launch (for the ISA report) and the stage-1
 tuning candidates (for ``rocm-mla tune``).
 
-Constexprs and options come from ``rocm_mla.ops.decode_plan.stage1_meta`` / ``stage2_meta``, the
+Constexprs and options come from ``rocm_mla.ops.decode_plan.stage1_meta`` / ``latent_core.stage2_meta``, the
 functions ``plan_decode`` takes a launch's from; the stage-1 config from ``stage1_config``, the plan's choice.
 """
 
@@ -23,8 +23,8 @@ from ..ops.decode_plan import (
     invariant_split,
     stage1_config,
     stage1_meta,
-    stage2_meta,
 )
+from ..ops.latent_core import stage2_meta
 from ..triton_common import amd_options, triton_type
 from .triton_variant import TritonVariant
 

@@ -17,7 +17,8 @@ from decode_case import BACKENDS, V_SPLIT_CFG, make_case
 
 from rocm_mla.cases import compare, decode, outside_untouched, poisoned, raise_on
 from rocm_mla.cases.decode import call_decode
-from rocm_mla.ops.decode_plan import choose_num_splits, mla_decode_workspace_numel, stage1_config
+from rocm_mla.ops.decode_plan import stage1_config
+from rocm_mla.ops.latent_core import choose_num_splits, mla_decode_workspace_numel
 from rocm_mla.reference import mla_decode_ref
 from rocm_mla.variants.decode import triton_variants, tuning_candidates
 

@@ -16,9 +16,9 @@ import rocm_mla
 from rocm_mla.cases import indexer_topk as cases
 from rocm_mla.cases.indexer_topk import POISON_OUT, IndexerShape, make_inputs
 from rocm_mla.kernels.indexer_select import _select_in_registers, _select_packed
-from rocm_mla.ops.decode_plan import num_compute_units
 from rocm_mla.ops.indexer_topk import plan_indexer_topk_for
 from rocm_mla.ops.indexer_topk_plan import plan_indexer_topk
+from rocm_mla.ops.latent_core import num_compute_units
 from rocm_mla.reference.indexer_topk import SENTINEL, check_indexer_topk
 
 BACKENDS = [b for b in ("triton", "reference") if b in backends()]  # no HIP kernel

@@ -1,13 +1,13 @@
 """mla_decode: paged MQA over the MLA latent cache (absorbed-weight decode), split-KV, in place.
 
-Kernels: rocm_mla/kernels/mla_decode.py (Triton, stage 1 + stage 2). Reference:
-rocm_mla/reference/decode.py. The plan (``plan_decode``, rocm_mla/ops/decode_plan.py: tier,
-split count, workspace, launch configs, fp8 dots, batch-invariant mode, backend, decided on the
-host from sizes alone so the call can be captured in a CUDA/HIP graph) is made once per step and
-passed to every layer's call; the call checks its tensors against it and launches what it says:
-stage 1 alone (one split: it writes out/lse), or stage 1 into a float32 workspace (``torch.empty``
-per call, or the caller's ``workspace=``) and stage 2 merging the splits.
-"""
+Kernels: rocm_mla/kernels/mla_decode.py (Triton stage 1) and the split-K reduce of
+rocm_mla/kernels/latent_core.py (stage 2). Reference: rocm_mla/reference/decode.py. The plan
+(``plan_decode``, rocm_mla/ops/decode_plan.py: tier, split count, workspace, launch configs, fp8
+dots, batch-invariant mode, backend, decided on the host from sizes alone so the call can be
+captured in a CUDA/HIP graph) is made once per step and passed to every layer's call; the call
+checks its tensors against it and launches what it says: stage 1 alone (one split: it writes
+out/lse), or stage 1 into a float32 workspace (``torch.empty`` per call, or the caller's
+``workspace=``) and stage 2 merging the splits."""
 
 from __future__ import annotations
 

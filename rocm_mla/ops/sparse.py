@@ -1,7 +1,8 @@
 """mla_sparse_attention: sparse MLA (DeepSeek-V3.2, GLM-5.x) over per-row top-k token lists, decode
 and prefill rows alike, in place.
 
-Kernel: rocm_mla/kernels/mla_sparse.py (Triton) and mla_decode's reduce for split rows. Reference:
+Kernel: rocm_mla/kernels/mla_sparse.py (Triton) and the split-K reduce of
+rocm_mla/kernels/latent_core.py for split rows. Reference:
 rocm_mla/reference/sparse.py. The plan (``plan_sparse_attention``, rocm_mla/ops/sparse_plan.py, or
 ``plan_sparse_attention_for`` here: every choice that is not a tensor, decided on the host from
 sizes alone so the call can be captured in a CUDA/HIP graph) is made once per step and passed to

@@ -45,7 +45,7 @@ def test_argument_list_is_the_binders(shape):
     plan = case.plan(backend="triton", num_kv_splits=2)
     for kernel, table, consts, opts in (
         (mla_decode_stage1_kernel, STAGE1_ARGS, plan.stage1_constexprs, plan.stage1_options),
-        (mla_decode_reduce_kernel, REDUCE_ARGS, plan.stage2_constexprs, plan.stage2_options),
+        (mla_decode_reduce_kernel, REDUCE_ARGS, plan.reduce.constexprs, plan.reduce.options),
     ):
         args = [f"arg:{name}" for name, _ in table]  # stand-ins: only the order is checked
         launch = _launch.KernelLaunch(_jit(kernel), consts, opts)

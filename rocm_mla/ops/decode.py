@@ -366,13 +366,13 @@ def _launch_triton(
     if not launches:
         launches["stage1"] = kernel_launch(mla_decode_stage1_kernel, plan.stage1_constexprs, plan.stage1_options)
         if not plan.direct:
-            launches["reduce"] = kernel_launch(mla_decode_reduce_kernel, plan.stage2_constexprs, plan.stage2_options)
+            launches["reduce"] = kernel_launch(mla_decode_reduce_kernel, plan.reduce.constexprs, plan.reduce.options)
     launches["stage1"](plan.stage1_grid, [vals[name] for name, _ in STAGE1_ARGS])
     if plan.direct:
         return
     split_tokens, split_cap, split_block_n = plan.split_rule
     vals.update(split_tokens=split_tokens, split_cap=split_cap, split_block_n=split_block_n)
-    launches["reduce"](plan.stage2_grid, [vals[name] for name, _ in REDUCE_ARGS])
+    launches["reduce"](plan.reduce.grid, [vals[name] for name, _ in REDUCE_ARGS])
 
 
 __all__ = ["mla_decode", "plan_decode_for", "DEFAULT_FP8_DOTS"]

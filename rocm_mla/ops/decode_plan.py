@@ -16,7 +16,7 @@ launches exactly what the plan says. What it decides:
     (docs/batch-invariance.md);
   * S == 1: stage 1 writes out/lse directly (one launch); S > 1: partials go to a float32
     workspace of ``mla_decode_workspace_numel`` elements and stage 2 (the reduce) merges them;
-  * each launch's grid, constexprs and compile options (``stage1_meta``, ``stage2_meta``: the ISA
+  * each launch's grid, constexprs and compile options (``stage1_meta``, ``latent_core.reduce_meta``: the ISA
     report compiles its variants from the same two functions, so what it reports is what runs).
 
 Launch data: rocm_mla/configs/mla_decode.json.
@@ -37,11 +37,12 @@ from ..triton_common import amd_options
 from ._checks import FLOAT_DTYPES, Checker, debug_enabled
 from ._dispatch import select
 from .latent_core import (
+    SplitReduce,
     choose_num_splits,
     kv_kind_for,
     mla_decode_workspace_numel,
     num_compute_units,
-    stage2_meta,
+    split_reduce,
 )
 
 OP = "mla_decode"
@@ -334,7 +335,7 @@ class DecodePlan:
     nothing else runs; otherwise it writes float32 partials into a workspace of
     ``workspace_numel`` elements, partial outputs ``[S, R, 512]`` then partial lses ``[S, R]``,
     and stage 2 (the reduce,
-    ``stage2_grid = (R, 512 / BLOCK_D)``) merges them into out and lse.
+    ``reduce.grid = (R, 512 / BLOCK_D)``) merges them into out and lse.
     """
 
     arch: str  # the device's arch key (gfx942, sm90, cpu, ...)
@@ -353,9 +354,7 @@ class DecodePlan:
     stage1_grid: tuple[int]
     stage1_constexprs: dict[str, Any]
     stage1_options: dict[str, Any]
-    stage2_grid: tuple[int, int] | None  # None when S == 1
-    stage2_constexprs: dict[str, Any] | None
-    stage2_options: dict[str, Any] | None
+    reduce: SplitReduce | None  # stage 2; None when S == 1
     batch_invariant: bool = False  # split lengths from each request's own length (invariant_split)
     # (split_tokens, split_cap, BLOCK_N) of that rule: stage 1 takes them as constexprs, the reduce
     # as arguments (one reduce binary per tile for every rule); (0, 0, 1) in the default mode.
@@ -507,7 +506,7 @@ def plan_decode(
             the tier's ``SPLIT_RUNS`` the programs per request (``split_programs``) follow the
             batch as the default mode's split count does, each taking a run of the request's
             splits. Stage 2 adds each request's own splits in split order, its tile following
-            the batch (``stage2_meta``). docs/batch-invariance.md gives the rule and its cost.
+            the batch (``latent_core.reduce_meta``). docs/batch-invariance.md gives the rule and its cost.
         backend: "triton" or "reference" to force one (default: configs' backend_order; see
             ``rocm_mla.ops._dispatch``; ``ROCM_MLA_BACKEND_MLA_DECODE`` in the environment).
         debug: every call validates seq_lens and block-table entries against the cache (reads
@@ -597,12 +596,10 @@ def plan_decode(
         split_tokens=split_tokens,
         split_cap=split_cap,
     )
-    consts2 = options2 = grid2 = None
+    reduce = None
     if S > 1:
-        consts2, options2 = stage2_meta(
-            S, arch, (split_tokens, split_cap, block_n) if batch_invariant else None, rows=r, num_cus=num_cus
-        )
-        grid2 = (r, D_NOPE // consts2["BLOCK_D"])
+        rule = (split_tokens, split_cap, block_n) if batch_invariant else None
+        reduce = split_reduce(S, arch, r, rule, num_cus=num_cus)
     return DecodePlan(
         arch=arch,
         num_cus=num_cus,
@@ -620,9 +617,7 @@ def plan_decode(
         stage1_grid=(batch * P * row_blocks * consts1["V_SPLIT"],),
         stage1_constexprs=consts1,
         stage1_options=options1,
-        stage2_grid=grid2,
-        stage2_constexprs=consts2,
-        stage2_options=options2,
+        reduce=reduce,
         batch_invariant=batch_invariant,
         split_rule=(split_tokens, split_cap, block_n) if batch_invariant else (0, 0, 1),
         device=device,

@@ -12,7 +12,8 @@ model, and the checks of the destinations both ops write.
     splits programs in waves over the CUs, each streaming its share of the tiles);
   * ``mla_decode_workspace_numel``: the workspace of S splits, partial outputs ``[S, R, 512]`` then
     partial lses ``[S, R]`` (R = rows x heads), float32;
-  * ``stage2_meta``: the reduce's tile, constexprs and compile options (the kernel is
+  * ``reduce_meta`` / ``split_reduce``: the reduce's tile, constexprs, compile options and grid
+    (``SplitReduce``, the one launch record both plans hold; the kernel is
     ``mla_decode_reduce_kernel``; its launch data is configs/mla_decode.json's ``stage2``).
 
 Both ops and their plans (ops/decode*.py, ops/sparse*.py) take these from here, so a split of
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -183,14 +186,14 @@ def choose_num_splits(
     return best_s
 
 
-def stage2_meta(
+def reduce_meta(
     num_splits: int,
     arch: str,
     invariant: tuple[int, int, int] | None = None,
     rows: int | None = None,
     num_cus: int | None = None,
 ) -> tuple[dict, dict]:
-    """``(constexprs, compile options)`` of the stage-2 reduce for ``num_splits`` splits, for the
+    """``(constexprs, compile options)`` of the split-K reduce for ``num_splits`` splits, for the
     launch and the ISA report alike. Reduce tile: BLOCK_S splits x BLOCK_D columns with
     BLOCK_S x BLOCK_D <= tile_elems, so a long split list is read in few, wide steps (each step
     waits for its loads once). ``invariant``: the batch-invariant mode's ``(split_tokens,
@@ -221,6 +224,30 @@ def stage2_meta(
     return consts, options
 
 
+@dataclass(frozen=True)
+class SplitReduce:
+    """One launch of the split-K reduce (``mla_decode_reduce_kernel``, kernels/latent_core.py), as
+    ``DecodePlan.reduce`` and ``SparsePlan.reduce`` hold it: ``grid = (R, 512 / BLOCK_D)`` programs
+    (R = rows x heads), the constexprs and the compile options."""
+
+    grid: tuple[int, int]
+    constexprs: dict[str, Any]
+    options: dict[str, Any]
+
+
+def split_reduce(
+    num_splits: int,
+    arch: str,
+    rows: int,
+    invariant: tuple[int, int, int] | None = None,
+    num_cus: int | None = None,
+) -> SplitReduce:
+    """The reduce launch that merges ``num_splits`` splits of ``rows`` (rows x heads) partial rows:
+    ``reduce_meta``'s tile (``invariant`` and ``num_cus`` as it takes them) and its grid."""
+    consts, options = reduce_meta(num_splits, arch, invariant, rows=rows, num_cus=num_cus)
+    return SplitReduce((rows, KV_LORA_RANK // consts["BLOCK_D"]), consts, options)
+
+
 __all__ = [
     "KV_CACHE_DTYPE_NAMES",
     "REDUCE_OP",
@@ -231,5 +258,7 @@ __all__ = [
     "kv_kind_for",
     "mla_decode_workspace_numel",
     "num_compute_units",
-    "stage2_meta",
+    "reduce_meta",
+    "split_reduce",
+    "SplitReduce",
 ]

@@ -364,7 +364,7 @@ def _launch_triton(
     if not launches:
         launches["kernel"] = kernel_launch(mla_sparse_attention_kernel, plan.constexprs, plan.options)
         if not plan.direct:
-            launches["reduce"] = kernel_launch(mla_decode_reduce_kernel, plan.reduce_constexprs, plan.reduce_options)
+            launches["reduce"] = kernel_launch(mla_decode_reduce_kernel, plan.reduce.constexprs, plan.reduce.options)
     launches["kernel"](plan.grid, (
         q_nope, q_pe, cache, ti, bt, reqs, scale_ptr, out, lse, part_o, part_lse,
         qk_scale, out_scale,
@@ -377,7 +377,7 @@ def _launch_triton(
         return
     # The reduce in its default mode: every split of the grid is the row's; seq_lens (the lists
     # stand in), capacity and the split rule are batch-invariant decode's and unread here.
-    launches["reduce"](plan.reduce_grid, (
+    launches["reduce"](plan.reduce.grid, (
         part_o, part_lse, out, lse, ti,
         N, S, 1, 0, 0, 0, 1,
         0, s_po, s_pl, *out.stride(), *lse.stride(),

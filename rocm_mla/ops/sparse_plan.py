@@ -38,7 +38,14 @@ from ..mla_dims import FP8_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from ..triton_common import amd_options
 from ._checks import FLOAT_DTYPES, Checker, debug_enabled
 from ._dispatch import select
-from .latent_core import choose_num_splits, kv_kind_for, mla_decode_workspace_numel, num_compute_units, stage2_meta
+from .latent_core import (
+    SplitReduce,
+    choose_num_splits,
+    kv_kind_for,
+    mla_decode_workspace_numel,
+    num_compute_units,
+    split_reduce,
+)
 
 OP = "mla_sparse_attention"
 D_NOPE = KV_LORA_RANK
@@ -132,7 +139,7 @@ class SparsePlan:
     of one row over ``split_len`` entries of its list. With ``num_splits == 1`` it writes out
     ``[T, N, 512]`` and lse ``[T, N]``; otherwise float32 partials into a workspace of
     ``workspace_numel`` elements (``[S, T x N, 512]`` then ``[S, T x N]``) that mla_decode's reduce
-    (``reduce_grid``) merges into out and lse. A plan serves every call with the same sizes,
+    (``reduce.grid``) merges into out and lse. A plan serves every call with the same sizes,
     dtypes, device, table kind (``paged``) and kind of k_scale, e.g. every layer of a step:
     ``matches`` says whether a call's tensors are those.
     """
@@ -159,9 +166,7 @@ class SparsePlan:
     grid: tuple[int]
     constexprs: dict[str, Any]
     options: dict[str, Any]
-    reduce_grid: tuple[int, int] | None
-    reduce_constexprs: dict[str, Any] | None
-    reduce_options: dict[str, Any] | None
+    reduce: SplitReduce | None  # None when S == 1
     batch_invariant: bool
     device: torch.device
     backend: str  # "triton" or "reference" (rocm_mla.ops._dispatch)
@@ -352,10 +357,6 @@ def plan_sparse_attention(
     consts, options = kernel_meta(
         arch, cfg, q_dtype, kv_fp8, direct=S == 1, has_scale_ptr=on_device, paged=paged, pow2_page=pow2
     )
-    r_grid = r_consts = r_options = None
-    if S > 1:
-        r_consts, r_options = stage2_meta(S, arch)
-        r_grid = (num_rows * num_heads, D_NOPE // r_consts["BLOCK_D"])
     return SparsePlan(
         arch=arch,
         num_cus=num_cus,
@@ -379,9 +380,7 @@ def plan_sparse_attention(
         grid=(num_rows * S * head_blocks,),
         constexprs=consts,
         options=options,
-        reduce_grid=r_grid,
-        reduce_constexprs=r_consts,
-        reduce_options=r_options,
+        reduce=split_reduce(S, arch, num_rows * num_heads) if S > 1 else None,
         batch_invariant=batch_invariant,
         device=device,
         backend=impl,

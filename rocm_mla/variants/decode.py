@@ -1,7 +1,7 @@
 """mla_decode: the Triton variants the wrapper can launch (for the ISA report) and the stage-1
 tuning candidates (for ``rocm-mla tune``).
 
-Constexprs and options come from ``rocm_mla.ops.decode_plan.stage1_meta`` / ``latent_core.stage2_meta``, the
+Constexprs and options come from ``rocm_mla.ops.decode_plan.stage1_meta`` / ``latent_core.reduce_meta``, the
 functions ``plan_decode`` takes a launch's from; the stage-1 config from ``stage1_config``, the plan's choice.
 """
 
@@ -24,7 +24,7 @@ from ..ops.decode_plan import (
     stage1_config,
     stage1_meta,
 )
-from ..ops.latent_core import stage2_meta
+from ..ops.latent_core import reduce_meta
 from ..triton_common import amd_options, triton_type
 from .triton_variant import TritonVariant
 
@@ -137,12 +137,12 @@ def triton_variants(arch: str) -> list[TritonVariant]:
         # One variant per distinct (constexprs, options) the split counts lead to.
         metas = {}
         for s in s_values[1:]:
-            consts, options = stage2_meta(s, arch)
+            consts, options = reduce_meta(s, arch)
             metas.setdefault((consts["BLOCK_S"], consts["BLOCK_D"], ""), (consts, options))
         # Batch-invariant mode: the reduce's tiles for each tier's split rule (the rule itself is
         # an argument), for the caches this output dtype runs with (fp8 in each fp8_dots mode).
         kinds = [(False, "none")] + ([(True, d) for d in FP8_DOTS] if qdt != torch.float32 else [])
-        # Its tile follows the batch (stage2_meta): one program per row at large batches, the
+        # Its tile follows the batch (reduce_meta): one program per row at large batches, the
         # columns cut in 2, 4 or 8 for few rows; a tile of 2 splits and of the arch's max_splits.
         cus = 64
         for tier in table["stage1"]:
@@ -152,7 +152,7 @@ def triton_variants(arch: str) -> list[TritonVariant]:
                 tokens, cap = invariant_split(arch, cfg)
                 for s in sorted({2, cap}):
                     for rows in (None, 2 * cus, cus, cus // 2):
-                        consts, options = stage2_meta(s, arch, (tokens, cap, block_n), rows=rows, num_cus=cus)
+                        consts, options = reduce_meta(s, arch, (tokens, cap, block_n), rows=rows, num_cus=cus)
                         key = (consts["BLOCK_S"], consts["BLOCK_D"], " inv")  # the rule is an argument
                         metas.setdefault(key, (consts, options))
         for (block_s, block_d, inv), (consts, options) in sorted(metas.items()):

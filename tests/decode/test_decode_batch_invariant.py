@@ -166,14 +166,14 @@ def test_plan_split_rule_is_data_and_the_grid_follows_the_bound():
     assert a.num_kv_splits >= a.split_programs > b.split_programs == 1
     assert a.stage1_grid == (a.split_programs,) and b.stage1_grid == (128,)
     one = plan_decode(batch=1, max_blocks=64, batch_invariant=True, **{**kw, "num_heads": 2})
-    assert one.stage2_constexprs["BLOCK_D"] < b.stage2_constexprs["BLOCK_D"] == 512
+    assert one.reduce.constexprs["BLOCK_D"] < b.reduce.constexprs["BLOCK_D"] == 512
     for plan in (a, b):
-        assert plan.stage2_constexprs["INVARIANT"] and plan.split_rule == (tokens, cap, plan.config["BLOCK_N"])
+        assert plan.reduce.constexprs["INVARIANT"] and plan.split_rule == (tokens, cap, plan.config["BLOCK_N"])
     few = plan_decode(batch=1, max_blocks=3, batch_invariant=True, **kw)  # 48 keys: 2 splits
-    assert few.stage2_constexprs["BLOCK_S"] == 2  # the tile's split rows: the grid's splits, no more
+    assert few.reduce.constexprs["BLOCK_S"] == 2  # the tile's split rows: the grid's splits, no more
     default = plan_decode(batch=1, max_blocks=64, **kw)
     assert default.stage1_constexprs.get("SPLIT_TOKENS", 0) == 0 and default.split_rule == (0, 0, 1)
-    assert not (default.stage2_constexprs or {}).get("INVARIANT", False)
+    assert not (default.reduce.constexprs if default.reduce else {}).get("INVARIANT", False)
 
 
 def test_bad_keyword_values():
@@ -339,7 +339,7 @@ def test_the_reduce_tile_changes_no_bit():
                 batch=len(idx), num_heads=4, q_len=2, max_blocks=args[3].shape[1], block_size=16,
                 q_dtype=torch.float32, kv_dtype=torch.float32, device=DEVICE, batch_invariant=True,
             )  # fmt: skip
-            tiles.append(plan.stage2_constexprs["BLOCK_S"])
+            tiles.append(plan.reduce.constexprs["BLOCK_S"])
     assert tiles[0] == 1 and tiles[-1] == 64, tiles
     for o, lse in runs[1:]:
         assert _same_bits(o, runs[0][0]) and _same_bits(lse, runs[0][1])

@@ -245,14 +245,14 @@ def test_plan_names_the_launches(case, monkeypatch):
     assert s1["args"][18] == plan.page_shift and plan.stage1_constexprs["PAGE_MODE"] == plan.page_mode
     assert plan.stage1_constexprs["BLOCK_H"] == plan.config["BLOCK_H"]
     if plan.direct:
-        assert plan.workspace_numel == 0 and plan.workspace_shapes is None and plan.stage2_grid is None
+        assert plan.workspace_numel == 0 and plan.workspace_shapes is None and plan.reduce is None
         return
     (so, sl) = plan.workspace_shapes
     assert plan.workspace_numel == so[0] * so[1] * so[2] + sl[0] * sl[1]
     assert s1["args"][8][2] == [so[0] * so[1] * so[2]] and s1["args"][9][2] == [sl[0] * sl[1]]  # part_o, part_lse
     s2 = launches[1]
-    assert s2["grid"] == list(plan.stage2_grid)
-    assert s2["meta"] == _json({**plan.stage2_constexprs, **plan.stage2_options})
+    assert s2["grid"] == list(plan.reduce.grid)
+    assert s2["meta"] == _json({**plan.reduce.constexprs, **plan.reduce.options})
 
 
 def test_plan_tier_is_the_configs_index_or_none_for_an_override():

@@ -327,7 +327,7 @@ def bench_shape(run: Run, s: Setup, dev, peers: dict, sms: int) -> None:
     cfg = plan.config
     row = [
         s.label,
-        f"S={plan.num_kv_splits} H{cfg['BLOCK_H']}x{plan.row_blocks} N{cfg['BLOCK_N']} "
+        f"S={plan.num_splits} H{cfg['BLOCK_H']}x{plan.row_blocks} N{cfg['BLOCK_N']} "
         f"w{cfg['num_warps']} s{cfg['num_stages']}",
     ]
     fns = {"rocm_mla-triton": (ours(s), "")}
@@ -375,7 +375,7 @@ def bench_shape(run: Run, s: Setup, dev, peers: dict, sms: int) -> None:
     row.append(f"{times['flashinfer-fa3'] / ours_us:.2f}x" if ours_us and "flashinfer-fa3" in times else "-")
     row.append(f"{times['vllm-0.33-triton'] / ours_us:.2f}x" if ours_us and "vllm-0.33-triton" in times else "-")
     run.records.append(
-        Record("mla_decode", "rocm_mla-triton", s.label, "num_kv_splits", plan.num_kv_splits, run.name, __version__)
+        Record("mla_decode", "rocm_mla-triton", s.label, "num_kv_splits", plan.num_splits, run.name, __version__)
     )
     if fns.get("vllm-0.33-triton", (None,))[0] is not None:  # the split count TRITON_MLA ran with
         vllm_S = vllm_num_kv_splits(s.seq, sms)

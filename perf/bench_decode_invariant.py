@@ -160,7 +160,7 @@ def main() -> int:
                 if bad:
                     notes.append(f"  rocm_mla-invariant {label} {tag}: WRONG ({bad})")
                 t = timed("rocm_mla-invariant", invariant_call(s), tag)
-            row.append(f"{t:.1f} (S={plan.num_kv_splits})" if t else "-")
+            row.append(f"{t:.1f} (S={plan.num_splits})" if t else "-")
             if t and t_def:
                 records.append(
                     Record("mla_decode", "rocm_mla-invariant", label, "vs_default", t / t_def, name, "", tag)

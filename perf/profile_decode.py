@@ -44,13 +44,13 @@ def main() -> int:
     shape = decode.DecodeShape(args.B, args.seq, args.N, args.q_len, block=args.block, kv=kv)
     case = decode.make_inputs(shape, dtype=torch.bfloat16, device=dev, spare_cols=0)
     cfg = json.loads(args.config) if args.config else None
-    plan = case.plan(dev, config=cfg, num_kv_splits=args.splits)
+    plan = case.plan(dev, config=cfg, num_splits=args.splits)
     label = shape.label(torch.bfloat16)
-    print(f"{label} block={shape.block}: S={plan.num_kv_splits} row_blocks={plan.row_blocks} config={plan.config}")
+    print(f"{label} block={shape.block}: S={plan.num_splits} row_blocks={plan.row_blocks} config={plan.config}")
     nbytes = shape.nbytes(torch.bfloat16)
 
     def fn(i: int = 0):
-        case.run(i, max_seq_len=shape.seq, backend="triton", config=cfg, num_kv_splits=args.splits)
+        case.run(i, max_seq_len=shape.seq, backend="triton", config=cfg, num_splits=args.splits)
 
     for i in range(args.calls):
         us = one_call_us(fn, dev)

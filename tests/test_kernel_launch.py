@@ -42,7 +42,7 @@ def test_argument_list_is_the_binders(shape):
     """The runtime arguments plus the tail equal sig.bind(...).apply_defaults() in order:
     Triton's binder is that function (create_function_from_signature)."""
     case = make_inputs(shape, dtype=torch.bfloat16)
-    plan = case.plan(backend="triton", num_kv_splits=2)
+    plan = case.plan(backend="triton", num_splits=2)
     for kernel, table, consts, opts in (
         (mla_decode_stage1_kernel, STAGE1_ARGS, plan.stage1_constexprs, plan.stage1_options),
         (mla_decode_reduce_kernel, REDUCE_ARGS, plan.reduce.constexprs, plan.reduce.options),
@@ -95,7 +95,7 @@ def test_one_launch_per_form():
 def test_kept_binaries_match_kernel_grid_bitwise():
     shape = DecodeShape(B=5, seq=300, N=16, block=16)
     case = make_inputs(shape, dtype=torch.bfloat16, device="cuda", seed=7)
-    plan = case.plan(backend="triton", num_kv_splits=3)
+    plan = case.plan(backend="triton", num_splits=3)
     q_nope, q_pe, kv, bt, sl = case.args(0)
     # The same q at an address 2 bytes off 16-byte alignment (a new specialisation key).
     q_buf = torch.empty(q_nope.numel() + 1, dtype=q_nope.dtype, device="cuda")
@@ -137,7 +137,7 @@ def test_kept_binaries_match_kernel_grid_bitwise():
 def test_kept_binary_in_a_cuda_graph():
     shape = DecodeShape(B=4, seq=200, N=16, block=64)
     case = make_inputs(shape, dtype=torch.bfloat16, device="cuda", seed=3)
-    plan = case.plan(backend="triton", num_kv_splits=2)
+    plan = case.plan(backend="triton", num_splits=2)
     a = case.args(0)
     out = torch.full_like(case.out, float("nan"))
     lse = torch.full_like(case.lse, float("nan"))
@@ -167,7 +167,7 @@ def test_a_launch_hook_sees_every_launch():
     from triton import knobs
 
     case = make_inputs(DecodeShape(B=2, seq=90, N=8, block=16), dtype=torch.bfloat16, device="cuda", seed=5)
-    plan = case.plan(backend="triton", num_kv_splits=2)
+    plan = case.plan(backend="triton", num_splits=2)
     a = case.args(0)
     out = torch.full_like(case.out, float("nan"))
     lse = torch.full_like(case.lse, float("nan"))

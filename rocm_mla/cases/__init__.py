@@ -41,7 +41,7 @@ A test (CPU: float32/float16 in the Triton interpreter)::
     case = decode.make_inputs(decode.DecodeShape(N=16, q_len=2, block=16, lens=(37, 5, 70)),
                               dtype=torch.float16, device=DEVICE, q_layout="one_buffer",
                               out_layout="padded", lse_layout="transposed")
-    case.run(backend="triton", num_kv_splits=3)
+    case.run(backend="triton", num_splits=3)
     case.check()                                   # raises CaseMismatch naming out or lse
     assert outside_untouched(case.out_base, case.out)
 

@@ -241,7 +241,7 @@ LSE_LAYOUTS = ("contiguous", "transposed")
 def call_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, **kw):
     """``mla_decode`` with its plan's knobs given as keywords beside the call's own (``CALL_KEYS``):
     the plan is ``plan_decode_for`` of the tensors and those knobs (kv_cache_dtype,
-    num_kv_splits, max_seq_len, config, fp8_dots, batch_invariant, backend, debug). How tests and
+    num_splits, max_seq_len, config, fp8_dots, batch_invariant, backend, debug). How tests and
     benchmarks state a one-off call; a serving step makes its plan once instead."""
     from ..ops import mla_decode, plan_decode_for
 
@@ -315,7 +315,7 @@ class DecodeInputs:
     def run(self, i: int = 0, **overrides):
         """mla_decode on copy i, writing ``out`` / ``lse``. ``overrides``: the call's own keywords
         (``CALL_KEYS``: plan, out=None, workspace, ...) and plan knobs (backend, config,
-        num_kv_splits, max_seq_len, fp8_dots, batch_invariant, debug, as ``plan_decode`` takes
+        num_splits, max_seq_len, fp8_dots, batch_invariant, debug, as ``plan_decode`` takes
         them) for the plan made here when none is given. Returns what the op returns."""
         from ..ops import mla_decode
 
@@ -323,7 +323,7 @@ class DecodeInputs:
 
     def plan(self, device=None, **overrides):
         """The :class:`~rocm_mla.ops.DecodePlan` of :meth:`run`'s call (``overrides``: config,
-        num_kv_splits, max_seq_len, fp8_dots, ... as :func:`~rocm_mla.ops.plan_decode` takes them;
+        num_splits, max_seq_len, fp8_dots, ... as :func:`~rocm_mla.ops.plan_decode` takes them;
         max_seq_len defaults to the longest request, as a benchmark passes it; k_scale on the
         device as the case holds it)."""
         from ..ops import plan_decode

@@ -121,7 +121,7 @@ def mla_decode(
     given_out, given_lse = out, lse
     out, lse = destinations(c, out, lse, workspace, q_nope, "rows")
     scale_t = _check_k_scale(c, k_scale, plan)
-    check_workspace(c, workspace, plan.workspace_numel, plan.num_kv_splits, plan.rows * plan.num_heads)
+    check_workspace(c, workspace, plan.workspace_numel, plan.num_splits, plan.rows * plan.num_heads)
     c.same_device(q_nope=q_nope, out=out, lse=lse, k_scale=scale_t, workspace=workspace)
     # Destinations (the caller's: fresh ones overlap nothing) vs everything the kernels read,
     # e.g. an out placed on cache pages that a later request reads. Pointer arithmetic only.
@@ -215,7 +215,7 @@ def plan_decode_for(
     ``[rows, N, 512]``, ``kv_cache`` ``[num_blocks, block_size, 576]``, ``block_table`` ``[B,
     max_blocks]``), the k_scale form from ``k_scale`` and the split cap from ``workspace``;
     ``knobs``: the rest of ``plan_decode``'s keywords (kv_cache_dtype, max_seq_len,
-    num_kv_splits, config, fp8_dots, batch_invariant, backend, debug). The tensors are checked
+    num_splits, config, fp8_dots, batch_invariant, backend, debug). The tensors are checked
     as ``mla_decode`` checks them."""
     c = Checker(OP)
     sizes = _validate_tensors(c, q_nope, None, kv_cache, block_table)
@@ -299,7 +299,7 @@ def _launch_triton(
 ) -> None:
     """Runs ``plan`` on validated tensors: stage 1, then (S > 1) the reduce."""
     N = plan.num_heads
-    S = plan.num_kv_splits
+    S = plan.num_splits
     R = plan.batch * plan.q_len * N
     if plan.direct:
         part_o = part_lse = lse  # unused placeholders (DIRECT=True never touches them)

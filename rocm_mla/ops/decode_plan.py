@@ -331,7 +331,7 @@ class DecodePlan:
     Stage 1 runs ``stage1_grid = (batch x split_programs x row_blocks x V_SPLIT,)`` programs, each
     ``BLOCK_H`` query rows of one request over one split of its keys (batch-invariant mode with
     the tier's ``SPLIT_RUNS``: over a run of consecutive splits, ``split_programs`` <= S). With
-    ``num_kv_splits == 1`` it writes out ``[rows, N, 512]`` and lse ``[rows, N]`` directly and
+    ``num_splits == 1`` it writes out ``[rows, N, 512]`` and lse ``[rows, N]`` directly and
     nothing else runs; otherwise it writes float32 partials into a workspace of
     ``workspace_numel`` elements, partial outputs ``[S, R, 512]`` then partial lses ``[S, R]``,
     and stage 2 (the reduce,
@@ -346,7 +346,7 @@ class DecodePlan:
     tier: int | None  # index into configs' stage1 tiers; None when a config= override replaces the tier
     config: dict[str, Any]  # the resolved stage-1 config (stage1_config)
     row_blocks: int  # cdiv(q_len x N, BLOCK_H): programs per request and split
-    num_kv_splits: int  # S
+    num_splits: int  # S
     split_programs: int  # stage-1 programs per (request, row block): P == S, or P <= S with the tier's SPLIT_RUNS
     workspace_numel: int  # float32 elements of the partials; 0 when S == 1
     page_mode: int  # stage 1's PAGE_MODE (page_mode_for)
@@ -417,7 +417,7 @@ class DecodePlan:
     @property
     def direct(self) -> bool:
         """Stage 1 writes out/lse itself (one launch, no workspace)."""
-        return self.num_kv_splits == 1
+        return self.num_splits == 1
 
     @property
     def launches(self) -> int:
@@ -429,7 +429,7 @@ class DecodePlan:
         if self.direct:
             return None
         r = self.batch * self.q_len * self.num_heads
-        return (self.num_kv_splits, r, D_NOPE), (self.num_kv_splits, r)
+        return (self.num_splits, r, D_NOPE), (self.num_splits, r)
 
 
 def plan_decode(
@@ -444,7 +444,7 @@ def plan_decode(
     device: torch.device | str,
     kv_cache_dtype: str = "auto",
     max_seq_len: int | None = None,
-    num_kv_splits: int | None = None,
+    num_splits: int | None = None,
     workspace_numel: int | None = None,
     config: dict[str, Any] | None = None,
     fp8_dots: str | None = None,
@@ -477,10 +477,10 @@ def plan_decode(
             ``attn_metadata.max_seq_len``); default the table's capacity ``max_blocks x
             block_size``. Only the split count depends on it: a wrong hint costs speed, not
             correctness (batch-invariant mode: it must bound every seq_len).
-        num_kv_splits: force S (>= 1); default ``choose_num_splits``. Only load balance depends
+        num_splits: force S (>= 1); default ``choose_num_splits``. Only load balance depends
             on it, never the result.
         workspace_numel: float32 elements of the ``workspace=`` the calls will pass; with no
-            num_kv_splits, S is capped to what it holds.
+            num_splits, S is capped to what it holds.
         config: a stage-1 config replacing the tier (``BLOCK_H``, ``BLOCK_N``, ``num_warps``,
             ``num_stages``, AMD options, ``ctas_per_cu``): tuning.
         fp8_dots: fp8 caches only: which dots run on fp8 matrix instructions (fp8 MFMA on gfx9,
@@ -502,7 +502,7 @@ def plan_decode(
             by ``invariant_split`` (a function of its own length); S =
             ``invariant_num_splits`` of the max_seq_len hint (else the table's capacity), which
             must then bound every seq_len (vLLM's does: graphs are captured with
-            max_model_len); workspace_numel does not change S; num_kv_splits must be None. With
+            max_model_len); workspace_numel does not change S; num_splits must be None. With
             the tier's ``SPLIT_RUNS`` the programs per request (``split_programs``) follow the
             batch as the default mode's split count does, each taking a run of the request's
             splits. Stage 2 adds each request's own splits in split order, its tile following
@@ -531,14 +531,12 @@ def plan_decode(
     arch = _platform.device_arch(device)
     kv_kind, kv_fp8 = kv_kind_for(c, kv_dtype, kv_cache_dtype, q_dtype, arch)
     dots = resolve_fp8_dots(c, fp8_dots, kv_fp8, kv_dtype, q_dtype)
-    if num_kv_splits is not None and (
-        not isinstance(num_kv_splits, int) or isinstance(num_kv_splits, bool) or num_kv_splits < 1
-    ):
-        c.fail("num_kv_splits", "None or an int >= 1", repr(num_kv_splits))
+    if num_splits is not None and (not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 1):
+        c.fail("num_splits", "None or an int >= 1", repr(num_splits))
     if not isinstance(batch_invariant, bool):
         c.fail("batch_invariant", "a bool", repr(batch_invariant), TypeError)
-    if batch_invariant and num_kv_splits is not None:
-        c.fail("num_kv_splits", "None with batch_invariant=True (the split rule is fixed)", repr(num_kv_splits))
+    if batch_invariant and num_splits is not None:
+        c.fail("num_splits", "None with batch_invariant=True (the split rule is fixed)", repr(num_splits))
     if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len < 0):
         c.fail("max_seq_len", "None or an int >= 0", repr(max_seq_len))
     impl = select(OP, device, backend, has_hip=False)
@@ -549,7 +547,7 @@ def plan_decode(
     row_blocks = triton.cdiv(m_rows, int(cfg["BLOCK_H"]))
     block_n = int(cfg["BLOCK_N"])
     r = batch * q_len * num_heads
-    S = num_kv_splits
+    S = num_splits
     split_tokens = split_cap = 0
     cap = max_blocks * block_size
     bound = cap if max_seq_len is None else min(max_seq_len, cap)
@@ -609,7 +607,7 @@ def plan_decode(
         tier=tier,
         config=cfg,
         row_blocks=row_blocks,
-        num_kv_splits=S,
+        num_splits=S,
         split_programs=P,
         workspace_numel=mla_decode_workspace_numel(batch * q_len, num_heads, S),
         page_mode=page_mode,

@@ -123,12 +123,12 @@ def check_workspace(c: Checker, workspace: torch.Tensor | None, numel: int, spli
         )
 
 
-def mla_decode_workspace_numel(rows: int, num_heads: int, num_kv_splits: int) -> int:
-    """float32 elements a ``workspace=`` needs for ``num_kv_splits`` splits (0 for one split):
+def mla_decode_workspace_numel(rows: int, num_heads: int, num_splits: int) -> int:
+    """float32 elements a ``workspace=`` needs for ``num_splits`` splits (0 for one split):
     partial outputs ``[S, rows*N, 512]`` then partial lses ``[S, rows*N]``."""
-    if num_kv_splits <= 1:
+    if num_splits <= 1:
         return 0
-    return num_kv_splits * rows * num_heads * (KV_LORA_RANK + 1)
+    return num_splits * rows * num_heads * (KV_LORA_RANK + 1)
 
 
 @functools.cache

@@ -130,7 +130,7 @@ def check_decode(device: torch.device, backends: list[str]) -> list[CheckRow]:
                         out_layout="padded",
                         lse_layout="transposed",
                     )
-                    inp.run(num_kv_splits=splits, backend=backend)
+                    inp.run(num_splits=splits, backend=backend)
                     rows += _rows(op, backend, dtype, case, inp.compare(), tol, names)
                 except Exception as exc:  # report, keep checking the rest
                     rows.append(_failed(op, backend, dtype, case, exc))
@@ -146,7 +146,7 @@ def check_decode(device: torch.device, backends: list[str]) -> list[CheckRow]:
                     inp = decode_cases.make_inputs(
                         fp8_shape, dtype=dtype, device=device, k_scale=0.5, q_layout="one_buffer"
                     )
-                    _, lse = inp.run(lse=None, num_kv_splits=3, backend=backend, fp8_dots=dots)
+                    _, lse = inp.run(lse=None, num_splits=3, backend=backend, fp8_dots=dots)
                     qtol = decode_cases.fp8_dots_bound(dots, dtype, device) if dots != "none" else None
                     comps = inp.compare(inp.out, lse, fp8_dots=dots, tol=qtol)
                     rows += _rows(op, backend, dtype, case, comps, qtol or tol, names)

@@ -138,10 +138,10 @@ def test_decode_fp8_inputs():
     args = c.args(1)
     assert args[2].dtype == torch.uint8 and args[2].data_ptr() == c.paged.caches[1].data_ptr()
     assert args[3] is c.paged.tables[1]
-    kw = c.kwargs(num_kv_splits=3)
+    kw = c.kwargs(num_splits=3)
     plan = kw["plan"]
     assert plan.kv_cache_dtype == "fp8" and plan.cache_dtype == torch.uint8 and plan.kv_dtype == E4M3
-    assert kw["k_scale"] is c.k_scale and plan.k_scale_on_device and plan.num_kv_splits == 3
+    assert kw["k_scale"] is c.k_scale and plan.k_scale_on_device and plan.num_splits == 3
     # platform kind by default (the CPU's: configs/platform.json)
     d = decode.make_inputs(s, dtype=F16)
     assert d.kv_cache.dtype == _paged.platform_fp8(torch.device("cpu"))
@@ -476,7 +476,7 @@ def test_decode_plan_is_the_plan_of_the_call(kv):
 
     shape = decode.DecodeShape(3, 80, 16, 2, block=16, kv=kv)
     case = decode.make_inputs(shape, dtype=torch.float16, device=DEVICE, spare_cols=0)
-    got = case.plan(num_kv_splits=2)
+    got = case.plan(num_splits=2)
     want = plan_decode(
         batch=3,
         num_heads=16,
@@ -488,11 +488,11 @@ def test_decode_plan_is_the_plan_of_the_call(kv):
         kv_cache_dtype=case.kv_cache_dtype,
         device=torch.device(DEVICE),
         max_seq_len=80,
-        num_kv_splits=2,
+        num_splits=2,
         k_scale_on_device=kv == "fp8",
     )
     assert got == want and case.block_table.shape == (3, 5)
-    assert case.plan(max_seq_len=16).num_kv_splits <= got.num_kv_splits
+    assert case.plan(max_seq_len=16).num_splits <= got.num_splits
 
 
 @pytest.mark.parametrize("kv", ["auto", "fp8"])

@@ -98,7 +98,7 @@ def test_matches_reference(backend, dtype, splits, name):
     B, N, q_len, bs, lens = CASES[name]
     case = make_case(lens, N, q_len, bs, dtype, q_layout="one_buffer" if splits != 7 else "separate")
     # out and lse allocated by the op (the given-buffer path: the strided tests below)
-    out, lse = case.run(num_kv_splits=splits, backend=backend, out=None, lse=None)
+    out, lse = case.run(num_splits=splits, backend=backend, out=None, lse=None)
     assert out.shape == (B * q_len, N, 512) and out.dtype == dtype
     assert lse.shape == (B * q_len, N) and lse.dtype == torch.float32
     case.check(out, lse)
@@ -108,7 +108,7 @@ def test_matches_reference(backend, dtype, splits, name):
 def test_many_heads_several_row_blocks(splits):
     """N=128 with q_len=2: 256 rows per request, several row blocks sharing each KV tile."""
     case = make_case((21,), 128, 2, 16, torch.float16, seed=3)
-    case.run(num_kv_splits=splits, backend="triton")
+    case.run(num_splits=splits, backend="triton")
     case.check()
 
 
@@ -120,7 +120,7 @@ def test_strided_outputs_written_in_place(splits):
     case = make_case((25, 9), 6, 2, 16, torch.float16, q_layout="separate")
     out_base, out = poisoned((4, 6, 512), torch.float16, DEVICE, pad_last=64, token_pad=2)
     lse_base, lse = poisoned((4, 6), torch.float32, DEVICE, transpose01=True)
-    o2, l2 = case.run(out=out, lse=lse, num_kv_splits=splits)
+    o2, l2 = case.run(out=out, lse=lse, num_splits=splits)
     assert o2 is out and l2 is lse
     case.check(out, lse)
     assert outside_untouched(out_base, out) and outside_untouched(lse_base, lse)
@@ -129,7 +129,7 @@ def test_strided_outputs_written_in_place(splits):
 @pytest.mark.parametrize("splits", [1, None, 5])
 def test_mixed_lengths_one_much_longer(splits):
     case = make_case((3, 300, 9), 4, 1, 16, torch.float16, seed=5)
-    case.run(num_kv_splits=splits, max_seq_len=300)
+    case.run(num_splits=splits, max_seq_len=300)
     case.check()
 
 
@@ -137,7 +137,7 @@ def test_more_splits_than_tokens_and_empty_requests():
     """seq_len 0 (a padding request) gives out 0 and lse -inf; splits past a request's end write
     nothing the reduction reads."""
     case = make_case((0, 2, 17), 4, 1, 16, torch.float16)
-    out, lse = case.run(num_kv_splits=9)
+    out, lse = case.run(num_splits=9)
     assert torch.equal(out[0].float(), torch.zeros(4, 512, device=DEVICE))
     assert bool((lse[0] == -math.inf).all())
     case.check()  # row 0 too: out 0 and lse -inf are the reference's
@@ -148,17 +148,17 @@ def test_rows_without_keys_in_a_multi_token_block(splits):
     """seq_len 2 with q_len 3: row 0 sees no key (out 0, lse -inf) while rows 1 and 2 of the same
     program do -- the online softmax must not turn the empty row into NaN."""
     case = make_case((2, 20), 4, 3, 16)
-    out, lse = case.run(num_kv_splits=splits)
+    out, lse = case.run(num_splits=splits)
     assert torch.equal(out[0], torch.zeros_like(out[0])) and bool((lse[0] == -math.inf).all())
     case.check(tol=decode.FP32_SHORT)
 
 
 def test_split_count_does_not_change_result():
     case = make_case((90, 47), 16, 1, 16, seed=7)
-    one = tuple(t.clone() for t in case.run(num_kv_splits=1))
+    one = tuple(t.clone() for t in case.run(num_splits=1))
     case.check(*one)
     for s in (2, 4, 6):
-        out, lse = case.run(num_kv_splits=s, out=None, lse=None)
+        out, lse = case.run(num_splits=s, out=None, lse=None)
         case.check(out, lse, ref=one, tol=decode.SPLIT_ORDER)
 
 
@@ -170,7 +170,7 @@ def test_causal_rows_see_their_own_prefix():
     case.kv_cache[page, 9, :] = 0.0
     case.kv_cache[page, 9, :512] = 50.0  # V of the last token: only row 2 may see it
     case.kv_cache[page, 9, 512:] = 0.0
-    out, _ = case.run(num_kv_splits=2)
+    out, _ = case.run(num_splits=2)
     assert float(out[:2].abs().max()) < 10.0 < float(out[2].abs().max())
     case.check()
 
@@ -197,7 +197,7 @@ def test_fp8_cache(scale_kind, storage, kv_name):
             sm_scale=case.sm_scale,
             kv_cache_dtype=kv_name,
             k_scale=ks,
-            num_kv_splits=splits,
+            num_splits=splits,
         )
         case.check(out, lse)
     # The same values against the dense formulation (the scale really applied, to K and V).
@@ -222,7 +222,7 @@ def test_fp8_cache_named_kind(storage):
         sm_scale=case.sm_scale,
         kv_cache_dtype=name,
         k_scale=0.5,
-        num_kv_splits=3,
+        num_splits=3,
     )
     case.check(out, lse)
     if storage == "float8":
@@ -252,11 +252,11 @@ def test_workspace_reused_and_capped():
     case = make_case((50, 20), 4, 1, 16)
     need = mla_decode_workspace_numel(2, 4, 4)
     ws = torch.full((need,), math.nan, device=DEVICE)
-    case.check(*case.run(num_kv_splits=4, workspace=ws))
+    case.check(*case.run(num_splits=4, workspace=ws))
     small = torch.empty(mla_decode_workspace_numel(2, 4, 2), device=DEVICE)
     case.check(*case.run(workspace=small, out=None, lse=None))  # S capped to what the workspace holds
     with pytest.raises(ValueError, match="workspace: expected a contiguous float32 tensor of >= "):
-        case.run(num_kv_splits=4, workspace=small)
+        case.run(num_splits=4, workspace=small)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -266,7 +266,7 @@ def test_workspace_dtype_and_layout_checked_on_every_path(backend):
     case = make_case((50, 20), 4, 1, 16)
     need = mla_decode_workspace_numel(2, 4, 4)
     with pytest.raises(TypeError, match="mla_decode: workspace: expected dtype float32, got float16"):
-        case.run(backend=backend, num_kv_splits=1, workspace=torch.empty(need, dtype=torch.float16, device=DEVICE))
+        case.run(backend=backend, num_splits=1, workspace=torch.empty(need, dtype=torch.float16, device=DEVICE))
     with pytest.raises(ValueError, match="mla_decode: workspace: expected a contiguous tensor"):
         case.run(backend=backend, workspace=torch.empty(2 * need, device=DEVICE)[::2])
 
@@ -331,7 +331,7 @@ def test_stage1_config_tiers_and_overrides():
 def test_launch_config_override_runs():
     case = make_case((30, 12), 4, 1, 16, torch.float16)
     cfg = {"BLOCK_H": 32, "BLOCK_N": 32, "D_SPLIT": 2, "num_warps": 4, "num_stages": 1}
-    case.check(*case.run(config=cfg, num_kv_splits=2))
+    case.check(*case.run(config=cfg, num_splits=2))
 
 
 def test_fp8_cache_f16_dots_with_bf16_q():
@@ -341,7 +341,7 @@ def test_fp8_cache_f16_dots_with_bf16_q():
     case = make_case((45, 7), 20, 1, 16, torch.bfloat16, fp8=True, k_scale=0.5, seed=21)
     cfg = {"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "RELOAD_K": True, "F16_DOT": True}
     for splits in (1, 2):
-        case.check(*case.run(config=cfg, num_kv_splits=splits, k_scale=0.5, out=None, lse=None))
+        case.check(*case.run(config=cfg, num_splits=splits, k_scale=0.5, out=None, lse=None))
     assert stage1_config("sm90", 16, torch.bfloat16, True)["F16_DOT"] is True
 
 
@@ -362,7 +362,7 @@ def _arch_configs():
 def test_every_arch_config_is_right(cfg, fp8):
     case = make_case((45, 7), 20, 1, 16, torch.float16, fp8=fp8, k_scale=0.5, seed=13)
     for splits in (1, 2):
-        case.check(*case.run(config=cfg, num_kv_splits=splits, k_scale=0.5 if fp8 else None, out=None, lse=None))
+        case.check(*case.run(config=cfg, num_splits=splits, k_scale=0.5 if fp8 else None, out=None, lse=None))
 
 
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950", "sm90"])
@@ -437,7 +437,7 @@ def _z(*shape, dtype=torch.float32):
             TypeError,
             ["k_scale", "float32", "float64"],
         ),
-        (lambda a: dict(num_kv_splits=0), ValueError, ["num_kv_splits", "int >= 1", "0"]),
+        (lambda a: dict(num_splits=0), ValueError, ["num_splits", "int >= 1", "0"]),
         (lambda a: dict(sm_scale="x"), TypeError, ["sm_scale", "a float", "str"]),
         (lambda a: dict(sm_scale=0.0), ValueError, ["sm_scale", "finite number > 0", "0.0"]),
         (lambda a: dict(sm_scale=-0.1), ValueError, ["sm_scale", "finite number > 0", "-0.1"]),
@@ -495,7 +495,7 @@ def test_v_split_matches_reference(dtype, splits, name):
     case = make_case(lens, N, q_len, bs, dtype, seed=31)
     out_base, out = poisoned((B * q_len, N, 512), dtype, DEVICE, token_pad=3)
     lse_base, lse = poisoned((B * q_len, N), torch.float32, DEVICE, transpose01=True)
-    case.run(out=out, lse=lse, config=V_SPLIT_CFG, num_kv_splits=splits, backend="triton")
+    case.run(out=out, lse=lse, config=V_SPLIT_CFG, num_splits=splits, backend="triton")
     case.check(out, lse)
     assert outside_untouched(out_base, out) and outside_untouched(lse_base, lse)
 
@@ -522,8 +522,6 @@ def test_gpu_v_split_and_wide_tiles(kv, N, q_len):
     ):
         for splits in (None, 1, 7):
             out_base, out = poisoned((4 * q_len, N, 512), torch.bfloat16, DEVICE, token_pad=1)
-            o, lse = case.run(
-                out=out, lse=None, config=cfg, num_kv_splits=splits, k_scale=0.25 if kv == "fp8" else None
-            )
+            o, lse = case.run(out=out, lse=None, config=cfg, num_splits=splits, k_scale=0.25 if kv == "fp8" else None)
             case.check(o, lse)
             assert outside_untouched(out_base, out)

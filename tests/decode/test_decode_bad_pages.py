@@ -31,7 +31,7 @@ def test_bad_page_id_makes_only_that_request_nan(cfg, splits, bad, block_size, w
     value = {"minus_one": -1, "num_pages": n_pages, "huge": 2**31 - 1}[bad]
     blk = 1 if which == "second" else (33 - 1) // block_size  # request 1 uses blocks 0..cdiv(33, bs)-1
     case.block_table[1, blk] = value
-    out, lse = case.run(num_kv_splits=splits, backend="triton", debug=False, config=cfg, out=None, lse=None)
+    out, lse = case.run(num_splits=splits, backend="triton", debug=False, config=cfg, out=None, lse=None)
     rows1 = slice(1, 2)
     assert torch.isnan(out[rows1]).all() and torch.isnan(lse[rows1]).all()
     keep = [0, 2]
@@ -48,7 +48,7 @@ def test_bad_page_seen_by_one_mtp_row_makes_every_row_nan(cfg, splits, block_siz
     case = make_case((33, 20), 4, 3, block_size, seed=45)
     ro, rl = case.reference()
     case.block_table[0, 32 // block_size] = -1
-    out, lse = case.run(num_kv_splits=splits, backend="triton", debug=False, config=cfg, out=None, lse=None)
+    out, lse = case.run(num_splits=splits, backend="triton", debug=False, config=cfg, out=None, lse=None)
     rows0 = slice(0, 3)  # request 0's three rows
     assert torch.isnan(out[rows0]).all() and torch.isnan(lse[rows0]).all()
     case.check(out[3:], lse[3:], ref=(ro[3:], rl[3:]))
@@ -69,7 +69,7 @@ def test_cache_without_pages_makes_used_requests_nan(cfg, splits):
         case.seq_lens,
         sm_scale=0.1,
         backend="triton",
-        num_kv_splits=splits,
+        num_splits=splits,
         config=cfg,
         debug=False,
     )
@@ -96,7 +96,7 @@ def test_nan_in_used_kv_row_reaches_that_request(cfg, splits, poison):
     tok = 20  # a key of request 1 that every one of its rows sees
     page = int(case.block_table[1, tok // 16])
     case.kv_cache[page, tok % 16, 7] = poison
-    out, lse = case.run(num_kv_splits=splits, backend="triton", config=cfg, out=None, lse=None)
+    out, lse = case.run(num_splits=splits, backend="triton", config=cfg, out=None, lse=None)
     if poison != poison:
         assert torch.isnan(out[1]).all() and torch.isnan(lse[1]).all()
     else:  # inf: a head whose score is -inf skips the key, but 0 x inf still reaches column 7
@@ -114,7 +114,7 @@ def test_gpu_bad_page_and_nan_row(splits):
     case.block_table[0, 5] = case.kv_cache.shape[0] + 1000
     page = int(case.block_table[1, 3])
     case.kv_cache[page, 5, 3] = float("nan")
-    out, lse = case.run(num_kv_splits=splits, out=None, lse=None)
+    out, lse = case.run(num_splits=splits, out=None, lse=None)
     assert torch.isnan(out[:2].float()).all() and torch.isnan(lse[:2]).all()
     case.check(out[2:], lse[2:], ref=(ro[2:], rl[2:]))
 
@@ -143,7 +143,7 @@ def test_gpu_page_guard_forms(clamp, kv):
     ro, rl = case.reference()
     case.block_table[0, 5] = -1
     for splits in (None, 1, 16):
-        out, lse = case.run(num_kv_splits=splits, config=cfg, out=None, lse=None, **kw)
+        out, lse = case.run(num_splits=splits, config=cfg, out=None, lse=None, **kw)
         assert torch.isnan(out[:1].float()).all() and torch.isnan(lse[:1]).all()
         case.check(out[1:], lse[1:], ref=(ro[1:], rl[1:]))
     q, qp = case.q_nope[:2], case.q_pe[:2]
@@ -151,7 +151,7 @@ def test_gpu_page_guard_forms(clamp, kv):
     bt = torch.zeros(2, 4, dtype=torch.int32, device=DEVICE)
     sl = torch.tensor([200, 0], dtype=torch.int32, device=DEVICE)
     for splits in (1, 4):
-        out, lse = call_decode(q, qp, empty, bt, sl, sm_scale=0.1, num_kv_splits=splits, config=cfg, debug=False, **kw)
+        out, lse = call_decode(q, qp, empty, bt, sl, sm_scale=0.1, num_splits=splits, config=cfg, debug=False, **kw)
         torch.cuda.synchronize()
         assert torch.isnan(out[0].float()).all() and torch.isnan(lse[0]).all()
         assert (out[1] == 0).all() and (lse[1] == float("-inf")).all()

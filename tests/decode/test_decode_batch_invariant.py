@@ -121,8 +121,8 @@ def test_the_hint_changes_no_bit():
 def test_default_mode_is_not_invariant_here():
     """The comparison can fail: the same request under two split counts differs in its bits."""
     case = make_case(POOL, 8, 1, 16, torch.float32, seed=3)
-    o1, l1 = _run(case, [0], 1, batch_invariant=False, num_kv_splits=1)
-    o3, l3 = _run(case, [0], 1, batch_invariant=False, num_kv_splits=3)
+    o1, l1 = _run(case, [0], 1, batch_invariant=False, num_splits=1)
+    o3, l3 = _run(case, [0], 1, batch_invariant=False, num_splits=3)
     assert not (_same_bits(o1, o3) and _same_bits(l1, l3))
 
 
@@ -156,14 +156,14 @@ def test_plan_split_rule_is_data_and_the_grid_follows_the_bound():
     tokens, cap = invariant_split("cpu", a.config)
     assert tokens % a.config["BLOCK_N"] == 0 and cap >= 1
     b = plan_decode(batch=128, max_blocks=64, batch_invariant=True, workspace_numel=1, **kw)
-    assert a.num_kv_splits == b.num_kv_splits == invariant_num_splits(64 * 16, tokens, cap)
+    assert a.num_splits == b.num_splits == invariant_num_splits(64 * 16, tokens, cap)
     hinted = plan_decode(batch=128, max_blocks=64, max_seq_len=40, batch_invariant=True, **kw)
-    assert hinted.num_kv_splits == invariant_num_splits(40, tokens, cap) < a.num_kv_splits
+    assert hinted.num_splits == invariant_num_splits(40, tokens, cap) < a.num_splits
     assert a.stage1_constexprs["SPLIT_TOKENS"] == tokens and a.stage1_constexprs["SPLIT_CAP"] == cap
     # The schedule follows the batch, the split rule does not: one request gets several programs,
     # a full batch one program per request taking a run of its splits (stage 1), and the reduce's
     # tile narrows for few rows; both read each request's own splits by the same rule.
-    assert a.num_kv_splits >= a.split_programs > b.split_programs == 1
+    assert a.num_splits >= a.split_programs > b.split_programs == 1
     assert a.stage1_grid == (a.split_programs,) and b.stage1_grid == (128,)
     one = plan_decode(batch=1, max_blocks=64, batch_invariant=True, **{**kw, "num_heads": 2})
     assert one.reduce.constexprs["BLOCK_D"] < b.reduce.constexprs["BLOCK_D"] == 512
@@ -180,8 +180,8 @@ def test_bad_keyword_values():
     case = make_case((10,), 4, 1, 16, torch.float32)
     with pytest.raises(TypeError, match="batch_invariant: expected a bool, got 1"):
         case.run(batch_invariant=1)
-    with pytest.raises(ValueError, match="num_kv_splits"):
-        case.run(batch_invariant=True, num_kv_splits=2)
+    with pytest.raises(ValueError, match="num_splits"):
+        case.run(batch_invariant=True, num_splits=2)
 
 
 @pytest.mark.gpu
@@ -296,7 +296,7 @@ def test_split_runs_change_no_bit(clamp):
     runs = _run(case, idx, q_len, config=_tier(case, q_len, SPLIT_RUNS=True, CLAMP_PAGES=clamp))
     single = _run(case, idx, q_len, config=_tier(case, q_len, SPLIT_RUNS=False, CLAMP_PAGES=clamp))
     plan = case.plan(DEVICE, batch_invariant=True, config=_tier(case, q_len, SPLIT_RUNS=True))
-    assert plan.split_programs < plan.num_kv_splits  # the runs path did run
+    assert plan.split_programs < plan.num_splits  # the runs path did run
     assert _same_bits(runs[0], single[0]) and _same_bits(runs[1], single[1])
     case.check(*_run(case, list(range(len(POOL))), q_len, config=_tier(case, q_len, SPLIT_RUNS=True)))
 

@@ -28,12 +28,12 @@ def _mode_check(case, mode, config=None, splits=(1, 3)):
     ref = case.reference(fp8_dots=mode)
     for s in splits:
         base, out = poisoned((case.q_nope.shape[0], case.shape.N, 512), case.dtype, DEVICE, token_pad=1)
-        o, lse = case.run(out=out, lse=None, config=config, num_kv_splits=s, fp8_dots=mode)
+        o, lse = case.run(out=out, lse=None, config=config, num_splits=s, fp8_dots=mode)
         assert o is out and outside_untouched(base, out)
         case.check(o, lse, ref=ref, tol=tol)
     ref_o, ref_l = case.run(backend="reference", out=None, lse=None, fp8_dots=mode)
     case.check(ref_o, ref_l, ref=ref, tol=decode.QUANTIZED_Q_REFERENCE)
-    plain, _ = case.run(config=config, num_kv_splits=1, out=None, lse=None, fp8_dots="none")
+    plain, _ = case.run(config=config, num_splits=1, out=None, lse=None, fp8_dots="none")
     assert (plain.float() - o.float()).abs().max() > tol["out"].atol / 10
     return o, lse
 
@@ -72,7 +72,7 @@ def test_fp8_dots_accuracy_against_unrounded_q(mode, N, q_len, block, splits):
     (decode.FP8_DOTS_ACCURACY: "qk" and "all" within 7% relative norm and lse 0.1), for N 8..128,
     MTP rows, blocks 1/16/64, 1..8 splits."""
     case = make_case((150, 33, 64), N, q_len, block, Q_DTYPE, fp8=True, k_scale=0.5, seed=N + block)
-    o, lse = case.run(out=None, lse=None, num_kv_splits=splits, fp8_dots=mode)
+    o, lse = case.run(out=None, lse=None, num_splits=splits, fp8_dots=mode)
     case.check(o, lse, tol=decode.FP8_DOTS_ACCURACY[mode])
 
 
@@ -91,7 +91,7 @@ def test_fp8_dots_on_large_latent_channels(mode):
     # Rows of very different norms, as a batch holds them.
     norms = torch.logspace(-2, 0, case.q_nope.shape[0] * case.shape.N, device=DEVICE)
     case.q_nope.mul_(norms.view(-1, case.shape.N, 1).to(case.dtype))
-    o, lse = case.run(out=None, lse=None, num_kv_splits=2, fp8_dots=mode)
+    o, lse = case.run(out=None, lse=None, num_splits=2, fp8_dots=mode)
     case.check(o, lse, tol=decode.FP8_DOTS_OUTLIERS)
     # The scales compared on the rounded q alone. e4m3 is a float format, so one scale for all of
     # q costs little while the rows' norms stay inside its range, and more once small rows fall
@@ -124,7 +124,7 @@ def test_gpu_fp8_dots_nan_reaches_its_request_only(mode):
     case = make_case((45, 30, 20), 8, 2, 16, torch.bfloat16, fp8=True, k_scale=0.5, seed=41)
     page = int(case.block_table[1, 0])
     case.kv_cache.view(torch.uint8)[page, 3, 100] = 0x7F if case.kv_cache.dtype == torch.float8_e4m3fn else 0x80
-    o, lse = case.run(out=None, lse=None, num_kv_splits=2, fp8_dots=mode)
+    o, lse = case.run(out=None, lse=None, num_splits=2, fp8_dots=mode)
     rows = o.float().isnan().any(-1)  # [rows, N]
     assert rows[2:4].all() and not rows[:2].any() and not rows[4:].any()
     assert not lse[:2].isnan().any() and not lse[4:].isnan().any()

@@ -22,7 +22,7 @@ def test_gpu_large(kv, N, q_len):
     out_base, out = poisoned((4 * q_len, N, 512), torch.bfloat16, DEVICE, token_pad=1)
     for splits in (None, 1, 16):
         out.fill_(float("nan"))
-        o, lse = case.run(out=out, lse=None, k_scale=ks, num_kv_splits=splits)
+        o, lse = case.run(out=out, lse=None, k_scale=ks, num_splits=splits)
         case.check(o, lse)
         assert outside_untouched(out_base, out)
 

@@ -47,7 +47,7 @@ def test_decode_bad_lengths_and_unused_entries(backend, splits, q_len, bs):
     case.seq_lens[2] = -5  # request 2: negative -> no key
     garbage = [-1, 1 << 30, -(1 << 31), case.nb] * max_blocks
     case.block_table[0, used0:] = torch.tensor(garbage[: max_blocks - used0], dtype=torch.int32)
-    case.run(backend, num_kv_splits=splits)
+    case.run(backend, num_splits=splits)
     case.check(want)
     rows2 = slice(2 * q_len, 3 * q_len)
     assert bool((case.lse.view[rows2] == -math.inf).all()) and bool((case.out.view[rows2] == 0).all())
@@ -83,7 +83,7 @@ def test_decode_kernel_bad_page_makes_its_request_nan(cfg, splits, q_len, bs, ba
     want = case.reference()
     page = {-1: -1, "nb": case.nb, "nb+1": case.nb + 1}[bad]
     case.block_table[1, 0] = page  # the first page: every row of the request sees it
-    case.run("triton", num_kv_splits=splits, config=cfg)
+    case.run("triton", num_splits=splits, config=cfg)
     case.check(want, nan_requests=(1,))
 
 
@@ -97,7 +97,7 @@ case = decode.make_inputs(
     decode.DecodeShape(N=4, block=16, lens=(20, 20)), dtype=torch.float32, unused="randn", q_layout="separate"
 )
 case.block_table[1, 0] = int(sys.argv[1])
-out, lse = case.run(backend="triton", num_kv_splits=int(sys.argv[2]), out=None, lse=None)
+out, lse = case.run(backend="triton", num_splits=int(sys.argv[2]), out=None, lse=None)
 nan1 = bool(torch.isnan(out[1]).all() and torch.isnan(lse[1]).all())
 bad0 = case.mismatch(out[:1], lse[:1], requests=1)
 print(bad0)
@@ -217,7 +217,7 @@ def test_gpu_decode_bad_pages(kv, bs):
             case = GuardedCase((300, 77, 1000, 5), 16, 1, bs, dtype=torch.bfloat16, fp8=kv == "fp8", seed=bs)
             want = case.reference()
             case.block_table[2, 3] = {"-1": -1, "nb": case.nb}.get(page, page)
-            case.run("triton", num_kv_splits=splits)
+            case.run("triton", num_splits=splits)
             case.check(want, nan_requests=(2,))
 
 
@@ -233,7 +233,7 @@ def test_gpu_decode_fp8_dots_bad_pages(mode, N):
             case = GuardedCase((300, 77, 1000, 5), N, 1, 64, dtype=torch.bfloat16, fp8=True, seed=N)
             want = case.reference(fp8_dots=mode)
             case.block_table[2, 3] = case.nb if page == "nb" else page
-            case.run("triton", num_kv_splits=splits, fp8_dots=mode)
+            case.run("triton", num_splits=splits, fp8_dots=mode)
             case.check(want, nan_requests=(2,), tol=decode.fp8_dots_bound(mode, torch.bfloat16, "cuda"))
 
 

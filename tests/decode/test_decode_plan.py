@@ -130,7 +130,7 @@ def _inputs(case: dict[str, Any]) -> dict[str, Any]:
         sm_scale=0.0721,
         kv_cache_dtype="fp8" if case["kv"] == "fp8" else "auto",
         k_scale=k_scale,
-        num_kv_splits=case["splits"],
+        num_splits=case["splits"],
         max_seq_len=hint,
         workspace=ws,
         config=_config(case),
@@ -214,7 +214,7 @@ def _plan(case: dict[str, Any], **over) -> plan_mod.DecodePlan:
         kv_cache_dtype=kw["kv_cache_dtype"],
         device=torch.device("cpu"),
         max_seq_len=kw["max_seq_len"],
-        num_kv_splits=kw["num_kv_splits"],
+        num_splits=kw["num_splits"],
         workspace_numel=None if kw["workspace"] is None else kw["workspace"].numel(),
         config=kw["config"],
         fp8_dots="qk" if kw["quantize_q"] else None,
@@ -233,14 +233,14 @@ def test_plan_names_the_launches(case, monkeypatch):
     plan = _plan(case)
     if "error" in launches[0]:
         assert plan.workspace_numel > _inputs(case)["workspace"].numel()
-        assert f">= {plan.workspace_numel} elements (S={plan.num_kv_splits} splits" in launches[0]["error"]
+        assert f">= {plan.workspace_numel} elements (S={plan.num_splits} splits" in launches[0]["error"]
         return
     assert plan.arch == case["arch"] and plan.num_cus == ARCHES[case["arch"]]
     assert len(launches) == plan.launches == (1 if plan.direct else 2)
     s1 = launches[0]
     assert s1["grid"] == list(plan.stage1_grid)
     assert s1["meta"] == _json({**plan.stage1_constexprs, **plan.stage1_options})
-    assert s1["args"][14] == plan.num_kv_splits and s1["args"][15] == plan.split_programs
+    assert s1["args"][14] == plan.num_splits and s1["args"][15] == plan.split_programs
     assert s1["args"][16] == plan.row_blocks
     assert s1["args"][18] == plan.page_shift and plan.stage1_constexprs["PAGE_MODE"] == plan.page_mode
     assert plan.stage1_constexprs["BLOCK_H"] == plan.config["BLOCK_H"]
@@ -273,7 +273,7 @@ def test_plan_is_frozen_and_uint8_storage_plans_as_its_fp8_kind():
     base = dict(batch=4, num_heads=16, q_len=2, max_blocks=70, block_size=16, q_dtype=torch.bfloat16, device=cpu)
     plan = plan_mod.plan_decode(kv_dtype=torch.uint8, kv_cache_dtype="fp8", **base)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        plan.num_kv_splits = 3
+        plan.num_splits = 3
     typed = plan_mod.plan_decode(kv_dtype=platform_fp8_dtype("cpu"), **base)
     # The same launches; only the storage the calls pass differs.
     assert dataclasses.replace(plan, cache_dtype=typed.cache_dtype, kv_cache_dtype="auto") == typed
@@ -312,12 +312,12 @@ def test_a_workspace_caps_the_split_count_a_forced_one_does_not():
     base = dict(batch=1, num_heads=16, q_len=1, max_blocks=64, block_size=64, q_dtype=torch.float16)
     base.update(kv_dtype=torch.float16, device=cpu)
     free = plan_mod.plan_decode(**base)
-    assert free.num_kv_splits > 2
+    assert free.num_splits > 2
     per_split = 16 * 513
-    assert plan_mod.plan_decode(workspace_numel=2 * per_split + 5, **base).num_kv_splits == 2
-    assert plan_mod.plan_decode(workspace_numel=0, **base).num_kv_splits == 1
-    forced = plan_mod.plan_decode(workspace_numel=0, num_kv_splits=4, **base)
-    assert forced.num_kv_splits == 4 and forced.workspace_numel == 4 * per_split
+    assert plan_mod.plan_decode(workspace_numel=2 * per_split + 5, **base).num_splits == 2
+    assert plan_mod.plan_decode(workspace_numel=0, **base).num_splits == 1
+    forced = plan_mod.plan_decode(workspace_numel=0, num_splits=4, **base)
+    assert forced.num_splits == 4 and forced.workspace_numel == 4 * per_split
 
 
 def _write() -> None:

@@ -87,7 +87,7 @@ def verification_cases(
         def check(qdt, fp8: bool, n: int, splits):
             # the tier's BLOCK_H as the head count: one row block, the tier's own config
             shape = dataclasses.replace(base, N=n, kv="fp8" if fp8 else "auto")
-            return lambda: inputs.verify_call("decode", shape, dev, qdt, fp8_kind, num_kv_splits=splits)
+            return lambda: inputs.verify_call("decode", shape, dev, qdt, fp8_kind, num_splits=splits)
 
         tiers, old_tiers = new["stage1"], old.get("stage1", [])
         for ti, tier in enumerate(tiers):

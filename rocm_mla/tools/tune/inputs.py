@@ -178,7 +178,7 @@ def verify_call(op: str, shape, dev: torch.device, dtype: torch.dtype | None, ma
     """The public op once on fresh inputs of the cases shape ``shape`` (seed 7; ``make``: more
     ``make_inputs`` keywords; ``dtype`` None: an op whose inputs have no dtype choice, the
     indexer's fp8), every output against the float32 reference: '' or what differs. ``run``: the
-    op's keywords (backend, num_kv_splits, ...)."""
+    op's keywords (backend, num_splits, ...)."""
     kw = dict(make or {}) if dtype is None else {"dtype": dtype, **(make or {})}
     inp = CASE_MODULES[op].make_inputs(shape, device=dev, seed=7, **kw)
     inp.run(**run)

@@ -171,12 +171,12 @@ UNGUARD = [
     ),
     # mla_decode: neither form of the page guard (no clamp in the loop, no check before or after it).
     (
-        "rocm_mla/kernels/mla_decode.py",
+        "rocm_mla/kernels/decode.py",
         "        LATE: tl.constexpr = CLAMP_PAGES and PAGE_MODE == 2\n",
         "        LATE: tl.constexpr = False\n",
     ),
     (
-        "rocm_mla/kernels/mla_decode.py",
+        "rocm_mla/kernels/decode.py",
         "            in_head = (first_blk == 0) & (head_blk <= last_blk)\n"
         "            head_bad = in_head & ((head_pages < 0) | (head_pages >= num_pages))\n"
         "            rest_blk = tl.where(first_blk == 0, BLOCK_N, first_blk)\n"

@@ -19,7 +19,7 @@ from triton.runtime.jit import JITFunction
 
 import rocm_mla
 from rocm_mla.cases.decode import DecodeShape, make_inputs
-from rocm_mla.kernels.mla_decode import mla_decode_reduce_kernel, mla_decode_stage1_kernel
+from rocm_mla.kernels.decode import mla_decode_reduce_kernel, mla_decode_stage1_kernel
 from rocm_mla.ops import _launch
 from rocm_mla.ops.decode_plan import REDUCE_ARGS, STAGE1_ARGS
 

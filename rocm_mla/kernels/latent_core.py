@@ -1,7 +1,7 @@
 """The latent-attention core: the @triton.jit pieces that more than one op's kernels share, each
 written once.
 
-Imported by the op kernel files (mla_decode.py, mla_sparse.py, indexer_topk.py) and, for the
+Imported by the op kernel files (decode.py, sparse.py, indexer_topk.py) and, for the
 split-K reduce, by the op wrappers that launch it (rocm_mla/ops/decode.py, rocm_mla/ops/sparse.py)
 and the ISA report's variants. An op's kernel file imports this module and fp8_codes.py, never
 another op's kernel file (tests/tools/test_layering.py checks it), so a change to one op's kernel

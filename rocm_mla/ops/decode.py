@@ -1,6 +1,6 @@
 """mla_decode: paged MQA over the MLA latent cache (absorbed-weight decode), split-KV, in place.
 
-Kernels: rocm_mla/kernels/mla_decode.py (Triton stage 1) and the split-K reduce of
+Kernels: rocm_mla/kernels/decode.py (Triton stage 1) and the split-K reduce of
 rocm_mla/kernels/latent_core.py (stage 2). Reference: rocm_mla/reference/decode.py. The plan
 (``plan_decode``, rocm_mla/ops/decode_plan.py: tier, split count, workspace, launch configs, fp8
 dots, batch-invariant mode, backend, decided on the host from sizes alone so the call can be
@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from ..kernels.decode import mla_decode_stage1_kernel
 from ..kernels.latent_core import mla_decode_reduce_kernel
-from ..kernels.mla_decode import mla_decode_stage1_kernel
 from ..reference.decode import mla_decode_ref, quantize_q_fp8
 from ..triton_common import LOG2E
 from ._checks import FLOAT_DTYPES, Checker

@@ -6,7 +6,7 @@ its slot of the indexer cache, in exactly the layout vLLM 0.34's ROCm model path
 in v1/attention/ops/rocm_aiter_mla_sparse.py), so a cache either one filled reads the same
 (docs/indexer.md). vLLM's equivalent is ``ops.indexer_k_quant_and_cache`` / its Triton insert.
 
-Kernel: rocm_mla/kernels/indexer_k_cache.py (Triton; no HIP kernel). Reference and the layout's
+Kernel: rocm_mla/kernels/indexer_cache.py (Triton; no HIP kernel). Reference and the layout's
 definition: rocm_mla/reference/indexer.py. Launch data: configs/indexer_k_cache_write.json.
 Backend switch: ``ROCM_MLA_BACKEND_INDEXER_K_CACHE_WRITE``.
 """
@@ -18,7 +18,7 @@ import triton
 
 from .. import _platform
 from ..configs import config_for, wave_size
-from ..kernels.indexer_k_cache import indexer_k_cache_write_kernel
+from ..kernels.indexer_cache import indexer_k_cache_write_kernel
 from ..mla_dims import FP8_DTYPES, FP8_KV_CACHE_DTYPES
 from ..reference.indexer import (
     INDEX_HEAD_DIM,

@@ -14,7 +14,7 @@ or runs the float32 reference. ``plan_prefill_for`` plans from a call's tensors 
 ``plan=None`` does). The chunked-context composition, ``mla_prefill_with_context``, is
 rocm_mla/ops/prefill_context.py.
 
-Kernel: rocm_mla/kernels/mla_prefill.py (Triton; there is no HIP kernel for this op).
+Kernel: rocm_mla/kernels/prefill.py (Triton; there is no HIP kernel for this op).
 Reference: rocm_mla/reference/prefill.py.
 
 Host syncs: none. The grid is sized from Tq and B (tensor shapes), not from cu_seqlens' values,
@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import triton
 
-from ..kernels.mla_prefill import mla_prefill_kernel
+from ..kernels.prefill import mla_prefill_kernel
 from ..reference.prefill import mla_prefill_ref
 from ..triton_common import LOG2E
 from ._checks import FLOAT_DTYPES, Checker

@@ -1,7 +1,7 @@
 """mla_sparse_attention: sparse MLA (DeepSeek-V3.2, GLM-5.x) over per-row top-k token lists, decode
 and prefill rows alike, in place.
 
-Kernel: rocm_mla/kernels/mla_sparse.py (Triton) and the split-K reduce of
+Kernel: rocm_mla/kernels/sparse.py (Triton) and the split-K reduce of
 rocm_mla/kernels/latent_core.py for split rows. Reference:
 rocm_mla/reference/sparse.py. The plan (``plan_sparse_attention``, rocm_mla/ops/sparse_plan.py, or
 ``plan_sparse_attention_for`` here: every choice that is not a tensor, decided on the host from
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..kernels.latent_core import mla_decode_reduce_kernel
-from ..kernels.mla_sparse import mla_sparse_attention_kernel
+from ..kernels.sparse import mla_sparse_attention_kernel
 from ..reference.sparse import mla_sparse_attention_ref
 from ..triton_common import INT32_MAX, LOG2E
 from ._checks import FLOAT_DTYPES, Checker

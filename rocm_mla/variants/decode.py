@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 from ..configs import config_for, is_amd_arch, platform_fp8_dtype
+from ..kernels.decode import mla_decode_stage1_kernel
 from ..kernels.latent_core import mla_decode_reduce_kernel
-from ..kernels.mla_decode import mla_decode_stage1_kernel
 from ..ops.decode_plan import (
     FP8_DOTS,
     OP,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..configs import config_for, platform_fp8_dtype
-from ..kernels.indexer_k_cache import indexer_k_cache_write_kernel
+from ..kernels.indexer_cache import indexer_k_cache_write_kernel
 from ..ops.indexer_cache import OP, triton_meta
 from ..triton_common import triton_type
 from .triton_variant import TritonVariant

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..configs import config_for, is_nvidia_arch
-from ..kernels.mla_prefill import mla_prefill_kernel
+from ..kernels.prefill import mla_prefill_kernel
 from ..mla_dims import PREFILL_DIMS, PREFILL_GEOMETRIES
 from ..ops.prefill_plan import OP, geometry_key, launch_config, triton_meta
 from ..triton_common import triton_type

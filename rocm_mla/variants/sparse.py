@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..configs import config_for, platform_fp8_dtype
-from ..kernels.mla_sparse import mla_sparse_attention_kernel
+from ..kernels.sparse import mla_sparse_attention_kernel
 from ..ops.sparse_plan import OP, kernel_meta, tier_config
 from ..triton_common import amd_options, triton_type
 from .triton_variant import TritonVariant

@@ -355,7 +355,7 @@ def test_argument_tables_are_the_kernels_signatures(table, kernel):
     they hold each kernel's non-constexpr parameters, in order, each with a known kind."""
     import inspect
 
-    import rocm_mla.kernels.mla_decode as kernels
+    import rocm_mla.kernels.decode as kernels
 
     fn = getattr(kernels, kernel).fn
     params = [n for n, p in inspect.signature(fn).parameters.items() if "constexpr" not in str(p.annotation)]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rocm_mla.kernels.mla_decode import mla_decode_reduce_kernel, mla_decode_stage1_kernel
-from rocm_mla.kernels.mla_prefill import mla_prefill_kernel
+from rocm_mla.kernels.decode import mla_decode_reduce_kernel, mla_decode_stage1_kernel
+from rocm_mla.kernels.prefill import mla_prefill_kernel
 
 NOTE = Path(__file__).resolve().parents[2] / "docs" / "notes" / "kernel-switches.md"
 

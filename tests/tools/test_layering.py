@@ -53,7 +53,7 @@ OP_HELPER_MODULES = {"indexer_select": "indexer_topk"}
 
 def _kernel_module(name: str) -> str | None:
     """The kernel file an import of a file in rocm_mla/kernels/ names (``.latent_core``,
-    ``rocm_mla.kernels.mla_decode``; ``from . import x`` gives ``"."``, which no rule allows), or
+    ``rocm_mla.kernels.decode``; ``from . import x`` gives ``"."``, which no rule allows), or
     None for a module outside rocm_mla/kernels/."""
     if name.startswith("rocm_mla.kernels."):
         return name.split(".")[2]

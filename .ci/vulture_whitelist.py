@@ -30,6 +30,7 @@ _.get_supported_kernel_block_sizes
 _.supports_compute_capability
 capability
 use_sparse
+use_mla
 use_mm_prefix
 device_capability
 _.get_impl_cls

@@ -15,11 +15,11 @@ runs. Each docstring gives shapes and layouts.
         plan_decode_for(q_nope, kv_cache, block_table, **knobs) -> DecodePlan
     mla_prefill(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, *, sm_scale, out=None, lse=None,
                 plan=None) -> (out, lse)
-        plan_prefill(*, batch, num_heads, q_rows, k_rows, dtype, device, head_dims=(128, 64, 128), ...)
+        plan_prefill(*, batch, num_heads, q_rows, k_rows, q_dtype, device, head_dims=(128, 64, 128), ...)
         plan_prefill_for(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, **knobs) -> PrefillPlan
     mla_prefill_with_context(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, context_chunks=(), *,
                              sm_scale, out=None, lse=None, plan=None) -> (out, lse)
-        plan_prefill_with_context(*, batch, num_heads, q_rows, k_rows, dtype, device, ...)
+        plan_prefill_with_context(*, batch, num_heads, q_rows, k_rows, q_dtype, device, ...)
         plan_prefill_with_context_for(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, **knobs)
             -> PrefillContextPlan
     mla_sparse_attention(q_nope, q_pe, kv_cache, topk_indices, block_table, req_id_per_token, *,

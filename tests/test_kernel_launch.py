@@ -44,7 +44,7 @@ def test_argument_list_is_the_binders(shape):
     case = make_inputs(shape, dtype=torch.bfloat16)
     plan = case.plan(backend="triton", num_splits=2)
     for kernel, table, consts, opts in (
-        (mla_decode_stage1_kernel, STAGE1_ARGS, plan.stage1_constexprs, plan.stage1_options),
+        (mla_decode_stage1_kernel, STAGE1_ARGS, plan.constexprs, plan.options),
         (mla_decode_reduce_kernel, REDUCE_ARGS, plan.reduce.constexprs, plan.reduce.options),
     ):
         args = [f"arg:{name}" for name, _ in table]  # stand-ins: only the order is checked
@@ -115,7 +115,7 @@ def test_kept_binaries_match_kernel_grid_bitwise():
 
     ref_out, ref_lse = run(q_nope, direct=False)
     assert not ref_out.isnan().any()
-    stage1 = plan.kernel_launches["stage1"]
+    stage1 = plan.kernel_launches["kernel"]
     kept0, direct0 = stage1.kept, stage1.direct
     for q in (q_nope, q_nope, q_odd, q_odd, q_nope):
         out, lse = run(q, direct=True)
@@ -149,7 +149,7 @@ def test_kept_binary_in_a_cuda_graph():
     call()  # the second launch runs the kept binary
     torch.cuda.synchronize()
     want_out, want_lse = out.clone(), lse.clone()
-    stage1 = plan.kernel_launches["stage1"]
+    stage1 = plan.kernel_launches["kernel"]
     assert stage1.direct >= 1, f"kernel[grid] every time: {stage1.via_triton}"
     out.fill_(float("nan"))
     lse.fill_(float("nan"))
@@ -188,5 +188,5 @@ def test_a_launch_hook_sees_every_launch():
     finally:
         chain.remove(hook)
     assert seen == ["mla_decode_stage1_kernel", "mla_decode_reduce_kernel"]
-    assert plan.kernel_launches["stage1"].via_triton == "a launch hook"
+    assert plan.kernel_launches["kernel"].via_triton == "a launch hook"
     assert torch.equal(out, want_out) and torch.equal(lse, want_lse)

@@ -48,11 +48,16 @@ def poisoned(
     return base, view
 
 
-def outside_untouched(base: torch.Tensor, view: torch.Tensor) -> bool:
-    """True when every element of ``base`` not covered by ``view`` is still NaN."""
+def _outside(base: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
+    """A bool mask of ``base``'s shape: True on every element ``view`` (a view of base) does not cover."""
     marker = torch.zeros(base.shape, dtype=torch.bool, device=base.device)
     marker.as_strided(view.shape, view.stride(), view.storage_offset() - base.storage_offset()).fill_(True)
-    return bool(torch.isnan(base[~marker].float()).all())
+    return ~marker
+
+
+def outside_untouched(base: torch.Tensor, view: torch.Tensor) -> bool:
+    """True when every element of ``base`` not covered by ``view`` is still NaN."""
+    return bool(torch.isnan(base[_outside(base, view)].float()).all())
 
 
 class Guarded:
@@ -109,15 +114,8 @@ class Guarded:
             raise ValueError(f"Guarded: fill: expected 'randn', 'nan' or a tensor, got {fill!r}")
         self._snap = self.base.clone()
 
-    def outside_mask(self) -> torch.Tensor:
-        marker = torch.zeros(self.base.shape, dtype=torch.bool, device=self.base.device)
-        marker.as_strided(
-            self.view.shape, self.view.stride(), self.view.storage_offset() - self.base.storage_offset()
-        ).fill_(True)
-        return ~marker
-
     def check(self, what: str = "buffer") -> None:
-        out = self.outside_mask()
+        out = _outside(self.base, self.view)
         a = self._snap.view(torch.uint8).view(self.base.numel(), -1)[out]
         b = self.base.view(torch.uint8).view(self.base.numel(), -1)[out]
         changed = (a != b).any(-1).nonzero().flatten()

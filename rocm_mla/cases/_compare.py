@@ -19,6 +19,9 @@ fp32 1e-5 and fp16 2e-3 (an order of magnitude above what the Triton kernels rea
 selfcheck and verify sets), bf16 1e-2 (what the benchmarks' checks hold at serving lengths); the
 figures behind them: docs/notes/check-bounds.md. A check at serving lengths that compares only a
 few requests or rows (the tuner, the benches) uses the same bounds.
+
+Every inputs object takes ``mismatch`` and ``check`` from :class:`Checked`, and its call's plan
+from :func:`with_plan`.
 """
 
 from __future__ import annotations
@@ -127,3 +130,29 @@ def raise_on(problem: str) -> None:
     """Raise :class:`CaseMismatch` with ``problem`` unless it is ''."""
     if problem:
         raise CaseMismatch(problem)
+
+
+class Checked:
+    """``mismatch`` and ``check`` of an inputs object, from its ``compare`` (a list of
+    :class:`Comparison`) called with the same arguments."""
+
+    def mismatch(self, *args, **kw) -> str:
+        """'' when every comparison of ``compare(*args, **kw)`` holds, else the first problem."""
+        return first_problem(*self.compare(*args, **kw))
+
+    def check(self, *args, **kw) -> None:
+        """Raise :class:`CaseMismatch` (an AssertionError) naming what :meth:`mismatch` finds."""
+        raise_on(self.mismatch(*args, **kw))
+
+
+def with_plan(kw: dict, call_keys, make_plan, who: str) -> dict:
+    """The op's own keywords of ``kw`` (those in ``call_keys``) with ``plan``: the one given, else
+    ``make_plan(call, **knobs)`` of those keywords and every other one (the plan's knobs). Knobs
+    beside a given plan raise TypeError naming ``who``."""
+    call = {k: v for k, v in kw.items() if k in call_keys}
+    knobs = {k: v for k, v in kw.items() if k not in call_keys}
+    if call.get("plan") is None:
+        call["plan"] = make_plan(call, **knobs)
+    elif knobs:
+        raise TypeError(f"{who}: plan knobs {sorted(knobs)} beside a plan")
+    return call

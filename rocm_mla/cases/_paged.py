@@ -6,6 +6,10 @@ out in a random order; the last page's tail, ``spare_pages`` whole pages and the
 ``spare_cols`` extra columns (pointing at the spare pages) are NaN, so one stray read poisons the
 result. ``copies=R`` draws R independent (cache, table) pairs with their own page permutations: a
 timing loop rotating over them finds its keys in HBM, not in L2 (:func:`cold_copies`).
+
+The parts several ops' shapes share live here too: :class:`RequestRows` (requests whose last
+positions are the query rows), :class:`CacheKind` (a cache "auto" or "fp8"), :class:`SlotWrite`
+(a cache write's scattered slots).
 """
 
 from __future__ import annotations
@@ -25,19 +29,83 @@ _FP8_NAN_CODE = {torch.float8_e4m3fn: 0x7F, torch.float8_e4m3fnuz: 0x80}
 _KEEP_VALUES_NUMEL = 1 << 24
 
 
-def request_rows(shape) -> None:
-    """Normalise a frozen shape's ``lens`` (keys per request) and ``rows`` (query rows per request, or
-    one int for all) to tuples of ints, and check them: one row count per request, none above its
-    keys. The shapes of ops whose rows are a request's last positions call it in __post_init__."""
-    name = type(shape).__name__
-    lens = tuple(int(n) for n in shape.lens)
-    rows = (int(shape.rows),) * len(lens) if isinstance(shape.rows, int) else tuple(int(n) for n in shape.rows)
-    object.__setattr__(shape, "lens", lens)
-    object.__setattr__(shape, "rows", rows)
-    if len(rows) != len(lens):
-        raise ValueError(f"{name}: rows: expected one entry per request (or an int)")
-    if any(r > n for r, n in zip(rows, lens)):
-        raise ValueError(f"{name}: a request has more query rows than keys")
+class RequestRows:
+    """A frozen shape of requests holding ``lens[b]`` keys each, the last ``rows[b]`` of them query
+    rows (one int: the same for every request); its first fields are ``lens, rows, heads``.
+    __post_init__ normalises both to tuples of ints and checks them: one row count per request,
+    none above its keys."""
+
+    def __post_init__(self):
+        name = type(self).__name__
+        lens = tuple(int(n) for n in self.lens)
+        rows = (int(self.rows),) * len(lens) if isinstance(self.rows, int) else tuple(int(n) for n in self.rows)
+        object.__setattr__(self, "lens", lens)
+        object.__setattr__(self, "rows", rows)
+        if len(rows) != len(lens):
+            raise ValueError(f"{name}: rows: expected one entry per request (or an int)")
+        if any(r > n for r, n in zip(rows, lens)):
+            raise ValueError(f"{name}: a request has more query rows than keys")
+
+    @classmethod
+    def decode(cls, B: int, ctx: int, heads: int, q_len: int = 1, **kw):
+        """B requests of ``ctx`` keys, ``q_len`` rows each (decode 1, MTP more)."""
+        return cls((ctx,) * B, q_len, heads, **kw)
+
+    @property
+    def T(self) -> int:
+        return sum(self.rows)
+
+    def kv_lens(self) -> list[int]:
+        """Keys each row sees, rows in order."""
+        return [n - r + 1 + i for n, r in zip(self.lens, self.rows) for i in range(r)]
+
+    def label_parts(self) -> tuple[str, str]:
+        """A label's requests (``"B=128 ctx=8192"``, uneven ones ``"lens=37,90,5"``) and rows
+        (``" q2"`` or ``" T=8192"`` when every request has that many; '' for one, or uneven)."""
+        if len(set(self.lens)) > 1 or len(set(self.rows)) > 1:
+            return f"lens={','.join(map(str, self.lens))}", ""
+        q = self.rows[0] if self.rows else 1
+        rows = "" if q == 1 else (f" q{q}" if q <= 8 else f" T={self.T}")
+        return f"B={len(self.lens)} ctx={max(self.lens, default=0)}", rows
+
+
+class CacheKind:
+    """A frozen shape's cache kind ``kv``: "auto" (q's dtype) or "fp8" (an e4m3 kind)."""
+
+    def check_kv(self) -> None:
+        if self.kv not in ("auto", "fp8"):
+            raise ValueError(f"{type(self).__name__}: kv: expected 'auto' or 'fp8', got {self.kv!r}")
+
+    @property
+    def fp8(self) -> bool:
+        return self.kv == "fp8"
+
+    def kv_elem_bytes(self, dtype: torch.dtype) -> int:
+        return 1 if self.fp8 else dtype.itemsize
+
+
+class SlotWrite:
+    """A cache write's frozen shape: ``T`` tokens into blocks of ``block`` slots."""
+
+    def num_blocks(self) -> int:
+        """A quarter more slots than tokens, and one block: the slots land scattered."""
+        return (self.T * 5 // 4 + self.block - 1) // self.block + 1
+
+    def draw_slots(self, gen: torch.Generator, device, skip=()) -> torch.Tensor:
+        """``[T]`` int64 slots drawn without repeats from the ``num_blocks() x block`` slots; the
+        tokens in ``skip`` get -1."""
+        slots = torch.randperm(self.num_blocks() * self.block, generator=gen, device=gen.device)[: self.T].to(device)
+        for i in skip:
+            if i < self.T:
+                slots[i] = -1
+        return slots
+
+
+def row_requests(rows, pad: int, device) -> torch.Tensor:
+    """``[sum(rows) + pad]`` int32: the request of each query row (``rows[b]`` rows of request b),
+    then ``pad`` zeros (vLLM pads its per-token request ids)."""
+    req = [b for b, r in enumerate(rows) for _ in range(r)] + [0] * pad
+    return torch.tensor(req, dtype=torch.int32, device=device)
 
 
 def generator(seed: int, device) -> torch.Generator:
@@ -133,6 +201,23 @@ class PagedCache:
     def stored(self, i: int = 0) -> torch.Tensor:
         """Copy i as vLLM hands it over: an fp8 cache as uint8 storage (kv_cache_dtype "fp8")."""
         return self.caches[i].view(torch.uint8) if self.fp8 is not None else self.caches[i]
+
+
+class OnPagedCache:
+    """An inputs object's view of its ``paged`` (:class:`PagedCache`): copy 0 and the copy count."""
+
+    @property
+    def kv_cache(self) -> torch.Tensor:
+        """Cache copy 0 as a typed tensor (fp8: the e4m3 kind), the way the reference reads it."""
+        return self.paged.cache
+
+    @property
+    def block_table(self) -> torch.Tensor:
+        return self.paged.table
+
+    @property
+    def copies(self) -> int:
+        return self.paged.copies
 
 
 def _one_copy(lens, block_size, gen, device, dtype, fp8, k_scale, opts: dict, keep: bool):
@@ -244,3 +329,13 @@ def paged_cache(
     if guard:
         pc.guards = [(f, guard, torch.cat([f[:guard], f[-guard:]]).view(torch.uint8).clone()) for f in flats]
     return pc
+
+
+def case_paged_cache(lens, block_size: int, fp8: bool, *, kind, k_scale: float, dtype, device, gen, **kw):
+    """An op case's :func:`paged_cache` of ``lens`` and the k_scale the op takes: ``(paged, k_scale)``.
+    ``fp8`` False: in ``dtype``, k_scale None; True: in ``kind`` (None: the platform's e4m3 kind),
+    stored as value / ``k_scale``, and k_scale ``[1]`` float32. ``kw``: paged_cache's other keywords."""
+    kind = (kind or platform_fp8(device)) if fp8 else None
+    scale = k_scale if kind is not None else None
+    paged = paged_cache(lens, block_size, dtype=dtype, device=device, gen=gen, fp8=kind, k_scale=scale, **kw)
+    return paged, None if scale is None else torch.tensor([scale], device=device)

@@ -15,8 +15,8 @@ import torch
 
 from ..mla_dims import KV_ROW_DIM
 from ._buffers import poisoned
-from ._compare import Bound, Comparison, compare, first_problem, raise_on
-from ._paged import PagedCache, generator, paged_cache, platform_fp8
+from ._compare import Bound, Checked, Comparison, compare
+from ._paged import OnPagedCache, PagedCache, case_paged_cache, generator, platform_fp8, row_requests
 
 # The kv_cache_dtype naming each float8 kind (a "uint8" shape's cache of another kind than the platform's).
 FP8_NAMES = {torch.float8_e4m3fn: "fp8_e4m3fn", torch.float8_e4m3fnuz: "fp8_e4m3fnuz"}
@@ -75,7 +75,7 @@ SHAPES: dict[str, list[ChunkShape]] = {
 
 
 @dataclass
-class ChunkInputs:
+class ChunkInputs(OnPagedCache, Checked):
     """One gather_context_chunk call: ``kwargs()`` its arguments by name (k_scale the chunk's)."""
 
     shape: ChunkShape
@@ -87,14 +87,6 @@ class ChunkInputs:
     dst: torch.Tensor
     dst_base: torch.Tensor = field(repr=False)
     k_scale: torch.Tensor | None = None
-
-    @property
-    def kv_cache(self) -> torch.Tensor:
-        return self.paged.cache
-
-    @property
-    def block_table(self) -> torch.Tensor:
-        return self.paged.table
 
     def kwargs(self, i: int = 0, **overrides) -> dict:
         """gather_context_chunk's arguments by name, from cache copy i (``overrides`` replace them);
@@ -139,12 +131,6 @@ class ChunkInputs:
         ref = self.reference() if ref is None else ref
         return [compare("dst", dst, ref.to(dst.dtype), TOLERANCE[self.dtype]["dst"])]
 
-    def mismatch(self, dst=None, **kw) -> str:
-        return first_problem(*self.compare(dst, **kw))
-
-    def check(self, dst=None, **kw) -> None:
-        raise_on(self.mismatch(dst, **kw))
-
 
 def make_inputs(
     shape: ChunkShape,
@@ -168,27 +154,13 @@ def make_inputs(
     page_pad / unused / guard: see :func:`rocm_mla.cases.paged_cache`."""
     device = torch.device(device)
     g = gen if gen is not None else generator(seed, device)
-    kind = (fp8 or platform_fp8(device)) if shape.kv != "auto" else None
-    paged = paged_cache(
-        shape.ctx,
-        shape.block,
-        dtype=dtype,
-        device=device,
-        gen=g,
-        fp8=kind,
-        k_scale=k_scale if kind is not None else None,
-        spare_pages=spare_pages,
-        spare_cols=spare_cols,
-        copies=copies,
-        unused=unused,
-        guard=guard,
-        scale=2.0,
+    paged, ks = case_paged_cache(
+        shape.ctx, shape.block, shape.kv != "auto", kind=fp8, k_scale=k_scale, dtype=dtype, device=device, gen=g,
+        spare_pages=spare_pages, spare_cols=spare_cols, copies=copies, unused=unused, guard=guard, scale=2.0,
         page_pad=page_pad,
-    )
+    )  # fmt: skip
     i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=device)  # noqa: E731
-    rows = shape.rows
-    cu = i32([sum(rows[:i]) for i in range(len(rows) + 1)])
-    t2s = i32([i for i, n in enumerate(rows) for _ in range(n)] + [0] * 3)
+    cu = i32([sum(shape.rows[:i]) for i in range(len(shape.rows) + 1)])
     dst_base, dst = poisoned((shape.T, KV_ROW_DIM), dtype, device, pad_last=dst_pad)
-    ks = torch.tensor([k_scale], device=device) if kind is not None else None
+    t2s = row_requests(shape.rows, 3, device)  # padded by three entries, as vLLM pads it
     return ChunkInputs(shape, dtype, paged, cu, i32(list(shape.starts)), t2s, dst, dst_base, ks)

@@ -18,8 +18,8 @@ import torch
 
 from ..mla_dims import KV_LORA_RANK, KV_ROW_DIM
 from ._buffers import poisoned
-from ._compare import NORM, Bound, Comparison, compare, dtype_name, first_problem, raise_on
-from ._paged import PagedCache, generator, paged_cache, platform_fp8, randn
+from ._compare import NORM, Bound, Checked, Comparison, compare, dtype_name, with_plan
+from ._paged import CacheKind, OnPagedCache, PagedCache, case_paged_cache, generator, platform_fp8, randn
 
 SM_SCALE = 1.0 / math.sqrt(192)  # DeepSeek: 1/sqrt(qk_nope + qk_rope) before yarn mscale
 
@@ -107,7 +107,7 @@ def fp8_dots_bound(fp8_dots: str, dtype: torch.dtype, device) -> dict[str, Bound
 
 
 @dataclass(frozen=True)
-class DecodeShape:
+class DecodeShape(CacheKind):
     """One decode batch: B requests of ``seq`` keys each (or ``lens``, one per request, overriding
     B and seq), N heads, q_len rows per request, cache pages of ``block`` tokens, ``kv`` "auto" (q's
     dtype) or "fp8"."""
@@ -121,8 +121,7 @@ class DecodeShape:
     lens: tuple[int, ...] | None = None
 
     def __post_init__(self):
-        if self.kv not in ("auto", "fp8"):
-            raise ValueError(f"DecodeShape: kv: expected 'auto' or 'fp8', got {self.kv!r}")
+        self.check_kv()
         if self.lens is not None:
             object.__setattr__(self, "lens", tuple(int(n) for n in self.lens))
             object.__setattr__(self, "B", len(self.lens))
@@ -136,10 +135,6 @@ class DecodeShape:
     def rows(self) -> int:
         return self.B * self.q_len
 
-    @property
-    def fp8(self) -> bool:
-        return self.kv == "fp8"
-
     def label(self, dtype: torch.dtype = torch.bfloat16) -> str:
         """``"bf16 B=128 seq=4096 N=16"`` (+ `` q2`` for MTP rows; ``fp8`` for an fp8 cache)."""
         kind = "fp8" if self.fp8 else dtype_name(dtype)
@@ -149,9 +144,6 @@ class DecodeShape:
         return (
             head + (f" q{self.q_len}" if self.q_len > 1 else "") + (f" block={self.block}" if self.block != 64 else "")
         )
-
-    def kv_elem_bytes(self, dtype: torch.dtype) -> int:
-        return 1 if self.fp8 else dtype.itemsize
 
     def set_bytes(self, dtype: torch.dtype) -> int:
         """Bytes of one (cache, table) copy's pages (what cold-cache rotation must exceed)."""
@@ -233,9 +225,10 @@ SHAPES: dict[str, list[DecodeShape]] = {
 
 Q_LAYOUTS = ("vllm", "one_buffer", "separate")
 OUT_LAYOUTS = ("contiguous", "padded", "token_pad")
-# mla_decode's own keywords; every other keyword a case call takes is a plan_decode knob.
-CALL_KEYS = ("sm_scale", "plan", "out", "lse", "k_scale", "workspace")
 LSE_LAYOUTS = ("contiguous", "transposed")
+# mla_decode's own keywords (mla_sparse_attention's too); every other keyword a case call takes is a
+# plan knob.
+CALL_KEYS = ("sm_scale", "plan", "out", "lse", "k_scale", "workspace")
 
 
 def call_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, **kw):
@@ -245,28 +238,25 @@ def call_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, **kw):
     benchmarks state a one-off call; a serving step makes its plan once instead."""
     from ..ops import mla_decode, plan_decode_for
 
-    call = {k: kw.pop(k) for k in list(kw) if k in CALL_KEYS}
-    if call.get("plan") is None:
-        call["plan"] = plan_decode_for(
-            q_nope, kv_cache, block_table, k_scale=call.get("k_scale"), workspace=call.get("workspace"), **kw
-        )
-    elif kw:
-        raise TypeError(f"call_decode: plan knobs {sorted(kw)} beside a plan")
-    return mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, **call)
+    def make(call, **knobs):
+        ws = call.get("workspace")
+        return plan_decode_for(q_nope, kv_cache, block_table, k_scale=call.get("k_scale"), workspace=ws, **knobs)
+
+    return mla_decode(q_nope, q_pe, kv_cache, block_table, seq_lens, **with_plan(kw, CALL_KEYS, make, "call_decode"))
 
 
 @dataclass
-class DecodeInputs:
-    """One decode call's tensors. ``args(i)`` is mla_decode's positional arguments with cache copy i
-    (an fp8 cache as uint8 storage, as vLLM passes it); ``kwargs()`` the keywords; ``out`` / ``lse``
-    NaN-poisoned views inside ``out_base`` / ``lse_base``."""
+class LatentInputs(OnPagedCache, Checked):
+    """What :class:`DecodeInputs` and ``sparse.SparseInputs`` share: these fields (``shape`` the op's
+    shape; ``out`` / ``lse`` NaN-poisoned views inside ``out_base`` / ``lse_base``), the cache
+    copies, the op's keywords and call (``args(i)`` and ``plan`` are each op's) and the check of out
+    and lse against ``reference``."""
 
-    shape: DecodeShape
+    shape: object
     dtype: torch.dtype
     q_nope: torch.Tensor
     q_pe: torch.Tensor
     paged: PagedCache
-    seq_lens: torch.Tensor
     out: torch.Tensor
     lse: torch.Tensor
     out_base: torch.Tensor = field(repr=False)
@@ -274,75 +264,89 @@ class DecodeInputs:
     k_scale: torch.Tensor | None = None
     sm_scale: float = SM_SCALE
 
-    @property
-    def kv_cache(self) -> torch.Tensor:
-        """Cache copy 0 as a typed tensor (fp8: the e4m3 kind), the way the reference reads it."""
-        return self.paged.cache
-
-    @property
-    def block_table(self) -> torch.Tensor:
-        return self.paged.table
-
-    @property
-    def copies(self) -> int:
-        return self.paged.copies
+    OP = ""  # the op's name in rocm_mla.ops
+    PLAN_DEFAULTS = ()  # (knob, value) pairs a plan made here has unless the call names them
 
     @property
     def kv_cache_dtype(self) -> str:
         return "fp8" if self.paged.fp8 is not None else "auto"
 
-    def args(self, i: int = 0) -> tuple:
-        return (self.q_nope, self.q_pe, self.paged.stored(i), self.paged.tables[i], self.seq_lens)
-
     def kwargs(self, **overrides) -> dict:
-        """mla_decode's keywords (``overrides`` replace them; a ``plan=`` among them is used as
-        given). Without a plan, one is made from the call's own knobs (``plan_keys``)."""
-        kw = dict(sm_scale=self.sm_scale, out=self.out, lse=self.lse, k_scale=self.k_scale)
-        knobs = {k: overrides.pop(k) for k in list(overrides) if k not in CALL_KEYS}
-        kw.update(overrides)
-        if kw.get("plan") is None:
-            ws = kw.get("workspace")
+        """The op's keywords (``overrides`` replace them; a ``plan=`` among them is used as given).
+        Without a plan, one is made (:meth:`plan`) from the call's own plan knobs (every keyword
+        outside ``CALL_KEYS``)."""
+        kw = {**dict(sm_scale=self.sm_scale, out=self.out, lse=self.lse, k_scale=self.k_scale), **overrides}
+
+        def make(call, **knobs):
+            ws = call.get("workspace")
             base = dict(
-                max_seq_len=None,
+                self.PLAN_DEFAULTS,
                 workspace_numel=ws.numel() if isinstance(ws, torch.Tensor) else None,
-                k_scale_on_device=isinstance(kw["k_scale"], torch.Tensor),
+                k_scale_on_device=isinstance(call["k_scale"], torch.Tensor),
             )
-            kw["plan"] = self.plan(**{**base, **knobs})
-        elif knobs:
-            raise TypeError(f"DecodeInputs.kwargs: plan knobs {sorted(knobs)} beside a plan")
-        return kw
+            return self.plan(**{**base, **knobs})
+
+        return with_plan(kw, CALL_KEYS, make, f"{type(self).__name__}.kwargs")
 
     def run(self, i: int = 0, **overrides):
-        """mla_decode on copy i, writing ``out`` / ``lse``. ``overrides``: the call's own keywords
+        """The op on cache copy i, writing ``out`` / ``lse``. ``overrides``: the call's own keywords
         (``CALL_KEYS``: plan, out=None, workspace, ...) and plan knobs (backend, config,
-        num_splits, max_seq_len, fp8_dots, batch_invariant, debug, as ``plan_decode`` takes
-        them) for the plan made here when none is given. Returns what the op returns."""
-        from ..ops import mla_decode
+        num_splits, batch_invariant, debug, ... as the op's plan takes them) for the plan made here
+        when none is given. Returns what the op returns."""
+        from .. import ops
 
-        return mla_decode(*self.args(i), **self.kwargs(**overrides))
+        return getattr(ops, self.OP)(*self.args(i), **self.kwargs(**overrides))
 
-    def plan(self, device=None, **overrides):
-        """The :class:`~rocm_mla.ops.DecodePlan` of :meth:`run`'s call (``overrides``: config,
-        num_splits, max_seq_len, fp8_dots, ... as :func:`~rocm_mla.ops.plan_decode` takes them;
-        max_seq_len defaults to the longest request, as a benchmark passes it; k_scale on the
-        device as the case holds it)."""
-        from ..ops import plan_decode
-
-        kw = dict(
-            batch=self.shape.B,
+    def _plan_kw(self, device, sizes: dict, overrides: dict) -> dict:
+        """The plan's keywords: those both ops' plans take alike (the cache as :meth:`args` passes
+        it, an fp8 one as uint8 storage; k_scale on the device as the case holds it; ``device`` or
+        q's), then the op's ``sizes``, then ``overrides``."""
+        common = dict(
             num_heads=self.shape.N,
-            q_len=self.shape.q_len,
-            max_blocks=self.paged.table.shape[1],
             block_size=self.shape.block,
             q_dtype=self.dtype,
             kv_dtype=self.paged.stored(0).dtype,
             kv_cache_dtype=self.kv_cache_dtype,
             device=torch.device(device) if device is not None else self.q_nope.device,
-            max_seq_len=self.shape.seq,
             k_scale_on_device=self.k_scale is not None,
         )
-        kw.update(overrides)
-        return plan_decode(**kw)
+        return {**common, **sizes, **overrides}
+
+    def compare(self, out=None, lse=None, *, ref=None, tol=None, **which) -> list[Comparison]:
+        """out and lse (default: the buffers) against the reference of the rows ``which`` selects
+        (:meth:`reference`'s keywords) or ``ref`` ((out, lse) of as many rows as compared), under
+        ``tol`` ({"out": Bound, "lse": Bound}; default TOLERANCE[dtype], else a named bound)."""
+        out = self.out if out is None else out
+        lse = self.lse if lse is None else lse
+        ro, rl = ref if ref is not None else self.reference(**which)
+        r = ro.shape[0]
+        tol = TOLERANCE[self.dtype] if tol is None else tol
+        return [compare("out", out[:r], ro, tol["out"]), compare("lse", lse[:r], rl, tol["lse"])]
+
+
+@dataclass(kw_only=True)
+class DecodeInputs(LatentInputs):
+    """One decode call's tensors (``shape`` a :class:`DecodeShape`). ``args(i)`` is mla_decode's
+    positional arguments with cache copy i (an fp8 cache as uint8 storage, as vLLM passes it);
+    ``kwargs()`` the keywords (a plan made without max_seq_len unless the call gives one)."""
+
+    seq_lens: torch.Tensor  # [B] int32
+
+    OP = "mla_decode"
+    PLAN_DEFAULTS = (("max_seq_len", None),)
+
+    def args(self, i: int = 0) -> tuple:
+        return (self.q_nope, self.q_pe, self.paged.stored(i), self.paged.tables[i], self.seq_lens)
+
+    def plan(self, device=None, **overrides):
+        """The :class:`~rocm_mla.ops.DecodePlan` of :meth:`run`'s call (``overrides``: config,
+        num_splits, max_seq_len, fp8_dots, ... as :func:`~rocm_mla.ops.plan_decode` takes them;
+        max_seq_len defaults to the longest request, as a benchmark passes it)."""
+        from ..ops import plan_decode
+
+        s = self.shape
+        sizes = dict(batch=s.B, q_len=s.q_len, max_blocks=self.paged.table.shape[1], max_seq_len=s.seq)
+        return plan_decode(**self._plan_kw(device, sizes, overrides))
 
     def reference(self, requests: int | None = None, *, fp8_dots: str = "none", i: int = 0):
         """(out [rows', N, 512], lse [rows', N]) float32 of the first ``requests`` requests (all:
@@ -369,69 +373,17 @@ class DecodeInputs:
             p_fp8=kind if fp8_dots == "all" else None,
         )
 
-    def compare(self, out=None, lse=None, *, requests=None, fp8_dots="none", ref=None, tol=None) -> list[Comparison]:
-        """out and lse (default: the buffers) against the reference of the first ``requests`` (or
-        ``ref``: (out, lse) of as many rows as compared), under ``tol`` ({"out": Bound, "lse":
-        Bound}; default TOLERANCE[dtype], else one of the named bounds above)."""
-        out = self.out if out is None else out
-        lse = self.lse if lse is None else lse
-        ro, rl = ref if ref is not None else self.reference(requests, fp8_dots=fp8_dots)
-        r = ro.shape[0]
-        tol = TOLERANCE[self.dtype] if tol is None else tol
-        return [compare("out", out[:r], ro, tol["out"]), compare("lse", lse[:r], rl, tol["lse"])]
 
-    def mismatch(self, out=None, lse=None, **kw) -> str:
-        """'' when out and lse agree with the reference (see :meth:`compare`), else what differs."""
-        return first_problem(*self.compare(out, lse, **kw))
-
-    def check(self, out=None, lse=None, **kw) -> None:
-        """Raise CaseMismatch (an AssertionError) naming what differs."""
-        raise_on(self.mismatch(out, lse, **kw))
-
-
-def latent_queries(rows: int, N: int, q_layout: str, g: torch.Generator, device, dtype: torch.dtype):
-    """``(q_nope [rows, N, 512], q_pe [rows, N, 64])``, fresh normal values in one of ``Q_LAYOUTS``:
-    "vllm" (ql_nope the ``[N, rows, 512]`` W_UK bmm output read as ``[rows, N, 512]``, q_pe a slice
-    ``q[..., 128:]`` of ``[rows, N, 192]``), "one_buffer" (slices of one ``[rows, N, 584]``), "separate"
-    (contiguous q_nope; q_pe ``[rows + 1, N, 192][1:, :, 128:]``). mla_decode's and
-    mla_sparse_attention's cases share it."""
-    if q_layout not in Q_LAYOUTS:
-        raise ValueError(f"make_inputs: q_layout: expected one of {Q_LAYOUTS}, got {q_layout!r}")
-    L = KV_LORA_RANK
-    if q_layout == "vllm":
-        # ql_nope = bmm(q_nope^T [N, rows, 128], W_UK_T [N, 128, 512]) -> [N, rows, 512], read as [rows, N, 512].
-        q_nope = randn((N, rows, L), g, device, dtype).transpose(0, 1)
-        q_pe = randn((rows, N, 192), g, device, dtype)[..., 128:]
-    elif q_layout == "one_buffer":
-        base = randn((rows, N, KV_ROW_DIM + 8), g, device, dtype)
-        q_nope, q_pe = base[..., :L], base[..., L:KV_ROW_DIM]
-    else:
-        q_nope = randn((rows, N, L), g, device, dtype)
-        q_pe = randn((rows + 1, N, 192), g, device, dtype)[1:, :, 128:]
-    return q_nope, q_pe
-
-
-def latent_destinations(rows: int, N: int, dtype: torch.dtype, device, out_layout: str, lse_layout: str):
-    """``(out_base, out [rows, N, 512], lse_base, lse [rows, N])``: NaN-poisoned views in one of
-    ``OUT_LAYOUTS`` ("contiguous", "padded" ``[rows, N, 520][..., :512]``, "token_pad": token stride
-    N*512 + 512) and ``LSE_LAYOUTS`` ("contiguous", "transposed": an ``[N, rows]`` buffer's transpose)."""
-    if out_layout not in OUT_LAYOUTS:
-        raise ValueError(f"make_inputs: out_layout: expected one of {OUT_LAYOUTS}, got {out_layout!r}")
-    if lse_layout not in LSE_LAYOUTS:
-        raise ValueError(f"make_inputs: lse_layout: expected one of {LSE_LAYOUTS}, got {lse_layout!r}")
-    okw = {"contiguous": {}, "padded": {"pad_last": 8}, "token_pad": {"token_pad": 1}}[out_layout]
-    out_base, out = poisoned((rows, N, KV_LORA_RANK), dtype, device, **okw)
-    lse_base, lse = poisoned((rows, N), torch.float32, device, transpose01=lse_layout == "transposed")
-    return out_base, out, lse_base, lse
-
-
-def make_inputs(
-    shape: DecodeShape,
+def latent_tensors(
+    lens,
+    block: int,
+    fp8_cache: bool,
+    rows: int,
+    N: int,
     *,
-    dtype: torch.dtype = torch.bfloat16,
-    device="cpu",
-    seed: int = 0,
-    gen: torch.Generator | None = None,
+    dtype: torch.dtype,
+    device: torch.device,
+    gen: torch.Generator,
     copies: int = 1,
     k_scale: float = 0.05,
     fp8: torch.dtype | None = None,
@@ -443,16 +395,22 @@ def make_inputs(
     unused: str = "nan",
     guard: int = 0,
     outliers: int = 0,
-) -> DecodeInputs:
-    """Fresh random inputs of ``shape`` (see the module docstring).
+) -> dict:
+    """The fields of :class:`LatentInputs` that mla_decode's and mla_sparse_attention's cases build
+    alike (their ``make_inputs`` keywords), drawn in this order from ``gen``: ``paged`` (requests of
+    ``lens`` keys in pages of ``block``) and its ``k_scale``, ``q_nope [rows, N, 512]`` and ``q_pe
+    [rows, N, 64]``; ``out [rows, N, 512]`` and ``lse [rows, N]`` NaN-poisoned views of
+    ``out_base`` / ``lse_base``.
 
-    dtype: q's and out's dtype (and the cache's unless shape.kv is "fp8"). fp8: the e4m3 kind of an
-    fp8 cache (default: the platform's). k_scale: the fp8 cache's per-tensor scale. copies: R
+    dtype: q's and out's dtype (and the cache's unless ``fp8_cache``). fp8: the e4m3 kind of an fp8
+    cache (default: the platform's). k_scale: the fp8 cache's per-tensor scale. copies: R
     independent (cache, block table) pairs (cold-cache rotation; :func:`cold_copies`).
-    q_layout: "vllm" (bmm output + slice of q), "one_buffer" (slices of one ``[rows, N, 584]``),
-    "separate" (contiguous q_nope; q_pe ``[rows + 1, N, 192][1:, :, 128:]``). out_layout:
-    "contiguous", "padded" (``[rows, N, 520][..., :512]``), "token_pad" (token stride N*512 + 512).
-    lse_layout: "contiguous" ``[rows, N]`` or "transposed" (``[N, rows]`` buffer's transpose).
+    q_layout (``Q_LAYOUTS``): "vllm" (ql_nope the ``[N, rows, 512]`` W_UK bmm output read as
+    ``[rows, N, 512]``, q_pe a slice ``q[..., 128:]`` of ``[rows, N, 192]``), "one_buffer" (slices
+    of one ``[rows, N, 584]``), "separate" (contiguous q_nope; q_pe ``[rows + 1, N, 192][1:, :,
+    128:]``). out_layout (``OUT_LAYOUTS``): "contiguous", "padded" (``[rows, N, 520][..., :512]``),
+    "token_pad" (token stride N*512 + 512). lse_layout (``LSE_LAYOUTS``): "contiguous" or
+    "transposed" (an ``[N, rows]`` buffer's transpose).
     spare_pages / spare_cols: NaN pages and the table columns pointing at them (benches and the
     tuner pass spare_cols=0: a table as wide as the longest request, the width the plan sees).
     unused / guard: see :func:`rocm_mla.cases.paged_cache` (the bad-input tests: finite unused slots
@@ -460,40 +418,51 @@ def make_inputs(
     of q_nope, drawn OUTLIER_GAIN times wider (a model's latent cache has a few large channels);
     an fp8 cache's k_scale is then OUTLIER_GAIN times larger, so that they fit the kind's range.
     """
-    for name, v, ok in (("q_layout", q_layout, Q_LAYOUTS), ("out_layout", out_layout, OUT_LAYOUTS)):
+    for name, v, ok in (("q_layout", q_layout, Q_LAYOUTS), ("out_layout", out_layout, OUT_LAYOUTS),
+                        ("lse_layout", lse_layout, LSE_LAYOUTS)):  # fmt: skip
         if v not in ok:
-            raise ValueError(f"decode make_inputs: {name}: expected one of {ok}, got {v!r}")
-    if lse_layout not in LSE_LAYOUTS:
-        raise ValueError(f"decode make_inputs: lse_layout: expected one of {LSE_LAYOUTS}, got {lse_layout!r}")
-    device = torch.device(device)
-    g = gen if gen is not None else generator(seed, device)
-    kind = (fp8 or platform_fp8(device)) if shape.fp8 else None
+            raise ValueError(f"make_inputs: {name}: expected one of {ok}, got {v!r}")
+    L, g = KV_LORA_RANK, gen
     k_std, q_std = 1.0, None
     if outliers:
-        k_std, q_std = torch.ones(KV_ROW_DIM), torch.ones(KV_LORA_RANK)
-        step = KV_LORA_RANK // (2 * outliers)
+        k_std, q_std = torch.ones(KV_ROW_DIM), torch.ones(L)
+        step = L // (2 * outliers)
         k_std[torch.arange(outliers) * 2 * step] = OUTLIER_GAIN  # even slots for the cache,
         q_std[torch.arange(outliers) * 2 * step + step] = OUTLIER_GAIN  # odd ones for q
         k_scale = k_scale * OUTLIER_GAIN
-    paged = paged_cache(
-        shape.seq_lens,
-        shape.block,
-        dtype=dtype,
-        device=device,
-        gen=g,
-        fp8=kind,
-        k_scale=k_scale if kind is not None else None,
-        spare_pages=spare_pages,
-        spare_cols=spare_cols,
-        copies=copies,
-        unused=unused,
-        guard=guard,
-        scale=k_std,
-    )
-    q_nope, q_pe = latent_queries(shape.rows, shape.N, q_layout, g, device, dtype)
+    paged, ks = case_paged_cache(
+        lens, block, fp8_cache, kind=fp8, k_scale=k_scale, dtype=dtype, device=device, gen=g, copies=copies,
+        spare_pages=spare_pages, spare_cols=spare_cols, unused=unused, guard=guard, scale=k_std,
+    )  # fmt: skip
+    if q_layout == "vllm":
+        # ql_nope = bmm(q_nope^T [N, rows, 128], W_UK_T [N, 128, 512]) -> [N, rows, 512], read as [rows, N, 512].
+        q_nope = randn((N, rows, L), g, device, dtype).transpose(0, 1)
+        q_pe = randn((rows, N, 192), g, device, dtype)[..., 128:]
+    elif q_layout == "one_buffer":
+        base = randn((rows, N, KV_ROW_DIM + 8), g, device, dtype)
+        q_nope, q_pe = base[..., :L], base[..., L:KV_ROW_DIM]
+    else:
+        q_nope = randn((rows, N, L), g, device, dtype)
+        q_pe = randn((rows + 1, N, 192), g, device, dtype)[1:, :, 128:]
     if q_std is not None:
         q_nope.mul_(q_std.to(device=device, dtype=dtype))
-    out_base, out, lse_base, lse = latent_destinations(shape.rows, shape.N, dtype, device, out_layout, lse_layout)
+    okw = {"contiguous": {}, "padded": {"pad_last": 8}, "token_pad": {"token_pad": 1}}[out_layout]
+    out_base, out = poisoned((rows, N, L), dtype, device, **okw)
+    lse_base, lse = poisoned((rows, N), torch.float32, device, transpose01=lse_layout == "transposed")
+    return dict(paged=paged, k_scale=ks, q_nope=q_nope, q_pe=q_pe, out=out, lse=lse, out_base=out_base,
+                lse_base=lse_base)  # fmt: skip
+
+
+def make_inputs(
+    shape: DecodeShape, *, dtype: torch.dtype = torch.bfloat16, device="cpu", seed: int = 0, gen=None, **kw
+) -> DecodeInputs:
+    """Fresh random inputs of ``shape`` (see the module docstring), from ``gen`` or a generator of
+    ``seed`` on ``device``. ``kw``: :func:`latent_tensors`'s keywords (copies, k_scale, fp8, the q /
+    out / lse layouts, spare_pages, spare_cols, unused, guard, outliers)."""
+    device = torch.device(device)
+    g = gen if gen is not None else generator(seed, device)
+    parts = latent_tensors(
+        shape.seq_lens, shape.block, shape.fp8, shape.rows, shape.N, dtype=dtype, device=device, gen=g, **kw
+    )
     seq_lens = torch.tensor(shape.seq_lens, dtype=torch.int32, device=device)
-    ks = torch.tensor([k_scale], device=device) if kind is not None else None
-    return DecodeInputs(shape, dtype, q_nope, q_pe, paged, seq_lens, out, lse, out_base, lse_base, ks)
+    return DecodeInputs(shape, dtype, seq_lens=seq_lens, **parts)

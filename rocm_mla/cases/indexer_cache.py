@@ -23,8 +23,8 @@ from ..reference.indexer import (
     index_cache_keys,
     indexer_k_cache_write_ref,
 )
-from ._compare import Bound, Comparison, compare, first_problem, raise_on
-from ._paged import generator, platform_fp8, randn
+from ._compare import Bound, Checked, Comparison, compare
+from ._paged import SlotWrite, generator, platform_fp8, randn
 
 POISON = 0xFF  # the untouched cache bytes
 _KINDS = {"fp8": None, "fp8_e4m3fn": torch.float8_e4m3fn, "fp8_e4m3fnuz": torch.float8_e4m3fnuz}
@@ -36,7 +36,7 @@ TOLERANCE: dict[torch.dtype, dict[str, Bound]] = {
 
 
 @dataclass(frozen=True)
-class IndexerCacheShape:
+class IndexerCacheShape(SlotWrite):
     """T keys into a cache of ``block``-token blocks; ``kind`` the cache's fp8 name (``"fp8"`` = the
     platform's, ``"fp8_e4m3fn"``, ``"fp8_e4m3fnuz"``), ``scale_fmt`` "ue8m0" or None, ``shuffled``
     the value layout (None: vLLM's ROCm rule, block > 1)."""
@@ -60,10 +60,6 @@ class IndexerCacheShape:
         lay = {None: "", True: " shuffled", False: " flat"}[self.shuffled]
         return self.name or f"T={self.T} block={self.block} {self.kind} {fmt}{lay}"
 
-    def num_blocks(self) -> int:
-        """A quarter more slots than keys, and one block: the slots land scattered."""
-        return (self.T * 5 // 4 + self.block - 1) // self.block + 1
-
     def nbytes(self, dtype: torch.dtype) -> int:
         """The op's traffic: keys read, 132 bytes and a slot per token."""
         return self.T * (INDEX_HEAD_DIM * dtype.itemsize + INDEX_ROW_BYTES + 8)
@@ -78,7 +74,7 @@ SHAPES: dict[str, list[IndexerCacheShape]] = {
 
 
 @dataclass
-class IndexerCacheInputs:
+class IndexerCacheInputs(Checked):
     """One indexer_k_cache_write call's tensors: ``kwargs()`` its arguments by name."""
 
     shape: IndexerCacheShape
@@ -149,12 +145,6 @@ class IndexerCacheInputs:
             Comparison("bytes", 0.0 if same else float("nan"), 0.0, "" if same else f"bytes: {changed} differ"),
         ]
 
-    def mismatch(self, **kw) -> str:
-        return first_problem(*self.compare(**kw))
-
-    def check(self, **kw) -> None:
-        raise_on(self.mismatch(**kw))
-
 
 def make_inputs(
     shape: IndexerCacheShape,
@@ -184,12 +174,9 @@ def make_inputs(
             if i < T:
                 buf[i] *= f
     k = buf.to(dtype)[:, :INDEX_HEAD_DIM]
+    slots = shape.draw_slots(g, device, skip)
     nb = shape.num_blocks()
     n = nb * bs
-    slots = torch.randperm(n, generator=g, device=g.device)[:T].to(device)
-    for i in skip:
-        if i < T:
-            slots[i] = -1
     for j, i in enumerate(outside):
         if i < T:
             slots[i] = n + i if j == 0 else 1 << 40

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..reference.indexer import INDEX_HEAD_DIM, INDEX_ROW_BYTES, indexer_k_cache_write_ref
-from ._paged import generator, platform_fp8, request_rows
+from ._compare import Checked
+from ._paged import RequestRows, generator, platform_fp8, row_requests
 
 POISON_OUT = -7  # what out holds before a call: every entry must be written
 # plan_indexer_topk's choices that IndexerInputs.run takes as keywords and plans with.
@@ -29,7 +30,7 @@ PLAN_KNOBS = ("backend", "config", "max_kv_len", "debug", "shuffled")
 
 
 @dataclass(frozen=True)
-class IndexerShape:
+class IndexerShape(RequestRows):
     """B requests holding ``lens[b]`` keys each, ``rows[b]`` query rows each (an int: the same for
     every request), H indexer heads, ``topk`` kept, pages of ``block`` tokens."""
 
@@ -40,32 +41,11 @@ class IndexerShape:
     block: int = 64
     name: str = ""
 
-    def __post_init__(self):
-        request_rows(self)
-
-    @staticmethod
-    def decode(B: int, ctx: int, H: int, q_len: int = 1, **kw) -> IndexerShape:
-        """B requests of ``ctx`` keys, ``q_len`` rows each (1 decode, 2 MTP)."""
-        return IndexerShape((ctx,) * B, q_len, H, **kw)
-
-    @property
-    def T(self) -> int:
-        return sum(self.rows)
-
-    def kv_lens(self) -> list[int]:
-        """Keys each row sees, rows in order."""
-        return [n - r + 1 + i for n, r in zip(self.lens, self.rows) for i in range(r)]
-
     def label(self) -> str:
         if self.name:
             return self.name
-        B, ctx = len(self.lens), max(self.lens, default=0)
-        uniform = len(set(self.lens)) <= 1 and len(set(self.rows)) <= 1
-        head = f"B={B} ctx={ctx}" if uniform else f"lens={','.join(map(str, self.lens))}"
-        q = self.rows[0] if self.rows else 1
-        rows = "" if not uniform or q == 1 else (f" q{q}" if q <= 8 else f" T={self.T}")
-        tail = f" block={self.block}" if self.block != 64 else ""
-        return f"{head} H={self.H} topk={self.topk}{rows}{tail}"
+        head, rows = self.label_parts()
+        return f"{head} H={self.H} topk={self.topk}{rows}" + (f" block={self.block}" if self.block != 64 else "")
 
     def keys_read(self) -> int:
         """Cache rows the op must read: every row's visible keys."""
@@ -125,7 +105,7 @@ SHAPES: dict[str, list[IndexerShape]] = {
 
 
 @dataclass
-class IndexerInputs:
+class IndexerInputs(Checked):
     """One mla_indexer_topk call's tensors. ``args(i)`` is the op's positional arguments with cache
     copy i; ``kwargs()`` the keywords (the plan included); ``out`` poisoned with POISON_OUT."""
 
@@ -229,12 +209,6 @@ class IndexerInputs:
         r = self.shape.T if rows is None else min(rows, self.shape.T)
         return check_indexer_topk(out[:r], self.logits(r, i=i), self.shape.topk)
 
-    def check(self, out=None, **kw) -> None:
-        """Raise CaseMismatch (an AssertionError) naming what is wrong."""
-        from ._compare import raise_on
-
-        raise_on(self.mismatch(out, **kw))
-
 
 def _one_copy(shape: IndexerShape, g: torch.Generator, device, fp8, shuffled: bool, spare_pages: int):
     """One (cache, block table) pair: fresh keys for every request, pages in shuffled order."""
@@ -296,8 +270,7 @@ def make_inputs(
     q = torch.empty((T, H, INDEX_HEAD_DIM + 16), dtype=kind, device=device)[:, :, :INDEX_HEAD_DIM]
     q.copy_(torch.randn((T, H, INDEX_HEAD_DIM), generator=g, device=g.device).to(device))
     weights = torch.randn((T, H), generator=g, device=g.device).to(device) * H**-0.5
-    req = [b for b, r in enumerate(shape.rows) for _ in range(r)] + [0] * req_pad
-    req_ids = torch.tensor(req, dtype=torch.int32, device=device)
+    req_ids = row_requests(shape.rows, req_pad, device)
     kv_lens = torch.tensor(shape.kv_lens() + [0] * req_pad, dtype=torch.int32, device=device)
     out = torch.full((T, shape.topk), POISON_OUT, dtype=torch.int32, device=device)
     return IndexerInputs(shape, kind, q, weights, caches, tables, req_ids, kv_lens, out, shuf)

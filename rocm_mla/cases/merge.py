@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ._buffers import poisoned
-from ._compare import NORM, Bound, Comparison, compare, first_problem, raise_on
+from ._compare import NORM, Bound, Checked, Comparison, compare
 from ._paged import generator, randn
 
 # One table (the rule: rocm_mla.cases._compare). Element-wise: one rounding of the output plus
@@ -93,7 +93,7 @@ SHAPES: dict[str, list[MergeShape]] = {
 
 
 @dataclass
-class MergeInputs:
+class MergeInputs(Checked):
     """One merge_attn_states call: ``args()`` in its order (output, prefix_output, prefix_lse,
     suffix_output, suffix_lse, output_lse); ``output`` / ``output_lse`` NaN-poisoned views inside
     ``output_base`` / ``output_lse_base``."""
@@ -144,12 +144,6 @@ class MergeInputs:
         if output_lse is not None:
             res.append(compare("output_lse", output_lse[:, :r], rl, tol["output_lse"]))
         return res
-
-    def mismatch(self, output=None, output_lse=None, **kw) -> str:
-        return first_problem(*self.compare(output, output_lse, **kw))
-
-    def check(self, output=None, output_lse=None, **kw) -> None:
-        raise_on(self.mismatch(output, output_lse, **kw))
 
 
 def make_inputs(

@@ -24,7 +24,7 @@ import torch
 
 from ..mla_dims import KV_LORA_RANK, PREFILL_DIMS, PREFILL_GEOMETRIES
 from ._buffers import Guarded, poisoned
-from ._compare import NORM, Bound, Comparison, compare, first_problem, raise_on
+from ._compare import NORM, Bound, Checked, Comparison, compare, with_plan
 from ._paged import generator, randn
 
 P, R, V = PREFILL_DIMS  # DeepSeek's 128, 64, 128: the default geometry
@@ -189,7 +189,7 @@ def cu_seqlens(lengths, device, start: int = 0) -> torch.Tensor:
 
 
 # mla_prefill's own keywords; every other keyword a case call takes is a plan_prefill knob.
-CALL_KEYS = ("sm_scale", "plan", "out", "lse")
+CALL_KEYS = ("sm_scale", "plan", "out", "lse", "workspace")
 
 
 def call_prefill(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, **kw):
@@ -200,11 +200,7 @@ def call_prefill(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, **kw):
     from ..ops import mla_prefill, plan_prefill_for
 
     tensors = (q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k)
-    call = {k: kw.pop(k) for k in list(kw) if k in CALL_KEYS}
-    if call.get("plan") is None:
-        call["plan"] = plan_prefill_for(*tensors, **kw)
-    elif kw:
-        raise TypeError(f"call_prefill: plan knobs {sorted(kw)} beside a plan")
+    call = with_plan(kw, CALL_KEYS, lambda _, **knobs: plan_prefill_for(*tensors, **knobs), "call_prefill")
     return mla_prefill(*tensors, **call)
 
 
@@ -216,16 +212,14 @@ def call_prefill_with_context(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, co
     from ..ops import mla_prefill_with_context, plan_prefill_with_context_for
 
     tensors = (q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k)
-    call = {k: kw.pop(k) for k in list(kw) if k in CALL_KEYS}
-    if call.get("plan") is None:
-        call["plan"] = plan_prefill_with_context_for(*tensors, **kw)
-    elif kw:
-        raise TypeError(f"call_prefill_with_context: plan knobs {sorted(kw)} beside a plan")
+    call = with_plan(
+        kw, CALL_KEYS, lambda _, **k: plan_prefill_with_context_for(*tensors, **k), "call_prefill_with_context"
+    )
     return mla_prefill_with_context(*tensors, context_chunks, **call)
 
 
 @dataclass
-class PrefillInputs:
+class PrefillInputs(Checked):
     """One mla_prefill call's tensors: ``args()`` its positional arguments, ``kwargs()`` its keywords
     (out/lse the NaN-poisoned views inside ``out_base`` / ``lse_base``; the plan ``plan()``)."""
 
@@ -257,14 +251,8 @@ class PrefillInputs:
         """The op's keywords (``overrides`` replace them; a ``plan=`` among them is used as
         given). Without a plan, one is made (:meth:`plan`) from the other overrides: plan knobs
         (backend, config, causal, max_seqlen_q, ...)."""
-        kw = dict(sm_scale=self.sm_scale, out=self.out, lse=self.lse)
-        knobs = {k: overrides.pop(k) for k in list(overrides) if k not in CALL_KEYS}
-        kw.update(overrides)
-        if kw.get("plan") is None:
-            kw["plan"] = self.plan(**knobs)
-        elif knobs:
-            raise TypeError(f"PrefillInputs.kwargs: plan knobs {sorted(knobs)} beside a plan")
-        return kw
+        kw = {**dict(sm_scale=self.sm_scale, out=self.out, lse=self.lse), **overrides}
+        return with_plan(kw, CALL_KEYS, lambda _, **k: self.plan(**k), f"{type(self).__name__}.kwargs")
 
     def run(self, **overrides):
         """mla_prefill writing ``out`` / ``lse``. ``overrides``: the call's own keywords
@@ -292,7 +280,7 @@ class PrefillInputs:
             num_heads=self.q.shape[1],
             q_rows=self.q.shape[0],
             k_rows=self.k_nope.shape[0],
-            dtype=self.dtype,
+            q_dtype=self.dtype,
             device=torch.device(device) if device is not None else self.q.device,
             head_dims=(self.k_nope.shape[2], 0 if self.k_pe is None else self.k_pe.shape[2], self.v.shape[2]),
             max_seqlen_q=max(self.shape.lq, default=0),
@@ -321,12 +309,6 @@ class PrefillInputs:
         m = ro.shape[0]
         tol = TOLERANCE[self.dtype]
         return [compare("out", out[:m], ro, tol["out"]), compare("lse", lse[:, :m], rl, tol["lse"])]
-
-    def mismatch(self, out=None, lse=None, **kw) -> str:
-        return first_problem(*self.compare(out, lse, **kw))
-
-    def check(self, out=None, lse=None, **kw) -> None:
-        raise_on(self.mismatch(out, lse, **kw))
 
 
 def make_inputs(
@@ -569,34 +551,16 @@ class ContextInputs(PrefillInputs):
 
 
 def make_context_inputs(
-    shape: ContextShape,
-    *,
-    dtype: torch.dtype = torch.bfloat16,
-    device="cpu",
-    seed: int = 0,
-    gen: torch.Generator | None = None,
-    kpe_layout: str = "latent",
-    out_layout: str = "flat",
-    lse_layout: str = "contiguous",
-    guard: int = 0,
+    shape: ContextShape, *, dtype=torch.bfloat16, device="cpu", seed: int = 0, gen=None, kpe_layout="latent", **kw
 ) -> ContextInputs:
-    """Fresh random inputs of ``shape``: the new tokens as :func:`make_inputs` makes them (the same
-    layouts and ``guard``: the chunks are not guarded), then each chunk's k_nope / v (views of its
-    own ``[Tc, N, 256]`` buffer), k_pe (in ``kpe_layout``) and cu_seqlens_k."""
+    """Fresh random inputs of ``shape``: the new tokens as :func:`make_inputs` makes them (``kw``:
+    its layouts and ``guard``; the chunks are not guarded), then each chunk's k_nope / v (views of
+    its own ``[Tc, N, P + V]`` buffer), k_pe (in ``kpe_layout``) and cu_seqlens_k."""
     from ..ops.prefill_context import ContextChunk
 
     device = torch.device(device)
     g = gen if gen is not None else generator(seed, device)
-    new = make_inputs(
-        shape.new,
-        dtype=dtype,
-        device=device,
-        gen=g,
-        kpe_layout=kpe_layout,
-        out_layout=out_layout,
-        lse_layout=lse_layout,
-        guard=guard,
-    )
+    new = make_inputs(shape.new, dtype=dtype, device=device, gen=g, kpe_layout=kpe_layout, **kw)
     bufs = _Buffers(device, dtype, 0)
     chunks = []
     for lens in shape.chunks:

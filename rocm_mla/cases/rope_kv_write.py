@@ -18,8 +18,8 @@ import torch
 from ..mla_dims import KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from ..reference.rope_kv_write import rope_cos_sin_cache
 from ._buffers import poisoned
-from ._compare import NORM, Bound, Comparison, compare, dtype_name, first_problem, raise_on
-from ._paged import generator, nan_filled, platform_fp8, randn
+from ._compare import NORM, Bound, Checked, Comparison, compare, dtype_name, first_problem
+from ._paged import CacheKind, SlotWrite, generator, nan_filled, platform_fp8, randn
 
 MAX_POS = 163840  # DeepSeek-V3: 4096 positions x YaRN factor 40
 
@@ -85,7 +85,7 @@ def fp8_rows_vs_model_rounding(dtype: torch.dtype, k_scale: float) -> Bound:
 
 
 @dataclass(frozen=True)
-class RopeShape:
+class RopeShape(SlotWrite, CacheKind):
     """T tokens, N heads, cache pages of ``block`` tokens, ``kv`` "auto" (q's dtype) or "fp8",
     q rows ``q_width`` wide (q_pe its last 64)."""
 
@@ -96,14 +96,9 @@ class RopeShape:
     q_width: int = 192
 
     def __post_init__(self):
-        if self.kv not in ("auto", "fp8"):
-            raise ValueError(f"RopeShape: kv: expected 'auto' or 'fp8', got {self.kv!r}")
+        self.check_kv()
         if self.q_width < QK_ROPE_HEAD_DIM:
             raise ValueError(f"RopeShape: q_width: expected >= 64, got {self.q_width}")
-
-    @property
-    def fp8(self) -> bool:
-        return self.kv == "fp8"
 
     def label(self, dtype: torch.dtype = torch.bfloat16) -> str:
         """``"T=4096 N=16 bf16"`` (the cache's kind last)."""
@@ -113,14 +108,10 @@ class RopeShape:
         )
         return f"T={self.T} N={self.N} {kind}{extra}"
 
-    def num_blocks(self) -> int:
-        """A quarter more slots than tokens, and one page: the slots land scattered."""
-        return (self.T * 5 // 4 + self.block - 1) // self.block + 1
-
     def nbytes(self, dtype: torch.dtype) -> int:
         """The op's work (the same for every provider): q_pe and k_pe read and written, kv_c read, the
         cache rows written, positions and slots, the cos/sin rows."""
-        e, c = dtype.itemsize, 1 if self.fp8 else dtype.itemsize
+        e, c = dtype.itemsize, self.kv_elem_bytes(dtype)
         T, N, R = self.T, self.N, QK_ROPE_HEAD_DIM
         return 2 * T * N * R * e + 2 * T * R * e + T * KV_LORA_RANK * e + T * KV_ROW_DIM * c + 2 * T * 8 + T * R * e
 
@@ -158,7 +149,7 @@ SHAPES: dict[str, list[RopeShape]] = {
 
 
 @dataclass
-class RopeInputs:
+class RopeInputs(Checked):
     """One fused_rope_mla_kv_write call's tensors; ``args()`` in its order (positions, q_pe, k_pe,
     kv_c, cos_sin_cache, kv_cache, slot_mapping; an fp8 cache as uint8 storage), ``kwargs()``."""
 
@@ -312,10 +303,8 @@ class RopeInputs:
         return ""
 
     def mismatch(self, **kw) -> str:
+        """'' when :meth:`compare` holds and :meth:`untouched` finds nothing, else the first problem."""
         return first_problem(*self.compare(**kw)) or self.untouched()
-
-    def check(self, **kw) -> None:
-        raise_on(self.mismatch(**kw))
 
 
 def make_inputs(
@@ -364,11 +353,8 @@ def make_inputs(
     kv_a = values((T, KV_ROW_DIM))
     kv_c = values((T, KV_LORA_RANK))
     positions = torch.randint(0, max_pos, (T,), generator=g, device=g.device).to(device)
+    slots = shape.draw_slots(g, device, skip)
     nb = shape.num_blocks()
-    slots = torch.randperm(nb * shape.block, generator=g, device=g.device)[:T].to(device)
-    for i in skip:
-        if i < T:
-            slots[i] = -1
     kind = (fp8 or platform_fp8(device)) if shape.fp8 else None
     cache_base = nan_filled((nb * (1 + block_pad), shape.block, KV_ROW_DIM * inner_stride), kind or dtype, device)
     cache = cache_base[:: 1 + block_pad, :, ::inner_stride]

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ..mla_dims import KV_LORA_RANK, KV_ROW_DIM
-from ._compare import Bound, Comparison, compare, dtype_name, first_problem, raise_on
-from ._paged import PagedCache, generator, paged_cache, platform_fp8, request_rows
-from .decode import LSE_LAYOUTS, OUT_LAYOUTS, Q_LAYOUTS, SM_SCALE, latent_destinations, latent_queries
+from ._compare import Bound, dtype_name, with_plan
+from ._paged import CacheKind, RequestRows, generator, row_requests
+from .decode import CALL_KEYS, LSE_LAYOUTS, OUT_LAYOUTS, Q_LAYOUTS, LatentInputs, latent_tensors
 from .decode import TOLERANCE as DECODE_TOLERANCE
 
 # The arithmetic of mla_decode over other rows (the same online softmax, dots and roundings), so
@@ -30,12 +30,10 @@ from .decode import TOLERANCE as DECODE_TOLERANCE
 TOLERANCE: dict[torch.dtype, dict[str, Bound]] = DECODE_TOLERANCE
 
 MODES = ("paged", "slots")
-# mla_sparse_attention's own keywords; every other keyword a case call takes is a plan knob.
-CALL_KEYS = ("sm_scale", "plan", "out", "lse", "k_scale", "workspace")
 
 
 @dataclass(frozen=True)
-class SparseShape:
+class SparseShape(RequestRows, CacheKind):
     """B requests holding ``lens[b]`` keys each, ``rows[b]`` query rows each (an int: the same for
     every request), N heads, K entries per row, cache pages of ``block`` tokens, ``kv`` "auto"
     (q's dtype) or "fp8", ``mode`` "paged" (request-local positions through the block table) or
@@ -51,40 +49,18 @@ class SparseShape:
     name: str = ""
 
     def __post_init__(self):
-        request_rows(self)
-        if self.kv not in ("auto", "fp8"):
-            raise ValueError(f"SparseShape: kv: expected 'auto' or 'fp8', got {self.kv!r}")
+        super().__post_init__()
+        self.check_kv()
         if self.mode not in MODES:
             raise ValueError(f"SparseShape: mode: expected one of {MODES}, got {self.mode!r}")
-
-    @staticmethod
-    def decode(B: int, ctx: int, N: int, q_len: int = 1, **kw) -> SparseShape:
-        """B requests of ``ctx`` keys, ``q_len`` rows each (decode 1, MTP more)."""
-        return SparseShape((ctx,) * B, q_len, N, **kw)
-
-    @property
-    def T(self) -> int:
-        return sum(self.rows)
-
-    @property
-    def fp8(self) -> bool:
-        return self.kv == "fp8"
 
     def label(self, dtype: torch.dtype = torch.bfloat16) -> str:
         """``"bf16 B=128 ctx=8192 N=16 K=2048"`` (+ ``q2`` for MTP rows, ``T=`` for prefill chunks)."""
         if self.name:
             return self.name
-        kind = "fp8" if self.fp8 else dtype_name(dtype)
-        B, ctx = len(self.lens), max(self.lens, default=0)
-        uniform = len(set(self.lens)) <= 1 and len(set(self.rows)) <= 1
-        head = f"{kind} B={B} ctx={ctx}" if uniform else f"{kind} lens={','.join(map(str, self.lens))}"
-        q = self.rows[0] if self.rows else 1
-        rows = "" if not uniform or q == 1 else (f" q{q}" if q <= 8 else f" T={self.T}")
+        head, rows = self.label_parts()
         tail = (f" block={self.block}" if self.block != 64 else "") + (" slots" if self.mode == "slots" else "")
-        return f"{head} N={self.N} K={self.K}{rows}{tail}"
-
-    def kv_elem_bytes(self, dtype: torch.dtype) -> int:
-        return 1 if self.fp8 else dtype.itemsize
+        return f"{'fp8' if self.fp8 else dtype_name(dtype)} {head} N={self.N} K={self.K}{rows}{tail}"
 
     def set_bytes(self, dtype: torch.dtype) -> int:
         """Bytes of one cache copy's pages (what cold-cache rotation must exceed)."""
@@ -93,7 +69,7 @@ class SparseShape:
 
     def entries(self) -> int:
         """Selected tokens summed over every row (rows see fewer than K keys early in a prefill)."""
-        return sum(min(self.K, n - r + 1 + i) for n, r in zip(self.lens, self.rows) for i in range(r))
+        return sum(min(self.K, n) for n in self.kv_lens())
 
     def nbytes(self, dtype: torch.dtype) -> float:
         """Bytes one call must move: every selected cache row once per row that selects it, the
@@ -166,53 +142,24 @@ def call_sparse(q_nope, q_pe, kv_cache, topk_indices, block_table, req_id_per_to
     from ..ops import mla_sparse_attention, plan_sparse_attention_for
 
     args = (q_nope, q_pe, kv_cache, topk_indices, block_table, req_id_per_token)
-    call = {k: kw.pop(k) for k in list(kw) if k in CALL_KEYS}
-    if call.get("plan") is None:
-        call["plan"] = plan_sparse_attention_for(
-            *args, k_scale=call.get("k_scale"), workspace=call.get("workspace"), **kw
-        )
-    elif kw:
-        raise TypeError(f"call_sparse: plan knobs {sorted(kw)} beside a plan")
-    return mla_sparse_attention(*args, **call)
+
+    def make(call, **knobs):
+        return plan_sparse_attention_for(*args, k_scale=call.get("k_scale"), workspace=call.get("workspace"), **knobs)
+
+    return mla_sparse_attention(*args, **with_plan(kw, CALL_KEYS, make, "call_sparse"))
 
 
-@dataclass
-class SparseInputs:
-    """One mla_sparse_attention call's tensors. ``args(i)`` is the op's positional arguments with
-    cache copy i (an fp8 cache as uint8 storage, as vLLM passes it); ``kwargs()`` the keywords;
-    ``out`` / ``lse`` NaN-poisoned views inside ``out_base`` / ``lse_base``."""
+@dataclass(kw_only=True)
+class SparseInputs(LatentInputs):
+    """One mla_sparse_attention call's tensors (``shape`` a :class:`SparseShape`). ``args(i)`` is the
+    op's positional arguments with cache copy i (an fp8 cache as uint8 storage, as vLLM passes it);
+    ``kwargs()`` the keywords."""
 
-    shape: SparseShape
-    dtype: torch.dtype
-    q_nope: torch.Tensor
-    q_pe: torch.Tensor
-    paged: PagedCache
     positions: torch.Tensor  # [T, K] int32 request-local positions (-1: none), whatever the mode
     req_ids: torch.Tensor  # [T + pad] int32: the request of each row (vLLM pads it)
-    out: torch.Tensor
-    lse: torch.Tensor
-    out_base: torch.Tensor = field(repr=False)
-    lse_base: torch.Tensor = field(repr=False)
-    k_scale: torch.Tensor | None = None
-    sm_scale: float = SM_SCALE
     _slots: dict = field(default_factory=dict, repr=False)
 
-    @property
-    def kv_cache(self) -> torch.Tensor:
-        """Cache copy 0 as a typed tensor (fp8: the e4m3 kind), the way the reference reads it."""
-        return self.paged.cache
-
-    @property
-    def block_table(self) -> torch.Tensor:
-        return self.paged.table
-
-    @property
-    def copies(self) -> int:
-        return self.paged.copies
-
-    @property
-    def kv_cache_dtype(self) -> str:
-        return "fp8" if self.paged.fp8 is not None else "auto"
+    OP = "mla_sparse_attention"
 
     def topk_indices(self, i: int = 0) -> torch.Tensor:
         """The lists as the op reads them for copy i: positions ("paged"), or the global slots of
@@ -234,56 +181,14 @@ class SparseInputs:
             self.req_ids if paged else None,
         )
 
-    def kwargs(self, **overrides) -> dict:
-        """mla_sparse_attention's keywords (``overrides`` replace them; a ``plan=`` among them is
-        used as given). Without a plan, one is made here from the call's own plan knobs (every
-        keyword outside ``CALL_KEYS``: kv_cache_dtype, num_splits, batch_invariant, config,
-        backend, debug)."""
-        kw = dict(sm_scale=self.sm_scale, out=self.out, lse=self.lse, k_scale=self.k_scale)
-        knobs = {k: overrides.pop(k) for k in list(overrides) if k not in CALL_KEYS}
-        kw.update(overrides)
-        if kw.get("plan") is None:
-            ws = kw.get("workspace")
-            base = dict(
-                workspace_numel=ws.numel() if isinstance(ws, torch.Tensor) else None,
-                k_scale_on_device=isinstance(kw["k_scale"], torch.Tensor),
-            )
-            kw["plan"] = self.plan(**{**base, **knobs})
-        elif knobs:
-            raise TypeError(f"SparseInputs.kwargs: plan knobs {sorted(knobs)} beside a plan")
-        return kw
-
-    def run(self, i: int = 0, **overrides):
-        """mla_sparse_attention on copy i, writing ``out`` / ``lse``. ``overrides``: the call's own
-        keywords (``CALL_KEYS``: plan, out=None, workspace, ...) and plan knobs (backend, config,
-        num_splits, batch_invariant, kv_cache_dtype, debug, as ``plan_sparse_attention`` takes
-        them) for the plan made here when none is given. Returns what the op returns."""
-        from ..ops import mla_sparse_attention
-
-        return mla_sparse_attention(*self.args(i), **self.kwargs(**overrides))
-
     def plan(self, device=None, **overrides):
         """The :class:`~rocm_mla.ops.SparsePlan` of :meth:`run`'s call (``overrides``: num_splits,
         config, batch_invariant, kv_cache_dtype, backend, ... as
-        :func:`~rocm_mla.ops.plan_sparse_attention` takes them; the cache as :meth:`args` passes it,
-        an fp8 one as uint8 storage of the platform's kind; k_scale on the device as the case
-        holds it)."""
+        :func:`~rocm_mla.ops.plan_sparse_attention` takes them)."""
         from ..ops import plan_sparse_attention
 
-        kw = dict(
-            num_rows=self.shape.T,
-            num_heads=self.shape.N,
-            topk=self.shape.K,
-            block_size=self.shape.block,
-            q_dtype=self.dtype,
-            kv_dtype=self.paged.stored(0).dtype,
-            kv_cache_dtype=self.kv_cache_dtype,
-            device=torch.device(device) if device is not None else self.q_nope.device,
-            paged=self.shape.mode == "paged",
-            k_scale_on_device=self.k_scale is not None,
-        )
-        kw.update(overrides)
-        return plan_sparse_attention(**kw)
+        sizes = dict(num_rows=self.shape.T, topk=self.shape.K, paged=self.shape.mode == "paged")
+        return plan_sparse_attention(**self._plan_kw(device, sizes, overrides))
 
     def reference(self, rows: int | None = None, *, i: int = 0):
         """(out [rows', N, 512], lse [rows', N]) float32 of the first ``rows`` rows (all: None),
@@ -302,24 +207,6 @@ class SparseInputs:
             self.sm_scale,
             self.k_scale,
         )
-
-    def compare(self, out=None, lse=None, *, rows=None, ref=None, tol=None) -> list[Comparison]:
-        """out and lse (default: the buffers) against the reference of the first ``rows`` rows (or
-        ``ref``), under ``tol`` (default TOLERANCE[dtype])."""
-        out = self.out if out is None else out
-        lse = self.lse if lse is None else lse
-        ro, rl = ref if ref is not None else self.reference(rows)
-        r = ro.shape[0]
-        tol = TOLERANCE[self.dtype] if tol is None else tol
-        return [compare("out", out[:r], ro, tol["out"]), compare("lse", lse[:r], rl, tol["lse"])]
-
-    def mismatch(self, out=None, lse=None, **kw) -> str:
-        """'' when out and lse agree with the reference (see :meth:`compare`), else what differs."""
-        return first_problem(*self.compare(out, lse, **kw))
-
-    def check(self, out=None, lse=None, **kw) -> None:
-        """Raise CaseMismatch (an AssertionError) naming what differs."""
-        raise_on(self.mismatch(out, lse, **kw))
 
 
 def positions_to_slots(positions, block_table, req_ids, block_size: int) -> torch.Tensor:
@@ -367,50 +254,24 @@ def make_inputs(
     device="cpu",
     seed: int = 0,
     gen: torch.Generator | None = None,
-    copies: int = 1,
-    k_scale: float = 0.05,
-    fp8: torch.dtype | None = None,
-    q_layout: str = "vllm",
-    out_layout: str = "contiguous",
-    lse_layout: str = "contiguous",
     holes: float = 0.0,
     dups: float = 0.0,
-    spare_pages: int = 3,
-    spare_cols: int = 1,
-    unused: str = "nan",
-    guard: int = 0,
     req_pad: int = 3,
+    **kw,
 ) -> SparseInputs:
-    """Fresh random inputs of ``shape`` (see the module docstring).
+    """Fresh random inputs of ``shape`` (see the module docstring), from ``gen`` or a generator of
+    ``seed`` on ``device``.
 
-    dtype: q's and out's dtype (and the cache's unless shape.kv is "fp8"). fp8: the e4m3 kind of an
-    fp8 cache (default: the platform's). copies: R independent (cache, block table) pairs (cold-cache
-    rotation; the lists are positions, so they hold for every copy). q_layout / out_layout /
-    lse_layout: as rocm_mla.cases.decode.make_inputs. holes / dups: fractions of the entries set to
-    -1 / to a repeat of another entry of the row. spare_pages / spare_cols / unused / guard: see
-    :func:`rocm_mla.cases.paged_cache`. req_pad: entries past T in req_id_per_token (vLLM pads it).
+    holes / dups: fractions of the entries set to -1 / to a repeat of another entry of the row.
+    req_pad: entries past T in req_id_per_token (vLLM pads it). ``kw``: the keywords of
+    :func:`rocm_mla.cases.decode.latent_tensors` (copies, k_scale, fp8, the q / out / lse layouts,
+    spare_pages, spare_cols, unused, guard, outliers), as decode's make_inputs takes them; copies
+    share the lists (positions, so they hold for every copy).
     """
     device = torch.device(device)
     g = gen if gen is not None else generator(seed, device)
-    kind = (fp8 or platform_fp8(device)) if shape.fp8 else None
-    paged = paged_cache(
-        shape.lens,
-        shape.block,
-        dtype=dtype,
-        device=device,
-        gen=g,
-        fp8=kind,
-        k_scale=k_scale if kind is not None else None,
-        spare_pages=spare_pages,
-        spare_cols=spare_cols,
-        copies=copies,
-        unused=unused,
-        guard=guard,
+    parts = latent_tensors(
+        shape.lens, shape.block, shape.fp8, shape.T, shape.N, dtype=dtype, device=device, gen=g, **kw
     )
-    q_nope, q_pe = latent_queries(shape.T, shape.N, q_layout, g, device, dtype)
-    out_base, out, lse_base, lse = latent_destinations(shape.T, shape.N, dtype, device, out_layout, lse_layout)
     positions = _lists(shape, g, device, holes, dups)
-    req = [b for b, r in enumerate(shape.rows) for _ in range(r)] + [0] * req_pad
-    req_ids = torch.tensor(req, dtype=torch.int32, device=device)
-    ks = torch.tensor([k_scale], device=device) if kind is not None else None
-    return SparseInputs(shape, dtype, q_nope, q_pe, paged, positions, req_ids, out, lse, out_base, lse_base, ks)
+    return SparseInputs(shape, dtype, positions=positions, req_ids=row_requests(shape.rows, req_pad, device), **parts)

@@ -5,10 +5,11 @@ an optional user overlay that ``rocm-mla tune`` writes.
 depending only on the ones before it:
 
 * ``tables``: the package's JSON per op and the per-vendor arch selection (``package_config``,
-  ``is_amd_arch``, ``is_nvidia_arch``, ``nvidia_sm``, ``wave_size``, the tuning spaces).
+  ``is_amd_arch``, ``is_nvidia_arch``, ``nvidia_sm``, ``wave_size``).
 * ``overlay``: the user's tuned overlay: the schema of every op's fields, validation
   (``validate_overlay``, the ``OverlayError`` family), the verification stamp, the files, the merge.
 * ``loader``: ``config_for`` (package data plus the verified overlay for exactly that arch, cached),
+  the one shape of an op's arch object and its tiers' selection (``tier_index``, ``resolve_tier``),
   ``overlay_status``, ``reload_overlays``, ``overlays_disabled`` and ``override`` (the tuner's).
 
 Every name below is importable from ``rocm_mla.configs``.
@@ -24,16 +25,17 @@ from .loader import (
     override,
     platform_fp8_dtype,
     reload_overlays,
+    resolve_tier,
+    tier_index,
 )
 from .overlay import (
     AMD_OPTIONS,
     BACKENDS,
-    DECODE_DTYPE_TAGS,
+    DTYPE_TAGS,
     OVERLAY_ENV,
     OVERLAY_SCHEMA_VERSION,
     PREFILL_TMA_MODES,
     SCHEMAS,
-    SPARSE_DTYPE_TAGS,
     OverlayArchMismatch,
     OverlayCompileError,
     OverlayError,
@@ -65,20 +67,17 @@ from .tables import (
     known_arches,
     nvidia_sm,
     package_config,
-    tune_candidates,
-    tune_space,
     wave_size,
 )
 
 __all__ = [
     "AMD_OPTIONS",
     "BACKENDS",
-    "DECODE_DTYPE_TAGS",
+    "DTYPE_TAGS",
     "OVERLAY_ENV",
     "OVERLAY_SCHEMA_VERSION",
     "PREFILL_TMA_MODES",
     "SCHEMAS",
-    "SPARSE_DTYPE_TAGS",
     "OverlayArchMismatch",
     "OverlayCompileError",
     "OverlayError",
@@ -110,11 +109,11 @@ __all__ = [
     "prefill_tma_mode",
     "read_overlay",
     "reload_overlays",
+    "resolve_tier",
     "software_versions",
     "stamp_overlay",
     "stamp_problems",
-    "tune_candidates",
-    "tune_space",
+    "tier_index",
     "wave_size",
     "validate_overlay",
 ]

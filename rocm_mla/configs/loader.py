@@ -1,5 +1,15 @@
 """What the ops look up: ``config_for(op, arch)``, the package's data for that arch with the user's
-verified overlay for exactly that arch merged over it.
+verified overlay for exactly that arch merged over it, and the one way a launch config is taken
+out of it.
+
+Every op's arch object has one shape: ``tiers``, a list of launch configs (an op with one config
+has one tier); ``candidates``, the extra configs ``rocm-mla tune`` times, in the tiers' shape;
+beside them the op's model parameters (``backend_order``, ``split``, ``batch_invariant``,
+``num_xcds``, ``reduce``; merge's and RoPE's HIP kernel: a ``hip`` object with its own ``tiers``
+and ``candidates``). mla_decode's and mla_sparse_attention's tiers are selected by ``BLOCK_H``
+(``tier_index``), mla_prefill's by ``geometry``; every other op launches its first tier. A tier's
+``fp8`` / ``fp8+qk`` / ``fp8+all`` / ``fp32`` / ``fp16+fp8`` objects override its fields for one
+kind of call (``resolve_tier``).
 
 Caching: the resolved data is cached per (op, arch); ``reload_overlays()`` drops the cache (the
 tuner calls it after writing, so a ``tune`` run and later calls in one process agree). A file
@@ -17,6 +27,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .overlay import (
+    DTYPE_TAGS,
     SCHEMAS,
     OverlayError,
     OverlayParseError,
@@ -68,6 +79,22 @@ def _resolved(op: str, arch: str) -> dict[str, Any]:
     if status.data is not None and op in status.data:
         return _deep_merge(base, status.data[op][arch])
     return base
+
+
+def tier_index(tiers: list[dict[str, Any]], rows: int) -> int:
+    """Index of the tier (of tiers sorted by ``BLOCK_H``) that serves ``rows`` (mla_decode: a
+    request's q_len x N query rows; mla_sparse_attention: N heads): the first whose BLOCK_H holds
+    them all, else the last (several blocks of BLOCK_H rows)."""
+    return next((i for i, t in enumerate(tiers) if t["BLOCK_H"] >= rows), len(tiers) - 1)
+
+
+def resolve_tier(tier: dict[str, Any], tags: list[str]) -> dict[str, Any]:
+    """The launch config of ``tier`` for a kind of call: its own fields (without the selection
+    key ``geometry``), then those of each override object in ``tags`` (``DTYPE_TAGS``), in order."""
+    cfg = {k: v for k, v in tier.items() if k not in DTYPE_TAGS and k != "geometry"}
+    for tag in tags:
+        cfg.update(tier.get(tag, {}))
+    return cfg
 
 
 def platform_fp8_dtype(arch: str):

@@ -7,7 +7,7 @@ it merges over the package's data (``rocm-mla tune`` writes it; docs/tuning.md).
   ``gfx942-304cu.json``: the tuner's name), else ``<arch>.json`` (any CU count).
 * What: the configs' own schema, ``{"<op>": {"<arch>": {fields of that arch's object}}, "_meta": {...}}``.
   Objects merge field by field over the package's object; a list or a scalar replaces the
-  package's value whole (e.g. ``mla_decode``'s ``stage1`` tiers).
+  package's value whole (an op's ``tiers``, its ``candidates``).
 * Trust: an overlay is used only when it is well formed (known ops, fields and types), names the
   arch (and CU count) of the device, and carries the stamp that ``rocm-mla tune`` (or
   ``rocm-mla tune --check --stamp``) writes after compiling every config in it and checking it
@@ -71,12 +71,12 @@ _DECODE_FIELDS = {
     "ctas_per_cu": INT,
     **AMD_OPTIONS,
 }
-# Per-dtype override objects inside a decode stage-1 tier ("fp8+qk" / "fp8+all": fp8 cache with
-# mla_decode(fp8_dots="qk" / "all"); "all" applies both, in that order).
-DECODE_DTYPE_TAGS = ("fp8", "fp8+qk", "fp8+all", "fp32", "fp16+fp8")
-_DECODE_TIER = {**_DECODE_FIELDS, **{tag: _DECODE_FIELDS for tag in DECODE_DTYPE_TAGS}}
-# A mla_sparse_attention tier (configs/mla_sparse_attention.json "tiers"), and its per-dtype
-# override objects: "fp8" (fp8 cache), "fp32" (float32 q), which ops/sparse_plan.py applies.
+# A tier's override objects for one kind of call, in the order they apply (loader.resolve_tier):
+# "fp8" an fp8 cache, "fp8+qk" / "fp8+all" mla_decode(fp8_dots="qk" / "all") ("all" applies both),
+# "fp32" float32 q (or prefill inputs), "fp16+fp8" float16 q over an fp8 cache. mla_decode's tiers
+# take all of them, mla_sparse_attention's "fp8" and "fp32", mla_prefill's "fp32".
+DTYPE_TAGS = ("fp8", "fp8+qk", "fp8+all", "fp32", "fp16+fp8")
+_DECODE_TIER = {**_DECODE_FIELDS, **{tag: _DECODE_FIELDS for tag in DTYPE_TAGS}}
 _SPARSE_FIELDS = {
     "BLOCK_H": INT,
     "BLOCK_N": INT,
@@ -88,8 +88,7 @@ _SPARSE_FIELDS = {
     "ctas_per_cu": INT,
     **AMD_OPTIONS,
 }
-SPARSE_DTYPE_TAGS = ("fp8", "fp32")
-_SPARSE_TIER = {**_SPARSE_FIELDS, **{tag: _SPARSE_FIELDS for tag in SPARSE_DTYPE_TAGS}}
+_SPARSE_TIER = {**_SPARSE_FIELDS, "fp8": _SPARSE_FIELDS, "fp32": _SPARSE_FIELDS}
 _SPLIT_MODEL = {"min_tokens_per_split": INT, "max_splits": INT, "fixed_tiles": NUM, "launch_tiles": NUM}
 _PREFILL = {
     "BLOCK_M": INT,
@@ -102,64 +101,39 @@ _PREFILL = {
     "head_group_kv_bytes": INT,
     **AMD_OPTIONS,
 }
+_PREFILL_TIER = {**_PREFILL, "geometry": STR, "fp32": _PREFILL}
+_INDEXER_TIER = {
+    "split_keys": INT,
+    "BLOCK_N": INT,
+    "num_warps": INT,
+    "num_stages": INT,
+    "key_streams": INT,
+    "programs_per_cu": INT,
+    "merge": {"chunk": INT, "num_warps": INT, "keys_per_thread": INT},
+    "direct": BOOL,
+    "select_pack": INT,
+    "maxnreg": INT,
+    "many_items": {"select_pack": INT, "maxnreg": INT, "programs_per_cu": INT},
+    "prefilter": {"split_keys": INT},
+    **AMD_OPTIONS,
+}
 
-# The fields an overlay may set, per op (the arch objects of configs/<op>.json). Fields the
-# package's JSON gains later are accepted too (their type read from the JSON): see _schema().
+
+def _tiers(tier: dict[str, Any]) -> dict[str, Any]:
+    """The ``tiers`` and ``candidates`` fields of an arch object whose launch configs are ``tier``."""
+    return {"tiers": [tier], "candidates": [tier]}
+
+
+# The fields an overlay may set, per op (the arch objects of configs/<op>.json), where the package's
+# JSON cannot say them: a backend, a number that may be fractional, a field no arch sets. Every
+# field of the JSON is accepted too, with the type it has there: see _schema().
 SCHEMAS: dict[str, dict[str, Any]] = {
-    "mla_decode": {
-        "backend_order": [BACKEND],
-        "num_xcds": INT,
-        "split": _SPLIT_MODEL,
-        "stage1": [_DECODE_TIER],
-        "stage2": {
-            "num_warps": INT,
-            "tile_elems": INT,
-            "max_block_s": INT,
-            "invariant_max_block_s": INT,
-            "waves_per_eu": INT,
-        },
-        "candidates": [_DECODE_TIER],
-    },
-    "mla_sparse_attention": {
-        "backend_order": [BACKEND],
-        "num_xcds": INT,
-        "split": _SPLIT_MODEL,
-        "batch_invariant": {"split_tokens": INT},
-        "tiers": [_SPARSE_TIER],
-    },
-    "mla_indexer_topk": {
-        "backend_order": [BACKEND],
-        "split_keys": INT,
-        "BLOCK_N": INT,
-        "num_warps": INT,
-        "num_stages": INT,
-        "key_streams": INT,
-        "programs_per_cu": INT,
-        "merge": {"chunk": INT, "num_warps": INT, "keys_per_thread": INT},
-        "direct": BOOL,
-        "select_pack": INT,
-        "maxnreg": INT,
-        "many_items": {"select_pack": INT, "maxnreg": INT, "programs_per_cu": INT},
-        "prefilter": {"split_keys": INT},
-        **AMD_OPTIONS,
-    },
-    "mla_prefill": {"backend_order": [BACKEND], "triton": _PREFILL, "triton_fp32": _PREFILL, "candidates": [_PREFILL]},
-    "merge_attn_states": {
-        "backend_order": [BACKEND],
-        "hip": {"waves_per_block": INT, "vecs_per_thread": INT},
-        "triton": {"tile_elems": INT, "num_warps": INT, "waves_per_eu": INT},
-    },
-    "rope_kv_write": {
-        "backend_order": [BACKEND],
-        "hip": {"waves_per_block": INT, "units_per_thread": INT, "min_blocks_per_cu": INT},
-        "triton": {
-            "rows_per_program": INT,
-            "max_tokens": INT,
-            "block_rows": INT,
-            "num_warps": INT,
-            "waves_per_eu": INT,
-        },
-    },
+    "mla_decode": {"backend_order": [BACKEND], "split": _SPLIT_MODEL, **_tiers(_DECODE_TIER)},
+    "mla_sparse_attention": {"backend_order": [BACKEND], "split": _SPLIT_MODEL, **_tiers(_SPARSE_TIER)},
+    "mla_indexer_topk": {"backend_order": [BACKEND], **_tiers(_INDEXER_TIER)},
+    "mla_prefill": {"backend_order": [BACKEND], **_tiers(_PREFILL_TIER)},
+    "merge_attn_states": {"backend_order": [BACKEND]},
+    "rope_kv_write": {"backend_order": [BACKEND]},
 }
 
 
@@ -200,24 +174,31 @@ def _union(a: Any, b: Any) -> Any:
 def _schema(op: str) -> dict[str, Any]:
     schema = SCHEMAS[op]
     for key, obj in _table(op).items():
-        if not key.startswith("_") and key != "tune" and isinstance(obj, dict):
+        if not key.startswith("_"):
             schema = _union(schema, _infer(obj))
     return schema
 
 
 @functools.cache
 def _required_list_fields(op: str) -> dict[str, frozenset[str]]:
-    """Per list-of-objects field (``stage1``, ``candidates``): the fields every element of the
-    package's lists has (an overlay's list replaces the package's whole, so its elements must be
-    complete)."""
+    """Per list of objects (by path in the arch object: ``tiers``, ``hip.tiers``, ...): the
+    fields every element of the package's lists has (an overlay's list replaces the package's
+    whole, so its elements must be complete). ``candidates`` share their ``tiers``' entry (the
+    same shape)."""
     out: dict[str, frozenset[str]] = {}
-    for key, obj in _table(op).items():
-        if key.startswith("_") or key == "tune" or not isinstance(obj, dict):
-            continue
+
+    def walk(obj: dict[str, Any], path: str) -> None:
         for name, val in obj.items():
-            if isinstance(val, list) and val and all(isinstance(v, dict) for v in val):
+            where = f"{path}{'tiers' if name == 'candidates' else name}"
+            if isinstance(val, dict):
+                walk(val, f"{where}.")
+            elif isinstance(val, list) and val and all(isinstance(v, dict) for v in val):
                 common = frozenset.intersection(*(frozenset(v) for v in val))
-                out[name] = out[name] & common if name in out else common
+                out[where] = out[where] & common if where in out else common
+
+    for key, obj in _table(op).items():
+        if not key.startswith("_"):
+            walk(obj, "")
     return out
 
 
@@ -283,7 +264,7 @@ def _check_value(
     schema: Any,
     required: dict[str, frozenset[str]],
     errors: list[OverlayError],
-    field_name: str = "",
+    path: str = "",
 ) -> None:
     if isinstance(schema, dict):
         if not isinstance(value, dict):
@@ -293,15 +274,15 @@ def _check_value(
             if k not in schema:
                 errors.append(OverlayUnknownKey(f"{where}.{k}", f"unknown field (known: {', '.join(sorted(schema))})"))
                 continue
-            _check_value(f"{where}.{k}", v, schema[k], required, errors, k)
+            _check_value(f"{where}.{k}", v, schema[k], required, errors, f"{path}.{k}" if path else k)
         return
     if isinstance(schema, list):
-        if not isinstance(value, list) or not (value or field_name in _MAY_BE_EMPTY):
+        if not isinstance(value, list) or not (value or path.rpartition(".")[2] in _MAY_BE_EMPTY):
             errors.append(OverlayTypeError(where, f"expected a non-empty list, got {json.dumps(value)[:60]}"))
             return
-        need = required.get(field_name, frozenset())
+        need = required.get(path.replace("candidates", "tiers"), frozenset())
         for i, v in enumerate(value):
-            _check_value(f"{where}[{i}]", v, schema[0], required, errors)
+            _check_value(f"{where}[{i}]", v, schema[0], required, errors, f"{path}[]")
             if need and isinstance(v, dict) and not need <= set(v):
                 errors.append(
                     OverlayTypeError(

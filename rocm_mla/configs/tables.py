@@ -8,7 +8,6 @@ takes sm90's. No code outside this package inspects arch strings.
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 import re
 from importlib import resources
@@ -88,18 +87,3 @@ def package_config(op: str, arch: str) -> dict[str, Any]:
 def known_arches(op: str) -> list[str]:
     """Arch keys with explicit data for ``op`` (for the ISA report)."""
     return [k for k in _table(op) if is_amd_arch(k) or is_nvidia_arch(k)]
-
-
-def tune_space(op: str) -> dict[str, Any]:
-    """Candidate launch values per implementation that ``rocm-mla tune`` sweeps."""
-    return _table(op).get("tune", {})
-
-
-def tune_candidates(op: str) -> dict[str, list[dict[str, Any]]]:
-    """Per implementation, every combination of its ``tune_space`` values (keys in the JSON's
-    order, the last key varying fastest): the launch-data candidates a sweep times, each to be
-    merged over the arch's entry."""
-    return {
-        impl: [dict(zip(space, vals)) for vals in itertools.product(*space.values())]
-        for impl, space in tune_space(op).items()
-    }

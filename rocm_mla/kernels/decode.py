@@ -5,7 +5,7 @@ Split-KV ("flash-decoding") paged MQA over the MLA latent cache, in two kernels:
 stage 1  ``mla_decode_stage1_kernel``: one program = (one request b, one KV split s, one block of
          BLOCK_H query rows of that request). A request's query rows are its q_len new tokens x N
          heads, numbered m = t * N + h (t: token within the request, h: head). Every row of the block
-         reads the same KV tiles, so each KV byte is loaded once per (split, row block) -- for
+         reads the same KV tiles, so each KV byte is loaded once per (split, head block) -- for
          q_len * N <= BLOCK_H once per split -- instead of once per 16 heads. Per KV tile of BLOCK_N
          tokens it computes
              s = q_nope . k_nope^T + q_pe . k_pe^T      two tl.dot (512 + 64)
@@ -172,7 +172,7 @@ def mla_decode_stage1_kernel(
     one page: one scalar block-table load per tile and contiguous rows. The division per row is
     most of the loop's integer work, several times the instructions of the loads and dots it
     serves (the profile: docs/notes/decode-tiers-and-splits.md).
-    V_SPLIT (1 or 2; 2 needs D_SPLIT == 2): programs per (request, split, row block). With 2, program
+    V_SPLIT (1 or 2; 2 needs D_SPLIT == 2): programs per (request, split, head block). With 2, program
     v accumulates p . V only over the latent half v ("own" columns) and writes only those columns
     of out / part_o; both compute q . k^T over all 576 columns (the other half is read as K only).
     That recomputes the scores (1664 instead of 1088 MACs per row and key) but halves the
@@ -213,12 +213,12 @@ def mla_decode_stage1_kernel(
     which the host takes from the batch); splits past the request's last key are empty, and the
     last split of the grid takes every key left (a grid too small for a request stays correct).
     SPLIT_TOKENS is a multiple of BLOCK_N. 0: the split length follows num_splits.
-    split_programs: programs per (request, row block); == num_splits (one split each) but with
+    split_programs: programs per (request, head block); == num_splits (one split each) but with
     SPLIT_RUNS, where program p of a request takes its splits [p x per, (p + 1) x per), per =
     cdiv(own splits, split_programs): the loop writes each split's partial (normalised output and
     lse) as it leaves the split and restarts the softmax, so a split's partial is the one a program
     of its own would write, and the software pipeline runs on across the run. The splits a run's
-    loop does not reach (an MTP row block's past its rows' last key; all of them on a bad page)
+    loop does not reach (an MTP head block's past its rows' last key; all of them on a bad page)
     get lse -inf (NaN) and a zero partial: the batch-invariant reduce reads every own split.
     SPLIT_RUNS is a per-tier config field: the partial store inside the loop converts the
     accumulator's layout through shared memory beside the pipeline buffers, which only the small
@@ -472,7 +472,7 @@ def mla_decode_stage1_kernel(
     poison = bad_page != 0
     own_lse = vh == 0  # both V halves compute the same lse: one writes it
     if SPLIT_RUNS:
-        # The program's splits its loop did not close -- past the rows' last key (MTP row blocks),
+        # The program's splits its loop did not close -- past the rows' last key (MTP head blocks),
         # or all of them on a bad page -- get lse -inf (NaN on a bad page) and a zero partial, so
         # stage 2 reads no unwritten workspace.
         fill = tl.where(poison, float("nan"), float("-inf")) + tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -492,7 +492,7 @@ def mla_decode_stage1_kernel(
             tl.store(lse + q_row * s_l_r + h * s_l_h, lse2 * 0.6931471805599453, mask=row_ok & own_lse)
         else:
             # An empty split writes only its lse (-inf, NaN on a bad page): stage 2 reads no partial
-            # past the request's own splits. An own split that is empty for this row block (MTP:
+            # past the request's own splits. An own split that is empty for this head block (MTP:
             # past its rows' last key) writes its zero partial too (acc is 0, inv finite): the
             # batch-invariant reduce reads every own split's.
             write_o = end > start

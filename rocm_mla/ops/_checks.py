@@ -31,6 +31,15 @@ def debug_enabled(debug: bool | None) -> bool:
     return debug if debug is not None else env.flag("ROCM_MLA_DEBUG")
 
 
+def plan_device(device: torch.device | str) -> torch.device:
+    """A plan's device with its index: a "cuda" plan serves the current device's tensors, whose
+    ``.device`` names the index (``cuda:0``), so plans compare devices in that form."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:
     return " or ".join(str(d).replace("torch.", "") for d in dtypes)
 
@@ -44,6 +53,13 @@ class Checker:
     def fail(self, name: str, expected: str, got: object, exc: type[Exception] = ValueError):
         """Raise ``exc`` naming the argument, what was expected and what came."""
         raise exc(f"{self.op}: {name}: expected {expected}, got {got}")
+
+    def count(self, name: str, v: object, low: int = 0, *, optional: bool = False) -> None:
+        """A size or count argument: an int >= ``low`` (``optional``: or None)."""
+        if optional and v is None:
+            return
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            self.fail(name, f"{'None or ' if optional else ''}an int >= {low}", repr(v))
 
     def fp8_scale(self, name: str, k_scale) -> None:
         """An fp8 cache's scale: a 1-element float32 tensor (its device is checked with the rest)."""
@@ -123,13 +139,15 @@ class Checker:
                 self.fail(name, f"device {ref.device} (like {ref_name})", str(x.device))
 
     def plan_for(self, plan: object, kind: type, maker: str, want: dict) -> None:
-        """A caller's ``plan=`` must be a ``kind`` (made by ``maker``) whose fields equal ``want``
-        (this call's sizes, dtypes, arch, ...): raise naming the first that differs."""
+        """Raise for a caller's ``plan=`` that its ``matches`` refused: not a ``kind`` (made by
+        ``maker``), or the first field that differs from ``want`` (this call's sizes, dtypes,
+        arch, ...)."""
         if not isinstance(plan, kind):
             self.fail("plan", f"a plan from {maker} ({kind.__name__})", type(plan).__name__, TypeError)
         name = plan_mismatch(plan, want)
         if name:
             self.fail("plan", f"a plan made for this call ({name}={want[name]})", f"{name}={getattr(plan, name)}")
+        self.fail("plan", "tensors matching the plan", "a mismatch the checks did not name")
 
     def index_cache(self, index_cache, shuffled) -> bool:
         """Validate an indexer cache's shape ``[num_blocks, block_size, 132]``, its strides (each block's
@@ -251,6 +269,27 @@ class Checker:
                     f"{what} with {sn}",
                     f"overlapping views of one buffer ({dn}: bytes [{a0:#x}, {a1:#x}), {sn}: bytes [{b0:#x}, {b1:#x}))",
                 )
+
+    def arguments(
+        self,
+        dests: dict[str, torch.Tensor | None],
+        srcs: dict[str, torch.Tensor | None],
+        *,
+        identical_ok: Sequence[tuple[str, str]] = (),
+        like: str = "",
+    ) -> None:
+        """The checks of an op's shaped tensors taken together: all on one device (a device error
+        names ``like``, by default the first destination, as the one the others must match), each
+        destination :meth:`writable`, and :meth:`no_overlap` (``identical_ok`` as there). None
+        entries (optional tensors, a k_scale that is not read) are skipped."""
+        tensors = {**dests, **srcs}
+        if like:
+            tensors = {like: tensors.pop(like), **tensors}
+        self.same_device(**tensors)
+        for name, x in dests.items():
+            if x is not None:
+                self.writable(name, x)
+        self.no_overlap(dests, srcs, identical_ok=identical_ok)
 
 
 def plan_mismatch(plan: object, want: dict) -> str:

@@ -34,7 +34,6 @@ from .latent_core import KV_CACHE_DTYPE_NAMES
 OP = "context_gather"  # config file, backend switch (ROCM_MLA_BACKEND_CONTEXT_GATHER)
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
-# The kv_cache_dtype names the op takes (vLLM's CacheDType values for an MLA cache, as plan_decode).
 
 
 def gather_context_chunk(
@@ -95,12 +94,15 @@ def gather_context_chunk(
         TypeError / ValueError naming the argument, what was expected and what came.
     """
     c = Checker(OP)
-    fp8 = _check(c, kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale, kv_cache_dtype)
+    fp8, k_scale = _check(c, kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale, kv_cache_dtype)
     impl = select(OP, dst.device, backend, has_hip=False)
     if dst.shape[0] == 0:
         return dst
     kv = kv_cache.view(fp8) if fp8 is not None and kv_cache.dtype != fp8 else kv_cache
-    _run(impl, kv, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale if fp8 is not None else None)
+    if impl == "triton":
+        _launch_triton(kv, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale)
+    else:
+        dst.copy_(context_gather_ref(kv, block_table, cu_seq_lens, starts, token_to_seq, dst.shape[0], k_scale))
     return dst
 
 
@@ -129,8 +131,9 @@ def _cache_kind(c: Checker, kv_cache: torch.Tensor, kv_cache_dtype: object) -> t
 
 def _check(
     c: Checker, kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale, kv_cache_dtype
-) -> torch.dtype | None:
-    """Validate the arguments; returns the FP8 kind of an fp8 cache (None for 16/32-bit ones)."""
+) -> tuple[torch.dtype | None, torch.Tensor | None]:
+    """Validate the arguments; returns the FP8 kind of an fp8 cache (None for 16/32-bit ones) and
+    k_scale (None unless fp8)."""
     c.tensor("dst", dst, ndim=2, layout="[T, 576]", dtypes=FLOAT_DTYPES)
     T = dst.shape[0]
     if dst.shape[1] != KV_ROW_DIM:
@@ -160,19 +163,11 @@ def _check(
     ):
         if x.shape[dim] > 1 and x.stride(dim) != 1:
             c.fail(name, f"stride 1 in dim {dim}", f"strides {x.stride()}")
-    if fp8 is not None:
+    if fp8 is None:
+        k_scale = None
+    else:
         c.fp8_scale("k_scale", k_scale)
-    c.same_device(
-        dst=dst,
-        kv_cache=kv_cache,
-        block_table=block_table,
-        cu_seq_lens=cu_seq_lens,
-        starts=starts,
-        token_to_seq=token_to_seq,
-        k_scale=k_scale if fp8 is not None else None,
-    )
-    c.writable("dst", dst)
-    c.no_overlap(
+    c.arguments(
         {"dst": dst},
         {
             "kv_cache": kv_cache,
@@ -180,25 +175,17 @@ def _check(
             "cu_seq_lens": cu_seq_lens,
             "starts": starts,
             "token_to_seq": token_to_seq,
-            "k_scale": k_scale if fp8 is not None else None,
+            "k_scale": k_scale,
         },
     )
-    return fp8
-
-
-def _run(impl: str, kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale) -> None:
-    """Launch ``impl`` on validated arguments (``k_scale`` None unless the cache is fp8)."""
-    if impl == "triton":
-        _launch_triton(kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst, k_scale)
-    else:
-        dst.copy_(context_gather_ref(kv_cache, block_table, cu_seq_lens, starts, token_to_seq, dst.shape[0], k_scale))
+    return fp8, k_scale
 
 
 def triton_meta(arch: str) -> tuple[dict, dict]:
     """Constexprs (D_NOPE, D_PE, BLOCK_T) and compile options the wrapper uses on ``arch``;
     rocm_mla.variants.context_gather builds the ISA report's variants with it. The row is read as
     two power-of-two pieces (tl.arange): the latent part and the rope part."""
-    cfg = config_for(OP, arch)["triton"]
+    cfg = config_for(OP, arch)["tiers"][0]
     options = {"num_warps": cfg["num_warps"], **amd_options(cfg, arch)}
     return {"D_NOPE": KV_LORA_RANK, "D_PE": QK_ROPE_HEAD_DIM, "BLOCK_T": cfg["rows_per_program"]}, options
 

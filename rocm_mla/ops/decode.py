@@ -19,12 +19,10 @@ from ..kernels.decode import mla_decode_stage1_kernel
 from ..kernels.latent_core import mla_decode_reduce_kernel
 from ..reference.decode import mla_decode_ref, quantize_q_fp8
 from ..triton_common import LOG2E
-from ._checks import FLOAT_DTYPES, Checker
+from ._checks import Checker
 from ._launch import kernel_launch
 from .decode_plan import (
-    D_KV,
     D_NOPE,
-    D_PE,
     DEFAULT_FP8_DOTS,
     OP,
     REDUCE_ARGS,
@@ -32,7 +30,7 @@ from .decode_plan import (
     DecodePlan,
     plan_decode,
 )
-from .latent_core import check_k_scale, check_workspace, destinations
+from .latent_core import check_call, check_latent_inputs, plan_needs_kind
 
 
 def mla_decode(
@@ -43,11 +41,11 @@ def mla_decode(
     seq_lens: torch.Tensor,
     *,
     sm_scale: float,
-    plan: DecodePlan | None = None,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
     k_scale: float | torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
+    plan: DecodePlan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Paged multi-query attention of MLA decode over the latent cache; returns ``(out, lse)``.
 
@@ -74,12 +72,6 @@ def mla_decode(
             (never reads past the table).
         sm_scale: softmax scale applied to q.k: a finite number > 0 (as in mla_prefill); a
             layer's own value, so one plan serves every layer.
-        plan: what to launch, from ``plan_decode`` (the tier, split count, workspace, fp8 dots,
-            batch-invariant mode, backend): make it once per step and pass it to every layer.
-            The tensors must be the ones it was made for (sizes, dtypes, device, kind of
-            k_scale: ValueError naming the first field that differs). None: planned here from
-            the tensors with every default (the fp8 kind of a float8 cache from its dtype; a
-            uint8 cache needs a plan naming its kind).
         out: optional ``[rows, N, 512]`` destination in q's dtype, any non-overlapping strides;
             every element is written (no memset needed). Allocated when None. It may not
             overlap lse, workspace or anything the op reads (q_nope, q_pe, kv_cache -- e.g. cache
@@ -93,6 +85,12 @@ def mla_decode(
         workspace: optional float32 tensor (contiguous) for split partials, at least
             ``plan.workspace_numel`` elements; without it each call with S > 1 does one
             ``torch.empty`` (no memset). A destination: the same no-overlap rule as out.
+        plan: what to launch, from ``plan_decode`` (the tier, split count, workspace, fp8 dots,
+            batch-invariant mode, backend): make it once per step and pass it to every layer.
+            The tensors must be the ones it was made for (sizes, dtypes, device, kind of
+            k_scale: ValueError naming the first field that differs). None: planned here from
+            the tensors with every default (the fp8 kind of a float8 cache from its dtype; a
+            uint8 cache needs a plan naming its kind).
 
     Returns:
         ``(out, lse)``: the destinations (given or allocated).
@@ -112,38 +110,19 @@ def mla_decode(
     """
     c = Checker(OP)
     if plan is None:
-        plan = _plan_for_tensors(c, q_nope, kv_cache, block_table, k_scale, workspace)
+        plan_needs_kind(c, kv_cache, "plan_decode")
+        plan = plan_decode_for(q_nope, kv_cache, block_table, k_scale=k_scale, workspace=workspace)
     elif not isinstance(plan, DecodePlan):
         c.fail("plan", "a plan from plan_decode (DecodePlan)", type(plan).__name__, TypeError)
     if not plan.matches(q_nope, q_pe, kv_cache, block_table, seq_lens):
         _explain_mismatch(c, plan, q_nope, q_pe, kv_cache, block_table, seq_lens)
-    sm_scale = c.scale("sm_scale", sm_scale)
-    given_out, given_lse = out, lse
-    out, lse = destinations(c, out, lse, workspace, q_nope, "rows")
-    scale_t = _check_k_scale(c, k_scale, plan)
-    check_workspace(c, workspace, plan.workspace_numel, plan.num_splits, plan.rows * plan.num_heads)
-    c.same_device(q_nope=q_nope, out=out, lse=lse, k_scale=scale_t, workspace=workspace)
-    # Destinations (the caller's: fresh ones overlap nothing) vs everything the kernels read,
-    # e.g. an out placed on cache pages that a later request reads. Pointer arithmetic only.
-    c.no_overlap(
-        {"out": given_out, "lse": given_lse, "workspace": workspace},
-        {
-            "q_nope": q_nope,
-            "q_pe": q_pe,
-            "kv_cache": kv_cache,
-            "block_table": block_table,
-            "seq_lens": seq_lens,
-            "k_scale": scale_t,
-        },
-    )
-    kv = kv_cache.view(plan.kv_dtype) if kv_cache.dtype != plan.kv_dtype else kv_cache
+    inputs = dict(q_nope=q_nope, q_pe=q_pe, kv_cache=kv_cache, block_table=block_table, seq_lens=seq_lens)
+    sm_scale, out, lse, scale_t, ks_float = check_call(c, plan, q_nope, inputs, sm_scale, out, lse, k_scale, workspace)
+    kv = kv_cache.view(plan.kv_kind) if kv_cache.dtype != plan.kv_kind else kv_cache
     if plan.debug:
         _debug_checks(c, kv, block_table, seq_lens, plan.q_len)
     if out.numel() == 0 and lse.numel() == 0:
         return out, lse
-    ks_float = None
-    if plan.kv_fp8 and k_scale is not None and scale_t is None:
-        ks_float = float(k_scale)
     if plan.backend == "triton":
         _launch_triton(
             plan, q_nope, q_pe, kv, block_table, seq_lens, out, lse, workspace, float(sm_scale), ks_float, scale_t
@@ -165,20 +144,7 @@ def mla_decode(
 def _validate_tensors(c: Checker, q_nope, q_pe, kv_cache, block_table, seq_lens=None) -> dict[str, Any]:
     """The tensors' own rules (shapes, dtypes, strides, devices agree), with errors naming the
     argument; returns the sizes a plan for them has (``plan_decode``'s keywords)."""
-    c.tensor("q_nope", q_nope, ndim=3, layout="[rows, N, 512]", dtypes=FLOAT_DTYPES)
-    rows, N, dq = q_nope.shape
-    if dq != D_NOPE:
-        c.fail("q_nope", f"last dim {D_NOPE} (kv_lora_rank) in [rows, N, 512]", f"shape {tuple(q_nope.shape)}")
-    if q_pe is not None:
-        c.tensor("q_pe", q_pe, shape=(rows, N, D_PE), layout="[rows, N, 64]", like="q_nope's rows, N")
-        c.same_dtype("q_nope", q_nope, q_pe=q_pe)
-    c.tensor("kv_cache", kv_cache, ndim=3, layout="[num_blocks, block_size, 576]")
-    if kv_cache.shape[2] != D_KV:
-        c.fail(
-            "kv_cache", f"last dim {D_KV} (512 + 64) in [num_blocks, block_size, 576]", f"shape {tuple(kv_cache.shape)}"
-        )
-    if kv_cache.stride(2) != 1 and kv_cache.shape[2] > 1:
-        c.fail("kv_cache", "a contiguous last dim (stride 1)", f"strides {kv_cache.stride()}")
+    rows, N = check_latent_inputs(c, q_nope, q_pe, kv_cache, "rows")
     c.tensor("block_table", block_table, ndim=2, layout="[B, max_blocks]", dtypes=(torch.int32,))
     B, max_blocks = block_table.shape
     if block_table.stride(1) != 1 and max_blocks > 1:
@@ -225,34 +191,11 @@ def plan_decode_for(
     return plan_decode(**sizes, **knobs)
 
 
-def _plan_for_tensors(c: Checker, q_nope, kv_cache, block_table, k_scale, workspace) -> DecodePlan:
-    """The default plan of a call that passes none (``mla_decode(plan=None)``)."""
-    if isinstance(kv_cache, torch.Tensor) and kv_cache.dtype == torch.uint8:
-        c.fail("plan", "a plan naming the fp8 kind of a uint8 cache (plan_decode(kv_cache_dtype='fp8', ...))", "None")
-    return plan_decode_for(q_nope, kv_cache, block_table, k_scale=k_scale, workspace=workspace)
-
-
 def _explain_mismatch(c: Checker, plan: DecodePlan, q_nope, q_pe, kv_cache, block_table, seq_lens) -> None:
     """Raise for tensors that ``DecodePlan.matches`` refused: their own rule first, else the plan field
     that differs."""
     sizes = _validate_tensors(c, q_nope, q_pe, kv_cache, block_table, seq_lens)
-    cache_dtype = sizes.pop("kv_dtype")  # the tensor's dtype: the plan keeps it as cache_dtype
-    want = {**sizes, "cache_dtype": cache_dtype}
-    c.plan_for(plan, DecodePlan, "plan_decode", want)
-    c.fail("plan", "tensors matching the plan", "a mismatch the checks did not name")  # not reached
-
-
-def _check_k_scale(c: Checker, k_scale, plan: DecodePlan) -> torch.Tensor | None:
-    """:func:`check_k_scale`, and its kind (tensor or number) the plan's; 16/32-bit caches ignore
-    it (returns None)."""
-    scale_t = check_k_scale(c, k_scale)
-    if not plan.kv_fp8:
-        return None
-    if scale_t is None and plan.k_scale_on_device and k_scale is not None:
-        c.fail("k_scale", "a float32 tensor (the plan was made with k_scale_on_device=True)", repr(k_scale))
-    if scale_t is not None and not plan.k_scale_on_device:
-        c.fail("k_scale", "a float or None (the plan was made with k_scale_on_device=False)", "a tensor")
-    return scale_t
+    c.plan_for(plan, DecodePlan, "plan_decode", sizes)
 
 
 def _debug_checks(c: Checker, kv: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor, q_len: int) -> None:
@@ -337,7 +280,7 @@ def _launch_triton(
         q_len=plan.q_len,
         num_splits=S,
         split_programs=plan.split_programs,
-        num_head_blocks=plan.row_blocks,
+        num_head_blocks=plan.head_blocks,
         page_size=page_size,
         page_shift=plan.page_shift,
         capacity=max_blocks * page_size,
@@ -364,10 +307,10 @@ def _launch_triton(
     # is a KeyError here, never a silently shifted argument.
     launches = plan.kernel_launches
     if not launches:
-        launches["stage1"] = kernel_launch(mla_decode_stage1_kernel, plan.stage1_constexprs, plan.stage1_options)
+        launches["kernel"] = kernel_launch(mla_decode_stage1_kernel, plan.constexprs, plan.options)
         if not plan.direct:
             launches["reduce"] = kernel_launch(mla_decode_reduce_kernel, plan.reduce.constexprs, plan.reduce.options)
-    launches["stage1"](plan.stage1_grid, [vals[name] for name, _ in STAGE1_ARGS])
+    launches["kernel"](plan.grid, [vals[name] for name, _ in STAGE1_ARGS])
     if plan.direct:
         return
     split_tokens, split_cap, split_block_n = plan.split_rule

@@ -31,16 +31,19 @@ import torch
 import triton
 
 from .. import _platform
-from ..configs import DECODE_DTYPE_TAGS, config_for
-from ..mla_dims import FP8_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
+from ..configs import config_for, resolve_tier, tier_index
+from ..mla_dims import KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from ..triton_common import amd_options
-from ._checks import FLOAT_DTYPES, Checker, debug_enabled
+from ._checks import FLOAT_DTYPES, Checker, debug_enabled, plan_device
 from ._dispatch import select
 from .latent_core import (
+    LatentPlan,
     SplitReduce,
-    choose_num_splits,
+    check_split_knobs,
     kv_kind_for,
+    latent_inputs_match,
     mla_decode_workspace_numel,
+    modelled_splits,
     num_compute_units,
     split_reduce,
 )
@@ -170,12 +173,6 @@ def argument_types(
 # --------------------------------------------------------------------------- launch decisions
 
 
-def stage1_tier_index(tiers: list[dict[str, Any]], rows_per_request: int) -> int:
-    """Index of the stage-1 tier that serves ``rows_per_request`` query rows: the first whose
-    BLOCK_H holds them all, else the last (several row blocks per request)."""
-    return next((i for i, t in enumerate(tiers) if t["BLOCK_H"] >= rows_per_request), len(tiers) - 1)
-
-
 def stage1_config(
     arch: str,
     rows_per_request: int,
@@ -186,8 +183,8 @@ def stage1_config(
 ) -> dict[str, Any]:
     """The stage-1 launch config for ``rows_per_request`` = q_len x N query rows.
 
-    The first tier (configs' ``stage1``, sorted by BLOCK_H) that holds every row of a request;
-    else the largest tier, with several row blocks per request. ``override`` (a tuning candidate,
+    The first tier (configs' ``tiers``, sorted by BLOCK_H) that holds every row of a request;
+    else the largest tier, with several head blocks per request. ``override`` (a tuning candidate,
     or ``config=``) replaces the tier. The chosen object's sub-objects then override fields,
     in this order: ``fp8`` (fp8 cache), ``fp8+qk`` (fp8 cache, ``fp8_dots`` "qk" or "all"),
     ``fp8+all`` (``fp8_dots="all"``), ``fp32`` (float32 q), ``fp16+fp8`` (float16 q, fp8 cache).
@@ -200,9 +197,8 @@ def stage1_config(
     if override is not None:
         tier = override
     else:
-        tiers = config_for(OP, arch)["stage1"]
-        tier = tiers[stage1_tier_index(tiers, rows_per_request)]
-    cfg = {k: v for k, v in tier.items() if k not in DECODE_DTYPE_TAGS}
+        tiers = config_for(OP, arch)["tiers"]
+        tier = tiers[tier_index(tiers, rows_per_request)]
     dots = fp8_dots if fp8 and q_dtype != torch.float32 else "none"  # float32 q keeps exact products
     qk = dots != "none"
     tags = (
@@ -212,8 +208,7 @@ def stage1_config(
         + (["fp32"] if q_dtype == torch.float32 else [])
         + (["fp16+fp8"] if fp8 and q_dtype == torch.float16 else [])
     )
-    for tag in tags:
-        cfg.update(tier.get(tag, {}))
+    cfg = resolve_tier(tier, tags)
     cfg.setdefault("ctas_per_cu", 1)
     for key in ("FP8_QK", "FP8_PV"):  # an accuracy trade the caller asks for by name, never a tuning field
         if key in cfg:
@@ -324,11 +319,11 @@ def stage1_meta(
 
 
 @dataclass(frozen=True)
-class DecodePlan:
+class DecodePlan(LatentPlan):
     """What one mla_decode call launches (``plan_decode`` makes it; the wrapper runs it).
 
     The call: ``rows = batch x q_len`` query rows of ``num_heads`` heads; R = rows x num_heads.
-    Stage 1 runs ``stage1_grid = (batch x split_programs x row_blocks x V_SPLIT,)`` programs, each
+    Stage 1 runs ``grid = (batch x split_programs x head_blocks x V_SPLIT,)`` programs, each
     ``BLOCK_H`` query rows of one request over one split of its keys (batch-invariant mode with
     the tier's ``SPLIT_RUNS``: over a run of consecutive splits, ``split_programs`` <= S). With
     ``num_splits == 1`` it writes out ``[rows, N, 512]`` and lse ``[rows, N]`` directly and
@@ -343,17 +338,17 @@ class DecodePlan:
     batch: int
     num_heads: int
     q_len: int
-    tier: int | None  # index into configs' stage1 tiers; None when a config= override replaces the tier
+    tier: int | None  # index into configs' tiers; None when a config= override replaces the tier
     config: dict[str, Any]  # the resolved stage-1 config (stage1_config)
-    row_blocks: int  # cdiv(q_len x N, BLOCK_H): programs per request and split
+    head_blocks: int  # cdiv(q_len x N, BLOCK_H): blocks of BLOCK_H (token, head) rows per request and split
     num_splits: int  # S
-    split_programs: int  # stage-1 programs per (request, row block): P == S, or P <= S with the tier's SPLIT_RUNS
+    split_programs: int  # stage-1 programs per (request, head block): P == S, or P <= S with the tier's SPLIT_RUNS
     workspace_numel: int  # float32 elements of the partials; 0 when S == 1
     page_mode: int  # stage 1's PAGE_MODE (page_mode_for)
     page_shift: int
-    stage1_grid: tuple[int]
-    stage1_constexprs: dict[str, Any]
-    stage1_options: dict[str, Any]
+    grid: tuple[int]  # stage 1's (the kernel's); its constexprs and compile options follow
+    constexprs: dict[str, Any]
+    options: dict[str, Any]
     reduce: SplitReduce | None  # stage 2; None when S == 1
     batch_invariant: bool = False  # split lengths from each request's own length (invariant_split)
     # (split_tokens, split_cap, BLOCK_N) of that rule: stage 1 takes them as constexprs, the reduce
@@ -364,14 +359,14 @@ class DecodePlan:
     max_blocks: int = 0
     block_size: int = 0
     q_dtype: torch.dtype | None = None
-    cache_dtype: torch.dtype | None = None  # the cache tensor's dtype (uint8 storage for a named fp8 kind)
-    kv_dtype: torch.dtype | None = None  # as the kernel reads it (uint8 viewed as the fp8 kind)
+    kv_dtype: torch.dtype | None = None  # the cache tensor's dtype (uint8 storage for a named fp8 kind)
+    kv_kind: torch.dtype | None = None  # as the kernel reads it (uint8 viewed as the fp8 kind)
     kv_cache_dtype: str = "auto"
     fp8_dots: str = "none"
     k_scale_on_device: bool = False
     backend: str = "triton"  # "triton" or "reference" (rocm_mla.ops._dispatch)
     debug: bool = False  # host-side checks of seq_lens and page ids at every call (a sync)
-    # The wrapper's KernelLaunch of each stage ("stage1", "reduce"; ops/_launch.py), made at the
+    # The wrapper's KernelLaunch of each stage ("kernel", "reduce"; ops/_launch.py), made at the
     # plan's first run: its binaries are kept across calls. Not part of what the plan decides.
     kernel_launches: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
@@ -380,48 +375,23 @@ class DecodePlan:
         """Query rows: batch x q_len."""
         return self.batch * self.q_len
 
-    @property
-    def kv_fp8(self) -> bool:
-        return self.kv_dtype in FP8_DTYPES
-
     def matches(self, q_nope, q_pe, kv_cache, block_table, seq_lens) -> bool:
         """Whether an ``mla_decode`` call's tensors are the ones this plan was made for (sizes,
         dtypes, device, unit strides): the whole per-call check of a planned call, in one
         expression. ``mla_decode`` names what differs when it is False."""
-        rows, N = self.batch * self.q_len, self.num_heads
         try:
             return (
-                q_nope.shape == (rows, N, D_NOPE)
-                and q_pe.shape == (rows, N, D_PE)
-                and q_nope.dtype == self.q_dtype
-                and q_pe.dtype == self.q_dtype
-                and kv_cache.dtype == self.cache_dtype
-                and kv_cache.dim() == 3
-                and kv_cache.shape[1] == self.block_size
-                and kv_cache.shape[2] == D_KV
-                and kv_cache.stride(2) == 1
+                latent_inputs_match(self, self.rows, q_nope, q_pe, kv_cache)
                 and block_table.shape == (self.batch, self.max_blocks)
                 and block_table.dtype == torch.int32
                 and (block_table.stride(1) == 1 or self.max_blocks <= 1)
                 and seq_lens.shape == (self.batch,)
                 and seq_lens.dtype == torch.int32
-                and q_nope.device == self.device
-                and q_pe.device == self.device
-                and kv_cache.device == self.device
                 and block_table.device == self.device
                 and seq_lens.device == self.device
             )
         except (AttributeError, TypeError):  # not tensors
             return False
-
-    @property
-    def direct(self) -> bool:
-        """Stage 1 writes out/lse itself (one launch, no workspace)."""
-        return self.num_splits == 1
-
-    @property
-    def launches(self) -> int:
-        return 1 if self.direct else 2
 
     @property
     def workspace_shapes(self) -> tuple[tuple[int, int, int], tuple[int, int]] | None:
@@ -516,35 +486,23 @@ def plan_decode(
         TypeError / ValueError naming the argument, what was expected and what came.
     """
     c = Checker(OP)
-    device = torch.device(device)
-    for name, v, low in (
-        ("batch", batch, 0),
-        ("num_heads", num_heads, 0),
-        ("q_len", q_len, 1),
-        ("max_blocks", max_blocks, 0),
-        ("block_size", block_size, 1),
-    ):
-        if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            c.fail(name, f"an int >= {low}", repr(v))
+    device = plan_device(device)
+    for name, v, low in (("batch", batch, 0), ("num_heads", num_heads, 0), ("q_len", q_len, 1),
+                         ("max_blocks", max_blocks, 0), ("block_size", block_size, 1)):  # fmt: skip
+        c.count(name, v, low)
     if q_dtype not in FLOAT_DTYPES:
         c.fail("q_dtype", "float16, bfloat16 or float32", str(q_dtype).replace("torch.", ""), TypeError)
     arch = _platform.device_arch(device)
     kv_kind, kv_fp8 = kv_kind_for(c, kv_dtype, kv_cache_dtype, q_dtype, arch)
     dots = resolve_fp8_dots(c, fp8_dots, kv_fp8, kv_dtype, q_dtype)
-    if num_splits is not None and (not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 1):
-        c.fail("num_splits", "None or an int >= 1", repr(num_splits))
-    if not isinstance(batch_invariant, bool):
-        c.fail("batch_invariant", "a bool", repr(batch_invariant), TypeError)
-    if batch_invariant and num_splits is not None:
-        c.fail("num_splits", "None with batch_invariant=True (the split rule is fixed)", repr(num_splits))
-    if max_seq_len is not None and (not isinstance(max_seq_len, int) or max_seq_len < 0):
-        c.fail("max_seq_len", "None or an int >= 0", repr(max_seq_len))
+    check_split_knobs(c, num_splits, batch_invariant, workspace_numel)
+    c.count("max_seq_len", max_seq_len, 0, optional=True)
     impl = select(OP, device, backend, has_hip=False)
     num_cus = num_compute_units(device)
     m_rows = q_len * num_heads
-    tier = None if config is not None else stage1_tier_index(config_for(OP, arch)["stage1"], m_rows)
+    tier = None if config is not None else tier_index(config_for(OP, arch)["tiers"], m_rows)
     cfg = stage1_config(arch, m_rows, q_dtype, kv_fp8, config, fp8_dots=dots)
-    row_blocks = triton.cdiv(m_rows, int(cfg["BLOCK_H"]))
+    head_blocks = triton.cdiv(m_rows, int(cfg["BLOCK_H"]))
     block_n = int(cfg["BLOCK_N"])
     r = batch * q_len * num_heads
     S = num_splits
@@ -556,22 +514,9 @@ def plan_decode(
         S = invariant_num_splits(bound, split_tokens, split_cap)
     P = None
     if S is None or batch_invariant:
-        sp = config_for(OP, arch)["split"]
-        # V_SPLIT programs share each row block's tiles: they count as row blocks for the model.
-        P = choose_num_splits(
-            batch,
-            row_blocks * int(cfg.get("V_SPLIT", STAGE1_DEFAULTS["V_SPLIT"])),
-            bound,
-            block_n,
-            int(cfg["BLOCK_H"]),
-            kv_kind.itemsize,
-            num_cus,
-            int(cfg["ctas_per_cu"]),
-            int(sp["min_tokens_per_split"]),
-            int(sp["max_splits"]),
-            float(sp["fixed_tiles"]),
-            float(sp["launch_tiles"]),
-        )
+        # V_SPLIT programs share each head block's tiles: they count as head blocks for the model.
+        blocks = head_blocks * int(cfg.get("V_SPLIT", STAGE1_DEFAULTS["V_SPLIT"]))
+        P = modelled_splits(config_for(OP, arch)["split"], batch, blocks, bound, cfg, kv_kind.itemsize, num_cus)
         if batch_invariant:
             # With SPLIT_RUNS the programs per request follow the batch as the default mode's
             # split count does, each taking a run of the request's splits; without, one per split.
@@ -606,15 +551,15 @@ def plan_decode(
         q_len=q_len,
         tier=tier,
         config=cfg,
-        row_blocks=row_blocks,
+        head_blocks=head_blocks,
         num_splits=S,
         split_programs=P,
         workspace_numel=mla_decode_workspace_numel(batch * q_len, num_heads, S),
         page_mode=page_mode,
         page_shift=page_shift,
-        stage1_grid=(batch * P * row_blocks * consts1["V_SPLIT"],),
-        stage1_constexprs=consts1,
-        stage1_options=options1,
+        grid=(batch * P * head_blocks * consts1["V_SPLIT"],),
+        constexprs=consts1,
+        options=options1,
         reduce=reduce,
         batch_invariant=batch_invariant,
         split_rule=(split_tokens, split_cap, block_n) if batch_invariant else (0, 0, 1),
@@ -622,8 +567,8 @@ def plan_decode(
         max_blocks=max_blocks,
         block_size=block_size,
         q_dtype=q_dtype,
-        cache_dtype=kv_dtype,
-        kv_dtype=kv_kind,
+        kv_dtype=kv_dtype,
+        kv_kind=kv_kind,
         kv_cache_dtype=kv_cache_dtype,
         fp8_dots=dots,
         k_scale_on_device=kv_fp8 and bool(k_scale_on_device),
@@ -660,7 +605,6 @@ __all__ = [
     "invariant_num_splits",
     "stage1_config",
     "stage1_meta",
-    "stage1_tier_index",
     "page_mode_for",
     "STAGE1_DEFAULTS",
     "FP8_DOTS",

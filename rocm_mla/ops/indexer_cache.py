@@ -19,7 +19,7 @@ import triton
 from .. import _platform
 from ..configs import config_for, wave_size
 from ..kernels.indexer_cache import indexer_k_cache_write_kernel
-from ..mla_dims import FP8_DTYPES, FP8_KV_CACHE_DTYPES
+from ..mla_dims import FP8_KV_CACHE_DTYPES
 from ..reference.indexer import (
     INDEX_HEAD_DIM,
     INDEX_ROW_BYTES,
@@ -28,14 +28,13 @@ from ..reference.indexer import (
     SHUFFLE_TILE,
     indexer_k_cache_write_ref,
 )
-from ..triton_common import amd_options
+from ..triton_common import INT32_MAX, amd_options
 from ._checks import FLOAT_DTYPES, Checker, debug_enabled
 from ._dispatch import select
 from .latent_core import num_compute_units
 from .rope_kv_write import _check_index_dtype, _debug_slots
 
 OP = "indexer_k_cache_write"  # config file, backend switch (ROCM_MLA_BACKEND_INDEXER_K_CACHE_WRITE)
-MAX_SLOTS = 2**31 - 1  # num_blocks x block_size: the kernel's slot arithmetic is 32-bit
 
 
 def indexer_k_cache_write(
@@ -68,9 +67,9 @@ def indexer_k_cache_write(
             vLLM's fused ``fused_norm_rope`` writes) or None (plain float32 scales, vLLM's
             ``indexer_k_quant_and_cache_triton`` with another ``scale_fmt``).
         shuffled: the value layout. None (default): vLLM 0.34's ROCm rule, shuffled for every
-            block_size > 1 and flat at block_size 1 (``reference.indexer.vllm_rocm_shuffled``). True: 16 x 16
-            tiles (block_size a multiple of 16, as vLLM's ROCm backend requires: 1 or a multiple
-            of 16). False: flat rows at any block_size (vLLM's non-ROCm indexer cache).
+            block_size > 1 and flat at block_size 1 (``reference.indexer.vllm_rocm_shuffled``).
+            True: 16 x 16 tiles (block_size a multiple of 16, as vLLM's ROCm backend requires: 1
+            or a multiple of 16). False: flat rows at any block_size (vLLM's non-ROCm cache).
         kv_cache_dtype: the fp8 kind of a uint8 cache: ``"fp8"`` / ``"fp8_e4m3"`` = the
             platform's (configs/platform.json: e4m3fnuz on gfx942, e4m3fn on gfx950 and NVIDIA,
             as vLLM's ``current_platform.fp8_dtype()``), or ``"fp8_e4m3fn"`` / ``"fp8_e4m3fnuz"``.
@@ -85,17 +84,9 @@ def indexer_k_cache_write(
     of offset o: flat at ``128 o + d``; shuffled at ``(o // 16) 2048 + (d // 16) 256 + (o % 16) 16
     + d % 16`` (``[block_size / 16, 8, 16, 16]``: token tile, dim tile, token, dim).
 
-    Quantisation (float32): ``scale = max(1e-4, amax|k[t]|) / fp8_max`` with fp8_max 448 for
-    e4m3fn and 224 for e4m3fnuz (vLLM's ROCm constants), for "ue8m0" rounded up to a power of two
-    exactly (on the float32 bits; vLLM's ``exp2(ceil(log2(s)))`` agrees but where its log2 rounds
-    a scale a few ulps above a power of two down onto it); values ``k / scale`` (correctly rounded)
-    to the kind's code, round to nearest even, saturating. A row with a NaN stores a NaN scale and
-    NaN codes. The bytes equal ``rocm_mla.reference.indexer.indexer_k_quant_ref``'s exactly, on
-    every backend.
-
-    Does ``fused_rope_mla_kv_write`` also write the indexer key in its kernel? No, this is a
-    separate kernel: the key needs its own LayerNorm and RoPE and a per-row amax before its first
-    byte is stored, and shares no input with the latent row, so one kernel would save no read.
+    Quantisation: the bytes equal ``rocm_mla.reference.indexer.indexer_k_quant_ref``'s exactly, on
+    every backend (fp8_max 448 for e4m3fn, 224 for e4m3fnuz; "ue8m0" against vLLM's rounding, and
+    why ``fused_rope_mla_kv_write`` does not write this key: docs/indexer.md).
 
     Bad slots (debug off, every backend): nothing outside the given tensors is read or written;
     a slot outside the cache is skipped like -1 and every other byte of the cache is unchanged.
@@ -128,11 +119,10 @@ def _check(c: Checker, k, index_cache, slot_mapping, scale_fmt, shuffled, kv_cac
     if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in FP8_KV_CACHE_DTYPES:
         c.fail("kv_cache_dtype", f"one of {', '.join(repr(n) for n in FP8_KV_CACHE_DTYPES)}", repr(kv_cache_dtype))
     shuffle = c.index_cache(index_cache, shuffled)
-    if index_cache.shape[0] * index_cache.shape[1] > MAX_SLOTS:
-        # The kernel divides slots in 32 bits (283 GB of cache at this bound).
+    if index_cache.shape[0] * index_cache.shape[1] > INT32_MAX:
+        # The kernel's slot arithmetic is 32-bit (283 GB of cache at this bound).
         c.fail("index_cache", "at most 2^31 - 1 slots (num_blocks x block_size)", tuple(index_cache.shape))
     fp8 = c.fp8_cache_kind(index_cache, kv_cache_dtype, name="index_cache")
-    assert fp8 in FP8_DTYPES
     if scale_fmt not in SCALE_FORMATS:
         c.fail("scale_fmt", "'ue8m0' or None", repr(scale_fmt))
     c.tensor("slot_mapping", slot_mapping, ndim=1, layout="[S <= T]")
@@ -152,7 +142,7 @@ def launch_rows(arch: str, num_rows: int, num_cus: int) -> int:
     ``rows_per_program`` while its grid covers the CUs, else halved until it does (down to one).
     A decode step writes one key per request: spread over more programs, each thread of a program
     holds fewer of the values its serial chain (slot, key row, amax, quantise, store) works on."""
-    rows = config_for(OP, arch)["triton"]["rows_per_program"]
+    rows = config_for(OP, arch)["tiers"][0]["rows_per_program"]
     while rows > 1 and triton.cdiv(num_rows, rows) < num_cus:
         rows //= 2
     return rows
@@ -167,7 +157,7 @@ def triton_meta(
     program, ``rows`` (:func:`launch_rows`; a power of two up to the config's) or the config's
     ``rows_per_program``. The config's ``num_warps``, capped at one lane per value
     (``ROWS x 128 / wave_size``): a tensor of fewer values than threads would be replicated."""
-    cfg = config_for(OP, arch)["triton"]
+    cfg = config_for(OP, arch)["tiers"][0]
     full = cfg["rows_per_program"]
     rows = full if rows is None else rows
     if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1 or rows > full or rows & (rows - 1):
@@ -198,15 +188,5 @@ def _launch_triton(k, index_cache, slot_mapping, fp8, scale_fmt, shuffled) -> No
         cache = cache.new_empty((1, 1, INDEX_ROW_BYTES))
     grid = (triton.cdiv(S, consts["ROWS"]),)
     indexer_k_cache_write_kernel[grid](
-        k,
-        cache,
-        slot_mapping,
-        S,
-        nb * bs,
-        bs,
-        k.stride(0),
-        k.stride(1),
-        cache.stride(0),
-        **consts,
-        **options,
+        k, cache, slot_mapping, S, nb * bs, bs, k.stride(0), k.stride(1), cache.stride(0), **consts, **options
     )

@@ -14,11 +14,12 @@ import torch
 
 from ..kernels.indexer_topk import mla_indexer_merge_kernel, mla_indexer_prefilter_kernel, mla_indexer_split_topk_kernel
 from ..mla_dims import FP8_DTYPES
+from ..reference.indexer import INDEX_HEAD_DIM
 from ..reference.indexer_topk import SENTINEL, mla_indexer_topk_ref
 from ..triton_common import INT32_MAX
 from ._checks import Checker
 from ._launch import kernel_launch
-from .indexer_topk_plan import INDEX_DIM, OP, IndexerTopkPlan, plan_indexer_topk
+from .indexer_topk_plan import OP, IndexerTopkPlan, plan_indexer_topk
 
 
 def mla_indexer_topk(
@@ -38,9 +39,7 @@ def mla_indexer_topk(
     indexer logits, ``logit(t, j) = sum_h weights[t, h] x relu(q[t, h] . k_j)``.
 
     The logits stream through registers, split by split; no ``[T, context]`` matrix is written
-    (the workspace, for rows longer than one split, holds the splits' candidates:
-    ``plan.workspace_bytes``, about T x num_splits x topk_p2 x 8 bytes, or, for calls of few rows
-    in the prefiltered form, about 8 bytes a key of the rows, bounded by the grid: docs/indexer.md).
+    (the workspace's parts: ``IndexerTopkPlan``; sizes: docs/indexer.md).
 
     Args:
         q: ``[T, H, 128]`` float8_e4m3fn or float8_e4m3fnuz (H = 64 for DeepSeek-V3.2, 32 for
@@ -57,8 +56,8 @@ def mla_indexer_topk(
             its request (decode and MTP rows their context, a prefill row its position + 1).
         topk: keys kept per row (2048 for the models; >= 1).
         out: ``[T, topk]`` int32 destination, column stride 1 (allocated when None).
-        workspace: optional contiguous int32 tensor of at least ``plan.workspace_numel`` elements
-            (rows longer than one split); without it such a call does one ``torch.empty``.
+        workspace: optional contiguous int32 tensor of at least ``plan.workspace_numel`` elements;
+            without it a Triton call does one ``torch.empty``.
         plan: an ``IndexerTopkPlan`` (``plan_indexer_topk`` / ``plan_indexer_topk_for``: once per
             step for every layer) holding every choice that is not a tensor: max_kv_len, the
             cache layout (shuffled), launch data (config), backend and debug. It must match the
@@ -142,8 +141,8 @@ def _validate_tensors(c: Checker, q, index_cache, block_table, topk, shuffled=No
     with errors naming the argument; returns their sizes as ``plan_indexer_topk`` takes them."""
     c.tensor("q", q, ndim=3, layout="[T, H, 128]", dtypes=FP8_DTYPES)
     T, H, dq = q.shape
-    if dq != INDEX_DIM:
-        c.fail("q", f"shape [T, H, 128] = (*, *, {INDEX_DIM})", tuple(q.shape))
+    if dq != INDEX_HEAD_DIM:
+        c.fail("q", f"shape [T, H, 128] = (*, *, {INDEX_HEAD_DIM})", tuple(q.shape))
     if H < 1:
         c.fail("q", "H >= 1 heads", tuple(q.shape))
     if q.stride(2) != 1:
@@ -164,20 +163,6 @@ def _validate_tensors(c: Checker, q, index_cache, block_table, topk, shuffled=No
         device=q.device,
         shuffled=shuffle,
     )
-
-
-def _validate_rows(c: Checker, T: int, weights, req_id_per_token, kv_lens, q) -> None:
-    """The per-row tensors' rules (weights ``[T, H]`` float32, req_id_per_token and kv_lens int32
-    ``[>= T]`` of stride 1), named."""
-    H = q.shape[1]
-    c.tensor("weights", weights, shape=(T, H), layout="[T, H]", like="q's T, H", dtypes=(torch.float32,))
-    for name, x in (("req_id_per_token", req_id_per_token), ("kv_lens", kv_lens)):
-        c.tensor(name, x, ndim=1, layout="[>= T]", dtypes=(torch.int32,))
-        if x.shape[0] < T:
-            c.fail(name, f"a 1-D tensor of at least q's {T} rows", tuple(x.shape))
-        if T > 1 and x.stride(0) != 1:
-            c.fail(name, "stride 1", f"strides {x.stride()}")
-    c.same_device(q=q, weights=weights, req_id_per_token=req_id_per_token, kv_lens=kv_lens)
 
 
 def plan_indexer_topk_for(
@@ -207,10 +192,19 @@ def plan_indexer_topk_for(
 
 
 def _explain_mismatch(c: Checker, plan: IndexerTopkPlan, q, weights, index_cache, block_table, req_ids, kv_lens, topk):
-    """Raise for a call that ``IndexerTopkPlan.matches`` refused: the tensors' own rules first, else
-    the plan field that differs."""
+    """Raise for a call that ``IndexerTopkPlan.matches`` refused: the tensors' own rules first
+    (weights ``[T, H]`` float32, req_ids and kv_lens int32 ``[>= T]`` of stride 1), else the plan
+    field that differs."""
     sizes = _validate_tensors(c, q, index_cache, block_table, topk, plan.shuffled)
-    _validate_rows(c, sizes["num_rows"], weights, req_ids, kv_lens, q)
+    T, H = sizes["num_rows"], sizes["num_heads"]
+    c.tensor("weights", weights, shape=(T, H), layout="[T, H]", like="q's T, H", dtypes=(torch.float32,))
+    for name, x in (("req_id_per_token", req_ids), ("kv_lens", kv_lens)):
+        c.tensor(name, x, ndim=1, layout="[>= T]", dtypes=(torch.int32,))
+        if x.shape[0] < T:
+            c.fail(name, f"a 1-D tensor of at least q's {T} rows", tuple(x.shape))
+        if T > 1 and x.stride(0) != 1:
+            c.fail(name, "stride 1", f"strides {x.stride()}")
+    c.same_device(q=q, weights=weights, req_id_per_token=req_ids, kv_lens=kv_lens)
     sizes.pop("shuffled")  # the cache does not show its layout: the plan's is taken
     c.plan_for(plan, IndexerTopkPlan, "plan_indexer_topk", sizes)
     c.fail("plan", "tensors matching the plan", "a mismatch the checks did not name")  # not reached

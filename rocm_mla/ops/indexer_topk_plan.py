@@ -1,29 +1,12 @@
 """mla_indexer_topk's plan: what a call launches, decided on the host from sizes alone (no device
 value is read, so a call can be captured in a CUDA/HIP graph).
 
-``plan_indexer_topk(...) -> IndexerTopkPlan``:
-
-  * the split: a row's keys are cut into splits of ``split_keys`` keys (configs; at least the power
-    of two >= topk; halved for calls of few rows while the items do not fill the grid, a split
-    keeps at most half its keys and the merge holds a row's candidates in registers);
-    ``num_splits`` = cdiv(max_kv_len, split_keys) items per row. The answer does not depend on
-    the split size, so a row's answer does not depend on the batch;
-  * a persistent grid of ``programs_per_cu`` x CUs programs (at most one per split) takes the
-    (row, split) items in turn; each program stages a split's logits in its own row of the
-    workspace (``[grid, split_keys]`` order keys), so the workspace is bounded by the GPU's size,
-    not by T x context;
-  * one split: the split kernel writes ``out`` itself (unless the arch's ``direct`` is false);
-    more: each live split writes its min(topk, keys) candidates (order key + position, 8 bytes
-    each) into the workspace ``[T, num_splits, topk_p2]`` and the merge kernel (one program per
-    row) reduces them;
-  * the prefiltered form, for calls whose items leave most of the grid idle (config
-    ``prefilter``): smaller splits, each writing rank bounds of its keys; the prefilter kernel
-    keeps each split's keys at or above its row's floor and the merge selects among them (three
-    launches; the items fit the grid, a stage row each);
-  * each launch's grid, constexprs and compile options (``kernel_meta``; the ISA report compiles
-    its variants from the same function);
-  * the backend ("triton" or "reference", ``ops._dispatch.select``) and debug mode, so a call
-    only checks its tensors against the plan (``IndexerTopkPlan.matches``, host values alone).
+``plan_indexer_topk(...) -> IndexerTopkPlan``: the split size and count, the persistent grid, the
+form (direct, split + merge, or prefiltered: ``IndexerTopkPlan``), each launch's grid, constexprs
+and compile options (``kernel_meta`` / ``merge_meta`` / ``prefilter_meta``, which the ISA report's
+variants call too), the backend (``ops._dispatch.select``) and debug mode, so a call only checks
+its tensors against the plan (``IndexerTopkPlan.matches``, host values alone). The answer does not
+depend on the split size or the form, so a row's answer does not depend on the batch.
 
 Launch data: rocm_mla/configs/mla_indexer_topk.json.
 """
@@ -40,16 +23,13 @@ from .. import _platform
 from ..configs import config_for
 from ..configs.tables import is_amd_arch, wave_size
 from ..mla_dims import FP8_DTYPES
-from ..reference.indexer import SHUFFLE_TILE, vllm_rocm_shuffled
+from ..reference.indexer import INDEX_HEAD_DIM, INDEX_ROW_BYTES, SHUFFLE_TILE, vllm_rocm_shuffled
 from ..triton_common import amd_options
-from ._checks import Checker, debug_enabled
+from ._checks import Checker, debug_enabled, plan_device
 from ._dispatch import select
 from .latent_core import num_compute_units
 
 OP = "mla_indexer_topk"
-INDEX_DIM = 128  # the indexer's key and query width (DeepSeek-V3.2, GLM-5.x)
-INDEX_ROW_BYTES = INDEX_DIM + 4  # fp8 values + one float32 scale
-
 
 # The most warps a merge program takes to hold a long row's slots in registers.
 MERGE_MAX_WARPS = 16
@@ -73,7 +53,7 @@ def kernel_meta(
     consts = {
         "H": int(num_heads),
         "BLOCK_H": max(16, triton.next_power_of_2(int(num_heads))),
-        "D": INDEX_DIM,
+        "D": INDEX_HEAD_DIM,
         "BLOCK_N": int(cfg["BLOCK_N"]),
         "SPLIT": int(split_keys),
         "TOPK_P2": int(topk_p2),
@@ -104,10 +84,8 @@ def merge_meta(
     m = cfg["merge"]
     wave = wave_size(arch)
     s_p2 = triton.next_power_of_2(num_splits) if prefiltered else 0
-    if prefiltered:
-        slots = triton.next_power_of_2(prefilter_slots(topk_p2, split_keys, num_splits))
-    else:
-        slots = triton.next_power_of_2(num_splits * topk_p2)
+    kept = prefilter_slots(topk_p2, split_keys, num_splits) if prefiltered else num_splits * topk_p2
+    slots = triton.next_power_of_2(kept)
     per_warp = _merge_register_slots(arch, m) // MERGE_MAX_WARPS
     # Prefiltered: the most warps (fewer slots a thread: at 8 warps sm90's ptxas spills the gather).
     warps = MERGE_MAX_WARPS if prefiltered else int(m["num_warps"])
@@ -119,8 +97,8 @@ def merge_meta(
     if prefiltered:  # its take counts slots in 16 bits
         reg = reg if reg < 1 << 16 else 0
     # PER: the prefiltered take's held slots a thread (the kernel's [PER, REG / PER] columns)
-    consts = {"SPLIT": int(split_keys), "TOPK_P2": int(topk_p2), "CHUNK": chunk, "REG": reg}
-    consts["PER"] = max(1, reg // (warps * wave)) if prefiltered else 1
+    per = max(1, reg // (warps * wave)) if prefiltered else 1
+    consts = {"SPLIT": int(split_keys), "TOPK_P2": int(topk_p2), "CHUNK": chunk, "REG": reg, "PER": per}
     options = {"num_warps": warps}
     if prefiltered and not is_amd_arch(arch):
         # ptxas otherwise keeps 64 registers a thread at 16 warps and spills the held slots
@@ -156,32 +134,37 @@ def prefilter_meta(cfg: dict[str, Any], split_keys: int, num_splits: int) -> tup
 MANY_ITEMS_FIELDS = ("select_pack", "maxnreg", "programs_per_cu")
 
 
+def _int_in(v: object, lo: int, hi: int | None = None) -> bool:
+    """Whether ``v`` is an int (a bool is not) in ``[lo, hi]``."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= lo and (hi is None or v <= hi)
+
+
 def _check_fields(c: Checker, cfg: dict) -> None:
     """The config fields whose values the plan cannot take as they come (ValueError naming them)."""
     block_n = int(cfg["BLOCK_N"])
     if block_n < 16 or block_n & (block_n - 1):
         c.fail("config", "BLOCK_N a power of two >= 16 (tl.dot)", block_n)
-    streams = cfg["key_streams"]
-    if not isinstance(streams, int) or isinstance(streams, bool) or not 1 <= streams <= 8:
-        c.fail("config", "key_streams an int in [1, 8]", repr(streams))
-    pack = cfg["select_pack"]
-    if pack not in (1, 2, 4) or isinstance(pack, bool):
-        c.fail("config", "select_pack 1, 2 or 4", repr(pack))
-    maxnreg = cfg.get("maxnreg")
-    if maxnreg is not None and (not isinstance(maxnreg, int) or isinstance(maxnreg, bool) or not 24 <= maxnreg <= 255):
-        c.fail("config", "maxnreg None or an int in [24, 255]", repr(maxnreg))
-    ppc = cfg["programs_per_cu"]
-    if not isinstance(ppc, int) or isinstance(ppc, bool) or ppc < 1:
-        c.fail("config", "programs_per_cu an int >= 1", repr(ppc))
+    if not _int_in(cfg["key_streams"], 1, 8):
+        c.fail("config", "key_streams an int in [1, 8]", repr(cfg["key_streams"]))
+    if cfg["select_pack"] not in (1, 2, 4) or isinstance(cfg["select_pack"], bool):
+        c.fail("config", "select_pack 1, 2 or 4", repr(cfg["select_pack"]))
+    if cfg.get("maxnreg") is not None and not _int_in(cfg["maxnreg"], 24, 255):
+        c.fail("config", "maxnreg None or an int in [24, 255]", repr(cfg["maxnreg"]))
+    if not _int_in(cfg["programs_per_cu"], 1):
+        c.fail("config", "programs_per_cu an int >= 1", repr(cfg["programs_per_cu"]))
+
+
+def _least_split(cfg: dict, wave: int, pack: int = 1) -> int:
+    """The fewest keys a split may hold: a key tile, and at least one key (one candidate) a thread
+    -- the scans and sums then see no replicated element -- or, with a packed selection (``pack``
+    words of split_keys / pack), one word a thread."""
+    return max(int(cfg["BLOCK_N"]), int(cfg["num_warps"]) * wave * pack)
 
 
 def _split_keys(cfg: dict, topk_p2: int, wave: int) -> int:
-    """The config's split size: a power of two holding the top-k, a key tile, and at least one key
-    (one candidate) a thread -- the scans and sums then see no replicated element -- and, with a
-    packed selection (select_pack words of split_keys / select_pack), one word a thread."""
-    threads = int(cfg["num_warps"]) * wave
-    pack = int(cfg.get("select_pack", 1))
-    return max(triton.next_power_of_2(int(cfg["split_keys"])), topk_p2, int(cfg["BLOCK_N"]), threads * pack)
+    """The config's split size: a power of two holding the top-k and ``_least_split``'s keys."""
+    least = _least_split(cfg, wave, int(cfg.get("select_pack", 1)))
+    return max(triton.next_power_of_2(int(cfg["split_keys"])), topk_p2, least)
 
 
 def _with_many_items(c: Checker, cfg: dict, device, num_rows: int, max_kv_len: int, topk_p2: int, wave: int) -> dict:
@@ -212,8 +195,8 @@ def _prefilter_split(c: Checker, cfg: dict, wave: int) -> int | None:
         got = sorted(pf) if isinstance(pf, dict) else type(pf).__name__
         c.fail("config", "prefilter an object of ['split_keys']", got)
     n = pf["split_keys"]
-    least = max(int(cfg["BLOCK_N"]), int(cfg["num_warps"]) * wave)
-    if not isinstance(n, int) or isinstance(n, bool) or n < least or n & (n - 1):
+    least = _least_split(cfg, wave)
+    if not _int_in(n, least) or n & (n - 1):
         c.fail("config", f"prefilter split_keys a power of two >= {least} (BLOCK_N, one key a thread)", repr(n))
     return n
 
@@ -302,7 +285,7 @@ class IndexerTopkPlan:
             return (
                 topk == self.topk
                 and not isinstance(topk, bool)
-                and q.shape == (T, H, INDEX_DIM)
+                and q.shape == (T, H, INDEX_HEAD_DIM)
                 and q.dtype == self.q_dtype
                 and q.stride(2) == 1
                 and weights.shape == (T, H)
@@ -317,12 +300,8 @@ class IndexerTopkPlan:
                 and (block_table.shape[1] <= 1 or block_table.stride(1) == 1)
                 and _row_vector_ok(req_id_per_token, T)
                 and _row_vector_ok(kv_lens, T)
-                and q.device == dev
-                and weights.device == dev
-                and index_cache.device == dev
-                and block_table.device == dev
-                and req_id_per_token.device == dev
-                and kv_lens.device == dev
+                and q.device == weights.device == index_cache.device == block_table.device == dev
+                and req_id_per_token.device == kv_lens.device == dev
             )
         except (AttributeError, TypeError):  # not tensors
             return False
@@ -442,12 +421,10 @@ def plan_indexer_topk(
         TypeError / ValueError naming the argument, what was expected and what came.
     """
     c = Checker(OP)
-    for name, v in (("num_rows", num_rows), ("max_kv_len", max_kv_len)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            c.fail(name, "an int >= 0", repr(v))
-    for name, v in (("num_heads", num_heads), ("topk", topk), ("block_size", block_size)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            c.fail(name, "an int >= 1", repr(v))
+    for name, v, least in (("num_rows", num_rows, 0), ("max_kv_len", max_kv_len, 0), ("num_heads", num_heads, 1),
+                           ("topk", topk, 1), ("block_size", block_size, 1)):  # fmt: skip
+        if not _int_in(v, least):
+            c.fail(name, f"an int >= {least}", repr(v))
     if q_dtype not in FP8_DTYPES:
         c.fail("q_dtype", "float8_e4m3fn or float8_e4m3fnuz", str(q_dtype).replace("torch.", ""), TypeError)
     if shuffled is not None and not isinstance(shuffled, bool):
@@ -458,13 +435,12 @@ def plan_indexer_topk(
         c.fail("block_size", f"1 or a multiple of 16 ({why}; 16 x 16 tiles)", block_size)
     if debug is not None and not isinstance(debug, bool):
         c.fail("debug", "None, True or False", repr(debug), TypeError)
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = plan_device(device)
     impl = select(OP, device, backend, has_hip=False)
     arch = _platform.device_arch(device)
-    cfg = dict(config) if config is not None else dict(config_for(OP, arch))
-    cfg.setdefault("merge", config_for(OP, arch)["merge"])
+    tier = config_for(OP, arch)["tiers"][0]
+    cfg = dict(config) if config is not None else dict(tier)
+    cfg.setdefault("merge", tier["merge"])
     cfg.setdefault("programs_per_cu", 1)
     for key in ("split_keys", "BLOCK_N", "num_warps", "num_stages"):
         if key not in cfg:
@@ -475,19 +451,17 @@ def plan_indexer_topk(
     topk_p2 = triton.next_power_of_2(topk)
     wave = wave_size(arch)
     cfg = _with_many_items(c, cfg, device, num_rows, max_kv_len, topk_p2, wave)
-    block_n, pack = int(cfg["BLOCK_N"]), cfg["select_pack"]
-    threads = int(cfg["num_warps"]) * wave
     split_keys = _split_keys(cfg, topk_p2, wave)
-    merge = dict(cfg["merge"])
-    merge["chunk"] = max(triton.next_power_of_2(int(merge["chunk"])), int(merge["num_warps"]) * wave)
-    cfg["merge"] = merge
+    least = max(2 * topk_p2, _least_split(cfg, wave, cfg["select_pack"]))
+    m = cfg["merge"]
+    cfg["merge"] = {**m, "chunk": max(triton.next_power_of_2(int(m["chunk"])), int(m["num_warps"]) * wave)}
     # Few rows: halve the split until the items fill the grid, while a split still halves what it
     # keeps (>= 2 x topk_p2) and the merge holds a row's candidates in registers. The answer does
     # not depend on the split size, so this costs no batch invariance.
     register_slots = _merge_register_slots(arch, cfg["merge"])
     slots_target = num_compute_units(device) * int(cfg["programs_per_cu"])
     while (
-        split_keys // 2 >= max(2 * topk_p2, block_n, threads * pack)
+        split_keys // 2 >= least
         and num_rows * triton.cdiv(max_kv_len, split_keys) < slots_target
         and triton.cdiv(max_kv_len, split_keys // 2) * topk_p2 <= register_slots
     ):
@@ -505,17 +479,13 @@ def plan_indexer_topk(
         if pf_split < split_keys and max_kv_len > pf_split:
             split_keys, S, ranks = pf_split, triton.cdiv(max_kv_len, pf_split), PREFILTER_RANKS
     direct = S == 1 and bool(cfg.get("direct", True)) and not ranks
-    pow2 = block_size & (block_size - 1) == 0
     consts, options = kernel_meta(
         arch, cfg, num_heads, split_keys, topk_p2, direct=direct, block_size=block_size, shuffled=shuffle,
         ranks=ranks,
     )  # fmt: skip
-    m_grid = m_consts = m_options = p_consts = p_options = None
-    if not direct:
-        m_consts, m_options = merge_meta(arch, cfg, split_keys, topk_p2, S, prefiltered=ranks > 0)
-        m_grid = (num_rows,)
-    if ranks:
-        p_consts, p_options = prefilter_meta(cfg, split_keys, S)
+    unused = (None, None)
+    m_consts, m_options = unused if direct else merge_meta(arch, cfg, split_keys, topk_p2, S, prefiltered=ranks > 0)
+    p_consts, p_options = prefilter_meta(cfg, split_keys, S) if ranks else unused
     return IndexerTopkPlan(
         arch=arch,
         num_rows=num_rows,
@@ -529,11 +499,11 @@ def plan_indexer_topk(
         split_keys=split_keys,
         topk_p2=topk_p2,
         num_splits=S,
-        page_shift=block_size.bit_length() - 1 if pow2 else 0,
+        page_shift=block_size.bit_length() - 1 if consts["POW2_PAGE"] else 0,
         grid=(max(1, min(num_rows * S, slots_target)),),
         constexprs=consts,
         options=options,
-        merge_grid=m_grid,
+        merge_grid=None if direct else (num_rows,),
         merge_constexprs=m_consts,
         merge_options=m_options,
         ranks=ranks,
@@ -545,7 +515,4 @@ def plan_indexer_topk(
     )
 
 
-__all__ = [
-    "OP", "INDEX_DIM", "INDEX_ROW_BYTES", "IndexerTopkPlan", "plan_indexer_topk", "kernel_meta", "merge_meta",
-    "prefilter_meta",
-]  # fmt: skip
+__all__ = ["OP", "IndexerTopkPlan", "plan_indexer_topk", "kernel_meta", "merge_meta", "prefilter_meta"]

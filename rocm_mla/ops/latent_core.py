@@ -4,17 +4,17 @@ model, and the checks of the destinations both ops write.
 
   * ``kv_kind_for``: the cache's dtype as the kernels read it (uint8 storage of a named fp8 kind
     viewed as that kind) and whether it is fp8;
-  * ``destinations`` / ``check_k_scale`` / ``check_workspace``: the out / lse / workspace / k_scale
-    rules of both ops;
+  * ``check_call``: the sm_scale / out / lse / k_scale / workspace rules of both ops;
 
   * ``num_compute_units``: the CUs / SMs the split model fills;
-  * ``choose_num_splits``: the split count that minimises a modelled time (rows x row blocks x
-    splits programs in waves over the CUs, each streaming its share of the tiles);
+  * ``choose_num_splits`` (``modelled_splits``: with an op's configs): the split count that
+    minimises a modelled time (rows x head blocks x splits programs in waves over the CUs, each
+    streaming its share of the tiles); ``check_split_knobs``: the split knobs of a plan;
   * ``mla_decode_workspace_numel``: the workspace of S splits, partial outputs ``[S, R, 512]`` then
     partial lses ``[S, R]`` (R = rows x heads), float32;
   * ``reduce_meta`` / ``split_reduce``: the reduce's tile, constexprs, compile options and grid
     (``SplitReduce``, the one launch record both plans hold; the kernel is
-    ``mla_decode_reduce_kernel``; its launch data is configs/mla_decode.json's ``stage2``).
+    ``mla_decode_reduce_kernel``; its launch data is configs/mla_decode.json's ``reduce``).
 
 Both ops and their plans (ops/decode*.py, ops/sparse*.py) take these from here, so a split of
 either op is costed, checked and reduced the same way.
@@ -31,14 +31,14 @@ import torch
 import triton
 
 from ..configs import config_for
-from ..mla_dims import FP8_DTYPES, FP8_KV_CACHE_DTYPES, KV_LORA_RANK, KV_ROW_DIM
+from ..mla_dims import FP8_DTYPES, FP8_KV_CACHE_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from ..triton_common import amd_options
-from ._checks import Checker
+from ._checks import FLOAT_DTYPES, Checker
 
 # The kv_cache_dtype names an op that reads the latent cache takes (vLLM's, "auto" = the cache's dtype).
 KV_CACHE_DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32", *FP8_KV_CACHE_DTYPES)
 
-# The reduce's launch data lives with mla_decode's (configs/mla_decode.json "stage2"); its config
+# The reduce's launch data lives with mla_decode's (configs/mla_decode.json "reduce"); its config
 # errors name that op.
 REDUCE_OP = "mla_decode"
 KV_LORA_RANK = KV_LORA_RANK  # the partial outputs' width (V)
@@ -73,35 +73,131 @@ def kv_kind_for(
     return dt, False
 
 
-def destinations(c: Checker, out, lse, workspace, q_nope: torch.Tensor, rows_name: str):
-    """``(out, lse)``: the caller's, checked (``[rows, N, 512]`` in q's dtype, ``[rows, N]`` float32,
-    any non-overlapping strides), or fresh ``torch.empty`` ones; a workspace must be a contiguous
-    float32 tensor. ``rows_name``: what the op calls its rows in messages ("rows", "T")."""
+class LatentPlan:
+    """What a latent-attention plan (``DecodePlan``, ``SparsePlan``) derives from its
+    ``num_splits`` and ``kv_kind`` fields."""
+
+    @property
+    def direct(self) -> bool:
+        """One split: the kernel writes out/lse itself (one launch, no workspace)."""
+        return self.num_splits == 1
+
+    @property
+    def launches(self) -> int:
+        return 1 if self.direct else 2
+
+    @property
+    def kv_fp8(self) -> bool:
+        return self.kv_kind in FP8_DTYPES
+
+
+def plan_needs_kind(c: Checker, kv_cache, maker: str) -> None:
+    """A call without a plan plans from its tensors, and uint8 storage does not say its fp8 kind:
+    such a call names the plan it needs (``maker``, e.g. "plan_decode")."""
+    if isinstance(kv_cache, torch.Tensor) and kv_cache.dtype == torch.uint8:
+        c.fail("plan", f"a plan naming the fp8 kind of a uint8 cache ({maker}(kv_cache_dtype='fp8', ...))", "None")
+
+
+def latent_inputs_match(plan, rows: int, q_nope, q_pe, kv_cache) -> bool:
+    """The part of a latent-attention plan's ``matches`` both ops share: ``q_nope [rows, N, 512]``
+    and ``q_pe [rows, N, 64]`` in the plan's q_dtype, ``kv_cache [num_blocks, block_size, 576]`` of
+    its kv_dtype with a contiguous last dim, all on its device. Host values only; the caller
+    catches what is not a tensor."""
+    N, dev = plan.num_heads, plan.device
+    return (
+        q_nope.shape == (rows, N, KV_LORA_RANK)
+        and q_pe.shape == (rows, N, QK_ROPE_HEAD_DIM)
+        and q_nope.dtype == plan.q_dtype
+        and q_pe.dtype == plan.q_dtype
+        and kv_cache.dtype == plan.kv_dtype
+        and kv_cache.dim() == 3
+        and kv_cache.shape[1] == plan.block_size
+        and kv_cache.shape[2] == KV_ROW_DIM
+        and kv_cache.stride(2) == 1
+        and q_nope.device == dev
+        and q_pe.device == dev
+        and kv_cache.device == dev
+    )
+
+
+def check_latent_inputs(c: Checker, q_nope, q_pe, kv_cache, rows_name: str) -> tuple[int, int]:
+    """The latent inputs' own rules, with errors naming the argument: ``q_nope [rows, N, 512]``
+    float16/bfloat16/float32, ``q_pe [rows, N, 64]`` in its dtype (None: not given),
+    ``kv_cache [num_blocks, block_size >= 1, 576]`` with a contiguous last dim. Returns
+    ``(rows, N)``; ``rows_name``: what the op calls its rows ("rows", "T")."""
+    c.tensor("q_nope", q_nope, ndim=3, layout=f"[{rows_name}, N, 512]", dtypes=FLOAT_DTYPES)
+    rows, N, dq = q_nope.shape
+    if dq != KV_LORA_RANK:
+        c.fail("q_nope", f"last dim 512 (kv_lora_rank) in [{rows_name}, N, 512]", f"shape {tuple(q_nope.shape)}")
+    if q_pe is not None:
+        like = f"q_nope's {rows_name}, N"
+        c.tensor("q_pe", q_pe, shape=(rows, N, QK_ROPE_HEAD_DIM), layout=f"[{rows_name}, N, 64]", like=like)
+        c.same_dtype("q_nope", q_nope, q_pe=q_pe)
+    c.tensor("kv_cache", kv_cache, ndim=3, layout="[num_blocks, block_size, 576]")
+    if kv_cache.shape[2] != KV_ROW_DIM:
+        shape = f"shape {tuple(kv_cache.shape)}"
+        c.fail("kv_cache", "last dim 576 (512 + 64) in [num_blocks, block_size, 576]", shape)
+    if kv_cache.shape[1] < 1:
+        c.fail("kv_cache", "block_size >= 1", f"shape {tuple(kv_cache.shape)}")
+    if kv_cache.stride(2) != 1:
+        c.fail("kv_cache", "a contiguous last dim (stride 1)", f"strides {kv_cache.stride()}")
+    return rows, N
+
+
+def check_call(c: Checker, plan, q_nope, sources: dict, sm_scale, out, lse, k_scale, workspace, rows_name="rows"):
+    """The arguments of a latent-attention call (mla_decode, mla_sparse_attention) beside its
+    inputs, once ``plan`` matches them: sm_scale; ``out`` ``[rows, N, 512]`` in q's dtype and
+    ``lse`` ``[rows, N]`` float32 (any non-overlapping strides), or fresh ``torch.empty`` ones;
+    ``k_scale`` a number / None, or a one-element float32 tensor exactly when the plan reads it on
+    the device (16/32-bit caches ignore it); ``workspace`` a contiguous float32 tensor of at least
+    ``plan.workspace_numel`` elements; one device; no destination sharing memory with another
+    argument (``sources``: the inputs by name; host pointer arithmetic, capturable). ``rows_name``:
+    what the op's messages call its rows ("rows", "T").
+
+    Returns ``(sm_scale, out, lse, k_scale tensor or None, k_scale float or None)``."""
+    sm_scale = c.scale("sm_scale", sm_scale)
+    given = {"out": out, "lse": lse, "workspace": workspace}
     rows, N = q_nope.shape[0], q_nope.shape[1]
     if out is None:
         out = torch.empty(rows, N, KV_LORA_RANK, dtype=q_nope.dtype, device=q_nope.device)
     else:
-        layout = f"[{rows_name}, N, 512]"
-        c.tensor("out", out, shape=(rows, N, KV_LORA_RANK), layout=layout, dtypes=(q_nope.dtype,), like="q_nope's")
+        c.tensor("out", out, shape=(rows, N, KV_LORA_RANK), layout=f"[{rows_name}, N, 512]", dtypes=(q_nope.dtype,),
+                 like="q_nope's")  # fmt: skip
         c.writable("out", out)
     if lse is None:
         lse = torch.empty(rows, N, dtype=torch.float32, device=q_nope.device)
     else:
-        layout, like = f"[{rows_name}, N]", f"q_nope's {rows_name}, N"
-        c.tensor("lse", lse, shape=(rows, N), layout=layout, dtypes=(torch.float32,), like=like)
+        like = f"q_nope's {rows_name}, N"
+        c.tensor("lse", lse, shape=(rows, N), layout=f"[{rows_name}, N]", dtypes=(torch.float32,), like=like)
         c.writable("lse", lse)
     if workspace is not None:
         c.tensor("workspace", workspace, layout="(float32, contiguous)", dtypes=(torch.float32,))
         if not workspace.is_contiguous():
             c.fail("workspace", "a contiguous tensor", f"strides {tuple(workspace.stride())}")
-    return out, lse
+        if workspace.numel() < plan.workspace_numel:
+            c.fail(
+                "workspace",
+                f"a contiguous float32 tensor of >= {plan.workspace_numel} elements (S={plan.num_splits} "
+                f"splits x {rows * N} rows x 513)",
+                f"{workspace.numel()} elements",
+            )
+    scale_t = _check_k_scale(c, k_scale, plan)
+    c.same_device(q_nope=q_nope, out=out, lse=lse, k_scale=scale_t, workspace=workspace)
+    # Destinations (the caller's: fresh ones overlap nothing) vs everything the kernels read, e.g.
+    # an out placed on cache pages that a later request reads.
+    c.no_overlap(given, {**sources, "k_scale": scale_t})
+    ks_float = float(k_scale) if plan.kv_fp8 and k_scale is not None and scale_t is None else None
+    return sm_scale, out, lse, scale_t, ks_float
 
 
-def check_k_scale(c: Checker, k_scale) -> torch.Tensor | None:
-    """A tensor scale (returned, read on the device) or a number / None (returns None)."""
+def _check_k_scale(c: Checker, k_scale, plan) -> torch.Tensor | None:
+    """A tensor scale (returned: read on the device) or a number / None (returns None), of the
+    kind the plan reads; None for 16/32-bit caches, which ignore it."""
     if k_scale is None or (isinstance(k_scale, (int, float)) and not isinstance(k_scale, bool)):
         if k_scale is not None:
             c.scale("k_scale", k_scale)
+        if plan.kv_fp8 and k_scale is not None and plan.k_scale_on_device:
+            c.fail("k_scale", "a float32 tensor (the plan was made with k_scale_on_device=True)", repr(k_scale))
         return None
     if not isinstance(k_scale, torch.Tensor):
         c.fail("k_scale", "None, a float or a float32 tensor of one element", type(k_scale).__name__, TypeError)
@@ -109,18 +205,11 @@ def check_k_scale(c: Checker, k_scale) -> torch.Tensor | None:
         c.fail("k_scale", "dtype float32", str(k_scale.dtype).replace("torch.", ""), TypeError)
     if k_scale.numel() != 1:
         c.fail("k_scale", "one element", f"shape {tuple(k_scale.shape)}")
+    if not plan.kv_fp8:
+        return None
+    if not plan.k_scale_on_device:
+        c.fail("k_scale", "a float or None (the plan was made with k_scale_on_device=False)", "a tensor")
     return k_scale
-
-
-def check_workspace(c: Checker, workspace: torch.Tensor | None, numel: int, splits: int, rows: int) -> None:
-    """A caller's workspace holds the plan's ``numel`` float32 elements (``splits`` x ``rows`` rows
-    x 513: the partial outputs and lses)."""
-    if workspace is not None and workspace.numel() < numel:
-        c.fail(
-            "workspace",
-            f"a contiguous float32 tensor of >= {numel} elements (S={splits} splits x {rows} rows x 513)",
-            f"{workspace.numel()} elements",
-        )
 
 
 def mla_decode_workspace_numel(rows: int, num_heads: int, num_splits: int) -> int:
@@ -146,7 +235,7 @@ def num_compute_units(device: torch.device) -> int:
 @functools.lru_cache(maxsize=4096)
 def choose_num_splits(
     batch: int,
-    row_blocks: int,
+    head_blocks: int,
     max_seq_len: int,
     block_n: int,
     block_h: int,
@@ -160,7 +249,7 @@ def choose_num_splits(
 ) -> int:
     """Split count S that minimises a modelled time, in units of one program streaming one KV tile.
 
-    Programs = batch x row_blocks x S run in waves of ``num_cus x ctas_per_cu`` slots; each
+    Programs = batch x head_blocks x S run in waves of ``num_cus x ctas_per_cu`` slots; each
     streams ``cdiv(tiles, S)`` tiles (tiles = cdiv(max_seq_len, block_n)) plus ``fixed_tiles`` of
     prologue/epilogue. S > 1 adds, per program, the float32 partial written and read back
     (2 x block_h x 513 x 4 bytes, in tiles of block_n x 576 x kv_elem_bytes) and one stage-2
@@ -178,12 +267,38 @@ def choose_num_splits(
     partial_tiles = 2.0 * block_h * (KV_LORA_RANK + 1) * 4 / (block_n * D_KV * kv_elem_bytes)
     best_s, best = 1, math.inf
     for s in range(1, s_max + 1):
-        waves = triton.cdiv(batch * row_blocks * s, slots)
+        waves = triton.cdiv(batch * head_blocks * s, slots)
         per_prog = triton.cdiv(tiles, s) + fixed_tiles + (partial_tiles if s > 1 else 0.0)
         cost = waves * per_prog + (launch_tiles if s > 1 else 0.0)
         if cost < best - 1e-9:
             best_s, best = s, cost
     return best_s
+
+
+def modelled_splits(
+    split: dict[str, Any], groups: int, head_blocks: int, keys: int, tier: dict[str, Any], kv_bytes: int, cus: int
+) -> int:
+    """:func:`choose_num_splits` for ``groups`` (requests, or independent rows) of ``head_blocks``
+    programs over ``keys`` keys, with an op's ``split`` config (configs' ``min_tokens_per_split``,
+    ``max_splits``, ``fixed_tiles``, ``launch_tiles``) and a resolved tier's BLOCK_N, BLOCK_H and
+    ``ctas_per_cu``; ``kv_bytes``: a cache element's bytes as read."""
+    return choose_num_splits(
+        groups, head_blocks, keys, int(tier["BLOCK_N"]), int(tier["BLOCK_H"]), kv_bytes, cus, int(tier["ctas_per_cu"]),
+        int(split["min_tokens_per_split"]), int(split["max_splits"]), float(split["fixed_tiles"]),
+        float(split["launch_tiles"]),
+    )  # fmt: skip
+
+
+def check_split_knobs(c: Checker, num_splits, batch_invariant, workspace_numel) -> None:
+    """A split-K plan's knobs: ``num_splits`` None or an int >= 1, ``batch_invariant`` a bool
+    (which fixes the split rule: num_splits must then be None), ``workspace_numel`` None or an
+    int >= 0."""
+    c.count("num_splits", num_splits, 1, optional=True)
+    if not isinstance(batch_invariant, bool):
+        c.fail("batch_invariant", "a bool", repr(batch_invariant), TypeError)
+    if batch_invariant and num_splits is not None:
+        c.fail("num_splits", "None with batch_invariant=True (the split rule is fixed)", repr(num_splits))
+    c.count("workspace_numel", workspace_numel, 0, optional=True)
 
 
 def reduce_meta(
@@ -203,7 +318,7 @@ def reduce_meta(
     to 8 blocks (more programs in flight for a small batch); otherwise one program per row; at most
     ``invariant_max_block_s`` split rows a tile (the tile is held whole while its rows are taken
     apart: gfx942 and gfx950 cap it at 16)."""
-    cfg = config_for(REDUCE_OP, arch)["stage2"]
+    cfg = config_for(REDUCE_OP, arch)["reduce"]
     tile = int(cfg["tile_elems"])
     if invariant is None:
         block_s = min(triton.next_power_of_2(max(1, num_splits)), int(cfg["max_block_s"]))
@@ -215,7 +330,7 @@ def reduce_meta(
         block_d = KV_LORA_RANK // col_blocks
         cap = int(cfg["invariant_max_block_s"])  # the split rows a tile folds without spilling (ISA report)
         if cap < 1 or cap & (cap - 1) or cap > 64:
-            Checker(REDUCE_OP).fail("config stage2", "invariant_max_block_s a power of two <= 64", cap)
+            Checker(REDUCE_OP).fail("config reduce", "invariant_max_block_s a power of two <= 64", cap)
         block_s = max(1, min(triton.next_power_of_2(max(1, num_splits)), tile // block_d, cap))
     options = {"num_warps": int(cfg["num_warps"]), **amd_options(cfg, arch)}
     consts = {"D": KV_LORA_RANK, "BLOCK_D": block_d, "BLOCK_S": block_s}
@@ -249,13 +364,17 @@ def split_reduce(
 
 
 __all__ = [
+    "LatentPlan",
     "KV_CACHE_DTYPE_NAMES",
     "REDUCE_OP",
-    "check_k_scale",
-    "check_workspace",
+    "check_call",
+    "check_latent_inputs",
+    "check_split_knobs",
     "choose_num_splits",
-    "destinations",
+    "modelled_splits",
     "kv_kind_for",
+    "latent_inputs_match",
+    "plan_needs_kind",
     "mla_decode_workspace_numel",
     "num_compute_units",
     "reduce_meta",

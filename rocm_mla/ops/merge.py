@@ -55,10 +55,8 @@ def merge_attn_states(
     partial attention that saw a NaN) gives that row NaN out and NaN lse -- never "no key". Any
     head size D >= 0 (D = 0: only output_lse is written). T = 0 or N = 0: nothing to do.
 
-    Memory: reads and writes only the elements of the given views; a destination that overlaps
-    anything the op reads (other than output being the very same view as prefix_output or
-    suffix_output) or the other destination is rejected on the host (pointer arithmetic: no
-    sync, capturable).
+    Memory: reads and writes only the elements of the given views; the overlaps above are
+    rejected on the host (pointer arithmetic: no sync, capturable).
 
     Raises:
         TypeError / ValueError naming the argument, what was expected and what came.
@@ -76,20 +74,10 @@ def merge_attn_states(
     c.tensor("suffix_lse", suffix_lse, shape=(N, T), layout="[N, T]", dtypes=f32, like="output's N, T")
     if output_lse is not None:
         c.tensor("output_lse", output_lse, shape=(N, T), layout="[N, T]", dtypes=f32, like="output's N, T")
-        c.writable("output_lse", output_lse)
-    c.same_device(
-        output=output,
-        prefix_output=prefix_output,
-        prefix_lse=prefix_lse,
-        suffix_output=suffix_output,
-        suffix_lse=suffix_lse,
-        output_lse=output_lse,
-    )
-    c.writable("output", output)
     # output may be prefix_output or suffix_output itself (each element is read, then written, by
     # one thread); any other overlap of a destination with what the op reads is a race. Several
     # threads read a row's lse while one writes output_lse: it may not alias an input lse.
-    c.no_overlap(
+    c.arguments(
         {"output": output, "output_lse": output_lse},
         {
             "prefix_output": prefix_output,
@@ -103,19 +91,8 @@ def merge_attn_states(
     impl = select(OP, output.device, backend)
     if output.numel() == 0 and (output_lse is None or output_lse.numel() == 0):
         return
-    launch(impl, output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse)
-
-
-def launch(
-    impl: str, output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, *, config: dict | None = None
-) -> None:
-    """Launch ``impl`` ("hip", "triton", "reference") on arguments :func:`merge_attn_states` has
-    validated; ``config`` replaces the arch's launch data of ``impl`` (tuning: ``rocm-mla
-    tune``). Everything else should call :func:`merge_attn_states`."""
-    cfg = config
-    if cfg is None and impl != "reference":
-        cfg = config_for(OP, _platform.device_arch(output.device))[impl]
     if impl == "hip":
+        cfg = config_for(OP, _platform.device_arch(output.device))["hip"]["tiers"][0]
         _ext.load().merge_attn_states(
             output,
             output_lse,
@@ -127,7 +104,7 @@ def launch(
             int(cfg["vecs_per_thread"]),
         )
     elif impl == "triton":
-        _launch_triton(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, cfg)
+        _launch_triton(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse)
     else:
         out, lse = merge_attn_states_ref(prefix_output, prefix_lse, suffix_output, suffix_lse)
         output.copy_(out)
@@ -135,11 +112,11 @@ def launch(
             output_lse.copy_(lse)
 
 
-def triton_meta(head_size: int, has_out_lse: bool, arch: str, config: dict | None = None) -> tuple[dict, dict]:
-    """``(constexprs, compile options)`` of one Triton launch for ``head_size`` on ``arch``
-    (``config``: launch data instead of the arch's): the single place the launch and the ISA
-    report's variants (rocm_mla/variants/merge.py) take them from."""
-    cfg = config or config_for(OP, arch)["triton"]
+def triton_meta(head_size: int, has_out_lse: bool, arch: str) -> tuple[dict, dict]:
+    """``(constexprs, compile options)`` of one Triton launch for ``head_size`` on ``arch``: the
+    single place the launch and the ISA report's variants (rocm_mla/variants/merge.py) take them
+    from."""
+    cfg = config_for(OP, arch)["tiers"][0]
     block_d = triton.next_power_of_2(max(1, head_size))
     block_rows = max(1, cfg["tile_elems"] // block_d)
     options = {"num_warps": cfg["num_warps"], **amd_options(cfg, arch)}
@@ -151,10 +128,10 @@ def triton_meta(head_size: int, has_out_lse: bool, arch: str, config: dict | Non
     }, options
 
 
-def _launch_triton(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse, cfg):
+def _launch_triton(output, prefix_output, prefix_lse, suffix_output, suffix_lse, output_lse):
     T, N, D = output.shape
     num_rows = T * N
-    consts, options = triton_meta(D, output_lse is not None, _platform.device_arch(output.device), cfg)
+    consts, options = triton_meta(D, output_lse is not None, _platform.device_arch(output.device))
     grid = (triton.cdiv(num_rows, consts["BLOCK_ROWS"]),)
     olse = output_lse if output_lse is not None else prefix_lse  # unused when HAS_OUT_LSE=False
     olse_strides = output_lse.stride() if output_lse is not None else (0, 0)

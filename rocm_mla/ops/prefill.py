@@ -7,21 +7,17 @@ DeepSeek-V3.2 layout, (64, 64, 128), and (256, 0, 256) without a RoPE part (``k_
 Triton kernel takes any P, V in [1, 256] and R in [0, 256]: a dim that is not a power of two is
 tiled by the next one and masked inside the kernel (no padding, no copy); the reference any size.
 
-The plan (``plan_prefill``, rocm_mla/ops/prefill_plan.py: launch data, head group, grid, TMA mode,
-causal, backend, decided on the host from sizes alone) is made once per step and passed to every
-layer's call; the call checks its tensors against it and launches the Triton kernel it describes,
-or runs the float32 reference. ``plan_prefill_for`` plans from a call's tensors (what a call with
-``plan=None`` does). The chunked-context composition, ``mla_prefill_with_context``, is
-rocm_mla/ops/prefill_context.py.
+The plan (``plan_prefill``, rocm_mla/ops/prefill_plan.py, or ``plan_prefill_for`` from a call's
+tensors) is made once per step and passed to every layer's call; the call checks its tensors
+against it and launches the Triton kernel it describes, or runs the float32 reference. The
+chunked-context composition, ``mla_prefill_with_context``, is rocm_mla/ops/prefill_context.py.
 
 Kernel: rocm_mla/kernels/prefill.py (Triton; there is no HIP kernel for this op).
 Reference: rocm_mla/reference/prefill.py.
 
 Host syncs: none. The grid is sized from Tq and B (tensor shapes), not from cu_seqlens' values,
-so the GPU path never reads cu_seqlens on the host; the plan's max_seqlen_q / max_seqlen_k are
-accepted for FlashAttention-style call sites and not needed (max_seqlen_k only orders the
-programs). The reference backend reads cu_seqlens on the host (and so always validates them); a
-plan made with ``debug=True`` (or ``ROCM_MLA_DEBUG=1``) validates them on a GPU too.
+so the GPU path never reads cu_seqlens on the host (nor needs the max_seqlen hints). The reference
+backend, and a debug plan (``plan_prefill``'s ``debug``) on a GPU too, read and validate them.
 
 Bad cu_seqlens on a GPU (not validated without debug): the kernel deals q rows to sequences in
 order and clamps every sequence's bounds to ``[0, Tq]`` / ``[0, Tk]``, so it never reads or writes
@@ -40,7 +36,7 @@ from ..kernels.prefill import mla_prefill_kernel
 from ..reference.prefill import mla_prefill_ref
 from ..triton_common import LOG2E
 from ._checks import FLOAT_DTYPES, Checker
-from .prefill_plan import _TENSOR_DIM_NAMES, OP, PrefillPlan, _plan, kpe_head_stride
+from .prefill_plan import OP, PrefillContextPlan, PrefillPlan, _plan_tensors, kpe_head_stride, plan_prefill
 
 
 def mla_prefill(
@@ -52,9 +48,9 @@ def mla_prefill(
     cu_seqlens_k: torch.Tensor,
     *,
     sm_scale: float,
-    plan: PrefillPlan | None = None,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
+    plan: PrefillPlan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Varlen MLA prefill attention, no concat, no padding, output and LSE in place.
 
@@ -77,17 +73,17 @@ def mla_prefill(
             kernel touch memory outside the tensors (see the module docstring).
         sm_scale: softmax scale (> 0), e.g. ``1 / sqrt(P + R)`` times the yarn mscale correction; a
             layer's own value, so one plan serves every layer.
+        out: optional ``[Tq, N, V]`` destination, q's dtype, any strides (e.g. the layer's
+            ``[T, N * 128]`` output viewed as ``[T, N, 128]``). Allocated when None. It may not
+            overlap lse or any input (q, k_nope, k_pe, v, cu_seqlens_*): ValueError naming both.
+        lse: optional ``[N, Tq]`` float32 destination of the natural-log LSE, any strides (e.g. the
+            transpose of a ``[Tq, N]`` buffer). Allocated when None. Same no-overlap rule.
         plan: what to launch, from ``plan_prefill`` (the launch data, head group, grid, causal,
             backend, batch-invariant mode, the max_seqlen hints, debug): make it once per step and
             pass it to every layer. The tensors must be the ones it was made for (B, N, Tq, Tk,
             head dims, dtype, device: ValueError naming the first field that differs). None:
             planned here from the tensors with every default (``plan_prefill_for``: causal, the
             arch's launch data, the default backend).
-        out: optional ``[Tq, N, V]`` destination, q's dtype, any strides (e.g. the layer's
-            ``[T, N * 128]`` output viewed as ``[T, N, 128]``). Allocated when None. It may not
-            overlap lse or any input (q, k_nope, k_pe, v, cu_seqlens_*): ValueError naming both.
-        lse: optional ``[N, Tq]`` float32 destination of the natural-log LSE, any strides (e.g. the
-            transpose of a ``[Tq, N]`` buffer). Allocated when None. Same no-overlap rule.
 
     Returns:
         ``(out, lse)``: the destinations (the caller's own tensors when passed). Every element of
@@ -99,19 +95,9 @@ def mla_prefill(
     Raises:
         TypeError / ValueError naming the argument, what was expected and what came.
     """
-    c = Checker(OP)
     tensors = (q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k)
-    if plan is None:
-        plan = plan_prefill_for(*tensors)
-    elif not isinstance(plan, PrefillPlan):
-        c.fail("plan", "a plan from plan_prefill (PrefillPlan)", type(plan).__name__, TypeError)
-    if not plan.matches(*tensors):
-        _explain_mismatch(c, plan, *tensors)
-    sm_scale = _check_call(c, plan, *tensors, sm_scale, out, lse)
-    if out is None:
-        out = torch.empty(q.shape[0], q.shape[1], plan.head_dims[2], dtype=q.dtype, device=q.device)
-    if lse is None:
-        lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
+    plan, sm_scale = _checked_call(Checker(OP), plan, PrefillPlan, plan_prefill_for, tensors, sm_scale, out, lse)
+    out, lse = _destinations(plan, q, out, lse)
     _run(plan, *tensors, sm_scale, out, lse)
     return out, lse
 
@@ -130,8 +116,7 @@ def plan_prefill_for(
     are not read); ``knobs``: the rest of ``plan_prefill``'s keywords (causal, max_seqlen_q,
     max_seqlen_k, config, batch_invariant, backend, debug)."""
     c = Checker(OP)
-    sizes = _check_tensors(c, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k)
-    return _plan(c, _TENSOR_DIM_NAMES, **sizes, **knobs)
+    return _plan_tensors(c, plan_prefill, _check_tensors(c, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k), knobs)
 
 
 # --------------------------------------------------------------------------- validation
@@ -174,17 +159,26 @@ def _check_tensors(c: Checker, q, k_nope, k_pe, v, cu_q, cu_k) -> dict[str, Any]
         q_rows=Tq,
         k_rows=Tk,
         head_dims=(P, R, V),
-        dtype=q.dtype,
+        q_dtype=q.dtype,
         device=q.device,
     )
 
 
-def _explain_mismatch(c: Checker, plan: PrefillPlan, q, k_nope, k_pe, v, cu_q, cu_k) -> None:
-    """Raise for tensors that ``PrefillPlan.matches`` refused: their own rule first, else the plan
-    field that differs."""
-    want = _check_tensors(c, q, k_nope, k_pe, v, cu_q, cu_k)
-    c.plan_for(plan, PrefillPlan, "plan_prefill", want)
-    c.fail("plan", "tensors matching the plan", "a mismatch the checks did not name")  # not reached
+def _checked_call(c: Checker, plan, kind: type, plan_for, tensors: tuple, sm_scale, out, lse) -> tuple[Any, float]:
+    """``(plan, sm_scale)`` of a call (``mla_prefill``'s, or ``mla_prefill_with_context``'s new
+    tokens), checked before any backend runs: ``plan`` a ``kind`` made for ``tensors`` (else
+    TypeError, or ValueError after the tensors' own rules naming the plan field that differs), or
+    planned from them by ``plan_for`` when None; then the rest of the call (``_check_call``)."""
+    if plan is None:
+        plan = plan_for(*tensors)
+    elif not isinstance(plan, kind):
+        maker = plan_for.__name__.removesuffix("_for")
+        c.fail("plan", f"a plan from {maker} ({kind.__name__})", type(plan).__name__, TypeError)
+    new_tokens = plan.new_tokens if isinstance(plan, PrefillContextPlan) else plan
+    if not plan.matches(*tensors):
+        c.plan_for(new_tokens, PrefillPlan, "plan_prefill", _check_tensors(c, *tensors))
+        c.fail("plan", "tensors matching the plan", "a mismatch the checks did not name")  # not reached
+    return plan, _check_call(c, new_tokens, *tensors, sm_scale, out, lse)
 
 
 def _check_call(c: Checker, plan: PrefillPlan, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, out, lse) -> float:
@@ -211,6 +205,17 @@ def _check_call(c: Checker, plan: PrefillPlan, q, k_nope, k_pe, v, cu_q, cu_k, s
         _check_offsets(c, "cu_seqlens_q", cu_q, Tq, "Tq")
         _check_offsets(c, "cu_seqlens_k", cu_k, k_nope.shape[0], "Tk")
     return sm_scale
+
+
+def _destinations(plan: PrefillPlan, q, out, lse) -> tuple[torch.Tensor, torch.Tensor]:
+    """The caller's ``out`` and ``lse``, or, for each that is None, a new ``[Tq, N, V]`` tensor in
+    q's dtype / ``[N, Tq]`` float32 one."""
+    Tq, N = q.shape[0], q.shape[1]
+    if out is None:
+        out = torch.empty(Tq, N, plan.head_dims[2], dtype=q.dtype, device=q.device)
+    if lse is None:
+        lse = torch.empty(N, Tq, dtype=torch.float32, device=q.device)
+    return out, lse
 
 
 def _check_offsets(c: Checker, name: str, cu: torch.Tensor, total: int, total_name: str) -> None:
@@ -255,40 +260,30 @@ def launch_triton(
     plan: PrefillPlan, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, *, sm_scale: float
 ) -> None:
     """Launch the Triton kernel ``plan`` describes on tensors it matches (``mla_prefill`` checks
-    them first; nothing is checked here).
+    them first; nothing is checked here): pointer loads when the tensors do not meet the TMA
+    descriptors' alignment (``PrefillPlan.launch_constexprs``).
 
     Exposed for the memory-safety tests, which launch on cu_seqlens nobody validated; everything
     else should call :func:`mla_prefill`.
     """
     if plan.q_rows == 0 or plan.num_heads == 0 or plan.batch == 0:
         return  # no row of any sequence: nothing to write
-    _launch(plan, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, sm_scale)
-
-
-def _launch(plan: PrefillPlan, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, out, lse, sm_scale: float) -> None:
-    """The one kernel launch ``plan`` describes (pointer loads when the tensors do not meet the
-    TMA descriptors' alignment: ``PrefillPlan.launch_constexprs``)."""
-    Tq = q.shape[0]
-    Tk = k_nope.shape[0]
-    B = plan.batch
+    Tq, Tk = q.shape[0], k_nope.shape[0]
     consts = plan.launch_constexprs(q, k_nope, k_pe, v)
-    use_tma = consts["USE_TMA"]
     kpe_sh = kpe_head_stride(k_pe)
-    kn_st, kn_sh, kn_sd = k_nope.stride()
-    kpe_st, _, kpe_sd = k_pe.stride() if k_pe is not None else (0, 0, 0)
-    v_st, v_sh, v_sd = v.stride()
-    kn, kpe, vv = k_nope, k_pe, v
-    if k_pe is None:
-        kpe = q  # R = 0: the kernel has no k_pe load (D_ROPE == 0); any valid pointer
+    # R = 0: the kernel has no k_pe load (D_ROPE == 0); q is any valid pointer.
+    kn, kpe, vv = k_nope, q if k_pe is None else k_pe, v
+    kpe_strides = (0, 0, 0) if k_pe is None else (k_pe.stride(0), kpe_sh, k_pe.stride(2))
+    kv_strides = (*k_nope.stride(), *kpe_strides, *v.stride())
     if Tk == 0:
         # Every sequence has lk == 0, so no key is ever loaded; empty tensors may carry a null
         # pointer, which the launcher rejects: hand it q's (never read).
         kn = kpe = vv = q
-        kn_st = kn_sh = kn_sd = kpe_st = kpe_sh = kpe_sd = v_st = v_sh = v_sd = 0
-    if use_tma == 1:
+        kv_strides = (0,) * 9
+    if consts["USE_TMA"] == 1:
         _ensure_allocator(q.device)
     descs = [None] * 5
-    if use_tma == 2:
+    if consts["USE_TMA"] == 2:
         descs = _host_descriptors(q, k_nope, k_pe, v, kpe_sh, consts["BLOCK_M"], consts["BLOCK_N"])
     mla_prefill_kernel[plan.grid](
         q,
@@ -301,21 +296,13 @@ def _launch(plan: PrefillPlan, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, o
         cu_seqlens_k,
         *descs,
         float(sm_scale) * LOG2E,
-        B,
+        plan.batch,
         plan.num_slots,
         plan.head_group,
         Tq,
         Tk,
         *q.stride(),
-        kn_st,
-        kn_sh,
-        kn_sd,
-        kpe_st,
-        kpe_sh,
-        kpe_sd,
-        v_st,
-        v_sh,
-        v_sd,
+        *kv_strides,
         *out.stride(),
         *lse.stride(),
         cu_seqlens_q.stride(0),

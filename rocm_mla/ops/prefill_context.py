@@ -5,14 +5,13 @@ each pass one :func:`rocm_mla.mla_prefill` launch with its own plan: the call's
 :class:`~rocm_mla.ops.prefill_plan.PrefillContextPlan` (``plan_prefill_with_context``, made once
 per step from the new tokens' sizes and every knob) holds the new tokens' causal ``PrefillPlan``
 and plans each chunk's non-causal pass from the chunk's sizes with the same knobs;
-:func:`rocm_mla.merge_attn_states` folds the partial results into ``out`` and ``lse``. The plan
-is checked against the call, and every argument and chunk is validated (the checks of
-rocm_mla/ops/prefill.py) and planned, before any backend runs or anything is written to ``out``
-or ``lse``.
+:func:`rocm_mla.merge_attn_states` folds the partial results into ``out`` and ``lse``. The checks
+are rocm_mla/ops/prefill.py's; the op's docstring says when they run and where each buffer lives.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
@@ -20,8 +19,8 @@ import torch
 
 from ._checks import Checker
 from .merge import merge_attn_states
-from .prefill import _check_call, _check_tensors, _explain_mismatch, _run
-from .prefill_plan import _TENSOR_DIM_NAMES, CONTEXT_OP, PrefillContextPlan, PrefillPlan, _plan_context
+from .prefill import _check_call, _check_tensors, _checked_call, _destinations, _run
+from .prefill_plan import CONTEXT_OP, PrefillContextPlan, PrefillPlan, _plan_tensors, _words, plan_prefill_with_context
 
 
 class ContextChunk(NamedTuple):
@@ -54,6 +53,7 @@ def mla_prefill_with_context(
     sm_scale: float,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
+    workspace: torch.Tensor | None = None,
     plan: PrefillContextPlan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Prefill with cached context, as vLLM's chunked-context MLA path computes it, in place.
@@ -88,20 +88,22 @@ def mla_prefill_with_context(
             ``[Tq, N, V]``, lse ``[N, Tq]`` float32).
         context_chunks: iterable of :class:`ContextChunk` or tuples ``(k_nope, k_pe, v,
             cu_seqlens_k[, max_seqlen_k])``, each with its own number of rows and the same B and
-            head dims. A chunk's tensors may not overlap ``out`` or ``lse``.
-        plan: from :func:`plan_prefill_with_context` (the new tokens' causal pass with every knob:
-            max_seqlen_q / max_seqlen_k, config, batch_invariant, backend, debug; each chunk's pass
-            is planned from it with the chunk's sizes): make it once per step and pass it to every
-            layer. The new-token tensors must be the ones it was made for (B, N, Tq, Tk, head dims,
-            dtype, device: ValueError naming the first field that differs). None: planned here
-            from the tensors with every default (``plan_prefill_with_context_for``).
+            head dims. A chunk's tensors may not overlap ``out``, ``lse`` or ``workspace``.
+        workspace: optional contiguous float32 tensor of at least ``plan.workspace_numel``
+            elements on q's device: the chunk and running buffers above are carved from it
+            (no allocation per call). None: each is one ``torch.empty``. A destination (no
+            memory in common with another argument).
+        plan: from :func:`plan_prefill_with_context` (its docstring says what it holds): make it
+            once per step and pass it to every layer. The new-token tensors must be the ones it
+            was made for (as :func:`mla_prefill`'s plan: ValueError naming the first field that
+            differs). None: planned here from the tensors with every default
+            (``plan_prefill_with_context_for``).
 
     Returns:
         ``(out, lse)``: attention over context + new tokens, lse the natural-log LSE over both. A
         NaN in the keys a row sees, new or cached, reaches that row's out and lse (each partial
-        pass writes NaN, not 0 / -inf, and merge_attn_states propagates a NaN lse). With a
-        batch-invariant plan a sequence's out and lse depend on its own keys and on how its own
-        context is cut into chunks, never on the other sequences or their chunking.
+        pass writes NaN, not 0 / -inf, and merge_attn_states propagates a NaN lse). Batch
+        invariance: :func:`plan_prefill_with_context`'s ``batch_invariant``.
 
     Raises:
         TypeError / ValueError naming the argument (``context_chunks[i]`` for a chunk's), what was
@@ -109,23 +111,19 @@ def mla_prefill_with_context(
     """
     c = Checker(CONTEXT_OP)
     tensors = (q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k)
-    if plan is None:
-        plan = plan_prefill_with_context_for(*tensors)
-    elif not isinstance(plan, PrefillContextPlan):
-        c.fail("plan", "a plan from plan_prefill_with_context (PrefillContextPlan)", type(plan).__name__, TypeError)
-    if not plan.matches(*tensors):
-        _explain_mismatch(c, plan.new_tokens, *tensors)
-    sm_scale = _check_call(c, plan.new_tokens, *tensors, sm_scale, out, lse)
+    plan_for = plan_prefill_with_context_for
+    plan, sm_scale = _checked_call(c, plan, PrefillContextPlan, plan_for, tensors, sm_scale, out, lse)
+    if workspace is not None:
+        _check_workspace(c, workspace, plan.workspace_numel, q, out, lse, tensors)
 
     def checked(i: int, chunk) -> tuple[ContextChunk, PrefillPlan]:
-        return _check_chunk(i, chunk, plan, q, cu_seqlens_q, sm_scale, out, lse)
+        return _check_chunk(i, chunk, plan, q, cu_seqlens_q, sm_scale, out, lse, workspace)
 
-    head = (plan, *tensors)
-    tail = (sm_scale, out, lse)
+    tail = (sm_scale, out, lse, _Scratch(workspace, q, plan.new_tokens.head_dims[2]))
     if hasattr(context_chunks, "__len__"):
         chunks = [checked(i, ch) for i, ch in enumerate(context_chunks)]  # type: ignore[arg-type]
-        return _with_context_sized(*head, chunks, *tail)
-    return _with_context_lazy(*head, iter(context_chunks), checked, *tail)
+        return _with_context_sized(plan, *tensors, chunks, *tail)
+    return _with_context_lazy(plan, *tensors, iter(context_chunks), checked, *tail)
 
 
 def plan_prefill_with_context_for(
@@ -144,56 +142,44 @@ def plan_prefill_with_context_for(
     batch_invariant, backend, debug)."""
     c = Checker(CONTEXT_OP)
     sizes = _check_tensors(c, q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k)
-    return _plan_context(c, _TENSOR_DIM_NAMES, **sizes, **knobs)
+    return _plan_tensors(c, plan_prefill_with_context, sizes, knobs)
 
 
-def _with_context_sized(ctx_plan, q, k_nope, k_pe, v, cu_q, cu_k, chunks, sm_scale, out, lse):
+def _with_context_sized(ctx_plan, q, k_nope, k_pe, v, cu_q, cu_k, chunks, sm_scale, out, lse, scratch):
     """Validated, planned chunks: causal pass into out, each chunk merged into out in place."""
     plan, backend = ctx_plan.new_tokens, ctx_plan.merge_backend
-    Tq, N, V = q.shape[0], q.shape[1], plan.head_dims[2]
-    if out is None:
-        out = torch.empty(Tq, N, V, dtype=q.dtype, device=q.device)
-    if lse is None:
-        lse = torch.empty(N, Tq, dtype=torch.float32, device=q.device)
-    new_lse = lambda: torch.empty(N, Tq, dtype=torch.float32, device=q.device)  # noqa: E731
+    out, lse = _destinations(plan, q, out, lse)
     # The last merge must land in lse: start on the other buffer when the chunk count is odd.
     cur = len(chunks) % 2
-    lse_bufs: list[torch.Tensor | None] = [lse, new_lse() if cur else None]
+    lse_bufs: list[torch.Tensor | None] = [lse, scratch.new_lse() if cur else None]
     _run(plan, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, out, lse_bufs[cur])
     chunk_out = chunk_lse = None
     for ck, ck_plan in chunks:
         if chunk_out is None:
-            chunk_out = torch.empty(Tq, N, V, dtype=q.dtype, device=q.device)
-            chunk_lse = new_lse()
+            chunk_out, chunk_lse = scratch.new_out(), scratch.new_lse()
         _run_chunk(ck, ck_plan, q, cu_q, sm_scale, chunk_out, chunk_lse)
         nxt = 1 - cur
         if lse_bufs[nxt] is None:
-            lse_bufs[nxt] = new_lse()
+            lse_bufs[nxt] = scratch.new_lse()
         merge_attn_states(out, out, lse_bufs[cur], chunk_out, chunk_lse, lse_bufs[nxt], backend=backend)
         cur = nxt
     return out, lse
 
 
-def _with_context_lazy(ctx_plan, q, k_nope, k_pe, v, cu_q, cu_k, it, checked, sm_scale, out, lse):
+def _with_context_lazy(ctx_plan, q, k_nope, k_pe, v, cu_q, cu_k, it, checked, sm_scale, out, lse, scratch):
     """Chunks drawn (and validated, planned) one at a time; out/lse are written by the last step only."""
     plan, backend = ctx_plan.new_tokens, ctx_plan.merge_backend
-    Tq, N, V = q.shape[0], q.shape[1], plan.head_dims[2]
     first = next(it, None)
     ck = checked(0, first) if first is not None else None
-    if out is None:
-        out = torch.empty(Tq, N, V, dtype=q.dtype, device=q.device)
-    if lse is None:
-        lse = torch.empty(N, Tq, dtype=torch.float32, device=q.device)
+    out, lse = _destinations(plan, q, out, lse)
     if ck is None:  # no context: the causal pass is the result
         _run(plan, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, out, lse)
         return out, lse
-    new_lse = lambda: torch.empty(N, Tq, dtype=torch.float32, device=q.device)  # noqa: E731
-    acc = torch.empty(Tq, N, V, dtype=q.dtype, device=q.device)
-    acc_lse = [new_lse(), None]  # ping-pong: merge must not write the lse it reads
+    acc = scratch.new_out()
+    acc_lse = [scratch.new_lse(), None]  # ping-pong: merge must not write the lse it reads
     cur = 0
     _run(plan, q, k_nope, k_pe, v, cu_q, cu_k, sm_scale, acc, acc_lse[cur])
-    chunk_out = torch.empty(Tq, N, V, dtype=q.dtype, device=q.device)
-    chunk_lse = new_lse()
+    chunk_out, chunk_lse = scratch.new_out(), scratch.new_lse()
     i = 0
     while ck is not None:
         _run_chunk(*ck, q, cu_q, sm_scale, chunk_out, chunk_lse)
@@ -206,7 +192,7 @@ def _with_context_lazy(ctx_plan, q, k_nope, k_pe, v, cu_q, cu_k, it, checked, sm
         del nxt_chunk
         nxt = 1 - cur
         if acc_lse[nxt] is None:
-            acc_lse[nxt] = new_lse()
+            acc_lse[nxt] = scratch.new_lse()
         merge_attn_states(acc, acc, acc_lse[cur], chunk_out, chunk_lse, acc_lse[nxt], backend=backend)
         cur = nxt
     # The last chunk is validated: the only writes to out and lse.
@@ -215,10 +201,10 @@ def _with_context_lazy(ctx_plan, q, k_nope, k_pe, v, cu_q, cu_k, it, checked, sm
 
 
 def _check_chunk(
-    i: int, chunk, plan: PrefillContextPlan, q, cu_q, sm_scale, out, lse
+    i: int, chunk, plan: PrefillContextPlan, q, cu_q, sm_scale, out, lse, workspace
 ) -> tuple[ContextChunk, PrefillPlan]:
-    """A chunk, checked (its tensors, its head dims the new tokens', no memory in common with out
-    or lse), and the plan of its non-causal pass (``plan.chunk_plan``)."""
+    """A chunk, checked (its tensors, its head dims the new tokens', no memory in common with out,
+    lse or the workspace), and the plan of its non-causal pass (``plan.chunk_plan``)."""
     cc = Checker(f"{CONTEXT_OP}: context_chunks[{i}]")
     if not isinstance(chunk, (tuple, list)) or len(chunk) not in (4, 5):
         got = type(chunk).__name__ + (f" of length {len(chunk)}" if isinstance(chunk, (tuple, list)) else "")
@@ -230,9 +216,10 @@ def _check_chunk(
         cc.fail("k_nope/k_pe/v", f"head dims (P, R, V) = {dims} like the new tokens'", sizes["head_dims"])
     ck_plan = plan.chunk_plan(cc, sizes["k_rows"], ck.max_seqlen_k)
     _check_call(cc, ck_plan, q, ck.k_nope, ck.k_pe, ck.v, cu_q, ck.cu_seqlens_k, sm_scale, None, None)
-    # The chunk's K/V are read after out/lse have been written (sized path): no overlap.
+    # The chunk's K/V are read after out/lse/the workspace have been written: no overlap.
     cc.no_overlap(
-        {"out": out, "lse": lse}, {"k_nope": ck.k_nope, "k_pe": ck.k_pe, "v": ck.v, "cu_seqlens_k": ck.cu_seqlens_k}
+        {"out": out, "lse": lse, "workspace": workspace},
+        {"k_nope": ck.k_nope, "k_pe": ck.k_pe, "v": ck.v, "cu_seqlens_k": ck.cu_seqlens_k},
     )
     return ck, ck_plan
 
@@ -240,3 +227,46 @@ def _check_chunk(
 def _run_chunk(ck: ContextChunk, plan: PrefillPlan, q, cu_q, sm_scale, out, lse):
     """The new tokens' queries against every key of one context chunk (non-causal)."""
     _run(plan, q, ck.k_nope, ck.k_pe, ck.v, cu_q, ck.cu_seqlens_k, sm_scale, out, lse)
+
+
+def _check_workspace(c: Checker, workspace, numel: int, q, out, lse, tensors) -> None:
+    """A caller's workspace: a contiguous float32 tensor of >= ``numel`` elements on q's device,
+    sharing no memory with the call's other tensors."""
+    c.tensor("workspace", workspace, dtypes=(torch.float32,))
+    if not workspace.is_contiguous() or workspace.numel() < numel:
+        c.fail(
+            "workspace",
+            f"a contiguous float32 tensor of >= {numel} elements (plan.workspace_numel)",
+            f"{workspace.numel()} elements, strides {workspace.stride()}",
+        )
+    c.same_device(q=q, workspace=workspace)
+    names = ("q", "k_nope", "k_pe", "v", "cu_seqlens_q", "cu_seqlens_k")
+    c.no_overlap({"workspace": workspace, "out": out, "lse": lse}, dict(zip(names, tensors)))
+
+
+class _Scratch:
+    """The call's buffers: ``[Tq, N, V]`` in q's dtype and ``[N, Tq]`` float32, carved in turn
+    from the caller's workspace (``PrefillContextPlan.workspace_numel``'s layout, each piece
+    256-byte aligned) or, without one, a ``torch.empty`` each."""
+
+    def __init__(self, workspace: torch.Tensor | None, q: torch.Tensor, v_dim: int):
+        self.ws = None if workspace is None else workspace.reshape(-1)
+        self.q, self.out_shape, self.lse_shape = q, (q.shape[0], q.shape[1], v_dim), (q.shape[1], q.shape[0])
+        self.at = 0
+
+    def _take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        if self.ws is None:
+            return torch.empty(shape, dtype=dtype, device=self.q.device)
+        numel = math.prod(shape)
+        words = _words(numel, dtype)
+        piece = self.ws[self.at : self.at + words]
+        self.at += words
+        return piece.view(dtype)[:numel].view(shape)
+
+    def new_out(self) -> torch.Tensor:
+        """A ``[Tq, N, V]`` buffer in q's dtype."""
+        return self._take(self.out_shape, self.q.dtype)
+
+    def new_lse(self) -> torch.Tensor:
+        """A ``[N, Tq]`` float32 buffer."""
+        return self._take(self.lse_shape, torch.float32)

@@ -3,22 +3,12 @@ and device, never from a device value (the grid is sized from Tq and B, not from
 call can be captured in a CUDA/HIP graph).
 
 ``plan_prefill(...) -> PrefillPlan`` (flashinfer's plan/run split): made once per step from the
-sizes (or by ``plan_prefill_for`` from a call's tensors), it takes the mode and tuning knobs
-(causal, config, backend, batch_invariant, the max_seqlen hints, debug) and checks them once; the
-wrapper checks its tensors against it and launches exactly what it says. What it decides:
-  * the launch data: a ``config=`` override, else the arch's entry in configs/mla_prefill.json
-    (``launch_config``: ``triton`` for 16-bit inputs, ``triton_fp32`` for float32; a head geometry
-    listed under the arch's ``geometries`` takes its own entries);
-  * the head-dim tiles (``dim_tiles``): each of P, R, V tiled by the next power of two, the columns
-    past the dim masked in the kernel;
-  * the head group (``head_group``): how many heads' programs the kernel numbers together;
-  * the grid: ``grid_slots`` slots x N programs on one axis;
-  * the TMA mode (``USE_TMA``: 0 pointer loads, 1 per-program descriptors, 2 host descriptors),
-    on where the arch honours it and the inputs are 16-bit; whether a call's tensors meet the
-    descriptors' alignment (``_tma_ok``) is a property of the tensors, checked per call
-    (``PrefillPlan.launch_constexprs``: pointer loads otherwise);
-  * the constexprs and compile options (``triton_meta``: the ISA report compiles its variants from
-    the same function, so what it reports is what runs).
+sizes (or by ``plan_prefill_for`` from a call's tensors), it checks the mode and tuning knobs once;
+the wrapper checks its tensors against it and launches exactly what it says. It decides the launch
+data (``launch_config``), the head-dim tiles (``dim_tiles``), the head group (``head_group``), the
+grid (``grid_slots``), the TMA mode (``_tma_arch``; the tensors' alignment, ``_tma_ok``, is checked
+per call) and the constexprs and compile options (``triton_meta``, which the ISA report compiles its
+variants from, so what it reports is what runs).
 
 ``plan_prefill_with_context(...) -> PrefillContextPlan``: mla_prefill_with_context's plan, the
 new tokens' causal ``PrefillPlan`` (the same sizes and knobs, no causal knob); each context chunk's
@@ -29,6 +19,7 @@ Launch data: rocm_mla/configs/mla_prefill.json.
 
 from __future__ import annotations
 
+import inspect
 import numbers
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +27,7 @@ from typing import Any
 import torch
 
 from .. import _platform
-from ..configs import config_for, nvidia_sm, prefill_tma_mode
+from ..configs import config_for, nvidia_sm, prefill_tma_mode, resolve_tier
 from ..mla_dims import PREFILL_DIMS
 from ..triton_common import amd_options
 from ._checks import FLOAT_DTYPES, Checker, debug_enabled
@@ -51,18 +42,17 @@ SEQ_CHUNK = 256
 
 
 def geometry_key(dims: tuple[int, int, int]) -> str:
-    """``"P/R/V"``: the key of a head geometry under an arch's ``geometries`` in configs/mla_prefill.json."""
+    """``"P/R/V"``: a head geometry as a tier of configs/mla_prefill.json names it (its ``geometry``)."""
     return "/".join(str(int(d)) for d in dims)
 
 
 def launch_config(arch: str, dtype: torch.dtype, dims: tuple[int, int, int] = PREFILL_DIMS) -> dict:
     """The launch data the wrapper uses for ``dtype`` and head geometry ``dims`` = (P, R, V) on
-    ``arch`` (see configs/mla_prefill.json): the geometry's own entry when the arch lists one under
-    ``geometries``, else the arch's."""
-    cfg = config_for(OP, arch)
-    key = "triton_fp32" if dtype == torch.float32 else "triton"
-    own = cfg.get("geometries", {}).get(geometry_key(dims), {})
-    return own.get(key, cfg[key])
+    ``arch`` (see configs/mla_prefill.json): the tier of that ``geometry``, else the first tier,
+    with its ``fp32`` object applied for float32 inputs."""
+    tiers = config_for(OP, arch)["tiers"]
+    tier = next((t for t in tiers if t.get("geometry") == geometry_key(dims)), tiers[0])
+    return resolve_tier(tier, ["fp32"] if dtype == torch.float32 else [])
 
 
 def dim_tile(d: int) -> int:
@@ -129,8 +119,8 @@ def triton_meta(
         # software-pipelining depth of the masked (diagonal / ragged-end) loop; default: num_stages
         "DIAG_STAGES": int(cfg.get("diag_stages", cfg.get("num_stages", 2))),
         # TMA tensor descriptors for K/k_pe/V ("host": q too): NVIDIA sm90+ (and the CPU
-        # interpreter, which runs the same code path), 16-bit inputs; plan_prefill also checks
-        # the alignment.
+        # interpreter, which runs the same code path), 16-bit inputs; the alignment is the call's
+        # (PrefillPlan.launch_constexprs).
         "USE_TMA": tma,
     }
     # On AMD also waves_per_eu, matrix_instr_nonkdim, kpack and schedule_hint (the backend's
@@ -197,7 +187,7 @@ class PrefillPlan:
 
     The call: B sequences (``cu_seqlens_q`` / ``cu_seqlens_k`` of B + 1 entries) over ``q_rows`` =
     Tq query rows and ``k_rows`` = Tk key rows of ``num_heads`` heads, head geometry ``head_dims``
-    = (P, R, V), all in ``dtype`` on ``device``. The launch: ``grid = (num_slots x N,)`` programs,
+    = (P, R, V), all in ``q_dtype`` on ``device``. The launch: ``grid = (num_slots x N,)`` programs,
     each ``BLOCK_M`` queries of one sequence and one head, numbered by groups of ``head_group``
     heads (the kernel's Grid). ``constexprs["USE_TMA"]`` says how K, k_pe and V (and with 2, q)
     are loaded on tensors that meet the TMA descriptors' alignment: 2 means the launcher builds
@@ -216,7 +206,7 @@ class PrefillPlan:
     pointer_constexprs: dict[str, Any]  # constexprs with USE_TMA 0: tensors that do not meet it
     # The call the plan was made for (mla_prefill checks its tensors against these).
     device: torch.device | None = None
-    dtype: torch.dtype | None = None  # q's, k_nope's, k_pe's, v's and out's
+    q_dtype: torch.dtype | None = None  # q's, k_nope's, k_pe's, v's and out's
     batch: int = 0  # B
     num_heads: int = 0  # N
     q_rows: int = 0  # Tq
@@ -241,7 +231,7 @@ class PrefillPlan:
         dtypes, device): the whole per-call check of a planned call's inputs, in one expression.
         ``mla_prefill`` names what differs when it is False."""
         P, R, V = self.head_dims
-        N, Tk, dt, dev = self.num_heads, self.k_rows, self.dtype, self.device
+        N, Tk, dt, dev = self.num_heads, self.k_rows, self.q_dtype, self.device
         try:
             return (
                 q.shape == (self.q_rows, N, P + R)
@@ -293,6 +283,7 @@ def kpe_head_stride(k_pe: torch.Tensor | None) -> int:
 # P, R, V (mla_prefill's tensors, or plan_prefill's head_dims).
 _TENSOR_DIM_NAMES = (("k_nope", "last dim P"), ("k_pe", "last dim R"), ("v", "last dim V"))
 _SIZE_DIM_NAMES = (("head_dims", "P"), ("head_dims", "R"), ("head_dims", "V"))
+_SIZES = ("batch", "num_heads", "q_rows", "k_rows")
 
 
 def plan_prefill(
@@ -301,7 +292,7 @@ def plan_prefill(
     num_heads: int,
     q_rows: int,
     k_rows: int,
-    dtype: torch.dtype,
+    q_dtype: torch.dtype,
     device: torch.device | str,
     head_dims: tuple[int, int, int] = PREFILL_DIMS,
     causal: bool = True,
@@ -324,7 +315,7 @@ def plan_prefill(
         q_rows: Tq, q's rows: ``q`` ``[Tq, N, P + R]``, ``out`` ``[Tq, N, V]``, ``lse`` ``[N, Tq]``.
         k_rows: Tk, the key rows: ``k_nope`` ``[Tk, N, P]``, ``k_pe`` ``[Tk, 1 or N, R]``, ``v``
             ``[Tk, N, V]``.
-        dtype: float16, bfloat16 or float32: q's, k_nope's, k_pe's, v's and out's.
+        q_dtype: float16, bfloat16 or float32: q's, k_nope's, k_pe's, v's and out's.
         device: where the calls run (its arch picks the launch data).
         head_dims: (P, R, V) = (qk_nope_head_dim, qk_rope_head_dim, v_head_dim); DeepSeek's
             (128, 64, 128) by default. R = 0: no RoPE part (``k_pe=None``). The Triton kernel takes
@@ -335,8 +326,8 @@ def plan_prefill(
             sites; not needed for correctness. max_seqlen_k, when given, is a hint for the order of
             the programs on the GPU (the config's head_group_kv_bytes; Tk when None); a wrong
             value costs speed, never a result.
-        config: override of the Triton launch data, one object with the keys of an arch's
-            ``triton`` entry in ``configs/mla_prefill.json`` (its ``_doc`` says what each does:
+        config: override of the Triton launch data, one object with the keys of a tier in
+            ``configs/mla_prefill.json`` (its ``_doc`` says what each does:
             tiles, warps, stages, tma, head_group, the gfx9 options); for tuning and tests.
         batch_invariant: a sequence's out and lse bitwise the same whatever the other sequences,
             their lengths, order and its position (docs/batch-invariance.md). Always so here: a
@@ -356,50 +347,23 @@ def plan_prefill(
         a config ``tma`` other than false, true or "host", a ``head_group`` < 1, and a grid of
         2**31 programs or more.
     """
-    return _plan(
-        Checker(OP),
-        _SIZE_DIM_NAMES,
-        batch=batch,
-        num_heads=num_heads,
-        q_rows=q_rows,
-        k_rows=k_rows,
-        dtype=dtype,
-        device=device,
-        head_dims=head_dims,
-        causal=causal,
-        max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k,
-        config=config,
-        batch_invariant=batch_invariant,
-        backend=backend,
-        debug=debug,
-    )
+    return _plan(Checker(OP), _SIZE_DIM_NAMES, locals())  # locals(): exactly the keywords above
 
 
-def _plan(
-    c: Checker,
-    dim_names: tuple[tuple[str, str], ...],
-    *,
-    batch: int,
-    num_heads: int,
-    q_rows: int,
-    k_rows: int,
-    dtype: torch.dtype,
-    device: torch.device | str,
-    head_dims: tuple[int, int, int] = PREFILL_DIMS,
-    causal: bool = True,
-    max_seqlen_q: int | None = None,
-    max_seqlen_k: int | None = None,
-    config: dict | None = None,
-    batch_invariant: bool = False,
-    backend: str | None = None,
-    debug: bool | None = None,
-) -> PrefillPlan:
-    """:func:`plan_prefill` with its errors from ``c`` (``mla_prefill_with_context`` names itself
-    and its chunks) and the names the Triton head-dim check gives (P, R, V)."""
-    for name, val in (("batch", batch), ("num_heads", num_heads), ("q_rows", q_rows), ("k_rows", k_rows)):
+# A PrefillPlan holds each of these under the keyword's name (``PrefillContextPlan.chunk_plan``).
+_PLAN_PREFILL_KEYWORDS = tuple(inspect.signature(plan_prefill).parameters)
+
+
+def _plan(c: Checker, dim_names: tuple[tuple[str, str], ...], kw: dict[str, Any]) -> PrefillPlan:
+    """:func:`plan_prefill` of its keywords ``kw`` (every one, defaults filled in), with its errors
+    from ``c`` (``mla_prefill_with_context`` names itself and its chunks) and ``dim_names``, what the
+    Triton head-dim check calls P, R and V (plan_prefill's head_dims or a call's tensors)."""
+    for name in _SIZES:
+        val = kw[name]
         if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < 0:
             c.fail(name, "an int >= 0", repr(val))
+    batch, num_heads, q_rows, k_rows = (int(kw[name]) for name in _SIZES)
+    head_dims, q_dtype, causal = kw["head_dims"], kw["q_dtype"], kw["causal"]
     dims = tuple(head_dims) if isinstance(head_dims, (tuple, list)) else None
     if (
         dims is None
@@ -410,23 +374,24 @@ def _plan(
     ):
         c.fail("head_dims", "(P, R, V) ints with P, V >= 1 and R >= 0", repr(head_dims))
     dims = tuple(int(d) for d in dims)
-    if dtype not in FLOAT_DTYPES:
-        c.fail("dtype", "float16, bfloat16 or float32", str(dtype).replace("torch.", ""), TypeError)
+    if q_dtype not in FLOAT_DTYPES:
+        c.fail("q_dtype", "float16, bfloat16 or float32", str(q_dtype).replace("torch.", ""), TypeError)
     if not isinstance(causal, bool):
         c.fail("causal", "a bool", type(causal).__name__, TypeError)
-    for name, val in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+    for name in ("max_seqlen_q", "max_seqlen_k"):
+        val = kw[name]
         if val is None:
             continue
         if isinstance(val, bool) or not isinstance(val, numbers.Integral):
             c.fail(name, "None or an int >= 0", repr(val), TypeError)
         if val < 0:
             c.fail(name, "None or an int >= 0", val)
-    if not isinstance(batch_invariant, bool):
-        c.fail("batch_invariant", "a bool", repr(batch_invariant), TypeError)
-    device = torch.device(device)
+    if not isinstance(kw["batch_invariant"], bool):
+        c.fail("batch_invariant", "a bool", repr(kw["batch_invariant"]), TypeError)
+    device = torch.device(kw["device"])
     if device.type == "cuda" and device.index is None:  # the tensors' own form (cuda:0, ...)
         device = torch.device("cuda", torch.cuda.current_device())
-    impl = select(OP, device, backend, has_hip=False)
+    impl = select(OP, device, kw["backend"], has_hip=False)
     if impl == "triton":
         # Each dim is one register tile of the next power of two (masked past the dim): up to 256.
         for (arg, name), x in zip(dim_names, dims):
@@ -438,10 +403,11 @@ def _plan(
                     x,
                 )
     arch = _platform.device_arch(device)
-    cfg = config if config is not None else launch_config(arch, dtype, dims)
+    cfg = kw["config"] if kw["config"] is not None else launch_config(arch, q_dtype, dims)
     _check_config(c, cfg, batch, num_heads, q_rows)
-    group = head_group(cfg, num_heads, max_seqlen_k or k_rows, (dims[0] + dims[2]) * dtype.itemsize)
-    fp32 = dtype == torch.float32
+    kv_head_bytes = (dims[0] + dims[2]) * q_dtype.itemsize
+    group = head_group(cfg, num_heads, kw["max_seqlen_k"] or k_rows, kv_head_bytes)
+    fp32 = q_dtype == torch.float32
     consts, options = triton_meta(cfg, arch, dims, causal, fp32, tma_aligned=True)
     pointer = consts if not consts["USE_TMA"] else triton_meta(cfg, arch, dims, causal, fp32, tma_aligned=False)[0]
     num_slots = grid_slots(q_rows, batch, num_heads, consts["BLOCK_M"])
@@ -455,18 +421,18 @@ def _plan(
         options=options,
         pointer_constexprs=pointer,
         device=device,
-        dtype=dtype,
-        batch=int(batch),
-        num_heads=int(num_heads),
-        q_rows=int(q_rows),
-        k_rows=int(k_rows),
+        q_dtype=q_dtype,
+        batch=batch,
+        num_heads=num_heads,
+        q_rows=q_rows,
+        k_rows=k_rows,
         head_dims=dims,
         causal=causal,
-        max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k,
-        batch_invariant=batch_invariant,
+        max_seqlen_q=kw["max_seqlen_q"],
+        max_seqlen_k=kw["max_seqlen_k"],
+        batch_invariant=kw["batch_invariant"],
         backend=impl,
-        debug=debug_enabled(debug),
+        debug=debug_enabled(kw["debug"]),
     )
 
 
@@ -475,9 +441,7 @@ def _check_config(c: Checker, cfg: object, batch: int, num_heads: int, q_rows: i
     whatever the arch and dtype, a "head_group" below 1, and a grid of 2**31 programs or more (the
     kernel numbers its programs in int32; ``grid_slots``)."""
     if not isinstance(cfg, dict):
-        c.fail(
-            "config", "a dict with the keys of an arch's triton entry in configs/mla_prefill.json", repr(cfg), TypeError
-        )
+        c.fail("config", "a dict with the keys of a tier in configs/mla_prefill.json", repr(cfg), TypeError)
     tma = cfg.get("tma", False)
     if prefill_tma_mode(tma) is None:
         c.fail("config", 'a "tma" of false, true or "host"', repr(tma))
@@ -498,21 +462,34 @@ def _check_config(c: Checker, cfg: object, batch: int, num_heads: int, q_rows: i
 CONTEXT_OP = "mla_prefill_with_context"
 
 
+def _words(numel: int, dtype: torch.dtype) -> int:
+    """float32 elements of a workspace piece of ``numel`` elements of ``dtype``, rounded up to 64
+    (256 bytes: every piece, and every vector load, stays aligned)."""
+    return -(-numel * dtype.itemsize // 256) * 64
+
+
 @dataclass(frozen=True)
 class PrefillContextPlan:
-    """What one mla_prefill_with_context call runs (``plan_prefill_with_context`` makes it).
-
-    ``new_tokens``: the new tokens' causal pass (a :class:`PrefillPlan` of the call's sizes and
-    every knob: max_seqlen_q / max_seqlen_k, config, batch_invariant, backend, debug). Each context
-    chunk's non-causal pass is planned by :meth:`chunk_plan` from the chunk's key rows (and its own
-    max_seqlen_k hint) with those same knobs; chunk sizes are not known when the step plans (a
-    generator makes them), and a chunk's plan depends on nothing else. ``merge_backend``: the
-    backend forced on merge_attn_states, which folds the passes (the ``backend`` knob as given;
-    None: its default).
+    """What one mla_prefill_with_context call runs (``plan_prefill_with_context`` makes it; its
+    docstring says with which knobs): ``new_tokens``, the new tokens' causal pass; each context
+    chunk's non-causal pass comes from :meth:`chunk_plan` when the chunk does (chunk sizes are not
+    known when the step plans: a generator makes them); ``merge_backend``, the backend forced on
+    merge_attn_states, which folds the passes (the ``backend`` knob as given; None: its default).
     """
 
     new_tokens: PrefillPlan
     merge_backend: str | None = None
+
+    @property
+    def workspace_numel(self) -> int:
+        """float32 elements of a ``workspace=`` that holds every buffer a call with context needs:
+        two ``[Tq, N, V]`` buffers in q's dtype (a chunk's output and the running result) and
+        three ``[N, Tq]`` float32 lse buffers, each piece starting at a multiple of 64 elements
+        (256 bytes). A call without context chunks uses none of it."""
+        p = self.new_tokens
+        rows = p.q_rows * p.num_heads
+        return 2 * _words(rows * p.head_dims[2], p.q_dtype) + 3 * _words(rows, torch.float32)
+
     # The chunk plans made so far, by (k_rows, max_seqlen_k): one serving step's layers call with the
     # same chunks, and a plan is a pure function of these and the fields above.
     _chunks: dict = field(default_factory=dict, init=False, compare=False, repr=False)
@@ -532,25 +509,8 @@ class PrefillContextPlan:
             return self._chunks[key]
         except (KeyError, TypeError):  # not planned yet, or a hint _plan refuses (unhashable)
             pass
-        p = self.new_tokens
-        got = _plan(
-            c,
-            _TENSOR_DIM_NAMES,
-            batch=p.batch,
-            num_heads=p.num_heads,
-            q_rows=p.q_rows,
-            k_rows=k_rows,
-            dtype=p.dtype,
-            device=p.device,
-            head_dims=p.head_dims,
-            causal=False,
-            max_seqlen_q=p.max_seqlen_q,
-            max_seqlen_k=max_seqlen_k,
-            config=p.config,
-            batch_invariant=p.batch_invariant,
-            backend=p.backend,
-            debug=p.debug,
-        )
+        kw = {name: getattr(self.new_tokens, name) for name in _PLAN_PREFILL_KEYWORDS}
+        got = _plan(c, _TENSOR_DIM_NAMES, {**kw, "k_rows": k_rows, "causal": False, "max_seqlen_k": max_seqlen_k})
         self._chunks[key] = got  # a valid hint: None or an int
         return got
 
@@ -561,7 +521,7 @@ def plan_prefill_with_context(
     num_heads: int,
     q_rows: int,
     k_rows: int,
-    dtype: torch.dtype,
+    q_dtype: torch.dtype,
     device: torch.device | str,
     head_dims: tuple[int, int, int] = PREFILL_DIMS,
     max_seqlen_q: int | None = None,
@@ -576,7 +536,7 @@ def plan_prefill_with_context(
     it to every layer's call (``mla_prefill_with_context(..., plan=plan)``).
 
     Args:
-        batch, num_heads, q_rows, k_rows, dtype, device, head_dims: the new tokens' call, as
+        batch, num_heads, q_rows, k_rows, q_dtype, device, head_dims: the new tokens' call, as
             :func:`plan_prefill` takes them (``k_rows``: the new tokens' keys, Tk; the chunks' keys
             are each chunk's own).
         max_seqlen_q, max_seqlen_k, config, batch_invariant, debug: as :func:`plan_prefill` takes
@@ -592,29 +552,23 @@ def plan_prefill_with_context(
     Raises:
         TypeError / ValueError naming the argument (``mla_prefill_with_context: <argument>: ...``).
     """
-    return _plan_context(
-        Checker(CONTEXT_OP),
-        _SIZE_DIM_NAMES,
-        batch=batch,
-        num_heads=num_heads,
-        q_rows=q_rows,
-        k_rows=k_rows,
-        dtype=dtype,
-        device=device,
-        head_dims=head_dims,
-        max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k,
-        config=config,
-        batch_invariant=batch_invariant,
-        backend=backend,
-        debug=debug,
-    )
+    return _plan_context(Checker(CONTEXT_OP), _SIZE_DIM_NAMES, locals())  # locals(): exactly the keywords above
 
 
-def _plan_context(c: Checker, dim_names: tuple[tuple[str, str], ...], *, backend=None, **kw) -> PrefillContextPlan:
-    """:func:`plan_prefill_with_context` with its errors from ``c`` and the head-dim names
-    ``dim_names`` (``plan_prefill_with_context_for`` names tensors); ``kw``: its keywords."""
-    return PrefillContextPlan(new_tokens=_plan(c, dim_names, causal=True, backend=backend, **kw), merge_backend=backend)
+def _plan_context(c: Checker, dim_names: tuple[tuple[str, str], ...], kw: dict[str, Any]) -> PrefillContextPlan:
+    """:func:`plan_prefill_with_context` of its keywords ``kw`` (every one), as :func:`_plan` takes them."""
+    return PrefillContextPlan(new_tokens=_plan(c, dim_names, {**kw, "causal": True}), merge_backend=kw["backend"])
+
+
+def _plan_tensors(c: Checker, maker, sizes: dict[str, Any], knobs: dict[str, Any]):
+    """What ``maker`` (plan_prefill or plan_prefill_with_context) makes of the ``sizes`` read from a
+    call's tensors and the ``knobs`` given (``maker``'s other keywords; TypeError for any other
+    name), with errors from ``c``, the Triton head-dim check naming the tensors."""
+    defaults = maker.__kwdefaults__  # not inspect's bind (tens of us): every call with plan=None comes here
+    for name in knobs:
+        if name in sizes or name not in defaults:
+            raise TypeError(f"{maker.__name__}_for() got an unexpected keyword argument {name!r}")
+    return (_plan if maker is plan_prefill else _plan_context)(c, _TENSOR_DIM_NAMES, {**defaults, **sizes, **knobs})
 
 
 __all__ = [

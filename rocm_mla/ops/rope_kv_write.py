@@ -8,22 +8,8 @@ Every layer of the family (config, kernels, op, reference, variants, tests, benc
 op key) says ``rope_kv_write``; the two public functions keep vLLM's op names
 (``fused_rope_mla_kv_write``, ``concat_and_cache_mla``), which they mirror.
 
-Decisions (documented on the functions too):
-- positions and slot_mapping must be int64 (vLLM's dtype); int32 is rejected with a TypeError,
-  because a silent conversion would allocate on every call.
-- slot_mapping may be shorter than the batch (vLLM pads the token count for CUDA graphs and passes
-  the unpadded slot_mapping): tokens past its end are rotated but not cached. Any negative slot
-  (-1 in vLLM) means "not cached".
-- An FP8 cache is a float8_e4m3fn / float8_e4m3fnuz tensor, or uint8 storage (as vLLM passes it)
-  with the kind named by kv_cache_dtype. Values stored: x / k_scale saturated to +-max finite
-  (448 / 240), round to nearest even; a finite input never stores NaN.
-- Bad indices never touch foreign memory (every backend, debug off): a slot outside the cache
-  is skipped like -1; a position outside the cos/sin cache makes that token's q_pe, k_pe and the
-  rope part of its cache row NaN (its kv_c part is cached as given). ``debug=True`` /
-  ``ROCM_MLA_DEBUG=1`` instead checks positions and slots on the host (a device sync per call)
-  and raises a ValueError naming the argument, the index and the bound.
-- Destinations (q_pe, k_pe, kv_cache) may not overlap each other or any input: checked on the
-  host from pointers and extents (no sync, capturable).
+The contract (int64 indices, a slot_mapping shorter than the batch, FP8 storage, bad indices, no
+overlapping destinations) is on ``fused_rope_mla_kv_write``; ``concat_and_cache_mla`` keeps it.
 """
 
 from __future__ import annotations
@@ -35,7 +21,7 @@ from .. import _ext, _platform
 from ..configs import config_for, platform_fp8_dtype
 from ..kernels.rope_kv_write import rope_mla_kv_write_kernel
 from ..mla_dims import FP8_KV_CACHE_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
-from ..reference.rope_kv_write import cache_rows_ref, rope_ref, write_cache_ref
+from ..reference.rope_kv_write import cache_rows_ref, fused_rope_mla_kv_write_ref, write_cache_ref
 from ..triton_common import amd_options
 from ._checks import FLOAT_DTYPES, Checker, debug_enabled
 from ._dispatch import select
@@ -110,52 +96,9 @@ def fused_rope_mla_kv_write(
         TypeError / ValueError naming the argument, what was expected and what came.
     """
     c = Checker("fused_rope_mla_kv_write")
-    c.tensor("q_pe", q_pe, ndim=3, layout="[T, N, 64]", dtypes=FLOAT_DTYPES)
-    T, N, D = q_pe.shape
-    if D != QK_ROPE_HEAD_DIM:
-        c.fail("q_pe", f"shape [T, N, 64] = (*, *, {QK_ROPE_HEAD_DIM})", tuple(q_pe.shape))
-    if N < 1:
-        c.fail("q_pe", "at least one head (N >= 1)", tuple(q_pe.shape))
-    c.tensor("positions", positions, shape=(T,), layout="[T]", like="q_pe's T")
-    _check_index_dtype(c, "positions", positions)
-    k2 = _check_common(c, T, k_pe, kv_c, kv_cache, slot_mapping, q_pe.dtype, "q_pe")
-    c.tensor(
-        "cos_sin_cache",
-        cos_sin_cache,
-        ndim=2,
-        layout="[max_pos, 64]",
-        dtypes=tuple(dict.fromkeys((torch.float32, q_pe.dtype))),
+    k2, fp8, k_scale = _check(
+        c, positions, q_pe, k_pe, kv_c, cos_sin_cache, kv_cache, slot_mapping, kv_cache_dtype, k_scale, debug
     )
-    if cos_sin_cache.shape[1] != QK_ROPE_HEAD_DIM:
-        c.fail("cos_sin_cache", "shape [max_pos, 64] = (*, 64) (cat(cos[32], sin[32]))", tuple(cos_sin_cache.shape))
-    fp8 = _fp8_dtype(c, kv_cache, kv_cache_dtype, q_pe.dtype)
-    _check_scale(c, fp8, k_scale)
-    c.same_device(
-        q_pe=q_pe,
-        positions=positions,
-        k_pe=k_pe,
-        kv_c=kv_c,
-        cos_sin_cache=cos_sin_cache,
-        kv_cache=kv_cache,
-        slot_mapping=slot_mapping,
-        k_scale=k_scale if fp8 is not None else None,
-    )
-    c.writable("q_pe", q_pe)
-    c.writable("k_pe", k2)
-    c.writable("kv_cache", kv_cache)
-    c.no_overlap(
-        {"q_pe": q_pe, "k_pe": k2, "kv_cache": kv_cache},
-        {
-            "kv_c": kv_c,
-            "cos_sin_cache": cos_sin_cache,
-            "positions": positions,
-            "slot_mapping": slot_mapping,
-            "k_scale": k_scale if fp8 is not None else None,
-        },
-    )
-    if debug_enabled(debug):
-        _debug_ranges(c, "positions", positions, cos_sin_cache.shape[0], "cos_sin_cache's max_pos")
-        _debug_slots(c, slot_mapping, kv_cache)
     launch(positions, q_pe, k2, kv_c, cos_sin_cache, kv_cache, slot_mapping, is_neox, fp8, k_scale, backend)
 
 
@@ -183,25 +126,75 @@ def concat_and_cache_mla(
         TypeError / ValueError naming the argument, what was expected and what came.
     """
     c = Checker("concat_and_cache_mla")
-    c.tensor("kv_c", kv_c, shape=(None, KV_LORA_RANK), layout="[T, 512]", dtypes=FLOAT_DTYPES)
-    T = kv_c.shape[0]
-    k2 = _check_common(c, T, k_pe, kv_c, kv_cache, slot_mapping, kv_c.dtype, "kv_c")
-    fp8 = _fp8_dtype(c, kv_cache, kv_cache_dtype, kv_c.dtype)
-    _check_scale(c, fp8, k_scale)
-    c.same_device(
-        kv_c=kv_c, k_pe=k_pe, kv_cache=kv_cache, slot_mapping=slot_mapping, k_scale=k_scale if fp8 is not None else None
-    )
-    c.writable("kv_cache", kv_cache)
-    c.no_overlap(
-        {"kv_cache": kv_cache},
-        {"kv_c": kv_c, "k_pe": k2, "slot_mapping": slot_mapping, "k_scale": k_scale if fp8 is not None else None},
-    )
-    if debug_enabled(debug):
-        _debug_slots(c, slot_mapping, kv_cache)
+    k2, fp8, k_scale = _check(c, None, None, k_pe, kv_c, None, kv_cache, slot_mapping, kv_cache_dtype, k_scale, debug)
     launch(None, None, k2, kv_c, None, kv_cache, slot_mapping, False, fp8, k_scale, backend)
 
 
-# ---------------------------------------------------------------- validation helpers
+# ---------------------------------------------------------------- validation
+
+
+def _check(
+    c: Checker, positions, q_pe, k_pe, kv_c, cos_sin_cache, kv_cache, slot_mapping, kv_cache_dtype, k_scale, debug
+) -> tuple[torch.Tensor, torch.dtype | None, torch.Tensor | None]:
+    """Validate either op's arguments (``q_pe`` None: concat_and_cache_mla, no positions or cos/sin).
+    Returns k_pe as a ``[T, 64]`` view, the cache's FP8 kind (None: it stores the q / kv_c dtype)
+    and k_scale (None unless FP8)."""
+    rope = q_pe is not None
+    if rope:
+        c.tensor("q_pe", q_pe, ndim=3, layout="[T, N, 64]", dtypes=FLOAT_DTYPES)
+        T, N, D = q_pe.shape
+        if D != QK_ROPE_HEAD_DIM:
+            c.fail("q_pe", f"shape [T, N, 64] = (*, *, {QK_ROPE_HEAD_DIM})", tuple(q_pe.shape))
+        if N < 1:
+            c.fail("q_pe", "at least one head (N >= 1)", tuple(q_pe.shape))
+        c.tensor("positions", positions, shape=(T,), layout="[T]", like="q_pe's T")
+        _check_index_dtype(c, "positions", positions)
+        cs_dtypes = tuple(dict.fromkeys((torch.float32, q_pe.dtype)))
+        c.tensor("cos_sin_cache", cos_sin_cache, ndim=2, layout="[max_pos, 64]", dtypes=cs_dtypes)
+        if cos_sin_cache.shape[1] != QK_ROPE_HEAD_DIM:
+            c.fail("cos_sin_cache", "shape [max_pos, 64] = (*, 64) (cat(cos[32], sin[32]))", tuple(cos_sin_cache.shape))
+    else:
+        c.tensor("kv_c", kv_c, shape=(None, KV_LORA_RANK), layout="[T, 512]", dtypes=FLOAT_DTYPES)
+    ref_name, ref = ("q_pe", q_pe) if rope else ("kv_c", kv_c)
+    T = ref.shape[0]
+    c.tensor("k_pe", k_pe, layout="[T, 1, 64] or [T, 64]")
+    if tuple(k_pe.shape) not in ((T, 1, QK_ROPE_HEAD_DIM), (T, QK_ROPE_HEAD_DIM)):
+        c.fail("k_pe", f"shape [T, 1, 64] = ({T}, 1, 64) or [T, 64] = ({T}, 64) ({ref_name}'s T)", tuple(k_pe.shape))
+    k2 = k_pe.select(1, 0) if k_pe.dim() == 3 else k_pe
+    c.tensor("kv_c", kv_c, shape=(T, KV_LORA_RANK), layout="[T, 512]", like=f"{ref_name}'s T")
+    c.same_dtype(ref_name, ref, k_pe=k_pe, kv_c=kv_c)
+    c.tensor("kv_cache", kv_cache, ndim=3, layout="[num_blocks, block_size, 576]")
+    if kv_cache.shape[2] != KV_ROW_DIM:
+        c.fail("kv_cache", f"shape [num_blocks, block_size, 576] = (*, *, {KV_ROW_DIM})", tuple(kv_cache.shape))
+    if kv_cache.shape[0] * kv_cache.shape[1] >= 1 << 32:
+        c.fail("kv_cache", "fewer than 2^32 slots (num_blocks x block_size)", tuple(kv_cache.shape))
+    c.tensor("slot_mapping", slot_mapping, ndim=1, layout="[S <= T]")
+    if slot_mapping.shape[0] > T:
+        c.fail("slot_mapping", f"shape [S] with S <= T = {T}", tuple(slot_mapping.shape))
+    _check_index_dtype(c, "slot_mapping", slot_mapping)
+    if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in KV_CACHE_DTYPES:
+        c.fail("kv_cache_dtype", f"one of {', '.join(repr(k) for k in KV_CACHE_DTYPES)}", repr(kv_cache_dtype))
+    if kv_cache_dtype == "auto":
+        if kv_cache.dtype != ref.dtype:
+            want, got = (str(d).replace("torch.", "") for d in (ref.dtype, kv_cache.dtype))
+            hint = " (an FP8 cache needs kv_cache_dtype='fp8')" if kv_cache.dtype in (torch.uint8, *_FP8_KIND) else ""
+            c.fail("kv_cache", f"dtype {want} (kv_cache_dtype='auto' means the q dtype){hint}", got, TypeError)
+        fp8 = k_scale = None
+    else:
+        fp8 = c.fp8_cache_kind(kv_cache, kv_cache_dtype)
+        c.fp8_scale("k_scale", k_scale)
+    # fused_rope_mla_kv_write rotates k_pe in place; concat_and_cache_mla only reads it.
+    dests = {"q_pe": q_pe, "k_pe": k2} if rope else {}
+    srcs = {} if rope else {"k_pe": k2}
+    srcs |= {"positions": positions, "kv_c": kv_c, "cos_sin_cache": cos_sin_cache, "slot_mapping": slot_mapping}
+    c.arguments({**dests, "kv_cache": kv_cache}, {**srcs, "k_scale": k_scale}, like=ref_name)
+    if debug_enabled(debug):
+        if rope:
+            hi = cos_sin_cache.shape[0]
+            want = f"values in [0, {hi}) (cos_sin_cache's max_pos; debug check)"
+            _debug_first_bad(c, "positions", positions, (positions < 0) | (positions >= hi), want)
+        _debug_slots(c, slot_mapping, kv_cache)
+    return k2, fp8, k_scale
 
 
 def _check_index_dtype(c: Checker, name: str, x: torch.Tensor) -> None:
@@ -214,73 +207,18 @@ def _check_index_dtype(c: Checker, name: str, x: torch.Tensor) -> None:
         )
 
 
-def _check_common(c: Checker, T: int, k_pe, kv_c, kv_cache, slot_mapping, dtype, dtype_src) -> torch.Tensor:
-    """Checks shared by both ops; returns k_pe as a ``[T, 64]`` view."""
-    c.tensor("k_pe", k_pe, layout="[T, 1, 64] or [T, 64]")
-    if k_pe.dim() == 3 and k_pe.shape[1] == 1 and k_pe.shape[0] == T and k_pe.shape[2] == QK_ROPE_HEAD_DIM:
-        k2 = k_pe.select(1, 0)
-    elif k_pe.dim() == 2 and tuple(k_pe.shape) == (T, QK_ROPE_HEAD_DIM):
-        k2 = k_pe
-    else:
-        c.fail("k_pe", f"shape [T, 1, 64] = ({T}, 1, 64) or [T, 64] = ({T}, 64) ({dtype_src}'s T)", tuple(k_pe.shape))
-    want = str(dtype).replace("torch.", "")
-    for name, x in (("k_pe", k_pe), ("kv_c", kv_c)):
-        if isinstance(x, torch.Tensor) and x.dtype != dtype:
-            c.fail(name, f"dtype {want} (like {dtype_src})", str(x.dtype).replace("torch.", ""), TypeError)
-    c.tensor("kv_c", kv_c, shape=(T, KV_LORA_RANK), layout="[T, 512]", like=f"{dtype_src}'s T")
-    c.tensor("kv_cache", kv_cache, ndim=3, layout="[num_blocks, block_size, 576]")
-    if kv_cache.shape[2] != KV_ROW_DIM:
-        c.fail("kv_cache", f"shape [num_blocks, block_size, 576] = (*, *, {KV_ROW_DIM})", tuple(kv_cache.shape))
-    if kv_cache.shape[0] * kv_cache.shape[1] >= 1 << 32:
-        c.fail("kv_cache", "fewer than 2^32 slots (num_blocks x block_size)", tuple(kv_cache.shape))
-    c.tensor("slot_mapping", slot_mapping, ndim=1, layout="[S <= T]")
-    if slot_mapping.shape[0] > T:
-        c.fail("slot_mapping", f"shape [S] with S <= T = {T}", tuple(slot_mapping.shape))
-    _check_index_dtype(c, "slot_mapping", slot_mapping)
-    return k2
-
-
-def _fp8_dtype(c: Checker, kv_cache: torch.Tensor, kv_cache_dtype: str, q_dtype: torch.dtype) -> torch.dtype | None:
-    """The cache's FP8 kind (None: it stores the q dtype), from kv_cache_dtype and its dtype."""
-    if not isinstance(kv_cache_dtype, str) or kv_cache_dtype not in KV_CACHE_DTYPES:
-        c.fail("kv_cache_dtype", f"one of {', '.join(repr(k) for k in KV_CACHE_DTYPES)}", repr(kv_cache_dtype))
-    cache_name = str(kv_cache.dtype).replace("torch.", "")
-    if kv_cache_dtype == "auto":
-        if kv_cache.dtype != q_dtype:
-            q_name = str(q_dtype).replace("torch.", "")
-            hint = " (an FP8 cache needs kv_cache_dtype='fp8')" if kv_cache.dtype in (torch.uint8, *_FP8_KIND) else ""
-            c.fail("kv_cache", f"dtype {q_name} (kv_cache_dtype='auto' means the q dtype){hint}", cache_name, TypeError)
-        return None
-    return c.fp8_cache_kind(kv_cache, kv_cache_dtype)
-
-
-def _check_scale(c: Checker, fp8: torch.dtype | None, k_scale) -> None:
-    """An FP8 cache needs k_scale (Checker.fp8_scale)."""
-    if fp8 is not None:
-        c.fp8_scale("k_scale", k_scale)
-
-
-def _debug_ranges(c: Checker, name: str, x: torch.Tensor, hi: int, what: str) -> None:
-    bad = ((x < 0) | (x >= hi)).nonzero()
-    if bad.numel():
-        i = int(bad[0, 0])
-        c.fail(
-            name,
-            f"values in [0, {hi}) ({what}; debug check)",
-            f"{int(x[i])} at index {i} ({bad.shape[0]} out of range)",
-        )
+def _debug_first_bad(c: Checker, name: str, x: torch.Tensor, bad: torch.Tensor, expected: str) -> None:
+    """Raise naming the first index of ``x`` where ``bad`` holds (a host sync: debug checks only)."""
+    idx = bad.nonzero()
+    if idx.numel():
+        i = int(idx[0, 0])
+        c.fail(name, expected, f"{int(x[i])} at index {i} ({idx.shape[0]} out of range)")
 
 
 def _debug_slots(c: Checker, slots: torch.Tensor, kv_cache: torch.Tensor) -> None:
     n = kv_cache.shape[0] * kv_cache.shape[1]
-    bad = (slots >= n).nonzero()
-    if bad.numel():
-        i = int(bad[0, 0])
-        c.fail(
-            "slot_mapping",
-            f"values < num_blocks x block_size = {n} or negative (debug check)",
-            f"{int(slots[i])} at index {i} ({bad.shape[0]} out of range)",
-        )
+    want = f"values < num_blocks x block_size = {n} or negative (debug check)"
+    _debug_first_bad(c, "slot_mapping", slots, slots >= n, want)
     valid = slots[slots >= 0]
     if valid.numel() != valid.unique().numel():
         c.fail(
@@ -293,40 +231,17 @@ def _debug_slots(c: Checker, slots: torch.Tensor, kv_cache: torch.Tensor) -> Non
 # ---------------------------------------------------------------- dispatch
 
 
-def launch(
-    positions,
-    q_pe,
-    k_pe,
-    kv_c,
-    cos_sin_cache,
-    kv_cache,
-    slot_mapping,
-    is_neox,
-    fp8,
-    k_scale,
-    backend,
-    config: dict | None = None,
-):
+def launch(positions, q_pe, k_pe, kv_c, cos_sin_cache, kv_cache, slot_mapping, is_neox, fp8, k_scale, backend):
     """Validated arguments (k_pe as [T, 64]; q_pe None = no rope; fp8: the cache's FP8 dtype or
-    None) -> the selected implementation. The public ops validate, then call this; ``rocm-mla tune``
-    calls it directly.
-
-    ``config`` (tuning only: ``rocm-mla tune``) overrides keys of the selected
-    implementation's launch data (configs/rope_kv_write.json, this arch); the rest of the path --
-    dispatch, kernels, launch arithmetic -- is the op's own.
-    """
+    None, k_scale None unless fp8) -> the selected implementation."""
     impl = select(OP, kv_cache.device, backend)
     if k_pe.shape[0] == 0:
         return
-    rope = q_pe is not None
     # Kernels write FP8 codes through a uint8 view (one code path for float8 and uint8 caches).
     cache = kv_cache.view(torch.uint8) if fp8 is not None else kv_cache
     kind = _FP8_KIND[fp8] if fp8 is not None else 0
-    if impl in ("hip", "triton"):
-        cfg = config_for(OP, _platform.device_arch(kv_cache.device))[impl]
-        if config:
-            cfg = {**cfg, **config}
     if impl == "hip":
+        cfg = config_for(OP, _platform.device_arch(kv_cache.device))["hip"]["tiers"][0]
         _ext.load().rope_mla_kv_write(
             positions,
             q_pe,
@@ -335,7 +250,7 @@ def launch(
             cos_sin_cache,
             cache,
             slot_mapping,
-            k_scale if fp8 is not None else None,
+            k_scale,
             bool(is_neox),
             kind,
             int(cfg["waves_per_block"]),
@@ -343,18 +258,17 @@ def launch(
             int(cfg["min_blocks_per_cu"]),
         )
     elif impl == "triton":
-        _launch_triton(
-            positions, q_pe, k_pe, kv_c, cos_sin_cache, cache, slot_mapping, k_scale, bool(is_neox), kind, cfg
-        )
+        _launch_triton(positions, q_pe, k_pe, kv_c, cos_sin_cache, cache, slot_mapping, k_scale, bool(is_neox), kind)
     else:
-        if rope:
-            q_rot = rope_ref(positions, q_pe, cos_sin_cache, is_neox=is_neox)
-            k_rot = rope_ref(positions, k_pe, cos_sin_cache, is_neox=is_neox)
+        if q_pe is not None:
+            q_rot, k_rot, rows = fused_rope_mla_kv_write_ref(
+                positions, q_pe, k_pe, kv_c, cos_sin_cache, is_neox=is_neox
+            )
             q_pe.copy_(q_rot)
             k_pe.copy_(k_rot)
         else:
-            k_rot = k_pe
-        write_cache_ref(kv_cache, slot_mapping, cache_rows_ref(kv_c, k_rot), fp8_dtype=fp8, k_scale=k_scale)
+            rows = cache_rows_ref(kv_c, k_pe)
+        write_cache_ref(kv_cache, slot_mapping, rows, fp8_dtype=fp8, k_scale=k_scale)
 
 
 def fp8_cache_kind(arch: str) -> int:
@@ -363,18 +277,11 @@ def fp8_cache_kind(arch: str) -> int:
 
 
 def triton_meta(
-    num_heads: int,
-    arch: str,
-    *,
-    rope: bool,
-    is_neox: bool,
-    cache_kind: int,
-    config: dict | None = None,
-    cs_i64: bool = False,
+    num_heads: int, arch: str, *, rope: bool, is_neox: bool, cache_kind: int, cs_i64: bool = False
 ) -> tuple[dict, dict]:
-    """``(constexprs, compile options)`` of one Triton launch for ``num_heads`` heads on ``arch``
-    (``config``: the launch data to use instead of the arch's, for tuning): the single place the
-    launch and the ISA report's variants (rocm_mla/variants/rope_kv_write.py) take them from.
+    """``(constexprs, compile options)`` of one Triton launch for ``num_heads`` heads on ``arch``:
+    the single place the launch and the ISA report's variants (rocm_mla/variants/rope_kv_write.py)
+    take them from.
 
     TOKENS: tokens per program, so that a program moves about ``rows_per_program`` q_pe rows
     (16 heads -> 8 tokens, 128 heads -> 1), at most ``max_tokens`` (its [TOKENS, 512] kv_c tile
@@ -382,7 +289,7 @@ def triton_meta(
     last row starts 2^31 elements or more from its first (32-bit otherwise: the position guard bounds
     the row).
     """
-    cfg = config or config_for(OP, arch)["triton"]
+    cfg = config_for(OP, arch)["tiers"][0]
     tokens = max(1, min(cfg["max_tokens"], cfg["rows_per_program"] // max(1, num_heads)))
     tokens = 1 << (tokens.bit_length() - 1)  # a power of two (tl.arange)
     block_r = min(cfg["block_rows"], triton.next_power_of_2(max(1, tokens * num_heads)))
@@ -405,16 +312,13 @@ def cos_sin_offsets_need_64_bit(cos_sin_cache: torch.Tensor) -> bool:
     return (cos_sin_cache.shape[0] - 1) * cos_sin_cache.stride(0) >= 2**31
 
 
-def _launch_triton(
-    positions, q_pe, k_pe, kv_c, cos_sin_cache, cache, slot_mapping, k_scale, is_neox, kind, cfg: dict | None = None
-):
+def _launch_triton(positions, q_pe, k_pe, kv_c, cos_sin_cache, cache, slot_mapping, k_scale, is_neox, kind):
     T = k_pe.shape[0]
     rope = q_pe is not None
     N = q_pe.shape[1] if rope else 0
     cs_i64 = rope and cos_sin_offsets_need_64_bit(cos_sin_cache)
-    consts, options = triton_meta(
-        N, _platform.device_arch(cache.device), rope=rope, is_neox=is_neox, cache_kind=kind, config=cfg, cs_i64=cs_i64
-    )
+    arch = _platform.device_arch(cache.device)
+    consts, options = triton_meta(N, arch, rope=rope, is_neox=is_neox, cache_kind=kind, cs_i64=cs_i64)
     grid = (triton.cdiv(T, consts["TOKENS"]),)
     # Unused pointers get a live tensor of the right kind (never read: ROPE / CACHE_KIND are constexpr).
     pos = positions if rope else slot_mapping

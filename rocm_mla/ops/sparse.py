@@ -20,10 +20,10 @@ from ..kernels.latent_core import mla_decode_reduce_kernel
 from ..kernels.sparse import mla_sparse_attention_kernel
 from ..reference.sparse import mla_sparse_attention_ref
 from ..triton_common import INT32_MAX, LOG2E
-from ._checks import FLOAT_DTYPES, Checker
+from ._checks import Checker
 from ._launch import kernel_launch
-from .latent_core import check_k_scale, check_workspace, destinations
-from .sparse_plan import D_KV, D_NOPE, D_PE, OP, SparsePlan, plan_sparse_attention
+from .latent_core import check_call, check_latent_inputs, plan_needs_kind
+from .sparse_plan import D_KV, D_NOPE, OP, SparsePlan, plan_sparse_attention
 
 
 def mla_sparse_attention(
@@ -101,33 +101,19 @@ def mla_sparse_attention(
     """
     c = Checker(OP)
     if plan is None:
-        plan = _plan_for_tensors(c, q_nope, q_pe, kv_cache, topk_indices, block_table, req_id_per_token, k_scale,
-                                 workspace)  # fmt: skip
+        plan_needs_kind(c, kv_cache, "plan_sparse_attention")
+        plan = plan_sparse_attention_for(q_nope, q_pe, kv_cache, topk_indices, block_table, req_id_per_token,
+                                         k_scale=k_scale, workspace=workspace)  # fmt: skip
     elif not isinstance(plan, SparsePlan):
         c.fail("plan", "a plan from plan_sparse_attention (SparsePlan)", type(plan).__name__, TypeError)
     if not plan.matches(q_nope, q_pe, kv_cache, topk_indices, block_table, req_id_per_token, k_scale):
         _explain_mismatch(c, plan, q_nope, q_pe, kv_cache, topk_indices, block_table, req_id_per_token, k_scale)
-    sm_scale = c.scale("sm_scale", sm_scale)
-    given_out, given_lse = out, lse
-    out, lse = destinations(c, out, lse, workspace, q_nope, "T")
-    scale_t = check_k_scale(c, k_scale)
-    if not plan.kv_fp8:
-        scale_t = None  # 16/32-bit caches ignore k_scale
-    check_workspace(c, workspace, plan.workspace_numel, plan.num_splits, plan.num_rows * plan.num_heads)
-    c.same_device(q_nope=q_nope, out=out, lse=lse, k_scale=scale_t, workspace=workspace)
-    c.no_overlap(
-        {"out": given_out, "lse": given_lse, "workspace": workspace},
-        {
-            "q_nope": q_nope,
-            "q_pe": q_pe,
-            "kv_cache": kv_cache,
-            "topk_indices": topk_indices,
-            "block_table": block_table,
-            "req_id_per_token": req_id_per_token,
-            "k_scale": scale_t,
-        },
+    inputs = dict(q_nope=q_nope, q_pe=q_pe, kv_cache=kv_cache, topk_indices=topk_indices, block_table=block_table,
+                  req_id_per_token=req_id_per_token)  # fmt: skip
+    sm_scale, out, lse, scale_t, ks_float = check_call(
+        c, plan, q_nope, inputs, sm_scale, out, lse, k_scale, workspace, rows_name="T"
     )
-    kv = kv_cache.view(plan.kv_dtype) if kv_cache.dtype != plan.kv_dtype else kv_cache
+    kv = kv_cache.view(plan.kv_kind) if kv_cache.dtype != plan.kv_kind else kv_cache
     if plan.debug:
         _debug_checks(c, kv, topk_indices, block_table, req_id_per_token)
     if out.numel() == 0 and lse.numel() == 0:
@@ -136,7 +122,6 @@ def mla_sparse_attention(
         out.zero_()
         lse.fill_(float("-inf"))
         return out, lse
-    ks_float = float(k_scale) if plan.kv_fp8 and k_scale is not None and scale_t is None else None
     if plan.backend == "triton":
         _launch_triton(
             plan, q_nope, q_pe, kv, topk_indices, block_table, req_id_per_token, out, lse, workspace,
@@ -159,21 +144,9 @@ def _validate_tensors(c: Checker, q_nope, q_pe, kv_cache, topk_indices, block_ta
     """The tensors' own rules (shapes, dtypes, strides, the table kind, devices agree), with errors
     naming the argument; returns the sizes a plan for them has (``plan_sparse_attention``'s
     keywords)."""
-    c.tensor("q_nope", q_nope, ndim=3, layout="[T, N, 512]", dtypes=FLOAT_DTYPES)
-    T, N, dq = q_nope.shape
-    if dq != D_NOPE:
-        c.fail("q_nope", f"last dim {D_NOPE} (kv_lora_rank) in [T, N, 512]", f"shape {tuple(q_nope.shape)}")
-    c.tensor("q_pe", q_pe, shape=(T, N, D_PE), layout="[T, N, 64]", like="q_nope's T, N")
-    c.same_dtype("q_nope", q_nope, q_pe=q_pe)
-    c.tensor("kv_cache", kv_cache, ndim=3, layout="[num_blocks, block_size, 576]")
-    if kv_cache.shape[2] != D_KV:
-        c.fail(
-            "kv_cache", f"last dim {D_KV} (512 + 64) in [num_blocks, block_size, 576]", f"shape {tuple(kv_cache.shape)}"
-        )
-    if kv_cache.shape[1] < 1:
-        c.fail("kv_cache", "block_size >= 1", f"shape {tuple(kv_cache.shape)}")
-    if kv_cache.stride(2) != 1:
-        c.fail("kv_cache", "a contiguous last dim (stride 1)", f"strides {kv_cache.stride()}")
+    T, N = check_latent_inputs(c, q_nope, q_pe, kv_cache, "T")
+    if q_pe is None:  # decode's tensor planner takes none; this op's always reads it
+        c.tensor("q_pe", q_pe, layout="[T, N, 64]")
     c.tensor("topk_indices", topk_indices, ndim=2, layout="[T, K]", dtypes=(torch.int32,))
     if topk_indices.shape[0] != T:
         c.fail("topk_indices", f"shape [T, K] = ({T}, *) (q_nope's T)", tuple(topk_indices.shape))
@@ -240,28 +213,13 @@ def plan_sparse_attention_for(
     return plan_sparse_attention(**sizes, **knobs)
 
 
-def _plan_for_tensors(c: Checker, q_nope, q_pe, kv_cache, topk_indices, block_table, req_ids, k_scale, workspace):
-    """The default plan of a call that passes none (``mla_sparse_attention(plan=None)``)."""
-    if isinstance(kv_cache, torch.Tensor) and kv_cache.dtype == torch.uint8:
-        c.fail(
-            "plan",
-            "a plan naming the fp8 kind of a uint8 cache (plan_sparse_attention(kv_cache_dtype='fp8', ...))",
-            "None",
-        )
-    return plan_sparse_attention_for(
-        q_nope, q_pe, kv_cache, topk_indices, block_table, req_ids, k_scale=k_scale, workspace=workspace
-    )
-
-
 def _explain_mismatch(c: Checker, plan: SparsePlan, q_nope, q_pe, kv_cache, topk_indices, block_table, req_ids,
                       k_scale) -> None:  # fmt: skip
     """Raise for tensors that ``SparsePlan.matches`` refused: their own rule first, else the plan
     field that differs."""
     sizes = _validate_tensors(c, q_nope, q_pe, kv_cache, topk_indices, block_table, req_ids)
-    cache_dtype = sizes.pop("kv_dtype")  # the plan's kv_dtype is the kind read; the tensor's is cache_dtype
-    want = {**sizes, "cache_dtype": cache_dtype, "k_scale_on_device": plan.kv_fp8 and isinstance(k_scale, torch.Tensor)}
+    want = {**sizes, "k_scale_on_device": plan.kv_fp8 and isinstance(k_scale, torch.Tensor)}
     c.plan_for(plan, SparsePlan, "plan_sparse_attention", want)
-    c.fail("plan", "tensors matching the plan", "a mismatch the checks did not name")  # not reached
 
 
 def _debug_checks(c: Checker, kv, topk_indices, block_table, req_id_per_token) -> None:

@@ -33,16 +33,19 @@ import torch
 import triton
 
 from .. import _platform
-from ..configs import SPARSE_DTYPE_TAGS, config_for
-from ..mla_dims import FP8_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
+from ..configs import config_for, resolve_tier, tier_index
+from ..mla_dims import KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from ..triton_common import amd_options
-from ._checks import FLOAT_DTYPES, Checker, debug_enabled
+from ._checks import FLOAT_DTYPES, Checker, debug_enabled, plan_device
 from ._dispatch import select
 from .latent_core import (
+    LatentPlan,
     SplitReduce,
-    choose_num_splits,
+    check_split_knobs,
     kv_kind_for,
+    latent_inputs_match,
     mla_decode_workspace_numel,
+    modelled_splits,
     num_compute_units,
     split_reduce,
 )
@@ -53,12 +56,6 @@ D_PE = QK_ROPE_HEAD_DIM
 D_KV = KV_ROW_DIM
 # What an absent tier field means.
 TIER_DEFAULTS = {"D_SPLIT": 1, "F16_DOT": False, "RELOAD_K": False, "ctas_per_cu": 1}
-
-
-def tier_index(tiers: list[dict[str, Any]], num_heads: int) -> int:
-    """Index of the tier that serves ``num_heads``: the first whose BLOCK_H holds them all, else the
-    last (several head blocks per row)."""
-    return next((i for i, t in enumerate(tiers) if t["BLOCK_H"] >= num_heads), len(tiers) - 1)
 
 
 def tier_config(
@@ -72,10 +69,8 @@ def tier_config(
     else:
         tiers = config_for(OP, arch)["tiers"]
         tier = tiers[tier_index(tiers, num_heads)]
-    cfg = {**TIER_DEFAULTS, **{k: v for k, v in tier.items() if k not in SPARSE_DTYPE_TAGS}}
-    for tag, on in (("fp8", fp8), ("fp32", q_dtype == torch.float32)):
-        if on:
-            cfg.update(tier.get(tag, {}))
+    tags = [tag for tag, on in (("fp8", fp8), ("fp32", q_dtype == torch.float32)) if on]
+    cfg = {**TIER_DEFAULTS, **resolve_tier(tier, tags)}
     c = Checker(OP)
     for key in ("BLOCK_H", "BLOCK_N", "num_warps", "num_stages"):
         if key not in cfg:
@@ -132,7 +127,7 @@ def invariant_split_len(arch: str, cfg: dict[str, Any]) -> int:
 
 
 @dataclass(frozen=True)
-class SparsePlan:
+class SparsePlan(LatentPlan):
     """What one mla_sparse_attention call launches (``plan_sparse_attention`` makes it).
 
     The kernel runs ``grid = (num_rows x num_splits x head_blocks,)`` programs, each BLOCK_H heads
@@ -152,8 +147,8 @@ class SparsePlan:
     block_size: int
     paged: bool  # entries are request-local positions (block table) rather than global slots
     q_dtype: torch.dtype
-    cache_dtype: torch.dtype  # the cache tensor's dtype (uint8 storage for a named fp8 kind)
-    kv_dtype: torch.dtype  # as the kernel reads it (uint8 viewed as the fp8 kind)
+    kv_dtype: torch.dtype  # the cache tensor's dtype (uint8 storage for a named fp8 kind)
+    kv_kind: torch.dtype  # as the kernel reads it (uint8 viewed as the fp8 kind)
     kv_cache_dtype: str  # the name the plan was made with ("auto", "fp8", ...)
     k_scale_on_device: bool  # fp8 caches: k_scale is a one-element float32 tensor the kernel reads
     tier: int | None  # index into configs' tiers; None when config= replaces the tier
@@ -175,18 +170,6 @@ class SparsePlan:
     # first Triton run: its binaries are kept across calls. Not part of what the plan decides.
     kernel_launches: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
-    @property
-    def direct(self) -> bool:
-        return self.num_splits == 1
-
-    @property
-    def launches(self) -> int:
-        return 1 if self.direct else 2
-
-    @property
-    def kv_fp8(self) -> bool:
-        return self.kv_dtype in FP8_DTYPES
-
     def matches(self, q_nope, q_pe, kv_cache, topk_indices, block_table, req_id_per_token, k_scale=None) -> bool:
         """Whether an ``mla_sparse_attention`` call's tensors are the ones this plan was made for:
         sizes (``q_nope [T, N, 512]``, ``q_pe [T, N, 64]``, ``kv_cache [num_blocks, block_size,
@@ -194,26 +177,15 @@ class SparsePlan:
         and req_id_per_token both tensors, or both None) and, for an fp8 cache, the kind of k_scale
         (a tensor exactly when the plan reads it on the device). Host values only (no device read,
         capturable). ``mla_sparse_attention`` names what differs when it is False."""
-        T, N, K, dev = self.num_rows, self.num_heads, self.topk, self.device
+        T, K, dev = self.num_rows, self.topk, self.device
         try:
             ok = (
-                q_nope.shape == (T, N, D_NOPE)
-                and q_pe.shape == (T, N, D_PE)
-                and q_nope.dtype == self.q_dtype
-                and q_pe.dtype == self.q_dtype
-                and kv_cache.dtype == self.cache_dtype
-                and kv_cache.dim() == 3
-                and kv_cache.shape[1] == self.block_size
-                and kv_cache.shape[2] == D_KV
-                and kv_cache.stride(2) == 1
+                latent_inputs_match(self, T, q_nope, q_pe, kv_cache)
                 and topk_indices.shape == (T, K)
                 and topk_indices.dtype == torch.int32
                 and (K <= 1 or topk_indices.stride(1) == 1)
                 and (block_table is not None) == self.paged
                 and (req_id_per_token is not None) == self.paged
-                and q_nope.device == dev
-                and q_pe.device == dev
-                and kv_cache.device == dev
                 and topk_indices.device == dev
                 and (not self.kv_fp8 or isinstance(k_scale, torch.Tensor) == self.k_scale_on_device)
             )
@@ -301,24 +273,16 @@ def plan_sparse_attention(
     c = Checker(OP)
     for name, v, low in (("num_rows", num_rows, 0), ("num_heads", num_heads, 0), ("topk", topk, 0),
                          ("block_size", block_size, 1)):  # fmt: skip
-        if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            c.fail(name, f"an int >= {low}", repr(v))
+        c.count(name, v, low)
     if q_dtype not in FLOAT_DTYPES:
         c.fail("q_dtype", "float16, bfloat16 or float32", str(q_dtype).replace("torch.", ""), TypeError)
-    for name, v in (("paged", paged), ("k_scale_on_device", k_scale_on_device), ("batch_invariant", batch_invariant)):
+    for name, v in (("paged", paged), ("k_scale_on_device", k_scale_on_device)):
         if not isinstance(v, bool):
             c.fail(name, "a bool", repr(v), TypeError)
-    if num_splits is not None and (not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 1):
-        c.fail("num_splits", "None or an int >= 1", repr(num_splits))
-    if batch_invariant and num_splits is not None:
-        c.fail("num_splits", "None with batch_invariant=True (the split rule is fixed)", repr(num_splits))
-    if workspace_numel is not None and (
-        not isinstance(workspace_numel, int) or isinstance(workspace_numel, bool) or workspace_numel < 0
-    ):
-        c.fail("workspace_numel", "None or an int >= 0", repr(workspace_numel))
+    check_split_knobs(c, num_splits, batch_invariant, workspace_numel)
     if config is not None and not isinstance(config, dict):
         c.fail("config", "None or a dict (a tier config)", type(config).__name__, TypeError)
-    device = _resolved_device(torch.device(device))
+    device = plan_device(device)
     arch = _platform.device_arch(device)
     kv_kind, kv_fp8 = kv_kind_for(c, kv_dtype, kv_cache_dtype, q_dtype, arch)
     impl = select(OP, device, backend, has_hip=False)
@@ -334,20 +298,7 @@ def plan_sparse_attention(
         S = num_splits
         if S is None:
             sp = config_for(OP, arch)["split"]
-            S = choose_num_splits(
-                num_rows,
-                head_blocks,
-                max(topk, 1),
-                block_n,
-                block_h,
-                kv_kind.itemsize,
-                num_cus,
-                int(cfg["ctas_per_cu"]),
-                int(sp["min_tokens_per_split"]),
-                int(sp["max_splits"]),
-                float(sp["fixed_tiles"]),
-                float(sp["launch_tiles"]),
-            )
+            S = modelled_splits(sp, num_rows, head_blocks, max(topk, 1), cfg, kv_kind.itemsize, num_cus)
             if workspace_numel is not None:
                 S = max(1, min(S, workspace_numel // max(1, num_rows * num_heads * (D_NOPE + 1))))
         split_len = triton.cdiv(tiles, min(S, tiles)) * block_n
@@ -366,8 +317,8 @@ def plan_sparse_attention(
         block_size=block_size,
         paged=paged,
         q_dtype=q_dtype,
-        cache_dtype=kv_dtype,
-        kv_dtype=kv_kind,
+        kv_dtype=kv_dtype,
+        kv_kind=kv_kind,
         kv_cache_dtype=kv_cache_dtype,
         k_scale_on_device=on_device,
         tier=tier,
@@ -388,22 +339,12 @@ def plan_sparse_attention(
     )
 
 
-def _resolved_device(device: torch.device) -> torch.device:
-    """``device`` with its index (a "cuda" plan serves tensors on the current device, whose
-    ``.device`` names the index)."""
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
 __all__ = [
     "OP",
     "SparsePlan",
     "plan_sparse_attention",
     "tier_config",
-    "tier_index",
     "kernel_meta",
     "invariant_split_len",
-    "SPARSE_DTYPE_TAGS",
     "TIER_DEFAULTS",
 ]

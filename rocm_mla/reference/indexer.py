@@ -8,10 +8,7 @@ E4M3 values, then ``block_size`` float32 scales (little-endian), the scale of th
 Values: flat (row ``o`` at bytes ``[128 o, 128 o + 128)``), or shuffled in 16 x 16 tiles (vLLM's
 ROCm path for every block_size > 1: ``[block_size / 16, 128 / 16, 16, 16]`` = (token tile,
 dim tile, token in tile, dim in tile)); :func:`indexer_value_offsets` is the one definition.
-
-Quantisation of a key row ``x`` (128 values): ``s = max(1e-4, amax |x|) / fp8_max`` (448 for
-e4m3fn, 224 for e4m3fnuz: vLLM's ROCm constant for fnuz), rounded up to a power of two for the
-"ue8m0" scale format; values ``x / s`` rounded to nearest even to the kind's codes (saturating).
+Quantisation: :func:`indexer_k_quant_ref`.
 
 Imports nothing of rocm_mla: the ops, kernels and tests take the layout from here.
 """
@@ -27,7 +24,6 @@ SHUFFLE_TILE = 16  # the shuffled layout's tile: 16 tokens x 16 bytes
 # (224 keeps a power-of-two scale inside e4m3fnuz's range of 240).
 INDEXER_FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 224.0}
 SCALE_FORMATS = ("ue8m0", None)
-_KIND_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e4m3fnuz: 240.0}  # the formats' largest finite values
 
 
 def vllm_rocm_shuffled(block_size: int) -> bool:
@@ -70,7 +66,7 @@ def indexer_k_quant_ref(
     scale = torch.where(torch.isnan(amax), float("nan"), scale)  # clamp's min would drop a NaN
     if scale_fmt == "ue8m0":
         scale = round_up_pow2(scale)
-    m = _KIND_MAX[fp8_dtype]
+    m = torch.finfo(fp8_dtype).max  # the format's largest finite value (saturate, never overflow to NaN)
     codes = (x / scale[..., None]).clamp(-m, m).to(fp8_dtype).view(torch.uint8)
     return codes, scale
 

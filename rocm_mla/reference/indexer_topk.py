@@ -17,8 +17,9 @@ from .indexer import index_cache_keys
 SENTINEL = -2
 
 
-def _row_bad(req: int, kv_len: int, num_reqs: int, capacity: int, max_keys: int | None) -> bool:
-    return not (0 <= req < num_reqs) or kv_len < 0 or kv_len > capacity or (max_keys is not None and kv_len > max_keys)
+def _sentinel_row(logits: torch.Tensor | None) -> bool:
+    """Whether a row's answer is SENTINEL everywhere: a bad row (no logits) or a NaN logit."""
+    return logits is None or bool(torch.isnan(logits).any())
 
 
 def mla_indexer_logits_ref(
@@ -48,22 +49,22 @@ def mla_indexer_logits_ref(
     lens = kv_lens[:T].cpu().long()
     qf = q.cpu().float().double()
     w = weights.cpu().double()
-    cap = bt.shape[1] * bs
+    cap = bt.shape[1] * bs if max_keys is None else min(bt.shape[1] * bs, max_keys)
     out: list[torch.Tensor | None] = []
     for t in range(T):
         r, n = int(reqs[t]), int(lens[t])
-        if _row_bad(r, n, bt.shape[0], cap, max_keys):
+        if not (0 <= r < bt.shape[0] and 0 <= n <= cap):
             out.append(None)
             continue
         pos = torch.arange(n)
-        pages = bt[r, pos // bs] if n else torch.zeros(0, dtype=torch.long)
+        pages = bt[r, pos // bs]
         ok = (pages >= 0) & (pages < num_blocks)
         slots = torch.where(ok, pages, 0) * bs + pos % bs
         keys = index_cache_keys(index_cache.cpu(), slots, fp8_dtype=q.dtype, shuffled=shuffled)[0].double()  # [n, 128]
         s = torch.relu(qf[t] @ keys.T)  # [H, n]
         lg = (w[t][:, None] * s).sum(0)
         # relu(NaN) must stay NaN (torch.relu keeps it) and so must 0 x NaN in the weights' sum.
-        lg = torch.where(ok, lg, torch.full_like(lg, float("nan")))
+        lg = torch.where(ok, lg, float("nan"))
         out.append(lg)
     return out
 
@@ -89,7 +90,7 @@ def mla_indexer_topk_ref(
     )
     out = torch.full((T, topk), -1, dtype=torch.int32)
     for t, lg in enumerate(logits):
-        if lg is None or bool(torch.isnan(lg).any()):
+        if _sentinel_row(lg):
             out[t] = SENTINEL
             continue
         m = min(topk, lg.numel())
@@ -106,14 +107,12 @@ def check_indexer_topk(
     docstring), else what is wrong with the first bad row."""
     o = out.cpu().long()
     for t in range(o.shape[0]) if rows is None else rows:
-        lg = logits[t]
-        row = o[t]
-        if lg is None or bool(torch.isnan(lg).any()):
+        lg, row = logits[t], o[t]
+        if _sentinel_row(lg):
             if not bool((row == SENTINEL).all()):
                 return f"row {t}: expected the bad-row sentinel {SENTINEL} everywhere, got {row[:8].tolist()}..."
             continue
-        n = lg.numel()
-        m = min(topk, n)
+        n, m = lg.numel(), min(topk, lg.numel())
         sel, pad = row[:m], row[m:]
         if bool((pad != -1).any()):
             return f"row {t}: expected -1 after the first {m} entries, got {pad[pad != -1][:8].tolist()}"

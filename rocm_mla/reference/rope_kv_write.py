@@ -1,17 +1,10 @@
 """Float32 reference of fused_rope_mla_kv_write and concat_and_cache_mla.
 
-Semantics (docs/ARCHITECTURE.md §1; the ``fused_rope_mla_kv_write`` docstring):
-``cos, sin = cos_sin_cache[positions].chunk(2)`` (32 each); GPT-J style
-(``is_neox=False``, DeepSeek) rotates pairs (2i, 2i+1), NeoX style pairs (i, i+32):
-``x' = x cos_i - y sin_i, y' = y cos_i + x sin_i``. The cache row of token t, written at
-``slot_mapping[t]`` (slot = block * block_size + offset; negative = not written), is
-``[kv_c[t] | rope(k_pe[t])]``, 576 wide; a slot outside the cache is skipped like -1, and a
-position outside the cos/sin cache makes that token's rotations (q_pe, k_pe, the rope part of
-its row) NaN, its kv_c part cached as given. An FP8 cache stores ``clamp(x / k_scale, -max, max)``
-(max 448 for e4m3fn, 240 for e4m3fnuz), rounded to nearest even; NaN stays NaN.
-
-Everything is computed in float32 from the inputs as given and rounded once on store -- the
-kernels do the same; vLLM's unfused path rounds after every torch op in the model dtype.
+Semantics, bad indices (no wrap-around; NaN rotations for a position outside the cos/sin cache, a
+slot outside the cache skipped like -1) and FP8 storage: the ``fused_rope_mla_kv_write`` docstring
+(rocm_mla/ops/rope_kv_write.py). Everything is computed in float32 from the inputs as given and
+rounded once on store -- the kernels do the same; vLLM's unfused path rounds after every torch op
+in the model dtype.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the package can launch, described for ahead-of-time compilation, and the tuning candidates.
+"""What the package can launch, described for ahead-of-time compilation.
 
 One module per op (``decode``, ``prefill``, ``merge``, ``rope_kv_write``, ``context_gather``, ``sparse``,
 ``indexer_cache``, ``indexer_topk``) exposes

@@ -25,6 +25,7 @@ def triton_variants(arch: str) -> list[TritonVariant]:
         tname = triton_type(dtype)
         for fp8 in (False, True) if dtype != torch.float32 else (False,):
             cache_t = fp8_t if fp8 else tname
+            # The report types the constexprs (D_NOPE, D_PE, BLOCK_T, FP8).
             sig = {
                 "cache": f"*{cache_t}",
                 "block_table": "*i32",
@@ -33,19 +34,7 @@ def triton_variants(arch: str) -> list[TritonVariant]:
                 "token_to_seq": "*i32",
                 "k_scale_ptr": "*fp32" if fp8 else f"*{tname}",
                 "dst": f"*{tname}",
-                "num_tokens": "i32",
-                "page_size": "i32",
-                "num_seqs": "i32",
-                "capacity": "i32",
-                "num_blocks": "i32",
-                "s_c_blk": "i32",
-                "s_c_tok": "i32",
-                "s_bt": "i32",
-                "s_dst": "i32",
-                "D_NOPE": "constexpr",
-                "D_PE": "constexpr",
-                "BLOCK_T": "constexpr",
-                "FP8": "constexpr",
+                **dict.fromkeys(_INTS, "i32"),
             }
             variants.append(
                 TritonVariant(
@@ -55,16 +44,13 @@ def triton_variants(arch: str) -> list[TritonVariant]:
                     signature=sig,
                     constexprs={**consts, "FP8": fp8},
                     options=options,
-                    divisible_by_16=(
-                        "cache",
-                        "k_scale_ptr",
-                        "dst",
-                        "page_size",
-                        "capacity",
-                        "s_c_blk",
-                        "s_c_tok",
-                        "s_dst",
-                    ),
+                    divisible_by_16=_ALIGNED,
                 )
             )
     return variants
+
+
+_INTS = ("num_tokens", "page_size", "num_seqs", "capacity", "num_blocks", "s_c_blk", "s_c_tok", "s_bt", "s_dst")
+# What vLLM's layouts make 16-aligned: the cache, scale and workspace pointers, page size, capacity and
+# row strides (not the int32 index tensors' slices).
+_ALIGNED = ("cache", "k_scale_ptr", "dst", "page_size", "capacity", "s_c_blk", "s_c_tok", "s_dst")

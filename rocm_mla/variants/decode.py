@@ -1,5 +1,4 @@
-"""mla_decode: the Triton variants the wrapper can launch (for the ISA report) and the stage-1
-tuning candidates (for ``rocm-mla tune``).
+"""mla_decode: the Triton variants the wrapper can launch, for the ISA report.
 
 Constexprs and options come from ``rocm_mla.ops.decode_plan.stage1_meta`` / ``latent_core.reduce_meta``, the
 functions ``plan_decode`` takes a launch's from; the stage-1 config from ``stage1_config``, the plan's choice.
@@ -104,7 +103,7 @@ def triton_variants(arch: str) -> list[TritonVariant]:
         (torch.bfloat16, fp8),
         (torch.float16, fp8),
     ]
-    for tier in table["stage1"]:
+    for tier in table["tiers"]:
         for qdt, kvdt in combos:
             is_fp8 = kvdt == fp8
             for dots in FP8_DOTS if is_fp8 else ("none",):  # mla_decode(fp8_dots=...)
@@ -117,7 +116,7 @@ def triton_variants(arch: str) -> list[TritonVariant]:
         for mode in (1, 0):
             add(_stage1_variant(arch, cfg, torch.bfloat16, torch.bfloat16, False, False, "", mode))
     # Batch-invariant mode (SPLIT_TOKENS / SPLIT_CAP set): each tier, bf16 and fp8 caches, both launches.
-    for tier in table["stage1"]:
+    for tier in table["tiers"]:
         for qdt, kvdt in combos[:1] + combos[3:4]:
             is_fp8 = kvdt == fp8
             cfg = stage1_config(arch, tier["BLOCK_H"], qdt, is_fp8)
@@ -125,7 +124,7 @@ def triton_variants(arch: str) -> list[TritonVariant]:
             for direct in (True, False):
                 add(_stage1_variant(arch, cfg, qdt, kvdt, direct, is_fp8, "inv ", split=split))
     # Tuning candidates: the dtypes the benchmark tunes (bf16 and fp8 caches with bf16 q).
-    for cand in table.get("candidates", []):
+    for cand in table["candidates"]:
         for qdt, kvdt in combos[:1] + combos[3:4]:
             is_fp8 = kvdt == fp8
             cfg = stage1_config(arch, 0, qdt, is_fp8, cand)
@@ -145,7 +144,7 @@ def triton_variants(arch: str) -> list[TritonVariant]:
         # Its tile follows the batch (reduce_meta): one program per row at large batches, the
         # columns cut in 2, 4 or 8 for few rows; a tile of 2 splits and of the arch's max_splits.
         cus = 64
-        for tier in table["stage1"]:
+        for tier in table["tiers"]:
             for is_fp8, dots in kinds:
                 cfg = stage1_config(arch, tier["BLOCK_H"], qdt, is_fp8, fp8_dots=dots)
                 block_n = int(cfg["BLOCK_N"])
@@ -173,28 +172,17 @@ def triton_variants(arch: str) -> list[TritonVariant]:
 
 
 def default_tier_variants(arch: str, fp8: bool = False) -> list[TritonVariant]:
-    """The stage-1 variant of each default tier of ``arch`` (configs' ``stage1``, in order) with
+    """The stage-1 variant of each default tier of ``arch`` (configs' ``tiers``, in order) with
     bf16 q and cache, direct (one split), tiles inside one page; ``fp8``: after each, the tier
     with bf16 q and the platform's fp8 cache (a number k_scale) in each fp8_dots mode, in
     ``FP8_DOTS`` order. The same variants ``triton_variants`` lists (the decode view's rows)."""
     fp8_kind = platform_fp8_dtype(arch)
     out = []
-    for tier in config_for(OP, arch)["stage1"]:
+    for tier in config_for(OP, arch)["tiers"]:
         rows = tier["BLOCK_H"]
         cfg = stage1_config(arch, rows, torch.bfloat16, False)
         out.append(_stage1_variant(arch, cfg, torch.bfloat16, torch.bfloat16, True, False, ""))
         for dots in FP8_DOTS if fp8 else ():
             cfg = stage1_config(arch, rows, torch.bfloat16, True, fp8_dots=dots)
             out.append(_stage1_variant(arch, cfg, torch.bfloat16, fp8_kind, True, False, ""))
-    return out
-
-
-def tuning_candidates(arch: str) -> list[dict[str, Any]]:
-    """Stage-1 configs ``rocm-mla tune`` times (pass each as ``config=``):
-    every tier plus ``candidates``, with their fp8/fp32 sub-objects."""
-    table = config_for(OP, arch)
-    out: list[dict[str, Any]] = []
-    for cfg in [*table["stage1"], *table.get("candidates", [])]:
-        if cfg not in out:
-            out.append(cfg)
     return out

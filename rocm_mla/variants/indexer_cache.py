@@ -23,42 +23,27 @@ def triton_variants(arch: str) -> list[TritonVariant]:
     column stride, int64 slots, 132-byte rows."""
     fp8 = platform_fp8_dtype(arch)
     variants = []
-    full = config_for(OP, arch)["triton"]["rows_per_program"]
+    full = config_for(OP, arch)["tiers"][0]["rows_per_program"]
     forms = [(dtype, fmt, shuffled, full) for dtype in (torch.bfloat16, torch.float16) for fmt in ("ue8m0", None)
              for shuffled in (True, False)]  # fmt: skip
-    rows = full // 2
-    while rows >= 1:
-        forms += [(torch.bfloat16, "ue8m0", shuffled, rows) for shuffled in (True, False)]
-        rows //= 2
+    forms += [(torch.bfloat16, "ue8m0", shuffled, full >> i) for i in range(1, full.bit_length())
+              for shuffled in (True, False)]  # fmt: skip
     for dtype, scale_fmt, shuffled, rows in forms:
         tname = triton_type(dtype)
         consts, options = triton_meta(arch, fp8=fp8, scale_fmt=scale_fmt, shuffled=shuffled, rows=rows)
         sig = {
-            "k": f"*{tname}",
-            "cache": "*u8",
-            "slot_mapping": "*i64",
-            "num_slot_rows": "i32",
-            "num_slots": "i32",
-            "block_size": "i32",
-            "s_k_row": "i32",
-            "s_k_dim": "constexpr",
-            "s_blk": "i32",
+            "k": f"*{tname}", "cache": "*u8", "slot_mapping": "*i64", "num_slot_rows": "i32", "num_slots": "i32",
+            "block_size": "i32", "s_k_row": "i32", "s_k_dim": "constexpr", "s_blk": "i32",
             **{name: "constexpr" for name in consts},
-        }
+        }  # fmt: skip
         label = (
             f"k={tname} cache={triton_type(fp8)} {scale_fmt or 'plain'} "
             f"{'shuffled' if shuffled else 'flat'} rows={consts['ROWS']} w{options['num_warps']}"
         )
         aligned = ("k", "cache", "slot_mapping", "s_k_row", "s_blk") + (("block_size",) if shuffled else ())
-        variants.append(
-            TritonVariant(
-                kernel=OP,
-                config=label,
-                fn=indexer_k_cache_write_kernel,
-                signature=sig,
-                constexprs={**consts, "s_k_dim": 1},  # Triton specialises an int equal to 1
-                options=options,
-                divisible_by_16=aligned,
-            )
-        )
+        variants.append(TritonVariant(
+            kernel=OP, config=label, fn=indexer_k_cache_write_kernel, signature=sig,
+            constexprs={**consts, "s_k_dim": 1},  # Triton specialises an int equal to 1
+            options=options, divisible_by_16=aligned,
+        ))  # fmt: skip
     return variants

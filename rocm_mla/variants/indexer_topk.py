@@ -14,11 +14,28 @@ from ..ops.indexer_topk_plan import OP, PREFILTER_RANKS, kernel_meta, merge_meta
 from ..triton_common import amd_options, triton_type
 from .triton_variant import TritonVariant
 
+_SPLIT_PTRS = (
+    "q", "weights", "cache", "block_table", "req_ids", "kv_lens", "out", "cand_key", "cand_pos", "stage", "bounds",
+)  # fmt: skip
 _SPLIT_I32 = (
     "num_rows", "num_splits", "topk", "page_size", "page_shift", "capacity", "num_pages", "num_reqs", "s_q_r",
     "s_q_h", "s_w_r", "s_c_blk", "s_bt_b", "s_o_r",
 )  # fmt: skip
-_ONES = {"s_w_h": 1, "s_req": 1, "s_kl": 1}  # unit strides (Triton specialises ints equal to 1)
+_SPLIT_ALIGNED = ("s_q_r", "s_q_h", "s_c_blk", "s_bt_b", "s_o_r")  # the strides of 16-byte aligned rows
+_UNIT = {"s_req": 1, "s_kl": 1}  # unit strides (Triton specialises ints equal to 1)
+_ONES = {"s_w_h": 1, **_UNIT}
+
+
+def _variant(config: str, fn, ptrs: tuple, ints: tuple, aligned: tuple, constexprs: dict, options: dict, *,
+             typed: dict | None = None, expects_mfma: bool = False) -> TritonVariant:  # fmt: skip
+    """A variant of one of the op's kernels: its pointers ``ptrs`` (int32 but those ``typed`` names),
+    every one 16-byte aligned, then its int32 arguments ``ints``, of which ``aligned`` are multiples
+    of 16."""
+    signature = {**{p: "*i32" for p in ptrs}, **(typed or {}), **{n: "i32" for n in ints}}
+    return TritonVariant(
+        kernel=OP, config=config, fn=fn, signature=signature, constexprs=constexprs, options=options,
+        divisible_by_16=ptrs + aligned, expects_mfma=expects_mfma,
+    )  # fmt: skip
 
 
 def triton_variants(arch: str) -> list[TritonVariant]:
@@ -28,12 +45,11 @@ def triton_variants(arch: str) -> list[TritonVariant]:
     where the config has a prefilter, its three kernels for a 128K-key row."""
     fp8 = platform_fp8_dtype(arch)
     fname = triton_type(fp8)
-    cfg = config_for(OP, arch)
+    cfg = config_for(OP, arch)["tiers"][0]
     topk_p2 = 2048
     split_keys = max(int(cfg["split_keys"]), topk_p2)
     out: list[TritonVariant] = []
     directs = (True, False) if cfg.get("direct", True) else (False,)
-    # The config's own form (both layouts) and, where it has one, its many_items form (vLLM's layout).
     # (form, layouts, split keys, ranks): the config's own (both layouts), its many_items form and
     # its prefiltered form (vLLM's layout).
     forms = [(cfg, (True, False), split_keys, 0)]
@@ -42,35 +58,15 @@ def triton_variants(arch: str) -> list[TritonVariant]:
     pf = cfg.get("prefilter")
     if pf:
         forms.append((cfg, (True,), int(pf["split_keys"]), PREFILTER_RANKS))
+    typed = {"q": f"*{fname}", "weights": "*fp32", "cache": f"*{fname}"}
     for (form, layouts, split, ranks), H, direct in itertools.product(forms, (64, 32), directs):
         if ranks and direct:
             continue
         for shuffled in layouts if H == 64 and direct == directs[0] else (True,):
             meta, options = kernel_meta(
-                arch,
-                form,
-                H,
-                split,
-                topk_p2,
-                direct=direct,
-                block_size=64 if shuffled else 1,
-                shuffled=shuffled,
+                arch, form, H, split, topk_p2, direct=direct, block_size=64 if shuffled else 1, shuffled=shuffled,
                 ranks=ranks,
-            )
-            sig = {
-                "q": f"*{fname}",
-                "weights": "*fp32",
-                "cache": f"*{fname}",
-                "block_table": "*i32",
-                "req_ids": "*i32",
-                "kv_lens": "*i32",
-                "out": "*i32",
-                "cand_key": "*i32",
-                "cand_pos": "*i32",
-                "stage": "*i32",
-                "bounds": "*i32",
-                **{n: "i32" for n in _SPLIT_I32},
-            }
+            )  # fmt: skip
             amd = "".join(f" {k[:4]}{v}" for k, v in amd_options(form, arch).items())
             pack = f" pack{meta['SELECT_PACK']}" if meta["SELECT_PACK"] > 1 else ""
             regs = f" maxnreg{options['maxnreg']}" if "maxnreg" in options else ""
@@ -79,35 +75,10 @@ def triton_variants(arch: str) -> list[TritonVariant]:
                 f" s{options['num_stages']}{amd}{pack}{regs} {'shuffled' if shuffled else 'flat'} "
                 f"{'bounds' + str(ranks) if ranks else 'direct' if direct else 'split'}"
             )
-            out.append(
-                TritonVariant(
-                    kernel=OP,
-                    config=label,
-                    fn=mla_indexer_split_topk_kernel,
-                    signature=sig,
-                    constexprs={**_ONES, **meta},
-                    options=options,
-                    expects_mfma=True,
-                    divisible_by_16=(
-                        "q",
-                        "weights",
-                        "cache",
-                        "block_table",
-                        "req_ids",
-                        "kv_lens",
-                        "out",
-                        "cand_key",
-                        "cand_pos",
-                        "stage",
-                        "bounds",
-                        "s_q_r",
-                        "s_q_h",
-                        "s_c_blk",
-                        "s_bt_b",
-                        "s_o_r",
-                    ),  # fmt: skip
-                )
-            )
+            out.append(_variant(
+                label, mla_indexer_split_topk_kernel, _SPLIT_PTRS, _SPLIT_I32, _SPLIT_ALIGNED, {**_ONES, **meta},
+                options, typed=typed, expects_mfma=True,
+            ))  # fmt: skip
     # A 128K-token row (its slots held in registers) and a 1M-token one (the chunked passes); the
     # prefiltered merge of a 128K-token row (kept keys in registers, passes past them).
     merges = [(split_keys, context // split_keys, False) for context in (1 << 17, 1 << 20)]
@@ -115,54 +86,24 @@ def triton_variants(arch: str) -> list[TritonVariant]:
         merges.append((int(pf["split_keys"]), (1 << 17) // int(pf["split_keys"]), True))
     for split, num_splits, prefiltered in merges:
         m_consts, m_options = merge_meta(arch, cfg, split, topk_p2, num_splits, prefiltered=prefiltered)
-        out.append(
-            TritonVariant(
-                kernel=OP,
-                config=(
-                    f"merge topk{topk_p2} chunk{m_consts['CHUNK']} w{m_options['num_warps']} "
-                    f"{'registers' + str(m_consts['REG']) if m_consts['REG'] else 'passes'}"
-                    f"{' prefiltered S' + str(num_splits) if prefiltered else ''}"
-                ),
-                fn=mla_indexer_merge_kernel,
-                signature={
-                    "cand_key": "*i32",
-                    "cand_pos": "*i32",
-                    "counts": "*i32",
-                    "prefix": "*i32",
-                    "req_ids": "*i32",
-                    "kv_lens": "*i32",
-                    "out": "*i32",
-                    **{n: "i32" for n in ("num_rows", "num_splits", "topk", "capacity", "num_reqs", "s_o_r")},
-                },
-                constexprs={"s_req": 1, "s_kl": 1, **m_consts},
-                options=m_options,
-                divisible_by_16=("cand_key", "cand_pos", "counts", "prefix", "req_ids", "kv_lens", "out", "s_o_r"),
-            )
+        label = (
+            f"merge topk{topk_p2} chunk{m_consts['CHUNK']} w{m_options['num_warps']} "
+            f"{'registers' + str(m_consts['REG']) if m_consts['REG'] else 'passes'}"
+            f"{' prefiltered S' + str(num_splits) if prefiltered else ''}"
         )
+        out.append(_variant(
+            label, mla_indexer_merge_kernel, ("cand_key", "cand_pos", "counts", "prefix", "req_ids", "kv_lens", "out"),
+            ("num_rows", "num_splits", "topk", "capacity", "num_reqs", "s_o_r"), ("s_o_r",), {**_UNIT, **m_consts},
+            m_options,
+        ))  # fmt: skip
     if pf:
         p_consts, p_options = prefilter_meta(cfg, int(pf["split_keys"]), (1 << 17) // int(pf["split_keys"]))
-        out.append(
-            TritonVariant(
-                kernel=OP,
-                config=(
-                    f"prefilter split{p_consts['SPLIT']} ranks{p_consts['RANKS']} S{p_consts['S_P2']}"
-                    f" w{p_options['num_warps']}"
-                ),
-                fn=mla_indexer_prefilter_kernel,
-                signature={
-                    "stage": "*i32",
-                    "bounds": "*i32",
-                    "counts": "*i32",
-                    "cand_pos": "*i32",
-                    "req_ids": "*i32",
-                    "kv_lens": "*i32",
-                    **{n: "i32" for n in ("num_rows", "num_splits", "topk", "capacity", "num_reqs")},
-                },
-                constexprs={"s_req": 1, "s_kl": 1, **p_consts},
-                options=p_options,
-                divisible_by_16=("stage", "bounds", "counts", "cand_pos", "req_ids", "kv_lens"),
-            )
-        )
+        label = f"prefilter split{p_consts['SPLIT']} ranks{p_consts['RANKS']} S{p_consts['S_P2']}"
+        out.append(_variant(
+            f"{label} w{p_options['num_warps']}", mla_indexer_prefilter_kernel,
+            ("stage", "bounds", "counts", "cand_pos", "req_ids", "kv_lens"),
+            ("num_rows", "num_splits", "topk", "capacity", "num_reqs"), (), {**_UNIT, **p_consts}, p_options,
+        ))  # fmt: skip
     return out
 
 

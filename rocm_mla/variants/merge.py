@@ -21,66 +21,29 @@ def triton_variants(arch: str) -> list[TritonVariant]:
     variants = []
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         tname = triton_type(dtype)
+        ptrs = {n: "*fp32" if n.endswith("_lse") else f"*{tname}" for n in _POINTERS}
         for head in (V_HEAD_DIM, KV_LORA_RANK):
             for has_lse in (True, False):
                 consts, options = triton_meta(head, has_lse, arch)
-                sig = {
-                    "out": f"*{tname}",
-                    "out_lse": "*fp32",
-                    "pre": f"*{tname}",
-                    "pre_lse": "*fp32",
-                    "suf": f"*{tname}",
-                    "suf_lse": "*fp32",
-                    "num_rows": "i32",
-                    "num_heads": "i32",
-                    "out_st": "i32",
-                    "out_sh": "i32",
-                    "out_sd": "constexpr",
-                    "pre_st": "i32",
-                    "pre_sh": "i32",
-                    "pre_sd": "constexpr",
-                    "suf_st": "i32",
-                    "suf_sh": "i32",
-                    "suf_sd": "constexpr",
-                    "plse_sh": "i32",
-                    "plse_st": "constexpr",
-                    "slse_sh": "i32",
-                    "slse_st": "constexpr",
-                    "olse_sh": "i32",
-                    "olse_st": "constexpr",
-                    "HEAD_SIZE": "constexpr",
-                    "BLOCK_D": "constexpr",
-                    "BLOCK_ROWS": "constexpr",
-                    "HAS_OUT_LSE": "constexpr",
-                }
-                # Inner strides are 1 on real tensors, and Triton specialises ints equal to 1.
-                ones = {k: 1 for k in ("out_sd", "pre_sd", "suf_sd", "plse_st", "slse_st", "olse_st")}
                 variants.append(
                     TritonVariant(
                         kernel=OP,
                         config=f"{tname} D={head} rows={consts['BLOCK_ROWS']} "
                         f"w{options['num_warps']}{' lse' if has_lse else ''}",
                         fn=merge_attn_states_kernel,
-                        signature=sig,
-                        constexprs={**consts, **ones},
+                        signature={**ptrs, **dict.fromkeys(_COUNTS + _ALIGNED_INTS, "i32")},
+                        constexprs={**consts, **_UNIT_STRIDES},
                         options=options,
-                        divisible_by_16=(
-                            "out",
-                            "out_lse",
-                            "pre",
-                            "pre_lse",
-                            "suf",
-                            "suf_lse",
-                            "out_st",
-                            "out_sh",
-                            "pre_st",
-                            "pre_sh",
-                            "suf_st",
-                            "suf_sh",
-                            "plse_sh",
-                            "slse_sh",
-                            "olse_sh",
-                        ),
+                        divisible_by_16=(*ptrs, *_ALIGNED_INTS),
                     )
                 )
     return variants
+
+
+_POINTERS = ("out", "out_lse", "pre", "pre_lse", "suf", "suf_lse")
+# The int arguments (the report types the constexprs): row and head counts, then the strides that
+# contiguous rows make multiples of 16.
+_COUNTS = ("num_rows", "num_heads")
+_ALIGNED_INTS = ("out_st", "out_sh", "pre_st", "pre_sh", "suf_st", "suf_sh", "plse_sh", "slse_sh", "olse_sh")
+# Inner strides are 1 on real tensors, and Triton specialises ints equal to 1.
+_UNIT_STRIDES = dict.fromkeys(("out_sd", "pre_sd", "suf_sd", "plse_st", "slse_st", "olse_st"), 1)

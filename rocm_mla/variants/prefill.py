@@ -21,7 +21,7 @@ def _configs_for(arch: str, dtype: torch.dtype, dims: tuple[int, int, int] = PRE
     main = launch_config(arch, dtype, dims)
     out = [(main, False)]
     if dtype == torch.bfloat16 and dims == PREFILL_DIMS:  # candidates are tuned in bf16 (the serving dtype)
-        for cand in config_for(OP, arch).get("candidates", []):
+        for cand in config_for(OP, arch)["candidates"]:
             if all(cand.get(k) == main.get(k) for k in set(cand) | set(main)):
                 continue
             out.append((cand, True))

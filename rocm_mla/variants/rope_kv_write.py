@@ -26,86 +26,45 @@ def triton_variants(arch: str) -> list[TritonVariant]:
     variants = []
     for dtype in (torch.bfloat16, torch.float16):
         tname = triton_type(dtype)
-        cases = []
         for kind in (0, fp8_kind):
-            for cs in ("fp32", tname):
-                for neox in (False, True):
-                    for n in (16, 128):
-                        cases.append((True, kind, cs, neox, n))
-            cases.append((False, kind, tname, False, 0))
-        for rope, kind, cs, neox, n in cases:
-            consts, options = triton_meta(n, arch, rope=rope, is_neox=neox, cache_kind=kind)
-            cache_t = "u8" if kind else tname
-            sig = {
-                "positions": "*i64",
-                "q_pe": f"*{tname}",
-                "k_pe": f"*{tname}",
-                "kv_c": f"*{tname}",
-                "cos_sin": f"*{cs}",
-                "cache": f"*{cache_t}",
-                "slot_mapping": "*i64",
-                "k_scale": "*fp32",
-                "num_tokens": "i32",
-                "num_heads": "i32",
-                "num_cached": "i32",
-                "block_size": "i32",
-                "num_slots": "i32",
-                "max_pos": "i32",
-                "q_st": "i32",
-                "q_sh": "i32",
-                "q_sd": "constexpr",
-                "k_st": "i32",
-                "k_sd": "constexpr",
-                "c_st": "i32",
-                "c_sd": "constexpr",
-                "cs_sp": "i32",
-                "cs_sd": "constexpr",
-                "kv_sb": "i32",
-                "kv_so": "i32",
-                "kv_sd": "constexpr",
-                "ROPE": "constexpr",
-                "IS_NEOX": "constexpr",
-                "TOKENS": "constexpr",
-                "BLOCK_R": "constexpr",
-                "CACHE_KIND": "constexpr",
-            }
-            # Inner strides are 1 on real tensors, and Triton specialises ints equal to 1.
-            ones = {k: 1 for k in ("q_sd", "k_sd", "c_sd", "cs_sd", "kv_sd")}
-            kind_name = {0: tname, 1: "fp8e4m3fn", 2: "fp8e4m3fnuz"}[kind]
-            label = (
-                f"{tname} cs={cs} cache={kind_name} {'neox' if neox else 'gptj'} N={n} "
-                f"tok={consts['TOKENS']} rows={consts['BLOCK_R']} w{options['num_warps']}"
-                if rope
-                else f"concat {tname} cache={kind_name} w{options['num_warps']}"
-            )
-            variants.append(
-                TritonVariant(
-                    kernel="fused_rope_mla_kv_write" if rope else "concat_and_cache_mla",
-                    config=label,
-                    fn=rope_mla_kv_write_kernel,
-                    signature=sig,
-                    constexprs={**consts, **ones},
-                    options=options,
-                    divisible_by_16=(
-                        "positions",
-                        "q_pe",
-                        "k_pe",
-                        "kv_c",
-                        "cos_sin",
-                        "cache",
-                        "slot_mapping",
-                        "k_scale",
-                        "block_size",
-                        "num_slots",
-                        "max_pos",
-                        "q_st",
-                        "q_sh",
-                        "k_st",
-                        "c_st",
-                        "cs_sp",
-                        "kv_sb",
-                        "kv_so",
-                    ),
+            rope_cases = [(True, cs, neox, n) for cs in ("fp32", tname) for neox in (False, True) for n in (16, 128)]
+            for rope, cs, neox, n in [*rope_cases, (False, tname, False, 0)]:
+                consts, options = triton_meta(n, arch, rope=rope, is_neox=neox, cache_kind=kind)
+                cache_t = "u8" if kind else tname
+                ptrs = {
+                    "positions": "*i64",
+                    "q_pe": f"*{tname}",
+                    "k_pe": f"*{tname}",
+                    "kv_c": f"*{tname}",
+                    "cos_sin": f"*{cs}",
+                    "cache": f"*{cache_t}",
+                    "slot_mapping": "*i64",
+                    "k_scale": "*fp32",
+                }
+                kind_name = {0: tname, 1: "fp8e4m3fn", 2: "fp8e4m3fnuz"}[kind]
+                label = (
+                    f"{tname} cs={cs} cache={kind_name} {'neox' if neox else 'gptj'} N={n} "
+                    f"tok={consts['TOKENS']} rows={consts['BLOCK_R']} w{options['num_warps']}"
+                    if rope
+                    else f"concat {tname} cache={kind_name} w{options['num_warps']}"
                 )
-            )
+                variants.append(
+                    TritonVariant(
+                        kernel="fused_rope_mla_kv_write" if rope else "concat_and_cache_mla",
+                        config=label,
+                        fn=rope_mla_kv_write_kernel,
+                        signature={**ptrs, **dict.fromkeys(_COUNTS + _ALIGNED_INTS, "i32")},
+                        constexprs={**consts, **_UNIT_STRIDES},
+                        options=options,
+                        divisible_by_16=(*ptrs, *_ALIGNED_INTS),
+                    )
+                )
     return variants
+
+
+# The int arguments (the report types the constexprs): token and head counts, then the sizes and
+# strides that vLLM's layouts make multiples of 16.
+_COUNTS = ("num_tokens", "num_heads", "num_cached")
+_ALIGNED_INTS = ("block_size", "num_slots", "max_pos", "q_st", "q_sh", "k_st", "c_st", "cs_sp", "kv_sb", "kv_so")
+# Inner strides are 1 on real tensors, and Triton specialises ints equal to 1.
+_UNIT_STRIDES = dict.fromkeys(("q_sd", "k_sd", "c_sd", "cs_sd", "kv_sd"), 1)

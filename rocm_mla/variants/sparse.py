@@ -1,5 +1,4 @@
-"""mla_sparse_attention: the Triton variants the op can launch (for the ISA report) and the tier
-configs ``rocm-mla tune`` times.
+"""mla_sparse_attention: the Triton variants the op can launch, for the ISA report.
 
 Constexprs and options come from ``rocm_mla.ops.sparse_plan.kernel_meta`` (the function the plan
 takes a launch's from), the config from ``tier_config`` (the plan's choice). The split reduce is
@@ -125,8 +124,3 @@ def triton_variants(arch: str) -> list[TritonVariant]:
     out.append(variant(arch, cfg, torch.bfloat16, torch.bfloat16, direct=False, paged=False))
     out.append(variant(arch, cfg, torch.bfloat16, torch.bfloat16, direct=False, pow2_page=False))
     return out
-
-
-def tuning_candidates(arch: str) -> list[dict[str, Any]]:
-    """Tier configs ``rocm-mla tune`` times (each as ``config=``): every tier of the arch."""
-    return [dict(t) for t in config_for(OP, arch)["tiers"]]

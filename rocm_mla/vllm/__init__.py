@@ -86,12 +86,7 @@ def register() -> None:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     for name, path in ((BACKEND_NAME, BACKEND_CLASS), (SPARSE_BACKEND_NAME, SPARSE_BACKEND_CLASS)):
-        if name in AttentionBackendEnum.__members__:
-            # Already a member (an earlier call, or a future vLLM that names it): point it at us.
-            register_backend(AttentionBackendEnum[name], path)
-        else:
-            register_backend(name, path)
-        _pickle_by_name(AttentionBackendEnum[name], "attention")
+        _add(AttentionBackendEnum, register_backend, name, path, "attention")
 
     custom = AttentionBackendEnum.CUSTOM
     if not custom.is_overridden() or custom.get_path() == BACKEND_CLASS:
@@ -103,11 +98,8 @@ def register() -> None:
             BACKEND_NAME,
         )
 
-    if PREFILL_BACKEND_NAME in MLAPrefillBackendEnum.__members__:
-        register_mla_prefill_backend(MLAPrefillBackendEnum[PREFILL_BACKEND_NAME], PREFILL_BACKEND_CLASS)
-    else:
-        register_mla_prefill_backend(PREFILL_BACKEND_NAME, PREFILL_BACKEND_CLASS)
-    _pickle_by_name(MLAPrefillBackendEnum[PREFILL_BACKEND_NAME], "mla_prefill")
+    prefill = (PREFILL_BACKEND_NAME, PREFILL_BACKEND_CLASS)
+    _add(MLAPrefillBackendEnum, register_mla_prefill_backend, *prefill, "mla_prefill")
 
     # vLLM's fused RoPE + MLA KV-cache op (the fuse_rope_kvcache_cat_mla pass) on rocm_mla's
     # kernel for ROCM_MLA layers; vLLM's kernel for every other layer (fused_rope_kv_op.py).
@@ -124,6 +116,14 @@ def register() -> None:
         from . import sparse_layer
 
         sparse_layer.install()
+
+
+def _add(enum_cls, register_fn, name: str, path: str, kind: str) -> None:
+    """``name`` -> ``path`` in one of vLLM's registries (``register_fn`` of ``enum_cls``), its
+    member pickled by name."""
+    # Already a member (an earlier call, or a future vLLM that names it): point it at us.
+    register_fn(enum_cls[name] if name in enum_cls.__members__ else name, path)
+    _pickle_by_name(enum_cls[name], kind)
 
 
 def _restore_member(kind: str, name: str):

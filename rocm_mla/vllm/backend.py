@@ -29,6 +29,7 @@ already-rotated k_pe.
 
 from __future__ import annotations
 
+import inspect
 from typing import ClassVar
 
 import torch
@@ -59,12 +60,12 @@ from rocm_mla.ops import (
     plan_decode_for,
     plan_prefill,
 )
-from rocm_mla.vllm.invariant_context import fold_in_context_invariant
+from rocm_mla.vllm import BACKEND_NAME
+from rocm_mla.vllm.invariant_context import context_pieces
 from rocm_mla.vllm.prefill import plan_on
 from rocm_mla.vllm.step_plans import kept_plan
 
-# The decode kernel's fixed latent geometry (docs/ARCHITECTURE.md §1): kv_lora_rank 512, rope 64;
-# and vLLM's names of an e4m3 cache (the platform's kind): rocm_mla.mla_dims.
+# vLLM's names of a 16-bit cache: the kernels read one only in the model dtype (cache_dtype_problem).
 _16BIT_CACHE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -76,6 +77,13 @@ class RocmMLABackendTraits:
     # 16-bit caches must hold the model dtype (the kernels do not convert between 16-bit types:
     # see cache_dtype_problem); fp8 = e4m3 of the platform (e4m3fnuz on gfx942), per-tensor k_scale.
     supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = ["auto", *_16BIT_CACHE_DTYPES, *VLLM_FP8_KV_CACHE_DTYPES]
+
+    # What supports_combination adds to its reason for another latent row.
+    _head_size_hint: ClassVar[str] = ""
+
+    @classmethod
+    def is_mla(cls) -> bool:
+        return True
 
     @classmethod
     def get_supported_head_sizes(cls) -> list[int]:
@@ -99,6 +107,32 @@ class RocmMLABackendTraits:
         # NVIDIA H200 (sm90).
         return True
 
+    @classmethod
+    def supports_combination(
+        cls,
+        head_size,
+        dtype,
+        kv_cache_dtype,
+        block_size,
+        use_mla,
+        has_sink,
+        use_sparse,
+        use_mm_prefix,
+        device_capability,
+    ) -> str | None:
+        """vLLM's selector hook: why the backend cannot serve this layer (None: it can)."""
+        # The kernels work on the latent row, the same for every (qk_nope, v) head geometry whose
+        # row is 512 + 64; the prefill takes every MLA geometry
+        # (rocm_mla.vllm.prefill.RocmMLAPrefillBackend.supported_mla_dimensions).
+        if head_size != KV_ROW_DIM:
+            return (
+                f"MLA latent head size {head_size} (kv_lora_rank + qk_rope_head_dim): {cls.get_name()}'s kernels "
+                f"are built for {KV_LORA_RANK} + {QK_ROPE_HEAD_DIM} = {KV_ROW_DIM}{cls._head_size_hint}"
+            )
+        if has_sink:
+            return f"attention sinks ({cls.get_name()} has none)"
+        return cls.cache_dtype_problem(kv_cache_dtype, dtype)
+
     @staticmethod
     def cache_dtype_problem(kv_cache_dtype, dtype) -> str | None:
         """Why a 16-bit ``kv_cache_dtype`` cannot serve a ``dtype`` model (None: it can)."""
@@ -114,9 +148,14 @@ class RocmMLABackendTraits:
 class RocmMLABackend(RocmMLABackendTraits, MLACommonBackend):
     """vLLM attention backend ``ROCM_MLA`` (selected with ``--attention-backend ROCM_MLA``)."""
 
+    _head_size_hint: ClassVar[str] = (
+        " (any qk_nope_head_dim / v_head_dim of vLLM's MLA geometries); a model without RoPE part can still "
+        "use ROCM_MLA as its MLA prefill backend (-ac.mla_prefill_backend=ROCM_MLA)"
+    )
+
     @staticmethod
     def get_name() -> str:
-        return "ROCM_MLA"
+        return BACKEND_NAME
 
     @staticmethod
     def get_impl_cls() -> type[RocmMLAImpl]:
@@ -125,31 +164,6 @@ class RocmMLABackend(RocmMLABackendTraits, MLACommonBackend):
     @staticmethod
     def get_builder_cls() -> type[RocmMLAMetadataBuilder]:
         return RocmMLAMetadataBuilder
-
-    @classmethod
-    def supports_combination(
-        cls,
-        head_size,
-        dtype,
-        kv_cache_dtype,
-        block_size,
-        use_mla,
-        has_sink,
-        use_sparse,
-        use_mm_prefix,
-        device_capability,
-    ) -> str | None:
-        # Head geometry: the decode, the KV write and the context gather work on the latent row,
-        # the same for every (qk_nope, v) head geometry whose row is 512 + 64; the prefill takes
-        # every MLA geometry (rocm_mla.vllm.prefill.RocmMLAPrefillBackend.supported_mla_dimensions).
-        if use_mla and head_size != KV_ROW_DIM:
-            return (
-                f"MLA latent head size {head_size} (kv_lora_rank + qk_rope_head_dim): ROCM_MLA's decode and KV "
-                f"write are built for {KV_LORA_RANK} + {QK_ROPE_HEAD_DIM} = {KV_ROW_DIM} (any qk_nope_head_dim / "
-                "v_head_dim of vLLM's MLA geometries); a model without RoPE part can still use ROCM_MLA as its "
-                "MLA prefill backend (-ac.mla_prefill_backend=ROCM_MLA)"
-            )
-        return cls.cache_dtype_problem(kv_cache_dtype, dtype)
 
 
 class RocmMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
@@ -192,8 +206,8 @@ class RocmMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
         new tokens' causal pass (B prefills, T rows over T keys) on ``metadata.prefill``, and each
         context chunk's non-causal pass (its requests, its rows over its gathered keys) on the
         chunk. None under decode context parallelism (vLLM's common prefill runs there), nor for
-        the chunks in batch-invariant mode (``fold_in_context_invariant`` cuts the context per
-        request and plans each piece): a layer that finds no fitting plan plans from its tensors
+        the chunks in batch-invariant mode (``context_pieces`` cuts the context per request,
+        each piece planned by the layer): a layer that finds no fitting plan plans from its tensors
         and leaves the plan for the others (``rocm_mla.vllm.prefill.plan_on``)."""
         if self.dcp_world_size != 1:
             return
@@ -202,7 +216,7 @@ class RocmMLAMetadataBuilder(MLACommonMetadataBuilder[MLACommonMetadata]):
         invariant = batch_invariant_requested()
         knobs = dict(
             num_heads=self.num_heads,
-            dtype=self.model_config.dtype,
+            q_dtype=self.model_config.dtype,
             device=p.query_start_loc.device,
             head_dims=(dims.qk_nope_head_dim, dims.qk_rope_head_dim, dims.v_head_dim),
             batch_invariant=invariant,
@@ -263,9 +277,7 @@ def fp8_dots_from_env(fp8_cache: bool, act_dtype: torch.dtype) -> str | None:
     that is not a mode, or qk/all with a float32 model (exact products), raise ValueError; with a
     16-bit cache the variable does not apply and None is returned."""
     value = env.get("ROCM_MLA_FP8_DOTS")  # checked against none / qk / all
-    if not value:
-        return None
-    if not fp8_cache:
+    if not value or not fp8_cache:
         return None
     if value != "none" and act_dtype == torch.float32:
         raise ValueError(
@@ -289,7 +301,7 @@ def cache_for_writers(kv_cache: torch.Tensor, kv_cache_dtype: str, k_scale: torc
 
 def batch_invariant_requested() -> bool:
     """vLLM's ``VLLM_BATCH_INVARIANT=1`` or ``ROCM_MLA_BATCH_INVARIANT=1``: every op runs with
-    ``batch_invariant=True`` and cached context is cut per request (``fold_in_context_invariant``)."""
+    ``batch_invariant=True`` and cached context is cut per request (``context_pieces``)."""
     import vllm.envs as envs
 
     return bool(envs.VLLM_BATCH_INVARIANT) or env.flag("ROCM_MLA_BATCH_INVARIANT")
@@ -301,39 +313,19 @@ class RocmMLAImplCommon:
     write, and the prefill rows on the dense kernels (``forward_mha``, on the prefill metadata
     vLLM's MLA builders make: ``MLACommonPrefillMetadata`` and its sparse subclass)."""
 
-    NAME: ClassVar[str] = "ROCM_MLA"
+    NAME: ClassVar[str] = BACKEND_NAME
 
-    def __init__(
-        self,
-        num_heads,
-        head_size,
-        scale,
-        num_kv_heads,
-        alibi_slopes,
-        sliding_window,
-        kv_cache_dtype,
-        logits_soft_cap,
-        attn_type,
-        kv_sharing_target_layer_name,
-        **mla_args,
-    ):
-        super().__init__(
-            num_heads,
-            head_size,
-            scale,
-            num_kv_heads,
-            alibi_slopes,
-            sliding_window,
-            kv_cache_dtype,
-            logits_soft_cap,
-            attn_type,
-            kv_sharing_target_layer_name,
-            **mla_args,
-        )
-        if any((alibi_slopes, sliding_window, logits_soft_cap)):
+    def __init__(self, *args, **kwargs):
+        """vLLM's impl arguments, passed to its impl class unchanged; raises NotImplementedError
+        for what the kernels do not run (ALiBi, a sliding window, a logits soft cap, attention
+        other than decoder self-attention, a latent row other than 512 + 64)."""
+        # By name whichever way they came (vLLM's own signature orders them).
+        given = inspect.signature(super().__init__).bind(*args, **kwargs).arguments
+        super().__init__(*args, **kwargs)
+        if any(given.get(name) for name in ("alibi_slopes", "sliding_window", "logits_soft_cap")):
             raise NotImplementedError(f"{self.NAME} does not support alibi_slopes, sliding_window or logits_soft_cap")
-        if attn_type != AttentionType.DECODER:
-            raise NotImplementedError(f"{self.NAME} supports decoder self-attention only, got {attn_type}")
+        if given["attn_type"] != AttentionType.DECODER:
+            raise NotImplementedError(f"{self.NAME} supports decoder self-attention only, got {given['attn_type']}")
         if self.kv_lora_rank != KV_LORA_RANK or self.qk_rope_head_dim != QK_ROPE_HEAD_DIM:
             raise NotImplementedError(
                 f"{self.NAME}'s kernels are built for kv_lora_rank {KV_LORA_RANK} and "
@@ -343,15 +335,30 @@ class RocmMLAImplCommon:
         # registers. A pre-quantised query would cost vLLM's _DecodeConcatQuantFP8 (a torch.cat of
         # ql_nope and q_pe plus a quant kernel) and then a dequant here: keep the tuple path.
         self.supports_quant_query_input = False
-        self._fp8_cache = is_quantized_kv_cache(kv_cache_dtype)
+        self._fp8_cache = is_quantized_kv_cache(self.kv_cache_dtype)
         # The ops' kv_cache_dtype for this layer's cache: vLLM's fp8 name, under which the ops read
         # uint8 storage (how vLLM holds the cache) and its float8 view alike; "auto" for a cache
         # of the model dtype.
-        self.op_kv_cache_dtype = kv_cache_dtype if self._fp8_cache else "auto"
+        self.op_kv_cache_dtype = self.kv_cache_dtype if self._fp8_cache else "auto"
         self._batch_invariant = batch_invariant_requested()
         # The activation dtype: vLLM builds layers under set_default_torch_dtype(model dtype), as
         # MLAAttention.__init__ itself relies on.
         self._act_dtype = torch.get_default_dtype()
+
+    def _latent_query(
+        self, q: torch.Tensor | tuple[torch.Tensor, torch.Tensor], layer: AttentionLayer
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``forward_mqa``'s query as ``(ql_nope [rows, N, 512], q_pe [rows, N, 64])``, read in
+        place, and the layer's k_scale as the ops take it (None for a 16-bit cache). ``q`` comes
+        as that tuple, or as one ``[rows, N, 576]`` tensor (vLLM's concatenation: a query gathered
+        over DCP ranks, or an fp8 one, dequantised here with the layer's q scale)."""
+        if isinstance(q, tuple):
+            q_nope, q_pe = q
+        else:
+            if q.dtype in FP8_DTYPES:
+                q = (q.to(torch.float32) * layer._q_scale.reshape(())).to(self._act_dtype)
+            q_nope, q_pe = q[..., :KV_LORA_RANK], q[..., KV_LORA_RANK:]
+        return q_nope, q_pe, (layer._k_scale.reshape(1) if self._fp8_cache else None)
 
     def do_kv_cache_update(
         self,
@@ -424,16 +431,17 @@ class RocmMLAImplCommon:
             prefill, tensors, causal=True, max_seqlen_q=hint, max_seqlen_k=hint, batch_invariant=self._batch_invariant
         )
         mla_prefill(*tensors, sm_scale=self.scale, plan=plan, out=out, lse=lse)
-        if chunked is not None and self._batch_invariant:
-            fold_in_context_invariant(self, q, kv_c_and_k_pe_cache, prefill, k_scale, out, lse)
-        elif chunked is not None:
-            self._fold_in_context(q, kv_c_and_k_pe_cache, prefill, k_scale, out, lse)
+        if chunked is not None:
+            # Batch-invariant mode cuts each request's context by itself (vLLM's chunks pack requests).
+            chunks = context_pieces(prefill, q.device) if self._batch_invariant else chunked.chunks
+            self._fold_in_context(q, kv_c_and_k_pe_cache, prefill, chunks, k_scale, out, lse)
 
     def _fold_in_context(
         self,
         q: torch.Tensor,
         kv_cache: torch.Tensor,
         prefill: MLACommonPrefillMetadata,
+        chunks: list,
         k_scale: torch.Tensor,
         out: torch.Tensor,
         lse_new: torch.Tensor,
@@ -441,7 +449,8 @@ class RocmMLAImplCommon:
         """Merge attention over every cached-context chunk into ``out`` (``[T, N, V]``, already
         holding the new-token attention whose LSE is ``lse_new`` ``[N, T]``), in place.
 
-        vLLM's chunk plan (``build_mla_chunked_context_metadata``): a chunk covers a run of
+        ``chunks``: vLLM's (``build_mla_chunked_context_metadata``), or in batch-invariant mode
+        the per-request pieces of ``context_pieces`` under the same names. A chunk covers a run of
         prefill requests (query rows ``token_slice``); only its first request can continue a
         request split across chunks (rows ``[token_slice.start, continuation_token_end)``), and
         requests without context are in no chunk (their rows stay as the new-token pass wrote them).
@@ -451,12 +460,10 @@ class RocmMLAImplCommon:
         continued rows alternate between ``lse_new`` and one more ``[N, T]`` buffer; nothing is
         ever copied. Per chunk: one gather, one up-projection GEMM, one attention, one or two merges.
         """
-        chunked = prefill.chunked_context
-        assert chunked is not None
-        chunks = chunked.chunks
-        N, P, V = self.num_heads, self.qk_nope_head_dim, self.v_head_dim
-        L = self.kv_lora_rank
-        fp8 = self._fp8_cache
+        if not chunks:
+            return
+        workspace = prefill.chunked_context.workspace
+        N, L, P, V = self.num_heads, self.kv_lora_rank, self.qk_nope_head_dim, self.v_head_dim
         proj_dtype = _get_kv_b_proj_input_dtype(self.kv_b_proj, False)
         rows_max = max(c.token_slice.stop - c.token_slice.start for c in chunks)
         chunk_out = torch.empty(rows_max, N, V, dtype=q.dtype, device=q.device)
@@ -465,7 +472,7 @@ class RocmMLAImplCommon:
         tail = lse_new  # where the running LSE of the previous chunk's last request lives
         for i, chunk in enumerate(chunks):
             toks = chunk.num_context_tokens
-            ws = chunked.workspace[:toks]
+            ws = workspace[:toks]
             gather_context_chunk(
                 kv_cache,
                 prefill.block_table[chunk.request_slice],
@@ -473,7 +480,7 @@ class RocmMLAImplCommon:
                 chunk.starts,
                 chunk.token_to_seq,
                 ws,
-                k_scale=k_scale.reshape(1) if fp8 else None,
+                k_scale=k_scale.reshape(1) if self._fp8_cache else None,
                 kv_cache_dtype=self.op_kv_cache_dtype,
             )
             kv_c = ws[:, :L]
@@ -481,47 +488,33 @@ class RocmMLAImplCommon:
                 kv_c = kv_c.to(proj_dtype)  # only for checkpoints whose kv_b_proj wants another dtype
             kv_nope = self.kv_b_proj(kv_c)[0].view(toks, N, P + V)
             s, e = chunk.token_slice.start, chunk.token_slice.stop
-            n = e - s
             tensors = (q[s:e], kv_nope[..., :P], ws[:, L:].unsqueeze(1), kv_nope[..., P:])
             tensors += (chunk.query_start_loc, chunk.cu_seq_lens)
-            plan = plan_on(
-                chunk, tensors, causal=False, max_seqlen_q=chunk.max_query_len, max_seqlen_k=chunk.max_seq_len
-            )
-            mla_prefill(*tensors, sm_scale=self.scale, plan=plan, out=chunk_out[:n], lse=chunk_lse[:, :n])
+            hints = {"max_seqlen_q": chunk.max_query_len, "max_seqlen_k": chunk.max_seq_len}
+            plan = plan_on(chunk, tensors, causal=False, batch_invariant=self._batch_invariant, **hints)
+            mla_prefill(*tensors, sm_scale=self.scale, plan=plan, out=chunk_out[: e - s], lse=chunk_lse[:, : e - s])
             keep = i + 1 < len(chunks) and chunks[i + 1].is_continuation
             cont_end = chunk.continuation_token_end if chunk.is_continuation else s
-            # The continued request's rows [s, cont_end): running LSE in `tail`.
-            if cont_end > s:
+            # Rows [s, cont_end) continue a request (running LSE in `tail`); rows [cont_end, e)
+            # start theirs (running LSE still in lse_new).
+            for a, b, src in ((s, cont_end, tail), (cont_end, e, lse_new)):
+                if a >= b:
+                    continue
                 dst = None
-                if keep and cont_end == e:  # the same request continues again: keep its LSE
-                    if lse_alt is None:
-                        lse_alt = torch.empty_like(lse_new)
-                    dst = lse_alt if tail is lse_new else lse_new
-                self._merge(out, tail, chunk_out, chunk_lse, s, s, cont_end, dst)
-                if dst is not None:
+                if keep and b == e:  # the rows' request continues in the next chunk: keep its LSE
+                    lse_alt = torch.empty_like(lse_new) if lse_alt is None else lse_alt
+                    dst = lse_alt if src is lse_new else lse_new
                     tail = dst
-            # Rows of requests this chunk starts [cont_end, e): running LSE is still lse_new.
-            if cont_end < e:
-                dst = None
-                if keep:  # the chunk's last request continues in the next chunk
-                    if lse_alt is None:
-                        lse_alt = torch.empty_like(lse_new)
-                    dst = lse_alt
-                self._merge(out, lse_new, chunk_out, chunk_lse, s, cont_end, e, dst)
-                if dst is not None:
-                    tail = dst
-
-    @staticmethod
-    def _merge(out, prefix_lse, chunk_out, chunk_lse, s, a, b, dst_lse) -> None:
-        # Rows [a, b) of the batch; the chunk buffers are indexed from the chunk's first row s.
-        merge_attn_states(
-            out[a:b],
-            out[a:b],
-            prefix_lse[:, a:b],
-            chunk_out[a - s : b - s],
-            chunk_lse[:, a - s : b - s],
-            None if dst_lse is None else dst_lse[:, a:b],
-        )
+                # The chunk buffers are indexed from the chunk's first row s.
+                merge_attn_states(
+                    out[a:b],
+                    out[a:b],
+                    src[:, a:b],
+                    chunk_out[a - s : b - s],
+                    chunk_lse[:, a - s : b - s],
+                    None if dst is None else dst[:, a:b],
+                    batch_invariant=self._batch_invariant,
+                )
 
 
 class RocmMLAImpl(RocmMLAImplCommon, MLACommonImpl[MLACommonMetadata]):
@@ -556,15 +549,9 @@ class RocmMLAImpl(RocmMLAImplCommon, MLACommonImpl[MLACommonMetadata]):
         ``supports_quant_query_input`` were turned on) is dequantised with the layer's q scale.
         """
         assert attn_metadata.decode is not None
-        if isinstance(q, tuple):
-            q_nope, q_pe = q
-        else:
-            if q.dtype in FP8_DTYPES:
-                q = (q.to(torch.float32) * layer._q_scale.reshape(())).to(self._act_dtype)
-            q_nope, q_pe = q[..., :KV_LORA_RANK], q[..., KV_LORA_RANK:]
+        q_nope, q_pe, k_scale = self._latent_query(q, layer)
         decode = attn_metadata.decode
         kv, table, lens = kv_c_and_k_pe_cache, decode.block_table, decode.seq_lens
-        k_scale = layer._k_scale.reshape(1) if self._fp8_cache else None
         # Metadata another builder made, or a query gathered over DCP ranks: the first layer plans
         # from its tensors and leaves the plan for the step's other layers.
         plan = kept_plan(

@@ -25,6 +25,7 @@ from vllm.v1.attention.backends.mla.prefill.base import MLADimensions, MLAPrefil
 
 from rocm_mla.mla_dims import PREFILL_GEOMETRIES
 from rocm_mla.ops import PrefillPlan, mla_prefill, plan_prefill_for
+from rocm_mla.vllm import PREFILL_BACKEND_NAME
 from rocm_mla.vllm.step_plans import kept_plan
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ class RocmMLAPrefillBackend(MLAPrefillBackend):
 
     @staticmethod
     def get_name() -> str:
-        return "ROCM_MLA"
+        return PREFILL_BACKEND_NAME
 
     def supports_out(self) -> bool:
         # Every call honours `out` ([T, N, v_head_dim], any strides) and returns it.

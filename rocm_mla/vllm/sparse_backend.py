@@ -44,12 +44,11 @@ from vllm.model_executor.layers.attention.sparse_mla_attention import (
 from vllm.platforms import current_platform
 from vllm.v1.attention.backend import AttentionBackend, AttentionCGSupport, AttentionLayer
 
-from rocm_mla.mla_dims import FP8_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
+from rocm_mla.mla_dims import KV_LORA_RANK
 from rocm_mla.ops import IndexerTopkPlan, SparsePlan, mla_sparse_attention, plan_sparse_attention
+from rocm_mla.vllm import SPARSE_BACKEND_NAME
 from rocm_mla.vllm.backend import RocmMLABackendTraits, RocmMLAImplCommon
 from rocm_mla.vllm.step_plans import kept_plan
-
-BACKEND_NAME = "ROCM_MLA_SPARSE"
 
 
 class RocmMLASparseBackend(RocmMLABackendTraits, AttentionBackend):
@@ -57,7 +56,7 @@ class RocmMLASparseBackend(RocmMLABackendTraits, AttentionBackend):
 
     @staticmethod
     def get_name() -> str:
-        return BACKEND_NAME
+        return SPARSE_BACKEND_NAME
 
     @staticmethod
     def get_impl_cls() -> type[RocmMLASparseImpl]:
@@ -72,34 +71,8 @@ class RocmMLASparseBackend(RocmMLABackendTraits, AttentionBackend):
         return RocmMLASparseMetadata
 
     @classmethod
-    def is_mla(cls) -> bool:
-        return True
-
-    @classmethod
     def is_sparse(cls) -> bool:
         return True
-
-    @classmethod
-    def supports_combination(
-        cls,
-        head_size,
-        dtype,
-        kv_cache_dtype,
-        block_size,
-        use_mla,
-        has_sink,
-        use_sparse,
-        use_mm_prefix,
-        device_capability,
-    ) -> str | None:
-        if head_size != KV_ROW_DIM:
-            return (
-                f"MLA latent head size {head_size}: ROCM_MLA_SPARSE's attention is built for "
-                f"{KV_LORA_RANK} + {QK_ROPE_HEAD_DIM} = {KV_ROW_DIM}"
-            )
-        if has_sink:
-            return "attention sinks (ROCM_MLA_SPARSE has none)"
-        return cls.cache_dtype_problem(kv_cache_dtype, dtype)
 
 
 @dataclass(kw_only=True)
@@ -195,7 +168,7 @@ class RocmMLASparseImpl(RocmMLAImplCommon, SparseMLACommonImpl[RocmMLASparseMeta
     checks, the KV write (vLLM's ROCm DeepSeek-V3.2 layer writes its caches in fused_norm_rope
     instead; other callers come here) and the dense short prefills as ROCM_MLA's."""
 
-    NAME: ClassVar[str] = BACKEND_NAME
+    NAME: ClassVar[str] = SPARSE_BACKEND_NAME
 
     def forward_mqa(
         self,
@@ -214,12 +187,7 @@ class RocmMLASparseImpl(RocmMLAImplCommon, SparseMLACommonImpl[RocmMLASparseMeta
         re-points the buffer after load). A row whose indexer found a bad page or a NaN (every
         entry -2) gets a NaN output.
         """
-        if isinstance(q, tuple):
-            q_nope, q_pe = q
-        else:
-            if q.dtype in FP8_DTYPES:
-                q = (q.to(torch.float32) * layer._q_scale.reshape(())).to(self._act_dtype)
-            q_nope, q_pe = q[..., :KV_LORA_RANK], q[..., KV_LORA_RANK:]
+        q_nope, q_pe, k_scale = self._latent_query(q, layer)
         T, N = q_nope.shape[0], q_nope.shape[1]
         md = attn_metadata
         start = getattr(md, "topk_start", 0)  # vLLM 0.34's sharded-query offset (0.33: none)
@@ -228,7 +196,6 @@ class RocmMLASparseImpl(RocmMLAImplCommon, SparseMLACommonImpl[RocmMLASparseMeta
         lse = torch.empty(T, N, dtype=torch.float32, device=q_nope.device)
         kv = kv_c_and_k_pe_cache
         table, req = md.block_table, md.req_id_per_token  # req row-aligned with q (vLLM narrows it with topk_start)
-        k_scale = layer._k_scale.reshape(1) if self._fp8_cache else None
         # A plan made for other rows (a ShardQ or narrowed call, a guess of the builder's that
         # vLLM's forward did not take) gives way to one from this call's tensors. The plan cannot
         # see the layer's batch invariance in the tensors: its field is compared.
@@ -283,7 +250,6 @@ class RocmMLASparseImpl(RocmMLAImplCommon, SparseMLACommonImpl[RocmMLASparseMeta
 
 
 __all__ = [
-    "BACKEND_NAME",
     "RocmMLASparseBackend",
     "RocmMLASparseMetadata",
     "RocmMLASparseMetadataBuilder",

@@ -28,13 +28,14 @@ import sys
 import torch
 
 from rocm_mla.ops import mla_indexer_topk, plan_indexer_topk
+from rocm_mla.vllm import BACKEND_NAME, SPARSE_BACKEND_NAME
 from rocm_mla.vllm.step_plans import kept_plan
 
 logger = logging.getLogger(__name__)
 
 _ROCM_MODULE = "vllm.models.deepseek_v32.amd.rocm"
 _MODEL_MODULE = "vllm.models.deepseek_v32.amd.model"
-SELECTING_NAMES = ("ROCM_MLA", "ROCM_MLA_SPARSE")
+SELECTING_NAMES = (BACKEND_NAME, SPARSE_BACKEND_NAME)
 
 
 def rocm_mla_selected(vllm_config) -> bool:

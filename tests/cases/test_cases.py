@@ -140,7 +140,7 @@ def test_decode_fp8_inputs():
     assert args[3] is c.paged.tables[1]
     kw = c.kwargs(num_splits=3)
     plan = kw["plan"]
-    assert plan.kv_cache_dtype == "fp8" and plan.cache_dtype == torch.uint8 and plan.kv_dtype == E4M3
+    assert plan.kv_cache_dtype == "fp8" and plan.kv_dtype == torch.uint8 and plan.kv_kind == E4M3
     assert kw["k_scale"] is c.k_scale and plan.k_scale_on_device and plan.num_splits == 3
     # platform kind by default (the CPU's: configs/platform.json)
     d = decode.make_inputs(s, dtype=F16)

@@ -17,10 +17,11 @@ from decode_case import BACKENDS, V_SPLIT_CFG, make_case
 
 from rocm_mla.cases import compare, decode, outside_untouched, poisoned, raise_on
 from rocm_mla.cases.decode import call_decode
+from rocm_mla.configs import config_for
 from rocm_mla.ops.decode_plan import stage1_config
 from rocm_mla.ops.latent_core import choose_num_splits, mla_decode_workspace_numel
 from rocm_mla.reference import mla_decode_ref
-from rocm_mla.variants.decode import triton_variants, tuning_candidates
+from rocm_mla.variants.decode import triton_variants
 
 
 # ---------------------------------------------------------------- the reference itself
@@ -105,7 +106,7 @@ def test_matches_reference(backend, dtype, splits, name):
 
 
 @pytest.mark.parametrize("splits", [1, 3])
-def test_many_heads_several_row_blocks(splits):
+def test_many_heads_several_head_blocks(splits):
     """N=128 with q_len=2: 256 rows per request, several row blocks sharing each KV tile."""
     case = make_case((21,), 128, 2, 16, torch.float16, seed=3)
     case.run(num_splits=splits, backend="triton")
@@ -322,7 +323,7 @@ def test_stage1_config_tiers_and_overrides():
     fp8_wide = stage1_config("sm90", 256, fp16, True)  # fp8 override: 128 rows, V halves
     assert (fp8_wide["BLOCK_H"], fp8_wide["V_SPLIT"], fp8_wide["num_warps"]) == (128, 2, 8)
     assert stage1_config("sm90", 16, fp16, True).get("RELOAD_K") is True
-    cand = tuning_candidates("sm90")[-1]
+    cand = config_for("mla_decode", "sm90")["candidates"][-1]
     assert stage1_config("sm90", 16, fp16, False, cand)["BLOCK_N"] == cand["BLOCK_N"]
     with pytest.raises(ValueError, match="config: expected a BLOCK_N entry"):
         stage1_config("sm90", 16, fp16, False, {"BLOCK_H": 16, "num_warps": 4, "num_stages": 1})
@@ -351,7 +352,9 @@ def _arch_configs():
     RELOAD_K) that the GPUs compile."""
     out = []
     for arch in ("gfx942", "gfx950", "sm90"):
-        for i, tier in enumerate(tuning_candidates(arch)):
+        table = config_for("mla_decode", arch)
+        configs = table["tiers"] + table["candidates"]
+        for i, tier in enumerate(c for j, c in enumerate(configs) if c not in configs[:j]):
             for fp8 in (False, True):
                 cfg = stage1_config(arch, 0, torch.float16, fp8, tier)
                 out.append(pytest.param(cfg, fp8, id=f"{arch}-{i}-{'fp8' if fp8 else 'fp16'}"))

@@ -125,7 +125,7 @@ def _this_gpu_tier0(clamp: bool, fp8: bool) -> dict:
     from rocm_mla.configs import config_for
 
     arch = _platform.device_arch(DEVICE)
-    tier = stage1_config(arch, 0, torch.bfloat16, fp8, config_for("mla_decode", arch)["stage1"][0])
+    tier = stage1_config(arch, 0, torch.bfloat16, fp8, config_for("mla_decode", arch)["tiers"][0])
     return {**tier, "CLAMP_PAGES": clamp}
 
 

@@ -159,12 +159,12 @@ def test_plan_split_rule_is_data_and_the_grid_follows_the_bound():
     assert a.num_splits == b.num_splits == invariant_num_splits(64 * 16, tokens, cap)
     hinted = plan_decode(batch=128, max_blocks=64, max_seq_len=40, batch_invariant=True, **kw)
     assert hinted.num_splits == invariant_num_splits(40, tokens, cap) < a.num_splits
-    assert a.stage1_constexprs["SPLIT_TOKENS"] == tokens and a.stage1_constexprs["SPLIT_CAP"] == cap
+    assert a.constexprs["SPLIT_TOKENS"] == tokens and a.constexprs["SPLIT_CAP"] == cap
     # The schedule follows the batch, the split rule does not: one request gets several programs,
     # a full batch one program per request taking a run of its splits (stage 1), and the reduce's
     # tile narrows for few rows; both read each request's own splits by the same rule.
     assert a.num_splits >= a.split_programs > b.split_programs == 1
-    assert a.stage1_grid == (a.split_programs,) and b.stage1_grid == (128,)
+    assert a.grid == (a.split_programs,) and b.grid == (128,)
     one = plan_decode(batch=1, max_blocks=64, batch_invariant=True, **{**kw, "num_heads": 2})
     assert one.reduce.constexprs["BLOCK_D"] < b.reduce.constexprs["BLOCK_D"] == 512
     for plan in (a, b):
@@ -172,7 +172,7 @@ def test_plan_split_rule_is_data_and_the_grid_follows_the_bound():
     few = plan_decode(batch=1, max_blocks=3, batch_invariant=True, **kw)  # 48 keys: 2 splits
     assert few.reduce.constexprs["BLOCK_S"] == 2  # the tile's split rows: the grid's splits, no more
     default = plan_decode(batch=1, max_blocks=64, **kw)
-    assert default.stage1_constexprs.get("SPLIT_TOKENS", 0) == 0 and default.split_rule == (0, 0, 1)
+    assert default.constexprs.get("SPLIT_TOKENS", 0) == 0 and default.split_rule == (0, 0, 1)
     assert not (default.reduce.constexprs if default.reduce else {}).get("INVARIANT", False)
 
 
@@ -250,7 +250,7 @@ def test_nan_reaches_its_request_only(where):
 def test_every_arch_has_the_split_rule(arch):
     """Each arch's launch data carries the mode's split rule (a missing one would fail every
     batch-invariant call there, and the ISA report's variants)."""
-    for tier in config_for("mla_decode", arch)["stage1"]:
+    for tier in config_for("mla_decode", arch)["tiers"]:
         tokens, cap = invariant_split(arch, tier)
         assert tokens % tier["BLOCK_N"] == 0 and tokens > 0 and cap >= 1
 
@@ -263,8 +263,8 @@ def test_a_tier_may_set_its_own_split_tokens():
     base = plan_decode(**kw)
     assert "invariant_split_tokens" not in base.config and base.config["BLOCK_N"] == 16
     own = plan_decode(**kw, config={**base.config, "invariant_split_tokens": 40})
-    assert own.stage1_constexprs["SPLIT_TOKENS"] == own.split_rule[0] == 48
-    assert base.stage1_constexprs["SPLIT_TOKENS"] != 48
+    assert own.constexprs["SPLIT_TOKENS"] == own.split_rule[0] == 48
+    assert base.constexprs["SPLIT_TOKENS"] != 48
     with pytest.raises(ValueError, match="invariant_split_tokens"):
         plan_decode(**kw, config={**base.config, "invariant_split_tokens": 0})
 
@@ -329,7 +329,7 @@ def test_the_reduce_tile_changes_no_bit():
     base = config_for("mla_decode", arch)
     runs, tiles = [], []
     for cap in (1, 2, 8, 64):
-        obj = {**base, "stage2": {**base["stage2"], "invariant_max_block_s": cap, "tile_elems": 64 * 512}}
+        obj = {**base, "reduce": {**base["reduce"], "invariant_max_block_s": cap, "tile_elems": 64 * 512}}
         obj["batch_invariant"] = {"split_tokens": 16, "max_splits": 64}  # a grid of 64 splits
         with override("mla_decode", arch, obj):
             args = _batch(case, idx, 2, extra_cols=60)

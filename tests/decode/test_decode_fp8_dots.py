@@ -178,7 +178,7 @@ def test_fp8_dots_config_resolution():
         False,
     )
     for arch in ("gfx942", "sm90"):
-        tiers = __import__("rocm_mla.configs", fromlist=["config_for"]).config_for("mla_decode", arch)["stage1"]
+        tiers = __import__("rocm_mla.configs", fromlist=["config_for"]).config_for("mla_decode", arch)["tiers"]
         for tier in tiers:
             al = stage1_config(arch, tier["BLOCK_H"], torch.bfloat16, True, fp8_dots="all")
             expect = {**tier, **tier.get("fp8", {}), **tier.get("fp8+qk", {}), **tier.get("fp8+all", {})}

@@ -29,7 +29,7 @@ import torch
 import rocm_mla._platform as platform
 import rocm_mla.ops.decode as decode_mod
 import rocm_mla.ops.decode_plan as plan_mod
-from rocm_mla.configs import config_for, platform_fp8_dtype
+from rocm_mla.configs import config_for, platform_fp8_dtype, tier_index
 
 GRID_FILE = Path(__file__).resolve().parents[1] / "data" / "decode_plan_grid.json"
 ARCHES = {"gfx942": 304, "gfx950": 256, "sm90": 132, "cpu": 4}
@@ -82,7 +82,7 @@ def _config(case: dict[str, Any]) -> dict[str, Any] | None:
     if name is None:
         return None
     table = config_for("mla_decode", case["arch"])
-    group = table["stage1"] if name.startswith("tier") else table.get("candidates") or table["stage1"]
+    group = table["tiers"] if name.startswith("tier") else table["candidates"] or table["tiers"]
     return group[int(name.lstrip("tiercand"))]
 
 
@@ -238,12 +238,12 @@ def test_plan_names_the_launches(case, monkeypatch):
     assert plan.arch == case["arch"] and plan.num_cus == ARCHES[case["arch"]]
     assert len(launches) == plan.launches == (1 if plan.direct else 2)
     s1 = launches[0]
-    assert s1["grid"] == list(plan.stage1_grid)
-    assert s1["meta"] == _json({**plan.stage1_constexprs, **plan.stage1_options})
+    assert s1["grid"] == list(plan.grid)
+    assert s1["meta"] == _json({**plan.constexprs, **plan.options})
     assert s1["args"][14] == plan.num_splits and s1["args"][15] == plan.split_programs
-    assert s1["args"][16] == plan.row_blocks
-    assert s1["args"][18] == plan.page_shift and plan.stage1_constexprs["PAGE_MODE"] == plan.page_mode
-    assert plan.stage1_constexprs["BLOCK_H"] == plan.config["BLOCK_H"]
+    assert s1["args"][16] == plan.head_blocks
+    assert s1["args"][18] == plan.page_shift and plan.constexprs["PAGE_MODE"] == plan.page_mode
+    assert plan.constexprs["BLOCK_H"] == plan.config["BLOCK_H"]
     if plan.direct:
         assert plan.workspace_numel == 0 and plan.workspace_shapes is None and plan.reduce is None
         return
@@ -258,10 +258,10 @@ def test_plan_names_the_launches(case, monkeypatch):
 def test_plan_tier_is_the_configs_index_or_none_for_an_override():
     cpu = torch.device("cpu")
     base = dict(q_len=1, max_blocks=64, block_size=64, q_dtype=torch.float16, kv_dtype=torch.float16, device=cpu)
-    tiers = config_for("mla_decode", "cpu")["stage1"]
+    tiers = config_for("mla_decode", "cpu")["tiers"]
     for n in (1, tiers[0]["BLOCK_H"], tiers[0]["BLOCK_H"] + 1, 128):
         plan = plan_mod.plan_decode(batch=2, num_heads=n, **base)
-        assert plan.tier == plan_mod.stage1_tier_index(tiers, n)
+        assert plan.tier == tier_index(tiers, n)
         assert plan.config == plan_mod.stage1_config("cpu", n, torch.float16, False)
     assert plan_mod.plan_decode(batch=2, num_heads=16, config=tiers[-1], **base).tier is None
 
@@ -276,8 +276,8 @@ def test_plan_is_frozen_and_uint8_storage_plans_as_its_fp8_kind():
         plan.num_splits = 3
     typed = plan_mod.plan_decode(kv_dtype=platform_fp8_dtype("cpu"), **base)
     # The same launches; only the storage the calls pass differs.
-    assert dataclasses.replace(plan, cache_dtype=typed.cache_dtype, kv_cache_dtype="auto") == typed
-    assert plan.kv_dtype == typed.kv_dtype == platform_fp8_dtype("cpu") and plan.cache_dtype == torch.uint8
+    assert dataclasses.replace(plan, kv_dtype=typed.kv_dtype, kv_cache_dtype="auto") == typed
+    assert plan.kv_kind == typed.kv_kind == platform_fp8_dtype("cpu") and plan.kv_dtype == torch.uint8
     with pytest.raises(ValueError, match=r"kv_cache_dtype: expected 'fp8' or 'fp8_e4m3' for a uint8 cache"):
         plan_mod.plan_decode(kv_dtype=torch.uint8, **base)
 
@@ -285,7 +285,7 @@ def test_plan_is_frozen_and_uint8_storage_plans_as_its_fp8_kind():
 @pytest.mark.parametrize("storage", ["uint8", "float8"])
 def test_a_plan_for_other_sizes_is_refused_naming_the_field_that_differs(storage):
     """mla_decode names the plan field a call's tensors differ in (uint8 storage included: the plan
-    keeps the tensor's dtype as cache_dtype and the read kind as kv_dtype), and writes nothing."""
+    keeps the tensor's dtype as kv_dtype and the read kind as kv_kind), and writes nothing."""
     cpu = torch.device("cpu")
     B, N, q_len, bs, mb = 2, 4, 1, 16, 3
     fp8 = platform_fp8_dtype("cpu")

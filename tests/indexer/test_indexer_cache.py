@@ -261,7 +261,7 @@ def test_few_keys_take_fewer_rows_a_program():
     """A call whose grid at the config's rows would leave CUs idle halves the rows a program until
     it does not (a decode step's one key a request); the warps follow, one lane a value at most.
     The odd shapes above run the one-row, two-row and config forms on the interpreter's 4 CUs."""
-    full = config_for(OP, "sm90")["triton"]["rows_per_program"]
+    full = config_for(OP, "sm90")["tiers"][0]["rows_per_program"]
     assert full == 8  # the boundaries below: the first S whose grid at 2 / 4 / 8 rows covers 132 CUs
     assert [launch_rows("sm90", S, 132) for S in (1, 64, 262, 263, 525, 1048, 1049)] == [
         1, 1, 1, 2, 4, 4, full,

@@ -525,7 +525,7 @@ def test_gpu_many_items_same_bits():
     from rocm_mla import _platform
     from rocm_mla.configs import config_for
 
-    shipped = dict(config_for("mla_indexer_topk", _platform.device_arch(DEVICE)))
+    shipped = dict(config_for("mla_indexer_topk", _platform.device_arch(DEVICE))["tiers"][0])
     many = shipped.pop("many_items", {"select_pack": 4, "maxnreg": 128, "programs_per_cu": 4})
     cus = num_compute_units(DEVICE)
     case = make_inputs(IndexerShape.decode(2 * cus, 16384, 64, topk=2048, block=64), device=DEVICE, seed=5)
@@ -546,7 +546,7 @@ def test_gpu_packed_selection_same_bits(pack, maxnreg):
     from rocm_mla import _platform
     from rocm_mla.configs import config_for
 
-    shipped = dict(config_for("mla_indexer_topk", _platform.device_arch(DEVICE)))
+    shipped = dict(config_for("mla_indexer_topk", _platform.device_arch(DEVICE))["tiers"][0])
     shipped.pop("prefilter", None)  # (its form has no selection of its own; tested apart)
     cfg = {**shipped, "select_pack": pack, "maxnreg": maxnreg}
     shape = IndexerShape((20000, 9000, 1500, 3000), (1, 2, 1, 40), 64, topk=2048, block=64)
@@ -572,7 +572,7 @@ def test_gpu_prefiltered_same_bits():
     from rocm_mla import _platform
     from rocm_mla.configs import config_for
 
-    shipped = dict(config_for("mla_indexer_topk", _platform.device_arch(DEVICE)))
+    shipped = dict(config_for("mla_indexer_topk", _platform.device_arch(DEVICE))["tiers"][0])
     pf = shipped.pop("prefilter", {"split_keys": 1024})
     case = make_inputs(IndexerShape((131072, 1500), (2, 1), 64, topk=2048, block=64), device=DEVICE, seed=7)
     plan = case.plan(config={**shipped, "prefilter": pf}, backend="triton")

@@ -416,7 +416,7 @@ def test_bad_plan_knob_names_it_at_plan_time(change, exc, words):
     """The mode and tuning knobs are plan_prefill's and plan_prefill_with_context's (checked once,
     when the plan is made, whether from sizes or from a call's tensors); the calls take none."""
     args = _good()
-    sizes = dict(batch=2, num_heads=2, q_rows=5, k_rows=6, dtype=F32, device=DEVICE)
+    sizes = dict(batch=2, num_heads=2, q_rows=5, k_rows=6, q_dtype=F32, device=DEVICE)
     for plan in (
         lambda: rocm_mla.plan_prefill(**sizes, **change),
         lambda: rocm_mla.plan_prefill_for(*args.values(), **change),

@@ -60,6 +60,43 @@ def test_chunked_context_merges_in_place_into_the_callers_lse(monkeypatch, n_chu
     c.check(out)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("as_generator", [False, True], ids=["list", "generator"])
+def test_chunked_context_buffers_come_from_the_workspace(monkeypatch, dtype, as_generator):
+    """With ``workspace=`` every buffer of the call is a view of it (no torch.empty) and the
+    result is bitwise the one without; the part past ``plan.workspace_numel`` is never written."""
+    import rocm_mla.ops.prefill_context as prefill_mod
+
+    c = context([4, 6, 1], [[3, 2, 0], [0, 5, 2], [7, 1, 1]], 3, dtype)
+    want, want_lse = (t.clone() for t in c.run(backend="reference"))
+    plan = c.plan(backend="reference")
+    ws = torch.randn(plan.workspace_numel + 64, device=DEVICE)
+    tail = ws[plan.workspace_numel :].clone()
+    empties = []
+    real_empty = torch.empty
+    monkeypatch.setattr(prefill_mod.torch, "empty", lambda *a, **k: empties.append(a) or real_empty(*a, **k))
+    chunks = (ch for ch in c.chunks) if as_generator else c.chunks
+    c.out.fill_(float("nan"))
+    out, lse = c.run(chunks, plan=plan, workspace=ws)
+    assert not empties
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    assert torch.equal(ws[plan.workspace_numel :], tail)
+
+
+def test_chunked_context_rejects_a_bad_workspace():
+    c = context([3, 2], [[4, 1]], 2, torch.float32)
+    plan = c.plan()
+    short = torch.empty(plan.workspace_numel - 1, device=DEVICE)
+    with pytest.raises(ValueError, match=rf"workspace.*>= {plan.workspace_numel} elements.*{plan.workspace_numel - 1}"):
+        c.run(plan=plan, workspace=short)
+    with pytest.raises(TypeError, match=r"workspace.*float32.*float16"):
+        c.run(plan=plan, workspace=torch.empty(plan.workspace_numel, dtype=torch.float16, device=DEVICE))
+    ws = torch.empty(plan.workspace_numel + c.chunks[0].v.numel(), device=DEVICE)
+    aliased = c.chunks[0]._replace(v=ws[-c.chunks[0].v.numel() :].view_as(c.chunks[0].v))
+    with pytest.raises(ValueError, match=r"context_chunks\[0\].*workspace.*no memory in common with v"):
+        c.run([aliased], plan=plan, workspace=ws)
+
+
 def test_chunked_context_rejects_bad_chunk():
     c = context([3, 2], [[4, 1]], 2, torch.float32)
     bad = c.chunks[0]._replace(cu_seqlens_k=torch.tensor([0, 5], dtype=torch.int32, device=DEVICE))

@@ -58,7 +58,7 @@ def test_plan_from_sizes_is_the_plan_from_the_tensors():
     hints and knobs are kept as given; a float32 plan has no TMA."""
     c = case([45, 0, 70], [58, 3, 70], 4, F16)
     kw = dict(causal=False, max_seqlen_q=70, max_seqlen_k=70, config={**SMALL, "tma": True})
-    sizes = dict(batch=3, num_heads=4, q_rows=115, k_rows=131, dtype=F16, device=DEVICE)
+    sizes = dict(batch=3, num_heads=4, q_rows=115, k_rows=131, q_dtype=F16, device=DEVICE)
     plan = plan_prefill(**sizes, **kw)
     assert plan == plan_prefill_for(*c.args(), **kw)
     assert isinstance(plan, PrefillPlan) and plan.matches(*c.args())
@@ -66,7 +66,7 @@ def test_plan_from_sizes_is_the_plan_from_the_tensors():
     assert (plan.causal, plan.max_seqlen_q, plan.max_seqlen_k) == (False, 70, 70)
     assert plan.backend == "triton" and not plan.batch_invariant and not plan.debug
     assert plan.use_tma == (1 if _tma_arch(device_arch(DEVICE)) else 0)
-    assert plan_prefill(**{**sizes, "dtype": F32}, **kw).use_tma == 0
+    assert plan_prefill(**{**sizes, "q_dtype": F32}, **kw).use_tma == 0
     assert plan_prefill(**sizes, debug=True).debug and plan_prefill(**sizes, backend="reference").backend == "reference"
 
 
@@ -118,7 +118,7 @@ def test_a_plan_reused_across_calls_gives_the_bits_of_per_call_planning(backend)
     cfg = {**SMALL, "head_group": 2}
     lq, lk = [37, 0, 20, 5], [37, 6, 45, 5]
     plan = plan_prefill(
-        batch=4, num_heads=4, q_rows=62, k_rows=93, dtype=F32, device=DEVICE, config=cfg, backend=backend
+        batch=4, num_heads=4, q_rows=62, k_rows=93, q_dtype=F32, device=DEVICE, config=cfg, backend=backend
     )
     for seed, scale, layout in ((1, 0.1, "flat"), (2, 0.07, "contiguous"), (3, 0.1, "pad_v")):
         c = case(lq, lk, 4, F32, seed=seed, out_layout=layout, lse_layout="transposed")
@@ -140,7 +140,7 @@ def test_a_mismatched_plan_raises_naming_the_field():
     def call(plan):
         return lambda: rocm_mla.mla_prefill(*args, sm_scale=0.1, plan=plan)
 
-    sizes = dict(batch=2, num_heads=2, q_rows=5, k_rows=6, dtype=F32, device=DEVICE)
+    sizes = dict(batch=2, num_heads=2, q_rows=5, k_rows=6, q_dtype=F32, device=DEVICE)
     rocm_mla.mla_prefill(*args, sm_scale=0.1, plan=plan_prefill(**sizes))  # the right one runs
     for field, value, words in (
         ("batch", 3, ["batch=2", "batch=3"]),
@@ -148,7 +148,7 @@ def test_a_mismatched_plan_raises_naming_the_field():
         ("q_rows", 6, ["q_rows=5", "q_rows=6"]),
         ("k_rows", 9, ["k_rows=6", "k_rows=9"]),
         ("head_dims", (128, 64, 256), ["head_dims=(128, 64, 128)", "head_dims=(128, 64, 256)"]),
-        ("dtype", F16, ["dtype=torch.float32", "dtype=torch.float16"]),
+        ("q_dtype", F16, ["q_dtype=torch.float32", "q_dtype=torch.float16"]),
         ("device", "meta", ["device=", "meta"]),
     ):
         other = plan_prefill(**{**sizes, field: value}, backend="reference")
@@ -172,7 +172,7 @@ def test_a_mismatched_plan_raises_naming_the_field():
         (dict(head_dims=(128, 64)), ValueError, ["head_dims", "(P, R, V)", "(128, 64)"]),
         (dict(head_dims=(0, 64, 128)), ValueError, ["head_dims", "P, V >= 1", "(0, 64, 128)"]),
         (dict(head_dims=(128, 64, 512)), ValueError, ["head_dims", "V <= 256 for the Triton kernel", "512"]),
-        (dict(dtype=torch.float64), TypeError, ["dtype", "float16, bfloat16 or float32", "float64"]),
+        (dict(q_dtype=torch.float64), TypeError, ["q_dtype", "float16, bfloat16 or float32", "float64"]),
         (dict(backend="hip"), RuntimeError, ["'hip'", "no HIP kernel"]),
         (dict(config={**SMALL, "head_group": 0}), ValueError, ["config", '"head_group" >= 1', "got 0"]),
         (dict(config=[1]), TypeError, ["config", "a dict", "[1]"]),
@@ -180,7 +180,7 @@ def test_a_mismatched_plan_raises_naming_the_field():
     ],
 )
 def test_bad_sizes_name_the_argument(change, exc, words):
-    sizes = dict(batch=2, num_heads=2, q_rows=5, k_rows=6, dtype=F32, device=DEVICE, backend="triton")
+    sizes = dict(batch=2, num_heads=2, q_rows=5, k_rows=6, q_dtype=F32, device=DEVICE, backend="triton")
     raises_naming(exc, lambda: plan_prefill(**{**sizes, **change}), "mla_prefill", *words)
 
 
@@ -191,7 +191,7 @@ def test_wide_dims_are_the_reference_backends():
         num_heads=2,
         q_rows=3,
         k_rows=3,
-        dtype=F32,
+        q_dtype=F32,
         device=DEVICE,
         head_dims=(300, 64, 512),
         backend="reference",
@@ -215,7 +215,7 @@ def test_context_plan_from_sizes_is_the_plan_from_the_tensors():
     max_seqlen_k hint), with the knobs resolved once (backend, debug, config), made once per size."""
     c = _context_case(lq=(45, 0, 70), chunks=((5, 3, 0), (0, 1, 9)), N=4)
     kw = dict(max_seqlen_q=70, max_seqlen_k=70, config={**SMALL, "head_group": 2}, batch_invariant=True)
-    sizes = dict(batch=3, num_heads=4, q_rows=115, k_rows=115, dtype=F32, device=DEVICE)
+    sizes = dict(batch=3, num_heads=4, q_rows=115, k_rows=115, q_dtype=F32, device=DEVICE)
     plan = plan_prefill_with_context(**sizes, **kw)
     assert isinstance(plan, PrefillContextPlan) and plan == plan_prefill_with_context_for(*c.args(), **kw)
     assert plan.matches(*c.args()) and plan.merge_backend is None
@@ -240,7 +240,7 @@ def test_a_context_plan_reused_across_calls_gives_the_bits_of_per_call_planning(
     tensors, chunks, layouts and sm_scale gives bit for bit what each call planning from its own
     tensors gives, and the case's reference."""
     cfg = {**SMALL, "head_group": 2}
-    sizes = dict(batch=2, num_heads=2, q_rows=7, k_rows=7, dtype=F32, device=DEVICE)
+    sizes = dict(batch=2, num_heads=2, q_rows=7, k_rows=7, q_dtype=F32, device=DEVICE)
     plan = plan_prefill_with_context(**sizes, config=cfg, backend=backend)
     for seed, scale, layout in ((1, 0.1, "flat"), (2, 0.07, "pad_v")):
         c = _context_case(seed, out_layout=layout, lse_layout="transposed")
@@ -271,13 +271,13 @@ def test_a_mismatched_context_plan_raises_before_any_backend_runs(monkeypatch):
             *c.args(), c.chunks, sm_scale=0.1, out=c.out, lse=c.lse, plan=plan, **kw
         )
 
-    sizes = dict(batch=2, num_heads=2, q_rows=7, k_rows=7, dtype=F32, device=DEVICE)
+    sizes = dict(batch=2, num_heads=2, q_rows=7, k_rows=7, q_dtype=F32, device=DEVICE)
     for field, value, words in (
         ("batch", 3, ["batch=2", "batch=3"]),
         ("q_rows", 8, ["q_rows=7", "q_rows=8"]),
         ("k_rows", 9, ["k_rows=7", "k_rows=9"]),
         ("head_dims", (128, 64, 256), ["head_dims=(128, 64, 128)", "head_dims=(128, 64, 256)"]),
-        ("dtype", F16, ["dtype=torch.float32", "dtype=torch.float16"]),
+        ("q_dtype", F16, ["q_dtype=torch.float32", "q_dtype=torch.float16"]),
         ("device", "meta", ["device=", "meta"]),
     ):
         other = plan_prefill_with_context(**{**sizes, field: value}, backend="reference")

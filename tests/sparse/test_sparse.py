@@ -213,7 +213,7 @@ def test_plan_matches():
     a = case.args()
     plan = plan_sparse_attention_for(*a)
     assert plan.matches(*a) and plan.matches(*a, k_scale=0.5) and plan.matches(*a, k_scale=torch.ones(1))
-    assert plan.cache_dtype == plan.kv_dtype == torch.float16 and plan.kv_cache_dtype == "auto"
+    assert plan.kv_dtype == plan.kv_kind == torch.float16 and plan.kv_cache_dtype == "auto"
     assert not plan.matches(a[0].float(), a[1].float(), *a[2:])  # q dtype
     assert not plan.matches(a[0][:2], a[1][:2], a[2], a[3][:2], *a[4:])  # T
     assert not plan.matches(*a[:3], a[3][:, :16], *a[4:])  # K
@@ -225,7 +225,7 @@ def test_plan_matches():
     fp8 = make_case((60, 30), (2, 1), N=8, K=24, kv="fp8", dtype=torch.float16, k_scale=0.5)
     f = fp8.args()  # uint8 storage, k_scale a device tensor
     on_dev = plan_sparse_attention_for(*f, k_scale=fp8.k_scale, kv_cache_dtype="fp8")
-    assert on_dev.k_scale_on_device and on_dev.cache_dtype == torch.uint8 and on_dev.kv_dtype == platform_fp8(DEVICE)
+    assert on_dev.k_scale_on_device and on_dev.kv_dtype == torch.uint8 and on_dev.kv_kind == platform_fp8(DEVICE)
     assert on_dev.matches(*f, k_scale=fp8.k_scale)
     assert not on_dev.matches(*f, k_scale=0.5) and not on_dev.matches(*f)  # a number / None for a device scale
     as_float = plan_sparse_attention_for(*f, k_scale=0.5, kv_cache_dtype="fp8")
@@ -250,7 +250,7 @@ def test_uint8_storage_through_the_plan(backend):
             plan = plan_sparse_attention_for(
                 *args, k_scale=case.k_scale, kv_cache_dtype=name, backend=backend, num_splits=splits
             )
-            assert plan.kv_dtype == case.kv_cache.dtype and plan.kv_fp8
+            assert plan.kv_kind == case.kv_cache.dtype and plan.kv_fp8
             results.append(rocm_mla.mla_sparse_attention(*args, **case.kwargs(out=None, lse=None, plan=plan)))
         case.check(*results[0])
         assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
@@ -306,7 +306,7 @@ def test_plan_arguments_named():
     raises_naming(TypeError, lambda: p(**kw, kv_cache_dtype="float32"), "kv_cache", "float32")
     bad = {"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "D_SPLIT": 3}
     raises_naming(ValueError, lambda: p(**kw, config=bad), "mla_sparse_attention: config: expected D_SPLIT 1 or 2")
-    assert p(**{**kw, "kv_dtype": torch.uint8}, kv_cache_dtype="fp8").kv_dtype == platform_fp8(DEVICE)
+    assert p(**{**kw, "kv_dtype": torch.uint8}, kv_cache_dtype="fp8").kv_kind == platform_fp8(DEVICE)
 
 
 def test_plan_split_rule():

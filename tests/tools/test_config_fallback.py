@@ -36,13 +36,24 @@ def test_amd_fallback_rules(op):
     assert [k for _, k in AMD_FALLBACK] == ["gfx950", "gfx942"]
 
 
+@pytest.mark.parametrize("op", [op for op in OPS if op != "platform"])
+def test_every_arch_object_has_the_one_shape(op):
+    """Every op's arch object holds ``tiers`` (launch configs, at least one) and ``candidates``
+    (configs in the tiers' shape, maybe none); a HIP kernel's ``hip`` object the same."""
+    for arch, obj in _table(op).items():
+        if arch.startswith("_"):
+            continue
+        for o in [obj] + ([obj["hip"]] if "hip" in obj else []):
+            assert o["tiers"] and all(isinstance(c, dict) for c in o["tiers"] + o["candidates"]), (op, arch)
+
+
 def test_gfx950_decode_tiers_keep_gfx942s_structure():
     """The tiers are chosen per arch, their shape is shared: the same tier count and BLOCK_H
     ladder (the tier lookup depends on it), the same top-level fields per tier."""
     t942, t950 = _table("mla_decode")["gfx942"], _table("mla_decode")["gfx950"]
     assert set(t950) == set(t942)
-    assert [t["BLOCK_H"] for t in t950["stage1"]] == [t["BLOCK_H"] for t in t942["stage1"]]
-    for a, b in zip(t942["stage1"], t950["stage1"]):
+    assert [t["BLOCK_H"] for t in t950["tiers"]] == [t["BLOCK_H"] for t in t942["tiers"]]
+    for a, b in zip(t942["tiers"], t950["tiers"]):
         assert {k for k in b if not isinstance(b[k], dict)} == {k for k in a if not isinstance(a[k], dict)}
 
 

@@ -493,7 +493,7 @@ def test_decode_side_by_side_with_aiter_on_gfx942():
     section = p.stdout.split("decode side by side on gfx942", 1)[1]
     ours = [ln for ln in section.splitlines() if ln.startswith("mla_decode_stage1 ")]
     peer = [ln for ln in section.splitlines() if ln.startswith("aiter_mla_decode_stage1")]
-    assert len(ours) == len(config_for("mla_decode", "gfx942")["stage1"]) >= 3 and len(peer) == 2, section
+    assert len(ours) == len(config_for("mla_decode", "gfx942")["tiers"]) >= 3 and len(peer) == 2, section
     assert all(ln.rstrip().endswith("ok") for ln in ours), section
     assert "matrix_instr_nonkdim=16" in peer[0] and "waves_per_eu=1" in peer[0]  # its MI300X JSON
 

@@ -20,7 +20,7 @@ ATTENTION_OPS = {
 }
 # The keyword-only arguments an attention op may take: the contract's, plus the sizes that are part of
 # the question asked (the softmax scale; the indexer's topk).
-CONTRACT_KEYWORDS = {"sm_scale", "out", "lse", "k_scale", "workspace", "plan", "topk"}
+CONTRACT_KEYWORDS = ("topk", "sm_scale", "out", "lse", "k_scale", "workspace", "plan")
 
 
 def test_every_public_op_name_is_exported_at_the_top_level_and_in_the_docstring():
@@ -45,5 +45,9 @@ def test_attention_ops_take_no_knob_on_the_call():
     for op in ATTENTION_OPS:
         params = inspect.signature(getattr(rocm_mla, op)).parameters.values()
         keywords = {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
-        assert keywords <= CONTRACT_KEYWORDS, f"{op} takes {sorted(keywords - CONTRACT_KEYWORDS)} beside the plan"
+        assert keywords <= set(CONTRACT_KEYWORDS), (
+            f"{op} takes {sorted(keywords - set(CONTRACT_KEYWORDS))} beside the plan"
+        )
         assert "plan" in keywords, op
+        order = [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
+        assert order == [k for k in CONTRACT_KEYWORDS if k in keywords], f"{op}: keywords in the order {order}"

@@ -26,7 +26,16 @@ import torch
 import rocm_mla.configs as C
 from rocm_mla.tools.tune import acceptance, inputs
 from rocm_mla.tools.tune.cli import main as tune_main
-from rocm_mla.tools.tune.groups import COMBOS, _decode_fix, compose_sparse_tier, compose_tier, full_stage1
+from rocm_mla.tools.tune.groups import (
+    COMBOS,
+    _decode_fix,
+    _listed,
+    compose_prefill_tier,
+    compose_sparse_tier,
+    compose_tier,
+    full_stage1,
+    point_key,
+)
 from rocm_mla.tools.tune.overlay import describe_overlay
 from rocm_mla.tools.tune.shapes import ALL_OPS, OP_KEYS, Shape, parse_shapes
 from rocm_mla.tools.tune.tuner import Tuner
@@ -64,7 +73,14 @@ def _overlay(arch: str, entries: dict, **meta) -> dict:
     return {**{op: {arch: e} for op, e in entries.items()}, "_meta": {"arch": arch, **meta}}
 
 
-PREFILL_M64 = {"mla_prefill": {"triton": {"BLOCK_M": 64}}}
+def _prefill_tiers(arch: str, **kw) -> dict:
+    """An overlay entry of mla_prefill's tiers of ``arch`` with ``kw`` set in the first (a list is
+    replaced whole, so the entry holds every tier)."""
+    tiers = C.package_config("mla_prefill", arch)["tiers"]
+    return {"mla_prefill": {"tiers": [{**tiers[0], **kw}, *tiers[1:]]}}
+
+
+PREFILL_M64 = _prefill_tiers("cpu", BLOCK_M=64)
 
 
 # --------------------------------------------------------------------------- loading and merging
@@ -79,13 +95,14 @@ def test_no_overlay_is_the_package(cfgdir):
 
 def test_overlay_merges_objects_and_replaces_lists(cfgdir):
     pkg_prefill = json.loads(json.dumps(C.package_config("mla_prefill", "cpu")))
-    tiers = [dict(t, BLOCK_N=32) for t in C.package_config("mla_decode", "cpu")["stage1"]]
-    _write(cfgdir / "cpu.json", _overlay("cpu", {**PREFILL_M64, "mla_decode": {"stage1": tiers[:2]}}))
-    got = C.config_for("mla_prefill", "cpu")
-    assert got["triton"]["BLOCK_M"] == 64
-    assert got["triton"]["BLOCK_N"] == pkg_prefill["triton"]["BLOCK_N"]  # field by field
-    assert got["triton_fp32"] == pkg_prefill["triton_fp32"]
-    assert C.config_for("mla_decode", "cpu")["stage1"] == tiers[:2]  # a list is replaced whole
+    pkg_decode = json.loads(json.dumps(C.package_config("mla_decode", "cpu")))
+    tiers = [dict(t, BLOCK_N=32) for t in pkg_decode["tiers"]]
+    entry = {**PREFILL_M64, "mla_decode": {"tiers": tiers[:2], "reduce": {"num_warps": 8}}}
+    _write(cfgdir / "cpu.json", _overlay("cpu", entry))
+    got = C.config_for("mla_decode", "cpu")
+    assert got["reduce"] == {**pkg_decode["reduce"], "num_warps": 8}  # an object field by field
+    assert got["tiers"] == tiers[:2] and got["candidates"] == pkg_decode["candidates"]  # a list is replaced whole
+    assert C.config_for("mla_prefill", "cpu")["tiers"][0]["BLOCK_M"] == 64
     assert C.package_config("mla_prefill", "cpu") == pkg_prefill  # the package's data is not modified
     assert C.config_for("mla_prefill", "sm90") is C.package_config("mla_prefill", "sm90")  # other arches untouched
     from rocm_mla.ops.prefill_plan import launch_config
@@ -95,7 +112,7 @@ def test_overlay_merges_objects_and_replaces_lists(cfgdir):
 
 def test_empty_env_turns_overlays_off(cfgdir, monkeypatch):
     _write(cfgdir / "cpu.json", _overlay("cpu", PREFILL_M64))
-    assert C.config_for("mla_prefill", "cpu")["triton"]["BLOCK_M"] == 64
+    assert C.config_for("mla_prefill", "cpu")["tiers"][0]["BLOCK_M"] == 64
     monkeypatch.setenv("ROCM_MLA_CONFIG_DIR", "")
     C.reload_overlays()
     assert C.overlay_dir() is None
@@ -113,20 +130,20 @@ def test_default_dir_and_single_file(tmp_path, monkeypatch, cfgdir):
     monkeypatch.setenv("ROCM_MLA_CONFIG_DIR", str(f))  # a .json value names the file itself
     C.reload_overlays()
     assert C.overlay_status("cpu").path == f
-    assert C.config_for("mla_prefill", "cpu")["triton"]["BLOCK_M"] == 64
+    assert C.config_for("mla_prefill", "cpu")["tiers"][0]["BLOCK_M"] == 64
 
 
 def test_cu_specific_file_first(cfgdir, monkeypatch):
     monkeypatch.setattr(C.loader, "device_compute_units", lambda arch: 304 if arch == "gfx942" else None)
-    _write(cfgdir / "gfx942-304cu.json", _overlay("gfx942", {"mla_prefill": {"triton": {"BLOCK_N": 64}}}, cus=304))
-    _write(cfgdir / "gfx942.json", _overlay("gfx942", {"mla_prefill": {"triton": {"BLOCK_N": 16}}}))
+    _write(cfgdir / "gfx942-304cu.json", _overlay("gfx942", _prefill_tiers("gfx942", BLOCK_N=64), cus=304))
+    _write(cfgdir / "gfx942.json", _overlay("gfx942", _prefill_tiers("gfx942", BLOCK_N=16)))
     C.reload_overlays()
-    assert C.config_for("mla_prefill", "gfx942")["triton"]["BLOCK_N"] == 64
+    assert C.config_for("mla_prefill", "gfx942")["tiers"][0]["BLOCK_N"] == 64
     monkeypatch.setattr(C.loader, "device_compute_units", lambda arch: 80)  # an MI308X: only the generic file fits
     C.reload_overlays()
-    assert C.config_for("mla_prefill", "gfx942")["triton"]["BLOCK_N"] == 16
+    assert C.config_for("mla_prefill", "gfx942")["tiers"][0]["BLOCK_N"] == 16
     # a CU-specific overlay for another CU count is refused even under the generic name
-    _write(cfgdir / "gfx942.json", _overlay("gfx942", {"mla_prefill": {"triton": {"BLOCK_N": 16}}}, cus=304))
+    _write(cfgdir / "gfx942.json", _overlay("gfx942", _prefill_tiers("gfx942", BLOCK_N=16), cus=304))
     C.reload_overlays()
     with pytest.warns(C.OverlayWarning, match="OverlayArchMismatch"):
         assert C.config_for("mla_prefill", "gfx942") is C.package_config("mla_prefill", "gfx942")
@@ -136,12 +153,12 @@ def test_gfx950_overlay_is_its_own(cfgdir, monkeypatch):
     """An MI355X (gfx950, 256 CUs) reads gfx950-256cu.json over gfx950's own package data; a
     gfx942 overlay is not used there, nor a gfx950 one on gfx942."""
     monkeypatch.setattr(C.loader, "device_compute_units", lambda arch: {"gfx942": 304, "gfx950": 256}.get(arch))
-    tier = dict(C.package_config("mla_decode", "gfx950")["stage1"][0], BLOCK_N=32)
-    entry = {"mla_decode": {"stage1": [tier, *C.package_config("mla_decode", "gfx950")["stage1"][1:]]}}
+    tier = dict(C.package_config("mla_decode", "gfx950")["tiers"][0], BLOCK_N=32)
+    entry = {"mla_decode": {"tiers": [tier, *C.package_config("mla_decode", "gfx950")["tiers"][1:]]}}
     _write(cfgdir / "gfx950-256cu.json", _overlay("gfx950", entry, cus=256))
     _write(cfgdir / "gfx942-304cu.json", _overlay("gfx942", PREFILL_M64, cus=304))
     C.reload_overlays()
-    assert C.config_for("mla_decode", "gfx950")["stage1"][0]["BLOCK_N"] == 32
+    assert C.config_for("mla_decode", "gfx950")["tiers"][0]["BLOCK_N"] == 32
     assert C.config_for("mla_prefill", "gfx950") == C.package_config("mla_prefill", "gfx950")
     assert C.config_for("mla_decode", "gfx942") == C.package_config("mla_decode", "gfx942")
     assert C.overlay_filename("gfx950", 256) == "gfx950-256cu.json"
@@ -162,21 +179,21 @@ def test_cache_is_not_stale_after_reload(cfgdir):
     # cached: a serving process does not change configs under its own feet ...
     assert C.config_for("mla_prefill", "cpu") is C.package_config("mla_prefill", "cpu")
     C.reload_overlays()  # ... until told (the tuner calls this after writing)
-    assert C.config_for("mla_prefill", "cpu")["triton"]["BLOCK_M"] == 64
+    assert C.config_for("mla_prefill", "cpu")["tiers"][0]["BLOCK_M"] == 64
 
 
 def test_precedence_override_overlay_package(cfgdir):
     _write(cfgdir / "cpu.json", _overlay("cpu", PREFILL_M64))
     pkg = C.package_config("mla_prefill", "cpu")
-    mine = {**pkg, "triton": {**pkg["triton"], "BLOCK_M": 128}}
+    mine = {**pkg, "tiers": [{**pkg["tiers"][0], "BLOCK_M": 128}]}
     with C.override("mla_prefill", "cpu", mine):
         assert C.config_for("mla_prefill", "cpu") is mine
         with C.overlays_disabled():
             assert C.config_for("mla_prefill", "cpu") is mine  # the tuner's candidate wins everything
-    assert C.config_for("mla_prefill", "cpu")["triton"]["BLOCK_M"] == 64
+    assert C.config_for("mla_prefill", "cpu")["tiers"][0]["BLOCK_M"] == 64
     with C.overlays_disabled():
         assert C.config_for("mla_prefill", "cpu") is pkg
-    assert C.config_for("mla_prefill", "cpu")["triton"]["BLOCK_M"] == 64
+    assert C.config_for("mla_prefill", "cpu")["tiers"][0]["BLOCK_M"] == 64
 
 
 def test_package_json_passes_its_own_schema():
@@ -189,29 +206,44 @@ def test_package_json_passes_its_own_schema():
 
 
 def _tier(**kw):
-    return {**C.package_config("mla_decode", "cpu")["stage1"][0], **kw}
+    return {**C.package_config("mla_decode", "cpu")["tiers"][0], **kw}
 
 
 def _sparse_tier(**kw):
     return {**C.package_config("mla_sparse_attention", "cpu")["tiers"][0], **kw}
 
 
+def _one_tier(op: str, arch: str = "cpu", hip: bool = False, **kw) -> dict:
+    """An overlay entry of ``op``'s one tier (``hip``: its HIP kernel's) with ``kw`` set."""
+    obj = C.package_config(op, arch)
+    tier = {**(obj["hip"] if hip else obj)["tiers"][0], **kw}
+    return {op: {"hip": {"tiers": [tier]}} if hip else {"tiers": [tier]}}
+
+
+def _cpu(entry: dict) -> dict:
+    return {op: {"cpu": e} for op, e in entry.items()}
+
+
 BAD = [
     ("unknown op", {"mla_decod": {"cpu": {}}}, C.OverlayUnknownKey),
-    ("unknown arch", {"mla_prefill": {"gpu0": {"triton": {"BLOCK_M": 64}}}}, C.OverlayUnknownKey),
-    ("another arch", {"mla_prefill": {"gfx942": {"triton": {"BLOCK_M": 64}}}}, C.OverlayArchMismatch),
-    ("unknown field", {"mla_prefill": {"cpu": {"triton": {"BLOCK_Q": 64}}}}, C.OverlayUnknownKey),
+    ("unknown arch", {"mla_prefill": {"gpu0": PREFILL_M64["mla_prefill"]}}, C.OverlayUnknownKey),
+    ("another arch", {"mla_prefill": {"gfx942": PREFILL_M64["mla_prefill"]}}, C.OverlayArchMismatch),
+    ("unknown field", _cpu(_prefill_tiers("cpu", BLOCK_Q=64)), C.OverlayUnknownKey),
     ("unknown top field", {"merge_attn_states": {"cpu": {"cuda": {}}}}, C.OverlayUnknownKey),
-    ("string for int", {"mla_prefill": {"cpu": {"triton": {"BLOCK_M": "64"}}}}, C.OverlayTypeError),
-    ("float for int", {"mla_prefill": {"cpu": {"triton": {"num_warps": 4.0}}}}, C.OverlayTypeError),
-    ("bool for int", {"mla_prefill": {"cpu": {"triton": {"num_warps": True}}}}, C.OverlayTypeError),
-    ("negative", {"merge_attn_states": {"cpu": {"triton": {"tile_elems": -1}}}}, C.OverlayTypeError),
-    ("int for bool", {"mla_decode": {"cpu": {"stage1": [_tier(RELOAD_K=1)]}}}, C.OverlayTypeError),
-    ("object for list", {"mla_decode": {"cpu": {"stage1": _tier()}}}, C.OverlayTypeError),
-    ("empty tiers", {"mla_decode": {"cpu": {"stage1": []}}}, C.OverlayTypeError),
-    ("incomplete tier", {"mla_decode": {"cpu": {"stage1": [{"BLOCK_H": 16, "num_warps": 4}]}}}, C.OverlayTypeError),
+    ("string for int", _cpu(_prefill_tiers("cpu", BLOCK_M="64")), C.OverlayTypeError),
+    ("float for int", _cpu(_prefill_tiers("cpu", num_warps=4.0)), C.OverlayTypeError),
+    ("bool for int", _cpu(_prefill_tiers("cpu", num_warps=True)), C.OverlayTypeError),
+    ("unknown fp32 field", _cpu(_prefill_tiers("cpu", fp32={"BLOCK_Q": 16})), C.OverlayUnknownKey),
+    ("negative", _cpu(_one_tier("merge_attn_states", tile_elems=-1)), C.OverlayTypeError),
+    ("unknown hip field", _cpu(_one_tier("merge_attn_states", hip=True, tile_elems=1)), C.OverlayUnknownKey),
+    ("incomplete hip tier", _cpu({"rope_kv_write": {"hip": {"tiers": [{"waves_per_block": 4}]}}}), C.OverlayTypeError),
+    ("int for bool", {"mla_decode": {"cpu": {"tiers": [_tier(RELOAD_K=1)]}}}, C.OverlayTypeError),
+    ("object for list", {"mla_decode": {"cpu": {"tiers": _tier()}}}, C.OverlayTypeError),
+    ("empty tiers", {"mla_decode": {"cpu": {"tiers": []}}}, C.OverlayTypeError),
+    ("incomplete tier", {"mla_decode": {"cpu": {"tiers": [{"BLOCK_H": 16, "num_warps": 4}]}}}, C.OverlayTypeError),
+    ("incomplete candidate", {"mla_decode": {"cpu": {"candidates": [{"BLOCK_H": 16}]}}}, C.OverlayTypeError),
     ("bad backend", {"rope_kv_write": {"cpu": {"backend_order": ["cuda"]}}}, C.OverlayTypeError),
-    ("bad tma", {"mla_prefill": {"cpu": {"triton": {"tma": "yes"}}}}, C.OverlayTypeError),
+    ("bad tma", _cpu(_prefill_tiers("cpu", tma="yes")), C.OverlayTypeError),
     ("platform is not tunable", {"platform": {"cpu": {"fp8_dtype": "float8_e5m2"}}}, C.OverlayUnknownKey),
     (
         "unknown sparse tier field",
@@ -230,8 +262,8 @@ BAD = [
         C.OverlayTypeError,
     ),
     ("unknown sparse split field", {"mla_sparse_attention": {"cpu": {"split": {"max_split": 8}}}}, C.OverlayUnknownKey),
-    ("unknown indexer merge field", {"mla_indexer_topk": {"cpu": {"merge": {"chunks": 64}}}}, C.OverlayUnknownKey),
-    ("indexer int for bool", {"mla_indexer_topk": {"cpu": {"direct": 0}}}, C.OverlayTypeError),
+    ("unknown indexer merge field", _cpu(_one_tier("mla_indexer_topk", merge={"chunks": 64})), C.OverlayUnknownKey),
+    ("indexer int for bool", _cpu(_one_tier("mla_indexer_topk", direct=0)), C.OverlayTypeError),
 ]
 
 
@@ -258,7 +290,7 @@ def test_stamp_errors(cfgdir, monkeypatch):
     stamped = C.stamp_overlay(data, by="test")
     assert C.stamp_problems(stamped) == []
     edited = json.loads(json.dumps(stamped))
-    edited["mla_prefill"]["cpu"]["triton"]["BLOCK_M"] = 128  # edited after verification
+    edited["mla_prefill"]["cpu"]["tiers"][0]["BLOCK_M"] = 128  # edited after verification
     assert isinstance(C.stamp_problems(edited)[0], C.OverlayUnverified)
     edited_meta = json.loads(json.dumps(stamped))
     edited_meta["_meta"]["note"] = "comments in _meta do not matter"
@@ -353,12 +385,11 @@ def test_tiny_cases_check_against_the_reference(monkeypatch):
 def test_compose_tier_changes_only_its_combination(arch):
     from rocm_mla.ops.decode_plan import stage1_config
     from rocm_mla.tools.tune.groups import tier_invariant_fields
-    from rocm_mla.variants.decode import tuning_candidates
 
     pkg = C.package_config("mla_decode", arch)
-    for tier in pkg["stage1"]:
+    for tier in pkg["tiers"]:
         for combo in ((torch.bfloat16, False), (torch.bfloat16, True), (torch.float16, True)):
-            for cand in tuning_candidates(arch):
+            for cand in _listed(pkg):
                 point = stage1_config(arch, 0, combo[0], combo[1], cand)
                 if not combo[1] and point["BLOCK_H"] != tier["BLOCK_H"]:
                     continue
@@ -375,7 +406,7 @@ def test_compose_tier_changes_only_its_combination(arch):
                     )
                     assert full_stage1(stage1_config(arch, 0, c[0], c[1], new)) == full_stage1(want), (c, new)
                 assert (
-                    C.validate_overlay(_overlay(arch, {"mla_decode": {"stage1": [new]}}), arch, check_stamp=False) == []
+                    C.validate_overlay(_overlay(arch, {"mla_decode": {"tiers": [new]}}), arch, check_stamp=False) == []
                 )
 
 
@@ -384,13 +415,13 @@ def test_compose_tier_with_v_split():
     moves keep V_SPLIT 2 with D_SPLIT 2."""
     from rocm_mla.ops.decode_plan import stage1_config
 
-    tier = C.package_config("mla_decode", "sm90")["stage1"][2]
+    tier = C.package_config("mla_decode", "sm90")["tiers"][2]
     point = {**stage1_config("sm90", 0, torch.bfloat16, False, tier), "D_SPLIT": 2, "V_SPLIT": 2, "num_warps": 4}
     new = compose_tier("sm90", tier, (torch.bfloat16, False), point)
     assert new is not None and stage1_config("sm90", 0, torch.bfloat16, False, new)["V_SPLIT"] == 2
     # the fp8 path keeps its own config, whatever it is
     assert stage1_config("sm90", 0, torch.bfloat16, True, new) == stage1_config("sm90", 0, torch.bfloat16, True, tier)
-    assert C.validate_overlay(_overlay("sm90", {"mla_decode": {"stage1": [new]}}), "sm90", check_stamp=False) == []
+    assert C.validate_overlay(_overlay("sm90", {"mla_decode": {"tiers": [new]}}), "sm90", check_stamp=False) == []
     assert _decode_fix({"D_SPLIT": 1, "V_SPLIT": 2})["D_SPLIT"] == 2
 
 
@@ -502,13 +533,13 @@ def test_sparse_groups_on_gpus(tmp_path, arch):
 def test_compose_sparse_tier_changes_only_its_kind(arch):
     """A point for one kind (16-bit, fp8 cache, float32 q) leaves the others' configs as they were."""
     from rocm_mla.ops.sparse_plan import tier_config
-    from rocm_mla.variants.sparse import tuning_candidates
 
     kinds = {"16-bit": (torch.bfloat16, False), "fp8": (torch.bfloat16, True), "fp32": (torch.float32, False)}
-    for tier in C.package_config("mla_sparse_attention", arch)["tiers"]:
+    pkg = C.package_config("mla_sparse_attention", arch)
+    for tier in pkg["tiers"]:
         h = tier["BLOCK_H"]
         for kind, (qdt, fp8) in kinds.items():
-            points = [tier_config(arch, h, qdt, fp8, c) for c in tuning_candidates(arch)]
+            points = [tier_config(arch, h, qdt, fp8, c) for c in _listed(pkg)]
             points.append({**tier_config(arch, h, qdt, fp8, tier), "BLOCK_N": 64, "num_warps": 8, "RELOAD_K": True})
             for point in points:
                 if point["BLOCK_H"] > h or (kind == "16-bit" and point["BLOCK_H"] != h):
@@ -525,6 +556,52 @@ def test_compose_sparse_tier_changes_only_its_kind(arch):
         assert tier_config(arch, h, torch.float32, True, new) == tier_config(arch, h, torch.float32, True, tier)
     tier = C.package_config("mla_sparse_attention", arch)["tiers"][0]
     assert compose_sparse_tier(arch, tier, "16-bit", {**tier, "BLOCK_H": 2 * tier["BLOCK_H"]}) is None  # the tier key
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950", "sm90", "cpu"])
+def test_prefill_groups_and_composed_tiers(tmp_path, arch):
+    """mla_prefill: a group per kind of input of the first tier, the 16-bit one listing the configs'
+    candidates; a point for one kind leaves the other kind's launch and the other tiers as they were."""
+    t = _op_tuner("prefill", tmp_path, "prefill:dt=bf16;prefill:dt=fp32", arch=None if arch == "cpu" else arch)
+    t.plan()
+    pkg = t.package["mla_prefill"]
+    g16, g32 = t.groups
+    assert (g16.name, g32.name) == ("16-bit", "fp32") and g32.listed == []
+    assert g16.point0 == C.resolve_tier(pkg["tiers"][0], []) and g32.point0 == C.resolve_tier(pkg["tiers"][0], ["fp32"])
+    assert sorted(map(point_key, g16.listed)) == sorted(point_key(c) for c in pkg["candidates"] if c != g16.point0)
+    assert g16.build(g16.point0) == pkg and g32.build(g32.point0) == pkg
+    for g in (g16, g32):
+        for p in g.listed + Tuner.neighbours(g):
+            new = g.build(p)
+            assert new is not None and new["tiers"][1:] == pkg["tiers"][1:]
+            got = {k: C.resolve_tier(new["tiers"][0], tags) for k, tags in (("16-bit", []), ("fp32", ["fp32"]))}
+            assert got == {"16-bit": g16.point0, "fp32": g32.point0, g.name: p}
+            assert C.validate_overlay(_overlay(arch, {"mla_prefill": new}), arch, check_stamp=False) == []
+    tier = {k: v for k, v in pkg["tiers"][0].items() if k != "fp32"}
+    assert compose_prefill_tier({**tier, "fp32": {"BLOCK_M": 16}}, "fp32", {**tier, "BLOCK_M": 16}) is not None
+    assert compose_prefill_tier(tier, "fp32", {"BLOCK_M": 16}) is None  # a 16-bit field float32 would inherit
+
+
+@pytest.mark.parametrize("op,impl", [(op, impl) for op in ("merge", "rope_kv_write") for impl in ("hip", "triton")])
+def test_impl_groups_take_the_configs_candidates(tmp_path, monkeypatch, op, impl):
+    """merge / RoPE: the dispatched implementation's tier is the default, its candidates
+    (``hip.candidates`` for the HIP kernel) the listed points, the fields they vary the knobs; a
+    winner replaces that tier."""
+    from rocm_mla.ops import _dispatch
+    from rocm_mla.tools.tune.groups import impl_groups
+
+    monkeypatch.setattr(_dispatch, "select", lambda *a, **k: impl)
+    t = _op_tuner(op, tmp_path, op, arch="gfx942")
+    (g,) = impl_groups(t, op, t.shapes)
+    pkg = t.package[OP_KEYS[op]]
+    obj = pkg["hip"] if impl == "hip" else pkg
+    assert g.point0 == obj["tiers"][0] and g.build(g.point0) == pkg
+    assert sorted(map(point_key, g.listed)) == sorted(map(point_key, obj["candidates"]))
+    varied = [k for k in g.point0 if len({c[k] for c in obj["candidates"]}) > 1]
+    assert [k for k, _ in g.knobs][: len(varied)] == varied
+    new = g.build(g.listed[0])
+    assert (new["hip"] if impl == "hip" else new)["tiers"] == [g.listed[0]]
+    assert C.validate_overlay(_overlay("gfx942", {OP_KEYS[op]: new}), "gfx942", check_stamp=False) == []
 
 
 # --------------------------------------------------------------------------- the indexer op
@@ -575,11 +652,11 @@ def _indexer_tuner(tmp_path, shapes: str, quick: bool = False, arch: str | None 
 
 @pytest.mark.parametrize("arch,count", [("sm90", 14), ("gfx942", 13), ("gfx950", 13), ("cpu", 6)])
 def test_indexer_group_and_candidates(tmp_path, arch, count):
-    """One group over every shape; its candidates are complete launch objects, the shipped one and
-    single-knob changes over the grid (num_stages and key_streams on NVIDIA, waves_per_eu on gfx9, the
-    prefilter's split where the object has one), each one a distinct launch, at most 14 with the
-    default; --quick keeps 4."""
-    from rocm_mla.tools.tune.groups import INDEXER_GRID, INDEXER_GRID_INTERPRETER, indexer_launch
+    """One group over every shape; its point is the arch's one tier, its candidates the configs'
+    complete launch configs, each one field changed (num_stages and key_streams on NVIDIA,
+    waves_per_eu on gfx9, the prefilter's split where the tier has one), each one a distinct
+    launch; --quick keeps 4."""
+    from rocm_mla.tools.tune.groups import indexer_launch
     from rocm_mla.tools.tune.overlay import _obj_diff
 
     shapes, gpu = ("tiny", None) if arch == "cpu" else ("deepseek-v3.2", arch)
@@ -589,26 +666,20 @@ def test_indexer_group_and_candidates(tmp_path, arch, count):
     assert g.op == "indexer" and g.op_key == INDEXER and g.name == "launch data"
     assert g.shapes == [s for s in t.shapes if s.op == "indexer"] and g.knobs == []
     pkg = C.package_config(INDEXER, arch)
-    assert g.point0 == pkg and g.build(g.point0) == pkg
-    assert t.count(g) == count == 1 + len(g.listed) <= 14
-    grid = dict(INDEXER_GRID if arch != "cpu" else INDEXER_GRID_INTERPRETER)
+    tier = pkg["tiers"][0]
+    assert g.point0 == tier and g.build(g.point0) == pkg
+    assert t.count(g) == count == 1 + len(g.listed) and g.listed == pkg["candidates"]
     launches = {json.dumps(indexer_launch(arch, p, 2048 if arch != "cpu" else 64), sort_keys=True) for p in g.listed}
     assert len(launches) == len(g.listed)
     changed = set()
     for p in g.listed:
-        assert set(p) == set(pkg) and g.build(p) == p
-        diff = _obj_diff(pkg, p)
-        ((k, v),) = diff.items()  # one knob
-        if k == "merge":
-            assert set(v) == {"chunk"} and v["chunk"] in grid["merge.chunk"]
-            k = "merge.chunk"
-        elif k == "prefilter":
-            assert set(v) == {"split_keys"} and v["split_keys"] in grid["prefilter.split_keys"]
-            k = "prefilter.split_keys"
-        else:
-            assert v in grid[k]
+        assert set(p) == set(tier) and g.build(p) == {**pkg, "tiers": [p]}
+        ((k, v),) = _obj_diff(tier, p).items()  # one field
+        if k in ("merge", "prefilter"):
+            ((sub, _),) = v.items()
+            k = f"{k}.{sub}"
         changed.add(k)
-        assert C.validate_overlay(_overlay(arch, {INDEXER: diff}), arch, check_stamp=False) == []
+        assert C.validate_overlay(_overlay(arch, {INDEXER: {"tiers": [p]}}), arch, check_stamp=False) == []
     assert ("num_stages" in changed) == (arch == "sm90")
     assert ("waves_per_eu" in changed) == arch.startswith("gfx")
     assert {"BLOCK_N", "num_warps", "split_keys", "merge.chunk"} <= changed
@@ -616,22 +687,23 @@ def test_indexer_group_and_candidates(tmp_path, arch, count):
     assert ("key_streams" in changed) == (arch == "sm90")
     assert ("prefilter.split_keys" in changed) == (arch != "cpu")
     if arch == "sm90":
-        splits = sorted(p["split_keys"] for p in g.listed if p["split_keys"] != pkg["split_keys"])
+        splits = sorted(p["split_keys"] for p in g.listed if p["split_keys"] != tier["split_keys"])
         assert splits == [4096, 16384] and {p["num_stages"] for p in g.listed} == {2, 3, 4}
-    assert g.label(g.point0).startswith(f"S{pkg['split_keys']} N{pkg['BLOCK_N']} w{pkg['num_warps']}")
+    assert g.label(g.point0).startswith(f"S{tier['split_keys']} N{tier['BLOCK_N']} w{tier['num_warps']}")
     t = _indexer_tuner(tmp_path, shapes, quick=True, arch=gpu)
     t.plan()
     assert t.count(t.groups[0]) == 4
 
 
-def test_indexer_candidates_are_what_the_plan_launches():
+def test_indexer_candidates_are_what_the_plan_launches(tmp_path):
     """``indexer_launch`` raises split_keys and chunk as the plan does; candidates the plan would
-    launch like the default (a top-k past every split size) are left out."""
+    launch like the tier (a top-k past every split size) are left out."""
     from rocm_mla.ops import plan_indexer_topk
-    from rocm_mla.tools.tune.groups import indexer_candidates, indexer_launch
+    from rocm_mla.tools.tune.groups import indexer_launch
 
     pkg = C.package_config(INDEXER, "cpu")
-    for cfg in [pkg, {**pkg, **SMALL_INDEXER}] + indexer_candidates("cpu", pkg, 64):
+    tier = pkg["tiers"][0]
+    for cfg in [tier, {**tier, **SMALL_INDEXER}, *pkg["candidates"]]:
         for topk in (40, 700):
             plan = plan_indexer_topk(
                 num_rows=2, num_heads=16, topk=topk, max_kv_len=4096, block_size=16,
@@ -639,9 +711,10 @@ def test_indexer_candidates_are_what_the_plan_launches():
             )  # fmt: skip
             want = indexer_launch("cpu", cfg, plan.topk_p2)
             assert (plan.split_keys, plan.config["merge"]) == (want["split_keys"], want["merge"])
-    sm90 = C.package_config(INDEXER, "sm90")
-    assert not any(p["split_keys"] != sm90["split_keys"] for p in indexer_candidates("sm90", sm90, 16384))
-    assert len(indexer_candidates("sm90", sm90, 2048)) == 13
+    t = _indexer_tuner(tmp_path, "indexer:topk=16384", arch="sm90")
+    t.plan()
+    sm90 = C.package_config(INDEXER, "sm90")["tiers"][0]
+    assert not any(p["split_keys"] != sm90["split_keys"] for p in t.groups[0].listed)
 
 
 def test_indexer_case_plans_once_per_config():
@@ -656,37 +729,39 @@ def test_indexer_case_plans_once_per_config():
     case.call(0)
     assert seen[0][0] is seen[1][0] and seen[0][1] is seen[1][1]
     assert seen[0][0].num_splits >= 2 and seen[0][1].numel() >= seen[0][0].workspace_numel  # the merge runs
-    other = {**C.package_config(INDEXER, "cpu"), "split_keys": 512}
+    pkg = C.package_config(INDEXER, "cpu")
+    other = {**pkg, "tiers": [{**pkg["tiers"][0], "split_keys": 512}]}
     with C.override(INDEXER, "cpu", other):
         assert case.check() == ""
     assert seen[2][0] is not seen[0][0] and seen[2][0].config["split_keys"] == 512
 
 
 def test_indexer_overlay_round_trip(cfgdir, tmp_path):
-    """A winner is written as the fields that differ from the shipped object (the merge's by
-    field), validates, stamps, and config_for then returns the winner whole."""
+    """A winner is written as the tiers list it replaces (a list is replaced whole), validates,
+    stamps, and config_for then returns the winner."""
     t = _indexer_tuner(tmp_path, "tiny")
     pkg = t.package[INDEXER]
-    win = {**pkg, "split_keys": 512, "merge": {**pkg["merge"], "chunk": 256}}
+    tier = pkg["tiers"][0]
+    win = {**pkg, "tiers": [{**tier, "split_keys": 512, "merge": {**tier["merge"], "chunk": 256}}]}
     t.current[INDEXER] = win
     data = t.overlay()
-    assert data[INDEXER] == {"cpu": {"split_keys": 512, "merge": {"chunk": 256}}}
+    assert data[INDEXER] == {"cpu": {"tiers": win["tiers"]}}
     assert C.validate_overlay(data, "cpu") == [] and C.stamp_problems(data) == []
     assert C.merge_overlay(pkg, data[INDEXER]["cpu"]) == win
     (cfgdir / "cpu.json").write_text(json.dumps(data))
     C.reload_overlays()
     assert C.config_for(INDEXER, "cpu") == win
-    assert any("mla_indexer_topk.split_keys: 256 -> 512" in x for x in describe_overlay(C.overlay_status("cpu")))
+    lines = describe_overlay(C.overlay_status("cpu"))
+    assert any("mla_indexer_topk.tiers[0].split_keys: 256 -> 512" in x for x in lines)
     t.current[INDEXER] = pkg
     assert INDEXER not in t.overlay()  # the default changes nothing
     for arch in ("gfx942", "sm90"):  # a GPU's object: the same diff composes back
-        from rocm_mla.tools.tune.groups import indexer_candidates
         from rocm_mla.tools.tune.overlay import _obj_diff
 
         base = C.package_config(INDEXER, arch)
-        for p in indexer_candidates(arch, base, 2048):
-            entry = _obj_diff(base, p)
-            assert C.merge_overlay(base, entry) == p
+        for p in base["candidates"]:
+            entry = _obj_diff(base, {**base, "tiers": [p]})
+            assert entry == {"tiers": [p]} and C.merge_overlay(base, entry) == {**base, "tiers": [p]}
             assert C.validate_overlay(_overlay(arch, {INDEXER: entry}), arch, check_stamp=False) == []
 
 
@@ -699,7 +774,8 @@ def test_indexer_acceptance_in_the_interpreter():
 
     dev = torch.device("cpu")
     pkg = C.package_config(INDEXER, "cpu")
-    small = {**pkg, **SMALL_INDEXER}
+    small_tier = {**pkg["tiers"][0], **SMALL_INDEXER}
+    small = {**pkg, "tiers": [small_tier]}
     assert acceptance.verification_cases(INDEXER, "cpu", dev, pkg, pkg) == []
     cases = acceptance.verification_cases(INDEXER, "cpu", dev, pkg, small)
     shape = SHAPES["selfcheck"][0]
@@ -710,11 +786,11 @@ def test_indexer_acceptance_in_the_interpreter():
     for s, splits in ((shape, 2), (acceptance.indexer_one_split(shape), 1)):
         plan = plan_indexer_topk(
             num_rows=s.T, num_heads=s.H, topk=s.topk, max_kv_len=-(-max(s.lens) // s.block) * s.block,
-            block_size=s.block, q_dtype=torch.float8_e4m3fn, device=dev, config=small,
+            block_size=s.block, q_dtype=torch.float8_e4m3fn, device=dev, config=small_tier,
         )  # fmt: skip
         assert plan.num_splits == splits
     assert acceptance.verify(INDEXER, "cpu", dev, pkg, small) == []
-    errs = acceptance.verify(INDEXER, "cpu", dev, pkg, {**small, "BLOCK_N": 48})
+    errs = acceptance.verify(INDEXER, "cpu", dev, pkg, {**pkg, "tiers": [{**small_tier, "BLOCK_N": 48}]})
     assert len(errs) == 2 and all(isinstance(e, C.OverlayCompileError) for e in errs)
     assert "BLOCK_N a power of two" in str(errs[0]) and errs[0].name == "OverlayCompileError"
     gpu = acceptance.verification_cases(INDEXER, "gfx942", torch.device("cuda"), pkg, small)  # names only
@@ -740,7 +816,7 @@ def _fake_tuner(tmp_path, monkeypatch, times, ops=("merge",), shapes="merge:T=40
     calls = []
 
     def timer(case):
-        cfg = C.config_for("merge_attn_states", "cpu")["triton"]
+        cfg = C.config_for("merge_attn_states", "cpu")["tiers"][0]
         key = (cfg["tile_elems"], cfg["num_warps"])
         calls.append(key)
         t = times(key, case.s["T"], len(calls))
@@ -764,8 +840,8 @@ def _fake_tuner(tmp_path, monkeypatch, times, ops=("merge",), shapes="merge:T=40
 
 
 DEFAULT_MERGE = (
-    C.package_config("merge_attn_states", "cpu")["triton"]["tile_elems"],
-    C.package_config("merge_attn_states", "cpu")["triton"]["num_warps"],
+    C.package_config("merge_attn_states", "cpu")["tiers"][0]["tile_elems"],
+    C.package_config("merge_attn_states", "cpu")["tiers"][0]["num_warps"],
 )
 
 
@@ -782,7 +858,7 @@ def test_tuner_keeps_a_faster_winner_and_never_a_slower_one(cfgdir, tmp_path, mo
     tuner, calls = _fake_tuner(tmp_path, monkeypatch, times)
     data = tuner.run()
     assert DEFAULT_MERGE in calls  # the default is always timed
-    assert data["merge_attn_states"]["cpu"] == {"triton": {"tile_elems": 4096, "num_warps": 8}}
+    assert data["merge_attn_states"]["cpu"] == {"tiers": [{"tile_elems": 4096, "num_warps": 8}]}
     for r in data["_meta"]["shapes"].values():
         assert r["tuned_us"] <= r["default_us"]
     assert C.stamp_problems(data) == [] and data["_meta"]["arch"] == "cpu"
@@ -842,40 +918,41 @@ def test_cli_refuses_cpu_without_allow_cpu(capsys):
 
 def test_check_reports_compile_errors_by_name(cfgdir, capsys):
     a = _here()
-    path = _write(cfgdir / f"{a}.json", _overlay(a, {"mla_prefill": {"triton": {"BLOCK_M": 48}}}))  # not 2^k
+    path = _write(cfgdir / f"{a}.json", _overlay(a, _prefill_tiers(a, BLOCK_M=48)))  # not 2^k
     assert tune_main(["--check", "--allow-cpu"]) == 1
     out = capsys.readouterr().out
-    assert f"OverlayCompileError: mla_prefill.{a}.triton" in out
+    assert f"OverlayCompileError: mla_prefill.{a}.tiers" in out
     assert path.is_file()
 
 
 def test_check_reports_reference_errors_by_name(cfgdir, capsys, monkeypatch):
     a = _here()
     monkeypatch.setattr(inputs, "verify_call", lambda op, shape, dev, dt, *a, **k: "out: relative norm error 1 > 0.002")
-    _write(cfgdir / f"{a}.json", _overlay(a, PREFILL_M64))
+    _write(cfgdir / f"{a}.json", _overlay(a, _prefill_tiers(a, BLOCK_M=64)))
     assert tune_main(["--check", "--allow-cpu"]) == 1
-    assert f"OverlayReferenceError: mla_prefill.{a}.triton" in capsys.readouterr().out
+    assert f"OverlayReferenceError: mla_prefill.{a}.tiers" in capsys.readouterr().out
 
 
 def test_check_stamp_accepts_a_hand_written_overlay(cfgdir, capsys):
     a = _here()
-    path = _write(cfgdir / f"{a}.json", _overlay(a, PREFILL_M64), stamp=False)
+    path = _write(cfgdir / f"{a}.json", _overlay(a, _prefill_tiers(a, BLOCK_M=64)), stamp=False)
     with pytest.warns(C.OverlayWarning, match="OverlayUnverified"):
         assert C.config_for("mla_prefill", a) is C.package_config("mla_prefill", a)
     assert tune_main(["--check", "--allow-cpu"]) == 1
     assert "OverlayUnverified" in capsys.readouterr().out
     assert tune_main(["--check", "--stamp", "--allow-cpu"]) == 0
     C.reload_overlays()
-    assert C.config_for("mla_prefill", a)["triton"]["BLOCK_M"] == 64
+    assert C.config_for("mla_prefill", a)["tiers"][0]["BLOCK_M"] == 64
     assert C.stamp_problems(json.loads(path.read_text())) == []
     assert tune_main(["--check", "--allow-cpu"]) == 0
 
 
 def test_check_names_schema_errors(cfgdir, capsys):
     a = _here()
-    _write(cfgdir / f"{a}.json", {"mla_prefill": {a: {"triton": {"BLOCK_Q": 1}}}, "_meta": {"arch": a}})
+    entry = _prefill_tiers(a, BLOCK_Q=1)["mla_prefill"]
+    _write(cfgdir / f"{a}.json", {"mla_prefill": {a: entry}, "_meta": {"arch": a}})
     assert tune_main(["--check", "--allow-cpu"]) == 1
-    assert f"OverlayUnknownKey: mla_prefill.{a}.triton.BLOCK_Q" in capsys.readouterr().out
+    assert f"OverlayUnknownKey: mla_prefill.{a}.tiers[0].BLOCK_Q" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------- a real (tiny) run
@@ -961,19 +1038,21 @@ def test_tiny_indexer_run_writes_a_valid_overlay(cfgdir, capsys, monkeypatch):
     from rocm_mla.tools.tune import tuner as tuner_mod
 
     def timer(case):
-        return 80.0 if C.config_for(INDEXER, "cpu")["BLOCK_N"] == 64 else 100.0  # the candidate's
+        return 80.0 if C.config_for(INDEXER, "cpu")["tiers"][0]["BLOCK_N"] == 64 else 100.0  # the candidate's
 
     monkeypatch.setattr(tuner_mod, "time_case_us", timer)
     assert tune_main(["--ops", "indexer", "--shapes", "tiny", "--allow-cpu", "--max-candidates", "3"]) == 0
     out = capsys.readouterr().out
     data = json.loads((cfgdir / "cpu.json").read_text())
     assert C.validate_overlay(data, "cpu") == []
-    assert set(data) == {INDEXER, "_meta"} and data[INDEXER] == {"cpu": {"BLOCK_N": 64}}
+    pkg = C.package_config(INDEXER, "cpu")
+    win = {**pkg, "tiers": [{**pkg["tiers"][0], "BLOCK_N": 64}]}
+    assert set(data) == {INDEXER, "_meta"} and data[INDEXER] == {"cpu": {"tiers": win["tiers"]}}
     (group,) = data["_meta"]["groups"]
     assert group["name"] == "launch data" and group["status"] == "accepted" and group["candidates_timed"] == 3
     (row,) = data["_meta"]["shapes"].values()
     assert row["op"] == INDEXER and row["tuned_us"] < row["default_us"] and row["config"].startswith("S256 N64")
-    assert C.config_for(INDEXER, "cpu") == {**C.package_config(INDEXER, "cpu"), "BLOCK_N": 64}
+    assert C.config_for(INDEXER, "cpu") == win
     assert "indexer  launch data" in out
     assert tune_main(["--check", "--allow-cpu"]) == 0
     assert "mla_indexer_topk: 2 compile + reference case(s)" in capsys.readouterr().out
@@ -983,7 +1062,7 @@ def test_tiny_indexer_run_writes_a_valid_overlay(cfgdir, capsys, monkeypatch):
 
 def test_check_reports_a_bad_indexer_config_by_name(cfgdir, capsys):
     a = _here()
-    _write(cfgdir / f"{a}.json", _overlay(a, {INDEXER: {"BLOCK_N": 48}}))  # not a power of two
+    _write(cfgdir / f"{a}.json", _overlay(a, _one_tier(INDEXER, a, BLOCK_N=48)))  # not a power of two
     assert tune_main(["--check", "--allow-cpu"]) == 1
     assert f"OverlayCompileError: mla_indexer_topk.{a} lens=" in capsys.readouterr().out
 
@@ -1002,8 +1081,8 @@ def test_describe_overlay_states(cfgdir, monkeypatch):
     _write(cfgdir / "cpu.json", _overlay("cpu", PREFILL_M64))
     C.reload_overlays()
     lines = describe_overlay(C.overlay_status("cpu"))
-    old = C.package_config("mla_prefill", "cpu")["triton"]["BLOCK_M"]
-    assert "ACTIVE" in lines[0] and any(f"mla_prefill.triton.BLOCK_M: {old} -> 64" in x for x in lines)
+    old = C.package_config("mla_prefill", "cpu")["tiers"][0]["BLOCK_M"]
+    assert "ACTIVE" in lines[0] and any(f"mla_prefill.tiers[0].BLOCK_M: {old} -> 64" in x for x in lines)
     _write(cfgdir / "cpu.json", _overlay("cpu", PREFILL_M64), stamp=False)
     C.reload_overlays()
     assert "IGNORED: OverlayUnverified" in describe_overlay(C.overlay_status("cpu"))[0]

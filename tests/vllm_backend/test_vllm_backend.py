@@ -494,7 +494,7 @@ def test_the_builder_plans_the_prefill_once_for_every_layer(batch, monkeypatch):
     q, output = args[0], kwargs["output"]
     plan = md.prefill.rocm_mla_plan
     assert isinstance(plan, PrefillPlan) and plan.causal and plan.batch == md.num_prefills
-    assert plan.q_rows == plan.k_rows == q.shape[0] and plan.num_heads == 16 and plan.dtype == dtype
+    assert plan.q_rows == plan.k_rows == q.shape[0] and plan.num_heads == 16 and plan.q_dtype == dtype
     chunks = md.prefill.chunked_context.chunks if md.prefill.chunked_context is not None else []
     assert batch != "prefill_context" or len(chunks) >= 6
     chunk_plans = [c.rocm_mla_plan for c in chunks]
@@ -536,7 +536,7 @@ def test_forward_mqa_on_uint8_fp8_storage():
     assert cache.dtype != torch.uint8 and step.kv_cache.dtype == torch.uint8
     out, lse = step.layer.impl.forward_mqa(q, cache, md, layer)
     raw_out, raw_lse = step.layer.impl.forward_mqa(q, step.kv_cache, md, layer)
-    assert md.decode.rocm_mla_plan.cache_dtype == torch.uint8
+    assert md.decode.rocm_mla_plan.kv_dtype == torch.uint8
     assert torch.equal(raw_out, out) and torch.equal(raw_lse, lse)
 
 

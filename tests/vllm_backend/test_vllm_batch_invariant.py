@@ -156,7 +156,7 @@ def test_context_chunks_cut_per_request(monkeypatch, invariant):
 
 
 def test_context_cut_per_request_on_uint8_fp8_storage(monkeypatch):
-    """The per-request context pieces (``fold_in_context_invariant``) with forward_mha handed the
+    """The per-request context pieces (``context_pieces``) with forward_mha handed the
     fp8 cache as vLLM allocates it (uint8 storage, as vLLM's backend tests call it): each gather
     reads the bytes as the layer's fp8 kind and the prefill rows match the float32 reference."""
     for name in ENVS:

@@ -308,13 +308,13 @@ def test_forward_mqa_on_uint8_fp8_storage(plan_calls):
     step = _step("glm5-long-prompt-fp8")
     q, kv, md, layer = step.forward_mqa_args()
     built = md.rocm_mla_sparse_plan
-    assert kv.dtype != torch.uint8 and step.kv_cache.dtype == torch.uint8 and built.cache_dtype == kv.dtype
+    assert kv.dtype != torch.uint8 and step.kv_cache.dtype == torch.uint8 and built.kv_dtype == kv.dtype
     out, lse = layer.impl.forward_mqa(q, kv, md, layer)
     calls = plan_calls["backend"]
     raw_out, raw_lse = layer.impl.forward_mqa(q, step.kv_cache, md, layer)
     own = md.rocm_mla_sparse_plan
     assert plan_calls["backend"] == calls + 1 and plan_calls["op"] == 0
-    assert own.cache_dtype == torch.uint8 and own.kv_dtype == built.kv_dtype == kv.dtype
+    assert own.kv_dtype == torch.uint8 and own.kv_kind == built.kv_kind == kv.dtype
     assert torch.equal(raw_out, out) and torch.equal(raw_lse, lse)
     layer.impl.forward_mqa(q, kv, md, layer)
     assert plan_calls["backend"] == calls + 2 and md.rocm_mla_sparse_plan == built

@@ -7,10 +7,10 @@
     rocm-mla tune --list-shapes [--shapes ...]
 
 For each op the tuner splits the shapes into groups that one part of the op's config serves (a
-decode stage-1 tier for 16-bit or fp8 caches, an ``mla_sparse_attention`` tier for 16-bit or fp8
-caches or float32 q, prefill's 16-bit config, the merge / RoPE+KV-write implementation the op
-dispatches to, ``mla_indexer_topk``'s whole launch object), times the default and the candidates of
-each group on every shape of the group, and keeps a winner only when
+decode tier for 16-bit or fp8 caches, an ``mla_sparse_attention`` tier for 16-bit or fp8 caches or
+float32 q, prefill's first tier for 16-bit or float32 inputs, the merge / RoPE+KV-write
+implementation the op dispatches to, ``mla_indexer_topk``'s one tier), times the default and the
+candidates of each group on every shape of the group, and keeps a winner only when
 
 * its output matched the float32 reference on every shape (every candidate is checked before it
   is timed: a subset of rows of the timed call, under the op's ``rocm_mla.cases`` tolerance; the
@@ -21,22 +21,20 @@ each group on every shape of the group, and keeps a winner only when
 * every config it changes compiles and passes the reference for the other dtypes it serves
   (the ``verify`` shapes of ``rocm_mla.cases``; the same check as ``--check``).
 
-Candidates: the package's own tuning lists (``mla_decode``'s tiers and ``candidates``,
-``mla_sparse_attention``'s tiers whose BLOCK_H fits, ``mla_prefill``'s ``candidates``, the
-``tune`` spaces of ``merge_attn_states`` and ``rope_kv_write``), then one coordinate-search pass
-over the arch's knobs (block sizes, warps, stages, D_SPLIT, V_SPLIT, ctas_per_cu, CLAMP_PAGES, for
-fp8 caches RELOAD_K and, on NVIDIA with a bf16 q, F16_DOT, and on gfx9 waves_per_eu,
-matrix_instr_nonkdim, kpack; the decode and sparse split cost models and decode's reduce tile).
+Candidates come from the configs alone: each arch object's ``candidates`` (``mla_decode`` and
+``mla_sparse_attention``: its tiers too, those whose BLOCK_H fits; merge's and RoPE's HIP kernel:
+``hip.candidates``), then one coordinate-search pass over the arch's knobs (block sizes, warps,
+stages, D_SPLIT, V_SPLIT, ctas_per_cu, CLAMP_PAGES, for fp8 caches RELOAD_K and, on NVIDIA with a
+bf16 q, F16_DOT, and on gfx9 waves_per_eu, matrix_instr_nonkdim, kpack; the fields merge's and
+RoPE's candidates vary; the decode and sparse split cost models and decode's reduce tile).
 A tier group's winner changes that one kind of call: the other kinds the tier serves keep their
 configs (restated in its ``fp8`` / ``fp32`` objects where needed). ``mla_indexer_topk``: one group
-over all its shapes whose candidates are whole launch objects, the shipped one and its single-knob
-changes over split_keys 4096/8192/16384, BLOCK_N 32/64/128, num_warps 4/8, num_stages 2-4
-(NVIDIA), key_streams 1/2/4 (NVIDIA), programs_per_cu 1/2/4, merge chunk 256/1024/2048, waves_per_eu
-0/2 (gfx9), none that the plan launches alike (it raises split_keys and chunk to one element a
-thread): at most 14 with the default (sm90 14, gfx942 and gfx950 11); no coordinate pass.
-``--quick`` instead caps the candidates per group (the
-default included: decode 3, sparse 3, prefill 4, merge 12, RoPE 33, indexer 4 of its at most 14):
-listed ones first, then single-knob neighbours of the default; on the ``quick`` shape preset.
+over all its shapes whose candidates are whole launch configs, the tier and its single-field
+changes the configs list, but those the plan launches alike (it raises split_keys and chunk to one
+element a thread): 14 with the default on sm90, 13 on gfx942 and gfx950; no coordinate pass.
+``--quick`` instead caps the candidates per group (the default included: decode 3, sparse 3,
+prefill 4, merge 12, RoPE 33, indexer 4): listed ones first, then single-knob neighbours of the
+default; on the ``quick`` shape preset.
 
 Timing as perf/ does: decode, sparse and the indexer as back-to-back replays of CUDA/HIP graphs of
 8 calls rotating over cache copies larger than the caches (each replay reads its KV from HBM; the

@@ -79,7 +79,7 @@ def verification_cases(
 
     where = f"{op_key}.{arch}"
     out: list[tuple[str, Callable[[], str]]] = []
-    general = any(new.get(k) != old.get(k) for k in set(new) | set(old) if k not in ("stage1", "candidates", "tiers"))
+    general = any(new.get(k) != old.get(k) for k in set(new) | set(old) if k not in ("candidates", "tiers"))
     if op_key == "mla_decode":
         fp8_kind = {"fp8": C.platform_fp8_dtype(arch)}
         base = decode.SHAPES["verify"][0]
@@ -89,7 +89,7 @@ def verification_cases(
             shape = dataclasses.replace(base, N=n, kv="fp8" if fp8 else "auto")
             return lambda: inputs.verify_call("decode", shape, dev, qdt, fp8_kind, num_splits=splits)
 
-        tiers, old_tiers = new["stage1"], old.get("stage1", [])
+        tiers, old_tiers = new["tiers"], old.get("tiers", [])
         for ti, tier in enumerate(tiers):
             for qdt, fp8 in COMBOS:
                 if qdt not in _dtypes(dev):
@@ -104,7 +104,7 @@ def verification_cases(
                     continue
                 n = tier["BLOCK_H"]
                 for splits in (1, 3):
-                    what = f"{where}.stage1[{ti}] q={str(qdt)[6:]} cache={'fp8' if fp8 else 'q dtype'} N={n} S={splits}"
+                    what = f"{where}.tiers[{ti}] q={str(qdt)[6:]} cache={'fp8' if fp8 else 'q dtype'} N={n} S={splits}"
                     out.append((what, check(qdt, fp8, n, splits)))
         if general:
             for n, s in ((16, None), (128, None), (16, 40)):
@@ -158,19 +158,21 @@ def verification_cases(
                         )
                     )
     elif op_key == "mla_prefill":
-        for key, dts in (("triton", [d for d in _dtypes(dev) if d != torch.float32]), ("triton_fp32", [torch.float32])):
-            if new.get(key) == old.get(key) and new.get("backend_order") == old.get("backend_order"):
+        for tags, dts in (([], [d for d in _dtypes(dev) if d != torch.float32]), (["fp32"], [torch.float32])):
+            resolved = [[C.resolve_tier(t, tags) for t in obj.get("tiers", [])] for obj in (new, old)]
+            if resolved[0] == resolved[1] and new.get("backend_order") == old.get("backend_order"):
                 continue
             for dt in dts:
                 for shape in prefill.SHAPES["verify"]:
                     out.append(
                         (
-                            f"{where}.{key} {str(dt)[6:]} {'causal' if shape.causal else 'full'}",
+                            f"{where}.tiers {str(dt)[6:]} {'causal' if shape.causal else 'full'}",
                             lambda dt=dt, shape=shape: inputs.verify_call("prefill", shape, dev, dt),
                         )
                     )
     elif op_key in ("merge_attn_states", "rope_kv_write"):
-        impls = [b for b in ("hip", "triton") if new.get(b) != old.get(b) and unavailable(b, dev) is None]
+        launch = lambda obj, b: obj.get("hip", {}).get("tiers") if b == "hip" else obj.get("tiers")  # noqa: E731
+        impls = [b for b in ("hip", "triton") if launch(new, b) != launch(old, b) and unavailable(b, dev) is None]
         if new.get("backend_order") != old.get("backend_order"):
             impls.append(None)
         # RoPE: the verify shapes in GPT-J style, and the first one in NeoX style as well

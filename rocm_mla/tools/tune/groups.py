@@ -1,9 +1,10 @@
-"""Groups: the shapes one part of an op's config serves (a decode stage-1 tier for one q dtype and
-cache kind, decode's split and stage-2 parts, a sparse tier for one cache kind and its split part,
-prefill's 16-bit or float32 config, the merge or RoPE+KV-write implementation the op dispatches
-to, the indexer's whole launch object) with that part's default, its listed candidates and the
-knobs of the coordinate search; ``compose_tier`` / ``compose_sparse_tier`` write a decode / sparse
-point back into the tier schema."""
+"""Groups: the shapes one part of an op's config serves (a decode tier for one q dtype and cache
+kind, decode's split and reduce parts, a sparse tier for one cache kind and its split part,
+prefill's first tier for 16-bit or float32 inputs, the merge or RoPE+KV-write implementation the op
+dispatches to, the indexer's tier) with that part's default, its listed candidates (the op's
+``tiers`` and ``candidates`` in configs/<op>.json) and the knobs of the coordinate search;
+``compose_tier`` / ``compose_sparse_tier`` / ``compose_prefill_tier`` write a point back into the
+tier schema."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from typing import Any, Protocol
 import torch
 
 from rocm_mla import configs as C
-from rocm_mla.ops.decode_plan import STAGE1_DEFAULTS, stage1_config, stage1_tier_index
-from rocm_mla.ops.sparse_plan import SPARSE_DTYPE_TAGS, TIER_DEFAULTS, tier_config, tier_index
+from rocm_mla.ops.decode_plan import STAGE1_DEFAULTS, stage1_config
+from rocm_mla.ops.sparse_plan import TIER_DEFAULTS, tier_config
 
 from .shapes import OP_KEYS, Shape
 
@@ -97,7 +98,16 @@ class Group:
         return OP_KEYS[self.op]
 
 
-# decode: stage-1 tiers, per q dtype x cache kind combination
+def _listed(obj: dict) -> list[dict]:
+    """An op's tiers, then its candidates, each once: the configs a tier group may try."""
+    out: list[dict] = []
+    for c in [*obj["tiers"], *obj["candidates"]]:
+        if c not in out:
+            out.append(c)
+    return out
+
+
+# decode: the tiers, per q dtype x cache kind combination
 COMBOS = (
     (torch.bfloat16, False),
     (torch.float16, False),
@@ -201,21 +211,19 @@ SPLIT_KNOBS = [
 
 
 def decode_groups(t: TunerState, shapes: list[Shape]) -> list[Group]:
-    from rocm_mla.variants.decode import tuning_candidates
-
     arch, gfx = t.arch, C.is_amd_arch(t.arch)
     pkg = t.package["mla_decode"]
-    tiers = pkg["stage1"]
+    tiers = pkg["tiers"]
     by: dict[tuple, list[Shape]] = {}
     for s in shapes:
         dt = s.dtype(t.dev)
         m = s["q"] * s["N"]
-        ti = stage1_tier_index(tiers, m)
+        ti = C.tier_index(tiers, m)
         combo = (dt, s["kv"] == "fp8")
         if combo == (torch.float16, False):
             combo = (torch.bfloat16, False)  # the same 16-bit top level
         by.setdefault((ti, combo), []).append(s)
-    cands = tuning_candidates(arch)
+    cands = _listed(pkg)
     groups = []
     for (ti, combo), ss in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1][1], str(kv[0][1][0]))):
         h = tiers[ti]["BLOCK_H"]
@@ -240,18 +248,18 @@ def decode_groups(t: TunerState, shapes: list[Shape]) -> list[Group]:
 
         def build(p, ti=ti, combo=combo):
             obj = t.current["mla_decode"]
-            tier = compose_tier(arch, obj["stage1"][ti], combo, p)
+            tier = compose_tier(arch, obj["tiers"][ti], combo, p)
             if tier is None:
                 return None
-            return {**obj, "stage1": [tier if i == ti else x for i, x in enumerate(obj["stage1"])]}
+            return {**obj, "tiers": [tier if i == ti else x for i, x in enumerate(obj["tiers"])]}
 
         qname = "" if combo[0] == torch.bfloat16 else f"{str(combo[0]).replace('torch.', '')} q, "
-        name = f"stage1[{ti}] H{h} {qname}{'fp8' if combo[1] else '16-bit'} cache"
+        name = f"tiers[{ti}] H{h} {qname}{'fp8' if combo[1] else '16-bit'} cache"
         groups.append(Group("decode", name, ss, p0, listed, knobs, build, decode_label, fix=_decode_fix))
     if not t.quick and shapes:
         for part, knobs in (
             ("split", SPLIT_KNOBS),
-            ("stage2", [("num_warps", [4, 8]), ("tile_elems", [2048, 4096, 8192]), ("max_block_s", [16, 32, 64])]),
+            ("reduce", [("num_warps", [4, 8]), ("tile_elems", [2048, 4096, 8192]), ("max_block_s", [16, 32, 64])]),
         ):
             p0 = dict(pkg[part])
             groups.append(
@@ -298,7 +306,7 @@ def compose_sparse_tier(arch: str, tier: dict, kind: str, point: dict) -> dict |
     which selects the tier, unchanged), the "fp8" / "fp32" objects hold what differs from it. A
     float32 q over an fp8 cache (the top level, then "fp8", then "fp32"; not a kind the tuner
     times) keeps its config too where the schema can say it. None when it cannot say the rest."""
-    point = {k: v for k, v in point.items() if k not in SPARSE_DTYPE_TAGS}
+    point = {k: v for k, v in point.items() if k not in C.DTYPE_TAGS}
     if kind == "16-bit" and int(point.get("BLOCK_H", -1)) != int(tier["BLOCK_H"]):
         return None
     try:
@@ -345,8 +353,6 @@ def sparse_groups(t: TunerState, shapes: list[Shape]) -> list[Group]:
     """mla_sparse_attention: one group per (tier, kind of call) of the shapes (the tier serves N
     heads: ``tier_index``), each searching the tier's resolved config for that kind; in full mode
     then the split cost model over every shape."""
-    from rocm_mla.variants.sparse import tuning_candidates
-
     arch, gfx = t.arch, C.is_amd_arch(t.arch)
     op_key = OP_KEYS["sparse"]
     pkg = t.package[op_key]
@@ -357,8 +363,8 @@ def sparse_groups(t: TunerState, shapes: list[Shape]) -> list[Group]:
         if kind == "fp32+fp8":
             t.log(f"{s.key}: float32 q over an fp8 cache resolves through both override objects; not tuned")
             continue
-        by.setdefault((tier_index(tiers, s["N"]), kind), []).append(s)
-    cands = tuning_candidates(arch)
+        by.setdefault((C.tier_index(tiers, s["N"]), kind), []).append(s)
+    cands = _listed(pkg)
     groups = []
     for (ti, kind), ss in sorted(by.items(), key=lambda kv: (kv[0][0], list(SPARSE_KINDS).index(kv[0][1]))):
         h = int(tiers[ti]["BLOCK_H"])
@@ -407,45 +413,6 @@ def sparse_groups(t: TunerState, shapes: list[Shape]) -> list[Group]:
     return groups
 
 
-# indexer: the grid around the shipped object, one knob at a time ("merge.chunk": the merge's
-# chunk; "prefilter.split_keys": the prefiltered form's split, where the object has one); GPUs
-# sweep the serving sizes, the CPU interpreter ("default") its own small ones.
-INDEXER_GRID = (
-    ("BLOCK_N", (32, 64, 128)),
-    ("num_warps", (4, 8)),
-    ("split_keys", (4096, 8192, 16384)),
-    ("num_stages", (2, 3, 4)),  # NVIDIA only (gfx9 keeps its one stage)
-    ("programs_per_cu", (1, 2, 4)),
-    ("merge.chunk", (256, 1024, 2048)),
-    ("waves_per_eu", (0, 2)),  # gfx9 only
-    ("key_streams", (1, 2, 4)),  # NVIDIA only (on gfx9, 2 and 4 spill scalar registers: isa-report)
-    ("prefilter.split_keys", (512, 1024, 2048)),
-)
-INDEXER_GRID_INTERPRETER = (
-    ("BLOCK_N", (32, 64)),
-    ("num_warps", (4, 8)),
-    ("split_keys", (128, 256, 512)),
-    ("merge.chunk", (128, 256)),
-)
-INDEXER_MAX_CANDIDATES = 14  # the default included
-
-
-def _indexer_get(p: dict, knob: str):
-    if knob == "merge.chunk":
-        return p["merge"]["chunk"]
-    if knob == "prefilter.split_keys":
-        return p["prefilter"]["split_keys"]
-    return p.get(knob)
-
-
-def _indexer_set(p: dict, knob: str, v) -> dict:
-    if knob == "merge.chunk":
-        return {**p, "merge": {**p["merge"], "chunk": v}}
-    if knob == "prefilter.split_keys":
-        return {**p, "prefilter": {**p["prefilter"], "split_keys": v}}
-    return {**p, knob: v}
-
-
 def indexer_launch(arch: str, p: dict, topk_p2: int) -> dict:
     """``p`` as the plan launches it for a top-k of ``topk_p2`` (a power of two): split_keys and
     the merge's chunk raised as ``plan_indexer_topk`` raises them (a power of two, at least one
@@ -458,34 +425,6 @@ def indexer_launch(arch: str, p: dict, topk_p2: int) -> dict:
     m = p["merge"]
     chunk = max(next_power_of_2(int(m["chunk"])), int(m["num_warps"]) * wave)
     return {**p, "split_keys": split, "merge": {**m, "chunk": chunk}}
-
-
-def indexer_candidates(arch: str, p0: dict, topk_p2: int = 1) -> list[dict]:
-    """The indexer's candidates around its shipped object ``p0`` (complete objects): single-knob
-    changes over ``INDEXER_GRID`` (the interpreter: ``INDEXER_GRID_INTERPRETER``), one value of
-    each knob before the next value of any (``--quick`` keeps the first ones), without points
-    the plan launches like ``p0`` or an earlier one (``indexer_launch``), at most
-    ``INDEXER_MAX_CANDIDATES`` - 1."""
-    amd, nv = C.is_amd_arch(arch), C.is_nvidia_arch(arch)
-    grid = INDEXER_GRID if amd or nv else INDEXER_GRID_INTERPRETER
-    grid = [
-        (k, vs)
-        for k, vs in grid
-        if (k not in ("num_stages", "key_streams") or nv)
-        and (k != "waves_per_eu" or (amd and k in p0))
-        and (k != "prefilter.split_keys" or "prefilter" in p0)
-    ]
-    alts = [(k, [v for v in vs if v != _indexer_get(p0, k)]) for k, vs in grid]
-    seen, out = {point_key(indexer_launch(arch, p0, topk_p2))}, []
-    for r in range(max((len(a) for _, a in alts), default=0)):
-        for k, a in alts:
-            if r < len(a):
-                p = _indexer_set(p0, k, a[r])
-                key = point_key(indexer_launch(arch, p, topk_p2))
-                if key not in seen:
-                    seen.add(key)
-                    out.append(p)
-    return out[: INDEXER_MAX_CANDIDATES - 1]
 
 
 def indexer_label(p: dict) -> str:
@@ -503,59 +442,80 @@ def indexer_label(p: dict) -> str:
 
 
 def indexer_groups(t: TunerState, shapes: list[Shape]) -> list[Group]:
-    """mla_indexer_topk: one group over every shape, its point the arch's whole launch object
-    (split_keys, BLOCK_N, num_warps, num_stages, direct, merge, gfx9 options), its candidates
-    ``indexer_candidates``; no coordinate pass (the list is the search)."""
+    """mla_indexer_topk: one group over every shape, its point the arch's one tier (split_keys,
+    BLOCK_N, num_warps, num_stages, direct, merge, gfx9 options), its candidates the configs'
+    ``candidates`` but those the plan launches like the tier or an earlier one at the shapes'
+    top-k (``indexer_launch``); no coordinate pass (the list is the search)."""
     from triton import next_power_of_2
 
     op_key = OP_KEYS["indexer"]
     if not shapes:
         return []
-    p0 = json.loads(json.dumps(t.package[op_key]))
+    pkg = t.package[op_key]
+    p0 = json.loads(json.dumps(pkg["tiers"][0]))
     topk_p2 = min(next_power_of_2(s["topk"]) for s in shapes)
-    listed = indexer_candidates(t.arch, p0, topk_p2)
-    return [Group("indexer", "launch data", list(shapes), p0, listed, [], lambda p: dict(p), indexer_label)]
+    seen, listed = {point_key(indexer_launch(t.arch, p0, topk_p2))}, []
+    for p in pkg["candidates"]:
+        key = point_key(indexer_launch(t.arch, p, topk_p2))
+        if key not in seen:
+            seen.add(key)
+            listed.append(p)
+    build = lambda p: {**t.current[op_key], "tiers": [p]}  # noqa: E731
+    return [Group("indexer", "launch data", list(shapes), p0, listed, [], build, indexer_label)]
+
+
+def compose_prefill_tier(tier: dict, kind: str, point: dict) -> dict | None:
+    """mla_prefill's first tier with ``point`` as its ``kind`` ("16-bit" or "fp32") launch while
+    the other kind's stays: the 16-bit point is the top level, the ``fp32`` object holds what
+    float32 inputs launch differently; None when the schema cannot say it (a top-level field the
+    float32 launch does not have)."""
+    top, f32 = C.resolve_tier(tier, []), C.resolve_tier(tier, ["fp32"])
+    point = {k: v for k, v in point.items() if k not in C.DTYPE_TAGS}
+    if kind == "16-bit":
+        top = point
+    else:
+        f32 = point
+    if set(top) - set(f32):
+        return None
+    fp32 = {k: v for k, v in f32.items() if top.get(k) != v}
+    return {**top, "fp32": fp32} if fp32 else dict(top)
 
 
 def prefill_groups(t: TunerState, shapes: list[Shape]) -> list[Group]:
+    """mla_prefill: one group per kind of input (16-bit, float32) of the first tier, its listed
+    candidates (16-bit) the configs' ``candidates``."""
     from rocm_mla.variants.prefill import config_label
 
     gfx = C.is_amd_arch(t.arch)
     pkg = t.package["mla_prefill"]
     by: dict[str, list[Shape]] = {}
     for s in shapes:
-        by.setdefault("triton_fp32" if s.dtype(t.dev) == torch.float32 else "triton", []).append(s)
+        by.setdefault("fp32" if s.dtype(t.dev) == torch.float32 else "16-bit", []).append(s)
     groups = []
-    for key, ss in by.items():
-        p0 = dict(pkg[key])
-        listed = _nearest_first(p0, [dict(c) for c in pkg.get("candidates", [])]) if key == "triton" else []
-        knobs = [("BLOCK_N", [16, 32] if key == "triton_fp32" else [32, 64, 128]), ("num_warps", [4, 8])]
+    for kind, ss in by.items():
+        fp32 = kind == "fp32"
+        p0 = C.resolve_tier(pkg["tiers"][0], ["fp32"] if fp32 else [])
+        listed = [] if fp32 else _nearest_first(p0, [dict(c) for c in pkg["candidates"]])
+        knobs = [("BLOCK_N", [16, 32] if fp32 else [32, 64, 128]), ("num_warps", [4, 8])]
         if gfx:
             knobs += [("waves_per_eu", [0, 1, 2])]
-        knobs += [
-            ("num_stages", [1, 2] if gfx else [1, 2, 3, 4]),
-            ("BLOCK_M", [16, 32, 64] if key == "triton_fp32" else [64, 128]),
-        ]
+        knobs += [("num_stages", [1, 2] if gfx else [1, 2, 3, 4]), ("BLOCK_M", [16, 32, 64] if fp32 else [64, 128])]
         if gfx:
             knobs += [("matrix_instr_nonkdim", [16, 32]), ("kpack", kpack_values(t.arch))]
         knobs = [(k, v) for k, v in knobs if k in p0 or k in ("num_stages",)]
-        groups.append(
-            Group(
-                "prefill",
-                key,
-                ss,
-                p0,
-                listed,
-                knobs,
-                lambda p, key=key: {**t.current["mla_prefill"], key: p},
-                config_label,
-            )
-        )
+
+        def build(p, kind=kind):
+            obj = t.current["mla_prefill"]
+            tier = compose_prefill_tier(obj["tiers"][0], kind, p)
+            return None if tier is None else {**obj, "tiers": [tier, *obj["tiers"][1:]]}
+
+        groups.append(Group("prefill", kind, ss, p0, listed, knobs, build, config_label))
     return groups
 
 
 def impl_groups(t: TunerState, op: str, shapes: list[Shape]) -> list[Group]:
-    """merge / rope_kv_write: the implementation the op dispatches to here, over the package's tune space."""
+    """merge / rope_kv_write: the implementation the op dispatches to here (its ``tiers``: Triton's,
+    ``hip.tiers``: HIP's), over its ``candidates``."""
     from rocm_mla.ops._dispatch import select
 
     op_key = OP_KEYS[op]
@@ -564,28 +524,19 @@ def impl_groups(t: TunerState, op: str, shapes: list[Shape]) -> list[Group]:
         t.log(f"{op}: only the reference runs here; nothing to tune")
         return []
     pkg = t.package[op_key]
-    p0 = dict(pkg[impl])
-    space = C.tune_space(op_key).get(impl, {})
-    listed = [{**p0, **c} for c in C.tune_candidates(op_key).get(impl, [])] if space else []
-    listed = _nearest_first(p0, listed)
-    knobs = []
+    obj = pkg["hip"] if impl == "hip" else pkg
+    p0 = dict(obj["tiers"][0])
+    listed = _nearest_first(p0, obj["candidates"])
+    # the coordinate search's axes: each field the candidates vary, over the values they take
+    knobs = [(k, sorted({c[k] for c in listed})) for k in p0 if len({c[k] for c in listed}) > 1]
     if impl == "triton":
-        knobs = [(k, v) for k, v in space.items()]
         if C.is_amd_arch(t.arch):
             knobs.append(("waves_per_eu", [0, 1, 2]))
         if op == "rope_kv_write":
             knobs.append(("max_tokens", [4, 8, 16]))
-    else:
-        knobs = [(k, v) for k, v in space.items()]
-    return [
-        Group(
-            op,
-            impl,
-            list(shapes),
-            p0,
-            listed,
-            knobs,
-            lambda p: {**t.current[op_key], impl: p},
-            lambda p: f"{impl} {_short(p, _SHORT)}",
-        )
-    ]
+
+    def build(p):
+        cur = t.current[op_key]
+        return {**cur, "hip": {**cur["hip"], "tiers": [p]}} if impl == "hip" else {**cur, "tiers": [p]}
+
+    return [Group(op, impl, list(shapes), p0, listed, knobs, build, lambda p: f"{impl} {_short(p, _SHORT)}")]

@@ -145,10 +145,9 @@ class Tuner(Acceptance, OverlayWriter):
     def count(self, g: Group) -> int:
         n = 1 + len(g.listed) + sum(len(v) - 1 for _, v in g.knobs)
         if g.impl_pending:  # not known before the implementation is chosen: a guess for the ETA
-            space = C.tune_space(g.op_key)
-            order = self.package[g.op_key]["backend_order"] if self.dev.type == "cuda" else ["triton"]
-            impl = next((b for b in order if b in space), "triton")
-            n = 1 + math.prod(len(v) for v in space.get(impl, {}).values())
+            obj = self.package[g.op_key]
+            order = obj["backend_order"] if self.dev.type == "cuda" else ["triton"]
+            n = 1 + len((obj["hip"] if order[0] == "hip" else obj)["candidates"])
         return min(n, self.cap(g))
 
     @staticmethod

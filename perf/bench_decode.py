@@ -327,7 +327,7 @@ def bench_shape(run: Run, s: Setup, dev, peers: dict, sms: int) -> None:
     cfg = plan.config
     row = [
         s.label,
-        f"S={plan.num_splits} H{cfg['BLOCK_H']}x{plan.row_blocks} N{cfg['BLOCK_N']} "
+        f"S={plan.num_splits} H{cfg['BLOCK_H']}x{plan.head_blocks} N{cfg['BLOCK_N']} "
         f"w{cfg['num_warps']} s{cfg['num_stages']}",
     ]
     fns = {"rocm_mla-triton": (ours(s), "")}

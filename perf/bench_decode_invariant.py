@@ -150,11 +150,11 @@ def main() -> int:
             if rule is not None:
                 obj["batch_invariant"] = {"split_tokens": rule, "max_splits": args.max_splits}
                 # One rule for every tier: the tiers' own invariant_split_tokens give way.
-                obj["stage1"] = [{k: v for k, v in t.items() if k != "invariant_split_tokens"} for t in obj["stage1"]]
+                obj["tiers"] = [{k: v for k, v in t.items() if k != "invariant_split_tokens"} for t in obj["tiers"]]
             with override("mla_decode", arch, obj):
                 plan = s.case.plan(dev, batch_invariant=True)
                 # The rule the plan runs (a tier's invariant_split_tokens, else the arch's).
-                c1 = plan.stage1_constexprs
+                c1 = plan.constexprs
                 tag = f"split_tokens={c1['SPLIT_TOKENS']} max_splits={c1['SPLIT_CAP']}"
                 bad = alone_matches(s)
                 if bad:

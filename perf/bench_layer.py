@@ -246,7 +246,7 @@ class PrefillStep:
         self.lse = torch.empty(N, T, device=dev, dtype=torch.float32)
         # Made once from the new tokens' sizes, as a serving step makes it for every layer.
         self.plan = plan_prefill_with_context(
-            batch=B, num_heads=N, q_rows=T, k_rows=T, dtype=dt, device=dev, max_seqlen_q=new, max_seqlen_k=new
+            batch=B, num_heads=N, q_rows=T, k_rows=T, q_dtype=dt, device=dev, max_seqlen_q=new, max_seqlen_k=new
         )
 
     def reset(self):

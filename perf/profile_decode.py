@@ -46,7 +46,7 @@ def main() -> int:
     cfg = json.loads(args.config) if args.config else None
     plan = case.plan(dev, config=cfg, num_splits=args.splits)
     label = shape.label(torch.bfloat16)
-    print(f"{label} block={shape.block}: S={plan.num_splits} row_blocks={plan.row_blocks} config={plan.config}")
+    print(f"{label} block={shape.block}: S={plan.num_splits} head_blocks={plan.head_blocks} config={plan.config}")
     nbytes = shape.nbytes(torch.bfloat16)
 
     def fn(i: int = 0):

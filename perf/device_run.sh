@@ -4,7 +4,10 @@
 # compute-sanitizer (memcheck; racecheck for kernels that use shared memory), then the op benchmarks
 # through perf/bench.py and any other perf/ scripts named.
 #   bash perf/device_run.sh [--sanitize PYTEST_K_EXPR] [--tests PYTEST_ARGS] [--no-tests] \
-#       [--ops merge,decode[:--quick]] [guard_cost[:ARGS] ...]    (text after ':' = the script's own arguments)
+#       [--ops merge,decode[:--quick]] [--base DIR] [guard_cost[:ARGS] ...]
+#   (text after ':' = the script's own arguments). --base DIR: a copy of another tree (e.g. `git archive
+#   REV | tar -x -C DIR`); its --ops benchmarks run first, on the same GPU in the same sitting, into
+#   base.csv, and perf/compare_csv.py prints this tree's time over the base's per shape.
 # Everything lands in $OUT/run/ ($OUT defaults to ./results): logs, the benchmarks' rows in
 # results.csv (fold them into perf/results.csv with `python perf/bench.py --merge FILE`), packed
 # into $OUT/run.tgz, one file to copy back. FlashInfer (the decode peer) is unpacked from
@@ -20,12 +23,14 @@ tests="tests"
 run_tests=1
 benches=()
 ops=""
+base=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --sanitize) sanitize=$2; shift 2 ;;
     --tests) tests=$2; shift 2 ;;
     --no-tests) run_tests=0; sanitize=""; shift ;;
     --ops) ops=$2; shift 2 ;;
+    --base) base=$2; shift 2 ;;
     *) benches+=("$1"); shift ;;
   esac
 done
@@ -58,10 +63,20 @@ fi
 if [ -n "$ops" ]; then
   extra=""
   [ "$ops" != "${ops%%:*}" ] && extra=${ops#*:}
+  if [ -n "$base" ]; then
+    echo "== base tree $base: perf/bench.py --ops ${ops%%:*} $extra"
+    abs_out=$(cd "$OUT" && pwd)
+    # shellcheck disable=SC2086
+    (cd "$base" && PYTHONPATH=$PWD python3 perf/bench.py --ops "${ops%%:*}" --timeout "$BENCH_TIMEOUT" --commit base \
+      --out "$abs_out/base.csv" --logs "$abs_out/base_logs" $extra) 2>&1 | tee "$OUT/base_bench.log" | tail -40
+  fi
   echo "== perf/bench.py --ops ${ops%%:*} $extra"
   # shellcheck disable=SC2086
   python3 perf/bench.py --ops "${ops%%:*}" --timeout "$BENCH_TIMEOUT" --out "$OUT/results.csv" --logs "$OUT/logs" \
     $extra 2>&1 | tee "$OUT/bench.log" | tail -80
+  if [ -n "$base" ]; then
+    python3 perf/compare_csv.py "$OUT/base.csv" "$OUT/results.csv" --label-a base --label-b tree 2>&1 | tee "$OUT/compare.txt"
+  fi
 fi
 for spec in "${benches[@]}"; do
   b=${spec%%:*}

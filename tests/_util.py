@@ -104,3 +104,47 @@ def assert_no_sync_and_capturable(ops, guarded):
 CLAMP_CFG = {"BLOCK_H": 16, "BLOCK_N": 16, "D_SPLIT": 1, "num_warps": 4, "num_stages": 1, "CLAMP_PAGES": True}
 CHECK_CFG = {**CLAMP_CFG, "CLAMP_PAGES": False}
 PAGE_GUARD_CFGS = [pytest.param(CHECK_CFG, id="check_first"), pytest.param(CLAMP_CFG, id="clamp")]
+
+
+class GuardedLatentCase:
+    """A latent-attention batch (``inputs``: rocm_mla.cases' DecodeInputs or SparseInputs) with
+    out ``[rows, N, 512]`` (8 elements after each row) and lse ``[rows, N]`` (1 after each row)
+    as Guarded views that start random (finite), so an unwritten row fails the comparison; the
+    inputs' own attributes (q_nope, block_table, reference, ...) read through."""
+
+    def __init__(self, inputs, rows: int, N: int, dtype: torch.dtype, seed: int):
+        from rocm_mla.cases import Guarded, generator
+        from rocm_mla.mla_dims import KV_LORA_RANK
+
+        self.inputs = inputs
+        g = generator(seed + 1, "cpu")
+        self.out = Guarded((rows, N, KV_LORA_RANK), dtype, device=DEVICE, fill="randn", pad_last=8, generator=g)
+        self.lse = Guarded((rows, N), torch.float32, device=DEVICE, fill="randn", pad_last=1, generator=g)
+
+    @property
+    def kv(self) -> torch.Tensor:
+        return self.inputs.kv_cache
+
+    @property
+    def nb(self) -> int:
+        """Pages in the cache."""
+        return self.kv.shape[0]
+
+    def __getattr__(self, name):
+        if name == "inputs":
+            raise AttributeError(name)
+        return getattr(self.inputs, name)
+
+    def run(self, backend, **kw):
+        """The op on the guarded out / lse, on ``backend`` (a given ``plan=`` holds its own)."""
+        kw.setdefault("out", self.out.view)
+        kw.setdefault("lse", self.lse.view)
+        if kw.get("plan") is None:
+            kw["backend"] = backend
+        return self.inputs.run(**kw)
+
+    def check_guards(self) -> None:
+        """No guard byte of out, lse or the cache changed."""
+        self.out.check("out")
+        self.lse.check("lse")
+        self.inputs.paged.check_guards("kv_cache")

@@ -3,7 +3,7 @@ and device, without reading any device value (so the call can be captured in a C
 
 ``plan_decode(...) -> DecodePlan`` (flashinfer's plan/run split): the wrapper validates, plans, then
 launches exactly what the plan says. What it decides:
-  * the stage-1 tier (BLOCK_H query rows per program) from M = q_len x N (``stage1_config``);
+  * the stage-1 tier (BLOCK_H query rows per program) from M = q_len x N (``tier_config``);
   * the split count S (``choose_num_splits``, ops/latent_core.py: the split-K model that
     mla_sparse_attention shares): a small cost model over the CU/SM count, the batch, the row
     blocks and an upper bound of the longest sequence (the ``max_seq_len`` hint, else the block
@@ -16,7 +16,7 @@ launches exactly what the plan says. What it decides:
     (docs/batch-invariance.md);
   * S == 1: stage 1 writes out/lse directly (one launch); S > 1: partials go to a float32
     workspace of ``mla_decode_workspace_numel`` elements and stage 2 (the reduce) merges them;
-  * each launch's grid, constexprs and compile options (``stage1_meta``, ``latent_core.reduce_meta``: the ISA
+  * each launch's grid, constexprs and compile options (``triton_meta``, ``latent_core.reduce_meta``: the ISA
     report compiles its variants from the same two functions, so what it reports is what runs).
 
 Launch data: rocm_mla/configs/mla_decode.json.
@@ -53,8 +53,8 @@ D_NOPE = KV_LORA_RANK  # V width and the nope part of K (the kernel's constexpr 
 D_PE = QK_ROPE_HEAD_DIM
 D_KV = KV_ROW_DIM
 
-# What an absent stage-1 config field means (rocm-mla tune compares configs with the same table).
-STAGE1_DEFAULTS = {
+# What an absent tier field means (rocm-mla tune compares configs with the same table).
+TIER_DEFAULTS = {
     "D_SPLIT": 1,
     "V_SPLIT": 1,
     "RELOAD_K": False,
@@ -173,7 +173,7 @@ def argument_types(
 # --------------------------------------------------------------------------- launch decisions
 
 
-def stage1_config(
+def tier_config(
     arch: str,
     rows_per_request: int,
     q_dtype: torch.dtype,
@@ -231,7 +231,7 @@ def stage1_config(
 
 def invariant_split(arch: str, tier: dict[str, Any]) -> tuple[int, int]:
     """``(split_tokens, max_splits)`` of the batch-invariant mode on ``arch`` for a resolved stage-1
-    tier (``stage1_config``): a request of seq_len keys is cut into splits of
+    tier (``tier_config``): a request of seq_len keys is cut into splits of
     ``max(split_tokens, cdiv(seq_len, max_splits) rounded up to BLOCK_N)`` keys, split_tokens
     rounded up to a multiple of BLOCK_N (the tile). split_tokens is the tier's
     ``invariant_split_tokens``, else configs' ``batch_invariant`` one; the tier follows q_len x N
@@ -274,7 +274,7 @@ def page_mode_for(page_size: int, block_n: int) -> tuple[int, int]:
     return 0, 0
 
 
-def stage1_meta(
+def triton_meta(
     arch: str,
     cfg: dict[str, Any],
     q_dtype: torch.dtype,
@@ -288,7 +288,7 @@ def stage1_meta(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(constexprs, compile options)`` of one stage-1 launch: the single place both the wrapper's
     launch and the ISA report's variants take them from, so what the report compiles is what runs."""
-    field = {**STAGE1_DEFAULTS, **cfg}
+    field = {**TIER_DEFAULTS, **cfg}
     v_split = int(field["V_SPLIT"])
     consts = {
         "D_NOPE": D_NOPE,
@@ -339,7 +339,7 @@ class DecodePlan(LatentPlan):
     num_heads: int
     q_len: int
     tier: int | None  # index into configs' tiers; None when a config= override replaces the tier
-    config: dict[str, Any]  # the resolved stage-1 config (stage1_config)
+    config: dict[str, Any]  # the resolved stage-1 config (tier_config)
     head_blocks: int  # cdiv(q_len x N, BLOCK_H): blocks of BLOCK_H (token, head) rows per request and split
     num_splits: int  # S
     split_programs: int  # stage-1 programs per (request, head block): P == S, or P <= S with the tier's SPLIT_RUNS
@@ -501,7 +501,7 @@ def plan_decode(
     num_cus = num_compute_units(device)
     m_rows = q_len * num_heads
     tier = None if config is not None else tier_index(config_for(OP, arch)["tiers"], m_rows)
-    cfg = stage1_config(arch, m_rows, q_dtype, kv_fp8, config, fp8_dots=dots)
+    cfg = tier_config(arch, m_rows, q_dtype, kv_fp8, config, fp8_dots=dots)
     head_blocks = triton.cdiv(m_rows, int(cfg["BLOCK_H"]))
     block_n = int(cfg["BLOCK_N"])
     r = batch * q_len * num_heads
@@ -515,7 +515,7 @@ def plan_decode(
     P = None
     if S is None or batch_invariant:
         # V_SPLIT programs share each head block's tiles: they count as head blocks for the model.
-        blocks = head_blocks * int(cfg.get("V_SPLIT", STAGE1_DEFAULTS["V_SPLIT"]))
+        blocks = head_blocks * int(cfg.get("V_SPLIT", TIER_DEFAULTS["V_SPLIT"]))
         P = modelled_splits(config_for(OP, arch)["split"], batch, blocks, bound, cfg, kv_kind.itemsize, num_cus)
         if batch_invariant:
             # With SPLIT_RUNS the programs per request follow the batch as the default mode's
@@ -528,7 +528,7 @@ def plan_decode(
     if P is None:
         P = S
     page_mode, page_shift = page_mode_for(block_size, block_n)
-    consts1, options1 = stage1_meta(
+    consts1, options1 = triton_meta(
         arch,
         cfg,
         q_dtype,
@@ -603,9 +603,9 @@ __all__ = [
     "DEFAULT_FP8_DOTS",
     "invariant_split",
     "invariant_num_splits",
-    "stage1_config",
-    "stage1_meta",
+    "tier_config",
+    "triton_meta",
     "page_mode_for",
-    "STAGE1_DEFAULTS",
+    "TIER_DEFAULTS",
     "FP8_DOTS",
 ]

@@ -3,7 +3,7 @@ value is read, so a call can be captured in a CUDA/HIP graph).
 
 ``plan_indexer_topk(...) -> IndexerTopkPlan``: the split size and count, the persistent grid, the
 form (direct, split + merge, or prefiltered: ``IndexerTopkPlan``), each launch's grid, constexprs
-and compile options (``kernel_meta`` / ``merge_meta`` / ``prefilter_meta``, which the ISA report's
+and compile options (``triton_meta`` / ``merge_meta`` / ``prefilter_meta``, which the ISA report's
 variants call too), the backend (``ops._dispatch.select``) and debug mode, so a call only checks
 its tensors against the plan (``IndexerTopkPlan.matches``, host values alone). The answer does not
 depend on the split size or the form, so a row's answer does not depend on the batch.
@@ -41,7 +41,7 @@ def _merge_register_slots(arch: str, merge: dict[str, Any]) -> int:
     return MERGE_MAX_WARPS * wave_size(arch) * int(merge.get("keys_per_thread", 64))
 
 
-def kernel_meta(
+def triton_meta(
     arch: str, cfg: dict[str, Any], num_heads: int, split_keys: int, topk_p2: int, *, direct: bool, block_size: int,
     shuffled: bool, ranks: int = 0,
 ) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
@@ -479,7 +479,7 @@ def plan_indexer_topk(
         if pf_split < split_keys and max_kv_len > pf_split:
             split_keys, S, ranks = pf_split, triton.cdiv(max_kv_len, pf_split), PREFILTER_RANKS
     direct = S == 1 and bool(cfg.get("direct", True)) and not ranks
-    consts, options = kernel_meta(
+    consts, options = triton_meta(
         arch, cfg, num_heads, split_keys, topk_p2, direct=direct, block_size=block_size, shuffled=shuffle,
         ranks=ranks,
     )  # fmt: skip
@@ -515,4 +515,4 @@ def plan_indexer_topk(
     )
 
 
-__all__ = ["OP", "IndexerTopkPlan", "plan_indexer_topk", "kernel_meta", "merge_meta", "prefilter_meta"]
+__all__ = ["OP", "IndexerTopkPlan", "plan_indexer_topk", "triton_meta", "merge_meta", "prefilter_meta"]

@@ -18,7 +18,7 @@ invariance, the config, the backend and debug. The op checks its tensors against
     not depend on the batch (the reduce's tile follows the split count, which then follows K);
   * one split: the kernel writes out/lse itself; more: float32 partials into a workspace
     (``mla_decode_workspace_numel`` elements, mla_decode's layout) and mla_decode's reduce;
-  * each launch's grid, constexprs and compile options (``kernel_meta``; the ISA report compiles
+  * each launch's grid, constexprs and compile options (``triton_meta``; the ISA report compiles
     its variants from the same function, so what it reports is what runs).
 
 Launch data: rocm_mla/configs/mla_sparse_attention.json.
@@ -84,7 +84,7 @@ def tier_config(
     return cfg
 
 
-def kernel_meta(
+def triton_meta(
     arch: str,
     cfg: dict[str, Any],
     q_dtype: torch.dtype,
@@ -305,7 +305,7 @@ def plan_sparse_attention(
     S = max(1, triton.cdiv(topk, split_len))
     on_device = kv_fp8 and k_scale_on_device
     pow2 = block_size & (block_size - 1) == 0
-    consts, options = kernel_meta(
+    consts, options = triton_meta(
         arch, cfg, q_dtype, kv_fp8, direct=S == 1, has_scale_ptr=on_device, paged=paged, pow2_page=pow2
     )
     return SparsePlan(
@@ -344,7 +344,7 @@ __all__ = [
     "SparsePlan",
     "plan_sparse_attention",
     "tier_config",
-    "kernel_meta",
+    "triton_meta",
     "invariant_split_len",
     "TIER_DEFAULTS",
 ]

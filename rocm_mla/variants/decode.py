@@ -1,7 +1,7 @@
 """mla_decode: the Triton variants the wrapper can launch, for the ISA report.
 
-Constexprs and options come from ``rocm_mla.ops.decode_plan.stage1_meta`` / ``latent_core.reduce_meta``, the
-functions ``plan_decode`` takes a launch's from; the stage-1 config from ``stage1_config``, the plan's choice.
+Constexprs and options come from ``rocm_mla.ops.decode_plan.triton_meta`` / ``latent_core.reduce_meta``, the
+functions ``plan_decode`` takes a launch's from; the stage-1 config from ``tier_config``, the plan's choice.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from ..ops.decode_plan import (
     STAGE1_ARGS,
     argument_types,
     invariant_split,
-    stage1_config,
-    stage1_meta,
+    tier_config,
+    triton_meta,
 )
 from ..ops.latent_core import reduce_meta
 from ..triton_common import amd_options, triton_type
@@ -41,7 +41,7 @@ def _stage1_variant(
 ) -> TritonVariant:
     qname, kvname = triton_type(q_dtype), triton_type(kv_dtype)
     sig, ones, div16 = argument_types(STAGE1_ARGS, {"q": qname, "kv": kvname})
-    meta, options = stage1_meta(
+    meta, options = triton_meta(
         arch,
         cfg,
         q_dtype,
@@ -107,19 +107,19 @@ def triton_variants(arch: str) -> list[TritonVariant]:
         for qdt, kvdt in combos:
             is_fp8 = kvdt == fp8
             for dots in FP8_DOTS if is_fp8 else ("none",):  # mla_decode(fp8_dots=...)
-                cfg = stage1_config(arch, tier["BLOCK_H"], qdt, is_fp8, fp8_dots=dots)
+                cfg = tier_config(arch, tier["BLOCK_H"], qdt, is_fp8, fp8_dots=dots)
                 for direct in (True, False):
                     for sptr in (False, True) if is_fp8 else (False,):
                         add(_stage1_variant(arch, cfg, qdt, kvdt, direct, sptr, ""))
         # Pages smaller than a tile (block 16, block 1: PAGE_MODE 1; other sizes: 0), bf16 q and cache.
-        cfg = stage1_config(arch, tier["BLOCK_H"], torch.bfloat16, False)
+        cfg = tier_config(arch, tier["BLOCK_H"], torch.bfloat16, False)
         for mode in (1, 0):
             add(_stage1_variant(arch, cfg, torch.bfloat16, torch.bfloat16, False, False, "", mode))
     # Batch-invariant mode (SPLIT_TOKENS / SPLIT_CAP set): each tier, bf16 and fp8 caches, both launches.
     for tier in table["tiers"]:
         for qdt, kvdt in combos[:1] + combos[3:4]:
             is_fp8 = kvdt == fp8
-            cfg = stage1_config(arch, tier["BLOCK_H"], qdt, is_fp8)
+            cfg = tier_config(arch, tier["BLOCK_H"], qdt, is_fp8)
             split = invariant_split(arch, cfg)
             for direct in (True, False):
                 add(_stage1_variant(arch, cfg, qdt, kvdt, direct, is_fp8, "inv ", split=split))
@@ -127,7 +127,7 @@ def triton_variants(arch: str) -> list[TritonVariant]:
     for cand in table["candidates"]:
         for qdt, kvdt in combos[:1] + combos[3:4]:
             is_fp8 = kvdt == fp8
-            cfg = stage1_config(arch, 0, qdt, is_fp8, cand)
+            cfg = tier_config(arch, 0, qdt, is_fp8, cand)
             for direct in (True, False):
                 add(_stage1_variant(arch, cfg, qdt, kvdt, direct, is_fp8, "cand "))
     s_values = sorted({1 << i for i in range(0, 7)} | {int(table["split"]["max_splits"])})
@@ -146,7 +146,7 @@ def triton_variants(arch: str) -> list[TritonVariant]:
         cus = 64
         for tier in table["tiers"]:
             for is_fp8, dots in kinds:
-                cfg = stage1_config(arch, tier["BLOCK_H"], qdt, is_fp8, fp8_dots=dots)
+                cfg = tier_config(arch, tier["BLOCK_H"], qdt, is_fp8, fp8_dots=dots)
                 block_n = int(cfg["BLOCK_N"])
                 tokens, cap = invariant_split(arch, cfg)
                 for s in sorted({2, cap}):
@@ -180,9 +180,9 @@ def default_tier_variants(arch: str, fp8: bool = False) -> list[TritonVariant]:
     out = []
     for tier in config_for(OP, arch)["tiers"]:
         rows = tier["BLOCK_H"]
-        cfg = stage1_config(arch, rows, torch.bfloat16, False)
+        cfg = tier_config(arch, rows, torch.bfloat16, False)
         out.append(_stage1_variant(arch, cfg, torch.bfloat16, torch.bfloat16, True, False, ""))
         for dots in FP8_DOTS if fp8 else ():
-            cfg = stage1_config(arch, rows, torch.bfloat16, True, fp8_dots=dots)
+            cfg = tier_config(arch, rows, torch.bfloat16, True, fp8_dots=dots)
             out.append(_stage1_variant(arch, cfg, torch.bfloat16, fp8_kind, True, False, ""))
     return out

@@ -1,6 +1,6 @@
 """mla_indexer_topk: the Triton variants the op can launch, for the ISA report.
 
-Constexprs and options come from ``rocm_mla.ops.indexer_topk_plan.kernel_meta`` / ``merge_meta``,
+Constexprs and options come from ``rocm_mla.ops.indexer_topk_plan.triton_meta`` / ``merge_meta``,
 the functions the plan takes a launch's from.
 """
 
@@ -10,7 +10,7 @@ import itertools
 
 from ..configs import config_for, platform_fp8_dtype
 from ..kernels.indexer_topk import mla_indexer_merge_kernel, mla_indexer_prefilter_kernel, mla_indexer_split_topk_kernel
-from ..ops.indexer_topk_plan import OP, PREFILTER_RANKS, kernel_meta, merge_meta, prefilter_meta
+from ..ops.indexer_topk_plan import OP, PREFILTER_RANKS, merge_meta, prefilter_meta, triton_meta
 from ..triton_common import amd_options, triton_type
 from .triton_variant import TritonVariant
 
@@ -63,7 +63,7 @@ def triton_variants(arch: str) -> list[TritonVariant]:
         if ranks and direct:
             continue
         for shuffled in layouts if H == 64 and direct == directs[0] else (True,):
-            meta, options = kernel_meta(
+            meta, options = triton_meta(
                 arch, form, H, split, topk_p2, direct=direct, block_size=64 if shuffled else 1, shuffled=shuffled,
                 ranks=ranks,
             )  # fmt: skip

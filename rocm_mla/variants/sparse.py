@@ -1,6 +1,6 @@
 """mla_sparse_attention: the Triton variants the op can launch, for the ISA report.
 
-Constexprs and options come from ``rocm_mla.ops.sparse_plan.kernel_meta`` (the function the plan
+Constexprs and options come from ``rocm_mla.ops.sparse_plan.triton_meta`` (the function the plan
 takes a launch's from), the config from ``tier_config`` (the plan's choice). The split reduce is
 mla_decode's, whose variants rocm_mla.variants.decode lists.
 """
@@ -13,7 +13,7 @@ import torch
 
 from ..configs import config_for, platform_fp8_dtype
 from ..kernels.sparse import mla_sparse_attention_kernel
-from ..ops.sparse_plan import OP, kernel_meta, tier_config
+from ..ops.sparse_plan import OP, tier_config, triton_meta
 from ..triton_common import amd_options, triton_type
 from .triton_variant import TritonVariant
 
@@ -38,7 +38,7 @@ def variant(
     pow2_page: bool = True,
     tag: str = "",
 ) -> TritonVariant:
-    """One launch of the kernel as the plan makes it (``kernel_meta``), described for the AOT compile."""
+    """One launch of the kernel as the plan makes it (``triton_meta``), described for the AOT compile."""
     qname, kvname = triton_type(q_dtype), triton_type(kv_dtype)
     sig = {
         "q_nope": f"*{qname}",
@@ -56,7 +56,7 @@ def variant(
         "out_scale": "fp32",
         **{n: "i32" for n in _I32},
     }
-    meta, options = kernel_meta(
+    meta, options = triton_meta(
         arch, cfg, q_dtype, kv_dtype != q_dtype, direct=direct, has_scale_ptr=scale_ptr, paged=paged,
         pow2_page=pow2_page,
     )  # fmt: skip

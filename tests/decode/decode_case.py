@@ -9,10 +9,10 @@ all-NaN pages, q_nope / q_pe as strided slices, out / lse NaN-poisoned views.
 from __future__ import annotations
 
 import torch
-from _util import DEVICE, backends
+from _util import DEVICE, GuardedLatentCase, backends
 
-from rocm_mla.cases import Guarded, decode, generator
-from rocm_mla.mla_dims import KV_LORA_RANK, KV_ROW_DIM
+from rocm_mla.cases import decode
+from rocm_mla.mla_dims import KV_ROW_DIM
 
 BACKENDS = [b for b in ("triton", "reference") if b in backends()]  # no HIP decode kernel
 
@@ -28,52 +28,18 @@ def make_case(lens, N, q_len=1, block=16, dtype=torch.float32, *, fp8=False, **k
     return decode.make_inputs(shape, dtype=dtype, device=DEVICE, **kw)
 
 
-class GuardedCase:
+class GuardedCase(GuardedLatentCase):
     """A decode batch inside sentinel guards (rocm_mla.cases.SENTINEL): the cache finite in every
     slot (unused ones random: a request's NaN rows are the kernel's verdict, not a stray read),
-    guards reaching two pages past each end of it; out ``[rows, N, 512]`` (8 elements after each
-    row) and lse ``[rows, N]`` (1 after each row) as Guarded views that start random (finite), so
-    an unwritten row fails the comparison."""
+    guards reaching two pages past each end of it; out and lse guarded (``GuardedLatentCase``)."""
 
     def __init__(self, lens, N, q_len, block, *, dtype=torch.float32, fp8=False, spare_pages=2, spare_cols=1, seed=0):
-        self.inputs = make_case(
-            lens,
-            N,
-            q_len,
-            block,
-            dtype,
-            fp8=fp8,
-            k_scale=1.0,
-            seed=seed,
-            q_layout="vllm",
-            spare_pages=spare_pages,
-            spare_cols=spare_cols,
-            unused="randn",
-            guard=2 * block * KV_ROW_DIM + 64,
-        )
-        rows, g = len(lens) * q_len, generator(seed + 1, "cpu")
-        self.out = Guarded((rows, N, KV_LORA_RANK), dtype, device=DEVICE, fill="randn", pad_last=8, generator=g)
-        self.lse = Guarded((rows, N), torch.float32, device=DEVICE, fill="randn", pad_last=1, generator=g)
+        inputs = make_case(
+            lens, N, q_len, block, dtype, fp8=fp8, k_scale=1.0, seed=seed, q_layout="vllm", spare_pages=spare_pages,
+            spare_cols=spare_cols, unused="randn", guard=2 * block * KV_ROW_DIM + 64,
+        )  # fmt: skip
+        super().__init__(inputs, len(lens) * q_len, N, dtype, seed)
         self.q_len = q_len
-
-    @property
-    def kv(self) -> torch.Tensor:
-        return self.inputs.kv_cache
-
-    @property
-    def nb(self) -> int:
-        """Pages in the cache."""
-        return self.kv.shape[0]
-
-    def __getattr__(self, name):  # q_nope, q_pe, block_table, seq_lens, reference, ...
-        if name == "inputs":
-            raise AttributeError(name)
-        return getattr(self.inputs, name)
-
-    def run(self, backend, **kw):
-        kw.setdefault("out", self.out.view)
-        kw.setdefault("lse", self.lse.view)
-        return self.inputs.run(backend=backend, **kw)
 
     def check(self, want, *, nan_requests=(), tol=None):
         """Requests in ``nan_requests``: every row NaN in out and lse; the others agree with ``want``
@@ -87,6 +53,4 @@ class GuardedCase:
                 assert torch.isnan(out[r].float()).all() and torch.isnan(lse[r]).all(), f"request {b}: not NaN"
             else:
                 self.inputs.check(out[r], lse[r], ref=(ro[r], rl[r]), tol=tol)
-        self.out.check("out")
-        self.lse.check("lse")
-        self.inputs.paged.check_guards("kv_cache")
+        self.check_guards()

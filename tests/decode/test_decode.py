@@ -18,7 +18,7 @@ from decode_case import BACKENDS, V_SPLIT_CFG, make_case
 from rocm_mla.cases import compare, decode, outside_untouched, poisoned, raise_on
 from rocm_mla.cases.decode import call_decode
 from rocm_mla.configs import config_for
-from rocm_mla.ops.decode_plan import stage1_config
+from rocm_mla.ops.decode_plan import tier_config
 from rocm_mla.ops.latent_core import choose_num_splits, mla_decode_workspace_numel
 from rocm_mla.reference import mla_decode_ref
 from rocm_mla.variants.decode import triton_variants
@@ -317,16 +317,16 @@ def test_split_heuristic_examples():
 
 def test_stage1_config_tiers_and_overrides():
     fp16 = torch.float16
-    assert stage1_config("sm90", 16, fp16, False)["BLOCK_H"] == 16
-    assert stage1_config("sm90", 17, fp16, False)["BLOCK_H"] == 32
-    assert stage1_config("sm90", 256, fp16, False)["BLOCK_H"] == 64
-    fp8_wide = stage1_config("sm90", 256, fp16, True)  # fp8 override: 128 rows, V halves
+    assert tier_config("sm90", 16, fp16, False)["BLOCK_H"] == 16
+    assert tier_config("sm90", 17, fp16, False)["BLOCK_H"] == 32
+    assert tier_config("sm90", 256, fp16, False)["BLOCK_H"] == 64
+    fp8_wide = tier_config("sm90", 256, fp16, True)  # fp8 override: 128 rows, V halves
     assert (fp8_wide["BLOCK_H"], fp8_wide["V_SPLIT"], fp8_wide["num_warps"]) == (128, 2, 8)
-    assert stage1_config("sm90", 16, fp16, True).get("RELOAD_K") is True
+    assert tier_config("sm90", 16, fp16, True).get("RELOAD_K") is True
     cand = config_for("mla_decode", "sm90")["candidates"][-1]
-    assert stage1_config("sm90", 16, fp16, False, cand)["BLOCK_N"] == cand["BLOCK_N"]
+    assert tier_config("sm90", 16, fp16, False, cand)["BLOCK_N"] == cand["BLOCK_N"]
     with pytest.raises(ValueError, match="config: expected a BLOCK_N entry"):
-        stage1_config("sm90", 16, fp16, False, {"BLOCK_H": 16, "num_warps": 4, "num_stages": 1})
+        tier_config("sm90", 16, fp16, False, {"BLOCK_H": 16, "num_warps": 4, "num_stages": 1})
 
 
 def test_launch_config_override_runs():
@@ -343,7 +343,7 @@ def test_fp8_cache_f16_dots_with_bf16_q():
     cfg = {"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "RELOAD_K": True, "F16_DOT": True}
     for splits in (1, 2):
         case.check(*case.run(config=cfg, num_splits=splits, k_scale=0.5, out=None, lse=None))
-    assert stage1_config("sm90", 16, torch.bfloat16, True)["F16_DOT"] is True
+    assert tier_config("sm90", 16, torch.bfloat16, True)["F16_DOT"] is True
 
 
 def _arch_configs():
@@ -356,7 +356,7 @@ def _arch_configs():
         configs = table["tiers"] + table["candidates"]
         for i, tier in enumerate(c for j, c in enumerate(configs) if c not in configs[:j]):
             for fp8 in (False, True):
-                cfg = stage1_config(arch, 0, torch.float16, fp8, tier)
+                cfg = tier_config(arch, 0, torch.float16, fp8, tier)
                 out.append(pytest.param(cfg, fp8, id=f"{arch}-{i}-{'fp8' if fp8 else 'fp16'}"))
     return out
 
@@ -376,7 +376,7 @@ def test_variants_cover_every_config(arch):
     assert len({v.config for v in vs}) == len(vs)
     for fp8 in (False, True):
         for m in (1, 24, 256):
-            cfg = stage1_config(arch, m, torch.bfloat16, fp8)
+            cfg = tier_config(arch, m, torch.bfloat16, fp8)
             hits = [
                 v
                 for v in s1
@@ -504,9 +504,9 @@ def test_v_split_matches_reference(dtype, splits, name):
 
 
 def test_v_split_needs_d_split_two_is_forced():
-    from rocm_mla.ops.decode_plan import stage1_meta
+    from rocm_mla.ops.decode_plan import triton_meta
 
-    consts, _ = stage1_meta(
+    consts, _ = triton_meta(
         "cpu", {**V_SPLIT_CFG, "D_SPLIT": 1}, torch.float16, False, direct=True, has_scale_ptr=False, page_mode=2
     )
     assert consts["V_SPLIT"] == 2 and consts["D_SPLIT"] == 2

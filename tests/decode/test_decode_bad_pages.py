@@ -10,7 +10,7 @@ from _util import CLAMP_CFG, DEVICE, PAGE_GUARD_CFGS
 from decode_case import V_SPLIT_CFG, make_case
 
 from rocm_mla.cases.decode import call_decode
-from rocm_mla.ops.decode_plan import stage1_config
+from rocm_mla.ops.decode_plan import tier_config
 
 
 @pytest.mark.parametrize("cfg", PAGE_GUARD_CFGS)
@@ -125,7 +125,7 @@ def _this_gpu_tier0(clamp: bool, fp8: bool) -> dict:
     from rocm_mla.configs import config_for
 
     arch = _platform.device_arch(DEVICE)
-    tier = stage1_config(arch, 0, torch.bfloat16, fp8, config_for("mla_decode", arch)["tiers"][0])
+    tier = tier_config(arch, 0, torch.bfloat16, fp8, config_for("mla_decode", arch)["tiers"][0])
     return {**tier, "CLAMP_PAGES": clamp}
 
 

@@ -11,7 +11,7 @@ from _util import DEVICE, HAS_GPU
 from decode_case import make_case
 
 from rocm_mla.cases import decode, outside_untouched, poisoned
-from rocm_mla.ops.decode_plan import FP8_DOTS, stage1_config, stage1_meta
+from rocm_mla.ops.decode_plan import FP8_DOTS, tier_config, triton_meta
 
 # bf16 q with fp8 caches runs on GPUs; the CPU interpreter converts e4m3 -> bf16 wrongly, so the
 # CPU cases take fp16 q (the kernel's code path is the same but for F16_DOT).
@@ -56,10 +56,10 @@ def test_fp8_dots_all_tiles_take_fp8_matrix_instructions(arch):
     refuses 8-bit dots with K < 32, its AMD backend falls back to FMA there); a config with a
     smaller tile is refused by name."""
     for rows in (1, 16, 32, 64, 128):
-        cfg = stage1_config(arch, rows, torch.bfloat16, True, fp8_dots="all")
+        cfg = tier_config(arch, rows, torch.bfloat16, True, fp8_dots="all")
         assert cfg["BLOCK_N"] >= 32 and cfg["FP8_PV"]
     with pytest.raises(ValueError, match="BLOCK_N >= 32 with fp8_dots='all'.*got BLOCK_N=16"):
-        stage1_config(arch, 16, torch.bfloat16, True, dict(D_SPLIT2), fp8_dots="all")
+        tier_config(arch, 16, torch.bfloat16, True, dict(D_SPLIT2), fp8_dots="all")
 
 
 @pytest.mark.parametrize("mode", FP8_DOTS)
@@ -158,7 +158,7 @@ def test_fp8_dots_only_by_name(key):
     for value in (True, False):
         with pytest.raises(ValueError, match=f"mla_decode: config: expected no {key} entry"):
             case.run(config={**cfg, key: value})
-    plain = stage1_config("sm90", 16, torch.bfloat16, True)
+    plain = tier_config("sm90", 16, torch.bfloat16, True)
     assert "FP8_QK" not in plain and "FP8_PV" not in plain
 
 
@@ -166,8 +166,8 @@ def test_fp8_dots_config_resolution():
     """ "qk" picks the tier's 'fp8+qk' overrides after 'fp8', "all" then 'fp8+all'; both run
     D_SPLIT 1, V_SPLIT 1 (sm90's 64-row fp8 tier is a 128-row V_SPLIT tile in "none");
     FP8_QK / FP8_PV reach the kernel only for fp8 caches and 16-bit q."""
-    plain = stage1_config("sm90", 128, torch.bfloat16, True)
-    qk = stage1_config("sm90", 128, torch.bfloat16, True, fp8_dots="qk")
+    plain = tier_config("sm90", 128, torch.bfloat16, True)
+    qk = tier_config("sm90", 128, torch.bfloat16, True, fp8_dots="qk")
     assert plain["V_SPLIT"] == 2 and plain["BLOCK_H"] == 128
     assert (qk["BLOCK_H"], qk["BLOCK_N"], qk["D_SPLIT"], qk["V_SPLIT"], qk["FP8_QK"], qk["FP8_PV"]) == (
         64,
@@ -180,7 +180,7 @@ def test_fp8_dots_config_resolution():
     for arch in ("gfx942", "sm90"):
         tiers = __import__("rocm_mla.configs", fromlist=["config_for"]).config_for("mla_decode", arch)["tiers"]
         for tier in tiers:
-            al = stage1_config(arch, tier["BLOCK_H"], torch.bfloat16, True, fp8_dots="all")
+            al = tier_config(arch, tier["BLOCK_H"], torch.bfloat16, True, fp8_dots="all")
             expect = {**tier, **tier.get("fp8", {}), **tier.get("fp8+qk", {}), **tier.get("fp8+all", {})}
             assert al["FP8_QK"] and al["FP8_PV"] and al["D_SPLIT"] == 1 and al["V_SPLIT"] == 1
             assert (al["BLOCK_H"], al["BLOCK_N"], al["num_warps"]) == (
@@ -189,15 +189,15 @@ def test_fp8_dots_config_resolution():
                 expect["num_warps"],
             )
     for dots in FP8_DOTS:
-        assert stage1_config("sm90", 128, torch.bfloat16, False, fp8_dots=dots) == stage1_config(
+        assert tier_config("sm90", 128, torch.bfloat16, False, fp8_dots=dots) == tier_config(
             "sm90", 128, torch.bfloat16, False
         )
         # float32 q keeps exact products: the plan is the plain fp8 one, as the launch runs it.
-        assert stage1_config("sm90", 128, torch.float32, True, fp8_dots=dots) == stage1_config(
+        assert tier_config("sm90", 128, torch.float32, True, fp8_dots=dots) == tier_config(
             "sm90", 128, torch.float32, True
         )
     cfg = {"BLOCK_H": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "FP8_QK": True, "FP8_PV": True}
-    on = lambda q, fp8: stage1_meta("default", cfg, q, fp8, direct=True, has_scale_ptr=False, page_mode=2)[0]  # noqa: E731
+    on = lambda q, fp8: triton_meta("default", cfg, q, fp8, direct=True, has_scale_ptr=False, page_mode=2)[0]  # noqa: E731
     assert on(torch.float16, True)["FP8_QK"] and on(torch.float16, True)["FP8_PV"]
     assert not on(torch.float16, False)["FP8_PV"] and not on(torch.float32, True)["FP8_PV"]
 

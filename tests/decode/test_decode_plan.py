@@ -262,7 +262,7 @@ def test_plan_tier_is_the_configs_index_or_none_for_an_override():
     for n in (1, tiers[0]["BLOCK_H"], tiers[0]["BLOCK_H"] + 1, 128):
         plan = plan_mod.plan_decode(batch=2, num_heads=n, **base)
         assert plan.tier == tier_index(tiers, n)
-        assert plan.config == plan_mod.stage1_config("cpu", n, torch.float16, False)
+        assert plan.config == plan_mod.tier_config("cpu", n, torch.float16, False)
     assert plan_mod.plan_decode(batch=2, num_heads=16, config=tiers[-1], **base).tier is None
 
 

@@ -383,14 +383,14 @@ def test_tiny_cases_check_against_the_reference(monkeypatch):
 
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950", "sm90", "cpu"])
 def test_compose_tier_changes_only_its_combination(arch):
-    from rocm_mla.ops.decode_plan import stage1_config
+    from rocm_mla.ops.decode_plan import tier_config
     from rocm_mla.tools.tune.groups import tier_invariant_fields
 
     pkg = C.package_config("mla_decode", arch)
     for tier in pkg["tiers"]:
         for combo in ((torch.bfloat16, False), (torch.bfloat16, True), (torch.float16, True)):
             for cand in _listed(pkg):
-                point = stage1_config(arch, 0, combo[0], combo[1], cand)
+                point = tier_config(arch, 0, combo[0], combo[1], cand)
                 if not combo[1] and point["BLOCK_H"] != tier["BLOCK_H"]:
                     continue
                 new = compose_tier(arch, tier, combo, point)
@@ -402,9 +402,9 @@ def test_compose_tier_changes_only_its_combination(arch):
                     want = (
                         point
                         if c == combo or (combo == (torch.bfloat16, False) and c[1] is False and c[0] == torch.float16)
-                        else stage1_config(arch, 0, *c, tier)
+                        else tier_config(arch, 0, *c, tier)
                     )
-                    assert full_stage1(stage1_config(arch, 0, c[0], c[1], new)) == full_stage1(want), (c, new)
+                    assert full_stage1(tier_config(arch, 0, c[0], c[1], new)) == full_stage1(want), (c, new)
                 assert (
                     C.validate_overlay(_overlay(arch, {"mla_decode": {"tiers": [new]}}), arch, check_stamp=False) == []
                 )
@@ -413,14 +413,14 @@ def test_compose_tier_changes_only_its_combination(arch):
 def test_compose_tier_with_v_split():
     """A V_SPLIT point (perf/sweeps/decode_sm90_vsplit.json) is expressible, and the tuner's knob
     moves keep V_SPLIT 2 with D_SPLIT 2."""
-    from rocm_mla.ops.decode_plan import stage1_config
+    from rocm_mla.ops.decode_plan import tier_config
 
     tier = C.package_config("mla_decode", "sm90")["tiers"][2]
-    point = {**stage1_config("sm90", 0, torch.bfloat16, False, tier), "D_SPLIT": 2, "V_SPLIT": 2, "num_warps": 4}
+    point = {**tier_config("sm90", 0, torch.bfloat16, False, tier), "D_SPLIT": 2, "V_SPLIT": 2, "num_warps": 4}
     new = compose_tier("sm90", tier, (torch.bfloat16, False), point)
-    assert new is not None and stage1_config("sm90", 0, torch.bfloat16, False, new)["V_SPLIT"] == 2
+    assert new is not None and tier_config("sm90", 0, torch.bfloat16, False, new)["V_SPLIT"] == 2
     # the fp8 path keeps its own config, whatever it is
-    assert stage1_config("sm90", 0, torch.bfloat16, True, new) == stage1_config("sm90", 0, torch.bfloat16, True, tier)
+    assert tier_config("sm90", 0, torch.bfloat16, True, new) == tier_config("sm90", 0, torch.bfloat16, True, tier)
     assert C.validate_overlay(_overlay("sm90", {"mla_decode": {"tiers": [new]}}), "sm90", check_stamp=False) == []
     assert _decode_fix({"D_SPLIT": 1, "V_SPLIT": 2})["D_SPLIT"] == 2
 

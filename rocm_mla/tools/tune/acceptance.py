@@ -14,7 +14,7 @@ import triton
 
 from rocm_mla import configs as C
 from rocm_mla.cases import decode, indexer_topk, merge, prefill, rope_kv_write, sparse
-from rocm_mla.ops.decode_plan import stage1_config
+from rocm_mla.ops.decode_plan import tier_config as decode_tier_config
 from rocm_mla.ops.sparse_plan import tier_config
 
 from . import inputs
@@ -94,11 +94,11 @@ def verification_cases(
             for qdt, fp8 in COMBOS:
                 if qdt not in _dtypes(dev):
                     continue
-                cfg = stage1_config(arch, 0, qdt, fp8, tier)
+                cfg = decode_tier_config(arch, 0, qdt, fp8, tier)
                 same = (
                     ti < len(old_tiers)
                     and len(tiers) == len(old_tiers)
-                    and full_stage1(stage1_config(arch, 0, qdt, fp8, old_tiers[ti])) == full_stage1(cfg)
+                    and full_stage1(decode_tier_config(arch, 0, qdt, fp8, old_tiers[ti])) == full_stage1(cfg)
                 )
                 if same and not general:
                     continue

@@ -16,7 +16,8 @@ from typing import Any, Protocol
 import torch
 
 from rocm_mla import configs as C
-from rocm_mla.ops.decode_plan import STAGE1_DEFAULTS, stage1_config
+from rocm_mla.ops.decode_plan import TIER_DEFAULTS as DECODE_TIER_DEFAULTS
+from rocm_mla.ops.decode_plan import tier_config as decode_tier_config
 from rocm_mla.ops.sparse_plan import TIER_DEFAULTS, tier_config
 
 from .shapes import OP_KEYS, Shape
@@ -119,7 +120,7 @@ COMBOS = (
 
 def full_stage1(d: dict) -> dict:
     """``d`` with the stage-1 defaults filled in: a field left out equals its default spelled out."""
-    return {**STAGE1_DEFAULTS, **d}
+    return {**DECODE_TIER_DEFAULTS, **d}
 
 
 def _diff(target: dict, base: dict) -> dict | None:
@@ -127,7 +128,7 @@ def _diff(target: dict, base: dict) -> dict | None:
     t, b = full_stage1(target), full_stage1(base)
     if set(b) - set(t):
         return None
-    return {k: target.get(k, STAGE1_DEFAULTS.get(k)) for k in t if b.get(k) != t[k]}
+    return {k: target.get(k, DECODE_TIER_DEFAULTS.get(k)) for k in t if b.get(k) != t[k]}
 
 
 # The batch-invariant mode's tier fields: the tier's choice, not the tuner's (it times the default
@@ -137,7 +138,7 @@ INVARIANT_FIELDS = ("SPLIT_RUNS", "invariant_split_tokens")
 
 def tier_invariant_fields(arch: str, tier: dict, combo: tuple, point: dict) -> dict:
     """``point`` with the ``INVARIANT_FIELDS`` of ``tier`` resolved for ``combo`` in place of its own."""
-    own = stage1_config(arch, 0, combo[0], combo[1], tier)
+    own = decode_tier_config(arch, 0, combo[0], combo[1], tier)
     return {
         **{k: v for k, v in point.items() if k not in INVARIANT_FIELDS},
         **{k: own[k] for k in INVARIANT_FIELDS if k in own},
@@ -149,7 +150,7 @@ def compose_tier(arch: str, tier: dict, combo: tuple, point: dict) -> dict | Non
     every other combination resolves as in ``tier`` (float16 q without fp8 shares the 16-bit
     top level); None when the tier schema cannot express that. The ``INVARIANT_FIELDS`` stay the
     tier's, whatever the point says."""
-    res = lambda t, c: stage1_config(arch, 0, c[0], c[1], t)  # noqa: E731
+    res = lambda t, c: decode_tier_config(arch, 0, c[0], c[1], t)  # noqa: E731
     point = tier_invariant_fields(arch, tier, combo, point)
     want = {c: res(tier, c) for c in COMBOS}
     for c in [combo, (torch.float16, False)] if combo == (torch.bfloat16, False) else [combo]:
@@ -227,10 +228,10 @@ def decode_groups(t: TunerState, shapes: list[Shape]) -> list[Group]:
     groups = []
     for (ti, combo), ss in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1][1], str(kv[0][1][0]))):
         h = tiers[ti]["BLOCK_H"]
-        p0 = stage1_config(arch, 0, combo[0], combo[1], tiers[ti])
+        p0 = decode_tier_config(arch, 0, combo[0], combo[1], tiers[ti])
         ok = (lambda p: 16 <= p["BLOCK_H"] <= h) if combo[1] else (lambda p: p["BLOCK_H"] == h)
         listed = _nearest_first(
-            p0, [p for c in cands for p in [stage1_config(arch, 0, combo[0], combo[1], c)] if ok(p)]
+            p0, [p for c in cands for p in [decode_tier_config(arch, 0, combo[0], combo[1], c)] if ok(p)]
         )
         # most promising first: --quick tries single-knob neighbours of the default in this order
         knobs = [("BLOCK_N", [16, 32, 64]), ("num_warps", [4, 8])]
@@ -244,7 +245,7 @@ def decode_groups(t: TunerState, shapes: list[Shape]) -> list[Group]:
             knobs += [("RELOAD_K", [False, True])]
             if not gfx and combo[0] == torch.bfloat16:
                 knobs += [("F16_DOT", [False, True])]
-        knobs = [(k, v) for k, v in knobs if k in p0 or k in STAGE1_DEFAULTS]
+        knobs = [(k, v) for k, v in knobs if k in p0 or k in DECODE_TIER_DEFAULTS]
 
         def build(p, ti=ti, combo=combo):
             obj = t.current["mla_decode"]

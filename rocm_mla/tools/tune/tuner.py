@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from rocm_mla import configs as C
-from rocm_mla.ops.decode_plan import STAGE1_DEFAULTS
+from rocm_mla.ops.decode_plan import TIER_DEFAULTS as DECODE_TIER_DEFAULTS
 
 from .acceptance import MIN_GAIN, Acceptance, exc_text, geomean, sync_or_raise
 from .groups import Group, decode_groups, impl_groups, indexer_groups, point_key, prefill_groups, sparse_groups
@@ -153,7 +153,7 @@ class Tuner(Acceptance, OverlayWriter):
     @staticmethod
     def neighbours(g: Group) -> list[dict]:
         """Single-knob changes of the default, one value of each knob before the next value of any."""
-        alts = [(k, [v for v in vs if v != g.point0.get(k, STAGE1_DEFAULTS.get(k))]) for k, vs in g.knobs]
+        alts = [(k, [v for v in vs if v != g.point0.get(k, DECODE_TIER_DEFAULTS.get(k))]) for k, vs in g.knobs]
         out = []
         for r in range(max((len(a) for _, a in alts), default=0)):
             out += [g.fix({**g.point0, k: a[r]}) for k, a in alts if r < len(a)]
@@ -243,7 +243,7 @@ class Tuner(Acceptance, OverlayWriter):
                     if len(g.results) >= cap or self.out_of_time():
                         break
                     p = g.fix({**base, knob: v})
-                    if base.get(knob, STAGE1_DEFAULTS.get(knob)) == v or point_key(p) in g.results:
+                    if base.get(knob, DECODE_TIER_DEFAULTS.get(knob)) == v or point_key(p) in g.results:
                         continue
                     idx += 1
                     self.evaluate(g, p, idx)

@@ -3,7 +3,8 @@ verified overlay for exactly that arch merged over it, and the one way a launch 
 out of it.
 
 Every op's arch object has one shape: ``tiers``, a list of launch configs (an op with one config
-has one tier); ``candidates``, the extra configs ``rocm-mla tune`` times, in the tiers' shape;
+has one tier); ``candidates``, the extra configs ``rocm-mla tune`` times, in the tiers' shape (a
+candidate whose fields hold lists is the grid of their values: ``tables.expand_candidates``);
 beside them the op's model parameters (``backend_order``, ``split``, ``batch_invariant``,
 ``num_xcds``, ``reduce``; merge's and RoPE's HIP kernel: a ``hip`` object with its own ``tiers``
 and ``candidates``). mla_decode's and mla_sparse_attention's tiers are selected by ``BLOCK_H``

@@ -8,6 +8,7 @@ takes sm90's. No code outside this package inspects arch strings.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import re
 from importlib import resources
@@ -16,8 +17,27 @@ from typing import Any
 
 @functools.cache
 def _table(op: str) -> dict[str, Any]:
-    text = resources.files(__package__).joinpath(f"{op}.json").read_text()
-    return json.loads(text)
+    table = json.loads(resources.files(__package__).joinpath(f"{op}.json").read_text())
+    for key, obj in table.items():
+        if not key.startswith("_") and isinstance(obj, dict):
+            for part in (obj, obj.get("hip")):
+                if isinstance(part, dict) and "candidates" in part:
+                    part["candidates"] = expand_candidates(part["candidates"], part.get("tiers", []))
+    return table
+
+
+def expand_candidates(candidates: list[dict[str, Any]], tiers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An arch's ``candidates`` as the tuner reads them: a candidate whose fields hold lists stands
+    for every combination of their values (a grid, fields varied last-first in the order written),
+    less any combination that is one of the ``tiers``; the others stand for themselves."""
+    out = []
+    for cand in candidates:
+        axes = [v if isinstance(v, list) else [v] for v in cand.values()]
+        for values in itertools.product(*axes):
+            c = dict(zip(cand, values))
+            if c not in tiers and c not in out:
+                out.append(c)
+    return out
 
 
 # (arch prefix, entry) in order: an AMD arch without its own entry takes the first match's. gfx95x

@@ -115,6 +115,12 @@ def generator(seed: int, device) -> torch.Generator:
     return torch.Generator(device=dev).manual_seed(seed)
 
 
+def device_generator(device, seed: int, gen: torch.Generator | None) -> tuple[torch.device, torch.Generator]:
+    """A builder's ``(device, generator)``: ``gen`` when given, else :func:`generator` of ``seed``."""
+    device = torch.device(device)
+    return device, gen if gen is not None else generator(seed, device)
+
+
 def randn(shape, gen: torch.Generator, device, dtype=torch.float32, scale: float | torch.Tensor = 1.0) -> torch.Tensor:
     """Normal values from ``gen`` (drawn on its device), scaled (a number, or a tensor that
     broadcasts against the last dims, e.g. one standard deviation per channel), as ``dtype`` on
@@ -228,10 +234,8 @@ def _one_copy(lens, block_size, gen, device, dtype, fp8, k_scale, opts: dict, ke
     perm = torch.randperm(num_pages, generator=gen, device=gen.device).to(torch.int32).cpu()
     width = max(nblk + [1]) + spare_cols
     table = torch.empty(len(lens), width, dtype=torch.int32)
-    k = 0
-    for b, nb in enumerate(nblk):
-        table[b, :nb] = perm[k : k + nb]
-        k += nb
+    for b, (nb, pages) in enumerate(zip(nblk, perm[:used].split(nblk))):
+        table[b, :nb] = pages
         table[b, nb:] = perm[used + b % spare_pages] if spare_pages else perm[0] if num_pages else 0
     table = table.to(device)
     total = sum(lens)
@@ -318,14 +322,9 @@ def paged_cache(
     opts = dict(
         spare_pages=spare_pages, spare_cols=spare_cols, scale=scale, page_pad=page_pad, unused=unused, guard=guard
     )
-    caches, tables, values, flats = [], [], None, []
-    for i in range(copies):
-        c, t, v, f = _one_copy(lens, block_size, gen, device, dtype, fp8, k_scale, opts, keep=i == 0)
-        caches.append(c)
-        tables.append(t)
-        flats.append(f)
-        values = v if i == 0 else values
-    pc = PagedCache(caches, tables, lens, block_size, fp8, k_scale, values)
+    parts = [_one_copy(lens, block_size, gen, device, dtype, fp8, k_scale, opts, keep=i == 0) for i in range(copies)]
+    caches, tables, values, flats = ([p[j] for p in parts] for j in range(4))
+    pc = PagedCache(caches, tables, lens, block_size, fp8, k_scale, values[0] if parts else None)
     if guard:
         pc.guards = [(f, guard, torch.cat([f[:guard], f[-guard:]]).view(torch.uint8).clone()) for f in flats]
     return pc

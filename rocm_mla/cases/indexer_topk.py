@@ -22,7 +22,7 @@ import torch
 
 from ..reference.indexer import INDEX_HEAD_DIM, INDEX_ROW_BYTES, indexer_k_cache_write_ref
 from ._compare import Checked
-from ._paged import RequestRows, generator, platform_fp8, row_requests
+from ._paged import RequestRows, device_generator, platform_fp8, randn, row_requests
 
 POISON_OUT = -7  # what out holds before a call: every entry must be written
 # plan_indexer_topk's choices that IndexerInputs.run takes as keywords and plans with.
@@ -139,8 +139,7 @@ class IndexerInputs(Checked):
     def kwargs(self, **overrides) -> dict:
         """The op's keywords: topk, out, and the plan of the inputs' sizes and cache layout
         (:meth:`plan`) unless ``overrides`` give one."""
-        kw = dict(topk=self.shape.topk, out=self.out)
-        kw.update(overrides)
+        kw = {"topk": self.shape.topk, "out": self.out, **overrides}
         if kw.get("plan") is None:
             kw["plan"] = self.plan()
         return kw
@@ -164,50 +163,42 @@ class IndexerInputs(Checked):
         ``plan_indexer_topk``'s keywords; max_kv_len defaults to the table's capacity)."""
         from ..ops import plan_indexer_topk
 
-        kw = dict(
-            num_rows=self.shape.T,
-            num_heads=self.shape.H,
-            topk=self.shape.topk,
-            max_kv_len=self.tables[0].shape[1] * self.shape.block,
-            block_size=self.shape.block,
-            q_dtype=self.fp8,
-            device=torch.device(device) if device is not None else self.q.device,
-            shuffled=self.shuffled,
-        )
-        kw.update(overrides)
-        return plan_indexer_topk(**kw)
+        s = self.shape
+        kw = dict(num_rows=s.T, num_heads=s.H, topk=s.topk, max_kv_len=self.tables[0].shape[1] * s.block)
+        kw.update(block_size=s.block, q_dtype=self.fp8, shuffled=self.shuffled)
+        kw["device"] = torch.device(device) if device is not None else self.q.device
+        return plan_indexer_topk(**{**kw, **overrides})
+
+    def _rows(self, rows) -> int:
+        return self.shape.T if rows is None else min(rows, self.shape.T)
+
+    def _ref_args(self, r: int, i: int) -> tuple:
+        """The reference's positional arguments: the first ``r`` rows, cache copy i."""
+        return self.q[:r], self.weights[:r], self.caches[i], self.tables[i], self.req_ids[:r], self.kv_lens[:r]
 
     def logits(self, rows=None, *, i: int = 0) -> list:
         """Float64 reference logits of the first ``rows`` rows (all: None) from copy i."""
         from ..reference.indexer_topk import mla_indexer_logits_ref
 
-        r = self.shape.T if rows is None else min(rows, self.shape.T)
-        key = (r, i)
+        key = (self._rows(rows), i)
         if key not in self._logits:
-            self._logits[key] = mla_indexer_logits_ref(
-                self.q[:r], self.weights[:r], self.caches[i], self.tables[i], self.req_ids[:r], self.kv_lens[:r],
-                shuffled=self.shuffled,
-            )  # fmt: skip
+            self._logits[key] = mla_indexer_logits_ref(*self._ref_args(*key), shuffled=self.shuffled)
         return self._logits[key]
 
     def reference(self, rows=None, *, i: int = 0) -> torch.Tensor:
         """The reference answer ``[rows', topk]`` (ties by position) of the first ``rows`` rows."""
         from ..reference.indexer_topk import mla_indexer_topk_ref
 
-        r = self.shape.T if rows is None else min(rows, self.shape.T)
-        return mla_indexer_topk_ref(
-            self.q[:r], self.weights[:r], self.caches[i], self.tables[i], self.req_ids[:r], self.kv_lens[:r],
-            topk=self.shape.topk, shuffled=self.shuffled,
-        )  # fmt: skip
+        args = self._ref_args(self._rows(rows), i)
+        return mla_indexer_topk_ref(*args, topk=self.shape.topk, shuffled=self.shuffled)
 
     def mismatch(self, out=None, *, rows=None, i: int = 0) -> str:
         """'' when the first ``rows`` rows of ``out`` (default: the buffer) are a valid top-k of
         copy i (see the module docstring), else what is wrong."""
         from ..reference.indexer_topk import check_indexer_topk
 
-        out = self.out if out is None else out
-        r = self.shape.T if rows is None else min(rows, self.shape.T)
-        return check_indexer_topk(out[:r], self.logits(r, i=i), self.shape.topk)
+        r = self._rows(rows)
+        return check_indexer_topk((self.out if out is None else out)[:r], self.logits(r, i=i), self.shape.topk)
 
 
 def _one_copy(shape: IndexerShape, g: torch.Generator, device, fp8, shuffled: bool, spare_pages: int):
@@ -219,14 +210,11 @@ def _one_copy(shape: IndexerShape, g: torch.Generator, device, fp8, shuffled: bo
     perm = torch.randperm(num_pages, generator=g, device=g.device).to(device)
     width = max(need, default=0) or 1
     table = torch.full((len(shape.lens), width), -1, dtype=torch.int32, device=device)
-    at = 0
-    for b, n in enumerate(shape.lens):
-        pages = perm[at : at + need[b]]
-        at += need[b]
+    for b, (n, pages) in enumerate(zip(shape.lens, perm[: sum(need)].split(need))):
         table[b, : need[b]] = pages.to(torch.int32)
         if n == 0:
             continue
-        k = torch.randn((n, INDEX_HEAD_DIM), generator=g, device=g.device).to(device)
+        k = randn((n, INDEX_HEAD_DIM), g, device)
         pos = torch.arange(n, device=device)
         slots = pages[pos // bs].long() * bs + pos % bs
         indexer_k_cache_write_ref(k, cache, slots, fp8_dtype=fp8, shuffled=shuffled)
@@ -256,24 +244,21 @@ def make_inputs(
     """
     from ..reference.indexer import vllm_rocm_shuffled
 
-    device = torch.device(device)
-    g = gen if gen is not None else generator(seed, device)
+    device, g = device_generator(device, seed, gen)
     kind = fp8 or platform_fp8(device)
     shuf = vllm_rocm_shuffled(shape.block) if shuffled is None else bool(shuffled)
-    caches, tables = [], []
-    for _ in range(copies):
-        c, t = _one_copy(shape, g, device, kind, shuf, spare_pages)
-        caches.append(c)
-        tables.append(t)
+    pairs = [_one_copy(shape, g, device, kind, shuf, spare_pages) for _ in range(copies)]
     T, H = shape.T, shape.H
     # q a slice of a wider buffer: its head and row strides are not H x 128's.
     q = torch.empty((T, H, INDEX_HEAD_DIM + 16), dtype=kind, device=device)[:, :, :INDEX_HEAD_DIM]
-    q.copy_(torch.randn((T, H, INDEX_HEAD_DIM), generator=g, device=g.device).to(device))
-    weights = torch.randn((T, H), generator=g, device=g.device).to(device) * H**-0.5
+    q.copy_(randn((T, H, INDEX_HEAD_DIM), g, device))
+    weights = randn((T, H), g, device) * H**-0.5
     req_ids = row_requests(shape.rows, req_pad, device)
     kv_lens = torch.tensor(shape.kv_lens() + [0] * req_pad, dtype=torch.int32, device=device)
     out = torch.full((T, shape.topk), POISON_OUT, dtype=torch.int32, device=device)
-    return IndexerInputs(shape, kind, q, weights, caches, tables, req_ids, kv_lens, out, shuf)
+    return IndexerInputs(
+        shape, kind, q, weights, [c for c, _ in pairs], [t for _, t in pairs], req_ids, kv_lens, out, shuf
+    )
 
 
 __all__ = ["SHAPES", "POISON_OUT", "IndexerInputs", "IndexerShape", "make_inputs"]

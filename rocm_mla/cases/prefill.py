@@ -3,10 +3,8 @@
 Inputs (:func:`make_inputs`), for a head geometry ``shape.dims`` = (P, R, V) (:data:`GEOMETRIES`;
 DeepSeek's (128, 64, 128) by default): ``q [Tq, N, P + R]`` (nope then rope); ``k_nope`` and ``v``
 the two halves of one ``[Tk, N, P + V]`` kv_b_proj output (strided views); ``k_pe`` ``[Tk, 1, R]``
-the rope slice of the ``[Tk, 512 + R]`` latent buffer (or expanded over N, or a real per-head copy;
-None when R = 0); ``cu_seqlens_q/k`` int32 offsets; out ``[Tq, N, V]`` and lse ``[N, Tq]``
-NaN-poisoned in the chosen layout (the layer's ``[Tq, N * V]`` output, the pad_v
-``[Tq, N, P + R][..., :V]`` rows).
+the rope slice of the ``[Tk, 512 + R]`` latent buffer (None when R = 0); ``cu_seqlens_q/k`` int32
+offsets; out ``[Tq, N, V]`` and lse ``[N, Tq]`` NaN-poisoned, each in one of make_inputs' layouts.
 Causal is bottom-right aligned: query i of a sequence with lq queries and lk keys sees keys
 j <= i + lk - lq; a query that sees no key gets out 0, lse -inf.
 
@@ -17,6 +15,7 @@ with one causal mla_prefill over each sequence's [chunk 0, chunk 1, ..., new] ke
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -25,7 +24,7 @@ import torch
 from ..mla_dims import KV_LORA_RANK, PREFILL_DIMS, PREFILL_GEOMETRIES
 from ._buffers import Guarded, poisoned
 from ._compare import NORM, Bound, Checked, Comparison, compare, with_plan
-from ._paged import generator, randn
+from ._paged import device_generator, randn
 
 P, R, V = PREFILL_DIMS  # DeepSeek's 128, 64, 128: the default geometry
 SM_SCALE = 1.0 / math.sqrt(P + R)
@@ -94,12 +93,7 @@ class PrefillShape:
 
     def flops(self) -> float:
         """2 dots (Dqk P + R, Dv V) over the (query, key) pairs each query sees."""
-        pairs = 0
-        for q, k in zip(self.lq, self.lk):
-            if self.causal:
-                pairs += _causal_pairs(q, k)
-            else:
-                pairs += q * k
+        pairs = sum(_causal_pairs(q, k) if self.causal else q * k for q, k in zip(self.lq, self.lk))
         return 2.0 * self.N * pairs * sum(self.dims)
 
 
@@ -182,10 +176,8 @@ Q_LAYOUTS = ("contiguous", "head_slice")
 
 def cu_seqlens(lengths, device, start: int = 0) -> torch.Tensor:
     """``[start, start + l0, start + l0 + l1, ...]`` int32 (rows before ``start`` belong to no sequence)."""
-    offs = [int(start)]
-    for n in lengths:
-        offs.append(offs[-1] + int(n))
-    return torch.tensor(offs, dtype=torch.int32, device=device)
+    offs = itertools.accumulate((int(n) for n in lengths), initial=int(start))
+    return torch.tensor(list(offs), dtype=torch.int32, device=device)
 
 
 # mla_prefill's own keywords; every other keyword a case call takes is a plan_prefill knob.
@@ -197,25 +189,22 @@ def call_prefill(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, **kw):
     the plan is ``plan_prefill_for`` of the tensors and those knobs (causal, max_seqlen_q,
     max_seqlen_k, config, batch_invariant, backend, debug). How tests and benchmarks state a
     one-off call; a serving step makes its plan once instead."""
-    from ..ops import mla_prefill, plan_prefill_for
-
-    tensors = (q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k)
-    call = with_plan(kw, CALL_KEYS, lambda _, **knobs: plan_prefill_for(*tensors, **knobs), "call_prefill")
-    return mla_prefill(*tensors, **call)
+    return _call("prefill", (q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k), (), kw)
 
 
 def call_prefill_with_context(q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k, context_chunks=(), **kw):
-    """``mla_prefill_with_context`` with its plan's knobs given as keywords beside the call's own
-    (``CALL_KEYS``), as :func:`call_prefill` states an ``mla_prefill`` call: the plan is
-    ``plan_prefill_with_context_for`` of the new tokens' tensors and those knobs (max_seqlen_q,
-    max_seqlen_k, config, batch_invariant, backend, debug)."""
-    from ..ops import mla_prefill_with_context, plan_prefill_with_context_for
+    """``mla_prefill_with_context`` stated as :func:`call_prefill` states ``mla_prefill``: the plan is
+    ``plan_prefill_with_context_for`` of the new tokens' tensors and the knobs (no causal)."""
+    return _call("prefill_with_context", (q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k), (context_chunks,), kw)
 
-    tensors = (q, k_nope, k_pe, v, cu_seqlens_q, cu_seqlens_k)
-    call = with_plan(
-        kw, CALL_KEYS, lambda _, **k: plan_prefill_with_context_for(*tensors, **k), "call_prefill_with_context"
-    )
-    return mla_prefill_with_context(*tensors, context_chunks, **call)
+
+def _call(op: str, tensors: tuple, extra: tuple, kw: dict):
+    """``mla_<op>(*tensors, *extra, **call)`` with the plan ``plan_<op>_for(*tensors, **knobs)``."""
+    from .. import ops
+
+    plan_for = getattr(ops, f"plan_{op}_for")
+    call = with_plan(kw, CALL_KEYS, lambda _, **knobs: plan_for(*tensors, **knobs), f"call_{op}")
+    return getattr(ops, f"mla_{op}")(*tensors, *extra, **call)
 
 
 @dataclass
@@ -303,12 +292,10 @@ class PrefillInputs(Checked):
         return mla_prefill_ref(self.q[:m], self.k_nope[:m], kpe, self.v[:m], cu, cu, self.sm_scale, True)
 
     def compare(self, out=None, lse=None, *, first_rows=None, ref=None) -> list[Comparison]:
-        out = self.out if out is None else out
-        lse = self.lse if lse is None else lse
         ro, rl = ref if ref is not None else self.reference(first_rows)
-        m = ro.shape[0]
-        tol = TOLERANCE[self.dtype]
-        return [compare("out", out[:m], ro, tol["out"]), compare("lse", lse[:, :m], rl, tol["lse"])]
+        m, tol = ro.shape[0], TOLERANCE[self.dtype]
+        out, lse = (self.out if out is None else out)[:m], (self.lse if lse is None else lse)[:, :m]
+        return [compare("out", out, ro, tol["out"]), compare("lse", lse, rl, tol["lse"])]
 
 
 def make_inputs(
@@ -342,19 +329,13 @@ def make_inputs(
     buffer, out and lse (no other padding between them; out/lse keep their layout's pads as
     sentinel); :meth:`PrefillInputs.check_guards` checks them bitwise.
     """
-    if (
-        kpe_layout not in KPE_LAYOUTS
-        or out_layout not in OUT_LAYOUTS
-        or lse_layout not in LSE_LAYOUTS
-        or q_layout not in Q_LAYOUTS
-    ):
+    layouts = (kpe_layout, out_layout, lse_layout, q_layout)
+    if any(x not in ok for x, ok in zip(layouts, (KPE_LAYOUTS, OUT_LAYOUTS, LSE_LAYOUTS, Q_LAYOUTS))):
         raise ValueError(
             f"prefill make_inputs: layouts: expected kpe in {KPE_LAYOUTS}, out in {OUT_LAYOUTS}, "
-            f"lse in {LSE_LAYOUTS}, q in {Q_LAYOUTS}; got {kpe_layout!r}, {out_layout!r}, {lse_layout!r}, "
-            f"{q_layout!r}"
+            f"lse in {LSE_LAYOUTS}, q in {Q_LAYOUTS}; got {', '.join(map(repr, layouts))}"
         )
-    device = torch.device(device)
-    g = gen if gen is not None else generator(seed, device)
+    device, g = device_generator(device, seed, gen)
     N, Tq = shape.N, shape.Tq
     P, R, V = shape.dims
     bufs = _Buffers(device, dtype, guard)
@@ -376,22 +357,9 @@ def make_inputs(
         transpose01=lse_layout != "contiguous",
         pad_last=1 if lse_layout == "transposed_padded" else 0,
     )
-    return PrefillInputs(
-        shape,
-        dtype,
-        q,
-        k_nope,
-        k_pe,
-        v,
-        cu_seqlens(shape.lq, device),
-        cu_seqlens(shape.lk, device),
-        out,
-        lse,
-        out_base,
-        lse_base,
-        sm_scale=1.0 / math.sqrt(P + R),
-        guards=bufs.guards,
-    )
+    cu_q, cu_k = cu_seqlens(shape.lq, device), cu_seqlens(shape.lk, device)
+    tensors = (q, k_nope, k_pe, v, cu_q, cu_k, out, lse, out_base, lse_base)
+    return PrefillInputs(shape, dtype, *tensors, sm_scale=1.0 / math.sqrt(P + R), guards=bufs.guards)
 
 
 class _Buffers:
@@ -504,21 +472,16 @@ class ContextInputs(PrefillInputs):
     chunks: list = field(default_factory=list)
 
     def run(self, chunks=None, **overrides):
-        """mla_prefill_with_context over ``chunks`` (default: ``self.chunks``; any iterable).
-        ``overrides``: the call's own keywords (``CALL_KEYS``: plan, out=None, ...) and plan knobs
-        (backend, config, max_seqlen_q, max_seqlen_k, batch_invariant, debug, as
-        ``plan_prefill_with_context`` takes them) for the plan made here when none is given
-        (:meth:`kwargs`). Returns what the op returns."""
+        """mla_prefill_with_context over ``chunks`` (default: ``self.chunks``; any iterable);
+        ``overrides`` as :meth:`PrefillInputs.run` takes them, but no causal."""
         from ..ops import mla_prefill_with_context
 
         chunks = self.chunks if chunks is None else chunks
         return mla_prefill_with_context(*self.args(), chunks, **self.kwargs(**overrides))
 
     def plan(self, device=None, **overrides):
-        """The :class:`~rocm_mla.ops.PrefillContextPlan` of :meth:`run`'s call (``overrides``:
-        config, backend, max_seqlen_q, ... as :func:`~rocm_mla.ops.plan_prefill_with_context`
-        takes them; the sizes are the new tokens' tensors', the max_seqlen hints the shape's
-        longest new-token sequences)."""
+        """The :class:`~rocm_mla.ops.PrefillContextPlan` of :meth:`run`'s call, made as
+        :meth:`PrefillInputs.plan` makes its plan (of the new tokens' tensors; no causal)."""
         from ..ops import plan_prefill_with_context
 
         return plan_prefill_with_context(**{**self._plan_sizes(device), **overrides})
@@ -526,20 +489,15 @@ class ContextInputs(PrefillInputs):
     def one_shot(self) -> tuple:
         """mla_prefill's positional arguments equal to this call: q and cu_seqlens_q as they are,
         each sequence's keys = [its keys of chunk 0, chunk 1, ..., its new keys] (copies)."""
-        B = len(self.shape.lq)
-        pieces: list[list[tuple]] = [[] for _ in range(B)]
-        for kn, kpe, v, ck in [c[:4] for c in self.chunks] + [self.args()[1:4] + (self.cu_seqlens_k,)]:
-            offs = ck.tolist()
-            for b in range(B):
-                rows = slice(offs[b], offs[b + 1])
-                pieces[b].append((kn[rows], None if kpe is None else kpe[rows], v[rows]))
-        full = [
-            torch.cat([p[i] for b in range(B) for p in pieces[b]]) for i in range(3) if self.k_pe is not None or i != 1
-        ]
-        if self.k_pe is None:  # R = 0: no rope part
-            full.insert(1, None)
-        total = [sum(p[0].shape[0] for p in pieces[b]) for b in range(B)]
-        return (self.q, *full, self.cu_seqlens_q, cu_seqlens(total, self.q.device))
+        sets = [(c[:3], c[3].tolist()) for c in self.chunks] + [(self.args()[1:4], self.cu_seqlens_k.tolist())]
+        B = range(len(self.shape.lq))
+
+        def cat(i):  # tensor i of every set, sequence by sequence
+            return torch.cat([t[i][offs[b] : offs[b + 1]] for b in B for t, offs in sets])
+
+        total = [sum(offs[b + 1] - offs[b] for _, offs in sets) for b in B]
+        kpe = None if self.k_pe is None else cat(1)  # R = 0: no rope part
+        return (self.q, cat(0), kpe, cat(2), self.cu_seqlens_q, cu_seqlens(total, self.q.device))
 
     def reference(self, first_rows: int | None = None):
         """(out [Tq, N, V], lse [N, Tq]) float32 of :meth:`one_shot`."""
@@ -558,8 +516,7 @@ def make_context_inputs(
     its own ``[Tc, N, P + V]`` buffer), k_pe (in ``kpe_layout``) and cu_seqlens_k."""
     from ..ops.prefill_context import ContextChunk
 
-    device = torch.device(device)
-    g = gen if gen is not None else generator(seed, device)
+    device, g = device_generator(device, seed, gen)
     new = make_inputs(shape.new, dtype=dtype, device=device, gen=g, kpe_layout=kpe_layout, **kw)
     bufs = _Buffers(device, dtype, 0)
     chunks = []

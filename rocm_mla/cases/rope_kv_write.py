@@ -19,7 +19,7 @@ from ..mla_dims import KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
 from ..reference.rope_kv_write import rope_cos_sin_cache
 from ._buffers import poisoned
 from ._compare import NORM, Bound, Checked, Comparison, compare, dtype_name, first_problem
-from ._paged import CacheKind, SlotWrite, generator, nan_filled, platform_fp8, randn
+from ._paged import CacheKind, SlotWrite, device_generator, nan_filled, platform_fp8, randn
 
 MAX_POS = 163840  # DeepSeek-V3: 4096 positions x YaRN factor 40
 
@@ -189,9 +189,7 @@ class RopeInputs(Checked):
         return (self.positions, self.q_pe, self.k_pe, self.kv_c, self.cos_sin, self.stored_cache(), self.slots)
 
     def kwargs(self, **overrides) -> dict:
-        kw = dict(is_neox=self.is_neox, kv_cache_dtype=self.kv_cache_dtype, k_scale=self.k_scale)
-        kw.update(overrides)
-        return kw
+        return {**dict(is_neox=self.is_neox, kv_cache_dtype=self.kv_cache_dtype, k_scale=self.k_scale), **overrides}
 
     def run(self, **overrides):
         """The op on the working tensors (q_pe/k_pe rotated in place; ``overrides``: backend, ...)."""
@@ -226,33 +224,40 @@ class RopeInputs(Checked):
         slots = self.slots if slots is None else slots
         return (slots >= 0) & (slots < self.cache.shape[0] * self.cache.shape[1])
 
+    def _pages(self, slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(page, offset) of each written (:meth:`cached`) slot of ``slots`` (default: all), in token order."""
+        slots = self.slots if slots is None else slots
+        valid = slots[self.cached(slots)]
+        return valid // self.shape.block, valid % self.shape.block
+
     def written_rows(self, slots: torch.Tensor | None = None) -> torch.Tensor:
         """The cache rows at the written (:meth:`cached`) ``slots`` (default: all of them), in token
         order, as stored."""
-        slots = self.slots if slots is None else slots
-        valid = slots[self.cached(slots)]
-        bs = self.shape.block
         if self.cache.element_size() > 1:
-            return self.cache[valid // bs, valid % bs]
+            return self.cache[self._pages(slots)]
         # Gather bytes: float8 indexing is missing from some torch builds.
-        return self.cache.view(torch.uint8)[valid // bs, valid % bs].view(self.cache.dtype)
+        return self.cache.view(torch.uint8)[self._pages(slots)].view(self.cache.dtype)
+
+    def _rows(self, row_ref: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(written rows, reference rows ``row_ref`` (one per slot) at them): fp8 both as float32 codes."""
+        got, want = self.written_rows(slots), row_ref[self.cached(slots)]
+        if self.fp8 is None:
+            return got, want
+        from ..reference.rope_kv_write import quantize_fp8_ref
+
+        return got.float(), quantize_fp8_ref(want, self.k_scale, self.fp8).float()
 
     def compare(self, *, rows: int | None = None, ref=None, fp8_bound: Bound | None = None) -> list[Comparison]:
         """q_pe, k_pe and the written cache rows of the first ``rows`` tokens against the reference
         (a NaN rotation where a position lies outside the cos/sin cache). ``fp8_bound``: the bound of
         fp8 cache rows in code units (default ``TOLERANCE[dtype]["rows_fp8"]``; :data:`FP8_SAME_CODES`)."""
-        from ..reference.rope_kv_write import quantize_fp8_ref
-
         q_ref, k_ref, row_ref = ref if ref is not None else self.reference(rows)
         r = q_ref.shape[0]
         tol = TOLERANCE[self.dtype]
         sl = self.slots[:r]  # a slot mapping shorter than the batch: its tokens only
-        valid = self.cached(sl)
-        got = self.written_rows(sl)
-        want = row_ref[: sl.shape[0]][valid]
+        got, want = self._rows(row_ref[: sl.shape[0]], sl)
         if self.fp8 is not None:
-            want = quantize_fp8_ref(want, self.k_scale, self.fp8).float()
-            rows_cmp = compare("cache rows (fp8 codes)", got.float(), want, fp8_bound or tol["rows_fp8"])
+            rows_cmp = compare("cache rows (fp8 codes)", got, want, fp8_bound or tol["rows_fp8"])
         else:
             rows_cmp = compare("cache rows", got, want, tol["rows"])
         return [
@@ -265,18 +270,14 @@ class RopeInputs(Checked):
         """vLLM's unfused two-step path (torch RoPE, then a torch cache write) against the reference:
         q_pe and the written cache rows under the "unfused" bound (fp8 rows dequantized:
         "rows_fp8_unfused"). That path leaves k_pe unrotated in kv_a, so k_pe is not compared."""
-        from ..reference.rope_kv_write import quantize_fp8_ref
-
         q_ref, _, row_ref = ref if ref is not None else self.reference()
         tol = TOLERANCE[self.dtype]
-        valid = self.cached()
-        got = self.written_rows()
+        got, want = self._rows(row_ref, self.slots)
         if self.fp8 is not None:
             ks = self.k_scale.float()
-            want = quantize_fp8_ref(row_ref[valid], self.k_scale, self.fp8).float() * ks
-            rows_cmp = compare("cache rows (fp8, dequantized)", got.float() * ks, want, tol["rows_fp8_unfused"])
+            rows_cmp = compare("cache rows (fp8, dequantized)", got * ks, want * ks, tol["rows_fp8_unfused"])
         else:
-            rows_cmp = compare("cache rows", got, row_ref[valid], tol["unfused"])
+            rows_cmp = compare("cache rows", got, want, tol["unfused"])
         return [compare("q_pe", self.q_pe, q_ref, tol["unfused"]), rows_cmp]
 
     def untouched(self) -> str:
@@ -286,9 +287,7 @@ class RopeInputs(Checked):
         # between the shown ones, elements between strided ones: untouched too).
         written = torch.zeros(self.cache_base.shape, dtype=torch.bool, device=self.cache.device)
         offset = self.cache.storage_offset() - self.cache_base.storage_offset()
-        valid = self.slots[self.cached()]
-        bs = self.shape.block
-        written.as_strided(self.cache.shape, self.cache.stride(), offset)[valid // bs, valid % bs] = True
+        written.as_strided(self.cache.shape, self.cache.stride(), offset)[self._pages()] = True
 
         def as_bytes(x):
             return x.view(torch.uint8).view(*x.shape, -1)
@@ -336,8 +335,7 @@ def make_inputs(
     dim of q, kv_a, kv_c and the cache (each a view of a NaN buffer ``inner_stride`` times as wide:
     the kernels' scalar path); ``cache_base`` is then ``[.., block, 576 * inner_stride]``.
     """
-    device = torch.device(device)
-    g = gen if gen is not None else generator(seed, device)
+    device, g = device_generator(device, seed, gen)
     T, N = shape.T, shape.N
     if cos_sin is None:
         cos_sin = rope_cos_sin_cache(max_pos, mscale=mscale, dtype=cs_dtype, device=device)
@@ -359,24 +357,8 @@ def make_inputs(
     cache_base = nan_filled((nb * (1 + block_pad), shape.block, KV_ROW_DIM * inner_stride), kind or dtype, device)
     cache = cache_base[:: 1 + block_pad, :, ::inner_stride]
     ks = torch.tensor([k_scale], device=device)
-    return RopeInputs(
-        shape,
-        dtype,
-        q,
-        kv_a,
-        kv_c,
-        positions,
-        cos_sin,
-        cache,
-        slots,
-        ks,
-        kind,
-        is_neox,
-        cache_base,
-        q.clone(),
-        kv_a.clone(),
-        cache_base.clone(),
-    )
+    tensors = (q, kv_a, kv_c, positions, cos_sin, cache, slots, ks)
+    return RopeInputs(shape, dtype, *tensors, kind, is_neox, cache_base, q.clone(), kv_a.clone(), cache_base.clone())
 
 
 def make_copies(shape: RopeShape, copies: int, *, seed: int = 0, **kw) -> list[RopeInputs]:

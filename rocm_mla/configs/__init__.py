@@ -64,7 +64,6 @@ from .overlay import (
 from .tables import (
     is_amd_arch,
     is_nvidia_arch,
-    known_arches,
     nvidia_sm,
     package_config,
     wave_size,
@@ -94,7 +93,6 @@ __all__ = [
     "find_overlay",
     "is_amd_arch",
     "is_nvidia_arch",
-    "known_arches",
     "merge_overlay",
     "nvidia_sm",
     "overlay_changes",

@@ -2,15 +2,10 @@
 verified overlay for exactly that arch merged over it, and the one way a launch config is taken
 out of it.
 
-Every op's arch object has one shape: ``tiers``, a list of launch configs (an op with one config
-has one tier); ``candidates``, the extra configs ``rocm-mla tune`` times, in the tiers' shape (a
-candidate whose fields hold lists is the grid of their values: ``tables.expand_candidates``);
-beside them the op's model parameters (``backend_order``, ``split``, ``batch_invariant``,
-``num_xcds``, ``reduce``; merge's and RoPE's HIP kernel: a ``hip`` object with its own ``tiers``
-and ``candidates``). mla_decode's and mla_sparse_attention's tiers are selected by ``BLOCK_H``
-(``tier_index``), mla_prefill's by ``geometry``; every other op launches its first tier. A tier's
-``fp8`` / ``fp8+qk`` / ``fp8+all`` / ``fp32`` / ``fp16+fp8`` objects override its fields for one
-kind of call (``resolve_tier``).
+Every op's arch object has one shape, described in docs/tuning.md ("The per-arch launch data"):
+``tiers`` (selected by ``tier_index`` or by ``geometry``; a tier's dtype objects applied by
+``resolve_tier``), ``candidates`` (grids expanded by ``tables.expand_candidates``) and the op's
+model parameters.
 
 Caching: the resolved data is cached per (op, arch); ``reload_overlays()`` drops the cache (the
 tuner calls it after writing, so a ``tune`` run and later calls in one process agree). A file
@@ -23,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import types
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -34,39 +30,27 @@ from .overlay import (
     OverlayParseError,
     OverlayStatus,
     OverlayWarning,
-    _deep_merge,
     device_compute_units,
     find_overlay,
+    merge_overlay,
     overlay_dir,
     read_overlay,
     validate_overlay,
 )
 from .tables import package_config
 
-
-class _State:
-    """overlays_disabled() and override(): what config_for returns instead of the resolved data."""
-
-    def __init__(self):
-        self.disabled = False
-        self.overrides: dict[tuple[str, str], dict[str, Any]] = {}
+# What config_for returns instead of the resolved data: overlays_disabled() and override() set it.
+_STATE = types.SimpleNamespace(disabled=False, overrides={})
 
 
-_STATE = _State()
-
-
+@functools.cache
 def config_for(op: str, arch: str) -> dict[str, Any]:
-    """Launch data of ``op`` on ``arch`` (``gfx942``, ``sm90``, ``cpu``, ...).
+    """Launch data of ``op`` on ``arch`` (``gfx942``, ``sm90``, ``cpu``, ...), cached.
 
     Returns the JSON object for that arch (see ``rocm_mla/configs/<op>.json`` for the fields), with
     the user's verified overlay for that arch merged over it (see ``rocm_mla.configs.overlay``). Callers
     must not modify it.
     """
-    return _resolved(op, arch)
-
-
-@functools.cache
-def _resolved(op: str, arch: str) -> dict[str, Any]:
     override = _STATE.overrides.get((op, arch))
     if override is not None:
         return override
@@ -76,9 +60,8 @@ def _resolved(op: str, arch: str) -> dict[str, Any]:
     status = overlay_status(arch)
     if status.error is not None:
         _warn_once(status)
-        return base
-    if status.data is not None and op in status.data:
-        return _deep_merge(base, status.data[op][arch])
+    elif status.data is not None and op in status.data:
+        return merge_overlay(base, status.data[op][arch])
     return base
 
 
@@ -139,12 +122,11 @@ def _warn_once(st: OverlayStatus) -> None:
     if key in _WARNED:
         return
     _WARNED.add(key)
-    more = "" if st.error is None else f"{st.error.name}: {st.error}"
     warnings.warn(
-        f"rocm_mla: ignoring the config overlay {st.path} ({more}); using the package's launch "
+        f"rocm_mla: ignoring the config overlay {st.path} ({st.error.name}: {st.error}); using the package's launch "
         f"configs. `rocm-mla tune --check` explains it; ROCM_MLA_CONFIG_DIR= turns overlays off.",
         OverlayWarning,
-        stacklevel=4,
+        stacklevel=3,
     )
 
 
@@ -152,7 +134,7 @@ def reload_overlays() -> None:
     """Forget the cached overlay and resolved configs: the next ``config_for`` reads the overlay
     folder again (call after writing an overlay or changing ROCM_MLA_CONFIG_DIR in-process)."""
     overlay_status.cache_clear()
-    _resolved.cache_clear()
+    config_for.cache_clear()
 
 
 @contextlib.contextmanager
@@ -176,7 +158,7 @@ def override(op: str, arch: str, obj: dict[str, Any]) -> Iterator[None]:
     key = (op, arch)
     prev = _STATE.overrides.get(key)
     _STATE.overrides[key] = obj
-    _resolved.cache_clear()
+    config_for.cache_clear()
     try:
         yield
     finally:
@@ -184,4 +166,4 @@ def override(op: str, arch: str, obj: dict[str, Any]) -> Iterator[None]:
             _STATE.overrides.pop(key, None)
         else:
             _STATE.overrides[key] = prev
-        _resolved.cache_clear()
+        config_for.cache_clear()

@@ -1,20 +1,14 @@
-"""The user's tuned overlay: where it lives, its schema, how it is validated and stamped, and how
-it merges over the package's data (``rocm-mla tune`` writes it; docs/tuning.md).
+"""The user's tuned overlay: its files, schema, validation, stamp and merge over the package's data
+(``rocm-mla tune`` writes it; where it lives, its format and how it merges: docs/tuning.md, "Where
+it goes"). In an overlay folder a device's file is ``<arch>-<CUs>cu.json``, else ``<arch>.json``.
 
-* Where: ``$ROCM_MLA_CONFIG_DIR`` (default ``$XDG_CONFIG_HOME/rocm_mla``, else ``~/.config/rocm_mla``);
-  ``ROCM_MLA_CONFIG_DIR=`` (empty) turns overlays off; a value ending in ``.json`` names one
-  overlay file. In the folder, the file for a device is ``<arch>-<CUs>cu.json`` (e.g.
-  ``gfx942-304cu.json``: the tuner's name), else ``<arch>.json`` (any CU count).
-* What: the configs' own schema, ``{"<op>": {"<arch>": {fields of that arch's object}}, "_meta": {...}}``.
-  Objects merge field by field over the package's object; a list or a scalar replaces the
-  package's value whole (an op's ``tiers``, its ``candidates``).
-* Trust: an overlay is used only when it is well formed (known ops, fields and types), names the
-  arch (and CU count) of the device, and carries the stamp that ``rocm-mla tune`` (or
-  ``rocm-mla tune --check --stamp``) writes after compiling every config in it and checking it
-  against the float32 reference: ``_meta.verified`` = the digest of its content plus the rocm_mla
-  and Triton versions it was checked with. An edited or stale overlay could fail to compile or be
-  wrong, and nothing here can tell without running it: ``configs.loader`` ignores such a file, with
-  one ``OverlayWarning`` per process, and uses the package's data. Nothing here raises on a bad file.
+Trust: an overlay is used only when it is well formed (known ops, fields and types), names the
+arch (and CU count) of the device, and carries the stamp that ``rocm-mla tune`` (or
+``rocm-mla tune --check --stamp``) writes after compiling every config in it and checking it
+against the float32 reference: ``_meta.verified`` = the digest of its content plus the rocm_mla
+and Triton versions it was checked with. An edited or stale overlay could fail to compile or be
+wrong, and nothing here can tell without running it: ``configs.loader`` ignores such a file, with
+one ``OverlayWarning`` per process, and uses the package's data. Nothing here raises on a bad file.
 """
 
 from __future__ import annotations
@@ -29,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .tables import _table, is_amd_arch, is_nvidia_arch
+from .tables import arch_objects, is_amd_arch, is_nvidia_arch
 
 OVERLAY_SCHEMA_VERSION = 1
 OVERLAY_ENV = "ROCM_MLA_CONFIG_DIR"
@@ -49,34 +43,10 @@ AMD_OPTIONS = {"waves_per_eu": INT, "matrix_instr_nonkdim": INT, "kpack": INT, "
 
 def prefill_tma_mode(value: Any) -> int | None:
     """mla_prefill's USE_TMA for a config's "tma" value (PREFILL_TMA_MODES), None for anything else.
-    By identity for the booleans: 0 and 1 are not false and true here."""
-    for key, mode in PREFILL_TMA_MODES.items():
-        if value is key or (isinstance(key, str) and value == key):
-            return mode
-    return None
+    By type for the booleans: 0 and 1 are not false and true here."""
+    return PREFILL_TMA_MODES[value] if isinstance(value, bool) or value == "host" else None
 
 
-_DECODE_FIELDS = {
-    "BLOCK_H": INT,
-    "BLOCK_N": INT,
-    "D_SPLIT": INT,
-    "V_SPLIT": INT,
-    "RELOAD_K": BOOL,
-    "F16_DOT": BOOL,
-    "CLAMP_PAGES": BOOL,
-    "SPLIT_RUNS": BOOL,
-    "invariant_split_tokens": INT,
-    "num_warps": INT,
-    "num_stages": INT,
-    "ctas_per_cu": INT,
-    **AMD_OPTIONS,
-}
-# A tier's override objects for one kind of call, in the order they apply (loader.resolve_tier):
-# "fp8" an fp8 cache, "fp8+qk" / "fp8+all" mla_decode(fp8_dots="qk" / "all") ("all" applies both),
-# "fp32" float32 q (or prefill inputs), "fp16+fp8" float16 q over an fp8 cache. mla_decode's tiers
-# take all of them, mla_sparse_attention's "fp8" and "fp32", mla_prefill's "fp32".
-DTYPE_TAGS = ("fp8", "fp8+qk", "fp8+all", "fp32", "fp16+fp8")
-_DECODE_TIER = {**_DECODE_FIELDS, **{tag: _DECODE_FIELDS for tag in DTYPE_TAGS}}
 _SPARSE_FIELDS = {
     "BLOCK_H": INT,
     "BLOCK_N": INT,
@@ -88,6 +58,19 @@ _SPARSE_FIELDS = {
     "ctas_per_cu": INT,
     **AMD_OPTIONS,
 }
+_DECODE_FIELDS = {
+    **_SPARSE_FIELDS,
+    "V_SPLIT": INT,
+    "CLAMP_PAGES": BOOL,
+    "SPLIT_RUNS": BOOL,
+    "invariant_split_tokens": INT,
+}
+# A tier's override objects for one kind of call, in the order they apply (loader.resolve_tier):
+# "fp8" an fp8 cache, "fp8+qk" / "fp8+all" mla_decode(fp8_dots="qk" / "all") ("all" applies both),
+# "fp32" float32 q (or prefill inputs), "fp16+fp8" float16 q over an fp8 cache. mla_decode's tiers
+# take all of them, mla_sparse_attention's "fp8" and "fp32", mla_prefill's "fp32".
+DTYPE_TAGS = ("fp8", "fp8+qk", "fp8+all", "fp32", "fp16+fp8")
+_DECODE_TIER = {**_DECODE_FIELDS, **{tag: _DECODE_FIELDS for tag in DTYPE_TAGS}}
 _SPARSE_TIER = {**_SPARSE_FIELDS, "fp8": _SPARSE_FIELDS, "fp32": _SPARSE_FIELDS}
 _SPLIT_MODEL = {"min_tokens_per_split": INT, "max_splits": INT, "fixed_tiles": NUM, "launch_tiles": NUM}
 _PREFILL = {
@@ -138,22 +121,13 @@ SCHEMAS: dict[str, dict[str, Any]] = {
 
 
 def _infer(value: Any) -> Any:
-    if isinstance(value, bool):
-        return BOOL
-    if isinstance(value, int):
-        return INT
-    if isinstance(value, float):
-        return NUM
-    if isinstance(value, str):
-        return STR
+    """The schema of a value of the package's JSON (a list's: every element's, united)."""
     if isinstance(value, dict):
         return {k: _infer(v) for k, v in value.items()}
     if isinstance(value, list):
-        elem: Any = None
-        for v in value:
-            elem = _infer(v) if elem is None else _union(elem, _infer(v))
-        return [elem if elem is not None else STR]
-    return STR
+        return [functools.reduce(_union, map(_infer, value)) if value else STR]
+    # bool before int: a bool is an int to isinstance
+    return next((kind for t, kind in ((bool, BOOL), (int, INT), (float, NUM)) if isinstance(value, t)), STR)
 
 
 def _union(a: Any, b: Any) -> Any:
@@ -172,11 +146,8 @@ def _union(a: Any, b: Any) -> Any:
 
 @functools.cache
 def _schema(op: str) -> dict[str, Any]:
-    schema = SCHEMAS[op]
-    for key, obj in _table(op).items():
-        if not key.startswith("_"):
-            schema = _union(schema, _infer(obj))
-    return schema
+    """What an overlay's object for ``op`` may hold: ``SCHEMAS[op]`` and every arch object's fields."""
+    return functools.reduce(_union, map(_infer, arch_objects(op)), SCHEMAS[op])
 
 
 @functools.cache
@@ -196,9 +167,8 @@ def _required_list_fields(op: str) -> dict[str, frozenset[str]]:
                 common = frozenset.intersection(*(frozenset(v) for v in val))
                 out[where] = out[where] & common if where in out else common
 
-    for key, obj in _table(op).items():
-        if not key.startswith("_"):
-            walk(obj, "")
+    for obj in arch_objects(op):
+        walk(obj, "")
     return out
 
 
@@ -256,6 +226,18 @@ class OverlayWarning(UserWarning):
 # --------------------------------------------------------------------------- overlay validation
 
 _MAY_BE_EMPTY = frozenset({"candidates"})  # list fields an overlay may empty (the others are needed)
+# A scalar schema's test and what the error says it expected.
+_SCALARS = {
+    INT: (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a non-negative integer"),
+    BOOL: (lambda v: isinstance(v, bool), "true or false"),
+    NUM: (
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0,
+        "a non-negative number",
+    ),
+    BACKEND: (lambda v: v in BACKENDS, f"one of {', '.join(BACKENDS)}"),
+    TMA: (lambda v: prefill_tma_mode(v) is not None, 'true, false or "host"'),
+    STR: (lambda v: isinstance(v, str), "a string"),
+}
 
 
 def _check_value(
@@ -291,23 +273,8 @@ def _check_value(
                     )
                 )
         return
-    ok = True
-    if schema == INT:
-        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
-        want = "a non-negative integer"
-    elif schema == BOOL:
-        ok, want = isinstance(value, bool), "true or false"
-    elif schema == NUM:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-        want = "a non-negative number"
-    elif schema == BACKEND:
-        ok, want = value in BACKENDS, f"one of {', '.join(BACKENDS)}"
-    elif schema == TMA:
-        ok = prefill_tma_mode(value) is not None
-        want = 'true, false or "host"'
-    else:
-        ok, want = isinstance(value, str), "a string"
-    if not ok:
+    ok, want = _SCALARS[schema]
+    if not ok(value):
         errors.append(OverlayTypeError(where, f"expected {want}, got {json.dumps(value)[:60]}"))
 
 
@@ -392,17 +359,10 @@ def stamp_overlay(data: dict[str, Any], by: str) -> dict[str, Any]:
     after the compile and reference checks passed)."""
     import datetime
 
-    meta = dict(data.get("_meta") or {})
     v = software_versions()
-    meta["verified"] = {
-        "sha256": overlay_digest(data),
-        "rocm_mla": v["rocm_mla"],
-        "triton": v["triton"],
-        "torch": v["torch"],
-        "by": by,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-    return {**data, "_meta": meta}
+    verified = {"sha256": overlay_digest(data), **{k: v[k] for k in ("rocm_mla", "triton", "torch")}, "by": by}
+    verified["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return {**data, "_meta": {**(data.get("_meta") or {}), "verified": verified}}
 
 
 # --------------------------------------------------------------------------- overlay files
@@ -463,14 +423,9 @@ def find_overlay(arch: str, cus: int | None) -> tuple[Path | None, list[str]]:
     if d is None:
         return None, []
     paths = (
-        [d]
-        if d.suffix == ".json"
-        else ([d / overlay_filename(arch, cus)] if cus else []) + [d / overlay_filename(arch, None)]
+        [d] if d.suffix == ".json" else [d / n for n in dict.fromkeys(overlay_filename(arch, c) for c in (cus, None))]
     )
-    for p in paths:
-        if p.is_file():
-            return p, [str(x) for x in paths]
-    return None, [str(x) for x in paths]
+    return next((p for p in paths if p.is_file()), None), [str(p) for p in paths]
 
 
 def read_overlay(path: Path) -> dict[str, Any]:
@@ -484,35 +439,24 @@ def read_overlay(path: Path) -> dict[str, Any]:
     return data
 
 
-def _deep_merge(base: Any, over: Any) -> Any:
-    if isinstance(base, dict) and isinstance(over, dict):
-        out = dict(base)
-        for k, v in over.items():
-            out[k] = _deep_merge(base[k], v) if k in base else copy.deepcopy(v)
-        return out
-    return copy.deepcopy(over)
-
-
-def merge_overlay(base: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
-    """``entry`` (an overlay's object for one op and arch) merged over ``base``: objects field by
-    field, lists and scalars replaced whole."""
-    return _deep_merge(base, entry)
+def merge_overlay(base: Any, entry: Any) -> Any:
+    """``entry`` (an overlay's object for one op and arch) merged over ``base``, a new object (neither
+    is modified): objects field by field, lists and scalars replaced whole."""
+    if isinstance(base, dict) and isinstance(entry, dict):
+        return {**base, **{k: merge_overlay(base.get(k), v) for k, v in entry.items()}}
+    return copy.deepcopy(entry)
 
 
 def overlay_changes(op: str, base: Any, entry: Any, where: str = "") -> list[str]:
     """Lines ``field: package value -> overlay value`` for what ``entry`` changes in ``base``."""
     where = where or op
     if isinstance(base, dict) and isinstance(entry, dict):
-        out = []
-        for k, v in entry.items():
-            out += overlay_changes(op, base.get(k), v, f"{where}.{k}")
-        return out
-    if base == entry:
+        parts = [(f"{where}.{k}", base.get(k), v) for k, v in entry.items()]
+    elif base == entry:
         return []
-    if isinstance(base, list) and isinstance(entry, list) and len(base) == len(entry):
-        out = []
-        for i, (b, e) in enumerate(zip(base, entry)):
-            out += overlay_changes(op, b, e, f"{where}[{i}]")
-        return out
-    fmt = lambda v: "-" if v is None else json.dumps(v, separators=(",", ":"))  # noqa: E731
-    return [f"{where}: {fmt(base)} -> {fmt(entry)}"]
+    elif isinstance(base, list) and isinstance(entry, list) and len(base) == len(entry):
+        parts = [(f"{where}[{i}]", b, e) for i, (b, e) in enumerate(zip(base, entry))]
+    else:
+        fmt = lambda v: "-" if v is None else json.dumps(v, separators=(",", ":"))  # noqa: E731
+        return [f"{where}: {fmt(base)} -> {fmt(entry)}"]
+    return [line for w, b, e in parts for line in overlay_changes(op, b, e, w)]

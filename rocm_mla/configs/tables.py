@@ -57,18 +57,6 @@ def amd_entry_key(table: dict[str, Any], arch: str) -> str:
     return "default"
 
 
-def _amd(table: dict[str, Any], arch: str) -> dict[str, Any]:
-    return table[amd_entry_key(table, arch)]
-
-
-def _nvidia(table: dict[str, Any], arch: str) -> dict[str, Any]:
-    if arch in table:
-        return table[arch]
-    if (nvidia_sm(arch) or 0) >= 90 and "sm90" in table:
-        return table["sm90"]
-    return table["default"]
-
-
 def is_amd_arch(arch: str) -> bool:
     """True for an AMD GPU arch key (``gfx942``, ``gfx950``, ...): where the AMD backend's compile
     options apply. With ``is_nvidia_arch`` and ``nvidia_sm``, the one place outside ``_platform``
@@ -98,12 +86,13 @@ def package_config(op: str, arch: str) -> dict[str, Any]:
     returns when overlays are off."""
     table = _table(op)
     if is_amd_arch(arch):
-        return _amd(table, arch)
-    if is_nvidia_arch(arch):
-        return _nvidia(table, arch)
-    return table["default"]
+        return table[amd_entry_key(table, arch)]
+    if is_nvidia_arch(arch) and arch in table:
+        return table[arch]
+    # a CPU or other non-NVIDIA arch has no nvidia_sm, so it takes default
+    return table["sm90" if (nvidia_sm(arch) or 0) >= 90 and "sm90" in table else "default"]
 
 
-def known_arches(op: str) -> list[str]:
-    """Arch keys with explicit data for ``op`` (for the ISA report)."""
-    return [k for k in _table(op) if is_amd_arch(k) or is_nvidia_arch(k)]
+def arch_objects(op: str) -> list[dict[str, Any]]:
+    """The arch objects of ``op``'s JSON (every key but ``_doc`` and the like)."""
+    return [obj for key, obj in _table(op).items() if not key.startswith("_")]

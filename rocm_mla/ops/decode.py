@@ -18,11 +18,9 @@ import torch
 from ..kernels.decode import mla_decode_stage1_kernel
 from ..kernels.latent_core import mla_decode_reduce_kernel
 from ..reference.decode import mla_decode_ref, quantize_q_fp8
-from ..triton_common import LOG2E
 from ._checks import Checker
 from ._launch import kernel_launch
 from .decode_plan import (
-    D_NOPE,
     DEFAULT_FP8_DOTS,
     OP,
     REDUCE_ARGS,
@@ -30,7 +28,7 @@ from .decode_plan import (
     DecodePlan,
     plan_decode,
 )
-from .latent_core import check_call, check_latent_inputs, plan_needs_kind
+from .latent_core import check_call, check_latent_inputs, launch_args, plan_needs_kind
 
 
 def mla_decode(
@@ -241,25 +239,6 @@ def _launch_triton(
     ks_tensor: torch.Tensor | None,
 ) -> None:
     """Runs ``plan`` on validated tensors: stage 1, then (S > 1) the reduce."""
-    N = plan.num_heads
-    S = plan.num_splits
-    R = plan.batch * plan.q_len * N
-    if plan.direct:
-        part_o = part_lse = lse  # unused placeholders (DIRECT=True never touches them)
-        s_po = s_pl = 0
-    else:
-        need = plan.workspace_numel
-        if workspace is None:
-            ws = torch.empty(need, dtype=torch.float32, device=q_nope.device)
-        else:
-            ws = workspace.reshape(-1)
-        part_o = ws[: S * R * D_NOPE]
-        part_lse = ws[S * R * D_NOPE : need]
-        s_po, s_pl = R * D_NOPE, R
-
-    qk_scale = sm_scale * LOG2E * (ks_float if ks_float is not None else 1.0)
-    out_scale = ks_float if ks_float is not None else 1.0
-    scale_ptr = ks_tensor if ks_tensor is not None else lse  # unused when HAS_K_SCALE_PTR=False
     page_size = kv.shape[1]
     max_blocks = block_table.shape[1]
     q_s, p_s, o_s, l_s = q_nope.stride(), q_pe.stride(), out.stride(), lse.stride()
@@ -269,16 +248,11 @@ def _launch_triton(
         kv=kv,
         block_table=block_table,
         seq_lens=seq_lens,
-        k_scale_ptr=scale_ptr,
         out=out,
         lse=lse,
-        part_o=part_o,
-        part_lse=part_lse,
-        qk_scale=qk_scale,
-        out_scale=out_scale,
-        num_heads=N,
+        num_heads=plan.num_heads,
         q_len=plan.q_len,
-        num_splits=S,
+        num_splits=plan.num_splits,
         split_programs=plan.split_programs,
         num_head_blocks=plan.head_blocks,
         page_size=page_size,
@@ -300,8 +274,7 @@ def _launch_triton(
         s_o_d=o_s[2],
         s_l_r=l_s[0],
         s_l_h=l_s[1],
-        s_po_s=s_po,
-        s_pl_s=s_pl,
+        **launch_args(plan, workspace, plan.rows, lse, sm_scale, ks_float, ks_tensor),
     )
     # Positional in the kernel's order (STAGE1_ARGS): a name the table has and the launch lacks
     # is a KeyError here, never a silently shifted argument.

@@ -1,23 +1,14 @@
 """The host side of the latent-attention core that mla_decode and mla_sparse_attention share (the
-kernels' side is rocm_mla/kernels/latent_core.py): how a call reads the latent cache, the split-K
-model, and the checks of the destinations both ops write.
+kernels' side is rocm_mla/kernels/latent_core.py), each piece once, so a call of either op is
+checked, costed, split and reduced the same way:
 
-  * ``kv_kind_for``: the cache's dtype as the kernels read it (uint8 storage of a named fp8 kind
-    viewed as that kind) and whether it is fp8;
-  * ``check_call``: the sm_scale / out / lse / k_scale / workspace rules of both ops;
-
-  * ``num_compute_units``: the CUs / SMs the split model fills;
-  * ``choose_num_splits`` (``modelled_splits``: with an op's configs): the split count that
-    minimises a modelled time (rows x head blocks x splits programs in waves over the CUs, each
-    streaming its share of the tiles); ``check_split_knobs``: the split knobs of a plan;
-  * ``mla_decode_workspace_numel``: the workspace of S splits, partial outputs ``[S, R, 512]`` then
-    partial lses ``[S, R]`` (R = rows x heads), float32;
-  * ``reduce_meta`` / ``split_reduce``: the reduce's tile, constexprs, compile options and grid
-    (``SplitReduce``, the one launch record both plans hold; the kernel is
-    ``mla_decode_reduce_kernel``; its launch data is configs/mla_decode.json's ``reduce``).
-
-Both ops and their plans (ops/decode*.py, ops/sparse*.py) take these from here, so a split of
-either op is costed, checked and reduced the same way.
+  * the cache as read (``kv_kind_for``) and the inputs' rules (``check_latent_inputs``,
+    ``latent_inputs_match``, ``plan_needs_kind``);
+  * the call's other arguments (``check_call``) and its launch scalars (``launch_args``);
+  * the split-K model (``choose_num_splits`` / ``modelled_splits`` over ``num_compute_units``,
+    ``check_split_knobs``, ``mla_decode_workspace_numel``: ``[S, R, 512]`` then ``[S, R]`` float32);
+  * the reduce's launch (``reduce_meta`` / ``split_reduce`` -> ``SplitReduce``, the one record
+    both plans hold; launch data: configs/mla_decode.json's ``reduce``).
 """
 
 from __future__ import annotations
@@ -32,7 +23,7 @@ import triton
 
 from ..configs import config_for
 from ..mla_dims import FP8_DTYPES, FP8_KV_CACHE_DTYPES, KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
-from ..triton_common import amd_options
+from ..triton_common import LOG2E, amd_options
 from ._checks import FLOAT_DTYPES, Checker
 
 # The kv_cache_dtype names an op that reads the latent cache takes (vLLM's, "auto" = the cache's dtype).
@@ -188,6 +179,26 @@ def check_call(c: Checker, plan, q_nope, sources: dict, sm_scale, out, lse, k_sc
     c.no_overlap(given, {**sources, "k_scale": scale_t})
     ks_float = float(k_scale) if plan.kv_fp8 and k_scale is not None and scale_t is None else None
     return sm_scale, out, lse, scale_t, ks_float
+
+
+def launch_args(plan, workspace, out_rows: int, lse, sm_scale: float, ks_float, ks_tensor) -> dict[str, Any]:
+    """The kernel arguments a latent-attention launch derives beside its tensors: the split
+    partials (``part_o [S, R, 512]`` then ``part_lse [S, R]`` float32, R = ``out_rows`` x heads,
+    carved from the caller's workspace or one ``torch.empty``; with one split they are never
+    dereferenced and lse stands in) and their split strides, ``qk_scale`` = sm_scale x log2(e)
+    (x a number k_scale), ``out_scale`` = that k_scale, and ``k_scale_ptr`` (the device scale, or
+    a live stand-in the kernel does not read)."""
+    R = out_rows * plan.num_heads
+    part_o = part_lse = lse
+    if not plan.direct:
+        need = plan.workspace_numel
+        ws = torch.empty(need, dtype=torch.float32, device=lse.device) if workspace is None else workspace.reshape(-1)
+        part_o, part_lse = ws[: plan.num_splits * R * KV_LORA_RANK], ws[plan.num_splits * R * KV_LORA_RANK : need]
+    ks = ks_float if ks_float is not None else 1.0
+    return dict(
+        part_o=part_o, part_lse=part_lse, s_po_s=0 if plan.direct else R * KV_LORA_RANK, s_pl_s=0 if plan.direct else R,
+        qk_scale=sm_scale * LOG2E * ks, out_scale=ks, k_scale_ptr=ks_tensor if ks_tensor is not None else lse,
+    )  # fmt: skip
 
 
 def _check_k_scale(c: Checker, k_scale, plan) -> torch.Tensor | None:
@@ -373,6 +384,7 @@ __all__ = [
     "choose_num_splits",
     "modelled_splits",
     "kv_kind_for",
+    "launch_args",
     "latent_inputs_match",
     "plan_needs_kind",
     "mla_decode_workspace_numel",

@@ -19,11 +19,11 @@ import torch
 from ..kernels.latent_core import mla_decode_reduce_kernel
 from ..kernels.sparse import mla_sparse_attention_kernel
 from ..reference.sparse import mla_sparse_attention_ref
-from ..triton_common import INT32_MAX, LOG2E
+from ..triton_common import INT32_MAX
 from ._checks import Checker
 from ._launch import kernel_launch
-from .latent_core import check_call, check_latent_inputs, plan_needs_kind
-from .sparse_plan import D_KV, D_NOPE, OP, SparsePlan, plan_sparse_attention
+from .latent_core import check_call, check_latent_inputs, launch_args, plan_needs_kind
+from .sparse_plan import D_KV, OP, SparsePlan, plan_sparse_attention
 
 
 def mla_sparse_attention(
@@ -284,20 +284,8 @@ def _launch_triton(
 ) -> None:
     """Runs ``plan`` on validated tensors: the kernel, then (S > 1) mla_decode's reduce."""
     T, N, S = plan.num_rows, plan.num_heads, plan.num_splits
-    R = T * N
-    if plan.direct:
-        part_o = part_lse = lse  # unused (DIRECT never touches them)
-    else:
-        need = plan.workspace_numel
-        ws = (
-            torch.empty(need, dtype=torch.float32, device=q_nope.device) if workspace is None else workspace.reshape(-1)
-        )
-        part_o, part_lse = ws[: S * R * D_NOPE], ws[S * R * D_NOPE : need]
-    s_po, s_pl = R * D_NOPE, R
-    qk_scale = sm_scale * LOG2E * (ks_float if ks_float is not None else 1.0)
-    out_scale = ks_float if ks_float is not None else 1.0
-    # Tensors the kernel never dereferences still need a live pointer.
-    scale_ptr = ks_tensor if ks_tensor is not None else lse
+    a = launch_args(plan, workspace, T, lse, sm_scale, ks_float, ks_tensor)
+    part_o, part_lse, s_po, s_pl = a["part_o"], a["part_lse"], a["s_po_s"], a["s_pl_s"]
     # An empty cache: every entry is then bad and nothing is read; the stand-in keeps kv's type.
     cache = kv if kv.numel() else torch.empty(1, 1, D_KV, dtype=kv.dtype, device=kv.device)
     if block_table is not None:
@@ -324,8 +312,8 @@ def _launch_triton(
         if not plan.direct:
             launches["reduce"] = kernel_launch(mla_decode_reduce_kernel, plan.reduce.constexprs, plan.reduce.options)
     launches["kernel"](plan.grid, (
-        q_nope, q_pe, cache, ti, bt, reqs, scale_ptr, out, lse, part_o, part_lse,
-        qk_scale, out_scale,
+        q_nope, q_pe, cache, ti, bt, reqs, a["k_scale_ptr"], out, lse, part_o, part_lse,
+        a["qk_scale"], a["out_scale"],
         T, N, plan.topk, S, plan.split_len, plan.head_blocks,
         kv.shape[1], plan.page_shift, cap, num_pages, B,
         *q_nope.stride(), *q_pe.stride(), kv.stride(0), kv.stride(1), topk_indices.stride(0), s_bt, s_req,

@@ -61,6 +61,16 @@ class Checker:
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             self.fail(name, f"{'None or ' if optional else ''}an int >= {low}", repr(v))
 
+    def workspace(self, workspace: torch.Tensor, numel: int, holds: str) -> None:
+        """A caller's ``workspace=``: a contiguous float32 tensor of at least ``numel`` elements
+        (``holds``: what they hold, for the message)."""
+        self.tensor("workspace", workspace, layout="(float32, contiguous)", dtypes=(torch.float32,))
+        if not workspace.is_contiguous():
+            self.fail("workspace", "a contiguous tensor", f"strides {tuple(workspace.stride())}")
+        if workspace.numel() < numel:
+            self.fail("workspace", f"a contiguous float32 tensor of >= {numel} elements ({holds})",
+                      f"{workspace.numel()} elements")  # fmt: skip
+
     def fp8_scale(self, name: str, k_scale) -> None:
         """An fp8 cache's scale: a 1-element float32 tensor (its device is checked with the rest)."""
         if k_scale is None:

@@ -162,16 +162,7 @@ def check_call(c: Checker, plan, q_nope, sources: dict, sm_scale, out, lse, k_sc
         c.tensor("lse", lse, shape=(rows, N), layout=f"[{rows_name}, N]", dtypes=(torch.float32,), like=like)
         c.writable("lse", lse)
     if workspace is not None:
-        c.tensor("workspace", workspace, layout="(float32, contiguous)", dtypes=(torch.float32,))
-        if not workspace.is_contiguous():
-            c.fail("workspace", "a contiguous tensor", f"strides {tuple(workspace.stride())}")
-        if workspace.numel() < plan.workspace_numel:
-            c.fail(
-                "workspace",
-                f"a contiguous float32 tensor of >= {plan.workspace_numel} elements (S={plan.num_splits} "
-                f"splits x {rows * N} rows x 513)",
-                f"{workspace.numel()} elements",
-            )
+        c.workspace(workspace, plan.workspace_numel, f"S={plan.num_splits} splits x {rows * N} rows x 513")
     scale_t = _check_k_scale(c, k_scale, plan)
     c.same_device(q_nope=q_nope, out=out, lse=lse, k_scale=scale_t, workspace=workspace)
     # Destinations (the caller's: fresh ones overlap nothing) vs everything the kernels read, e.g.

@@ -232,13 +232,7 @@ def _run_chunk(ck: ContextChunk, plan: PrefillPlan, q, cu_q, sm_scale, out, lse)
 def _check_workspace(c: Checker, workspace, numel: int, q, out, lse, tensors) -> None:
     """A caller's workspace: a contiguous float32 tensor of >= ``numel`` elements on q's device,
     sharing no memory with the call's other tensors."""
-    c.tensor("workspace", workspace, dtypes=(torch.float32,))
-    if not workspace.is_contiguous() or workspace.numel() < numel:
-        c.fail(
-            "workspace",
-            f"a contiguous float32 tensor of >= {numel} elements (plan.workspace_numel)",
-            f"{workspace.numel()} elements, strides {workspace.stride()}",
-        )
+    c.workspace(workspace, numel, "plan.workspace_numel")
     c.same_device(q=q, workspace=workspace)
     names = ("q", "k_nope", "k_pe", "v", "cu_seqlens_q", "cu_seqlens_k")
     c.no_overlap({"workspace": workspace, "out": out, "lse": lse}, dict(zip(names, tensors)))

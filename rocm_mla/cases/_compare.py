@@ -20,8 +20,8 @@ selfcheck and verify sets), bf16 1e-2 (what the benchmarks' checks hold at servi
 figures behind them: docs/notes/check-bounds.md. A check at serving lengths that compares only a
 few requests or rows (the tuner, the benches) uses the same bounds.
 
-Every inputs object takes ``mismatch`` and ``check`` from :class:`Checked`, and its call's plan
-from :func:`with_plan`.
+Inputs objects take ``check`` (and, where ``compare`` says it all, ``mismatch``) from
+:class:`Checked`; those whose op has a plan with knobs make it with :func:`with_plan`.
 """
 
 from __future__ import annotations

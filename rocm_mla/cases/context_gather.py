@@ -16,7 +16,7 @@ import torch
 from ..mla_dims import KV_ROW_DIM
 from ._buffers import poisoned
 from ._compare import Bound, Checked, Comparison, compare
-from ._paged import OnPagedCache, PagedCache, case_paged_cache, generator, platform_fp8, row_requests
+from ._paged import OnPagedCache, PagedCache, case_paged_cache, device_generator, platform_fp8, row_requests
 
 # The kv_cache_dtype naming each float8 kind (a "uint8" shape's cache of another kind than the platform's).
 FP8_NAMES = {torch.float8_e4m3fn: "fp8_e4m3fn", torch.float8_e4m3fnuz: "fp8_e4m3fnuz"}
@@ -152,8 +152,7 @@ def make_inputs(
     """Fresh random inputs of ``shape`` (see the module docstring); the context keys have standard
     deviation 2. dtype: the cache's (unless fp8) and dst's. dst_pad: elements past each dst row.
     page_pad / unused / guard: see :func:`rocm_mla.cases.paged_cache`."""
-    device = torch.device(device)
-    g = gen if gen is not None else generator(seed, device)
+    device, g = device_generator(device, seed, gen)
     paged, ks = case_paged_cache(
         shape.ctx, shape.block, shape.kv != "auto", kind=fp8, k_scale=k_scale, dtype=dtype, device=device, gen=g,
         spare_pages=spare_pages, spare_cols=spare_cols, copies=copies, unused=unused, guard=guard, scale=2.0,

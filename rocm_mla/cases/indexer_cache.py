@@ -24,7 +24,7 @@ from ..reference.indexer import (
     indexer_k_cache_write_ref,
 )
 from ._compare import Bound, Checked, Comparison, compare
-from ._paged import SlotWrite, generator, platform_fp8, randn
+from ._paged import SlotWrite, device_generator, platform_fp8, randn
 
 POISON = 0xFF  # the untouched cache bytes
 _KINDS = {"fp8": None, "fp8_e4m3fn": torch.float8_e4m3fn, "fp8_e4m3fnuz": torch.float8_e4m3fnuz}
@@ -165,8 +165,7 @@ def make_inputs(
     rows 1, 3 and 4 (where T has them) zeros, tiny (x 1e-7) and large (x 1e3: finite in
     float16). k_pad: extra columns of k's buffer (k's row stride is 128 + k_pad). block_pad: extra
     blocks between the ones the cache view shows. scale: the keys' standard deviation."""
-    device = torch.device(device)
-    g = gen if gen is not None else generator(seed, device)
+    device, g = device_generator(device, seed, gen)
     T, bs = shape.T, shape.block
     buf = randn((T, INDEX_HEAD_DIM + k_pad), g, device, torch.float32, scale)
     if special_rows:

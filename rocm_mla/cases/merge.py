@@ -14,7 +14,7 @@ import torch
 
 from ._buffers import poisoned
 from ._compare import NORM, Bound, Checked, Comparison, compare
-from ._paged import generator, randn
+from ._paged import device_generator, randn
 
 # One table (the rule: rocm_mla.cases._compare). Element-wise: one rounding of the output plus
 # float32 math; lse 1e-5 (a float32 logaddexp). Norm-wise: NORM.
@@ -157,8 +157,7 @@ def make_inputs(
     lse_scale: float = 3.0,
 ) -> MergeInputs:
     """Fresh random inputs of ``shape``; ``with_lse=False``: no output_lse (None)."""
-    device = torch.device(device)
-    g = gen if gen is not None else generator(seed, device)
+    device, g = device_generator(device, seed, gen)
     okw, lkw = LAYOUTS[shape.layout]
     if shape.lse is not None:
         lkw = {"transpose01": True} if shape.lse == "transposed" else {}

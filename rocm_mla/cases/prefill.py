@@ -180,7 +180,8 @@ def cu_seqlens(lengths, device, start: int = 0) -> torch.Tensor:
     return torch.tensor(list(offs), dtype=torch.int32, device=device)
 
 
-# mla_prefill's own keywords; every other keyword a case call takes is a plan_prefill knob.
+# The calls' own keywords (workspace: mla_prefill_with_context's); every other keyword a case
+# call takes is a plan knob.
 CALL_KEYS = ("sm_scale", "plan", "out", "lse", "workspace")
 
 

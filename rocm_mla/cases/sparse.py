@@ -21,7 +21,7 @@ import torch
 
 from ..mla_dims import KV_LORA_RANK, KV_ROW_DIM
 from ._compare import Bound, dtype_name, with_plan
-from ._paged import CacheKind, RequestRows, generator, row_requests
+from ._paged import CacheKind, RequestRows, device_generator, row_requests
 from .decode import CALL_KEYS, LSE_LAYOUTS, OUT_LAYOUTS, Q_LAYOUTS, LatentInputs, latent_tensors
 from .decode import TOLERANCE as DECODE_TOLERANCE
 
@@ -268,8 +268,7 @@ def make_inputs(
     spare_pages, spare_cols, unused, guard, outliers), as decode's make_inputs takes them; copies
     share the lists (positions, so they hold for every copy).
     """
-    device = torch.device(device)
-    g = gen if gen is not None else generator(seed, device)
+    device, g = device_generator(device, seed, gen)
     parts = latent_tensors(
         shape.lens, shape.block, shape.fp8, shape.T, shape.N, dtype=dtype, device=device, gen=g, **kw
     )

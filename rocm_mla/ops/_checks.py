@@ -13,6 +13,7 @@ import functools
 import math
 import numbers
 from collections.abc import Iterable, Sequence
+from typing import NoReturn
 
 import torch
 
@@ -148,7 +149,7 @@ class Checker:
             if x.device != ref.device:
                 self.fail(name, f"device {ref.device} (like {ref_name})", str(x.device))
 
-    def plan_for(self, plan: object, kind: type, maker: str, want: dict) -> None:
+    def plan_for(self, plan: object, kind: type, maker: str, want: dict) -> NoReturn:
         """Raise for a caller's ``plan=`` that its ``matches`` refused: not a ``kind`` (made by
         ``maker``), or the first field that differs from ``want`` (this call's sizes, dtypes,
         arch, ...)."""

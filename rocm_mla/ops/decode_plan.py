@@ -5,7 +5,7 @@ and device, without reading any device value (so the call can be captured in a C
 launches exactly what the plan says. What it decides:
   * the stage-1 tier (BLOCK_H query rows per program) from M = q_len x N (``tier_config``);
   * the split count S (``choose_num_splits``, ops/latent_core.py: the split-K model that
-    mla_sparse_attention shares): a small cost model over the CU/SM count, the batch, the row
+    mla_sparse_attention shares): a small cost model over the CU/SM count, the batch, the head
     blocks and an upper bound of the longest sequence (the ``max_seq_len`` hint, else the block
     table's capacity ``max_blocks x block_size``), capped to what a given workspace holds;
   * batch-invariant mode (``batch_invariant=True``, ``invariant_split``): a split holds a number of
@@ -32,7 +32,7 @@ import triton
 
 from .. import _platform
 from ..configs import config_for, resolve_tier, tier_index
-from ..mla_dims import KV_LORA_RANK, KV_ROW_DIM, QK_ROPE_HEAD_DIM
+from ..mla_dims import KV_LORA_RANK, QK_ROPE_HEAD_DIM
 from ..triton_common import amd_options
 from ._checks import FLOAT_DTYPES, Checker, debug_enabled, plan_device
 from ._dispatch import select
@@ -51,7 +51,6 @@ from .latent_core import (
 OP = "mla_decode"
 D_NOPE = KV_LORA_RANK  # V width and the nope part of K (the kernel's constexpr names)
 D_PE = QK_ROPE_HEAD_DIM
-D_KV = KV_ROW_DIM
 
 # What an absent tier field means (rocm-mla tune compares configs with the same table).
 TIER_DEFAULTS = {
@@ -71,7 +70,6 @@ TIER_DEFAULTS = {
 FP8_DOTS = ("none", "qk", "all")
 # fp8_dots of an fp8-cache plan that names none (16-bit q): the trade docs/notes/fp8-decode.md measures.
 DEFAULT_FP8_DOTS = "none"
-# kv_cache_dtype names a plan takes (the fp8 ones: mla_dims.FP8_KV_CACHE_DTYPES).
 # fp8_dots="all": the smallest tile (p . v's K) fp8 matrix instructions take.
 FP8_PV_MIN_BLOCK_N = 32
 
@@ -259,7 +257,7 @@ def invariant_num_splits(bound: int, split_tokens: int, max_splits: int) -> int:
 
 def _num_xcds(arch: str) -> int:
     """Dies dealt workgroups round-robin (configs' ``num_xcds``; 1 = no remap). The remap is
-    applied whatever the row-block count (harmless with one), so one compiled kernel per config."""
+    applied whatever the head-block count (harmless with one), so one compiled kernel per config."""
     return int(config_for(OP, arch).get("num_xcds", 1))
 
 
@@ -500,8 +498,9 @@ def plan_decode(
     impl = select(OP, device, backend, has_hip=False)
     num_cus = num_compute_units(device)
     m_rows = q_len * num_heads
-    tier = None if config is not None else tier_index(config_for(OP, arch)["tiers"], m_rows)
-    cfg = tier_config(arch, m_rows, q_dtype, kv_fp8, config, fp8_dots=dots)
+    tiers = config_for(OP, arch)["tiers"]
+    tier = None if config is not None else tier_index(tiers, m_rows)
+    cfg = tier_config(arch, m_rows, q_dtype, kv_fp8, config if config is not None else tiers[tier], fp8_dots=dots)
     head_blocks = triton.cdiv(m_rows, int(cfg["BLOCK_H"]))
     block_n = int(cfg["BLOCK_N"])
     r = batch * q_len * num_heads

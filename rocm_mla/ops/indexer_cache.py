@@ -131,9 +131,7 @@ def _check(c: Checker, k, index_cache, slot_mapping, scale_fmt, shuffled, kv_cac
     _check_index_dtype(c, "slot_mapping", slot_mapping)
     if slot_mapping.shape[0] > 1 and slot_mapping.stride(0) != 1:
         c.fail("slot_mapping", "stride 1", f"strides {slot_mapping.stride()}")
-    c.same_device(index_cache=index_cache, k=k, slot_mapping=slot_mapping)
-    c.writable("index_cache", index_cache)
-    c.no_overlap({"index_cache": index_cache}, {"k": k, "slot_mapping": slot_mapping})
+    c.arguments({"index_cache": index_cache}, {"k": k, "slot_mapping": slot_mapping})
     return fp8, shuffle
 
 

@@ -423,8 +423,7 @@ def plan_indexer_topk(
     c = Checker(OP)
     for name, v, least in (("num_rows", num_rows, 0), ("max_kv_len", max_kv_len, 0), ("num_heads", num_heads, 1),
                            ("topk", topk, 1), ("block_size", block_size, 1)):  # fmt: skip
-        if not _int_in(v, least):
-            c.fail(name, f"an int >= {least}", repr(v))
+        c.count(name, v, least)
     if q_dtype not in FP8_DTYPES:
         c.fail("q_dtype", "float8_e4m3fn or float8_e4m3fnuz", str(q_dtype).replace("torch.", ""), TypeError)
     if shuffled is not None and not isinstance(shuffled, bool):

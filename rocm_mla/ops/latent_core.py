@@ -32,7 +32,6 @@ KV_CACHE_DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32", *FP8_KV_CACHE_
 # The reduce's launch data lives with mla_decode's (configs/mla_decode.json "reduce"); its config
 # errors name that op.
 REDUCE_OP = "mla_decode"
-KV_LORA_RANK = KV_LORA_RANK  # the partial outputs' width (V)
 D_KV = KV_ROW_DIM  # a cache row: what one tile streams per token
 
 

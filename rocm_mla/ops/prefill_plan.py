@@ -30,7 +30,7 @@ from .. import _platform
 from ..configs import config_for, nvidia_sm, prefill_tma_mode, resolve_tier
 from ..mla_dims import PREFILL_DIMS
 from ..triton_common import amd_options
-from ._checks import FLOAT_DTYPES, Checker, debug_enabled
+from ._checks import FLOAT_DTYPES, Checker, debug_enabled, plan_device
 from ._dispatch import select
 
 OP = "mla_prefill"
@@ -388,9 +388,7 @@ def _plan(c: Checker, dim_names: tuple[tuple[str, str], ...], kw: dict[str, Any]
             c.fail(name, "None or an int >= 0", val)
     if not isinstance(kw["batch_invariant"], bool):
         c.fail("batch_invariant", "a bool", repr(kw["batch_invariant"]), TypeError)
-    device = torch.device(kw["device"])
-    if device.type == "cuda" and device.index is None:  # the tensors' own form (cuda:0, ...)
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = plan_device(kw["device"])
     impl = select(OP, device, kw["backend"], has_hip=False)
     if impl == "triton":
         # Each dim is one register tile of the next power of two (masked past the dim): up to 256.

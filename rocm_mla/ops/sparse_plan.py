@@ -287,8 +287,9 @@ def plan_sparse_attention(
     kv_kind, kv_fp8 = kv_kind_for(c, kv_dtype, kv_cache_dtype, q_dtype, arch)
     impl = select(OP, device, backend, has_hip=False)
     num_cus = num_compute_units(device)
-    tier = None if config is not None else tier_index(config_for(OP, arch)["tiers"], num_heads)
-    cfg = tier_config(arch, num_heads, q_dtype, kv_fp8, config)
+    tiers = config_for(OP, arch)["tiers"]
+    tier = None if config is not None else tier_index(tiers, num_heads)
+    cfg = tier_config(arch, num_heads, q_dtype, kv_fp8, config if config is not None else tiers[tier])
     block_h, block_n = int(cfg["BLOCK_H"]), int(cfg["BLOCK_N"])
     head_blocks = max(1, triton.cdiv(num_heads, block_h))
     tiles = max(1, triton.cdiv(topk, block_n))

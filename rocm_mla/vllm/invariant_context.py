@@ -17,7 +17,8 @@ from rocm_mla.ops import PrefillPlan
 class ContextPiece:
     """One piece of one request's cached context, under the names of vLLM's context chunk
     (``MLACommonPrefillMetadata.ContextChunk``) that ``RocmMLAImplCommon._fold_in_context`` reads;
-    ``rocm_mla_plan``: the piece's ``mla_prefill`` plan, made by the layer that runs it first."""
+    ``rocm_mla_plan``: the piece's ``mla_prefill`` plan (the pieces are made per layer call, so
+    the plan is made there too, as the per-request gather always planned it)."""
 
     request_slice: slice
     token_slice: slice

@@ -85,7 +85,7 @@ def verification_cases(
         base = decode.SHAPES["verify"][0]
 
         def check(qdt, fp8: bool, n: int, splits):
-            # the tier's BLOCK_H as the head count: one row block, the tier's own config
+            # the tier's BLOCK_H as the head count: one head block, the tier's own config
             shape = dataclasses.replace(base, N=n, kv="fp8" if fp8 else "auto")
             return lambda: inputs.verify_call("decode", shape, dev, qdt, fp8_kind, num_splits=splits)
 

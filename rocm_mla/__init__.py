@@ -29,6 +29,13 @@ runs. Each docstring gives shapes and layouts.
         plan_sparse_attention_for(q_nope, q_pe, kv_cache, topk_indices, block_table=None,
                                   req_id_per_token=None, *, k_scale=None, workspace=None, **knobs)
             -> SparsePlan
+    mla_v4_attention(q, window_cache, window_indices, window_indptr=None, compressed_cache=None,
+                     compressed_indices=None, compressed_indptr=None, attn_sink=None, positions=None,
+                     cos_sin_cache=None, *, sm_scale, out=None, lse=None, workspace=None, plan=None)
+                     -> (out, lse)   (DeepSeek-V4: window + compressed lists, sink, inverse RoPE)
+        plan_v4_attention(*, num_rows, num_heads, q_dtype, device, window_dtype, window_block_size,
+                          window_len, ...)
+        plan_v4_attention_for(<the op's tensors>, *, workspace=None, **knobs) -> V4Plan
     mla_indexer_topk(q, weights, index_cache, block_table, req_id_per_token, kv_lens, *, topk,
                      out=None, workspace=None, plan=None) -> out   (the lightning indexer's top-k)
         plan_indexer_topk(*, num_rows, num_heads, topk, max_kv_len, block_size, q_dtype, device, ...)
@@ -78,6 +85,10 @@ __all__ = [
     "plan_sparse_attention",
     "plan_sparse_attention_for",
     "SparsePlan",
+    "mla_v4_attention",
+    "plan_v4_attention",
+    "plan_v4_attention_for",
+    "V4Plan",
     "mla_indexer_topk",
     "plan_indexer_topk",
     "plan_indexer_topk_for",

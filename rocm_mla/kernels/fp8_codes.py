@@ -51,3 +51,25 @@ def fp8_e4m3_code(x, FNUZ: tl.constexpr):
         return _fp8_e4m3_bits(x, 8, 0x43700000, 0x7F, True)
     else:
         return _fp8_e4m3_bits(x, 7, 0x43E00000, 0x7E, False)
+
+
+@triton.jit
+def fp8_e4m3_value(code, FNUZ: tl.constexpr):
+    """E4M3 code (uint8) -> its float32 value in integer arithmetic: e4m3fnuz (FNUZ: bias 8, 0x80
+    NaN, no -0, no infinity) or e4m3fn (bias 7, S.1111.111 NaN). For the targets whose Triton has
+    no conversion of that kind (NVIDIA: no e4m3fnuz) and the CPU interpreter (whose e4m3
+    conversions are not exact); exact for every code."""
+    c = code.to(tl.int32)
+    sign = (c & 0x80) << 24
+    e = (c >> 3) & 0xF
+    m = c & 0x7
+    BIAS: tl.constexpr = 8 if FNUZ else 7
+    normal = (sign | ((e + (127 - BIAS)) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    # Subnormals: m x 2^(1 - BIAS - 3); the sign from the code (0x80 is not a number in fnuz).
+    sub = m.to(tl.float32) * (2.0 ** (-2 - BIAS))
+    sub = tl.where((c & 0x80) != 0, -sub, sub)
+    v = tl.where(e == 0, sub, normal)
+    if FNUZ:
+        return tl.where(c == 0x80, float("nan"), v)
+    else:
+        return tl.where((c & 0x7F) == 0x7F, float("nan"), v)

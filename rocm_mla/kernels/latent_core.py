@@ -15,10 +15,14 @@ Holds
     close_split         a finished split's normaliser and base-2 lse (empty and poisoned splits)
     store_partial       one split's normalised partial rows and lse into the workspace
     invariant_split_len the batch-invariant split length (decode stage 1 and the reduce agree on it)
+    sink_denominator    a softmax denominator with an attention sink (mla_v4_attention's kernel
+                        and the reduce)
+    inverse_rope_pairs  GPT-J inverse RoPE of a tile's column pairs (mla_v4_attention's epilogues)
     mla_decode_reduce_kernel
                         the split-K reduce: merges the partials ``[S, rows x N, 512]`` and lses
-                        ``[S, rows x N]`` of mla_decode's stage 1 or mla_sparse_attention into
-                        out and lse
+                        ``[S, rows x N]`` of mla_decode's stage 1, mla_sparse_attention or
+                        mla_v4_attention into out and lse (the last with its sink and inverse
+                        RoPE)
 
 The workspace layout every split kernel writes and the reduce reads: part_o [S, R, D] float32 (row
 stride D, split stride s_po_s) with R = rows x N numbered r = row x N + h, and part_lse [S, R]
@@ -132,6 +136,27 @@ def invariant_split_len(seq_len, split_tokens, split_cap, block_n):
 
 
 @triton.jit
+def sink_denominator(l_i, m_i, sink2):
+    """The softmax denominator ``l + 2^(sink2 - m)`` of running sums ``l_i`` over keys whose base-2
+    maximum is ``m_i`` (-inf: no key), with an attention sink of base-2 logit ``sink2`` (-inf:
+    none): the sink is a key of value 0. Never 0 (no key and no sink: 1, so the output is 0);
+    2^(sink2 - m) may be inf (the sink outweighs every key: the output is 0); NaN stays NaN."""
+    m_use = tl.where(m_i == float("-inf"), 0.0, m_i)
+    den = l_i + tl.exp2(sink2 - m_use)
+    return tl.where(den == 0.0, 1.0, den)
+
+
+@triton.jit
+def inverse_rope_pairs(x, cos, sin, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """GPT-J inverse RoPE of a ``[ROWS, COLS]`` tile's column pairs (2i, 2i + 1) with ``cos``,
+    ``sin`` ``[COLS / 2]`` (cos 1, sin 0 leave a pair as it is): ``(a, b) -> (a cos + b sin,
+    b cos - a sin)``."""
+    ev, od = tl.split(tl.reshape(x, [ROWS, COLS // 2, 2]))
+    return tl.reshape(tl.join(ev * cos[None, :] + od * sin[None, :], od * cos[None, :] - ev * sin[None, :]),
+                      [ROWS, COLS])  # fmt: skip
+
+
+@triton.jit
 def _rows_msb_last(x, BLOCK_D: tl.constexpr, LEVELS: tl.constexpr):
     """A ``[2**LEVELS, BLOCK_D]`` tile as ``[BLOCK_D, 2, ..., 2]`` with the row index's bits in the
     trailing dims, most significant last: ``tl.split`` then halves it into rows [0, n/2) and
@@ -170,8 +195,10 @@ def _chain_rows(po, w, ok, acc, total, LEVELS: tl.constexpr):
 
 
 @triton.jit(
-    do_not_specialize=["num_heads", "num_splits", "q_len", "capacity", "split_tokens", "split_cap", "split_block_n"]
-)
+    do_not_specialize=[
+        "num_heads", "num_splits", "q_len", "capacity", "split_tokens", "split_cap", "split_block_n", "num_pos",
+    ]
+)  # fmt: skip
 def mla_decode_reduce_kernel(
     part_o,
     part_lse,
@@ -193,10 +220,18 @@ def mla_decode_reduce_kernel(
     s_o_d,
     s_l_r,
     s_l_h,
+    sink,
+    positions,
+    cos_sin,
+    num_pos,
+    s_pos,
+    s_cs,
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
     INVARIANT: tl.constexpr = False,
+    HAS_SINK: tl.constexpr = False,
+    ROPE: tl.constexpr = False,
 ):
     """The split-K reduce (mla_decode's stage 2; mla_sparse_attention's split rows):
     out[r] = sum_s w_s * part_o[s, r] with w = softmax_s(part_lse[s, r]).
@@ -211,6 +246,11 @@ def mla_decode_reduce_kernel(
     request's own, cdiv(seq_len, split length) from its seq_len (``seq_lens``, clamped to
     ``capacity`` as stage 1 clamps it), not the grid's, and they are summed one after another in
     split order, so the bits follow from the request alone whatever the tile and the grid.
+    mla_v4_attention's epilogue: HAS_SINK adds ``2^(sink[h] x log2(e) - m)`` to the denominator
+    (``sink`` [>= N] float32; lse stays the keys' own); ROPE rotates the output's pairs of columns
+    from 448 on back at the row's position (``positions`` [rows], stride ``s_pos``; ``cos_sin``
+    [num_pos, 64], row stride ``s_cs``, cos | sin); a position outside ``[0, num_pos)`` makes the
+    row's out and lse NaN. The pointers are not read otherwise.
     """
     r = tl.program_id(0).to(tl.int64)
     dblk = tl.program_id(1)
@@ -273,8 +313,23 @@ def mla_decode_reduce_kernel(
     if INVARIANT:
         total = tl.sum(tl.where(offs_d == dblk * BLOCK_D, total, 0.0), axis=0)  # one copy, exactly (x + 0)
     no_key = total == 0.0
-    o = acc / tl.where(no_key, 1.0, total)
+    if HAS_SINK:
+        o = acc / sink_denominator(total, m_max, tl.load(sink + h) * 1.4426950408889634)
+    else:
+        o = acc / tl.where(no_key, 1.0, total)
+    lse2 = tl.where(no_key, float("-inf"), m_use + tl.log2(tl.where(no_key, 1.0, total)))
+    if ROPE:
+        pos = tl.load(positions + row * s_pos).to(tl.int64)
+        bad = (pos < 0) | (pos >= num_pos)
+        # Column pairs from 448 on (the RoPE part) turn; the others take cos 1, sin 0.
+        pair = (dblk * BLOCK_D + 2 * tl.arange(0, BLOCK_D // 2) - 448) // 2
+        turn = (pair >= 0) & (bad == 0)
+        cs_row = cos_sin + tl.where(bad, 0, pos) * s_cs
+        cos = tl.load(cs_row + pair, mask=turn, other=1.0).to(tl.float32)
+        sin = tl.load(cs_row + 32 + pair, mask=turn, other=0.0).to(tl.float32)
+        o = tl.reshape(inverse_rope_pairs(tl.reshape(o, [1, BLOCK_D]), cos, sin, 1, BLOCK_D), [BLOCK_D])
+        o = tl.where(bad, float("nan"), o)
+        lse2 = tl.where(bad, float("nan"), lse2)
     tl.store(out + row * s_o_r + h * s_o_h + offs_d * s_o_d, o.to(out.dtype.element_ty))
     if dblk == 0:
-        lse2 = tl.where(no_key, float("-inf"), m_use + tl.log2(tl.where(no_key, 1.0, total)))
         tl.store(lse + row * s_l_r + h * s_l_h, lse2 * 0.6931471805599453)

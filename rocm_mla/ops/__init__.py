@@ -14,6 +14,8 @@ from .prefill_plan import PrefillContextPlan, PrefillPlan, plan_prefill, plan_pr
 from .rope_kv_write import concat_and_cache_mla, fused_rope_mla_kv_write
 from .sparse import mla_sparse_attention, plan_sparse_attention_for
 from .sparse_plan import SparsePlan, plan_sparse_attention
+from .v4_attention import mla_v4_attention, plan_v4_attention_for
+from .v4_attention_plan import V4Plan, plan_v4_attention
 
 __all__ = [
     "mla_decode",
@@ -37,6 +39,10 @@ __all__ = [
     "plan_sparse_attention",
     "plan_sparse_attention_for",
     "SparsePlan",
+    "mla_v4_attention",
+    "plan_v4_attention",
+    "plan_v4_attention_for",
+    "V4Plan",
     "indexer_k_cache_write",
     "mla_indexer_topk",
     "plan_indexer_topk",

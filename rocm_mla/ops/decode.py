@@ -288,6 +288,8 @@ def _launch_triton(
         return
     split_tokens, split_cap, split_block_n = plan.split_rule
     vals.update(split_tokens=split_tokens, split_cap=split_cap, split_block_n=split_block_n)
+    # The sink and inverse-RoPE arguments (mla_v4_attention's epilogue): unread here.
+    vals.update(sink=lse, positions=seq_lens, cos_sin=lse, num_pos=0, s_pos=0, s_cs=0)
     launches["reduce"](plan.reduce.grid, [vals[name] for name, _ in REDUCE_ARGS])
 
 

@@ -142,6 +142,12 @@ REDUCE_ARGS: tuple[tuple[str, str], ...] = (
     ("s_o_d", "1"),
     ("s_l_r", "i32"),
     ("s_l_h", "1"),
+    ("sink", "*fp32/16"),
+    ("positions", "*i32/16"),
+    ("cos_sin", "*fp32/16"),
+    ("num_pos", "i32"),
+    ("s_pos", "i32"),
+    ("s_cs", "i32"),
 )
 
 

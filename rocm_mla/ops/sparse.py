@@ -327,6 +327,7 @@ def _launch_triton(
         part_o, part_lse, out, lse, ti,
         N, S, 1, 0, 0, 0, 1,
         0, s_po, s_pl, *out.stride(), *lse.stride(),
+        lse, ti, lse, 0, 0, 0,  # the sink and inverse-RoPE arguments: unread
     ))  # fmt: skip
 
 

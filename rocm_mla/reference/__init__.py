@@ -10,6 +10,7 @@ from .merge import merge_attn_states_ref
 from .prefill import mla_prefill_ref
 from .rope_kv_write import fused_rope_mla_kv_write_ref
 from .sparse import mla_sparse_attention_ref
+from .v4_attention import fp8_ds_mla_rows, mla_v4_attention_ref
 
 __all__ = [
     "context_gather_ref",
@@ -24,4 +25,6 @@ __all__ = [
     "mla_indexer_logits_ref",
     "mla_indexer_topk_ref",
     "check_indexer_topk",
+    "fp8_ds_mla_rows",
+    "mla_v4_attention_ref",
 ]

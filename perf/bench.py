@@ -81,6 +81,8 @@ BENCHES = {
     "indexer": Bench("bench_indexer.py", "indexer.csv", ("--preset", "bench"), ("--preset", "quick")),
     # A sparse layer's attention path (indexer top-k + sparse attention) beside vLLM 0.34's ROCm Triton composition.
     "sparse_layer": Bench("bench_sparse_layer.py", "sparse_layer.csv", (), ()),
+    # DeepSeek-V4 attention (mla_v4_attention) beside vLLM 0.34's ROCm decode and prefill path (PEERS/vllm_sparse).
+    "v4_attention": Bench("bench_v4.py", "v4.csv", ("--preset", "bench"), ("--quick",)),
 }
 CEILING_SHAPES = {"copy": "copy 2 GiB", "matmul": "matmul 8192^3 bf16"}
 

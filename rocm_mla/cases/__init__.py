@@ -16,6 +16,7 @@ module              shape              ``make_inputs(shape, *, dtype, device, se
 ``sparse``          SparseShape        SparseInputs (top-k lists, paged cache, q views)     bench quick tune
 ``indexer_cache``   IndexerCacheShape  IndexerCacheInputs (k slice, slots, 0xFF cache)      selfcheck odd bench
 ``indexer_topk``    IndexerShape       IndexerInputs (0xFF-poisoned key cache, q slice)     bench quick tune
+``v4_attention``    V4Shape            V4Inputs (fp8_ds_mla caches, slot lists, sink)       selfcheck odd bench tune
 ==================  =================  ===================================================  ====================
 
 Every module also has ``SHAPES["tiny" | "selfcheck" | "verify" | "odd" | "quick"]`` where they apply,
@@ -72,7 +73,7 @@ Nothing here imports pytest, perf/ or tools/; the modules use rocm_mla.reference
 rocm_mla.ops (to run the op) and the platform's fp8 kind (``platform_fp8``).
 """
 
-from . import context_gather, decode, indexer_cache, indexer_topk, merge, prefill, rope_kv_write, sparse
+from . import context_gather, decode, indexer_cache, indexer_topk, merge, prefill, rope_kv_write, sparse, v4_attention
 from ._buffers import SENTINEL, Guarded, outside_untouched, poisoned
 from ._compare import Bound, CaseMismatch, Comparison, compare, dtype_name, first_problem, raise_on
 from ._paged import PagedCache, cold_copies, generator, nan_filled, paged_cache, platform_fp8, randn, to_fp8
@@ -105,4 +106,5 @@ __all__ = [
     "rope_kv_write",
     "sparse",
     "to_fp8",
+    "v4_attention",
 ]

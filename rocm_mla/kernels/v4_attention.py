@@ -47,21 +47,21 @@ from .latent_core import close_split, sink_denominator, xcd_local_order
 
 
 @triton.jit
-def _piece(cache, data, scl, ok, I: tl.constexpr, offs, like, KIND: tl.constexpr, SOFT_FP8: tl.constexpr):
-    """Columns ``[64 I, 64 I + 64)`` of the cache rows at ``data`` ([BLOCK_N] offsets; ``scl``:
+def _piece(cache, data, scl, ok, PIECE: tl.constexpr, offs, like, KIND: tl.constexpr, SOFT_FP8: tl.constexpr):
+    """Columns ``[64 PIECE, 64 PIECE + 64)`` of the cache rows at ``data`` ([BLOCK_N] offsets; ``scl``:
     their scale bytes) as a ``[BLOCK_N, 64]`` tile in ``like``'s dtype; 0 where ``ok`` is false.
     KIND 0: the cache's own 16/32-bit values; 1 / 2: fp8_ds_mla (e4m3fn / e4m3fnuz NoPE pieces
     0..6 times 2^(e - 127), piece 7 the bf16 RoPE tail)."""
     if KIND == 0:
-        x = tl.load(cache + (data[:, None] + (I * 64)) + offs[None, :], mask=ok[:, None], other=0.0)
+        x = tl.load(cache + (data[:, None] + (PIECE * 64)) + offs[None, :], mask=ok[:, None], other=0.0)
         return x.to(like.dtype)
-    elif I == 7:
+    elif PIECE == 7:
         rope = (cache + data + 448).to(tl.pointer_type(tl.bfloat16))
         x = tl.load(rope[:, None] + offs[None, :], mask=ok[:, None], other=0.0)
         return x.to(like.dtype)
     else:
-        code = tl.load(cache + (data[:, None] + (I * 64)) + offs[None, :], mask=ok[:, None], other=0)
-        e = tl.load(cache + scl + I, mask=ok, other=127).to(tl.int32)
+        code = tl.load(cache + (data[:, None] + (PIECE * 64)) + offs[None, :], mask=ok[:, None], other=0)
+        e = tl.load(cache + scl + PIECE, mask=ok, other=127).to(tl.int32)
         # UE8M0: 2^(e - 127) built from its exponent bits (e = 0: 2^-127, a float32 subnormal).
         scale = tl.where(e == 0, 0x400000, e << 23).to(tl.float32, bitcast=True)
         if SOFT_FP8:

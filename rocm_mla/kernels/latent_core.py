@@ -139,11 +139,11 @@ def invariant_split_len(seq_len, split_tokens, split_cap, block_n):
 def sink_denominator(l_i, m_i, sink2):
     """The softmax denominator ``l + 2^(sink2 - m)`` of running sums ``l_i`` over keys whose base-2
     maximum is ``m_i`` (-inf: no key), with an attention sink of base-2 logit ``sink2`` (-inf:
-    none): the sink is a key of value 0. Never 0 (no key and no sink: 1, so the output is 0);
-    2^(sink2 - m) may be inf (the sink outweighs every key: the output is 0); NaN stays NaN."""
+    none): the sink is a key of value 0. With no key (``l_i == 0``: a seen key adds at least 1)
+    it is 1 whatever the sink, so the output is 0; 2^(sink2 - m) may be inf (the sink outweighs
+    every key: the output is 0); a NaN sum or sink stays NaN."""
     m_use = tl.where(m_i == float("-inf"), 0.0, m_i)
-    den = l_i + tl.exp2(sink2 - m_use)
-    return tl.where(den == 0.0, 1.0, den)
+    return tl.where(l_i == 0.0, 1.0, l_i + tl.exp2(sink2 - m_use))
 
 
 @triton.jit

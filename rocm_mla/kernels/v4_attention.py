@@ -14,11 +14,11 @@ BLOCK_N, the row's own; else that fixed length and the last split takes the rest
 from its own cache. Per tile of BLOCK_N entries of a list it
 
     reads the entries (global slots ``page x block_size + offset``), gathers those cache rows as
-    eight 64-column pieces (fp8_ds_mla: seven e4m3 pieces, each times its UE8M0 scale, and the
-    bf16 RoPE piece; 16-bit caches: eight pieces as stored) in q's dtype,
-    s = q . k^T                       (eight tl.dot of 64 columns, summed)
+    two 256-column halves in q's dtype (fp8_ds_mla: e4m3 values times their 64-value block's
+    UE8M0 scale; the second half ends with the 64 bf16 RoPE values; 16-bit caches as stored),
+    s = q . k^T                       (two tl.dot of 256 columns, summed)
     online softmax in base 2 (qk_scale holds log2(e)),
-    acc_i += p . v_i                  (v = the same pieces: K = V)
+    acc_h += p . v_h                  (v = the same halves: K = V)
 
 and closes with the sink ``out = acc / (l + 2^(sink - m))`` (lse without it) and the inverse RoPE
 (DIRECT: one split), or writes a normalised float32 partial and its base-2 lse into the workspace
@@ -43,25 +43,26 @@ import triton
 import triton.language as tl
 
 from .fp8_codes import fp8_e4m3_value
-from .latent_core import close_split, sink_denominator, xcd_local_order
+from .latent_core import close_split, inverse_rope_pairs, sink_denominator, store_partial, xcd_local_order
 
 
 @triton.jit
-def _piece(cache, data, scl, ok, PIECE: tl.constexpr, offs, like, KIND: tl.constexpr, SOFT_FP8: tl.constexpr):
-    """Columns ``[64 PIECE, 64 PIECE + 64)`` of the cache rows at ``data`` ([BLOCK_N] offsets; ``scl``:
-    their scale bytes) as a ``[BLOCK_N, 64]`` tile in ``like``'s dtype; 0 where ``ok`` is false.
-    KIND 0: the cache's own 16/32-bit values; 1 / 2: fp8_ds_mla (e4m3fn / e4m3fnuz NoPE pieces
-    0..6 times 2^(e - 127), piece 7 the bf16 RoPE tail)."""
+def _half(cache, data, scl, ok, HALF: tl.constexpr, offs, like, KIND: tl.constexpr, SOFT_FP8: tl.constexpr):
+    """Columns ``[256 HALF, 256 HALF + 256)`` of the cache rows at ``data`` ([BLOCK_N] offsets;
+    ``scl``: their scale bytes) as a ``[BLOCK_N, 256]`` tile in ``like``'s dtype; 0 where ``ok``
+    is false. KIND 0: the cache's own 16/32-bit values. KIND 1 / 2 (fp8_ds_mla, e4m3fn /
+    e4m3fnuz): each 64-value block times 2^(e - 127) of its scale byte; the second half's last 64
+    columns are the bf16 RoPE tail (a second, masked load: no byte of it is read twice)."""
+    BLOCK_N: tl.constexpr = data.shape[0]
     if KIND == 0:
-        x = tl.load(cache + (data[:, None] + (PIECE * 64)) + offs[None, :], mask=ok[:, None], other=0.0)
-        return x.to(like.dtype)
-    elif PIECE == 7:
-        rope = (cache + data + 448).to(tl.pointer_type(tl.bfloat16))
-        x = tl.load(rope[:, None] + offs[None, :], mask=ok[:, None], other=0.0)
+        x = tl.load(cache + (data[:, None] + HALF * 256) + offs[None, :], mask=ok[:, None], other=0.0)
         return x.to(like.dtype)
     else:
-        code = tl.load(cache + (data[:, None] + (PIECE * 64)) + offs[None, :], mask=ok[:, None], other=0)
-        e = tl.load(cache + scl + PIECE, mask=ok, other=127).to(tl.int32)
+        nope = ok[:, None] & ((offs < 192) | (HALF == 0))[None, :]
+        code = tl.load(cache + (data[:, None] + HALF * 256) + offs[None, :], mask=nope, other=0)
+        # Four scale bytes (one per 64 columns; the second half's fourth is the unused eighth byte).
+        e = tl.load(cache + (scl[:, None] + HALF * 4) + tl.arange(0, 4)[None, :], mask=ok[:, None], other=127)
+        e = e.to(tl.int32)
         # UE8M0: 2^(e - 127) built from its exponent bits (e = 0: 2^-127, a float32 subnormal).
         scale = tl.where(e == 0, 0x400000, e << 23).to(tl.float32, bitcast=True)
         if SOFT_FP8:
@@ -70,7 +71,13 @@ def _piece(cache, data, scl, ok, PIECE: tl.constexpr, offs, like, KIND: tl.const
             v = code.to(tl.float8e4b8, bitcast=True).to(tl.float32)
         else:
             v = code.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        return (v * scale[:, None]).to(like.dtype)
+        v = tl.reshape(tl.reshape(v, [BLOCK_N, 4, 64]) * scale[:, :, None], [BLOCK_N, 256])
+        if HALF == 1:
+            rope = (cache + data + 448).to(tl.pointer_type(tl.bfloat16))
+            tail = offs >= 192
+            r = tl.load(rope[:, None] + (offs - 192)[None, :], mask=ok[:, None] & tail[None, :], other=0.0)
+            v = tl.where(tail[None, :], r.to(tl.float32), v)
+        return v.to(like.dtype)
 
 
 @triton.jit
@@ -83,15 +90,13 @@ def _dot(a, b, IEEE: tl.constexpr):
 @triton.jit
 def _attend_list(
     cache, idx_row, lo, hi, block_size, num_slots, s_blk, s_tok,
-    q0, q1, q2, q3, q4, q5, q6, q7,
-    m_i, l_i, a0, a1, a2, a3, a4, a5, a6, a7,
-    sc,
+    qa, qb, m_i, l_i, acc_a, acc_b, sc,
     KIND: tl.constexpr, SOFT_FP8: tl.constexpr, IEEE: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """Entries ``[lo, hi)`` of one list (``idx_row``: the row's first entry) folded into the
-    running softmax ``(m_i, l_i)`` and the eight accumulator pieces; returns them."""
+    running softmax ``(m_i, l_i)`` and the two accumulator halves; returns them."""
     offs_n = tl.arange(0, BLOCK_N)
-    offs = tl.arange(0, 64)
+    offs = tl.arange(0, 256)
     # The next tile's entries are read one step ahead: their load is in flight while this tile's
     # rows are gathered and folded (the gather's addresses wait on them otherwise).
     nxt = tl.load(idx_row + lo + offs_n, mask=lo + offs_n < hi, other=-1)
@@ -112,22 +117,10 @@ def _attend_list(
         else:
             data = base + off * 576
             scl = base + block_size * 576 + off * 8
-        k0 = _piece(cache, data, scl, ok, 0, offs, q0, KIND, SOFT_FP8)
-        k1 = _piece(cache, data, scl, ok, 1, offs, q0, KIND, SOFT_FP8)
-        k2 = _piece(cache, data, scl, ok, 2, offs, q0, KIND, SOFT_FP8)
-        k3 = _piece(cache, data, scl, ok, 3, offs, q0, KIND, SOFT_FP8)
-        k4 = _piece(cache, data, scl, ok, 4, offs, q0, KIND, SOFT_FP8)
-        k5 = _piece(cache, data, scl, ok, 5, offs, q0, KIND, SOFT_FP8)
-        k6 = _piece(cache, data, scl, ok, 6, offs, q0, KIND, SOFT_FP8)
-        k7 = _piece(cache, data, scl, ok, 7, offs, q0, KIND, SOFT_FP8)
-        s = _dot(q0, tl.trans(k0), IEEE)
-        s += _dot(q1, tl.trans(k1), IEEE)
-        s += _dot(q2, tl.trans(k2), IEEE)
-        s += _dot(q3, tl.trans(k3), IEEE)
-        s += _dot(q4, tl.trans(k4), IEEE)
-        s += _dot(q5, tl.trans(k5), IEEE)
-        s += _dot(q6, tl.trans(k6), IEEE)
-        s += _dot(q7, tl.trans(k7), IEEE)
+        ka = _half(cache, data, scl, ok, 0, offs, qa, KIND, SOFT_FP8)
+        kb = _half(cache, data, scl, ok, 1, offs, qa, KIND, SOFT_FP8)
+        s = _dot(qa, tl.trans(ka), IEEE)
+        s += _dot(qb, tl.trans(kb), IEEE)
         # A bad entry scores NaN: p, l and acc of every head turn NaN and stay so.
         s = tl.where(ok[None, :], s * sc, tl.where(wrong, float("nan"), float("-inf"))[None, :])
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -136,17 +129,11 @@ def _attend_list(
         p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if not IEEE:
-            p = p.to(q0.dtype)
-        a0 = a0 * alpha[:, None] + _dot(p, k0, IEEE)
-        a1 = a1 * alpha[:, None] + _dot(p, k1, IEEE)
-        a2 = a2 * alpha[:, None] + _dot(p, k2, IEEE)
-        a3 = a3 * alpha[:, None] + _dot(p, k3, IEEE)
-        a4 = a4 * alpha[:, None] + _dot(p, k4, IEEE)
-        a5 = a5 * alpha[:, None] + _dot(p, k5, IEEE)
-        a6 = a6 * alpha[:, None] + _dot(p, k6, IEEE)
-        a7 = a7 * alpha[:, None] + _dot(p, k7, IEEE)
+            p = p.to(qa.dtype)
+        acc_a = acc_a * alpha[:, None] + _dot(p, ka, IEEE)
+        acc_b = acc_b * alpha[:, None] + _dot(p, kb, IEEE)
         m_i = m_new
-    return m_i, l_i, a0, a1, a2, a3, a4, a5, a6, a7
+    return m_i, l_i, acc_a, acc_b
 
 
 @triton.jit
@@ -161,11 +148,6 @@ def _list_range(idx, indptr, t, s_row, nnz, RAGGED: tl.constexpr):
         return idx + tl.where(bad, 0, start).to(tl.int64), tl.where(bad, 0, end - start), bad
     else:
         return idx + t * s_row, nnz + tl.zeros([], dtype=tl.int32), t < 0
-
-
-@triton.jit
-def _store_piece(ptr, o, mask):
-    tl.store(ptr, o.to(ptr.dtype.element_ty), mask=mask)
 
 
 # Counts that differ per call are not specialised: one compiled kernel per config serves every batch.
@@ -254,18 +236,12 @@ def mla_v4_attention_kernel(
     split = rest % num_splits
     t = (rest // num_splits).to(tl.int64)  # T x H x 512 can pass 2^31
 
-    offs = tl.arange(0, 64)
+    offs = tl.arange(0, 256)
     offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = offs_h < num_heads
     q_row = q + t * s_q_r + offs_h[:, None] * s_q_h
-    q0 = tl.load(q_row + (offs + 0)[None, :] * s_q_d, mask=h_ok[:, None], other=0.0)
-    q1 = tl.load(q_row + (offs + 64)[None, :] * s_q_d, mask=h_ok[:, None], other=0.0)
-    q2 = tl.load(q_row + (offs + 128)[None, :] * s_q_d, mask=h_ok[:, None], other=0.0)
-    q3 = tl.load(q_row + (offs + 192)[None, :] * s_q_d, mask=h_ok[:, None], other=0.0)
-    q4 = tl.load(q_row + (offs + 256)[None, :] * s_q_d, mask=h_ok[:, None], other=0.0)
-    q5 = tl.load(q_row + (offs + 320)[None, :] * s_q_d, mask=h_ok[:, None], other=0.0)
-    q6 = tl.load(q_row + (offs + 384)[None, :] * s_q_d, mask=h_ok[:, None], other=0.0)
-    q7 = tl.load(q_row + (offs + 448)[None, :] * s_q_d, mask=h_ok[:, None], other=0.0)
+    qa = tl.load(q_row + offs[None, :] * s_q_d, mask=h_ok[:, None], other=0.0)
+    qb = tl.load(q_row + (offs + 256)[None, :] * s_q_d, mask=h_ok[:, None], other=0.0)
 
     w_row, w_len, bad = _list_range(w_idx, w_indptr, t, s_wi_r, w_nnz, W_RAGGED)
     c_row = c_idx
@@ -283,24 +259,16 @@ def mla_v4_attention_kernel(
 
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    a0 = tl.zeros([BLOCK_H, 64], dtype=tl.float32)
-    a1 = a0
-    a2 = a0
-    a3 = a0
-    a4 = a0
-    a5 = a0
-    a6 = a0
-    a7 = a0
-    m_i, l_i, a0, a1, a2, a3, a4, a5, a6, a7 = _attend_list(
+    acc_a = tl.zeros([BLOCK_H, 256], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK_H, 256], dtype=tl.float32)
+    m_i, l_i, acc_a, acc_b = _attend_list(
         w_cache, w_row, tl.minimum(lo, w_len), tl.minimum(hi, w_len), w_block, w_slots, s_w_blk, s_w_tok,
-        q0, q1, q2, q3, q4, q5, q6, q7, m_i, l_i, a0, a1, a2, a3, a4, a5, a6, a7, qk_scale,
-        W_KIND, SOFT_FP8, IEEE, BLOCK_N,
+        qa, qb, m_i, l_i, acc_a, acc_b, qk_scale, W_KIND, SOFT_FP8, IEEE, BLOCK_N,
     )  # fmt: skip
     if C_KIND >= 0:
-        m_i, l_i, a0, a1, a2, a3, a4, a5, a6, a7 = _attend_list(
+        m_i, l_i, acc_a, acc_b = _attend_list(
             c_cache, c_row, tl.maximum(lo, w_len) - w_len, tl.maximum(hi, w_len) - w_len, c_block, c_slots,
-            s_c_blk, s_c_tok, q0, q1, q2, q3, q4, q5, q6, q7, m_i, l_i, a0, a1, a2, a3, a4, a5, a6, a7, qk_scale,
-            C_KIND, SOFT_FP8, IEEE, BLOCK_N,
+            s_c_blk, s_c_tok, qa, qb, m_i, l_i, acc_a, acc_b, qk_scale, C_KIND, SOFT_FP8, IEEE, BLOCK_N,
         )  # fmt: skip
 
     if DIRECT:
@@ -308,48 +276,31 @@ def mla_v4_attention_kernel(
             pos = tl.load(positions + t * s_pos).to(tl.int64)
             bad = bad | (pos < 0) | (pos >= num_pos)
         no_key = l_i == 0.0
-        inv_l = 1.0
         if HAS_SINK:
             sk = tl.load(sink + offs_h, mask=h_ok, other=float("-inf")) * 1.4426950408889634
             den = sink_denominator(l_i, m_i, sk)
         else:
             den = tl.where(no_key, 1.0, l_i)
-        inv = tl.where(bad, float("nan"), inv_l / den)[:, None]
+        inv = tl.where(bad, float("nan"), 1.0 / den)[:, None]
         lse2 = tl.where(no_key, float("-inf"), m_i + tl.log2(tl.where(no_key, 1.0, l_i)))
         lse2 = tl.where(bad, float("nan"), lse2)
-        o7 = a7 * inv
+        ob = acc_b * inv
         if ROPE:
+            # The second half's column pairs from 192 on (the row's 448 on) turn back.
+            pair = (2 * tl.arange(0, 128) - 192) // 2
+            turn = (pair >= 0) & (bad == 0)
             cs_row = cos_sin + tl.where(bad, 0, pos) * s_cs
-            half = tl.arange(0, 32)
-            cos = tl.load(cs_row + half).to(tl.float32)
-            sin = tl.load(cs_row + 32 + half).to(tl.float32)
-            ev, od = tl.split(tl.reshape(o7, [BLOCK_H, 32, 2]))
-            o7 = tl.reshape(
-                tl.join(ev * cos[None, :] + od * sin[None, :], od * cos[None, :] - ev * sin[None, :]), [BLOCK_H, 64]
-            )
+            cos = tl.load(cs_row + pair, mask=turn, other=1.0).to(tl.float32)
+            sin = tl.load(cs_row + 32 + pair, mask=turn, other=0.0).to(tl.float32)
+            ob = inverse_rope_pairs(ob, cos, sin, BLOCK_H, 256)
         o_row = out + t * s_o_r + offs_h[:, None] * s_o_h
-        m2 = h_ok[:, None]
-        _store_piece(o_row + (offs + 0)[None, :] * s_o_d, a0 * inv, m2)
-        _store_piece(o_row + (offs + 64)[None, :] * s_o_d, a1 * inv, m2)
-        _store_piece(o_row + (offs + 128)[None, :] * s_o_d, a2 * inv, m2)
-        _store_piece(o_row + (offs + 192)[None, :] * s_o_d, a3 * inv, m2)
-        _store_piece(o_row + (offs + 256)[None, :] * s_o_d, a4 * inv, m2)
-        _store_piece(o_row + (offs + 320)[None, :] * s_o_d, a5 * inv, m2)
-        _store_piece(o_row + (offs + 384)[None, :] * s_o_d, a6 * inv, m2)
-        _store_piece(o_row + (offs + 448)[None, :] * s_o_d, o7, m2)
+        tl.store(o_row + offs[None, :] * s_o_d, (acc_a * inv).to(out.dtype.element_ty), mask=h_ok[:, None])
+        tl.store(o_row + (offs + 256)[None, :] * s_o_d, ob.to(out.dtype.element_ty), mask=h_ok[:, None])
         tl.store(lse + t * s_l_r + offs_h * s_l_h, lse2 * 0.6931471805599453, mask=h_ok)
     else:
         inv, lse2 = close_split(m_i, l_i, 1.0, bad, False, 0.0)
         r = t * num_heads + offs_h
-        split64 = tl.zeros([], dtype=tl.int64) + split
-        tl.store(part_lse + split64 * s_pl_s + r, lse2, mask=h_ok)
-        po = part_o + split64 * s_po_s + r[:, None] * 512
-        m2 = h_ok[:, None]
-        _store_piece(po + (offs + 0)[None, :], a0 * inv, m2)
-        _store_piece(po + (offs + 64)[None, :], a1 * inv, m2)
-        _store_piece(po + (offs + 128)[None, :], a2 * inv, m2)
-        _store_piece(po + (offs + 192)[None, :], a3 * inv, m2)
-        _store_piece(po + (offs + 256)[None, :], a4 * inv, m2)
-        _store_piece(po + (offs + 320)[None, :], a5 * inv, m2)
-        _store_piece(po + (offs + 384)[None, :], a6 * inv, m2)
-        _store_piece(po + (offs + 448)[None, :], a7 * inv, m2)
+        store_partial(
+            part_o, part_lse, split, s_po_s, s_pl_s, r, h_ok, True, acc_a * inv, acc_b * inv, lse2,
+            offs, offs + 256, 512, 2, 1,
+        )  # fmt: skip

@@ -202,7 +202,7 @@ def mla_v4_attention_ref(
     ragged row with ``indptr[t] < 0``, ``indptr[t + 1] < indptr[t]`` or ``indptr[t + 1] > nnz``, a
     position < 0 or >= P -- is NaN in out and lse (every head); no other row changes. A NaN (or an
     inf scale) in a named row reaches the row's out and lse; a NaN sink reaches that head's out only;
-    rows nobody names are never read. A sink of +inf gives NaN (``inf - inf`` in the formula).
+    rows nobody names are never read. A sink of +inf gives out 0 (the formula's limit).
     """
     T, H, D = q.shape
     if D != V4_DIM:
@@ -250,6 +250,8 @@ def mla_v4_attention_ref(
             if sink is not None:
                 den = den + torch.exp(sink[None, :] - m)
             o = torch.einsum("thj,tjd->thd", p, k) / den[..., None]
+            if sink is not None:  # a sink of +inf: the limit, 0 (the formula's inf - inf is NaN)
+                o = torch.where(torch.isposinf(sink)[None, :, None], 0.0, o)
             out[t0:t1] = torch.where(named[:, None, None], o, 0.0)
             lse[t0:t1] = row_lse
     if positions is not None and T:

@@ -310,15 +310,15 @@ def _ctx(kind: str) -> int:
 
 # Named sets (DeepSeek-V4: 64 heads (Flash) / 128 (Pro), TP8 -> 8 / 16).
 SHAPES: dict[str, list[V4Shape]] = {
-    # Decode: batches of 1..256 rows x H 8 / 16 / 64 / 128 x every layer kind; a prefill chunk of
-    # 8192 rows after 24K cached tokens (32K context), CSA top-512, H 64 and 128.
-    "bench": [
+    # A prefill chunk of 8192 rows after 24K cached tokens (32K context), CSA top-512, H 64 and 128;
+    # decode: batches of 1..256 rows x every layer kind x H 8 / 16 / 64 / 128.
+    "bench": [V4Shape((CTX_CSA,), 8192, H, kind="csa", topk=512) for H in (64, 128)]
+    + [
         _decode(B, _ctx(kind), H, kind, **kw)
-        for kind, kw in _BENCH_LAYERS
         for H in (8, 16, 64, 128)
+        for kind, kw in _BENCH_LAYERS
         for B in (1, 8, 32, 64, 128, 256)
-    ]
-    + [V4Shape((CTX_CSA,), 8192, H, kind="csa", topk=512) for H in (64, 128)],
+    ],
     # The tuner's groups: one decode shape per layer kind and tier that serving runs.
     "tune": [
         _decode(128, CTX_CSA, 16, "csa", topk=512),

@@ -151,6 +151,33 @@ VIEWS = (
         ("kernels", "copy_fill_kernels"),
     ),
     OpView(
+        "mla_v4_attention",
+        "mla_v4_attention (DeepSeek-V4 attention: window + compressed lists, sink, inverse RoPE)",
+        "time_us",
+        False,
+        ("v4_attention",),
+        "µs per call, q bf16, fp8_ds_mla caches (window pages of 64 tokens, compressed pages of 64 rows), dense "
+        "global-slot lists, the sink and the inverse RoPE; CUDA graphs of 8 calls, caches cold in L2; every output "
+        "checked. vLLM 0.34 decode = rocm_sparse_attn_decode (its gfx942 split-K path, the inverse RoPE fused); "
+        "prefill (T=8192) = its ROCm composition without aiter (dequantise-and-gather into a bf16 workspace, "
+        "combine the lists, sparse prefill, then the standalone inverse RoPE), its steps in the next table.",
+    ),
+    OpView(
+        "mla_v4_attention",
+        "vLLM 0.34's DeepSeek-V4 ROCm prefill composition, step by step",
+        "time_us",
+        False,
+        ("v4_attention",),
+        "µs per step of the composition timed above (each step alone, the same inputs).",
+        providers=(
+            "vllm-0.34-prefill:gather",
+            "vllm-0.34-prefill:combine",
+            "vllm-0.34-prefill:attn",
+            "vllm-0.34-prefill:inv_rope",
+        ),
+        name="mla_v4_attention_prefill_steps",
+    ),
+    OpView(
         "indexer_k_cache_write",
         "indexer_k_cache_write (the lightning indexer's fp8 key-cache write)",
         "GB/s",

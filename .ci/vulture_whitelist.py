@@ -43,12 +43,13 @@ skip_scale
 _._build_req_id_per_token
 _._fp8_kv_needs_view
 
-# Stand-ins for vLLM and torch objects in tests/vllm_harness and the vLLM tests: a platform, a
-# compiler pass, a communicator, a layer's attributes and the helpers they replace, all read by
-# vLLM or torch by name, with vLLM's argument names.
+# Stand-ins for vLLM and torch objects in tests/vllm_harness, the vLLM tests and perf/bench_v4.py's
+# CPU run: a platform, a compiler pass, a communicator, a layer's attributes, a tensor's is_cpu and the
+# helpers they replace, all read by vLLM or torch by name, with vLLM's argument names.
 _.is_pin_memory_available
 device_id
 _.uuid
+_.is_cpu
 _.get_device_communicator_cls
 _.use_custom_op_collectives
 _._k_scale_float

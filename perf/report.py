@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +41,9 @@ class OpView:
     perf/bench.py benches that measure it, and metrics shown joined beside the headline. ``providers``
     gives a view of its own to the providers one bench alone measures (its shapes and columns apart
     from the kernel's other table, ``name`` the plot's); the kernel's view without ``providers``
-    shows every other provider."""
+    shows every other provider. ``shapes`` / ``skip`` (regular expressions, searched in the shape)
+    keep or leave out shapes: one bench's decode and prefill rows as two tables, each with its own
+    peers (a view with ``shapes`` takes no providers from the kernel's other views)."""
 
     kernel: str
     title: str
@@ -51,9 +54,15 @@ class OpView:
     counts: tuple[str, ...] = field(default_factory=tuple)
     providers: tuple[str, ...] = ()
     name: str = ""
+    shapes: str = ""
+    skip: str = ""
 
     def shows(self, row: dict) -> bool:
         """Whether ``row`` (of this view's kernel) belongs in this view's table."""
+        if (self.shapes and not re.search(self.shapes, row["shape"])) or (
+            self.skip and re.search(self.skip, row["shape"])
+        ):
+            return False
         if self.providers:
             return row["provider"] in self.providers
         return row["provider"] not in _OWN_VIEW.get(self.kernel, ())
@@ -152,15 +161,28 @@ VIEWS = (
     ),
     OpView(
         "mla_v4_attention",
-        "mla_v4_attention (DeepSeek-V4 attention: window + compressed lists, sink, inverse RoPE)",
+        "mla_v4_attention (DeepSeek-V4 attention: window + compressed lists, sink, inverse RoPE), decode",
         "time_us",
         False,
         ("v4_attention",),
-        "µs per call, q bf16, fp8_ds_mla caches (window pages of 64 tokens, compressed pages of 64 rows), dense "
-        "global-slot lists, the sink and the inverse RoPE; CUDA graphs of 8 calls, caches cold in L2; every output "
-        "checked. vLLM 0.34 decode = rocm_sparse_attn_decode (its gfx942 split-K path, the inverse RoPE fused); "
-        "prefill (T=8192) = its ROCm composition without aiter (dequantise-and-gather into a bf16 workspace, "
-        "combine the lists, sparse prefill, then the standalone inverse RoPE), its steps in the next table.",
+        "µs per call, B rows of one request each, q bf16, fp8_ds_mla caches (window pages of 64 tokens, "
+        "compressed pages of 64 rows), dense global-slot lists, the sink and the inverse RoPE; CUDA graphs of 8 "
+        "calls, caches cold in L2; every output checked. vLLM 0.34 = rocm_sparse_attn_decode (its gfx942 split-K "
+        "path, the inverse RoPE fused). % of copy per shape: results.csv (pct_copy).",
+        skip=r"T=\d",
+    ),
+    OpView(
+        "mla_v4_attention",
+        "mla_v4_attention, prefill",
+        "time_us",
+        False,
+        ("v4_attention",),
+        "µs per call, one request's 8192 rows over 32K tokens, CSA top-512, as above. vLLM 0.34 = its ROCm "
+        "composition without aiter (dequantise-and-gather into a bf16 workspace, combine the lists, sparse "
+        "prefill, then the standalone inverse RoPE); its steps in the next table.",
+        providers=("rocm_mla-triton", "vllm-0.34-prefill"),
+        name="mla_v4_attention_prefill",
+        shapes=r"T=\d",
     ),
     OpView(
         "mla_v4_attention",
@@ -190,7 +212,7 @@ VIEWS = (
 
 
 # kernel -> the providers a view of their own shows (OpView.providers)
-_OWN_VIEW = {v.kernel: v.providers for v in VIEWS if v.providers}
+_OWN_VIEW = {v.kernel: v.providers for v in VIEWS if v.providers and not v.shapes}
 
 # Our kernels in another mode: inputs rounded on purpose (mla_decode(fp8_dots="qk" / "all"; quantize_q=True
 # is "qk"), an accuracy trade, and batch-invariant splits (plan_sparse_attention(batch_invariant=True)):

@@ -68,10 +68,12 @@ _DECODE_FIELDS = {
 # A tier's override objects for one kind of call, in the order they apply (loader.resolve_tier):
 # "fp8" an fp8 cache, "fp8+qk" / "fp8+all" mla_decode(fp8_dots="qk" / "all") ("all" applies both),
 # "fp32" float32 q (or prefill inputs), "fp16+fp8" float16 q over an fp8 cache. mla_decode's tiers
-# take all of them, mla_sparse_attention's "fp8" and "fp32", mla_prefill's "fp32".
+# take all of them, mla_sparse_attention's "fp8" and "fp32", mla_prefill's and mla_v4_attention's "fp32".
 DTYPE_TAGS = ("fp8", "fp8+qk", "fp8+all", "fp32", "fp16+fp8")
 _DECODE_TIER = {**_DECODE_FIELDS, **{tag: _DECODE_FIELDS for tag in DTYPE_TAGS}}
 _SPARSE_TIER = {**_SPARSE_FIELDS, "fp8": _SPARSE_FIELDS, "fp32": _SPARSE_FIELDS}
+_V4_FIELDS = {"BLOCK_H": INT, "BLOCK_N": INT, "num_warps": INT, "num_stages": INT, "ctas_per_cu": INT, **AMD_OPTIONS}
+_V4_TIER = {**_V4_FIELDS, "fp32": _V4_FIELDS}
 _SPLIT_MODEL = {"min_tokens_per_split": INT, "max_splits": INT, "fixed_tiles": NUM, "launch_tiles": NUM}
 _PREFILL = {
     "BLOCK_M": INT,
@@ -113,6 +115,7 @@ def _tiers(tier: dict[str, Any]) -> dict[str, Any]:
 SCHEMAS: dict[str, dict[str, Any]] = {
     "mla_decode": {"backend_order": [BACKEND], "split": _SPLIT_MODEL, **_tiers(_DECODE_TIER)},
     "mla_sparse_attention": {"backend_order": [BACKEND], "split": _SPLIT_MODEL, **_tiers(_SPARSE_TIER)},
+    "mla_v4_attention": {"backend_order": [BACKEND], "split": _SPLIT_MODEL, **_tiers(_V4_TIER)},
     "mla_indexer_topk": {"backend_order": [BACKEND], **_tiers(_INDEXER_TIER)},
     "mla_prefill": {"backend_order": [BACKEND], **_tiers(_PREFILL_TIER)},
     "merge_attn_states": {"backend_order": [BACKEND]},

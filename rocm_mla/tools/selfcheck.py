@@ -22,6 +22,7 @@ from rocm_mla.cases import merge as merge_cases
 from rocm_mla.cases import prefill as prefill_cases
 from rocm_mla.cases import rope_kv_write as rope_cases
 from rocm_mla.cases import sparse as sparse_cases
+from rocm_mla.cases import v4_attention as v4_cases
 from rocm_mla.ops.decode_plan import FP8_DOTS
 
 
@@ -323,6 +324,40 @@ def check_indexer_topk(device: torch.device, backends: list[str]) -> list[CheckR
     return rows
 
 
+def check_v4_attention(device: torch.device, backends: list[str]) -> list[CheckRow]:
+    """mla_v4_attention on the cases' selfcheck shapes: a window layer (H=8, 3 requests, MTP rows),
+    a CSA top-512 layer (H=64, holes in the lists), an HCA layer (H=128, 20000 tokens), a CSA layer
+    with ragged lists and a large sink (H=16); fp8_ds_mla caches of vLLM's writers' kinds (the
+    window cache's the platform's, the compressed one's e4m3fn), shuffled pages, every slot no list
+    can name poisoned, the sink and the inverse RoPE, out/lse into NaN-poisoned buffers; with the
+    plan's split count; then the ragged layer over 3 splits (the shared reduce's sink and rotation)
+    and with batch-invariant splits, and the window layer over caches in q's dtype and 3 splits. The
+    CPU interpreter runs float32 q alone (these rows take it seconds each)."""
+    op, rows = "mla_v4_attention", []
+    shapes = v4_cases.SHAPES["selfcheck"]
+    window, _, _, ragged = shapes
+    runs = [(s, {}, "splits=auto") for s in shapes]
+    runs += [(ragged, {"num_splits": 3}, "splits=3"), (ragged, {"batch_invariant": True}, "batch_invariant"),
+             (dataclasses.replace(window, kv="auto"), {"num_splits": 3}, "splits=3")]  # fmt: skip
+    names = {"out": ("", "out"), "lse": (" lse", "lse")}
+    dtypes = _dtypes(device) if device.type == "cuda" else [torch.float32]
+    for backend in backends:
+        if backend == "hip":
+            continue  # mla_v4_attention has no HIP kernel
+        for dtype in dtypes:
+            tol = v4_cases.TOLERANCE[dtype]
+            for s, kw, what in runs:
+                case = f"{s.label(dtype)} {what}"
+                try:
+                    inp = v4_cases.make_inputs(s, dtype=dtype, device=device, q_layout="padded", out_layout="padded",
+                                               lse_layout="transposed")  # fmt: skip
+                    inp.run(backend=backend, **kw)
+                    rows += _rows(op, backend, dtype, case, inp.compare(), tol, names)
+                except Exception as exc:  # report, keep checking the rest
+                    rows.append(_failed(op, backend, dtype, case, exc))
+    return rows
+
+
 CHECKS = [
     check_merge,
     check_prefill,
@@ -332,6 +367,7 @@ CHECKS = [
     check_sparse,
     check_indexer_cache,
     check_indexer_topk,
+    check_v4_attention,
 ]
 
 

@@ -156,7 +156,8 @@ def triton_variants(arch: str) -> list[TritonVariant]:
                         metas.setdefault(key, (consts, options))
         for (block_s, block_d, inv), (consts, options) in sorted(metas.items()):
             sig, ones, div16 = argument_types(REDUCE_ARGS, {"q": oname})
-            consts = {"INVARIANT": False, **consts, **ones}
+            # mla_decode's reduce: no sink, no rotation (mla_v4_attention's epilogue; its variants list those)
+            consts = {"INVARIANT": False, "HAS_SINK": False, "ROPE": False, **consts, **ones}
             add(
                 TritonVariant(
                     kernel="mla_decode_reduce",

@@ -561,3 +561,98 @@ def test_rocm_toolchain_is_found_in_rocm_path(tmp_path, monkeypatch, major, gfx9
     assert hipc.find_clang("gfx942") == str(clang)
     assert (hipc.find_clang("gfx950") == str(clang)) == gfx950
     assert hipc.system_device_libs() == root / "amdgcn" / "bitcode"
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950", "sm90"])
+def test_v4_variants_list_every_launch(arch):
+    """mla_v4_attention's ISA list: each tier's config (``tier_config``) with bf16 and fp16 q over
+    fp8_ds_mla caches of vLLM's writers' kinds (``cache_kind``: the window cache e4m3fnuz on gfx942),
+    direct and split, with the sink and the inverse RoPE; bf16 q with ragged lists, window-only and
+    over bf16 caches; constexprs and options exactly ``triton_meta``'s; the shared reduce with the
+    sink and the rotation for every tile a plan's split count gives."""
+    import torch
+
+    from rocm_mla.ops._checks import Checker
+    from rocm_mla.ops.latent_core import reduce_meta
+    from rocm_mla.ops.v4_attention_plan import KIND_CODES, OP, cache_kind, tier_config, triton_meta
+    from rocm_mla.variants.v4_attention import triton_variants
+
+    vs = triton_variants(arch)
+    assert len({v.config for v in vs}) == len(vs)
+    main_rows = [v for v in vs if v.kernel == OP]
+    kind = {w: cache_kind(Checker(OP), "x", torch.uint8, "fp8_ds_mla", torch.bfloat16, arch, w) for w in (True, False)}
+    assert kind[True] == (torch.float8_e4m3fnuz if arch == "gfx942" else torch.float8_e4m3fn)
+    assert kind[False] == torch.float8_e4m3fn
+    for tier in config_for(OP, arch)["tiers"]:
+        for qdt in (torch.bfloat16, torch.float16):
+            cfg = tier_config(arch, tier["BLOCK_H"], qdt)
+            runs = [(kind[True], kind[False], False)]
+            if qdt == torch.bfloat16:
+                runs += [(kind[True], kind[False], True), (kind[True], None, False), (qdt, qdt, False)]
+            for wk, ck, ragged in runs:
+                for direct in (True, False):
+                    meta, options = triton_meta(
+                        arch, cfg, qdt, wk, ck, window_ragged=ragged, compressed_ragged=ragged, has_sink=True,
+                        inverse_rope=True, direct=direct,
+                    )  # fmt: skip
+                    hits = [
+                        v
+                        for v in main_rows
+                        if {k: v.constexprs[k] for k in meta} == meta
+                        and v.options == options
+                        and v.signature["q"] == ("*bf16" if qdt == torch.bfloat16 else "*fp16")
+                    ]
+                    assert len(hits) == 1, (arch, tier, qdt, wk, ck, ragged, direct)
+                    v = hits[0]
+                    assert v.expects_mfma and v.signature["w_cache"] == ("*u8" if wk in KIND_CODES else "*bf16")
+    reduce_rows = [v for v in vs if v.kernel == "mla_decode_reduce"]
+    tiles = {(c["BLOCK_S"], c["BLOCK_D"]) for s in range(2, 65) for c in [reduce_meta(s, arch)[0]]}
+    assert {(v.constexprs["BLOCK_S"], v.constexprs["BLOCK_D"]) for v in reduce_rows} == tiles
+    assert all(v.constexprs["HAS_SINK"] and v.constexprs["ROPE"] for v in reduce_rows if "sink rope" in v.config)
+    assert {(v.constexprs["HAS_SINK"], v.constexprs["ROPE"]) for v in reduce_rows} == {
+        (True, True),
+        (True, False),
+        (False, True),
+    }
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+def test_v4_first_tier_compiles_clean(arch):
+    """`rocm-mla isa-report --filter <label>`: the first tier of mla_v4_attention with bf16 q over
+    fp8_ds_mla caches (dense lists, the sink and the rotation, direct) compiles without spills or
+    scratch, with MFMA (a subprocess: the kernel calls other @triton.jit helpers, which the
+    interpreter these tests run with would have wrapped)."""
+    import subprocess
+    import sys
+
+    from rocm_mla.variants.v4_attention import triton_variants
+
+    label = triton_variants(arch)[0].config
+    assert label.startswith("q=bf16 ") and label.endswith(" dense sink rope direct")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run(
+        [sys.executable, "-m", "rocm_mla.tools.cli", "isa-report", "--arch", arch, "--filter", label, "--no-peers",
+         "-q"],
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rows = [ln for ln in p.stdout.splitlines() if ln.startswith("mla_v4_attention ")]
+    assert len(rows) == 1 and rows[0].rstrip().endswith(" ok"), p.stdout
+    assert "all 1 compiled rows pass" in p.stdout
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950", "sm90"])
+def test_every_variant_types_every_argument(arch):
+    """Every variant of every op names each argument of its kernel, a type or a constexpr value
+    (an ahead-of-time compile takes no default: a constexpr a kernel gains, such as the shared
+    reduce's HAS_SINK and ROPE, must be named by every op's variants that launch it)."""
+    from rocm_mla.variants import all_triton_variants
+
+    for v in all_triton_variants(arch):
+        fn = tc.as_jit(v.fn)
+        sig = tc.full_signature(fn, dict(v.signature), dict(v.constexprs))
+        assert list(sig) == fn.arg_names, (v.kernel, v.config)

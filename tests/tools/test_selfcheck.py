@@ -21,6 +21,35 @@ def test_decode_check_reports_an_fp8_cache_it_cannot_make(monkeypatch):
     assert other and all(r.ok for r in other)
 
 
+def test_v4_check_runs_every_case_and_reports_one_that_raises(monkeypatch):
+    """mla_v4_attention's self-check (on the cases' tiny shapes here): each selfcheck shape with the
+    plan's splits, the ragged one over 3 and batch-invariant splits, the window one over caches in
+    q's dtype; float32 q on the CPU. A case whose inputs cannot be made is a failed row naming the
+    error; the others still run and pass."""
+    from rocm_mla.cases import v4_attention as v4_cases
+    from rocm_mla.tools.selfcheck import check_v4_attention
+
+    tiny = v4_cases.SHAPES["tiny"]
+    monkeypatch.setitem(v4_cases.SHAPES, "selfcheck", [tiny[0], tiny[1], tiny[2], tiny[3]])
+    make = v4_cases.make_inputs
+
+    def make_or_raise(shape, **kw):
+        if shape.kv == "auto":
+            raise RuntimeError("no 16-bit cache here")
+        return make(shape, **kw)
+
+    monkeypatch.setattr(v4_cases, "make_inputs", make_or_raise)
+    rows = check_v4_attention(torch.device("cpu"), ["triton", "hip"])
+    assert {r.op for r in rows} == {"mla_v4_attention"} and {(r.backend, r.dtype) for r in rows} == {
+        ("triton", "float32")
+    }
+    (bad,) = [r for r in rows if not r.ok]
+    assert bad.case.endswith("splits=3") and "no 16-bit cache here" in bad.error
+    good = [r.case for r in rows if r.ok]
+    assert len(good) == 2 * 6 and sum(c.endswith(" lse") for c in good) == 6
+    assert any("ragged" in c and "batch_invariant" in c for c in good)
+
+
 def test_doctor_reports_each_arch_it_is_given():
     from rocm_mla.tools.doctor import report_arches
 
@@ -85,7 +114,7 @@ def test_doctor_sections_and_json(monkeypatch, capsys):
 def test_doctor_json_on_the_cpu(monkeypatch, capsys):
     """The doctor with --json (no compile report, no vLLM probe): stdout is one JSON object with
     every section and the verdict; the human lines, progress included, are on stderr. Two ops'
-    self-checks stand for all eight here: CI's `./dev.sh doctor` runs every one on the CPU."""
+    self-checks stand for all nine here: CI's `./dev.sh doctor` runs every one on the CPU."""
     import json
 
     from rocm_mla.tools import selfcheck

@@ -8,7 +8,9 @@ stop, ``--check`` (named compile / reference errors, ``--stamp``), and one tiny 
 Triton interpreter whose overlay a fresh process then uses. The sparse op's tuning: its shape
 specs and presets, its groups, the tier composition and a tiny interpreter run. The indexer's
 (mla_indexer_topk): its shape specs and presets, its one group and candidates, the plan made once
-per config, the overlay round trip, its acceptance in the interpreter and a tiny run.
+per config, the overlay round trip, its acceptance in the interpreter and a tiny run. DeepSeek-V4
+attention's (mla_v4_attention): its shape specs and presets, its groups and listed candidates,
+the tier composition, its verification cases and a tiny interpreter run.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from rocm_mla.tools.tune.groups import (
     compose_prefill_tier,
     compose_sparse_tier,
     compose_tier,
+    compose_v4_tier,
     full_stage1,
     point_key,
 )
@@ -213,6 +216,10 @@ def _sparse_tier(**kw):
     return {**C.package_config("mla_sparse_attention", "cpu")["tiers"][0], **kw}
 
 
+def _v4_tier(**kw):
+    return {**C.package_config("mla_v4_attention", "cpu")["tiers"][0], **kw}
+
+
 def _one_tier(op: str, arch: str = "cpu", hip: bool = False, **kw) -> dict:
     """An overlay entry of ``op``'s one tier (``hip``: its HIP kernel's) with ``kw`` set."""
     obj = C.package_config(op, arch)
@@ -262,6 +269,19 @@ BAD = [
         C.OverlayTypeError,
     ),
     ("unknown sparse split field", {"mla_sparse_attention": {"cpu": {"split": {"max_split": 8}}}}, C.OverlayUnknownKey),
+    ("unknown v4 tier field", {"mla_v4_attention": {"cpu": {"tiers": [_v4_tier(D_SPLIT=1)]}}}, C.OverlayUnknownKey),
+    (
+        "unknown v4 fp8 object",
+        {"mla_v4_attention": {"cpu": {"tiers": [_v4_tier(fp8={"BLOCK_N": 16})]}}},
+        C.OverlayUnknownKey,
+    ),
+    ("incomplete v4 tier", {"mla_v4_attention": {"cpu": {"tiers": [{"BLOCK_H": 16}]}}}, C.OverlayTypeError),
+    (
+        "v4 string for int",
+        {"mla_v4_attention": {"cpu": {"tiers": [_v4_tier(fp32={"BLOCK_N": "16"})]}}},
+        C.OverlayTypeError,
+    ),
+    ("unknown v4 split field", {"mla_v4_attention": {"cpu": {"split": {"max_split": 8}}}}, C.OverlayUnknownKey),
     ("unknown indexer merge field", _cpu(_one_tier("mla_indexer_topk", merge={"chunks": 64})), C.OverlayUnknownKey),
     ("indexer int for bool", _cpu(_one_tier("mla_indexer_topk", direct=0)), C.OverlayTypeError),
 ]
@@ -345,14 +365,18 @@ def test_presets_are_the_cases_shape_sets():
         got = parse_shapes(preset)
         assert [s.case_shape for s in got] == want, preset  # the timed inputs are built from these
         assert all(s.op == op and Shape.from_case(op, s.case_shape) == s for s in got)
-    # sparse's and the indexer's tiny cases have requests of uneven lengths (no spec): the tuner's own uniform ones
-    own = ("sparse", "indexer")
+    # sparse's, the indexer's and v4's tiny cases have requests of uneven lengths (no spec): the tuner's own
+    # uniform ones
+    own = ("sparse", "indexer", "v4")
     tiny = [s.case_shape for s in parse_shapes("tiny") if s.op not in own]
     mods = {"indexer": "indexer_topk"}
     assert tiny == [getattr(cases, mods.get(op, op)).SHAPES["tiny"][0] for op in ALL_OPS if op not in own]
     assert [s for s in parse_shapes("tiny") if s.op == "sparse"] == parse_shapes("sparse:B=2,ctx=64,N=16,K=32,block=16")
     assert [s for s in parse_shapes("tiny") if s.op == "indexer"] == parse_shapes(
         "indexer:B=1,ctx=300,H=32,topk=48,block=16"
+    )
+    assert [s for s in parse_shapes("tiny") if s.op == "v4"] == parse_shapes(
+        "v4:B=2,ctx=150,H=16,kind=csa,topk=16,block=16"
     )
     with pytest.raises(ValueError, match="not expressible"):
         Shape.from_case("prefill", cases.prefill.SHAPES["verify"][0])  # uneven lengths: no B x L spec
@@ -602,6 +626,156 @@ def test_impl_groups_take_the_configs_candidates(tmp_path, monkeypatch, op, impl
     new = g.build(g.listed[0])
     assert (new["hip"] if impl == "hip" else new)["tiers"] == [g.listed[0]]
     assert C.validate_overlay(_overlay("gfx942", {OP_KEYS[op]: new}), "gfx942", check_stamp=False) == []
+
+
+# --------------------------------------------------------------------------- the v4 op
+
+V4 = "mla_v4_attention"
+
+
+def test_v4_shape_spec_and_presets():
+    """``v4:`` specs, the round trip to the cases' shapes, and the presets built from them."""
+    from rocm_mla import cases
+    from rocm_mla.cases.v4_attention import V4Shape
+
+    (s,) = parse_shapes("v4:B=2,ctx=150,H=16,kind=csa,topk=16,block=16")
+    assert s.op == "v4" and OP_KEYS["v4"] == V4 and "v4" in ALL_OPS
+    assert s.case_shape == V4Shape.decode(2, 150, 16, 1, kind="csa", topk=16, block=16)
+    assert Shape.make("v4", **dict(kv.split("=") for kv in s.label.split())) == s  # labels parse back
+    assert parse_shapes("v4:")[0].case_shape == V4Shape.decode(128, 32768, 16, kind="csa", topk=512)
+    mtp = Shape.make("v4", B=4, ctx=1000, H=64, q=2, kind="hca", kv="auto", dt="fp32")
+    assert mtp.case_shape == V4Shape((1000,) * 4, 2, 64, kind="hca", kv="auto")
+    assert mtp.dtype(torch.device("cpu")) == torch.float32
+    tune = [Shape.from_case("v4", cs) for cs in cases.v4_attention.SHAPES["tune"]]
+    assert [x.case_shape for x in tune] == cases.v4_attention.SHAPES["tune"]  # uniform decode shapes round-trip
+    assert parse_shapes("v4") == parse_shapes("deepseek-v4") == tune
+    assert [x for x in parse_shapes("quick") if x.op == "v4"] == tune
+    assert not any(x.op == "v4" for x in parse_shapes("deepseek-v3") + parse_shapes("deepseek-v3.2"))
+    for name in ("tiny", "selfcheck", "odd"):
+        for cs in cases.v4_attention.SHAPES[name]:
+            with pytest.raises(ValueError, match="not expressible"):
+                Shape.from_case("v4", cs)  # uneven lengths or rows, ragged lists, holes, a ratio or block of its own
+    for bad in ("v4:N=16", "v4:kind=swa", "v4:kv=fp16", "v4:B=2,ctx=4,q=8", "v4:topk=x"):
+        with pytest.raises(ValueError):
+            _ = parse_shapes(bad)[0].case_shape
+
+
+def test_v4_groups_for_the_tiny_preset(tmp_path):
+    """One group per (tier, kind of q), the split group in full mode; a point is written back into
+    its tier alone, the float32 launch kept."""
+    from rocm_mla.ops.v4_attention_plan import tier_config
+
+    t = _op_tuner("v4", tmp_path, "tiny")
+    t.plan()
+    assert [g.name for g in t.groups] == ["tiers[0] H16 16-bit q", "split"]
+    g, split = t.groups
+    assert [s.op for s in g.shapes] == ["v4"] and g.op_key == V4
+    assert g.point0 == tier_config("cpu", 16, torch.float16)
+    assert g.build(g.point0)["tiers"] == t.package[V4]["tiers"]  # the default writes the package's tier
+    knobs = dict(g.knobs)
+    assert knobs["BLOCK_N"] == [16, 32, 64] and knobs["num_warps"] == [4, 8] and "waves_per_eu" not in knobs
+    assert all(p["BLOCK_H"] == 16 for p in g.listed)
+    assert split.point0 == t.package[V4]["split"] and {k for k, _ in split.knobs} == set(split.point0)
+    new = g.build({**g.point0, "BLOCK_N": 32})
+    assert tier_config("cpu", 16, torch.float16, new["tiers"][0])["BLOCK_N"] == 32
+    assert tier_config("cpu", 16, torch.float32, new["tiers"][0]) == tier_config("cpu", 16, torch.float32)
+    assert C.validate_overlay(_overlay("cpu", {V4: new}), "cpu", check_stamp=False) == []
+    # quick mode: no split group; float32 q has its own group, every cache kind shares its q's
+    t = _op_tuner("v4", tmp_path, "v4:H=16,kv=auto;v4:H=16;v4:H=128,dt=fp32", quick=True)
+    t.plan()
+    assert [(g.name, len(g.shapes)) for g in t.groups] == [("tiers[0] H16 16-bit q", 2), ("tiers[0] H16 fp32 q", 1)]
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950", "sm90"])
+def test_v4_groups_on_gpus(tmp_path, arch):
+    """The groups of the DeepSeek-V4 preset on AMD and NVIDIA GPUs (bf16 q; planned only): a tier
+    group lists the configs' tiers and ``candidates`` (sm90's grid) whose BLOCK_H is the tier's."""
+    from rocm_mla.ops.v4_attention_plan import tier_config
+    from rocm_mla.tools.tune.groups import v4_groups
+
+    t = _op_tuner("v4", tmp_path, "deepseek-v4", arch=arch)
+    groups = v4_groups(t, t.shapes)
+    pkg = C.package_config(V4, arch)
+    tiers = pkg["tiers"]
+    hi = C.tier_index(tiers, 64)  # 64 and 128 heads: the last tier (gfx942's is H32, two head blocks)
+    assert hi == len(tiers) - 1
+    names = [g.name for g in groups]
+    assert names == [
+        f"tiers[0] H{tiers[0]['BLOCK_H']} 16-bit q",
+        f"tiers[{hi}] H{tiers[hi]['BLOCK_H']} 16-bit q",
+        "split",
+    ]
+    assert {s["H"] for s in groups[0].shapes} == {8, 16} and {s["H"] for s in groups[1].shapes} == {64, 128}
+    for g, ti in zip(groups, (0, hi)):
+        h = tiers[ti]["BLOCK_H"]
+        assert g.point0 == tier_config(arch, h, torch.bfloat16)
+        want = {point_key(tier_config(arch, h, torch.bfloat16, c)) for c in _listed(pkg)} - {point_key(g.point0)}
+        assert {point_key(p) for p in g.listed} == {k for k in want if json.loads(k)["BLOCK_H"] == h}
+        knobs = dict(g.knobs)
+        assert ("kpack" in knobs) == ("waves_per_eu" in knobs) == (arch != "sm90") and "D_SPLIT" not in knobs
+        for p in g.listed + Tuner.neighbours(g):
+            new = g.build(p)
+            assert new is not None and tier_config(arch, h, torch.bfloat16, new["tiers"][ti]) == p
+            assert C.validate_overlay(_overlay(arch, {V4: new}), arch, check_stamp=False) == []
+    if arch == "sm90":  # the candidates grid: 2 BLOCK_N x 2 num_warps x 2 num_stages per BLOCK_H
+        for g, ti in zip(groups, (0, hi)):
+            grid = [c for c in pkg["candidates"] if c["BLOCK_H"] == tiers[ti]["BLOCK_H"]]
+            assert len(grid) == 8 and len(g.listed) >= 7
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950", "sm90", "cpu"])
+def test_compose_v4_tier_changes_only_its_kind(arch):
+    """A point for 16-bit or float32 q leaves the other kind's config as it was."""
+    from rocm_mla.ops.v4_attention_plan import tier_config
+
+    kinds = {"16-bit": torch.bfloat16, "fp32": torch.float32}
+    pkg = C.package_config(V4, arch)
+    for tier in pkg["tiers"]:
+        h = tier["BLOCK_H"]
+        for kind, qdt in kinds.items():
+            points = [tier_config(arch, h, qdt, c) for c in _listed(pkg)]
+            points.append({**tier_config(arch, h, qdt, tier), "BLOCK_N": 64, "num_warps": 8, "ctas_per_cu": 2})
+            for point in points:
+                if point["BLOCK_H"] > h or (kind == "16-bit" and point["BLOCK_H"] != h):
+                    continue
+                new = compose_v4_tier(arch, tier, kind, point)
+                assert new is not None and new["BLOCK_H"] == h, (tier, kind, point)
+                for k, q2 in kinds.items():
+                    assert tier_config(arch, h, q2, new) == tier_config(arch, h, q2, point if k == kind else tier)
+                assert C.validate_overlay(_overlay(arch, {V4: {"tiers": [new]}}), arch, check_stamp=False) == []
+        # the package's own config composes back to a tier that resolves as the tier does
+        new = compose_v4_tier(arch, tier, "16-bit", tier_config(arch, h, torch.bfloat16, tier))
+        assert all(tier_config(arch, h, q, new) == tier_config(arch, h, q, tier) for q in kinds.values())
+    tier = pkg["tiers"][0]
+    assert compose_v4_tier(arch, tier, "16-bit", {**tier, "BLOCK_H": 2 * tier["BLOCK_H"]}) is None  # the tier key
+
+
+def test_v4_verification_cases():
+    """A changed 16-bit top level is verified for each 16-bit q dtype over fp8_ds_mla and q-dtype
+    caches, one split and three, with the tier's BLOCK_H heads; the split model over the general
+    calls; on a GPU on the cases' selfcheck CSA shape."""
+    from rocm_mla.cases.v4_attention import SHAPES
+
+    dev = torch.device("cpu")
+    pkg = C.package_config(V4, "cpu")
+    assert acceptance.verification_cases(V4, "cpu", dev, pkg, pkg) == []
+    tier = pkg["tiers"][0]
+    new = {**pkg, "tiers": [compose_v4_tier("cpu", tier, "16-bit", {**C.resolve_tier(tier, []), "BLOCK_N": 32})]}
+    names = [w for w, _ in acceptance.verification_cases(V4, "cpu", dev, pkg, new)]  # float32 q: its launch kept
+    assert names == [
+        f"mla_v4_attention.cpu.tiers[0] q=float16 cache={c} H=16 S={s}"
+        for c in ("fp8_ds_mla", "q dtype")
+        for s in (1, 3)
+    ]
+    split = {**pkg, "split": {**pkg["split"], "max_splits": 8}}
+    names = [w for w, _ in acceptance.verification_cases(V4, "cpu", dev, pkg, split)]
+    assert (
+        len(names) == 4 * len(acceptance._dtypes(dev)) + 3 and names[-1] == "mla_v4_attention.cpu H=16 batch_invariant"
+    )
+    shape = acceptance.v4_verify_shape(torch.device("cuda"))
+    assert shape.kind == "csa" and shape.topk == 512 and shape in SHAPES["selfcheck"]
+    gpu = acceptance.verification_cases(V4, "gfx942", torch.device("cuda"), pkg, new)  # names only
+    assert gpu and all(w.startswith("mla_v4_attention.gfx942") for w, _ in gpu)
 
 
 # --------------------------------------------------------------------------- the indexer op
@@ -1065,6 +1239,46 @@ def test_check_reports_a_bad_indexer_config_by_name(cfgdir, capsys):
     _write(cfgdir / f"{a}.json", _overlay(a, _one_tier(INDEXER, a, BLOCK_N=48)))  # not a power of two
     assert tune_main(["--check", "--allow-cpu"]) == 1
     assert f"OverlayCompileError: mla_indexer_topk.{a} lens=" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter run is the CPU test; GPUs run the real tuner")
+def test_tiny_v4_run_writes_a_valid_overlay(cfgdir, capsys, monkeypatch):
+    """``--ops v4 --shapes tiny`` in the interpreter, its kernels checked against the reference,
+    under a timer that makes BLOCK_N 32 the faster tile: the overlay holds that tier, is stamped
+    and valid, passes ``--check``, and config_for returns it; float32 q keeps its launch."""
+    from rocm_mla.ops.v4_attention_plan import tier_config
+    from rocm_mla.tools.tune import tuner as tuner_mod
+
+    def timer(case):
+        cfg = tier_config("cpu", 16, torch.float16)  # through config_for: the candidate's
+        return 80.0 if cfg["BLOCK_N"] == 32 else 100.0
+
+    monkeypatch.setattr(tuner_mod, "time_case_us", timer)
+    assert tune_main(["--ops", "v4", "--shapes", "tiny", "--allow-cpu", "--max-candidates", "3"]) == 0
+    out = capsys.readouterr().out
+    data = json.loads((cfgdir / "cpu.json").read_text())
+    assert C.validate_overlay(data, "cpu") == []
+    assert set(data) == {V4, "_meta"}
+    groups = {g["name"]: g for g in data["_meta"]["groups"]}
+    assert groups["tiers[0] H16 16-bit q"]["status"] == "accepted"
+    assert groups["split"]["status"].startswith("default kept")
+    (row,) = data["_meta"]["shapes"].values()
+    assert row["op"] == V4 and row["tuned_us"] < row["default_us"]
+    tiers = C.config_for(V4, "cpu")["tiers"]
+    assert tiers == data[V4]["cpu"]["tiers"] and tiers[0]["BLOCK_N"] == 32
+    assert tier_config("cpu", 16, torch.float32) == C.resolve_tier(C.package_config(V4, "cpu")["tiers"][0], ["fp32"])
+    assert "v4       tiers[0] H16 16-bit q" in out
+    assert tune_main(["--check", "--allow-cpu"]) == 0
+    assert "mla_v4_attention: 4 compile + reference case(s)" in capsys.readouterr().out
+
+
+def test_check_reports_a_bad_v4_tier_by_name(cfgdir, capsys):
+    a = _here()
+    tiers = [dict(t) for t in C.package_config(V4, a)["tiers"]]
+    tiers[0]["BLOCK_N"] = 48  # not a power of two
+    _write(cfgdir / f"{a}.json", _overlay(a, {V4: {"tiers": tiers}}))
+    assert tune_main(["--check", "--allow-cpu"]) == 1
+    assert f"OverlayCompileError: mla_v4_attention.{a}.tiers[0]" in capsys.readouterr().out
 
 
 def test_check_reports_a_bad_sparse_tier_by_name(cfgdir, capsys):

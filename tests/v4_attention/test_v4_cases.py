@@ -178,7 +178,7 @@ def test_shape_sets():
     check = v4.SHAPES["selfcheck"]
     assert {8, 64, 128} <= {s.H for s in check} and {s.kind for s in check} == set(v4.KINDS)
     assert all(s.fp8 for s in check) and v4.SHAPES["tune"]
-    assert bench[0].label() == "fp8 window B=1 ctx=32768 H=8"
+    assert decode[0].label() == "fp8 window B=1 ctx=32768 H=8"
     assert prefill[0].label() == "fp8 csa512 B=1 ctx=32768 H=64 T=8192"
     assert tiny[3].label(torch.float32) == "fp8 csa24 lens=150,70 H=8 block=16 cblock=4 ragged"
 

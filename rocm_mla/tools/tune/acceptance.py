@@ -13,9 +13,10 @@ import torch
 import triton
 
 from rocm_mla import configs as C
-from rocm_mla.cases import decode, indexer_topk, merge, prefill, rope_kv_write, sparse
+from rocm_mla.cases import decode, indexer_topk, merge, prefill, rope_kv_write, sparse, v4_attention
 from rocm_mla.ops.decode_plan import tier_config as decode_tier_config
 from rocm_mla.ops.sparse_plan import tier_config
+from rocm_mla.ops.v4_attention_plan import tier_config as v4_tier_config
 
 from . import inputs
 from .groups import COMBOS, Group, full_stage1, point_key
@@ -51,6 +52,15 @@ def sync_or_raise(dev: torch.device) -> None:
 # prefill rows, odd lengths, the prefiltered form); in the CPU interpreter, where those take about a minute a call, the
 # "selfcheck" set (odd lengths, prefill rows, several splits of the interpreter's configs).
 INDEXER_VERIFY = {"cuda": "verify", "cpu": "selfcheck"}
+# mla_v4_attention's verification shape: the first CSA layer of its cases' "selfcheck" set on a GPU
+# (two requests, MTP rows, top-512 with holes), of its "tiny" set in the interpreter; its H is
+# the tier's BLOCK_H (one head block: the tier's own config).
+V4_VERIFY = {"cuda": "selfcheck", "cpu": "tiny"}
+
+
+def v4_verify_shape(dev: torch.device) -> v4_attention.V4Shape:
+    """The CSA shape mla_v4_attention's changed configs are verified on, on ``dev`` (V4_VERIFY)."""
+    return next(s for s in v4_attention.SHAPES[V4_VERIFY.get(dev.type, "selfcheck")] if s.kind == "csa")
 
 
 def indexer_one_split(shape: indexer_topk.IndexerShape) -> indexer_topk.IndexerShape:
@@ -74,7 +84,8 @@ def verification_cases(
     arch objects of ``op_key``): small calls through the public op on the ``verify`` shapes of
     ``rocm_mla.cases`` (uneven lengths, a short page, lq != lk, both merge head sizes) against the
     float32 reference (the indexer: a valid top-k of float64 logits, on ``INDEXER_VERIFY``'s set
-    and its one-split form)."""
+    and its one-split form; mla_v4_attention: ``v4_verify_shape`` over fp8_ds_mla and q-dtype
+    caches)."""
     from rocm_mla.ops._dispatch import unavailable
 
     where = f"{op_key}.{arch}"
@@ -146,6 +157,42 @@ def verification_cases(
             for n, run in ((16, {}), (128, {}), (16, {"batch_invariant": True})):
                 what = f"{where} N={n} {'batch_invariant' if run else 'S=auto'}"
                 out.append((what, sparse_check(dt, False, n, **run)))
+    elif op_key == "mla_v4_attention":
+        v4_base = v4_verify_shape(dev)
+
+        def v4_check(qdt, kv: str, h: int, **run):
+            # the tier's BLOCK_H as the head count: one head block, the tier's own config
+            shape = dataclasses.replace(v4_base, H=h, kv=kv)
+            return lambda: inputs.verify_call("v4", shape, dev, qdt, **run)
+
+        def v4_resolved(tier: dict, qdt) -> dict | None:
+            try:
+                return v4_tier_config(arch, 0, qdt, tier)
+            except ValueError:  # a bad tier: its calls are checked (and fail, named) below
+                return None
+
+        tiers, old_tiers = new["tiers"], old.get("tiers", [])
+        for ti, tier in enumerate(tiers):
+            h = int(tier["BLOCK_H"])
+            for qdt in _dtypes(dev):
+                cfg = v4_resolved(tier, qdt)
+                same = (
+                    cfg is not None
+                    and ti < len(old_tiers)
+                    and len(tiers) == len(old_tiers)
+                    and v4_resolved(old_tiers[ti], qdt) == cfg
+                )
+                if same and not general:
+                    continue
+                for kv, cache in (("fp8", "fp8_ds_mla"), ("auto", "q dtype")):
+                    what = f"{where}.tiers[{ti}] q={str(qdt)[6:]} cache={cache} H={h}"
+                    for splits in (1, 3):
+                        out.append((f"{what} S={splits}", v4_check(qdt, kv, h, num_splits=splits)))
+        if general:
+            dt = _dtypes(dev)[0]
+            for h, run in ((16, {}), (128, {}), (16, {"batch_invariant": True})):
+                what = f"{where} H={h} {'batch_invariant' if run else 'S=auto'}"
+                out.append((what, v4_check(dt, "fp8", h, **run)))
     elif op_key == "mla_indexer_topk":
         if new != old:
             make = {"fp8": C.platform_fp8_dtype(arch)}

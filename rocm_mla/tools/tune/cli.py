@@ -155,14 +155,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--ops",
         default=",".join(ALL_OPS),
-        help="comma-separated: decode, prefill, merge, rope_kv_write (rope_kv: the same), sparse, indexer",
+        help="comma-separated: decode, prefill, merge, rope_kv_write (rope_kv: the same), sparse, indexer, v4",
     )
     ap.add_argument(
         "--shapes",
         default=None,
         help="presets (" + ", ".join(PRESETS) + "; default: deepseek-v3, "
         "--quick: quick) and/or ';'-separated specs like 'decode:B=64,seq=8192,N=16,q=1,kv=fp8' or "
-        "'sparse:B=128,ctx=8192,N=16,q=1,K=2048,kv=fp8' or 'indexer:B=128,ctx=32768,H=64,q=1,topk=2048'",
+        "'sparse:B=128,ctx=8192,N=16,q=1,K=2048,kv=fp8' or 'indexer:B=128,ctx=32768,H=64,q=1,topk=2048' or "
+        "'v4:B=128,ctx=32768,H=16,q=1,kind=csa,topk=512,kv=fp8'",
     )
     ap.add_argument("--quick", action="store_true", help="listed candidates only, capped per group; the quick preset")
     ap.add_argument("--max-minutes", type=float, default=None, help="hard stop: keeps and writes what was accepted")

@@ -1,10 +1,11 @@
 """Groups: the shapes one part of an op's config serves (a decode tier for one q dtype and cache
 kind, decode's split and reduce parts, a sparse tier for one cache kind and its split part,
 prefill's first tier for 16-bit or float32 inputs, the merge or RoPE+KV-write implementation the op
-dispatches to, the indexer's tier) with that part's default, its listed candidates (the op's
-``tiers`` and ``candidates`` in configs/<op>.json) and the knobs of the coordinate search;
-``compose_tier`` / ``compose_sparse_tier`` / ``compose_prefill_tier`` write a point back into the
-tier schema."""
+dispatches to, the indexer's tier, an mla_v4_attention tier for 16-bit or float32 q and its split
+part) with that part's default, its listed candidates (the op's ``tiers`` and ``candidates`` in
+configs/<op>.json) and the knobs of the coordinate search; ``compose_tier`` /
+``compose_sparse_tier`` / ``compose_v4_tier`` / ``compose_prefill_tier`` write a point back into
+the tier schema."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from rocm_mla import configs as C
 from rocm_mla.ops.decode_plan import TIER_DEFAULTS as DECODE_TIER_DEFAULTS
 from rocm_mla.ops.decode_plan import tier_config as decode_tier_config
 from rocm_mla.ops.sparse_plan import TIER_DEFAULTS, tier_config
+from rocm_mla.ops.v4_attention_plan import TIER_DEFAULTS as V4_TIER_DEFAULTS
+from rocm_mla.ops.v4_attention_plan import tier_config as v4_tier_config
 
 from .shapes import OP_KEYS, Shape
 
@@ -80,7 +83,7 @@ def _nearest_first(p0: dict, points: list[dict]) -> list[dict]:
 class Group:
     """Shapes one part of an op's config serves, and the candidate values of that part."""
 
-    op: str  # decode, prefill, merge, rope_kv_write, sparse, indexer
+    op: str  # decode, prefill, merge, rope_kv_write, sparse, indexer, v4
     name: str
     shapes: list[Shape]
     point0: dict  # the package's value of the part (the default)
@@ -402,6 +405,115 @@ def sparse_groups(t: TunerState, shapes: list[Shape]) -> list[Group]:
         groups.append(
             Group(
                 "sparse",
+                "split",
+                list(shapes),
+                p0,
+                [],
+                [(k, v) for k, v in SPLIT_KNOBS if k in p0],
+                lambda p: {**t.current[op_key], "split": p},
+                lambda p: "split " + _short(p, _SHORT),
+            )
+        )
+    return groups
+
+
+# v4: a tier's kinds of call, each resolved through its own override objects (v4 tier_config): the
+# tier's top level serves 16-bit q (float16 and bfloat16 alike, over any cache), "fp32" float32 q.
+V4_KINDS = {"16-bit": torch.bfloat16, "fp32": torch.float32}
+
+
+def v4_kind(dtype: torch.dtype) -> str:
+    """The V4_KINDS key of a call with q ``dtype``."""
+    return "fp32" if dtype == torch.float32 else "16-bit"
+
+
+def _v4_resolve(arch: str, tier: dict, kind: str) -> dict:
+    """``tier``'s launch config for ``kind`` (its ``fp32`` object applied, the defaults filled in)."""
+    return v4_tier_config(arch, int(tier["BLOCK_H"]), V4_KINDS[kind], tier)
+
+
+def compose_v4_tier(arch: str, tier: dict, kind: str, point: dict) -> dict | None:
+    """An mla_v4_attention tier whose resolved config for ``kind`` ("16-bit" or "fp32") is
+    ``point`` while the other resolves as in ``tier``: the 16-bit point is the top level (its
+    BLOCK_H, which selects the tier, unchanged), the ``fp32`` object holds what float32 q launches
+    differently. None when the schema cannot say it."""
+    point = {k: v for k, v in point.items() if k not in C.DTYPE_TAGS}
+    if kind == "16-bit" and int(point.get("BLOCK_H", -1)) != int(tier["BLOCK_H"]):
+        return None
+    try:
+        want = {k: _v4_resolve(arch, tier, k) for k in V4_KINDS}
+        want[kind] = _v4_resolve(arch, point, "16-bit")  # the point with the defaults filled in
+    except ValueError:
+        return None
+    top = want["16-bit"]
+    if set(top) - set(want["fp32"]):
+        return None  # a top-level field float32 q must not have
+    fp32 = {k: v for k, v in want["fp32"].items() if top.get(k) != v}
+    # the top level in the tier's field order, without the defaults it leaves out (absent: the default)
+    keys = [k for k in tier if k in top] + [k for k in top if k not in tier]
+    new = {k: top[k] for k in keys if k in tier or k not in V4_TIER_DEFAULTS or V4_TIER_DEFAULTS[k] != top[k]}
+    if fp32:
+        new["fp32"] = fp32
+    try:
+        if any(_v4_resolve(arch, new, k) != want[k] for k in V4_KINDS):
+            return None
+    except ValueError:
+        return None
+    return new
+
+
+def v4_label(p: dict) -> str:
+    s = f"H{p['BLOCK_H']} N{p['BLOCK_N']} w{p['num_warps']} s{p['num_stages']} c{p.get('ctas_per_cu', 1)}"
+    for k, tag in (("waves_per_eu", "wpe"), ("matrix_instr_nonkdim", "mi"), ("kpack", "kp")):
+        if k in p:
+            s += f" {tag}{p[k]}"
+    return s
+
+
+def v4_groups(t: TunerState, shapes: list[Shape]) -> list[Group]:
+    """mla_v4_attention: one group per (tier, kind of q) of the shapes (the tier serves H heads:
+    ``tier_index``; one config serves every cache kind), each searching the tier's resolved config
+    for that kind over the configs' tiers and ``candidates`` whose BLOCK_H fits; in full mode then
+    the split cost model over every shape."""
+    arch, gfx = t.arch, C.is_amd_arch(t.arch)
+    op_key = OP_KEYS["v4"]
+    pkg = t.package[op_key]
+    tiers = pkg["tiers"]
+    by: dict[tuple[int, str], list[Shape]] = {}
+    for s in shapes:
+        by.setdefault((C.tier_index(tiers, s["H"]), v4_kind(s.dtype(t.dev))), []).append(s)
+    cands = _listed(pkg)
+    groups = []
+    for (ti, kind), ss in sorted(by.items(), key=lambda kv: (kv[0][0], list(V4_KINDS).index(kv[0][1]))):
+        h = int(tiers[ti]["BLOCK_H"])
+        p0 = _v4_resolve(arch, tiers[ti], kind)
+        # the 16-bit top level keeps the tier's BLOCK_H (it selects the tier); float32 q may take
+        # fewer heads per program (more head blocks), as the package's fp32 objects do
+        ok = (lambda p: p["BLOCK_H"] == h) if kind == "16-bit" else (lambda p: 16 <= p["BLOCK_H"] <= h)
+        listed = _nearest_first(p0, [p for c in cands for p in [_v4_resolve(arch, c, kind)] if ok(p)])
+        # most promising first: --quick tries single-knob neighbours of the default in this order
+        knobs = [("BLOCK_N", [16, 32, 64]), ("num_warps", [4, 8])]
+        if gfx:
+            knobs += [("waves_per_eu", [0, 1, 2])]
+        knobs += [("num_stages", [1, 2] if gfx else [1, 2, 3, 4])]
+        if gfx:
+            knobs += [("kpack", kpack_values(arch)), ("matrix_instr_nonkdim", [16, 32])]
+        knobs += [("ctas_per_cu", [1, 2])]
+        knobs = [(k, v) for k, v in knobs if k in p0]
+
+        def build(p, ti=ti, kind=kind):
+            obj = t.current[op_key]
+            tier = compose_v4_tier(arch, obj["tiers"][ti], kind, p)
+            if tier is None:
+                return None
+            return {**obj, "tiers": [tier if i == ti else x for i, x in enumerate(obj["tiers"])]}
+
+        groups.append(Group("v4", f"tiers[{ti}] H{h} {kind} q", ss, p0, listed, knobs, build, v4_label))
+    if not t.quick and shapes:
+        p0 = dict(pkg["split"])
+        groups.append(
+            Group(
+                "v4",
                 "split",
                 list(shapes),
                 p0,

@@ -1,7 +1,7 @@
 """The tuner's calls on ``rocm_mla.cases`` inputs.
 
 ``CASES[op](shape, dev)`` builds the :class:`Case` of one timed shape from the op's ``make_inputs``
-(decode, sparse and the indexer: cache copies for the cold-cache rotation, ``cold_copies``;
+(decode, sparse, the indexer and v4: cache copies for the cold-cache rotation, ``cold_copies``;
 decode's block table as wide as the longest request, the width the plan sees in serving); its
 ``call(i)`` is the public op on input copy i as a serving process calls it (a candidate config
 reaches it through ``rocm_mla.configs.override``), its ``check()`` that call against the float32
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from rocm_mla.cases import cold_copies, decode, indexer_topk, merge, prefill, rope_kv_write, sparse
+from rocm_mla.cases import cold_copies, decode, indexer_topk, merge, prefill, rope_kv_write, sparse, v4_attention
 
 from .shapes import CASE_MODULES, Shape
 
@@ -29,6 +29,7 @@ CHECK_PREFILL_ROWS = 128  # prefill: the first 128 causal queries of sequence 0
 CHECK_TOKENS = 256  # merge, rope_kv_write: the first 256 tokens
 CHECK_SPARSE_ROWS = 8  # sparse: the first 8 query rows (each a K-entry gather of the reference)
 CHECK_INDEXER_ROWS = 8  # indexer: the first 8 query rows (float64 logits of every key each sees)
+CHECK_V4_ROWS = 8  # v4: the first 8 query rows (each a window + compressed gather of the float64 reference)
 
 
 @dataclass
@@ -84,6 +85,29 @@ def sparse_case(s: Shape, dev: torch.device) -> Case:
     def check() -> str:
         call(0)
         return inp.mismatch(rows=CHECK_SPARSE_ROWS)
+
+    return Case(dev, inp, call, check, copies)
+
+
+def v4_case(s: Shape, dev: torch.device) -> Case:
+    """mla_v4_attention (Triton) on vLLM's fp8_ds_mla caches (or 16-bit ones) with the sink and
+    the inverse RoPE, rotating over cache copies (the lists hold positions, turned into each
+    copy's global slots). The check poisons the rows it reads first (a call that writes nothing
+    cannot pass on an earlier candidate's answer)."""
+    from rocm_mla.tools.timing import cold_cache_bytes
+
+    shape, dt = s.case_shape, s.dtype(dev)
+    copies, _ = cold_copies(shape.set_bytes(dt), cold_cache_bytes(dev) if dev.type == "cuda" else 0)
+    inp = v4_attention.make_inputs(shape, dtype=dt, device=dev, copies=copies)
+
+    def call(i: int):
+        return inp.run(i, backend="triton")
+
+    def check() -> str:
+        inp.out[:CHECK_V4_ROWS].fill_(float("nan"))
+        inp.lse[:CHECK_V4_ROWS].fill_(float("nan"))
+        call(0)
+        return inp.mismatch(rows=CHECK_V4_ROWS)
 
     return Case(dev, inp, call, check, copies)
 
@@ -171,6 +195,7 @@ CASES: dict[str, Callable[[Shape, torch.device], Case]] = {
     "rope_kv_write": rope_case,
     "sparse": sparse_case,
     "indexer": indexer_case,
+    "v4": v4_case,
 }
 
 

@@ -1,5 +1,5 @@
 """The shapes the tuner times: ``Shape`` (one op, its parameters and q's dtype), the named
-``PRESETS`` (shape sets of ``rocm_mla.cases``: DeepSeek-V3 and V3.2 serving, the lightning
+``PRESETS`` (shape sets of ``rocm_mla.cases``: DeepSeek-V3, V3.2 and V4 serving, the lightning
 indexer's and the op benches' shapes) and ``parse_shapes`` for ``--shapes``. ``Shape.case_shape``
 is the ``rocm_mla.cases`` shape the timed inputs are built from; ``Shape.from_case`` the other
 way."""
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rocm_mla.cases import decode, indexer_topk, merge, prefill, rope_kv_write, sparse
+from rocm_mla.cases import decode, indexer_topk, merge, prefill, rope_kv_write, sparse, v4_attention
 
 OP_KEYS = {
     "decode": "mla_decode",
@@ -19,6 +19,7 @@ OP_KEYS = {
     "rope_kv_write": "rope_kv_write",
     "sparse": "mla_sparse_attention",
     "indexer": "mla_indexer_topk",
+    "v4": "mla_v4_attention",
 }
 ALL_OPS = tuple(OP_KEYS)
 # "rope_kv" is accepted for rope_kv_write in --ops, shape specs, preset names and overlays' _meta.
@@ -30,6 +31,7 @@ CASE_MODULES = {
     "rope_kv_write": rope_kv_write,
     "sparse": sparse,
     "indexer": indexer_topk,
+    "v4": v4_attention,
 }
 
 # The parameters of a shape spec and their defaults. dt "auto": bf16 on a GPU, fp16 in the CPU
@@ -57,6 +59,21 @@ PARAMS = {
     # heads, topk kept (rocm_mla.cases.indexer_topk.IndexerShape.decode); q and the cache in the
     # platform's fp8 kind (no dt)
     "indexer": {"B": 128, "ctx": 32768, "H": 64, "q": 1, "topk": 2048, "block": 64},
+    # B requests of ctx tokens, q query rows each, H heads, the layer kind (window, csa, hca: its
+    # window list alone, plus topk compressed rows, plus all of them), kv "fp8" (fp8_ds_mla caches,
+    # the kinds vLLM's writers use) or "auto" (q's dtype), window-cache pages of block tokens
+    # (rocm_mla.cases.v4_attention.V4Shape.decode: window 128, the sink and the inverse RoPE on)
+    "v4": {
+        "B": 128,
+        "ctx": 32768,
+        "H": 16,
+        "q": 1,
+        "kind": "csa",
+        "topk": 512,
+        "kv": "fp8",
+        "block": 64,
+        "dt": "auto",
+    },
 }
 # left out of labels when default
 _HIDDEN_DEFAULTS = {"dt": "auto", "block": 64, "geo": "deepseek", "mode": "paged"}
@@ -65,8 +82,8 @@ _DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 @dataclass(frozen=True)
 class Shape:
-    """One shape of one op: ``op`` (decode, prefill, merge, rope_kv_write, sparse, indexer) and its
-    parameters."""
+    """One shape of one op: ``op`` (decode, prefill, merge, rope_kv_write, sparse, indexer, v4) and
+    its parameters."""
 
     op: str
     items: tuple
@@ -89,8 +106,9 @@ class Shape:
     @staticmethod
     def from_case(op: str, cs) -> Shape:
         """The tuner's shape of a ``rocm_mla.cases`` shape (one the spec can say: uniform lengths,
-        DeepSeek's q width, the merge layout's own lse layout, sparse and indexer requests of one
-        length and one row count); ValueError otherwise."""
+        DeepSeek's q width, the merge layout's own lse layout, sparse, indexer and v4 requests of
+        one length and one row count, v4's defaults beyond the spec's parameters); ValueError
+        otherwise."""
         if op == "decode" and cs.lens is None:
             return Shape.make(op, B=cs.B, seq=cs.seq, N=cs.N, q=cs.q_len, kv=cs.kv, block=cs.block)
         geo = {d: k for k, d in prefill.GEOMETRIES.items()}.get(getattr(cs, "dims", None))
@@ -110,6 +128,13 @@ class Shape:
             s = Shape.make(op, B=len(cs.lens), ctx=cs.lens[0], H=cs.H, q=cs.rows[0], topk=cs.topk, block=cs.block)
             if s.case_shape == cs:
                 return s
+        if op == "v4" and cs.lens and len(set(cs.lens)) == 1 and len(set(cs.rows)) == 1:
+            s = Shape.make(
+                op, B=len(cs.lens), ctx=cs.lens[0], H=cs.H, q=cs.rows[0], kind=cs.kind, topk=cs.topk, kv=cs.kv,
+                block=cs.block,
+            )  # fmt: skip
+            if s.case_shape == cs:  # not when the case sets more (a ratio, ragged lists, holes, a name)
+                return s
         raise ValueError(f"{op} shape {cs!r}: not expressible as a tuning shape")
 
     def __getitem__(self, k: str):
@@ -118,7 +143,7 @@ class Shape:
     @property
     def case_shape(self):
         """The ``rocm_mla.cases`` shape of this one (DecodeShape, PrefillShape, MergeShape, RopeShape,
-        SparseShape, IndexerShape)."""
+        SparseShape, IndexerShape, V4Shape)."""
         p = dict(self.items)
         if self.op == "decode":
             return decode.DecodeShape(p["B"], p["seq"], p["N"], p["q"], block=p["block"], kv=p["kv"])
@@ -134,6 +159,10 @@ class Shape:
             )
         if self.op == "indexer":
             return indexer_topk.IndexerShape.decode(p["B"], p["ctx"], p["H"], p["q"], topk=p["topk"], block=p["block"])
+        if self.op == "v4":
+            return v4_attention.V4Shape.decode(
+                p["B"], p["ctx"], p["H"], p["q"], kind=p["kind"], topk=p["topk"], kv=p["kv"], block=p["block"]
+            )
         return rope_kv_write.RopeShape(p["T"], p["N"], block=p["block"], kv=p["kv"])
 
     def dtype(self, dev: torch.device) -> torch.dtype:
@@ -166,7 +195,12 @@ _SPARSE_TINY = Shape.make("sparse", B=2, ctx=64, N=16, K=32, block=16)
 # The same for rocm_mla.cases.indexer_topk's "tiny" set: one request of 300 keys, one row (several
 # splits on the interpreter's grid, so the merge runs too), topk 48.
 _INDEXER_TINY = Shape.make("indexer", B=1, ctx=300, H=32, topk=48, block=16)
-_TINY_OWN = {"sparse": _SPARSE_TINY, "indexer": _INDEXER_TINY}
+# And for rocm_mla.cases.v4_attention's "tiny" set: 2 requests of 150 tokens, a CSA layer (the
+# window's 128 rows and 16 of the 37 compressed ones), 16 heads, window pages of 16 tokens.
+_V4_TINY = Shape.make("v4", B=2, ctx=150, H=16, kind="csa", topk=16, block=16)
+_TINY_OWN = {"sparse": _SPARSE_TINY, "indexer": _INDEXER_TINY, "v4": _V4_TINY}
+# The ops whose --quick shapes are their tune set.
+_TUNE_IS_QUICK = ("indexer", "v4")
 
 
 def _tiny() -> list[Shape]:
@@ -189,15 +223,21 @@ PRESETS: dict[str, list[Shape]] = {
     "sparse": _sets(("sparse", "tune")),
     # The lightning indexer (H 64): 128 x 32K decode rows, one 128K request, an 8192-row prefill chunk.
     "indexer": _sets(("indexer", "tune")),
+    # DeepSeek-V4 attention: one decode shape per layer kind and tier that serving runs.
+    "v4": _sets(("v4", "tune")),
     # --quick: one or two shapes per group that matters (fits 10 minutes on one GPU with compiles);
-    # the indexer's one group: its tune set (its quick set is the bench's)
-    "quick": _sets(*((op, "tune" if op == "indexer" else "quick") for op in ALL_OPS)),
+    # the indexer's one group: its tune set (its quick set is the bench's); v4: its tune set (one
+    # or two shapes per tier)
+    "quick": _sets(*((op, "tune" if op in _TUNE_IS_QUICK else "quick") for op in ALL_OPS)),
     # the CPU interpreter (tests of the tuner itself; sparse and indexer: _TINY_OWN)
     "tiny": _tiny(),
     "deepseek-v3": _sets(*_SERVING, *_OPS),
     # DeepSeek-V3.2 / GLM-5 serving (sparse.SHAPES["tune"]): TP8 (8 and 16 heads), DP (128), MTP
     # rows, an fp8 cache, a prefill chunk; and its lightning indexer (indexer_topk.SHAPES["tune"]).
     "deepseek-v3.2": _sets(("sparse", "tune"), ("indexer", "tune")),
+    # DeepSeek-V4 serving (v4_attention.SHAPES["tune"]): CSA top-512 / top-1024, HCA and window
+    # layers at 8, 16, 64 and 128 heads.
+    "deepseek-v4": _sets(("v4", "tune")),
 }
 
 

@@ -16,14 +16,23 @@ from rocm_mla import configs as C
 from rocm_mla.ops.decode_plan import TIER_DEFAULTS as DECODE_TIER_DEFAULTS
 
 from .acceptance import MIN_GAIN, Acceptance, exc_text, geomean, sync_or_raise
-from .groups import Group, decode_groups, impl_groups, indexer_groups, point_key, prefill_groups, sparse_groups
+from .groups import (
+    Group,
+    decode_groups,
+    impl_groups,
+    indexer_groups,
+    point_key,
+    prefill_groups,
+    sparse_groups,
+    v4_groups,
+)
 from .inputs import CASES, Case
 from .overlay import OverlayWriter
 from .shapes import ALL_OPS, OP_KEYS, Shape
 from .timing import time_case_us
 
 # candidates per group, default included
-QUICK_CAP = {"decode": 3, "prefill": 4, "merge": 12, "rope_kv_write": 33, "sparse": 3, "indexer": 4}
+QUICK_CAP = {"decode": 3, "prefill": 4, "merge": 12, "rope_kv_write": 33, "sparse": 3, "indexer": 4, "v4": 3}
 
 
 def _fmt_s(sec: float) -> str:
@@ -121,6 +130,8 @@ class Tuner(Acceptance, OverlayWriter):
                 self.groups += sparse_groups(self, by_op[op])
             elif op == "indexer":
                 self.groups += indexer_groups(self, by_op[op])
+            elif op == "v4":
+                self.groups += v4_groups(self, by_op[op])
             else:
                 self.groups.append(
                     Group(

@@ -117,15 +117,16 @@ def vllm_positions(idx: torch.Tensor, kv_lens: torch.Tensor, topk: int, starts: 
     """torch.topk's column indices over vLLM's logits ``[T, k]`` (k <= topk) as mla_indexer_topk
     answers: request-local positions (``idx - starts``; decode logits start at position 0), an
     index outside the row's ``[0, kv_lens[t])`` (a -inf column, taken where kv_len < k) -> -1,
-    the valid ones first in their order, then -1 up to ``topk`` columns. int32 ``[T, topk]``."""
+    the valid ones first in ascending order (a top-k is a set; the order is the one the op gives
+    and its check asks for), then -1 up to ``topk`` columns. int32 ``[T, topk]``."""
     idx = idx.long()
     if starts is not None:
         idx = idx - starts.long()[:, None]
     n = kv_lens.long().to(idx.device)[:, None]
     valid = (idx >= 0) & (idx < n)
-    pos = torch.where(valid, idx, -1)
-    order = torch.sort((~valid).to(torch.int8), dim=1, stable=True).indices
-    pos = torch.gather(pos, 1, order)
+    last = torch.iinfo(torch.int64).max
+    pos = torch.sort(torch.where(valid, idx, last), dim=1).values
+    pos = torch.where(pos == last, -1, pos)
     if pos.shape[1] < topk:
         pos = torch.cat((pos, pos.new_full((pos.shape[0], topk - pos.shape[1]), -1)), dim=1)
     return pos.to(torch.int32)

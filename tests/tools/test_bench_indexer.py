@@ -89,16 +89,16 @@ def test_memory_plan_stays_under_60_gb():
 
 def test_vllm_positions_by_hand():
     """torch.topk's columns -> request-local positions, -1 for columns past the row's keys (taken
-    where kv_len < k: -inf logits), valid ones first in their order, padded to topk."""
+    where kv_len < k: -inf logits), valid ones first in ascending order, padded to topk."""
     idx = torch.tensor([[2, 0, 1, 7, 3], [5, 6, 2, 9, 4], [7, 1, 8, 0, 2]])
     kv = torch.tensor([3, 10, 2], dtype=torch.int32)
     got = bench.vllm_positions(idx, kv, 6)
     assert got.dtype == torch.int32
-    assert got.tolist() == [[2, 0, 1, -1, -1, -1], [5, 6, 2, 9, 4, -1], [1, 0, -1, -1, -1, -1]]
+    assert got.tolist() == [[0, 1, 2, -1, -1, -1], [2, 4, 5, 6, 9, -1], [0, 1, -1, -1, -1, -1]]
     # prefill: columns of the gathered keys, a row's request starting at starts[t]
     idx = torch.tensor([[12, 10, 11, 15], [2, 0, 1, 3]])
     got = bench.vllm_positions(idx, torch.tensor([3, 4]), 4, starts=torch.tensor([10, 0]))
-    assert got.tolist() == [[2, 0, 1, -1], [2, 0, 1, 3]]
+    assert got.tolist() == [[0, 1, 2, -1], [0, 1, 2, 3]]
     # what the check then says of it: a duplicate is caught
     case = topk_cases.make_inputs(topk_cases.IndexerShape((5,), 1, 8, topk=4, block=16), copies=1)
     good = case.reference()

@@ -24,6 +24,7 @@ import argparse
 import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,7 +44,9 @@ class OpView:
     from the kernel's other table, ``name`` the plot's); the kernel's view without ``providers``
     shows every other provider. ``shapes`` / ``skip`` (regular expressions, searched in the shape)
     keep or leave out shapes: one bench's decode and prefill rows as two tables, each with its own
-    peers (a view with ``shapes`` takes no providers from the kernel's other views)."""
+    peers (a view with ``shapes`` takes no providers from the kernel's other views). ``pivot`` maps a
+    shape to its (row, column) in a grid that holds only the speed-up over the peer measured at that
+    shape: many shapes in a short table (their times stay in results.csv and the plot)."""
 
     kernel: str
     title: str
@@ -56,6 +59,7 @@ class OpView:
     name: str = ""
     shapes: str = ""
     skip: str = ""
+    pivot: Callable[[str], tuple[str, str]] | None = None
 
     def shows(self, row: dict) -> bool:
         """Whether ``row`` (of this view's kernel) belongs in this view's table."""
@@ -66,6 +70,15 @@ class OpView:
         if self.providers:
             return row["provider"] in self.providers
         return row["provider"] not in _OWN_VIEW.get(self.kernel, ())
+
+
+def _v4_cell(shape: str) -> tuple[str, str]:
+    """``"fp8 csa512 B=8 ctx=32768 H=64"`` -> ("csa512 H=64", "B=8"); a prefill chunk's ``T=8192``
+    -> its column "prefill"."""
+    m = re.match(r"\S+ (\S+) B=(\d+) \S+ (H=\d+)(?: T=(\d+))?$", shape)
+    if not m:
+        return shape, ""
+    return f"{m[1]} {m[3]}", "prefill" if m[4] else f"B={m[2]}"
 
 
 VIEWS = (
@@ -161,43 +174,13 @@ VIEWS = (
     ),
     OpView(
         "mla_v4_attention",
-        "mla_v4_attention (DeepSeek-V4 attention: window + compressed lists, sink, inverse RoPE), decode",
+        "mla_v4_attention (DeepSeek-V4 attention)",
         "time_us",
         False,
         ("v4_attention",),
-        "µs per call, B rows of one request each, q bf16, fp8_ds_mla caches (window pages of 64 tokens, "
-        "compressed pages of 64 rows), dense global-slot lists, the sink and the inverse RoPE; CUDA graphs of 8 "
-        "calls, caches cold in L2; every output checked. vLLM 0.34 = rocm_sparse_attn_decode (its gfx942 split-K "
-        "path, the inverse RoPE fused). % of copy per shape: results.csv (pct_copy).",
-        skip=r"T=\d",
-    ),
-    OpView(
-        "mla_v4_attention",
-        "mla_v4_attention, prefill",
-        "time_us",
-        False,
-        ("v4_attention",),
-        "µs per call, one request's 8192 rows over 32K tokens, CSA top-512, as above. vLLM 0.34 = its ROCm "
-        "composition without aiter (dequantise-and-gather into a bf16 workspace, combine the lists, sparse "
-        "prefill, then the standalone inverse RoPE); its steps in the next table.",
-        providers=("rocm_mla-triton", "vllm-0.34-prefill"),
-        name="mla_v4_attention_prefill",
-        shapes=r"T=\d",
-    ),
-    OpView(
-        "mla_v4_attention",
-        "vLLM 0.34's DeepSeek-V4 ROCm prefill composition, step by step",
-        "time_us",
-        False,
-        ("v4_attention",),
-        "µs per step of the composition timed above (each step alone, the same inputs).",
-        providers=(
-            "vllm-0.34-prefill:gather",
-            "vllm-0.34-prefill:combine",
-            "vllm-0.34-prefill:attn",
-            "vllm-0.34-prefill:inv_rope",
-        ),
-        name="mla_v4_attention_prefill_steps",
+        "Speed-up over vLLM 0.34's V4 ROCm kernels (decode: `rocm_sparse_attn_decode`; prefill, 8192 rows over "
+        "32K: its composition without aiter); outputs checked; µs, % of copy: results.csv.",
+        pivot=_v4_cell,
     ),
     OpView(
         "indexer_k_cache_write",
@@ -261,6 +244,7 @@ def op_section(rows: list[dict], view: OpView) -> tuple[list[str], dict[str, dic
     head += ["our config"] if configured and len(ours) == 1 else [f"{p} config" for p in configured]
     table = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     series: dict[str, dict[str, float]] = {p: {} for p in providers}
+    grid: dict[str, dict[str, str]] = {}
     for shape, rs in cur.items():
         chosen = {r["provider"]: r for r in rs if r["metric"] == view.metric}  # a run's later row wins
         if not chosen:
@@ -289,10 +273,19 @@ def op_section(rows: list[dict], view: OpView) -> tuple[list[str], dict[str, dic
                 cells.append("/".join(f"{float(n[m]):g}" if m in n else "–" for m in view.counts))
         cells += [chosen[p]["config"] if p in chosen else "" for p in configured]
         table.append("| " + " | ".join(cells) + " |")
+        if view.pivot:
+            at = 1 + many_runs + len(providers)
+            ratio = next((c for c in cells[at : at + (len(peers) if exact else 0)] if c), "")
+            row, col = view.pivot(shape)
+            grid.setdefault(row, {})[col] = ratio.rstrip("×")
+    if view.pivot:
+        cols = list(dict.fromkeys(c for cs in grid.values() for c in cs))
+        table = ["| | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
+        table += ["| " + " | ".join([row] + [cs.get(c, "") for c in cols]) + " |" for row, cs in grid.items()]
 
     unit = {"time_us": "µs"}.get(view.metric, view.metric)
     speed = "larger is faster" if view.higher_is_better else "smaller is faster"
-    intro = f"{unit} ({speed}). {view.note}"
+    intro = view.note if view.pivot else f"{unit} ({speed}). {view.note}"
     lines = [f"## {view.title}", "", intro]
     lines += ["", f"Command: `{COMMAND.format(ops=','.join(view.benches))}`", "", *table, ""]
     for n, d in enumerate(runs, 1):
@@ -316,11 +309,9 @@ def render(
     out = [
         "# Measured results",
         "",
-        "Generated by `python perf/report.py` from [`results.csv`](results.csv) (one row per measured value,"
-        " appended by `perf/bench.py`); do not edit by hand. Per shape and provider the row of the latest run"
-        " that measured it (a blank cell: not measured); the runs' device, versions and ceilings are listed"
-        " under each table. Speed-up columns are > 1 where ours is faster. Older runs: git history of this file"
-        " (their rows stay in results.csv).",
+        "Generated by `python perf/report.py` from [`results.csv`](results.csv); do not edit. Per shape and"
+        " provider the latest run (runs listed under each table); speed-ups > 1 where ours is faster. Older"
+        " runs: git history.",
         "",
     ]
     headline, _ = readme_table.render(rows, spec or readme_table.load_spec())

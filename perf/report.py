@@ -42,9 +42,7 @@ class OpView:
     perf/bench.py benches that measure it, and metrics shown joined beside the headline. ``providers``
     gives a view of its own to the providers one bench alone measures (its shapes and columns apart
     from the kernel's other table, ``name`` the plot's); the kernel's view without ``providers``
-    shows every other provider. ``shapes`` / ``skip`` (regular expressions, searched in the shape)
-    keep or leave out shapes: one bench's decode and prefill rows as two tables, each with its own
-    peers (a view with ``shapes`` takes no providers from the kernel's other views). ``pivot`` maps a
+    shows every other provider. ``pivot`` maps a
     shape to its (row, column) in a grid that holds only the speed-up over the peer measured at that
     shape: many shapes in a short table (their times stay in results.csv and the plot)."""
 
@@ -57,16 +55,10 @@ class OpView:
     counts: tuple[str, ...] = field(default_factory=tuple)
     providers: tuple[str, ...] = ()
     name: str = ""
-    shapes: str = ""
-    skip: str = ""
     pivot: Callable[[str], tuple[str, str]] | None = None
 
     def shows(self, row: dict) -> bool:
         """Whether ``row`` (of this view's kernel) belongs in this view's table."""
-        if (self.shapes and not re.search(self.shapes, row["shape"])) or (
-            self.skip and re.search(self.skip, row["shape"])
-        ):
-            return False
         if self.providers:
             return row["provider"] in self.providers
         return row["provider"] not in _OWN_VIEW.get(self.kernel, ())
@@ -195,7 +187,7 @@ VIEWS = (
 
 
 # kernel -> the providers a view of their own shows (OpView.providers)
-_OWN_VIEW = {v.kernel: v.providers for v in VIEWS if v.providers and not v.shapes}
+_OWN_VIEW = {v.kernel: v.providers for v in VIEWS if v.providers}
 
 # Our kernels in another mode: inputs rounded on purpose (mla_decode(fp8_dots="qk" / "all"; quantize_q=True
 # is "qk"), an accuracy trade, and batch-invariant splits (plan_sparse_attention(batch_invariant=True)):

@@ -17,7 +17,7 @@ Holds
     invariant_split_len the batch-invariant split length (decode stage 1 and the reduce agree on it)
     sink_denominator    a softmax denominator with an attention sink (mla_v4_attention's kernel
                         and the reduce)
-    inverse_rope_pairs  GPT-J inverse RoPE of a tile's column pairs (mla_v4_attention's epilogues)
+    rotate_back         GPT-J inverse RoPE of a tile's RoPE columns (mla_v4_attention's epilogues)
     mla_decode_reduce_kernel
                         the split-K reduce: merges the partials ``[S, rows x N, 512]`` and lses
                         ``[S, rows x N]`` of mla_decode's stage 1, mla_sparse_attention or
@@ -147,10 +147,17 @@ def sink_denominator(l_i, m_i, sink2):
 
 
 @triton.jit
-def inverse_rope_pairs(x, cos, sin, ROWS: tl.constexpr, COLS: tl.constexpr):
-    """GPT-J inverse RoPE of a ``[ROWS, COLS]`` tile's column pairs (2i, 2i + 1) with ``cos``,
-    ``sin`` ``[COLS / 2]`` (cos 1, sin 0 leave a pair as it is): ``(a, b) -> (a cos + b sin,
-    b cos - a sin)``."""
+def rotate_back(x, cos_sin, pos, bad, s_cs, col0, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """GPT-J inverse RoPE of a ``[ROWS, COLS]`` tile holding columns ``[col0, col0 + COLS)`` of
+    512-wide rows whose last 64 values (448 on) are the RoPE part, at position ``pos`` of
+    ``cos_sin`` (``[P, 64]`` cos | sin, row stride ``s_cs``): pairs (2i, 2i + 1) from 448 on become
+    ``(a cos + b sin, b cos - a sin)``; other columns stay, and a ``bad`` position reads nothing
+    (the caller makes that row NaN)."""
+    pair = (col0 + 2 * tl.arange(0, COLS // 2) - 448) // 2  # the numerator is even: exact
+    turn = (pair >= 0) & (bad == 0)
+    cs_row = cos_sin + tl.where(bad, 0, pos) * s_cs
+    cos = tl.load(cs_row + pair, mask=turn, other=1.0).to(tl.float32)
+    sin = tl.load(cs_row + 32 + pair, mask=turn, other=0.0).to(tl.float32)
     ev, od = tl.split(tl.reshape(x, [ROWS, COLS // 2, 2]))
     return tl.reshape(tl.join(ev * cos[None, :] + od * sin[None, :], od * cos[None, :] - ev * sin[None, :]),
                       [ROWS, COLS])  # fmt: skip
@@ -321,13 +328,8 @@ def mla_decode_reduce_kernel(
     if ROPE:
         pos = tl.load(positions + row * s_pos).to(tl.int64)
         bad = (pos < 0) | (pos >= num_pos)
-        # Column pairs from 448 on (the RoPE part) turn; the others take cos 1, sin 0.
-        pair = (dblk * BLOCK_D + 2 * tl.arange(0, BLOCK_D // 2) - 448) // 2
-        turn = (pair >= 0) & (bad == 0)
-        cs_row = cos_sin + tl.where(bad, 0, pos) * s_cs
-        cos = tl.load(cs_row + pair, mask=turn, other=1.0).to(tl.float32)
-        sin = tl.load(cs_row + 32 + pair, mask=turn, other=0.0).to(tl.float32)
-        o = tl.reshape(inverse_rope_pairs(tl.reshape(o, [1, BLOCK_D]), cos, sin, 1, BLOCK_D), [BLOCK_D])
+        o = tl.reshape(rotate_back(tl.reshape(o, [1, BLOCK_D]), cos_sin, pos, bad, s_cs, dblk * BLOCK_D, 1, BLOCK_D),
+                       [BLOCK_D])  # fmt: skip
         o = tl.where(bad, float("nan"), o)
         lse2 = tl.where(bad, float("nan"), lse2)
     tl.store(out + row * s_o_r + h * s_o_h + offs_d * s_o_d, o.to(out.dtype.element_ty))

@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from .fp8_codes import fp8_e4m3_value
-from .latent_core import close_split, inverse_rope_pairs, sink_denominator, store_partial, xcd_local_order
+from .latent_core import close_split, rotate_back, sink_denominator, store_partial, xcd_local_order
 
 
 @triton.jit
@@ -286,13 +286,7 @@ def mla_v4_attention_kernel(
         lse2 = tl.where(bad, float("nan"), lse2)
         ob = acc_b * inv
         if ROPE:
-            # The second half's column pairs from 192 on (the row's 448 on) turn back.
-            pair = (2 * tl.arange(0, 128) - 192) // 2
-            turn = (pair >= 0) & (bad == 0)
-            cs_row = cos_sin + tl.where(bad, 0, pos) * s_cs
-            cos = tl.load(cs_row + pair, mask=turn, other=1.0).to(tl.float32)
-            sin = tl.load(cs_row + 32 + pair, mask=turn, other=0.0).to(tl.float32)
-            ob = inverse_rope_pairs(ob, cos, sin, BLOCK_H, 256)
+            ob = rotate_back(ob, cos_sin, pos, bad, s_cs, 256, BLOCK_H, 256)  # the second half: columns 256..511
         o_row = out + t * s_o_r + offs_h[:, None] * s_o_h
         tl.store(o_row + offs[None, :] * s_o_d, (acc_a * inv).to(out.dtype.element_ty), mask=h_ok[:, None])
         tl.store(o_row + (offs + 256)[None, :] * s_o_d, ob.to(out.dtype.element_ty), mask=h_ok[:, None])

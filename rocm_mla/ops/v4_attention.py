@@ -17,9 +17,10 @@ import torch
 from ..kernels.latent_core import mla_decode_reduce_kernel
 from ..kernels.v4_attention import mla_v4_attention_kernel
 from ..reference.v4_attention import mla_v4_attention_ref
-from ..triton_common import INT32_MAX, LOG2E
+from ..triton_common import INT32_MAX
 from ._checks import FLOAT_DTYPES, Checker
 from ._launch import kernel_launch
+from .latent_core import launch_args
 from .v4_attention_plan import FP8_DS_MLA_TOKEN_BYTES, HEAD_DIM, OP, ROPE_DIM, V4Plan, plan_v4_attention
 
 
@@ -323,14 +324,10 @@ def _launch_triton(plan: V4Plan, q, window_cache, window_indices, window_indptr,
                    sm_scale: float) -> None:  # fmt: skip
     """Runs ``plan`` on validated tensors: the kernel, then (S > 1) the shared reduce."""
     T, H, S = plan.num_rows, plan.num_heads, plan.num_splits
-    R = T * H
-    part_o = part_lse = lse
-    s_po = s_pl = 0
-    if not plan.direct:
-        ws = workspace.reshape(-1) if workspace is not None else torch.empty(
-            plan.workspace_numel, dtype=torch.float32, device=q.device)  # fmt: skip
-        part_o, part_lse = ws[: S * R * HEAD_DIM], ws[S * R * HEAD_DIM : plan.workspace_numel]
-        s_po, s_pl = R * HEAD_DIM, R
+    # The split partials carved from the workspace, the latent ops' way (no k_scale: fp8_ds_mla
+    # rows carry their own scales).
+    a = launch_args(plan, workspace, T, lse, sm_scale, None, None)
+    part_o, part_lse, s_po, s_pl = a["part_o"], a["part_lse"], a["s_po_s"], a["s_pl_s"]
     wc, w_bs, w_slots, s_wb, s_wt = _cache_args(window_cache)
     w_ragged = window_indptr is not None
     w_ptr = window_indptr if w_ragged else window_indices
@@ -358,7 +355,7 @@ def _launch_triton(plan: V4Plan, q, window_cache, window_indices, window_indptr,
             launches["reduce"] = kernel_launch(mla_decode_reduce_kernel, plan.reduce.constexprs, plan.reduce.options)
     launches["kernel"](plan.grid, (
         q, wc, window_indices, w_ptr, cc, ci, c_ptr, sink, pos, cs, out, lse, part_o, part_lse,
-        sm_scale * LOG2E,
+        a["qk_scale"],
         T, H, S, plan.split_len, plan.head_blocks,
         w_nnz, w_bs, w_slots, c_nnz, c_bs, c_slots, num_pos,
         *q.stride(), s_wb, s_wt, s_wi, s_cb, s_ct, s_ci, s_pos, s_cs,

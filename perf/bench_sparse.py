@@ -49,7 +49,7 @@ from pathlib import Path
 
 import torch
 import triton
-from benchutil import Record, bench_parser, print_table, start_bench, write_csv
+from benchutil import RateRun, Record, bench_parser, print_table, start_bench, write_csv
 
 from rocm_mla import __version__
 from rocm_mla.cases import cold_copies, compare, sparse
@@ -220,17 +220,11 @@ def load_vllm_sparse(peers: str):
 # --------------------------------------------------------------------------- timing
 
 
-class Run:
+class Run(RateRun):
     """Table rows, CSV records and notes of one run."""
 
     def __init__(self, name: str, copy: float, mm: float):
-        self.name, self.copy, self.mm = name, copy, mm
-        self.records: list[Record] = [
-            Record("copy", "torch", "2 GiB", "GB/s", copy, name, torch.__version__),
-            Record("matmul", "torch", "8192^3 bf16", "TFLOP/s", mm, name, torch.__version__),
-        ]
-        self.rows: list[list[str]] = []
-        self.notes: list[str] = []
+        super().__init__(name, copy, mm, KERNEL, __version__)
         self.skipped: set[tuple[str, str]] = set()
 
     def skip(self, provider: str, s: Setup, why: str) -> None:
@@ -239,18 +233,7 @@ class Run:
             self.notes.append(f"  {provider} skipped ({s.label} and alike): {why}")
 
     def add(self, provider: str, s: Setup, us: float | None, config: str = "") -> str:
-        if us is None:
-            return "-"
-        gbs, tfs = s.shape.nbytes(DTYPE) / us / 1e3, s.shape.flops() / us / 1e6
-        for metric, val in (
-            ("time_us", us),
-            ("GB/s", gbs),
-            ("pct_copy", 100 * gbs / self.copy),
-            ("TFLOP/s", tfs),
-            ("pct_matmul", 100 * tfs / self.mm),
-        ):
-            self.records.append(Record(KERNEL, provider, s.label, metric, val, self.name, __version__, config))
-        return f"{us:.1f}us {gbs:.0f}GB/s ({100 * gbs / self.copy:.0f}%) {tfs:.0f}TF"
+        return super().add(provider, s.label, s.shape.nbytes(DTYPE), s.shape.flops(), us, config)
 
 
 def time_checked(run: Run, provider: str, fn, s: Setup, ref: tuple, ours_: bool) -> float | None:

@@ -205,6 +205,35 @@ class Record:
     config: str = ""
 
 
+class RateRun:
+    """One benchmark run's table rows, CSV records and notes, for benches that report time, GB/s and
+    TFLOP/s against the copy and matmul ceilings measured in the same run (None: not measured).
+    ``kernel`` and ``version`` name our rows."""
+
+    def __init__(self, name: str, copy: float | None, mm: float | None, kernel: str, version: str):
+        self.name, self.copy, self.mm, self.kernel, self.version = name, copy, mm, kernel, version
+        self.records: list[Record] = []
+        if copy:
+            self.records.append(Record("copy", "torch", "2 GiB", "GB/s", copy, name, torch.__version__))
+        if mm:
+            self.records.append(Record("matmul", "torch", "8192^3 bf16", "TFLOP/s", mm, name, torch.__version__))
+        self.rows: list[list[str]] = []
+        self.notes: list[str] = []
+
+    def add(self, provider: str, label: str, nbytes: float, flops: float, us: float | None, config: str = "") -> str:
+        """Records ``us`` for ``provider`` at shape ``label`` (with the GB/s, TFLOP/s and ceiling shares
+        ``nbytes`` and ``flops`` give) and returns the table cell; "-" when not measured."""
+        if us is None:
+            return "-"
+        gbs, tfs = nbytes / us / 1e3, flops / us / 1e6
+        metrics = [("time_us", us), ("GB/s", gbs), ("pct_copy", 100 * gbs / self.copy if self.copy else None)]
+        metrics += [("TFLOP/s", tfs), ("pct_matmul", 100 * tfs / self.mm if self.mm else None)]
+        for metric, val in (m for m in metrics if m[1] is not None):
+            self.records.append(Record(self.kernel, provider, label, metric, val, self.name, self.version, config))
+        share = f" ({100 * gbs / self.copy:.0f}%)" if self.copy else ""
+        return f"{us:.1f}us {gbs:.0f}GB/s{share} {tfs:.0f}TF"
+
+
 def write_csv(path: str | os.PathLike, records: list[Record]) -> None:
     """Write long-format CSV: kernel, provider, shape, metric, value, device, version, config."""
     path = Path(path)

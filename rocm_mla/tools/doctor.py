@@ -238,6 +238,15 @@ def _vllm() -> bool:
             else "NOT HOOKED: vLLM's aiter sparse path stays",
         )
         ok &= bool(p["sparse_layers"])
+    if p.get("v4_layers") is not None:
+        hooked = p["v4_layers"]
+        _line(
+            "V4 layers",
+            f"{' and '.join(hooked)} attention and CSA indexer run rocm-mla when ROCM_MLA is selected"
+            if len(hooked) == 2
+            else f"NOT ALL HOOKED: only {hooked or 'none'} of DeepSeek-V4, V4.1 (vLLM's path stays for the rest)",
+        )
+        ok &= len(hooked) == 2
     fused = p.get("fused_rope_kv")
     _line(
         "fused RoPE + KV write",

@@ -10,7 +10,8 @@ by the plugin and the classes they point at), ``selectable`` (on ROCm: vLLM's ow
 ``get_attn_backend_cls`` accepts ROCM_MLA for a 576-wide latent head; elsewhere None with the
 reason), ``fused_rope_kv`` (rocm-mla's kernel registered for vLLM's fused RoPE + KV-cache op, or
 why not; vLLM runs it when its ``fuse_rope_kvcache_cat_mla`` pass is on), ``sparse_layers`` (on
-ROCm: rocm-mla's DeepSeek-V3.2/GLM-5 attention class in place).
+ROCm: rocm-mla's DeepSeek-V3.2/GLM-5 attention class in place), ``v4_layers`` (on ROCm: the
+models, DeepSeek-V4 and V4.1, whose attention class is rocm-mla's).
 """
 
 from __future__ import annotations
@@ -71,10 +72,14 @@ def probe() -> dict:
         from rocm_mla.vllm import sparse_layer
 
         out["sparse_layers"] = sparse_layer.installed_class() is not None
+        from rocm_mla.vllm import v4_layer
+
+        out["v4_layers"] = v4_layer.installed_models()
     else:
         out["selectable"] = None
         out["selectable_reason"] = f"vLLM's platform here is {out['platform']}, not ROCm"
         out["sparse_layers"] = None
+        out["v4_layers"] = None
     from rocm_mla.vllm import fused_rope_kv_op
 
     out["fused_rope_kv"] = fused_rope_kv_op.installed()

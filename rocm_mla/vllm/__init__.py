@@ -36,6 +36,9 @@ What :func:`register` does, and why (vllm/v1/attention/backends/registry.py):
   sparse layers where it runs. On ROCm those models' attention class bypasses the selector:
   ``sparse_layer.install()`` puts a subclass in its place that runs rocm_mla's sparse backend and
   indexer when the user selected ROCM_MLA or ROCM_MLA_SPARSE, vLLM's own layer otherwise.
+* ``v4_layer.install()`` the same for DeepSeek-V4 and V4.1, whose ROCm attention classes never
+  consult the selector either: with ROCM_MLA selected their layers run ``mla_v4_attention`` and
+  their CSA indexer ``mla_indexer_topk``, and V4.1's backend check accepts the name.
 * ``register_mla_prefill_backend("ROCM_MLA", ...)`` adds rocm_mla's varlen prefill to vLLM's MLA
   prefill registry (``-ac.mla_prefill_backend=ROCM_MLA``): any MLA decode backend can then run its
   prefill on it, and it is the prefill object ROCM_MLA layers hold (see backend.py).
@@ -113,9 +116,12 @@ def register() -> None:
     from vllm.platforms import current_platform
 
     if current_platform.is_rocm():
-        from . import sparse_layer
+        from . import sparse_layer, v4_layer
 
         sparse_layer.install()
+        # DeepSeek-V4 / V4.1 on ROCm: the same switch routes their attention and CSA indexer to
+        # rocm_mla (v4_layer.py) and lets V4.1's backend check accept it.
+        v4_layer.install()
 
 
 def _add(enum_cls, register_fn, name: str, path: str, kind: str) -> None:

@@ -91,7 +91,7 @@ def test_doctor_sections_and_json(monkeypatch, capsys):
         "installed": True, "version": "0.34.0", "supported": True, "entry_point": "rocm_mla.vllm:register",
         "plugins_allowed": True, "platform": "RocmPlatform", "registered_ok": True,
         "registered": {"ROCM_MLA": "a", "ROCM_MLA_SPARSE": "b", "CUSTOM": "a"}, "selectable": True,
-        "sparse_layers": True, "fused_rope_kv": True,
+        "sparse_layers": True, "v4_layers": ["DeepSeek-V4", "DeepSeek-V4.1"], "fused_rope_kv": True,
     }  # fmt: skip
 
     def probe(answer):
@@ -103,6 +103,8 @@ def test_doctor_sections_and_json(monkeypatch, capsys):
     probe({**good, "version": "0.35.0", "supported": False})
     assert doctor._vllm() is False
     probe({**good, "plugins_allowed": False})
+    assert doctor._vllm() is False
+    probe({**good, "v4_layers": ["DeepSeek-V4"]})
     assert doctor._vllm() is False
     probe({"installed": False, "error": "ModuleNotFoundError: No module named 'vllm'"})
     assert doctor._vllm() is True  # the ops work without vLLM

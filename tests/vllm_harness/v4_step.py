@@ -344,14 +344,15 @@ def run_cases(cases, device: str, dtype) -> dict:
         r = {"out": compare("out", out.float(), ro, TOLERANCE[dtype]["out"]).problem}
         if kind == "csa":
             r["indexer"] = check_indexer_topk(step.topk_buffer, step.index_logits(), topk)
-            # A NaN in one index key a row sees: that row's indexer answer is the sentinel and its
+            # A NaN in one index key a row sees (its scale): that row's indexer answer is the sentinel and its
             # attention output NaN (vLLM's list builders would have dropped the -2 entries).
             t = step.T - 1
             slot = step.compressed_slots(t)[0] if step.compressed_slots(t) else None
             if slot is not None:
                 pg, off = divmod(slot, step.cblock)
-                # Block-flat page: the block's fp8 rows, then its scales.
-                step.index_cache[pg].view(-1)[off * INDEX_DIM : (off + 1) * INDEX_DIM] = 0x7F  # e4m3fn NaN
+                # Block-flat page: the block's fp8 rows, then their float32 scales: a NaN scale.
+                at = step.cblock * INDEX_DIM + off * 4
+                step.index_cache[pg].view(-1)[at : at + 4] = torch.tensor([0, 0, 0xC0, 0x7F], dtype=torch.uint8)
                 out = step.run(vc)
                 nan_rows = torch.isnan(out.float()).flatten(1).all(dim=1)
                 r["nan_row"] = bool(nan_rows[t]) and bool((step.topk_buffer[t] == -2).all())

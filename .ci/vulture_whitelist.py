@@ -43,6 +43,25 @@ skip_scale
 _._build_req_id_per_token
 _._fp8_kv_needs_view
 
+# vLLM's DeepSeek-V4 layer and metadata attributes (rocm_mla.vllm.v4_layer sets the metadata's
+# prefill window lists and the indexer op's forward for vLLM's CustomOp dispatch;
+# tests/vllm_harness/v4_step.py gives a layer and its metadata what vLLM's forward_mqa reads).
+_.prefill_swa_ragged_indptr
+_.forward_cuda
+_.forward_native
+_.n_local_heads
+_.nope_head_dim
+_.rope_head_dim
+_.window_size
+_.max_image_tokens
+_._wo_a_fp8_weight
+_._has_kv_transfer
+_.c128a_decode_topk_lens
+_.c128a_global_decode_topk_indices
+_.c128a_decode_topk_ragged_indices
+_.c128a_decode_topk_ragged_indptr
+_.c128a_prefill_topk_indices
+
 # Stand-ins for vLLM and torch objects in tests/vllm_harness, the vLLM tests and perf/bench_v4.py's
 # CPU run: a platform, a compiler pass, a communicator, a layer's attributes, a tensor's is_cpu and the
 # helpers they replace, all read by vLLM or torch by name, with vLLM's argument names.

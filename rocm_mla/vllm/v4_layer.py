@@ -237,7 +237,7 @@ def _indexer_op_class(base: type) -> type:
 
         rocm_mla_swa_prefix: str = ""
 
-        def forward_hip(self, hidden_states, q_quant, k, weights):
+        def forward_hip(self, _hidden_states, q_quant, _k, weights):
             if isinstance(q_quant, tuple):
                 raise ValueError("rocm_mla: the V4 indexer takes one fp8 index query (an FP8 indexer cache)")
             run_indexer(self, q_quant, weights)

@@ -6,8 +6,10 @@ rocm_mla.reference.indexer, in vLLM's ROCm layout; every byte no request covers 
 spare pages -- is 0xFF, a NaN scale, so a stray read turns its row into the bad-row sentinel);
 each request owns ``rows[b]`` query rows, its last positions in order (decode 1, MTP 2, a prefill
 chunk many), and row i of request b sees keys ``0 .. lens[b] - rows[b] + i``; q ``[T, H, 128]`` in
-the platform's fp8 kind with a row stride wider than H x 128 (vLLM's q is a slice), weights
-``[T, H]`` float32 of both signs; out ``[T, topk]`` int32 poisoned with -7.
+the platform's fp8 kind with a row stride wider than H x 128 (vLLM's q is a slice), the cache's
+values in q's kind or another (``cache_kind``: e4m3fn under an e4m3fnuz q, as vLLM writes
+DeepSeek-V4's compressed indexer cache), weights ``[T, H]`` float32 of both signs; out ``[T,
+topk]`` int32 poisoned with -7.
 
 The check (:meth:`IndexerInputs.mismatch`): a valid top-k against float64 logits of the same fp8
 values (rocm_mla.reference.indexer_topk.check_indexer_topk), or the sentinel where the reference
@@ -26,7 +28,7 @@ from ._paged import RequestRows, device_generator, platform_fp8, randn, row_requ
 
 POISON_OUT = -7  # what out holds before a call: every entry must be written
 # plan_indexer_topk's choices that IndexerInputs.run takes as keywords and plans with.
-PLAN_KNOBS = ("backend", "config", "max_kv_len", "debug", "shuffled")
+PLAN_KNOBS = ("backend", "config", "max_kv_len", "debug", "shuffled", "cache_kind")
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,7 @@ class IndexerInputs(Checked):
     kv_lens: torch.Tensor
     out: torch.Tensor
     shuffled: bool
+    cache_kind: torch.dtype | None = None  # the cache values' fp8 kind (None: q's)
     _logits: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -165,7 +168,7 @@ class IndexerInputs(Checked):
 
         s = self.shape
         kw = dict(num_rows=s.T, num_heads=s.H, topk=s.topk, max_kv_len=self.tables[0].shape[1] * s.block)
-        kw.update(block_size=s.block, q_dtype=self.fp8, shuffled=self.shuffled)
+        kw.update(block_size=s.block, q_dtype=self.fp8, shuffled=self.shuffled, cache_kind=self.cache_kind)
         kw["device"] = torch.device(device) if device is not None else self.q.device
         return plan_indexer_topk(**{**kw, **overrides})
 
@@ -182,7 +185,9 @@ class IndexerInputs(Checked):
 
         key = (self._rows(rows), i)
         if key not in self._logits:
-            self._logits[key] = mla_indexer_logits_ref(*self._ref_args(*key), shuffled=self.shuffled)
+            self._logits[key] = mla_indexer_logits_ref(
+                *self._ref_args(*key), shuffled=self.shuffled, cache_kind=self.cache_kind
+            )
         return self._logits[key]
 
     def reference(self, rows=None, *, i: int = 0) -> torch.Tensor:
@@ -190,7 +195,7 @@ class IndexerInputs(Checked):
         from ..reference.indexer_topk import mla_indexer_topk_ref
 
         args = self._ref_args(self._rows(rows), i)
-        return mla_indexer_topk_ref(*args, topk=self.shape.topk, shuffled=self.shuffled)
+        return mla_indexer_topk_ref(*args, topk=self.shape.topk, shuffled=self.shuffled, cache_kind=self.cache_kind)
 
     def mismatch(self, out=None, *, rows=None, i: int = 0) -> str:
         """'' when the first ``rows`` rows of ``out`` (default: the buffer) are a valid top-k of
@@ -234,10 +239,12 @@ def make_inputs(
     shuffled: bool | None = None,
     spare_pages: int = 3,
     req_pad: int = 3,
+    cache_kind: torch.dtype | None = None,
 ) -> IndexerInputs:
     """Fresh random inputs of ``shape`` (see the module docstring).
 
-    fp8: q's and the cache's e4m3 kind (default: the platform's). shuffled: the cache layout
+    fp8: q's e4m3 kind (default: the platform's). cache_kind: the kind the cache's values are
+    written in, with that kind's scale range (default: q's). shuffled: the cache layout
     (default: vLLM's ROCm rule, 16 x 16 tiles above block size 1). copies: R independent (cache,
     block table) pairs (cold-cache rotation). req_pad: entries past T in req_id_per_token and
     kv_lens (vLLM pads them).
@@ -247,7 +254,8 @@ def make_inputs(
     device, g = device_generator(device, seed, gen)
     kind = fp8 or platform_fp8(device)
     shuf = vllm_rocm_shuffled(shape.block) if shuffled is None else bool(shuffled)
-    pairs = [_one_copy(shape, g, device, kind, shuf, spare_pages) for _ in range(copies)]
+    ckind = kind if cache_kind is None else cache_kind
+    pairs = [_one_copy(shape, g, device, ckind, shuf, spare_pages) for _ in range(copies)]
     T, H = shape.T, shape.H
     # q a slice of a wider buffer: its head and row strides are not H x 128's.
     q = torch.empty((T, H, INDEX_HEAD_DIM + 16), dtype=kind, device=device)[:, :, :INDEX_HEAD_DIM]
@@ -257,7 +265,7 @@ def make_inputs(
     kv_lens = torch.tensor(shape.kv_lens() + [0] * req_pad, dtype=torch.int32, device=device)
     out = torch.full((T, shape.topk), POISON_OUT, dtype=torch.int32, device=device)
     return IndexerInputs(
-        shape, kind, q, weights, [c for c, _ in pairs], [t for _, t in pairs], req_ids, kv_lens, out, shuf
+        shape, kind, q, weights, [c for c, _ in pairs], [t for _, t in pairs], req_ids, kv_lens, out, shuf, ckind
     )
 
 

@@ -73,3 +73,24 @@ def fp8_e4m3_value(code, FNUZ: tl.constexpr):
         return tl.where(c == 0x80, float("nan"), v)
     else:
         return tl.where((c & 0x7F) == 0x7F, float("nan"), v)
+
+
+@triton.jit
+def fp8_e4m3fn_to_fnuz_half(words):
+    """e4m3fn codes -> the e4m3fnuz codes of half their values, exactly, four codes a 32-bit word
+    (uint32 or int32 in, uint32 out, any shape; byte k of a word is code k, little-endian). A
+    finite e4m3fn code read as e4m3fnuz is half its value (bias 8 against 7, subnormals alike),
+    so it stays, except 0x80 (e4m3fn -0, e4m3fnuz NaN), which becomes 0x00; the e4m3fn NaN codes
+    0x7F / 0xFF (e4m3fnuz +-240) become 0x80, e4m3fnuz's NaN. A reader bitcasts the bytes to
+    e4m3fnuz and doubles the values' scale.
+
+    Word-wide integer operations (no carry or borrow crosses a byte): a handful of instructions
+    for four codes where a select a byte costs unpacking each, and the same bits on every target
+    and in the CPU interpreter (which has no e4m3fnuz constants)."""
+    x = words.to(tl.uint32, bitcast=True)
+    low = x & 0x7F7F7F7F  # each code's magnitude bits
+    nan = (low + 0x01010101) & 0x80808080  # 0x80 in each byte whose magnitude bits are all set
+    nonzero = (low + 0x7F7F7F7F) & 0x80808080  # 0x80 in each byte whose magnitude bits are not 0
+    # A NaN byte's magnitude 0x7F cleared (0x80 - 0x01 a byte: no borrow), its sign set; a zero
+    # magnitude loses its sign (-0 -> +0); every other byte stays.
+    return (low ^ (nan - (nan >> 7))) | (x & nonzero) | nan

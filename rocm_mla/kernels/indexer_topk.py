@@ -22,6 +22,11 @@ stay at or above the threshold; rocm_mla/kernels/indexer_select.py), every large
 and keys equal to it in position order until k are taken. So the answer is the selected positions
 in ascending order, whatever the split size or grid: deterministic and independent of the batch.
 
+The cache's values are read as q's fp8 kind, or (OCP_CACHE) as OCP e4m3fn codes under an e4m3fnuz
+q -- DeepSeek-V4's compressed indexer cache in vLLM is e4m3fn on every platform -- turned in
+registers into the e4m3fnuz codes of half their values (kernels/fp8_codes.py), with the scales
+doubled: the same logits, and the dot stays an fp8 MFMA of q's kind.
+
 NaN and bad values are never dropped silently: a NaN logit (NaN in q, weights, a key or its scale)
 maps to the largest order key, so it is always selected, and a row whose selection holds one
 writes the bad-row sentinel (every entry -2), which mla_sparse_attention turns into a NaN row.
@@ -33,6 +38,7 @@ so does a row with more keys than the call's splits cover (its plan's max_kv_len
 import triton
 import triton.language as tl
 
+from .fp8_codes import fp8_e4m3fn_to_fnuz_half
 from .indexer_select import (
     _bound_rank,
     _dense_slots,
@@ -66,13 +72,67 @@ def _row(req_ids, kv_lens, t, s_req, s_kl, num_reqs, capacity, max_keys):
 
 
 @triton.jit
+def _second(a, b):
+    return b
+
+
+@triton.jit
+def _fnuz_half_codes(words, SHAPE: tl.constexpr):
+    """uint32 words of e4m3fn codes (``[R, W]`` or ``[R, W / 4, 4]``) -> their bytes as ``SHAPE``
+    ``[R, 4 W]`` uint8 in memory order (byte k of word j at 4 j + k, little-endian), each the
+    e4m3fnuz code of half its value (``fp8_e4m3fn_to_fnuz_half``), computed in the layout the
+    load gave: a thread converts only the words it loaded.
+
+    The closing scan is the identity (each element its own value) and compiles to nothing; it
+    keeps Triton from hoisting the dot operand's layout conversion above the conversion of the
+    codes, where every warp would convert the whole tile (4x the work a thread and about 60 more
+    VGPRs on gfx942)."""
+    r = fp8_e4m3fn_to_fnuz_half(words)
+    b0 = (r & 0xFF).to(tl.uint8)
+    b1 = ((r >> 8) & 0xFF).to(tl.uint8)
+    b2 = ((r >> 16) & 0xFF).to(tl.uint8)
+    b3 = (r >> 24).to(tl.uint8)
+    # join adds a last axis: [..., j, i] = byte 2 j + i of the word
+    codes = tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), SHAPE)
+    return tl.associative_scan(codes, 1, _second)
+
+
+@triton.jit
+def _ocp_key_tile(
+    cache, base, off, ok, D: tl.constexpr, BLOCK_N: tl.constexpr, SHUFFLED: tl.constexpr, PAGE_TILE: tl.constexpr
+):
+    """``[BLOCK_N, D]`` uint8: a key tile of an e4m3fn cache as the e4m3fnuz codes of half its values
+    (``_fnuz_half_codes``). Key n is row ``off[n]`` of the page at byte ``base`` (one scalar with
+    PAGE_TILE, else ``base[n]``), its values flat or SHUFFLED as ``_score_tile`` reads them; keys
+    not ``ok`` read nothing (their codes undefined). The bytes come as 4-byte words through word
+    pointers (the cache's blocks are 4-byte aligned): a thread's load stays one 16-byte vector.
+    Shuffled, the words are loaded token-major ([BLOCK_N, D / 16, 4]), so that the converted codes
+    reach the dot in the flat form's layout; a wave still reads the same 128-byte runs."""
+    if SHUFFLED:
+        dt = tl.arange(0, D // 16)
+        tile = (off[:, None, None] // 16) * (16 * D) + dt[None, :, None] * 256 + (off[:, None, None] % 16) * 16
+        if PAGE_TILE:
+            p3 = (cache + base + tile).to(tl.pointer_type(tl.uint32))
+        else:
+            p3 = (cache + base[:, None, None] + tile).to(tl.pointer_type(tl.uint32))
+        words = tl.load(p3 + tl.arange(0, 4)[None, None, :], mask=ok[:, None, None])  # [BLOCK_N, D / 16, 4]
+    else:
+        rows = (cache + base[:, None] + off[:, None] * D).to(tl.pointer_type(tl.uint32))
+        words = tl.load(rows + tl.arange(0, D // 4)[None, :], mask=ok[:, None])  # [BLOCK_N, D / 4]
+    return _fnuz_half_codes(words, (BLOCK_N, D))
+
+
+@triton.jit
 def _score_tile(
     cache, bt_row, stage_f32, qt_t, w_h, h_ok, p0, hi, i, page_size, page_shift, num_pages, s_c_blk,
     H: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, POW2_PAGE: tl.constexpr,
-    SHUFFLED: tl.constexpr, PAGE_TILE: tl.constexpr,
+    SHUFFLED: tl.constexpr, PAGE_TILE: tl.constexpr, OCP_CACHE: tl.constexpr,
 ):  # fmt: skip
     """The raw logits (before the keys' scales) of keys [p0, min(p0 + BLOCK_N, hi)) into the stage's
-    tile i; nothing is read for a tile at or past hi."""
+    tile i; nothing is read for a tile at or past hi. OCP_CACHE: ``cache`` holds e4m3fn bytes
+    (uint8) and q is e4m3fnuz: the keys' codes become the e4m3fnuz codes of half their values
+    (``_ocp_key_tile``), so these logits are half the keys' and the scale pass doubles the
+    scales."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     pos = p0 + offs_n
@@ -89,7 +149,9 @@ def _score_tile(
         page = tl.load(bt_row + blk, mask=live, other=0)
         ok = live & (page.to(tl.uint32) < num_pages.to(tl.uint32))
     base = page.to(tl.int64) * s_c_blk
-    if SHUFFLED:
+    if OCP_CACHE:
+        kr = _ocp_key_tile(cache, base, off, ok, D, BLOCK_N, SHUFFLED, PAGE_TILE).to(qt_t.dtype, bitcast=True)
+    elif SHUFFLED:
         # 16 x 16 tiles of (token, byte): token-tile, byte-tile, token, byte. Loaded as [D / 16,
         # BLOCK_N, 16] (byte-tile, token, byte) so that a thread's 16 bytes are one token's
         # byte-tile and neighbouring lanes take neighbouring tokens: each group of 8 lanes (one
@@ -174,6 +236,7 @@ def mla_indexer_split_topk_kernel(
     CHUNK: tl.constexpr,
     SELECT_PACK: tl.constexpr,
     RANKS: tl.constexpr,
+    OCP_CACHE: tl.constexpr,
 ):
     """A persistent program: work items (row t, split s) = pid, pid + grid, ... of T x num_splits,
     each the logits of the row's keys [s x SPLIT, min((s + 1) x SPLIT, kv_len)) and their top
@@ -185,7 +248,8 @@ def mla_indexer_split_topk_kernel(
     small enough for several programs a CU, whose loads hide each other's latency.
 
     q [T, H, D] fp8 (any row/head strides, last dim contiguous), weights [T, H] float32, cache
-    [num_pages, page_size, D + 4] bytes viewed as q's fp8 kind, pages s_c_blk bytes apart:
+    [num_pages, page_size, D + 4] bytes viewed as q's fp8 kind (OCP_CACHE: uint8 holding e4m3fn
+    values, q e4m3fnuz; ``_score_tile`` turns them into q's kind), pages s_c_blk bytes apart:
     page_size x D fp8 values (row by row, or SHUFFLED in 16 x 16 tiles: rocm_mla/reference/
     indexer.py), then page_size float32 scales. block_table [B, max_blocks] int32, req_ids [T],
     kv_lens [T] int32; capacity = max_blocks x page_size. stage [grid, SPLIT] int32. DIRECT (one
@@ -238,7 +302,7 @@ def mla_indexer_split_topk_kernel(
                     _score_tile(
                         cache, bt_row, stage_f32, qt_t, w_h, h_ok, lo + (i * STREAMS + u) * BLOCK_N, hi,
                         i * STREAMS + u, page_size, page_shift, num_pages, s_c_blk,
-                        H, BLOCK_H, D, BLOCK_N, POW2_PAGE, SHUFFLED, PAGE_TILE,
+                        H, BLOCK_H, D, BLOCK_N, POW2_PAGE, SHUFFLED, PAGE_TILE, OCP_CACHE,
                     )  # fmt: skip
             tl.debug_barrier()  # the stage, written by the dot's threads, read by all
 
@@ -255,6 +319,8 @@ def mla_indexer_split_topk_kernel(
                 ok = live & (page.to(tl.uint32) < num_pages.to(tl.uint32))
                 sc_ptr = (cache + page.to(tl.int64) * s_c_blk + page_size * D + off * 4).to(tl.pointer_type(tl.float32))
                 scale = tl.load(sc_ptr, mask=ok, other=0.0)
+                if OCP_CACHE:
+                    scale = scale * 2.0  # the values were read at half (exact: a power of two)
                 lg = tl.where(ok, tl.load(stage_f32 + c, mask=live, other=0.0) * scale, float("nan"))
                 tl.store(stage_row + c, _order_key(lg), mask=live)
             tl.debug_barrier()

@@ -45,7 +45,9 @@ def mla_indexer_topk(
         q: ``[T, H, 128]`` float8_e4m3fn or float8_e4m3fnuz (H = 64 for DeepSeek-V3.2, 32 for
             GLM-5.x; any H >= 1), any row/head strides, last dim contiguous. The query's fp8 scale
             is folded into ``weights``, as vLLM passes them. The cache's values are read as q's
-            kind (vLLM writes both with the platform's: e4m3fnuz on gfx942).
+            kind (vLLM's V3.2 path writes both with the platform's: e4m3fnuz on gfx942), or as
+            e4m3fn under an e4m3fnuz q when the plan's ``cache_kind`` says so (DeepSeek-V4's
+            compressed indexer cache, OCP e4m3fn on every platform).
         weights: ``[T, H]`` float32, any strides.
         index_cache: ``[num_blocks, block_size, 132]`` uint8 (or a float8 view): the indexer key
             cache as ``indexer_k_cache_write`` (and vLLM's ROCm model path) writes it, in the
@@ -60,9 +62,9 @@ def mla_indexer_topk(
             without it a Triton call does one ``torch.empty``.
         plan: an ``IndexerTopkPlan`` (``plan_indexer_topk`` / ``plan_indexer_topk_for``: once per
             step for every layer) holding every choice that is not a tensor: max_kv_len, the
-            cache layout (shuffled), launch data (config), backend and debug. It must match the
-            call (``IndexerTopkPlan.matches``, checked before anything runs; ValueError naming
-            the field). None: ``plan_indexer_topk_for(q, index_cache, block_table, topk=topk)``
+            cache layout (shuffled) and fp8 kind (cache_kind), launch data (config), backend and
+            debug. It must match the call (``IndexerTopkPlan.matches``, checked before anything
+            runs; ValueError naming the field). None: ``plan_indexer_topk_for(q, index_cache, block_table, topk=topk)``
             (max_kv_len the table's ``max_blocks x block_size``, vLLM's ROCm layout rule).
 
     Returns:
@@ -130,7 +132,7 @@ def mla_indexer_topk(
         return out
     ref = mla_indexer_topk_ref(
         q, weights, index_cache, block_table, req_id_per_token, kv_lens, topk=topk, shuffled=plan.shuffled,
-        max_keys=plan.max_keys,
+        max_keys=plan.max_keys, cache_kind=plan.cache_kind,
     )  # fmt: skip
     out.copy_(ref)
     return out
@@ -176,18 +178,22 @@ def plan_indexer_topk_for(
     config: dict[str, Any] | None = None,
     backend: str | None = None,
     debug: bool | None = None,
+    cache_kind: torch.dtype | None = None,
 ) -> IndexerTopkPlan:
     """``plan_indexer_topk`` with the sizes, dtype and device read from a call's tensors (``q``
     ``[T, H, 128]`` fp8, ``index_cache`` ``[num_blocks, block_size, 132]``, ``block_table`` ``[B,
     max_blocks]`` int32), checked as ``mla_indexer_topk`` checks them. ``max_kv_len`` defaults
     to the table's capacity ``max_blocks x block_size``; ``shuffled`` (None: vLLM's ROCm rule),
-    ``config``, ``backend`` and ``debug`` as ``plan_indexer_topk`` takes them."""
+    ``config``, ``backend``, ``debug`` and ``cache_kind`` (None: q's kind; the cache's dtype does
+    not tell it, a uint8 cache holds either) as ``plan_indexer_topk`` takes them."""
     c = Checker(OP)
     sizes = _validate_tensors(c, q, index_cache, block_table, topk, shuffled)
     if max_kv_len is None:
         max_kv_len = block_table.shape[1] * sizes["block_size"]
     c.count("max_kv_len", max_kv_len, 0)
-    return plan_indexer_topk(**sizes, max_kv_len=max_kv_len, config=config, backend=backend, debug=debug)
+    return plan_indexer_topk(
+        **sizes, max_kv_len=max_kv_len, config=config, backend=backend, debug=debug, cache_kind=cache_kind
+    )
 
 
 def _explain_mismatch(c: Checker, plan: IndexerTopkPlan, q, weights, index_cache, block_table, req_ids, kv_lens, topk):
@@ -246,8 +252,9 @@ def _launch_triton(plan, q, weights, index_cache, block_table, req_ids, kv_lens,
     interpreter)."""
     T, S = plan.num_rows, plan.num_splits
     # The bytes as q's fp8 kind: the kernel loads values without a bitcast (which the CPU
-    # interpreter lacks for e4m3fnuz) and reads the scales through a float32 pointer.
-    cache = index_cache.view(q.dtype)
+    # interpreter lacks for e4m3fnuz) and reads the scales through a float32 pointer. An e4m3fn
+    # cache under an e4m3fnuz q (OCP_CACHE) goes as uint8: the kernel turns its codes into q's kind.
+    cache = index_cache.view(torch.uint8 if plan.constexprs["OCP_CACHE"] else q.dtype)
     need = plan.workspace_numel
     ws = torch.empty(need, dtype=torch.int32, device=q.device) if workspace is None else workspace
     n_stage = plan.stage_numel
@@ -266,7 +273,7 @@ def _launch_triton(plan, q, weights, index_cache, block_table, req_ids, kv_lens,
         cand_key, cand_pos = ws[n_stage:need], ws[n_stage + n_cand : need]
     nb, bs = cache.shape[0], cache.shape[1]
     if nb == 0:  # every row's keys are then bad; the stand-in keeps a live pointer
-        cache = torch.empty(1, 1, cache.shape[2], dtype=q.dtype, device=cache.device)
+        cache = torch.empty(1, 1, cache.shape[2], dtype=cache.dtype, device=cache.device)
     bt = block_table if block_table.numel() else kv_lens
     capacity = min(block_table.shape[1] * bs, INT32_MAX)
     launches = plan.kernel_launches

@@ -43,12 +43,14 @@ def _merge_register_slots(arch: str, merge: dict[str, Any]) -> int:
 
 def triton_meta(
     arch: str, cfg: dict[str, Any], num_heads: int, split_keys: int, topk_p2: int, *, direct: bool, block_size: int,
-    shuffled: bool, ranks: int = 0,
+    shuffled: bool, ranks: int = 0, ocp_cache: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
     """``(constexprs, compile options)`` of the split kernel: the single place the op's launch and
     the ISA report's variants take them from. CHUNK, the keys a selection step reads from the
     stage, is the merge's chunk (at least one key a thread, at most the split). ``ranks`` > 0:
-    the prefiltered form (each item writes that many bounds, no selection)."""
+    the prefiltered form (each item writes that many bounds, no selection). ``ocp_cache``: the
+    cache holds e4m3fn values and q is e4m3fnuz (OCP_CACHE: the kernel reads the bytes as uint8
+    and turns them into q's kind)."""
     threads = int(cfg["num_warps"]) * wave_size(arch)
     consts = {
         "H": int(num_heads),
@@ -65,6 +67,7 @@ def triton_meta(
         "CHUNK": max(threads, min(int(split_keys), triton.next_power_of_2(int(cfg["merge"]["chunk"])))),
         "SELECT_PACK": int(cfg.get("select_pack", 1)),
         "RANKS": int(ranks),
+        "OCP_CACHE": bool(ocp_cache),
     }
     options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **amd_options(cfg, arch)}
     if cfg.get("maxnreg") and not is_amd_arch(arch):
@@ -132,6 +135,24 @@ def prefilter_meta(cfg: dict[str, Any], split_keys: int, num_splits: int) -> tup
 # The fields a config's "many_items" object may replace: the ones that leave every selection bit
 # for bit the same (the split size and the tiles stay, so the logits and their order keys do).
 MANY_ITEMS_FIELDS = ("select_pack", "maxnreg", "programs_per_cu")
+
+
+def _kind_name(dt: object) -> str:
+    return str(dt).replace("torch.", "") if isinstance(dt, torch.dtype) else repr(dt)
+
+
+def _cache_kind(c: Checker, cache_kind: object, q_dtype: torch.dtype) -> torch.dtype:
+    """The cache values' fp8 kind: ``q_dtype`` for None, else ``cache_kind`` where it is q's kind
+    or float8_e4m3fn under a float8_e4m3fnuz q (ValueError naming ``cache_kind`` otherwise)."""
+    if cache_kind is None or cache_kind == q_dtype:
+        return q_dtype
+    if cache_kind == torch.float8_e4m3fn and q_dtype == torch.float8_e4m3fnuz:
+        return cache_kind
+    c.fail(
+        "cache_kind",
+        f"None, q's kind ({_kind_name(q_dtype)}), or float8_e4m3fn with a float8_e4m3fnuz q",
+        f"{_kind_name(cache_kind)} with q_dtype {_kind_name(q_dtype)}",
+    )
 
 
 def _int_in(v: object, lo: int, hi: int | None = None) -> bool:
@@ -239,6 +260,9 @@ class IndexerTopkPlan:
     from them. Three launches; its items fit the grid's slots, so the workspace (stages, bounds,
     positions, counts, the merge's prefix) is bounded by the GPU's size, not by T x context.
 
+    ``cache_kind``: the fp8 kind of the cache's values, q's own or e4m3fn under an e4m3fnuz q
+    (``constexprs["OCP_CACHE"]``: the kernel turns each value into q's kind, exactly).
+
     ``backend`` ("triton" or "reference", chosen when the plan is made) runs the call; both give
     the same answer (docs/indexer.md). ``matches`` checks a call's tensors against the plan from
     host values alone; ``mla_indexer_topk`` checks it before anything runs.
@@ -269,6 +293,8 @@ class IndexerTopkPlan:
     device: torch.device | None = None  # where the calls run (cuda with its index)
     backend: str = "triton"  # "triton" or "reference" (rocm_mla.ops._dispatch.select, at plan time)
     debug: bool = False  # host-side checks of the index values at every call (a sync)
+    # The cache values' fp8 kind: q_dtype, or float8_e4m3fn under a float8_e4m3fnuz q (None: q's).
+    cache_kind: torch.dtype | None = None
     # The op's KernelLaunch of each kernel ("split", "prefilter", "merge"; ops/_launch.py), made at
     # the plan's first run: its binaries are kept across calls. Not part of what the plan decides.
     kernel_launches: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
@@ -385,6 +411,7 @@ def plan_indexer_topk(
     config: dict[str, Any] | None = None,
     backend: str | None = None,
     debug: bool | None = None,
+    cache_kind: torch.dtype | None = None,
 ) -> IndexerTopkPlan:
     """Everything an ``mla_indexer_topk`` call with these sizes launches, decided once on the host
     from the sizes alone (no device value is read): make it once per step and pass it to every
@@ -400,8 +427,7 @@ def plan_indexer_topk(
             with more keys than the plan's splits cover (``max_keys``, num_splits x split_keys
             >= max_kv_len) gets the bad-row sentinel on every backend, never a partial answer.
         block_size: tokens per cache page (``index_cache [num_blocks, block_size, 132]``).
-        q_dtype: q's fp8 kind (float8_e4m3fn or float8_e4m3fnuz); the cache's values are read as
-            the same kind.
+        q_dtype: q's fp8 kind (float8_e4m3fn or float8_e4m3fnuz).
         device: where the calls run (its arch and CU count; the CPU interpreter counts 4).
         shuffled: the cache's value layout, as ``indexer_k_cache_write`` takes it: 16 x 16 tiles
             (True; block_size 1 or a multiple of 16) or flat rows (False). None: vLLM's ROCm rule,
@@ -416,6 +442,12 @@ def plan_indexer_topk(
             ``rocm_mla.ops._dispatch``; ``ROCM_MLA_BACKEND_MLA_INDEXER_TOPK`` in the environment).
         debug: every call checks the index values on the host (a sync, not capturable) and
             raises naming the first bad one. Default: ``ROCM_MLA_DEBUG=1``.
+        cache_kind: the fp8 kind of the cache's values: None or q_dtype (read as q's kind), or
+            float8_e4m3fn with a float8_e4m3fnuz q (DeepSeek-V4's compressed indexer cache, which
+            vLLM writes as OCP e4m3fn on every platform while q takes the platform's kind,
+            e4m3fnuz on gfx942): each value becomes the e4m3fnuz code of half its value and its
+            scale is doubled, exactly, so the dot stays fp8 in q's kind. Any other combination is
+            a ValueError.
 
     Raises:
         TypeError / ValueError naming the argument, what was expected and what came.
@@ -434,6 +466,7 @@ def plan_indexer_topk(
         c.fail("block_size", f"1 or a multiple of 16 ({why}; 16 x 16 tiles)", block_size)
     if debug is not None and not isinstance(debug, bool):
         c.fail("debug", "None, True or False", repr(debug), TypeError)
+    kind = _cache_kind(c, cache_kind, q_dtype)
     device = plan_device(device)
     impl = select(OP, device, backend, has_hip=False)
     arch = _platform.device_arch(device)
@@ -480,7 +513,7 @@ def plan_indexer_topk(
     direct = S == 1 and bool(cfg.get("direct", True)) and not ranks
     consts, options = triton_meta(
         arch, cfg, num_heads, split_keys, topk_p2, direct=direct, block_size=block_size, shuffled=shuffle,
-        ranks=ranks,
+        ranks=ranks, ocp_cache=kind != q_dtype,
     )  # fmt: skip
     unused = (None, None)
     m_consts, m_options = unused if direct else merge_meta(arch, cfg, split_keys, topk_p2, S, prefiltered=ranks > 0)
@@ -511,6 +544,7 @@ def plan_indexer_topk(
         device=device,
         backend=impl,
         debug=debug_enabled(debug),
+        cache_kind=kind,
     )
 
 

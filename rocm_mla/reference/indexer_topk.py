@@ -2,7 +2,8 @@
 the check that a selection is a valid top-k.
 
 logit(t, j) = sum_h weights[t, h] x relu(q[t, h] . k_j) for the keys j in [0, kv_lens[t]) of row t's
-request, k_j the fp8 row of position j dequantised with its scale (index_cache_keys). A selection is
+request, k_j the fp8 row of position j dequantised with its scale (index_cache_keys), its values
+decoded in the cache's fp8 kind (q's, or e4m3fn under an e4m3fnuz q). A selection is
 valid when it holds min(topk, kv_len) distinct in-range positions in ascending order, then -1, and
 no unselected key scores more than a selected one (up to float rounding: the kernel sums in
 float32).
@@ -32,17 +33,20 @@ def mla_indexer_logits_ref(
     *,
     shuffled: bool = False,
     max_keys: int | None = None,
+    cache_kind: torch.dtype | None = None,
 ) -> list[torch.Tensor | None]:
     """Per row t, the float64 logits ``[kv_lens[t]]`` of its visible keys (position order), or None
     for a bad row (request outside the table, kv_len < 0, past the table's capacity or past
     ``max_keys``). A key on a page outside ``[0, num_blocks)`` scores NaN (nothing read for it).
 
-    q ``[T, H, 128]`` fp8 (the cache's values are read as q's kind), weights ``[T, H]`` float32,
-    index_cache uint8 ``[num_blocks, block_size, 132]`` (rocm_mla/reference/indexer.py's layout,
-    ``shuffled`` or flat), block_table ``[B, max_blocks]`` int32, req_id_per_token ``[>= T]``,
-    kv_lens ``[T]``.
+    q ``[T, H, 128]`` fp8, weights ``[T, H]`` float32, index_cache uint8 ``[num_blocks,
+    block_size, 132]`` (rocm_mla/reference/indexer.py's layout, ``shuffled`` or flat), block_table
+    ``[B, max_blocks]`` int32, req_id_per_token ``[>= T]``, kv_lens ``[T]``. cache_kind: the fp8
+    kind the cache's values are decoded in (None: q's kind; the op's plan allows q's kind or
+    float8_e4m3fn under a float8_e4m3fnuz q).
     """
     T = q.shape[0]
+    kind = q.dtype if cache_kind is None else cache_kind
     num_blocks, bs = index_cache.shape[0], index_cache.shape[1]
     bt = block_table.cpu().long()
     reqs = req_id_per_token[:T].cpu().long()
@@ -60,7 +64,7 @@ def mla_indexer_logits_ref(
         pages = bt[r, pos // bs]
         ok = (pages >= 0) & (pages < num_blocks)
         slots = torch.where(ok, pages, 0) * bs + pos % bs
-        keys = index_cache_keys(index_cache.cpu(), slots, fp8_dtype=q.dtype, shuffled=shuffled)[0].double()  # [n, 128]
+        keys = index_cache_keys(index_cache.cpu(), slots, fp8_dtype=kind, shuffled=shuffled)[0].double()  # [n, 128]
         s = torch.relu(qf[t] @ keys.T)  # [H, n]
         lg = (w[t][:, None] * s).sum(0)
         # relu(NaN) must stay NaN (torch.relu keeps it) and so must 0 x NaN in the weights' sum.
@@ -80,14 +84,16 @@ def mla_indexer_topk_ref(
     topk: int,
     shuffled: bool = False,
     max_keys: int | None = None,
+    cache_kind: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``[T, topk]`` int32: per row the positions of its ``topk`` largest logits (float64, ties by
     position) in ascending order, then -1; SENTINEL (-2) in every entry of a bad row or of a row
     whose logits hold a NaN. Arguments as ``mla_indexer_logits_ref``."""
     T = q.shape[0]
     logits = mla_indexer_logits_ref(
-        q, weights, index_cache, block_table, req_id_per_token, kv_lens, shuffled=shuffled, max_keys=max_keys
-    )
+        q, weights, index_cache, block_table, req_id_per_token, kv_lens, shuffled=shuffled, max_keys=max_keys,
+        cache_kind=cache_kind,
+    )  # fmt: skip
     out = torch.full((T, topk), -1, dtype=torch.int32)
     for t, lg in enumerate(logits):
         if _sentinel_row(lg):

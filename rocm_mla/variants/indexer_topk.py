@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import itertools
 
+import torch
+
 from ..configs import config_for, platform_fp8_dtype
 from ..kernels.indexer_topk import mla_indexer_merge_kernel, mla_indexer_prefilter_kernel, mla_indexer_split_topk_kernel
 from ..ops.indexer_topk_plan import OP, PREFILTER_RANKS, merge_meta, prefilter_meta, triton_meta
@@ -42,7 +44,10 @@ def triton_variants(arch: str) -> list[TritonVariant]:
     """What the op launches on ``arch`` with the models' sizes (topk 2048): H 64 (DeepSeek-V3.2) and
     32 (GLM-5.x), over the arch's fp8 kind, one split (direct, where the arch's config allows it)
     and split + merge, vLLM's ROCm cache layout (shuffled, block 64) and the flat one of block 1;
-    where the config has a prefilter, its three kernels for a 128K-key row."""
+    where the config has a prefilter, its three kernels for a 128K-key row. Where the arch's kind is
+    e4m3fnuz (gfx942), the split kernel reading an e4m3fn cache (``cache_kind``, OCP_CACHE: vLLM's
+    DeepSeek-V4 indexer caches, flat (C4) or shuffled, block 64) in the config's split and
+    prefiltered forms, H 64."""
     fp8 = platform_fp8_dtype(arch)
     fname = triton_type(fp8)
     cfg = config_for(OP, arch)["tiers"][0]
@@ -59,26 +64,36 @@ def triton_variants(arch: str) -> list[TritonVariant]:
     if pf:
         forms.append((cfg, (True,), int(pf["split_keys"]), PREFILTER_RANKS))
     typed = {"q": f"*{fname}", "weights": "*fp32", "cache": f"*{fname}"}
+    # (form, split keys, ranks, H, direct, shuffled, block size, e4m3fn cache under an e4m3fnuz q)
+    launches = []
     for (form, layouts, split, ranks), H, direct in itertools.product(forms, (64, 32), directs):
         if ranks and direct:
             continue
         for shuffled in layouts if H == 64 and direct == directs[0] else (True,):
-            meta, options = triton_meta(
-                arch, form, H, split, topk_p2, direct=direct, block_size=64 if shuffled else 1, shuffled=shuffled,
-                ranks=ranks,
-            )  # fmt: skip
-            amd = "".join(f" {k[:4]}{v}" for k, v in amd_options(form, arch).items())
-            pack = f" pack{meta['SELECT_PACK']}" if meta["SELECT_PACK"] > 1 else ""
-            regs = f" maxnreg{options['maxnreg']}" if "maxnreg" in options else ""
-            label = (
-                f"q={fname} H{H} topk{topk_p2} split{split} N{meta['BLOCK_N']} w{options['num_warps']}"
-                f" s{options['num_stages']}{amd}{pack}{regs} {'shuffled' if shuffled else 'flat'} "
-                f"{'bounds' + str(ranks) if ranks else 'direct' if direct else 'split'}"
-            )
-            out.append(_variant(
-                label, mla_indexer_split_topk_kernel, _SPLIT_PTRS, _SPLIT_I32, _SPLIT_ALIGNED, {**_ONES, **meta},
-                options, typed=typed, expects_mfma=True,
-            ))  # fmt: skip
+            launches.append((form, split, ranks, H, direct, shuffled, 64 if shuffled else 1, False))
+    if fp8 == torch.float8_e4m3fnuz:
+        launches += [(form, split, ranks, 64, False, shuffled, 64, True) for form, _, split, ranks in forms
+                     if form is cfg for shuffled in (False, True)]  # fmt: skip
+    for form, split, ranks, H, direct, shuffled, block, ocp in launches:
+        meta, options = triton_meta(
+            arch, form, H, split, topk_p2, direct=direct, block_size=block, shuffled=shuffled, ranks=ranks,
+            ocp_cache=ocp,
+        )  # fmt: skip
+        amd = "".join(f" {k[:4]}{v}" for k, v in amd_options(form, arch).items())
+        pack = f" pack{meta['SELECT_PACK']}" if meta["SELECT_PACK"] > 1 else ""
+        regs = f" maxnreg{options['maxnreg']}" if "maxnreg" in options else ""
+        layout = "shuffled" if shuffled else "flat"
+        if ocp:
+            layout = f"cache={triton_type(torch.float8_e4m3fn)} {layout} block{block}"
+        label = (
+            f"q={fname} H{H} topk{topk_p2} split{split} N{meta['BLOCK_N']} w{options['num_warps']}"
+            f" s{options['num_stages']}{amd}{pack}{regs} {layout} "
+            f"{'bounds' + str(ranks) if ranks else 'direct' if direct else 'split'}"
+        )
+        out.append(_variant(
+            label, mla_indexer_split_topk_kernel, _SPLIT_PTRS, _SPLIT_I32, _SPLIT_ALIGNED, {**_ONES, **meta},
+            options, typed={**typed, "cache": "*u8"} if ocp else typed, expects_mfma=True,
+        ))  # fmt: skip
     # A 128K-token row (its slots held in registers) and a 1M-token one (the chunked passes); the
     # prefiltered merge of a 128K-token row (kept keys in registers, passes past them).
     merges = [(split_keys, context // split_keys, False) for context in (1 << 17, 1 << 20)]

@@ -15,7 +15,9 @@ from _util import DEVICE, HAS_GPU, backends, raises_naming
 import rocm_mla
 from rocm_mla.cases import indexer_topk as cases
 from rocm_mla.cases.indexer_topk import POISON_OUT, IndexerShape, make_inputs
+from rocm_mla.kernels.fp8_codes import fp8_e4m3fn_to_fnuz_half
 from rocm_mla.kernels.indexer_select import _select_in_registers, _select_packed
+from rocm_mla.kernels.indexer_topk import _fnuz_half_codes, _ocp_key_tile
 from rocm_mla.ops.indexer_topk import plan_indexer_topk_for
 from rocm_mla.ops.indexer_topk_plan import plan_indexer_topk
 from rocm_mla.ops.latent_core import num_compute_units
@@ -584,3 +586,319 @@ def test_gpu_prefiltered_same_bits():
     base = case.run(backend="triton", out=None, config=shipped).clone()
     assert torch.equal(case.run(out=None, plan=plan), base)
     assert base[0].tolist() == list(range(2048)) and bool((base[2, 1500:] == -1).all())
+
+
+# ----------------------------------------------------------------------------------------------
+# An e4m3fn cache under an e4m3fnuz q (the plan's cache_kind): DeepSeek-V4's compressed indexer
+# cache, which vLLM writes as OCP e4m3fn on every platform while q takes the platform's kind.
+
+FN, FNUZ = torch.float8_e4m3fn, torch.float8_e4m3fnuz
+
+
+def _decode_e4m3_f64(codes: torch.Tensor, kind: torch.dtype) -> torch.Tensor:
+    """float64 values of E4M3 codes from the formats' definitions (not torch's fp8 types): sign,
+    4 exponent bits of bias 7 (e4m3fn) or 8 (e4m3fnuz), 3 mantissa bits, subnormals at exponent 0;
+    NaN: S.1111.111 (e4m3fn), 0x80 (e4m3fnuz)."""
+    c = codes.long()
+    bias = 8 if kind == FNUZ else 7
+    e, m = (c >> 3) & 0xF, (c & 7).double()
+    mag = torch.where(e == 0, m * 2.0 ** (-2 - bias), (1 + m / 8) * torch.pow(2.0, (e - bias).double()))
+    val = torch.where((c & 0x80) != 0, -mag, mag)
+    nan = (c == 0x80) if kind == FNUZ else ((c & 0x7F) == 0x7F)
+    return torch.where(nan, float("nan"), val)
+
+
+def _expected_fnuz_codes(codes: torch.Tensor) -> torch.Tensor:
+    """The transform's rule on uint8 e4m3fn codes: 0x80 -> 0x00, 0x7F / 0xFF -> 0x80, others kept."""
+    out = torch.where(codes == 0x80, 0, codes)
+    return torch.where((codes & 0x7F) == 0x7F, 0x80, out).to(torch.uint8)
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values, NaN where NaN."""
+    return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+
+
+@triton.jit
+def _words_probe(src, dst, N: tl.constexpr):
+    """dst[i] = fp8_e4m3fn_to_fnuz_half(src[i]), N int32 words of four codes each."""
+    o = tl.arange(0, N)
+    tl.store(dst + o, fp8_e4m3fn_to_fnuz_half(tl.load(src + o)).to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def _bytes_probe(src, dst, R: tl.constexpr, W: tl.constexpr):
+    """The kernel's unpacking: ``[R, W]`` int32 words -> ``[R, 4 W]`` converted codes (uint8)."""
+    r = tl.arange(0, R)[:, None]
+    words = tl.load(src + r * W + tl.arange(0, W)[None, :])
+    tl.store(dst + r * (4 * W) + tl.arange(0, 4 * W)[None, :], _fnuz_half_codes(words, (R, 4 * W)))
+
+
+@pytest.mark.skipif(HAS_GPU, reason="the byte conversion in the CPU interpreter (integer ops only)")
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fn_to_fnuz_half_every_code(seed):
+    """All 256 e4m3fn codes, in a fresh random order (every code at every byte position of a word
+    over the seeds' runs): the converted code read as e4m3fnuz and doubled is torch's own decoding
+    of the e4m3fn code (NaN where NaN, -0 as +0), through the word helper and through the kernel's
+    unpacking to bytes in memory order; the special codes map as documented."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)[torch.randperm(256, generator=g)]
+    want = codes.view(FN).float()
+    out = torch.empty(64, dtype=torch.int32)
+    _words_probe[(1,)](codes.view(torch.int32), out, N=64)
+    got = out.view(torch.uint8)
+    assert _same_values(got.view(FNUZ).float() * 2, want)
+    assert torch.equal(got, _expected_fnuz_codes(codes))
+    assert int(got[codes == 0x80]) == 0x00 and got[(codes & 0x7F) == 0x7F].tolist() == [0x80, 0x80]
+    tile = torch.empty(4, 64, dtype=torch.uint8)
+    _bytes_probe[(1,)](codes.view(torch.int32).reshape(4, 16), tile, R=4, W=16)
+    assert torch.equal(tile.reshape(-1), got)
+
+
+@triton.jit
+def _tile_probe(cache, pages, offs, dst, s_c_blk, BLOCK_N: tl.constexpr, D: tl.constexpr,
+                SHUFFLED: tl.constexpr, PAGE_TILE: tl.constexpr):  # fmt: skip
+    """The kernel's OCP key tile: key n is row offs[n] of page pages[n] (PAGE_TILE: of pages[0]);
+    a negative offset is a key not read; dst [BLOCK_N, D] gets the read keys' codes."""
+    n = tl.arange(0, BLOCK_N)
+    off = tl.load(offs + n)
+    ok = off >= 0
+    off = tl.maximum(off, 0)
+    if PAGE_TILE:
+        base = tl.load(pages).to(tl.int64) * s_c_blk
+    else:
+        base = tl.load(pages + n).to(tl.int64) * s_c_blk
+    codes = _ocp_key_tile(cache, base, off, ok, D, BLOCK_N, SHUFFLED, PAGE_TILE)
+    tl.store(dst + n[:, None] * D + tl.arange(0, D)[None, :], codes, mask=ok[:, None])
+
+
+@pytest.mark.skipif(HAS_GPU, reason="the OCP key tile's loads in the CPU interpreter")
+@pytest.mark.parametrize("block,shuffled,page_tile", [(64, False, True), (16, False, False), (1, False, False),
+                                                      (64, True, True), (16, True, False)])  # fmt: skip
+def test_ocp_key_tile_reads_the_cache(block, shuffled, page_tile):
+    """The mixed form's key loads (4-byte words through word pointers, flat and vLLM's 16 x 16
+    tiles, one page a tile or a page a key) in the interpreter: every read key's codes are its
+    e4m3fn bytes converted (the reference's read-back, index_cache_keys), so its e4m3fnuz values
+    doubled are the keys' e4m3fn values; a key holding NaN (0x7F / 0xFF codes) and one holding -0
+    among them; keys not read leave dst as it was. A padded block stride (not 132 x block_size)."""
+    from rocm_mla.reference.indexer import INDEX_ROW_BYTES, index_cache_keys, indexer_k_cache_write_ref
+
+    g = torch.Generator().manual_seed(block + shuffled)
+    n_keys, nb, n_tile = 3 * block + 5, -(-(3 * block + 5) // block) + 1, 32
+    stride = block * INDEX_ROW_BYTES + 64
+    store = torch.full((nb * stride,), 0xEE, dtype=torch.uint8)
+    cache = store.as_strided((nb, block, INDEX_ROW_BYTES), (stride, INDEX_ROW_BYTES, 1))
+    k = torch.randn(n_keys, 128, generator=g)
+    k[3, 7] = float("nan")
+    k[5, :8] = -1e-30  # rounds to e4m3fn -0 (0x80)
+    slots = torch.randperm(nb * block, generator=g)[:n_keys]
+    indexer_k_cache_write_ref(k, cache, slots, fp8_dtype=FN, shuffled=shuffled)
+    # a tile: keys of one page (page_tile) or of any pages, some not read
+    if page_tile:
+        page = int(slots[0]) // block
+        pick = torch.arange(n_tile) % block
+        sl = page * block + pick
+        pages = torch.full((n_tile,), page, dtype=torch.int32)
+    else:
+        sl = slots[torch.randint(0, n_keys, (n_tile,), generator=g)]
+        sl[:2] = slots[torch.tensor([3, 5])]
+        pages = (sl // block).to(torch.int32)
+    offs = (sl % block).to(torch.int32)
+    skip = torch.rand(n_tile, generator=g) < 0.2
+    skip[:2] = False
+    offs = torch.where(skip, -1, offs)
+    out = torch.full((n_tile, 128), 0x55, dtype=torch.uint8)
+    _tile_probe[(1,)](cache, pages, offs, out, stride, BLOCK_N=n_tile, D=128, SHUFFLED=shuffled, PAGE_TILE=page_tile)
+    _, values, _ = index_cache_keys(cache, sl, fp8_dtype=FN, shuffled=shuffled)
+    read = ~skip
+    assert torch.equal(out[read], _expected_fnuz_codes(values.view(torch.uint8))[read])
+    assert _same_values(out[read].view(FNUZ).float() * 2, values[read].float())
+    assert bool((out[skip] == 0x55).all())
+    if not page_tile:  # the NaN key and the -0 key were read
+        codes = values.view(torch.uint8)
+        assert bool(((codes[0] & 0x7F) == 0x7F).any()) and bool((codes[1] == 0x80).any())
+
+
+def test_cache_kind_plan_choices_and_errors():
+    """cache_kind: None and q's own kind plan the same-kind path (an equal plan, OCP_CACHE off);
+    e4m3fn under an e4m3fnuz q turns OCP_CACHE on and keeps the kind on the plan; an e4m3fnuz cache
+    under an e4m3fn q, a non-fp8 dtype and a name are ValueErrors naming cache_kind, what is
+    accepted and what came, from plan_indexer_topk and plan_indexer_topk_for alike."""
+    kw = dict(num_rows=3, num_heads=8, topk=16, max_kv_len=300, block_size=16, device=DEVICE)
+    for q_kind in (FN, FNUZ):
+        base = plan_indexer_topk(q_dtype=q_kind, **kw)
+        same = plan_indexer_topk(q_dtype=q_kind, cache_kind=q_kind, **kw)
+        assert same == base and base.cache_kind == q_kind and not base.constexprs["OCP_CACHE"]
+    mixed = plan_indexer_topk(q_dtype=FNUZ, cache_kind=FN, **kw)
+    assert mixed.cache_kind == FN and mixed.constexprs["OCP_CACHE"] and mixed != plan_indexer_topk(q_dtype=FNUZ, **kw)
+    for q_kind, bad, got in (
+        (FN, FNUZ, "float8_e4m3fnuz with q_dtype float8_e4m3fn"),
+        (FNUZ, torch.float16, "float16 with q_dtype float8_e4m3fnuz"),
+        (FNUZ, torch.uint8, "uint8"),
+        (FNUZ, "fp8_e4m3fn", "'fp8_e4m3fn'"),
+    ):
+        raises_naming(
+            ValueError, lambda: plan_indexer_topk(q_dtype=q_kind, cache_kind=bad, **kw), "cache_kind",
+            "float8_e4m3fn with a float8_e4m3fnuz q", got,
+        )  # fmt: skip
+    case = make_inputs(IndexerShape((40,), 1, 8, topk=16, block=16), device=DEVICE, fp8=FN)
+    q, cache, table = case.q, case.index_cache, case.block_table
+    raises_naming(ValueError, lambda: plan_indexer_topk_for(q, cache, table, topk=16, cache_kind=FNUZ), "cache_kind")
+    fnuz_q = torch.empty(q.shape, dtype=FNUZ, device=DEVICE)  # (only its dtype and sizes are read)
+    from_tensors = plan_indexer_topk_for(fnuz_q, cache, table, topk=16, cache_kind=FN)
+    assert from_tensors.constexprs["OCP_CACHE"] and from_tensors.cache_kind == FN
+
+
+def _independent_logits(case) -> list:
+    """float64 logits of every row from the cache's bytes, decoded in the case's cache kind by the
+    format's definition and addressed by the documented layout, independent of the reference."""
+    bs, shuffled = case.shape.block, case.shuffled
+    flat = case.index_cache.cpu().reshape(case.index_cache.shape[0], -1)
+    q = _decode_e4m3_f64(case.q.cpu().view(torch.uint8), case.fp8)
+    w = case.weights.cpu().double()
+    d = torch.arange(128)
+    out = []
+    for t in range(case.shape.T):
+        r, n = int(case.req_ids[t]), int(case.kv_lens[t])
+        pos = torch.arange(n)
+        page, o = case.block_table.cpu()[r, pos // bs].long(), pos % bs
+        if shuffled:
+            byte = (o[:, None] // 16) * 2048 + (d[None, :] // 16) * 256 + (o[:, None] % 16) * 16 + d[None, :] % 16
+        else:
+            byte = o[:, None] * 128 + d[None, :]
+        vals = _decode_e4m3_f64(flat[page[:, None], byte], case.cache_kind)
+        sb = bs * 128 + 4 * o[:, None] + torch.arange(4)[None, :]
+        scale = flat[page[:, None], sb].contiguous().view(torch.float32).double().reshape(n)
+        s = q[t] @ (vals * scale[:, None]).T  # [H, n]
+        out.append((w[t][:, None] * torch.where(s < 0, 0.0, s)).sum(0))
+    return out
+
+
+@pytest.mark.parametrize("block,shuffled", [(16, False), (64, True)])
+def test_reference_reads_the_cache_kind(block, shuffled):
+    """The float64 reference with cache_kind=e4m3fn under an e4m3fnuz q against the formats' own
+    definitions (an e4m3fn cache as vLLM's DeepSeek-V4 writer fills it: scales from e4m3fn's 448):
+    the same logits, a NaN key code makes its row the sentinel, a -0 code (e4m3fnuz's NaN) does
+    not. Read as q's kind instead (cache_kind None) the same bytes give half the logits, the NaN
+    key is lost and the -0 row turns NaN: the knob decides. The op's reference backend with a mixed plan gives the
+    top-k of the independent logits."""
+    shape = IndexerShape((150, 33, 90), (1, 2, 3), 8, topk=24, block=block)
+    case = make_inputs(shape, fp8=FNUZ, cache_kind=FN, shuffled=shuffled, seed=block)
+    assert case.cache_kind == FN and case.plan().constexprs["OCP_CACHE"]
+    # A NaN code in row 0's keys (position 40 of request 0), -0 codes in request 1's position 7.
+    flat = case.index_cache.view(case.index_cache.shape[0], -1)
+
+    def code_at(req, pos, dim):
+        o = pos % block
+        byte = (o // 16) * 2048 + (dim // 16) * 256 + (o % 16) * 16 + dim % 16 if shuffled else o * 128 + dim
+        return int(case.block_table[req, pos // block]), byte
+
+    flat[code_at(0, 40, 5)] = 0xFF
+    for dim in (0, 9, 77):
+        flat[code_at(1, 7, dim)] = 0x80
+    want = _independent_logits(case)
+    got = case.logits()
+    for t in range(shape.T):
+        assert got[t].shape == want[t].shape, t
+        assert torch.allclose(got[t], want[t], rtol=1e-12, atol=0, equal_nan=True), t
+    assert bool(torch.isnan(want[0]).any())  # the NaN key's row
+    rows_req1 = [t for t in range(shape.T) if int(case.req_ids[t]) == 1]
+    assert rows_req1 and not any(bool(torch.isnan(want[t]).any()) for t in rows_req1)
+    from rocm_mla.reference.indexer_topk import mla_indexer_logits_ref
+
+    # cache_kind None: the bytes read as q's kind. The NaN code reads as -240 (the NaN is lost), the
+    # -0 codes as NaN, every other value at half.
+    as_q = mla_indexer_logits_ref(*case._ref_args(shape.T, 0), shuffled=shuffled)
+    for t in range(shape.T):
+        if t in rows_req1:
+            assert bool(torch.isnan(as_q[t]).any()), t
+        elif t == 0:
+            assert not bool(torch.isnan(as_q[t]).any())
+        else:
+            assert torch.allclose(as_q[t] * 2, want[t], rtol=1e-12, atol=0), t
+    out = case.run(backend="reference")
+    assert bool((out[0] == SENTINEL).all())
+    assert check_indexer_topk(out, want, shape.topk) == ""
+
+
+@pytest.mark.skipif(HAS_GPU, reason="the interpreter's limit; on a GPU test_gpu_mixed_cache_kind")
+def test_mixed_form_compiles_for_gfx942(tmp_path):
+    """The mixed form's Triton kernel (OCP_CACHE) cannot run in the CPU interpreter: Triton's
+    interpreter has no e4m3fnuz type (a pointer to one fails before the kernel starts), so an
+    e4m3fnuz q never reaches it. The interpreter checks the mixed form's own helpers (above: the
+    byte conversion of every code, the key tile's loads); here the ISA report compiles the mixed
+    form for gfx942 as the op launches it (its split and prefiltered forms, flat and shuffled
+    caches of block 64), with fp8 MFMA for q . k, an e4m3fn uint8 cache and no spills; the
+    GPU-marked test runs it."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the compiler, not the interpreter
+    out = tmp_path / "rows.json"
+    cmd = [sys.executable, "-m", "rocm_mla.tools.isa_report", "--arch", "gfx942", "--filter", "cache=fp8e4nv",
+           "-q", "--strict", "--json", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())
+    assert len(rows) >= 4 and {r["kernel"] for r in rows} == {"mla_indexer_topk"}, rows
+    for words in (("flat", " split"), ("flat", "bounds"), ("shuffled", " split"), ("shuffled", "bounds")):
+        assert any(all(w in r["config"] for w in words) for r in rows), words
+    for r in rows:
+        assert r["error"] == "" and r["spills"] == 0 and r["scratch"] == 0 and r["mfma"] > 0, r
+        assert "q=fp8e4b8" in r["config"], r["config"]
+    from rocm_mla.variants.indexer_topk import triton_variants
+
+    mixed = [v for v in triton_variants("gfx942") if v.constexprs.get("OCP_CACHE")]
+    assert {v.config for v in mixed} == {r["config"] for r in rows}
+    assert all(v.signature["cache"] == "*u8" for v in mixed)
+    assert not any(v.constexprs.get("OCP_CACHE") for v in triton_variants("gfx950"))  # e4m3fn q there
+
+
+def _triton_e4m3fnuz() -> str:
+    """An empty string when the GPU's Triton backend has e4m3fnuz (fp8e4b8), else why not."""
+    from triton.compiler.compiler import make_backend
+
+    target = triton.runtime.driver.active.get_current_target()
+    kinds = getattr(make_backend(target).parse_options({}), "supported_fp8_dtypes", ())
+    if "fp8e4b8" in kinds:
+        return ""
+    return f"Triton's {target.backend} backend ({target.arch}) has no e4m3fnuz (fp8e4b8); its fp8 kinds: {kinds}"
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU (CUDA or ROCm); none visible to torch")
+@pytest.mark.gpu
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_gpu_mixed_cache_kind(shuffled):
+    """An e4m3fn cache under an e4m3fnuz q on the GPU (where Triton has e4m3fnuz: AMD), in the
+    split + merge form and the arch's own: every entry written, a valid top-k of the float64
+    logits of the e4m3fn keys, the reference backend's answer wherever float64 separates the
+    top-k; a NaN key code gives its row the sentinel and -0 codes do not."""
+    why = _triton_e4m3fnuz()
+    if why:
+        pytest.skip(why)
+    shape = IndexerShape((3000, 700, 64, 300), (1, 2, 1, 6), 64, topk=256, block=64)
+    case = make_inputs(shape, device=DEVICE, fp8=FNUZ, cache_kind=FN, shuffled=shuffled, seed=41 + shuffled)
+    flat = case.index_cache.view(case.index_cache.shape[0], -1)
+    o = 100 % 64
+    dim = 3
+    byte = (o // 16) * 2048 + (dim // 16) * 256 + (o % 16) * 16 + dim % 16 if shuffled else o * 128 + dim
+    flat[int(case.block_table[1, 100 // 64]), byte] = 0x7F  # request 1's position 100: both its rows see it
+    flat[int(case.block_table[0, 0]), :128] = 0x80  # -0 codes in request 0's first page
+    lg = case.logits()
+    ref = case.run(backend="reference", out=None).clone()
+    for cfg in (None, SMALL):
+        case.out.fill_(POISON_OUT)
+        out = case.run(backend="triton", config=cfg)
+        assert case.plan(config=cfg).constexprs["OCP_CACHE"]
+        assert not bool((out == POISON_OUT).any())
+        assert out[1].tolist() == [SENTINEL] * 256 and out[2].tolist() == [SENTINEL] * 256
+        assert bool((out[0] >= 0).all())
+        assert check_indexer_topk(out, lg, 256) == ""
+        for t in range(shape.T):
+            v = torch.sort(lg[t], descending=True).values
+            if v.numel() > 256 and float(v[255] - v[256]) <= 1e-4 * float(v.abs().max()):
+                continue  # a near-tie at the boundary
+            assert torch.equal(out[t].cpu(), ref[t].cpu()), t

@@ -36,6 +36,12 @@ GPU = torch.cuda.is_available()
 
 @pytest.fixture(scope="module")
 def steps() -> dict:
+    import vllm
+
+    if vllm.__version__ == "0.33.0" and not GPU:
+        # 0.33 rotates the output in its own pass, which writes bf16 only, and the CPU
+        # interpreter's bf16 dots are not exact: these steps run on a GPU there.
+        pytest.skip("vLLM 0.33's V4 inverse-RoPE pass takes bf16 outputs; bf16 runs on a GPU")
     args = [sys.executable, "-m", "vllm_harness.v4_step"] + (["gpu"] if GPU else [])
     r = subprocess.run(args, env=cpu_env(), capture_output=True, text=True, timeout=1200)
     line = [x for x in r.stdout.splitlines() if x.startswith("V4STEP ")]

@@ -1,9 +1,9 @@
-"""DeepSeek-V4 on rocm_mla through vLLM's own ROCm layer code (vLLM 0.34 or 0.33, the simulated
-gfx942 platform): the hook (``rocm_mla.vllm.v4_layer``) installs, selects by the ROCM_MLA switch,
-passes V4.1's backend check, refuses what it cannot serve at construction, and a step of each layer
-kind (window-only, CSA, HCA; decode, MTP and prefill rows with context; 8 and 16 heads a rank on
-the CPU, 8 / 16 / 64 / 128 on the GPU) matches the float64 reference, its indexer's answer a valid
-top-k (``vllm_harness.v4_step``).
+"""DeepSeek-V4 and V4.1 on rocm_mla through vLLM's own ROCm layer code (vLLM 0.34 or 0.33, the
+simulated gfx942 platform): the hook (``rocm_mla.vllm.v4_layer``) installs, selects by the ROCM_MLA
+switch, passes V4.1's backend check, refuses what it cannot serve at construction, and a step of
+each layer kind (V4: window-only, CSA, HCA; V4.1: window-only, CSA at ratio 1 and 2; decode, MTP
+and prefill rows with context; 8 and 16 heads a rank on the CPU, up to 128 on the GPU) matches
+the float64 reference, its indexer's answer a valid top-k (``vllm_harness.v4_step``).
 
 The steps run in a child process: vLLM's own Triton list builders need its Triton (not its CPU
 placeholder), which on a machine without a GPU vLLM enables only when the platform's
@@ -56,7 +56,7 @@ CASES = [c[0] for c in (v4_step.GPU_CASES if GPU else v4_step.CPU_CASES)]
 def test_layer_step_matches_the_reference(steps, name):
     r = steps[name]
     assert r["out"] == "", r["out"]
-    if name.startswith("csa"):
+    if "-csa" in name:
         assert r["indexer"] == "", r["indexer"]
         assert r["nan_row"], "a NaN index key did not make its row's output NaN"
         assert r["other_rows_finite"], "a NaN index key reached another request's rows"
@@ -66,7 +66,7 @@ def test_layer_step_matches_the_reference(steps, name):
 def test_decode_step_replays_in_a_cuda_graph(steps):
     """The indexer and forward_mqa of a decode step captured in one CUDA graph replay the eager
     answer bit for bit (no host sync, no allocation the replay would miss)."""
-    assert steps["graph"] == {"window": "", "csa": "", "hca": ""}
+    assert steps["graph"] == {"v4-window": "", "v4-csa": "", "v4-hca": "", "v4.1-csa1": ""}
 
 
 def test_install_hooks_v4_and_v41():

@@ -41,6 +41,12 @@ PREFIX = "model.layers.0.self_attn"
 SWA_PREFIX = f"{PREFIX}.swa_cache"
 INDEX_PREFIX = f"{PREFIX}.indexer.k_cache"
 RATIO = {"window": 1, "csa": 4, "hca": 128}  # V4's compress_ratio = max(1, rate)
+# DeepSeek-V4.1: window-only layers are ratio 0; its CSA layers compress 1:1 or 2:1, their index
+# caches in 16 x 16 tiles; compressed pages of 64 tokens (128 also occur).
+RATIO_V41 = {"window": 0, "csa1": 1, "csa2": 2}
+PAGE_TOKENS_V41 = 64
+MODULES = {"v4": ("vllm.models.deepseek_v4.amd.rocm", "DeepseekV4ROCMAiterMLAAttention"),
+           "v4.1": ("vllm.models.deepseek_v41.amd.rocm", "DeepseekV41ROCMAiterMLAAttention")}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -51,14 +57,15 @@ class V4Request:
     query: int
 
 
-def hooked_class() -> type:
-    """rocm_mla's V4 attention class as ``rocm_mla.vllm.register`` installs it on ROCm."""
+def hooked_class(model: str = "v4") -> type:
+    """rocm_mla's V4 (or V4.1) attention class as ``rocm_mla.vllm.register`` installs it on ROCm."""
+    import importlib
+
     from rocm_mla.vllm import v4_layer
 
     v4_layer.install()
-    import vllm.models.deepseek_v4.amd.rocm as rocm
-
-    return rocm.DeepseekV4ROCMAiterMLAAttention
+    mod, name = MODULES[model]
+    return getattr(importlib.import_module(mod), name)
 
 
 class V4Step:
@@ -69,19 +76,22 @@ class V4Step:
     device, seed."""
 
     def __init__(self, kind: str, heads: int, requests: list[V4Request], *, num_decodes: int, topk: int = 512,
-                 dtype=torch.bfloat16, device="cpu", seed: int = 0):  # fmt: skip
+                 dtype=torch.bfloat16, device="cpu", seed: int = 0, model: str = "v4"):  # fmt: skip
         from vllm.platforms import current_platform
 
         from rocm_mla.cases.v4_attention import fp8_ds_mla_poison, fp8_ds_mla_write
         from rocm_mla.ops import indexer_k_cache_write
 
-        if kind not in RATIO:
-            raise ValueError(f"V4Step: kind: expected one of {sorted(RATIO)}, got {kind!r}")
-        self.kind, self.H, self.topk, self.dtype = kind, heads, topk, dtype
+        ratios = RATIO if model == "v4" else RATIO_V41
+        if kind not in ratios:
+            raise ValueError(f"V4Step: kind: expected one of {sorted(ratios)} for {model}, got {kind!r}")
+        self.model, self.kind, self.H, self.topk, self.dtype = model, kind, heads, topk, dtype
         self.device = dev = torch.device(device)
         self.requests, self.num_decodes = requests, num_decodes
-        self.ratio = ratio = RATIO[kind]
+        self.ratio = ratio = ratios[kind]
         self.compressed = kind != "window"
+        self.indexed = kind.startswith("csa")  # the layer's top-k comes from the indexer
+        self.shuffled = model == "v4.1"  # V4.1's index caches: 16 x 16 tiles
         gen = torch.Generator().manual_seed(seed)
 
         def randn(*shape, scale=1.0):
@@ -115,7 +125,8 @@ class V4Step:
                              self.window_kind)  # fmt: skip
         self.poison_slot = int(self.window_cache.shape[0] - 1) * SWA_BLOCK  # a page no request holds
 
-        self.cblock = PAGE_TOKENS // ratio if self.compressed else 0
+        self.page_tokens = PAGE_TOKENS if model == "v4" else PAGE_TOKENS_V41
+        self.cblock = self.page_tokens // ratio if self.compressed else 0
         if self.compressed:
             n_comp = [s // ratio for s in seq]
             self.c_table, nb = table(max(1, max(-(-n // self.cblock) for n in n_comp)))
@@ -136,15 +147,16 @@ class V4Step:
         self.scale = 512**-0.5
         self.topk_buffer = torch.full((T, topk), -1, dtype=torch.int32, device=dev)
 
-        if kind == "csa":
-            # The indexer's C4 key cache: the same pages as the compressed cache (one compressed
-            # row per 4 tokens), block-flat.
+        if self.indexed:
+            # The indexer's key cache: the same pages as the compressed cache (one compressed row
+            # per `ratio` tokens), block-flat (V4) or in 16 x 16 tiles (V4.1).
             self.index_cache = torch.full((self.compressed_cache.shape[0], self.cblock, INDEX_DIM + 4), 0xFF,
                                           dtype=torch.uint8, device=dev)  # fmt: skip
             for i, n in enumerate(n_comp):
                 j = torch.arange(n, device=dev)
                 indexer_k_cache_write(randn(n, INDEX_DIM).to(torch.bfloat16), self.index_cache,
-                                      self._slots(self.c_table, i, j, self.cblock).long(), shuffled=False)  # fmt: skip
+                                      self._slots(self.c_table, i, j, self.cblock).long(),
+                                      shuffled=self.shuffled)  # fmt: skip
             self.index_q = randn(T, INDEX_HEADS, INDEX_DIM, scale=2.0).to(current_platform.fp8_dtype())
             self.index_w = randn(T, INDEX_HEADS).float() * INDEX_HEADS**-0.5
         self.layer = self._layer()
@@ -166,7 +178,7 @@ class V4Step:
         if not self.compressed:
             return []
         r, p = int(self.req[t]), int(self.positions[t])
-        if self.kind == "hca":
+        if not self.indexed:
             local = torch.arange((p + 1) // self.ratio, device=self.device)
         else:
             row = self.topk_buffer[t]
@@ -184,7 +196,7 @@ class V4Step:
         return out.to(self.device), lens.to(self.device)
 
     def _layer(self):
-        cls = hooked_class()
+        cls = hooked_class(self.model)
         layer = cls.__new__(cls)
         torch.nn.Module.__init__(layer)
         layer._rocm_mla = True
@@ -206,8 +218,14 @@ class V4Step:
         layer._has_kv_transfer = False
         for flag in ("_use_aiter_sparse_mla_decode", "_use_aiter_sparse_mla_prefill", "_use_aiter_sparse_mla"):
             setattr(layer, flag, True)
+        if self.model == "v4.1":
+            # V4.1's sharing: this layer is its own KV and index source.
+            layer.is_kv_source = True
+            layer.compressed_cache_prefix = PREFIX if self.compressed else None
+            layer._index_source_prefix = PREFIX
+            layer._static_forward_context = {PREFIX: layer}
         layer.indexer = None
-        if self.kind == "csa":
+        if self.indexed:
             from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
 
             from rocm_mla.vllm.v4_layer import _indexer_op_class
@@ -254,7 +272,8 @@ class V4Step:
         )
         md = {SWA_PREFIX: swa}
         if self.compressed:
-            main = types.SimpleNamespace(block_table=self.c_table, block_size=PAGE_TOKENS, for_cudagraph_capture=False)
+            main = types.SimpleNamespace(block_table=self.c_table, block_size=self.page_tokens,
+                                         for_cudagraph_capture=False)  # fmt: skip
             if self.kind == "hca":
                 width = int(self.seq_lens.max()) // self.ratio + 1
                 g_idx, g_len = self._dense(dec, self.compressed_slots, width)
@@ -267,7 +286,7 @@ class V4Step:
                     local[k, :n] = torch.arange(n)
                 main.c128a_prefill_topk_indices = local.to(self.device)
             md[PREFIX] = main
-        if self.kind == "csa":
+        if self.indexed:
             md[INDEX_PREFIX] = types.SimpleNamespace(num_decode_tokens=Td, num_prefill_tokens=T - Td,
                                                      block_table=self.c_table)  # fmt: skip
         return md
@@ -280,7 +299,7 @@ class V4Step:
 
         out = torch.full((self.T, self.H, 512), float("nan"), dtype=self.dtype, device=self.device)
         with set_forward_context(self.metadata, vllm_config):
-            if self.kind == "csa":
+            if self.indexed:
                 self.topk_buffer.fill_(-1)
                 self.layer.indexer.indexer_op.forward_hip(None, self.index_q, None, self.index_w)
             self.layer.forward_mqa(self.q, None, self.positions, out)
@@ -291,7 +310,8 @@ class V4Step:
         from rocm_mla.reference.indexer_topk import mla_indexer_logits_ref
 
         kv = torch.div(self.positions + 1, self.ratio, rounding_mode="floor").to(torch.int32)
-        return mla_indexer_logits_ref(self.index_q, self.index_w, self.index_cache, self.c_table, self.req, kv)
+        return mla_indexer_logits_ref(self.index_q, self.index_w, self.index_cache, self.c_table, self.req, kv,
+                                      shuffled=self.shuffled)  # fmt: skip
 
     def reference(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(out, lse)`` float32 of the float64 reference over the slots each row sees."""
@@ -317,13 +337,19 @@ __all__ = ["V4Request", "V4Step", "hooked_class", "WINDOW", "RATIO"]
 
 
 # ------------------------------------------------------------------ the cases the tests run
-# (name, kind, heads, requests, num_decodes, topk): decode, MTP (2 rows) and prefill rows with
-# context in one step; contexts past topk x 4 tokens (the indexer selects) and short ones (every
-# compressed row); V4-Flash 8 heads a rank (TP8), V4-Pro 16 (TP8); 64 and 128 (TP1) on the GPU.
+# (name, model, kind, heads, requests, num_decodes, topk): decode, MTP (2 rows) and prefill rows
+# with context in one step; contexts past topk x ratio tokens (the indexer selects) and short ones
+# (every compressed row). V4: V4-Flash 8 heads a rank (TP8), V4-Pro 16 (TP8); 64 and 128 (TP1)
+# on the GPU. V4.1 (64 heads): 8 a rank, 64 on the GPU.
 _MIXED = [V4Request(40, 1), V4Request(300, 2), V4Request(0, 9), V4Request(130, 5)]
-CPU_CASES = [(f"{kind}-h{h}", kind, h, _MIXED, 2, 32) for kind in ("window", "csa", "hca") for h in (8, 16)]
-GPU_CASES = [(f"{kind}-h{h}", kind, h, [V4Request(900, 1), V4Request(2100, 2), V4Request(0, 300), V4Request(700, 40)],
-              2, 512) for kind in ("window", "csa", "hca") for h in (8, 16, 64, 128)]  # fmt: skip
+_LONG = [V4Request(900, 1), V4Request(2100, 2), V4Request(0, 300), V4Request(700, 40)]
+CPU_CASES = [(f"v4-{k}-h{h}", "v4", k, h, _MIXED, 2, 32) for k in ("window", "csa", "hca") for h in (8, 16)] + [
+    (f"v4.1-{k}-h8", "v4.1", k, 8, _MIXED, 2, 32) for k in ("window", "csa1", "csa2")
+]
+_V4_KINDS = ("window", "csa", "hca")
+GPU_CASES = [(f"v4-{k}-h{h}", "v4", k, h, _LONG, 2, 512) for k in _V4_KINDS for h in (8, 16, 64, 128)] + [
+    (f"v4.1-{k}-h{h}", "v4.1", k, h, _LONG, 2, 512) for k in ("window", "csa1", "csa2") for h in (8, 64)
+]
 
 
 def run_cases(cases, device: str, dtype) -> dict:
@@ -337,20 +363,21 @@ def run_cases(cases, device: str, dtype) -> dict:
 
     vc = VllmConfig()
     res = {}
-    for name, kind, heads, reqs, nd, topk in cases:
-        step = V4Step(kind, heads, reqs, num_decodes=nd, topk=topk, dtype=dtype, device=device, seed=len(res))
+    for name, model, kind, heads, reqs, nd, topk in cases:
+        step = V4Step(kind, heads, reqs, num_decodes=nd, topk=topk, dtype=dtype, device=device, seed=len(res),
+                      model=model)  # fmt: skip
         out = step.run(vc)
         ro, _ = step.reference()
         r = {"out": compare("out", out.float(), ro, TOLERANCE[dtype]["out"]).problem}
-        if kind == "csa":
+        if step.indexed:
             r["indexer"] = check_indexer_topk(step.topk_buffer, step.index_logits(), topk)
-            # A NaN in one index key a row sees (its scale): that row's indexer answer is the sentinel and its
-            # attention output NaN (vLLM's list builders would have dropped the -2 entries).
+            # A NaN in one index key a row sees (its scale): that row's indexer answer is the
+            # sentinel and its attention output NaN (vLLM's list builders would drop -2 entries).
             t = step.T - 1
             slot = step.compressed_slots(t)[0] if step.compressed_slots(t) else None
             if slot is not None:
                 pg, off = divmod(slot, step.cblock)
-                # Block-flat page: the block's fp8 rows, then their float32 scales: a NaN scale.
+                # A page holds its fp8 values (either layout), then their float32 scales.
                 at = step.cblock * INDEX_DIM + off * 4
                 step.index_cache[pg].view(-1)[at : at + 4] = torch.tensor([0, 0, 0xC0, 0x7F], dtype=torch.uint8)
                 out = step.run(vc)
@@ -364,27 +391,28 @@ def run_cases(cases, device: str, dtype) -> dict:
 
 def graph_cases(device: str, dtype) -> dict:
     """A decode step (decode and MTP rows) of each kind captured in a CUDA graph and replayed:
-    {kind: "" when the replay equals the eager step bit for bit, else what differed}."""
+    {model-kind: "" when the replay equals the eager step bit for bit, else what differed}."""
     from vllm.config import VllmConfig
     from vllm.forward_context import set_forward_context
 
     vc = VllmConfig()
     res = {}
-    for kind in ("window", "csa", "hca"):
+    for model, kind in (("v4", "window"), ("v4", "csa"), ("v4", "hca"), ("v4.1", "csa1")):
         step = V4Step(kind, 16, [V4Request(2100, 1), V4Request(700, 2), V4Request(3000, 1)], num_decodes=3,
-                      topk=512, dtype=dtype, device=device, seed=7)  # fmt: skip
+                      topk=512, dtype=dtype, device=device, seed=7, model=model)  # fmt: skip
         eager = step.run(vc)
         out = torch.full_like(eager, float("nan"))
         g = torch.cuda.CUDAGraph()
         with set_forward_context(step.metadata, vc):
             with torch.cuda.graph(g):
-                if kind == "csa":
+                if step.indexed:
                     step.layer.indexer.indexer_op.forward_hip(None, step.index_q, None, step.index_w)
                 step.layer.forward_mqa(step.q, None, step.positions, out)
         step.topk_buffer.fill_(-1)
         g.replay()
         torch.cuda.synchronize()
-        res[kind] = "" if torch.equal(out, eager) else f"max diff {(out.float() - eager.float()).abs().max().item()}"
+        diff = (out.float() - eager.float()).abs().max().item()
+        res[f"{model}-{kind}"] = "" if torch.equal(out, eager) else f"max diff {diff}"
     return res
 
 

@@ -61,6 +61,10 @@ _.c128a_global_decode_topk_indices
 _.c128a_decode_topk_ragged_indices
 _.c128a_decode_topk_ragged_indptr
 _.c128a_prefill_topk_indices
+_.is_kv_source
+_.compressed_cache_prefix
+_._index_source_prefix
+_._static_forward_context
 
 # Stand-ins for vLLM and torch objects in tests/vllm_harness, the vLLM tests and perf/bench_v4.py's
 # CPU run: a platform, a compiler pass, a communicator, a layer's attributes, a tensor's is_cpu and the

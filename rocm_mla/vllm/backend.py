@@ -60,7 +60,7 @@ from rocm_mla.ops import (
     plan_decode_for,
     plan_prefill,
 )
-from rocm_mla.vllm import BACKEND_NAME
+from rocm_mla.vllm import BACKEND_NAME, model_support
 from rocm_mla.vllm.invariant_context import context_pieces
 from rocm_mla.vllm.prefill import plan_on
 from rocm_mla.vllm.step_plans import kept_plan
@@ -120,7 +120,12 @@ class RocmMLABackendTraits:
         use_mm_prefix,
         device_capability,
     ) -> str | None:
-        """vLLM's selector hook: why the backend cannot serve this layer (None: it can)."""
+        """vLLM's selector hook: why the backend cannot serve this layer (None: it can). A model
+        rocm-mla does not serve (``model_support.MLA_FAMILY``) is refused by name, so that vLLM's
+        start-up error says which model and why."""
+        why = model_support.current_refusal(head_size)
+        if why is not None:
+            return why
         # The kernels work on the latent row, the same for every (qk_nope, v) head geometry whose
         # row is 512 + 64; the prefill takes every MLA geometry
         # (rocm_mla.vllm.prefill.RocmMLAPrefillBackend.supported_mla_dimensions).
@@ -547,9 +552,24 @@ class RocmMLAImpl(RocmMLAImplCommon, MLACommonImpl[MLACommonMetadata]):
         vLLM concatenates and all-gathers it first, so one ``[rows, N, 576]`` tensor arrives: its
         two slices are read in place the same way. A pre-quantised fp8 query (only if
         ``supports_quant_query_input`` were turned on) is dequantised with the layer's q scale.
+
+        vLLM's Kimi-K3 layer, with aiter MLA on and an fp8 cache, writes the cache itself and hands
+        over one fp8 ``[T, N, 576]`` query of every token row of the step, CUDA-graph padding
+        included (``T >= attn_metadata.num_decode_tokens``): the decode rows are the first
+        ``num_decode_tokens``; the rows past them come back as out 0 and lse -inf.
         """
         assert attn_metadata.decode is not None
+        given = (q[0] if isinstance(q, tuple) else q).shape[0]
+        rows = getattr(attn_metadata, "num_decode_tokens", None) or given
+        if given > rows:
+            q = tuple(t[:rows] for t in q) if isinstance(q, tuple) else q[:rows]
         q_nope, q_pe, k_scale = self._latent_query(q, layer)
+        out = lse = None
+        if given > rows:
+            out = q_nope.new_empty(given, q_nope.shape[1], KV_LORA_RANK)
+            lse = torch.empty(given, q_nope.shape[1], dtype=torch.float32, device=q_nope.device)
+            out[rows:].zero_()
+            lse[rows:].fill_(float("-inf"))
         decode = attn_metadata.decode
         kv, table, lens = kv_c_and_k_pe_cache, decode.block_table, decode.seq_lens
         # Metadata another builder made, or a query gathered over DCP ranks: the first layer plans
@@ -570,4 +590,10 @@ class RocmMLAImpl(RocmMLAImplCommon, MLACommonImpl[MLACommonMetadata]):
         )
         # out and lse fresh from mla_decode (torch.empty: the kernel writes every element): new
         # buffers alias nothing, so the call skips the destination checks a caller's buffers need.
-        return mla_decode(q_nope, q_pe, kv, table, lens, sm_scale=self.scale, plan=plan, k_scale=k_scale)
+        if out is None:
+            return mla_decode(q_nope, q_pe, kv, table, lens, sm_scale=self.scale, plan=plan, k_scale=k_scale)
+        out_rows, lse_rows = out[:rows], lse[:rows]
+        mla_decode(
+            q_nope, q_pe, kv, table, lens, sm_scale=self.scale, plan=plan, k_scale=k_scale, out=out_rows, lse=lse_rows
+        )
+        return out, lse

@@ -80,6 +80,23 @@ def test_install_hooks_v4_and_v41():
     assert r4.DeepseekV4ROCMAiterMLAAttention._rocm_mla_base.__name__ == "DeepseekV4ROCMAiterMLAAttention"
 
 
+def test_mtp_and_draft_layers_build_the_hooked_class():
+    """V4's MTP and DSpark layers build DeepseekV4DecoderLayer of amd/model.py, which names the
+    attention class through its module globals; V4.1's (main, MTP, DSpark) call
+    _select_dsv4_attn_cls there: after install both names lead to rocm_mla."""
+    v4_layer.install()
+    import vllm.models.deepseek_v4.amd.dspark as dspark4
+    import vllm.models.deepseek_v4.amd.mtp as mtp4
+    import vllm.models.deepseek_v41.amd.model as m41
+
+    for module in (mtp4, dspark4):
+        layer_cls = module.DeepseekV4DecoderLayer
+        attn = layer_cls.__init__.__globals__["DeepseekV4ROCMAiterMLAAttention"]
+        assert hasattr(attn, "_rocm_mla_base"), module.__name__
+    select = m41.DeepseekV4DecoderLayer.__init__.__globals__["_select_dsv4_attn_cls"]
+    assert getattr(select, "_rocm_mla", False)
+
+
 def _config(backend_name: str | None, pcp: int = 1):
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 

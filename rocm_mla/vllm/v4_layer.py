@@ -196,7 +196,10 @@ def run_indexer(op, q_fp8: torch.Tensor, weights: torch.Tensor) -> None:
     topk = op.topk_tokens
     cache = op.k_cache.kv_cache
     table = md.block_table
-    req, kv_lens = token_kv_lens(swa_md, T, op.compress_ratio)
+    # The same for every CSA layer of the step: made once, kept on the window metadata.
+    key = f"rocm_mla_kv_lens_{op.compress_ratio}_{T}"
+    req, kv_lens = getattr(swa_md, key, None) or token_kv_lens(swa_md, T, op.compress_ratio)
+    setattr(swa_md, key, (req, kv_lens))
     q, w = q_fp8[:T], weights[:T]
     ocp = torch.float8_e4m3fn
     max_kv_len = table.shape[1] * cache.shape[1]

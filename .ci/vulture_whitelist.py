@@ -65,6 +65,8 @@ _.is_kv_source
 _.compressed_cache_prefix
 _._index_source_prefix
 _._static_forward_context
+# perf/bench_v4_layer.py answers the has_cutedsl() that vLLM's V4 prefill gather reads from its module.
+_.has_cutedsl
 
 # Stand-ins for vLLM and torch objects in tests/vllm_harness, the vLLM tests and perf/bench_v4.py's
 # CPU run: a platform, a compiler pass, a communicator, a layer's attributes, a tensor's is_cpu and the

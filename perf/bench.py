@@ -2,7 +2,8 @@
 """Run any subset of the op benchmarks, each in its own process, and append their rows to perf/results.csv.
 
     python perf/bench.py [--ops merge,rope_kv_write,decode,decode_matrix,decode_invariant,prefill,
-                                prefill_geometry,layer,sparse,indexer,sparse_layer] [--quick]
+                                prefill_geometry,layer,sparse,indexer,sparse_layer,v4_attention,
+                                v4_layer] [--quick]
                          [--peers .peers] [--out perf/results.csv] [--logs DIR] [--timeout 900] [--list]
 
 Each benchmark times our kernels with its peers beside them (vLLM 0.33's Triton kernels, FlashInfer,
@@ -19,7 +20,8 @@ Needs a GPU: without one it says so and exits 2 (``--list`` and ``--merge`` work
 by perf/peers/get_vllm_peers.sh, get_vllm_sparse_peers.sh (into PEERS/vllm_sparse), get_aiter_peers.sh (into
 PEERS/aiter) and get_flashinfer_peer.sh;
 on a GPU machine without network access, copy the folder there, run through perf/device_run.sh
-(``--ops``), bring its results.csv back and fold it in with ``--merge FILE``.
+(``--ops``), bring its results.csv back and fold it in with ``--merge FILE``. ``v4_layer`` runs vLLM
+0.34's own DeepSeek-V4 layer code and needs vLLM importable (there: ``source perf/vllm_on_device.sh``).
 """
 
 from __future__ import annotations
@@ -83,6 +85,9 @@ BENCHES = {
     "sparse_layer": Bench("bench_sparse_layer.py", "sparse_layer.csv", (), ()),
     # DeepSeek-V4 attention (mla_v4_attention) beside vLLM 0.34's ROCm decode and prefill path (PEERS/vllm_sparse).
     "v4_attention": Bench("bench_v4.py", "v4.csv", ("--preset", "bench"), ("--quick",)),
+    # A DeepSeek-V4 layer step's attention path (indexer + forward_mqa) on rocm_mla beside vLLM 0.34's own
+    # V4 ROCm layer code without aiter (vLLM importable: perf/vllm_on_device.sh on a GPU machine without it).
+    "v4_layer": Bench("bench_v4_layer.py", "v4_layer.csv", peer_args=()),
 }
 CEILING_SHAPES = {"copy": "copy 2 GiB", "matmul": "matmul 8192^3 bf16"}
 

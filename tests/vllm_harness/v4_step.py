@@ -11,7 +11,9 @@ are, vLLM's global-slot list builders (``compute_global_topk_ragged_indices_and_
 ``build_prefill_topk_ragged_indices``, ``build_ragged_indices_from_dense``) included. The
 metadata holds what vLLM's builders put there for this batch: per-token window slot lists
 (``decode_swa_indices`` / ``prefill_swa_indices`` with their lengths, entries past a row's length
-naming a poisoned slot), requests, lengths, block tables and HCA's compressed rows.
+naming a poisoned slot), requests, lengths, block tables, HCA's compressed rows and the prefill
+fields vLLM's own (gathering) prefill reads, so that the same layer with the hook off
+(``_rocm_mla`` and the in-place flags False) runs vLLM's path (perf/bench_v4_layer.py).
 
 Caches: fp8_ds_mla pages (``rocm_mla.cases.v4_attention.fp8_ds_mla_write``, byte for byte vLLM
 0.34's writer; the window in the platform's fp8 kind, the compressed cache in e4m3fn), the CSA
@@ -216,6 +218,7 @@ class V4Step:
         layer.topk_indices_buffer = self.topk_buffer
         layer._wo_a_fp8_weight = None
         layer._has_kv_transfer = False
+        layer.kv_cache_dtype = "fp8_ds_mla"
         for flag in ("_use_aiter_sparse_mla_decode", "_use_aiter_sparse_mla_prefill", "_use_aiter_sparse_mla"):
             setattr(layer, flag, True)
         if self.model == "v4.1":
@@ -269,6 +272,7 @@ class V4Step:
             num_prefill_tokens=T - Td,
             decode_swa_ragged_indices=d_ragged[0],
             decode_swa_ragged_indptr=d_ragged[1],
+            **self._prefill_fields(),
         )
         md = {SWA_PREFIX: swa}
         if self.compressed:
@@ -290,6 +294,23 @@ class V4Step:
             md[INDEX_PREFIX] = types.SimpleNamespace(num_decode_tokens=Td, num_prefill_tokens=T - Td,
                                                      block_table=self.c_table)  # fmt: skip
         return md
+
+    def _prefill_fields(self) -> dict:
+        """The prefill fields vLLM's SWA builder (``_build_deepseek_v4_metadata``) gives a step with
+        prefill requests, which vLLM's own prefill (gather and chunk plan) reads: ``[P]`` int32 per
+        prefill request (P of them) its length (device and host), gathered rows (its query rows + up
+        to window - 1 cached; device) and query rows (host); the window, max_model_len and
+        max_num_batched_tokens the chunk plan sizes by. ``{}`` without prefill requests."""
+        reqs = self.requests[self.num_decodes :]
+        if not reqs:
+            return {}
+        seq = torch.tensor([r.context + r.query for r in reqs], dtype=torch.int32)
+        query = torch.tensor([r.query for r in reqs], dtype=torch.int32)
+        gather = query + torch.clamp(seq - query, max=WINDOW - 1)
+        return dict(prefill_seq_lens=self.seq_lens[self.num_decodes :], prefill_seq_lens_cpu=seq,
+                    prefill_gather_lens=gather.to(self.device), prefill_query_lens_cpu=query,
+                    prefill_window_size=WINDOW, prefill_max_model_len=self.layer.max_model_len,
+                    prefill_max_num_batched_tokens=self.layer.max_num_batched_tokens)  # fmt: skip
 
     def run(self, vllm_config) -> torch.Tensor:
         """The layer's step under this step's forward context: the CSA indexer (rocm_mla's op in

@@ -35,7 +35,6 @@ import sys
 import torch
 
 from rocm_mla.ops import mla_indexer_topk, mla_v4_attention, plan_indexer_topk, plan_v4_attention
-from rocm_mla.reference.indexer_topk import SENTINEL
 from rocm_mla.vllm.sparse_layer import rocm_mla_selected
 from rocm_mla.vllm.step_plans import kept_plan
 
@@ -138,7 +137,8 @@ def _indexer_sentinel_rows(layer, T: int) -> torch.Tensor | None:
     if buf is None:
         return None
     row0 = getattr(layer, "_rocm_mla_row0", 0)
-    return buf[row0 : row0 + T, 0] == SENTINEL
+    # mla_indexer_topk answers positions >= 0, -1 padding, or -2 in every entry of a bad row.
+    return buf[row0 : row0 + T, 0] < -1
 
 
 def _batch_invariant() -> bool:

@@ -175,17 +175,6 @@ VIEWS = (
         pivot=_v4_cell,
     ),
     OpView(
-        "v4_layer_step",
-        "a DeepSeek-V4 layer step's attention path (indexer + forward_mqa through vLLM's own layer code)",
-        "time_us",
-        False,
-        ("v4_layer",),
-        "µs per step, bf16 q, fp8_ds_mla caches, window 128, CSA top-512; every output checked; vLLM = its own "
-        "V4 ROCm layer without aiter (decode rocm_sparse_attn_decode; prefill gather + rocm_sparse_attn_prefill; "
-        "CSA indexer: its Triton logits + torch.topk); kernels and copy/fill kernels counted per step.",
-        ("kernels", "copy_fill_kernels"),
-    ),
-    OpView(
         "indexer_k_cache_write",
         "indexer_k_cache_write (the lightning indexer's fp8 key-cache write)",
         "GB/s",

@@ -89,16 +89,28 @@ def run_indexer(
     shuffled = bool(indexer.k_cache.uses_shuffled_layout)
     topk = indexer.topk_tokens
     table, req, kv_lens = md.block_table, md.req_id_per_token, md.indexer_kv_lens
-    max_kv_len = table.shape[1] * cache.shape[1]  # every key of a table row
-    plan = kept_plan(
-        md,
+    plan = kept_indexer_plan(md, q, weights, cache, table, req, kv_lens, topk=topk, shuffled=shuffled)
+    mla_indexer_topk(q, weights, cache, table, req, kv_lens, topk=topk, out=topk_indices_buffer[:T], plan=plan)
+
+
+def kept_indexer_plan(holder, q, weights, cache, table, req, kv_lens, *, topk: int, shuffled: bool,
+                      cache_kind: torch.dtype | None = None):  # fmt: skip
+    """The ``mla_indexer_topk`` plan of a step (``kept_plan`` on ``holder``, the step's metadata):
+    the one the step's first indexer call made when it fits this call (``IndexerTopkPlan.matches``
+    plus what the tensors do not show: ``max_kv_len``, every key of a table row; the cache layout
+    ``shuffled``; the cache's fp8 kind, None for q's), else a new one left in its place."""
+    max_kv_len = table.shape[1] * cache.shape[1]
+    kind = q.dtype if cache_kind is None else cache_kind
+    return kept_plan(
+        holder,
         lambda plan: (
             plan.matches(q, weights, cache, table, req, kv_lens, topk=topk)
             and plan.max_kv_len == max_kv_len
             and plan.shuffled == shuffled
+            and plan.cache_kind == kind
         ),
         lambda: plan_indexer_topk(
-            num_rows=T,
+            num_rows=q.shape[0],
             num_heads=q.shape[1],
             topk=topk,
             max_kv_len=max_kv_len,
@@ -106,10 +118,10 @@ def run_indexer(
             q_dtype=q.dtype,
             device=q.device,
             shuffled=shuffled,
+            cache_kind=cache_kind,
         ),
         attr="rocm_mla_indexer_plan",
     )
-    mla_indexer_topk(q, weights, cache, table, req, kv_lens, topk=topk, out=topk_indices_buffer[:T], plan=plan)
 
 
 def _make_class(base: type) -> type:
@@ -190,4 +202,4 @@ def installed_class() -> type | None:
     return cls if hasattr(cls, "_rocm_mla_base") else None
 
 
-__all__ = ["SELECTING_NAMES", "rocm_mla_selected", "run_indexer", "install", "installed_class"]
+__all__ = ["SELECTING_NAMES", "rocm_mla_selected", "run_indexer", "kept_indexer_plan", "install", "installed_class"]

@@ -34,8 +34,8 @@ import sys
 
 import torch
 
-from rocm_mla.ops import mla_indexer_topk, mla_v4_attention, plan_indexer_topk, plan_v4_attention
-from rocm_mla.vllm.sparse_layer import rocm_mla_selected
+from rocm_mla.ops import mla_indexer_topk, mla_v4_attention, plan_v4_attention
+from rocm_mla.vllm.sparse_layer import kept_indexer_plan, rocm_mla_selected
 from rocm_mla.vllm.step_plans import kept_plan
 
 logger = logging.getLogger(__name__)
@@ -201,32 +201,11 @@ def run_indexer(op, q_fp8: torch.Tensor, weights: torch.Tensor) -> None:
     req, kv_lens = getattr(swa_md, key, None) or token_kv_lens(swa_md, T, op.compress_ratio)
     setattr(swa_md, key, (req, kv_lens))
     q, w = q_fp8[:T], weights[:T]
-    ocp = torch.float8_e4m3fn
-    max_kv_len = table.shape[1] * cache.shape[1]
-    # V4's C4 key cache is block-flat; V4.1's (ratios 1, 2) 16 x 16 tiles above block size 1.
+    # V4's C4 key cache is block-flat; V4.1's (ratios 1, 2) 16 x 16 tiles above block size 1. Its
+    # values are e4m3fn whatever q's kind (vLLM's Triton writers store OCP on every platform).
     shuffled = op.compress_ratio != 4 and cache.shape[1] > 1
-    knobs = {} if q.dtype == ocp else {"cache_kind": ocp}
-
-    def make():
-        return plan_indexer_topk(
-            num_rows=T,
-            num_heads=q.shape[1],
-            topk=topk,
-            max_kv_len=max_kv_len,
-            block_size=cache.shape[1],
-            q_dtype=q.dtype,
-            device=q.device,
-            shuffled=shuffled,
-            **knobs,
-        )
-
-    plan = kept_plan(
-        md,
-        lambda p: p.matches(q, w, cache, table, req, kv_lens, topk=topk) and p.max_kv_len == max_kv_len
-        and p.shuffled == shuffled,
-        make,
-        attr="rocm_mla_indexer_plan",
-    )  # fmt: skip
+    plan = kept_indexer_plan(md, q, w, cache, table, req, kv_lens, topk=topk, shuffled=shuffled,
+                             cache_kind=torch.float8_e4m3fn)  # fmt: skip
     mla_indexer_topk(q, w, cache, table, req, kv_lens, topk=topk, out=buf[:T, :topk], plan=plan)
     if buf.shape[1] > topk:
         buf[:T, topk:] = -1

@@ -218,7 +218,9 @@ MLA_FAMILY: tuple[MLAModel, ...] = (
         status=SERVED,
         why=(
             "rocm_mla.vllm.v4_layer puts rocm-mla's subclass in place of vLLM's fixed ROCm class and makes "
-            "ROCM_MLA acceptable to V4.1's backend check (_select_dsv4_attn_cls)"
+            "ROCM_MLA acceptable to V4.1's backend check (_select_dsv4_attn_cls); a checkpoint with "
+            "candidate-block indexers (candidate_source_layer_id: the published ones) is refused when its "
+            "first such layer is built"
         ),
         test=f"{_TESTS}::test_v4_model_is_left_to_its_hook[DeepSeek-V4.1]",
     ),

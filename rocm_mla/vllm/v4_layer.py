@@ -34,7 +34,7 @@ import sys
 
 import torch
 
-from rocm_mla.ops import mla_indexer_topk, mla_v4_attention, plan_v4_attention
+from rocm_mla.ops import mla_indexer_topk, mla_v4_attention, plan_v4_attention_for
 from rocm_mla.vllm.sparse_layer import kept_indexer_plan, rocm_mla_selected
 from rocm_mla.vllm.step_plans import kept_plan
 
@@ -92,27 +92,15 @@ def run_attention(layer, q, output, swa_cache, swa_indices, swa_indptr, compress
     tensors = (q, swa_cache, swa_indices, swa_indptr, *c_list, sink, positions, cos_sin)
 
     def make():
-        return plan_v4_attention(
-            num_rows=T,
-            num_heads=H,
-            q_dtype=q.dtype,
-            device=q.device,
-            window_dtype=swa_cache.dtype,
-            window_block_size=swa_cache.shape[1],
-            window_len=max(1, -(-swa_indices.shape[0] // T)),
-            window_ragged=True,
-            compressed_dtype=compressed_cache.dtype if compressed else None,
-            compressed_block_size=compressed_cache.shape[1] if compressed else 0,
-            compressed_len=max(1, -(-topk_indices.shape[0] // T)) if compressed else 0,
-            compressed_ragged=compressed,
+        # The sizes, list forms, sink and rotation from the call's tensors; the caches' kinds from
+        # their writers (the window's the platform's fp8 kind, the compressed one's e4m3fn).
+        return plan_v4_attention_for(
+            *tensors,
             window_kv_cache_dtype=window_kind_name() if swa_cache.dtype == torch.uint8 else "auto",
-            compressed_kv_cache_dtype="fp8_ds_mla_e4m3fn"
-            if compressed and compressed_cache.dtype == torch.uint8
+            compressed_kv_cache_dtype="fp8_ds_mla_e4m3fn" if compressed and compressed_cache.dtype == torch.uint8
             else "auto",
-            has_sink=True,
-            inverse_rope=positions is not None,
             batch_invariant=_batch_invariant(),
-        )
+        )  # fmt: skip
 
     bad = _indexer_sentinel_rows(layer, T) if compressed and layer.compress_ratio != 128 else None
     if bad is not None and positions is not None:

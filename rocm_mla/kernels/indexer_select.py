@@ -114,6 +114,25 @@ def _threshold(
 
 
 @triton.jit
+def _threshold_flat(keys_ptr, n, k, CHUNK: tl.constexpr):
+    """``_threshold`` of the n order keys at ``keys_ptr`` (every slot holds a key): (thr, k_rem)
+    for taking the k largest (k <= n), four bits a pass over memory."""
+    return _threshold(keys_ptr, n, k, n, False, n, n, 0, keys_ptr, keys_ptr, 1 << 30, 1 << 30, 0, 0, CHUNK)
+
+
+@triton.jit
+def _take_step(keys, thr, k_rem, taken, eq_seen):
+    """One chunk of the take that follows a threshold search, in slot order: (take, slot, taken,
+    eq_seen) -- which of the order ``keys`` are taken (> thr, or among the first k_rem == thr;
+    never the no-key 0), where each goes (taken so far + its rank), and the running counts."""
+    eq = keys == thr
+    eq_rank = eq_seen + tl.cumsum(eq.to(tl.int32), 0) - 1
+    take = ((keys > thr) | (eq & (eq_rank < k_rem))) & (keys != 0)
+    slot = taken + tl.cumsum(take.to(tl.int32), 0) - 1
+    return take, slot, taken + tl.sum(take.to(tl.int32), axis=0), eq_seen + tl.sum(eq.to(tl.int32), axis=0)
+
+
+@triton.jit
 def _kth_largest(keys, k):
     """The k-th largest of the order keys ``keys`` (a register tensor; 1 <= k <= its nonzero keys;
     k = 0 gives 0xFFFFFFFF), bit by bit from the top: keep each bit whose setting still leaves

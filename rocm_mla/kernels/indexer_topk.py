@@ -47,6 +47,8 @@ from .indexer_select import (
     _select_packed,
     _select_passes,
     _slots,
+    _take_step,
+    _threshold_flat,
     _written,
 )
 from .latent_core import page_and_offset
@@ -120,6 +122,40 @@ def _ocp_key_tile(
         rows = (cache + base[:, None] + off[:, None] * D).to(tl.pointer_type(tl.uint32))
         words = tl.load(rows + tl.arange(0, D // 4)[None, :], mask=ok[:, None])  # [BLOCK_N, D / 4]
     return _fnuz_half_codes(words, (BLOCK_N, D))
+
+
+@triton.jit
+def _listed(bits_row, pos, live, CBS: tl.constexpr):
+    """Whether positions ``pos`` lie in a listed candidate block: bit ``pos // CBS`` of the row's
+    bitmap (``bits_row``: a flag word, then the bits; ``mla_indexer_candidate_mask_kernel``)."""
+    blk = pos // CBS
+    word = tl.load(bits_row + 1 + blk // 32, mask=live, other=0)
+    return live & (((word >> (blk % 32)) & 1) != 0)
+
+
+@triton.jit
+def _candidate_pass(stage_row, cand_row, n, lo, n_keys, CHUNK: tl.constexpr, CAND: tl.constexpr, CBS: tl.constexpr):
+    """An item's candidate blocks over its n staged order keys (positions lo ..): CAND 1, a key
+    outside the row's listed blocks (``cand_row``: its flag word, then its bitmap; ``_listed``)
+    becomes no key (0), and every key of a row whose flag is set (a bad list) the NaN key; CAND 2,
+    each of the item's blocks' largest key goes to ``cand_row`` (its block's word), the row's
+    newest block (the one holding position n_keys - 1) as the NaN key. The item starts on a
+    block (CBS divides SPLIT and CHUNK), so each chunk holds CHUNK / CBS whole blocks."""
+    offs = tl.arange(0, CHUNK)
+    if CAND == 1:
+        list_bad = tl.load(cand_row) != 0
+    for c0 in range(0, n, CHUNK):
+        c = c0 + offs
+        live = c < n
+        key = tl.load(stage_row + c, mask=live, other=0)
+        if CAND == 1:
+            key = tl.where(list_bad, 0xFFFFFFFF, tl.where(_listed(cand_row, lo + c, live, CBS), key, 0))
+            tl.store(stage_row + c, key, mask=live)
+        else:
+            bkey = tl.max(tl.reshape(key, [CHUNK // CBS, CBS]), axis=1)
+            b = (lo + c0) // CBS + tl.arange(0, CHUNK // CBS)
+            bkey = tl.where(b == (n_keys - 1) // CBS, 0xFFFFFFFF, bkey)
+            tl.store(cand_row.to(tl.pointer_type(tl.uint32)) + b, bkey, mask=b * CBS < lo + n)
 
 
 @triton.jit
@@ -237,6 +273,8 @@ def mla_indexer_split_topk_kernel(
     SELECT_PACK: tl.constexpr,
     RANKS: tl.constexpr,
     OCP_CACHE: tl.constexpr,
+    CAND: tl.constexpr,
+    CBS: tl.constexpr,
 ):
     """A persistent program: work items (row t, split s) = pid, pid + grid, ... of T x num_splits,
     each the logits of the row's keys [s x SPLIT, min((s + 1) x SPLIT, kv_len)) and their top
@@ -262,6 +300,14 @@ def mla_indexer_split_topk_kernel(
     ``[T x num_splits, SPLIT]``, a row per item, which keeps the item's order keys (its first n
     words) for the prefilter, and ``bounds [T x num_splits, RANKS]`` gets the item's
     ``_rank_bounds`` (zeros for a split past the row's keys or a bad row); no selection here.
+
+    Candidate blocks (blocks of CBS positions; the workspace's ``[T, row_words]`` int32 right
+    after the stages, ``IndexerTopkPlan.candidate_layout``): CAND 1, the
+    row's bitmap (``mla_indexer_candidate_mask_kernel``): a key outside the listed blocks is no
+    key (nothing read for it), and a row whose flag word is set (its list held an entry < -1)
+    scores every key NaN, so it gets the bad-row sentinel. CAND 2: each block's largest order
+    key of the row's keys (the unmasked logits) goes to its word, the row's newest block (the one
+    holding position kv_len - 1) as the NaN key, for ``mla_indexer_candidate_select_kernel``.
     """
     cand_key = cand_key.to(tl.pointer_type(tl.uint32))  # int32 workspaces holding uint32 keys
     pid = tl.program_id(0)
@@ -324,6 +370,22 @@ def mla_indexer_split_topk_kernel(
                 lg = tl.where(ok, tl.load(stage_f32 + c, mask=live, other=0.0) * scale, float("nan"))
                 tl.store(stage_row + c, _order_key(lg), mask=live)
             tl.debug_barrier()
+            if CAND > 0:
+                # The candidate blocks in a pass of their own over the staged keys, after the dot
+                # and scale loops: inside them the extra addresses cost scalar registers that
+                # gfx942's OCP form does not have (it spilled).
+                # The candidate part follows the stages (derived, not passed: the OCP form of the
+                # kernel has no scalar registers to spare on gfx942).
+                if RANKS > 0:
+                    cand_part = stage + num_rows.to(tl.int64) * num_splits * SPLIT
+                else:
+                    cand_part = stage + tl.num_programs(0).to(tl.int64) * SPLIT
+                if CAND == 1:
+                    row_words = 1 + tl.cdiv(num_splits * (SPLIT // CBS), 32)
+                else:
+                    row_words = num_splits * (SPLIT // CBS)
+                _candidate_pass(stage_row, cand_part + t * row_words, n, lo, n_keys, CHUNK, CAND, CBS)
+                tl.debug_barrier()
 
             if RANKS > 0:
                 # Prefiltered: the item's stage row stays for the prefilter; only its bounds here.
@@ -349,17 +411,12 @@ def mla_indexer_split_topk_kernel(
                     for c0 in range(0, n, CHUNK):
                         c = c0 + offs_c
                         keys = tl.load(stage_row + c, mask=c < n, other=0)
-                        eq = keys == thr
-                        eq_rank = eq_seen + tl.cumsum(eq.to(tl.int32), 0) - 1
-                        take = ((keys > thr) | (eq & (eq_rank < k_rem))) & (keys != 0)
-                        slot = taken + tl.cumsum(take.to(tl.int32), 0) - 1
+                        take, slot, taken, eq_seen = _take_step(keys, thr, k_rem, taken, eq_seen)
                         if DIRECT:
                             tl.store(o_row + slot, lo + c, mask=take)
                         else:
                             tl.store(cand_key + c_row + slot, keys, mask=take)
                             tl.store(cand_pos + c_row + slot, lo + c, mask=take)
-                        taken += tl.sum(take.to(tl.int32), axis=0)
-                        eq_seen += tl.sum(eq.to(tl.int32), axis=0)
                 if DIRECT:
                     fill = tl.where(poison, -2, -1)
                     for j0 in range(0, topk, CHUNK):
@@ -368,6 +425,13 @@ def mla_indexer_split_topk_kernel(
                         tl.store(o_row + j, tl.zeros([CHUNK], dtype=tl.int32) + fill, mask=jm)
                 elif row_bad:
                     tl.store(cand_key + c_row, 0xFFFFFFFF)
+                elif CAND == 1:
+                    # The merge reads min(topk, the split's keys) slots: those the mask left
+                    # empty hold no key (0), not a stale one.
+                    m = tl.minimum(topk, n)
+                    for j0 in range(0, m, CHUNK):
+                        j = j0 + offs_c
+                        tl.store(cand_key + c_row + j, tl.zeros([CHUNK], dtype=tl.uint32), mask=(j >= taken) & (j < m))
             tl.debug_barrier()  # every thread has read the stage before the next item rewrites it
 
 
@@ -496,13 +560,8 @@ def _merge_chunked(
             idx, valid = _slots(c, n, row_bad, kv_len, topk, base, prefix_row, counts_row, SPLIT, TOPK_P2, S_P2, S_LOG)
             keys = tl.load(cand_key + idx, mask=valid, other=0)
             pos = tl.load(cand_pos + idx, mask=valid, other=0)
-            eq = keys == thr
-            eq_rank = eq_seen + tl.cumsum(eq.to(tl.int32), 0) - 1
-            take = ((keys > thr) | (eq & (eq_rank < k_rem))) & (keys != 0)
-            slot = taken + tl.cumsum(take.to(tl.int32), 0) - 1
+            take, slot, taken, eq_seen = _take_step(keys, thr, k_rem, taken, eq_seen)
             tl.store(o_row + slot, pos, mask=take)
-            taken += tl.sum(take.to(tl.int32), axis=0)
-            eq_seen += tl.sum(eq.to(tl.int32), axis=0)
     return poison, taken
 
 
@@ -583,3 +642,58 @@ def mla_indexer_merge_kernel(
     for j0 in range(0, topk, CHUNK):
         j = j0 + offs
         tl.store(o_row + j, tl.zeros([CHUNK], dtype=tl.int32) + fill, mask=(j < topk) & ((j >= taken) | poison))
+
+
+@triton.jit(do_not_specialize=["num_cols", "row_words", "s_c_r"])
+def mla_indexer_candidate_mask_kernel(candidates, bits, num_cols, row_words, s_c_r, CHUNK: tl.constexpr):
+    """Program t: row t's candidate bitmap, before the split kernel (CAND 1). ``candidates [>= T,
+    num_cols]`` int32 (row stride s_c_r, column stride 1): block ids, -1 unused; ``bits [T,
+    row_words]`` int32: word 0 is 1 when the list holds an entry < -1 (a bad list), else 0; bit
+    b of the words after it is set for each listed block b < (row_words - 1) x 32 (an id past
+    them covers no key a row may see: nothing is written for it)."""
+    t = tl.program_id(0).to(tl.int64)
+    row = bits + t * row_words
+    offs = tl.arange(0, CHUNK)
+    for w0 in range(0, row_words, CHUNK):
+        tl.store(row + w0 + offs, tl.zeros([CHUNK], dtype=tl.int32), mask=w0 + offs < row_words)
+    tl.debug_barrier()  # the zeros, stored by all, before any thread sets a bit
+    bad = tl.zeros([], dtype=tl.int32)
+    n_bits = (row_words - 1) * 32
+    for c0 in range(0, num_cols, CHUNK):
+        c = c0 + offs
+        b = tl.load(candidates + t * s_c_r + c, mask=c < num_cols, other=-1)
+        bad = tl.maximum(bad, tl.max((b < -1).to(tl.int32), axis=0))
+        ok = (b >= 0) & (b < n_bits)
+        bb = tl.where(ok, b, 0)
+        tl.atomic_or(row + 1 + bb // 32, tl.full([CHUNK], 1, tl.int32) << (bb % 32), mask=ok)
+    tl.store(row, bad)
+
+
+@triton.jit(do_not_specialize=["num_cols", "row_words", "capacity", "max_keys", "num_reqs"])
+def mla_indexer_candidate_select_kernel(
+    block_keys, req_ids, kv_lens, out, num_cols, row_words, capacity, max_keys, num_reqs, s_req, s_kl, s_o_r,
+    CBS: tl.constexpr, CHUNK: tl.constexpr,
+):  # fmt: skip
+    """Program t, after the split kernel (CAND 2) wrote ``block_keys [T, row_words]`` (each of row
+    t's cdiv(kv_len, CBS) blocks' largest order key, its newest block the NaN key): out[t]
+    (``[num_cols]`` int32, row stride s_o_r) the ids of its min(num_cols, blocks) largest, ties
+    by id, in ascending order, then -1; -2 everywhere for a bad row (``_row``)."""
+    keys = block_keys.to(tl.pointer_type(tl.uint32)) + tl.program_id(0).to(tl.int64) * row_words
+    t = tl.program_id(0).to(tl.int64)
+    req, kv_len, row_bad = _row(req_ids, kv_lens, t, s_req, s_kl, num_reqs, capacity, max_keys)
+    n = tl.where(row_bad, 0, tl.cdiv(tl.maximum(kv_len, 0), CBS))
+    k = tl.minimum(num_cols, n)
+    thr, k_rem = _threshold_flat(keys, n, k, CHUNK)
+    offs = tl.arange(0, CHUNK)
+    o_row = out + t * s_o_r
+    taken = tl.zeros([], dtype=tl.int32)
+    eq_seen = tl.zeros([], dtype=tl.int32)
+    for c0 in range(0, n, CHUNK):
+        c = c0 + offs
+        key = tl.load(keys + c, mask=c < n, other=0)
+        take, slot, taken, eq_seen = _take_step(key, thr, k_rem, taken, eq_seen)
+        tl.store(o_row + slot, c, mask=take)
+    fill = tl.where(row_bad, -2, -1)
+    for j0 in range(0, num_cols, CHUNK):
+        j = j0 + offs
+        tl.store(o_row + j, tl.zeros([CHUNK], dtype=tl.int32) + fill, mask=(j < num_cols) & ((j >= taken) | row_bad))

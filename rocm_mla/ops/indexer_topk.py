@@ -12,10 +12,16 @@ from typing import Any
 
 import torch
 
-from ..kernels.indexer_topk import mla_indexer_merge_kernel, mla_indexer_prefilter_kernel, mla_indexer_split_topk_kernel
+from ..kernels.indexer_topk import (
+    mla_indexer_candidate_mask_kernel,
+    mla_indexer_candidate_select_kernel,
+    mla_indexer_merge_kernel,
+    mla_indexer_prefilter_kernel,
+    mla_indexer_split_topk_kernel,
+)
 from ..mla_dims import FP8_DTYPES
 from ..reference.indexer import INDEX_HEAD_DIM
-from ..reference.indexer_topk import SENTINEL, mla_indexer_topk_ref
+from ..reference.indexer_topk import SENTINEL, mla_indexer_candidates_ref, mla_indexer_topk_ref
 from ..triton_common import INT32_MAX
 from ._checks import Checker
 from ._launch import kernel_launch
@@ -29,9 +35,11 @@ def mla_indexer_topk(
     block_table: torch.Tensor,
     req_id_per_token: torch.Tensor,
     kv_lens: torch.Tensor,
+    candidates: torch.Tensor | None = None,
     *,
     topk: int,
     out: torch.Tensor | None = None,
+    candidates_out: torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
     plan: IndexerTopkPlan | None = None,
 ) -> torch.Tensor:
@@ -56,8 +64,20 @@ def mla_indexer_topk(
         req_id_per_token: ``[>= T]`` int32, stride 1: row t's request.
         kv_lens: ``[>= T]`` int32, stride 1: the keys row t sees, positions ``[0, kv_lens[t])`` of
             its request (decode and MTP rows their context, a prefill row its position + 1).
+        candidates: with a plan of ``candidate_mode="mask"`` (DeepSeek-V4.1's later index
+            layers), ``[>= T, C]`` int32 (C the plan's candidate_blocks, column stride 1): row
+            t's candidate blocks, ids ``position // candidate_block_size`` in any order, -1
+            unused. Only the keys of listed blocks count (a NaN or a bad page elsewhere is not
+            seen); an id past the row's keys covers nothing; an entry below -1 makes the row
+            bad. Else None.
         topk: keys kept per row (2048 for the models; >= 1).
         out: ``[T, topk]`` int32 destination, column stride 1 (allocated when None).
+        candidates_out: with a plan of ``candidate_mode="select"`` (V4.1's candidate source
+            layer), ``[>= T, C]`` int32 destination (column stride 1): per row the ids of its
+            min(C, cdiv(kv_len, candidate_block_size)) blocks with the largest logit (of every
+            visible key; the block holding position kv_len - 1 always among them, and a block
+            with a NaN logit), ties by id, in ascending order, then -1; -2 everywhere for a bad
+            row (request or kv_len out of range). Rows past T are not written. Else None.
         workspace: optional contiguous int32 tensor of at least ``plan.workspace_numel`` elements;
             without it a Triton call does one ``torch.empty``.
         plan: an ``IndexerTopkPlan`` (``plan_indexer_topk`` / ``plan_indexer_topk_for``: once per
@@ -101,13 +121,14 @@ def mla_indexer_topk(
         if topk > 1 and out.stride(1) != 1:
             c.fail("out", "column stride 1", f"strides {out.stride()}")
         c.writable("out", out)
+    _check_candidates(c, plan, candidates, candidates_out)
     if workspace is not None:
         c.tensor("workspace", workspace, ndim=1, layout="[n] contiguous", dtypes=(torch.int32,))
         if workspace.numel() > 1 and workspace.stride(0) != 1:
             c.fail("workspace", "a contiguous tensor", f"strides {workspace.stride()}")
-    c.same_device(q=q, out=out, workspace=workspace)
+    c.same_device(q=q, out=out, workspace=workspace, candidates=candidates, candidates_out=candidates_out)
     c.no_overlap(
-        {"out": given_out, "workspace": workspace},
+        {"out": given_out, "workspace": workspace, "candidates_out": candidates_out},
         {
             "q": q,
             "weights": weights,
@@ -115,6 +136,7 @@ def mla_indexer_topk(
             "block_table": block_table,
             "req_id_per_token": req_id_per_token,
             "kv_lens": kv_lens,
+            "candidates": candidates,
         },
     )
     if plan.debug:
@@ -128,14 +150,49 @@ def mla_indexer_topk(
                 f"a contiguous int32 tensor of >= {plan.workspace_numel} elements (plan.workspace_numel)",
                 f"{workspace.numel()} elements",
             )
-        _launch_triton(plan, q, weights, index_cache, block_table, req_id_per_token, kv_lens, out, workspace)
+        _launch_triton(
+            plan, q, weights, index_cache, block_table, req_id_per_token, kv_lens, out, workspace,
+            candidates, candidates_out,
+        )  # fmt: skip
         return out
     ref = mla_indexer_topk_ref(
         q, weights, index_cache, block_table, req_id_per_token, kv_lens, topk=topk, shuffled=plan.shuffled,
-        max_keys=plan.max_keys, cache_kind=plan.cache_kind,
+        max_keys=plan.max_keys, cache_kind=plan.cache_kind, candidates=candidates,
+        candidate_block_size=plan.candidate_block_size,
     )  # fmt: skip
     out.copy_(ref)
+    if candidates_out is not None:
+        cands = mla_indexer_candidates_ref(
+            q, weights, index_cache, block_table, req_id_per_token, kv_lens, block_size=plan.candidate_block_size,
+            num_blocks=plan.candidate_blocks, shuffled=plan.shuffled, max_keys=plan.max_keys,
+            cache_kind=plan.cache_kind,
+        )  # fmt: skip
+        candidates_out[:T].copy_(cands)
     return out
+
+
+def _check_candidates(c: Checker, plan: IndexerTopkPlan, candidates, candidates_out) -> None:
+    """``candidates`` / ``candidates_out`` against the plan's candidate mode: the one it names given
+    (``[>= T, candidate_blocks]`` int32, column stride 1; the output writable), the other None."""
+    want = {"mask": "candidates", "select": "candidates_out"}.get(plan.candidate_mode)
+    for name, x in (("candidates", candidates), ("candidates_out", candidates_out)):
+        if name != want:
+            if x is not None:
+                goes = "mask" if name == "candidates" else "select"
+                why = f"the plan's candidate_mode is {plan.candidate_mode!r}; {name} goes with {goes!r}"
+                c.fail(name, f"None ({why})", f"a {type(x).__name__}")
+            continue
+        if x is None:
+            c.fail(name, f"a [>= T, {plan.candidate_blocks}] int32 tensor (the plan's candidate_mode is "
+                   f"{plan.candidate_mode!r})", "None")  # fmt: skip
+        C = plan.candidate_blocks
+        c.tensor(name, x, ndim=2, layout="[>= T, candidate_blocks]", dtypes=(torch.int32,))
+        if x.shape[0] < plan.num_rows or x.shape[1] != C:
+            c.fail(name, f"shape [>= {plan.num_rows}, {C}] (q's T, the plan's candidate_blocks)", tuple(x.shape))
+        if C > 1 and x.stride(1) != 1:
+            c.fail(name, "column stride 1", f"strides {x.stride()}")
+        if name == "candidates_out":
+            c.writable(name, x)
 
 
 def _validate_tensors(c: Checker, q, index_cache, block_table, topk, shuffled=None) -> dict[str, Any]:
@@ -245,11 +302,13 @@ def _debug_checks(c: Checker, index_cache, block_table, req_id_per_token, kv_len
                    f"block_table[{int(req[t])}, {j}] = {int(used[j])} (row {t})")  # fmt: skip
 
 
-def _launch_triton(plan, q, weights, index_cache, block_table, req_ids, kv_lens, out, workspace) -> None:
-    """Runs ``plan`` on validated tensors: the split kernel, then (more than one split) the
-    prefilter (prefiltered form) and the merge, each through the plan's ``KernelLaunch``
-    (ops/_launch.py: the compiled kernels kept across calls; ``kernel[grid]`` under the
-    interpreter)."""
+def _launch_triton(
+    plan, q, weights, index_cache, block_table, req_ids, kv_lens, out, workspace, candidates, candidates_out
+) -> None:
+    """Runs ``plan`` on validated tensors: (candidate mask) the rows' bitmaps, the split kernel,
+    then (more than one split) the prefilter (prefiltered form) and the merge, then (candidate
+    select) the rows' best blocks, each through the plan's ``KernelLaunch`` (ops/_launch.py: the
+    compiled kernels kept across calls; ``kernel[grid]`` under the interpreter)."""
     T, S = plan.num_rows, plan.num_splits
     # The bytes as q's fp8 kind: the kernel loads values without a bitcast (which the CPU
     # interpreter lacks for e4m3fnuz) and reads the scales through a float32 pointer. An e4m3fn
@@ -270,27 +329,44 @@ def _launch_triton(plan, q, weights, index_cache, block_table, req_ids, kv_lens,
         # The keys' view runs to the end: the merge's register-held read of the last row's slots
         # goes past its keys (into the positions and the read-ahead), all inside this view.
         n_cand = T * S * plan.topk_p2
-        cand_key, cand_pos = ws[n_stage:need], ws[n_stage + n_cand : need]
+        at = n_stage + plan.candidate_layout()[1]
+        cand_key, cand_pos = ws[at:need], ws[at + n_cand : need]
     nb, bs = cache.shape[0], cache.shape[1]
     if nb == 0:  # every row's keys are then bad; the stand-in keeps a live pointer
         cache = torch.empty(1, 1, cache.shape[2], dtype=cache.dtype, device=cache.device)
     bt = block_table if block_table.numel() else kv_lens
     capacity = min(block_table.shape[1] * bs, INT32_MAX)
+    c_start, c_numel = plan.candidate_layout()
+    cand_part = ws[c_start : c_start + c_numel] if c_numel else out  # (unused without a mode)
     launches = plan.kernel_launches
     if not launches:
         launches["split"] = kernel_launch(mla_indexer_split_topk_kernel, plan.constexprs, plan.options)
+        if plan.candidate_mode is not None:
+            kern = {"mask": mla_indexer_candidate_mask_kernel, "select": mla_indexer_candidate_select_kernel}
+            consts = dict(plan.candidate_constexprs)
+            if plan.candidate_mode == "select":
+                consts["CBS"] = plan.candidate_block_size
+            launches["candidates"] = kernel_launch(kern[plan.candidate_mode], consts, plan.candidate_options)
         if plan.prefiltered:
             launches["prefilter"] = kernel_launch(
                 mla_indexer_prefilter_kernel, plan.prefilter_constexprs, plan.prefilter_options
             )
         if not plan.direct:
             launches["merge"] = kernel_launch(mla_indexer_merge_kernel, plan.merge_constexprs, plan.merge_options)
+    words = plan.candidate_row_words
+    if plan.candidate_mode == "mask":
+        launches["candidates"]((T,), (candidates, cand_part, plan.candidate_blocks, words, candidates.stride(0)))
     launches["split"](plan.grid, (
-        q, weights, cache, bt, req_ids, kv_lens, out, cand_key, cand_pos, stage, bounds,
+        q, weights, cache, bt, req_ids, kv_lens, out, cand_key, cand_pos, ws, bounds,  # ws: the stages first
         T, S, plan.topk, bs, plan.page_shift, capacity, min(nb, INT32_MAX), block_table.shape[0],
         q.stride(0), q.stride(1), weights.stride(0), weights.stride(1), cache.stride(0),
         block_table.stride(0), req_ids.stride(0), kv_lens.stride(0), out.stride(0),
     ))  # fmt: skip
+    if plan.candidate_mode == "select":
+        launches["candidates"]((T,), (
+            cand_part, req_ids, kv_lens, candidates_out, plan.candidate_blocks, words, capacity, plan.max_keys,
+            block_table.shape[0], req_ids.stride(0), kv_lens.stride(0), candidates_out.stride(0),
+        ))  # fmt: skip
     if plan.direct:
         return
     if plan.prefiltered:

@@ -43,7 +43,8 @@ def _merge_register_slots(arch: str, merge: dict[str, Any]) -> int:
 
 def triton_meta(
     arch: str, cfg: dict[str, Any], num_heads: int, split_keys: int, topk_p2: int, *, direct: bool, block_size: int,
-    shuffled: bool, ranks: int = 0, ocp_cache: bool = False,
+    shuffled: bool, ranks: int = 0, ocp_cache: bool = False, candidate_mode: str | None = None,
+    candidate_block_size: int = 1,
 ) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
     """``(constexprs, compile options)`` of the split kernel: the single place the op's launch and
     the ISA report's variants take them from. CHUNK, the keys a selection step reads from the
@@ -68,6 +69,8 @@ def triton_meta(
         "SELECT_PACK": int(cfg.get("select_pack", 1)),
         "RANKS": int(ranks),
         "OCP_CACHE": bool(ocp_cache),
+        "CAND": CANDIDATE_MODES.index(candidate_mode),
+        "CBS": int(candidate_block_size) if candidate_mode else 1,
     }
     options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **amd_options(cfg, arch)}
     if cfg.get("maxnreg") and not is_amd_arch(arch):
@@ -130,6 +133,24 @@ def prefilter_meta(cfg: dict[str, Any], split_keys: int, num_splits: int) -> tup
     """``(constexprs, compile options)`` of the prefilter kernel (one program per item)."""
     consts = {"SPLIT": int(split_keys), "RANKS": PREFILTER_RANKS, "S_P2": triton.next_power_of_2(num_splits)}
     return consts, {"num_warps": int(cfg["num_warps"])}
+
+
+# Candidate-block modes (CAND 0, 1, 2): none; "mask" (keys outside a row's listed blocks are no
+# key: DeepSeek-V4.1's later index layers); "select" (each row's best blocks are written:
+# V4.1's candidate source layer).
+CANDIDATE_MODES = (None, "mask", "select")
+
+
+# The fields a config's "candidate_modes" object may replace for calls with a candidate mode:
+# compile options of the split kernel's tile (gfx942's OCP form at 106 scalar registers has none
+# to spare for the candidate pass with 16-wide MFMA tiles; 32-wide ones leave some).
+CANDIDATE_MODE_FIELDS = ("matrix_instr_nonkdim", "waves_per_eu", "kpack")
+
+
+def candidate_meta(arch: str, chunk: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(constexprs, compile options)`` of the candidate kernels (mask bitmap, block selection): a
+    program of 4 warps per row, ``chunk`` entries a step (at least one a thread)."""
+    return {"CHUNK": max(int(chunk), 4 * wave_size(arch))}, {"num_warps": 4}
 
 
 # The fields a config's "many_items" object may replace: the ones that leave every selection bit
@@ -263,6 +284,13 @@ class IndexerTopkPlan:
     ``cache_kind``: the fp8 kind of the cache's values, q's own or e4m3fn under an e4m3fnuz q
     (``constexprs["OCP_CACHE"]``: the kernel turns each value into q's kind, exactly).
 
+    ``candidate_mode`` (DeepSeek-V4.1's two-level indexer; blocks of ``candidate_block_size``
+    positions, ``candidate_blocks`` of them a row): "mask" -- a first kernel turns each row's list
+    (``candidates``) into a bitmap (``candidate_layout``), and the split kernel counts the keys
+    outside the listed blocks as no key (their bytes are not read); "select" -- the split kernel
+    also writes each block's largest order key, and a last kernel writes each row's best
+    ``candidate_blocks`` blocks (``candidates_out``). One launch more either way.
+
     ``backend`` ("triton" or "reference", chosen when the plan is made) runs the call; both give
     the same answer (docs/indexer.md). ``matches`` checks a call's tensors against the plan from
     host values alone; ``mla_indexer_topk`` checks it before anything runs.
@@ -295,6 +323,13 @@ class IndexerTopkPlan:
     debug: bool = False  # host-side checks of the index values at every call (a sync)
     # The cache values' fp8 kind: q_dtype, or float8_e4m3fn under a float8_e4m3fnuz q (None: q's).
     cache_kind: torch.dtype | None = None
+    # Candidate blocks (DeepSeek-V4.1's two-level indexer): None, "mask" or "select"; blocks of
+    # candidate_block_size positions; candidate_blocks columns in candidates / candidates_out.
+    candidate_mode: str | None = None
+    candidate_block_size: int = 0
+    candidate_blocks: int = 0
+    candidate_constexprs: dict[str, Any] | None = None
+    candidate_options: dict[str, Any] | None = None
     # The op's KernelLaunch of each kernel ("split", "prefilter", "merge"; ops/_launch.py), made at
     # the plan's first run: its binaries are kept across calls. Not part of what the plan decides.
     kernel_launches: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
@@ -370,24 +405,41 @@ class IndexerTopkPlan:
             "counts": self.items,
             "prefix": self.num_rows * self.merge_constexprs["S_P2"],
         }
-        out, at = {}, self.stage_numel
+        out, at = {}, self.stage_numel + self.candidate_layout()[1]
         for name, numel in parts.items():
             out[name] = (at, numel)
             at += numel
         return out
 
     @property
+    def candidate_row_words(self) -> int:
+        """int32 words a row takes in the candidate blocks' part: "mask", a flag word (the row's
+        list holds an entry < -1) and a bit a block of ``max_keys``; "select", an order key a
+        block; 0 without a candidate mode."""
+        if self.candidate_mode is None:
+            return 0
+        blocks = self.max_keys // self.candidate_block_size
+        return 1 + triton.cdiv(blocks, 32) if self.candidate_mode == "mask" else blocks
+
+    def candidate_layout(self) -> tuple[int, int]:
+        """``(start, numel)`` of the candidate blocks' part of the workspace: ``[T,
+        candidate_row_words]`` int32 right after the stages (where the split kernel finds it)."""
+        return self.stage_numel, self.num_rows * self.candidate_row_words
+
+    @property
     def workspace_numel(self) -> int:
-        """int32 elements of the workspace: the stages, then (more than one split) the candidates'
-        keys and positions, then the merge's read-ahead (a row's register-held slots past the
-        last row's candidates); prefiltered: ``prefilter_layout``'s parts."""
+        """int32 elements of the workspace: the stages, the candidate blocks' part
+        (``candidate_layout``), then (more than one split) the candidates' keys and positions and
+        the merge's read-ahead (a row's register-held slots past the last row's candidates);
+        prefiltered: ``prefilter_layout``'s parts."""
+        start, numel = self.candidate_layout()
         if self.direct:
-            return self.stage_numel
+            return start + numel
         if self.prefiltered:
             start, numel = self.prefilter_layout()["prefix"]
             return start + numel
         cands = 2 * self.num_rows * self.num_splits * self.topk_p2
-        return self.stage_numel + cands + max(0, self.merge_constexprs["REG"] - self.num_splits * self.topk_p2)
+        return start + numel + cands + max(0, self.merge_constexprs["REG"] - self.num_splits * self.topk_p2)
 
     @property
     def workspace_bytes(self) -> int:
@@ -395,7 +447,7 @@ class IndexerTopkPlan:
 
     @property
     def launches(self) -> int:
-        return 1 if self.direct else 3 if self.prefiltered else 2
+        return (1 if self.direct else 3 if self.prefiltered else 2) + (self.candidate_mode is not None)
 
 
 def plan_indexer_topk(
@@ -412,6 +464,9 @@ def plan_indexer_topk(
     backend: str | None = None,
     debug: bool | None = None,
     cache_kind: torch.dtype | None = None,
+    candidate_mode: str | None = None,
+    candidate_block_size: int = 0,
+    candidate_blocks: int = 0,
 ) -> IndexerTopkPlan:
     """Everything an ``mla_indexer_topk`` call with these sizes launches, decided once on the host
     from the sizes alone (no device value is read): make it once per step and pass it to every
@@ -448,6 +503,14 @@ def plan_indexer_topk(
             e4m3fnuz on gfx942): each value becomes the e4m3fnuz code of half its value and its
             scale is doubled, exactly, so the dot stays fp8 in q's kind. Any other combination is
             a ValueError.
+        candidate_mode: DeepSeek-V4.1's two-level indexer. None (default): every visible key
+            counts. "mask": the call's ``candidates [>= T, candidate_blocks]`` lists each row's
+            blocks (ids ``position // candidate_block_size``, -1 unused); keys outside them count
+            as no key. "select": the call also writes ``candidates_out`` with each row's best
+            blocks by their largest logit (the newest block always among them).
+        candidate_block_size: positions a candidate block holds (with a mode): a power of two, at
+            most the split kernel's selection chunk (256 on every shipped config; vLLM uses 8).
+        candidate_blocks: the candidate lists' columns (with a mode; >= 1; vLLM's 2048).
 
     Raises:
         TypeError / ValueError naming the argument, what was expected and what came.
@@ -467,6 +530,7 @@ def plan_indexer_topk(
     if debug is not None and not isinstance(debug, bool):
         c.fail("debug", "None, True or False", repr(debug), TypeError)
     kind = _cache_kind(c, cache_kind, q_dtype)
+    _check_candidate_knobs(c, candidate_mode, candidate_block_size, candidate_blocks)
     device = plan_device(device)
     impl = select(OP, device, backend, has_hip=False)
     arch = _platform.device_arch(device)
@@ -479,6 +543,13 @@ def plan_indexer_topk(
             c.fail("config", f"a {key} entry", f"keys {sorted(cfg)}")
     cfg.setdefault("key_streams", 1)
     cfg.setdefault("select_pack", 1)
+    two_level = cfg.pop("candidate_modes", None)
+    if two_level is not None:
+        if not isinstance(two_level, dict) or not set(two_level) <= set(CANDIDATE_MODE_FIELDS):
+            got = sorted(two_level) if isinstance(two_level, dict) else type(two_level).__name__
+            c.fail("config", f"candidate_modes an object of {list(CANDIDATE_MODE_FIELDS)}", got)
+        if candidate_mode is not None:
+            cfg.update(two_level)
     _check_fields(c, cfg)
     topk_p2 = triton.next_power_of_2(topk)
     wave = wave_size(arch)
@@ -513,11 +584,17 @@ def plan_indexer_topk(
     direct = S == 1 and bool(cfg.get("direct", True)) and not ranks
     consts, options = triton_meta(
         arch, cfg, num_heads, split_keys, topk_p2, direct=direct, block_size=block_size, shuffled=shuffle,
-        ranks=ranks, ocp_cache=kind != q_dtype,
+        ranks=ranks, ocp_cache=kind != q_dtype, candidate_mode=candidate_mode,
+        candidate_block_size=candidate_block_size,
     )  # fmt: skip
+    if candidate_mode and candidate_block_size > consts["CHUNK"]:
+        c.fail(
+            "candidate_block_size", f"at most the split kernel's chunk ({consts['CHUNK']} keys)", candidate_block_size
+        )
     unused = (None, None)
     m_consts, m_options = unused if direct else merge_meta(arch, cfg, split_keys, topk_p2, S, prefiltered=ranks > 0)
     p_consts, p_options = prefilter_meta(cfg, split_keys, S) if ranks else unused
+    c_consts, c_options = candidate_meta(arch, cfg["merge"]["chunk"]) if candidate_mode else unused
     return IndexerTopkPlan(
         arch=arch,
         num_rows=num_rows,
@@ -545,7 +622,36 @@ def plan_indexer_topk(
         backend=impl,
         debug=debug_enabled(debug),
         cache_kind=kind,
+        candidate_mode=candidate_mode,
+        candidate_block_size=int(candidate_block_size) if candidate_mode else 0,
+        candidate_blocks=int(candidate_blocks) if candidate_mode else 0,
+        candidate_constexprs=c_consts,
+        candidate_options=c_options,
     )
 
 
-__all__ = ["OP", "IndexerTopkPlan", "plan_indexer_topk", "triton_meta", "merge_meta", "prefilter_meta"]
+def _check_candidate_knobs(c: Checker, mode: object, block_size: object, blocks: object) -> None:
+    """The candidate knobs' rules (ValueError / TypeError naming the knob)."""
+    if mode not in CANDIDATE_MODES:
+        c.fail("candidate_mode", "None, 'mask' or 'select'", repr(mode))
+    if mode is None:
+        for name, v in (("candidate_block_size", block_size), ("candidate_blocks", blocks)):
+            if v not in (0, None):
+                c.fail(name, "0 without a candidate_mode", repr(v))
+        return
+    if not _int_in(block_size, 1) or block_size & (block_size - 1):
+        c.fail("candidate_block_size", f"a power of two >= 1 with candidate_mode {mode!r}", repr(block_size))
+    if not _int_in(blocks, 1):
+        c.fail("candidate_blocks", f"an int >= 1 with candidate_mode {mode!r}", repr(blocks))
+
+
+__all__ = [
+    "OP",
+    "CANDIDATE_MODES",
+    "IndexerTopkPlan",
+    "plan_indexer_topk",
+    "triton_meta",
+    "merge_meta",
+    "prefilter_meta",
+    "candidate_meta",
+]

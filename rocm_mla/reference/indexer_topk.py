@@ -7,6 +7,11 @@ decoded in the cache's fp8 kind (q's, or e4m3fn under an e4m3fnuz q). A selectio
 valid when it holds min(topk, kv_len) distinct in-range positions in ascending order, then -1, and
 no unselected key scores more than a selected one (up to float rounding: the kernel sums in
 float32).
+
+Candidate blocks (DeepSeek-V4.1's two-level indexer; blocks of ``block_size`` positions): a row
+given a list of blocks sees only the keys of those blocks (``candidate_keep_ref``); the source
+layer's list is a valid top of the blocks ranked by their largest logit, the newest block always
+in it (``mla_indexer_candidates_ref``, ``check_candidate_blocks``).
 """
 
 from __future__ import annotations
@@ -85,35 +90,166 @@ def mla_indexer_topk_ref(
     shuffled: bool = False,
     max_keys: int | None = None,
     cache_kind: torch.dtype | None = None,
+    candidates: torch.Tensor | None = None,
+    candidate_block_size: int = 0,
 ) -> torch.Tensor:
     """``[T, topk]`` int32: per row the positions of its ``topk`` largest logits (float64, ties by
     position) in ascending order, then -1; SENTINEL (-2) in every entry of a bad row or of a row
-    whose logits hold a NaN. Arguments as ``mla_indexer_logits_ref``."""
+    whose logits hold a NaN. With ``candidates`` (``[>= T, C]`` block ids): only the keys of the
+    row's listed blocks count (``candidate_keep_ref``). Arguments as ``mla_indexer_logits_ref``."""
     T = q.shape[0]
     logits = mla_indexer_logits_ref(
         q, weights, index_cache, block_table, req_id_per_token, kv_lens, shuffled=shuffled, max_keys=max_keys,
         cache_kind=cache_kind,
     )  # fmt: skip
+    keep = None if candidates is None else candidate_keep_ref(candidates[:T], logits, candidate_block_size)
     out = torch.full((T, topk), -1, dtype=torch.int32)
     for t, lg in enumerate(logits):
+        lg, pos = _kept(lg, False if keep is None else keep[t])
         if _sentinel_row(lg):
             out[t] = SENTINEL
             continue
         m = min(topk, lg.numel())
         # stable: equal logits in position order, as the kernel takes them
         order = torch.sort(lg, descending=True, stable=True).indices[:m]
+        out[t, :m] = torch.sort(pos[order]).values.to(torch.int32)
+    return out.to(q.device)
+
+
+def candidate_keep_ref(
+    candidates: torch.Tensor, logits: list[torch.Tensor | None], block_size: int
+) -> list[torch.Tensor | None]:
+    """Per row t (of ``logits``, ``mla_indexer_logits_ref``'s), a bool ``[kv_len]``: which of its
+    keys lie in a block listed in ``candidates[t]`` (block of position j: ``j // block_size``;
+    -1 and ids past the row's blocks list nothing); None for a list holding an entry below -1
+    (a bad list: the row's keys then count as NaN, so a row that sees any key gets SENTINEL)."""
+    cands = candidates.cpu().long()
+    keep: list[torch.Tensor | None] = []
+    for t, lg in enumerate(logits):
+        row = cands[t]
+        if bool((row < -1).any()):
+            keep.append(None)
+            continue
+        n = 0 if lg is None else lg.numel()
+        listed = torch.zeros(-(-n // block_size) + 1, dtype=torch.bool)
+        ids = row[(row >= 0) & (row < listed.numel() - 1)]
+        listed[ids] = True
+        keep.append(listed[torch.arange(n) // block_size])
+    return keep
+
+
+def _kept(lg: torch.Tensor | None, keep) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(the logits a row's selection ranks, their positions): all of them without candidates; the
+    listed keys' with a keep mask; every key as NaN for a bad list (None) -- a row without keys
+    keeps none either way."""
+    if lg is None:
+        return None, None
+    pos = torch.arange(lg.numel())
+    if keep is False:  # no candidates given
+        return lg, pos
+    if keep is None:
+        return torch.full_like(lg, float("nan")), pos
+    return lg[keep], pos[keep]
+
+
+def mla_indexer_candidates_ref(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    index_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    req_id_per_token: torch.Tensor,
+    kv_lens: torch.Tensor,
+    *,
+    block_size: int,
+    num_blocks: int,
+    shuffled: bool = False,
+    max_keys: int | None = None,
+    cache_kind: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``[T, num_blocks]`` int32, a candidate source layer's lists: per row the ids of its
+    min(num_blocks, cdiv(kv_len, block_size)) blocks ranked by their largest float64 logit (a NaN
+    logit and the newest block, the one holding position kv_len - 1, rank first), ties by id, in
+    ascending order, then -1; SENTINEL everywhere for a bad row. Arguments as
+    ``mla_indexer_logits_ref``."""
+    T = q.shape[0]
+    logits = mla_indexer_logits_ref(
+        q, weights, index_cache, block_table, req_id_per_token, kv_lens, shuffled=shuffled, max_keys=max_keys,
+        cache_kind=cache_kind,
+    )  # fmt: skip
+    out = torch.full((T, num_blocks), -1, dtype=torch.int32)
+    for t, lg in enumerate(logits):
+        if lg is None:
+            out[t] = SENTINEL
+            continue
+        score = block_scores_ref(lg, block_size)
+        m = min(num_blocks, score.numel())
+        order = torch.sort(score, descending=True, stable=True).indices[:m]
         out[t, :m] = torch.sort(order).values.to(torch.int32)
     return out.to(q.device)
 
 
+def block_scores_ref(lg: torch.Tensor, block_size: int) -> torch.Tensor:
+    """``[cdiv(n, block_size)]`` float64: each block's largest logit of a row's ``lg [n]``; +inf
+    for a block holding a NaN and for the newest block (the source layer always lists them)."""
+    n = lg.numel()
+    nb = -(-n // block_size)
+    padded = torch.full((nb * block_size,), float("-inf"), dtype=torch.float64)
+    padded[:n] = lg
+    blocks = padded.view(nb, block_size)
+    score = torch.where(torch.isnan(blocks).any(1), float("inf"), blocks.nan_to_num(nan=0.0).amax(1))
+    if nb:
+        score[nb - 1] = float("inf")
+    return score
+
+
+def check_candidate_blocks(
+    out: torch.Tensor, logits: list[torch.Tensor | None], block_size: int, *, rtol: float = 1e-4
+) -> str:
+    """ "" when ``out [T, C]`` is a valid candidate source answer for the reference ``logits``
+    (``mla_indexer_candidates_ref``'s rules, ties and float rounding aside: no unlisted block
+    scores more than a listed one, the newest and NaN blocks listed), else what is wrong with the
+    first bad row."""
+    o = out.cpu().long()
+    C = o.shape[1]
+    for t in range(o.shape[0]):
+        lg, row = logits[t], o[t]
+        if lg is None:
+            if not bool((row == SENTINEL).all()):
+                return f"row {t}: expected the bad-row sentinel {SENTINEL} everywhere, got {row[:8].tolist()}..."
+            continue
+        score = block_scores_ref(lg, block_size)
+        nb = score.numel()
+        m = min(C, nb)
+        sel, pad = row[:m], row[m:]
+        if bool((pad != -1).any()):
+            return f"row {t}: expected -1 after the first {m} entries, got {pad[pad != -1][:8].tolist()}"
+        if bool(((sel < 0) | (sel >= nb)).any()):
+            return f"row {t}: expected block ids in [0, {nb}), got {sel[(sel < 0) | (sel >= nb)][:8].tolist()}"
+        if m > 1 and bool((sel[1:] <= sel[:-1]).any()):
+            return f"row {t}: expected distinct block ids in ascending order, got {sel[:8].tolist()}..."
+        if m < nb:
+            picked = torch.zeros(nb, dtype=torch.bool)
+            picked[sel] = True
+            if bool((score[~picked] == float("inf")).any()):
+                return f"row {t}: the newest block or a block with a NaN logit is not listed"
+            finite = score[torch.isfinite(score)]
+            tol = rtol * float(finite.abs().max() if finite.numel() else 0.0) + 1e-30
+            low_in, high_out = float(score[picked].min()), float(score[~picked].max())
+            if high_out > low_in + tol:
+                return f"row {t}: an unlisted block scores {high_out:.6g} above a listed {low_in:.6g}: not a top-{C}"
+    return ""
+
+
 def check_indexer_topk(
-    out: torch.Tensor, logits: list[torch.Tensor | None], topk: int, *, rtol: float = 1e-4, rows=None
+    out: torch.Tensor, logits: list[torch.Tensor | None], topk: int, *, rtol: float = 1e-4, rows=None, keep=None
 ) -> str:
     """ "" when ``out [T, topk]`` is a valid answer for the reference ``logits`` (see the module
-    docstring), else what is wrong with the first bad row."""
+    docstring), else what is wrong with the first bad row. ``keep``: ``candidate_keep_ref``'s
+    masks, when the rows saw only their candidate blocks."""
     o = out.cpu().long()
     for t in range(o.shape[0]) if rows is None else rows:
-        lg, row = logits[t], o[t]
+        lg, pos = _kept(logits[t], False if keep is None else keep[t])
+        row = o[t]
         if _sentinel_row(lg):
             if not bool((row == SENTINEL).all()):
                 return f"row {t}: expected the bad-row sentinel {SENTINEL} everywhere, got {row[:8].tolist()}..."
@@ -122,6 +258,13 @@ def check_indexer_topk(
         sel, pad = row[:m], row[m:]
         if bool((pad != -1).any()):
             return f"row {t}: expected -1 after the first {m} entries, got {pad[pad != -1][:8].tolist()}"
+        if keep is not None:  # positions -> indices among the kept keys (-1: not a kept key)
+            where = torch.full((int(pos.max()) + 1 if pos.numel() else 0,), -1, dtype=torch.long)
+            where[pos] = torch.arange(n)
+            bad = (sel < 0) | (sel >= where.numel())
+            if bool(bad.any()) or bool((where[sel] < 0).any()):
+                return f"row {t}: expected positions of the row's candidate blocks, got {sel[:8].tolist()}..."
+            sel = where[sel]
         if bool(((sel < 0) | (sel >= n)).any()):
             return f"row {t}: expected positions in [0, {n}), got {sel[(sel < 0) | (sel >= n)][:8].tolist()}"
         if torch.unique(sel).numel() != m:
@@ -141,4 +284,13 @@ def check_indexer_topk(
     return ""
 
 
-__all__ = ["SENTINEL", "mla_indexer_logits_ref", "mla_indexer_topk_ref", "check_indexer_topk"]
+__all__ = [
+    "SENTINEL",
+    "mla_indexer_logits_ref",
+    "mla_indexer_topk_ref",
+    "check_indexer_topk",
+    "candidate_keep_ref",
+    "mla_indexer_candidates_ref",
+    "block_scores_ref",
+    "check_candidate_blocks",
+]

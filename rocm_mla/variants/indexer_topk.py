@@ -11,8 +11,14 @@ import itertools
 import torch
 
 from ..configs import config_for, platform_fp8_dtype
-from ..kernels.indexer_topk import mla_indexer_merge_kernel, mla_indexer_prefilter_kernel, mla_indexer_split_topk_kernel
-from ..ops.indexer_topk_plan import OP, PREFILTER_RANKS, merge_meta, prefilter_meta, triton_meta
+from ..kernels.indexer_topk import (
+    mla_indexer_candidate_mask_kernel,
+    mla_indexer_candidate_select_kernel,
+    mla_indexer_merge_kernel,
+    mla_indexer_prefilter_kernel,
+    mla_indexer_split_topk_kernel,
+)
+from ..ops.indexer_topk_plan import OP, PREFILTER_RANKS, candidate_meta, merge_meta, prefilter_meta, triton_meta
 from ..triton_common import amd_options, triton_type
 from .triton_variant import TritonVariant
 
@@ -20,9 +26,11 @@ _SPLIT_PTRS = (
     "q", "weights", "cache", "block_table", "req_ids", "kv_lens", "out", "cand_key", "cand_pos", "stage", "bounds",
 )  # fmt: skip
 _SPLIT_I32 = (
-    "num_rows", "num_splits", "topk", "page_size", "page_shift", "capacity", "num_pages", "num_reqs", "s_q_r",
-    "s_q_h", "s_w_r", "s_c_blk", "s_bt_b", "s_o_r",
+    "num_rows", "num_splits", "topk", "page_size", "page_shift", "capacity", "num_pages", "num_reqs",
+    "s_q_r", "s_q_h", "s_w_r", "s_c_blk", "s_bt_b", "s_o_r",
 )  # fmt: skip
+# DeepSeek-V4.1's two-level indexer: its top-k and candidate blocks (candidate_block_size 8).
+_V41_TOPK, _V41_CBS = 512, 8
 _SPLIT_ALIGNED = ("s_q_r", "s_q_h", "s_c_blk", "s_bt_b", "s_o_r")  # the strides of 16-byte aligned rows
 _UNIT = {"s_req": 1, "s_kl": 1}  # unit strides (Triton specialises ints equal to 1)
 _ONES = {"s_w_h": 1, **_UNIT}
@@ -47,7 +55,9 @@ def triton_variants(arch: str) -> list[TritonVariant]:
     where the config has a prefilter, its three kernels for a 128K-key row. Where the arch's kind is
     e4m3fnuz (gfx942), the split kernel reading an e4m3fn cache (``cache_kind``, OCP_CACHE: vLLM's
     DeepSeek-V4 indexer caches, flat (C4) or shuffled, block 64) in the config's split and
-    prefiltered forms, H 64."""
+    prefiltered forms, H 64. DeepSeek-V4.1's two-level indexer (H 64, top-512, blocks of 8, its
+    cache's kind as above, shuffled): the split kernel's candidate mask and block keys in the
+    config's split form, and the two candidate kernels."""
     fp8 = platform_fp8_dtype(arch)
     fname = triton_type(fp8)
     cfg = config_for(OP, arch)["tiers"][0]
@@ -64,20 +74,24 @@ def triton_variants(arch: str) -> list[TritonVariant]:
     if pf:
         forms.append((cfg, (True,), int(pf["split_keys"]), PREFILTER_RANKS))
     typed = {"q": f"*{fname}", "weights": "*fp32", "cache": f"*{fname}"}
-    # (form, split keys, ranks, H, direct, shuffled, block size, e4m3fn cache under an e4m3fnuz q)
+    # (form, split keys, ranks, H, direct, shuffled, block size, e4m3fn cache under an e4m3fnuz q,
+    # candidate mode, top-k)
     launches = []
     for (form, layouts, split, ranks), H, direct in itertools.product(forms, (64, 32), directs):
         if ranks and direct:
             continue
         for shuffled in layouts if H == 64 and direct == directs[0] else (True,):
-            launches.append((form, split, ranks, H, direct, shuffled, 64 if shuffled else 1, False))
-    if fp8 == torch.float8_e4m3fnuz:
-        launches += [(form, split, ranks, 64, False, shuffled, 64, True) for form, _, split, ranks in forms
-                     if form is cfg for shuffled in (False, True)]  # fmt: skip
-    for form, split, ranks, H, direct, shuffled, block, ocp in launches:
+            launches.append((form, split, ranks, H, direct, shuffled, 64 if shuffled else 1, False, None, topk_p2))
+    mixed = fp8 == torch.float8_e4m3fnuz
+    if mixed:
+        launches += [(form, split, ranks, 64, False, shuffled, 64, True, None, topk_p2) for form, _, split, ranks
+                     in forms if form is cfg for shuffled in (False, True)]  # fmt: skip
+    two_level = {**cfg, **cfg.get("candidate_modes", {})}  # the plan's config for a candidate mode
+    launches += [(two_level, split_keys, 0, 64, False, True, 64, mixed, mode, _V41_TOPK) for mode in ("mask", "select")]
+    for form, split, ranks, H, direct, shuffled, block, ocp, mode, topk in launches:
         meta, options = triton_meta(
-            arch, form, H, split, topk_p2, direct=direct, block_size=block, shuffled=shuffled, ranks=ranks,
-            ocp_cache=ocp,
+            arch, form, H, split, topk, direct=direct, block_size=block, shuffled=shuffled, ranks=ranks,
+            ocp_cache=ocp, candidate_mode=mode, candidate_block_size=_V41_CBS,
         )  # fmt: skip
         amd = "".join(f" {k[:4]}{v}" for k, v in amd_options(form, arch).items())
         pack = f" pack{meta['SELECT_PACK']}" if meta["SELECT_PACK"] > 1 else ""
@@ -86,9 +100,10 @@ def triton_variants(arch: str) -> list[TritonVariant]:
         if ocp:
             layout = f"cache={triton_type(torch.float8_e4m3fn)} {layout} block{block}"
         label = (
-            f"q={fname} H{H} topk{topk_p2} split{split} N{meta['BLOCK_N']} w{options['num_warps']}"
+            f"q={fname} H{H} topk{topk} split{split} N{meta['BLOCK_N']} w{options['num_warps']}"
             f" s{options['num_stages']}{amd}{pack}{regs} {layout} "
             f"{'bounds' + str(ranks) if ranks else 'direct' if direct else 'split'}"
+            f"{f' candidates={mode} block{_V41_CBS}' if mode else ''}"
         )
         out.append(_variant(
             label, mla_indexer_split_topk_kernel, _SPLIT_PTRS, _SPLIT_I32, _SPLIT_ALIGNED, {**_ONES, **meta},
@@ -119,6 +134,18 @@ def triton_variants(arch: str) -> list[TritonVariant]:
             ("stage", "bounds", "counts", "cand_pos", "req_ids", "kv_lens"),
             ("num_rows", "num_splits", "topk", "capacity", "num_reqs"), (), {**_UNIT, **p_consts}, p_options,
         ))  # fmt: skip
+    c_consts, c_options = candidate_meta(arch, cfg["merge"]["chunk"])
+    w = f" chunk{c_consts['CHUNK']} w{c_options['num_warps']}"
+    out.append(_variant(
+        "candidate mask" + w, mla_indexer_candidate_mask_kernel, ("candidates", "bits"),
+        ("num_cols", "row_words", "s_c_r"), ("s_c_r",), c_consts, c_options,
+    ))  # fmt: skip
+    select_ints = ("num_cols", "row_words", "capacity", "max_keys", "num_reqs", "s_o_r")
+    out.append(_variant(
+        f"candidate select block{_V41_CBS}" + w, mla_indexer_candidate_select_kernel,
+        ("block_keys", "req_ids", "kv_lens", "out"), select_ints, ("s_o_r",),
+        {**_UNIT, **c_consts, "CBS": _V41_CBS}, c_options,
+    ))  # fmt: skip
     return out
 
 

@@ -18,9 +18,10 @@ ATTENTION_OPS = {
     "mla_sparse_attention": ("plan_sparse_attention", "SparsePlan"),
     "mla_indexer_topk": ("plan_indexer_topk", "IndexerTopkPlan"),
 }
-# The keyword-only arguments an attention op may take: the contract's, plus the sizes that are part of
+# The keyword-only arguments an attention op may take: the contract's (its outputs: out, lse, and the
+# indexer's candidate blocks, a second output as lse is attention's), plus the sizes that are part of
 # the question asked (the softmax scale; the indexer's topk).
-CONTRACT_KEYWORDS = ("topk", "sm_scale", "out", "lse", "k_scale", "workspace", "plan")
+CONTRACT_KEYWORDS = ("topk", "sm_scale", "out", "lse", "candidates_out", "k_scale", "workspace", "plan")
 
 
 def test_every_public_op_name_is_exported_at_the_top_level_and_in_the_docstring():

@@ -214,13 +214,13 @@ MLA_FAMILY: tuple[MLAModel, ...] = (
         vllm_module="vllm.models.deepseek_v41 (ROCm: amd/rocm.py DeepseekV41ROCMAiterMLAAttention)",
         attention="V4: window-only, CSA and HCA, caches and indexers shared across layers",
         heads="64: 8 per rank at TP8",
-        runs="mla_v4_attention for every layer kind, mla_indexer_topk for CSA",
+        runs="mla_v4_attention for every layer kind, mla_indexer_topk for CSA (its candidate modes for the "
+        "two-level indexer)",
         status=SERVED,
         why=(
             "rocm_mla.vllm.v4_layer puts rocm-mla's subclass in place of vLLM's fixed ROCm class and makes "
-            "ROCM_MLA acceptable to V4.1's backend check (_select_dsv4_attn_cls); a checkpoint with "
-            "candidate-block indexers (candidate_source_layer_id: the published ones) is refused when its "
-            "first such layer is built"
+            "ROCM_MLA acceptable to V4.1's backend check (_select_dsv4_attn_cls); the two-level indexer "
+            "(candidate_source_layer_id) runs mla_indexer_topk's candidate modes"
         ),
         test=f"{_TESTS}::test_v4_model_is_left_to_its_hook[DeepSeek-V4.1]",
     ),

@@ -94,13 +94,17 @@ def run_indexer(
 
 
 def kept_indexer_plan(holder, q, weights, cache, table, req, kv_lens, *, topk: int, shuffled: bool,
-                      cache_kind: torch.dtype | None = None):  # fmt: skip
+                      cache_kind: torch.dtype | None = None,
+                      candidates: tuple[str, int, int] | None = None):  # fmt: skip
     """The ``mla_indexer_topk`` plan of a step (``kept_plan`` on ``holder``, the step's metadata):
     the one the step's first indexer call made when it fits this call (``IndexerTopkPlan.matches``
     plus what the tensors do not show: ``max_kv_len``, every key of a table row; the cache layout
-    ``shuffled``; the cache's fp8 kind, None for q's), else a new one left in its place."""
+    ``shuffled``; the cache's fp8 kind, None for q's), else a new one left in its place.
+    ``candidates``: (candidate_mode, candidate_block_size, candidate_blocks) of a two-level
+    indexer layer (V4.1), kept apart from the plain layers' plan, one a mode."""
     max_kv_len = table.shape[1] * cache.shape[1]
     kind = q.dtype if cache_kind is None else cache_kind
+    mode, cbs, C = candidates or (None, 0, 0)
     return kept_plan(
         holder,
         lambda plan: (
@@ -108,6 +112,7 @@ def kept_indexer_plan(holder, q, weights, cache, table, req, kv_lens, *, topk: i
             and plan.max_kv_len == max_kv_len
             and plan.shuffled == shuffled
             and plan.cache_kind == kind
+            and (plan.candidate_mode, plan.candidate_block_size, plan.candidate_blocks) == (mode, cbs, C)
         ),
         lambda: plan_indexer_topk(
             num_rows=q.shape[0],
@@ -119,8 +124,11 @@ def kept_indexer_plan(holder, q, weights, cache, table, req, kv_lens, *, topk: i
             device=q.device,
             shuffled=shuffled,
             cache_kind=cache_kind,
+            candidate_mode=mode,
+            candidate_block_size=cbs,
+            candidate_blocks=C,
         ),
-        attr="rocm_mla_indexer_plan",
+        attr="rocm_mla_indexer_plan" + (f"_{mode}" if mode else ""),
     )
 
 

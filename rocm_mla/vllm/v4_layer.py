@@ -19,12 +19,14 @@ at construction, by the same switch as every other rocm_mla layer (``--attention
   top-k or HCA rows) for decode, MTP and prefill rows. There rocm_mla's ``mla_v4_attention`` runs,
   with the attention sink and the inverse RoPE of the output fused. The CSA indexer runs
   ``mla_indexer_topk`` on the index query, weights and C4 key cache vLLM made, writing vLLM's
-  ``topk_indices_buffer`` in place (:class:`V4IndexerOp`).
+  ``topk_indices_buffer`` in place (:class:`V4IndexerOp`); V4.1's two-level indexer too: its
+  candidate source layer writes each row's best blocks into vLLM's shared candidate buffer, and
+  the later index layers read only the keys of those blocks (the op's candidate modes).
 * not selected: the layer is vLLM's own, unchanged.
 
 Refused at construction (a ValueError naming the model and why, never a wrong answer later):
-an MXFP4 indexer cache (aiter's format), V4.1's two-level candidate-block indexers, and an
-MXFP8 attention output (both aiter-only paths of V4.1).
+an MXFP4 indexer cache (aiter's format) and V4.1's MXFP8 attention output on gfx950 (both
+aiter-only paths).
 """
 
 from __future__ import annotations
@@ -192,9 +194,17 @@ def run_indexer(op, q_fp8: torch.Tensor, weights: torch.Tensor) -> None:
     # V4's C4 key cache is block-flat; V4.1's (ratios 1, 2) 16 x 16 tiles above block size 1. Its
     # values are e4m3fn whatever q's kind (vLLM's Triton writers store OCP on every platform).
     shuffled = op.compress_ratio != 4 and cache.shape[1] > 1
+    # V4.1's two-level indexer: the source layer writes each row's best blocks of its own logits
+    # into vLLM's shared candidate buffer, the later layers read only the keys of those blocks.
+    lists = getattr(op, "candidate_blocks", None)
+    cand, kw = None, {}
+    if lists is not None:
+        mode = "select" if op.candidate_write else "mask"
+        cand = (mode, int(op.candidate_block_size), lists.shape[1])
+        kw = {"candidates_out" if mode == "select" else "candidates": lists[:T]}
     plan = kept_indexer_plan(md, q, w, cache, table, req, kv_lens, topk=topk, shuffled=shuffled,
-                             cache_kind=torch.float8_e4m3fn)  # fmt: skip
-    mla_indexer_topk(q, w, cache, table, req, kv_lens, topk=topk, out=buf[:T, :topk], plan=plan)
+                             cache_kind=torch.float8_e4m3fn, candidates=cand)  # fmt: skip
+    mla_indexer_topk(q, w, cache, table, req, kv_lens, topk=topk, out=buf[:T, :topk], plan=plan, **kw)
     if buf.shape[1] > topk:
         buf[:T, topk:] = -1
 
@@ -243,10 +253,6 @@ def refusal(model: str, vllm_config, layer=None) -> str | None:
 
     if model == "DeepSeek-V4.1" and getattr(rocm, "on_gfx950", lambda: False)():
         return "on gfx950 its output projection takes aiter's MXFP8 attention output"
-    indexer = getattr(layer, "indexer", None)
-    op = getattr(indexer, "indexer_op", None)
-    if op is not None and getattr(op, "candidate_blocks", None) is not None:
-        return "its two-level candidate-block indexer is not served by rocm_mla's mla_indexer_topk"
     return None
 
 

@@ -1,9 +1,10 @@
 """DeepSeek-V4 and V4.1 on rocm_mla through vLLM's own ROCm layer code (vLLM 0.34 or 0.33, the
 simulated gfx942 platform): the hook (``rocm_mla.vllm.v4_layer``) installs, selects by the ROCM_MLA
 switch, passes V4.1's backend check, refuses what it cannot serve at construction, and a step of
-each layer kind (V4: window-only, CSA, HCA; V4.1: window-only, CSA at ratio 1 and 2; decode, MTP
-and prefill rows with context; 8 and 16 heads a rank on the CPU, up to 128 on the GPU) matches
-the float64 reference, its indexer's answer a valid top-k (``vllm_harness.v4_step``).
+each layer kind (V4: window-only, CSA, HCA; V4.1: window-only, CSA at ratio 1 and 2, the two-level
+indexer's source and masked layers; decode, MTP and prefill rows with context; 8 and 16 heads a
+rank on the CPU, up to 128 on the GPU) matches the float64 reference, its indexer's answer a valid
+top-k (``vllm_harness.v4_step``).
 
 The steps run in a child process: vLLM's own Triton list builders need its Triton (not its CPU
 placeholder), which on a machine without a GPU vLLM enables only when the platform's
@@ -62,11 +63,25 @@ def test_layer_step_matches_the_reference(steps, name):
         assert r["other_rows_finite"], "a NaN index key reached another request's rows"
 
 
+@pytest.mark.parametrize("name", [c[0] for c in (v4_step.GPU_CANDIDATE_CASES if GPU else v4_step.CPU_CANDIDATE_CASES)])
+def test_two_level_indexer_step(steps, name):
+    """V4.1's two-level indexer through the hooked op: the source layer's own top-k and its lists
+    (a valid top of the blocks by their largest logit, every row's newest block in, no row past
+    the step written), then a later layer's top-k a valid one of the listed blocks' keys and its
+    attention output the float64 reference's."""
+    r = steps[name]
+    assert r["source_indexer"] == "" and r["lists"] == "", (r["source_indexer"], r["lists"])
+    assert r["newest"] and r["past_t"]
+    assert r["indexer"] == "", r["indexer"]
+    assert r["out"] == "", r["out"]
+
+
 @pytest.mark.gpu
 def test_decode_step_replays_in_a_cuda_graph(steps):
     """The indexer and forward_mqa of a decode step captured in one CUDA graph replay the eager
     answer bit for bit (no host sync, no allocation the replay would miss)."""
-    assert steps["graph"] == {"v4-window": "", "v4-csa": "", "v4-hca": "", "v4.1-csa1": ""}
+    assert steps["graph"] == {"v4-window": "", "v4-csa": "", "v4-hca": "", "v4.1-csa1": "", "v4.1-csa1-select": "",
+                              "v4.1-csa1-mask": ""}  # fmt: skip
 
 
 def test_install_hooks_v4_and_v41():
@@ -136,7 +151,7 @@ def test_refusals_name_the_model(monkeypatch):
     assert v4_layer.refusal("DeepSeek-V4", cfg) is None
     op = types.SimpleNamespace(candidate_blocks=torch.zeros(1, 2))
     layer = types.SimpleNamespace(indexer=types.SimpleNamespace(indexer_op=op))
-    assert "candidate-block" in v4_layer.refusal("DeepSeek-V4.1", cfg, layer)
+    assert v4_layer.refusal("DeepSeek-V4.1", cfg, layer) is None  # the two-level indexer is served
     cls = v4_layer._TARGETS and __import__("vllm.models.deepseek_v4.amd.rocm", fromlist=["x"])
     monkeypatch.setattr(idx, "dsa_indexer_uses_fp4", lambda c: True)
     with pytest.raises(ValueError, match="rocm_mla cannot serve DeepSeek-V4: its MXFP4"):

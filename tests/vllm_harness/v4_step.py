@@ -47,6 +47,7 @@ RATIO = {"window": 1, "csa": 4, "hca": 128}  # V4's compress_ratio = max(1, rate
 # caches in 16 x 16 tiles; compressed pages of 64 tokens (128 also occur).
 RATIO_V41 = {"window": 0, "csa1": 1, "csa2": 2}
 PAGE_TOKENS_V41 = 64
+CANDIDATE_BLOCK = 8  # V4.1's candidate_block_size
 MODULES = {"v4": ("vllm.models.deepseek_v4.amd.rocm", "DeepseekV4ROCMAiterMLAAttention"),
            "v4.1": ("vllm.models.deepseek_v41.amd.rocm", "DeepseekV41ROCMAiterMLAAttention")}  # fmt: skip
 
@@ -240,8 +241,16 @@ class V4Step:
             op.topk_tokens, op.compress_ratio = self.topk, self.ratio
             op.topk_indices_buffer = self.topk_buffer
             op.rocm_mla_swa_prefix = SWA_PREFIX
+            op.candidate_blocks, op.candidate_write, op.candidate_block_size = None, False, 0
             layer.indexer = types.SimpleNamespace(indexer_op=op)
         return layer
+
+    def use_candidates(self, lists: torch.Tensor | None, *, write: bool, block_size: int = CANDIDATE_BLOCK) -> None:
+        """Make the layer's indexer one of V4.1's two-level indexer, as vLLM's model sets it:
+        ``write`` the candidate source (its best blocks into ``lists``, vLLM's shared ``[max
+        tokens, C]`` buffer), else a later layer that reads them; None: a plain indexer."""
+        op = self.layer.indexer.indexer_op
+        op.candidate_blocks, op.candidate_write, op.candidate_block_size = lists, write, block_size
 
     def _metadata(self) -> dict:
         from vllm.models.deepseek_v4.amd.rocm import DeepseekV4ROCMAiterSparseSWAMetadata
@@ -410,6 +419,48 @@ def run_cases(cases, device: str, dtype) -> dict:
     return res
 
 
+# V4.1's two-level indexer at ratio 1: (name, heads, requests, num_decodes, topk, candidate lists);
+# the lists cover more keys than topk and fewer than the long rows see.
+CPU_CANDIDATE_CASES = [("v4.1-csa1-candidates-h8", 8, _MIXED, 2, 32, 6)]
+GPU_CANDIDATE_CASES = [("v4.1-csa1-candidates-h64", 64, _LONG, 2, 512, 128)]
+
+
+def candidate_cases(cases, device: str, dtype) -> dict:
+    """Each case's candidate source step (its own top-k and its lists into a shared buffer), then
+    the same layer as a later index layer reading those lists: {name: {"lists": problem or "",
+    "newest": every row's newest block listed, "indexer": the masked top-k's problem, "out": the
+    masked step's output against the reference, "past_t": the buffer's rows past T untouched}}."""
+    from vllm.config import VllmConfig
+
+    from rocm_mla.cases._compare import compare
+    from rocm_mla.cases.v4_attention import TOLERANCE
+    from rocm_mla.reference.indexer_topk import candidate_keep_ref, check_candidate_blocks, check_indexer_topk
+
+    vc = VllmConfig()
+    res = {}
+    for name, heads, reqs, nd, topk, C in cases:
+        step = V4Step("csa1", heads, reqs, num_decodes=nd, topk=topk, dtype=dtype, device=device, seed=11,
+                      model="v4.1")  # fmt: skip
+        lists = torch.full((step.T + 4, C), -9, dtype=torch.int32, device=step.device)
+        step.use_candidates(lists, write=True)
+        step.run(vc)
+        lg = step.index_logits()
+        r = {"source_indexer": check_indexer_topk(step.topk_buffer, lg, topk)}
+        r["lists"] = check_candidate_blocks(lists[: step.T], lg, CANDIDATE_BLOCK)
+        newest = (step.positions.cpu() // CANDIDATE_BLOCK).tolist()  # ratio 1: kv_len = position + 1
+        r["newest"] = all(b in lists[t].tolist() for t, b in enumerate(newest))
+        r["past_t"] = bool((lists[step.T :] == -9).all())
+        step.use_candidates(lists, write=False)
+        out = step.run(vc)
+        r["indexer"] = check_indexer_topk(
+            step.topk_buffer, lg, topk, keep=candidate_keep_ref(lists, lg, CANDIDATE_BLOCK)
+        )
+        ro, _ = step.reference()
+        r["out"] = compare("out", out.float(), ro, TOLERANCE[dtype]["out"]).problem
+        res[name] = r
+    return res
+
+
 def graph_cases(device: str, dtype) -> dict:
     """A decode step (decode and MTP rows) of each kind captured in a CUDA graph and replayed:
     {model-kind: "" when the replay equals the eager step bit for bit, else what differed}."""
@@ -418,9 +469,17 @@ def graph_cases(device: str, dtype) -> dict:
 
     vc = VllmConfig()
     res = {}
-    for model, kind in (("v4", "window"), ("v4", "csa"), ("v4", "hca"), ("v4.1", "csa1")):
+    kinds = [("v4", k, None) for k in ("window", "csa", "hca")]
+    kinds += [("v4.1", "csa1", c) for c in (None, "select", "mask")]
+    for model, kind, cand in kinds:
         step = V4Step(kind, 16, [V4Request(2100, 1), V4Request(700, 2), V4Request(3000, 1)], num_decodes=3,
                       topk=512, dtype=dtype, device=device, seed=7, model=model)  # fmt: skip
+        if cand is not None:  # the two-level indexer's layers: the source's lists, then a masked layer
+            lists = torch.full((step.T, 128), -9, dtype=torch.int32, device=step.device)
+            step.use_candidates(lists, write=True)
+            if cand == "mask":
+                step.run(vc)
+                step.use_candidates(lists, write=False)
         eager = step.run(vc)
         out = torch.full_like(eager, float("nan"))
         g = torch.cuda.CUDAGraph()
@@ -433,7 +492,7 @@ def graph_cases(device: str, dtype) -> dict:
         g.replay()
         torch.cuda.synchronize()
         diff = (out.float() - eager.float()).abs().max().item()
-        res[f"{model}-{kind}"] = "" if torch.equal(out, eager) else f"max diff {diff}"
+        res[f"{model}-{kind}" + (f"-{cand}" if cand else "")] = "" if torch.equal(out, eager) else f"max diff {diff}"
     return res
 
 
@@ -448,6 +507,7 @@ def main() -> None:
     gpu = len(sys.argv) > 1 and sys.argv[1] == "gpu"
     cases, dev, dt = (GPU_CASES, "cuda", torch.bfloat16) if gpu else (CPU_CASES, "cpu", torch.float16)
     res = run_cases(cases, dev, dt)
+    res.update(candidate_cases(GPU_CANDIDATE_CASES if gpu else CPU_CANDIDATE_CASES, dev, dt))
     if gpu:
         res["graph"] = graph_cases(dev, dt)
     print("V4STEP " + json.dumps(res))

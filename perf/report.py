@@ -42,7 +42,7 @@ class OpView:
     perf/bench.py benches that measure it, and metrics shown joined beside the headline. ``providers``
     gives a view of its own to the providers one bench alone measures (its shapes and columns apart
     from the kernel's other table, ``name`` the plot's); the kernel's view without ``providers``
-    shows every other provider. ``pivot`` maps a
+    shows every other provider. ``configs`` False leaves our config columns to results.csv. ``pivot`` maps a
     shape to its (row, column) in a grid that holds only the speed-up over the peer measured at that
     shape: many shapes in a short table (their times stay in results.csv and the plot)."""
 
@@ -56,6 +56,7 @@ class OpView:
     providers: tuple[str, ...] = ()
     name: str = ""
     pivot: Callable[[str], tuple[str, str]] | None = None
+    configs: bool = True  # our config columns on the page (False: results.csv alone keeps them)
 
     def shows(self, row: dict) -> bool:
         """Whether ``row`` (of this view's kernel) belongs in this view's table."""
@@ -142,7 +143,8 @@ VIEWS = (
         False,
         ("sparse",),
         "µs per call, K 2048, q bf16, block 64, CUDA graphs of 8 calls, cache cold in L2; every output checked; "
-        "-inv = batch_invariant=True.",
+        "-inv = batch_invariant=True; configs: results.csv.",
+        configs=False,
     ),
     OpView(
         "mla_indexer_topk",
@@ -175,6 +177,18 @@ VIEWS = (
         pivot=_v4_cell,
     ),
     OpView(
+        "v4_layer_step",
+        "a DeepSeek-V4 layer's attention path (CSA indexer + attention, in vLLM 0.34's own layer)",
+        "time_us",
+        False,
+        ("v4_layer",),
+        "µs per step (decode, MTP: CUDA graphs; prefill: eager, L2 flushed), V4-Flash layer, window 128, "
+        "top-512, fp8_ds_mla caches; every output checked; vLLM = its V4 ROCm layer without aiter (its Triton "
+        "attention and indexer logits + torch.topk); kernels and copy/fill kernels per step.",
+        ("kernels", "copy_fill_kernels"),
+        configs=False,
+    ),
+    OpView(
         "indexer_k_cache_write",
         "indexer_k_cache_write (the lightning indexer's fp8 key-cache write)",
         "GB/s",
@@ -185,6 +199,16 @@ VIEWS = (
     ),
 )
 
+
+# The count metrics' names in a table's header (OpView.counts).
+COUNT_LABELS = {
+    "cat_kernels": "cat",
+    "pad_kernels": "pad",
+    "copy_kernels": "copy",
+    "fill_kernels": "fill",
+    "kernels": "kernels",
+    "copy_fill_kernels": "copy+fill",
+}
 
 # kernel -> the providers a view of their own shows (OpView.providers)
 _OWN_VIEW = {v.kernel: v.providers for v in VIEWS if v.providers}
@@ -227,12 +251,14 @@ def op_section(rows: list[dict], view: OpView) -> tuple[list[str], dict[str, dic
     many_runs = len(dates) > 1
     # one config column per provider of ours that records one (one column, "our config", when ours is alone)
     configured = [p for p in ours if any(r["config"] for rs in cur.values() for r in rs if r["provider"] == p)]
+    configured = configured if view.configs else []
     runs = sorted(dates)
 
     head = ["shape"] + (["run"] if many_runs else []) + providers
     exact = [p for p in ours if p not in LOSSY]
     head += [f"{'best ours' if len(exact) > 1 else exact[0]} vs {p}" for p in peers] if exact else []
-    head += [f"{p} cat/pad/copy/fill" for p in providers] if view.counts else []
+    counted = "/".join(COUNT_LABELS.get(m, m) for m in view.counts)
+    head += [f"{p} {counted}" for p in providers] if view.counts else []
     head += ["our config"] if configured and len(ours) == 1 else [f"{p} config" for p in configured]
     table = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     series: dict[str, dict[str, float]] = {p: {} for p in providers}

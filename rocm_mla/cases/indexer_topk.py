@@ -9,7 +9,8 @@ chunk many), and row i of request b sees keys ``0 .. lens[b] - rows[b] + i``; q 
 the platform's fp8 kind with a row stride wider than H x 128 (vLLM's q is a slice), the cache's
 values in q's kind or another (``cache_kind``: e4m3fn under an e4m3fnuz q, as vLLM writes
 DeepSeek-V4's compressed indexer cache), weights ``[T, H]`` float32 of both signs; out ``[T,
-topk]`` int32 poisoned with -7.
+topk]`` int32 poisoned with -7. DeepSeek-V4.1's two-level indexer (:meth:`IndexerInputs.run_two_level`):
+the candidate source's lists into a buffer poisoned with -9, then a masked call over them.
 
 The check (:meth:`IndexerInputs.mismatch`): a valid top-k against float64 logits of the same fp8
 values (rocm_mla.reference.indexer_topk.check_indexer_topk), or the sentinel where the reference
@@ -27,6 +28,7 @@ from ._compare import Checked
 from ._paged import RequestRows, device_generator, platform_fp8, randn, row_requests
 
 POISON_OUT = -7  # what out holds before a call: every entry must be written
+POISON_LISTS = -9  # what a candidate source's lists hold before its call
 # plan_indexer_topk's choices that IndexerInputs.run takes as keywords and plans with.
 PLAN_KNOBS = ("backend", "config", "max_kv_len", "debug", "shuffled", "cache_kind")
 
@@ -197,6 +199,46 @@ class IndexerInputs(Checked):
         args = self._ref_args(self._rows(rows), i)
         return mla_indexer_topk_ref(*args, topk=self.shape.topk, shuffled=self.shuffled, cache_kind=self.cache_kind)
 
+    def run_two_level(self, block_size: int, num_blocks: int, **knobs) -> tuple[torch.Tensor, ...]:
+        """DeepSeek-V4.1's two-level indexer on these inputs: the candidate source's call
+        (``candidate_mode="select"``: its own top-k, its lists into a ``[T + 2, num_blocks]``
+        buffer poisoned with POISON_LISTS), then a later layer's call over those lists ("mask").
+        ``knobs``: the plans' other knobs (backend, config). Returns (the source's answer, the
+        buffer, the masked answer); ``two_level_mismatch`` checks them."""
+        T = self.shape.T
+        lists = torch.full((T + 2, num_blocks), POISON_LISTS, dtype=torch.int32, device=self.q.device)
+        kw = dict(candidate_block_size=block_size, candidate_blocks=num_blocks, **knobs)
+        self.out.fill_(POISON_OUT)
+        self.run(plan=self.plan(candidate_mode="select", **kw), candidates_out=lists)
+        own = self.out.clone()
+        self.out.fill_(POISON_OUT)
+        self.run(plan=self.plan(candidate_mode="mask", **kw), candidates=lists)
+        return own, lists, self.out.clone()
+
+    def two_level_mismatch(self, own, lists, masked, block_size: int) -> str:
+        """'' when ``run_two_level``'s outputs are right: every entry written (the buffer's rows past
+        T untouched), the source's answer a valid top-k, its lists a valid top of the blocks by
+        their largest float64 logit with each row's newest block in, the masked answer a valid
+        top-k of the listed blocks' keys; else what is wrong."""
+        from ..reference.indexer_topk import candidate_keep_ref, check_candidate_blocks, check_indexer_topk
+
+        T, topk = self.shape.T, self.shape.topk
+        lg = self.logits()
+        for name, x in (("out (source)", own), ("candidates_out", lists[:T]), ("out (mask)", masked)):
+            if bool(((x == POISON_OUT) | (x == POISON_LISTS)).any()):
+                return f"an entry of {name} was not written"
+        if not bool((lists[T:] == POISON_LISTS).all()):
+            return "candidates_out written past T"
+        newest = (self.kv_lens[:T].cpu().long() - 1) // block_size
+        for t in range(T):
+            if int(self.kv_lens[t]) > 0 and int(newest[t]) not in lists[t].tolist():
+                return f"row {t}: its newest block {int(newest[t])} is not listed"
+        return (
+            check_indexer_topk(own, lg, topk)
+            or check_candidate_blocks(lists[:T], lg, block_size)
+            or check_indexer_topk(masked, lg, topk, keep=candidate_keep_ref(lists[:T], lg, block_size))
+        )
+
     def mismatch(self, out=None, *, rows=None, i: int = 0) -> str:
         """'' when the first ``rows`` rows of ``out`` (default: the buffer) are a valid top-k of
         copy i (see the module docstring), else what is wrong."""
@@ -269,4 +311,4 @@ def make_inputs(
     )
 
 
-__all__ = ["SHAPES", "POISON_OUT", "IndexerInputs", "IndexerShape", "make_inputs"]
+__all__ = ["SHAPES", "POISON_OUT", "POISON_LISTS", "IndexerInputs", "IndexerShape", "make_inputs"]

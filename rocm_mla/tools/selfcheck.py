@@ -297,8 +297,9 @@ def check_indexer_topk(device: torch.device, backends: list[str]) -> list[CheckR
     shuffled page ids, every byte no request covers 0xFF (a NaN scale), q a slice of a wider
     buffer; with the arch's splits, with 64-key splits (several per row, then the merge) and in the
     prefiltered form (one-warp programs, 64-key prefilter splits: bounds, floor, the kept keys'
-    merge). The answer must be a valid top-k of the float64 logits (tolerance: the float32 sums'
-    rounding)."""
+    merge); then DeepSeek-V4.1's two-level indexer (a candidate source's lists of 6 blocks of 8,
+    then a call masked by them). The answer must be a valid top-k of the float64 logits (tolerance:
+    the float32 sums' rounding); the lists a valid top of the blocks, the newest in."""
     op, rows = "mla_indexer_topk", []
     (shape,) = topk_cases.SHAPES["selfcheck"]
     head = f"T={shape.T} H={shape.H} topk={shape.topk} block={shape.block}"
@@ -321,6 +322,15 @@ def check_indexer_topk(device: torch.device, backends: list[str]) -> list[CheckR
                 rows.append(CheckRow(op, backend, "fp8", case, 0.0, 0.0, not problem, problem))
             except Exception as exc:  # report, keep checking the rest
                 rows.append(_failed(op, backend, torch.float32, case, exc))
+        # DeepSeek-V4.1's two-level indexer: the source's lists (blocks of 8, 6 a row), a masked call.
+        case = f"{head} two-level: blocks of 8, 6 listed"
+        try:
+            inp = topk_cases.make_inputs(shape, device=device)
+            own, lists, masked = inp.run_two_level(8, 6, backend=backend)
+            problem = inp.two_level_mismatch(own, lists, masked, 8)
+            rows.append(CheckRow(op, backend, "fp8", case, 0.0, 0.0, not problem, problem))
+        except Exception as exc:
+            rows.append(_failed(op, backend, torch.float32, case, exc))
     return rows
 
 

@@ -8,11 +8,10 @@ import pytest
 import torch
 from _util import DEVICE, HAS_GPU, backends, raises_naming
 
-from rocm_mla.cases.indexer_topk import POISON_OUT, IndexerShape, make_inputs
+from rocm_mla.cases.indexer_topk import POISON_LISTS, POISON_OUT, IndexerShape, make_inputs
 from rocm_mla.reference.indexer_topk import (
     SENTINEL,
     candidate_keep_ref,
-    check_candidate_blocks,
     check_indexer_topk,
     mla_indexer_candidates_ref,
 )
@@ -25,25 +24,8 @@ FORMS = {
     "splits": SMALL,
     "prefiltered": {**SMALL, "num_warps": 1, "programs_per_cu": 64, "prefilter": {"split_keys": 32}},
 }
-CAND_POISON = -9
 # (backend, form): the Triton forms, and the reference (which plans no forms).
 BACKEND_FORMS = [(b, f) for b in BACKENDS for f in (FORMS if b == "triton" else ["direct"])]
-
-
-def _source_then_mask(case, cbs: int, C: int, *, backend="triton", config=None):
-    """The source call (its own top-k and candidates_out), then a mask call over those lists:
-    (source answer, lists, masked answer), every output poisoned first and checked written."""
-    T = case.shape.T
-    lists = torch.full((T + 2, C), CAND_POISON, dtype=torch.int32, device=case.q.device)
-    kw = dict(candidate_block_size=cbs, candidate_blocks=C, backend=backend, config=config)
-    case.run(plan=case.plan(candidate_mode="select", **kw), candidates_out=lists)
-    own = case.out.clone()
-    case.out.fill_(POISON_OUT)
-    case.run(plan=case.plan(candidate_mode="mask", **kw), candidates=lists)
-    for name, x in (("out (source)", own), ("candidates_out", lists[:T]), ("out (mask)", case.out)):
-        assert not bool((x == POISON_OUT).any() | (x == CAND_POISON).any()), f"an entry of {name} was not written"
-    assert bool((lists[T:] == CAND_POISON).all()), "candidates_out written past T"
-    return own, lists[:T], case.out.clone()
 
 
 # (candidate block size, lists' columns, page size) x (backend, form); the interpreter's slowest form,
@@ -63,17 +45,11 @@ def test_source_lists_and_masked_rows(cbs, C, block, backend, form):
     (newest always in), and the masked call a valid top-k of the listed blocks' keys."""
     shape = IndexerShape((3, 70, 300, 129), (1, 2, 5, 1), 16, topk=24, block=block)
     case = make_inputs(shape, device=DEVICE, seed=cbs + C)
-    own, lists, masked = _source_then_mask(case, cbs, C, backend=backend, config=FORMS[form])
-    lg = case.logits()
-    assert check_indexer_topk(own, lg, 24) == ""
-    assert check_candidate_blocks(lists, lg, cbs) == ""
-    newest = (case.kv_lens[: shape.T].cpu().long() - 1) // cbs
-    for t in range(shape.T):
-        assert int(newest[t]) in lists[t].tolist(), t
-    assert check_indexer_topk(masked, lg, 24, keep=candidate_keep_ref(lists, lg, cbs)) == ""
+    own, lists, masked = case.run_two_level(cbs, C, backend=backend, config=FORMS[form])
+    assert case.two_level_mismatch(own, lists, masked, cbs) == ""
     # Where float64 separates the blocks, the lists are the reference's exactly.
     ref = mla_indexer_candidates_ref(*case.args(), block_size=cbs, num_blocks=C, shuffled=case.shuffled)
-    assert int((ref.cpu() != lists.cpu()).any(1).sum()) <= 1
+    assert int((ref.cpu() != lists[: shape.T].cpu()).any(1).sum()) <= 1
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -124,7 +100,7 @@ def test_bad_lists_nan_and_bad_rows(backend, form):
     # The source on a bad row (request out of range) and a kv_len past the table.
     case.req_ids[0] = 7
     case.kv_lens[4] = 10_000
-    out_lists = torch.full((T, C), CAND_POISON, dtype=torch.int32, device=case.q.device)
+    out_lists = torch.full((T, C), POISON_LISTS, dtype=torch.int32, device=case.q.device)
     plan = case.plan(candidate_mode="select", candidate_block_size=cbs, candidate_blocks=C, backend=backend,
                      config=FORMS[form])  # fmt: skip
     case.run(plan=plan, candidates_out=out_lists)
@@ -144,9 +120,9 @@ def test_row_alone_equals_row_in_batch():
     alone.weights.copy_(case.weights[3:6])
     alone.caches[0], alone.tables[0] = case.caches[0], case.tables[0][2:3]
     for cfg in FORMS.values():
-        _, lists, masked = _source_then_mask(case, 8, 5, config=cfg)
-        _, lists1, masked1 = _source_then_mask(alone, 8, 5, config=cfg)
-        assert torch.equal(lists[3:6], lists1) and torch.equal(masked[3:6], masked1)
+        _, lists, masked = case.run_two_level(8, 5, config=cfg)
+        _, lists1, masked1 = alone.run_two_level(8, 5, config=cfg)
+        assert torch.equal(lists[3:6], lists1[:3]) and torch.equal(masked[3:6], masked1)
 
 
 def test_plan_knobs_and_call_errors():
@@ -188,10 +164,7 @@ def test_gpu_model_sizes(rows):
     answers a valid top-k of the listed keys, bits equal across a repeat."""
     shape = IndexerShape((40000, 30000, 900), rows, 64, topk=512, block=64)
     case = make_inputs(shape, device="cuda", seed=rows)
-    own, lists, masked = _source_then_mask(case, 8, 2048)
-    lg = case.logits()
-    assert check_indexer_topk(own, lg, 512) == ""
-    assert check_candidate_blocks(lists, lg, 8) == ""
-    assert check_indexer_topk(masked, lg, 512, keep=candidate_keep_ref(lists, lg, 8)) == ""
-    _, lists2, masked2 = _source_then_mask(case, 8, 2048)
+    own, lists, masked = case.run_two_level(8, 2048)
+    assert case.two_level_mismatch(own, lists, masked, 8) == ""
+    _, lists2, masked2 = case.run_two_level(8, 2048)
     assert torch.equal(lists, lists2) and torch.equal(masked, masked2)

@@ -9,6 +9,7 @@ import torch
 from _util import DEVICE, HAS_GPU, backends, raises_naming
 
 from rocm_mla.cases.indexer_topk import POISON_LISTS, POISON_OUT, IndexerShape, make_inputs
+from rocm_mla.ops.indexer_topk import plan_indexer_topk_for
 from rocm_mla.reference.indexer_topk import (
     SENTINEL,
     candidate_keep_ref,
@@ -138,6 +139,11 @@ def test_plan_knobs_and_call_errors():
         raises_naming(ValueError, lambda kw=kw: case.plan(**kw), name)
     mask = case.plan(candidate_mode="mask", candidate_block_size=8, candidate_blocks=4)
     sel = case.plan(candidate_mode="select", candidate_block_size=8, candidate_blocks=4)
+    from_tensors = plan_indexer_topk_for(
+        case.q, case.index_cache, case.block_table, topk=16, shuffled=case.shuffled, candidate_mode="mask",
+        candidate_block_size=8, candidate_blocks=4,
+    )  # fmt: skip
+    assert from_tensors == mask
     assert mask.launches == case.plan().launches + 1
     assert mask.workspace_numel == case.plan().workspace_numel + case.shape.T * (1 + -(-mask.max_keys // 8 // 32))
     lists = torch.zeros(case.shape.T, 4, dtype=torch.int32, device=case.q.device)

@@ -27,6 +27,11 @@ q -- DeepSeek-V4's compressed indexer cache in vLLM is e4m3fn on every platform 
 registers into the e4m3fnuz codes of half their values (kernels/fp8_codes.py), with the scales
 doubled: the same logits, and the dot stays an fp8 MFMA of q's kind.
 
+DeepSeek-V4.1's two-level indexer (CAND): a pass over an item's staged keys either drops the keys
+outside the row's listed candidate blocks (a bitmap ``mla_indexer_candidate_mask_kernel`` made) or
+writes each block's largest key, from which ``mla_indexer_candidate_select_kernel`` takes the row's
+best blocks with the same exact search.
+
 NaN and bad values are never dropped silently: a NaN logit (NaN in q, weights, a key or its scale)
 maps to the largest order key, so it is always selected, and a row whose selection holds one
 writes the bad-row sentinel (every entry -2), which mla_sparse_attention turns into a NaN row.
@@ -304,7 +309,7 @@ def mla_indexer_split_topk_kernel(
     Candidate blocks (blocks of CBS positions; the workspace's ``[T, row_words]`` int32 right
     after the stages, ``IndexerTopkPlan.candidate_layout``): CAND 1, the
     row's bitmap (``mla_indexer_candidate_mask_kernel``): a key outside the listed blocks is no
-    key (nothing read for it), and a row whose flag word is set (its list held an entry < -1)
+    key (its bytes are still read), and a row whose flag word is set (its list held an entry < -1)
     scores every key NaN, so it gets the bad-row sentinel. CAND 2: each block's largest order
     key of the row's keys (the unmasked logits) goes to its word, the row's newest block (the one
     holding position kv_len - 1) as the NaN key, for ``mla_indexer_candidate_select_kernel``.
@@ -372,10 +377,9 @@ def mla_indexer_split_topk_kernel(
             tl.debug_barrier()
             if CAND > 0:
                 # The candidate blocks in a pass of their own over the staged keys, after the dot
-                # and scale loops: inside them the extra addresses cost scalar registers that
-                # gfx942's OCP form does not have (it spilled).
-                # The candidate part follows the stages (derived, not passed: the OCP form of the
-                # kernel has no scalar registers to spare on gfx942).
+                # and scale loops, and the candidate part's address derived here, not passed: in
+                # those loops the extra addresses cost scalar registers that gfx942's OCP form
+                # does not have (it spilled).
                 if RANKS > 0:
                     cand_part = stage + num_rows.to(tl.int64) * num_splits * SPLIT
                 else:

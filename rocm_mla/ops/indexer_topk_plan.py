@@ -287,7 +287,7 @@ class IndexerTopkPlan:
     ``candidate_mode`` (DeepSeek-V4.1's two-level indexer; blocks of ``candidate_block_size``
     positions, ``candidate_blocks`` of them a row): "mask" -- a first kernel turns each row's list
     (``candidates``) into a bitmap (``candidate_layout``), and the split kernel counts the keys
-    outside the listed blocks as no key (their bytes are not read); "select" -- the split kernel
+    outside the listed blocks as no key (their bytes are still read); "select" -- the split kernel
     also writes each block's largest order key, and a last kernel writes each row's best
     ``candidate_blocks`` blocks (``candidates_out``). One launch more either way.
 

@@ -21,7 +21,13 @@ from ..kernels.indexer_topk import (
 )
 from ..mla_dims import FP8_DTYPES
 from ..reference.indexer import INDEX_HEAD_DIM
-from ..reference.indexer_topk import SENTINEL, mla_indexer_candidates_ref, mla_indexer_topk_ref
+from ..reference.indexer_topk import (
+    SENTINEL,
+    candidate_keep_ref,
+    mla_indexer_candidates_ref,
+    mla_indexer_logits_ref,
+    topk_from_logits,
+)
 from ..triton_common import INT32_MAX
 from ._checks import Checker
 from ._launch import kernel_launch
@@ -155,19 +161,18 @@ def mla_indexer_topk(
             candidates, candidates_out,
         )  # fmt: skip
         return out
-    ref = mla_indexer_topk_ref(
-        q, weights, index_cache, block_table, req_id_per_token, kv_lens, topk=topk, shuffled=plan.shuffled,
-        max_keys=plan.max_keys, cache_kind=plan.cache_kind, candidates=candidates,
-        candidate_block_size=plan.candidate_block_size,
+    # The reference backend: the float64 logits once, then the answer (and the lists) from them.
+    logits = mla_indexer_logits_ref(
+        q, weights, index_cache, block_table, req_id_per_token, kv_lens, shuffled=plan.shuffled,
+        max_keys=plan.max_keys, cache_kind=plan.cache_kind,
     )  # fmt: skip
-    out.copy_(ref)
+    keep = None if candidates is None else candidate_keep_ref(candidates[:T], logits, plan.candidate_block_size)
+    out.copy_(topk_from_logits(logits, topk, keep=keep))
     if candidates_out is not None:
-        cands = mla_indexer_candidates_ref(
-            q, weights, index_cache, block_table, req_id_per_token, kv_lens, block_size=plan.candidate_block_size,
-            num_blocks=plan.candidate_blocks, shuffled=plan.shuffled, max_keys=plan.max_keys,
-            cache_kind=plan.cache_kind,
-        )  # fmt: skip
-        candidates_out[:T].copy_(cands)
+        lists = mla_indexer_candidates_ref(
+            logits, block_size=plan.candidate_block_size, num_blocks=plan.candidate_blocks
+        )
+        candidates_out[:T].copy_(lists)
     return out
 
 

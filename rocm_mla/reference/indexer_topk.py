@@ -97,23 +97,35 @@ def mla_indexer_topk_ref(
     position) in ascending order, then -1; SENTINEL (-2) in every entry of a bad row or of a row
     whose logits hold a NaN. With ``candidates`` (``[>= T, C]`` block ids): only the keys of the
     row's listed blocks count (``candidate_keep_ref``). Arguments as ``mla_indexer_logits_ref``."""
-    T = q.shape[0]
     logits = mla_indexer_logits_ref(
         q, weights, index_cache, block_table, req_id_per_token, kv_lens, shuffled=shuffled, max_keys=max_keys,
         cache_kind=cache_kind,
     )  # fmt: skip
+    T = q.shape[0]
     keep = None if candidates is None else candidate_keep_ref(candidates[:T], logits, candidate_block_size)
-    out = torch.full((T, topk), -1, dtype=torch.int32)
+    return topk_from_logits(logits, topk, keep=keep).to(q.device)
+
+
+def topk_from_logits(logits: list[torch.Tensor | None], topk: int, *, keep=None) -> torch.Tensor:
+    """``mla_indexer_topk_ref``'s answer ``[T, topk]`` int32 (CPU) from its rows' float64 ``logits``
+    (``mla_indexer_logits_ref``'s), with ``keep`` (``candidate_keep_ref``'s masks) when the rows
+    see only their candidate blocks."""
+    out = torch.full((len(logits), topk), -1, dtype=torch.int32)
     for t, lg in enumerate(logits):
         lg, pos = _kept(lg, False if keep is None else keep[t])
         if _sentinel_row(lg):
             out[t] = SENTINEL
             continue
         m = min(topk, lg.numel())
-        # stable: equal logits in position order, as the kernel takes them
-        order = torch.sort(lg, descending=True, stable=True).indices[:m]
-        out[t, :m] = torch.sort(pos[order]).values.to(torch.int32)
-    return out.to(q.device)
+        out[t, :m] = pos[_top_ids(lg, m)]
+    return out
+
+
+def _top_ids(score: torch.Tensor, m: int) -> torch.Tensor:
+    """The indices of the m largest of ``score`` (ties by index, as the kernels take them), in
+    ascending order, int32."""
+    order = torch.sort(score, descending=True, stable=True).indices[:m]
+    return torch.sort(order).values.to(torch.int32)
 
 
 def candidate_keep_ref(
@@ -152,40 +164,21 @@ def _kept(lg: torch.Tensor | None, keep) -> tuple[torch.Tensor | None, torch.Ten
     return lg[keep], pos[keep]
 
 
-def mla_indexer_candidates_ref(
-    q: torch.Tensor,
-    weights: torch.Tensor,
-    index_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    req_id_per_token: torch.Tensor,
-    kv_lens: torch.Tensor,
-    *,
-    block_size: int,
-    num_blocks: int,
-    shuffled: bool = False,
-    max_keys: int | None = None,
-    cache_kind: torch.dtype | None = None,
-) -> torch.Tensor:
-    """``[T, num_blocks]`` int32, a candidate source layer's lists: per row the ids of its
-    min(num_blocks, cdiv(kv_len, block_size)) blocks ranked by their largest float64 logit (a NaN
-    logit and the newest block, the one holding position kv_len - 1, rank first), ties by id, in
-    ascending order, then -1; SENTINEL everywhere for a bad row. Arguments as
-    ``mla_indexer_logits_ref``."""
-    T = q.shape[0]
-    logits = mla_indexer_logits_ref(
-        q, weights, index_cache, block_table, req_id_per_token, kv_lens, shuffled=shuffled, max_keys=max_keys,
-        cache_kind=cache_kind,
-    )  # fmt: skip
-    out = torch.full((T, num_blocks), -1, dtype=torch.int32)
+def mla_indexer_candidates_ref(logits: list[torch.Tensor | None], *, block_size: int, num_blocks: int) -> torch.Tensor:
+    """``[T, num_blocks]`` int32 (CPU), a candidate source layer's lists from its rows' float64
+    ``logits`` (``mla_indexer_logits_ref``'s): per row the ids of its min(num_blocks,
+    cdiv(kv_len, block_size)) blocks ranked by their largest logit (a NaN logit and the newest
+    block, the one holding position kv_len - 1, rank first: ``block_scores_ref``), ties by id, in
+    ascending order, then -1; SENTINEL everywhere for a bad row."""
+    out = torch.full((len(logits), num_blocks), -1, dtype=torch.int32)
     for t, lg in enumerate(logits):
         if lg is None:
             out[t] = SENTINEL
             continue
         score = block_scores_ref(lg, block_size)
         m = min(num_blocks, score.numel())
-        order = torch.sort(score, descending=True, stable=True).indices[:m]
-        out[t, :m] = torch.sort(order).values.to(torch.int32)
-    return out.to(q.device)
+        out[t, :m] = _top_ids(score, m)
+    return out
 
 
 def block_scores_ref(lg: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -288,6 +281,7 @@ __all__ = [
     "SENTINEL",
     "mla_indexer_logits_ref",
     "mla_indexer_topk_ref",
+    "topk_from_logits",
     "check_indexer_topk",
     "candidate_keep_ref",
     "mla_indexer_candidates_ref",

@@ -216,28 +216,8 @@ class IndexerInputs(Checked):
         return own, lists, self.out.clone()
 
     def two_level_mismatch(self, own, lists, masked, block_size: int) -> str:
-        """'' when ``run_two_level``'s outputs are right: every entry written (the buffer's rows past
-        T untouched), the source's answer a valid top-k, its lists a valid top of the blocks by
-        their largest float64 logit with each row's newest block in, the masked answer a valid
-        top-k of the listed blocks' keys; else what is wrong."""
-        from ..reference.indexer_topk import candidate_keep_ref, check_candidate_blocks, check_indexer_topk
-
-        T, topk = self.shape.T, self.shape.topk
-        lg = self.logits()
-        for name, x in (("out (source)", own), ("candidates_out", lists[:T]), ("out (mask)", masked)):
-            if bool(((x == POISON_OUT) | (x == POISON_LISTS)).any()):
-                return f"an entry of {name} was not written"
-        if not bool((lists[T:] == POISON_LISTS).all()):
-            return "candidates_out written past T"
-        newest = (self.kv_lens[:T].cpu().long() - 1) // block_size
-        for t in range(T):
-            if int(self.kv_lens[t]) > 0 and int(newest[t]) not in lists[t].tolist():
-                return f"row {t}: its newest block {int(newest[t])} is not listed"
-        return (
-            check_indexer_topk(own, lg, topk)
-            or check_candidate_blocks(lists[:T], lg, block_size)
-            or check_indexer_topk(masked, lg, topk, keep=candidate_keep_ref(lists[:T], lg, block_size))
-        )
+        """``two_level_problem`` of ``run_two_level``'s outputs on these inputs."""
+        return two_level_problem(own, lists, masked, self.logits(), self.kv_lens, self.shape.topk, block_size)
 
     def mismatch(self, out=None, *, rows=None, i: int = 0) -> str:
         """'' when the first ``rows`` rows of ``out`` (default: the buffer) are a valid top-k of
@@ -246,6 +226,33 @@ class IndexerInputs(Checked):
 
         r = self._rows(rows)
         return check_indexer_topk((self.out if out is None else out)[:r], self.logits(r, i=i), self.shape.topk)
+
+
+def two_level_problem(own, lists, masked, logits, kv_lens, topk: int, block_size: int) -> str:
+    """'' when a two-level pair's outputs are right for T rows of float64 ``logits`` (``[T', topk]``
+    source answer ``own``, its lists buffer ``[>= T, C]``, the masked answer ``masked``; kv_lens
+    ``[>= T]``): every entry written (no POISON_OUT / POISON_LISTS left; the buffer's rows past T
+    untouched), the source's answer a valid top-k, its lists a valid top of the blocks by their
+    largest logit with each row's newest block in, the masked answer a valid top-k of the listed
+    blocks' keys; else what is wrong."""
+    from ..reference.indexer_topk import candidate_keep_ref, check_candidate_blocks, check_indexer_topk
+
+    T = len(logits)
+    for name, x in (("out (source)", own[:T]), ("candidates_out", lists[:T]), ("out (mask)", masked[:T])):
+        if bool(((x == POISON_OUT) | (x == POISON_LISTS)).any()):
+            return f"an entry of {name} was not written"
+    if not bool((lists[T:] == POISON_LISTS).all()):
+        return "candidates_out written past T"
+    lens = kv_lens[:T].cpu().long()
+    for t in range(T):
+        newest = (int(lens[t]) - 1) // block_size
+        if lens[t] > 0 and newest not in lists[t].tolist():
+            return f"row {t}: its newest block {newest} is not listed"
+    return (
+        check_indexer_topk(own[:T], logits, topk)
+        or check_candidate_blocks(lists[:T], logits, block_size)
+        or check_indexer_topk(masked[:T], logits, topk, keep=candidate_keep_ref(lists[:T], logits, block_size))
+    )
 
 
 def _one_copy(shape: IndexerShape, g: torch.Generator, device, fp8, shuffled: bool, spare_pages: int):
@@ -311,4 +318,4 @@ def make_inputs(
     )
 
 
-__all__ = ["SHAPES", "POISON_OUT", "POISON_LISTS", "IndexerInputs", "IndexerShape", "make_inputs"]
+__all__ = ["SHAPES", "POISON_OUT", "POISON_LISTS", "IndexerInputs", "IndexerShape", "make_inputs", "two_level_problem"]

@@ -427,37 +427,31 @@ GPU_CANDIDATE_CASES = [("v4.1-csa1-candidates-h64", 64, _LONG, 2, 512, 128)]
 
 def candidate_cases(cases, device: str, dtype) -> dict:
     """Each case's candidate source step (its own top-k and its lists into a shared buffer), then
-    the same layer as a later index layer reading those lists: {name: {"lists": problem or "",
-    "newest": every row's newest block listed, "indexer": the masked top-k's problem, "out": the
-    masked step's output against the reference, "past_t": the buffer's rows past T untouched}}."""
+    the same layer as a later index layer reading those lists: {name: {"two_level": the pair's
+    problem (``cases.indexer_topk.two_level_problem``: the source's top-k, its lists with every
+    row's newest block, the buffer's rows past T untouched, the masked top-k) or "", "out": the
+    masked step's output against the reference}}."""
     from vllm.config import VllmConfig
 
     from rocm_mla.cases._compare import compare
+    from rocm_mla.cases.indexer_topk import POISON_LISTS, two_level_problem
     from rocm_mla.cases.v4_attention import TOLERANCE
-    from rocm_mla.reference.indexer_topk import candidate_keep_ref, check_candidate_blocks, check_indexer_topk
 
     vc = VllmConfig()
     res = {}
     for name, heads, reqs, nd, topk, C in cases:
         step = V4Step("csa1", heads, reqs, num_decodes=nd, topk=topk, dtype=dtype, device=device, seed=11,
                       model="v4.1")  # fmt: skip
-        lists = torch.full((step.T + 4, C), -9, dtype=torch.int32, device=step.device)
+        lists = torch.full((step.T + 4, C), POISON_LISTS, dtype=torch.int32, device=step.device)
         step.use_candidates(lists, write=True)
         step.run(vc)
-        lg = step.index_logits()
-        r = {"source_indexer": check_indexer_topk(step.topk_buffer, lg, topk)}
-        r["lists"] = check_candidate_blocks(lists[: step.T], lg, CANDIDATE_BLOCK)
-        newest = (step.positions.cpu() // CANDIDATE_BLOCK).tolist()  # ratio 1: kv_len = position + 1
-        r["newest"] = all(b in lists[t].tolist() for t, b in enumerate(newest))
-        r["past_t"] = bool((lists[step.T :] == -9).all())
+        own = step.topk_buffer.clone()
         step.use_candidates(lists, write=False)
         out = step.run(vc)
-        r["indexer"] = check_indexer_topk(
-            step.topk_buffer, lg, topk, keep=candidate_keep_ref(lists, lg, CANDIDATE_BLOCK)
-        )
+        kv_lens = step.positions + 1  # ratio 1: a row sees its position's compressed rows and those before
+        problem = two_level_problem(own, lists, step.topk_buffer, step.index_logits(), kv_lens, topk, CANDIDATE_BLOCK)
         ro, _ = step.reference()
-        r["out"] = compare("out", out.float(), ro, TOLERANCE[dtype]["out"]).problem
-        res[name] = r
+        res[name] = {"two_level": problem, "out": compare("out", out.float(), ro, TOLERANCE[dtype]["out"]).problem}
     return res
 
 
@@ -467,6 +461,8 @@ def graph_cases(device: str, dtype) -> dict:
     from vllm.config import VllmConfig
     from vllm.forward_context import set_forward_context
 
+    from rocm_mla.cases.indexer_topk import POISON_LISTS
+
     vc = VllmConfig()
     res = {}
     kinds = [("v4", k, None) for k in ("window", "csa", "hca")]
@@ -475,7 +471,7 @@ def graph_cases(device: str, dtype) -> dict:
         step = V4Step(kind, 16, [V4Request(2100, 1), V4Request(700, 2), V4Request(3000, 1)], num_decodes=3,
                       topk=512, dtype=dtype, device=device, seed=7, model=model)  # fmt: skip
         if cand is not None:  # the two-level indexer's layers: the source's lists, then a masked layer
-            lists = torch.full((step.T, 128), -9, dtype=torch.int32, device=step.device)
+            lists = torch.full((step.T, 128), POISON_LISTS, dtype=torch.int32, device=step.device)
             step.use_candidates(lists, write=True)
             if cand == "mask":
                 step.run(vc)

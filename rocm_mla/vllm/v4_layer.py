@@ -242,9 +242,9 @@ def _indexer_class(base: type) -> type:
     return RocmMLAV4Indexer
 
 
-def refusal(model: str, vllm_config, layer=None) -> str | None:
-    """Why a selected layer of ``model`` cannot run on rocm_mla (None: it can): checked with the
-    config before the layer is built, and with the built ``layer``."""
+def refusal(model: str, vllm_config) -> str | None:
+    """Why a selected layer of ``model`` cannot run on rocm_mla (None: it can), from the config,
+    checked before the layer is built."""
     from vllm.v1.attention.backends.mla.indexer import dsa_indexer_uses_fp4
 
     if dsa_indexer_uses_fp4(vllm_config):
@@ -275,9 +275,6 @@ def _make_class(base: type, model: str) -> type:
             base.__init__(self, *args, **kwargs)
             if not self._rocm_mla:
                 return
-            why = refusal(model, vllm_config, self)
-            if why is not None:
-                raise ValueError(f"rocm_mla cannot serve {model} (layer {self.prefix}): {why}")
             for flag in _IN_PLACE_FLAGS:
                 if hasattr(self, flag):
                     setattr(self, flag, True)

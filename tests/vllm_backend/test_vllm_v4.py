@@ -147,13 +147,12 @@ def test_refusals_name_the_model(monkeypatch):
     assert "MXFP4 indexer cache" in v4_layer.refusal("DeepSeek-V4", cfg)
     monkeypatch.setattr(idx, "dsa_indexer_uses_fp4", lambda c: False)
     assert v4_layer.refusal("DeepSeek-V4", cfg) is None
-    op = types.SimpleNamespace(candidate_blocks=torch.zeros(1, 2))
-    layer = types.SimpleNamespace(indexer=types.SimpleNamespace(indexer_op=op))
-    assert v4_layer.refusal("DeepSeek-V4.1", cfg, layer) is None  # the two-level indexer is served
-    cls = v4_layer._TARGETS and __import__("vllm.models.deepseek_v4.amd.rocm", fromlist=["x"])
+    assert v4_layer.refusal("DeepSeek-V4.1", cfg) is None  # the two-level indexer is served
+    import vllm.models.deepseek_v4.amd.rocm as rocm_v4
+
     monkeypatch.setattr(idx, "dsa_indexer_uses_fp4", lambda c: True)
     with pytest.raises(ValueError, match="rocm_mla cannot serve DeepSeek-V4: its MXFP4"):
-        cls.DeepseekV4ROCMAiterMLAAttention(_config(BACKEND_NAME))
+        rocm_v4.DeepseekV4ROCMAiterMLAAttention(_config(BACKEND_NAME))
 
 
 def test_token_kv_lens_follow_positions():

@@ -133,6 +133,17 @@ def _take_step(keys, thr, k_rem, taken, eq_seen):
 
 
 @triton.jit
+def _fill_tail(o_row, width, taken, poison, CHUNK: tl.constexpr):
+    """The end of a row's answer ``o_row [width]``: -1 in the entries past the ``taken`` ones, or,
+    for a ``poison`` row, the bad-row sentinel -2 in every entry."""
+    offs = tl.arange(0, CHUNK)
+    fill = tl.where(poison, -2, -1)
+    for j0 in range(0, width, CHUNK):
+        j = j0 + offs
+        tl.store(o_row + j, tl.zeros([CHUNK], dtype=tl.int32) + fill, mask=(j < width) & ((j >= taken) | poison))
+
+
+@triton.jit
 def _kth_largest(keys, k):
     """The k-th largest of the order keys ``keys`` (a register tensor; 1 <= k <= its nonzero keys;
     k = 0 gives 0xFFFFFFFF), bit by bit from the top: keep each bit whose setting still leaves

@@ -47,6 +47,7 @@ from .fp8_codes import fp8_e4m3fn_to_fnuz_half
 from .indexer_select import (
     _bound_rank,
     _dense_slots,
+    _fill_tail,
     _rank_bounds,
     _select_in_registers,
     _select_packed,
@@ -422,11 +423,7 @@ def mla_indexer_split_topk_kernel(
                             tl.store(cand_key + c_row + slot, keys, mask=take)
                             tl.store(cand_pos + c_row + slot, lo + c, mask=take)
                 if DIRECT:
-                    fill = tl.where(poison, -2, -1)
-                    for j0 in range(0, topk, CHUNK):
-                        j = j0 + offs_c
-                        jm = (j < topk) & ((j >= taken) | poison)
-                        tl.store(o_row + j, tl.zeros([CHUNK], dtype=tl.int32) + fill, mask=jm)
+                    _fill_tail(o_row, topk, taken, poison, CHUNK)
                 elif row_bad:
                     tl.store(cand_key + c_row, 0xFFFFFFFF)
                 elif CAND == 1:
@@ -641,11 +638,7 @@ def mla_indexer_merge_kernel(
             cand_key, cand_pos, o_row, n, topk, row_bad, kv_len, base, prefix_row, counts_row, SPLIT, TOPK_P2,
             CHUNK, REG, S_P2, S_LOG,
         )  # fmt: skip
-    offs = tl.arange(0, CHUNK)
-    fill = tl.where(poison, -2, -1)
-    for j0 in range(0, topk, CHUNK):
-        j = j0 + offs
-        tl.store(o_row + j, tl.zeros([CHUNK], dtype=tl.int32) + fill, mask=(j < topk) & ((j >= taken) | poison))
+    _fill_tail(o_row, topk, taken, poison, CHUNK)
 
 
 @triton.jit(do_not_specialize=["num_cols", "row_words", "s_c_r"])
@@ -682,8 +675,8 @@ def mla_indexer_candidate_select_kernel(
     t's cdiv(kv_len, CBS) blocks' largest order key, its newest block the NaN key): out[t]
     (``[num_cols]`` int32, row stride s_o_r) the ids of its min(num_cols, blocks) largest, ties
     by id, in ascending order, then -1; -2 everywhere for a bad row (``_row``)."""
-    keys = block_keys.to(tl.pointer_type(tl.uint32)) + tl.program_id(0).to(tl.int64) * row_words
     t = tl.program_id(0).to(tl.int64)
+    keys = block_keys.to(tl.pointer_type(tl.uint32)) + t * row_words
     req, kv_len, row_bad = _row(req_ids, kv_lens, t, s_req, s_kl, num_reqs, capacity, max_keys)
     n = tl.where(row_bad, 0, tl.cdiv(tl.maximum(kv_len, 0), CBS))
     k = tl.minimum(num_cols, n)
@@ -697,7 +690,4 @@ def mla_indexer_candidate_select_kernel(
         key = tl.load(keys + c, mask=c < n, other=0)
         take, slot, taken, eq_seen = _take_step(key, thr, k_rem, taken, eq_seen)
         tl.store(o_row + slot, c, mask=take)
-    fill = tl.where(row_bad, -2, -1)
-    for j0 in range(0, num_cols, CHUNK):
-        j = j0 + offs
-        tl.store(o_row + j, tl.zeros([CHUNK], dtype=tl.int32) + fill, mask=(j < num_cols) & ((j >= taken) | row_bad))
+    _fill_tail(o_row, num_cols, taken, row_bad, CHUNK)

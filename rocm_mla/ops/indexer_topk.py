@@ -353,10 +353,9 @@ def _launch_triton(
         launches["split"] = kernel_launch(mla_indexer_split_topk_kernel, plan.constexprs, plan.options)
         if plan.candidate_mode is not None:
             kern = {"mask": mla_indexer_candidate_mask_kernel, "select": mla_indexer_candidate_select_kernel}
-            consts = dict(plan.candidate_constexprs)
-            if plan.candidate_mode == "select":
-                consts["CBS"] = plan.candidate_block_size
-            launches["candidates"] = kernel_launch(kern[plan.candidate_mode], consts, plan.candidate_options)
+            launches["candidates"] = kernel_launch(
+                kern[plan.candidate_mode], plan.candidate_constexprs, plan.candidate_options
+            )
         if plan.prefiltered:
             launches["prefilter"] = kernel_launch(
                 mla_indexer_prefilter_kernel, plan.prefilter_constexprs, plan.prefilter_options

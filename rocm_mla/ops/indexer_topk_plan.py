@@ -147,10 +147,14 @@ CANDIDATE_MODES = (None, "mask", "select")
 CANDIDATE_MODE_FIELDS = ("matrix_instr_nonkdim", "waves_per_eu", "kpack")
 
 
-def candidate_meta(arch: str, chunk: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(constexprs, compile options)`` of the candidate kernels (mask bitmap, block selection): a
-    program of 4 warps per row, ``chunk`` entries a step (at least one a thread)."""
-    return {"CHUNK": max(int(chunk), 4 * wave_size(arch))}, {"num_warps": 4}
+def candidate_meta(arch: str, chunk: int, mode: str, block_size: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(constexprs, compile options)`` of the candidate kernel of ``mode`` ("mask": the rows'
+    bitmaps; "select": the rows' best blocks of ``block_size`` positions): a program of 4 warps per
+    row, ``chunk`` entries a step (at least one a thread)."""
+    consts = {"CHUNK": max(int(chunk), 4 * wave_size(arch))}
+    if mode == "select":
+        consts["CBS"] = int(block_size)
+    return consts, {"num_warps": 4}
 
 
 # The fields a config's "many_items" object may replace: the ones that leave every selection bit
@@ -509,7 +513,8 @@ def plan_indexer_topk(
             as no key. "select": the call also writes ``candidates_out`` with each row's best
             blocks by their largest logit (the newest block always among them).
         candidate_block_size: positions a candidate block holds (with a mode): a power of two, at
-            most the split kernel's selection chunk (256 on every shipped config; vLLM uses 8).
+            most the split kernel's selection chunk (``constexprs["CHUNK"]``, at least 256 on every
+            shipped config; vLLM uses 8).
         candidate_blocks: the candidate lists' columns (with a mode; >= 1; vLLM's 2048).
 
     Raises:
@@ -594,7 +599,9 @@ def plan_indexer_topk(
     unused = (None, None)
     m_consts, m_options = unused if direct else merge_meta(arch, cfg, split_keys, topk_p2, S, prefiltered=ranks > 0)
     p_consts, p_options = prefilter_meta(cfg, split_keys, S) if ranks else unused
-    c_consts, c_options = candidate_meta(arch, cfg["merge"]["chunk"]) if candidate_mode else unused
+    c_consts, c_options = (
+        candidate_meta(arch, cfg["merge"]["chunk"], candidate_mode, candidate_block_size) if candidate_mode else unused
+    )
     return IndexerTopkPlan(
         arch=arch,
         num_rows=num_rows,

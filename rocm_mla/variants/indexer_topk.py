@@ -134,17 +134,17 @@ def triton_variants(arch: str) -> list[TritonVariant]:
             ("stage", "bounds", "counts", "cand_pos", "req_ids", "kv_lens"),
             ("num_rows", "num_splits", "topk", "capacity", "num_reqs"), (), {**_UNIT, **p_consts}, p_options,
         ))  # fmt: skip
-    c_consts, c_options = candidate_meta(arch, cfg["merge"]["chunk"])
-    w = f" chunk{c_consts['CHUNK']} w{c_options['num_warps']}"
+    m_consts, m_options = candidate_meta(arch, cfg["merge"]["chunk"], "mask", _V41_CBS)
     out.append(_variant(
-        "candidate mask" + w, mla_indexer_candidate_mask_kernel, ("candidates", "bits"),
-        ("num_cols", "row_words", "s_c_r"), ("s_c_r",), c_consts, c_options,
+        f"candidate mask chunk{m_consts['CHUNK']} w{m_options['num_warps']}", mla_indexer_candidate_mask_kernel,
+        ("candidates", "bits"), ("num_cols", "row_words", "s_c_r"), ("s_c_r",), m_consts, m_options,
     ))  # fmt: skip
+    s_consts, s_options = candidate_meta(arch, cfg["merge"]["chunk"], "select", _V41_CBS)
     select_ints = ("num_cols", "row_words", "capacity", "max_keys", "num_reqs", "s_o_r")
     out.append(_variant(
-        f"candidate select block{_V41_CBS}" + w, mla_indexer_candidate_select_kernel,
-        ("block_keys", "req_ids", "kv_lens", "out"), select_ints, ("s_o_r",),
-        {**_UNIT, **c_consts, "CBS": _V41_CBS}, c_options,
+        f"candidate select block{_V41_CBS} chunk{s_consts['CHUNK']} w{s_options['num_warps']}",
+        mla_indexer_candidate_select_kernel, ("block_keys", "req_ids", "kv_lens", "out"), select_ints, ("s_o_r",),
+        {**_UNIT, **s_consts}, s_options,
     ))  # fmt: skip
     return out
 

@@ -101,6 +101,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))  # the vLLM harness (tests/vllm_harness)
 
 from bench_layer_copies import count_data_movement  # noqa: E402
+from bench_v4 import _interpreter_bf16, _reason  # noqa: E402
 from benchutil import Record, bench_parser, print_table, start_bench, write_csv  # noqa: E402
 
 from rocm_mla import __version__  # noqa: E402
@@ -455,11 +456,6 @@ def kernel_counts(fn, dev: torch.device) -> tuple[int, int, dict]:
     return c["triton_launches"], sum(c["ops"].values()), dict(c["ops"])
 
 
-def _reason(exc: Exception) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return f"{type(exc).__name__}: {(lines[-1] if lines else '')[:240]}"
-
-
 class Run:
     """The run's CSV records, table rows and failures."""
 
@@ -598,8 +594,6 @@ def main() -> int:
         if os.environ.get("TRITON_INTERPRET") != "1":
             print("bench_v4_layer --cpu-smoke: needs TRITON_INTERPRET=1 (and no GPU)")
             return 2
-        from bench_v4 import _interpreter_bf16
-
         _interpreter_bf16()
         torch.manual_seed(0)
         dev, device_name, specs = torch.device("cpu"), "cpu (Triton interpreter)", STEPS["cpu-smoke"]

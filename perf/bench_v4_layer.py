@@ -115,9 +115,9 @@ PREFILL_INDEX_ROWS = 512  # prefill rows whose indexer answer is checked (every 
 PREFILL_INDEX_RTOL = 1e-2  # vLLM's torch prefill logits: bf16 dot products round each head at 2^-9
 # The fp8 logits of both providers' Triton kernels on sm90: Triton's NVIDIA backend lets an fp8 dot
 # accumulate in the tensor cores' reduced precision over the whole K (max_num_imprecise_acc 2**30
-# on capability 9.0; 0, exact float32, on AMD and the interpreter). Keys of the top-k's edge then
-# swap at about 1e-4 of the row's largest logit (1.3e-4 seen); the float32 check's 1e-4 is kept
-# elsewhere.
+# on capability 9.0; 0, exact float32, on AMD and the interpreter), so keys at the top-k's edge
+# may swap by more than the float32 check's 1e-4 of the row's largest logit (docs/notes/indexer.md,
+# "fp8 logits on sm90 are not float32 sums"); that check is kept elsewhere.
 SM90_FP8_DOT_RTOL = 1e-3
 VLLM_LOGITS_BYTES = 512 << 20  # VLLM_SPARSE_INDEXER_MAX_LOGITS_MB: rows of one prefill logits chunk
 PREFILL_TORCH_BYTES = 8 << 30  # fp8_mqa_logits_torch's [H, rows, keys] temporaries per piece

@@ -17,7 +17,8 @@ fields vLLM's own (gathering) prefill reads, so that the same layer with the hoo
 
 Caches: fp8_ds_mla pages (``rocm_mla.cases.v4_attention.fp8_ds_mla_write``, byte for byte vLLM
 0.34's writer; the window in the platform's fp8 kind, the compressed cache in e4m3fn), the CSA
-indexer's block-flat C4 key cache (``indexer_k_cache_write``); block tables shuffled, every page
+indexer's block-flat C4 key cache (``indexer_k_cache_write``, byte for byte vLLM's compressor:
+test_vllm_v4_cache_writers.py); block tables shuffled, every page
 no request holds poisoned with NaN codes. The CSA indexer runs through the hook's op
 (``V4IndexerOp.forward_hip``) and fills vLLM's ``topk_indices_buffer``.
 

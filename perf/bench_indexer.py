@@ -7,10 +7,13 @@ indexer_k_cache_write, against what vLLM 0.34's ROCm path runs without aiter: ti
                                  [--shapes 'LABEL;...'] [--configs JSON] [--no-vllm]
 
 Shapes: mla_indexer_topk on rocm_mla.cases.indexer_topk.SHAPES[preset] (H 64 and 32, decode 1 / 32 /
-128 requests x 1 and 2 rows at 8K, 32K and 128K keys, a prefill chunk of 8192 rows over 32K keys;
-topk 2048, block 64, q fp8 with the platform's kind, the cache in vLLM's ROCm layout: 16 x 16
-shuffled values, float32 scales); indexer_k_cache_write on rocm_mla.cases.indexer_cache.SHAPES
-["bench"] (T = 1, 64, 4K, 32K keys, block 64, bf16 k, UE8M0 scales; --preset quick: 64 and 32K).
+128 requests x 1 and 2 rows at 8K, 32K and 128K keys, 256 requests at 8K and 32K, 32 requests x 4
+rows, a prefill chunk of 8192 rows over 32K keys; topk 2048, block 64, q fp8 with the platform's
+kind, the cache in vLLM's ROCm layout: 16 x 16 shuffled values, float32 scales; and DeepSeek-V4's
+CSA indexer, labelled "c4": top-512 and top-1024 over 8K and 32K compressed keys -- "ctx" counts
+them -- in flat rows of e4m3fn values, as vLLM's compressor writes them); indexer_k_cache_write on
+rocm_mla.cases.indexer_cache.SHAPES["bench"] (T = 1, 64, 4K, 32K keys, block 64, bf16 k, UE8M0
+scales; --preset quick: 64 and 32K).
 
 Counted per call (the same for every provider):
   mla_indexer_topk       bytes = IndexerShape.nbytes(): 132 per visible key per row (the index

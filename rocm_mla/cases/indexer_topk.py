@@ -36,7 +36,9 @@ PLAN_KNOBS = ("backend", "config", "max_kv_len", "debug", "shuffled", "cache_kin
 @dataclass(frozen=True)
 class IndexerShape(RequestRows):
     """B requests holding ``lens[b]`` keys each, ``rows[b]`` query rows each (an int: the same for
-    every request), H indexer heads, ``topk`` kept, pages of ``block`` tokens."""
+    every request), H indexer heads, ``topk`` kept, pages of ``block`` tokens. ``c4``: DeepSeek-V4's
+    compressed (C4) indexer cache, a key for every 4 tokens, as vLLM's compressor writes it: flat
+    rows of e4m3fn values whatever q's kind (``make_inputs``' defaults then)."""
 
     lens: tuple[int, ...]
     rows: tuple[int, ...] | int = 1
@@ -44,12 +46,14 @@ class IndexerShape(RequestRows):
     topk: int = 2048
     block: int = 64
     name: str = ""
+    c4: bool = False
 
     def label(self) -> str:
         if self.name:
             return self.name
         head, rows = self.label_parts()
-        return f"{head} H={self.H} topk={self.topk}{rows}" + (f" block={self.block}" if self.block != 64 else "")
+        block = f" block={self.block}" if self.block != 64 else ""
+        return f"{head} H={self.H} topk={self.topk}{rows}{block}" + (" c4" if self.c4 else "")
 
     def keys_read(self) -> int:
         """Cache rows the op must read: every row's visible keys."""
@@ -70,7 +74,9 @@ class IndexerShape(RequestRows):
 
 SHAPES: dict[str, list[IndexerShape]] = {
     # The benchmark: H 64 (DeepSeek-V3.2) and 32 (GLM-5.x), decode 1 / 32 / 128 requests x 1 and 2
-    # rows at 8K, 32K and 128K keys; a prefill chunk of 8192 rows over 32K keys.
+    # rows at 8K, 32K and 128K keys, 256 requests at 8K and 32K, 32 requests x 4 MTP rows; a prefill
+    # chunk of 8192 rows over 32K keys. DeepSeek-V4's CSA indexer (C4 caches, 64 heads): top-512
+    # (V4-Flash) and top-1024 (V4-Pro) over 8K and 32K compressed keys (32K and 128K tokens).
     "bench": [
         IndexerShape.decode(B, ctx, H, q)
         for H in (64, 32)
@@ -78,7 +84,21 @@ SHAPES: dict[str, list[IndexerShape]] = {
         for ctx in (8192, 32768, 131072)
         for B in (1, 32, 128)
     ]
-    + [IndexerShape((32768,), 8192, H) for H in (64, 32)],
+    + [IndexerShape.decode(256, ctx, H) for H in (64, 32) for ctx in (8192, 32768)]
+    + [IndexerShape.decode(32, ctx, 64, 4) for ctx in (32768, 131072)]
+    + [IndexerShape((32768,), 8192, H) for H in (64, 32)]
+    + [
+        IndexerShape.decode(B, keys, 64, q, topk=topk, c4=True)
+        for B, keys, q, topk in (
+            (1, 32768, 1, 512),
+            (32, 8192, 1, 512),
+            (128, 8192, 1, 512),
+            (128, 32768, 1, 512),
+            (128, 8192, 2, 512),
+            (32, 32768, 1, 1024),
+            (128, 32768, 1, 1024),
+        )
+    ],
     "quick": [
         IndexerShape.decode(128, 32768, 64),
         IndexerShape.decode(128, 131072, 64),
@@ -293,17 +313,21 @@ def make_inputs(
     """Fresh random inputs of ``shape`` (see the module docstring).
 
     fp8: q's e4m3 kind (default: the platform's). cache_kind: the kind the cache's values are
-    written in, with that kind's scale range (default: q's). shuffled: the cache layout
-    (default: vLLM's ROCm rule, 16 x 16 tiles above block size 1). copies: R independent (cache,
-    block table) pairs (cold-cache rotation). req_pad: entries past T in req_id_per_token and
-    kv_lens (vLLM pads them).
+    written in, with that kind's scale range (default: q's; e4m3fn for a ``c4`` shape). shuffled:
+    the cache layout (default: vLLM's ROCm rule, 16 x 16 tiles above block size 1; flat for c4).
+    copies: R independent (cache, block table) pairs (cold-cache rotation). req_pad: entries past
+    T in req_id_per_token and kv_lens (vLLM pads them).
     """
     from ..reference.indexer import vllm_rocm_shuffled
 
     device, g = device_generator(device, seed, gen)
     kind = fp8 or platform_fp8(device)
-    shuf = vllm_rocm_shuffled(shape.block) if shuffled is None else bool(shuffled)
-    ckind = kind if cache_kind is None else cache_kind
+    if shuffled is None:
+        shuffled = False if shape.c4 else vllm_rocm_shuffled(shape.block)
+    shuf = bool(shuffled)
+    if cache_kind is None:
+        cache_kind = torch.float8_e4m3fn if shape.c4 else kind
+    ckind = cache_kind
     pairs = [_one_copy(shape, g, device, ckind, shuf, spare_pages) for _ in range(copies)]
     T, H = shape.T, shape.H
     # q a slice of a wider buffer: its head and row strides are not H x 128's.

@@ -109,6 +109,16 @@ def test_layouts_and_block_sizes(backend, block, shuffled):
     _run_and_check(make_inputs(shape, device=DEVICE, seed=block, shuffled=shuffled), backend=backend, **cfg)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_c4_shapes_take_v4s_cache(backend):
+    """A ``c4`` shape (DeepSeek-V4's compressed indexer cache) is made as vLLM's compressor writes it,
+    flat rows of e4m3fn values whatever q's kind, and the op's answer over it is a valid top-k."""
+    shape = IndexerShape((150, 40), (1, 2), 8, topk=24, block=64, c4=True)
+    case = make_inputs(shape, device=DEVICE, seed=4)
+    assert not case.shuffled and case.cache_kind == torch.float8_e4m3fn and shape.label().endswith(" c4")
+    _run_and_check(case, backend=backend, **({"config": SMALL} if backend == "triton" else {}))
+
+
 @pytest.mark.parametrize("backend", [b for b in BACKENDS if b == "triton"])
 def test_batch_invariant_row_alone_equals_row_in_batch(backend, monkeypatch):
     """A row's answer is bitwise the same (order included) alone, in a batch, and in a batch whose

@@ -1,7 +1,7 @@
 """Selection helpers of mla_indexer_topk (kernels: rocm_mla/kernels/indexer_topk.py): the k-th
 largest of uint32 order keys held in registers (bit by bit, or a digit at a time over packed
-words), by passes over candidate slots in memory, by a radix search over a row of keys in memory
-(the streamed form), the prefiltered form's rank bounds, and where a row's candidate slots lie.
+words), by passes over candidate slots in memory, the prefiltered form's rank bounds, and where a
+row's candidate slots lie.
 
 Order keys: a float's bits mapped so that unsigned order is float order; 0 marks "no key", the
 NaN key 0xFFFFFFFF is the largest.
@@ -270,59 +270,3 @@ def _select_passes(
         cand_key, n, k, n_valid, row_bad, kv_len, topk, base, prefix_row, counts_row, SPLIT, TOPK_P2, S_P2, S_LOG, CHUNK
     )
     return n_valid, nan, thr, k_rem
-
-
-# The radix search's histogram: 11-bit digits (bits [21, 32), [10, 21), then [0, 10) of a key).
-RADIX_BINS = tl.constexpr(2048)
-
-
-@triton.jit
-def _radix_histogram(row, n, thr, SHIFT: tl.constexpr, WIDTH: tl.constexpr, CHUNK: tl.constexpr):
-    """(histogram, keys counted, largest key): the digits at bits [SHIFT, SHIFT + WIDTH) of the n
-    order keys at ``row`` that are keys (not 0) and match ``thr`` above the digit."""
-    offs = tl.arange(0, CHUNK)
-    hist = tl.zeros([RADIX_BINS], dtype=tl.int32)
-    n_valid = tl.zeros([], dtype=tl.int32)
-    top = tl.zeros([], dtype=tl.uint32)
-    for c0 in range(0, n, CHUNK):
-        c = c0 + offs
-        key = tl.load(row + c, mask=c < n, other=0)
-        match = key != 0
-        if SHIFT + WIDTH < 32:
-            match = match & ((key >> (SHIFT + WIDTH)) == (thr >> (SHIFT + WIDTH)))
-        else:  # the first digit's pass also counts the keys
-            n_valid += tl.sum(match.to(tl.int32), axis=0)
-            top = tl.maximum(top, tl.max(key, axis=0))
-        hist += tl.histogram(((key >> SHIFT) & ((1 << WIDTH) - 1)).to(tl.int32), RADIX_BINS, mask=match)
-    return hist, n_valid, top
-
-
-@triton.jit
-def _radix_pick(hist, thr, k_rem, SHIFT: tl.constexpr):
-    """(thr, k_rem) after a digit: the largest digit b whose keys at or above it number >= k_rem set
-    at SHIFT in thr, and k_rem less the keys of larger digits."""
-    bins = tl.arange(0, RADIX_BINS)
-    ge = tl.flip(tl.cumsum(tl.flip(hist, 0), 0), 0)  # ge[b]: matching keys whose digit is >= b
-    best = tl.max(tl.where(ge >= k_rem, bins, 0), axis=0)
-    above = tl.sum(tl.where(bins > best, hist, 0), axis=0)
-    return thr | (best.to(tl.uint32) << SHIFT), k_rem - above
-
-
-@triton.jit
-def _select_radix(row, n, topk, CHUNK: tl.constexpr):
-    """``_select_in_registers`` of the n order keys at ``row`` (0 = no key) by passes over memory:
-    the k-th largest a digit at a time from the top, 11, 11 and 10 bits, a histogram pass a digit
-    (the first also counts the keys and finds the NaN key); three reads of the row where
-    ``_threshold`` takes nine. Every key is taken (thr 0, no further pass) when k = n_valid."""
-    zero = tl.zeros([], dtype=tl.uint32)
-    hist, n_valid, top = _radix_histogram(row, n, zero, 21, 11, CHUNK)
-    k = tl.minimum(topk, n_valid)
-    thr = zero
-    k_rem = tl.zeros([], dtype=tl.int32)
-    if k < n_valid:
-        thr, k_rem = _radix_pick(hist, zero, k, 21)
-        hist, _, _ = _radix_histogram(row, n, thr, 10, 11, CHUNK)
-        thr, k_rem = _radix_pick(hist, thr, k_rem, 10)
-        hist, _, _ = _radix_histogram(row, n, thr, 0, 10, CHUNK)
-        thr, k_rem = _radix_pick(hist, thr, k_rem, 0)
-    return n_valid, top == 0xFFFFFFFF, thr, k_rem

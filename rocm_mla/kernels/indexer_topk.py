@@ -5,8 +5,8 @@ The lightning indexer of sparse MLA (DeepSeek-V3.2, GLM-5.x) scores every key a 
 
     logit(t, j) = sum_h weights[t, h] x relu(q[t, h] . k_j),    k_j = fp8 row j x its float32 scale,
 
-and keeps the ``topk`` largest as request-local positions. The split and prefiltered forms write
-no logits matrix: the persistent programs of ``mla_indexer_split_topk_kernel`` take (row, split) items in turn; a
+and keeps the ``topk`` largest as request-local positions. No logits matrix is written: the
+persistent programs of ``mla_indexer_split_topk_kernel`` take (row, split) items in turn; a
 program scores one split of SPLIT keys into its own stage row of the workspace (bounded by the
 grid, not by the rows or the context), holds the stage in registers to find the split's
 threshold, and keeps the split's top-k: with one split per row it writes the row's answer,
@@ -14,10 +14,7 @@ otherwise the split's candidates (order keys and positions, ``[T, S, TOPK_P2]``)
 ``mla_indexer_merge_kernel`` reduces to the row's answer. Calls of few items take the prefiltered
 form: the split kernel (RANKS) keeps each item's order keys in a stage row of its own and writes
 rank bounds of them, ``mla_indexer_prefilter_kernel`` keeps each split's keys at or above its
-row's floor, and the merge selects among the kept keys. Calls of many rows at long context take
-the streamed form: the split kernel (STREAMED) writes every row's order keys, 4 bytes a key beside
-the 132 it reads (``[T, num_splits x SPLIT]``), holding no selection state, and
-``mla_indexer_streamed_select_kernel`` selects a row's top-k from them by a radix search.
+row's floor, and the merge selects among the kept keys.
 
 Selection is exact, on order keys (a float's bits mapped so that unsigned order is float order; 0
 marks "no key"): the k-th largest key is found bit by bit from the top (keep a bit while >= k keys
@@ -55,7 +52,6 @@ from .indexer_select import (
     _select_in_registers,
     _select_packed,
     _select_passes,
-    _select_radix,
     _slots,
     _take_step,
     _threshold_flat,
@@ -285,7 +281,6 @@ def mla_indexer_split_topk_kernel(
     OCP_CACHE: tl.constexpr,
     CAND: tl.constexpr,
     CBS: tl.constexpr,
-    STREAMED: tl.constexpr,
 ):
     """A persistent program: work items (row t, split s) = pid, pid + grid, ... of T x num_splits,
     each the logits of the row's keys [s x SPLIT, min((s + 1) x SPLIT, kv_len)) and their top
@@ -312,10 +307,6 @@ def mla_indexer_split_topk_kernel(
     words) for the prefilter, and ``bounds [T x num_splits, RANKS]`` gets the item's
     ``_rank_bounds`` (zeros for a split past the row's keys or a bad row); no selection here.
 
-    STREAMED (the streamed form, ``mla_indexer_streamed_select_kernel`` follows): stage is
-    ``[T, num_splits x SPLIT]``, the row's order keys at their positions; a split scores its
-    keys and writes nothing else (a split past the row's keys or of a bad row, nothing at all).
-
     Candidate blocks (blocks of CBS positions; the workspace's ``[T, row_words]`` int32 right
     after the stages, ``IndexerTopkPlan.candidate_layout``): CAND 1, the
     row's bitmap (``mla_indexer_candidate_mask_kernel``): a key outside the listed blocks is no
@@ -336,7 +327,7 @@ def mla_indexer_split_topk_kernel(
     for w in range(pid, num_rows * num_splits, tl.num_programs(0)):
         split = w % num_splits
         t = (w // num_splits).to(tl.int64)
-        if (RANKS > 0) | STREAMED:
+        if RANKS > 0:
             stage_row = stage_u32 + (t * num_splits + split) * SPLIT
         else:
             stage_row = stage_u32 + pid.to(tl.int64) * SPLIT
@@ -347,7 +338,7 @@ def mla_indexer_split_topk_kernel(
         hi = tl.minimum(lo + SPLIT, n_keys)
         # The merge reads only a row's live splits (one for a bad row): a dead split does nothing
         # (prefiltered: it writes zero bounds).
-        if DIRECT | (lo < hi) | ((row_bad & (split == 0)) & (STREAMED == 0)) | (RANKS > 0):
+        if DIRECT | (lo < hi) | (row_bad & (split == 0)) | (RANKS > 0):
             bt_row = block_table + tl.where(row_bad, 0, req).to(tl.int64) * s_bt_b
             # fp8 loads take no `other` (the CPU interpreter cannot make an e4m3fnuz constant):
             # padded heads' scores are zeroed below and masked keys' logits replaced, so their
@@ -390,7 +381,7 @@ def mla_indexer_split_topk_kernel(
                 # and scale loops, and the candidate part's address derived here, not passed: in
                 # those loops the extra addresses cost scalar registers that gfx942's OCP form
                 # does not have (it spilled).
-                if (RANKS > 0) | STREAMED:
+                if RANKS > 0:
                     cand_part = stage + num_rows.to(tl.int64) * num_splits * SPLIT
                 else:
                     cand_part = stage + tl.num_programs(0).to(tl.int64) * SPLIT
@@ -401,9 +392,7 @@ def mla_indexer_split_topk_kernel(
                 _candidate_pass(stage_row, cand_part + t * row_words, n, lo, n_keys, CHUNK, CAND, CBS)
                 tl.debug_barrier()
 
-            if STREAMED:
-                pass  # the row's keys stay for the streamed selection
-            elif RANKS > 0:
+            if RANKS > 0:
                 # Prefiltered: the item's stage row stays for the prefilter; only its bounds here.
                 held = tl.where(offs_s < n, tl.load(stage_row + offs_s), 0)  # (the stage has SPLIT words)
                 tl.store(
@@ -649,34 +638,6 @@ def mla_indexer_merge_kernel(
             cand_key, cand_pos, o_row, n, topk, row_bad, kv_len, base, prefix_row, counts_row, SPLIT, TOPK_P2,
             CHUNK, REG, S_P2, S_LOG,
         )  # fmt: skip
-    _fill_tail(o_row, topk, taken, poison, CHUNK)
-
-
-@triton.jit(do_not_specialize=["num_rows", "num_splits", "topk", "capacity", "num_reqs"])
-def mla_indexer_streamed_select_kernel(
-    stage, req_ids, kv_lens, out, num_rows, num_splits, topk, capacity, num_reqs, s_req, s_kl, s_o_r,
-    SPLIT: tl.constexpr, CHUNK: tl.constexpr,
-):  # fmt: skip
-    """Program t of the streamed form, after ``mla_indexer_split_topk_kernel`` (STREAMED) wrote row
-    t's order keys (``stage [T, num_splits x SPLIT]``, position j at word j): out[t] as the
-    DIRECT split kernel writes it. The threshold by a radix search over the row's keys
-    (``_select_radix``: three passes), then the taken keys in position order (a fourth)."""
-    t = tl.program_id(0).to(tl.int64)
-    req, kv_len, row_bad = _row(req_ids, kv_lens, t, s_req, s_kl, num_reqs, capacity, num_splits * SPLIT)
-    n = tl.where(row_bad, 0, kv_len)
-    row = stage.to(tl.pointer_type(tl.uint32)) + t * num_splits * SPLIT
-    n_valid, nan, thr, k_rem = _select_radix(row, n, topk, CHUNK)
-    poison = row_bad | nan
-    o_row = out + t * s_o_r
-    offs = tl.arange(0, CHUNK)
-    taken = tl.zeros([], dtype=tl.int32)
-    eq_seen = tl.zeros([], dtype=tl.int32)
-    if poison == 0:
-        for c0 in range(0, n, CHUNK):
-            c = c0 + offs
-            keys = tl.load(row + c, mask=c < n, other=0)
-            take, slot, taken, eq_seen = _take_step(keys, thr, k_rem, taken, eq_seen)
-            tl.store(o_row + slot, c, mask=take)
     _fill_tail(o_row, topk, taken, poison, CHUNK)
 
 

@@ -1,5 +1,5 @@
-"""mla_indexer_topk: the lightning indexer's scores and top-k (sparse MLA: DeepSeek-V3.2, GLM-5.x,
-DeepSeek-V4's CSA layers).
+"""mla_indexer_topk: the lightning indexer's scores and top-k in one pass, without a logits matrix
+(sparse MLA: DeepSeek-V3.2, GLM-5.x).
 
 Kernels: rocm_mla/kernels/indexer_topk.py (Triton). Plan: rocm_mla/ops/indexer_topk_plan.py.
 Reference: rocm_mla/reference/indexer_topk.py. Launch data: configs/mla_indexer_topk.json. Backend
@@ -18,7 +18,6 @@ from ..kernels.indexer_topk import (
     mla_indexer_merge_kernel,
     mla_indexer_prefilter_kernel,
     mla_indexer_split_topk_kernel,
-    mla_indexer_streamed_select_kernel,
 )
 from ..mla_dims import FP8_DTYPES
 from ..reference.indexer import INDEX_HEAD_DIM
@@ -53,9 +52,8 @@ def mla_indexer_topk(
     """For each query row, the request-local positions of the ``topk`` keys with the largest
     indexer logits, ``logit(t, j) = sum_h weights[t, h] x relu(q[t, h] . k_j)``.
 
-    The logits stream through registers, split by split; no ``[T, context]`` matrix is written,
-    except by the streamed form (many rows at long context): 4 bytes a key, at most
-    ``STREAMED_MAX_BYTES`` (the workspace's parts: ``IndexerTopkPlan``; sizes: docs/indexer.md).
+    The logits stream through registers, split by split; no ``[T, context]`` matrix is written
+    (the workspace's parts: ``IndexerTopkPlan``; sizes: docs/indexer.md).
 
     Args:
         q: ``[T, H, 128]`` float8_e4m3fn or float8_e4m3fnuz (H = 64 for DeepSeek-V3.2, 32 for
@@ -331,8 +329,8 @@ def _launch_triton(
     n_stage = plan.stage_numel
     stage = ws[:n_stage]
     bounds = counts = prefix = out  # unused unless prefiltered
-    if plan.direct or plan.streamed:
-        cand_key = cand_pos = out  # unused (DIRECT and STREAMED never touch them)
+    if plan.direct:
+        cand_key = cand_pos = out  # unused (DIRECT never touches them)
     elif plan.prefiltered:
         parts = {k: ws[a : a + n] for k, (a, n) in plan.prefilter_layout().items()}
         cand_key, cand_pos = stage, parts["positions"]
@@ -362,11 +360,7 @@ def _launch_triton(
             launches["prefilter"] = kernel_launch(
                 mla_indexer_prefilter_kernel, plan.prefilter_constexprs, plan.prefilter_options
             )
-        if plan.streamed:
-            launches["merge"] = kernel_launch(
-                mla_indexer_streamed_select_kernel, plan.merge_constexprs, plan.merge_options
-            )
-        elif not plan.direct:
+        if not plan.direct:
             launches["merge"] = kernel_launch(mla_indexer_merge_kernel, plan.merge_constexprs, plan.merge_options)
     words = plan.candidate_row_words
     if plan.candidate_mode == "mask":
@@ -383,12 +377,6 @@ def _launch_triton(
             block_table.shape[0], req_ids.stride(0), kv_lens.stride(0), candidates_out.stride(0),
         ))  # fmt: skip
     if plan.direct:
-        return
-    if plan.streamed:
-        launches["merge"](plan.merge_grid, (
-            stage, req_ids, kv_lens, out, T, S, plan.topk, capacity, block_table.shape[0],
-            req_ids.stride(0), kv_lens.stride(0), out.stride(0),
-        ))  # fmt: skip
         return
     if plan.prefiltered:
         launches["prefilter"](plan.prefilter_grid, (

@@ -44,13 +44,12 @@ def _merge_register_slots(arch: str, merge: dict[str, Any]) -> int:
 def triton_meta(
     arch: str, cfg: dict[str, Any], num_heads: int, split_keys: int, topk_p2: int, *, direct: bool, block_size: int,
     shuffled: bool, ranks: int = 0, ocp_cache: bool = False, candidate_mode: str | None = None,
-    candidate_block_size: int = 1, streamed: bool = False,
+    candidate_block_size: int = 1,
 ) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
     """``(constexprs, compile options)`` of the split kernel: the single place the op's launch and
     the ISA report's variants take them from. CHUNK, the keys a selection step reads from the
     stage, is the merge's chunk (at least one key a thread, at most the split). ``ranks`` > 0:
-    the prefiltered form (each item writes that many bounds, no selection); ``streamed``: the
-    streamed form (each item writes its order keys alone). ``ocp_cache``: the
+    the prefiltered form (each item writes that many bounds, no selection). ``ocp_cache``: the
     cache holds e4m3fn values and q is e4m3fnuz (OCP_CACHE: the kernel reads the bytes as uint8
     and turns them into q's kind)."""
     threads = int(cfg["num_warps"]) * wave_size(arch)
@@ -72,7 +71,6 @@ def triton_meta(
         "OCP_CACHE": bool(ocp_cache),
         "CAND": CANDIDATE_MODES.index(candidate_mode),
         "CBS": int(candidate_block_size) if candidate_mode else 1,
-        "STREAMED": bool(streamed),
     }
     options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **amd_options(cfg, arch)}
     if cfg.get("maxnreg") and not is_amd_arch(arch):
@@ -157,50 +155,6 @@ def candidate_meta(arch: str, chunk: int, mode: str, block_size: int) -> tuple[d
     if mode == "select":
         consts["CBS"] = int(block_size)
     return consts, {"num_warps": 4}
-
-
-# The streamed form: its split kernel's fields a config's "streamed" object may replace (its
-# selection kernel's take "select": {"chunk", "num_warps"}), and the most workspace it may take,
-# T x max_keys x 4 bytes of order keys: rows x context past it (long prefill chunks) keep the split
-# form, whose workspace the grid bounds.
-STREAMED_FIELDS = (
-    "split_keys", "BLOCK_N", "num_warps", "num_stages", "key_streams", "programs_per_cu", "maxnreg", "waves_per_eu",
-    "matrix_instr_nonkdim", "kpack", "select",
-)  # fmt: skip
-STREAMED_MAX_BYTES = 256 << 20
-
-
-def streamed_meta(arch: str, select: dict[str, Any], split_keys: int, num_splits: int):
-    """``(constexprs, compile options)`` of the streamed form's selection kernel (a program a row):
-    ``select["chunk"]`` keys a step (a power of two, at least one a thread), ``select["num_warps"]``."""
-    warps = int(select["num_warps"])
-    chunk = max(triton.next_power_of_2(int(select["chunk"])), warps * wave_size(arch))
-    return {"SPLIT": int(split_keys), "CHUNK": chunk}, {"num_warps": warps}
-
-
-def _streamed_config(c: Checker, cfg: dict, num_rows: int, max_kv_len: int, topk_p2: int, wave: int, slots: int):
-    """The streamed form's config (``cfg`` with its ``streamed`` fields applied), or None where the
-    call keeps the other forms: no ``streamed`` object, a workspace past STREAMED_MAX_BYTES, or
-    (row, split) items at the config's split size that do not outnumber the grid's slots."""
-    st = cfg.pop("streamed", None)
-    if st is None:
-        return None
-    if not isinstance(st, dict) or not set(st) <= set(STREAMED_FIELDS) or not isinstance(st.get("select"), dict):
-        got = sorted(st) if isinstance(st, dict) else type(st).__name__
-        c.fail("config", f"streamed an object of {list(STREAMED_FIELDS)} with a select object", got)
-    sel = st["select"]
-    if set(sel) != {"chunk", "num_warps"} or not all(_int_in(v, 1) for v in sel.values()):
-        c.fail("config", "streamed.select {chunk, num_warps} (ints >= 1)", sel)
-    scfg = {k: v for k, v in cfg.items() if k != "many_items"}
-    scfg.update(st)
-    _check_fields(c, scfg)
-    if not _int_in(scfg["split_keys"], _least_split(scfg, wave)) or scfg["split_keys"] & (scfg["split_keys"] - 1):
-        c.fail("config", f"streamed split_keys a power of two >= {_least_split(scfg, wave)}", scfg["split_keys"])
-    max_keys = triton.cdiv(max(max_kv_len, 1), scfg["split_keys"]) * scfg["split_keys"]
-    items = num_rows * triton.cdiv(max_kv_len, _split_keys(cfg, topk_p2, wave))
-    if 4 * num_rows * max_keys > STREAMED_MAX_BYTES or items <= slots:
-        return None
-    return scfg
 
 
 # The fields a config's "many_items" object may replace: the ones that leave every selection bit
@@ -366,7 +320,6 @@ class IndexerTopkPlan:
     merge_constexprs: dict[str, Any] | None
     merge_options: dict[str, Any] | None
     ranks: int = 0
-    streamed: bool = False
     prefilter_constexprs: dict[str, Any] | None = None
     prefilter_options: dict[str, Any] | None = None
     device: torch.device | None = None  # where the calls run (cuda with its index)
@@ -444,9 +397,8 @@ class IndexerTopkPlan:
 
     @property
     def stage_numel(self) -> int:
-        """int32 elements of the logit stages: grid x split_keys (prefiltered and streamed: items x
-        split_keys)."""
-        return (self.items if self.prefiltered or self.streamed else self.grid[0]) * self.split_keys
+        """int32 elements of the logit stages: grid x split_keys (prefiltered: items x split_keys)."""
+        return (self.items if self.prefiltered else self.grid[0]) * self.split_keys
 
     def prefilter_layout(self) -> dict[str, tuple[int, int]]:
         """Prefiltered: ``{name: (start, numel)}`` of the workspace's parts after the stage (bounds,
@@ -483,10 +435,9 @@ class IndexerTopkPlan:
         """int32 elements of the workspace: the stages, the candidate blocks' part
         (``candidate_layout``), then (more than one split) the candidates' keys and positions and
         the merge's read-ahead (a row's register-held slots past the last row's candidates);
-        prefiltered: ``prefilter_layout``'s parts; streamed: the rows' keys (the stages) and the
-        candidate part alone."""
+        prefiltered: ``prefilter_layout``'s parts."""
         start, numel = self.candidate_layout()
-        if self.direct or self.streamed:
+        if self.direct:
             return start + numel
         if self.prefiltered:
             start, numel = self.prefilter_layout()["prefix"]
@@ -607,15 +558,6 @@ def plan_indexer_topk(
     _check_fields(c, cfg)
     topk_p2 = triton.next_power_of_2(topk)
     wave = wave_size(arch)
-    streamed = _streamed_config(
-        c, cfg, num_rows, max_kv_len, topk_p2, wave, num_compute_units(device) * int(cfg["programs_per_cu"])
-    )
-    if streamed is not None:
-        return _streamed_plan(
-            c, arch, streamed if candidate_mode is None else {**streamed, **(two_level or {})}, device, impl, num_rows,
-            num_heads, topk, topk_p2, max_kv_len, block_size, shuffle, q_dtype, kind, debug, candidate_mode,
-            candidate_block_size, candidate_blocks,
-        )  # fmt: skip
     cfg = _with_many_items(c, cfg, device, num_rows, max_kv_len, topk_p2, wave)
     split_keys = _split_keys(cfg, topk_p2, wave)
     least = max(2 * topk_p2, _least_split(cfg, wave, cfg["select_pack"]))
@@ -650,7 +592,10 @@ def plan_indexer_topk(
         ranks=ranks, ocp_cache=kind != q_dtype, candidate_mode=candidate_mode,
         candidate_block_size=candidate_block_size,
     )  # fmt: skip
-    _check_candidate_chunk(c, candidate_mode, candidate_block_size, consts)
+    if candidate_mode and candidate_block_size > consts["CHUNK"]:
+        c.fail(
+            "candidate_block_size", f"at most the split kernel's chunk ({consts['CHUNK']} keys)", candidate_block_size
+        )
     unused = (None, None)
     m_consts, m_options = unused if direct else merge_meta(arch, cfg, split_keys, topk_p2, S, prefiltered=ranks > 0)
     p_consts, p_options = prefilter_meta(cfg, split_keys, S) if ranks else unused
@@ -692,46 +637,6 @@ def plan_indexer_topk(
     )
 
 
-def _check_candidate_chunk(c: Checker, mode: str | None, block_size: int, consts: dict[str, Any]) -> None:
-    """A candidate block fits the split kernel's selection chunk (ValueError naming the knob)."""
-    if mode and block_size > consts["CHUNK"]:
-        c.fail("candidate_block_size", f"at most the split kernel's chunk ({consts['CHUNK']} keys)", block_size)
-
-
-def _streamed_plan(
-    c, arch, cfg, device, impl, num_rows, num_heads, topk, topk_p2, max_kv_len, block_size, shuffle, q_dtype, kind,
-    debug, candidate_mode, candidate_block_size, candidate_blocks,
-) -> IndexerTopkPlan:  # fmt: skip
-    """``plan_indexer_topk``'s plan of the streamed form (``_streamed_config`` chose it; ``cfg`` its
-    config): splits of the streamed split_keys scored by the persistent split kernel (STREAMED)
-    into the rows' keys, then a selection program a row."""
-    split_keys = int(cfg["split_keys"])
-    S = triton.cdiv(max_kv_len, split_keys)
-    consts, options = triton_meta(
-        arch, cfg, num_heads, split_keys, topk_p2, direct=False, block_size=block_size, shuffled=shuffle,
-        ocp_cache=kind != q_dtype, candidate_mode=candidate_mode, candidate_block_size=candidate_block_size,
-        streamed=True,
-    )  # fmt: skip
-    _check_candidate_chunk(c, candidate_mode, candidate_block_size, consts)
-    s_consts, s_options = streamed_meta(arch, cfg["select"], split_keys, S)
-    unused = (None, None)
-    c_consts, c_options = (
-        candidate_meta(arch, cfg["merge"]["chunk"], candidate_mode, candidate_block_size) if candidate_mode else unused
-    )
-    return IndexerTopkPlan(
-        arch=arch, num_rows=num_rows, num_heads=num_heads, topk=topk, max_kv_len=max_kv_len, block_size=block_size,
-        shuffled=shuffle, q_dtype=q_dtype, config=cfg, split_keys=split_keys, topk_p2=topk_p2, num_splits=S,
-        page_shift=block_size.bit_length() - 1 if consts["POW2_PAGE"] else 0,
-        grid=(max(1, min(num_rows * S, num_compute_units(device) * int(cfg["programs_per_cu"]))),),
-        constexprs=consts, options=options, merge_grid=(num_rows,), merge_constexprs=s_consts,
-        merge_options=s_options, streamed=True, device=device, backend=impl, debug=debug_enabled(debug),
-        cache_kind=kind, candidate_mode=candidate_mode,
-        candidate_block_size=int(candidate_block_size) if candidate_mode else 0,
-        candidate_blocks=int(candidate_blocks) if candidate_mode else 0,
-        candidate_constexprs=c_consts, candidate_options=c_options,
-    )  # fmt: skip
-
-
 def _check_candidate_knobs(c: Checker, mode: object, block_size: object, blocks: object) -> None:
     """The candidate knobs' rules (ValueError / TypeError naming the knob)."""
     if mode not in CANDIDATE_MODES:
@@ -756,5 +661,4 @@ __all__ = [
     "merge_meta",
     "prefilter_meta",
     "candidate_meta",
-    "streamed_meta",
 ]

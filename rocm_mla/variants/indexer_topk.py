@@ -17,17 +17,8 @@ from ..kernels.indexer_topk import (
     mla_indexer_merge_kernel,
     mla_indexer_prefilter_kernel,
     mla_indexer_split_topk_kernel,
-    mla_indexer_streamed_select_kernel,
 )
-from ..ops.indexer_topk_plan import (
-    OP,
-    PREFILTER_RANKS,
-    candidate_meta,
-    merge_meta,
-    prefilter_meta,
-    streamed_meta,
-    triton_meta,
-)
+from ..ops.indexer_topk_plan import OP, PREFILTER_RANKS, candidate_meta, merge_meta, prefilter_meta, triton_meta
 from ..triton_common import amd_options, triton_type
 from .triton_variant import TritonVariant
 
@@ -66,9 +57,7 @@ def triton_variants(arch: str) -> list[TritonVariant]:
     DeepSeek-V4 indexer caches, flat (C4) or shuffled, block 64) in the config's split and
     prefiltered forms, H 64. DeepSeek-V4.1's two-level indexer (H 64, top-512, blocks of 8, its
     cache's kind as above, shuffled): the split kernel's candidate mask and block keys in the
-    config's split form, and the two candidate kernels. Where the config has a streamed form: its
-    split kernel (H 64 and 32, vLLM's layout; on gfx942 the e4m3fn cache too; the candidate modes)
-    and its selection kernel."""
+    config's split form, and the two candidate kernels."""
     fp8 = platform_fp8_dtype(arch)
     fname = triton_type(fp8)
     cfg = config_for(OP, arch)["tiers"][0]
@@ -86,33 +75,23 @@ def triton_variants(arch: str) -> list[TritonVariant]:
         forms.append((cfg, (True,), int(pf["split_keys"]), PREFILTER_RANKS))
     typed = {"q": f"*{fname}", "weights": "*fp32", "cache": f"*{fname}"}
     # (form, split keys, ranks, H, direct, shuffled, block size, e4m3fn cache under an e4m3fnuz q,
-    # candidate mode, top-k, streamed)
+    # candidate mode, top-k)
     launches = []
     for (form, layouts, split, ranks), H, direct in itertools.product(forms, (64, 32), directs):
         if ranks and direct:
             continue
         for shuffled in layouts if H == 64 and direct == directs[0] else (True,):
-            launches.append((form, split, ranks, H, direct, shuffled, 64 if shuffled else 1, False, None, topk_p2, False))
+            launches.append((form, split, ranks, H, direct, shuffled, 64 if shuffled else 1, False, None, topk_p2))
     mixed = fp8 == torch.float8_e4m3fnuz
     if mixed:
-        launches += [(form, split, ranks, 64, False, shuffled, 64, True, None, topk_p2, False) for form, _, split, ranks
+        launches += [(form, split, ranks, 64, False, shuffled, 64, True, None, topk_p2) for form, _, split, ranks
                      in forms if form is cfg for shuffled in (False, True)]  # fmt: skip
-    two_level = cfg.get("candidate_modes", {})  # the plan's fields for a candidate mode
-    launches += [({**cfg, **two_level}, split_keys, 0, 64, False, True, 64, mixed, mode, _V41_TOPK, False)
-                 for mode in ("mask", "select")]  # fmt: skip
-    st = cfg.get("streamed")
-    if st:
-        sf = {**cfg, **st}
-        launches += [(sf, int(st["split_keys"]), 0, H, False, True, 64, False, None, topk_p2, True) for H in (64, 32)]
-        if mixed:
-            launches += [(sf, int(st["split_keys"]), 0, 64, False, shuffled, 64, True, None, topk_p2, True)
-                         for shuffled in (False, True)]  # fmt: skip
-        launches += [({**sf, **two_level}, int(st["split_keys"]), 0, 64, False, True, 64, mixed, mode, _V41_TOPK, True)
-                     for mode in ("mask", "select")]  # fmt: skip
-    for form, split, ranks, H, direct, shuffled, block, ocp, mode, topk, streamed in launches:
+    two_level = {**cfg, **cfg.get("candidate_modes", {})}  # the plan's config for a candidate mode
+    launches += [(two_level, split_keys, 0, 64, False, True, 64, mixed, mode, _V41_TOPK) for mode in ("mask", "select")]
+    for form, split, ranks, H, direct, shuffled, block, ocp, mode, topk in launches:
         meta, options = triton_meta(
             arch, form, H, split, topk, direct=direct, block_size=block, shuffled=shuffled, ranks=ranks,
-            ocp_cache=ocp, candidate_mode=mode, candidate_block_size=_V41_CBS, streamed=streamed,
+            ocp_cache=ocp, candidate_mode=mode, candidate_block_size=_V41_CBS,
         )  # fmt: skip
         amd = "".join(f" {k[:4]}{v}" for k, v in amd_options(form, arch).items())
         pack = f" pack{meta['SELECT_PACK']}" if meta["SELECT_PACK"] > 1 else ""
@@ -123,7 +102,7 @@ def triton_variants(arch: str) -> list[TritonVariant]:
         label = (
             f"q={fname} H{H} topk{topk} split{split} N{meta['BLOCK_N']} w{options['num_warps']}"
             f" s{options['num_stages']}{amd}{pack}{regs} {layout} "
-            f"{'bounds' + str(ranks) if ranks else 'streamed' if streamed else 'direct' if direct else 'split'}"
+            f"{'bounds' + str(ranks) if ranks else 'direct' if direct else 'split'}"
             f"{f' candidates={mode} block{_V41_CBS}' if mode else ''}"
         )
         out.append(_variant(
@@ -154,14 +133,6 @@ def triton_variants(arch: str) -> list[TritonVariant]:
             f"{label} w{p_options['num_warps']}", mla_indexer_prefilter_kernel,
             ("stage", "bounds", "counts", "cand_pos", "req_ids", "kv_lens"),
             ("num_rows", "num_splits", "topk", "capacity", "num_reqs"), (), {**_UNIT, **p_consts}, p_options,
-        ))  # fmt: skip
-    if st:
-        # a 128K-token row
-        s_consts, s_options = streamed_meta(arch, st["select"], int(st["split_keys"]), (1 << 17) // int(st["split_keys"]))
-        out.append(_variant(
-            f"streamed select chunk{s_consts['CHUNK']} w{s_options['num_warps']}", mla_indexer_streamed_select_kernel,
-            ("stage", "req_ids", "kv_lens", "out"), ("num_rows", "num_splits", "topk", "capacity", "num_reqs", "s_o_r"),
-            ("s_o_r",), {**_UNIT, **s_consts}, s_options,
         ))  # fmt: skip
     m_consts, m_options = candidate_meta(arch, cfg["merge"]["chunk"], "mask", _V41_CBS)
     out.append(_variant(

@@ -19,25 +19,23 @@ from rocm_mla.reference.indexer_topk import (
 
 BACKENDS = [b for b in ("triton", "reference") if b in backends()]
 SMALL = {"split_keys": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "merge": {"chunk": 64, "num_warps": 4}}
-# config None: one split a row (direct); SMALL: splits and a merge; the prefiltered form.
+# config None: one split a row (direct); SMALL: splits and a merge; the last: the prefiltered form.
 FORMS = {
     "direct": None,
     "splits": SMALL,
     "prefiltered": {**SMALL, "num_warps": 1, "programs_per_cu": 64, "prefilter": {"split_keys": 32}},
-    # the streamed form (tests/indexer/conftest.py makes its items outnumber the grid)
-    "streamed": {**SMALL, "streamed": {"split_keys": 128, "programs_per_cu": 2, "select": {"chunk": 128, "num_warps": 4}}},
 }
 # (backend, form): the Triton forms, and the reference (which plans no forms).
 BACKEND_FORMS = [(b, f) for b in BACKENDS for f in (FORMS if b == "triton" else ["direct"])]
 
 
-# (candidate block size, lists' columns, page size) x (backend, form); the interpreter's slowest
-# forms, the prefiltered one at V4.1's block size alone, the streamed one at that and at blocks of 1.
+# (candidate block size, lists' columns, page size) x (backend, form); the interpreter's slowest form,
+# the prefiltered one, at V4.1's block size alone.
 SOURCE_CASES = [
     (cbs, C, block, backend, form)
     for cbs, C, block in [(8, 6, 16), (1, 40, 1), (16, 3, 64), (4, 1, 16)]
     for backend, form in BACKEND_FORMS
-    if (form != "prefiltered" or cbs == 8) and (form != "streamed" or cbs in (8, 1))
+    if form != "prefiltered" or cbs == 8
 ]
 
 

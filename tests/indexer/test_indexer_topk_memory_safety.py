@@ -25,8 +25,7 @@ SHAPE = IndexerShape((300, 90, 40, 120, 70, 64, 33, 150), 1, 16, topk=32, block=
 
 # The launch forms a Triton call can take: the arch's own; small splits with a merge; tiles of one
 # page (a scalar page id a tile: BLOCK_N divides the block size); the merge's chunked passes; the
-# prefiltered form (its items fill fewer than the grid's slots); the streamed form (the rows' keys
-# written, then a radix search a row: tests/indexer/conftest.py makes its items outnumber the grid).
+# prefiltered form (its items fill fewer than the grid's slots).
 FORMS = {
     "default": None,
     "splits": SMALL,
@@ -34,7 +33,6 @@ FORMS = {
     "merge-passes": {**SMALL, "merge": {**SMALL["merge"], "keys_per_thread": 0}},
     # one warp: prefilter splits of 32 keys, finer than the split form's (twice topk 32)
     "prefiltered": {**SMALL, "num_warps": 1, "programs_per_cu": 64, "prefilter": {"split_keys": 32}},
-    "streamed": {**SMALL, "streamed": {"split_keys": 128, "programs_per_cu": 2, "select": {"chunk": 128, "num_warps": 4}}},
 }
 
 
@@ -42,12 +40,10 @@ def _config(backend, form: str):
     return {"config": FORMS[form]} if backend == "triton" and FORMS[form] else {}
 
 
-@pytest.mark.parametrize("form", ["prefiltered", "streamed"])
-def test_forms_are_taken(form):
-    """The "prefiltered" and "streamed" forms' calls below do take them (the tests would otherwise run
-    the split form)."""
+def test_prefiltered_form_is_taken():
+    """The "prefiltered" form's calls below do take it (the tests would otherwise run the split form)."""
     for shape in (SHAPE, IndexerShape((300, 20), (1, 1), 16, topk=32, block=16)):
-        assert getattr(make_inputs(shape, device=DEVICE, seed=1).plan(config=FORMS[form]), form)
+        assert make_inputs(shape, device=DEVICE, seed=1).plan(config=FORMS["prefiltered"]).prefiltered
 
 
 def _poke_nan_scale(case, row_req: int, pos: int):
@@ -92,7 +88,7 @@ def test_bad_values_give_their_rows_the_sentinel(backend, form):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("form", ["splits", "prefiltered", "streamed"])
+@pytest.mark.parametrize("form", ["splits", "prefiltered"])
 def test_table_entries_past_the_keys_are_never_read(backend, form):
     """Block-table entries past each row's last block hold -1, num_blocks or 2^31 - 1, and the spare
     pages are 0xFF (NaN scales): every row still exact, nothing read outside the guarded cache."""

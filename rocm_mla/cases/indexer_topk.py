@@ -323,11 +323,9 @@ def make_inputs(
     device, g = device_generator(device, seed, gen)
     kind = fp8 or platform_fp8(device)
     if shuffled is None:
-        shuffled = False if shape.c4 else vllm_rocm_shuffled(shape.block)
+        shuffled = not shape.c4 and vllm_rocm_shuffled(shape.block)
     shuf = bool(shuffled)
-    if cache_kind is None:
-        cache_kind = torch.float8_e4m3fn if shape.c4 else kind
-    ckind = cache_kind
+    ckind = cache_kind or (torch.float8_e4m3fn if shape.c4 else kind)
     pairs = [_one_copy(shape, g, device, ckind, shuf, spare_pages) for _ in range(copies)]
     T, H = shape.T, shape.H
     # q a slice of a wider buffer: its head and row strides are not H x 128's.

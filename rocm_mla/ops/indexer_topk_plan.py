@@ -213,17 +213,24 @@ def _split_keys(cfg: dict, topk_p2: int, wave: int) -> int:
     return max(triton.next_power_of_2(int(cfg["split_keys"])), topk_p2, least)
 
 
+def _pop_override(c: Checker, cfg: dict, name: str, fields: tuple[str, ...]) -> dict | None:
+    """``cfg[name]`` taken out of ``cfg``: None, or an object of some of ``fields`` that replaces the
+    config's own for some calls (ValueError naming the config otherwise)."""
+    obj = cfg.pop(name, None)
+    if obj is not None and (not isinstance(obj, dict) or not set(obj) <= set(fields)):
+        got = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
+        c.fail("config", f"{name} an object of {list(fields)}", got)
+    return obj
+
+
 def _with_many_items(c: Checker, cfg: dict, device, num_rows: int, max_kv_len: int, topk_p2: int, wave: int) -> dict:
     """``cfg`` with its ``many_items`` fields applied when the call's (row, split) items at the
     config's split size outnumber its persistent grid (``programs_per_cu`` x CUs: every program
     loops over items), else without them. More programs a CU then pay for the fewer registers
     each may hold; with fewer items than slots they only lengthen each item (docs/notes/indexer.md)."""
-    many = cfg.pop("many_items", None)
+    many = _pop_override(c, cfg, "many_items", MANY_ITEMS_FIELDS)
     if many is None:
         return cfg
-    if not isinstance(many, dict) or not set(many) <= set(MANY_ITEMS_FIELDS):
-        got = sorted(many) if isinstance(many, dict) else type(many).__name__
-        c.fail("config", f"many_items an object of {list(MANY_ITEMS_FIELDS)}", got)
     _check_fields(c, {**cfg, **many})  # checked whether this call takes them or not
     items = num_rows * triton.cdiv(max_kv_len, _split_keys(cfg, topk_p2, wave))
     if items > num_compute_units(device) * int(cfg["programs_per_cu"]):
@@ -548,13 +555,9 @@ def plan_indexer_topk(
             c.fail("config", f"a {key} entry", f"keys {sorted(cfg)}")
     cfg.setdefault("key_streams", 1)
     cfg.setdefault("select_pack", 1)
-    two_level = cfg.pop("candidate_modes", None)
-    if two_level is not None:
-        if not isinstance(two_level, dict) or not set(two_level) <= set(CANDIDATE_MODE_FIELDS):
-            got = sorted(two_level) if isinstance(two_level, dict) else type(two_level).__name__
-            c.fail("config", f"candidate_modes an object of {list(CANDIDATE_MODE_FIELDS)}", got)
-        if candidate_mode is not None:
-            cfg.update(two_level)
+    two_level = _pop_override(c, cfg, "candidate_modes", CANDIDATE_MODE_FIELDS)
+    if two_level is not None and candidate_mode is not None:
+        cfg.update(two_level)
     _check_fields(c, cfg)
     topk_p2 = triton.next_power_of_2(topk)
     wave = wave_size(arch)

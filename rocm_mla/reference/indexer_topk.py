@@ -90,20 +90,16 @@ def mla_indexer_topk_ref(
     shuffled: bool = False,
     max_keys: int | None = None,
     cache_kind: torch.dtype | None = None,
-    candidates: torch.Tensor | None = None,
-    candidate_block_size: int = 0,
 ) -> torch.Tensor:
     """``[T, topk]`` int32: per row the positions of its ``topk`` largest logits (float64, ties by
     position) in ascending order, then -1; SENTINEL (-2) in every entry of a bad row or of a row
-    whose logits hold a NaN. With ``candidates`` (``[>= T, C]`` block ids): only the keys of the
-    row's listed blocks count (``candidate_keep_ref``). Arguments as ``mla_indexer_logits_ref``."""
+    whose logits hold a NaN. Arguments as ``mla_indexer_logits_ref``. Rows that see only their
+    candidate blocks: ``topk_from_logits`` with ``candidate_keep_ref``'s masks."""
     logits = mla_indexer_logits_ref(
         q, weights, index_cache, block_table, req_id_per_token, kv_lens, shuffled=shuffled, max_keys=max_keys,
         cache_kind=cache_kind,
     )  # fmt: skip
-    T = q.shape[0]
-    keep = None if candidates is None else candidate_keep_ref(candidates[:T], logits, candidate_block_size)
-    return topk_from_logits(logits, topk, keep=keep).to(q.device)
+    return topk_from_logits(logits, topk).to(q.device)
 
 
 def topk_from_logits(logits: list[torch.Tensor | None], topk: int, *, keep=None) -> torch.Tensor:

@@ -24,7 +24,9 @@ Counted per call (the same for every provider):
 
 Providers, mla_indexer_topk (CUDA graphs of 8 calls rotating over cache copies larger than 3 x the
 L2, benchutil.rotating_graph_us, where the copies' bytes allow; "partly from L2" noted otherwise):
-  rocm_mla-triton         mla_indexer_topk(...) with a plan made once outside the timing and a
+  rocm_mla-triton         mla_indexer_topk(...) with a plan made once outside the timing (its
+                          group_rows a request's rows at the MTP shapes, as the vLLM backend
+                          plans; the arch's config caps it) and a
                           preallocated workspace (plan.workspace_bytes); out checked on its first
                           CHECK_ROWS rows against float64 logits (IndexerInputs.mismatch).
   vllm-0.34-triton+topk   decode and MTP rows: rocm_fp8_paged_mqa_logits_triton (vLLM's Triton
@@ -89,6 +91,7 @@ from rocm_mla.cases import indexer_cache as write_cases
 from rocm_mla.cases import indexer_topk as topk_cases
 from rocm_mla.cases.indexer_cache import IndexerCacheInputs, IndexerCacheShape
 from rocm_mla.cases.indexer_topk import IndexerInputs, IndexerShape
+from rocm_mla.ops.indexer_topk_plan import GROUP_ROWS_MAX
 from rocm_mla.reference.indexer import INDEX_HEAD_DIM
 from rocm_mla.reference.indexer_topk import check_indexer_topk
 from rocm_mla.tools.timing import cold_cache_bytes, rotating_graph_us, time_ms
@@ -191,10 +194,17 @@ class Setup:
         return check_indexer_topk(out[:r], self.case.logits(r), self.shape.topk, rtol=rtol)
 
 
+def decode_rows(shape: IndexerShape) -> int:
+    """The rows every request has when they are decode or MTP rows (at most GROUP_ROWS_MAX), else 1:
+    the ``group_rows`` the vLLM backend plans with (``rocm_mla.vllm.sparse_layer.decode_group_rows``)."""
+    rows = set(shape.rows)
+    return rows.pop() if len(rows) == 1 and max(shape.rows) <= GROUP_ROWS_MAX else 1
+
+
 def ours(s: Setup, config: dict | None = None):
-    """``(call, plan)``: the op with a plan made once (as a serving step makes it for every layer)
-    and its workspace preallocated."""
-    plan = s.case.plan(config=config, backend="triton")
+    """``(call, plan)``: the op with a plan made once (as a serving step makes it for every layer,
+    with its rows a decode request as ``group_rows``) and its workspace preallocated."""
+    plan = s.case.plan(config=config, backend="triton", group_rows=decode_rows(s.shape))
     ws = torch.empty(plan.workspace_numel, dtype=torch.int32, device=s.dev) if plan.workspace_numel else None
 
     def call(i: int):

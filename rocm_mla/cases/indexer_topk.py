@@ -30,7 +30,7 @@ from ._paged import RequestRows, device_generator, platform_fp8, randn, row_requ
 POISON_OUT = -7  # what out holds before a call: every entry must be written
 POISON_LISTS = -9  # what a candidate source's lists hold before its call
 # plan_indexer_topk's choices that IndexerInputs.run takes as keywords and plans with.
-PLAN_KNOBS = ("backend", "config", "max_kv_len", "debug", "shuffled", "cache_kind")
+PLAN_KNOBS = ("backend", "config", "max_kv_len", "debug", "shuffled", "cache_kind", "group_rows")
 
 
 @dataclass(frozen=True)

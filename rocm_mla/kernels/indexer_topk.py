@@ -111,7 +111,7 @@ def _ocp_key_tile(
 ):
     """``[BLOCK_N, D]`` uint8: a key tile of an e4m3fn cache as the e4m3fnuz codes of half its values
     (``_fnuz_half_codes``). Key n is row ``off[n]`` of the page at byte ``base`` (one scalar with
-    PAGE_TILE, else ``base[n]``), its values flat or SHUFFLED as ``_score_tile`` reads them; keys
+    PAGE_TILE, else ``base[n]``), its values flat or SHUFFLED as ``_key_tile`` reads them; keys
     not ``ok`` read nothing (their codes undefined). The bytes come as 4-byte words through word
     pointers (the cache's blocks are 4-byte aligned): a thread's load stays one 16-byte vector.
     Shuffled, the words are loaded token-major ([BLOCK_N, D / 16, 4]), so that the converted codes
@@ -165,16 +165,17 @@ def _candidate_pass(stage_row, cand_row, n, lo, n_keys, CHUNK: tl.constexpr, CAN
 
 
 @triton.jit
-def _score_tile(
-    cache, bt_row, stage_f32, qt_t, w_h, h_ok, p0, hi, i, page_size, page_shift, num_pages, s_c_blk,
-    H: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, POW2_PAGE: tl.constexpr,
-    SHUFFLED: tl.constexpr, PAGE_TILE: tl.constexpr, OCP_CACHE: tl.constexpr,
+def _key_tile(
+    cache, bt_row, p0, hi, page_size, page_shift, num_pages, s_c_blk, kind,
+    D: tl.constexpr, BLOCK_N: tl.constexpr, POW2_PAGE: tl.constexpr, SHUFFLED: tl.constexpr,
+    PAGE_TILE: tl.constexpr, OCP_CACHE: tl.constexpr,
 ):  # fmt: skip
-    """The raw logits (before the keys' scales) of keys [p0, min(p0 + BLOCK_N, hi)) into the stage's
-    tile i; nothing is read for a tile at or past hi. OCP_CACHE: ``cache`` holds e4m3fn bytes
-    (uint8) and q is e4m3fnuz: the keys' codes become the e4m3fnuz codes of half their values
-    (``_ocp_key_tile``), so these logits are half the keys' and the scale pass doubles the
-    scales."""
+    """``[BLOCK_N, D]`` fp8 of ``kind`` (q's): the values of keys [p0, p0 + BLOCK_N) of the table row
+    ``bt_row``; keys at or past hi, or on a page outside [0, num_pages), read nothing (their
+    values undefined: their logits are not kept, and the scale pass scores a bad page NaN).
+    OCP_CACHE: ``cache`` holds e4m3fn bytes (uint8) and q is e4m3fnuz: the codes become the
+    e4m3fnuz codes of half the keys' values (``_ocp_key_tile``), so the logits are half the keys'
+    and the scale pass doubles the scales."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     pos = p0 + offs_n
@@ -192,7 +193,7 @@ def _score_tile(
         ok = live & (page.to(tl.uint32) < num_pages.to(tl.uint32))
     base = page.to(tl.int64) * s_c_blk
     if OCP_CACHE:
-        kr = _ocp_key_tile(cache, base, off, ok, D, BLOCK_N, SHUFFLED, PAGE_TILE).to(qt_t.dtype, bitcast=True)
+        kr = _ocp_key_tile(cache, base, off, ok, D, BLOCK_N, SHUFFLED, PAGE_TILE).to(kind, bitcast=True)
     elif SHUFFLED:
         # 16 x 16 tiles of (token, byte): token-tile, byte-tile, token, byte. Loaded as [D / 16,
         # BLOCK_N, 16] (byte-tile, token, byte) so that a thread's 16 bytes are one token's
@@ -215,12 +216,140 @@ def _score_tile(
     else:
         col = off[:, None] * D + offs_d[None, :]
         kr = tl.load(cache + base[:, None] + col, mask=ok[:, None])  # [BLOCK_N, D] fp8
+    return kr
+
+
+@triton.jit
+def _tile_logits(
+    kr, qt_t, w_h, h_ok, stage_row, i, p0, hi, H: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    """One row's raw logits (before the keys' scales) of the key tile ``kr`` (keys p0 ..) into tile
+    i of its stage row (a float32 view of the uint32 words), those of keys below hi only."""
+    offs_n = tl.arange(0, BLOCK_N)
     s = tl.dot(kr, qt_t)  # [BLOCK_N, BLOCK_H] float32
     if BLOCK_H > H:
         s = tl.where(h_ok[None, :], s, 0.0)
     # relu that keeps NaN (a NaN product must reach the logit)
     lg = tl.sum(w_h[None, :] * tl.where(s < 0.0, 0.0, s), axis=1)
-    tl.store(stage_f32 + i * BLOCK_N + offs_n, lg, mask=live)
+    tl.store(stage_row.to(tl.pointer_type(tl.float32)) + i * BLOCK_N + offs_n, lg, mask=p0 + offs_n < hi)
+
+
+@triton.jit
+def _in_rows(t0, r: tl.constexpr, num_rows):
+    """Whether row t0 + r of a group is below T (row 0 of a work item's group always is: a constant)."""
+    if r == 0:
+        return True
+    else:
+        return t0 + r < num_rows
+
+
+@triton.jit
+def _leads(oks, reqs, p: tl.constexpr):
+    """Whether row p of a group leads a pass: it is below T and no earlier row of the group has its
+    request. Row 0 always does (a constant: the single-row form keeps no check)."""
+    if p == 0:
+        return True
+    else:
+        lead = oks[p]
+        for e in tl.static_range(p):
+            lead = lead & (reqs[e] != reqs[p])
+        return lead
+
+
+@triton.jit
+def _finish_row(
+    t, split, lo, row_bad, kv_len, stage_row, bt_row, cache, stage, out, cand_key, cand_pos, bounds,
+    num_rows, num_splits, topk, page_size, page_shift, num_pages, s_c_blk, s_o_r,
+    D: tl.constexpr, SPLIT: tl.constexpr, TOPK_P2: tl.constexpr, DIRECT: tl.constexpr, POW2_PAGE: tl.constexpr,
+    CHUNK: tl.constexpr, SELECT_PACK: tl.constexpr, RANKS: tl.constexpr, OCP_CACHE: tl.constexpr,
+    CAND: tl.constexpr, CBS: tl.constexpr, G: tl.constexpr,
+):  # fmt: skip
+    """Row t's split after its raw logits are staged (``stage_row``, keys lo ..): the keys' scales
+    and order keys, the candidate blocks' pass, then its bounds (prefiltered) or its top-k
+    (``mla_indexer_split_topk_kernel``'s outputs). The merge reads only a row's live splits (one
+    for a bad row): a dead split does nothing (prefiltered: it writes zero bounds)."""
+    offs_c = tl.arange(0, CHUNK)
+    offs_s = tl.arange(0, SPLIT)
+    n_keys = tl.where(row_bad, 0, kv_len)
+    hi = tl.minimum(lo + SPLIT, n_keys)
+    stage_f32 = stage_row.to(tl.pointer_type(tl.float32))  # the same words: raw logits, then keys
+    if DIRECT | (lo < hi) | (row_bad & (split == 0)) | (RANKS > 0):
+        # The keys' scales (> 0, so they commute with the relu) in a pass of their own: a
+        # load in the dot loop would wait in every tile, while here a chunk's gathers are
+        # all in flight at once. A key of a bad page scores NaN. Each thread rewrites what
+        # it read, as order keys.
+        n = tl.maximum(hi - lo, 0)
+        for c0 in range(0, n, CHUNK):
+            c = c0 + offs_c
+            live = c < n
+            blk, off = page_and_offset(lo + c, page_size, page_shift, POW2_PAGE)
+            page = tl.load(bt_row + blk, mask=live, other=0)
+            ok = live & (page.to(tl.uint32) < num_pages.to(tl.uint32))
+            sc_ptr = (cache + page.to(tl.int64) * s_c_blk + page_size * D + off * 4).to(tl.pointer_type(tl.float32))
+            scale = tl.load(sc_ptr, mask=ok, other=0.0)
+            if OCP_CACHE:
+                scale = scale * 2.0  # the values were read at half (exact: a power of two)
+            lg = tl.where(ok, tl.load(stage_f32 + c, mask=live, other=0.0) * scale, float("nan"))
+            tl.store(stage_row + c, _order_key(lg), mask=live)
+        tl.debug_barrier()
+        if CAND > 0:
+            # The candidate blocks in a pass of their own over the staged keys, after the dot
+            # and scale loops, and the candidate part's address derived here, not passed: in
+            # those loops the extra addresses cost scalar registers that gfx942's OCP form
+            # does not have (it spilled).
+            if RANKS > 0:
+                cand_part = stage + num_rows.to(tl.int64) * num_splits * SPLIT
+            else:
+                cand_part = stage + tl.num_programs(0).to(tl.int64) * G * SPLIT
+            if CAND == 1:
+                row_words = 1 + tl.cdiv(num_splits * (SPLIT // CBS), 32)
+            else:
+                row_words = num_splits * (SPLIT // CBS)
+            _candidate_pass(stage_row, cand_part + t * row_words, n, lo, n_keys, CHUNK, CAND, CBS)
+            tl.debug_barrier()
+
+        if RANKS > 0:
+            # Prefiltered: the item's stage row stays for the prefilter; only its bounds here.
+            held = tl.where(offs_s < n, tl.load(stage_row + offs_s), 0)  # (the stage has SPLIT words)
+            tl.store(
+                bounds.to(tl.pointer_type(tl.uint32)) + (t * num_splits + split) * RANKS + tl.arange(0, RANKS),
+                _rank_bounds(held, SPLIT, RANKS),
+            )
+        else:
+            # The split's top-k: its threshold from the stage held in registers (only here, not
+            # in the dot loop), then the taken keys streamed in stage order.
+            if SELECT_PACK == 1:
+                held = tl.where(offs_s < n, tl.load(stage_row + offs_s), 0)  # (the stage has SPLIT words)
+                n_valid, nan, thr, k_rem = _select_in_registers(held, topk)
+            else:  # fewer registers held through the search (more programs a CU)
+                n_valid, nan, thr, k_rem = _select_packed(stage_row, n, topk, SPLIT, SELECT_PACK)
+            poison = row_bad | nan  # a NaN key is the largest, so always among the taken
+            o_row = out + t * s_o_r
+            c_row = (t * num_splits + split) * TOPK_P2
+            taken = tl.zeros([], dtype=tl.int32)
+            eq_seen = tl.zeros([], dtype=tl.int32)
+            if (poison == 0) | (DIRECT == 0):
+                for c0 in range(0, n, CHUNK):
+                    c = c0 + offs_c
+                    keys = tl.load(stage_row + c, mask=c < n, other=0)
+                    take, slot, taken, eq_seen = _take_step(keys, thr, k_rem, taken, eq_seen)
+                    if DIRECT:
+                        tl.store(o_row + slot, lo + c, mask=take)
+                    else:
+                        tl.store(cand_key + c_row + slot, keys, mask=take)
+                        tl.store(cand_pos + c_row + slot, lo + c, mask=take)
+            if DIRECT:
+                _fill_tail(o_row, topk, taken, poison, CHUNK)
+            elif row_bad:
+                tl.store(cand_key + c_row, 0xFFFFFFFF)
+            elif CAND == 1:
+                # The merge reads min(topk, the split's keys) slots: those the mask left
+                # empty hold no key (0), not a stale one.
+                m = tl.minimum(topk, n)
+                for j0 in range(0, m, CHUNK):
+                    j = j0 + offs_c
+                    tl.store(cand_key + c_row + j, tl.zeros([CHUNK], dtype=tl.uint32), mask=(j >= taken) & (j < m))
+        tl.debug_barrier()  # every thread has read the stage before the next item rewrites it
 
 
 @triton.jit(
@@ -281,29 +410,32 @@ def mla_indexer_split_topk_kernel(
     OCP_CACHE: tl.constexpr,
     CAND: tl.constexpr,
     CBS: tl.constexpr,
+    G: tl.constexpr,
 ):
-    """A persistent program: work items (row t, split s) = pid, pid + grid, ... of T x num_splits,
-    each the logits of the row's keys [s x SPLIT, min((s + 1) x SPLIT, kv_len)) and their top
-    ``topk``.
+    """A persistent program: work items (group g, split s) = pid, pid + grid, ... of cdiv(T, G) x
+    num_splits, each the logits of keys [s x SPLIT, (s + 1) x SPLIT) for each of the G rows g x G
+    .. (those below T), to the row's kv_len, and their top ``topk`` per row. The group's rows of
+    one request (MTP rows, prefill rows) are scored from the same key tiles: each key is read
+    once for them all.
 
     The logits loop keeps no per-key state in registers: each tile's order keys go to the
-    program's own ``stage`` row (SPLIT uint32, rewritten by every item, so it stays in L2), and
+    program's own ``stage`` rows (SPLIT uint32 a row, rewritten by every item, so they stay in L2), and
     the selection reads them back once the split is scored. That keeps the loop's registers
     small enough for several programs a CU, whose loads hide each other's latency.
 
     q [T, H, D] fp8 (any row/head strides, last dim contiguous), weights [T, H] float32, cache
     [num_pages, page_size, D + 4] bytes viewed as q's fp8 kind (OCP_CACHE: uint8 holding e4m3fn
-    values, q e4m3fnuz; ``_score_tile`` turns them into q's kind), pages s_c_blk bytes apart:
+    values, q e4m3fnuz; ``_key_tile`` turns them into q's kind), pages s_c_blk bytes apart:
     page_size x D fp8 values (row by row, or SHUFFLED in 16 x 16 tiles: rocm_mla/reference/
     indexer.py), then page_size float32 scales. block_table [B, max_blocks] int32, req_ids [T],
-    kv_lens [T] int32; capacity = max_blocks x page_size. stage [grid, SPLIT] int32. DIRECT (one
+    kv_lens [T] int32; capacity = max_blocks x page_size. stage [grid, G, SPLIT] int32. DIRECT (one
     split per row): out [T, topk] int32 (row stride s_o_r): the positions, -1 past the row's keys,
     -2 (reference.indexer_topk.SENTINEL) everywhere for a bad row. Otherwise cand_key / cand_pos
     [T, num_splits, TOPK_P2] (contiguous): the split's selected order keys and positions in slots
     [0, n), the rest not written; the NaN key 0xFFFFFFFF in slot 0 marks a bad row.
 
     RANKS > 0 (prefiltered, ``mla_indexer_prefilter_kernel`` then the merge follow): stage is
-    ``[T x num_splits, SPLIT]``, a row per item, which keeps the item's order keys (its first n
+    ``[T x num_splits, SPLIT]``, a row per (row, split), which keeps the item's order keys (its first n
     words) for the prefilter, and ``bounds [T x num_splits, RANKS]`` gets the item's
     ``_rank_bounds`` (zeros for a split past the row's keys or a bad row); no selection here.
 
@@ -322,118 +454,99 @@ def mla_indexer_split_topk_kernel(
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, D)
     h_ok = offs_h < H
-    offs_c = tl.arange(0, CHUNK)
-    offs_s = tl.arange(0, SPLIT)
-    for w in range(pid, num_rows * num_splits, tl.num_programs(0)):
+    num_groups = tl.cdiv(num_rows, G)
+    for w in range(pid, num_groups * num_splits, tl.num_programs(0)):
         split = w % num_splits
-        t = (w // num_splits).to(tl.int64)
-        if RANKS > 0:
-            stage_row = stage_u32 + (t * num_splits + split) * SPLIT
-        else:
-            stage_row = stage_u32 + pid.to(tl.int64) * SPLIT
-        stage_f32 = stage_row.to(tl.pointer_type(tl.float32))  # the same words: raw logits, then keys
-        req, kv_len, row_bad = _row(req_ids, kv_lens, t, s_req, s_kl, num_reqs, capacity, num_splits * SPLIT)
-        n_keys = tl.where(row_bad, 0, kv_len)
+        t0 = (w // num_splits).to(tl.int64) * G
         lo = split * SPLIT
-        hi = tl.minimum(lo + SPLIT, n_keys)
-        # The merge reads only a row's live splits (one for a bad row): a dead split does nothing
-        # (prefiltered: it writes zero bounds).
-        if DIRECT | (lo < hi) | (row_bad & (split == 0)) | (RANKS > 0):
-            bt_row = block_table + tl.where(row_bad, 0, req).to(tl.int64) * s_bt_b
+        # The group's rows (G consecutive rows; rows past T take none): their requests, q tiles,
+        # weights and key ends, held for the passes below.
+        qts = ()
+        whs = ()
+        for r in tl.static_range(G):
+            t_u = t0 if r == 0 else tl.where(t0 + r < num_rows, t0 + r, 0)
             # fp8 loads take no `other` (the CPU interpreter cannot make an e4m3fnuz constant):
-            # padded heads' scores are zeroed below and masked keys' logits replaced, so their
-            # bytes never count.
-            qt = tl.load(q + t * s_q_r + offs_h[:, None] * s_q_h + offs_d[None, :], mask=h_ok[:, None])
-            w_h = tl.load(weights + t * s_w_r + offs_h * s_w_h, mask=h_ok, other=0.0)
-            qt_t = tl.trans(qt)  # [D, BLOCK_H]: the keys are the dot's rows (M = BLOCK_N)
-            for i in range(0, tl.cdiv(hi - lo, BLOCK_N * STREAMS)):
-                # STREAMS adjacent tiles a step: their copies are independent, so the software
-                # pipeline keeps STREAMS tiles in flight where one tile's page id -> key chain
-                # would otherwise leave one.
-                for u in tl.static_range(STREAMS):
-                    _score_tile(
-                        cache, bt_row, stage_f32, qt_t, w_h, h_ok, lo + (i * STREAMS + u) * BLOCK_N, hi,
-                        i * STREAMS + u, page_size, page_shift, num_pages, s_c_blk,
-                        H, BLOCK_H, D, BLOCK_N, POW2_PAGE, SHUFFLED, PAGE_TILE, OCP_CACHE,
+            # padded heads' scores are zeroed in _tile_logits, and a row past T stores nothing.
+            qt = tl.load(q + t_u * s_q_r + offs_h[:, None] * s_q_h + offs_d[None, :], mask=h_ok[:, None])
+            qts = qts + (tl.trans(qt),)  # [D, BLOCK_H]: the keys are the dot's rows (M = BLOCK_N)
+            whs = whs + (tl.load(weights + t_u * s_w_r + offs_h * s_w_h, mask=h_ok, other=0.0),)
+        if RANKS > 0:  # the item's stage row, then its group's next rows' (a row per item)
+            stage0 = stage_u32 + (t0 * num_splits + split) * SPLIT
+            s_stage = num_splits * SPLIT
+        else:  # the program's G stage rows
+            stage0 = stage_u32 + pid.to(tl.int64) * G * SPLIT
+            s_stage = SPLIT
+        # A pass a request among the group's rows (one when they are one request's, as MTP rows
+        # are): its rows' logits from the same key tiles, each row's own dot and sum, so a row's
+        # logits are the same bits in any group. Row p leads a pass unless an earlier row of the
+        # group has its request; rows of another request wait for their own pass.
+        for p in tl.static_range(G):
+            # The group's rows, read for each pass (not held through an earlier pass's loop: on
+            # gfx942 the held values overflowed the scalar registers).
+            reqs = ()
+            kvls = ()
+            bads = ()
+            his = ()
+            oks = ()
+            for r in tl.static_range(G):
+                ok_u = _in_rows(t0, r, num_rows)
+                t_u = t0 if r == 0 else tl.where(ok_u, t0 + r, 0)
+                req_u, kv_len_u, bad_u = _row(
+                    req_ids, kv_lens, t_u, s_req, s_kl, num_reqs, capacity, num_splits * SPLIT
+                )  # fmt: skip
+                reqs = reqs + (req_u,)
+                kvls = kvls + (kv_len_u,)
+                bads = bads + (bad_u,)
+                oks = oks + (ok_u,)
+                his = his + (tl.minimum(lo + SPLIT, tl.where(ok_u & (bad_u == 0), kv_len_u, 0)),)
+            if _leads(oks, reqs, p):
+                # (the leader's keys end: its own; a member's: its own, a non-member's: none)
+                hi_pass = his[p]
+                ends = ()
+                for mb in tl.static_range(G):
+                    if mb > p:
+                        mem = oks[mb] & (reqs[mb] == reqs[p])
+                        hi_pass = tl.where(mem, tl.maximum(hi_pass, his[mb]), hi_pass)
+                        ends = ends + (tl.where(mem, his[mb], lo),)
+                    else:
+                        ends = ends + (his[mb],)
+                req_ok = (reqs[p] >= 0) & (reqs[p] < num_reqs)
+                bt_row = block_table + tl.where(req_ok, reqs[p], 0).to(tl.int64) * s_bt_b
+                for i in range(0, tl.cdiv(hi_pass - lo, BLOCK_N * STREAMS)):
+                    # STREAMS adjacent tiles a step: their copies are independent, so the software
+                    # pipeline keeps STREAMS tiles in flight where one tile's page id -> key chain
+                    # would otherwise leave one.
+                    for v in tl.static_range(STREAMS):
+                        p0 = lo + (i * STREAMS + v) * BLOCK_N
+                        kr = _key_tile(
+                            cache, bt_row, p0, hi_pass, page_size, page_shift, num_pages, s_c_blk, qts[0].dtype,
+                            D, BLOCK_N, POW2_PAGE, SHUFFLED, PAGE_TILE, OCP_CACHE,
+                        )  # fmt: skip
+                        for mb in tl.static_range(p, G):
+                            _tile_logits(
+                                kr, qts[mb], whs[mb], h_ok, stage0 + mb * s_stage, i * STREAMS + v, p0, ends[mb],
+                                H, BLOCK_H, BLOCK_N,
+                            )  # fmt: skip
+                tl.debug_barrier()  # the stage, written by the dot's threads, read by all
+                # The leader's row, then the group's later rows of its request.
+                _finish_row(
+                    t0 + p, split, lo, bads[p], kvls[p], stage0 + p * s_stage, bt_row, cache, stage, out, cand_key,
+                    cand_pos, bounds, num_rows, num_splits, topk, page_size, page_shift, num_pages, s_c_blk, s_o_r,
+                    D, SPLIT, TOPK_P2, DIRECT, POW2_PAGE, CHUNK, SELECT_PACK, RANKS, OCP_CACHE, CAND, CBS, G,
+                )  # fmt: skip
+                for u in range(p + 1, G):
+                    t = t0 + u
+                    req, kv_len, row_bad = _row(
+                        req_ids, kv_lens, tl.where(t < num_rows, t, 0), s_req, s_kl, num_reqs, capacity,
+                        num_splits * SPLIT,
                     )  # fmt: skip
-            tl.debug_barrier()  # the stage, written by the dot's threads, read by all
-
-            # The keys' scales (> 0, so they commute with the relu) in a pass of their own: a
-            # load in the dot loop would wait in every tile, while here a chunk's gathers are
-            # all in flight at once. A key of a bad page scores NaN. Each thread rewrites what
-            # it read, as order keys.
-            n = tl.maximum(hi - lo, 0)
-            for c0 in range(0, n, CHUNK):
-                c = c0 + offs_c
-                live = c < n
-                blk, off = page_and_offset(lo + c, page_size, page_shift, POW2_PAGE)
-                page = tl.load(bt_row + blk, mask=live, other=0)
-                ok = live & (page.to(tl.uint32) < num_pages.to(tl.uint32))
-                sc_ptr = (cache + page.to(tl.int64) * s_c_blk + page_size * D + off * 4).to(tl.pointer_type(tl.float32))
-                scale = tl.load(sc_ptr, mask=ok, other=0.0)
-                if OCP_CACHE:
-                    scale = scale * 2.0  # the values were read at half (exact: a power of two)
-                lg = tl.where(ok, tl.load(stage_f32 + c, mask=live, other=0.0) * scale, float("nan"))
-                tl.store(stage_row + c, _order_key(lg), mask=live)
-            tl.debug_barrier()
-            if CAND > 0:
-                # The candidate blocks in a pass of their own over the staged keys, after the dot
-                # and scale loops, and the candidate part's address derived here, not passed: in
-                # those loops the extra addresses cost scalar registers that gfx942's OCP form
-                # does not have (it spilled).
-                if RANKS > 0:
-                    cand_part = stage + num_rows.to(tl.int64) * num_splits * SPLIT
-                else:
-                    cand_part = stage + tl.num_programs(0).to(tl.int64) * SPLIT
-                if CAND == 1:
-                    row_words = 1 + tl.cdiv(num_splits * (SPLIT // CBS), 32)
-                else:
-                    row_words = num_splits * (SPLIT // CBS)
-                _candidate_pass(stage_row, cand_part + t * row_words, n, lo, n_keys, CHUNK, CAND, CBS)
-                tl.debug_barrier()
-
-            if RANKS > 0:
-                # Prefiltered: the item's stage row stays for the prefilter; only its bounds here.
-                held = tl.where(offs_s < n, tl.load(stage_row + offs_s), 0)  # (the stage has SPLIT words)
-                tl.store(
-                    bounds.to(tl.pointer_type(tl.uint32)) + (t * num_splits + split) * RANKS + tl.arange(0, RANKS),
-                    _rank_bounds(held, SPLIT, RANKS),
-                )
-            else:
-                # The split's top-k: its threshold from the stage held in registers (only here, not
-                # in the dot loop), then the taken keys streamed in stage order.
-                if SELECT_PACK == 1:
-                    held = tl.where(offs_s < n, tl.load(stage_row + offs_s), 0)  # (the stage has SPLIT words)
-                    n_valid, nan, thr, k_rem = _select_in_registers(held, topk)
-                else:  # fewer registers held through the search (more programs a CU)
-                    n_valid, nan, thr, k_rem = _select_packed(stage_row, n, topk, SPLIT, SELECT_PACK)
-                poison = row_bad | nan  # a NaN key is the largest, so always among the taken
-                o_row = out + t * s_o_r
-                c_row = (t * num_splits + split) * TOPK_P2
-                taken = tl.zeros([], dtype=tl.int32)
-                eq_seen = tl.zeros([], dtype=tl.int32)
-                if (poison == 0) | (DIRECT == 0):
-                    for c0 in range(0, n, CHUNK):
-                        c = c0 + offs_c
-                        keys = tl.load(stage_row + c, mask=c < n, other=0)
-                        take, slot, taken, eq_seen = _take_step(keys, thr, k_rem, taken, eq_seen)
-                        if DIRECT:
-                            tl.store(o_row + slot, lo + c, mask=take)
-                        else:
-                            tl.store(cand_key + c_row + slot, keys, mask=take)
-                            tl.store(cand_pos + c_row + slot, lo + c, mask=take)
-                if DIRECT:
-                    _fill_tail(o_row, topk, taken, poison, CHUNK)
-                elif row_bad:
-                    tl.store(cand_key + c_row, 0xFFFFFFFF)
-                elif CAND == 1:
-                    # The merge reads min(topk, the split's keys) slots: those the mask left
-                    # empty hold no key (0), not a stale one.
-                    m = tl.minimum(topk, n)
-                    for j0 in range(0, m, CHUNK):
-                        j = j0 + offs_c
-                        tl.store(cand_key + c_row + j, tl.zeros([CHUNK], dtype=tl.uint32), mask=(j >= taken) & (j < m))
-            tl.debug_barrier()  # every thread has read the stage before the next item rewrites it
+                    if (t < num_rows) & (req == reqs[p]):
+                        _finish_row(
+                            t, split, lo, row_bad, kv_len, stage0 + u * s_stage, bt_row, cache, stage, out, cand_key,
+                            cand_pos, bounds, num_rows, num_splits, topk, page_size, page_shift, num_pages, s_c_blk,
+                            s_o_r, D, SPLIT, TOPK_P2, DIRECT, POW2_PAGE, CHUNK, SELECT_PACK, RANKS, OCP_CACHE, CAND,
+                            CBS, G,
+                        )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["num_rows", "num_splits", "topk", "capacity", "num_reqs"])

@@ -244,14 +244,15 @@ def plan_indexer_topk_for(
     candidate_mode: str | None = None,
     candidate_block_size: int = 0,
     candidate_blocks: int = 0,
+    group_rows: int = 1,
 ) -> IndexerTopkPlan:
     """``plan_indexer_topk`` with the sizes, dtype and device read from a call's tensors (``q``
     ``[T, H, 128]`` fp8, ``index_cache`` ``[num_blocks, block_size, 132]``, ``block_table`` ``[B,
     max_blocks]`` int32), checked as ``mla_indexer_topk`` checks them. ``max_kv_len`` defaults
     to the table's capacity ``max_blocks x block_size``; ``shuffled`` (None: vLLM's ROCm rule),
     ``config``, ``backend``, ``debug``, ``cache_kind`` (None: q's kind; the cache's dtype does
-    not tell it, a uint8 cache holds either) and the candidate knobs as ``plan_indexer_topk``
-    takes them."""
+    not tell it, a uint8 cache holds either), the candidate knobs and ``group_rows`` as
+    ``plan_indexer_topk`` takes them."""
     c = Checker(OP)
     sizes = _validate_tensors(c, q, index_cache, block_table, topk, shuffled)
     if max_kv_len is None:
@@ -260,6 +261,7 @@ def plan_indexer_topk_for(
     return plan_indexer_topk(
         **sizes, max_kv_len=max_kv_len, config=config, backend=backend, debug=debug, cache_kind=cache_kind,
         candidate_mode=candidate_mode, candidate_block_size=candidate_block_size, candidate_blocks=candidate_blocks,
+        group_rows=group_rows,
     )  # fmt: skip
 
 

@@ -44,14 +44,15 @@ def _merge_register_slots(arch: str, merge: dict[str, Any]) -> int:
 def triton_meta(
     arch: str, cfg: dict[str, Any], num_heads: int, split_keys: int, topk_p2: int, *, direct: bool, block_size: int,
     shuffled: bool, ranks: int = 0, ocp_cache: bool = False, candidate_mode: str | None = None,
-    candidate_block_size: int = 1,
+    candidate_block_size: int = 1, group_rows: int = 1,
 ) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
     """``(constexprs, compile options)`` of the split kernel: the single place the op's launch and
     the ISA report's variants take them from. CHUNK, the keys a selection step reads from the
     stage, is the merge's chunk (at least one key a thread, at most the split). ``ranks`` > 0:
     the prefiltered form (each item writes that many bounds, no selection). ``ocp_cache``: the
     cache holds e4m3fn values and q is e4m3fnuz (OCP_CACHE: the kernel reads the bytes as uint8
-    and turns them into q's kind)."""
+    and turns them into q's kind). ``group_rows``: the rows an item scores from the same key tiles
+    (G)."""
     threads = int(cfg["num_warps"]) * wave_size(arch)
     consts = {
         "H": int(num_heads),
@@ -71,6 +72,7 @@ def triton_meta(
         "OCP_CACHE": bool(ocp_cache),
         "CAND": CANDIDATE_MODES.index(candidate_mode),
         "CBS": int(candidate_block_size) if candidate_mode else 1,
+        "G": int(group_rows),
     }
     options = {"num_warps": int(cfg["num_warps"]), "num_stages": int(cfg["num_stages"]), **amd_options(cfg, arch)}
     if cfg.get("maxnreg") and not is_amd_arch(arch):
@@ -115,6 +117,9 @@ def merge_meta(
 # The prefiltered form serves calls whose split-form items fill at most 1 / PREFILTER_FILL of the
 # grid's slots.
 PREFILTER_FILL = 4
+
+# The most rows a work item scores from the same key tiles (plan_indexer_topk's group_rows).
+GROUP_ROWS_MAX = 4
 
 # Bounds a prefiltered item writes: its keys' 1st, 2nd, 4th, ... up to SPLIT-th largest, doubling
 # (mla_indexer_prefilter_kernel; ranks below 1 are 1).
@@ -223,8 +228,8 @@ def _pop_override(c: Checker, cfg: dict, name: str, fields: tuple[str, ...]) -> 
     return obj
 
 
-def _with_many_items(c: Checker, cfg: dict, device, num_rows: int, max_kv_len: int, topk_p2: int, wave: int) -> dict:
-    """``cfg`` with its ``many_items`` fields applied when the call's (row, split) items at the
+def _with_many_items(c: Checker, cfg: dict, device, groups: int, max_kv_len: int, topk_p2: int, wave: int) -> dict:
+    """``cfg`` with its ``many_items`` fields applied when the call's (row group, split) items at the
     config's split size outnumber its persistent grid (``programs_per_cu`` x CUs: every program
     loops over items), else without them. More programs a CU then pay for the fewer registers
     each may hold; with fewer items than slots they only lengthen each item (docs/notes/indexer.md)."""
@@ -232,7 +237,7 @@ def _with_many_items(c: Checker, cfg: dict, device, num_rows: int, max_kv_len: i
     if many is None:
         return cfg
     _check_fields(c, {**cfg, **many})  # checked whether this call takes them or not
-    items = num_rows * triton.cdiv(max_kv_len, _split_keys(cfg, topk_p2, wave))
+    items = groups * triton.cdiv(max_kv_len, _split_keys(cfg, topk_p2, wave))
     if items > num_compute_units(device) * int(cfg["programs_per_cu"]):
         cfg.update(many)
     return cfg
@@ -276,13 +281,14 @@ def _row_vector_ok(x: torch.Tensor, rows: int) -> bool:
 class IndexerTopkPlan:
     """What one mla_indexer_topk call launches (``plan_indexer_topk`` makes it).
 
-    The split kernel runs ``grid = (min(T x num_splits, programs_per_cu x CUs),)`` persistent
-    programs over the T x num_splits items, each the logits of up to ``split_keys`` keys of one
-    row and their top-k, staged in the program's row of the workspace (``[grid, split_keys]``
-    uint32). ``direct`` (one split, and the arch's config allows it): it writes ``out [T, topk]``
-    itself. Otherwise the live splits write candidates after the stage (``[T, num_splits,
-    topk_p2]`` uint32 order keys, then the same of int32 positions) and the merge kernel
-    (``merge_grid = (T,)``) writes ``out``. ``workspace_bytes`` counts both. A plan serves every
+    The split kernel runs ``grid = (min(cdiv(T, group_rows) x num_splits, programs_per_cu x
+    CUs),)`` persistent programs over the items, each the logits of up to ``split_keys`` keys of
+    ``group_rows`` consecutive rows (one row by default) and their top-k per row, staged in the
+    program's rows of the workspace (``[grid, group_rows, split_keys]`` uint32). ``direct`` (one
+    split, and the arch's config allows it): it writes ``out [T, topk]`` itself. Otherwise the
+    live splits write candidates after the stage (``[T, num_splits, topk_p2]`` uint32 order keys,
+    then the same of int32 positions) and the merge kernel (``merge_grid = (T,)``) writes
+    ``out``. ``workspace_bytes`` counts both. A plan serves every
     call with the same sizes, dtypes, device and cache layout, e.g. every layer of a step.
 
     ``prefiltered`` (calls whose items leave the grid's slots idle): splits of the config's
@@ -341,6 +347,7 @@ class IndexerTopkPlan:
     candidate_blocks: int = 0
     candidate_constexprs: dict[str, Any] | None = None
     candidate_options: dict[str, Any] | None = None
+    group_rows: int = 1  # rows an item scores from the same key tiles (plan_indexer_topk)
     # The op's KernelLaunch of each kernel ("split", "prefilter", "merge"; ops/_launch.py), made at
     # the plan's first run: its binaries are kept across calls. Not part of what the plan decides.
     kernel_launches: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
@@ -395,6 +402,7 @@ class IndexerTopkPlan:
 
     @property
     def items(self) -> int:
+        """(row, split) pairs: T x num_splits (the prefiltered form's stage rows and bounds)."""
         return self.num_rows * self.num_splits
 
     @property
@@ -404,8 +412,9 @@ class IndexerTopkPlan:
 
     @property
     def stage_numel(self) -> int:
-        """int32 elements of the logit stages: grid x split_keys (prefiltered: items x split_keys)."""
-        return (self.items if self.prefiltered else self.grid[0]) * self.split_keys
+        """int32 elements of the logit stages: grid x group_rows x split_keys (prefiltered: items x
+        split_keys)."""
+        return (self.items if self.prefiltered else self.grid[0] * self.group_rows) * self.split_keys
 
     def prefilter_layout(self) -> dict[str, tuple[int, int]]:
         """Prefiltered: ``{name: (start, numel)}`` of the workspace's parts after the stage (bounds,
@@ -478,6 +487,7 @@ def plan_indexer_topk(
     candidate_mode: str | None = None,
     candidate_block_size: int = 0,
     candidate_blocks: int = 0,
+    group_rows: int = 1,
 ) -> IndexerTopkPlan:
     """Everything an ``mla_indexer_topk`` call with these sizes launches, decided once on the host
     from the sizes alone (no device value is read): make it once per step and pass it to every
@@ -523,6 +533,13 @@ def plan_indexer_topk(
             most the split kernel's selection chunk (``constexprs["CHUNK"]``, at least 256 on every
             shipped config; vLLM uses 8).
         candidate_blocks: the candidate lists' columns (with a mode; >= 1; vLLM's 2048).
+        group_rows: rows a work item scores from the same key tiles (1 to GROUP_ROWS_MAX; at
+            most the arch's config's ``group_rows``, default 1, and the plan's ``group_rows``
+            says what it took): consecutive rows ``g x group_rows ..``; those of one request
+            (MTP rows: vLLM's rows a decode request, ``num_speculative_tokens + 1``; a prefill's
+            rows) read each key once for them all. Rows of different requests in a group take a
+            pass each: any request ids give the same answer, bit for bit, whatever the group
+            (each row keeps its own dot and sum); only the bytes read change.
 
     Raises:
         TypeError / ValueError naming the argument, what was expected and what came.
@@ -543,6 +560,8 @@ def plan_indexer_topk(
         c.fail("debug", "None, True or False", repr(debug), TypeError)
     kind = _cache_kind(c, cache_kind, q_dtype)
     _check_candidate_knobs(c, candidate_mode, candidate_block_size, candidate_blocks)
+    if not _int_in(group_rows, 1, GROUP_ROWS_MAX):
+        c.fail("group_rows", f"an int in [1, {GROUP_ROWS_MAX}]", repr(group_rows))
     device = plan_device(device)
     impl = select(OP, device, backend, has_hip=False)
     arch = _platform.device_arch(device)
@@ -559,9 +578,15 @@ def plan_indexer_topk(
     if two_level is not None and candidate_mode is not None:
         cfg.update(two_level)
     _check_fields(c, cfg)
+    # The rows an item groups: at most the config's (an arch whose grouped form spills keeps 1);
+    # the answer is the same whatever the group.
+    group_rows = min(group_rows, int(cfg.get("group_rows", 1)))
+    groups = triton.cdiv(num_rows, group_rows)
     topk_p2 = triton.next_power_of_2(topk)
     wave = wave_size(arch)
-    cfg = _with_many_items(c, cfg, device, num_rows, max_kv_len, topk_p2, wave)
+    if group_rows > 1:  # its few registers do not hold a group's tiles (the ISA report: it spills)
+        _pop_override(c, cfg, "many_items", MANY_ITEMS_FIELDS)
+    cfg = _with_many_items(c, cfg, device, groups, max_kv_len, topk_p2, wave)
     split_keys = _split_keys(cfg, topk_p2, wave)
     least = max(2 * topk_p2, _least_split(cfg, wave, cfg["select_pack"]))
     m = cfg["merge"]
@@ -573,7 +598,7 @@ def plan_indexer_topk(
     slots_target = num_compute_units(device) * int(cfg["programs_per_cu"])
     while (
         split_keys // 2 >= least
-        and num_rows * triton.cdiv(max_kv_len, split_keys) < slots_target
+        and groups * triton.cdiv(max_kv_len, split_keys) < slots_target
         and triton.cdiv(max_kv_len, split_keys // 2) * topk_p2 <= register_slots
     ):
         split_keys //= 2
@@ -584,8 +609,8 @@ def plan_indexer_topk(
     # Where the split form's items fill half the slots it was the slower (docs/notes/indexer.md).
     pf_split = _prefilter_split(c, cfg, wave)
     ranks = 0
-    if pf_split is not None and num_rows * S * PREFILTER_FILL <= slots_target:
-        while num_rows * triton.cdiv(max_kv_len, pf_split) > slots_target:
+    if pf_split is not None and groups * S * PREFILTER_FILL <= slots_target:
+        while groups * triton.cdiv(max_kv_len, pf_split) > slots_target:
             pf_split *= 2
         if pf_split < split_keys and max_kv_len > pf_split:
             split_keys, S, ranks = pf_split, triton.cdiv(max_kv_len, pf_split), PREFILTER_RANKS
@@ -593,7 +618,7 @@ def plan_indexer_topk(
     consts, options = triton_meta(
         arch, cfg, num_heads, split_keys, topk_p2, direct=direct, block_size=block_size, shuffled=shuffle,
         ranks=ranks, ocp_cache=kind != q_dtype, candidate_mode=candidate_mode,
-        candidate_block_size=candidate_block_size,
+        candidate_block_size=candidate_block_size, group_rows=group_rows,
     )  # fmt: skip
     if candidate_mode and candidate_block_size > consts["CHUNK"]:
         c.fail(
@@ -619,7 +644,7 @@ def plan_indexer_topk(
         topk_p2=topk_p2,
         num_splits=S,
         page_shift=block_size.bit_length() - 1 if consts["POW2_PAGE"] else 0,
-        grid=(max(1, min(num_rows * S, slots_target)),),
+        grid=(max(1, min(groups * S, slots_target)),),
         constexprs=consts,
         options=options,
         merge_grid=None if direct else (num_rows,),
@@ -637,6 +662,7 @@ def plan_indexer_topk(
         candidate_blocks=int(candidate_blocks) if candidate_mode else 0,
         candidate_constexprs=c_consts,
         candidate_options=c_options,
+        group_rows=group_rows,
     )
 
 
@@ -658,6 +684,7 @@ def _check_candidate_knobs(c: Checker, mode: object, block_size: object, blocks:
 __all__ = [
     "OP",
     "CANDIDATE_MODES",
+    "GROUP_ROWS_MAX",
     "IndexerTopkPlan",
     "plan_indexer_topk",
     "triton_meta",

@@ -57,7 +57,8 @@ def triton_variants(arch: str) -> list[TritonVariant]:
     DeepSeek-V4 indexer caches, flat (C4) or shuffled, block 64) in the config's split and
     prefiltered forms, H 64. DeepSeek-V4.1's two-level indexer (H 64, top-512, blocks of 8, its
     cache's kind as above, shuffled): the split kernel's candidate mask and block keys in the
-    config's split form, and the two candidate kernels."""
+    config's split form, and the two candidate kernels. Row groups up to the config's
+    ``group_rows`` (H 64, vLLM's layout) in the split and prefiltered forms."""
     fp8 = platform_fp8_dtype(arch)
     fname = triton_type(fp8)
     cfg = config_for(OP, arch)["tiers"][0]
@@ -88,10 +89,18 @@ def triton_variants(arch: str) -> list[TritonVariant]:
                      in forms if form is cfg for shuffled in (False, True)]  # fmt: skip
     two_level = {**cfg, **cfg.get("candidate_modes", {})}  # the plan's config for a candidate mode
     launches += [(two_level, split_keys, 0, 64, False, True, 64, mixed, mode, _V41_TOPK) for mode in ("mask", "select")]
-    for form, split, ranks, H, direct, shuffled, block, ocp, mode, topk in launches:
+    launches = [(*launch, 1) for launch in launches]
+    # Row groups (MTP rows of a request scored from the same key tiles) up to the config's
+    # group_rows, in the forms a grouped call takes (the config's split form without many_items,
+    # the prefiltered form), H 64, vLLM's layout; over the e4m3fn cache too where q is e4m3fnuz.
+    groups = range(2, int(cfg.get("group_rows", 1)) + 1)
+    grouped = sorted({(split, ranks) for _, _, split, ranks in forms})
+    launches += [(cfg, split, ranks, 64, False, True, 64, ocp, None, topk_p2, g)
+                 for split, ranks in grouped for g in groups for ocp in sorted({False, mixed})]  # fmt: skip
+    for form, split, ranks, H, direct, shuffled, block, ocp, mode, topk, group in launches:
         meta, options = triton_meta(
             arch, form, H, split, topk, direct=direct, block_size=block, shuffled=shuffled, ranks=ranks,
-            ocp_cache=ocp, candidate_mode=mode, candidate_block_size=_V41_CBS,
+            ocp_cache=ocp, candidate_mode=mode, candidate_block_size=_V41_CBS, group_rows=group,
         )  # fmt: skip
         amd = "".join(f" {k[:4]}{v}" for k, v in amd_options(form, arch).items())
         pack = f" pack{meta['SELECT_PACK']}" if meta["SELECT_PACK"] > 1 else ""
@@ -103,7 +112,7 @@ def triton_variants(arch: str) -> list[TritonVariant]:
             f"q={fname} H{H} topk{topk} split{split} N{meta['BLOCK_N']} w{options['num_warps']}"
             f" s{options['num_stages']}{amd}{pack}{regs} {layout} "
             f"{'bounds' + str(ranks) if ranks else 'direct' if direct else 'split'}"
-            f"{f' candidates={mode} block{_V41_CBS}' if mode else ''}"
+            f"{f' candidates={mode} block{_V41_CBS}' if mode else ''}{f' rows{group}' if group > 1 else ''}"
         )
         out.append(_variant(
             label, mla_indexer_split_topk_kernel, _SPLIT_PTRS, _SPLIT_I32, _SPLIT_ALIGNED, {**_ONES, **meta},

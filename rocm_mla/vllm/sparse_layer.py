@@ -28,6 +28,7 @@ import sys
 import torch
 
 from rocm_mla.ops import mla_indexer_topk, plan_indexer_topk
+from rocm_mla.ops.indexer_topk_plan import GROUP_ROWS_MAX
 from rocm_mla.vllm import BACKEND_NAME, SPARSE_BACKEND_NAME
 from rocm_mla.vllm.step_plans import kept_plan
 
@@ -89,19 +90,32 @@ def run_indexer(
     shuffled = bool(indexer.k_cache.uses_shuffled_layout)
     topk = indexer.topk_tokens
     table, req, kv_lens = md.block_table, md.req_id_per_token, md.indexer_kv_lens
-    plan = kept_indexer_plan(md, q, weights, cache, table, req, kv_lens, topk=topk, shuffled=shuffled)
+    plan = kept_indexer_plan(
+        md, q, weights, cache, table, req, kv_lens, topk=topk, shuffled=shuffled, group_rows=decode_group_rows(md)
+    )
     mla_indexer_topk(q, weights, cache, table, req, kv_lens, topk=topk, out=topk_indices_buffer[:T], plan=plan)
+
+
+def decode_group_rows(md) -> int:
+    """The rows a decode request has this step when every decode request has as many (MTP: 1 +
+    speculative tokens; vLLM puts the decode rows first), at most ``GROUP_ROWS_MAX``, else 1: the
+    indexer plan's ``group_rows``, which reads a request's keys once for its rows."""
+    n, rows = int(getattr(md, "num_decodes", 0) or 0), int(getattr(md, "num_decode_tokens", 0) or 0)
+    if n <= 0 or rows % n:
+        return 1
+    return max(1, min(rows // n, GROUP_ROWS_MAX))
 
 
 def kept_indexer_plan(holder, q, weights, cache, table, req, kv_lens, *, topk: int, shuffled: bool,
                       cache_kind: torch.dtype | None = None,
-                      candidates: tuple[str, int, int] | None = None):  # fmt: skip
+                      candidates: tuple[str, int, int] | None = None, group_rows: int = 1):  # fmt: skip
     """The ``mla_indexer_topk`` plan of a step (``kept_plan`` on ``holder``, the step's metadata):
     the one the step's first indexer call made when it fits this call (``IndexerTopkPlan.matches``
     plus what the tensors do not show: ``max_kv_len``, every key of a table row; the cache layout
     ``shuffled``; the cache's fp8 kind, None for q's), else a new one left in its place.
     ``candidates``: (candidate_mode, candidate_block_size, candidate_blocks) of a two-level
-    indexer layer (V4.1), kept apart from the plain layers' plan, one a mode."""
+    indexer layer (V4.1), kept apart from the plain layers' plan, one a mode. ``group_rows``: the
+    rows the plan groups (``decode_group_rows``), as far as the arch's config allows."""
     max_kv_len = table.shape[1] * cache.shape[1]
     kind = q.dtype if cache_kind is None else cache_kind
     mode, cbs, C = candidates or (None, 0, 0)
@@ -113,6 +127,7 @@ def kept_indexer_plan(holder, q, weights, cache, table, req, kv_lens, *, topk: i
             and plan.shuffled == shuffled
             and plan.cache_kind == kind
             and (plan.candidate_mode, plan.candidate_block_size, plan.candidate_blocks) == (mode, cbs, C)
+            and plan.group_rows == min(group_rows, int(plan.config.get("group_rows", 1)))
         ),
         lambda: plan_indexer_topk(
             num_rows=q.shape[0],
@@ -127,6 +142,7 @@ def kept_indexer_plan(holder, q, weights, cache, table, req, kv_lens, *, topk: i
             candidate_mode=mode,
             candidate_block_size=cbs,
             candidate_blocks=C,
+            group_rows=group_rows,
         ),
         attr="rocm_mla_indexer_plan" + (f"_{mode}" if mode else ""),
     )

@@ -37,7 +37,7 @@ import sys
 import torch
 
 from rocm_mla.ops import mla_indexer_topk, mla_v4_attention, plan_v4_attention_for
-from rocm_mla.vllm.sparse_layer import kept_indexer_plan, rocm_mla_selected
+from rocm_mla.vllm.sparse_layer import decode_group_rows, kept_indexer_plan, rocm_mla_selected
 from rocm_mla.vllm.step_plans import kept_plan
 
 logger = logging.getLogger(__name__)
@@ -203,7 +203,8 @@ def run_indexer(op, q_fp8: torch.Tensor, weights: torch.Tensor) -> None:
         cand = (mode, int(op.candidate_block_size), lists.shape[1])
         kw = {"candidates_out" if mode == "select" else "candidates": lists[:T]}
     plan = kept_indexer_plan(md, q, w, cache, table, req, kv_lens, topk=topk, shuffled=shuffled,
-                             cache_kind=torch.float8_e4m3fn, candidates=cand)  # fmt: skip
+                             cache_kind=torch.float8_e4m3fn, candidates=cand,
+                             group_rows=decode_group_rows(md))  # fmt: skip
     mla_indexer_topk(q, w, cache, table, req, kv_lens, topk=topk, out=buf[:T, :topk], plan=plan, **kw)
     if buf.shape[1] > topk:
         buf[:T, topk:] = -1

@@ -279,6 +279,21 @@ def test_step_plans_once(name, plan_calls):
         raise_on(step.mismatch())
     assert plan_calls == {"backend": 1, "indexer": 1, "op": 0}
     assert md.rocm_mla_sparse_plan is plan and md.rocm_mla_indexer_plan.num_rows == step.num_tokens
+    # MTP rows (2 a decode request) are grouped as far as the arch's config allows.
+    idx = md.rocm_mla_indexer_plan
+    assert idx.group_rows == min(2 if name == "dsv32-mtp-fp8" else 1, int(idx.config.get("group_rows", 1)))
+
+
+def test_decode_group_rows():
+    """The indexer's row groups: a decode request's rows when every decode request has as many, at
+    most GROUP_ROWS_MAX; 1 without decode rows or with uneven ones."""
+    from types import SimpleNamespace
+
+    from rocm_mla.vllm.sparse_layer import decode_group_rows
+
+    for n, rows, want in ((0, 0, 1), (3, 3, 1), (3, 6, 2), (3, 7, 1), (2, 16, 4), (4, 12, 3)):
+        assert decode_group_rows(SimpleNamespace(num_decodes=n, num_decode_tokens=rows)) == want
+    assert decode_group_rows(SimpleNamespace()) == 1
 
 
 @pytest.mark.parametrize("name", ["dsv32-decode-prefill", "glm5-long-prompt-fp8"])

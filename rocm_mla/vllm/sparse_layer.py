@@ -27,8 +27,7 @@ import sys
 
 import torch
 
-from rocm_mla.ops import mla_indexer_topk, plan_indexer_topk
-from rocm_mla.ops.indexer_topk_plan import GROUP_ROWS_MAX
+from rocm_mla.ops import GROUP_ROWS_MAX, mla_indexer_topk, plan_indexer_topk
 from rocm_mla.vllm import BACKEND_NAME, SPARSE_BACKEND_NAME
 from rocm_mla.vllm.step_plans import kept_plan
 

@@ -108,13 +108,19 @@ def test_plan_rules_and_errors():
 @pytest.mark.skipif(not HAS_GPU, reason="needs a GPU (CUDA or ROCm); none visible to torch")
 @pytest.mark.gpu
 def test_gpu_groups_same_bits():
-    """The arch's own config at the models' sizes: 2 and 4 MTP rows a request over 32K keys (H 64),
-    and a lone request's 2 rows over 128K keys (the prefiltered form): grouped as the config
-    allows, bit for bit the ungrouped answer, a valid top-k against float64."""
+    """The arch's own config allowed GROUP_ROWS_MAX rows at the models' sizes: 2 and 4 MTP rows a
+    request over 32K keys (H 64), and a lone request's 2 rows over 128K keys (the prefiltered
+    form): bit for bit the ungrouped answer, a valid top-k against float64."""
+    from rocm_mla import _platform
+    from rocm_mla.configs import config_for
+
+    tier = dict(config_for("mla_indexer_topk", _platform.device_arch(DEVICE))["tiers"][0])
+    grouped = {**tier, "group_rows": GROUP_ROWS_MAX}
     for shape in (IndexerShape.decode(16, 32768, 64, 2), IndexerShape.decode(8, 32768, 64, 4),
                   IndexerShape.decode(1, 131072, 64, 2)):  # fmt: skip
         case = make_inputs(shape, device=DEVICE, seed=35)
-        base = case.run(out=None, group_rows=1).clone()
+        base = case.run(out=None, config=tier, group_rows=1).clone()
         assert check_indexer_topk(base, case.logits(4), 2048, rows=[0, 1, 2, 3][: shape.T]) == ""
-        plan = case.plan(group_rows=shape.rows[0])
-        assert torch.equal(case.run(out=None, plan=plan), base), (shape.label(), plan.group_rows)
+        plan = case.plan(config=grouped, group_rows=shape.rows[0])
+        assert plan.group_rows == shape.rows[0]
+        assert torch.equal(case.run(out=None, plan=plan), base), shape.label()

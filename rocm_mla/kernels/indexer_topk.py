@@ -459,14 +459,14 @@ def mla_indexer_split_topk_kernel(
         split = w % num_splits
         t0 = (w // num_splits).to(tl.int64) * G
         lo = split * SPLIT
-        # The group's rows (G consecutive rows; rows past T take none): their requests, q tiles,
-        # weights and key ends, held for the passes below.
+        # The group's rows (G consecutive rows; a row past T reads row 0's and stores nothing):
+        # their q tiles and weights, held for the passes below.
         qts = ()
         whs = ()
         for r in tl.static_range(G):
             t_u = t0 if r == 0 else tl.where(t0 + r < num_rows, t0 + r, 0)
             # fp8 loads take no `other` (the CPU interpreter cannot make an e4m3fnuz constant):
-            # padded heads' scores are zeroed in _tile_logits, and a row past T stores nothing.
+            # padded heads' scores are zeroed in _tile_logits.
             qt = tl.load(q + t_u * s_q_r + offs_h[:, None] * s_q_h + offs_d[None, :], mask=h_ok[:, None])
             qts = qts + (tl.trans(qt),)  # [D, BLOCK_H]: the keys are the dot's rows (M = BLOCK_N)
             whs = whs + (tl.load(weights + t_u * s_w_r + offs_h * s_w_h, mask=h_ok, other=0.0),)
@@ -481,8 +481,8 @@ def mla_indexer_split_topk_kernel(
         # logits are the same bits in any group. Row p leads a pass unless an earlier row of the
         # group has its request; rows of another request wait for their own pass.
         for p in tl.static_range(G):
-            # The group's rows, read for each pass (not held through an earlier pass's loop: on
-            # gfx942 the held values overflowed the scalar registers).
+            # The group's requests, key counts and key ends, read for each pass, so that only the
+            # pass's own values stay live through its loop (scalar registers are short on gfx942).
             reqs = ()
             kvls = ()
             bads = ()

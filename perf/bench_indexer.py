@@ -92,7 +92,6 @@ from rocm_mla.cases import indexer_cache as write_cases
 from rocm_mla.cases import indexer_topk as topk_cases
 from rocm_mla.cases.indexer_cache import IndexerCacheInputs, IndexerCacheShape
 from rocm_mla.cases.indexer_topk import IndexerInputs, IndexerShape
-from rocm_mla.ops.indexer_topk_plan import GROUP_ROWS_MAX
 from rocm_mla.reference.indexer import INDEX_HEAD_DIM
 from rocm_mla.reference.indexer_topk import check_indexer_topk
 from rocm_mla.tools.timing import cold_cache_bytes, rotating_graph_us, time_ms
@@ -196,10 +195,9 @@ class Setup:
 
 
 def decode_rows(shape: IndexerShape) -> int:
-    """The rows every request has when they are decode or MTP rows (at most GROUP_ROWS_MAX), else 1:
-    the ``group_rows`` the vLLM backend plans with (``rocm_mla.vllm.sparse_layer.decode_group_rows``)."""
-    rows = set(shape.rows)
-    return rows.pop() if len(rows) == 1 and max(shape.rows) <= GROUP_ROWS_MAX else 1
+    """The rows every request has when they are decode or MTP rows, else 1: the ``group_rows`` the
+    vLLM backend plans with (``rocm_mla.vllm.sparse_layer.decode_group_rows``)."""
+    return shape.rows[0] if is_decode(shape) else 1
 
 
 def ours(s: Setup, config: dict | None = None):

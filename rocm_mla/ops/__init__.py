@@ -5,7 +5,7 @@ from .decode import mla_decode, plan_decode_for
 from .decode_plan import DecodePlan, plan_decode
 from .indexer_cache import indexer_k_cache_write
 from .indexer_topk import mla_indexer_topk, plan_indexer_topk_for
-from .indexer_topk_plan import GROUP_ROWS_MAX, IndexerTopkPlan, plan_indexer_topk
+from .indexer_topk_plan import IndexerTopkPlan, plan_indexer_topk
 from .latent_core import mla_decode_workspace_numel
 from .merge import merge_attn_states
 from .prefill import mla_prefill, plan_prefill_for
@@ -48,5 +48,4 @@ __all__ = [
     "plan_indexer_topk",
     "plan_indexer_topk_for",
     "IndexerTopkPlan",
-    "GROUP_ROWS_MAX",
 ]

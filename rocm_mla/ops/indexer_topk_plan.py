@@ -385,6 +385,11 @@ class IndexerTopkPlan:
         except (AttributeError, TypeError):  # not tensors
             return False
 
+    def rows_grouped(self, group_rows: int) -> int:
+        """The rows an item groups in a plan of this config asked for ``group_rows``: at most
+        GROUP_ROWS_MAX and the config's ``group_rows`` (what ``plan_indexer_topk`` takes)."""
+        return min(int(group_rows), GROUP_ROWS_MAX, int(self.config.get("group_rows", 1)))
+
     @property
     def max_keys(self) -> int:
         """The most keys a row may see: what the splits cover, ``num_splits x split_keys`` (>=
@@ -533,9 +538,9 @@ def plan_indexer_topk(
             most the split kernel's selection chunk (``constexprs["CHUNK"]``, at least 256 on every
             shipped config; vLLM uses 8).
         candidate_blocks: the candidate lists' columns (with a mode; >= 1; vLLM's 2048).
-        group_rows: rows a work item scores from the same key tiles (1 to GROUP_ROWS_MAX; at
-            most the arch's config's ``group_rows``, default 1, and the plan's ``group_rows``
-            says what it took): consecutive rows ``g x group_rows ..``; those of one request
+        group_rows: rows a work item scores from the same key tiles (>= 1; it takes at most
+            GROUP_ROWS_MAX and the arch's config's ``group_rows``, default 1: the plan's
+            ``group_rows`` says what it took): consecutive rows ``g x group_rows ..``; those of one request
             (MTP rows: vLLM's rows a decode request, ``num_speculative_tokens + 1``; a prefill's
             rows) read each key once for them all. Rows of different requests in a group take a
             pass each: any request ids give the same answer, bit for bit, whatever the group
@@ -560,8 +565,8 @@ def plan_indexer_topk(
         c.fail("debug", "None, True or False", repr(debug), TypeError)
     kind = _cache_kind(c, cache_kind, q_dtype)
     _check_candidate_knobs(c, candidate_mode, candidate_block_size, candidate_blocks)
-    if not _int_in(group_rows, 1, GROUP_ROWS_MAX):
-        c.fail("group_rows", f"an int in [1, {GROUP_ROWS_MAX}]", repr(group_rows))
+    if not _int_in(group_rows, 1):
+        c.fail("group_rows", "an int >= 1", repr(group_rows))
     device = plan_device(device)
     impl = select(OP, device, backend, has_hip=False)
     arch = _platform.device_arch(device)
@@ -580,7 +585,7 @@ def plan_indexer_topk(
     _check_fields(c, cfg)
     # The rows an item groups: at most the config's (an arch whose grouped form spills keeps 1);
     # the answer is the same whatever the group.
-    group_rows = min(group_rows, int(cfg.get("group_rows", 1)))
+    group_rows = min(group_rows, GROUP_ROWS_MAX, int(cfg.get("group_rows", 1)))  # (rows_grouped's rule)
     groups = triton.cdiv(num_rows, group_rows)
     topk_p2 = triton.next_power_of_2(topk)
     wave = wave_size(arch)

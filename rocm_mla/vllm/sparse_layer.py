@@ -27,7 +27,7 @@ import sys
 
 import torch
 
-from rocm_mla.ops import GROUP_ROWS_MAX, mla_indexer_topk, plan_indexer_topk
+from rocm_mla.ops import mla_indexer_topk, plan_indexer_topk
 from rocm_mla.vllm import BACKEND_NAME, SPARSE_BACKEND_NAME
 from rocm_mla.vllm.step_plans import kept_plan
 
@@ -97,12 +97,12 @@ def run_indexer(
 
 def decode_group_rows(md) -> int:
     """The rows a decode request has this step when every decode request has as many (MTP: 1 +
-    speculative tokens; vLLM puts the decode rows first), at most ``GROUP_ROWS_MAX``, else 1: the
-    indexer plan's ``group_rows``, which reads a request's keys once for its rows."""
+    speculative tokens; vLLM puts the decode rows first), else 1: the indexer plan's
+    ``group_rows``, which reads a request's keys once for its rows (as many as the plan groups)."""
     n, rows = int(getattr(md, "num_decodes", 0) or 0), int(getattr(md, "num_decode_tokens", 0) or 0)
     if n <= 0 or rows % n:
         return 1
-    return max(1, min(rows // n, GROUP_ROWS_MAX))
+    return max(1, rows // n)
 
 
 def kept_indexer_plan(holder, q, weights, cache, table, req, kv_lens, *, topk: int, shuffled: bool,
@@ -126,7 +126,7 @@ def kept_indexer_plan(holder, q, weights, cache, table, req, kv_lens, *, topk: i
             and plan.shuffled == shuffled
             and plan.cache_kind == kind
             and (plan.candidate_mode, plan.candidate_block_size, plan.candidate_blocks) == (mode, cbs, C)
-            and plan.group_rows == min(group_rows, int(plan.config.get("group_rows", 1)))
+            and plan.group_rows == plan.rows_grouped(group_rows)
         ),
         lambda: plan_indexer_topk(
             num_rows=q.shape[0],

@@ -89,11 +89,13 @@ def test_candidate_modes_in_groups():
 
 
 def test_plan_rules_and_errors():
-    """group_rows is capped by the arch's config (an arch whose grouped form spills keeps 1), drops
-    many_items, sizes the stages grid x group_rows x split_keys; a bad value names the argument."""
+    """group_rows is capped by GROUP_ROWS_MAX and the arch's config (an arch whose grouped form
+    spills keeps 1), drops many_items, sizes the stages grid x group_rows x split_keys; a bad value
+    names the argument."""
     case = make_inputs(SHAPE, device=DEVICE, seed=34)
     assert case.plan(config={k: v for k, v in SMALL.items() if k != "group_rows"}, group_rows=4).group_rows == 1
     assert case.plan(config={**SMALL, "group_rows": 2}, group_rows=4).group_rows == 2
+    assert case.plan(config={**SMALL, "group_rows": 64}, group_rows=9).group_rows == GROUP_ROWS_MAX
     plan = case.plan(config=SMALL, group_rows=3)
     assert plan.stage_numel == plan.grid[0] * 3 * plan.split_keys
     assert plan.grid[0] <= -(-SHAPE.T // 3) * plan.num_splits
@@ -101,7 +103,7 @@ def test_plan_rules_and_errors():
     assert case.plan(config={**SMALL, "many_items": many}, group_rows=2).config.get("select_pack", 1) == 1
     assert case.plan(config={**SMALL, "many_items": many}, group_rows=1).config["select_pack"] == 2
     kw = dict(num_rows=4, num_heads=8, topk=8, max_kv_len=64, block_size=16, q_dtype=case.fp8, device=DEVICE)
-    for bad in (0, GROUP_ROWS_MAX + 1, True, 2.0, "2"):
+    for bad in (0, -1, True, 2.0, "2"):
         raises_naming(ValueError, lambda b=bad: plan_indexer_topk(**kw, group_rows=b), "group_rows", repr(bad))
 
 

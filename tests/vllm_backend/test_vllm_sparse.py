@@ -285,13 +285,13 @@ def test_step_plans_once(name, plan_calls):
 
 
 def test_decode_group_rows():
-    """The indexer's row groups: a decode request's rows when every decode request has as many, at
-    most GROUP_ROWS_MAX; 1 without decode rows or with uneven ones."""
+    """The indexer's row groups: a decode request's rows when every decode request has as many; 1
+    without decode rows or with uneven ones."""
     from types import SimpleNamespace
 
     from rocm_mla.vllm.sparse_layer import decode_group_rows
 
-    for n, rows, want in ((0, 0, 1), (3, 3, 1), (3, 6, 2), (3, 7, 1), (2, 16, 4), (4, 12, 3)):
+    for n, rows, want in ((0, 0, 1), (3, 3, 1), (3, 6, 2), (3, 7, 1), (2, 16, 8), (4, 12, 3)):
         assert decode_group_rows(SimpleNamespace(num_decodes=n, num_decode_tokens=rows)) == want
     assert decode_group_rows(SimpleNamespace()) == 1
 

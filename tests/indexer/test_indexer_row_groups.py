@@ -42,13 +42,14 @@ def _grouped(case, form: str, group: int, **kw) -> torch.Tensor:
 
 @pytest.mark.parametrize("form", list(FORMS))
 def test_groups_give_the_same_bits(form):
-    """Groups of 2, 3 and 4 rows: a valid top-k, bit for bit the ungrouped call's, in every form."""
+    """Groups of 2 and 3 rows (4 in the split form): a valid top-k, bit for bit the ungrouped call's,
+    in every form."""
     case = make_inputs(SHAPE, device=DEVICE, seed=31)
     base = _grouped(case, form, 1)
     case.check()
     if form == "prefiltered":
         assert case.plan(config=FORMS[form], group_rows=2).prefiltered
-    for group in (2, 3, 4):
+    for group in (2, 3, 4) if form == "splits" else (2, 3):
         assert torch.equal(_grouped(case, form, group), base), group
 
 
@@ -62,11 +63,11 @@ def test_bad_rows_in_a_group(form):
     case.kv_lens[1] = case.block_table.shape[1] * 16 + 1  # request 0's middle row
     case.kv_lens[5] = -1  # request 1's last row
     case.weights[6, 2] = float("nan")  # request 2's first row
-    case.req_ids[3] = -1  # request 1's first row: a group of 2 then starts with it
+    case.req_ids[3] = -1  # request 1's first row: a group of 3 then starts with it
     guarded = Guarded(tuple(case.index_cache.shape), torch.uint8, device=DEVICE, fill=case.index_cache, guard=4096)
     case.caches[0] = guarded.view
     bad = [1, 3, 5, 6]
-    for group in (1, 2, 3, 4):
+    for group in (1, 2, 3):
         out = _grouped(case, form, group)
         for t in range(case.shape.T):
             if t in bad:

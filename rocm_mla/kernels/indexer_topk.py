@@ -244,6 +244,15 @@ def _in_rows(t0, r: tl.constexpr, num_rows):
 
 
 @triton.jit
+def _group_row(t0, r: tl.constexpr, num_rows):
+    """Row t0 + r of a group, or row 0 (a row to read, whose results are not kept) past T."""
+    if r == 0:
+        return t0
+    else:
+        return tl.where(t0 + r < num_rows, t0 + r, 0)
+
+
+@triton.jit
 def _leads(oks, reqs, p: tl.constexpr):
     """Whether row p of a group leads a pass: it is below T and no earlier row of the group has its
     request. Row 0 always does (a constant: the single-row form keeps no check)."""
@@ -464,7 +473,7 @@ def mla_indexer_split_topk_kernel(
         qts = ()
         whs = ()
         for r in tl.static_range(G):
-            t_u = t0 if r == 0 else tl.where(t0 + r < num_rows, t0 + r, 0)
+            t_u = _group_row(t0, r, num_rows)
             # fp8 loads take no `other` (the CPU interpreter cannot make an e4m3fnuz constant):
             # padded heads' scores are zeroed in _tile_logits.
             qt = tl.load(q + t_u * s_q_r + offs_h[:, None] * s_q_h + offs_d[None, :], mask=h_ok[:, None])
@@ -490,7 +499,7 @@ def mla_indexer_split_topk_kernel(
             oks = ()
             for r in tl.static_range(G):
                 ok_u = _in_rows(t0, r, num_rows)
-                t_u = t0 if r == 0 else tl.where(ok_u, t0 + r, 0)
+                t_u = _group_row(t0, r, num_rows)
                 req_u, kv_len_u, bad_u = _row(
                     req_ids, kv_lens, t_u, s_req, s_kl, num_reqs, capacity, num_splits * SPLIT
                 )  # fmt: skip

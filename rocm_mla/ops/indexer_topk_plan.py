@@ -228,6 +228,12 @@ def _pop_override(c: Checker, cfg: dict, name: str, fields: tuple[str, ...]) -> 
     return obj
 
 
+def _rows_grouped(cfg: dict, group_rows: int) -> int:
+    """The rows an item groups when asked for ``group_rows``: at most GROUP_ROWS_MAX and the
+    config's ``group_rows`` (default 1: an arch whose grouped form spills keeps 1)."""
+    return min(int(group_rows), GROUP_ROWS_MAX, int(cfg.get("group_rows", 1)))
+
+
 def _with_many_items(c: Checker, cfg: dict, device, groups: int, max_kv_len: int, topk_p2: int, wave: int) -> dict:
     """``cfg`` with its ``many_items`` fields applied when the call's (row group, split) items at the
     config's split size outnumber its persistent grid (``programs_per_cu`` x CUs: every program
@@ -386,9 +392,8 @@ class IndexerTopkPlan:
             return False
 
     def rows_grouped(self, group_rows: int) -> int:
-        """The rows an item groups in a plan of this config asked for ``group_rows``: at most
-        GROUP_ROWS_MAX and the config's ``group_rows`` (what ``plan_indexer_topk`` takes)."""
-        return min(int(group_rows), GROUP_ROWS_MAX, int(self.config.get("group_rows", 1)))
+        """The rows an item groups in a plan of this config asked for ``group_rows``."""
+        return _rows_grouped(self.config, group_rows)
 
     @property
     def max_keys(self) -> int:
@@ -583,9 +588,7 @@ def plan_indexer_topk(
     if two_level is not None and candidate_mode is not None:
         cfg.update(two_level)
     _check_fields(c, cfg)
-    # The rows an item groups: at most the config's (an arch whose grouped form spills keeps 1);
-    # the answer is the same whatever the group.
-    group_rows = min(group_rows, GROUP_ROWS_MAX, int(cfg.get("group_rows", 1)))  # (rows_grouped's rule)
+    group_rows = _rows_grouped(cfg, group_rows)  # the answer is the same whatever the group
     groups = triton.cdiv(num_rows, group_rows)
     topk_p2 = triton.next_power_of_2(topk)
     wave = wave_size(arch)

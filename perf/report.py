@@ -44,7 +44,9 @@ class OpView:
     from the kernel's other table, ``name`` the plot's); the kernel's view without ``providers``
     shows every other provider. ``configs`` False leaves our config columns to results.csv. ``pivot`` maps a
     shape to its (row, column) in a grid that holds only the speed-up over the peer measured at that
-    shape: many shapes in a short table (their times stay in results.csv and the plot)."""
+    shape: many shapes in a short table (their times stay in results.csv and the plot). ``share`` names a
+    percentage metric (pct_copy: % of the copy ceiling) shown in parentheses beside each provider's
+    headline value, from the same run's row."""
 
     kernel: str
     title: str
@@ -57,6 +59,7 @@ class OpView:
     name: str = ""
     pivot: Callable[[str], tuple[str, str]] | None = None
     configs: bool = True  # our config columns on the page (False: results.csv alone keeps them)
+    share: str = ""  # a percentage metric of the same run shown beside each headline value, e.g. pct_copy
 
     def shows(self, row: dict) -> bool:
         """Whether ``row`` (of this view's kernel) belongs in this view's table."""
@@ -152,8 +155,12 @@ VIEWS = (
         "time_us",
         False,
         ("indexer",),
-        "µs per call, topk 2048, q fp8, block 64, CUDA graphs of 8 calls, cache cold in L2; every output checked; "
-        "vLLM = its logits kernel + torch.topk (decode: Triton, prefill: its torch path).",
+        "µs per call (% of the copy ceiling of the same run), topk 2048 (c4: DeepSeek-V4's CSA indexer, its "
+        "top-k over ctx compressed keys), q fp8, block 64, CUDA graphs of 8 calls, cache cold in L2; every output "
+        "checked; vLLM = its logits kernel + torch.topk (decode: Triton, prefill: its torch path); configs: "
+        "results.csv.",
+        configs=False,
+        share="pct_copy",
     ),
     OpView(
         "sparse_layer_attention",
@@ -277,7 +284,10 @@ def op_section(rows: list[dict], view: OpView) -> tuple[list[str], dict[str, dic
                 continue
             series[p][shape] = val[p]
             ref = ceil.get((chosen[p]["date"], ceil_shape)) if ceil_shape else None
-            cells.append(fmt(val[p]) + (f" ({100 * val[p] / ref:.0f}%)" if ref else ""))
+            same_run = [r for r in rs if r["provider"] == p and r["date"] == chosen[p]["date"]]
+            pct = next((float(r["value"]) for r in same_run if view.share and r["metric"] == view.share), None)
+            pct = 100 * val[p] / ref if ref else pct
+            cells.append(fmt(val[p]) + (f" ({pct:.0f}%)" if pct is not None else ""))
         mine = [val[p] for p in ours if p in val and p not in LOSSY]
         best = (max(mine) if view.higher_is_better else min(mine)) if mine else None
         for p in peers if exact else []:

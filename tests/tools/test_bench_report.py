@@ -216,3 +216,21 @@ def test_providers_of_a_view_of_their_own_leave_the_kernels_other_table():
     assert "| B=8 |  | 13.0 |  |  | split_tokens=256 |" in own and "flashinfer" not in own
     assert "Command: `python perf/bench.py --ops decode_invariant`" in own
     assert set(plotted) == {"mla_decode", "mla_decode_batch_invariant"}
+
+
+def test_a_views_share_metric_shows_beside_each_value_from_the_same_run():
+    """The indexer's table shows each provider's time with its % of copy (pct_copy) of the same run; a
+    provider without that metric shows its time alone, and an older run's percentage is never borrowed."""
+    old, new = "2026-01-01", "2026-01-02T03:04+00:00"
+    k, shape = "mla_indexer_topk", "B=128 ctx=131072 H=64 topk=2048"
+    rows = [
+        row(k, "rocm_mla-triton", shape, "pct_copy", 10.0, old),
+        row(k, "rocm_mla-triton", shape, "time_us", 1000, new),
+        row(k, "rocm_mla-triton", shape, "pct_copy", 51.4, new),
+        row(k, "vllm-0.34-triton+topk", shape, "time_us", 870, new),
+        row(k, "vllm-0.34-triton+topk", shape, "pct_copy", 59.6, old),
+    ]
+    text, _ = report.render(rows, None)
+    section = text.split("## mla_indexer_topk")[1]
+    assert f"| {shape} | 1000 (51%) | 870 | 0.87× |" in section
+    assert "(10%)" not in section and "(60%)" not in section

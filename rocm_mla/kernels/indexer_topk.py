@@ -456,6 +456,7 @@ def mla_indexer_split_topk_kernel(
     key of the row's keys (the unmasked logits) goes to its word, the row's newest block (the one
     holding position kv_len - 1) as the NaN key, for ``mla_indexer_candidate_select_kernel``.
     """
+    tl.static_assert((RANKS == 0) | (G == 1), "a prefiltered call scores a row an item")
     cand_key = cand_key.to(tl.pointer_type(tl.uint32))  # int32 workspaces holding uint32 keys
     pid = tl.program_id(0)
     stage_u32 = stage.to(tl.pointer_type(tl.uint32))
@@ -479,7 +480,7 @@ def mla_indexer_split_topk_kernel(
             qt = tl.load(q + t_u * s_q_r + offs_h[:, None] * s_q_h + offs_d[None, :], mask=h_ok[:, None])
             qts = qts + (tl.trans(qt),)  # [D, BLOCK_H]: the keys are the dot's rows (M = BLOCK_N)
             whs = whs + (tl.load(weights + t_u * s_w_r + offs_h * s_w_h, mask=h_ok, other=0.0),)
-        if RANKS > 0:  # the item's stage row, then its group's next rows' (a row per item)
+        if RANKS > 0:  # the item's stage row (the plan never groups a prefiltered call)
             stage0 = stage_u32 + (t0 * num_splits + split) * SPLIT
             s_stage = num_splits * SPLIT
         else:  # the program's G stage rows

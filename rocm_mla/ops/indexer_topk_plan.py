@@ -13,7 +13,7 @@ Launch data: rocm_mla/configs/mla_indexer_topk.json.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -234,6 +234,13 @@ def _rows_grouped(cfg: dict, group_rows: int) -> int:
     return min(int(group_rows), GROUP_ROWS_MAX, int(cfg.get("group_rows", 1)))
 
 
+def _items(cfg: dict, device, rows: int, max_kv_len: int, topk_p2: int, wave: int) -> int:
+    """How many more (row, split) items ``rows`` rows make at the config's split size than its
+    persistent grid holds (``programs_per_cu`` x CUs); <= 0 when they fit."""
+    items = rows * triton.cdiv(max_kv_len, _split_keys(cfg, topk_p2, wave))
+    return items - num_compute_units(device) * int(cfg["programs_per_cu"])
+
+
 def _with_many_items(c: Checker, cfg: dict, device, groups: int, max_kv_len: int, topk_p2: int, wave: int) -> dict:
     """``cfg`` with its ``many_items`` fields applied when the call's (row group, split) items at the
     config's split size outnumber its persistent grid (``programs_per_cu`` x CUs: every program
@@ -243,8 +250,7 @@ def _with_many_items(c: Checker, cfg: dict, device, groups: int, max_kv_len: int
     if many is None:
         return cfg
     _check_fields(c, {**cfg, **many})  # checked whether this call takes them or not
-    items = groups * triton.cdiv(max_kv_len, _split_keys(cfg, topk_p2, wave))
-    if items > num_compute_units(device) * int(cfg["programs_per_cu"]):
+    if _items(cfg, device, groups, max_kv_len, topk_p2, wave) > 0:
         cfg.update(many)
     return cfg
 
@@ -354,6 +360,7 @@ class IndexerTopkPlan:
     candidate_constexprs: dict[str, Any] | None = None
     candidate_options: dict[str, Any] | None = None
     group_rows: int = 1  # rows an item scores from the same key tiles (plan_indexer_topk)
+    group_rows_asked: int = 1  # the group_rows the plan was asked for (a kept plan matches on it)
     # The op's KernelLaunch of each kernel ("split", "prefilter", "merge"; ops/_launch.py), made at
     # the plan's first run: its binaries are kept across calls. Not part of what the plan decides.
     kernel_launches: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
@@ -390,10 +397,6 @@ class IndexerTopkPlan:
             )
         except (AttributeError, TypeError):  # not tensors
             return False
-
-    def rows_grouped(self, group_rows: int) -> int:
-        """The rows an item groups in a plan of this config asked for ``group_rows``."""
-        return _rows_grouped(self.config, group_rows)
 
     @property
     def max_keys(self) -> int:
@@ -544,8 +547,10 @@ def plan_indexer_topk(
             shipped config; vLLM uses 8).
         candidate_blocks: the candidate lists' columns (with a mode; >= 1; vLLM's 2048).
         group_rows: rows a work item scores from the same key tiles (>= 1; it takes at most
-            GROUP_ROWS_MAX and the arch's config's ``group_rows``, default 1: the plan's
-            ``group_rows`` says what it took): consecutive rows ``g x group_rows ..``; those of one request
+            GROUP_ROWS_MAX and the arch's config's ``group_rows``, default 1, and 1 where rows
+            alone outnumber the grid with a ``many_items`` form or the grouped call would be
+            prefiltered, the forms measured faster there: the plan's ``group_rows`` says what it
+            took): consecutive rows ``g x group_rows ..``; those of one request
             (MTP rows: vLLM's rows a decode request, ``num_speculative_tokens + 1``; a prefill's
             rows) read each key once for them all. Rows of different requests in a group take a
             pass each: any request ids give the same answer, bit for bit, whatever the group
@@ -588,10 +593,15 @@ def plan_indexer_topk(
     if two_level is not None and candidate_mode is not None:
         cfg.update(two_level)
     _check_fields(c, cfg)
-    group_rows = _rows_grouped(cfg, group_rows)  # the answer is the same whatever the group
-    groups = triton.cdiv(num_rows, group_rows)
     topk_p2 = triton.next_power_of_2(topk)
     wave = wave_size(arch)
+    asked = group_rows
+    group_rows = _rows_grouped(cfg, group_rows)  # the answer is the same whatever the group
+    if group_rows > 1 and "many_items" in cfg and _items(cfg, device, num_rows, max_kv_len, topk_p2, wave) > 0:
+        # Rows alone outnumber the grid: their many_items form (more programs a CU) was the faster
+        # (docs/notes/indexer.md, "Row groups").
+        group_rows = 1
+    groups = triton.cdiv(num_rows, group_rows)
     if group_rows > 1:  # its few registers do not hold a group's tiles (the ISA report: it spills)
         _pop_override(c, cfg, "many_items", MANY_ITEMS_FIELDS)
     cfg = _with_many_items(c, cfg, device, groups, max_kv_len, topk_p2, wave)
@@ -622,6 +632,17 @@ def plan_indexer_topk(
             pf_split *= 2
         if pf_split < split_keys and max_kv_len > pf_split:
             split_keys, S, ranks = pf_split, triton.cdiv(max_kv_len, pf_split), PREFILTER_RANKS
+    if ranks and group_rows > 1:
+        # Grouping left items few enough for the prefiltered form, which was the slower grouped
+        # (docs/notes/indexer.md, "Row groups"): the plan of rows alone. A grouped plan is never
+        # prefiltered.
+        alone = plan_indexer_topk(
+            num_rows=num_rows, num_heads=num_heads, topk=topk, max_kv_len=max_kv_len, block_size=block_size,
+            q_dtype=q_dtype, device=device, shuffled=shuffled, config=config, backend=backend, debug=debug,
+            cache_kind=cache_kind, candidate_mode=candidate_mode, candidate_block_size=candidate_block_size,
+            candidate_blocks=candidate_blocks,
+        )  # fmt: skip
+        return replace(alone, group_rows_asked=asked)
     direct = S == 1 and bool(cfg.get("direct", True)) and not ranks
     consts, options = triton_meta(
         arch, cfg, num_heads, split_keys, topk_p2, direct=direct, block_size=block_size, shuffled=shuffle,
@@ -671,6 +692,7 @@ def plan_indexer_topk(
         candidate_constexprs=c_consts,
         candidate_options=c_options,
         group_rows=group_rows,
+        group_rows_asked=asked,
     )
 
 

@@ -58,7 +58,7 @@ def triton_variants(arch: str) -> list[TritonVariant]:
     prefiltered forms, H 64. DeepSeek-V4.1's two-level indexer (H 64, top-512, blocks of 8, its
     cache's kind as above, shuffled): the split kernel's candidate mask and block keys in the
     config's split form, and the two candidate kernels. Row groups up to the config's
-    ``group_rows`` (H 64, vLLM's layout) in the split and prefiltered forms."""
+    ``group_rows`` (H 64, vLLM's layout) in the split form."""
     fp8 = platform_fp8_dtype(arch)
     fname = triton_type(fp8)
     cfg = config_for(OP, arch)["tiers"][0]
@@ -91,10 +91,11 @@ def triton_variants(arch: str) -> list[TritonVariant]:
     launches += [(two_level, split_keys, 0, 64, False, True, 64, mixed, mode, _V41_TOPK) for mode in ("mask", "select")]
     launches = [(*launch, 1) for launch in launches]
     # Row groups (MTP rows of a request scored from the same key tiles) up to the config's
-    # group_rows, in the forms a grouped call takes (the config's split form without many_items,
-    # the prefiltered form), H 64, vLLM's layout; over the e4m3fn cache too where q is e4m3fnuz.
+    # group_rows, in the form a grouped call takes (the config's split form without many_items; a
+    # grouped plan is never prefiltered), H 64, vLLM's layout; over the e4m3fn cache too where q
+    # is e4m3fnuz.
     groups = range(2, int(cfg.get("group_rows", 1)) + 1)
-    grouped = sorted({(split, ranks) for _, _, split, ranks in forms})
+    grouped = [(split_keys, 0)]
     launches += [(cfg, split, ranks, 64, False, True, 64, ocp, None, topk_p2, g)
                  for split, ranks in grouped for g in groups for ocp in sorted({False, mixed})]  # fmt: skip
     for form, split, ranks, H, direct, shuffled, block, ocp, mode, topk, group in launches:

@@ -126,7 +126,7 @@ def kept_indexer_plan(holder, q, weights, cache, table, req, kv_lens, *, topk: i
             and plan.shuffled == shuffled
             and plan.cache_kind == kind
             and (plan.candidate_mode, plan.candidate_block_size, plan.candidate_blocks) == (mode, cbs, C)
-            and plan.group_rows == plan.rows_grouped(group_rows)
+            and plan.group_rows_asked == group_rows
         ),
         lambda: plan_indexer_topk(
             num_rows=q.shape[0],

@@ -18,14 +18,14 @@ pytestmark = pytest.mark.skipif("triton" not in backends(), reason="row groups a
 
 SMALL = {"split_keys": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "merge": {"chunk": 64, "num_warps": 4},
          "group_rows": GROUP_ROWS_MAX}  # fmt: skip
-# The forms a grouped call can take: one split a row (direct); splits and a merge; tiles of one page;
-# the prefiltered form.
+# The forms a grouped call can take: one split a row (direct); splits and a merge; tiles of one page.
 FORMS = {
     "direct": {"split_keys": 512, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "group_rows": GROUP_ROWS_MAX},
     "splits": SMALL,
     "page-tile": {**SMALL, "BLOCK_N": 16},
-    "prefiltered": {**SMALL, "num_warps": 1, "programs_per_cu": 64, "prefilter": {"split_keys": 32}},
 }
+# A config whose calls of few items are prefiltered (never grouped).
+PREFILTERED = {**SMALL, "num_warps": 1, "programs_per_cu": 64, "prefilter": {"split_keys": 32}}
 # Requests of 2, 3, 1 and 5 rows (MTP and prefill rows; groups of 2, 3 and 4 straddle requests),
 # contexts shorter than topk, a split and a block, and longer.
 SHAPE = IndexerShape((300, 70, 9, 150, 40), (2, 3, 1, 5, 2), 16, topk=24, block=16)
@@ -47,13 +47,11 @@ def test_groups_give_the_same_bits(form):
     case = make_inputs(SHAPE, device=DEVICE, seed=31)
     base = _grouped(case, form, 1)
     case.check()
-    if form == "prefiltered":
-        assert case.plan(config=FORMS[form], group_rows=2).prefiltered
     for group in (2, 3, 4) if form == "splits" else (2, 3):
         assert torch.equal(_grouped(case, form, group), base), group
 
 
-@pytest.mark.parametrize("form", ["splits", "prefiltered"])
+@pytest.mark.parametrize("form", ["splits", "page-tile"])
 def test_bad_rows_in_a_group(form):
     """Rows of one request where one row is bad (kv_len past the table, negative, a NaN weight) and
     a group whose first row's request is -1: exactly the planted rows get the sentinel, their
@@ -91,8 +89,8 @@ def test_candidate_modes_in_groups():
 
 def test_plan_rules_and_errors():
     """group_rows is capped by GROUP_ROWS_MAX and the arch's config (an arch whose grouped form
-    spills keeps 1), drops many_items, sizes the stages grid x group_rows x split_keys; a bad value
-    names the argument."""
+    spills keeps 1), sizes the stages grid x group_rows x split_keys; a bad value names the
+    argument."""
     case = make_inputs(SHAPE, device=DEVICE, seed=34)
     assert case.plan(config={k: v for k, v in SMALL.items() if k != "group_rows"}, group_rows=4).group_rows == 1
     assert case.plan(config={**SMALL, "group_rows": 2}, group_rows=4).group_rows == 2
@@ -100,30 +98,56 @@ def test_plan_rules_and_errors():
     plan = case.plan(config=SMALL, group_rows=3)
     assert plan.stage_numel == plan.grid[0] * 3 * plan.split_keys
     assert plan.grid[0] <= -(-SHAPE.T // 3) * plan.num_splits
-    many = {"select_pack": 2, "programs_per_cu": 1}
-    assert case.plan(config={**SMALL, "many_items": many}, group_rows=2).config.get("select_pack", 1) == 1
-    assert case.plan(config={**SMALL, "many_items": many}, group_rows=1).config["select_pack"] == 2
     kw = dict(num_rows=4, num_heads=8, topk=8, max_kv_len=64, block_size=16, q_dtype=case.fp8, device=DEVICE)
     for bad in (0, -1, True, 2.0, "2"):
         raises_naming(ValueError, lambda b=bad: plan_indexer_topk(**kw, group_rows=b), "group_rows", repr(bad))
 
 
+def test_plan_takes_rows_alone_where_grouping_was_slower():
+    """Where rows alone outnumber the grid and the config has a many_items form, and where the
+    grouped call would be prefiltered, a plan asked for groups is the plan of rows alone (those
+    forms were the faster there); it still records what it was asked (a kept plan matches on it).
+    A grouped plan leaves out many_items."""
+    case = make_inputs(SHAPE, device=DEVICE, seed=34)
+    many = {"select_pack": 2, "programs_per_cu": 1}
+    fits = {**SMALL, "programs_per_cu": 64, "many_items": many}  # 13 rows x 5 splits fit 4 CUs x 64
+    plan = case.plan(config=fits, group_rows=2)
+    assert (plan.group_rows, plan.group_rows_asked, plan.config.get("select_pack", 1)) == (2, 2, 1)
+    crowded = {**SMALL, "many_items": many}  # 65 items outnumber 4 CUs x 1
+    plan, alone = case.plan(config=crowded, group_rows=2), case.plan(config=crowded, group_rows=1)
+    assert (plan.group_rows, plan.group_rows_asked, plan.config["select_pack"]) == (1, 2, 2)
+    assert (plan.grid, plan.num_splits, plan.config) == (alone.grid, alone.num_splits, alone.config)
+    assert case.plan(config={k: v for k, v in crowded.items() if k != "many_items"}, group_rows=2).group_rows == 2
+    # Groups would leave few enough items for the prefiltered form: rows alone, in the split form
+    # here and prefiltered for a lone request's 2 rows.
+    lone = make_inputs(IndexerShape((300,), 2, 16, topk=24, block=16), device=DEVICE, seed=36)
+    for c, form in ((case, False), (lone, True)):
+        plan, alone = c.plan(config=PREFILTERED, group_rows=2), c.plan(config=PREFILTERED, group_rows=1)
+        assert (plan.group_rows, plan.group_rows_asked, plan.prefiltered, alone.prefiltered) == (1, 2, form, form)
+        assert (plan.grid, plan.num_splits, plan.split_keys) == (alone.grid, alone.num_splits, alone.split_keys)
+        c.out.fill_(POISON_OUT)
+        c.run(plan=plan)
+        c.check()
+
+
 @pytest.mark.skipif(not HAS_GPU, reason="needs a GPU (CUDA or ROCm); none visible to torch")
 @pytest.mark.gpu
 def test_gpu_groups_same_bits():
-    """The arch's own config allowed GROUP_ROWS_MAX rows at the models' sizes: 2 and 4 MTP rows a
-    request over 32K keys (H 64), and a lone request's 2 rows over 128K keys (the prefiltered
-    form): bit for bit the ungrouped answer, a valid top-k against float64."""
+    """The arch's own config allowed GROUP_ROWS_MAX rows at the models' sizes (2 and 4 MTP rows a
+    request over 8K and 32K keys, H 64; a lone request's 2 rows over 128K keys): bit for bit the
+    ungrouped answer, a valid top-k against float64, and at least one shape grouped on this GPU."""
     from rocm_mla import _platform
     from rocm_mla.configs import config_for
 
     tier = dict(config_for("mla_indexer_topk", _platform.device_arch(DEVICE))["tiers"][0])
     grouped = {**tier, "group_rows": GROUP_ROWS_MAX}
-    for shape in (IndexerShape.decode(16, 32768, 64, 2), IndexerShape.decode(8, 32768, 64, 4),
-                  IndexerShape.decode(1, 131072, 64, 2)):  # fmt: skip
+    took = []
+    for shape in (IndexerShape.decode(16, 32768, 64, 2), IndexerShape.decode(16, 32768, 64, 4),
+                  IndexerShape.decode(64, 8192, 64, 2), IndexerShape.decode(1, 131072, 64, 2)):  # fmt: skip
         case = make_inputs(shape, device=DEVICE, seed=35)
         base = case.run(out=None, config=tier, group_rows=1).clone()
         assert check_indexer_topk(base, case.logits(4), 2048, rows=[0, 1, 2, 3][: shape.T]) == ""
         plan = case.plan(config=grouped, group_rows=shape.rows[0])
-        assert plan.group_rows == shape.rows[0]
+        took.append(plan.group_rows)
         assert torch.equal(case.run(out=None, plan=plan), base), shape.label()
+    assert max(took) > 1, took

@@ -46,7 +46,8 @@ class OpView:
     shape to its (row, column) in a grid that holds only the speed-up over the peer measured at that
     shape: many shapes in a short table (their times stay in results.csv and the plot). ``share`` names a
     percentage metric (pct_copy: % of the copy ceiling) shown in parentheses beside each provider's
-    headline value, from the same run's row."""
+    headline value, from the same run's row; ``implied`` a part of the shape labels (" topk=2048") that the
+    note states, left out of the table's shape cells (the CSV and the plot keep the whole label)."""
 
     kernel: str
     title: str
@@ -60,6 +61,7 @@ class OpView:
     pivot: Callable[[str], tuple[str, str]] | None = None
     configs: bool = True  # our config columns on the page (False: results.csv alone keeps them)
     share: str = ""  # a percentage metric of the same run shown beside each headline value, e.g. pct_copy
+    implied: str = ""  # a part of the shape labels the note states, left out of the shape cells
 
     def shows(self, row: dict) -> bool:
         """Whether ``row`` (of this view's kernel) belongs in this view's table."""
@@ -155,12 +157,11 @@ VIEWS = (
         "time_us",
         False,
         ("indexer",),
-        "µs per call (% of the copy ceiling of the same run), topk 2048 (c4: DeepSeek-V4's CSA indexer, its "
-        "top-k over ctx compressed keys), q fp8, block 64, CUDA graphs of 8 calls, cache cold in L2; every output "
-        "checked; vLLM = its logits kernel + torch.topk (decode: Triton, prefill: its torch path); configs: "
-        "results.csv.",
+        "µs (% of copy: 132 B a key a row), topk 2048 unless named (c4: V4's CSA top-k over ctx compressed keys), "
+        "q fp8, block 64, CUDA graphs, cold L2, outputs checked; vLLM = its logits + torch.topk; configs: results.csv.",
         configs=False,
         share="pct_copy",
+        implied=" topk=2048",
     ),
     OpView(
         "sparse_layer_attention",
@@ -168,9 +169,8 @@ VIEWS = (
         "time_us",
         False,
         ("sparse_layer",),
-        "µs per step, N 16, topk 2048, bf16 latent cache, block 64; every output checked; vLLM = its ROCm Triton "
-        "composition (logits + top-k + slot conversion + q concat + sparse attention); kernels and copy/fill "
-        "kernels counted per step.",
+        "µs per step, N 16, topk 2048, bf16 latent cache, block 64; outputs checked; vLLM = its ROCm Triton "
+        "composition (logits, top-k, slots, q concat, sparse attention); kernels per step.",
         ("kernels", "copy_fill_kernels"),
     ),
     OpView(
@@ -190,8 +190,8 @@ VIEWS = (
         False,
         ("v4_layer",),
         "µs per step (decode, MTP: CUDA graphs; prefill: eager, L2 flushed), V4-Flash layer, window 128, "
-        "top-512, fp8_ds_mla caches; every output checked; vLLM = its V4 ROCm layer without aiter (its Triton "
-        "attention and indexer logits + torch.topk); kernels and copy/fill kernels per step.",
+        "top-512, fp8_ds_mla caches; outputs checked; vLLM = its V4 ROCm layer without aiter (Triton "
+        "attention, indexer logits + torch.topk); kernels per step.",
         ("kernels", "copy_fill_kernels"),
         configs=False,
     ),
@@ -277,7 +277,8 @@ def op_section(rows: list[dict], view: OpView) -> tuple[list[str], dict[str, dic
         val = {p: float(r["value"]) for p, r in chosen.items()}
         # the run numbers of the list under the table (dates would repeat on every row)
         numbers = sorted({runs.index(r["date"]) + 1 for r in chosen.values()})
-        cells = [shape] + ([" + ".join(map(str, numbers))] if many_runs else [])
+        label = shape.replace(view.implied, "") if view.implied else shape
+        cells = [label] + ([" + ".join(map(str, numbers))] if many_runs else [])
         for p in providers:
             if p not in val:
                 cells.append("")  # not measured: a blank cell

@@ -21,6 +21,7 @@ tests/tools/test_bench_report.py checks that the committed page equals this scri
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import sys
@@ -46,7 +47,7 @@ class OpView:
     shape to its (row, column) in a grid that holds only the speed-up over the peer measured at that
     shape: many shapes in a short table (their times stay in results.csv and the plot). ``share`` names a
     percentage metric (pct_copy: % of the copy ceiling) shown in parentheses beside each provider's
-    headline value, from the same run's row; ``implied`` a part of the shape labels (" topk=2048") that the
+    headline value, from the same run's row; ``implied`` parts of the shape labels (" topk=2048") that the
     note states, left out of the table's shape cells (the CSV and the plot keep the whole label)."""
 
     kernel: str
@@ -61,7 +62,7 @@ class OpView:
     pivot: Callable[[str], tuple[str, str]] | None = None
     configs: bool = True  # our config columns on the page (False: results.csv alone keeps them)
     share: str = ""  # a percentage metric of the same run shown beside each headline value, e.g. pct_copy
-    implied: str = ""  # a part of the shape labels the note states, left out of the shape cells
+    implied: tuple[str, ...] = ()  # parts of the shape labels the note states, left out of the shape cells
 
     def shows(self, row: dict) -> bool:
         """Whether ``row`` (of this view's kernel) belongs in this view's table."""
@@ -102,7 +103,9 @@ VIEWS = (
         "time_us",
         False,
         ("decode", "decode_matrix"),
-        "µs per call, q bf16, block 64, CUDA graphs of 8 calls, KV cold in L2; every output checked.",
+        "µs per call, q bf16, block 64, CUDA graphs of 8 calls, KV cold in L2; every output checked; configs: "
+        "results.csv.",
+        configs=False,
     ),
     OpView(
         "mla_decode",
@@ -157,11 +160,11 @@ VIEWS = (
         "time_us",
         False,
         ("indexer",),
-        "µs (% of copy: 132 B a key a row), topk 2048 unless named (c4: V4's CSA top-k over ctx compressed keys), "
-        "q fp8, block 64, CUDA graphs, cold L2, outputs checked; vLLM = its logits + torch.topk; configs: results.csv.",
+        "µs (% of copy: 132 B a key a row); H 64 and topk 2048 unless named (c4: V4's CSA top-k over ctx compressed "
+        "keys); q fp8, block 64, CUDA graphs, cold L2, outputs checked; vLLM = its logits + torch.topk.",
         configs=False,
         share="pct_copy",
-        implied=" topk=2048",
+        implied=(" topk=2048", " H=64"),
     ),
     OpView(
         "sparse_layer_attention",
@@ -277,7 +280,7 @@ def op_section(rows: list[dict], view: OpView) -> tuple[list[str], dict[str, dic
         val = {p: float(r["value"]) for p, r in chosen.items()}
         # the run numbers of the list under the table (dates would repeat on every row)
         numbers = sorted({runs.index(r["date"]) + 1 for r in chosen.values()})
-        label = shape.replace(view.implied, "") if view.implied else shape
+        label = functools.reduce(lambda text, part: text.replace(part, ""), view.implied, shape)
         cells = [label] + ([" + ".join(map(str, numbers))] if many_runs else [])
         for p in providers:
             if p not in val:

@@ -222,7 +222,7 @@ def test_providers_of_a_view_of_their_own_leave_the_kernels_other_table():
 def test_a_views_share_metric_shows_beside_each_value_from_the_same_run():
     """The indexer's table shows each provider's time with its % of copy (pct_copy) of the same run; a
     provider without that metric shows its time alone, and an older run's percentage is never borrowed.
-    The shape cells leave out what the note states (topk=2048)."""
+    The shape cells leave out what the note states (topk=2048, H=64), and keep what differs (H=32)."""
     old, new = "2026-01-01", "2026-01-02T03:04+00:00"
     k, shape = "mla_indexer_topk", "B=128 ctx=131072 H=64 topk=2048"
     rows = [
@@ -231,8 +231,10 @@ def test_a_views_share_metric_shows_beside_each_value_from_the_same_run():
         row(k, "rocm_mla-triton", shape, "pct_copy", 51.4, new),
         row(k, "vllm-0.34-triton+topk", shape, "time_us", 870, new),
         row(k, "vllm-0.34-triton+topk", shape, "pct_copy", 59.6, old),
+        row(k, "rocm_mla-triton", "B=1 ctx=8192 H=32 topk=512 c4", "time_us", 40, new),
     ]
     text, _ = report.render(rows, None)
     section = text.split("## mla_indexer_topk")[1]
-    assert "| B=128 ctx=131072 H=64 | 1000 (51%) | 870 | 0.87× |" in section  # topk=2048: in the note
+    assert "| B=128 ctx=131072 | 1000 (51%) | 870 | 0.87× |" in section  # topk=2048, H=64: in the note
+    assert "| B=1 ctx=8192 H=32 topk=512 c4 | 40.0 |" in section
     assert "(10%)" not in section and "(60%)" not in section

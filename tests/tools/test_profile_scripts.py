@@ -132,3 +132,35 @@ def test_profile_decode_runs():
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log
     assert "fp8 B=2 seq=80 N=16 block=64: S=" in log and "call 1:" in log, log
+
+
+INDEXER_LOOP = """
+    import sys
+    sys.path.insert(0, "perf")
+    import profile_indexer_loop as p
+    p.copy_bandwidth_gbs = lambda dev: 1000.0  # the CPU has no copy ceiling or event timer
+    p.time_ms = lambda fn, **kw: (fn(), 1.0)[1]
+    small = ["--rows", "2", "--keys", "1024", "--heads", "16", "--programs", "8"]
+    print(f"OK rc={p.main(small)}", flush=True)
+    real = p.reference_logits
+    p.reference_logits = lambda *a: real(*a) + 1.0  # a reference the loops cannot match
+    try:
+        p.main(small + ["--no-op"])
+    except SystemExit as e:
+        print(f"BROKEN: {e}", flush=True)
+"""
+
+
+def test_profile_indexer_loop_runs_every_variant_and_checks_its_logits():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-c", textwrap.dedent(INDEXER_LOOP)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "OK rc=0" in log, log[-4000:]
+    ok = log.split("OK rc=0")[0]
+    kinds = ["strided, no dot", "position mask", "position + page mask", "2 a step, strided", "4 a step, strided"]
+    kinds += ["8 warps", "contiguous", "_key_tile flat", "_key_tile shuffled"]
+    kinds += ["mla_indexer_topk, shuffled cache, shipped", "mla_indexer_topk, flat cache, shipped"]
+    for what in kinds:
+        assert what in ok, (what, ok[-4000:])
+    assert "BROKEN: plain 4 warps, 2 stages, NS 4, 1 a step, strided: logits differ" in log, log[-4000:]

@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""How fast a Triton q . k loop over the lightning indexer's cache goes on this GPU, beside the loop
+with mla_indexer_topk's own key-tile load, vLLM's logits kernel and mla_indexer_topk itself: µs per
+call and % of the copy ceiling, one line each (docs/notes/indexer.md, "The scoring loop against a
+plain Triton loop").
+
+    python perf/profile_indexer_loop.py [--rows 128] [--keys 131072] [--heads 64] [--peers .peers]
+
+Inputs: rows x keys fp8 keys (finite e4m3fn bytes), each row on its own pages of 64 keys in
+shuffled order, vLLM's block-flat layout (a page's 64 x 128 values, then its 64 float32 scales);
+q [rows, heads, 128] fp8, weights [rows, heads] float32. Bytes counted: 132 a key a row.
+
+Variants (grid (rows, NS): a program a row's every NS-th 64-key tile, or NS contiguous runs):
+  plain       the values' tile loaded without a mask, tl.dot with q^T, relu, the weighted sum over
+              heads, times the keys' scales, float32 logits stored: num_warps, stages, tiles a step;
+              and with a position mask (vLLM's), then also the page id's range (the op's)
+  no dot      the same tiles loaded and summed: the paged read's own ceiling
+  _key_tile   the plain loop with the op's tile load (rocm_mla.kernels.indexer_topk._key_tile), flat
+              and shuffled values
+  vLLM        rocm_fp8_paged_mqa_logits_triton (--peers, perf/peers/get_vllm_sparse_peers.sh), and
+              with torch.topk
+  op          mla_indexer_topk on rocm_mla.cases inputs of the same size (shuffled and flat caches),
+              its plan as shipped and without the config's many_items
+Every logits variant is checked against a float32 torch reference of the first rows; the op's
+answers with IndexerInputs.mismatch. A failed check stops the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from rocm_mla import _platform
+from rocm_mla.configs import config_for
+from rocm_mla.kernels.indexer_topk import _key_tile
+from rocm_mla.tools.timing import copy_bandwidth_gbs, time_ms
+
+D, BS = 128, 64  # values a key, keys a page (a tile)
+CHECK_ROWS = 2
+
+
+@triton.jit
+def _row_q_and_weights(q_ptr, w_ptr, row, H: tl.constexpr, D: tl.constexpr):
+    """Row ``row``'s q ``[H, D]`` fp8 and weights ``[H]`` float32 (both contiguous)."""
+    h = tl.arange(0, H)
+    d = tl.arange(0, D)
+    return tl.load(q_ptr + row * H * D + h[:, None] * D + d[None, :]), tl.load(w_ptr + row * H + h)
+
+
+@triton.jit
+def plain_loop_kernel(
+    q_ptr, w_ptr, cache_ptr, bt_ptr, out_ptr, num_keys, s_bt, s_out, num_pages,
+    H: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, NS: tl.constexpr, STREAMS: tl.constexpr,
+    CONTIG: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr, MASK: tl.constexpr,
+):  # fmt: skip
+    """A row's logits over its tiles t = split x STREAMS + k x NS x STREAMS (CONTIG: a run of
+    tiles / NS); DOT 0: the tiles summed into out[row, split x BS ..] instead. MASK 0: the values
+    loaded unmasked; 1: masked by position (vLLM's form); 2: by position and the page id's range,
+    the page id itself loaded under a mask (the op's _key_tile form)."""
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    d = tl.arange(0, D)
+    n = tl.arange(0, BS)
+    q, w = _row_q_and_weights(q_ptr, w_ptr, row, H, D)
+    tiles = num_keys // BS
+    if CONTIG:
+        t_lo = split * tl.cdiv(tiles, NS)
+        t_hi = tl.minimum(t_lo + tl.cdiv(tiles, NS), tiles)
+        step = STREAMS
+    else:
+        t_lo = split * STREAMS
+        t_hi = tiles
+        step = NS * STREAMS
+    acc = tl.zeros([BS], dtype=tl.float32)
+    for t0 in tl.range(t_lo, t_hi, step, num_stages=STAGES):
+        for v in tl.static_range(STREAMS):
+            t = t0 + v
+            live = t * BS + n < num_keys
+            if MASK == 2:
+                page = tl.load(bt_ptr + row * s_bt + t, mask=t * BS < num_keys, other=0).to(tl.int64)
+                live = live & (page.to(tl.uint32) < num_pages.to(tl.uint32))
+            else:
+                page = tl.load(bt_ptr + row * s_bt + t).to(tl.int64)
+            base = cache_ptr + page * (BS * (D + 4))
+            if MASK == 0:
+                kv = tl.load(base + n[:, None] * D + d[None, :])
+            else:
+                kv = tl.load(base + n[:, None] * D + d[None, :], mask=live[:, None])
+            sc = tl.load(base.to(tl.pointer_type(tl.uint8)).to(tl.pointer_type(tl.float32)) + (BS * D) // 4 + n)
+            if DOT:
+                s = tl.dot(kv, tl.trans(q))
+                s = tl.where(s < 0.0, 0.0, s)
+                tl.store(out_ptr + row * s_out + t * BS + n, tl.sum(s * w[None, :], axis=1) * sc)
+            else:
+                acc += tl.sum(kv.to(tl.float32), axis=1) + sc
+    if not DOT:
+        tl.store(out_ptr + row * s_out + split * BS + n, acc, mask=split * BS + n < num_keys)
+
+
+@triton.jit
+def key_tile_loop_kernel(
+    q_ptr, w_ptr, cache_ptr, bt_ptr, out_ptr, num_keys, s_bt, s_out, num_pages,
+    H: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, NS: tl.constexpr, SHUFFLED: tl.constexpr,
+    STAGES: tl.constexpr,
+):  # fmt: skip
+    """plain_loop_kernel's strided loop with the values loaded by the op's ``_key_tile``."""
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    n = tl.arange(0, BS)
+    q, w = _row_q_and_weights(q_ptr, w_ptr, row, H, D)
+    qt = tl.trans(q)
+    bt_row = bt_ptr + row * s_bt
+    for t in tl.range(split, num_keys // BS, NS, num_stages=STAGES):
+        p0 = t * BS
+        kr = _key_tile(
+            cache_ptr, bt_row, p0, num_keys, BS, 6, num_pages, BS * (D + 4), q.dtype,
+            D, BS, True, SHUFFLED, True, False,
+        )  # fmt: skip
+        page = tl.load(bt_row + t).to(tl.int64)
+        base = (cache_ptr + page * (BS * (D + 4))).to(tl.pointer_type(tl.uint8))
+        sc = tl.load(base.to(tl.pointer_type(tl.float32)) + (BS * D) // 4 + n)
+        s = tl.dot(kr, qt)
+        s = tl.where(s < 0.0, 0.0, s)
+        tl.store(out_ptr + row * s_out + p0 + n, tl.sum(s * w[None, :], axis=1) * sc)
+
+
+def reference_logits(q, w, cache, bt, rows: int, num_keys: int, shuffled: bool) -> torch.Tensor:
+    """float32 logits of the first ``rows`` rows (the page's values read back in either layout)."""
+    from rocm_mla.reference.indexer import indexer_value_offsets
+
+    offs = indexer_value_offsets(BS, shuffled).to(cache.device)  # [BS, D] byte offsets in a page
+    out = []
+    for r in range(rows):
+        pages = bt[r].long()
+        vals = cache[pages][:, offs.reshape(-1)].reshape(-1, BS, D).view(q.dtype).float().reshape(num_keys, D)
+        scales = cache[pages][:, BS * D :].contiguous().view(torch.float32).reshape(num_keys)
+        s = torch.relu(vals @ q[r].float().T)
+        out.append((s * w[r]).sum(1) * scales)
+    return torch.stack(out)
+
+
+def plain_variants(rows: int, tiles: int, programs: int) -> list[dict]:
+    """The plain loop's configs: vLLM's (4 warps, 2 stages, ``programs`` / rows programs a row),
+    then one change each, then contiguous runs of two tiles a step. NS is capped at the row's tiles."""
+
+    def ns(programs: int) -> int:
+        return max(1, min(programs // rows, tiles))
+
+    base = dict(warps=4, stages=2, ns=ns(programs), streams=1, contig=False, dot=True, mask=0)
+    out = [dict(base, dot=False), base, dict(base, mask=1), dict(base, mask=2)]
+    out += [dict(base, stages=s) for s in (3, 4)] + [dict(base, warps=8)]
+    out += [dict(base, streams=s) for s in (2, 4) if tiles % (base["ns"] * s) == 0]
+    other = sorted({ns(programs // 4), ns(programs // 2), ns(2 * programs)} - {base["ns"]})
+    out += [dict(base, ns=n) for n in other]
+    runs = sorted({ns(programs // 2), ns(programs), ns(2 * programs)})
+    out += [dict(base, ns=n, streams=2, contig=True) for n in runs if tiles % n == 0 and (tiles // n) % 2 == 0]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=128)
+    ap.add_argument("--keys", type=int, default=131072, help="keys a row (a multiple of 64)")
+    ap.add_argument("--heads", type=int, default=64)
+    ap.add_argument("--peers", default="", help="folder with vllm_sparse/ (perf/peers/get_vllm_sparse_peers.sh)")
+    ap.add_argument("--programs", type=int, default=1024, help="the base variant's programs, all rows (vLLM's 1024)")
+    ap.add_argument("--no-op", action="store_true", help="leave out mla_indexer_topk's own lines")
+    args = ap.parse_args(argv)
+    if args.keys % BS or args.rows < 1:
+        ap.error(f"--keys must be a multiple of {BS} and --rows at least 1")
+    dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    R, L, H = args.rows, args.keys, args.heads
+    fp8 = torch.float8_e4m3fn
+    num_pages = R * (L // BS)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    cache = torch.randint(0, 0x70, (num_pages, BS * (D + 4)), dtype=torch.uint8, generator=g).to(dev)
+    scales = cache[:, BS * D :].view(torch.float32)
+    scales.copy_(torch.rand(scales.shape, generator=g).to(dev) * 0.01 + 0.001)
+    bt = torch.randperm(num_pages, generator=g).to(torch.int32).view(R, L // BS).contiguous().to(dev)
+    q = (torch.randn(R, H, D, generator=g) * 0.5).to(fp8).to(dev)
+    w = (torch.randn(R, H, generator=g) * H**-0.5).to(dev)
+    out = torch.empty(R, L, device=dev)
+    nbytes = R * L * (D + 4)
+    copy = copy_bandwidth_gbs(dev)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    print(f"{name}, torch {torch.__version__}, triton {triton.__version__}; {R} rows x {L} keys, H {H}, "
+          f"{nbytes / 1e9:.2f} GB; copy ceiling {copy:.0f} GB/s", flush=True)  # fmt: skip
+    rows_ok = min(CHECK_ROWS, R)
+    want = {s: reference_logits(q, w, cache, bt, rows_ok, L, s) for s in (False, True)}
+
+    def line(label: str, fn, check: bool | None) -> None:
+        """Run ``fn`` once, check the logits it returns or wrote to ``out`` (check: the layout's
+        reference; None: no check), time it."""
+        got = fn()
+        got = got[:, :L] if isinstance(got, torch.Tensor) else out
+        if check is not None and not torch.allclose(got[:rows_ok], want[check], rtol=1e-3, atol=1e-3):
+            raise SystemExit(f"{label}: logits differ from the float32 reference")
+        ms = time_ms(fn, warmup_ms=10, rep_ms=60)
+        print(f"{label:72s} {ms * 1e3:9.1f} µs {100 * nbytes / ms / 1e6 / copy:5.1f}% of copy", flush=True)
+
+    cv = cache.view(fp8)
+    for c in plain_variants(R, L // BS, args.programs):
+        masks = ("", ", position mask", ", position + page mask")
+        order = "contiguous" if c["contig"] else "strided"
+        label = f"plain {c['warps']} warps, {c['stages']} stages, NS {c['ns']}, {c['streams']} a step, {order}"
+        label += ("" if c["dot"] else ", no dot") + masks[c["mask"]]
+        grid = (R, c["ns"])
+        line(label, lambda c=c, grid=grid: plain_loop_kernel[grid](
+            q, w, cv, bt, out, L, bt.stride(0), out.stride(0), num_pages, H=H, D=D, BS=BS, NS=c["ns"],
+            STREAMS=c["streams"], CONTIG=c["contig"], DOT=c["dot"], STAGES=c["stages"], MASK=c["mask"],
+            num_warps=c["warps"],
+        ), False if c["dot"] else None)  # fmt: skip
+    ns = max(1, min(args.programs // R, L // BS))
+    for shuffled in (False, True):
+        for stages in (2, 3):
+            label = f"_key_tile {'shuffled' if shuffled else 'flat'}, 4 warps, {stages} stages, NS {ns}, strided"
+            line(label, lambda s=shuffled, st=stages: key_tile_loop_kernel[(R, ns)](
+                q, w, cv, bt, out, L, bt.stride(0), out.stride(0), num_pages,
+                H=H, D=D, BS=BS, NS=ns, SHUFFLED=s, STAGES=st, num_warps=4,
+            ), shuffled)  # fmt: skip
+    if args.peers:
+        folder = Path(args.peers) / "vllm_sparse"
+        if not (folder / "rocm_indexer.py").exists():
+            raise SystemExit(f"no {folder}/rocm_indexer.py (run perf/peers/get_vllm_sparse_peers.sh {args.peers})")
+        sys.path.insert(0, str(folder))
+        import rocm_indexer
+
+        rocm_indexer.FP8_DTYPE = fp8
+        kvc, q4 = cache.view(num_pages, BS, D + 4), q.view(R, 1, H, D)
+        lens = torch.full((R,), L, dtype=torch.int32, device=dev)
+
+        def vllm_logits():
+            return rocm_indexer.rocm_fp8_paged_mqa_logits_triton(q4, kvc, w, lens, bt, L)
+
+        line("vLLM 0.34 rocm_fp8_paged_mqa_logits_triton", vllm_logits, False)
+        line("vLLM 0.34 logits + torch.topk(2048)",
+             lambda: torch.topk(rocm_indexer.rocm_fp8_paged_mqa_logits_triton(q4, kvc, w, lens, bt, L),
+                                min(2048, L), dim=-1), None)  # fmt: skip
+    cache = out = None  # their memory, for the op's own inputs
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    if not args.no_op:
+        from rocm_mla.cases.indexer_topk import IndexerShape, make_inputs
+
+        shape = IndexerShape(lens=(L,) * R, rows=(1,) * R, H=H, topk=min(2048, L), block=BS)
+        for shuffled in (True, False):
+            inp = make_inputs(shape, device=dev, shuffled=shuffled)
+            plans = {"shipped": inp.plan()}
+            tier = dict(config_for("mla_indexer_topk", _platform.device_arch(dev))["tiers"][0])
+            if tier.pop("many_items", None) is not None:
+                plans["without many_items"] = inp.plan(config=tier)
+            for what, plan in plans.items():
+                ws = torch.empty(max(1, plan.workspace_numel), dtype=torch.int32, device=dev)
+                label = f"mla_indexer_topk, {'shuffled' if shuffled else 'flat'} cache, {what}"
+
+                def call(plan=plan, ws=ws, inp=inp):
+                    inp.run(plan=plan, workspace=ws)
+
+                call()
+                problem = inp.mismatch(rows=rows_ok)
+                if problem:
+                    raise SystemExit(f"{label}: {problem}")
+                line(label, call, None)
+            del inp
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

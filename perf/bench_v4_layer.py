@@ -66,7 +66,7 @@ compressed rows of the provider's own top-k or HCA's all; rocm_mla.cases.v4_atte
 on every row; the CSA indexer's answer a valid top-k of the float64 logits (check_indexer_topk) on
 every decode row and 512 evenly spaced prefill rows (the reference logits are computed on the host;
 vLLM's answer is a set, sorted first; its prefill rows with rtol 1e-2: bf16 dot products; on sm90
-both providers' fp8 logits with SM90_FP8_DOT_RTOL, else 1e-4); after the timing, the same
+both providers' fp8 logits with rocm_mla.cases.indexer_topk.fp8_dot_rtol); after the timing, the same
 selection as the checked step.
 
 --cpu-smoke (no GPU; sets TRITON_INTERPRET=1 and an empty HIP_VISIBLE_DEVICES before vLLM's first
@@ -105,6 +105,7 @@ from bench_v4 import _interpreter_bf16, _reason  # noqa: E402
 from benchutil import Record, bench_parser, print_table, start_bench, write_csv  # noqa: E402
 
 from rocm_mla import __version__  # noqa: E402
+from rocm_mla.cases.indexer_topk import fp8_dot_rtol  # noqa: E402
 
 KERNEL = "v4_layer_step"
 OURS, PEER = "rocm_mla", "vllm-0.34"
@@ -113,24 +114,9 @@ DTYPE = torch.bfloat16
 IN_PLACE_FLAGS = ("_use_aiter_sparse_mla_decode", "_use_aiter_sparse_mla_prefill", "_use_aiter_sparse_mla")
 PREFILL_INDEX_ROWS = 512  # prefill rows whose indexer answer is checked (every decode row is)
 PREFILL_INDEX_RTOL = 1e-2  # vLLM's torch prefill logits: bf16 dot products round each head at 2^-9
-# The fp8 logits of both providers' Triton kernels on sm90: Triton's NVIDIA backend lets an fp8 dot
-# accumulate in the tensor cores' reduced precision over the whole K (max_num_imprecise_acc 2**30
-# on capability 9.0; 0, exact float32, on AMD and the interpreter), so keys at the top-k's edge
-# may swap by more than the float32 check's 1e-4 of the row's largest logit (docs/notes/indexer.md,
-# "fp8 logits on sm90 are not float32 sums"); that check is kept elsewhere.
-SM90_FP8_DOT_RTOL = 1e-3
 VLLM_LOGITS_BYTES = 512 << 20  # VLLM_SPARSE_INDEXER_MAX_LOGITS_MB: rows of one prefill logits chunk
 PREFILL_TORCH_BYTES = 8 << 30  # fp8_mqa_logits_torch's [H, rows, keys] temporaries per piece
 PREFILL_TORCH_ELEM = 14  # bytes of them per element (bf16 scores, float32 products and mask)
-
-
-def fp8_dot_rtol(device) -> float:
-    """The indexer check's tolerance (of the row's largest logit) for fp8 logits on ``device``:
-    SM90_FP8_DOT_RTOL on an sm90 GPU, else 1e-4 (float32 sums)."""
-    dev = torch.device(device)
-    if dev.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(dev)[0] == 9:
-        return SM90_FP8_DOT_RTOL
-    return 1e-4
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,10 @@ plain Triton loop").
 
     python perf/profile_indexer_loop.py [--rows 128] [--keys 131072] [--heads 64] [--peers .peers]
 
-Inputs: rows x keys fp8 keys (finite e4m3fn bytes), each row on its own pages of 64 keys in
-shuffled order, vLLM's block-flat layout (a page's 64 x 128 values, then its 64 float32 scales);
-q [rows, heads, 128] fp8, weights [rows, heads] float32. Bytes counted: 132 a key a row.
+Inputs: rocm_mla.cases.indexer_topk.make_inputs of rows requests of one row and keys keys (H
+heads, top-k 2048, pages of 64 keys in shuffled order), once with a flat cache (vLLM's block-flat
+layout: a page's 64 x 128 values, then its 64 float32 scales) and once shuffled. Bytes counted:
+132 a key a row.
 
 Variants (grid (rows, NS): a program a row's every NS-th 64-key tile, or NS contiguous runs):
   plain       the values' tile loaded without a mask, tl.dot with q^T, relu, the weighted sum over
@@ -21,8 +22,9 @@ Variants (grid (rows, NS): a program a row's every NS-th 64-key tile, or NS cont
               with torch.topk
   op          mla_indexer_topk on rocm_mla.cases inputs of the same size (shuffled and flat caches),
               its plan as shipped and without the config's many_items
-Every logits variant is checked against a float32 torch reference of the first rows; the op's
-answers with IndexerInputs.mismatch. A failed check stops the run.
+Every logits variant is checked against the inputs' float64 logits of the first rows
+(IndexerInputs.logits, to fp8_dot_rtol of a row's largest); the op's answers with
+IndexerInputs.mismatch. A failed check stops the run.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import triton
 import triton.language as tl
 
 from rocm_mla import _platform
+from rocm_mla.cases.indexer_topk import IndexerShape, fp8_dot_rtol, make_inputs
 from rocm_mla.configs import config_for
 from rocm_mla.kernels.indexer_topk import _key_tile
 from rocm_mla.tools.timing import copy_bandwidth_gbs, time_ms
@@ -45,16 +48,16 @@ CHECK_ROWS = 2
 
 
 @triton.jit
-def _row_q_and_weights(q_ptr, w_ptr, row, H: tl.constexpr, D: tl.constexpr):
-    """Row ``row``'s q ``[H, D]`` fp8 and weights ``[H]`` float32 (both contiguous)."""
+def _row_q_and_weights(q_ptr, w_ptr, row, s_q_r, s_q_h, H: tl.constexpr, D: tl.constexpr):
+    """Row ``row``'s q ``[H, D]`` fp8 (row and head strides given) and weights ``[H]`` float32."""
     h = tl.arange(0, H)
     d = tl.arange(0, D)
-    return tl.load(q_ptr + row * H * D + h[:, None] * D + d[None, :]), tl.load(w_ptr + row * H + h)
+    return tl.load(q_ptr + row * s_q_r + h[:, None] * s_q_h + d[None, :]), tl.load(w_ptr + row * H + h)
 
 
 @triton.jit
 def plain_loop_kernel(
-    q_ptr, w_ptr, cache_ptr, bt_ptr, out_ptr, num_keys, s_bt, s_out, num_pages,
+    q_ptr, w_ptr, cache_ptr, bt_ptr, out_ptr, num_keys, s_q_r, s_q_h, s_page, s_bt, s_out, num_pages,
     H: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, NS: tl.constexpr, STREAMS: tl.constexpr,
     CONTIG: tl.constexpr, DOT: tl.constexpr, STAGES: tl.constexpr, MASK: tl.constexpr,
 ):  # fmt: skip
@@ -66,7 +69,7 @@ def plain_loop_kernel(
     split = tl.program_id(1)
     d = tl.arange(0, D)
     n = tl.arange(0, BS)
-    q, w = _row_q_and_weights(q_ptr, w_ptr, row, H, D)
+    q, w = _row_q_and_weights(q_ptr, w_ptr, row, s_q_r, s_q_h, H, D)
     tiles = num_keys // BS
     if CONTIG:
         t_lo = split * tl.cdiv(tiles, NS)
@@ -86,7 +89,7 @@ def plain_loop_kernel(
                 live = live & (page.to(tl.uint32) < num_pages.to(tl.uint32))
             else:
                 page = tl.load(bt_ptr + row * s_bt + t).to(tl.int64)
-            base = cache_ptr + page * (BS * (D + 4))
+            base = cache_ptr + page * s_page
             if MASK == 0:
                 kv = tl.load(base + n[:, None] * D + d[None, :])
             else:
@@ -104,7 +107,7 @@ def plain_loop_kernel(
 
 @triton.jit
 def key_tile_loop_kernel(
-    q_ptr, w_ptr, cache_ptr, bt_ptr, out_ptr, num_keys, s_bt, s_out, num_pages,
+    q_ptr, w_ptr, cache_ptr, bt_ptr, out_ptr, num_keys, s_q_r, s_q_h, s_page, s_bt, s_out, num_pages,
     H: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, NS: tl.constexpr, SHUFFLED: tl.constexpr,
     STAGES: tl.constexpr,
 ):  # fmt: skip
@@ -112,36 +115,21 @@ def key_tile_loop_kernel(
     row = tl.program_id(0)
     split = tl.program_id(1)
     n = tl.arange(0, BS)
-    q, w = _row_q_and_weights(q_ptr, w_ptr, row, H, D)
+    q, w = _row_q_and_weights(q_ptr, w_ptr, row, s_q_r, s_q_h, H, D)
     qt = tl.trans(q)
     bt_row = bt_ptr + row * s_bt
     for t in tl.range(split, num_keys // BS, NS, num_stages=STAGES):
         p0 = t * BS
         kr = _key_tile(
-            cache_ptr, bt_row, p0, num_keys, BS, 6, num_pages, BS * (D + 4), q.dtype,
+            cache_ptr, bt_row, p0, num_keys, BS, 6, num_pages, s_page, q.dtype,
             D, BS, True, SHUFFLED, True, False,
         )  # fmt: skip
         page = tl.load(bt_row + t).to(tl.int64)
-        base = (cache_ptr + page * (BS * (D + 4))).to(tl.pointer_type(tl.uint8))
+        base = (cache_ptr + page * s_page).to(tl.pointer_type(tl.uint8))
         sc = tl.load(base.to(tl.pointer_type(tl.float32)) + (BS * D) // 4 + n)
         s = tl.dot(kr, qt)
         s = tl.where(s < 0.0, 0.0, s)
         tl.store(out_ptr + row * s_out + p0 + n, tl.sum(s * w[None, :], axis=1) * sc)
-
-
-def reference_logits(q, w, cache, bt, rows: int, num_keys: int, shuffled: bool) -> torch.Tensor:
-    """float32 logits of the first ``rows`` rows (the page's values read back in either layout)."""
-    from rocm_mla.reference.indexer import indexer_value_offsets
-
-    offs = indexer_value_offsets(BS, shuffled).to(cache.device)  # [BS, D] byte offsets in a page
-    out = []
-    for r in range(rows):
-        pages = bt[r].long()
-        vals = cache[pages][:, offs.reshape(-1)].reshape(-1, BS, D).view(q.dtype).float().reshape(num_keys, D)
-        scales = cache[pages][:, BS * D :].contiguous().view(torch.float32).reshape(num_keys)
-        s = torch.relu(vals @ q[r].float().T)
-        out.append((s * w[r]).sum(1) * scales)
-    return torch.stack(out)
 
 
 def plain_variants(rows: int, tiles: int, programs: int) -> list[dict]:
@@ -175,98 +163,98 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--keys must be a multiple of {BS} and --rows at least 1")
     dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     R, L, H = args.rows, args.keys, args.heads
-    fp8 = torch.float8_e4m3fn
-    num_pages = R * (L // BS)
-    g = torch.Generator(device="cpu").manual_seed(0)
-    cache = torch.randint(0, 0x70, (num_pages, BS * (D + 4)), dtype=torch.uint8, generator=g).to(dev)
-    scales = cache[:, BS * D :].view(torch.float32)
-    scales.copy_(torch.rand(scales.shape, generator=g).to(dev) * 0.01 + 0.001)
-    bt = torch.randperm(num_pages, generator=g).to(torch.int32).view(R, L // BS).contiguous().to(dev)
-    q = (torch.randn(R, H, D, generator=g) * 0.5).to(fp8).to(dev)
-    w = (torch.randn(R, H, generator=g) * H**-0.5).to(dev)
-    out = torch.empty(R, L, device=dev)
+    shape = IndexerShape(lens=(L,) * R, rows=(1,) * R, H=H, topk=min(2048, L), block=BS)
     nbytes = R * L * (D + 4)
     copy = copy_bandwidth_gbs(dev)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     print(f"{name}, torch {torch.__version__}, triton {triton.__version__}; {R} rows x {L} keys, H {H}, "
           f"{nbytes / 1e9:.2f} GB; copy ceiling {copy:.0f} GB/s", flush=True)  # fmt: skip
     rows_ok = min(CHECK_ROWS, R)
-    want = {s: reference_logits(q, w, cache, bt, rows_ok, L, s) for s in (False, True)}
+    rtol = fp8_dot_rtol(dev)
+    out = torch.empty(R, L, device=dev)
+    ns = max(1, min(args.programs // R, L // BS))
 
-    def line(label: str, fn, check: bool | None) -> None:
-        """Run ``fn`` once, check the logits it returns or wrote to ``out`` (check: the layout's
-        reference; None: no check), time it."""
+    def line(label: str, fn, want: list | None) -> None:
+        """Run ``fn`` once; check the logits it returns or wrote to ``out`` against ``want`` (the
+        inputs' float64 logits, to ``rtol`` of a row's largest; None: no check); time it."""
         got = fn()
         got = got[:, :L] if isinstance(got, torch.Tensor) else out
-        if check is not None and not torch.allclose(got[:rows_ok], want[check], rtol=1e-3, atol=1e-3):
-            raise SystemExit(f"{label}: logits differ from the float32 reference")
+        for r in range(rows_ok if want is not None else 0):
+            err = (got[r].double() - want[r]).abs().max().item()
+            if not err <= rtol * want[r].abs().max().item():
+                raise SystemExit(f"{label}: row {r}'s logits differ from the float64 reference by {err:.3g}")
         ms = time_ms(fn, warmup_ms=10, rep_ms=60)
         print(f"{label:72s} {ms * 1e3:9.1f} µs {100 * nbytes / ms / 1e6 / copy:5.1f}% of copy", flush=True)
 
-    cv = cache.view(fp8)
-    for c in plain_variants(R, L // BS, args.programs):
-        masks = ("", ", position mask", ", position + page mask")
-        order = "contiguous" if c["contig"] else "strided"
-        label = f"plain {c['warps']} warps, {c['stages']} stages, NS {c['ns']}, {c['streams']} a step, {order}"
-        label += ("" if c["dot"] else ", no dot") + masks[c["mask"]]
-        grid = (R, c["ns"])
-        line(label, lambda c=c, grid=grid: plain_loop_kernel[grid](
-            q, w, cv, bt, out, L, bt.stride(0), out.stride(0), num_pages, H=H, D=D, BS=BS, NS=c["ns"],
-            STREAMS=c["streams"], CONTIG=c["contig"], DOT=c["dot"], STAGES=c["stages"], MASK=c["mask"],
-            num_warps=c["warps"],
-        ), False if c["dot"] else None)  # fmt: skip
-    ns = max(1, min(args.programs // R, L // BS))
-    for shuffled in (False, True):
+    def loops(inp, want: list) -> None:
+        """The plain loops (flat cache only) and the _key_tile loop over ``inp``'s cache."""
+        cache, bt = inp.index_cache, inp.block_table
+        args_ = (inp.q, inp.weights, cache.view(inp.fp8), bt, out, L, inp.q.stride(0), inp.q.stride(1),
+                 cache.stride(0), bt.stride(0), out.stride(0), cache.shape[0])  # fmt: skip
+        for c in plain_variants(R, L // BS, args.programs) if not inp.shuffled else []:
+            masks = ("", ", position mask", ", position + page mask")
+            order = "contiguous" if c["contig"] else "strided"
+            label = f"plain {c['warps']} warps, {c['stages']} stages, NS {c['ns']}, {c['streams']} a step, {order}"
+            label += ("" if c["dot"] else ", no dot") + masks[c["mask"]]
+            line(label, lambda c=c: plain_loop_kernel[(R, c["ns"])](
+                *args_, H=H, D=D, BS=BS, NS=c["ns"], STREAMS=c["streams"], CONTIG=c["contig"], DOT=c["dot"],
+                STAGES=c["stages"], MASK=c["mask"], num_warps=c["warps"],
+            ), want if c["dot"] else None)  # fmt: skip
         for stages in (2, 3):
-            label = f"_key_tile {'shuffled' if shuffled else 'flat'}, 4 warps, {stages} stages, NS {ns}, strided"
-            line(label, lambda s=shuffled, st=stages: key_tile_loop_kernel[(R, ns)](
-                q, w, cv, bt, out, L, bt.stride(0), out.stride(0), num_pages,
-                H=H, D=D, BS=BS, NS=ns, SHUFFLED=s, STAGES=st, num_warps=4,
-            ), shuffled)  # fmt: skip
-    if args.peers:
+            label = f"_key_tile {'shuffled' if inp.shuffled else 'flat'}, 4 warps, {stages} stages, NS {ns}, strided"
+            line(label, lambda st=stages: key_tile_loop_kernel[(R, ns)](
+                *args_, H=H, D=D, BS=BS, NS=ns, SHUFFLED=inp.shuffled, STAGES=st, num_warps=4,
+            ), want)  # fmt: skip
+
+    def vllm(inp, want: list) -> None:
+        """vLLM's logits kernel over ``inp``'s flat cache, alone and with torch.topk."""
         folder = Path(args.peers) / "vllm_sparse"
         if not (folder / "rocm_indexer.py").exists():
             raise SystemExit(f"no {folder}/rocm_indexer.py (run perf/peers/get_vllm_sparse_peers.sh {args.peers})")
         sys.path.insert(0, str(folder))
         import rocm_indexer
 
-        rocm_indexer.FP8_DTYPE = fp8
-        kvc, q4 = cache.view(num_pages, BS, D + 4), q.view(R, 1, H, D)
-        lens = torch.full((R,), L, dtype=torch.int32, device=dev)
+        rocm_indexer.FP8_DTYPE = inp.fp8
+        q4, lens = inp.q.unsqueeze(1), inp.kv_lens[:R]
 
-        def vllm_logits():
-            return rocm_indexer.rocm_fp8_paged_mqa_logits_triton(q4, kvc, w, lens, bt, L)
+        def logits():
+            return rocm_indexer.rocm_fp8_paged_mqa_logits_triton(
+                q4, inp.index_cache, inp.weights, lens, inp.block_table, L
+            )
 
-        line("vLLM 0.34 rocm_fp8_paged_mqa_logits_triton", vllm_logits, False)
-        line("vLLM 0.34 logits + torch.topk(2048)",
-             lambda: torch.topk(rocm_indexer.rocm_fp8_paged_mqa_logits_triton(q4, kvc, w, lens, bt, L),
-                                min(2048, L), dim=-1), None)  # fmt: skip
-    cache = out = None  # their memory, for the op's own inputs
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
-    if not args.no_op:
-        from rocm_mla.cases.indexer_topk import IndexerShape, make_inputs
+        line("vLLM 0.34 rocm_fp8_paged_mqa_logits_triton", logits, want)
+        line("vLLM 0.34 logits + torch.topk(2048)", lambda: torch.topk(logits(), shape.topk, dim=-1), None)
 
-        shape = IndexerShape(lens=(L,) * R, rows=(1,) * R, H=H, topk=min(2048, L), block=BS)
-        for shuffled in (True, False):
-            inp = make_inputs(shape, device=dev, shuffled=shuffled)
-            plans = {"shipped": inp.plan()}
-            tier = dict(config_for("mla_indexer_topk", _platform.device_arch(dev))["tiers"][0])
-            if tier.pop("many_items", None) is not None:
-                plans["without many_items"] = inp.plan(config=tier)
-            for what, plan in plans.items():
-                ws = torch.empty(max(1, plan.workspace_numel), dtype=torch.int32, device=dev)
-                label = f"mla_indexer_topk, {'shuffled' if shuffled else 'flat'} cache, {what}"
+    def op(inp) -> None:
+        """mla_indexer_topk on ``inp``: the shipped plan, and the arch's tier without many_items."""
+        plans = {"shipped": inp.plan()}
+        tier = dict(config_for("mla_indexer_topk", _platform.device_arch(dev))["tiers"][0])
+        if tier.pop("many_items", None) is not None:
+            plans["without many_items"] = inp.plan(config=tier)
+        for what, plan in plans.items():
+            ws = torch.empty(max(1, plan.workspace_numel), dtype=torch.int32, device=dev)
+            label = f"mla_indexer_topk, {'shuffled' if inp.shuffled else 'flat'} cache, {what}"
 
-                def call(plan=plan, ws=ws, inp=inp):
-                    inp.run(plan=plan, workspace=ws)
+            def call(plan=plan, ws=ws):
+                inp.run(plan=plan, workspace=ws)
 
-                call()
-                problem = inp.mismatch(rows=rows_ok)
-                if problem:
-                    raise SystemExit(f"{label}: {problem}")
-                line(label, call, None)
-            del inp
+            call()
+            problem = inp.mismatch(rows=rows_ok)
+            if problem:
+                raise SystemExit(f"{label}: {problem}")
+            line(label, call, None)
+
+    for shuffled in (False, True):
+        inp = make_inputs(shape, device=dev, shuffled=shuffled)
+        want = inp.logits(rows_ok)
+        loops(inp, want)
+        if args.peers and not shuffled:
+            vllm(inp, want)
+        if not args.no_op:
+            op(inp)
+        del inp, want
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
     return 0
 
 

@@ -29,6 +29,23 @@ from ._paged import RequestRows, device_generator, platform_fp8, randn, row_requ
 
 POISON_OUT = -7  # what out holds before a call: every entry must be written
 POISON_LISTS = -9  # what a candidate source's lists hold before its call
+# The tolerance of fp8 logits, of a row's largest: Triton's NVIDIA backend accumulates an fp8
+# tl.dot's whole K in the tensor cores' reduced-precision accumulator on capability 9.0
+# (max_num_imprecise_acc), so sm90's logits are not float32 sums; AMD and the interpreter sum in
+# float32 (docs/notes/indexer.md, "fp8 logits on sm90 are not float32 sums").
+SM90_FP8_DOT_RTOL = 1e-3
+FP32_DOT_RTOL = 1e-4
+
+
+def fp8_dot_rtol(device) -> float:
+    """The tolerance (of the row's largest logit) for fp8 logits computed on ``device``:
+    SM90_FP8_DOT_RTOL on an sm90 GPU, else FP32_DOT_RTOL."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(dev)[0] == 9:
+        return SM90_FP8_DOT_RTOL
+    return FP32_DOT_RTOL
+
+
 # plan_indexer_topk's choices that IndexerInputs.run takes as keywords and plans with.
 PLAN_KNOBS = ("backend", "config", "max_kv_len", "debug", "shuffled", "cache_kind", "group_rows")
 

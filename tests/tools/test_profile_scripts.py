@@ -142,8 +142,7 @@ INDEXER_LOOP = """
     p.time_ms = lambda fn, **kw: (fn(), 1.0)[1]
     small = ["--rows", "2", "--keys", "1024", "--heads", "16", "--programs", "8"]
     print(f"OK rc={p.main(small)}", flush=True)
-    real = p.reference_logits
-    p.reference_logits = lambda *a: real(*a) + 1.0  # a reference the loops cannot match
+    p.fp8_dot_rtol = lambda dev: -1.0  # a tolerance no logits meet
     try:
         p.main(small + ["--no-op"])
     except SystemExit as e:
@@ -163,4 +162,4 @@ def test_profile_indexer_loop_runs_every_variant_and_checks_its_logits():
     kinds += ["mla_indexer_topk, shuffled cache, shipped", "mla_indexer_topk, flat cache, shipped"]
     for what in kinds:
         assert what in ok, (what, ok[-4000:])
-    assert "BROKEN: plain 4 warps, 2 stages, NS 4, 1 a step, strided: logits differ" in log, log[-4000:]
+    assert "BROKEN: plain 4 warps, 2 stages, NS 4, 1 a step, strided: row 0's logits differ" in log, log[-4000:]

@@ -21,7 +21,6 @@ tests/tools/test_bench_report.py checks that the committed page equals this scri
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import re
 import sys
@@ -280,7 +279,9 @@ def op_section(rows: list[dict], view: OpView) -> tuple[list[str], dict[str, dic
         val = {p: float(r["value"]) for p, r in chosen.items()}
         # the run numbers of the list under the table (dates would repeat on every row)
         numbers = sorted({runs.index(r["date"]) + 1 for r in chosen.values()})
-        label = functools.reduce(lambda text, part: text.replace(part, ""), view.implied, shape)
+        label = shape
+        for part in view.implied:
+            label = label.replace(part, "")
         cells = [label] + ([" + ".join(map(str, numbers))] if many_runs else [])
         for p in providers:
             if p not in val:

@@ -30,7 +30,7 @@ require_vllm()
 from vllm_harness.layer_step import (  # noqa: E402
     LayerStep,
     Request,
-    _ensure_single_process_group,
+    ensure_single_process_group,
     use_simulated_gfx942_platform,
 )
 
@@ -134,7 +134,7 @@ def _build_mla_layer(vc, *, num_heads: int, dims: tuple[int, int, int], sparse_t
     from vllm.model_executor.layers.attention.mla_attention import MLAAttention
     from vllm.model_executor.layers.linear import ColumnParallelLinear
 
-    _ensure_single_process_group(vc)
+    ensure_single_process_group(vc)
     P, R, V = dims
     sparse = {}
     if sparse_topk is not None:
@@ -274,7 +274,7 @@ def test_sparse_model_runs_the_hook(name):
     assert model_support.find_model(vc) is ROWS[name] and model_support.refusal(vc, head_size=576) is None
     hf = vc.model_config.hf_config
     assert hf.num_attention_heads == SPARSE[name]
-    _ensure_single_process_group(vc)
+    ensure_single_process_group(vc)
     buf = torch.full((8, 2048), -1, dtype=torch.int32, device=DEVICE)
     prev = torch.get_default_dtype()
     torch.set_default_dtype(DTYPE)

@@ -18,7 +18,12 @@ from vllm_harness import require_vllm
 
 require_vllm()
 
-from vllm_harness.layer_step import LayerStep, Request, use_simulated_gfx942_platform  # noqa: E402
+from vllm_harness.layer_step import (  # noqa: E402
+    LayerStep,
+    Request,
+    ensure_single_process_group,
+    use_simulated_gfx942_platform,
+)
 
 use_simulated_gfx942_platform()
 
@@ -187,6 +192,8 @@ def test_hook_routes_only_when_selected(tmp_path, monkeypatch):
             device_config=DeviceConfig(device=DEVICE.type),
             attention_config=AttentionConfig(backend=backend),
         )
+        # The layer reads the tensor-parallel world size: a 1-rank group, whichever test ran first.
+        ensure_single_process_group(vc)
         prev = torch.get_default_dtype()
         torch.set_default_dtype(DTYPE)
         try:

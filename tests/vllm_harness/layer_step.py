@@ -284,7 +284,7 @@ def _tiny_deepseek_v3_dir(
     return _model_dirs[key]
 
 
-def _ensure_single_process_group(vllm_config) -> None:
+def ensure_single_process_group(vllm_config) -> None:
     """vLLM's tensor/decode-parallel groups of world size 1 (gloo), once per process."""
     from vllm.config import set_current_vllm_config
     from vllm.distributed import parallel_state as ps
@@ -442,7 +442,7 @@ class LayerStep:
             device_config=DeviceConfig(device=dev_type),
             attention_config=AttentionConfig(backend=backend.get_name(), mla_prefill_backend=prefill_backend),
         )
-        _ensure_single_process_group(vc)
+        ensure_single_process_group(vc)
 
         self.scale = 1.0 / math.sqrt(P + QK_ROPE)
         prev_dtype = torch.get_default_dtype()

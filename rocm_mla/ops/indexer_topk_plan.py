@@ -13,7 +13,7 @@ Launch data: rocm_mla/configs/mla_indexer_topk.json.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -483,6 +483,56 @@ class IndexerTopkPlan:
         return (1 if self.direct else 3 if self.prefiltered else 2) + (self.candidate_mode is not None)
 
 
+def _size_splits(
+    c: Checker,
+    tier_cfg: dict,
+    arch: str,
+    device: torch.device,
+    num_rows: int,
+    group_rows: int,
+    max_kv_len: int,
+    topk_p2: int,
+) -> tuple[dict, int, int, int, int]:
+    """The split size of ``num_rows`` rows in groups of ``group_rows``, from the sizes alone:
+    (the launch config with its many_items form applied or dropped, split_keys, num_splits, the
+    prefilter's ranks (0: not prefiltered), the persistent grid's slots). ``tier_cfg`` is not
+    changed. The answer does not depend on the split size, so none of this costs batch
+    invariance."""
+    cfg = dict(tier_cfg)
+    wave = wave_size(arch)
+    groups = triton.cdiv(num_rows, group_rows)
+    if group_rows > 1:  # its few registers do not hold a group's tiles (the ISA report: it spills)
+        _pop_override(c, cfg, "many_items", MANY_ITEMS_FIELDS)
+    cfg = _with_many_items(c, cfg, device, groups, max_kv_len, topk_p2, wave)
+    split_keys = _split_keys(cfg, topk_p2, wave)
+    least = max(2 * topk_p2, _least_split(cfg, wave, cfg["select_pack"]))
+    m = cfg["merge"]
+    cfg["merge"] = {**m, "chunk": max(triton.next_power_of_2(int(m["chunk"])), int(m["num_warps"]) * wave)}
+    # Few rows: halve the split until the items fill the grid, while a split still halves what it
+    # keeps (>= 2 x topk_p2) and the merge holds a row's candidates in registers.
+    register_slots = _merge_register_slots(arch, cfg["merge"])
+    slots_target = num_compute_units(device) * int(cfg["programs_per_cu"])
+    while (
+        split_keys // 2 >= least
+        and groups * triton.cdiv(max_kv_len, split_keys) < slots_target
+        and triton.cdiv(max_kv_len, split_keys // 2) * topk_p2 <= register_slots
+    ):
+        split_keys //= 2
+    S = max(1, triton.cdiv(max_kv_len, split_keys))
+    # Items that leave most slots idle (at most 1 / PREFILTER_FILL of them busy): the prefiltered
+    # form, whose splits need not halve what they keep, takes the smallest split (from the
+    # config's prefilter size up) whose items fit the slots, where that cuts the rows finer.
+    # Where the split form's items fill half the slots it was the slower (docs/notes/indexer.md).
+    pf_split = _prefilter_split(c, cfg, wave)
+    ranks = 0
+    if pf_split is not None and groups * S * PREFILTER_FILL <= slots_target:
+        while groups * triton.cdiv(max_kv_len, pf_split) > slots_target:
+            pf_split *= 2
+        if pf_split < split_keys and max_kv_len > pf_split:
+            split_keys, S, ranks = pf_split, triton.cdiv(max_kv_len, pf_split), PREFILTER_RANKS
+    return cfg, split_keys, S, ranks, slots_target
+
+
 def plan_indexer_topk(
     *,
     num_rows: int,
@@ -601,48 +651,15 @@ def plan_indexer_topk(
         # Rows alone outnumber the grid: their many_items form (more programs a CU) was the faster
         # (docs/notes/indexer.md, "Row groups").
         group_rows = 1
-    groups = triton.cdiv(num_rows, group_rows)
-    if group_rows > 1:  # its few registers do not hold a group's tiles (the ISA report: it spills)
-        _pop_override(c, cfg, "many_items", MANY_ITEMS_FIELDS)
-    cfg = _with_many_items(c, cfg, device, groups, max_kv_len, topk_p2, wave)
-    split_keys = _split_keys(cfg, topk_p2, wave)
-    least = max(2 * topk_p2, _least_split(cfg, wave, cfg["select_pack"]))
-    m = cfg["merge"]
-    cfg["merge"] = {**m, "chunk": max(triton.next_power_of_2(int(m["chunk"])), int(m["num_warps"]) * wave)}
-    # Few rows: halve the split until the items fill the grid, while a split still halves what it
-    # keeps (>= 2 x topk_p2) and the merge holds a row's candidates in registers. The answer does
-    # not depend on the split size, so this costs no batch invariance.
-    register_slots = _merge_register_slots(arch, cfg["merge"])
-    slots_target = num_compute_units(device) * int(cfg["programs_per_cu"])
-    while (
-        split_keys // 2 >= least
-        and groups * triton.cdiv(max_kv_len, split_keys) < slots_target
-        and triton.cdiv(max_kv_len, split_keys // 2) * topk_p2 <= register_slots
-    ):
-        split_keys //= 2
-    S = max(1, triton.cdiv(max_kv_len, split_keys))
-    # Items that leave most slots idle (at most 1 / PREFILTER_FILL of them busy): the prefiltered
-    # form, whose splits need not halve what they keep, takes the smallest split (from the
-    # config's prefilter size up) whose items fit the slots, where that cuts the rows finer.
-    # Where the split form's items fill half the slots it was the slower (docs/notes/indexer.md).
-    pf_split = _prefilter_split(c, cfg, wave)
-    ranks = 0
-    if pf_split is not None and groups * S * PREFILTER_FILL <= slots_target:
-        while groups * triton.cdiv(max_kv_len, pf_split) > slots_target:
-            pf_split *= 2
-        if pf_split < split_keys and max_kv_len > pf_split:
-            split_keys, S, ranks = pf_split, triton.cdiv(max_kv_len, pf_split), PREFILTER_RANKS
-    if ranks and group_rows > 1:
+    sized = _size_splits(c, cfg, arch, device, num_rows, group_rows, max_kv_len, topk_p2)
+    if sized[3] and group_rows > 1:
         # Grouping left items few enough for the prefiltered form, which was the slower grouped
-        # (docs/notes/indexer.md, "Row groups"): the plan of rows alone. A grouped plan is never
+        # (docs/notes/indexer.md, "Row groups"): the splits of rows alone. A grouped plan is never
         # prefiltered.
-        alone = plan_indexer_topk(
-            num_rows=num_rows, num_heads=num_heads, topk=topk, max_kv_len=max_kv_len, block_size=block_size,
-            q_dtype=q_dtype, device=device, shuffled=shuffled, config=config, backend=backend, debug=debug,
-            cache_kind=cache_kind, candidate_mode=candidate_mode, candidate_block_size=candidate_block_size,
-            candidate_blocks=candidate_blocks,
-        )  # fmt: skip
-        return replace(alone, group_rows_asked=asked)
+        group_rows = 1
+        sized = _size_splits(c, cfg, arch, device, num_rows, group_rows, max_kv_len, topk_p2)
+    cfg, split_keys, S, ranks, slots_target = sized
+    groups = triton.cdiv(num_rows, group_rows)
     direct = S == 1 and bool(cfg.get("direct", True)) and not ranks
     consts, options = triton_meta(
         arch, cfg, num_heads, split_keys, topk_p2, direct=direct, block_size=block_size, shuffled=shuffle,

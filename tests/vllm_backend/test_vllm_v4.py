@@ -30,7 +30,9 @@ from vllm_harness.layer_step import use_simulated_gfx942_platform  # noqa: E402
 
 use_simulated_gfx942_platform()
 
-from rocm_mla.vllm import BACKEND_NAME, v4_layer  # noqa: E402
+from rocm_mla.vllm import BACKEND_NAME, register, v4_layer  # noqa: E402
+
+register()  # the ROCM_MLA name in vLLM's registry, whichever test of the process runs first
 
 GPU = torch.cuda.is_available()
 
@@ -126,9 +128,6 @@ def test_v41_backend_check_takes_the_switch():
     import vllm.models.deepseek_v41.amd.model as m41
     import vllm.models.deepseek_v41.amd.rocm as r41
 
-    from rocm_mla.vllm import register
-
-    register()
     v4_layer.install()
     cls = m41._select_dsv4_attn_cls(_config(BACKEND_NAME))
     assert cls is r41.DeepseekV41ROCMAiterMLAAttention and hasattr(cls, "_rocm_mla_base")

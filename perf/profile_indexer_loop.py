@@ -5,6 +5,7 @@ call and % of the copy ceiling, one line each (docs/notes/indexer.md, "The scori
 plain Triton loop").
 
     python perf/profile_indexer_loop.py [--rows 128] [--keys 131072] [--heads 64] [--peers .peers]
+    python perf/profile_indexer_loop.py --compile gfx942,gfx950,sm90   # no GPU needed
 
 Inputs: rocm_mla.cases.indexer_topk.make_inputs of rows requests of one row and keys keys (H
 heads, top-k 2048, pages of 64 keys in shuffled order), once with a flat cache (vLLM's block-flat
@@ -25,6 +26,13 @@ Variants (grid (rows, NS): a program a row's every NS-th 64-key tile, or NS cont
 Every logits variant is checked against the inputs' float64 logits of the first rows
 (IndexerInputs.logits, to fp8_dot_rtol of a row's largest); the op's answers with
 IndexerInputs.mismatch. A failed check stops the run.
+
+--compile ARCHS compiles the loops ahead of time instead (the ISA report's compiler: gfx942,
+gfx950, sm90; no GPU): the plain loop unmasked, position-masked and position + page-masked, and the
+_key_tile loop flat and shuffled, each at 4 warps and the stages of the measured loop, with its
+registers, occupancy, spills and main loop per wave (AMDGCN: instructions, vector memory
+instructions, serial round trips to memory, as rocm_mla.tools.isa_report.kv_loop counts them) or
+per warp (SASS: instructions, global loads, predicated instructions).
 """
 
 from __future__ import annotations
@@ -39,9 +47,16 @@ import triton.language as tl
 
 from rocm_mla import _platform
 from rocm_mla.cases.indexer_topk import IndexerShape, fp8_dot_rtol, make_inputs
-from rocm_mla.configs import config_for
+from rocm_mla.configs import config_for, platform_fp8_dtype
+from rocm_mla.configs.tables import is_amd_arch
 from rocm_mla.kernels.indexer_topk import _key_tile
+from rocm_mla.tools.isa_report.amdgcn import amd_occupancy, parse_amdgcn
+from rocm_mla.tools.isa_report.kv_loop import main_loop_stats
+from rocm_mla.tools.isa_report.sm90 import main_loop_sass, parse_ptx_ptxas, sm90_blocks_per_sm
+from rocm_mla.tools.isa_report.triton_compile import compile_variant
 from rocm_mla.tools.timing import copy_bandwidth_gbs, time_ms
+from rocm_mla.triton_common import triton_type
+from rocm_mla.variants.triton_variant import TritonVariant
 
 D, BS = 128, 64  # values a key, keys a page (a tile)
 CHECK_ROWS = 2
@@ -150,6 +165,64 @@ def plain_variants(rows: int, tiles: int, programs: int) -> list[dict]:
     return out
 
 
+COMPILE_ARCHS = ("gfx942", "gfx950", "sm90")
+COMPILE_STAGES = 3  # the measured loop's (docs/notes/indexer.md)
+
+
+def loop_variants(arch: str, heads: int, ns: int) -> list[tuple[str, TritonVariant]]:
+    """``(label, TritonVariant)`` of the loops --compile compiles for ``arch``: the plain loop at
+    each MASK, then the _key_tile loop flat and shuffled; q and the cache's values in the arch's
+    fp8 kind, every pointer and row stride 16-byte aligned (as the inputs are)."""
+    fp8 = "*" + triton_type(platform_fp8_dtype(arch))
+    ptrs = {"q_ptr": fp8, "w_ptr": "*fp32", "cache_ptr": fp8, "bt_ptr": "*i32", "out_ptr": "*fp32"}
+    ints = ("num_keys", "s_q_r", "s_q_h", "s_page", "s_bt", "s_out", "num_pages")
+    aligned = (*ptrs, "s_q_r", "s_q_h", "s_page", "s_bt", "s_out")
+    options = {"num_warps": 4, "num_stages": COMPILE_STAGES}
+    if is_amd_arch(arch):
+        options.update(waves_per_eu=0, matrix_instr_nonkdim=16, kpack=1)
+
+    def variant(fn, constexprs: dict) -> TritonVariant:
+        sig = {**ptrs, **{n: "i32" for n in ints}}
+        return TritonVariant("profile_indexer_loop", "", fn, sig, constexprs, options, aligned, True)
+
+    shared = {"H": heads, "D": D, "BS": BS, "NS": ns, "STAGES": COMPILE_STAGES}
+    masks = ("plain, unmasked", "plain, position mask", "plain, position + page mask")
+    out = [
+        (label, variant(plain_loop_kernel, dict(shared, STREAMS=1, CONTIG=False, DOT=True, MASK=mask)))
+        for mask, label in enumerate(masks)
+    ]
+    for shuffled in (False, True):
+        label = f"_key_tile, {'shuffled' if shuffled else 'flat'}"
+        out.append((label, variant(key_tile_loop_kernel, dict(shared, SHUFFLED=shuffled))))
+    return out
+
+
+def compile_report(archs: list[str], heads: int, ns: int) -> None:
+    """Compile ``loop_variants`` for each arch and print one line each (the module docstring)."""
+    print(f"triton {triton.__version__}; H {heads}, NS {ns}, 4 warps, {COMPILE_STAGES} stages; per wave / warp")
+    for arch in archs:
+        for label, v in loop_variants(arch, heads, ns):
+            art = compile_variant(v, arch)
+            amd = is_amd_arch(arch)
+            loop = main_loop_stats(art.isa) if amd else main_loop_sass(art.sass)
+            if loop is None:
+                raise SystemExit(f"{arch} {label}: no loop found in the compiled code")
+            if amd:
+                (k,) = parse_amdgcn(art.isa).values()
+                waves = amd_occupancy(k["occupancy"], k["lds"], art.num_warps, arch)
+                fit = f"{k['vgprs']:3d} VGPRs, {waves} waves a SIMD"
+                body = f"{loop.instructions} instructions, {loop.vmem} vector memory, {loop.drains} round trips"
+            else:
+                (k,) = parse_ptx_ptxas(art.isa, art.ptxas_log).values()
+                blocks = sm90_blocks_per_sm(k["vgprs"], art.shared, art.num_warps * 32)
+                fit = f"{k['vgprs']:3d} registers, {blocks} blocks an SM"
+                body = (
+                    f"{loop.instructions} instructions, {loop.global_loads} global loads, {loop.predicated} predicated"
+                )
+            spills = f"{k['spills']} spilled" if k["spills"] else "no spills"
+            print(f"{arch:6s} {label:30s} {fit}, {spills}; loop: {body}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=128)
@@ -158,9 +231,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peers", default="", help="folder with vllm_sparse/ (perf/peers/get_vllm_sparse_peers.sh)")
     ap.add_argument("--programs", type=int, default=1024, help="the base variant's programs, all rows (vLLM's 1024)")
     ap.add_argument("--no-op", action="store_true", help="leave out mla_indexer_topk's own lines")
+    ap.add_argument("--compile", default="", metavar="ARCHS", help=f"compile instead, for {','.join(COMPILE_ARCHS)}")
     args = ap.parse_args(argv)
     if args.keys % BS or args.rows < 1:
         ap.error(f"--keys must be a multiple of {BS} and --rows at least 1")
+    if args.compile:
+        archs = args.compile.split(",")
+        bad = [a for a in archs if a not in COMPILE_ARCHS]
+        if bad:
+            ap.error(f"--compile takes {', '.join(COMPILE_ARCHS)}; got {', '.join(bad)}")
+        compile_report(archs, args.heads, max(1, min(args.programs // args.rows, args.keys // BS)))
+        return 0
     dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     R, L, H = args.rows, args.keys, args.heads
     shape = IndexerShape(lens=(L,) * R, rows=(1,) * R, H=H, topk=min(2048, L), block=BS)

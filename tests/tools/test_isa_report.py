@@ -378,6 +378,20 @@ def test_local_memory_in_loops_finds_backward_branch_loops():
     assert isa_report.local_memory_in_loops(_SASS_NESTED.replace("{IN_INNER}", "LDL R201, [R1+0x4] ;")) == (1, 1, 3)
 
 
+def test_main_loop_sass_takes_the_loop_with_the_mma():
+    from rocm_mla.tools.isa_report.sm90 import SassLoop, main_loop_sass
+
+    inner = "@P3 LDG.E.128 R8, desc[UR4][R2.64] ;\n"
+    inner += "        /*0031*/                   LDGSTS.E.BYPASS.128 [R5], desc[UR6][R2.64] ;"
+    got = main_loop_sass(_SASS_NESTED.replace("{IN_INNER}", inner))
+    # The key loop (0x20..0x40): the HMMA, the two loads, the predicated load and branch.
+    assert got == SassLoop(instructions=4, mma=1, global_loads=2, predicated=2)
+    # The item loop around it, with more instructions, is never the main loop: it encloses the key loop.
+    no_mma = _SASS_NESTED.replace("{IN_INNER}", inner).replace("HMMA.16816.F32.BF16 R4, R8, R12, R4", "NOP")
+    assert main_loop_sass(no_mma) == SassLoop(instructions=4, mma=0, global_loads=2, predicated=2)
+    assert main_loop_sass(_SASS_DIV) is None and main_loop_sass("") is None
+
+
 def test_sm90_spill_outside_innermost_loops_is_a_note_not_a_failure():
     Row = isa_report.Row
     kw = dict(kernel="k", config="c", backend="triton", spills=40, scratch=24)

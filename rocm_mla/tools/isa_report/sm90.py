@@ -51,6 +51,9 @@ _SASS_LABEL_RE = re.compile(r"^\s*(\.L_\w+):")
 _SASS_BRA_RE = re.compile(r"\bBRA\b[^`]*`\((\.L_\w+)\)")
 _SASS_LOCAL_RE = re.compile(r"\b(?:LDL|STL)\b")
 _SASS_EXIT_RE = re.compile(r"EXIT\b")  # unpredicated: a predicated one reads "@P0 EXIT"
+_SASS_MMA_RE = re.compile(r"\b(?:HMMA|HGMMA|QGMMA|IMMA)\b")
+_SASS_GLOBAL_LOAD_RE = re.compile(r"\bLDG(?:STS)?\b")
+_SASS_PREDICATE_RE = re.compile(r"@!?U?P")
 
 
 class LocalMemory(NamedTuple):
@@ -61,18 +64,12 @@ class LocalMemory(NamedTuple):
     total: int
 
 
-def local_memory_in_loops(sass: str) -> LocalMemory:
-    """Where the local-memory instructions of one kernel's SASS (``nvdisasm -c``) run. A loop is the
-    address range from a branch target to a branch back to it, unless an unpredicated ``EXIT``
-    lies in between: ptxas places slow paths (``BRA.DIV``'s) past the kernel's exit and returns
-    from them with a backward branch that repeats nothing.
-
-    Spilled registers cost their local-memory traffic where that traffic runs: a spill stored
-    once before the main loop and reloaded after it is a few instructions per thread; one inside
-    an innermost loop is paid on every iteration; one in an outer loop's own body (e.g. a
-    persistent kernel's loop over work items, reloading a pointer once an item) once per outer
-    iteration, beside the inner loops' whole trip.
-    """
+def _sass_loops(sass: str) -> tuple[list[tuple[int, str]], list[tuple[int, int]]]:
+    """``(instructions, loops)`` of one kernel's SASS (``nvdisasm -c``): every instruction as
+    ``(address, text)``, and every loop as the address range ``(lo, hi)`` from a branch target to
+    a branch back to it, unless an unpredicated ``EXIT`` lies in between: ptxas places slow paths
+    (``BRA.DIV``'s) past the kernel's exit and returns from them with a backward branch that
+    repeats nothing."""
     labels: dict[str, int] = {}
     pending: list[str] = []
     insns: list[tuple[int, str]] = []
@@ -97,10 +94,24 @@ def local_memory_in_loops(sass: str) -> LocalMemory:
             lo = labels[b.group(1)]
             if not any(lo <= e < addr for e in exits):
                 loops.append((lo, addr))
+    return insns, loops
 
-    def encloses_another(loop: tuple[int, int]) -> bool:
-        return any(o != loop and loop[0] <= o[0] and o[1] <= loop[1] for o in loops)
 
+def _encloses_another(loop: tuple[int, int], loops: list[tuple[int, int]]) -> bool:
+    return any(o != loop and loop[0] <= o[0] and o[1] <= loop[1] for o in loops)
+
+
+def local_memory_in_loops(sass: str) -> LocalMemory:
+    """Where the local-memory instructions of one kernel's SASS (``nvdisasm -c``) run, in the
+    loops ``_sass_loops`` finds.
+
+    Spilled registers cost their local-memory traffic where that traffic runs: a spill stored
+    once before the main loop and reloaded after it is a few instructions per thread; one inside
+    an innermost loop is paid on every iteration; one in an outer loop's own body (e.g. a
+    persistent kernel's loop over work items, reloading a pointer once an item) once per outer
+    iteration, beside the inner loops' whole trip.
+    """
+    insns, loops = _sass_loops(sass)
     innermost = outer = total = 0
     for a, t in insns:
         if not _SASS_LOCAL_RE.search(t):
@@ -109,11 +120,39 @@ def local_memory_in_loops(sass: str) -> LocalMemory:
         around = [lp for lp in loops if lp[0] <= a <= lp[1]]
         if around:
             nearest = min(around, key=lambda lp: lp[1] - lp[0])
-            if encloses_another(nearest):
+            if _encloses_another(nearest, loops):
                 outer += 1
             else:
                 innermost += 1
     return LocalMemory(innermost, outer, total)
+
+
+class SassLoop(NamedTuple):
+    """One loop of a kernel's SASS, per warp and iteration (blocks counted as written, each once)."""
+
+    instructions: int
+    mma: int  # HMMA / HGMMA / QGMMA (fp8 wgmma) / IMMA
+    global_loads: int  # LDG, and LDGSTS (cp.async into shared memory)
+    predicated: int  # instructions under a predicate (@P / @!P): masked loads, selects, branches
+
+
+def main_loop_sass(sass: str) -> SassLoop | None:
+    """The main loop of one kernel's SASS: of the innermost loops ``_sass_loops`` finds (those that
+    enclose no other), the one with the most MMA instructions, then the most instructions (None
+    without a loop)."""
+    insns, loops = _sass_loops(sass)
+    best: SassLoop | None = None
+    for lo, hi in (lp for lp in loops if not _encloses_another(lp, loops)):
+        body = [t for a, t in insns if lo <= a <= hi]
+        loop = SassLoop(
+            instructions=len(body),
+            mma=sum(1 for t in body if _SASS_MMA_RE.search(t)),
+            global_loads=sum(1 for t in body if _SASS_GLOBAL_LOAD_RE.search(t)),
+            predicated=sum(1 for t in body if _SASS_PREDICATE_RE.match(t)),
+        )
+        if best is None or (loop.mma, loop.instructions) > (best.mma, best.instructions):
+            best = loop
+    return best
 
 
 def sm90_blocks_per_sm(regs: int, smem: int, threads: int) -> int:

@@ -37,14 +37,14 @@ _ONES = {"s_w_h": 1, **_UNIT}
 
 
 def _variant(config: str, fn, ptrs: tuple, ints: tuple, aligned: tuple, constexprs: dict, options: dict, *,
-             typed: dict | None = None, expects_mfma: bool = False) -> TritonVariant:  # fmt: skip
+             typed: dict | None = None, expects_mfma: bool = False, resident: int = 0) -> TritonVariant:  # fmt: skip
     """A variant of one of the op's kernels: its pointers ``ptrs`` (int32 but those ``typed`` names),
     every one 16-byte aligned, then its int32 arguments ``ints``, of which ``aligned`` are multiples
-    of 16."""
+    of 16; ``resident``: the programs a CU its persistent grid places at once (the split kernel's)."""
     signature = {**{p: "*i32" for p in ptrs}, **(typed or {}), **{n: "i32" for n in ints}}
     return TritonVariant(
         kernel=OP, config=config, fn=fn, signature=signature, constexprs=constexprs, options=options,
-        divisible_by_16=ptrs + aligned, expects_mfma=expects_mfma,
+        divisible_by_16=ptrs + aligned, expects_mfma=expects_mfma, resident=resident,
     )  # fmt: skip
 
 
@@ -66,29 +66,41 @@ def triton_variants(arch: str) -> list[TritonVariant]:
     split_keys = max(int(cfg["split_keys"]), topk_p2)
     out: list[TritonVariant] = []
     directs = (True, False) if cfg.get("direct", True) else (False,)
-    # (form, layouts, split keys, ranks): the config's own (both layouts), its many_items form and
-    # its prefiltered form (vLLM's layout).
-    forms = [(cfg, (True, False), split_keys, 0)]
-    if "many_items" in cfg:
-        forms.append(({**cfg, **cfg["many_items"]}, (True,), split_keys, 0))
+    # (form, layouts, split keys, ranks, programs a CU its grid places): the config's own (both
+    # layouts), its many_items form and its prefiltered form (vLLM's layout). A many_items form
+    # that changes the grid alone is the config's own kernel, then placed at its programs a CU.
+    ppc = int(cfg.get("programs_per_cu", 1))
+    many = cfg.get("many_items")
+    grid_only = many is not None and set(many) <= {"programs_per_cu"}
+    own_ppc = max(ppc, int(many["programs_per_cu"])) if grid_only else ppc
+    forms = [(cfg, (True, False), split_keys, 0, own_ppc)]
+    if many is not None and not grid_only:
+        forms.append(({**cfg, **many}, (True,), split_keys, 0, int(many.get("programs_per_cu", ppc))))
     pf = cfg.get("prefilter")
     if pf:
-        forms.append((cfg, (True,), int(pf["split_keys"]), PREFILTER_RANKS))
+        forms.append((cfg, (True,), int(pf["split_keys"]), PREFILTER_RANKS, ppc))
     typed = {"q": f"*{fname}", "weights": "*fp32", "cache": f"*{fname}"}
     # (form, split keys, ranks, H, direct, shuffled, block size, e4m3fn cache under an e4m3fnuz q,
-    # candidate mode, top-k)
+    # candidate mode, top-k, programs a CU)
     launches = []
-    for (form, layouts, split, ranks), H, direct in itertools.product(forms, (64, 32), directs):
+    for (form, layouts, split, ranks, resident), H, direct in itertools.product(forms, (64, 32), directs):
         if ranks and direct:
             continue
         for shuffled in layouts if H == 64 and direct == directs[0] else (True,):
-            launches.append((form, split, ranks, H, direct, shuffled, 64 if shuffled else 1, False, None, topk_p2))
+            block = 64 if shuffled else 1
+            launches.append((form, split, ranks, H, direct, shuffled, block, False, None, topk_p2, resident))
     mixed = fp8 == torch.float8_e4m3fnuz
     if mixed:
-        launches += [(form, split, ranks, 64, False, shuffled, 64, True, None, topk_p2) for form, _, split, ranks
-                     in forms if form is cfg for shuffled in (False, True)]  # fmt: skip
-    two_level = {**cfg, **cfg.get("candidate_modes", {})}  # the plan's config for a candidate mode
-    launches += [(two_level, split_keys, 0, 64, False, True, 64, mixed, mode, _V41_TOPK) for mode in ("mask", "select")]
+        launches += [(form, split, ranks, 64, False, shuffled, 64, True, None, topk_p2, resident) for form, _, split,
+                     ranks, resident in forms if form is cfg for shuffled in (False, True)]  # fmt: skip
+    # The plan's configs for a candidate mode: the split form, and its many_items form (the plan
+    # takes it for a candidate mode's calls as for any).
+    two_level = {**cfg, **cfg.get("candidate_modes", {})}
+    two_levels = [(two_level, own_ppc)]
+    if many is not None and not grid_only:
+        two_levels.append(({**two_level, **many}, int(many.get("programs_per_cu", ppc))))
+    launches += [(form, split_keys, 0, 64, False, True, 64, mixed, mode, _V41_TOPK, resident)
+                 for form, resident in two_levels for mode in ("mask", "select")]  # fmt: skip
     launches = [(*launch, 1) for launch in launches]
     # Row groups (MTP rows of a request scored from the same key tiles) up to the config's
     # group_rows, in the form a grouped call takes (the config's split form without many_items; a
@@ -96,9 +108,9 @@ def triton_variants(arch: str) -> list[TritonVariant]:
     # is e4m3fnuz.
     groups = range(2, int(cfg.get("group_rows", 1)) + 1)
     grouped = [(split_keys, 0)]
-    launches += [(cfg, split, ranks, 64, False, True, 64, ocp, None, topk_p2, g)
+    launches += [(cfg, split, ranks, 64, False, True, 64, ocp, None, topk_p2, ppc, g)
                  for split, ranks in grouped for g in groups for ocp in sorted({False, mixed})]  # fmt: skip
-    for form, split, ranks, H, direct, shuffled, block, ocp, mode, topk, group in launches:
+    for form, split, ranks, H, direct, shuffled, block, ocp, mode, topk, resident, group in launches:
         meta, options = triton_meta(
             arch, form, H, split, topk, direct=direct, block_size=block, shuffled=shuffled, ranks=ranks,
             ocp_cache=ocp, candidate_mode=mode, candidate_block_size=_V41_CBS, group_rows=group,
@@ -117,7 +129,7 @@ def triton_variants(arch: str) -> list[TritonVariant]:
         )
         out.append(_variant(
             label, mla_indexer_split_topk_kernel, _SPLIT_PTRS, _SPLIT_I32, _SPLIT_ALIGNED, {**_ONES, **meta},
-            options, typed={**typed, "cache": "*u8"} if ocp else typed, expects_mfma=True,
+            options, typed={**typed, "cache": "*u8"} if ocp else typed, expects_mfma=True, resident=resident,
         ))  # fmt: skip
     # A 128K-token row (its slots held in registers) and a 1M-token one (the chunked passes); the
     # prefiltered merge of a 128K-token row (kept keys in registers, passes past them).

@@ -25,6 +25,9 @@ class TritonVariant:
         strides that are multiples of 16); the AOT compile gets the same hint.
     expects_mfma: True when the kernel contains a ``tl.dot`` (the report fails a variant without
         matrix instructions).
+    resident: programs (workgroups, blocks) a persistent launch places on each CU / SM at once, its
+        config's ``programs_per_cu``: the report fails a variant whose registers and LDS hold fewer
+        at once (0: no such launch).
     """
 
     kernel: str
@@ -35,3 +38,4 @@ class TritonVariant:
     options: dict[str, Any] = field(default_factory=dict)
     divisible_by_16: tuple[str, ...] = ()
     expects_mfma: bool = False
+    resident: int = 0

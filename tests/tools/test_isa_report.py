@@ -154,6 +154,42 @@ def test_lds_gate_uses_each_archs_limit():
     assert isa_report.ARCHS["gfx950"].lds_limit == 160 * 1024
 
 
+def test_resident_programs_gate():
+    """A persistent launch's grid places ``resident`` programs on each CU / SM: a row that holds
+    fewer at once fails, naming both; no claim (0) or no figure (HIP rows) never does."""
+    Row = isa_report.Row
+    kw = dict(kernel="k", config="c", backend="triton", spills=0, scratch=0, lds=0)
+    assert isa_report.check(Row(arch="gfx942", programs=3, resident=3, **kw)) == []
+    assert isa_report.check(Row(arch="gfx942", programs=3, resident=4, **kw)) == [
+        "3 programs a CU at once; its grid places 4"
+    ]
+    assert isa_report.check(Row(arch="sm90", programs=2, resident=4, **kw)) == [
+        "2 programs an SM at once; its grid places 4"
+    ]
+    assert isa_report.check(Row(arch="gfx942", programs=1, resident=0, **kw)) == []
+    assert isa_report.check(Row(arch="gfx942", programs=None, resident=4, **kw)) == []
+
+
+def test_indexer_split_rows_claim_their_grid():
+    """The indexer's split-kernel variants claim the programs a CU its config's grid places (the
+    many_items grid where that form is the tier's own kernel); its other kernels claim none."""
+    from rocm_mla.configs import config_for
+    from rocm_mla.variants.indexer_topk import triton_variants
+
+    for arch in ("gfx942", "gfx950", "sm90"):
+        cfg = config_for("mla_indexer_topk", arch)["tiers"][0]
+        ppc, many = cfg["programs_per_cu"], cfg.get("many_items", {})
+        for v in triton_variants(arch):
+            if v.fn.__name__ != "mla_indexer_split_topk_kernel":
+                assert v.resident == 0, v.config
+            elif "bounds" in v.config or " rows" in v.config:  # prefiltered or grouped: never many_items
+                assert v.resident == ppc, v.config
+            elif set(many) <= {"programs_per_cu"}:
+                assert v.resident == max(ppc, many.get("programs_per_cu", 0)), v.config
+            else:  # its own many_items kernel beside the tier's
+                assert v.resident == (many["programs_per_cu"] if "maxnreg" in v.config else ppc), v.config
+
+
 def test_missing_mfma_is_flagged(gfx942_triton_rows):
     r = gfx942_triton_rows[ADD_CLAIMS_DOT.config]
     assert r.mfma == 0 and r.failed
@@ -167,6 +203,7 @@ def test_planted_triton_spill_fails_gate(gfx942_triton_rows):
     assert r.failed and any("scratch" in p for p in r.problems)
     # The asm's Occupancy ignores Triton's dynamic LDS; the report folds it in.
     assert r.occupancy == isa_report.amd_occupancy(8, r.lds, 1) < 8
+    assert r.programs == r.occupancy * 4  # one wave a workgroup: four a CU for each wave a SIMD
     text = summary(list(gfx942_triton_rows.values()))
     assert "failing" in text and "planted spill" in text
 

@@ -1,6 +1,7 @@
-"""The gate: why a row fails (scratch, spills, LDS over the arch's limit, missing matrix
-instructions), what it passes with (sm90 spills whose traffic stays out of innermost loops), and which rows
-make the report exit non-zero. A peer's rows are reported beside ours, never gated."""
+"""The gate: why a row fails (scratch, spills, LDS over the arch's limit, fewer programs a CU than
+its persistent grid places, missing matrix instructions), what it passes with (sm90 spills whose
+traffic stays out of innermost loops), and which rows make the report exit non-zero. A peer's rows
+are reported beside ours, never gated."""
 
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ def gate_problems(row: Row) -> list[str]:
     limit = ARCHS[row.arch].lds_limit
     if row.lds is not None and row.lds > limit:
         why.append(f"LDS {row.lds} B > {limit} B")
+    if row.resident and row.programs is not None and row.programs < row.resident:
+        unit = "a CU" if is_amd_arch(row.arch) else "an SM"
+        why.append(f"{row.programs} programs {unit} at once; its grid places {row.resident}")
     if row.expects_mfma and not row.mfma:
         why.append(
             "expects MFMA but has no matrix instructions" + (" (v_mfma)" if is_amd_arch(row.arch) else " (mma/wgmma)")

@@ -36,6 +36,10 @@ class Row:
     scratch: gfx942/gfx950: ScratchSize (bytes per lane); sm90: stack frame (bytes per thread).
     lds: bytes of LDS / shared memory per workgroup.
     occupancy: gfx942/gfx950: waves per SIMD, LDS-aware; sm90: blocks per SM (Triton rows only).
+    programs: workgroups (blocks) a CU (SM) holds at once: gfx942/gfx950 waves per SIMD x 4 SIMDs
+        over the workgroup's waves; sm90 blocks per SM (Triton rows only).
+    resident: the programs a CU (SM) the variant's persistent grid places at once (0: none
+        claimed); a row holding fewer fails the gate.
     mfma: matrix instructions in the code: ``v_mfma`` (gfx942/gfx950), ``mma``/``wgmma`` (sm90 PTX).
     local_in_loops: sm90: local-memory instructions (``LDL``/``STL``: spill traffic) inside an
         innermost loop of the SASS (paid every iteration), or None when the SASS was not available.
@@ -58,6 +62,8 @@ class Row:
     scratch: int | None = None
     lds: int | None = None
     occupancy: int | None = None
+    programs: int | None = None
+    resident: int = 0
     mfma: int | None = None
     expects_mfma: bool = False
     source: str = ""

@@ -824,11 +824,11 @@ def _indexer_tuner(tmp_path, shapes: str, quick: bool = False, arch: str | None 
     return _op_tuner("indexer", tmp_path, shapes, quick, arch)
 
 
-@pytest.mark.parametrize("arch,count", [("sm90", 14), ("gfx942", 13), ("gfx950", 13), ("cpu", 6)])
+@pytest.mark.parametrize("arch,count", [("sm90", 14), ("gfx942", 14), ("gfx950", 14), ("cpu", 6)])
 def test_indexer_group_and_candidates(tmp_path, arch, count):
     """One group over every shape; its point is the arch's one tier, its candidates the configs'
     complete launch configs, each one field changed (num_stages and key_streams on NVIDIA,
-    waves_per_eu on gfx9, the prefilter's split where the tier has one), each one a distinct
+    waves_per_eu and the many_items grid on gfx9, the prefilter's split where the tier has one), each one a distinct
     launch; --quick keeps 4."""
     from rocm_mla.tools.tune.groups import indexer_launch
     from rocm_mla.tools.tune.overlay import _obj_diff
@@ -849,7 +849,7 @@ def test_indexer_group_and_candidates(tmp_path, arch, count):
     for p in g.listed:
         assert set(p) == set(tier) and g.build(p) == {**pkg, "tiers": [p]}
         ((k, v),) = _obj_diff(tier, p).items()  # one field
-        if k in ("merge", "prefilter"):
+        if k in ("merge", "prefilter", "many_items"):
             ((sub, _),) = v.items()
             k = f"{k}.{sub}"
         changed.add(k)
@@ -860,6 +860,7 @@ def test_indexer_group_and_candidates(tmp_path, arch, count):
     assert ("programs_per_cu" in changed) == (arch != "cpu")
     assert ("key_streams" in changed) == (arch == "sm90")
     assert ("prefilter.split_keys" in changed) == (arch != "cpu")
+    assert ("many_items.programs_per_cu" in changed) == arch.startswith("gfx")
     if arch == "sm90":
         splits = sorted(p["split_keys"] for p in g.listed if p["split_keys"] != tier["split_keys"])
         assert splits == [4096, 16384] and {p["num_stages"] for p in g.listed} == {2, 3, 4}

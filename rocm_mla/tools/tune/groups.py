@@ -548,6 +548,9 @@ def indexer_label(p: dict) -> str:
     )
     if p.get("key_streams", 1) != 1:
         s += f" x{p['key_streams']}"
+    s += f" p{p.get('programs_per_cu', 1)}"
+    if "programs_per_cu" in p.get("many_items", {}):
+        s += f"/{p['many_items']['programs_per_cu']}"
     for k, tag in (("waves_per_eu", "wpe"), ("matrix_instr_nonkdim", "mi"), ("kpack", "kp")):
         if k in p:
             s += f" {tag}{p[k]}"

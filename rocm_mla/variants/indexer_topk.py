@@ -57,8 +57,9 @@ def triton_variants(arch: str) -> list[TritonVariant]:
     DeepSeek-V4 indexer caches, flat (C4) or shuffled, block 64) in the config's split and
     prefiltered forms, H 64. DeepSeek-V4.1's two-level indexer (H 64, top-512, blocks of 8, its
     cache's kind as above, shuffled): the split kernel's candidate mask and block keys in the
-    config's split form, and the two candidate kernels. Row groups up to the config's
-    ``group_rows`` (H 64, vLLM's layout) in the split form."""
+    config's split form and, where it is a kernel of its own, its many_items form, and the two
+    candidate kernels. Row groups up to the config's ``group_rows`` (H 64, vLLM's layout) in the
+    split form. A split row claims the programs a CU its grid places (``resident``)."""
     fp8 = platform_fp8_dtype(arch)
     fname = triton_type(fp8)
     cfg = config_for(OP, arch)["tiers"][0]

@@ -105,3 +105,7 @@ _.source
 # Pending: an unused parameter in a file another change is rewriting (perf/bench_prefill.py
 # sdpa's out_view); delete the parameter there, then this entry.
 out_view
+
+# sm90.SassLoop's fields, read by name from a row's sass_loop dict (perf/profile_indexer_loop.py).
+_.global_loads
+_.predicated

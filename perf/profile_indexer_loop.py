@@ -50,10 +50,7 @@ from rocm_mla.cases.indexer_topk import IndexerShape, fp8_dot_rtol, make_inputs
 from rocm_mla.configs import config_for, platform_fp8_dtype
 from rocm_mla.configs.tables import is_amd_arch
 from rocm_mla.kernels.indexer_topk import _key_tile
-from rocm_mla.tools.isa_report.amdgcn import amd_occupancy, parse_amdgcn
-from rocm_mla.tools.isa_report.kv_loop import main_loop_stats
-from rocm_mla.tools.isa_report.sm90 import main_loop_sass, parse_ptx_ptxas, sm90_blocks_per_sm
-from rocm_mla.tools.isa_report.triton_compile import compile_variant
+from rocm_mla.tools.isa_report.triton_rows import triton_row
 from rocm_mla.tools.timing import copy_bandwidth_gbs, time_ms
 from rocm_mla.triton_common import triton_type
 from rocm_mla.variants.triton_variant import TritonVariant
@@ -198,28 +195,27 @@ def loop_variants(arch: str, heads: int, ns: int) -> list[tuple[str, TritonVaria
 
 
 def compile_report(archs: list[str], heads: int, ns: int) -> None:
-    """Compile ``loop_variants`` for each arch and print one line each (the module docstring)."""
+    """Compile ``loop_variants`` for each arch into the ISA report's rows and print one line each
+    (the module docstring)."""
     print(f"triton {triton.__version__}; H {heads}, NS {ns}, 4 warps, {COMPILE_STAGES} stages; per wave / warp")
     for arch in archs:
         for label, v in loop_variants(arch, heads, ns):
-            art = compile_variant(v, arch)
-            amd = is_amd_arch(arch)
-            loop = main_loop_stats(art.isa) if amd else main_loop_sass(art.sass)
-            if loop is None:
-                raise SystemExit(f"{arch} {label}: no loop found in the compiled code")
-            if amd:
-                (k,) = parse_amdgcn(art.isa).values()
-                waves = amd_occupancy(k["occupancy"], k["lds"], art.num_warps, arch)
-                fit = f"{k['vgprs']:3d} VGPRs, {waves} waves a SIMD"
-                body = f"{loop.instructions} instructions, {loop.vmem} vector memory, {loop.drains} round trips"
-            else:
-                (k,) = parse_ptx_ptxas(art.isa, art.ptxas_log).values()
-                blocks = sm90_blocks_per_sm(k["vgprs"], art.shared, art.num_warps * 32)
-                fit = f"{k['vgprs']:3d} registers, {blocks} blocks an SM"
+            row = triton_row(v, arch)
+            loop = row.loop if is_amd_arch(arch) else row.sass_loop
+            if row.error or loop is None:
+                raise SystemExit(f"{arch} {label}: {row.error or 'no loop found in the compiled code'}")
+            if is_amd_arch(arch):
+                fit = f"{row.vgprs:3d} VGPRs, {row.occupancy} waves a SIMD"
                 body = (
-                    f"{loop.instructions} instructions, {loop.global_loads} global loads, {loop.predicated} predicated"
+                    f"{loop['instructions']} instructions, {loop['vmem']} vector memory, {loop['drains']} round trips"
                 )
-            spills = f"{k['spills']} spilled" if k["spills"] else "no spills"
+            else:
+                fit = f"{row.vgprs:3d} registers, {row.occupancy} blocks an SM"
+                body = (
+                    f"{loop['instructions']} instructions, {loop['global_loads']} global loads, "
+                    f"{loop['predicated']} predicated"
+                )
+            spills = f"{row.spills} spilled" if row.spills else "no spills"
             print(f"{arch:6s} {label:30s} {fit}, {spills}; loop: {body}", flush=True)
 
 

@@ -427,6 +427,8 @@ def test_main_loop_sass_takes_the_loop_with_the_mma():
     no_mma = _SASS_NESTED.replace("{IN_INNER}", inner).replace("HMMA.16816.F32.BF16 R4, R8, R12, R4", "NOP")
     assert main_loop_sass(no_mma) == SassLoop(instructions=4, mma=0, global_loads=2, predicated=2)
     assert main_loop_sass(_SASS_DIV) is None and main_loop_sass("") is None
+    tail = "        /*0000*/                   EXIT ;\n.L_x_2:\n        /*0010*/                   BRA `(.L_x_2);\n"
+    assert main_loop_sass(tail) is None  # the branch to itself past the exit
 
 
 def test_sm90_spill_outside_innermost_loops_is_a_note_not_a_failure():
@@ -458,6 +460,7 @@ def test_sm90_sass_is_read_when_nvdisasm_is_there():
     assert "MMA" in art.sass  # HMMA / HGMMA: the disassembly of the dot kernel
     row = _by_config(collect("sm90", triton_variants=[DOT], hip_sources=[], progress=False))[DOT.config]
     assert row.local_in_loops == 0 and row.status == "ok" and row.notes == []
+    assert row.sass_loop is None  # one dot, no loop
 
 
 # ---------------------------------------------------------------- peers (aiter), reported and not gated

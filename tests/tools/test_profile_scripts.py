@@ -171,21 +171,23 @@ COMPILE = """
     import profile_indexer_loop as p
     every = p.loop_variants
     p.loop_variants = lambda arch, heads, ns: every(arch, heads, ns)[2:3]  # one compile: the op-like mask
-    sys.exit(p.main(["--compile", "gfx942", "--heads", "16", "--rows", "2", "--keys", "1024"]))
+    sys.exit(p.main(["--compile", "gfx942,sm90", "--heads", "16", "--rows", "2", "--keys", "1024"]))
 """
 
 
-def test_profile_indexer_loop_compiles_its_loops_for_gfx942():
-    """--compile needs no GPU: the loop compiled ahead of time and its main loop read back."""
+def test_profile_indexer_loop_compiles_its_loops():
+    """--compile needs no GPU: the loop compiled ahead of time (gfx942, sm90) into the ISA report's
+    rows and its main loop read back (AMDGCN, SASS)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the compiler, not the interpreter
     cmd = [sys.executable, "-c", textwrap.dedent(COMPILE)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
-    (line,) = [ln for ln in log.splitlines() if ln.startswith("gfx942")]
-    assert "plain, position + page mask" in line and "waves a SIMD" in line, line
-    insns = int(line.split("loop: ")[1].split(" instructions")[0])
-    assert insns > 20, line
+    for arch, fit in (("gfx942", "waves a SIMD"), ("sm90", "blocks an SM")):
+        (line,) = [ln for ln in log.splitlines() if ln.startswith(arch)]
+        assert "plain, position + page mask" in line and fit in line, line
+        insns = int(line.split("loop: ")[1].split(" instructions")[0])
+        assert insns > 20, line
     bad = subprocess.run(
         [sys.executable, "perf/profile_indexer_loop.py", "--compile", "gfx942,sm80"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,

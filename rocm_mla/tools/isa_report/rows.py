@@ -47,6 +47,8 @@ class Row:
         others (paid once an outer iteration, e.g. once a persistent kernel's work item).
     loop: gfx942/gfx950 Triton rows: figures of the kernel's main loop (``kv_loop.LoopStats``
         as a dict), None when it has none.
+    sass_loop: sm90 Triton rows whose SASS was read: its main loop (``sm90.SassLoop`` as a dict),
+        None when it has none.
     problems: why the row fails the gate (empty: it passes).
     notes: what the row passes with but a reader should know (e.g. spills outside loops).
     """
@@ -72,6 +74,7 @@ class Row:
     local_in_loops: int | None = None
     local_in_outer_loops: int | None = None
     loop: dict | None = None
+    sass_loop: dict | None = None
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     peer: bool = False  # a peer's kernel (e.g. aiter's), compiled for comparison: reported, never gated

@@ -139,9 +139,10 @@ class SassLoop(NamedTuple):
 def main_loop_sass(sass: str) -> SassLoop | None:
     """The main loop of one kernel's SASS: of the innermost loops ``_sass_loops`` finds (those that
     enclose no other), the one with the most MMA instructions, then the most instructions (None
-    without a loop)."""
+    without a loop). A branch to itself is not one: ptxas ends a kernel with one past its exit."""
     insns, loops = _sass_loops(sass)
     best: SassLoop | None = None
+    loops = [lp for lp in loops if lp[0] < lp[1]]
     for lo, hi in (lp for lp in loops if not _encloses_another(lp, loops)):
         body = [t for a, t in insns if lo <= a <= hi]
         loop = SassLoop(

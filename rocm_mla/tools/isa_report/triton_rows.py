@@ -11,7 +11,7 @@ from . import triton_compile as tc
 from .amdgcn import amd_occupancy, parse_amdgcn
 from .kv_loop import main_loop_stats
 from .rows import ARCHS, Row, error_text
-from .sm90 import local_memory_in_loops, parse_ptx_ptxas, sm90_blocks_per_sm
+from .sm90 import local_memory_in_loops, main_loop_sass, parse_ptx_ptxas, sm90_blocks_per_sm
 
 
 def triton_row(v: Any, arch: str) -> Row:
@@ -45,6 +45,8 @@ def triton_row(v: Any, arch: str) -> Row:
             if art.sass:
                 placed = local_memory_in_loops(art.sass)
                 row.local_in_loops, row.local_in_outer_loops = placed.innermost, placed.outer
+                sass_loop = main_loop_sass(art.sass)
+                row.sass_loop = sass_loop._asdict() if sass_loop else None
     except StopIteration:
         row.error = "compiler output has no kernel resource information"
     except Exception as e:  # one bad variant must not hide the others

@@ -651,14 +651,18 @@ def plan_indexer_topk(
         # Rows alone outnumber the grid: their many_items form (more programs a CU) was the faster
         # (docs/notes/indexer.md, "Row groups").
         group_rows = 1
-    sized = _size_splits(c, cfg, arch, device, num_rows, group_rows, max_kv_len, topk_p2)
-    if sized[3] and group_rows > 1:
+    launch, split_keys, S, ranks, slots_target = _size_splits(
+        c, cfg, arch, device, num_rows, group_rows, max_kv_len, topk_p2
+    )
+    if ranks and group_rows > 1:
         # Grouping left items few enough for the prefiltered form, which was the slower grouped
         # (docs/notes/indexer.md, "Row groups"): the splits of rows alone. A grouped plan is never
         # prefiltered.
         group_rows = 1
-        sized = _size_splits(c, cfg, arch, device, num_rows, group_rows, max_kv_len, topk_p2)
-    cfg, split_keys, S, ranks, slots_target = sized
+        launch, split_keys, S, ranks, slots_target = _size_splits(
+            c, cfg, arch, device, num_rows, group_rows, max_kv_len, topk_p2
+        )
+    cfg = launch
     groups = triton.cdiv(num_rows, group_rows)
     direct = S == 1 and bool(cfg.get("direct", True)) and not ranks
     consts, options = triton_meta(
